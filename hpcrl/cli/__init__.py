@@ -1,0 +1,36 @@
+"""Command line: parses, calls one function, prints. Nothing else lives here."""
+
+from __future__ import annotations
+
+import sys
+
+from hpcrl.cli.app import app
+from hpcrl.errors import HpcrlError
+
+# Command modules register themselves on `app` when imported.
+from hpcrl.cli import commands  # noqa: F401,E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: user errors become one line on stderr and exit status 2."""
+    try:
+        app(args=argv, standalone_mode=False)
+    except HpcrlError as exc:
+        sys.stderr.write(f"hpcrl: error: {exc}\n")
+        return exc.exit_code
+    except SystemExit as exc:  # typer.Exit inside commands
+        return int(exc.code or 0)
+    except Exception as exc:  # click usage errors are user errors too
+        import click
+
+        if isinstance(exc, click.exceptions.ClickException):
+            sys.stderr.write(f"hpcrl: error: {exc.format_message()}\n")
+            return 2
+        if isinstance(exc, click.exceptions.Abort):
+            return 130
+        raise
+    return 0
+
+
+def entry() -> None:
+    sys.exit(main())

@@ -1,0 +1,283 @@
+"""Cluster profiles: Pydantic models of `clusters/*.yaml`, their discovery and loading.
+
+A profile is data: hardware, Slurm conventions, environment and storage of one cluster.
+Facts carry their source in `sources` (fact path -> where it was read) and facts nobody
+confirmed are listed in `unconfirmed`, so `hpcrl clusters show` can say so.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from platformdirs import user_config_dir
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from hpcrl.errors import ProfileError, UnknownNameError
+from hpcrl.resources import data_dir
+
+GIB = 1024**3
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class GPU(_Strict):
+    model: str = Field(description="Marketing name, e.g. GH200, A100-SXM4-80GB")
+    count_per_node: int = Field(gt=0)
+    memory_gib: float = Field(gt=0, description="Memory the CUDA runtime reports as total, GiB")
+    hbm_bandwidth_tbs: float = Field(gt=0, description="Peak HBM bandwidth, TB/s")
+    bf16_tflops: float = Field(gt=0, description="Dense bf16 peak, TFLOP/s")
+    compute_capability: str = "9.0"
+
+
+class Node(_Strict):
+    cpu_cores: int = Field(gt=0)
+    ram_gib: float = Field(gt=0, description="Host RAM a job can allocate on one node, GiB")
+    arch: Literal["x86_64", "aarch64"]
+    interconnect: str = ""
+
+
+class Partition(_Strict):
+    max_nodes: int | None = Field(default=None, gt=0)
+    max_gpus: int | None = Field(default=None, gt=0)
+    max_time: str = Field(description="Wall-time limit, Slurm's D-HH:MM:SS or HH:MM:SS")
+    description: str = ""
+
+
+class QOS(_Strict):
+    name: str
+    max_gpus: int | None = Field(default=None, gt=0, description="Per project/account")
+    description: str = ""
+
+
+class Slurm(_Strict):
+    gpu_request: Literal["gpus-per-node", "gpus", "gres"] = Field(
+        description="How the script asks for GPUs: --gpus-per-node=G, --gpus=N*G or --gres=gpu:G"
+    )
+    exclusive: bool = True
+    default_partition: str | None = None
+    partitions: dict[str, Partition] = Field(default_factory=dict)
+    qos: QOS | None = None
+    account_pattern: str | None = Field(default=None, description="Regex an account must match")
+    account_example: str | None = None
+    account_required: bool = False
+    constraint: str | None = Field(default=None, description="-C value used by this profile")
+    exclude_nodes: list[str] = Field(default_factory=list)
+    mem: str | None = Field(default=None, description="--mem value, e.g. 0 for the whole node")
+    cpus_per_gpu: int | None = Field(default=None, gt=0)
+    signal_before_end_s: int = Field(default=600, gt=0)
+    min_poll_interval_s: int = Field(default=30, gt=0)
+
+    @model_validator(mode="after")
+    def _default_partition_known(self) -> Slurm:
+        if self.default_partition and self.partitions and self.default_partition not in self.partitions:
+            raise ValueError(
+                f"default_partition {self.default_partition!r} is not one of {sorted(self.partitions)}"
+            )
+        return self
+
+
+class StorageArea(_Strict):
+    path: str = Field(description="May use environment variables expanded on the compute node")
+    quota_gib: float | None = Field(default=None, gt=0)
+    description: str = ""
+
+
+class Storage(_Strict):
+    node_local: StorageArea
+    run_root: StorageArea = Field(description="Shared filesystem where run directories go")
+    hf_home: str = Field(description="HF cache on shared storage, never $HOME")
+
+
+class IdleGPUPolicy(_Strict):
+    min_mean_power_w: float = Field(gt=0)
+    grace_minutes: float = Field(ge=0)
+    action: str = "cancel"
+    description: str = ""
+
+
+class Container(_Strict):
+    runtime: Literal["none", "apptainer", "singularity", "podman-hpc", "enroot"] = "none"
+    flags: list[str] = Field(default_factory=list)
+
+
+class Ray(_Strict):
+    num_cpus_per_node: int | None = Field(default=None, gt=0, description="Declared to Ray")
+    object_store_gib: float | None = Field(default=None, gt=0)
+    memory_kill_threshold: float = Field(default=0.95, gt=0, le=1)
+    join_timeout_s: int = Field(default=600, gt=0)
+
+
+class Variant(_Strict):
+    """A node type selected by a Slurm constraint (Berzelius thin/fat)."""
+
+    description: str = ""
+    overrides: dict[str, Any]
+
+
+class ClusterProfile(_Strict):
+    name: str
+    description: str = ""
+    extends: str | None = None
+    gpu: GPU
+    node: Node
+    slurm: Slurm
+    modules: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    setup: list[str] = Field(default_factory=list, description="Extra shell lines run before anything")
+    storage: Storage
+    idle_gpu_policy: IdleGPUPolicy | None = None
+    container: Container = Container()
+    ray: Ray = Ray()
+    variants: dict[str, Variant] = Field(default_factory=dict)
+    default_variant: str | None = None
+    variant: str | None = Field(default=None, description="Set when a variant was applied")
+    unconfirmed: list[str] = Field(default_factory=list)
+    sources: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, env: dict[str, str]) -> dict[str, str]:
+        for key in env:
+            if not key.replace("_", "a").isalnum() or key[0].isdigit():
+                raise ValueError(f"{key!r} is not a valid environment variable name")
+        return env
+
+    @property
+    def gpu_bytes(self) -> float:
+        return self.gpu.memory_gib * GIB
+
+    @property
+    def default_partition(self) -> Partition | None:
+        part = self.slurm.default_partition
+        return self.slurm.partitions.get(part) if part else None
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def _deep_merge(base: dict, over: dict) -> dict:
+    out = copy.deepcopy(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def _first_error(path: str | Path, exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+    if err["type"] == "extra_forbidden":
+        problem = "unknown key"
+    elif err["type"] == "missing":
+        problem = "required field is missing"
+    else:
+        problem = err["msg"]
+    more = f" (and {len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
+    return f"{path}: {where}: {problem}{more}"
+
+
+def _read_yaml(path: Path) -> dict:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ProfileError(f"{path}: no such file") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = f"line {mark.line + 1}: " if mark else ""
+        raise ProfileError(f"{path}: {line}not valid YAML") from None
+    if not isinstance(data, dict):
+        raise ProfileError(f"{path}: (top level): expected a mapping of profile fields")
+    return data
+
+
+def search_dirs() -> list[Path]:
+    """Profile directories, later ones overriding earlier: shipped, user config dir, ./clusters."""
+    dirs = [data_dir("clusters"), Path(user_config_dir("hpcrl")) / "clusters", Path.cwd() / "clusters"]
+    extra = os.environ.get("HPCRL_CLUSTERS_DIR")
+    if extra:
+        dirs.append(Path(extra))
+    seen: list[Path] = []
+    for d in dirs:
+        if d.is_dir() and d.resolve() not in [s.resolve() for s in seen]:
+            seen.append(d)
+    return seen
+
+
+def profile_files() -> dict[str, Path]:
+    """Name -> file of every profile found (a later directory wins)."""
+    found: dict[str, Path] = {}
+    for d in search_dirs():
+        for f in sorted(d.glob("*.yaml")):
+            found[f.stem] = f
+    return found
+
+
+def _raw(name: str, files: dict[str, Path], chain: tuple[str, ...] = ()) -> dict:
+    if name not in files:
+        raise UnknownNameError("cluster", name, files)
+    path = files[name]
+    data = _read_yaml(path)
+    parent = data.get("extends")
+    if parent:
+        if parent in chain + (name,):
+            raise ProfileError(f"{path}: extends: cycle through {parent!r}")
+        data = _deep_merge(_raw(parent, files, chain + (name,)), data)
+        data["extends"] = parent
+    data.setdefault("name", name)
+    return data
+
+
+def _validate(data: dict, path: str | Path, variant: str | None) -> ClusterProfile:
+    try:
+        profile = ClusterProfile.model_validate(data)
+    except ValidationError as exc:
+        raise ProfileError(_first_error(path, exc)) from None
+    chosen = variant or profile.default_variant
+    if chosen is None:
+        return profile
+    if chosen not in profile.variants:
+        raise UnknownNameError(f"variant of cluster {profile.name}", chosen, profile.variants)
+    merged = _deep_merge(data, profile.variants[chosen].overrides)
+    merged["variant"] = chosen
+    try:
+        return ClusterProfile.model_validate(merged)
+    except ValidationError as exc:
+        raise ProfileError(_first_error(f"{path} (variant {chosen})", exc)) from None
+
+
+def load_profile(name: str) -> ClusterProfile:
+    """Load a profile by name; `name:variant` picks a node type (e.g. `berzelius:fat`)."""
+    base, _, variant = name.partition(":")
+    files = profile_files()
+    data = _raw(base, files)
+    return _validate(data, files[base], variant or None)
+
+
+def load_profile_file(path: str | Path, variant: str | None = None) -> ClusterProfile:
+    """Load and validate one profile file; `extends` resolves against the known profiles."""
+    path = Path(path)
+    data = _read_yaml(path)
+    parent = data.get("extends")
+    if parent:
+        data = _deep_merge(_raw(parent, profile_files()), data)
+        data["extends"] = parent
+    data.setdefault("name", path.stem)
+    return _validate(data, path, variant)
+
+
+def resolve_profile(cluster: str | None = None, cluster_file: str | Path | None = None) -> ClusterProfile:
+    """The profile a command runs against: a file, a name, or the default (isambard-ai)."""
+    if cluster_file:
+        return load_profile_file(cluster_file)
+    return load_profile(cluster or DEFAULT_CLUSTER)
+
+
+DEFAULT_CLUSTER = "isambard-ai"

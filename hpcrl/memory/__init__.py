@@ -1,0 +1,1 @@
+"""Memory planner: learner (DeepSpeed ZeRO), engine (vLLM) and host RAM, pure arithmetic."""

@@ -1,0 +1,58 @@
+"""Constants of the memory model, each with where it comes from.
+
+Those marked *fitted* are least-squares fits against the committed calibration rows
+(`benchmarks/results/*.jsonl`, `hpcrl/memory/calibration_given.jsonl`); `benchmarks/fit.py`
+recomputes them. Everything else is DeepSpeed's or PyTorch's own definition.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class ZeroDefaults:
+    """DeepSpeed ZeRO settings the planner assumes (DeepSpeed's own defaults)."""
+
+    reduce_bucket_size: int = 500_000_000  # elements; stage 3 keeps one bf16 bucket of this size
+    prefetch_bucket_size: int = 50_000_000  # elements gathered ahead of use
+    max_live_parameters: int = 1_000_000_000
+    param_persistence_threshold: int = 100_000  # params smaller than this stay whole on every rank
+    sub_group_size: int = 1_000_000_000  # elements the optimizer steps at once
+
+
+# Bytes per element of the [tokens x vocab] logits at the moment the log-prob path peaks
+# (start of backward): the bf16 logits kept by the model output, the fp32 log_softmax
+# output saved for backward, its incoming fp32 gradient and the fp32 result.  *fitted*
+LOGITS_BYTES_PER_ELEMENT = {"eager": 14.0, "compiled": 6.0}
+
+# Activation bytes one token leaves per decoder layer without checkpointing, as
+#   a_h * hidden + a_f * intermediate + a_q * q_dim + a_kv * kv_dim
+# Derived from what HF's RMSNorm (fp32 upcast), rotary, SDPA and SwiGLU save for
+# backward in bf16: 12h + 8F + 10q + 8kv.  *checked* against the gc on/off rows.
+ACT_COEFF = {"h": 12.0, "f": 8.0, "q": 10.0, "kv": 8.0}
+
+# Allocator: reserved = allocated * (1 + RESERVE_FRACTION) + RESERVE_FIXED_GIB.  *fitted*
+RESERVE_FRACTION = 0.10
+RESERVE_FIXED_GIB = 1.0
+
+# Fixed allocations not proportional to model size (RNG state, cuBLAS workspaces, small
+# persistent parameters, communication scratch).  *fitted*
+FIXED_ALLOC_GIB = 0.25
+
+# Memory outside PyTorch's allocator on every GPU process: CUDA context and kernels
+# (~0.5 GiB on Hopper with torch 2.x), NCCL communicator buffers.  Measured as
+# nvidia-smi used minus torch reserved on an idle initialised process.
+CUDA_CONTEXT_GIB = 0.6
+NCCL_BUFFERS_GIB = 0.4
+
+# Host side: resident memory of one learner process (Python, torch, DeepSpeed, Ray actor)
+# before any offloaded state.
+HOST_PROCESS_GIB = 6.0
+
+# vLLM defaults (V1 engine) used by the engine model.
+VLLM_MAX_NUM_BATCHED_TOKENS = 8192
+VLLM_MAX_NUM_SEQS = 256
+VLLM_CUDA_GRAPH_GIB = 1.0  # captured graphs' private pool, typical for 7B-70B at TP 1-4

@@ -1,0 +1,199 @@
+"""Per-GPU memory of a DeepSpeed learner during one training step (pure arithmetic).
+
+The step has three moments where memory can peak; the planner evaluates each and takes
+the largest:
+
+* **logits**: start of backward. Every stored activation is alive, the lm_head weight
+  is gathered (ZeRO-3) and the [tokens x vocab] log-prob path holds its largest set of
+  tensors (LOGITS_BYTES_PER_ELEMENT: eager fp32 log_softmax vs the compiled kernel).
+* **recompute**: backward through one checkpointed layer: its full activations are
+  rebuilt next to the stored checkpoints, with the layer's gathered weights and grads.
+* **optimizer**: the step converts one sub-group of bf16 gradient partitions to fp32.
+
+Model states (bf16 parameters and gradients, fp32 master weights, Adam moments) are
+alive at all three, sharded by N under ZeRO-3, on the CPU when offloaded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from hpcrl.errors import HpcrlError
+from hpcrl.memory import constants as C
+from hpcrl.models.spec import ALL_LINEAR, MLP_MODULES, ModelSpec
+
+Offload = Literal["none", "optimizer", "params"]
+LogprobImpl = Literal["eager", "compiled"]
+
+
+@dataclass(frozen=True)
+class LearnerSetup:
+    """What decides a learner GPU's memory."""
+
+    model: ModelSpec
+    n_gpus: int = 1
+    tokens_per_gpu: int = 8192
+    zero_stage: Literal[0, 2, 3] = 3
+    precision: Literal["bf16", "fp16"] = "bf16"
+    offload: Offload = "none"
+    gradient_checkpointing: bool = True
+    lora_rank: int = 0
+    lora_targets: tuple[str, ...] = ALL_LINEAR
+    load_in_4bit: bool = False
+    logprob_impl: LogprobImpl = "compiled"
+    # DeepSpeed keeps ZeRO gradient partitions in the model dtype unless the config's
+    # data_types.grad_accum_dtype says otherwise; open-instruct sets it to fp32.
+    grad_accum_dtype: Literal["bf16", "fp32"] = "bf16"
+    zero: C.ZeroDefaults = field(default_factory=C.ZeroDefaults)
+
+    def check(self) -> None:
+        if self.n_gpus < 1:
+            raise HpcrlError(f"learner GPUs must be at least 1, got {self.n_gpus}")
+        if self.tokens_per_gpu < 1:
+            raise HpcrlError(f"tokens per GPU must be positive, got {self.tokens_per_gpu}")
+        if self.zero_stage not in (0, 2, 3):
+            raise HpcrlError(f"ZeRO stage {self.zero_stage} is not supported; valid: 0, 2, 3")
+        if self.offload == "params" and self.zero_stage != 3:
+            raise HpcrlError(f"parameter offload needs ZeRO stage 3, got stage {self.zero_stage}")
+        if self.lora_rank < 0:
+            raise HpcrlError(f"LoRA rank must be 0 (off) or positive, got {self.lora_rank}")
+        if self.load_in_4bit and not self.lora_rank:
+            raise HpcrlError("--load-in-4bit trains adapters only: give --lora-rank R as well (QLoRA)")
+        if self.grad_accum_dtype not in ("bf16", "fp32"):
+            raise HpcrlError(f"gradient dtype {self.grad_accum_dtype!r} is not known; valid: bf16, fp32")
+        if self.logprob_impl not in ("eager", "compiled"):
+            raise HpcrlError(f"log-prob path {self.logprob_impl!r} is not known; valid: eager, compiled")
+
+
+@dataclass(frozen=True)
+class LearnerMemory:
+    """Result: the terms of the peak (bytes) and which moment of the step it is."""
+
+    terms: dict[str, float]
+    phase: str
+    phases: dict[str, float]
+    peak_allocated: float
+    peak_reserved: float
+    non_torch: float
+    trainable_params: int
+    host_offload_bytes: float
+
+    @property
+    def device_total(self) -> float:
+        """What nvidia-smi would show: reserved plus CUDA context and NCCL buffers."""
+        return self.peak_reserved + self.non_torch
+
+
+def _weights_bytes(s: LearnerSetup) -> float:
+    """Bytes of the (frozen or trained) base weights, unsharded."""
+    m = s.model
+    if not s.load_in_4bit:
+        return 2.0 * m.total_params
+    # QLoRA: nf4 weights (0.5 B) with one fp32 absmax per 64-element block on the decoder
+    # linears; embeddings, lm_head and norms stay bf16.
+    shapes = m.linear_shapes()
+    experts = m.num_experts if m.is_moe else 1
+    attn = sum(shapes[k][0] * shapes[k][1] for k in ("q_proj", "k_proj", "v_proj", "o_proj"))
+    mlp = experts * sum(shapes[k][0] * shapes[k][1] for k in MLP_MODULES)
+    quantized = m.num_layers * (attn + mlp)
+    return quantized * (0.5 + 4 / 64) + 2.0 * (m.total_params - quantized)
+
+
+def learner_memory(s: LearnerSetup) -> LearnerMemory:
+    """Peak per-GPU memory of one learner for setup `s`."""
+    s.check()
+    m, n, t = s.model, s.n_gpus, s.tokens_per_gpu
+    stage3 = s.zero_stage == 3
+    shard = n if stage3 else 1
+    opt_shard = n if s.zero_stage in (2, 3) else 1
+    lora = s.lora_rank > 0
+    trainable = m.lora_params(s.lora_rank, s.lora_targets) if lora else m.total_params
+    off_opt = s.offload in ("optimizer", "params")
+    off_par = s.offload == "params"
+
+    terms: dict[str, float] = {}
+    weights = _weights_bytes(s) + (2.0 * trainable if lora else 0.0)
+    terms["parameters (bf16)"] = 0.0 if off_par else weights / shard
+    if s.zero_stage == 0:
+        # DeepSpeed's bf16 optimizer without ZeRO keeps bf16 grads and an fp32 accumulator.
+        grads = 6.0 * trainable
+    else:
+        grads = (4.0 if s.grad_accum_dtype == "fp32" else 2.0) * trainable / opt_shard
+    terms["gradients"] = 0.0 if off_opt else grads
+    terms["fp32 master weights"] = 0.0 if off_opt else 4.0 * trainable / opt_shard
+    terms["Adam moments (fp32)"] = 0.0 if off_opt else 8.0 * trainable / opt_shard
+    bucket = 2.0 * min(s.zero.reduce_bucket_size, trainable) if s.zero_stage in (2, 3) else 0.0
+    terms["reduce bucket"] = bucket
+    states = sum(terms.values())
+
+    # ---- activations
+    h, f = m.hidden_size, (m.moe_intermediate_size * m.num_experts_per_tok if m.is_moe else m.intermediate_size)
+    per_token_layer = (
+        C.ACT_COEFF["h"] * h + C.ACT_COEFF["f"] * f + C.ACT_COEFF["q"] * m.q_dim + C.ACT_COEFF["kv"] * m.kv_dim
+    )
+    if s.gradient_checkpointing:
+        stored = m.num_layers * t * 2.0 * h
+    else:
+        stored = m.num_layers * t * per_token_layer
+    final_norm = 6.0 * h * t
+
+    # ---- ZeRO-3 working set: gathered full weights (and their full grads before reduce)
+    lm_head = m.vocab_size * h
+    lm_head_trainable = not lora
+    gathered_lm = 2.0 * lm_head if stage3 else 0.0
+    lm_grad = 2.0 * lm_head if (stage3 and lm_head_trainable and not off_opt) else 0.0
+    layer_params = m.per_layer_params
+    prefetch = 2.0 * s.zero.prefetch_bucket_size if stage3 else 0.0
+
+    logits = C.LOGITS_BYTES_PER_ELEMENT[s.logprob_impl] * t * m.vocab_size
+    phases = {
+        "logits": stored + final_norm + gathered_lm + lm_grad + logits,
+        "recompute": stored
+        + t * per_token_layer
+        + (4.0 * layer_params + prefetch if stage3 else 0.0)
+        + 4.0 * t * h,
+        "optimizer": 0.0 if off_opt else 4.0 * min(trainable / opt_shard, s.zero.sub_group_size),
+    }
+    phase = max(phases, key=lambda k: phases[k])
+    transient = phases[phase]
+    if phase == "logits":
+        terms["activations (stored)"] = stored + final_norm
+        terms["ZeRO-3 gathered lm_head + grad"] = gathered_lm + lm_grad
+        terms[f"log-prob path ({s.logprob_impl})"] = logits
+    elif phase == "recompute":
+        terms["activations (stored)"] = stored
+        terms["recomputed layer + gathered weights"] = transient - stored
+    else:
+        terms["optimizer step (fp32 grad sub-group)"] = transient
+    terms["fixed (workspaces, RNG, persistent params)"] = C.FIXED_ALLOC_GIB * C.GIB
+    peak_alloc = states + transient + C.FIXED_ALLOC_GIB * C.GIB
+    peak_reserved = peak_alloc * (1 + C.RESERVE_FRACTION) + C.RESERVE_FIXED_GIB * C.GIB
+    non_torch = (C.CUDA_CONTEXT_GIB + (C.NCCL_BUFFERS_GIB if n > 1 else 0.0)) * C.GIB
+
+    host = 0.0
+    if off_opt:
+        # fp32 master, both moments and fp32 grads live in pinned host memory.
+        host += 16.0 * trainable / opt_shard
+    if off_par:
+        host += weights / shard
+    return LearnerMemory(
+        terms=terms,
+        phase=phase,
+        phases={k: v + states for k, v in phases.items()},
+        peak_allocated=peak_alloc,
+        peak_reserved=peak_reserved,
+        non_torch=non_torch,
+        trainable_params=trainable,
+        host_offload_bytes=host,
+    )
+
+
+def deepspeed_estimate(model: ModelSpec, n_gpus: int) -> float:
+    """DeepSpeed's own ZeRO-3 estimate (`largest_layer + 18 P / N`, bytes), for comparison."""
+    largest_layer = 4.0 * model.largest_param_tensor
+    return largest_layer + 18.0 * model.total_params / n_gpus
+
+
+# Keep the MLP module names importable for LoRA docs/tests without a second definition.
+__all__ = ["LearnerMemory", "LearnerSetup", "MLP_MODULES", "deepspeed_estimate", "learner_memory"]

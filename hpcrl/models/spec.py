@@ -1,0 +1,206 @@
+"""Architecture of a decoder-only transformer and the exact parameter counts it implies."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from hpcrl.errors import ModelSpecError
+
+# Projection names as Hugging Face implementations call them (LoRA target names).
+ATTN_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
+MLP_MODULES = ("gate_proj", "up_proj", "down_proj")
+ALL_LINEAR = ATTN_MODULES + MLP_MODULES
+
+QKNorm = Literal["none", "per_head", "full"]
+
+# Families whose attention carries a bias on q/k/v, or normalises q and k.
+_QKV_BIAS = {"qwen2", "qwen2_moe"}
+_QK_NORM: dict[str, QKNorm] = {"qwen3": "per_head", "qwen3_moe": "per_head", "olmo2": "full", "olmo3": "full"}
+
+_REQUIRED = (
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "vocab_size",
+)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What the planner needs to know of a model; counts are derived, never stored."""
+
+    name: str
+    model_type: str
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    tie_word_embeddings: bool
+    max_position_embeddings: int = 0
+    qkv_bias: bool = False
+    qk_norm: QKNorm = "none"
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    sources: tuple[str, ...] = field(default=(), compare=False)
+
+    # ------------------------------------------------------------------ building
+    @classmethod
+    def from_hf_config(cls, cfg: dict[str, Any], name: str, sources: tuple[str, ...] = ()) -> ModelSpec:
+        """Build from a Hugging Face config.json dict; a missing field is a ModelSpecError."""
+        if "text_config" in cfg and "hidden_size" not in cfg:
+            cfg = {**cfg["text_config"], "model_type": cfg.get("model_type", "")}
+        for key in _REQUIRED:
+            if cfg.get(key) in (None, ""):
+                raise ModelSpecError(f"{name}: config.json has no {key!r}, which the planner needs")
+        model_type = str(cfg.get("model_type", "unknown"))
+        heads = int(cfg["num_attention_heads"])
+        kv = int(cfg.get("num_key_value_heads") or heads)
+        hidden = int(cfg["hidden_size"])
+        head_dim = int(cfg.get("head_dim") or hidden // heads)
+        experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0)
+        spec = cls(
+            name=name,
+            model_type=model_type,
+            hidden_size=hidden,
+            intermediate_size=int(cfg["intermediate_size"]),
+            num_layers=int(cfg["num_hidden_layers"]),
+            num_heads=heads,
+            num_kv_heads=kv,
+            head_dim=head_dim,
+            vocab_size=int(cfg["vocab_size"]),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            max_position_embeddings=int(cfg.get("max_position_embeddings") or 0),
+            qkv_bias=bool(cfg.get("attention_bias", model_type in _QKV_BIAS)),
+            qk_norm=_QK_NORM.get(model_type, "none"),
+            num_experts=experts,
+            num_experts_per_tok=int(cfg.get("num_experts_per_tok") or 0),
+            moe_intermediate_size=int(cfg.get("moe_intermediate_size") or 0),
+            sources=tuple(sources),
+        )
+        spec.validate()
+        return spec
+
+    def validate(self) -> None:
+        for key in ("hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads", "vocab_size"):
+            if getattr(self, key) <= 0:
+                raise ModelSpecError(f"{self.name}: {key} must be positive, got {getattr(self, key)}")
+        if self.num_heads % self.num_kv_heads:
+            raise ModelSpecError(
+                f"{self.name}: num_attention_heads {self.num_heads} is not a multiple of "
+                f"num_key_value_heads {self.num_kv_heads}"
+            )
+        if self.num_experts and not (self.moe_intermediate_size and self.num_experts_per_tok):
+            raise ModelSpecError(f"{self.name}: MoE config needs moe_intermediate_size and num_experts_per_tok")
+
+    # ------------------------------------------------------------------ counts
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def q_dim(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    def linear_shapes(self) -> dict[str, tuple[int, int]]:
+        """(in, out) of each dense projection in one layer (per expert for MoE MLPs)."""
+        h = self.hidden_size
+        f = self.moe_intermediate_size if self.is_moe else self.intermediate_size
+        return {
+            "q_proj": (h, self.q_dim),
+            "k_proj": (h, self.kv_dim),
+            "v_proj": (h, self.kv_dim),
+            "o_proj": (self.q_dim, h),
+            "gate_proj": (h, f),
+            "up_proj": (h, f),
+            "down_proj": (f, h),
+        }
+
+    @property
+    def attn_params_per_layer(self) -> int:
+        s = self.linear_shapes()
+        n = sum(s[m][0] * s[m][1] for m in ATTN_MODULES)
+        if self.qkv_bias:
+            n += self.q_dim + 2 * self.kv_dim
+        if self.qk_norm == "per_head":
+            n += 2 * self.head_dim
+        elif self.qk_norm == "full":
+            n += self.q_dim + self.kv_dim
+        return n
+
+    def _mlp_params(self, experts: int) -> int:
+        s = self.linear_shapes()
+        per = sum(s[m][0] * s[m][1] for m in MLP_MODULES)
+        if not self.is_moe:
+            return per
+        return experts * per + self.hidden_size * self.num_experts  # router
+
+    @property
+    def mlp_params_per_layer(self) -> int:
+        return self._mlp_params(self.num_experts)
+
+    @property
+    def per_layer_params(self) -> int:
+        return self.attn_params_per_layer + self.mlp_params_per_layer + 2 * self.hidden_size
+
+    @property
+    def embedding_params(self) -> int:
+        return self.vocab_size * self.hidden_size
+
+    @property
+    def lm_head_params(self) -> int:
+        return 0 if self.tie_word_embeddings else self.vocab_size * self.hidden_size
+
+    @property
+    def total_params(self) -> int:
+        return (
+            self.num_layers * self.per_layer_params
+            + self.embedding_params
+            + self.lm_head_params
+            + self.hidden_size  # final norm
+        )
+
+    @property
+    def active_params(self) -> int:
+        """Parameters touched per token (MoE: only the routed experts)."""
+        if not self.is_moe:
+            return self.total_params
+        inactive = self.mlp_params_per_layer - self._mlp_params(self.num_experts_per_tok)
+        return self.total_params - self.num_layers * inactive
+
+    @property
+    def largest_param_tensor(self) -> int:
+        """Elements of the largest single weight (DeepSpeed's `largest_layer` proxy)."""
+        shapes = self.linear_shapes().values()
+        return max([self.embedding_params] + [a * b for a, b in shapes])
+
+    def lora_params(self, rank: int, targets: tuple[str, ...] = ALL_LINEAR) -> int:
+        """Trainable parameters of LoRA adapters of `rank` on the named projections."""
+        unknown = sorted(set(targets) - set(ALL_LINEAR))
+        if unknown:
+            raise ModelSpecError(f"unknown LoRA target module(s) {unknown}; valid: {list(ALL_LINEAR)}")
+        shapes = self.linear_shapes()
+        per_layer = 0
+        for m in targets:
+            fan_in, fan_out = shapes[m]
+            copies = self.num_experts if (self.is_moe and m in MLP_MODULES) else 1
+            per_layer += copies * rank * (fan_in + fan_out)
+        return self.num_layers * per_layer
+
+    def kv_bytes_per_token(self, tp: int = 1, dtype_bytes: int = 2) -> int:
+        """KV-cache bytes one token takes on one GPU at tensor-parallel size tp.
+
+        vLLM splits KV heads across TP ranks; when tp exceeds the KV heads each
+        rank keeps a replica of one head, so the per-GPU share stops shrinking.
+        """
+        heads_per_gpu = max(1, self.num_kv_heads // tp)
+        return 2 * self.num_layers * heads_per_gpu * self.head_dim * dtype_bytes

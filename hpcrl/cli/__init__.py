@@ -20,13 +20,13 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
     except SystemExit as exc:  # typer.Exit inside commands
         return int(exc.code or 0)
-    except Exception as exc:  # click usage errors are user errors too
-        import click
-
-        if isinstance(exc, click.exceptions.ClickException):
+    except Exception as exc:
+        # Usage errors (bad option, missing value) are user errors too. Typer may vendor
+        # its own click, so recognise them by shape rather than by class.
+        if hasattr(exc, "format_message") and hasattr(exc, "exit_code"):
             sys.stderr.write(f"hpcrl: error: {exc.format_message()}\n")
             return 2
-        if isinstance(exc, click.exceptions.Abort):
+        if type(exc).__name__ == "Abort":
             return 130
         raise
     return 0

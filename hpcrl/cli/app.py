@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import typer
 
+from hpcrl import __version__
+
 app = typer.Typer(
     name="hpcrl",
     help="Plan, render, submit and watch multi-node RL post-training jobs on Slurm.",
@@ -11,3 +13,16 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"hpcrl {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version"),
+) -> None:
+    """Plan, render, submit and watch multi-node RL post-training jobs on Slurm."""

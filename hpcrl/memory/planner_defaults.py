@@ -1,0 +1,92 @@
+"""Fill in what the user left out of a memory question (learner GPUs, engine TP)."""
+
+from __future__ import annotations
+
+from hpcrl.errors import HpcrlError
+from hpcrl.memory.engine import EngineSetup, engine_memory
+from hpcrl.memory.learner import LearnerSetup
+from hpcrl.memory.plan import MemoryPlan, plan_memory
+from hpcrl.models import resolve_model
+from hpcrl.profiles import ClusterProfile
+
+MAX_LEARNER_GPUS = 1024
+
+
+def smallest_fitting_tp(profile: ClusterProfile, engine: EngineSetup) -> int | None:
+    """Smallest TP (dividing the heads, within a node) whose engine fits, or None."""
+    for tp in range(1, profile.gpu.count_per_node + 1):
+        if engine.model.num_heads % tp:
+            continue
+        candidate = EngineSetup(**{**engine.__dict__, "tp": tp, "gpu_total_bytes": profile.gpu_bytes})
+        if engine_memory(candidate).fits:
+            return tp
+    return None
+
+
+def choose_memory_plan(
+    profile: ClusterProfile,
+    *,
+    model: str,
+    learner_gpus: int | None,
+    tokens_per_gpu: int,
+    gradient_checkpointing: bool,
+    offload: str,
+    zero_stage: int,
+    lora_rank: int,
+    load_in_4bit: bool,
+    logprob_impl: str,
+    grad_accum_dtype: str,
+    vllm_tp: int | None,
+    vllm_gpu_memory_utilization: float,
+    max_seq_len: int | None,
+) -> tuple[MemoryPlan, list[str]]:
+    """The plan for the question asked, choosing learner GPUs and TP where not given."""
+    spec = resolve_model(model)
+    for name, value in (("--tokens-per-gpu", tokens_per_gpu), ("--learner-gpus", learner_gpus),
+                        ("--vllm-tp", vllm_tp), ("--max-seq-len", max_seq_len)):
+        if value is not None and value <= 0:
+            raise HpcrlError(f"{name} must be a positive integer, got {value}")
+    notes: list[str] = []
+    engine = EngineSetup(
+        model=spec,
+        tp=vllm_tp or 1,
+        gpu_memory_utilization=vllm_gpu_memory_utilization,
+        gpu_total_bytes=profile.gpu_bytes,
+        max_seq_len=max_seq_len or tokens_per_gpu,
+    )
+    if vllm_tp is None:
+        tp = smallest_fitting_tp(profile, engine)
+        if tp is None:
+            tp = max(d for d in range(1, profile.gpu.count_per_node + 1) if spec.num_heads % d == 0)
+            notes.append(f"no TP within one node fits an engine; showing TP={tp}")
+        else:
+            notes.append(f"vLLM TP={tp}: the smallest that fits (set --vllm-tp to choose)")
+        engine = EngineSetup(**{**engine.__dict__, "tp": tp})
+
+    def setup(n: int) -> LearnerSetup:
+        return LearnerSetup(
+            model=spec,
+            n_gpus=n,
+            tokens_per_gpu=tokens_per_gpu,
+            zero_stage=zero_stage,  # type: ignore[arg-type]
+            offload=offload,  # type: ignore[arg-type]
+            gradient_checkpointing=gradient_checkpointing,
+            lora_rank=lora_rank,
+            load_in_4bit=load_in_4bit,
+            logprob_impl=logprob_impl,  # type: ignore[arg-type]
+            grad_accum_dtype=grad_accum_dtype,  # type: ignore[arg-type]
+        )
+
+    if learner_gpus is not None:
+        return plan_memory(profile, setup(learner_gpus), engine), notes
+    n = 1
+    while True:
+        plan = plan_memory(profile, setup(n), engine)
+        if plan.learner_fits or n >= MAX_LEARNER_GPUS or zero_stage != 3:
+            break
+        n *= 2
+    if plan.learner_fits:
+        notes.append(f"{n} learner GPUs: the fewest (power of two) that fit (set --learner-gpus to choose)")
+    else:
+        notes.append(f"no learner GPU count up to {n} fits; showing {n}")
+    return plan, notes

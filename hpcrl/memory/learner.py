@@ -45,6 +45,7 @@ class LearnerSetup:
     # DeepSpeed keeps ZeRO gradient partitions in the model dtype unless the config's
     # data_types.grad_accum_dtype says otherwise; open-instruct sets it to fp32.
     grad_accum_dtype: Literal["bf16", "fp32"] = "bf16"
+    reference_policy: bool = False  # a frozen bf16 copy for the KL term (ZeRO-3 sharded)
     zero: C.ZeroDefaults = field(default_factory=C.ZeroDefaults)
 
     def check(self) -> None:
@@ -123,6 +124,8 @@ def learner_memory(s: LearnerSetup) -> LearnerMemory:
     terms["gradients"] = 0.0 if off_opt else grads
     terms["fp32 master weights"] = 0.0 if off_opt else 4.0 * trainable / opt_shard
     terms["Adam moments (fp32)"] = 0.0 if off_opt else 8.0 * trainable / opt_shard
+    if s.reference_policy:
+        terms["reference policy (bf16)"] = 0.0 if off_par else 2.0 * m.total_params / shard
     bucket = 2.0 * min(s.zero.reduce_bucket_size, trainable) if s.zero_stage in (2, 3) else 0.0
     terms["reduce bucket"] = bucket
     states = sum(terms.values())

@@ -1,0 +1,70 @@
+"""open-instruct's argument list (names, types, defaults) at a known commit, as data."""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Literal
+
+from hpcrl.errors import ConfigError, UnknownNameError
+
+ArgLayout = Literal["current", "legacy"]
+_DATA = Path(__file__).with_name("data")
+
+
+@lru_cache(maxsize=2)
+def arg_table(layout: ArgLayout = "current") -> dict[str, dict[str, Any]]:
+    """Field name -> {default, type, dataclass, cli_flag} for grpo_fast.py in `layout`."""
+    if layout not in ("current", "legacy"):
+        raise UnknownNameError("open-instruct argument layout", str(layout), ["current", "legacy"])
+    data = json.loads((_DATA / f"open_instruct_args_{layout}.json").read_text())
+    return {k: v for k, v in data.items() if not k.startswith("_")}
+
+
+def arg_meta(layout: ArgLayout = "current") -> dict[str, Any]:
+    data = json.loads((_DATA / f"open_instruct_args_{layout}.json").read_text())
+    return data["_meta"]
+
+
+def _kind(type_text: str) -> str:
+    t = type_text.replace(" ", "")
+    if t.startswith(("list[", "List[", "tuple[", "Optional[List")) or "|list[" in t:
+        return "list"
+    if t in ("bool", "bool|None"):
+        return "bool"
+    if t in ("int", "int|None", "Optional[int]"):
+        return "int"
+    if t in ("float", "float|None", "Optional[float]"):
+        return "float"
+    return "any"
+
+
+def check_args(args: dict[str, Any], layout: ArgLayout = "current") -> None:
+    """Every key must be a grpo_fast.py field of `layout`, with a value of its type."""
+    table = arg_table(layout)
+    for key, value in args.items():
+        if key not in table:
+            raise UnknownNameError(f"open-instruct argument (layout {layout})", key, table)
+        kind = _kind(table[key]["type"])
+        if value is None:
+            continue
+        ok = {
+            "bool": isinstance(value, bool),
+            "int": isinstance(value, int) and not isinstance(value, bool),
+            "float": isinstance(value, (int, float)) and not isinstance(value, bool),
+            "list": isinstance(value, (list, tuple)),
+        }.get(kind, True)
+        if kind == "list" and isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            ok = True  # a single value is a one-element list on the command line
+        if not ok:
+            raise ConfigError(f"{key}: expected {table[key]['type']}, got {value!r}")
+
+
+def default(name: str, layout: ArgLayout = "current") -> Any:
+    """open-instruct's default for `name` as a Python value where it is a literal."""
+    raw = arg_table(layout)[name]["default"]
+    try:
+        return json.loads(raw.replace("True", "true").replace("False", "false").replace("None", "null"))
+    except (json.JSONDecodeError, AttributeError):
+        return raw

@@ -1,0 +1,164 @@
+"""Run configs: open-instruct's own arguments plus an `hpcrl:` section, and `--set` overrides.
+
+A run config is the YAML file users already pass to grpo_fast.py, with one extra mapping:
+
+    hpcrl:
+      cluster: isambard-ai
+      nodes: 16
+      ...
+    model_name_or_path: allenai/Olmo-3-1125-32B
+    pack_length: 10240
+    ...
+
+Layout fields (LAYOUT_FIELDS) come from the layout planner unless the user sets them:
+then they are pins, checked and never silently changed.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from hpcrl.backends.oi_args import ArgLayout, check_args
+from hpcrl.errors import ConfigError, HpcrlError
+from hpcrl.resources import data_dir
+
+DEFAULT_CONFIG = "grpo-olmo3-32b"
+
+# Fields the layout planner decides; present in a config file or --set, they are pins.
+LAYOUT_FIELDS = (
+    "num_learners_per_node",
+    "vllm_num_engines",
+    "vllm_tensor_parallel_size",
+    "vllm_gpu_memory_utilization",
+    "deepspeed_stage",
+    "num_nodes",
+)
+# Fields hpcrl owns so that restarts find their state: set from the run directory.
+RUN_DIR_FIELDS = ("output_dir", "checkpoint_state_dir")
+
+
+class HpcrlSection(BaseModel):
+    """The `hpcrl:` section: where and how to run."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    cluster: str = "isambard-ai"
+    nodes: int | None = Field(default=None, gt=0)
+    model: str | None = Field(default=None, description="Planner model; default from model_name_or_path")
+    backend: Literal["open-instruct"] = "open-instruct"
+    arg_layout: ArgLayout = "current"
+    entry_point: str = "open_instruct/grpo_fast.py"
+    workdir: str = Field(default="$HOME/open-instruct", description="Checkout the entry point is relative to")
+    python: str = "python"
+    env_setup: list[str] = Field(default_factory=list, description="Shell lines run on every node first")
+    container: str | None = Field(default=None, description="Image to run in (profile's runtime)")
+    run_name: str = "grpo"
+    run_root: str | None = Field(default=None, description="Parent of run dirs; default the profile's")
+    time: str | None = Field(default=None, description="Wall time; default the partition limit")
+    account: str | None = None
+    partition: str | None = None
+    qos: str | None = None
+    exclude_nodes: list[str] = Field(default_factory=list)
+    max_restarts: int = Field(default=10, ge=0)
+    logprob_impl: Literal["eager", "compiled"] = "compiled"
+    zero_reward_steps: int = Field(default=10, gt=0)
+    hang_minutes: float = Field(default=60.0, gt=0)
+    allow_over_limit: bool = False
+    force_disk: bool = False
+
+
+class RunConfig(BaseModel):
+    """A validated run config: the hpcrl section and open-instruct's arguments."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    hpcrl: HpcrlSection
+    args: dict[str, Any]
+    source: str = ""
+    pinned: tuple[str, ...] = ()
+
+    @property
+    def model_name(self) -> str:
+        return self.hpcrl.model or str(self.args.get("model_name_or_path") or "")
+
+    def digest(self) -> str:
+        """Short hash of the effective config (same inputs, same hash)."""
+        blob = json.dumps({"hpcrl": self.hpcrl.model_dump(), "args": self.args}, sort_keys=True, default=str)
+        return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def config_path(name_or_path: str | None) -> Path:
+    """A config file path, or the name of a shipped config (`grpo-olmo3-32b`)."""
+    name = name_or_path or DEFAULT_CONFIG
+    path = Path(name).expanduser()
+    if path.suffix in (".yaml", ".yml") or path.exists():
+        if not path.is_file():
+            raise ConfigError(f"{path}: no such config file")
+        return path
+    shipped = data_dir("configs") / f"{name}.yaml"
+    if shipped.is_file():
+        return shipped
+    names = sorted(p.stem for p in data_dir("configs").glob("*.yaml"))
+    raise ConfigError(f"{name}: no such config file or shipped config; shipped: {', '.join(names)}")
+
+
+def parse_override(item: str) -> tuple[str, Any]:
+    """`key=value` with a YAML value (`beta=0.0`, `num_learners_per_node=[1,1]`)."""
+    key, sep, raw = item.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise ConfigError(f"--set {item!r}: expected key=value, e.g. --set beta=0.0 or --set hpcrl.nodes=4")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return key, value
+
+
+def load_run_config(name_or_path: str | None = None, overrides: list[str] | None = None) -> RunConfig:
+    """Load, apply `--set` overrides, and validate a run config."""
+    path = config_path(name_or_path)
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark else ""
+        raise ConfigError(f"{path}:{where} not valid YAML") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a mapping of settings")
+    section = copy.deepcopy(raw.pop("hpcrl", None) or {})
+    args = raw
+    pinned = {k for k in LAYOUT_FIELDS if k in args}
+    for item in overrides or []:
+        key, value = parse_override(item)
+        if key.startswith("hpcrl."):
+            section[key.split(".", 1)[1]] = value
+        else:
+            args[key] = value
+            if key in LAYOUT_FIELDS:
+                pinned.add(key)
+    for key in RUN_DIR_FIELDS:
+        if key in args:
+            raise ConfigError(
+                f"{path}: {key} is set by hpcrl from the run directory so restarts resume; "
+                "remove it (set hpcrl.run_root to move runs)"
+            )
+    try:
+        hp = HpcrlSection.model_validate(section)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = ".".join(str(p) for p in err["loc"])
+        problem = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
+        raise ConfigError(f"{path}: hpcrl.{loc}: {problem}") from None
+    try:
+        check_args(args, hp.arg_layout)
+    except HpcrlError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+    return RunConfig(hpcrl=hp, args=args, source=str(path), pinned=tuple(sorted(pinned)))

@@ -1,0 +1,378 @@
+"""Layout planner: learners per node, vLLM engines, TP and memory utilisation for N nodes.
+
+Pure: a profile, a node count and a workload in; ranked layouts out. A layout is kept when
+it satisfies open-instruct's placement rules and fits in memory; layouts are ranked by
+idle GPUs first, then by the estimated time of one RL step (generation and training
+overlap in open-instruct's asynchronous loop, so the slower side sets the pace).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+from hpcrl.errors import HpcrlError, PlanError
+from hpcrl.memory import constants as C
+from hpcrl.memory.engine import EngineSetup
+from hpcrl.memory.learner import LearnerSetup
+from hpcrl.memory.plan import MemoryPlan, plan_memory
+from hpcrl.models.spec import ModelSpec
+from hpcrl.profiles import ClusterProfile
+
+# Stated efficiencies of the throughput model (not measured by hpcrl; see docs/plan.md).
+TRAIN_MFU = 0.40  # fraction of bf16 peak a ZeRO-3 learner sustains
+DECODE_BW_EFFICIENCY = 0.50  # fraction of HBM peak a vLLM decode step sustains
+TP_ALLREDUCE_S = 10e-6  # latency of one intra-node all-reduce; two per layer per step
+UTILISATIONS = (0.9, 0.85, 0.8, 0.7, 0.6)
+STEP_TIE = 0.03  # step-time estimates closer than this are not told apart
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What one RL step does, from the run config."""
+
+    model: ModelSpec
+    pack_length: int = 10240
+    response_length: int = 8192
+    max_prompt_token_length: int = 2048
+    unique_prompts: int = 32
+    samples_per_prompt: int = 8
+    beta: float = 0.0
+    load_ref_policy: bool = False
+    gradient_checkpointing: bool = True
+    offload: str = "none"
+    lora_rank: int = 0
+    load_in_4bit: bool = False
+    logprob_impl: str = "compiled"
+    grad_accum_dtype: str = "fp32"  # open-instruct's DeepSpeed config sets fp32
+
+    @property
+    def seqs(self) -> int:
+        return self.unique_prompts * self.samples_per_prompt
+
+    @property
+    def seq_len(self) -> int:
+        return self.max_prompt_token_length + self.response_length
+
+    def check(self) -> None:
+        """open-instruct's own constraints on these settings."""
+        for name in ("pack_length", "response_length", "max_prompt_token_length", "unique_prompts", "samples_per_prompt"):
+            if getattr(self, name) <= 0:
+                raise HpcrlError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.pack_length < self.seq_len:
+            raise HpcrlError(
+                f"pack_length {self.pack_length} is shorter than max_prompt_token_length "
+                f"{self.max_prompt_token_length} + response_length {self.response_length} = {self.seq_len}; "
+                f"set pack_length >= {self.seq_len}"
+            )
+        if self.beta != 0 and not self.load_ref_policy:
+            raise HpcrlError(
+                f"beta {self.beta} needs a reference policy but load_ref_policy is false; "
+                "set beta=0.0 or load_ref_policy=true"
+            )
+
+
+@dataclass(frozen=True)
+class Pins:
+    """Choices the user fixed (`--pin learners=1 --pin tp=2`, or values in the config)."""
+
+    learners_per_node: int | None = None
+    learner_nodes: int | None = None
+    tp: int | None = None
+    engines: int | None = None
+    gpu_memory_utilization: float | None = None
+
+
+@dataclass(frozen=True)
+class Layout:
+    nodes: int
+    gpus_per_node: int
+    learners_per_node: int
+    learner_nodes: int
+    tp: int
+    engines: int
+    gpu_memory_utilization: float
+    memory: MemoryPlan
+    gen_time_s: float
+    train_time_s: float
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def learner_gpus(self) -> int:
+        return self.learners_per_node * self.learner_nodes
+
+    @property
+    def idle_gpus(self) -> int:
+        return self.nodes * self.gpus_per_node - self.learner_gpus - self.engines * self.tp
+
+    @property
+    def step_time_s(self) -> float:
+        return max(self.gen_time_s, self.train_time_s)
+
+    @property
+    def bottleneck(self) -> str:
+        return "generation" if self.gen_time_s >= self.train_time_s else "training"
+
+    @property
+    def learner_headroom(self) -> float:
+        return 1 - self.memory.learner.device_total / self.memory.usable
+
+    def open_instruct_fields(self) -> dict:
+        """The layout as open-instruct's arguments."""
+        return {
+            "num_learners_per_node": [self.learners_per_node] * self.learner_nodes,
+            "vllm_num_engines": self.engines,
+            "vllm_tensor_parallel_size": self.tp,
+            "vllm_gpu_memory_utilization": self.gpu_memory_utilization,
+            "deepspeed_stage": self.memory.learner_setup.zero_stage,
+        }
+
+    def reason(self) -> str:
+        idle = "no idle GPU" if self.idle_gpus == 0 else f"{self.idle_gpus} idle GPUs"
+        return (
+            f"{idle}; step ~{self.step_time_s:.0f}s set by {self.bottleneck} "
+            f"(generation {self.gen_time_s:.0f}s, training {self.train_time_s:.0f}s)"
+        )
+
+    def to_dict(self) -> dict:
+        g = C.GIB
+        mem = self.memory
+        return {
+            **self.open_instruct_fields(),
+            "nodes": self.nodes,
+            "learner_gpus": self.learner_gpus,
+            "engine_gpus": self.engines * self.tp,
+            "idle_gpus": self.idle_gpus,
+            "learner_peak_gib": round(mem.learner.device_total / g, 2),
+            "engine_kv_cache_gib": round(mem.engine.kv_cache / g, 2),
+            "engine_concurrent_seqs": mem.engine.concurrent_seqs,
+            "host_peak_gib": round(mem.host.peak / g, 1),
+            "gpu_usable_gib": round(mem.usable / g, 2),
+            "generation_time_s": round(self.gen_time_s, 1),
+            "training_time_s": round(self.train_time_s, 1),
+            "step_time_s": round(self.step_time_s, 1),
+            "bottleneck": self.bottleneck,
+            "reason": self.reason(),
+        }
+
+
+def _learner_setup(w: Workload, n: int) -> LearnerSetup:
+    return LearnerSetup(
+        model=w.model,
+        n_gpus=n,
+        tokens_per_gpu=w.pack_length,
+        zero_stage=3,
+        offload=w.offload,  # type: ignore[arg-type]
+        gradient_checkpointing=w.gradient_checkpointing,
+        lora_rank=w.lora_rank,
+        load_in_4bit=w.load_in_4bit,
+        logprob_impl=w.logprob_impl,  # type: ignore[arg-type]
+        grad_accum_dtype=w.grad_accum_dtype,  # type: ignore[arg-type]
+        reference_policy=w.load_ref_policy,
+    )
+
+
+def generation_time(w: Workload, plan: MemoryPlan, profile: ClusterProfile, engines: int) -> float:
+    """Seconds to generate one step's responses: decode steps bound by HBM bandwidth."""
+    eng = plan.engine
+    per_engine = math.ceil(w.seqs / engines)
+    concurrent = max(1, min(per_engine, eng.concurrent_seqs, C.VLLM_MAX_NUM_SEQS))
+    waves = math.ceil(per_engine / concurrent)
+    ctx = w.max_prompt_token_length + w.response_length / 2
+    bytes_per_step = eng.weights + concurrent * ctx * eng.kv_bytes_per_token
+    bw = profile.gpu.hbm_bandwidth_tbs * 1e12 * DECODE_BW_EFFICIENCY
+    tp = plan.engine_setup.tp
+    step = bytes_per_step / bw + (2 * w.model.num_layers * TP_ALLREDUCE_S if tp > 1 else 0.0)
+    return waves * w.response_length * step
+
+
+def training_time(w: Workload, profile: ClusterProfile, learner_gpus: int) -> float:
+    """Seconds of one training pass: 6*P*tokens (+2*P recompute, +2*P reference forward)."""
+    per_token = 6 + (2 if w.gradient_checkpointing else 0) + (2 if w.load_ref_policy else 0)
+    params = w.model.active_params if not w.lora_rank else w.model.active_params  # LoRA still runs the base
+    flops = per_token * params * w.seqs * w.seq_len
+    return flops / (learner_gpus * profile.gpu.bf16_tflops * 1e12 * TRAIN_MFU)
+
+
+def _divisors(n: int, limit: int) -> list[int]:
+    return [d for d in range(1, limit + 1) if n % d == 0]
+
+
+def check_nodes(profile: ClusterProfile, nodes: int, partition: str | None = None, allow_over_limit: bool = False) -> list[str]:
+    """Errors (or warnings with allow_over_limit) for nodes beyond partition/QOS limits."""
+    if nodes < 1:
+        raise HpcrlError(f"--nodes must be at least 1, got {nodes}")
+    problems = []
+    name = partition or profile.slurm.default_partition
+    part = profile.slurm.partitions.get(name) if name else None
+    gpus = nodes * profile.gpu.count_per_node
+    if part and part.max_nodes and nodes > part.max_nodes:
+        problems.append(f"{nodes} nodes exceed partition {name}'s limit of {part.max_nodes} nodes")
+    if part and part.max_gpus and gpus > part.max_gpus:
+        problems.append(f"{gpus} GPUs exceed partition {name}'s limit of {part.max_gpus} GPUs")
+    if problems and not allow_over_limit:
+        raise PlanError(problems[0] + " (pass --allow-over-limit if your allocation is larger)")
+    qos = profile.slurm.qos
+    if qos and qos.max_gpus and gpus > qos.max_gpus:
+        # A per-project QOS cap is routinely raised for large projects, so it warns:
+        # sbatch itself will hold the job (QOSMaxGRESPerAccount) if the cap is real.
+        problems.append(
+            f"{nodes} nodes = {gpus} GPUs exceed QOS {qos.name}'s default cap of {qos.max_gpus} GPUs "
+            f"({qos.max_gpus // profile.gpu.count_per_node} nodes); fine if your project's limit was raised"
+        )
+    return problems
+
+
+def enumerate_layouts(profile: ClusterProfile, nodes: int, w: Workload, pins: Pins = Pins()) -> tuple[list[Layout], dict[str, int]]:
+    """Every layout that satisfies the rules and fits, ranked best first; and rejection counts."""
+    w.check()
+    g = profile.gpu.count_per_node
+    rejected: dict[str, int] = {}
+
+    def reject(why: str) -> None:
+        rejected[why] = rejected.get(why, 0) + 1
+
+    tps = _divisors(w.model.num_heads, g)
+    if pins.tp is not None:
+        if pins.tp not in tps:
+            raise PlanError(
+                f"vllm_tensor_parallel_size {pins.tp} must divide the {w.model.num_heads} attention heads "
+                f"and fit in one node of {g} GPUs; valid: {tps}"
+            )
+        tps = [pins.tp]
+    ks = [pins.learners_per_node] if pins.learners_per_node else list(range(1, g + 1))
+    if any(k < 1 or k > g for k in ks):
+        raise PlanError(f"learners per node {ks[0]} must be between 1 and {g} (GPUs per node)")
+    ms = [pins.learner_nodes] if pins.learner_nodes else list(range(1, nodes + 1))
+    if any(m < 1 or m > nodes for m in ms):
+        raise PlanError(
+            f"num_learners_per_node has {ms[0]} entries but the job has {nodes} nodes; "
+            "open-instruct places one entry per node (STRICT_SPREAD)"
+        )
+    utils = [pins.gpu_memory_utilization] if pins.gpu_memory_utilization else list(UTILISATIONS)
+    learner_cache: dict[int, MemoryPlan] = {}
+    layouts: list[Layout] = []
+    for k in ks:
+        for m in ms:
+            n_learn = k * m
+            for tp in tps:
+                engines = m * ((g - k) // tp) + (nodes - m) * (g // tp)
+                if pins.engines is not None:
+                    if pins.engines > engines:
+                        reject("pinned engine count does not fit the free GPUs")
+                        continue
+                    engines = pins.engines
+                if engines < 1:
+                    reject("no GPU left for a vLLM engine")
+                    continue
+                chosen = None
+                for util in utils:
+                    plan = plan_memory(
+                        profile,
+                        _learner_setup(w, n_learn),
+                        EngineSetup(model=w.model, tp=tp, gpu_memory_utilization=util, max_seq_len=w.seq_len),
+                        learners_per_node=k,
+                        engine_gpus_per_node=((g - k) // tp) * tp,
+                    )
+                    if not plan.learner_fits:
+                        reject("learner does not fit in GPU memory")
+                        break
+                    if not plan.host.fits:
+                        reject("host RAM over Ray's kill threshold")
+                        break
+                    if plan.engine.fits:
+                        chosen = (util, plan)
+                        break
+                if chosen is None:
+                    if plan.learner_fits and plan.host.fits:
+                        reject("vLLM engine does not fit (weights + KV for one sequence)")
+                    continue
+                util, plan = chosen
+                layouts.append(
+                    Layout(
+                        nodes=nodes,
+                        gpus_per_node=g,
+                        learners_per_node=k,
+                        learner_nodes=m,
+                        tp=tp,
+                        engines=engines,
+                        gpu_memory_utilization=util,
+                        memory=plan,
+                        gen_time_s=generation_time(w, plan, profile, engines),
+                        train_time_s=training_time(w, profile, n_learn),
+                    )
+                )
+    return rank(layouts), rejected
+
+
+def rank(layouts: list[Layout]) -> list[Layout]:
+    """Order: no idle GPU; fewest learners per node; fastest step, where steps within
+    STEP_TIE of the fastest of their group count as equal and go to the layout with the
+    most learner memory headroom.
+
+    Spreading learners first gives each one a node's NICs, host RAM and CPUs for ZeRO-3
+    traffic and offload, and avoids several NCCL ranks per node, which failed with
+    "Duplicate GPU detected" on GH200 nodes (the users' notes).
+    """
+    groups: dict[tuple, list[Layout]] = {}
+    for lay in layouts:
+        groups.setdefault((lay.idle_gpus > 0, lay.learners_per_node), []).append(lay)
+    ordered: list[Layout] = []
+    for key in sorted(groups):
+        group = sorted(groups[key], key=lambda x: x.step_time_s)
+        while group:
+            best = group[0].step_time_s
+            tied = [x for x in group if x.step_time_s <= best * (1 + STEP_TIE)]
+            tied.sort(key=lambda x: (-round(x.learner_headroom, 3), x.tp))
+            ordered.extend(tied)
+            group = [x for x in group if x not in tied]
+    return ordered
+
+
+def suggest(profile: ClusterProfile, nodes: int, w: Workload, pins: Pins, variants: list[ClusterProfile]) -> list[str]:
+    """Computed changes that make some layout fit (each one checked by the planner)."""
+    out: list[str] = []
+    limit = max(nodes * 2, 64)
+    for n in range(nodes + 1, limit + 1):
+        if enumerate_layouts(profile, n, w, pins)[0]:
+            out.append(f"--nodes {n}")
+            break
+    if w.offload == "none":
+        if enumerate_layouts(profile, nodes, replace(w, offload="optimizer"), pins)[0]:
+            out.append("--set deepspeed_offload_optimizer=true (optimizer state in host RAM)")
+    lo, hi = w.seq_len, w.pack_length - 1
+    best = None
+    while lo <= hi and w.pack_length > w.seq_len:
+        mid = (lo + hi) // 2
+        if enumerate_layouts(profile, nodes, replace(w, pack_length=mid), pins)[0]:
+            best, lo = mid, mid + 1
+        else:
+            hi = mid - 1
+    if best:
+        out.append(f"--set pack_length={best}")
+    if w.lora_rank == 0 and enumerate_layouts(profile, nodes, replace(w, lora_rank=16), pins)[0]:
+        out.append("--set use_peft=true --set lora_r=16 (LoRA: far less optimizer state)")
+    for var in variants:
+        for n in range(nodes, limit + 1):
+            if enumerate_layouts(var, n, w, pins)[0]:
+                out.append(f"--cluster {var.name}:{var.variant} --nodes {n}")
+                break
+    return out
+
+
+def plan_layouts(
+    profile: ClusterProfile,
+    nodes: int,
+    w: Workload,
+    pins: Pins = Pins(),
+    variants: list[ClusterProfile] | None = None,
+) -> list[Layout]:
+    """Ranked layouts; PlanError with computed suggestions when none fits."""
+    layouts, rejected = enumerate_layouts(profile, nodes, w, pins)
+    if layouts:
+        return layouts
+    why = max(rejected, key=lambda k: rejected[k]) if rejected else "no candidate layout"
+    where = f"{nodes} {profile.name}{':' + profile.variant if profile.variant else ''} node{'s' if nodes > 1 else ''}"
+    fixes = suggest(profile, nodes, w, pins, variants or [])
+    fix = "; would fit: " + " | ".join(fixes) if fixes else "; nothing hpcrl tried fits (more nodes, offload, shorter pack_length, LoRA)"
+    raise PlanError(f"no layout of {w.model.name} fits on {where} ({why}){fix}")

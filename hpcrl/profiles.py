@@ -14,7 +14,15 @@ from typing import Any, Literal
 
 import yaml
 from platformdirs import user_config_dir
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from hpcrl.errors import ProfileError, UnknownNameError
 from hpcrl.resources import data_dir
@@ -148,14 +156,65 @@ class ClusterProfile(_Strict):
                 raise ValueError(f"{key!r} is not a valid environment variable name")
         return env
 
+    @field_validator("unconfirmed", "sources")
+    @classmethod
+    def _paths_exist(cls, value: list[str] | dict[str, str], info: ValidationInfo) -> Any:
+        # A typo here would silently drop a fact's source or its "unconfirmed" mark.
+        for path in value:
+            head = path.split(".")[0]
+            if head not in info.data and head in cls.model_fields:
+                continue  # that field failed validation itself; its error is reported instead
+            if not _has_path(info.data, path.split(".")):
+                raise ValueError(f"{path!r} names no field of the profile")
+        return value
+
     @property
     def gpu_bytes(self) -> float:
         return self.gpu.memory_gib * GIB
 
     @property
+    def max_nodes(self) -> int | None:
+        """Most nodes one job may hold: the tightest of the default partition's and the QOS's limits."""
+        per_node = self.gpu.count_per_node
+        part, qos = self.default_partition, self.slurm.qos
+        limits = [
+            part and part.max_nodes,
+            part and part.max_gpus and part.max_gpus // per_node,
+            qos and qos.max_gpus and qos.max_gpus // per_node,
+        ]
+        found = [n for n in limits if n]
+        return min(found) if found else None
+
+    def source_of(self, path: str) -> str | None:
+        """Source of the fact at dotted `path`: its own entry or that of the nearest enclosing path."""
+        parts = path.split(".")
+        for end in range(len(parts), 0, -1):
+            found = self.sources.get(".".join(parts[:end]))
+            if found:
+                return found
+        return None
+
+    def is_unconfirmed(self, path: str) -> bool:
+        """Whether the fact at `path`, or a path enclosing it, is listed in `unconfirmed`."""
+        return any(path == p or path.startswith(p + ".") for p in self.unconfirmed)
+
+    @property
     def default_partition(self) -> Partition | None:
         part = self.slurm.default_partition
         return self.slurm.partitions.get(part) if part else None
+
+
+def _has_path(obj: Any, parts: list[str]) -> bool:
+    for part in parts:
+        if isinstance(obj, BaseModel):
+            if part not in type(obj).model_fields:
+                return False
+            obj = getattr(obj, part)
+        elif isinstance(obj, dict) and part in obj:
+            obj = obj[part]
+        else:
+            return False
+    return True
 
 
 # --------------------------------------------------------------------------- loading
@@ -171,6 +230,37 @@ def _deep_merge(base: dict, over: dict) -> dict:
     return out
 
 
+def flat_items(data: dict, prefix: str = "") -> list[tuple[str, Any]]:
+    """(dotted path, value) of every leaf of nested mappings; an empty mapping is a leaf."""
+    out: list[tuple[str, Any]] = []
+    for key, value in data.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            out += flat_items(value, path + ".")
+        else:
+            out.append((path, value))
+    return out
+
+
+def _inherit(base: dict, over: dict) -> dict:
+    """`over` (a child profile or variant overrides) merged onto `base`.
+
+    A fact the child sets no longer carries the parent's source or "unconfirmed" mark; it
+    carries the child's, and the child's marks add to the parent's instead of replacing them.
+    """
+    set_here = [p for p, _ in flat_items(over) if p.split(".")[0] not in ("sources", "unconfirmed")]
+
+    def kept(path: str) -> bool:
+        return not any(path == p or path.startswith(p + ".") for p in set_here)
+
+    merged = _deep_merge(base, over)
+    sources = {k: v for k, v in base.get("sources", {}).items() if kept(k)}
+    merged["sources"] = {**sources, **over.get("sources", {})}
+    marks = [p for p in base.get("unconfirmed", []) if kept(p)]
+    merged["unconfirmed"] = marks + [p for p in over.get("unconfirmed", []) if p not in marks]
+    return merged
+
+
 def _first_error(path: str | Path, exc: ValidationError) -> str:
     err = exc.errors()[0]
     where = ".".join(str(p) for p in err["loc"]) or "(top level)"
@@ -179,7 +269,7 @@ def _first_error(path: str | Path, exc: ValidationError) -> str:
     elif err["type"] == "missing":
         problem = "required field is missing"
     else:
-        problem = err["msg"]
+        problem = err["msg"].removeprefix("Value error, ")
     more = f" (and {len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
     return f"{path}: {where}: {problem}{more}"
 
@@ -225,13 +315,14 @@ def _raw(name: str, files: dict[str, Path], chain: tuple[str, ...] = ()) -> dict
         raise UnknownNameError("cluster", name, files)
     path = files[name]
     data = _read_yaml(path)
+    own_name = data.get("name", name)
     parent = data.get("extends")
     if parent:
         if parent in chain + (name,):
             raise ProfileError(f"{path}: extends: cycle through {parent!r}")
-        data = _deep_merge(_raw(parent, files, chain + (name,)), data)
+        data = _inherit(_raw(parent, files, chain + (name,)), data)
         data["extends"] = parent
-    data.setdefault("name", name)
+    data["name"] = own_name  # a child is never named after its parent
     return data
 
 
@@ -245,7 +336,7 @@ def _validate(data: dict, path: str | Path, variant: str | None) -> ClusterProfi
         return profile
     if chosen not in profile.variants:
         raise UnknownNameError(f"variant of cluster {profile.name}", chosen, profile.variants)
-    merged = _deep_merge(data, profile.variants[chosen].overrides)
+    merged = _inherit(data, profile.variants[chosen].overrides)
     merged["variant"] = chosen
     try:
         return ClusterProfile.model_validate(merged)
@@ -265,19 +356,27 @@ def load_profile_file(path: str | Path, variant: str | None = None) -> ClusterPr
     """Load and validate one profile file; `extends` resolves against the known profiles."""
     path = Path(path)
     data = _read_yaml(path)
+    own_name = data.get("name", path.stem)
     parent = data.get("extends")
     if parent:
-        data = _deep_merge(_raw(parent, profile_files()), data)
+        data = _inherit(_raw(parent, profile_files()), data)
         data["extends"] = parent
-    data.setdefault("name", path.stem)
+    data["name"] = own_name
     return _validate(data, path, variant)
 
 
-def resolve_profile(cluster: str | None = None, cluster_file: str | Path | None = None) -> ClusterProfile:
-    """The profile a command runs against: a file, a name, or the default (isambard-ai)."""
+def resolve_profile(
+    cluster: str | None = None, cluster_file: str | Path | None = None, variant: str | None = None
+) -> ClusterProfile:
+    """The profile a command runs against: a file, a name, or the default (isambard-ai).
+
+    `variant` picks another node type of the same profile (also for a --cluster-file profile,
+    whose name need not be on the search path).
+    """
     if cluster_file:
-        return load_profile_file(cluster_file)
-    return load_profile(cluster or DEFAULT_CLUSTER)
+        return load_profile_file(cluster_file, variant)
+    name = cluster or DEFAULT_CLUSTER
+    return load_profile(f"{name.partition(':')[0]}:{variant}" if variant else name)
 
 
 DEFAULT_CLUSTER = "isambard-ai"

@@ -11,7 +11,7 @@ from hpcrl.config import RunConfig, load_run_config
 from hpcrl.errors import HpcrlError, PlanError
 from hpcrl.layout import Layout, Pins, Workload, check_nodes, enumerate_layouts, plan_layouts
 from hpcrl.models import resolve_model
-from hpcrl.profiles import ClusterProfile, load_profile, resolve_profile
+from hpcrl.profiles import ClusterProfile, resolve_profile
 
 
 @dataclass(frozen=True)
@@ -118,7 +118,7 @@ def make_run_plan(
     if profile.variants:
         for v in profile.variants:
             if v != profile.variant:
-                variants.append(load_profile(f"{profile.name}:{v}"))
+                variants.append(resolve_profile(cluster or cfg.hpcrl.cluster, cluster_file, variant=v))
     layouts = plan_layouts(profile, n, w, p, variants)
     return RunPlan(cfg, profile, n, w, p, layouts, tuple(warnings))
 

@@ -24,6 +24,8 @@ def main(argv: list[str] | None = None) -> int:
         # Usage errors (bad option, missing value) are user errors too. Typer may vendor
         # its own click, so recognise them by shape rather than by class.
         if hasattr(exc, "format_message") and hasattr(exc, "exit_code"):
+            if type(exc).__name__ == "NoArgsIsHelpError":
+                return 2  # help was printed already
             sys.stderr.write(f"hpcrl: error: {exc.format_message()}\n")
             return 2
         if type(exc).__name__ == "Abort":

@@ -1,0 +1,125 @@
+"""Layout planner: open-instruct's placement rules, memory fit, ranking, CLI contract."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from hpcrl.errors import HpcrlError, PlanError
+from hpcrl.layout import Pins, Workload, enumerate_layouts, plan_layouts
+from hpcrl.models import resolve_model
+from hpcrl.profiles import load_profile
+
+
+def hpcrl(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "hpcrl", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_plan_16_nodes_default_is_one_learner_per_node():
+    out = hpcrl("plan", "--nodes", "16", "--json")
+    assert out.returncode == 0, out.stderr
+    first = json.loads(out.stdout)["layouts"][0]
+    assert first["num_learners_per_node"] == [1] * 16
+    assert first["idle_gpus"] == 0
+    assert first["learner_gpus"] + first["engine_gpus"] == 64
+    assert first["learner_peak_gib"] > 0 and first["engine_kv_cache_gib"] > 0
+
+
+def test_plan_table_has_memory_and_reasons():
+    out = hpcrl("plan", "--nodes", "16")
+    assert out.returncode == 0, out.stderr
+    assert "[1] x 16" in out.stdout
+    assert "no idle GPU" in out.stdout
+    assert "QOS" in out.stderr  # 64 GPUs exceed Isambard-AI's default 32-GPU project cap: a warning
+
+
+def test_plan_berzelius_json_uses_open_instruct_names():
+    out = hpcrl("plan", "--cluster", "berzelius", "--nodes", "2", "--model", "7b", "--json")
+    assert out.returncode == 0, out.stderr
+    lay = json.loads(out.stdout)["layouts"][0]
+    for key in ("num_learners_per_node", "vllm_num_engines", "vllm_tensor_parallel_size",
+                "vllm_gpu_memory_utilization", "deepspeed_stage"):
+        assert key in lay
+    assert sum(lay["num_learners_per_node"]) + lay["vllm_num_engines"] * lay["vllm_tensor_parallel_size"] <= 16
+
+
+def test_72b_on_one_thin_node_fails_with_computed_suggestion():
+    out = hpcrl("plan", "--cluster", "berzelius", "--nodes", "1", "--model", "72b")
+    assert out.returncode == 2
+    assert "Traceback" not in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+    assert "would fit:" in out.stderr and "--nodes" in out.stderr
+
+
+def test_suggested_node_count_really_fits():
+    prof = load_profile("berzelius")
+    w = Workload(model=resolve_model("72b"))
+    with pytest.raises(PlanError) as err:
+        plan_layouts(prof, 1, w)
+    n = int(str(err.value).split("--nodes ")[1].split()[0])
+    assert enumerate_layouts(prof, n, w)[0]
+    assert not enumerate_layouts(prof, n - 1, w)[0]
+
+
+def test_engine_tp_stays_inside_a_node_and_divides_heads():
+    prof = load_profile("isambard-ai")
+    layouts, _ = enumerate_layouts(prof, 4, Workload(model=resolve_model("32b")))
+    assert layouts
+    for lay in layouts:
+        assert lay.tp <= 4 and 40 % lay.tp == 0  # OLMo 3 32B has 40 heads, 4 GPUs per node
+        free_per_learner_node = 4 - lay.learners_per_node
+        capacity = lay.learner_nodes * (free_per_learner_node // lay.tp) + (4 - lay.learner_nodes) * (4 // lay.tp)
+        assert lay.engines <= capacity
+        assert len(lay.open_instruct_fields()["num_learners_per_node"]) <= 4  # one bundle per node
+
+
+def test_pinned_tp_that_does_not_divide_heads_is_refused():
+    prof = load_profile("isambard-ai")
+    with pytest.raises(PlanError, match="divide the 40 attention heads"):
+        enumerate_layouts(prof, 4, Workload(model=resolve_model("32b")), Pins(tp=3))
+
+
+def test_pin_fixes_choices():
+    prof = load_profile("isambard-ai")
+    layouts, _ = enumerate_layouts(prof, 8, Workload(model=resolve_model("32b")), Pins(tp=2, learners_per_node=2))
+    assert layouts and all(lay.tp == 2 and lay.learners_per_node == 2 for lay in layouts)
+
+
+def test_pack_length_must_hold_prompt_and_response():
+    w = Workload(model=resolve_model("7b"), pack_length=4096, response_length=4096, max_prompt_token_length=1024)
+    with pytest.raises(HpcrlError, match="pack_length 4096 is shorter than .* 5120"):
+        w.check()
+
+
+def test_beta_needs_reference_policy():
+    w = Workload(model=resolve_model("7b"), beta=0.05, load_ref_policy=False)
+    with pytest.raises(HpcrlError, match="beta 0.05 needs a reference policy"):
+        w.check()
+
+
+def test_reference_policy_costs_learner_memory():
+    prof = load_profile("isambard-ai")
+    base = Workload(model=resolve_model("32b"))
+    with_ref = Workload(model=resolve_model("32b"), beta=0.05, load_ref_policy=True)
+    a = enumerate_layouts(prof, 16, base, Pins(learners_per_node=1, learner_nodes=16))[0][0]
+    b = enumerate_layouts(prof, 16, with_ref, Pins(learners_per_node=1, learner_nodes=16))[0][0]
+    # 2 bytes per parameter, sharded over 16 learners (ZeRO-3), plus allocator reserve
+    extra = b.memory.learner.peak_allocated - a.memory.learner.peak_allocated
+    assert extra == pytest.approx(2 * 32_233_522_176 / 16, rel=1e-6)
+
+
+def test_nodes_over_partition_limit_is_an_error():
+    out = hpcrl("plan", "--cluster", "berzelius", "--nodes", "61")
+    assert out.returncode == 2
+    assert "60" in out.stderr and "--allow-over-limit" in out.stderr
+    assert hpcrl("plan", "--cluster", "berzelius", "--nodes", "61", "--allow-over-limit", "--model", "7b").returncode == 0
+
+
+def test_unknown_cluster_and_model_name_closest():
+    out = hpcrl("plan", "--cluster", "isambard", "--nodes", "2")
+    assert out.returncode == 2 and "isambard-ai" in out.stderr
+    out = hpcrl("plan", "--nodes", "2", "--model", "qwen2.5-70b")
+    assert out.returncode == 2 and "qwen2.5-72b" in out.stderr or "qwen2.5-7b" in out.stderr

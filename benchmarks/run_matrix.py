@@ -1,16 +1,19 @@
 """Run a list of zero3_memory.py configurations, each in its own launch, within a time budget.
 
-Matrix file: one configuration per line, `NPROC EST_S ARGS...` (ARGS go to zero3_memory.py;
-EST_S is a guess of the launch's wall time), `#` starts a comment. Example:
-    1 45 --model qwen2.5-1.5b --seq 4096 --gc 1 --logprob-impl eager
+Matrix file: one configuration per line, `NPROC EST_S EST_GIB [host=GIB] ARGS...`, `#` starts a
+comment. ARGS go to zero3_memory.py; EST_S guesses the launch's wall time, EST_GIB its peak
+reserved GPU memory per GPU, host= its host memory (optimizer offload). Example:
+    1 45 40 --model qwen2.5-1.5b --seq 4096 --gc 1 --logprob-impl eager
 
-    python benchmarks/run_matrix.py --matrix benchmarks/matrices/h200_1gpu_a.txt \
-        --out $OUT/rows.jsonl --budget-s 540
+    python benchmarks/run_matrix.py --matrix benchmarks/matrices/h200_1gpu.txt \
+        --out $OUT/rows.jsonl --budget-s 540 --gpus 0 --gpu-gib 135 --per-gpu 2
 
-A configuration starts only while its estimate fits in the budget left; a launch still running
-when the budget ends is killed and leaves a row with status "timeout". With --lane-gpus, several
-single-GPU configurations run at once, one lane per entry (entries may repeat a GPU: then
-processes share that GPU and their rows say so in concurrent_on_gpu).
+Scheduling: items start in file order. A single-GPU item may share a GPU with others while the
+estimates add up to at most --gpu-gib (peaks are per process, so each row's memory numbers
+stay its own; only its step times are disturbed, and the row says `shared_gpu_with`). An item
+that runs out of memory while sharing is run again alone. Multi-GPU items take every GPU.
+An item starts only while its estimate fits in the budget left; one still running when the
+budget ends is killed and leaves a row with status "timeout".
 """
 
 from __future__ import annotations
@@ -21,8 +24,8 @@ import os
 import shlex
 import subprocess
 import sys
-import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -38,14 +41,40 @@ SAFE_ENV = {
 }
 
 
-def parse_matrix(path: Path) -> list[tuple[int, float, list[str]]]:
+@dataclass
+class Item:
+    index: int
+    nproc: int
+    est_s: float
+    est_gib: float
+    host_gib: float
+    argv: list[str]
+    solo: bool = False
+
+
+@dataclass
+class Running:
+    item: Item
+    proc: subprocess.Popen
+    gpus: list[str]
+    start: float
+    rows_path: Path
+    log: Path
+    tag: str
+    shared_with: set = field(default_factory=set)
+
+
+def parse_matrix(path: Path) -> list[Item]:
     items = []
     for line in path.read_text().splitlines():
         line = line.split("#", 1)[0].strip()
         if not line:
             continue
-        nproc, est, *rest = shlex.split(line)
-        items.append((int(nproc), float(est), rest))
+        nproc, est_s, est_gib, *rest = shlex.split(line)
+        host = 0.0
+        if rest and rest[0].startswith("host="):
+            host = float(rest.pop(0)[5:])
+        items.append(Item(len(items), int(nproc), float(est_s), float(est_gib), host, rest))
     return items
 
 
@@ -54,7 +83,7 @@ def arg_value(argv: list[str], flag: str, default: str = "") -> str:
 
 
 def config_row(argv: list[str], nproc: int) -> dict:
-    """The identifying keys of a row, for rows the harness itself could not write."""
+    """The identifying keys of a row, for launches that wrote none."""
     impl = arg_value(argv, "--logprob-impl", "eager")
     return {
         "model": arg_value(argv, "--model"),
@@ -69,88 +98,150 @@ def config_row(argv: list[str], nproc: int) -> dict:
     }
 
 
-class Runner:
+class Scheduler:
     def __init__(self, args: argparse.Namespace):
         self.args = args
         self.deadline = time.time() + args.budget_s
-        self.items = parse_matrix(Path(args.matrix))
-        self.next = 0
-        self.lock = threading.Lock()
-        self.port = 29500 + (os.getpid() % 500) * 10
-        self.logs = Path(args.log_dir)
-        self.logs.mkdir(parents=True, exist_ok=True)
-        self.progress = Path(args.out).with_suffix(".progress.log")
+        self.pending = parse_matrix(Path(args.matrix))
+        self.gpus = [g for g in args.gpus.split(",") if g]
+        self.running: list[Running] = []
+        self.port = 29500 + (os.getpid() % 300) * 10
+        self.work = Path(args.work_dir)
+        self.work.mkdir(parents=True, exist_ok=True)
+        self.out = Path(args.out)
+        self.progress = self.out.with_suffix(".progress.log")
+        self.failures = self.out.with_suffix(".failures.log")
+        self.launches = 0
 
     def say(self, msg: str) -> None:
         line = f"[{time.strftime('%H:%M:%S')} left {self.deadline - time.time():5.0f}s] {msg}"
-        with self.lock:
-            print(line, flush=True)
-            with open(self.progress, "a") as f:
-                f.write(line + "\n")
+        print(line, flush=True)
+        with open(self.progress, "a") as f:
+            f.write(line + "\n")
 
-    def take(self) -> tuple[int, int, tuple[int, float, list[str]]] | None:
-        with self.lock:
-            if self.next >= len(self.items):
-                return None
-            i = self.next
-            self.next += 1
-            self.port += 7
-            return i, self.port, self.items[i]
+    def on_gpu(self, gpu: str) -> list[Running]:
+        return [r for r in self.running if gpu in r.gpus]
 
-    def lane(self, gpu: str | None, lanes_on_gpu: int) -> None:
-        while (job := self.take()) is not None:
-            i, port, (nproc, est, argv) = job
-            left = self.deadline - time.time()
-            if left < est * self.args.est_factor + self.args.margin_s:
-                self.say(f"skip #{i} (est {est:.0f}s): {' '.join(argv)}")
+    def place(self, item: Item, reserved: set) -> list[str] | None:
+        """GPUs for the item now, or None if it must wait."""
+        host_used = sum(r.item.host_gib for r in self.running)
+        if host_used + item.host_gib > self.args.host_gib and self.running:
+            return None
+        if item.nproc > 1:
+            free = all(not self.on_gpu(g) for g in self.gpus) and not reserved
+            return self.gpus[: item.nproc] if free else None
+        alone = item.solo or item.est_gib > self.args.gpu_gib
+        best = None
+        for g in self.gpus:
+            if g in reserved:
                 continue
-            self.run_one(i, port, nproc, argv, gpu, lanes_on_gpu, timeout=left - self.args.margin_s / 2)
+            here = self.on_gpu(g)
+            if here and (alone or any(r.item.solo or r.item.nproc > 1 for r in here)):
+                continue
+            if len(here) >= self.args.per_gpu:
+                continue
+            used = sum(r.item.est_gib for r in here)
+            if here and used + item.est_gib > self.args.gpu_gib:
+                continue
+            if best is None or used < best[0]:
+                best = (used, g)
+        return [best[1]] if best else None
 
-    def run_one(
-        self, i: int, port: int, nproc: int, argv: list[str], gpu: str | None, lanes_on_gpu: int, timeout: float
-    ) -> None:
+    def launch(self, item: Item, gpus: list[str]) -> None:
+        self.launches += 1
+        self.port += 7
+        tag = f"{self.args.tag}:{item.index}" + (":solo" if item.solo else "")
+        rows_path = self.work / f"rows_{self.launches:03d}.jsonl"
+        log = self.work / f"{self.launches:03d}.log"
         env = dict(os.environ, **SAFE_ENV)
-        if gpu is not None:
-            env["CUDA_VISIBLE_DEVICES"] = gpu
-        env["ZERO3_CONCURRENT_ON_GPU"] = str(lanes_on_gpu)
-        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 2) // max(1, self.args.lanes * nproc))))
-        tag = f"{self.args.tag}:{i}"
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
+        # torchrun would set 1 thread; offloaded AdamW steps on the CPU need more
+        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 2) // (self.args.per_gpu * len(self.gpus)))))
         cmd = [
-            sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
-            "--master_port", str(port), str(HERE / "zero3_memory.py"), *argv,
-            "--out", self.args.out, "--tag", tag,
+            sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(item.nproc),
+            "--master_port", str(self.port), str(HERE / "zero3_memory.py"), *item.argv,
+            "--out", str(rows_path), "--tag", tag,
         ]  # fmt: skip
-        log = self.logs / f"{i:03d}.log"
-        self.say(f"start #{i} gpu={gpu} nproc={nproc}: {' '.join(argv)}")
-        t0 = time.time()
-        with open(log, "w") as f:
-            proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-            try:
-                rc = proc.wait(timeout=max(1.0, timeout))
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, 9)
-                proc.wait()
+        f = open(log, "w")
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        f.close()
+        run = Running(item, proc, gpus, time.time(), rows_path, log, tag)
+        for other in self.running:
+            if set(other.gpus) & set(gpus):
+                other.shared_with.add(tag)
+                run.shared_with.add(other.tag)
+        self.running.append(run)
+        self.say(f"start #{item.index} gpus={','.join(gpus)} {'solo ' if item.solo else ''}{' '.join(item.argv)}")
+
+    def finish(self, run: Running, rc) -> None:
+        self.running.remove(run)
+        wall = time.time() - run.start
+        rows = []
+        if run.rows_path.exists():
+            rows = [json.loads(x) for x in run.rows_path.read_text().splitlines() if x.strip()]
+        rows.sort(key=lambda r: r.get("rank", 0))
+        if rc != 0 or not rows or rows[0].get("status") != "ok":
+            tail = run.log.read_text(errors="replace").splitlines()[-30:]
+            with open(self.failures, "a") as f:
+                f.write(f"==== #{run.item.index} rc={rc} {' '.join(run.item.argv)}\n" + "\n".join(tail) + "\n")
+        if rows:
+            row = rows[0]
+        else:
+            row = config_row(run.item.argv, run.item.nproc)
+            row.update(status="timeout" if rc == "timeout" else "killed", rc=str(rc), wall_s=wall, tag=run.tag)
+        row["shared_gpu_with"] = len(run.shared_with)
+        row["launch_wall_s"] = wall
+        if row.get("status") == "oom" and run.shared_with and not run.item.solo:
+            row["status"] = "oom_while_shared"
+            again = Item(run.item.index, run.item.nproc, run.item.est_s, run.item.est_gib, run.item.host_gib,
+                         run.item.argv, solo=True)  # fmt: skip
+            self.pending.insert(0, again)
+        with open(self.out, "a") as f:
+            f.write(json.dumps(row) + "\n")
+        self.say(f"end   #{run.item.index} rc={rc} {wall:.0f}s status={row.get('status')} "
+                 f"peak={row.get('peak_alloc_gib')}")  # fmt: skip
+
+    def step(self) -> None:
+        left = self.deadline - time.time()
+        for item in list(self.pending):
+            why = None
+            if left < item.est_s * self.args.est_factor + self.args.margin_s:
+                why = f"budget (est {item.est_s:.0f}s)"
+            elif item.host_gib > self.args.host_gib:
+                why = f"host memory (needs ~{item.host_gib:.0f} GiB)"
+            elif item.nproc > len(self.gpus):
+                why = "too few GPUs"
+            if why:
+                self.pending.remove(item)
+                self.say(f"skip  #{item.index} {why}: {' '.join(item.argv)}")
+        reserved: set = set()
+        for item in list(self.pending):
+            gpus = self.place(item, reserved)
+            if gpus is None:
+                # keep later items off the GPUs this one waits for, so it is not starved
+                if item.nproc > 1:
+                    reserved.update(self.gpus)
+                else:
+                    loads = {g: len(self.on_gpu(g)) for g in self.gpus if g not in reserved}
+                    if loads:
+                        reserved.add(min(loads, key=loads.get))
+                continue
+            self.pending.remove(item)
+            self.launch(item, gpus)
+        for run in list(self.running):
+            rc = run.proc.poll()
+            if rc is None and time.time() > self.deadline - self.args.margin_s / 2:
+                os.killpg(run.proc.pid, 9)
+                run.proc.wait()
                 rc = "timeout"
-        wall = time.time() - t0
-        wrote = has_row(self.args.out, tag)
-        if not wrote or rc not in (0,):
-            tail = log.read_text(errors="replace").splitlines()[-40:]
-            with self.lock, open(Path(self.args.out).with_suffix(".failures.log"), "a") as f:
-                f.write(f"==== #{i} rc={rc} {' '.join(argv)}\n" + "\n".join(tail) + "\n")
-        if not wrote:
-            row = config_row(argv, nproc)
-            row.update(status="timeout" if rc == "timeout" else "killed", rc=str(rc), wall_s=wall, tag=tag)
-            with self.lock, open(self.args.out, "a") as f:
-                f.write(json.dumps(row) + "\n")
-        self.say(f"end   #{i} rc={rc} {wall:.0f}s wrote_row={wrote}")
+            if rc is not None:
+                self.finish(run, rc)
 
-
-def has_row(path: str, tag: str) -> bool:
-    try:
-        with open(path) as f:
-            return any(json.loads(line).get("tag") == tag for line in f if line.strip())
-    except FileNotFoundError:
-        return False
+    def run(self) -> None:
+        while self.pending or self.running:
+            self.step()
+            time.sleep(1.0)
+        self.say("matrix done")
 
 
 def main() -> None:
@@ -158,25 +249,15 @@ def main() -> None:
     p.add_argument("--matrix", required=True)
     p.add_argument("--out", required=True, help="jsonl to append rows to")
     p.add_argument("--budget-s", type=float, required=True, help="wall time for the whole list")
-    p.add_argument("--lane-gpus", default="", help="comma list, one CUDA_VISIBLE_DEVICES per lane; empty = one lane")
+    p.add_argument("--gpus", default="0", help="CUDA device ids to use, comma separated")
+    p.add_argument("--gpu-gib", type=float, default=70.0, help="memory a shared GPU may be planned to")
+    p.add_argument("--per-gpu", type=int, default=1, help="launches that may share one GPU")
+    p.add_argument("--host-gib", type=float, default=100.0, help="host memory for offloading items together")
     p.add_argument("--est-factor", type=float, default=1.0)
     p.add_argument("--margin-s", type=float, default=10.0)
-    p.add_argument("--log-dir", default="/tmp/zero3_logs")
+    p.add_argument("--work-dir", default="/tmp/zero3_work")
     p.add_argument("--tag", default="")
-    args = p.parse_args()
-    gpus = [g for g in args.lane_gpus.split(",") if g] or [None]
-    args.lanes = len(gpus)
-    runner = Runner(args)
-    if args.lanes > 1 and any(n > 1 for n, _, _ in runner.items):
-        sys.exit("lanes run single-GPU configurations only")
-    threads = [
-        threading.Thread(target=runner.lane, args=(g, gpus.count(g) if g is not None else 1)) for g in gpus
-    ]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    runner.say("matrix done")
+    Scheduler(p.parse_args()).run()
 
 
 if __name__ == "__main__":

@@ -45,6 +45,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="torch_adamw",
         help="with offload: the client torch AdamW (needs zero_force_ds_cpu_optimizer false) or DeepSpeedCPUAdam",
     )
+    p.add_argument(
+        "--hold-logits",
+        type=int,
+        choices=[0, 1],
+        default=0,
+        help="1 = keep the bf16 logits referenced until after backward (a plain training loop); "
+        "0 = drop them once the log-probs exist, as open-instruct's forward_for_logprobs does",
+    )
     p.add_argument("--out", required=True, help="jsonl file to append the row to")
     p.add_argument("--tag", default="", help="free text copied into the row")
     return p.parse_args(argv)
@@ -184,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         "ds_config": None,
         "vocab_size": None,
         "docs": args.docs,
+        "hold_logits": args.hold_logits,
         "steps": args.steps,
         "phase": "setup",
         "tag": args.tag,
@@ -318,6 +327,7 @@ def main(argv: list[str] | None = None) -> int:
                 peaks.phase_start()
             row["phase"] = f"step{step}.logprob"
             logprobs = logprob_fn(logits, input_ids)
+            held = logits if args.hold_logits else None
             del logits  # open-instruct's forward_for_logprobs drops the logits on return
             loss = -(logprobs.float() * advantages).mean()
             del logprobs
@@ -327,6 +337,7 @@ def main(argv: list[str] | None = None) -> int:
                 peaks.phase_start()
             row["phase"] = f"step{step}.backward"
             engine.backward(loss)
+            del held
             if last:
                 torch.cuda.synchronize()
                 row["phase_peaks_gib"]["backward"], row["phase_peaks_reserved_gib"]["backward"] = peaks.fold()

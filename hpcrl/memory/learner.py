@@ -45,6 +45,9 @@ class LearnerSetup:
     # DeepSpeed keeps ZeRO gradient partitions in the model dtype unless the config's
     # data_types.grad_accum_dtype says otherwise; open-instruct sets it to fp32.
     grad_accum_dtype: Literal["bf16", "fp32"] = "bf16"
+    # open-instruct divides the logits by the sampling temperature out of place before
+    # the log-prob path: one more bf16 [tokens x vocab] tensor at the peak.
+    logits_copy: bool = True
     reference_policy: bool = False  # a frozen bf16 copy for the KL term (ZeRO-3 sharded)
     zero: C.ZeroDefaults = field(default_factory=C.ZeroDefaults)
 
@@ -149,7 +152,8 @@ def learner_memory(s: LearnerSetup) -> LearnerMemory:
     layer_params = m.per_layer_params
     prefetch = 2.0 * s.zero.prefetch_bucket_size if stage3 else 0.0
 
-    logits = C.LOGITS_BYTES_PER_ELEMENT[s.logprob_impl] * t * m.vocab_size
+    per_element = C.LOGITS_BYTES_PER_ELEMENT[s.logprob_impl] + (2.0 if s.logits_copy else 0.0)
+    logits = per_element * t * m.vocab_size
     phases = {
         "logits": stored + final_norm + gathered_lm + lm_grad + logits,
         "recompute": stored

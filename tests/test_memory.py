@@ -1,0 +1,148 @@
+"""Memory planner: accuracy against committed GPU measurements, structure, CLI contract."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+
+import pytest
+
+from hpcrl.memory.calibration import compare, load_rows
+from hpcrl.memory.engine import EngineSetup, engine_memory, engine_weights_bytes
+from hpcrl.memory.learner import LearnerSetup, learner_memory
+from hpcrl.models import resolve_model
+
+GIB = 1024**3
+ROWS = load_rows()
+COMPARISONS = compare(ROWS)
+
+
+def hpcrl(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "hpcrl", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_enough_measured_rows():
+    ok = [r for r in ROWS if r.ok]
+    assert len(ok) >= 28, f"only {len(ok)} measured rows committed"
+
+
+@pytest.mark.parametrize("comp", COMPARISONS, ids=lambda c: "{model}-T{seq}-gc{gc}-{offload}-w{world}-{logprob_impl}-r{lora}".format(lora=c.row.data.get("lora_rank", 0), **c.row.data))
+def test_within_ten_percent_of_every_row(comp):
+    assert abs(comp.error) <= 0.10, (
+        f"predicted {comp.predicted_gib:.2f} GiB vs measured {comp.measured_gib:.2f} GiB ({comp.error:+.1%})"
+    )
+
+
+def test_median_error_at_most_five_percent():
+    errors = [abs(c.error) for c in COMPARISONS]
+    assert statistics.median(errors) <= 0.05
+
+
+def test_oom_rows_are_predicted_not_to_fit():
+    for row in ROWS:
+        if row.data.get("status") != "oom":
+            continue
+        mem = learner_memory(row.setup())
+        assert mem.peak_allocated / GIB > row.data["total_gib"] * 0.9, row.data
+
+
+def test_zero3_shards_model_states():
+    m = resolve_model("qwen2.5-7b")
+    one = learner_memory(LearnerSetup(model=m, n_gpus=1, tokens_per_gpu=2048)).terms
+    four = learner_memory(LearnerSetup(model=m, n_gpus=4, tokens_per_gpu=2048)).terms
+    for term in ("parameters (bf16)", "gradients", "fp32 master weights", "Adam moments (fp32)"):
+        assert four[term] == pytest.approx(one[term] / 4)
+    # bytes per parameter: 2 bf16 weights, 2 bf16 grads, 4 fp32 master, 8 Adam moments
+    assert one["Adam moments (fp32)"] == pytest.approx(8 * 7_615_616_512)
+
+
+def test_optimizer_offload_moves_state_to_host():
+    m = resolve_model("qwen2.5-7b")
+    mem = learner_memory(LearnerSetup(model=m, n_gpus=2, offload="optimizer"))
+    assert mem.terms["Adam moments (fp32)"] == 0 and mem.terms["fp32 master weights"] == 0
+    assert mem.host_offload_bytes == pytest.approx(16 * 7_615_616_512 / 2)
+
+
+def test_lora_trains_only_adapters():
+    m = resolve_model("qwen2.5-7b")
+    mem = learner_memory(LearnerSetup(model=m, n_gpus=1, lora_rank=16))
+    assert mem.trainable_params == m.lora_params(16)
+    assert mem.terms["Adam moments (fp32)"] == pytest.approx(8 * m.lora_params(16))
+
+
+def test_4bit_base_is_smaller_than_bf16():
+    m = resolve_model("qwen2.5-7b")
+    bf16 = learner_memory(LearnerSetup(model=m, lora_rank=16)).terms["parameters (bf16)"]
+    nf4 = learner_memory(LearnerSetup(model=m, lora_rank=16, load_in_4bit=True)).terms["parameters (bf16)"]
+    assert nf4 < 0.45 * bf16
+
+
+def test_eager_logprob_path_costs_more_than_compiled():
+    m = resolve_model("qwen2.5-1.5b")
+    eager = learner_memory(LearnerSetup(model=m, tokens_per_gpu=16384, logprob_impl="eager")).peak_allocated
+    comp = learner_memory(LearnerSetup(model=m, tokens_per_gpu=16384, logprob_impl="compiled")).peak_allocated
+    assert eager - comp == pytest.approx(6 * 16384 * 151936, rel=0.01)
+
+
+def test_engine_kv_heads_replicate_past_tp():
+    m = resolve_model("qwen2.5-7b")  # 4 KV heads
+    w4, w8 = engine_weights_bytes(m, 4), engine_weights_bytes(m, 8)
+    assert w8 < w4  # q/o/MLP keep shrinking ...
+    kv_proj_per_layer_tp8 = 2 * 3584 * 1 * 128  # ... but each rank keeps one KV head
+    assert w8 > 2 * m.num_layers * kv_proj_per_layer_tp8
+
+
+def test_engine_kv_capacity_follows_utilisation():
+    m = resolve_model("qwen2.5-7b")
+    lo = engine_memory(EngineSetup(model=m, gpu_memory_utilization=0.5, gpu_total_bytes=80 * GIB))
+    hi = engine_memory(EngineSetup(model=m, gpu_memory_utilization=0.9, gpu_total_bytes=80 * GIB))
+    assert hi.kv_cache - lo.kv_cache == pytest.approx(0.4 * 80 * GIB)
+    assert hi.kv_tokens == int(hi.kv_cache // 57_344)
+
+
+def test_plan_memory_32b_prints_breakdown_and_verdict():
+    out = hpcrl("plan-memory", "--model", "32b")
+    assert out.returncode == 0, out.stderr
+    for text in ("Learner GPU", "Engine GPU", "Adam moments", "KV cache", "Verdict", "isambard-ai"):
+        assert text in out.stdout
+
+
+def test_plan_memory_json_contract():
+    out = hpcrl("plan-memory", "--model", "qwen2.5-7b", "--learner-gpus", "2", "--tokens-per-gpu", "8192",
+                "--logprob-impl", "eager", "--json")
+    assert out.returncode == 0, out.stderr
+    d = json.loads(out.stdout)
+    for path in ("learner.peak_allocated_gib", "learner.peak_reserved_gib", "learner.fits", "learner.breakdown",
+                 "engine.weights_gib", "engine.kv_cache_gib", "engine.kv_tokens", "engine.fits", "gpu.name",
+                 "gpu.usable_gib", "host.ram_per_node_gib", "host.peak_gib"):
+        node = d
+        for part in path.split("."):
+            assert part in node, path
+            node = node[part]
+    assert d["learner"]["gpus"] == 2
+    assert abs(sum(d["learner"]["breakdown"].values()) - d["learner"]["peak_allocated_gib"]) < 0.02
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--model", "nope-13b"], "unknown model"),
+    (["--model", "32b", "--vllm-tp", "3"], "does not divide the 40 attention heads"),
+    (["--model", "qwen2.5-7b", "--vllm-tp", "28", "--cluster", "isambard-ai"], "exceeds the 4 GPUs per node"),
+    (["--model", "7b", "--tokens-per-gpu", "0"], "must be a positive"),
+    (["--model", "7b", "--learner-gpus", "-2"], "must be a positive"),
+    (["--model", "7b", "--load-in-4bit"], "--lora-rank"),
+])
+def test_bad_input_one_line_exit_2(args, needle):
+    out = hpcrl("plan-memory", *args)
+    assert out.returncode == 2
+    assert needle in out.stderr
+    assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+
+def test_plot_writes_png(tmp_path):
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "mem.png"
+    out = hpcrl("plan-memory", "--model", "7b", "--plot", str(png))
+    assert out.returncode == 0, out.stderr
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,0 +1,1 @@
+"""Processes that run inside the job: the watchdog around the driver and the GPU monitor."""

@@ -1,0 +1,233 @@
+"""Circuit breaker around the training driver: `python -m hpcrl.runtime.watchdog --run-dir D -- CMD...`.
+
+Runs CMD in its own process group, tees its stdout/stderr to the console and to a log in the
+run directory, reads each training step's metrics from that output (hpcrl.diagnose.StepParser)
+and stops the run - SIGTERM to the group, SIGKILL after a grace period - writing
+D/hpcrl/breaker.json when:
+
+  90  the mean reward is exactly 0 for K consecutive steps (--zero-reward-steps, default 10)
+  91  a loss is NaN or infinite
+  92  no training step completes for M minutes (--hang-minutes; before the first step
+      --startup-minutes, since model loading and engine start-up take long)
+  93  a vLLM engine or Ray node/actor dies (and the driver does not finish cleanly within
+      --death-grace-seconds)
+
+Otherwise it exits with the driver's own code (128+N when a signal N ended it). SIGTERM,
+SIGINT, SIGHUP, SIGUSR1 and SIGUSR2 sent to the watchdog go to the driver's group, so
+Slurm's pre-timeout signal reaches the driver.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import IO
+
+from hpcrl.diagnose import StepParser, death_line
+
+EXIT_CODES = {"zero_reward": 90, "nan_loss": 91, "hang": 92, "engine_or_node_died": 93}
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+
+
+@dataclass
+class Trip:
+    reason: str
+    message: str
+    step: int | None
+    details: dict = field(default_factory=dict)
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_CODES[self.reason]
+
+
+class Breaker:
+    """The decisions, without processes: feed lines and clock ticks, get a Trip or None."""
+
+    def __init__(self, zero_reward_steps: int = 10, hang_s: float = 3600.0, startup_s: float = 5400.0,
+                 death_grace_s: float = 15.0, now: float = 0.0):
+        self.k, self.hang_s, self.startup_s, self.death_grace_s = zero_reward_steps, hang_s, startup_s, death_grace_s
+        self.parser = StepParser()
+        self.steps = 0
+        self.last_step: int | None = None
+        self.last_progress = now
+        self.zeros: list[int] = []
+        self.death: tuple[float, str, str] | None = None
+
+    def line(self, text: str, now: float) -> Trip | None:
+        if self.death is None and (kind := death_line(text)):
+            self.death = (now, kind, text.strip()[:500])
+        step = self.parser.feed(text)
+        if step is None:
+            return None
+        self.steps, self.last_step, self.last_progress = self.steps + 1, step.number, now
+        if (bad := step.bad_losses()):
+            return Trip("nan_loss", f"loss is {', '.join(f'{k}={v}' for k, v in bad.items())} at step {step.number}",
+                        step.number, {"losses": {k: str(v) for k, v in bad.items()}})
+        if step.reward_key is None:
+            return None
+        self.zeros = self.zeros + [step.number] if step.reward_is_exactly_zero() else []
+        if len(self.zeros) >= self.k:
+            return Trip("zero_reward", f"mean reward ({step.reward_key}) exactly 0 for {len(self.zeros)} consecutive "
+                        f"steps ({self.zeros[0]}-{self.zeros[-1]})", step.number,
+                        {"reward_key": step.reward_key, "steps": self.zeros, "threshold": self.k})
+        return None
+
+    def tick(self, now: float, child_rc: int | None = None) -> Trip | None:
+        """Time-based trips; child_rc is the driver's exit code once it has exited."""
+        if self.death and (now - self.death[0] >= self.death_grace_s or child_rc not in (None, 0)):
+            when, kind, line = self.death
+            return Trip("engine_or_node_died", f"{kind.replace('_', ' ')}: {line[:200]}", self.last_step,
+                        {"kind": kind, "line": line, "seen_s_ago": round(now - when, 1)})
+        limit = self.hang_s if self.steps else self.startup_s
+        if child_rc is None and now - self.last_progress > limit:
+            what = f"after step {self.last_step}" if self.steps else "since start (no step yet)"
+            return Trip("hang", f"no training step completed for {(now - self.last_progress) / 60:.1f} min {what}",
+                        self.last_step, {"limit_minutes": round(limit / 60, 3), "steps_seen": self.steps})
+        return None
+
+
+def _pump(pipe: IO[bytes], dest: IO[bytes], q: queue.Queue) -> None:
+    for raw in iter(pipe.readline, b""):
+        q.put((dest, raw))
+    q.put((dest, None))
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _archive_old_breaker(path: Path) -> None:
+    """A breaker.json from an earlier attempt is kept, renamed, so it cannot be mistaken for this one."""
+    if path.exists():
+        stamp = datetime.fromtimestamp(path.stat().st_mtime, timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+        path.rename(path.with_name(f"breaker-{stamp}.json"))
+
+
+def write_breaker(path: Path, trip: Trip, **extra: object) -> None:
+    data = {"reason": trip.reason, "exit_code": trip.exit_code, "message": trip.message, "step": trip.step,
+            "details": trip.details, "time": datetime.now(timezone.utc).isoformat(timespec="seconds"), **extra}
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str, ensure_ascii=False) + "\n")
+    tmp.replace(path)
+
+
+def run(cmd: list[str], run_dir: Path, breaker: Breaker, *, log_path: Path | None = None,
+        kill_grace_s: float = 30.0, drain_s: float = 5.0) -> int:
+    """Run cmd under the breaker; the exit code the watchdog should exit with."""
+    hp = run_dir / "hpcrl"
+    hp.mkdir(parents=True, exist_ok=True)
+    breaker_path = hp / "breaker.json"
+    _archive_old_breaker(breaker_path)
+    log_path = log_path or hp / "driver.log"
+    env = {**os.environ, "PYTHONUNBUFFERED": os.environ.get("PYTHONUNBUFFERED", "1")}
+    try:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, env=env)
+    except OSError as exc:
+        sys.stderr.write(f"hpcrl-watchdog: cannot start {cmd[0]!r}: {exc.strerror}\n")
+        return 127
+    previous = {sig: signal.signal(sig, lambda s, _f: _signal_group(proc.pid, s)) for sig in FORWARDED}
+    q: queue.Queue = queue.Queue()
+    for pipe, dest in ((proc.stdout, sys.stdout.buffer), (proc.stderr, sys.stderr.buffer)):
+        threading.Thread(target=_pump, args=(pipe, dest, q), daemon=True).start()
+    tail: collections.deque[str] = collections.deque(maxlen=30)
+    open_streams, trip, exited_at = 2, None, None
+    breaker.last_progress = time.monotonic()
+    with open(log_path, "ab") as log:
+
+        def tee(dest: IO[bytes], raw: bytes) -> None:
+            dest.write(raw)
+            dest.flush()
+            log.write(raw)
+            log.flush()
+            tail.append(raw.decode("utf-8", "replace").rstrip("\n"))
+
+        while trip is None:
+            try:
+                dest, raw = q.get(timeout=0.1)
+                if raw is None:
+                    open_streams -= 1
+                else:
+                    tee(dest, raw)
+                    trip = breaker.line(raw.decode("utf-8", "replace"), time.monotonic())
+                    continue
+            except queue.Empty:
+                pass
+            rc = proc.poll()
+            now = time.monotonic()
+            if rc is not None:
+                exited_at = exited_at or now
+                # Descendants may hold the pipes open after the driver exits; stop reading soon after.
+                if open_streams == 0 or now - exited_at > drain_s:
+                    trip = breaker.tick(now, rc)
+                    break
+            trip = breaker.tick(now, rc)
+        if trip is not None:
+            sys.stderr.write(f"hpcrl-watchdog: tripped ({trip.reason}, exit {trip.exit_code}): {trip.message}; "
+                             f"stopping the run (SIGTERM, SIGKILL after {kill_grace_s:g} s)\n")
+            sys.stderr.flush()
+            _signal_group(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=kill_grace_s)
+            except subprocess.TimeoutExpired:
+                pass
+            _signal_group(proc.pid, signal.SIGKILL)
+            proc.wait()
+            write_breaker(breaker_path, trip, command=cmd, child_pid=proc.pid, log=str(log_path),
+                          child_exit=proc.returncode, last_lines=list(tail))
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline:  # what the driver printed while stopping
+            try:
+                dest, raw = q.get(timeout=0.05)
+            except queue.Empty:
+                break
+            if raw:
+                tee(dest, raw)
+    for sig, handler in previous.items():
+        signal.signal(sig, handler)
+    if trip is not None:
+        return trip.exit_code
+    rc = proc.wait()
+    return 128 - rc if rc < 0 else rc
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if "--" not in argv:
+        sys.stderr.write("hpcrl-watchdog: error: give the command after --, e.g. --run-dir D -- python train.py\n")
+        return 2
+    split = argv.index("--")
+    p = argparse.ArgumentParser(prog="python -m hpcrl.runtime.watchdog", description=__doc__.split("\n")[0])
+    p.add_argument("--run-dir", required=True, type=Path)
+    p.add_argument("--zero-reward-steps", type=int, default=10)
+    p.add_argument("--hang-minutes", type=float, default=60.0)
+    p.add_argument("--startup-minutes", type=float, default=None, help="before the first step (default: max(90, hang))")
+    p.add_argument("--death-grace-seconds", type=float, default=15.0)
+    p.add_argument("--kill-grace-seconds", type=float, default=30.0)
+    p.add_argument("--log", type=Path, default=None, help="default: RUN_DIR/hpcrl/driver.log")
+    a = p.parse_args(argv[:split])
+    cmd = argv[split + 1:]
+    if not cmd or a.zero_reward_steps < 1 or a.hang_minutes <= 0:
+        sys.stderr.write("hpcrl-watchdog: error: need a command, --zero-reward-steps >= 1 and --hang-minutes > 0\n")
+        return 2
+    startup = a.startup_minutes if a.startup_minutes is not None else max(90.0, a.hang_minutes)
+    b = Breaker(a.zero_reward_steps, a.hang_minutes * 60, startup * 60, a.death_grace_seconds)
+    return run(cmd, a.run_dir, b, log_path=a.log, kill_grace_s=a.kill_grace_seconds)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,255 @@
+"""The watchdog on recorded log streams: a real child process prints a fixture and the watchdog
+must stop it with the reason's exit code and a breaker.json (fixtures: tests/data/logs/README.md).
+
+No test asserts a duration; the time limits below are generous timeouts only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hpcrl.runtime.watchdog import Breaker
+
+LOGS = Path(__file__).parent / "data" / "logs"
+TIMEOUT = 120  # seconds; a guard against a hung test, not a measurement
+
+# Prints a fixture line by line, then sleeps or exits. Writes its pid and a grandchild's pid
+# first, so the test can check the whole process group was stopped.
+FEEDER = r"""
+import os, subprocess, sys, time, signal
+fixture, pace, after, pidfile = sys.argv[1], float(sys.argv[2]), sys.argv[3], sys.argv[4]
+grandchild = subprocess.Popen(["sleep", "300"])
+open(pidfile, "w").write(f"{os.getpid()} {grandchild.pid}")
+if after == "usr1":
+    def on_usr1(sig, frame):
+        open(pidfile + ".usr1", "w").write("got SIGUSR1")
+        grandchild.kill()
+        sys.exit(7)
+    signal.signal(signal.SIGUSR1, on_usr1)
+if fixture != "-":
+    for line in open(fixture, encoding="utf-8"):
+        sys.stdout.write(line)
+        sys.stdout.flush()
+        time.sleep(pace)
+if after.startswith("exit"):
+    grandchild.kill()
+    sys.exit(int(after[4:]))
+time.sleep(300)
+"""
+
+
+def alive(pid: int) -> bool:
+    """Running (not gone, not a zombie nobody reaped)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state != "Z"
+
+
+def watch(tmp_path: Path, fixture: str, *opts: str, after: str = "sleep", pace: float = 0.001,
+          wait: bool = True) -> tuple[subprocess.CompletedProcess | subprocess.Popen, Path, Path]:
+    feeder = tmp_path / "feeder.py"
+    feeder.write_text(FEEDER)
+    pidfile = tmp_path / "pids"
+    run_dir = tmp_path / "run"
+    src = str(LOGS / fixture) if fixture != "-" else "-"
+    cmd = [sys.executable, "-m", "hpcrl.runtime.watchdog", "--run-dir", str(run_dir), "--kill-grace-seconds", "2",
+           *opts, "--", sys.executable, str(feeder), src, str(pace), after, str(pidfile)]
+    if not wait:
+        return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE), run_dir, pidfile
+    return subprocess.run(cmd, capture_output=True, timeout=TIMEOUT), run_dir, pidfile
+
+
+def assert_group_stopped(pidfile: Path) -> None:
+    child, grandchild = (int(x) for x in pidfile.read_text().split())
+    deadline = time.monotonic() + 10
+    while (alive(child) or alive(grandchild)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not alive(child), "the driver was not stopped"
+    assert not alive(grandchild), "the driver's process group was not stopped"
+
+
+def breaker(run_dir: Path) -> dict:
+    return json.loads((run_dir / "hpcrl" / "breaker.json").read_text())
+
+
+@pytest.mark.parametrize("fixture, key, first", [
+    ("grpo_fast_zero_reward.log", "scores", 4),  # step 3 prints 0.00 (non-zero, rounded): not counted
+    ("grpo_legacy_zero_reward.log", "objective/scores", 3),
+    ("plain_dict_zero_reward.log", "scores", 3),
+])
+def test_zero_reward_trips_with_exit_90(tmp_path, fixture, key, first):
+    proc, run_dir, pids = watch(tmp_path, fixture, "--zero-reward-steps", "10")
+    assert proc.returncode == 90, proc.stderr.decode()
+    assert_group_stopped(pids)
+    b = breaker(run_dir)
+    assert b["reason"] == "zero_reward" and b["exit_code"] == 90
+    assert b["details"]["reward_key"] == key
+    assert b["details"]["steps"] == list(range(first, first + 10))
+    assert b["step"] == first + 9
+    # The child's output reached the console and the log.
+    assert b"Metrics" in proc.stdout or b"training_step" in proc.stdout
+    assert (run_dir / "hpcrl" / "driver.log").read_bytes() == proc.stdout
+
+
+def test_zero_reward_threshold_is_configurable(tmp_path):
+    proc, run_dir, pids = watch(tmp_path, "grpo_fast_zero_reward.log", "--zero-reward-steps", "3")
+    assert proc.returncode == 90
+    assert breaker(run_dir)["details"]["steps"] == [4, 5, 6]
+    assert_group_stopped(pids)
+
+
+def test_nan_loss_trips_with_exit_91(tmp_path):
+    proc, run_dir, pids = watch(tmp_path, "grpo_fast_nan_loss.log")
+    assert proc.returncode == 91, proc.stderr.decode()
+    assert_group_stopped(pids)
+    b = breaker(run_dir)
+    assert b["reason"] == "nan_loss" and b["step"] == 5
+    assert b["details"]["losses"] == {"loss/policy_avg": "nan", "loss/total_avg": "nan"}
+
+
+def test_silence_after_steps_is_a_hang_exit_92(tmp_path):
+    proc, run_dir, pids = watch(tmp_path, "grpo_fast_healthy.log", "--hang-minutes", "0.02")
+    assert proc.returncode == 92, proc.stderr.decode()
+    assert_group_stopped(pids)
+    b = breaker(run_dir)
+    assert b["reason"] == "hang" and b["step"] == 5
+    assert b["details"]["steps_seen"] == 5 and b["details"]["limit_minutes"] == 0.02
+
+
+def test_silence_before_the_first_step_uses_the_startup_limit(tmp_path):
+    proc, run_dir, pids = watch(tmp_path, "-", "--hang-minutes", "0.02", "--startup-minutes", "0.03")
+    assert proc.returncode == 92
+    assert_group_stopped(pids)
+    b = breaker(run_dir)
+    assert b["details"]["steps_seen"] == 0 and b["details"]["limit_minutes"] == 0.03
+    assert "no step yet" in b["message"]
+
+
+@pytest.mark.parametrize("fixture, kind", [
+    ("vllm_engine_dead.log", "vllm_engine_dead"),
+    ("ray_node_dead.log", "ray_node_dead"),
+])
+def test_engine_or_node_death_trips_with_exit_93(tmp_path, fixture, kind):
+    proc, run_dir, pids = watch(tmp_path, fixture, "--death-grace-seconds", "0.5")
+    assert proc.returncode == 93, proc.stderr.decode()
+    assert_group_stopped(pids)
+    b = breaker(run_dir)
+    assert b["reason"] == "engine_or_node_died" and b["details"]["kind"] == kind
+
+
+def test_death_then_failing_exit_is_93(tmp_path):
+    proc, run_dir, _ = watch(tmp_path, "vllm_engine_dead.log", "--death-grace-seconds", "60", after="exit1")
+    assert proc.returncode == 93
+    assert breaker(run_dir)["child_exit"] == 1
+
+
+def test_death_line_then_clean_exit_passes_through(tmp_path):
+    """vLLM can log 'died unexpectedly' at a clean shutdown; a driver exiting 0 is not tripped."""
+    proc, run_dir, _ = watch(tmp_path, "vllm_engine_dead.log", "--death-grace-seconds", "60", after="exit0")
+    assert proc.returncode == 0
+    assert not (run_dir / "hpcrl" / "breaker.json").exists()
+
+
+@pytest.mark.parametrize("after, code", [("exit0", 0), ("exit3", 3)])
+def test_healthy_run_passes_the_exit_code_through(tmp_path, after, code):
+    proc, run_dir, _ = watch(tmp_path, "grpo_fast_healthy.log", after=after)
+    assert proc.returncode == code
+    assert not (run_dir / "hpcrl" / "breaker.json").exists()
+    assert b"Training finished" in (run_dir / "hpcrl" / "driver.log").read_bytes()
+
+
+def _wait_for(path: Path) -> None:
+    deadline = time.monotonic() + 30
+    while not path.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert path.exists()
+
+
+def test_sigusr1_is_forwarded_to_the_driver(tmp_path):
+    proc, run_dir, pids = watch(tmp_path, "grpo_fast_healthy.log", after="usr1", wait=False)
+    _wait_for(pids)
+    time.sleep(0.5)  # let the feeder install its handler and print
+    proc.send_signal(signal.SIGUSR1)
+    out, err = proc.communicate(timeout=TIMEOUT)
+    assert proc.returncode == 7, err.decode()
+    assert Path(str(pids) + ".usr1").read_text() == "got SIGUSR1"
+    assert not (run_dir / "hpcrl" / "breaker.json").exists()
+
+
+def test_sigterm_is_forwarded_and_the_signal_exit_reported(tmp_path):
+    proc, run_dir, pids = watch(tmp_path, "grpo_fast_healthy.log", wait=False)
+    _wait_for(pids)
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=TIMEOUT)
+    assert proc.returncode == 128 + signal.SIGTERM
+    assert_group_stopped(pids)
+
+
+def test_an_old_breaker_file_is_archived(tmp_path):
+    old = tmp_path / "run" / "hpcrl" / "breaker.json"
+    old.parent.mkdir(parents=True)
+    old.write_text('{"reason": "hang"}')
+    proc, run_dir, _ = watch(tmp_path, "grpo_fast_healthy.log", after="exit0")
+    assert proc.returncode == 0
+    assert not old.exists()
+    assert [p.name.startswith("breaker-") for p in old.parent.glob("breaker-*.json")] == [True]
+
+
+def test_usage_errors_exit_2(tmp_path):
+    for args in (["--run-dir", str(tmp_path)], ["--run-dir", str(tmp_path), "--zero-reward-steps", "0", "--", "true"]):
+        proc = subprocess.run([sys.executable, "-m", "hpcrl.runtime.watchdog", *args], capture_output=True,
+                              timeout=TIMEOUT)
+        assert proc.returncode == 2 and b"Traceback" not in proc.stderr
+
+
+def test_missing_command_is_127(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "hpcrl.runtime.watchdog", "--run-dir", str(tmp_path), "--",
+                           "/no/such/program"], capture_output=True, timeout=TIMEOUT)
+    assert proc.returncode == 127 and b"cannot start" in proc.stderr
+
+
+# ---------------------------------------------------------------- the decision logic alone
+
+
+def feed(b: Breaker, fixture: str):
+    for i, line in enumerate((LOGS / fixture).read_text().splitlines(keepends=True)):
+        if (trip := b.line(line, float(i))):
+            return trip
+    return None
+
+
+def test_breaker_counts_only_consecutive_exact_zeros():
+    assert feed(Breaker(zero_reward_steps=13), "grpo_fast_zero_reward.log") is None  # 12 zeros in the file
+    assert feed(Breaker(zero_reward_steps=12), "grpo_fast_zero_reward.log").step == 15
+
+
+def test_breaker_healthy_log_never_trips():
+    b = Breaker(hang_s=100.0, startup_s=100.0)
+    assert feed(b, "grpo_fast_healthy.log") is None
+    assert b.steps == 5 and b.tick(b.last_progress + 50.0) is None
+    assert b.tick(b.last_progress + 101.0).reason == "hang"
+
+
+def test_breaker_death_waits_for_the_grace_period():
+    b = Breaker(death_grace_s=10.0)
+    assert feed(b, "vllm_engine_dead.log") is None
+    seen = b.death[0]
+    assert b.tick(seen + 5.0) is None
+    assert b.tick(seen + 5.0, child_rc=0) is None  # a clean exit is not a death
+    assert b.tick(seen + 11.0).reason == "engine_or_node_died"
+
+
+def test_intentional_ray_kill_is_not_a_death():
+    b = Breaker(death_grace_s=0.0)
+    b.line("ray.exceptions.ActorDiedError: The actor died because it was killed by `ray.kill`.\n", 0.0)
+    assert b.death is None

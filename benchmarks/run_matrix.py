@@ -128,15 +128,25 @@ class Scheduler:
         if host_used + item.host_gib > self.args.host_gib and self.running:
             return None
         if item.nproc > 1:
-            free = all(not self.on_gpu(g) for g in self.gpus) and not reserved
-            return self.gpus[: item.nproc] if free else None
+            if reserved or any(r.item.nproc > 1 for r in self.running):
+                return None
+            for g in self.gpus[: item.nproc]:
+                here = self.on_gpu(g)
+                if here and not self.args.share_multi:
+                    return None
+                if any(r.item.solo for r in here) or len(here) >= self.args.per_gpu:
+                    return None
+                if here and sum(r.item.est_gib for r in here) + item.est_gib > self.args.gpu_gib:
+                    return None
+            return self.gpus[: item.nproc]
         alone = item.solo or item.est_gib > self.args.gpu_gib
         best = None
         for g in self.gpus:
             if g in reserved:
                 continue
             here = self.on_gpu(g)
-            if here and (alone or any(r.item.solo or r.item.nproc > 1 for r in here)):
+            multi_here = any(r.item.nproc > 1 for r in here) and not self.args.share_multi
+            if here and (alone or multi_here or any(r.item.solo for r in here)):
                 continue
             if len(here) >= self.args.per_gpu:
                 continue
@@ -180,6 +190,9 @@ class Scheduler:
         if run.rows_path.exists():
             rows = [json.loads(x) for x in run.rows_path.read_text().splitlines() if x.strip()]
         rows.sort(key=lambda r: r.get("rank", 0))
+        with open(self.out.with_suffix(".logs.txt"), "a") as f:
+            lines = run.log.read_text(errors="replace").splitlines()
+            f.write(f"==== #{run.item.index} rc={rc} {' '.join(run.item.argv)}\n" + "\n".join(lines[-60:]) + "\n")
         if rc != 0 or not rows or rows[0].get("status") != "ok":
             tail = run.log.read_text(errors="replace").splitlines()[-30:]
             with open(self.failures, "a") as f:
@@ -253,6 +266,7 @@ def main() -> None:
     p.add_argument("--gpu-gib", type=float, default=70.0, help="memory a shared GPU may be planned to")
     p.add_argument("--per-gpu", type=int, default=1, help="launches that may share one GPU")
     p.add_argument("--host-gib", type=float, default=100.0, help="host memory for offloading items together")
+    p.add_argument("--share-multi", action="store_true", help="let single-GPU items run beside a multi-GPU one")
     p.add_argument("--est-factor", type=float, default=1.0)
     p.add_argument("--margin-s", type=float, default=10.0)
     p.add_argument("--work-dir", default="/tmp/zero3_work")

@@ -280,7 +280,8 @@ def rule_cuda_oom(lines: list[str], text: str, ctx: Context) -> Finding | None:
     d["note"] = "more allocated than the GPU holds: the text may be edited" if alloc and alloc > cap else None
     said = f"asked for {tried:.2f} GiB more" if tried else "ran out of memory"
     held = f" with {alloc:.2f} GiB already allocated by PyTorch" if alloc else ""
-    scaled = f", x{d['scale_from_log']} to match the log" if d["scale_from_log"] > 1 else ""
+    scaled = (f", x{d['scale_from_log']} to match the log" if d["scale_from_log"] > 1 else "") + (
+        " - far off: check the model, learner GPUs and tokens" if d["scale_from_log"] > 1.5 else "")
     return _find("cuda_oom", f"A training process {said}{held} on a {cap:.2f} GiB GPU: the learner step does not "
                  f"fit (planner: {d['predicted_gib']:.1f} GiB{scaled}).", fixes, lines, pat, {**nums, **d})
 

@@ -70,3 +70,52 @@ def plan_disk_cmd(
     console.print(f"[bold {style}]Verdict:[/] {plan.verdict()}")
     if plan.fits is False and not suggest(plan):
         console.print("  (no single setting fits: combine them, or raise the quota)")
+
+
+@app.command("diagnose")
+def diagnose_cmd(
+    log: Path = typer.Argument(..., help="A log file, or a run directory (reads hpcrl/driver.log and breaker.json)"),
+    model: Optional[str] = typer.Option(None, "--model", "-m", help="Model (default: from the log, else 32b)"),
+    learner_gpus: Optional[int] = typer.Option(None, "--learner-gpus", help="Learner GPUs (default: from the log)"),
+    tokens_per_gpu: Optional[int] = typer.Option(None, "--tokens-per-gpu", help="pack_length (default: from the log)"),
+    cluster: Optional[str] = typer.Option(None, "--cluster", "-c", help="Cluster profile (GPU size, modules)"),
+    as_json: bool = typer.Option(False, "--json", help="Print the diagnosis as JSON"),
+) -> None:
+    """Why did the run fail? Known failures in a log, with the fix computed by the planner."""
+    from hpcrl.diagnose import Context, diagnose  # noqa: PLC0415 - keeps `hpcrl --help` fast
+
+    path, breaker = log, None
+    if log.is_dir():
+        path = log / "hpcrl" / "driver.log"
+        if not path.is_file():
+            raise HpcrlError(f"{log}: a directory without hpcrl/driver.log; give a log file or a run directory")
+    if not path.is_file():
+        raise HpcrlError(f"{log}: no such log file or run directory")
+    found = path.parent / "breaker.json"
+    if found.is_file():
+        try:
+            breaker = json.loads(found.read_text())
+        except (OSError, json.JSONDecodeError):
+            breaker = None
+    text = path.read_text(errors="replace")
+    ctx = Context(resolve_profile(cluster), {"model": model, "learner_gpus": learner_gpus,
+                                             "tokens_per_gpu": tokens_per_gpu})
+    result = diagnose(text, ctx, breaker)
+    if as_json:
+        print_json({"log": str(path), "breaker": breaker, **result.to_dict()})
+    elif result.findings:
+        for i, f in enumerate(result.findings):
+            console.print(f"[bold]{'Cause' if i == 0 else 'Also'}: {f.kind}[/]", highlight=False)
+            console.print(f"  {f.cause}", highlight=False)
+            console.print(f"  [bold]fix:[/] {f.fix}", highlight=False)
+            for e in f.evidence:
+                console.print(f"  {e}", style="dim", highlight=False, markup=False)
+        if result.assumptions:
+            console.print("Assumed: " + "; ".join(result.assumptions), style="dim", highlight=False)
+    else:
+        console.print(f"no known failure found in {path}; its last lines:", highlight=False)
+        for line in result.last_lines:
+            console.print(f"  {line}", highlight=False, markup=False)
+    if not result.findings:
+        # SystemExit, not typer.Exit: hpcrl.cli.main drops the code click returns for typer.Exit.
+        raise SystemExit(2)

@@ -1,0 +1,208 @@
+"""`hpcrl submit | runs | status | logs | cancel | preflight`: a run's life on Slurm."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.table import Table
+
+from hpcrl.cli.app import app
+from hpcrl.cli.output import console, err_console, print_json
+
+REGISTRY_OPT = typer.Option(None, "--registry", help="Registry file (default $HPCRL_REGISTRY, else the user data dir)")
+JSON_OPT = typer.Option(False, "--json", help="Print JSON (stable schema) instead of a table")
+
+
+def _registry(path: Optional[Path]):
+    from hpcrl.registry import Registry
+
+    return Registry(path)
+
+
+@app.command("submit")
+def submit_cmd(
+    script: Optional[Path] = typer.Argument(None, help="An already rendered batch script (default: render --config)"),
+    config: Optional[str] = typer.Option(None, "--config", help="Run config file or shipped name"),
+    nodes: Optional[int] = typer.Option(None, "--nodes", "-N", help="Nodes in the job (default: the config's)"),
+    cluster: Optional[str] = typer.Option(None, "--cluster", "-c", help="Cluster profile (default: the config's)"),
+    sets: List[str] = typer.Option([], "--set", help="Override a config field: key=value"),
+    pins: List[str] = typer.Option([], "--pin", help="Fix a layout choice: learners=N, tp=N, engines=N, ..."),
+    smoke: bool = typer.Option(False, "--smoke", help="Render the smoke-test variant of the script"),
+    run_dir: Optional[str] = typer.Option(None, "--run-dir", help="Run directory of SCRIPT when it names none"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print what would be submitted; nothing goes to Slurm"),
+    registry: Optional[Path] = REGISTRY_OPT,
+    as_json: bool = JSON_OPT,
+) -> None:
+    """Render (or take SCRIPT), write the run dir, sbatch it and record the run."""
+    from hpcrl import lifecycle
+    from hpcrl.errors import HpcrlError
+
+    if script is not None and (config or sets or pins or nodes or smoke):
+        raise HpcrlError("give either a rendered SCRIPT or --config/--set/--pin/--nodes/--smoke, not both")
+    if script is not None:
+        sub = lifecycle.from_script(script, run_dir=run_dir, cluster=cluster)
+    else:
+        sub = lifecycle.from_config(config, nodes=nodes, cluster=cluster, sets=sets, pins=pins, smoke=smoke)
+    reg = _registry(registry)
+    done = lifecycle.submit(reg, sub, dry_run=dry_run)
+    if as_json:
+        print_json({"run_id": done.run_id, "job_id": done.job_id, "dry_run": dry_run,
+                    "script": str(done.script_path), "run_dir": str(sub.run_dir.path),
+                    "log": str(done.log_path) if done.log_path else None, "command": done.command,
+                    "registry": str(reg.path), "warnings": list(sub.warnings)})
+        return
+    for w in sub.warnings:
+        err_console.print(f"warning: {w}")
+    if dry_run:
+        typer.echo(f"dry run {done.run_id}: would run  {' '.join(done.command)}")
+        typer.echo(f"script: {done.script_path}")
+        typer.echo(f"run dir: {sub.run_dir.path} (not written)")
+        return
+    typer.echo(f"run {done.run_id}: job {done.job_id}")
+    typer.echo(f"log: {done.log_path}")
+
+
+def _runs_table(runs, title: str) -> Table:
+    t = Table(title=title)
+    for col in ("run", "state", "reason", "cluster", "jobs", "latest job", "created", "run dir"):
+        t.add_column(col, overflow="fold")
+    for r in runs:
+        last = r.last_job
+        t.add_row(r.run_id, r.state, r.reason, r.cluster, str(len(r.jobs)),
+                  f"{last.job_id} {last.state}" if last else "-", r.created, r.run_dir)
+    return t
+
+
+def _run_json(r) -> dict:
+    from hpcrl.lifecycle import RunDir
+
+    d = r.to_dict()
+    rd = RunDir(r.run_dir)
+    d["restarts"] = rd.restart_count() if rd.restarts.exists() else None
+    for j in d["jobs"]:
+        j["log"] = str(rd.log(j["job_id"]))
+    return d
+
+
+@app.command("runs")
+def runs_cmd(
+    limit: int = typer.Option(20, "--limit", "-n", help="How many runs, newest first (0: all)"),
+    registry: Optional[Path] = REGISTRY_OPT,
+    as_json: bool = JSON_OPT,
+) -> None:
+    """List recorded runs from the registry (no Slurm query; `hpcrl status` refreshes)."""
+    reg = _registry(registry)
+    runs = reg.list_runs(limit or None)
+    if as_json:
+        print_json({"registry": str(reg.path), "runs": [_run_json(r) for r in runs]})
+        return
+    console.print(_runs_table(runs, f"{len(runs)} runs in {reg.path}"))
+
+
+@app.command("status")
+def status_cmd(
+    run: Optional[str] = typer.Argument(None, help="Run id (or a unique prefix, or one of its job ids); default all live runs"),
+    all_runs: bool = typer.Option(False, "--all", help="Show ended runs too"),
+    registry: Optional[Path] = REGISTRY_OPT,
+    as_json: bool = JSON_OPT,
+) -> None:
+    """Refresh run states (one batched Slurm query, following the job chain) and show them."""
+    from hpcrl import lifecycle
+
+    reg = _registry(registry)
+    runs = [reg.find(run)] if run else reg.list_runs(None if all_runs else 50, live_only=not all_runs)
+    runs = lifecycle.refresh(reg, runs)
+    if as_json:
+        print_json({"registry": str(reg.path), "runs": [_run_json(r) for r in runs]})
+        return
+    if not run:
+        console.print(_runs_table(runs, f"{len(runs)} {'' if all_runs else 'live '}runs"))
+        return
+    r = runs[0]
+    d = _run_json(r)
+    restarts = f", restarts {d['restarts']}/{r.max_restarts}" if d["restarts"] is not None else ""
+    console.print(f"[bold]{r.run_id}[/] {r.state}" + (f" ({r.reason})" if r.reason else "") + restarts, soft_wrap=True)
+    typer.echo(f"run dir: {r.run_dir}")
+    t = Table()
+    for col in ("#", "job", "state", "reason", "exit", "submitted", "ended", "log"):
+        t.add_column(col, overflow="fold")
+    for j in d["jobs"]:
+        t.add_row(str(j["seq"]), j["job_id"], j["state"], j["reason"],
+                  "" if j["exit_code"] is None else str(j["exit_code"]), j["submitted"], j["ended"] or "", j["log"])
+    console.print(t)
+
+
+@app.command("logs")
+def logs_cmd(
+    run: str = typer.Argument(..., help="Run id (or a unique prefix, or one of its job ids)"),
+    follow: bool = typer.Option(False, "--follow", "-f", help="Follow the newest log, across continuations"),
+    poll: float = typer.Option(1.0, "--poll", help="Seconds between reads of the log while following"),
+    registry: Optional[Path] = REGISTRY_OPT,
+) -> None:
+    """Print the log of every job of the run in order (job headers go to stderr)."""
+    from hpcrl import lifecycle
+
+    reg = _registry(registry)
+    r = reg.find(run)
+    shown = None
+    chunks = lifecycle.follow(r, poll_s=poll) if follow else lifecycle.logs(r)
+    try:
+        for job_id, text in chunks:
+            if job_id != shown:
+                sys.stdout.flush()
+                err_console.print(f"==> job {job_id}: {lifecycle.RunDir(r.run_dir).log(job_id)} <==", soft_wrap=True)
+                shown = job_id
+            sys.stdout.write(text)
+            sys.stdout.flush()
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
+
+
+@app.command("cancel")
+def cancel_cmd(
+    run: str = typer.Argument(..., help="Run id (or a unique prefix, or one of its job ids)"),
+    registry: Optional[Path] = REGISTRY_OPT,
+) -> None:
+    """Stop a run: write its cancel marker (no continuation), then scancel its live jobs."""
+    from hpcrl import lifecycle
+
+    reg = _registry(registry)
+    r = lifecycle.cancel(reg, reg.find(run))
+    jobs = ", ".join(j.job_id for j in r.jobs)
+    typer.echo(f"run {r.run_id}: cancel requested (jobs {jobs}); now {r.state}")
+
+
+_STYLE = {"ok": "green", "warn": "yellow", "fail": "red", "info": "dim"}
+
+
+@app.command("preflight")
+def preflight_cmd(
+    cluster: Optional[str] = typer.Option(None, "--cluster", "-c", help="Cluster profile (default: the config's)"),
+    partition: Optional[str] = typer.Option(None, "--partition", "-p", help="Partition (default: the profile's)"),
+    config: Optional[str] = typer.Option(None, "--config", help="Run config: model, run root, training environment"),
+    folder: Optional[str] = typer.Option(None, "--folder", help="submitit folder (default: under the run root)"),
+    wait: float = typer.Option(900, "--wait", help="Seconds to wait for the probe before cancelling it"),
+    as_json: bool = JSON_OPT,
+) -> None:
+    """Run a probe on one compute node (submitit): GPUs, node-local tmp, disk, model, imports."""
+    from hpcrl import preflight
+
+    t = preflight.target(cluster, partition, config)
+    report = preflight.run_probe(t, folder=folder, wait_s=wait)
+    rows = preflight.evaluate(report, t)
+    failed = any(r.status == "fail" for r in rows)
+    if as_json:
+        print_json({"cluster": t.profile.name, "partition": t.partition, "ok": not failed,
+                    "checks": [r._asdict() for r in rows], "report": report})
+    else:
+        table = Table(title=f"preflight on {t.profile.name}" + (f" partition {t.partition}" if t.partition else ""))
+        for col in ("check", "status", "detail"):
+            table.add_column(col, overflow="fold")
+        for r in rows:
+            table.add_row(r.check, f"[{_STYLE[r.status]}]{r.status}[/]", r.detail)
+        console.print(table)
+    if failed:
+        raise typer.Exit(1)

@@ -1,0 +1,391 @@
+"""A run's life: submit, follow the job chain, show its logs, cancel it.
+
+The batch script and this module share one contract, docs/run-dir.md: the run directory
+and its `hpcrl/jobs.tsv`, where every job of the chain records `start`, `end` (reason and
+exit code) and `continue` (the next job's id). The registry is a cache of that file plus
+what Slurm says; the file is the truth about reasons and continuations.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shlex
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import NamedTuple
+
+from hpcrl import slurm
+from hpcrl.errors import ConfigError, HpcrlError, RegistryError, SlurmError
+from hpcrl.registry import Job, Registry, Run, now
+
+REQUEUE_REASONS = frozenset({"timeout", "preempted"})
+# Slurm's terminal state -> run reason, for a job that ended without writing its `end` line.
+_SLURM_REASON = {"COMPLETED": "completed", "TIMEOUT": "timeout", "CANCELLED": "cancelled",
+                 "PREEMPTED": "preempted", "FAILED": "crashed"}
+
+
+# --------------------------------------------------------------------------- run directory
+
+
+class RunDir:
+    """Paths of one run directory (docs/run-dir.md)."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self.meta = self.path / "hpcrl"
+        self.script = self.meta / "job.sbatch"
+        self.plan = self.meta / "plan.json"
+        self.jobs_tsv = self.meta / "jobs.tsv"
+        self.restarts = self.meta / "restarts"
+        self.cancel = self.meta / "cancel"
+
+    def log(self, job_id: str) -> Path:
+        return self.path / "logs" / f"job-{job_id}.log"
+
+    def create(self) -> None:
+        for sub in ("hpcrl", "logs", "output", "checkpoints"):
+            (self.path / sub).mkdir(parents=True, exist_ok=True)
+
+    def append_event(self, job_id: str, event: str, detail: str = "-") -> None:
+        # One short write in append mode: lines from the batch script and hpcrl never interleave.
+        with open(self.jobs_tsv, "a") as f:
+            f.write(f"{job_id}\t{event}\t{now()}\t{detail}\n")
+
+    def restart_count(self) -> int:
+        try:
+            return int(self.restarts.read_text().strip() or 0)
+        except (OSError, ValueError):
+            return 0
+
+
+class JobEvents(NamedTuple):
+    """What jobs.tsv says about one job."""
+
+    start: str | None = None  # head node
+    end_reason: str | None = None
+    exit_code: int | None = None
+    ended: str | None = None
+    next_job: str | None = None
+    next_submitted: str | None = None  # when this job submitted its continuation
+
+
+def read_chain(run_dir: RunDir) -> dict[str, JobEvents]:
+    """jobs.tsv -> events per job id; malformed lines (a torn last line) are skipped."""
+    out: dict[str, JobEvents] = {}
+    try:
+        lines = run_dir.jobs_tsv.read_text().splitlines()
+    except FileNotFoundError:
+        return out
+    for line in lines:
+        parts = line.split("\t")
+        if len(parts) != 4:
+            continue
+        job, event, stamp, detail = (p.strip() for p in parts)
+        ev = out.get(job, JobEvents())
+        if event == "start":
+            ev = ev._replace(start=detail)
+        elif event == "end":
+            reason, _, code = detail.partition(":")
+            ev = ev._replace(end_reason=reason, exit_code=int(code) if code.lstrip("-").isdigit() else None,
+                             ended=stamp)
+        elif event == "continue" and detail.isdigit():
+            ev = ev._replace(next_job=detail, next_submitted=stamp)
+        out[job] = ev
+    return out
+
+
+# --------------------------------------------------------------------------- submission
+
+
+class Submission(NamedTuple):
+    """Everything `submit` needs, prepared (and validated) before anything is written."""
+
+    script: str
+    run_dir: RunDir
+    name: str
+    cluster: str
+    config_hash: str
+    max_restarts: int | None
+    plan: dict | None
+    source: str = ""  # the run config or the rendered script it came from
+    warnings: tuple[str, ...] = ()
+
+
+class Submitted(NamedTuple):
+    run_id: str
+    job_id: str | None
+    script_path: Path
+    log_path: Path | None
+    command: list[str]
+
+
+def expand_path(raw: str, what: str) -> Path:
+    """Expand ~ and $VARS as the login node sees them; an unset variable is a user error."""
+    path = os.path.expandvars(os.path.expanduser(raw))
+    if "$" in path:
+        missing = ", ".join(sorted(set(re.findall(r"\$\{?(\w+)", path))))
+        raise ConfigError(f"{what} {raw!r} uses {missing}, not set here; set hpcrl.run_root or export {missing}")
+    return Path(path)
+
+
+def from_config(config: str | None, *, nodes: int | None = None, cluster: str | None = None,
+                sets: list[str] | None = None, pins: list[str] | None = None, smoke: bool = False) -> Submission:
+    """Plan and render a run config into a Submission."""
+    from hpcrl.run_plan import make_run_plan
+
+    try:
+        from hpcrl.render import render_script
+    except ImportError:
+        raise HpcrlError("this hpcrl has no renderer (hpcrl/render.py); pass an already rendered SCRIPT") from None
+    rp = make_run_plan(config, nodes=nodes, cluster=cluster, sets=sets, pins=pins)
+    cfg, profile = rp.config, rp.profile
+    root = expand_path(cfg.hpcrl.run_root or profile.storage.run_root.path, "run_root")
+    cluster_name = profile.name + (f":{profile.variant}" if profile.variant else "")
+    plan = {
+        "cluster": cluster_name, "nodes": rp.nodes, "model": rp.workload.model.name,
+        "config": cfg.source, "config_hash": cfg.digest(), "warnings": list(rp.warnings),
+        "layout": rp.layout.to_dict(), "hpcrl": cfg.hpcrl.model_dump(), "args": cfg.args,
+    }
+    return Submission(render_script(rp, smoke=smoke), RunDir(root / cfg.hpcrl.run_name), cfg.hpcrl.run_name,
+                      cluster_name, cfg.digest(), cfg.hpcrl.max_restarts, plan, cfg.source, tuple(rp.warnings))
+
+
+_RUN_DIR_LINE = re.compile(r"^\s*(?:export\s+|readonly\s+|declare\s+(?:-\w+\s+)*)?RUN_DIR=(\S.*)$")
+_MAX_RESTARTS_LINE = re.compile(r"^\s*(?:export\s+|readonly\s+)?MAX_RESTARTS=['\"]?(\d+)")
+_CLUSTER_LINE = re.compile(r"^#\s*hpcrl[ -]cluster:\s*(\S+)", re.IGNORECASE)
+
+
+def _shell_word(rhs: str) -> str | None:
+    """The first shell word of an assignment's right side, quotes removed ("${X}"'/a' -> ${X}/a)."""
+    try:
+        words = shlex.split(rhs, comments=True)
+    except ValueError:
+        return None
+    return words[0] if words else None
+
+
+def from_script(path: str | os.PathLike, *, run_dir: str | None = None, cluster: str | None = None) -> Submission:
+    """A Submission from an already rendered script; RUN_DIR is read from it unless given."""
+    src = Path(path)
+    try:
+        text = src.read_text()
+    except OSError as exc:
+        raise HpcrlError(f"{src}: cannot read the script ({exc.strerror})") from None
+    if not text.startswith("#!"):
+        raise HpcrlError(f"{src}: not a batch script (no #! line); give a script rendered by hpcrl render")
+    lines = text.splitlines()
+    found = next((_shell_word(m.group(1)) for ln in lines if (m := _RUN_DIR_LINE.match(ln))), None)
+    raw = run_dir or found
+    if not raw:
+        raise HpcrlError(f"{src}: no RUN_DIR=... line in the script; pass --run-dir DIR")
+    rd = RunDir(expand_path(raw, "RUN_DIR"))
+    restarts = next((int(m.group(1)) for ln in lines if (m := _MAX_RESTARTS_LINE.match(ln))), None)
+    cluster = cluster or next((m.group(1) for ln in lines if (m := _CLUSTER_LINE.match(ln))), None) or "-"
+    digest = hashlib.sha256(text.encode()).hexdigest()[:12]
+    return Submission(text, rd, rd.path.name, cluster, digest, restarts, None, str(src.resolve()))
+
+
+def submit(reg: Registry, sub: Submission, *, dry_run: bool = False, extra_args: list[str] | None = None) -> Submitted:
+    """Write the run dir, sbatch the script, record the run. Dry run: record only, touch no run dir."""
+    extra = list(extra_args or [])
+    command = ["sbatch", "--parsable", *extra, str(sub.run_dir.script)]
+    busy = [r for r in reg.list_runs(live_only=True) if Path(r.run_dir) == sub.run_dir.path]
+    if busy:
+        raise RegistryError(
+            f"run {busy[0].run_id} is still {busy[0].state} in {sub.run_dir.path}; "
+            f"hpcrl cancel {busy[0].run_id}, or pick another hpcrl.run_name"
+        )
+    if dry_run:
+        # The script goes next to the registry: a live run's job.sbatch must never be overwritten.
+        out = reg.path.parent / "dry-run"
+        out.mkdir(parents=True, exist_ok=True)
+        run_id = reg.create_run(name=sub.name, cluster=sub.cluster, config_hash=sub.config_hash,
+                                script_path=str(sub.run_dir.script), run_dir=str(sub.run_dir.path),
+                                state="dry-run", max_restarts=sub.max_restarts)
+        path = out / f"{run_id}.sbatch"
+        path.write_text(sub.script)
+        return Submitted(run_id, None, path, None, command)
+    slurm.require("sbatch")  # before anything is written: no run dir, no registry row
+    rd = sub.run_dir
+    try:
+        rd.create()
+        rd.script.write_text(sub.script)
+        rd.script.chmod(0o755)
+        if sub.plan is not None or not rd.plan.exists():
+            plan = sub.plan or {"plan": None, "script": sub.source, "note": "submitted as an already rendered script"}
+            rd.plan.write_text(json.dumps(plan, indent=2, sort_keys=True, default=str) + "\n")
+        rd.restarts.write_text("0\n")  # a new chain gets its full max_restarts
+        rd.cancel.unlink(missing_ok=True)  # a marker left by a cancelled earlier run would stop this one
+    except OSError as exc:
+        raise HpcrlError(f"run dir {rd.path}: {exc.strerror}") from None
+    run_id = reg.create_run(name=sub.name, cluster=sub.cluster, config_hash=sub.config_hash,
+                            script_path=str(rd.script), run_dir=str(rd.path), state="submitting",
+                            max_restarts=sub.max_restarts)
+    try:
+        job_id = slurm.submit(str(rd.script), extra)
+    except SlurmError as exc:
+        reg.set_run(run_id, state="failed", reason=str(exc))
+        raise SlurmError(f"{exc} (run {run_id} recorded as failed)") from None
+    rd.append_event(job_id, "submitted")
+    reg.add_job(run_id, job_id)
+    reg.set_run(run_id, state="pending")
+    return Submitted(run_id, job_id, rd.script, rd.log(job_id), command)
+
+
+# --------------------------------------------------------------------------- status
+
+
+def _follow_chain(reg: Registry, run: Run, chain: dict[str, JobEvents]) -> Run:
+    """Add continuation jobs named in jobs.tsv that the registry does not know yet."""
+    known = {j.job_id for j in run.jobs}
+    job = run.last_job.job_id if run.last_job else None
+    added = False
+    while job and (nxt := chain.get(job, JobEvents()).next_job) and nxt not in known:
+        reg.add_job(run.run_id, nxt, submitted=chain[job].next_submitted)
+        known.add(nxt)
+        job, added = nxt, True
+    return reg.get(run.run_id) if added else run
+
+
+def _job_row(job: Job, state: slurm.JobState | None, ev: JobEvents) -> Job:
+    new_state = state.state if state else job.state
+    terminal = new_state not in slurm.LIVE_STATES
+    if ev.end_reason:
+        reason = ev.end_reason
+    elif terminal:
+        reason = _SLURM_REASON.get(new_state, new_state.lower())
+    else:
+        reason = state.reason if state else job.reason  # Slurm's pending reason (Priority, ...)
+    code = ev.exit_code if ev.exit_code is not None else (state.exit_code if state else job.exit_code)
+    ended = job.ended or (ev.ended if ev.ended and terminal else (now() if terminal else None))
+    return job._replace(state=new_state, reason=reason, exit_code=code, ended=ended)
+
+
+def _run_state(run: Run, rd: RunDir) -> tuple[str, str]:
+    last = run.last_job
+    if last is None:
+        return run.state, run.reason
+    if last.state in slurm.PENDING_STATES:
+        return "pending", last.reason
+    if last.state in slurm.RUNNING_STATES:
+        return "running", "cancelling" if rd.cancel.exists() else ""
+    reason = last.reason or "unknown"
+    if rd.cancel.exists() and reason != "completed":
+        reason = "cancelled"
+    return "ended", reason
+
+
+def refresh(reg: Registry, runs: list[Run]) -> list[Run]:
+    """Bring live runs up to date: chain from jobs.tsv, states from ONE batched Slurm query."""
+    live = [r for r in runs if r.live and r.jobs]
+    if not live:
+        return runs
+    live = [_follow_chain(reg, r, read_chain(RunDir(r.run_dir))) for r in live]
+    ids = [j.job_id for r in live for j in r.jobs if j.state in slurm.LIVE_STATES]
+    states = slurm.job_states(ids)
+    updated: dict[str, Run] = {}
+    for run in live:
+        rd = RunDir(run.run_dir)
+        # Read again after the query: a job that just ended may have written `continue` meanwhile.
+        chain = read_chain(rd)
+        rows = [_job_row(j, states.get(j.job_id), chain.get(j.job_id, JobEvents()))
+                for j in run.jobs if j.job_id in states]
+        reg.update_jobs(rows)
+        run = _follow_chain(reg, reg.get(run.run_id), chain)
+        state, reason = _run_state(run, rd)
+        if (state, reason) != (run.state, run.reason):
+            reg.set_run(run.run_id, state=state, reason=reason)
+        updated[run.run_id] = reg.get(run.run_id)
+    return [updated.get(r.run_id, r) for r in runs]
+
+
+# --------------------------------------------------------------------------- cancel
+
+
+def cancel(reg: Registry, run: Run) -> Run:
+    """Write the cancel marker (no continuation), then scancel every live job of the run."""
+    if not run.live:
+        raise HpcrlError(f"run {run.run_id} is {run.state}" + (f" ({run.reason})" if run.reason else "")
+                         + "; nothing to cancel")
+    rd = RunDir(run.run_dir)
+    try:
+        rd.cancel.write_text(f"{now()}\n")
+    except OSError as exc:
+        raise HpcrlError(f"cannot write {rd.cancel}: {exc.strerror}") from None
+    run = _follow_chain(reg, run, read_chain(rd))
+    for job in run.jobs:
+        if job.state in slurm.LIVE_STATES:
+            slurm.cancel(job.job_id)
+    reg.set_run(run.run_id, reason="cancelled")
+    return refresh(reg, [reg.get(run.run_id)])[0]
+
+
+# --------------------------------------------------------------------------- logs
+
+
+def _chain_ids(run: Run, chain: dict[str, JobEvents]) -> list[str]:
+    ids = [j.job_id for j in run.jobs]
+    while ids and (nxt := chain.get(ids[-1], JobEvents()).next_job) and nxt not in ids:
+        ids.append(nxt)
+    return ids
+
+
+def logs(run: Run) -> Iterator[tuple[str, str]]:
+    """(job id, log text) of every job of the run, in chain order."""
+    rd = RunDir(run.run_dir)
+    for jid in _chain_ids(run, read_chain(rd)):
+        path = rd.log(jid)
+        yield jid, path.read_text(errors="replace") if path.exists() else ""
+
+
+def follow(run: Run, *, poll_s: float = 1.0, slurm_every_s: float = 30.0) -> Iterator[tuple[str, str]]:
+    """Yield (job id, new text) as the logs grow, across continuations, until the run ends.
+
+    Slurm is asked only about the newest job, and at most every `slurm_every_s` seconds unless
+    its `end` line appeared (then the question is only whether a continuation follows).
+    """
+    rd = RunDir(run.run_dir)
+    ids = _chain_ids(run, read_chain(rd))
+    for jid in ids[:-1]:
+        path = rd.log(jid)
+        yield jid, path.read_text(errors="replace") if path.exists() else ""
+    if not ids:
+        return
+    current, offset, next_ask = ids[-1], 0, 0.0
+
+    def drain() -> bytes:
+        path = rd.log(current)
+        if not path.exists():
+            return b""
+        with open(path, "rb") as f:
+            f.seek(offset)
+            return f.read()
+
+    while True:
+        data = drain()
+        if data:
+            offset += len(data)
+            yield current, data.decode(errors="replace")
+        ev = read_chain(rd).get(current, JobEvents())
+        if ev.next_job:
+            current, offset = ev.next_job, 0
+            yield current, ""  # tells the caller a new job's log begins
+            continue
+        if time.monotonic() >= next_ask:
+            st = slurm.job_states([current])[current]
+            if st.terminal and not read_chain(rd).get(current, JobEvents()).next_job:
+                rest = drain()  # the last lines written before the job ended
+                if rest:
+                    yield current, rest.decode(errors="replace")
+                return
+            # After its `end` line a job only has to exit or name its continuation: ask again soon.
+            next_ask = time.monotonic() + (max(poll_s, 2.0) if ev.end_reason else slurm_every_s)
+        time.sleep(poll_s)
+
+
+__all__ = ["JobEvents", "RunDir", "Submission", "Submitted", "cancel", "follow", "from_config", "from_script",
+           "logs", "read_chain", "refresh", "submit"]

@@ -1,0 +1,140 @@
+"""The preflight probe: runs on one compute node (through submitit) and reports what it finds.
+
+Standard library only at import time (it is pickled by value, so the node needs no hpcrl);
+nvidia-ml-py is imported inside, and the training stack is imported in the training
+environment's own Python, in a subprocess, so a broken torch cannot take the probe down.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+
+GIB = 1024**3
+STACK = ("torch", "vllm", "deepspeed", "ray", "open_instruct")
+
+# Printed as JSON by the training Python: {module: [version or None, error or None]}.
+_IMPORT_CHECK = r"""
+import importlib, json, sys
+out = {}
+for name in sys.argv[1:]:
+    try:
+        mod = importlib.import_module(name)
+        ver = getattr(mod, "__version__", None)
+        if ver is None:
+            try:
+                from importlib.metadata import version
+                ver = version(name.replace("_", "-"))
+            except Exception:
+                ver = "?"
+        out[name] = [str(ver), None]
+    except BaseException as exc:
+        out[name] = [None, (type(exc).__name__ + ": " + str(exc)).splitlines()[0][:200]]
+print("HPCRL-IMPORTS " + json.dumps(out))
+"""
+
+
+def _expand(raw: str | None) -> str | None:
+    return os.path.expandvars(os.path.expanduser(raw)) if raw else None
+
+
+def gpus() -> dict:
+    """GPUs NVML sees on this node, or why there are none."""
+    try:
+        import pynvml
+    except ImportError as exc:
+        return {"count": 0, "error": f"nvidia-ml-py not importable ({exc})", "devices": []}
+    try:
+        pynvml.nvmlInit()
+    except Exception as exc:  # NVMLError_LibraryNotFound, _DriverNotLoaded, ...
+        return {"count": 0, "error": f"NVML unavailable: {exc}", "devices": []}
+    try:
+        devices = []
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            name = pynvml.nvmlDeviceGetName(h)
+            mem = pynvml.nvmlDeviceGetMemoryInfo(h)
+            devices.append({"name": name.decode() if isinstance(name, bytes) else str(name),
+                            "memory_gib": round(mem.total / GIB, 1), "used_gib": round(mem.used / GIB, 1)})
+        return {"count": len(devices), "error": None, "devices": devices}
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def space(raw: str | None) -> dict:
+    """Existence, writability and free GiB of a path (of its nearest existing parent if absent)."""
+    path = _expand(raw)
+    if not path:
+        return {"path": raw, "exists": False, "error": "not set"}
+    probe = path
+    while probe and not os.path.exists(probe):
+        parent = os.path.dirname(probe.rstrip("/"))
+        if parent == probe:
+            break
+        probe = parent
+    if not os.path.exists(probe or "/"):
+        return {"path": path, "exists": False, "error": "no such path"}
+    usage = shutil.disk_usage(probe)
+    return {"path": path, "exists": os.path.exists(path), "checked": probe,
+            "writable": os.access(probe, os.W_OK), "free_gib": round(usage.free / GIB, 1),
+            "total_gib": round(usage.total / GIB, 1), "error": None}
+
+
+def model_entry(model: str | None, hf_home: str | None) -> dict:
+    """Whether the model is a readable local path or an entry in the HF cache."""
+    if not model:
+        return {"model": None, "found": False, "detail": "no model given"}
+    local = _expand(model)
+    if local and (local.startswith(("/", ".", "~")) or os.path.exists(local)):
+        ok = os.path.isdir(local) and os.access(local, os.R_OK | os.X_OK)
+        cfg = os.path.join(local, "config.json")
+        return {"model": model, "kind": "path", "found": ok and os.access(cfg, os.R_OK),
+                "detail": local if ok else f"{local}: not a readable directory"}
+    home = _expand(hf_home) or os.path.expanduser("~/.cache/huggingface")
+    hub = os.environ.get("HF_HUB_CACHE") or os.path.join(home, "hub")
+    entry = os.path.join(hub, "models--" + model.replace("/", "--"))
+    snaps = os.path.join(entry, "snapshots")
+    readable = os.path.isdir(snaps) and os.access(snaps, os.R_OK | os.X_OK)
+    found = readable and any(os.path.exists(os.path.join(snaps, s, "config.json")) for s in os.listdir(snaps))
+    detail = entry if found else f"not in the HF cache ({entry}); the job would download it"
+    return {"model": model, "kind": "hf", "found": found, "detail": detail}
+
+
+def stack(python: str, env_setup: list[str], workdir: str | None, modules: tuple[str, ...], timeout: float) -> dict:
+    """Which of the training stack imports in the training environment, with versions."""
+    lines = list(env_setup)
+    if workdir:
+        lines.append(f"cd {workdir} 2>/dev/null || true")  # open_instruct imports from its checkout
+    lines.append(f"{python} -c {shlex.quote(_IMPORT_CHECK)} {' '.join(modules)}")
+    try:
+        proc = subprocess.run(["bash", "-c", "\n".join(lines)], capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": f"imports did not finish within {timeout:.0f} s", "modules": {}}
+    for line in proc.stdout.splitlines():
+        if line.startswith("HPCRL-IMPORTS "):
+            return {"error": None, "modules": json.loads(line.split(" ", 1)[1])}
+    tail = (proc.stderr.strip().splitlines() or ["no output"])[-1][:200]
+    return {"error": f"{python} did not run (exit {proc.returncode}): {tail}", "modules": {}}
+
+
+def probe(spec: dict) -> dict:
+    """Everything preflight checks on this node; `spec` says where to look (see hpcrl.preflight)."""
+    for key, value in (spec.get("env") or {}).items():
+        os.environ.setdefault(key, os.path.expandvars(str(value)))
+    return {
+        "node": os.environ.get("SLURMD_NODENAME") or socket.gethostname(),
+        "job_id": os.environ.get("SLURM_JOB_ID"),
+        "python": sys.version.split()[0],
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "gpus": gpus(),
+        "node_local": space(spec.get("node_local")),
+        "run_root": space(spec.get("run_root")),
+        "model": model_entry(spec.get("model"), spec.get("hf_home")),
+        "stack": stack(spec.get("python") or "python", spec.get("env_setup") or [], spec.get("workdir"),
+                       tuple(spec.get("modules") or STACK), float(spec.get("import_timeout_s", 300))),
+    }

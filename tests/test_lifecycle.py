@@ -1,0 +1,294 @@
+"""submit → status → logs → cancel, time-out continuation, crash, concurrency — on the real local Slurm.
+
+Commands run as a user runs them (`python -m hpcrl ...`), each test with its own registry and
+run root. The batch scripts here are HAND-WRITTEN stand-ins that implement docs/run-dir.md
+(jobs.tsv events, the USR1/TERM traps, the requeue rules) around a fake open-instruct; they
+test hpcrl's side of the contract — submit, registry, chain following, logs, cancel — not
+the renderer's script, which has its own tests.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sqlite3
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from hpcrl.lifecycle import RunDir, read_chain
+
+NO_SBATCH = ("hpcrl needs a Slurm login node (sbatch not found on PATH) "
+             "— or the local dev cluster: scripts/dev-slurm up")
+
+# A fake open_instruct/grpo_fast.py: resumes (exit 0) when it finds an earlier job's marker in
+# --checkpoint_state_dir; otherwise writes its own marker and sleeps, or exits with --exit_code.
+FAKE_GRPO = r'''
+import argparse, os, signal, sys, time
+p = argparse.ArgumentParser()
+p.add_argument("--output_dir"); p.add_argument("--checkpoint_state_dir")
+p.add_argument("--exit_code", type=int, default=0); p.add_argument("--sleep", type=float, default=0)
+a, _ = p.parse_known_args()
+job = os.environ.get("SLURM_JOB_ID", "?")
+os.makedirs(a.checkpoint_state_dir, exist_ok=True)
+markers = sorted(f for f in os.listdir(a.checkpoint_state_dir) if f.startswith("marker-"))
+if markers:
+    open(os.path.join(a.checkpoint_state_dir, f"resumed-{job}"), "w").write(markers[-1])
+    print(f"fake grpo_fast: job {job} resumed from {markers[-1]}", flush=True)
+    sys.exit(0)
+open(os.path.join(a.checkpoint_state_dir, f"marker-{job}"), "w").write("step 1\n")
+print(f"fake grpo_fast: job {job} wrote marker-{job}", flush=True)
+signal.signal(signal.SIGTERM, lambda *_: (print("fake grpo_fast: stopping at a safe point", flush=True), sys.exit(0)))
+time.sleep(a.sleep)
+print(f"fake grpo_fast: exit {a.exit_code}", flush=True)
+sys.exit(a.exit_code)
+'''
+
+# HAND-WRITTEN: implements docs/run-dir.md (start/end/continue events, reasons, requeue rules).
+SCRIPT = r"""#!/bin/bash
+#SBATCH --job-name=hpcrl-test-{name}
+#SBATCH --partition={partition}
+#SBATCH --nodes=1
+#SBATCH --ntasks=1
+#SBATCH --time={time}
+#SBATCH --signal=B:USR1@30
+#SBATCH --output={run_dir}/logs/job-%j.log
+#SBATCH --open-mode=append
+# hpcrl-cluster: local-dev
+RUN_DIR={run_dir}
+MAX_RESTARTS={max_restarts}
+META="$RUN_DIR/hpcrl"
+event() {{ printf '%s\t%s\t%s\t%s\n' "$SLURM_JOB_ID" "$1" "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$2" >>"$META/jobs.tsv"; }}
+reason="" driver=""
+stop_driver() {{ [ -n "$driver" ] && kill -TERM "$driver" 2>/dev/null; }}
+on_usr1() {{ [ -z "$reason" ] && reason=timeout; stop_driver; }}
+on_term() {{ if [ -z "$reason" ]; then if [ -e "$META/cancel" ]; then reason=cancelled; else reason=preempted; fi; fi; stop_driver; }}
+trap on_usr1 USR1
+trap on_term TERM
+event start "$SLURMD_NODENAME"
+echo "job $SLURM_JOB_ID on $SLURMD_NODENAME"
+cd {workdir}
+{python} open_instruct/grpo_fast.py --output_dir "$RUN_DIR/output" --checkpoint_state_dir "$RUN_DIR/checkpoints" {extra} &
+driver=$!
+[ -n "$reason" ] && stop_driver
+while :; do wait "$driver"; rc=$?; kill -0 "$driver" 2>/dev/null || break; done
+if [ -z "$reason" ]; then if [ "$rc" -eq 0 ]; then reason=completed; else reason=crashed; fi; fi
+event end "$reason:$rc"
+echo "job $SLURM_JOB_ID ended: $reason ($rc)"
+if [ "$reason" = timeout ] || [ "$reason" = preempted ]; then
+    n=$(cat "$META/restarts" 2>/dev/null || echo 0)
+    if [ ! -e "$META/cancel" ] && [ "$n" -lt "$MAX_RESTARTS" ]; then
+        if next=$(sbatch --parsable "$META/job.sbatch"); then
+            echo $((n + 1)) >"$META/restarts"
+            event continue "${{next%%;*}}"
+        fi
+    fi
+fi
+"""
+
+
+@pytest.fixture
+def env(tmp_path):
+    """A private registry, run root and fake open-instruct checkout."""
+    oi = tmp_path / "oi" / "open_instruct"
+    oi.mkdir(parents=True)
+    (oi / "grpo_fast.py").write_text(FAKE_GRPO)
+    e = {k: v for k, v in os.environ.items() if not k.startswith("HPCRL_")}
+    e.update(HPCRL_REGISTRY=str(tmp_path / "runs.db"), NO_COLOR="1", COLUMNS="250")
+    return {"tmp": tmp_path, "env": e, "workdir": tmp_path / "oi", "root": tmp_path / "runs"}
+
+
+def script(env, name: str, *, partition: str = "debug", time_: str = "00:05:00", extra: str = "--sleep 300",
+           max_restarts: int = 2) -> Path:
+    path = env["tmp"] / f"{name}.sbatch"
+    path.write_text(SCRIPT.format(name=name, partition=partition, time=time_, run_dir=env["root"] / name,
+                                  max_restarts=max_restarts, workdir=env["workdir"], python=sys.executable,
+                                  extra=extra))
+    return path
+
+
+def hpcrl(env, *args: str, timeout: float = 120, path: str | None = None) -> subprocess.CompletedProcess:
+    e = dict(env["env"], **({"PATH": path} if path is not None else {}))
+    return subprocess.run([sys.executable, "-m", "hpcrl", *args], env=e, capture_output=True, text=True,
+                          timeout=timeout, cwd=env["tmp"])
+
+
+def ok_json(proc: subprocess.CompletedProcess):
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def assert_user_error(proc: subprocess.CompletedProcess, contains: str) -> str:
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("hpcrl: error: ") and contains in lines[0], proc.stderr
+    return lines[0]
+
+
+def rows(env, table: str) -> list[dict]:
+    conn = sqlite3.connect(env["env"]["HPCRL_REGISTRY"])
+    conn.row_factory = sqlite3.Row
+    return [dict(r) for r in conn.execute(f"SELECT * FROM {table} ORDER BY rowid")]
+
+
+def wait_status(env, run_id: str, until, what: str, deadline_s: float = 300) -> dict:
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        run = ok_json(hpcrl(env, "status", run_id, "--json"))["runs"][0]
+        if until(run):
+            return run
+        time.sleep(1)
+    pytest.fail(f"run {run_id}: gave up waiting for {what}; last status {run}")
+
+
+def submit(env, path: Path) -> dict:
+    return ok_json(hpcrl(env, "submit", str(path), "--json"))
+
+
+# --------------------------------------------------------------------------- no cluster needed
+
+
+def test_read_chain_reasons_continuations_and_torn_lines(tmp_path):
+    rd = RunDir(tmp_path)
+    rd.meta.mkdir()
+    rd.jobs_tsv.write_text(
+        "7\tsubmitted\t2026-01-01T00:00:00Z\t-\n7\tstart\t2026-01-01T00:00:01Z\tn1\n"
+        "7\tend\t2026-01-01T00:00:09Z\ttimeout:0\n7\tcontinue\t2026-01-01T00:00:09Z\t8\n"
+        "8\tstart\t2026-01-01T00:00:10Z\tn2\n8\tend\t2026-01-01T00:00:11Z\tbreaker-nan-loss:91\n8\tcontin"
+    )
+    chain = read_chain(rd)
+    assert chain["7"].end_reason == "timeout" and chain["7"].next_job == "8" and chain["7"].start == "n1"
+    assert chain["8"].end_reason == "breaker-nan-loss" and chain["8"].exit_code == 91 and chain["8"].next_job is None
+
+
+def test_script_without_run_dir_is_a_user_error(env):
+    bad = env["tmp"] / "x.sbatch"
+    bad.write_text("#!/bin/bash\necho hi\n")
+    assert_user_error(hpcrl(env, "submit", str(bad)), "no RUN_DIR=... line in the script; pass --run-dir DIR")
+
+
+def test_unknown_run_id_lists_recent_runs(env):
+    assert_user_error(hpcrl(env, "status", "nope"), "the registry has no runs yet")
+    ids = [ok_json(hpcrl(env, "submit", "--dry-run", "--json", str(script(env, f"d{i}"))))["run_id"] for i in range(2)]
+    for cmd in ("status", "logs", "cancel"):
+        line = assert_user_error(hpcrl(env, cmd, "nope"), "unknown run 'nope'")
+        assert f"recent runs: {ids[1]}, {ids[0]}" in line
+
+
+def test_no_sbatch_on_path_is_one_line(env):
+    path = script(env, "nosb")
+    proc = hpcrl(env, "submit", str(path), path=str(env["tmp"] / "empty-bin"))
+    assert_user_error(proc, NO_SBATCH)
+    assert proc.stderr.strip() == f"hpcrl: error: {NO_SBATCH}"
+    assert rows(env, "runs") == [] and not (env["root"] / "nosb").exists()  # nothing written
+
+
+# --------------------------------------------------------------------------- the real local Slurm
+
+
+def test_submit_status_logs_cancel(slurm, env):
+    out = submit(env, script(env, "life"))
+    run_id, job = out["run_id"], out["job_id"]
+    assert re.fullmatch(r"life-[0-9a-f]{6}", run_id) and job.isdigit()
+    rd = RunDir(env["root"] / "life")
+    assert out["log"] == str(rd.log(job)) and out["script"] == str(rd.script)
+    assert rd.script.read_text() == script(env, "life").read_text()  # the exact text
+    assert json.loads(rd.plan.read_text())["script"] == str(script(env, "life"))
+    assert read_chain(rd)[job] is not None
+    (run,) = rows(env, "runs")
+    assert run["run_id"] == run_id and run["run_dir"] == str(rd.path) and run["max_restarts"] == 2
+    assert run["cluster"] == "local-dev" and run["state"] in ("pending", "submitting")
+
+    status = wait_status(env, run_id, lambda r: "wrote marker" in rd.log(job).read_text()
+                         if rd.log(job).exists() else False, "the driver to start")
+    assert status["state"] in ("pending", "running")
+    logs = hpcrl(env, "logs", run_id[:8])
+    assert logs.returncode == 0 and f"fake grpo_fast: job {job} wrote marker-{job}" in logs.stdout
+
+    proc = hpcrl(env, "cancel", run_id)
+    assert proc.returncode == 0, proc.stderr
+    assert rd.cancel.exists()
+    final = wait_status(env, run_id, lambda r: r["state"] == "ended", "the cancel to land")
+    assert final["reason"] == "cancelled" and len(final["jobs"]) == 1
+    assert final["jobs"][0]["state"] == "CANCELLED" and final["jobs"][0]["ended"]
+    chain = read_chain(rd)[job]
+    assert chain.end_reason == "cancelled" and chain.next_job is None  # no continuation after a cancel
+    assert rows(env, "runs")[0]["reason"] == "cancelled"
+    assert [r["job_id"] for r in rows(env, "jobs")] == [job]
+    assert_user_error(hpcrl(env, "cancel", run_id), "nothing to cancel")
+
+
+def test_timeout_continues_in_new_job_that_resumes(slurm, env):
+    """A job on `short` with --time=1 min gets USR1 30 s before the limit; a new job resumes."""
+    out = submit(env, script(env, "tmo", partition="short", time_="00:01:00", max_restarts=1))
+    run_id, first = out["run_id"], out["job_id"]
+    rd = RunDir(env["root"] / "tmo")
+    # `logs -f` follows across the continuation and returns when the run has ended.
+    follow = hpcrl(env, "logs", run_id, "-f", "--poll", "0.5", timeout=400)
+    assert follow.returncode == 0, follow.stderr
+    final = wait_status(env, run_id, lambda r: r["state"] == "ended", "the chain to end")
+    jobs = final["jobs"]
+    assert len(jobs) == 2 and jobs[0]["job_id"] == first
+    second = jobs[1]["job_id"]
+    assert second != first
+    assert (jobs[0]["reason"], jobs[1]["reason"]) == ("timeout", "completed")
+    assert final["reason"] == "completed" and final["restarts"] == 1
+    # the new job saw the first job's checkpoint marker in the same run dir
+    assert (rd.path / "checkpoints" / f"resumed-{second}").read_text() == f"marker-{first}"
+    assert read_chain(rd)[first].next_job == second
+    assert f"wrote marker-{first}" in follow.stdout and f"job {second} resumed from marker-{first}" in follow.stdout
+    assert follow.stdout.index(f"marker-{first}") < follow.stdout.index(f"job {second} resumed")
+    assert f"==> job {second}" in follow.stderr
+    reg_jobs = rows(env, "jobs")
+    assert [(r["seq"], r["job_id"]) for r in reg_jobs] == [(0, first), (1, second)]
+
+
+def test_crash_is_not_continued(slurm, env):
+    out = submit(env, script(env, "crash", extra="--sleep 0 --exit_code 3"))
+    final = wait_status(env, out["run_id"], lambda r: r["state"] == "ended", "the crash")
+    assert final["reason"] == "crashed" and len(final["jobs"]) == 1
+    assert final["jobs"][0]["exit_code"] == 3 and final["restarts"] == 0
+    rd = RunDir(env["root"] / "crash")
+    assert read_chain(rd)[out["job_id"]].next_job is None
+    assert rows(env, "runs")[0]["reason"] == "crashed"
+
+
+def test_sbatch_rejection_records_failed_run(slurm, env):
+    path = script(env, "badpart", partition="no-such-partition")
+    line = assert_user_error(hpcrl(env, "submit", str(path)), "sbatch: error: ")
+    assert "invalid partition" in line.lower()
+    (run,) = rows(env, "runs")
+    assert run["state"] == "failed" and "invalid partition" in run["reason"].lower()
+    assert rows(env, "jobs") == []
+
+
+def test_twenty_concurrent_submits(slurm, env):
+    """20 `submit --dry-run` and 3 real submits at once leave 23 well-formed registry rows."""
+    dry = script(env, "many")
+    real = [script(env, f"real{i}", extra="--sleep 0") for i in range(3)]
+    cmds = [("submit", "--dry-run", "--json", str(dry))] * 20 + [("submit", "--json", str(p)) for p in real]
+    with ThreadPoolExecutor(len(cmds)) as pool:
+        procs = list(pool.map(lambda c: hpcrl(env, *c, timeout=300), cmds))
+    outs = [ok_json(p) for p in procs]
+    runs = rows(env, "runs")
+    assert len(runs) == 23 and len({r["run_id"] for r in runs}) == 23
+    assert {o["run_id"] for o in outs} == {r["run_id"] for r in runs}
+    for r in runs:
+        assert re.fullmatch(r"(many|real\d)-[0-9a-f]{6}", r["run_id"])
+        assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", r["created"]) and r["cluster"] == "local-dev"
+    assert sorted(r["state"] for r in runs if r["name"] == "many") == ["dry-run"] * 20
+    assert all(r["state"] == "pending" for r in runs if r["name"] != "many")
+    jobs = rows(env, "jobs")
+    assert len(jobs) == 3 and all(j["job_id"].isdigit() and j["seq"] == 0 for j in jobs)
+    assert not (env["root"] / "many").exists()  # a dry run writes nothing into the run dir
+    for o in outs[:20]:
+        assert o["job_id"] is None and Path(o["script"]).read_text() == dry.read_text()
+        assert o["command"] == ["sbatch", "--parsable", str(env["root"] / "many" / "hpcrl" / "job.sbatch")]
+    for o in outs[20:]:
+        wait_status(env, o["run_id"], lambda r: r["state"] == "ended", "a real submit to finish")

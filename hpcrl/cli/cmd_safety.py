@@ -119,3 +119,88 @@ def diagnose_cmd(
     if not result.findings:
         # SystemExit, not typer.Exit: hpcrl.cli.main drops the code click returns for typer.Exit.
         raise SystemExit(2)
+
+
+checkpoints_app = typer.Typer(help="List and prune a run's checkpoints.", no_args_is_help=True)
+app.add_typer(checkpoints_app, name="checkpoints")
+
+
+def _age(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.1f} {unit}"
+    return f"{seconds:.0f} s"
+
+
+def _cp_row(c, run_dir: Path, now: float) -> dict:
+    return {"path": str(c.path.relative_to(run_dir)), "kind": c.kind, "step": c.step, "bytes": c.bytes,
+            "gib": round(c.bytes / GIB, 3), "complete": c.complete, "why_incomplete": c.why_incomplete,
+            "age_s": round(now - c.modified, 1)}
+
+
+@checkpoints_app.command("list")
+def checkpoints_list(
+    run: str = typer.Argument(..., help="Run directory"),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Checkpoints of a run: kind, step, size, whether complete, age."""
+    import time  # noqa: PLC0415
+
+    from hpcrl.checkpoints import find_checkpoints, resolve_run_dir  # noqa: PLC0415
+
+    run_dir = resolve_run_dir(run)
+    now = time.time()
+    cps = find_checkpoints(run_dir)
+    rows = [_cp_row(c, run_dir, now) for c in cps]
+    if as_json:
+        print_json({"run_dir": str(run_dir), "checkpoints": rows, "total_bytes": sum(c.bytes for c in cps)})
+        return
+    if not cps:
+        console.print(f"no checkpoints under {run_dir}")
+        return
+    t = Table(title=f"Checkpoints in {run_dir}")
+    for col in ("path", "kind", "step", "GiB", "complete", "age"):
+        t.add_column(col, justify="right" if col in ("step", "GiB", "age") else "left")
+    for r in rows:
+        t.add_row(r["path"], r["kind"], str(r["step"]), f"{r['gib']:,.2f}", "yes" if r["complete"] else
+                  f"no: {r['why_incomplete']}", _age(r["age_s"]))
+    console.print(t)
+    console.print(f"{len(cps)} checkpoints, {sum(c.bytes for c in cps) / GIB:,.1f} GiB")
+
+
+@checkpoints_app.command("prune")
+def checkpoints_prune(
+    run: str = typer.Argument(..., help="Run directory"),
+    keep: int = typer.Option(..., "--keep", help="Complete checkpoints to keep per series (newest first)"),
+    yes: bool = typer.Option(False, "--yes", help="Delete; without it, only say what would be deleted"),
+    recent_seconds: float = typer.Option(600.0, "--recent-seconds", help="Never touch one modified this recently"),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Delete old checkpoints (dry run unless --yes); never the newest, an incomplete or a recent one."""
+    import time  # noqa: PLC0415
+
+    from hpcrl.checkpoints import apply_prune, find_checkpoints, plan_prune, resolve_run_dir  # noqa: PLC0415
+
+    run_dir = resolve_run_dir(run)
+    now = time.time()
+    plan = plan_prune(find_checkpoints(run_dir), keep, now, recent_seconds)
+    deleted = apply_prune(plan, time.time, recent_seconds) if yes else []
+    if as_json:
+        print_json({"run_dir": str(run_dir), "dry_run": not yes, "freed_bytes": plan.freed_bytes,
+                    "delete": [_cp_row(c, run_dir, now) for c in plan.delete],
+                    "deleted": [str(p.relative_to(run_dir)) for p in deleted],
+                    "keep": [{**_cp_row(c, run_dir, now), "reason": why} for c, why in plan.keep]})
+        return
+    for c, why in plan.keep:
+        console.print(f"keep    {c.path.relative_to(run_dir)}  ({why})", highlight=False)
+    verb = "deleted" if yes else "would delete"
+    for c in plan.delete:
+        done = not yes or c.path in deleted
+        console.print(f"{verb if done else 'skipped (changed)'}  {c.path.relative_to(run_dir)}  "
+                      f"{c.bytes / GIB:,.2f} GiB", highlight=False)
+    if not plan.delete:
+        console.print("nothing to prune")
+    elif not yes:
+        console.print(f"dry run: {plan.freed_bytes / GIB:,.1f} GiB would be freed; add --yes to delete")
+    else:
+        console.print(f"freed {sum(c.bytes for c in plan.delete if c.path in deleted) / GIB:,.1f} GiB")

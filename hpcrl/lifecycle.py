@@ -15,6 +15,7 @@ import re
 import shlex
 import time
 from collections.abc import Iterator
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import NamedTuple
 
@@ -23,6 +24,7 @@ from hpcrl.errors import ConfigError, HpcrlError, RegistryError, SlurmError
 from hpcrl.registry import Job, Registry, Run, now
 
 REQUEUE_REASONS = frozenset({"timeout", "preempted"})
+SUBMIT_STALE_S = 600  # a run still `submitting` after this long lost its submitting process
 # Slurm's terminal state -> run reason, for a job that ended without writing its `end` line.
 _SLURM_REASON = {"COMPLETED": "completed", "TIMEOUT": "timeout", "CANCELLED": "cancelled",
                  "PREEMPTED": "preempted", "FAILED": "crashed"}
@@ -279,8 +281,21 @@ def _run_state(run: Run, rd: RunDir) -> tuple[str, str]:
     return "ended", reason
 
 
+def _age_s(stamp: str) -> float:
+    try:
+        then = datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
+    except ValueError:
+        return 0.0
+    return (datetime.now(timezone.utc) - then).total_seconds()
+
+
 def refresh(reg: Registry, runs: list[Run]) -> list[Run]:
     """Bring live runs up to date: chain from jobs.tsv, states from ONE batched Slurm query."""
+    stale = [r for r in runs if r.state == "submitting" and not r.jobs and _age_s(r.created) > SUBMIT_STALE_S]
+    for r in stale:  # the submitting process died between recording the run and sbatch returning
+        reg.set_run(r.run_id, state="failed", reason="submit interrupted before sbatch returned a job id")
+    if stale:
+        runs = [reg.get(r.run_id) if r in stale else r for r in runs]
     live = [r for r in runs if r.live and r.jobs]
     if not live:
         return runs

@@ -29,24 +29,27 @@ NO_SBATCH = ("hpcrl needs a Slurm login node (sbatch not found on PATH) "
 # A fake open_instruct/grpo_fast.py: resumes (exit 0) when it finds an earlier job's marker in
 # --checkpoint_state_dir; otherwise writes its own marker and sleeps, or exits with --exit_code.
 FAKE_GRPO = r'''
-import argparse, os, signal, sys, time
-p = argparse.ArgumentParser()
-p.add_argument("--output_dir"); p.add_argument("--checkpoint_state_dir")
-p.add_argument("--exit_code", type=int, default=0); p.add_argument("--sleep", type=float, default=0)
-a, _ = p.parse_known_args()
-job = os.environ.get("SLURM_JOB_ID", "?")
-os.makedirs(a.checkpoint_state_dir, exist_ok=True)
-markers = sorted(f for f in os.listdir(a.checkpoint_state_dir) if f.startswith("marker-"))
+import os, sys
+# The marker first, before anything slow: the time-limit warning may come seconds after start.
+def opt(name, default=None):
+    argv = sys.argv[1:]
+    return argv[argv.index(name) + 1] if name in argv[:-1] else default
+ckpt, job = opt("--checkpoint_state_dir"), os.environ.get("SLURM_JOB_ID", "?")
+os.makedirs(ckpt, exist_ok=True)
+markers = sorted(f for f in os.listdir(ckpt) if f.startswith("marker-"))
+if not markers:
+    open(os.path.join(ckpt, f"marker-{job}"), "w").write("step 1\n")
+import signal, time
 if markers:
-    open(os.path.join(a.checkpoint_state_dir, f"resumed-{job}"), "w").write(markers[-1])
+    open(os.path.join(ckpt, f"resumed-{job}"), "w").write(markers[-1])
     print(f"fake grpo_fast: job {job} resumed from {markers[-1]}", flush=True)
     sys.exit(0)
-open(os.path.join(a.checkpoint_state_dir, f"marker-{job}"), "w").write("step 1\n")
 print(f"fake grpo_fast: job {job} wrote marker-{job}", flush=True)
+code = int(opt("--exit_code", 0))
 signal.signal(signal.SIGTERM, lambda *_: (print("fake grpo_fast: stopping at a safe point", flush=True), sys.exit(0)))
-time.sleep(a.sleep)
-print(f"fake grpo_fast: exit {a.exit_code}", flush=True)
-sys.exit(a.exit_code)
+time.sleep(float(opt("--sleep", 0)))
+print(f"fake grpo_fast: exit {code}", flush=True)
+sys.exit(code)
 '''
 
 # HAND-WRITTEN: implements docs/run-dir.md (start/end/continue events, reasons, requeue rules).

@@ -145,8 +145,12 @@ def logs_cmd(
     """Print the log of every job of the run in order (job headers go to stderr)."""
     from hpcrl import lifecycle
 
+    from hpcrl.errors import HpcrlError
+
     reg = _registry(registry)
     r = reg.find(run)
+    if not r.jobs:
+        raise HpcrlError(f"run {r.run_id} has no Slurm jobs ({r.state}" + (f": {r.reason})" if r.reason else ")"))
     shown = None
     chunks = lifecycle.follow(r, poll_s=poll) if follow else lifecycle.logs(r)
     try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -224,3 +225,12 @@ def test_cli_run_dir_reads_driver_log_and_breaker(tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
     assert cli(str(empty)).returncode == 2
+
+
+def test_cli_run_dir_without_watchdog_reads_the_newest_job_log(tmp_path):
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "job-101.log").write_text((LOGS / "unknown.log").read_text())
+    time.sleep(0.05)
+    (tmp_path / "logs" / "job-102.log").write_text((LOGS / "nccl_timeout.log").read_text())
+    data = json.loads(cli(str(tmp_path), "--json").stdout)
+    assert data["log"].endswith("job-102.log") and data["findings"][0]["kind"] == "nccl_timeout"

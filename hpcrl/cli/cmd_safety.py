@@ -85,13 +85,14 @@ def diagnose_cmd(
     from hpcrl.diagnose import Context, diagnose  # noqa: PLC0415 - keeps `hpcrl --help` fast
 
     path, breaker = log, None
-    if log.is_dir():
-        path = log / "hpcrl" / "driver.log"
+    if log.is_dir():  # a run directory: the watchdog's driver log, else the newest Slurm job log
+        logs = sorted((log / "logs").glob("*.log"), key=lambda p: p.stat().st_mtime)
+        path = log / "hpcrl" / "driver.log" if (log / "hpcrl" / "driver.log").is_file() else (logs or [log])[-1]
         if not path.is_file():
-            raise HpcrlError(f"{log}: a directory without hpcrl/driver.log; give a log file or a run directory")
-    if not path.is_file():
+            raise HpcrlError(f"{log}: no hpcrl/driver.log or logs/*.log in this directory; give a log file")
+    elif not path.is_file():
         raise HpcrlError(f"{log}: no such log file or run directory")
-    found = path.parent / "breaker.json"
+    found = (log / "hpcrl" if log.is_dir() else path.parent) / "breaker.json"
     if found.is_file():
         try:
             breaker = json.loads(found.read_text())

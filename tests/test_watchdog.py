@@ -253,3 +253,11 @@ def test_intentional_ray_kill_is_not_a_death():
     b = Breaker(death_grace_s=0.0)
     b.line("ray.exceptions.ActorDiedError: The actor died because it was killed by `ray.kill`.\n", 0.0)
     assert b.death is None
+
+
+def test_output_without_steps_does_not_reset_the_hang_clock():
+    """vLLM and Ray keep logging while a learner hangs in a collective: only steps count."""
+    b = Breaker(hang_s=60.0, startup_s=60.0)
+    for t in range(0, 120, 10):
+        assert b.line(f"(LLMRayActor pid=1) INFO Avg generation throughput: 0.0 tokens/s {t}\n", float(t)) is None
+    assert b.tick(61.0).reason == "hang"

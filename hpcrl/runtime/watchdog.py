@@ -150,8 +150,11 @@ def run(cmd: list[str], run_dir: Path, breaker: Breaker, *, log_path: Path | Non
     with open(log_path, "ab") as log:
 
         def tee(dest: IO[bytes], raw: bytes) -> None:
-            dest.write(raw)
-            dest.flush()
+            try:
+                dest.write(raw)
+                dest.flush()
+            except OSError:  # a closed console must not stop the breaker
+                pass
             log.write(raw)
             log.flush()
             tail.append(raw.decode("utf-8", "replace").rstrip("\n"))

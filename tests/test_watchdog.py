@@ -7,7 +7,6 @@ No test asserts a duration; the time limits below are generous timeouts only.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys

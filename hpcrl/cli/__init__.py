@@ -14,7 +14,10 @@ from hpcrl.cli import commands  # noqa: F401,E402
 def main(argv: list[str] | None = None) -> int:
     """Entry point: user errors become one line on stderr and exit status 2."""
     try:
-        app(args=argv, standalone_mode=False)
+        # Without standalone mode click returns typer.Exit's code instead of exiting.
+        rc = app(args=argv, standalone_mode=False)
+        if isinstance(rc, int) and rc:
+            return rc
     except HpcrlError as exc:
         sys.stderr.write(f"hpcrl: error: {exc}\n")
         return exc.exit_code

@@ -83,7 +83,8 @@ def test_eager_logprob_path_costs_more_than_compiled():
     m = resolve_model("qwen2.5-1.5b")
     eager = learner_memory(LearnerSetup(model=m, tokens_per_gpu=16384, logprob_impl="eager")).peak_allocated
     comp = learner_memory(LearnerSetup(model=m, tokens_per_gpu=16384, logprob_impl="compiled")).peak_allocated
-    assert eager - comp == pytest.approx(6 * 16384 * 151936, rel=0.01)
+    # fp32 log_softmax output, its gradient and result (10 B) vs the compiled bf16 gradient (2 B)
+    assert eager - comp == pytest.approx(8 * 16384 * 151936, rel=0.01)
 
 
 def test_engine_kv_heads_replicate_past_tp():

@@ -30,14 +30,18 @@ class Row:
         """Did the harness divide the logits by a temperature (a bf16 copy) before log-probs?
 
         open-instruct does (`logits / temperature`); hpcrl's harness does it on the
-        compiled path only, the reference harness on both (its eager peaks sit exactly
-        2 x tokens x vocab bytes above hpcrl's at the same settings).
+        compiled path, and on the eager path with --hold-logits; the reference harness on
+        both: its eager peaks sit exactly 2 x tokens x vocab bytes above hpcrl's plain
+        eager rows, and equal hpcrl's --hold-logits rows to 0.01 GiB.
         """
         if "logits_temperature_copy" in self.data:
             return bool(self.data["logits_temperature_copy"])
         if self.source.endswith("zero3_reference_given.jsonl"):
             return True
-        return self.data.get("logprob_impl") == "compiled"
+        if self.data.get("logprob_impl") == "compiled":
+            return True
+        # hpcrl's eager path holds the extra bf16 copy only with --hold-logits.
+        return bool(self.data.get("hold_logits", False))
 
     def setup(self) -> LearnerSetup:
         d = self.data

@@ -26,8 +26,13 @@ class ZeroDefaults:
 # Bytes per element of the [tokens x vocab] logits at the moment the log-prob path peaks
 # (start of backward): the bf16 logits kept by the model output, the fp32 log_softmax
 # output saved for backward, its incoming fp32 gradient and the fp32 result.  *fitted*
-# The temperature copy open-instruct makes first (2 more bytes) is a separate switch.
-LOGITS_BYTES_PER_ELEMENT = {"eager": 12.0, "compiled": 6.0}
+# 2 of them are the bf16 logits the model output keeps; open-instruct's out-of-place
+# `logits / temperature` adds LOGITS_COPY_BYTES more. The rest is the path: eager keeps
+# the fp32 log_softmax output and its fp32 gradient and result (10 bytes); the compiled
+# kernel only produces the bf16 gradient of its input (2 bytes).  *fitted*
+LOGITS_HELD_BYTES = 2.0
+LOGITS_COPY_BYTES = 2.0
+LOGITS_BYTES_PER_ELEMENT = {"eager": 10.0, "compiled": 2.0}
 
 # Activation bytes one token leaves per decoder layer without checkpointing, as
 #   a_h * hidden + a_f * intermediate + a_q * q_dim + a_kv * kv_dim
@@ -35,9 +40,17 @@ LOGITS_BYTES_PER_ELEMENT = {"eager": 12.0, "compiled": 6.0}
 # backward in bf16: 12h + 8F + 10q + 8kv.  *checked* against the gc on/off rows.
 ACT_COEFF = {"h": 12.0, "f": 8.0, "q": 10.0, "kv": 8.0}
 
-# Allocator: reserved = allocated * (1 + RESERVE_FRACTION) + RESERVE_FIXED_GIB.  *fitted*
-RESERVE_FRACTION = 0.10
-RESERVE_FIXED_GIB = 1.0
+# Optimizer step: bytes per element of one sub-group held on top of the states.  *fitted*
+STEP_BYTES_PER_ELEMENT = 6.0
+
+# Allocator: reserved = allocated * (1 + RESERVE_FRACTION) + RESERVE_FIXED_GIB
+#   + RESERVE_LOGITS * (largest logits tensor: fp32 on the eager path, bf16 compiled).
+# The caching allocator's slack grows with the size of the blocks it had to split; a
+# least-squares fit over the committed rows (residuals up to ~7 GiB: reserved memory is
+# noisy by nature, allocated is what the planner is held to).  *fitted*
+RESERVE_FRACTION = 0.055
+RESERVE_FIXED_GIB = 2.35
+RESERVE_LOGITS = 0.39
 
 # Fixed allocations not proportional to model size (RNG state, cuBLAS workspaces, small
 # persistent parameters, communication scratch).  *fitted*

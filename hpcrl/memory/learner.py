@@ -129,7 +129,8 @@ def learner_memory(s: LearnerSetup) -> LearnerMemory:
     terms["Adam moments (fp32)"] = 0.0 if off_opt else 8.0 * trainable / opt_shard
     if s.reference_policy:
         terms["reference policy (bf16)"] = 0.0 if off_par else 2.0 * m.total_params / shard
-    bucket = 2.0 * min(s.zero.reduce_bucket_size, trainable) if s.zero_stage in (2, 3) else 0.0
+    # The bucket is allocated at its configured size whatever the trainable count (LoRA too).
+    bucket = 2.0 * s.zero.reduce_bucket_size if s.zero_stage in (2, 3) else 0.0
     terms["reduce bucket"] = bucket
     states = sum(terms.values())
 
@@ -147,20 +148,27 @@ def learner_memory(s: LearnerSetup) -> LearnerMemory:
     # ---- ZeRO-3 working set: gathered full weights (and their full grads before reduce)
     lm_head = m.vocab_size * h
     lm_head_trainable = not lora
-    gathered_lm = 2.0 * lm_head if stage3 else 0.0
-    lm_grad = 2.0 * lm_head if (stage3 and lm_head_trainable and not off_opt) else 0.0
+    # With one rank a ZeRO-3 partition is the whole tensor: gathering allocates nothing.
+    gathers = stage3 and n > 1
+    gathered_lm = 2.0 * lm_head if gathers else 0.0
+    lm_grad = 2.0 * lm_head if (gathers and lm_head_trainable and not off_opt) else 0.0
     layer_params = m.per_layer_params
     prefetch = 2.0 * s.zero.prefetch_bucket_size if stage3 else 0.0
 
-    per_element = C.LOGITS_BYTES_PER_ELEMENT[s.logprob_impl] + (2.0 if s.logits_copy else 0.0)
+    per_element = (
+        C.LOGITS_HELD_BYTES
+        + (C.LOGITS_COPY_BYTES if s.logits_copy else 0.0)
+        + C.LOGITS_BYTES_PER_ELEMENT[s.logprob_impl]
+    )
     logits = per_element * t * m.vocab_size
     phases = {
         "logits": stored + final_norm + gathered_lm + lm_grad + logits,
         "recompute": stored
         + t * per_token_layer
-        + (4.0 * layer_params + prefetch if stage3 else 0.0)
+        + (4.0 * layer_params + prefetch if gathers else 0.0)
         + 4.0 * t * h,
-        "optimizer": 0.0 if off_opt else 4.0 * min(trainable / opt_shard, s.zero.sub_group_size),
+        # fp32 copy of a sub-group's gradients plus the fused AdamW's working buffer
+        "optimizer": 0.0 if off_opt else C.STEP_BYTES_PER_ELEMENT * min(trainable / opt_shard, s.zero.sub_group_size),
     }
     phase = max(phases, key=lambda k: phases[k])
     transient = phases[phase]
@@ -175,7 +183,10 @@ def learner_memory(s: LearnerSetup) -> LearnerMemory:
         terms["optimizer step (fp32 grad sub-group)"] = transient
     terms["fixed (workspaces, RNG, persistent params)"] = C.FIXED_ALLOC_GIB * C.GIB
     peak_alloc = states + transient + C.FIXED_ALLOC_GIB * C.GIB
-    peak_reserved = peak_alloc * (1 + C.RESERVE_FRACTION) + C.RESERVE_FIXED_GIB * C.GIB
+    largest_logits = (4.0 if s.logprob_impl == "eager" else 2.0) * t * m.vocab_size
+    peak_reserved = (
+        peak_alloc * (1 + C.RESERVE_FRACTION) + C.RESERVE_FIXED_GIB * C.GIB + C.RESERVE_LOGITS * largest_logits
+    )
     non_torch = (C.CUDA_CONTEXT_GIB + (C.NCCL_BUFFERS_GIB if n > 1 else 0.0)) * C.GIB
 
     host = 0.0

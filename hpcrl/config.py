@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from hpcrl.backends.oi_args import ArgLayout, check_args
 from hpcrl.errors import ConfigError, HpcrlError
 from hpcrl.resources import data_dir
+from hpcrl.yamlfile import read_mapping
 
 DEFAULT_CONFIG = "grpo-olmo3-32b"
 
@@ -125,14 +126,7 @@ def parse_override(item: str) -> tuple[str, Any]:
 def load_run_config(name_or_path: str | None = None, overrides: list[str] | None = None) -> RunConfig:
     """Load, apply `--set` overrides, and validate a run config."""
     path = config_path(name_or_path)
-    try:
-        raw = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark else ""
-        raise ConfigError(f"{path}:{where} not valid YAML") from None
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: expected a mapping of settings")
+    raw = read_mapping(path, ConfigError, "settings")
     section = copy.deepcopy(raw.pop("hpcrl", None) or {})
     args = raw
     pinned = {k for k in LAYOUT_FIELDS if k in args}

@@ -12,7 +12,6 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from platformdirs import user_config_dir
 from pydantic import (
     BaseModel,
@@ -26,6 +25,7 @@ from pydantic import (
 
 from hpcrl.errors import ProfileError, UnknownNameError
 from hpcrl.resources import data_dir
+from hpcrl.yamlfile import read_mapping
 
 GIB = 1024**3
 
@@ -275,17 +275,7 @@ def _first_error(path: str | Path, exc: ValidationError) -> str:
 
 
 def _read_yaml(path: Path) -> dict:
-    try:
-        data = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise ProfileError(f"{path}: no such file") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = f"line {mark.line + 1}: " if mark else ""
-        raise ProfileError(f"{path}: {line}not valid YAML") from None
-    if not isinstance(data, dict):
-        raise ProfileError(f"{path}: (top level): expected a mapping of profile fields")
-    return data
+    return read_mapping(path, ProfileError, "profile fields")
 
 
 def search_dirs() -> list[Path]:

@@ -120,6 +120,12 @@ def parse_override(item: str) -> tuple[str, Any]:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError:
         value = raw
+    if isinstance(value, str):
+        # YAML 1.1 reads `2e-6` as a string; a command line means the number.
+        try:
+            value = float(value) if any(c in value for c in ".eE") else int(value)
+        except ValueError:
+            pass
     return key, value
 
 

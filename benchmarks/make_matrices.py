@@ -111,22 +111,39 @@ def h200_1gpu_b() -> list[str]:
 
 
 def x2() -> list[str]:
-    out = ["# two GPUs, one process each"]
-    for model in ("qwen2.5-1.5b", "qwen2.5-3b", "qwen2.5-7b"):
-        for seq in (4096, 16384):
-            for impl in ("eager", "compiled"):
-                out.append(line(model, seq, 1, impl=impl, world=2))
-    out += [line("qwen2.5-1.5b", 4096, 0, world=2), line("qwen2.5-3b", 4096, 0, world=2)]
-    out.append("# 7B with optimizer offload on one GPU (needs ~130 GiB of host memory)")
-    for seq in (4096, 16384):
-        for impl in ("eager", "compiled"):
-            out.append(line("qwen2.5-7b", seq, 1, offload="optimizer", impl=impl))
-    out.append("# 14B: LoRA, and full training without offload where memory allows")
-    out += [line("qwen2.5-14b", 4096, 1, lora=16, world=2), line("qwen2.5-14b", 4096, 1, world=2)]
-    out.append("# 14B with optimizer offload needs ~240 GiB of host memory on two ranks")
-    for seq in (4096, 16384):
-        out.append(line("qwen2.5-14b", seq, 1, offload="optimizer", world=2))
-    return out
+    L = line
+    off7 = dict(offload="optimizer")
+    return [
+        "# two GPUs, one process each; single-GPU 7B offload items run beside them (--share-multi)",
+        "# reproductions of the two given world-2 rows (logits held through backward)",
+        L("qwen2.5-7b", 4096, world=2, hold=1),
+        L("qwen2.5-7b", 4096, **off7),
+        L("qwen2.5-3b", 8192, world=2, hold=1),
+        L("qwen2.5-1.5b", 4096, world=2),
+        L("qwen2.5-1.5b", 16384, world=2),
+        L("qwen2.5-1.5b", 16384, impl="compiled", world=2),
+        L("qwen2.5-7b", 16384, impl="compiled", **off7),
+        L("qwen2.5-3b", 4096, world=2),
+        L("qwen2.5-3b", 16384, world=2),
+        L("qwen2.5-3b", 16384, impl="compiled", world=2),
+        L("qwen2.5-7b", 16384, **off7),
+        L("qwen2.5-7b", 4096, world=2),
+        L("qwen2.5-7b", 16384, world=2),
+        L("qwen2.5-7b", 16384, impl="compiled", world=2),
+        L("qwen2.5-7b", 4096, impl="compiled", **off7),
+        L("qwen2.5-7b", 4096, impl="compiled", world=2),
+        "# gradient checkpointing off",
+        L("qwen2.5-1.5b", 4096, 0, world=2),
+        L("qwen2.5-3b", 4096, 0, world=2),
+        "# 14B: LoRA, full training without offload, compiled at 4k",
+        L("qwen2.5-14b", 4096, lora=16, world=2),
+        L("qwen2.5-14b", 16384, lora=16, world=2),
+        L("qwen2.5-1.5b", 4096, impl="compiled", world=2),
+        L("qwen2.5-3b", 4096, impl="compiled", world=2),
+        L("qwen2.5-14b", 4096, world=2),
+        "# 14B with optimizer offload needs ~240 GiB of host memory on two ranks: skipped below 256 GiB",
+        L("qwen2.5-14b", 4096, offload="optimizer", world=2),
+    ]
 
 
 def main() -> None:

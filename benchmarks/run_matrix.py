@@ -233,7 +233,8 @@ class Scheduler:
             if gpus is None:
                 # keep later items off the GPUs this one waits for, so it is not starved
                 if item.nproc > 1:
-                    reserved.update(self.gpus)
+                    if not self.args.share_multi:
+                        reserved.update(self.gpus)
                 else:
                     loads = {g: len(self.on_gpu(g)) for g in self.gpus if g not in reserved}
                     if loads:

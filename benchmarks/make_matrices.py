@@ -146,10 +146,23 @@ def x2() -> list[str]:
     ]
 
 
+def x2_b() -> list[str]:
+    """What the first two-GPU call had no time left for (a short second call)."""
+    L = line
+    return [
+        L("qwen2.5-14b", 4096, lora=16, world=2),
+        L("qwen2.5-7b", 16384, impl="compiled", world=2),
+        L("qwen2.5-14b", 4096, world=2),
+        L("qwen2.5-7b", 4096, impl="compiled", world=2),
+        L("qwen2.5-1.5b", 4096, impl="compiled", world=2),
+        L("qwen2.5-3b", 4096, impl="compiled", world=2),
+    ]
+
+
 def main() -> None:
     d = HERE / "matrices"
     d.mkdir(exist_ok=True)
-    for name, fn in [("h200_1gpu_a", h200_1gpu_a), ("h200_1gpu_b", h200_1gpu_b), ("x2", x2)]:
+    for name, fn in [("h200_1gpu_a", h200_1gpu_a), ("h200_1gpu_b", h200_1gpu_b), ("x2", x2), ("x2_b", x2_b)]:
         path = d / f"{name}.txt"
         path.write_text("\n".join(fn()) + "\n")
         print(path)

@@ -200,12 +200,13 @@ def evaluate(report: dict, t: Target) -> list[Check]:
         status = "fail" if problems else ("ok" if model_ok else "warn")
         rows.append(Check("gpus", status, "; ".join(problems) + f" ({detail})" if problems else detail))
     nl = report["node_local"]
-    if nl.get("error") or not nl.get("exists"):
-        rows.append(Check("node-local tmp", "fail", f"{nl.get('path')}: {nl.get('error') or 'does not exist'}"))
+    if nl.get("error"):
+        rows.append(Check("node-local tmp", "fail", f"{nl.get('path')}: {nl['error']}"))
     else:
         ok = nl.get("writable")
-        rows.append(Check("node-local tmp", "ok" if ok else "fail",
-                          f"{nl['path']}: {nl['free_gib']:.1f} GiB free" + ("" if ok else ", not writable")))
+        where = "" if nl.get("exists") else f" (not there yet; the job creates it in {nl['checked']})"
+        rows.append(Check("node-local tmp", "ok" if ok else "fail", f"{nl['path']}: {nl['free_gib']:.1f} GiB free"
+                          + where + ("" if ok else ", not writable")))
     rr = report["run_root"]
     if rr.get("error"):
         rows.append(Check("run root", "fail", f"{rr.get('path')}: {rr['error']}"))

@@ -106,23 +106,12 @@ fi
 """
 
 
+# local-dev as scripts/dev-slurm runs it, with host RAM declared large enough for the planner
+# (the emulated nodes share this machine's RAM; nothing here is real).
 PROFILE = """\
 name: lc-test
-description: The local dev Slurm (scripts/dev-slurm), declared GPUs, for the lifecycle tests.
-gpu: {{model: H100, count_per_node: 4, memory_gib: 79.1, hbm_bandwidth_tbs: 3.35, bf16_tflops: 989}}
-node: {{cpu_cores: 4, ram_gib: 512, arch: x86_64}}
-slurm:
-  gpu_request: gpus-per-node
-  exclusive: false
-  default_partition: debug
-  signal_before_end_s: 30
-  partitions:
-    debug: {{max_nodes: 4, max_time: "01:00:00"}}
-    short: {{max_nodes: 4, max_time: "00:02:00"}}
-storage:
-  node_local: {{path: /tmp}}
-  run_root: {{path: {root}}}
-  hf_home: {tmp}/hf
+extends: local-dev
+node: {ram_gib: 512}
 """
 
 CONFIG = """\
@@ -132,6 +121,7 @@ hpcrl:
   run_name: {name}
   workdir: {workdir}
   python: {python}
+  run_root: {root}
   partition: {partition}
   time: "{time}"
   max_restarts: {max_restarts}
@@ -152,7 +142,7 @@ def env(tmp_path):
     oi.mkdir(parents=True)
     (oi / "grpo_fast.py").write_text(FAKE_GRPO)
     (tmp_path / "clusters").mkdir()
-    (tmp_path / "clusters" / "lc-test.yaml").write_text(PROFILE.format(root=tmp_path / "runs", tmp=tmp_path))
+    (tmp_path / "clusters" / "lc-test.yaml").write_text(PROFILE)
     e = {k: v for k, v in os.environ.items() if not k.startswith("HPCRL_")}
     e.update(HPCRL_REGISTRY=str(tmp_path / "runs.db"), HPCRL_CLUSTERS_DIR=str(tmp_path / "clusters"),
              NO_COLOR="1", COLUMNS="250")
@@ -179,7 +169,7 @@ def config(env, name: str, *, partition: str = "debug", time_: str = "00:05:00",
     pytest.importorskip("hpcrl.render", reason="the renderer (hpcrl/render.py) is not in this tree")
     path = env["tmp"] / f"{name}.yaml"
     path.write_text(CONFIG.format(name=name, workdir=env["workdir"], python=sys.executable, partition=partition,
-                                  time=time_, max_restarts=max_restarts))
+                                  time=time_, max_restarts=max_restarts, root=env["root"]))
     return path
 
 

@@ -93,27 +93,32 @@ def test_no_sbatch_is_one_line(home):
 
 
 def test_preflight_through_submitit_reports_no_gpu(slurm, home):
-    """The probe runs on a compute node of the local cluster (declared GPUs, no hardware)."""
+    """The probe runs on a compute node of the local cluster (local-dev: declared GPUs, no hardware)."""
     model = home / "model"
     model.mkdir()
     (model / "config.json").write_text("{}")
     (home / "run.yaml").write_text(
-        f"hpcrl:\n  cluster: pf-test\n  nodes: 1\n  run_root: {home}/runs\n  workdir: {home}\n"
+        f"hpcrl:\n  cluster: local-dev\n  nodes: 1\n  run_root: {home}/runs\n  workdir: {home}\n"
         f"  python: {sys.executable}\nmodel_name_or_path: {model}\n")
     proc = hpcrl(home, "preflight", "--config", str(home / "run.yaml"), "--folder", str(home / "submitit"), "--json")
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     by = {c["check"]: c for c in out["checks"]}
     assert by["gpus"]["status"] == "warn" and by["gpus"]["detail"].startswith("no GPU on n")
+    assert "local-dev expects 4 x none (declared)" in by["gpus"]["detail"]
     report = out["report"]
-    assert report["node"] in {"n1", "n2", "n3", "n4"} and report["job_id"].isdigit()
+    assert report["node"] in slurm.nodes and report["job_id"].isdigit()
     assert report["cuda_visible_devices"] == "0,1,2,3"  # Slurm gave it the 4 declared GPUs
-    assert by["node-local tmp"]["status"] == "ok" and report["node_local"]["path"] == str(home / "node-local")
+    # local-dev's node-local dir is /tmp/hpcrl-local/$SLURMD_NODENAME, expanded on the node
+    assert report["node_local"]["path"] == f"/tmp/hpcrl-local/{report['node']}"
+    assert by["node-local tmp"]["status"] == "ok"
     assert by["run root"]["status"] == "ok" and report["run_root"]["free_gib"] > 0
-    assert by["model"]["status"] == "ok"
+    assert report["run_root"]["path"] == f"{home}/runs"
+    assert by["model"]["status"] == "ok" and str(model) in by["model"]["detail"]
     assert set(report["stack"]["modules"]) == {"torch", "vllm", "deepspeed", "ray", "open_instruct"}
-    assert out["partition"] == "debug" and out["ok"] is True
-    # the table form says the same thing in words
-    table = hpcrl(home, "preflight", "--cluster", "pf-test")
+    assert out["cluster"] == "local-dev" and out["partition"] == "debug" and out["ok"] is True
+    assert (home / "submitit").is_dir()  # --folder is kept
+    # the table form, profile only, says the same thing in words
+    table = hpcrl(home, "preflight", "--cluster", "local-dev")
     assert table.returncode == 0, table.stderr
     assert "no GPU on n" in table.stdout and "import torch" in table.stdout

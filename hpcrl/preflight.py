@@ -58,7 +58,7 @@ def _disk_need_gib(rp: Any) -> float | None:
             total_steps=max(1, int(arg("total_episodes")) // per_step),
         )
         return plan.peak_bytes / disk.GIB
-    except Exception:  # disk planning is another module's job; preflight still reports free space
+    except (ImportError, HpcrlError, KeyError, ValueError):  # preflight still reports free space
         return None
 
 
@@ -70,13 +70,12 @@ def target(cluster: str | None = None, partition: str | None = None, config: str
         from hpcrl.config import load_run_config
         from hpcrl.run_plan import make_run_plan
 
-        cfg = load_run_config(config)
         try:
             rp = make_run_plan(config, cluster=cluster)
-        except HpcrlError as exc:
+            cfg = rp.config
+        except HpcrlError as exc:  # the probe is still worth running without a plan
+            cfg = load_run_config(config)  # a config that is itself wrong fails here, as it should
             notes.append(f"plan not made ({exc}); disk need unknown")
-        except Exception as exc:  # the probe is still worth running without a plan
-            notes.append(f"plan not made ({type(exc).__name__}: {exc}); disk need unknown")
     profile = rp.profile if rp else resolve_profile(cluster or (cfg.hpcrl.cluster if cfg else None))
     hp = cfg.hpcrl if cfg else None
     spec = {

@@ -45,6 +45,7 @@ class Workload:
     load_in_4bit: bool = False
     logprob_impl: str = "compiled"
     grad_accum_dtype: str = "fp32"  # open-instruct's DeepSpeed config sets fp32
+    hpz_partition_size: int = 8  # open-instruct's --deepspeed_zpg
 
     @property
     def seqs(self) -> int:
@@ -169,6 +170,7 @@ def _learner_setup(w: Workload, n: int) -> LearnerSetup:
         logprob_impl=w.logprob_impl,  # type: ignore[arg-type]
         grad_accum_dtype=w.grad_accum_dtype,  # type: ignore[arg-type]
         reference_policy=w.load_ref_policy,
+        hpz_partition_size=w.hpz_partition_size,
     )
 
 
@@ -337,6 +339,13 @@ def suggest(profile: ClusterProfile, nodes: int, w: Workload, pins: Pins, varian
         if enumerate_layouts(profile, n, w, pins)[0]:
             out.append(f"--nodes {n}")
             break
+    else:
+        if w.hpz_partition_size > 1:
+            no_hpz = replace(w, hpz_partition_size=1)
+            for n in range(nodes, limit + 1):
+                if enumerate_layouts(profile, n, no_hpz, pins)[0]:
+                    out.append(f"--nodes {n} --set deepspeed_zpg=1 (no ZeRO++ secondary weight copy)")
+                    break
     if w.offload == "none":
         if enumerate_layouts(profile, nodes, replace(w, offload="optimizer"), pins)[0]:
             out.append("--set deepspeed_offload_optimizer=true (optimizer state in host RAM)")

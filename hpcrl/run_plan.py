@@ -56,6 +56,7 @@ def workload_from_config(cfg: RunConfig, model: str | None = None) -> Workload:
         lora_rank=int(arg("lora_r") or 0) if arg("use_peft") else 0,
         load_in_4bit=bool(arg("load_in_4bit")),
         logprob_impl=cfg.hpcrl.logprob_impl,
+        hpz_partition_size=int(arg("deepspeed_zpg")),
     )
 
 

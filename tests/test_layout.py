@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from hpcrl.errors import HpcrlError, PlanError
-from hpcrl.layout import Pins, Workload, enumerate_layouts, plan_layouts
+from hpcrl.layout import Pins, Workload, enumerate_layouts
 from hpcrl.models import resolve_model
 from hpcrl.profiles import load_profile
 
@@ -54,14 +54,19 @@ def test_72b_on_one_thin_node_fails_with_computed_suggestion():
     assert "would fit:" in out.stderr and "--nodes" in out.stderr
 
 
-def test_suggested_node_count_really_fits():
-    prof = load_profile("berzelius")
-    w = Workload(model=resolve_model("72b"))
-    with pytest.raises(PlanError) as err:
-        plan_layouts(prof, 1, w)
-    n = int(str(err.value).split("--nodes ")[1].split()[0])
-    assert enumerate_layouts(prof, n, w)[0]
-    assert not enumerate_layouts(prof, n - 1, w)[0]
+def test_every_suggestion_really_fits():
+    out = hpcrl("plan", "--cluster", "berzelius", "--nodes", "1", "--model", "72b")
+    assert out.returncode == 2
+    suggestions = out.stderr.split("would fit: ")[1].strip().split(" | ")
+    assert suggestions
+    for sug in suggestions:
+        args = sug.split(" (")[0].split()
+        if "--nodes" not in args:
+            args += ["--nodes", "1"]
+        if "--cluster" not in args:
+            args += ["--cluster", "berzelius"]
+        ok = hpcrl("plan", "--model", "72b", "--allow-over-limit", *args)
+        assert ok.returncode == 0, (sug, ok.stderr)
 
 
 def test_engine_tp_stays_inside_a_node_and_divides_heads():

@@ -49,6 +49,10 @@ class LearnerSetup:
     # the log-prob path: one more bf16 [tokens x vocab] tensor at the peak.
     logits_copy: bool = True
     reference_policy: bool = False  # a frozen bf16 copy for the KL term (ZeRO-3 sharded)
+    # ZeRO++ hierarchical partitioning (zero_hpz_partition_size): a secondary bf16 copy of
+    # the weights sharded over groups of this many ranks. DeepSpeed's default 1 is off;
+    # open-instruct passes --deepspeed_zpg (default 8). Derived, not measured.
+    hpz_partition_size: int = 1
     zero: C.ZeroDefaults = field(default_factory=C.ZeroDefaults)
 
     def check(self) -> None:
@@ -127,6 +131,9 @@ def learner_memory(s: LearnerSetup) -> LearnerMemory:
     terms["gradients"] = 0.0 if off_opt else grads
     terms["fp32 master weights"] = 0.0 if off_opt else 4.0 * trainable / opt_shard
     terms["Adam moments (fp32)"] = 0.0 if off_opt else 8.0 * trainable / opt_shard
+    if stage3 and s.hpz_partition_size > 1 and n > 1:
+        group = min(s.hpz_partition_size, n)
+        terms["ZeRO++ secondary weights (hpZ)"] = 0.0 if off_par else weights / group
     if s.reference_policy:
         terms["reference policy (bf16)"] = 0.0 if off_par else 2.0 * m.total_params / shard
     # The bucket is allocated at its configured size whatever the trainable count (LoRA too).
@@ -151,6 +158,10 @@ def learner_memory(s: LearnerSetup) -> LearnerMemory:
     # With one rank a ZeRO-3 partition is the whole tensor: gathering allocates nothing.
     gathers = stage3 and n > 1
     gathered_lm = 2.0 * lm_head if gathers else 0.0
+    if gathers and m.tie_word_embeddings:
+        # A tied matrix serves the first and the last module: it stays gathered from the
+        # embedding lookup while the lm_head holds its own gathered copy (measured at N=2).
+        gathered_lm += 2.0 * lm_head
     lm_grad = 2.0 * lm_head if (gathers and lm_head_trainable and not off_opt) else 0.0
     layer_params = m.per_layer_params
     prefetch = 2.0 * s.zero.prefetch_bucket_size if stage3 else 0.0

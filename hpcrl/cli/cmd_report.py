@@ -1,0 +1,142 @@
+"""`hpcrl report RUN`: a run's jobs, nodes, end, checkpoints, metrics and GPU memory against the plan."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from hpcrl.cli.app import app
+from hpcrl.cli.output import console, err_console, print_json
+
+_STATE_STYLE = {"completed": "green", "timeout": "yellow", "preempted": "yellow"}
+
+
+def _resolve(run: str, registry: Optional[Path]) -> tuple[Path, dict | None]:
+    """(run directory, registry row or None) for a run id, id prefix, job id or run directory path."""
+    from hpcrl import lifecycle
+    from hpcrl.errors import HpcrlError, RegistryError, SlurmError
+    from hpcrl.registry import Registry, default_path
+
+    path = Path(run).expanduser()
+    row, reg = None, None
+    if path.is_dir() or "/" in run or run.startswith((".", "~")):
+        if not path.is_dir():
+            raise HpcrlError(f"{run}: no such run directory (give a run directory or a run id; see hpcrl runs)")
+        path = path.resolve()
+        try:  # the directory's registry row, when there is one, adds Slurm's job states
+            if default_path(registry).exists():
+                reg = Registry(registry)
+                row = next((r for r in reg.list_runs()
+                            if r.state != "dry-run" and Path(r.run_dir).resolve() == path), None)
+        except RegistryError:
+            row = None
+    else:
+        reg = Registry(registry)
+        row = reg.find(run)  # an unknown id: one line listing the recent runs
+        if row.state == "dry-run":
+            raise HpcrlError(f"run {row.run_id} is a dry run: nothing was submitted, there is nothing to report")
+        path = Path(row.run_dir)
+        if not path.is_dir():
+            raise HpcrlError(f"run {row.run_id}: its run directory {path} does not exist (moved or deleted?)")
+    if row is not None and reg is not None and row.live:
+        try:
+            row = lifecycle.refresh(reg, [row])[0]
+        except SlurmError:
+            pass  # no Slurm here: report what the files say
+    if not (path / "hpcrl").is_dir():
+        raise HpcrlError(f"{path}: not an hpcrl run directory (no hpcrl/ inside; docs/run-dir.md)")
+    return path, row.to_dict() if row else None
+
+
+@app.command("report")
+def report_cmd(
+    run: str = typer.Argument(..., help="Run id (or a unique prefix, or one of its job ids), or a run directory"),
+    markdown: Optional[Path] = typer.Option(None, "--markdown", help="Also write the report as Markdown to this file"),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="Write GPU memory over time to this PNG (matplotlib)"),
+    registry: Optional[Path] = typer.Option(None, "--registry", help="Registry file (default $HPCRL_REGISTRY)"),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON (stable schema)"),
+) -> None:
+    """What a run did: jobs and durations, nodes, final state and reason, checkpoints, last metrics, peak GPU memory."""
+    from hpcrl import report as rp
+    from hpcrl.errors import HpcrlError
+
+    run_dir, row = _resolve(run, registry)
+    r = rp.build_report(run_dir, row)
+    for target in (markdown, plot):
+        if target is not None and not target.expanduser().resolve().parent.is_dir():
+            raise HpcrlError(f"{target}: its directory does not exist")
+    if plot is not None:
+        rp.plot_gpu_memory(r, plot)
+    if markdown is not None:
+        markdown.write_text(rp.to_markdown(r) + "\n")
+    if as_json:
+        print_json(r)
+    else:
+        _print(r, rp)
+    out = err_console if as_json else console
+    for what, target in (("markdown", markdown), ("plot", plot)):
+        if target is not None:
+            out.print(f"{what}: {target}", soft_wrap=True, highlight=False)
+
+
+def _print(r: dict, rp) -> None:
+    style = _STATE_STYLE.get(r["reason"] or "", "red" if r["state"] == "ended" else "cyan")
+    head = f"[bold]{r['run_id'] or r['name']}[/] {r['state']}"
+    head += f" ([{style}]{r['reason']}[/])" if r["reason"] else ""
+    console.print(head + (f"  cluster {r['cluster']}" if r["cluster"] else ""), soft_wrap=True)
+    console.print(f"run dir: {r['run_dir']}", soft_wrap=True, highlight=False)
+    if (b := r["breaker"]):
+        console.print(f"[red]circuit breaker:[/] {b['reason']} (exit {b['exit_code']}, step {b['step']}): "
+                      f"{b['message']}", soft_wrap=True)
+    console.print(f"run time {rp.fmt_duration(r['run_time_s'])} in {len(r['jobs'])} job(s); first start to last "
+                  f"end {rp.fmt_duration(r['elapsed_s'])}", highlight=False)
+    t = Table(title="Jobs")
+    for col in ("#", "job", "head node", "slurm", "started", "ended", "queued", "ran", "end", "next"):
+        t.add_column(col, overflow="fold")
+    for j in r["jobs"]:
+        t.add_row(str(j["seq"]), j["job_id"], j["head_node"] or "-", j["slurm_state"] or "-", j["started"] or "-",
+                  j["ended"] or "-", rp.fmt_duration(j["queued_s"]), rp.fmt_duration(j["duration_s"]),
+                  rp.end_text(j), j["next_job"] or "-")
+    console.print(t)
+    if r["other_jobs_in_run_dir"]:
+        console.print(f"(jobs.tsv also holds earlier runs' jobs: {', '.join(r['other_jobs_in_run_dir'])})")
+    nodes = [f"{n['node']}" + (f" (head of {', '.join(n['head_of_jobs'])})" if n["head_of_jobs"] else "")
+             + (f": {', '.join(n['roles'])}" if n["roles"] else "")
+             + (", no GPU found" if n["no_gpu"] else f", {n['gpus']} GPUs" if n["gpus"] else "") for n in r["nodes"]]
+    console.print("nodes: " + ("; ".join(nodes) or "-"), soft_wrap=True, highlight=False)
+    if r["checkpoints"]:
+        t = Table(title=f"Checkpoints ({rp.fmt_bytes(r['checkpoint_bytes'])})")
+        for col in ("kind", "step", "size", "complete", "path"):
+            t.add_column(col, overflow="fold", justify="right" if col in ("step", "size") else "left")
+        for c in r["checkpoints"]:
+            t.add_row(c["kind"], str(c["step"]), rp.fmt_bytes(c["bytes"]), "yes" if c["complete"] else "no", c["path"])
+        console.print(t)
+    else:
+        console.print("checkpoints: none")
+    m = r["metrics"]
+    if m:
+        t = Table(title=f"Last metrics: step {m['step']} ({m['log']})")
+        t.add_column("metric")
+        t.add_column("value", justify="right")
+        for k, v in rp.headline(m):
+            t.add_row(k, v)
+        console.print(t)
+        if (more := len(m["values"]) - len(rp.headline(m))) > 0:
+            console.print(f"({more} more metrics in --json and --markdown)")
+    else:
+        console.print("last metrics: no training step in the job logs")
+    if r["gpu"]["note"]:
+        console.print(r["gpu"]["note"], highlight=False)
+    if r["memory"]:
+        t = Table(title="Peak GPU memory per role (GiB)")
+        for col in ("role", "measured peak", "where", "predicted", "prediction", "measured/predicted"):
+            t.add_column(col, overflow="fold")
+        for x in r["memory"]:
+            t.add_row(x["role"], rp.gib(x["measured_peak_gib"]), rp.where_text(x), rp.gib(x["predicted_gib"]),
+                      x["predicted_as"] or "-", rp.pct(x["ratio"]))
+        console.print(t)
+    if r["plan"] is None:
+        console.print(rp.NO_PLAN)

@@ -256,7 +256,7 @@ def build_report(run_dir: Path, run: dict | None = None) -> dict:
     ids = chain_ids(events, list(reg_jobs))
     jobs = _job_rows(events, ids, reg_jobs, run_dir)
     starts = [t for j in jobs if (t := parse_time(j["started"]))]
-    since = min(starts) if starts else None
+    since = min(starts) if starts else parse_time((run or {}).get("created"))  # a run not started yet
     other = sorted({e.job for e in events} - set(ids), key=lambda j: (len(j), j))
     try:
         plan = json.loads((hp / "plan.json").read_text())

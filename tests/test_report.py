@@ -136,6 +136,22 @@ def test_breaker_of_an_earlier_run_is_ignored(tmp_path):
     assert rp.build_report(run)["breaker"] is None
 
 
+def test_pending_run_does_not_take_an_earlier_runs_files():
+    """A new run in the chain fixture's directory, submitted (job 300) but not started yet."""
+    row = {"run_id": "chain-000001", "name": "chain", "cluster": "berzelius", "state": "pending",
+           "reason": "Priority", "created": "2026-03-05T10:00:00Z",
+           "jobs": [{"job_id": "300", "state": "PENDING", "reason": "Priority", "exit_code": None,
+                     "submitted": "2026-03-05T10:00:01Z", "ended": None}]}
+    r = rp.build_report(CHAIN, row)
+    assert [(j["job_id"], j["slurm_state"], j["end_reason"], j["started"]) for j in r["jobs"]] == \
+        [("300", "PENDING", None, None)]
+    assert (r["state"], r["reason"]) == ("pending", "Priority")
+    assert r["other_jobs_in_run_dir"] == ["90", "101", "102"]
+    # Every row of both CSVs (12, the torn one included: its time still reads) is from before the run.
+    assert r["gpu"]["samples"] == 0 and r["gpu"]["earlier_run_samples"] == 12 and r["nodes"] == []
+    assert [m["measured_peak_gib"] for m in r["memory"]] == [None, None]
+
+
 def test_mixed_nodes_compare_with_the_larger_prediction(tmp_path):
     run = tmp_path / "mixed"
     shutil.copytree(CHAIN, run)

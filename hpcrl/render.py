@@ -1,0 +1,285 @@
+"""The sbatch script of a run plan: pure, deterministic text from `templates/sbatch.sh.j2`.
+
+Same plan in, byte-identical script out: no clock, no host, no environment is read. Every
+value a user wrote reaches the script through a quoting filter (hpcrl/shell.py); the only
+text emitted verbatim is shell the user wrote as shell (`hpcrl.env_setup`, profile `setup`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from functools import lru_cache
+from pathlib import Path
+
+import jinja2
+
+from hpcrl import __version__
+from hpcrl.backends.open_instruct import DriverArg, driver_args
+from hpcrl.errors import ConfigError
+from hpcrl.memory import constants as C
+from hpcrl.resources import data_dir
+from hpcrl.run_plan import RunPlan
+from hpcrl.shell import comment_safe, has_vars, sanitize_name, sbatch_safe, shq, shq_path
+
+TEMPLATE = "sbatch.sh.j2"
+# Slurm's time formats: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S.
+_TIME = re.compile(r"^(\d+|\d+:\d{1,2}|\d+:\d{1,2}:\d{1,2}|\d+-\d+|\d+-\d+:\d{1,2}|\d+-\d+:\d{1,2}:\d{1,2})$")
+_CONSTRAINT = re.compile(r"^[A-Za-z0-9_.,:@&|*()\[\]!-]+$")
+_OUTPUT_PATH = re.compile(r"^[A-Za-z0-9_.,:@+=/-]+$")
+CONTAINER_RUNTIMES = ("apptainer", "singularity")
+# Ray's socket paths must stay under 107 bytes: <temp>/session_<date>_<time>_<pid>/sockets/plasma_store
+# adds up to 64 characters to Ray's temp dir; the script falls back to /tmp past this length.
+RAY_TEMP_MAX = 40
+
+
+@lru_cache(maxsize=1)
+def _environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(data_dir("templates"))),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        autoescape=False,
+        # Shell has `${#array[@]}`; Jinja's default comment marker `{#` would eat it.
+        comment_start_string="<#",
+        comment_end_string="#>",
+    )
+    env.filters["shq"] = shq
+    env.filters["shq_path"] = shq_path
+    env.filters["comment"] = comment_safe
+    return env
+
+
+def cluster_label(rp: RunPlan) -> str:
+    p = rp.profile
+    return f"{p.name}:{p.variant}" if p.variant else p.name
+
+
+def run_root(rp: RunPlan) -> str:
+    """The run root as written (config hpcrl.run_root, else the profile's)."""
+    return rp.config.hpcrl.run_root or rp.profile.storage.run_root.path
+
+
+def _check_run_name(name: str) -> str:
+    if not name or name in (".", "..") or "/" in name or "\0" in name:
+        raise ConfigError(f"hpcrl.run_name {name!r}: must be a directory name (no '/', not '.' or '..')")
+    return name
+
+
+def _sbatch_value(field: str, value: str, pattern: re.Pattern | None = None) -> str:
+    ok = pattern.match(value) if pattern else sbatch_safe(value)
+    if not ok:
+        raise ConfigError(
+            f"{field} {value!r}: not a valid Slurm value (letters, digits and _ . , : @ - [ ] only)"
+        )
+    return value
+
+
+def _wall_time(rp: RunPlan, partition: str | None) -> str | None:
+    cfg_time = rp.config.hpcrl.time
+    if cfg_time is not None:
+        text = str(cfg_time)
+        if not _TIME.match(text):
+            raise ConfigError(f"hpcrl.time {text!r}: expected Slurm's format, e.g. 24:00:00 or 1-12:00:00 or 30")
+        return text
+    part = rp.profile.slurm.partitions.get(partition) if partition else None
+    return part.max_time if part else None
+
+
+def _account(rp: RunPlan) -> str | None:
+    slurm = rp.profile.slurm
+    account = rp.config.hpcrl.account
+    if account is None:
+        if slurm.account_required:
+            example = f", e.g. --set hpcrl.account={slurm.account_example}" if slurm.account_example else ""
+            raise ConfigError(f"cluster {rp.profile.name} needs a Slurm account: set hpcrl.account{example}")
+        return None
+    _sbatch_value("hpcrl.account", account)
+    if slurm.account_pattern and not re.match(slurm.account_pattern, account):
+        example = f" (e.g. {slurm.account_example})" if slurm.account_example else ""
+        raise ConfigError(
+            f"hpcrl.account {account!r} does not match {rp.profile.name}'s account pattern "
+            f"{slurm.account_pattern}{example}"
+        )
+    return account
+
+
+def output_path(rp: RunPlan) -> str:
+    """Slurm's --output: in the run directory when its path is known at submit time."""
+    root, name = run_root(rp), rp.config.hpcrl.run_name
+    path = f"{root.rstrip('/')}/{name}/logs/slurm-%j.out"
+    if has_vars(root) or not _OUTPUT_PATH.match(f"{root}/{name}"):
+        return f"hpcrl-{sanitize_name(name)}-%j.out"
+    return path
+
+
+def sbatch_options(rp: RunPlan) -> list[str]:
+    """The #SBATCH options, validated: one `--name=value` string each."""
+    hp, slurm, g = rp.config.hpcrl, rp.profile.slurm, rp.profile.gpu.count_per_node
+    n = rp.nodes
+    opts = [f"--job-name=hpcrl-{sanitize_name(hp.run_name)}", f"--nodes={n}", "--ntasks-per-node=1"]
+    opts.append({"gpus-per-node": f"--gpus-per-node={g}", "gpus": f"--gpus={n * g}", "gres": f"--gres=gpu:{g}"}[
+        slurm.gpu_request])
+    if slurm.exclusive:
+        opts.append("--exclusive")
+    elif slurm.cpus_per_gpu:
+        opts.append(f"--cpus-per-gpu={slurm.cpus_per_gpu}")
+    if slurm.mem is not None:
+        opts.append(f"--mem={_sbatch_value('slurm.mem', slurm.mem)}")
+    partition = hp.partition or slurm.default_partition
+    time = _wall_time(rp, partition)
+    if time:
+        opts.append(f"--time={time}")
+    if partition:
+        opts.append(f"--partition={_sbatch_value('partition', partition)}")
+    account = _account(rp)
+    if account:
+        opts.append(f"--account={account}")
+    if hp.qos:
+        opts.append(f"--qos={_sbatch_value('hpcrl.qos', hp.qos)}")
+    if slurm.constraint:
+        opts.append(f"--constraint={_sbatch_value('slurm.constraint', slurm.constraint, _CONSTRAINT)}")
+    exclude: list[str] = []
+    for node in [*slurm.exclude_nodes, *hp.exclude_nodes]:
+        if node not in exclude:
+            exclude.append(_sbatch_value("exclude node", str(node)))
+    if exclude:
+        opts.append(f"--exclude={','.join(exclude)}")
+    opts += [
+        f"--output={output_path(rp)}",
+        "--open-mode=append",
+        f"--signal=B:USR1@{slurm.signal_before_end_s}",
+        # The script chains its own continuation; a Slurm requeue would run a second copy.
+        "--no-requeue",
+    ]
+    return opts
+
+
+def _container(rp: RunPlan) -> list[str] | None:
+    image = rp.config.hpcrl.container
+    if not image:
+        return None
+    runtime = rp.profile.container.runtime
+    if runtime not in CONTAINER_RUNTIMES:
+        raise ConfigError(
+            f"hpcrl.container is set but cluster {rp.profile.name}'s container runtime is {runtime!r}; "
+            f"render supports {', '.join(CONTAINER_RUNTIMES)} (or start your container in hpcrl.env_setup)"
+        )
+    words = [runtime, "exec", *(shq(f) for f in rp.profile.container.flags)]
+    for var in ("HPCRL_RUN_DIR", "HPCRL_NODE_LOCAL", "HF_HOME"):
+        words += ["--bind", f'"${var}"']
+    return words + [shq_path(image)]
+
+
+def _gpumon_args(rp: RunPlan) -> str:
+    rule = rp.profile.idle_gpu_policy
+    if rule is None:
+        return ""
+    return f" --min-mean-power-w {rule.min_mean_power_w:g} --grace-minutes {rule.grace_minutes:g}"
+
+
+def _driver_lines(args: list[DriverArg]) -> list[str]:
+    lines = []
+    for a in args:
+        if a.run_dir_subdir:
+            lines.append(f'--{a.name} "$RUN_DIR/{a.run_dir_subdir}"')
+        else:
+            lines.append(" ".join([f"--{a.name}", *(shq(v) for v in a.values)]))
+    return lines
+
+
+def plan_summary(rp: RunPlan) -> list[str]:
+    """The plan in a few comment lines: layout, per-GPU memory, step estimate."""
+    lay, w, p = rp.layout, rp.workload, rp.profile
+    d = lay.to_dict()
+    eng = lay.memory.engine
+    learners = f"[{lay.learners_per_node}] x {lay.learner_nodes}"
+    return [
+        f"model {w.model.name}: {w.seqs} sequences of {w.seq_len} tokens per step, pack_length {w.pack_length}",
+        f"{rp.nodes} x {p.gpu.count_per_node} {p.gpu.model} ({p.gpu.memory_gib:g} GiB): "
+        f"{lay.learner_gpus} learner GPUs, {lay.engines * lay.tp} engine GPUs, {lay.idle_gpus} idle",
+        f"num_learners_per_node {learners}, vllm_num_engines {lay.engines}, "
+        f"vllm_tensor_parallel_size {lay.tp}, vllm_gpu_memory_utilization {lay.gpu_memory_utilization:g}, "
+        f"deepspeed_stage {lay.memory.learner_setup.zero_stage}",
+        f"learner peak {d['learner_peak_gib']:.1f} GiB/GPU of {d['gpu_usable_gib']:.1f} usable; "
+        f"engine {eng.weights / C.GIB:.1f} GiB weights + {d['engine_kv_cache_gib']:.1f} GiB KV cache per GPU; "
+        f"host peak {d['host_peak_gib']:.0f} GiB/node",
+        f"step ~{lay.step_time_s:.0f} s (generation {lay.gen_time_s:.0f} s, training {lay.train_time_s:.0f} s), "
+        f"bottleneck {lay.bottleneck}",
+    ]
+
+
+def plan_json(rp: RunPlan, *, smoke: bool = False) -> str:
+    """hpcrl/plan.json: what the script was rendered from (stable keys, sorted)."""
+    lay = rp.layout
+    data = {
+        "hpcrl_version": __version__,
+        "cluster": cluster_label(rp),
+        "config": Path(rp.config.source).name if rp.config.source else None,
+        "config_digest": rp.config.digest(),
+        "run_name": rp.config.hpcrl.run_name,
+        "nodes": rp.nodes,
+        "gpus_per_node": rp.profile.gpu.count_per_node,
+        "model": rp.workload.model.name,
+        "smoke": smoke,
+        "layout": lay.to_dict(),
+        "memory": lay.memory.to_dict(),
+        "warnings": list(rp.warnings),
+    }
+    return json.dumps(data, indent=2, sort_keys=True, default=str) + "\n"
+
+
+def _context(rp: RunPlan, smoke: bool) -> dict:
+    hp, prof = rp.config.hpcrl, rp.profile
+    lay = rp.layout
+    run_name = _check_run_name(hp.run_name)
+    args = driver_args(rp.config, lay, rp.nodes)
+    root = run_root(rp)
+    node_local = prof.storage.node_local.path
+    return {
+        "version": __version__,
+        "cluster": cluster_label(rp),
+        "config_name": Path(rp.config.source).name if rp.config.source else "-",
+        "digest": rp.config.digest(),
+        "summary": plan_summary(rp),
+        "warnings": list(rp.warnings),
+        "sbatch": sbatch_options(rp),
+        "smoke": smoke,
+        "nodes": rp.nodes,
+        "gpus": prof.gpu.count_per_node,
+        "gpu_request": prof.slurm.gpu_request,
+        "ray_cpus": prof.ray.num_cpus_per_node,
+        "object_store_bytes": int(prof.ray.object_store_gib * C.GIB) if prof.ray.object_store_gib else None,
+        "join_timeout_s": prof.ray.join_timeout_s,
+        "signal_before_end_s": prof.slurm.signal_before_end_s,
+        "grace_s": max(30, prof.slurm.signal_before_end_s - 120),
+        "run_root": root.rstrip("/") or "/",
+        "run_name": run_name,
+        "node_local": node_local,
+        "ray_temp_max": RAY_TEMP_MAX,
+        "hf_home": prof.storage.hf_home,
+        "modules": list(prof.modules),
+        "profile_env": list(prof.env.items()),
+        "profile_setup": list(prof.setup),
+        "env_setup": list(hp.env_setup),
+        "container": _container(rp),
+        "workdir": hp.workdir,
+        "python": hp.python,
+        "entry_point": hp.entry_point,
+        "driver_lines": _driver_lines(args),
+        "max_restarts": hp.max_restarts,
+        "zero_reward_steps": hp.zero_reward_steps,
+        "hang_minutes": f"{hp.hang_minutes:g}",
+        "learners": " ".join(str(k) for k in lay.open_instruct_fields()["num_learners_per_node"]),
+        "engines": lay.engines,
+        "tp": lay.tp,
+        "plan_json": plan_json(rp, smoke=smoke),
+        "gpumon_args": _gpumon_args(rp),
+    }
+
+
+def render_script(run_plan: RunPlan, *, smoke: bool = False) -> str:
+    """The sbatch script for run_plan; with smoke, the driver is hpcrl's Ray smoke test."""
+    return _environment().get_template(TEMPLATE).render(**_context(run_plan, smoke))

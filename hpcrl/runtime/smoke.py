@@ -1,0 +1,192 @@
+"""Smoke test of a job's Ray cluster, run by `hpcrl render --smoke` scripts in place of training.
+
+    python3 -m hpcrl.runtime.smoke --nodes 3 --gpus-per-node 4 --cpus-per-node 4 \
+        --learners "1 1 1" --engines 9 --tp 1
+
+Connects with the job's token (RAY_AUTH_MODE/RAY_AUTH_TOKEN_PATH, RAY_ADDRESS from the
+script), checks that every node and its declared GPUs and CPUs are registered, then places
+the layout as open-instruct's grpo_fast.py does:
+
+- learners: one placement group, one bundle {GPU: k} per `num_learners_per_node` entry,
+  strategy STRICT_SPREAD (grpo_fast.py), so each entry lands on its own node;
+- engines: one placement group, one bundle {GPU: tp} per vLLM engine, strategy PACK
+  (vllm_utils.create_vllm_engines); a bundle never spans nodes, so TP stays in one node.
+
+One task runs in each bundle and reports its node. open-instruct also asks 10 CPUs per
+learner GPU and tp CPUs per engine; the smoke bundles ask a small CPU fraction instead so
+that a small test cluster fits, and a note says whether open-instruct's own ask would fit.
+
+Prints one line, `hpcrl-smoke: ok nodes=N gpus=G ...` (exit 0) or `hpcrl-smoke: FAIL <reason>`
+(exit 1). Needs ray; imports nothing else outside the standard library.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections import Counter
+
+BUNDLE_CPU = 0.01  # per bundle: placement is what is tested, not CPU capacity
+OI_LEARNER_CPUS_PER_GPU = 10  # grpo_fast_resource_plan.LEARNER_PLACEMENT_GROUP_CPU_PER_GPU
+OI_EXTRA_CPUS = 3  # DataPreparationActor (2) + ActorManager (1)
+
+
+class SmokeFailure(Exception):
+    """A check that failed; its message is the reason printed."""
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python3 -m hpcrl.runtime.smoke", description=__doc__.split("\n\n")[0])
+    p.add_argument("--nodes", type=int, required=True)
+    p.add_argument("--gpus-per-node", type=int, required=True)
+    p.add_argument("--cpus-per-node", type=float, required=True)
+    p.add_argument("--learners", required=True, help='num_learners_per_node, e.g. "1 1 1"')
+    p.add_argument("--engines", type=int, required=True)
+    p.add_argument("--tp", type=int, required=True)
+    p.add_argument("--address", default=None, help="Ray address (default: $RAY_ADDRESS, else auto)")
+    p.add_argument("--timeout", type=float, default=120.0, help="Seconds to wait for each placement group")
+    args = p.parse_args(argv)
+    try:
+        args.learners = [int(x) for x in args.learners.replace(",", " ").split()]
+    except ValueError:
+        p.error(f"--learners {args.learners!r}: expected integers, e.g. \"1 1 1\"")
+    if not args.learners or min(args.learners) < 1:
+        p.error("--learners needs at least one positive entry")
+    return args
+
+
+def check_layout(args: argparse.Namespace) -> None:
+    """The layout itself must fit the declared cluster before Ray is asked."""
+    if len(args.learners) > args.nodes:
+        raise SmokeFailure(f"{len(args.learners)} learner entries need {len(args.learners)} nodes (STRICT_SPREAD); "
+                           f"the job has {args.nodes}")
+    if max(args.learners) > args.gpus_per_node or args.tp > args.gpus_per_node:
+        raise SmokeFailure(f"a learner entry or TP exceeds {args.gpus_per_node} GPUs per node")
+    need = sum(args.learners) + args.engines * args.tp
+    if need > args.nodes * args.gpus_per_node:
+        raise SmokeFailure(f"layout needs {need} GPUs, the job has {args.nodes * args.gpus_per_node}")
+
+
+def check_nodes(ray, args: argparse.Namespace) -> list[dict]:
+    alive = [n for n in ray.nodes() if n.get("Alive")]
+    if len(alive) != args.nodes:
+        addrs = sorted(n.get("NodeManagerAddress", "?") for n in alive)
+        raise SmokeFailure(f"{len(alive)} Ray nodes alive, expected {args.nodes}: {addrs}")
+    for n in alive:
+        res = n.get("Resources", {})
+        addr = n.get("NodeManagerAddress", "?")
+        if res.get("GPU", 0) != args.gpus_per_node:
+            raise SmokeFailure(f"node {addr} declares {res.get('GPU', 0):g} GPUs, expected {args.gpus_per_node}")
+        if res.get("CPU", 0) != args.cpus_per_node:
+            raise SmokeFailure(f"node {addr} declares {res.get('CPU', 0):g} CPUs, expected {args.cpus_per_node:g}")
+    return alive
+
+
+def _probe():
+    import ray
+
+    ctx = ray.get_runtime_context()
+    return {"node_id": ctx.get_node_id(), "ip": ray.util.get_node_ip_address(), "gpus": len(ray.get_gpu_ids())}
+
+
+def run_in_bundles(ray, pg, gpus_per_bundle: list[int], timeout: float) -> list[dict]:
+    """One task in each bundle of pg, asking that bundle's GPUs; their reports, in bundle order."""
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    probe = ray.remote(_probe)
+    refs = [
+        probe.options(
+            num_cpus=BUNDLE_CPU,
+            num_gpus=g,
+            scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=i),
+        ).remote()
+        for i, g in enumerate(gpus_per_bundle)
+    ]
+    return ray.get(refs, timeout=timeout)
+
+
+def place(ray, name: str, bundles: list[dict], strategy: str, timeout: float):
+    from ray.util.placement_group import placement_group
+
+    pg = placement_group(bundles, strategy=strategy, name=name)
+    if not pg.wait(timeout):
+        raise SmokeFailure(
+            f"{name} placement group ({len(bundles)} bundles {bundles[0]}, {strategy}) not placed within {timeout:g} s; "
+            f"available: {ray.available_resources()}"
+        )
+    return pg
+
+
+def smoke(ray, args: argparse.Namespace) -> str:
+    """All checks; the summary line on success."""
+    check_layout(args)
+    check_nodes(ray, args)
+    learner_pg = place(ray, "hpcrl-smoke-learners",
+                       [{"GPU": k, "CPU": BUNDLE_CPU} for k in args.learners], "STRICT_SPREAD", args.timeout)
+    learners = run_in_bundles(ray, learner_pg, args.learners, args.timeout)
+    learner_nodes = [r["node_id"] for r in learners]
+    if len(set(learner_nodes)) != len(learner_nodes):
+        raise SmokeFailure(f"learner bundles share nodes: {[r['ip'] for r in learners]}")
+    for k, r in zip(args.learners, learners):
+        if r["gpus"] != k:
+            raise SmokeFailure(f"a learner task on {r['ip']} got {r['gpus']} GPUs, expected {k}")
+    engine_nodes: Counter = Counter()
+    if args.engines:
+        engine_pg = place(ray, "hpcrl-smoke-engines",
+                          [{"GPU": args.tp, "CPU": BUNDLE_CPU} for _ in range(args.engines)], "PACK", args.timeout)
+        engines = run_in_bundles(ray, engine_pg, [args.tp] * args.engines, args.timeout)
+        for r in engines:
+            if r["gpus"] != args.tp:
+                raise SmokeFailure(f"an engine task on {r['ip']} got {r['gpus']} GPUs, expected tp={args.tp}")
+        engine_nodes = Counter(r["node_id"] for r in engines)
+    gpus = args.nodes * args.gpus_per_node
+    return (
+        f"hpcrl-smoke: ok nodes={args.nodes} gpus={gpus} cpus={args.nodes * args.cpus_per_node:g} "
+        f"learners={args.learners} learner_nodes={len(set(learner_nodes))} "
+        f"engines={args.engines} tp={args.tp} engine_nodes={len(engine_nodes)}"
+    )
+
+
+def cpu_note(args: argparse.Namespace) -> str | None:
+    """Whether open-instruct's own CPU requests would fit the declared CPUs."""
+    per_learner_node = max(args.learners) * OI_LEARNER_CPUS_PER_GPU
+    total = sum(args.learners) * OI_LEARNER_CPUS_PER_GPU + args.engines * args.tp + OI_EXTRA_CPUS
+    have = args.nodes * args.cpus_per_node
+    if per_learner_node > args.cpus_per_node or total > have:
+        return (f"hpcrl-smoke: note: grpo_fast.py would ask {total} CPUs ({per_learner_node} on a learner node), "
+                f"the cluster declares {have:g} ({args.cpus_per_node:g} per node): raise ray.num_cpus_per_node")
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        import ray
+    except ImportError:
+        print("hpcrl-smoke: FAIL ray is not importable by this python (pip install 'ray[default]')", flush=True)
+        return 1
+    address = args.address or os.environ.get("RAY_ADDRESS") or "auto"
+    start = time.monotonic()
+    try:
+        ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+        line = smoke(ray, args)
+    except SmokeFailure as exc:
+        print(f"hpcrl-smoke: FAIL {exc}", flush=True)
+        return 1
+    except Exception as exc:  # connection, auth, timeouts: one line, not a traceback
+        print(f"hpcrl-smoke: FAIL {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}", flush=True)
+        return 1
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+    note = cpu_note(args)
+    if note:
+        print(note, file=sys.stderr, flush=True)
+    print(f"{line} seconds={time.monotonic() - start:.1f}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,598 @@
+"""hpcrl render: golden scripts, shell lint, open-instruct flags, quoting, determinism, bad input.
+
+Golden files: tests/golden/<profile>__<config>__<nodes>.sh, one per shipped profile x config.
+After an intended change to the templates (or to the planner's numbers in the header),
+regenerate them with
+
+    HPCRL_UPDATE_GOLDEN=1 python -m pytest tests/test_render.py -k golden
+
+and review the diff. The stub-run tests execute rendered scripts with stand-ins for Slurm,
+Ray and the driver on PATH (tests/test_render_e2e.py runs them on the real local Slurm).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hpcrl.backends.oi_args import _kind, arg_table
+from hpcrl.render import render_script
+from hpcrl.run_plan import make_run_plan
+
+GOLDEN = Path(__file__).with_name("golden")
+PROFILES = ["isambard-ai", "berzelius", "berzelius:fat", "berzelius-hopper"]
+CONFIGS = ["grpo-olmo3-32b", "grpo-olmo3-7b"]
+# 4 nodes, except where the model needs more (the 32B learner does not fit 4 thin Berzelius nodes).
+NODES = {("berzelius", "grpo-olmo3-32b"): 16}
+CASES = [(p, c, NODES.get((p, c), 4)) for p in PROFILES for c in CONFIGS]
+
+
+@pytest.fixture(autouse=True)
+def _shipped_profiles_only(monkeypatch, tmp_path):
+    """Profiles from the package only: no user config dir, no ./clusters, no HPCRL_CLUSTERS_DIR."""
+    monkeypatch.delenv("HPCRL_CLUSTERS_DIR", raising=False)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
+    monkeypatch.chdir(tmp_path)
+
+
+def render(cluster: str, config: str, nodes: int, *, smoke: bool = False, sets=(), pins=(), cluster_file=None) -> str:
+    rp = make_run_plan(config, nodes=nodes, cluster=cluster, cluster_file=cluster_file, sets=list(sets),
+                       pins=list(pins))
+    return render_script(rp, smoke=smoke)
+
+
+def golden_name(cluster: str, config: str, nodes: int) -> str:
+    return f"{cluster.replace(':', '-')}__{config}__{nodes}.sh"
+
+
+def lint(text: str, tmp_path: Path, shellcheck: str) -> None:
+    path = tmp_path / "job.sbatch"
+    path.write_text(text)
+    out = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    out = subprocess.run([shellcheck, "-S", "warning", str(path)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+# --------------------------------------------------------------------------- goldens and lint
+
+
+@pytest.mark.parametrize("cluster,config,nodes", CASES, ids=[golden_name(*c)[:-3] for c in CASES])
+def test_golden(cluster, config, nodes):
+    text = render(cluster, config, nodes)
+    path = GOLDEN / golden_name(cluster, config, nodes)
+    if os.environ.get("HPCRL_UPDATE_GOLDEN") == "1":
+        GOLDEN.mkdir(exist_ok=True)
+        path.write_text(text)
+    assert path.exists(), f"{path.name} missing: regenerate with HPCRL_UPDATE_GOLDEN=1"
+    assert text == path.read_text(), f"{path.name} differs: review, then regenerate with HPCRL_UPDATE_GOLDEN=1"
+
+
+# The end-to-end smoke render (tests/test_render_e2e.py): local-dev with host RAM declared for
+# the planner, a small model, one learner on each of three nodes.
+LOCAL_DEV_E2E = "name: local-dev-e2e\nextends: local-dev\nnode: {ram_gib: 512}\n"
+SMOKE3 = dict(smoke=True, pins=["learners=1", "learner_nodes=3", "tp=1"],
+              sets=["model_name_or_path=Qwen/Qwen2.5-0.5B", 'hpcrl.time="00:05:00"', "hpcrl.env_setup=[]"])
+
+
+def test_golden_local_dev_smoke(tmp_path, shellcheck):
+    profile = tmp_path / "local-dev-e2e.yaml"
+    profile.write_text(LOCAL_DEV_E2E)
+    text = render(None, "grpo-olmo3-7b", 3, cluster_file=str(profile), **SMOKE3)
+    path = GOLDEN / "local-dev-e2e__smoke__3.sh"
+    if os.environ.get("HPCRL_UPDATE_GOLDEN") == "1":
+        path.write_text(text)
+    assert text == path.read_text(), f"{path.name} differs: review, then regenerate with HPCRL_UPDATE_GOLDEN=1"
+    assert "--learners '1 1 1' --engines 9 --tp 1" in text
+    lint(text, tmp_path, shellcheck)
+
+
+VARIANTS = [
+    ("isambard-ai", "grpo-olmo3-32b", 16, {}),
+    ("isambard-ai", "grpo-olmo3-7b", 1, {}),
+    ("isambard-ai", "grpo-olmo3-7b", 2, {"smoke": True}),
+    ("berzelius", "grpo-olmo3-7b", 3, {"sets": ["hpcrl.container=$HOME/images/oi x.sif"]}),
+    ("berzelius:fat", "grpo-olmo3-7b", 2, {"sets": ["hpcrl.arg_layout=legacy", "hpcrl.account=berzelius-2025-35"]}),
+    ("berzelius-hopper", "grpo-olmo3-32b", 2, {"smoke": True, "sets": ["hpcrl.container=/img.sif"]}),
+]
+
+
+@pytest.mark.parametrize("cluster,config,nodes", CASES, ids=[golden_name(*c)[:-3] for c in CASES])
+def test_bash_n_and_shellcheck(cluster, config, nodes, tmp_path, shellcheck):
+    lint(render(cluster, config, nodes), tmp_path, shellcheck)
+
+
+@pytest.mark.parametrize("cluster,config,nodes,kw", VARIANTS, ids=[f"{v[0]}-{v[1]}-{v[2]}-{i}" for i, v in enumerate(VARIANTS)])
+def test_variants_lint(cluster, config, nodes, kw, tmp_path, shellcheck):
+    lint(render(cluster, config, nodes, **kw), tmp_path, shellcheck)
+
+
+def test_deterministic(tmp_path):
+    """Same inputs, same bytes: in this process, and in a fresh one with another hash seed and cwd."""
+    first = render("berzelius:fat", "grpo-olmo3-32b", 4, sets=["beta=0.0"])
+    assert first == render("berzelius:fat", "grpo-olmo3-32b", 4, sets=["beta=0.0"])
+    env = {k: v for k, v in os.environ.items() if k != "HPCRL_CLUSTERS_DIR"}
+    env.update(PYTHONHASHSEED="12345", XDG_CONFIG_HOME=str(tmp_path / "xdg"))
+    out = subprocess.run([sys.executable, "-m", "hpcrl", "render", "--cluster", "berzelius:fat", "--nodes", "4",
+                          "--set", "beta=0.0"], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == first
+
+
+# --------------------------------------------------------------------------- the driver's flags
+
+
+def driver_words(text: str) -> list[str]:
+    """The words of the DRIVER=( ... ) array, parsed independently of the renderer."""
+    block = re.search(r"^DRIVER=\(\n(.*?)^\)$", text, re.S | re.M)
+    assert block, "no DRIVER=( ... ) block"
+    return shlex.split(block.group(1))
+
+
+def oi_parser(layout: str) -> argparse.ArgumentParser:
+    """An argparse mirror of HfArgumentParser for grpo_fast.py's fields (names, nargs, bools)."""
+    p = argparse.ArgumentParser(add_help=False, allow_abbrev=False, exit_on_error=False)
+    for name, meta in arg_table(layout).items():
+        kind = _kind(meta["type"])
+        if kind == "list":
+            p.add_argument(f"--{name}", nargs="+")
+        elif kind == "bool":
+            p.add_argument(f"--{name}", nargs="?", const="True", choices=["True", "False"])
+        else:
+            p.add_argument(f"--{name}", type={"int": int, "float": float}.get(kind, str))
+    return p
+
+
+def grpo_args(text: str) -> list[str]:
+    """The arguments after the watchdog's `--`, the python and the entry point."""
+    words = driver_words(text)
+    assert words[:3] == ["python3", "-m", "hpcrl.runtime.watchdog"]
+    return words[words.index("--") + 3:]
+
+
+@pytest.mark.parametrize("cluster,config,nodes", CASES, ids=[golden_name(*c)[:-3] for c in CASES])
+def test_every_flag_exists_in_open_instruct(cluster, config, nodes):
+    args = grpo_args(render(cluster, config, nodes))
+    table = arg_table("current")
+    flags = [w[2:] for w in args if w.startswith("--")]
+    assert flags and not [f for f in flags if f not in table]
+    ns = oi_parser("current").parse_args(args)  # raises on an unknown flag or a bad value
+    assert ns.output_dir == "$RUN_DIR/output" and ns.checkpoint_state_dir == "$RUN_DIR/checkpoints"
+    assert ns.num_nodes == nodes and ns.deepspeed_stage == 3
+    assert len(ns.num_learners_per_node) <= nodes
+
+
+def test_legacy_layout_has_no_num_nodes():
+    text = render("berzelius:fat", "grpo-olmo3-7b", 2, sets=["hpcrl.arg_layout=legacy"])
+    args = grpo_args(text)
+    ns = oi_parser("legacy").parse_args(args)
+    assert "--num_nodes" not in args and ns.vllm_num_engines >= 1
+
+
+def test_default_render_16_nodes(tmp_path, shellcheck):
+    """`hpcrl render --nodes 16` alone: the 32B default on Isambard-AI, one learner per node."""
+    env = {k: v for k, v in os.environ.items() if k != "HPCRL_CLUSTERS_DIR"}
+    env["XDG_CONFIG_HOME"] = str(tmp_path / "xdg")
+    out = subprocess.run([sys.executable, "-m", "hpcrl", "render", "--nodes", "16"], capture_output=True, text=True,
+                         cwd=tmp_path, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "#SBATCH --nodes=16\n" in out.stdout and "#SBATCH --gpus-per-node=4\n" in out.stdout
+    ns = oi_parser("current").parse_args(grpo_args(out.stdout))
+    assert ns.num_learners_per_node == ["1"] * 16
+    assert ns.model_name_or_path == "allenai/Olmo-3-1125-32B"
+    assert "QOS" in out.stderr  # 64 GPUs over the default 32-GPU QOS: a warning, not an error
+    lint(out.stdout, tmp_path, shellcheck)
+
+
+def test_pins_are_kept():
+    """Pinned values reach the driver unchanged; the rest is the planner's choice."""
+    rp = make_run_plan("grpo-olmo3-32b", nodes=16, cluster="isambard-ai", pins=["tp=2", "learners=1"],
+                       sets=["vllm_gpu_memory_utilization=0.8"])
+    ns = oi_parser("current").parse_args(grpo_args(render_script(rp)))
+    assert (ns.vllm_tensor_parallel_size, ns.vllm_gpu_memory_utilization) == (2, 0.8)
+    assert ns.num_learners_per_node == ["1"] * rp.layout.learner_nodes
+    assert ns.vllm_num_engines == rp.layout.engines
+
+
+# --------------------------------------------------------------------------- the script's header
+
+
+def sbatch_lines(text: str) -> list[str]:
+    return [ln[len("#SBATCH "):] for ln in text.splitlines() if ln.startswith("#SBATCH ")]
+
+
+def test_sbatch_header_per_gpu_request_style():
+    isam = sbatch_lines(render("isambard-ai", "grpo-olmo3-7b", 4))
+    assert "--gpus-per-node=4" in isam and "--mem=0" in isam and "--time=24:00:00" in isam
+    assert "--signal=B:USR1@900" in isam and "--partition=workq" in isam and "--exclusive" in isam
+    berz = sbatch_lines(render("berzelius", "grpo-olmo3-7b", 4, sets=['hpcrl.exclude_nodes=["node017"]']))
+    assert "--gpus=32" in berz and "--constraint=thin" in berz and "--exclude=node017" in berz
+    assert "--time=3-00:00:00" in berz
+    # Run root with $VARs: Slurm cannot expand them, so the output goes to the submit dir.
+    assert "--output=hpcrl-grpo-olmo3-7b-%j.out" in berz
+    fixed = sbatch_lines(render("isambard-ai", "grpo-olmo3-7b", 2, sets=["hpcrl.run_root=/srv/runs", 'hpcrl.time="2:00:00"',
+                                                                         "hpcrl.qos=high", "hpcrl.account=brics.a5k"]))
+    assert "--output=/srv/runs/grpo-olmo3-7b/logs/slurm-%j.out" in fixed
+    assert {"--time=2:00:00", "--qos=high", "--account=brics.a5k"} <= set(fixed)
+
+
+def test_header_comment_cannot_break_out(tmp_path):
+    """A newline in a value shown in a comment (the model name) must not start a command line."""
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text('hpcrl: {cluster: isambard-ai, model: "Qwen/Qwen2.5-0.5B", run_name: "a\\nb"}\n'
+                   'model_name_or_path: "x\\ntouch /tmp/pwned"\n')
+    text = render("isambard-ai", str(cfg), 1)
+    head = text.split("\nset -euo pipefail\n")[0]
+    assert all(ln.startswith("#") or not ln for ln in head.splitlines())
+    assert "--job-name=hpcrl-a_b" in sbatch_lines(text)
+
+
+# --------------------------------------------------------------------------- bad input: one line, exit 2, no file
+
+
+BAD = [
+    (["--config", "/no/such/run.yaml"], "no such config file"),
+    (["--set", "hpcrl.bogus=1"], "hpcrl.bogus: unknown key"),
+    (["--set", "not_a_flag=1"], "not_a_flag"),
+    (["--pin", "tp=3"], "vllm_tensor_parallel_size 3 must divide the 40 attention heads"),
+    (["--set", "vllm_tensor_parallel_size=8"], "vllm_tensor_parallel_size 8"),
+    (["--cluster", "berzelius", "--config", "grpo-olmo3-7b", "--nodes", "61"], "exceed partition berzelius's limit"),
+    (["--set", 'hpcrl.exclude_nodes=["nid1;touch x"]'], "not a valid Slurm value"),
+    (["--set", "hpcrl.time=1h"], "hpcrl.time '1h'"),
+    (["--set", "hpcrl.account=foo"], "account pattern"),
+    (["--set", "hpcrl.run_name=a/b"], "must be a directory name"),
+    (["--set", "output_dir=/x"], "output_dir is set by hpcrl"),
+    (["--cluster", "no-such-cluster"], "unknown cluster"),
+]
+
+
+@pytest.mark.parametrize("args,message", BAD, ids=[m for _, m in BAD])
+def test_bad_input_one_line_exit_2_no_file(args, message, tmp_path):
+    out_file = tmp_path / "job.sbatch"
+    env = {k: v for k, v in os.environ.items() if k != "HPCRL_CLUSTERS_DIR"}
+    env["XDG_CONFIG_HOME"] = str(tmp_path / "xdg")
+    args = args if "--nodes" in args else ["--nodes", "16", *args]
+    out = subprocess.run([sys.executable, "-m", "hpcrl", "render", *args, "-o", str(out_file)],
+                         capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
+    assert out.returncode == 2, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("hpcrl: error: ") and message in lines[0], out.stderr
+    assert out.stdout == "" and not out_file.exists() and list(tmp_path.glob(".job.sbatch.*")) == []
+
+
+def test_output_file_mode_0755_and_atomic(tmp_path):
+    out_file = tmp_path / "job.sbatch"
+    out_file.write_text("old")
+    env = {k: v for k, v in os.environ.items() if k != "HPCRL_CLUSTERS_DIR"}
+    env["XDG_CONFIG_HOME"] = str(tmp_path / "xdg")
+    out = subprocess.run([sys.executable, "-m", "hpcrl", "render", "--nodes", "4", "--config", "grpo-olmo3-7b",
+                          "-o", str(out_file)], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out_file.stat().st_mode & 0o777 == 0o755 and out_file.read_text().startswith("#!/bin/bash\n")
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name != "xdg") == ["job.sbatch"]
+
+
+# --------------------------------------------------------------------------- stub runs
+# The whole script runs under bash with stand-ins on PATH: scontrol (two or three nodes),
+# srun (runs the worker function locally per node), ray (blocks like `ray start --block`),
+# python3 (records the driver's argv and environment), sbatch (records the continuation).
+
+STUBS = {
+    "scontrol": r'''#!/bin/bash
+set -- $*
+if [[ $1 == show && $2 == hostnames ]]; then printf '%s\n' $STUB_NODES; exit 0; fi
+if [[ $1 == show && $2 == node ]]; then
+    i=0; for n in $STUB_NODES; do i=$((i + 1)); echo "NodeName=$n Arch=x86_64 NodeAddr=127.0.0.$i NodeHostName=stubhost OS=Linux 6 x"; done
+    exit 0
+fi
+exit 1
+''',
+    "srun": r'''#!/bin/bash
+printf '%s\0' "$@" >"$STUB_OUT/srun.argv"
+while [[ $# -gt 0 && $1 != bash ]]; do shift; done
+script=$3 pids=()
+trap 'kill -USR2 "${pids[@]}" 2>/dev/null' USR2
+for n in ${STUB_NODES#* }; do SLURMD_NODENAME=$n bash -c "$script" & pids+=($!); done
+rc=0
+for p in "${pids[@]}"; do wait "$p" || rc=$?; kill -0 "$p" 2>/dev/null && { wait "$p" || rc=$?; }; done
+exit $rc
+''',
+    "ray": r'''#!/bin/bash
+if [[ -n ${STUB_RAY_WORKER_FAIL:-} && " $* " == *" --address="* ]]; then echo "stub ray: cannot start on $SLURMD_NODENAME"; exit 1; fi
+printf '%s\0' "$@" >"$STUB_OUT/ray-${SLURMD_NODENAME}.argv"
+if [[ -n ${STUB_RAY_WORKER_DIES_AFTER:-} && " $* " == *" --address="* ]]; then sleep "$STUB_RAY_WORKER_DIES_AFTER"; exit 1; fi
+exec sleep 300
+''',
+    "python3": r'''#!/bin/bash
+case "$1 $2" in
+    "-m hpcrl.runtime.watchdog"|"-m hpcrl.runtime.smoke")
+        printf '%s\0' "$@" >"$STUB_OUT/driver.argv"
+        env -0 >"$STUB_OUT/driver.env"
+        pwd >"$STUB_OUT/driver.cwd"
+        [[ $2 == hpcrl.runtime.smoke ]] && { echo "hpcrl-smoke: ok nodes=stub"; exit 0; }
+        trap 'echo "stub driver: stopping"; exit 0' TERM
+        sleep "${STUB_DRIVER_SLEEP:-0}" & wait $!
+        exit "${STUB_DRIVER_EXIT:-0}" ;;
+    "- "*)  # the readiness poll: ready once every node's `ray start` ran
+        cat >/dev/null
+        for _ in $(seq 300); do
+            ready=1; for n in $STUB_NODES; do [[ -e $STUB_OUT/ray-$n.argv ]] || ready=""; done
+            [[ -n $ready ]] && exit 0
+            sleep 0.1
+        done
+        exit 1 ;;
+esac
+exit 0
+''',
+    "python": "#!/bin/bash\nexit 0\n",
+    "sbatch": r'''#!/bin/bash
+printf '%s\0' "$@" >"$STUB_OUT/sbatch.argv"
+env -0 >"$STUB_OUT/sbatch.env"
+echo 4242
+''',
+    "apptainer": r'''#!/bin/bash
+shift
+while [[ $1 == -* ]]; do [[ $1 == --bind ]] && shift; shift; done
+printf '%s\n' "$1" >>"$STUB_OUT/apptainer.images"
+shift
+exec "$@"
+''',
+}
+
+STUB_PROFILE = """\
+name: stub
+gpu: {{model: H100, count_per_node: 4, memory_gib: 79.1, hbm_bandwidth_tbs: 3.35, bf16_tflops: 989}}
+node: {{cpu_cores: 8, ram_gib: 512, arch: x86_64}}
+slurm:
+  gpu_request: gpus-per-node
+  default_partition: debug
+  signal_before_end_s: 60
+  partitions: {{debug: {{max_nodes: 4, max_time: "01:00:00"}}}}
+modules: {modules}
+env: {env}
+storage:
+  node_local: {{path: {tmp}/nl}}
+  run_root: {{path: {tmp}/runs}}
+  hf_home: {hf_home}
+container: {{runtime: apptainer, flags: [--nv]}}
+ray: {{num_cpus_per_node: 8, join_timeout_s: 30}}
+"""
+
+
+def yq(value: str) -> str:
+    """A YAML double-quoted scalar."""
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+
+
+class Stub:
+    """A rendered script run under bash with the stand-ins; results read back from files."""
+
+    def __init__(self, tmp: Path, *, nodes: int = 2, profile_env: dict | None = None, modules=(),
+                 hf_home: str | None = None):
+        self.tmp, self.nodes = tmp, nodes
+        self.out = tmp / "stub-out"
+        self.out.mkdir()
+        bindir = tmp / "bin"
+        bindir.mkdir()
+        for name, body in STUBS.items():
+            (bindir / name).write_text(body)
+            (bindir / name).chmod(0o755)
+        self.bindir = bindir
+        env = "{" + ", ".join(f"{k}: {yq(v)}" for k, v in (profile_env or {}).items()) + "}"
+        self.profile = tmp / "stub.yaml"
+        self.profile.write_text(STUB_PROFILE.format(tmp=tmp, env=env, modules="[" + ", ".join(yq(m) for m in modules) + "]",
+                                                    hf_home=yq(hf_home or f"{tmp}/hf")))
+        self.job = str(10000 + int.from_bytes(os.urandom(2), "big"))
+
+    def render(self, config: Path | str = "grpo-olmo3-7b", *, smoke: bool = False, sets=()) -> Path:
+        rp = make_run_plan(str(config), nodes=self.nodes, cluster_file=str(self.profile),
+                           sets=["hpcrl.env_setup=[]", f"hpcrl.workdir={self.tmp}", *sets])
+        path = self.tmp / "job.sh"
+        path.write_text(render_script(rp, smoke=smoke))
+        (self.tmp / "open_instruct").mkdir(exist_ok=True)
+        (self.tmp / "open_instruct" / "grpo_fast.py").write_text("")
+        return path
+
+    def start(self, script: Path, **env: str) -> subprocess.Popen:
+        nodes = " ".join(f"n{i}" for i in range(1, self.nodes + 1))
+        e = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "RAY_", "HPCRL_"))}
+        e.update(PATH=f"{self.bindir}:{os.environ['PATH']}", STUB_OUT=str(self.out), STUB_NODES=nodes,
+                 SLURM_JOB_ID=self.job, SLURM_JOB_NODELIST=f"n[1-{self.nodes}]", SLURM_JOB_NUM_NODES=str(self.nodes),
+                 SLURM_CPUS_ON_NODE="8", SLURMD_NODENAME="n1", SLURM_SUBMIT_DIR=str(self.tmp), HOME=str(self.tmp),
+                 **env)
+        return subprocess.Popen(["bash", str(script)], env=e, cwd=self.tmp, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+    def run(self, script: Path, timeout: float = 60, **env: str) -> tuple[int, str]:
+        proc = self.start(script, **env)
+        out, _ = proc.communicate(timeout=timeout)
+        return proc.returncode, out
+
+    def argv(self, name: str) -> list[str]:
+        return (self.out / name).read_bytes().decode().split("\0")[:-1]
+
+    def env(self, name: str) -> dict[str, str]:
+        pairs = (self.out / name).read_bytes().decode().split("\0")[:-1]
+        return dict(p.split("=", 1) for p in pairs)
+
+    def events(self, run_dir: Path) -> list[list[str]]:
+        return [ln.split("\t") for ln in (run_dir / "hpcrl" / "jobs.tsv").read_text().splitlines()]
+
+
+def wait_for(path: Path, timeout: float = 30) -> None:
+    import time
+
+    end = time.monotonic() + timeout
+    while not path.exists():
+        assert time.monotonic() < end, f"{path} never appeared"
+        time.sleep(0.1)
+
+
+def test_stub_run_completes_and_records(tmp_path):
+    stub = Stub(tmp_path, nodes=3)
+    rc, out = stub.run(stub.render())
+    run_dir = tmp_path / "runs" / "grpo-olmo3-7b"
+    assert rc == 0, out
+    events = stub.events(run_dir)
+    assert [e[1] for e in events] == ["start", "end"] and events[0][3] == "n1" and events[1][3] == "completed:0"
+    assert all(e[0] == stub.job and re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", e[2]) for e in events)
+    assert (run_dir / "hpcrl" / "job.sbatch").read_text() == (tmp_path / "job.sh").read_text()
+    assert '"nodes": 3' in (run_dir / "hpcrl" / "plan.json").read_text()
+    token = run_dir / "hpcrl" / f"ray-token-{stub.job}"
+    assert token.stat().st_mode & 0o777 == 0o600 and len(token.read_text()) == 64
+    assert out in (run_dir / "logs" / f"job-{stub.job}.log").read_text() or "completed:0" in out
+    # Ray: one head and two workers, per-job ports, Slurm's node addresses, per-node slots on one host.
+    base = 10000 + int(stub.job) % 200 * 100
+    head = stub.argv("ray-n1.argv")
+    assert {"--head", "--block", "--node-ip-address=127.0.0.1", f"--port={base}", "--num-gpus=4",
+            "--num-cpus=8", f"--node-manager-port={base + 10}"} <= set(head)
+    for i, n in ((2, "n2"), (3, "n3")):
+        w = stub.argv(f"ray-{n}.argv")
+        assert {f"--address=127.0.0.1:{base}", f"--node-ip-address=127.0.0.{i}", "--block",
+                f"--node-manager-port={base + 10 + 10 * (i - 1)}"} <= set(w)
+    srun = stub.argv("srun.argv")
+    assert {"--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--exclude=n1", "--gpus-per-node=4"} <= set(srun)
+    env = stub.env("driver.env")
+    assert env["RAY_AUTH_MODE"] == "token" and env["RAY_AUTH_TOKEN_PATH"] == str(token)
+    assert env["RAY_ADDRESS"] == f"127.0.0.1:{base}" and env["HF_HUB_OFFLINE"] == "1"
+    assert (tmp_path / "stub-out" / "driver.cwd").read_text().strip() == str(tmp_path)
+    assert not list((tmp_path / "nl").glob(f"hpcrl-{stub.job}*")) and not list(Path("/tmp").glob(f"hpcrl-{stub.job}.*"))
+
+
+NASTY = "$(touch {p}/PWNED_{k}) `touch {p}/PWNED_{k}2` 'single' \"double\" $HOME ;|& * \\ end"
+
+
+def test_quoting_nothing_is_executed_values_arrive_verbatim(tmp_path):
+    """Config and profile values with $(...), backticks, quotes, spaces and newlines reach the
+    driver byte for byte, and nothing in them runs."""
+    nasty = {k: NASTY.format(p=tmp_path, k=k) for k in ("model", "run", "ds", "wandb", "env", "hf", "mod", "root")}
+    nasty["model"] += "\nsecond line"
+    stub = Stub(tmp_path, nodes=2, profile_env={"NASTY_ENV": nasty["env"] + "\nnl"}, modules=[nasty["mod"]],
+                hf_home=f"{tmp_path}/{nasty['hf']}")
+    cfg = tmp_path / "nasty.yaml"
+    cfg.write_text(
+        f"hpcrl: {{model: Qwen/Qwen2.5-0.5B, run_name: {yq(nasty['run'].replace('/', '_'))}, "
+        f"run_root: {yq(str(tmp_path / nasty['root'].replace('/', '_')))}}}\n"
+        f"model_name_or_path: {yq(nasty['model'])}\n"
+        f"dataset_mixer_list: [{yq(nasty['ds'])}, '1.0']\n"
+        f"wandb_project: {yq(nasty['wandb'])}\n"
+        "response_length: 256\npack_length: 1024\nmax_prompt_token_length: 256\n"
+    )
+    rc, out = stub.run(stub.render(cfg))
+    assert rc == 0, out
+    assert not list(tmp_path.rglob("PWNED*")), out
+    argv = stub.argv("driver.argv")
+    args = argv[argv.index("--") + 3:]
+    assert args[args.index("--model_name_or_path") + 1] == nasty["model"]
+    assert args[args.index("--dataset_mixer_list") + 1: args.index("--dataset_mixer_list") + 3] == [nasty["ds"], "1.0"]
+    assert args[args.index("--wandb_project") + 1] == nasty["wandb"]
+    # Paths expand $VARS (HOME is tmp_path here) and nothing else; literals stay literal.
+    home = str(tmp_path)
+    run_dir = tmp_path / nasty["root"].replace("/", "_").replace("$HOME", home) / nasty["run"].replace("/", "_")
+    assert args[args.index("--output_dir") + 1] == f"{run_dir}/output" and (run_dir / "hpcrl" / "jobs.tsv").exists()
+    env = stub.env("driver.env")
+    assert env["NASTY_ENV"] == nasty["env"] + "\nnl"
+    assert env["HF_HOME"] == f"{tmp_path}/{nasty['hf']}".replace("$HOME", home)
+    assert nasty["mod"] in out  # shown in the "no module command" warning, not run
+    assert oi_parser("current").parse_args(args).model_name_or_path == nasty["model"]
+
+
+def test_env_setup_runs_verbatim(tmp_path):
+    stub = Stub(tmp_path)
+    script = stub.render(sets=['hpcrl.env_setup=["export FROM_SETUP=$((6 * 7))", "cd /"]'])
+    rc, out = stub.run(script)
+    assert rc == 0, out
+    assert stub.env("driver.env")["FROM_SETUP"] == "42"
+
+
+@pytest.mark.parametrize("signal_name,marker,reason,continued", [
+    ("USR1", False, "timeout", True), ("TERM", False, "preempted", True), ("TERM", True, "cancelled", False)])
+def test_signals_chain_per_run_dir_contract(tmp_path, signal_name, marker, reason, continued):
+    import signal as sig
+
+    stub = Stub(tmp_path)
+    script = stub.render(sets=["hpcrl.max_restarts=2"])
+    run_dir = tmp_path / "runs" / "grpo-olmo3-7b"
+    proc = stub.start(script, STUB_DRIVER_SLEEP="120")
+    wait_for(stub.out / "driver.argv")
+    if marker:
+        (run_dir / "hpcrl" / "cancel").write_text("")
+    os.kill(proc.pid, getattr(sig, f"SIG{signal_name}"))
+    out, _ = proc.communicate(timeout=60)
+    events = stub.events(run_dir)
+    assert events[0][1] == "start" and events[-1][1:] != []
+    assert [e[3] for e in events if e[1] == "end"] == [f"{reason}:0"], out
+    assert "stub driver: stopping" in out
+    if continued:
+        assert [e[3] for e in events if e[1] == "continue"] == ["4242"]
+        assert (run_dir / "hpcrl" / "restarts").read_text().strip() == "1"
+        assert stub.argv("sbatch.argv") == ["--parsable", f"--dependency=afterany:{stub.job}",
+                                            str(run_dir / "hpcrl" / "job.sbatch")]
+        env = stub.env("sbatch.env")
+        assert not [k for k in env if k.startswith(("SLURM_JOB", "RAY_", "HPCRL_"))]
+    else:
+        assert not (stub.out / "sbatch.argv").exists() and all(e[1] != "continue" for e in events)
+
+
+def test_no_continuation_past_max_restarts(tmp_path):
+    import signal as sig
+
+    stub = Stub(tmp_path)
+    script = stub.render(sets=["hpcrl.max_restarts=1"])
+    run_dir = tmp_path / "runs" / "grpo-olmo3-7b"
+    (run_dir / "hpcrl").mkdir(parents=True)
+    (run_dir / "hpcrl" / "restarts").write_text("1\n")
+    proc = stub.start(script, STUB_DRIVER_SLEEP="120")
+    wait_for(stub.out / "driver.argv")
+    os.kill(proc.pid, sig.SIGUSR1)
+    out, _ = proc.communicate(timeout=60)
+    assert "not continuing" in out and not (stub.out / "sbatch.argv").exists()
+    assert [e[3] for e in stub.events(run_dir) if e[1] == "end"] == ["timeout:0"]
+
+
+@pytest.mark.parametrize("code,reason", [(3, "crashed"), (90, "breaker-zero-reward"), (93, "breaker-dead-worker")])
+def test_driver_exit_codes_end_the_run(tmp_path, code, reason):
+    stub = Stub(tmp_path)
+    rc, out = stub.run(stub.render(), STUB_DRIVER_EXIT=str(code))
+    assert rc == code, out
+    events = stub.events(tmp_path / "runs" / "grpo-olmo3-7b")
+    assert [e[1] for e in events] == ["start", "end"] and events[-1][3] == f"{reason}:{code}"
+    assert not (stub.out / "sbatch.argv").exists()
+
+
+def test_worker_that_cannot_start_fails_at_once(tmp_path):
+    stub = Stub(tmp_path, nodes=3)
+    rc, out = stub.run(stub.render(), timeout=30, STUB_RAY_WORKER_FAIL="1")
+    assert rc == 1, out
+    assert "the worker step (srun ... ray start on the other nodes) exited with code 1" in out
+    events = stub.events(tmp_path / "runs" / "grpo-olmo3-7b")
+    assert events[-1][1:2] == ["end"] and events[-1][3] == "ray-start-failed:1"
+    assert not (stub.out / "driver.argv").exists()
+
+
+def test_worker_death_during_training_stops_the_driver(tmp_path):
+    stub = Stub(tmp_path, nodes=2)
+    rc, out = stub.run(stub.render(), timeout=60, STUB_DRIVER_SLEEP="120", STUB_RAY_WORKER_DIES_AFTER="3")
+    assert rc == 93, out
+    assert "the worker step exited while the driver was running" in out and "stub driver: stopping" in out
+    events = stub.events(tmp_path / "runs" / "grpo-olmo3-7b")
+    assert [e[1] for e in events] == ["start", "end"] and events[-1][3] == "breaker-dead-worker:93"
+    assert "No record of process" not in out
+
+
+def test_smoke_in_container(tmp_path):
+    stub = Stub(tmp_path, nodes=2)
+    rc, out = stub.run(stub.render(smoke=True, sets=["hpcrl.container=$HOME/oi image.sif"]))
+    assert rc == 0, out
+    assert "hpcrl-smoke: ok nodes=stub" in out
+    argv = stub.argv("driver.argv")
+    assert argv[:2] == ["-m", "hpcrl.runtime.smoke"] and "--learners" in argv
+    images = set((stub.out / "apptainer.images").read_text().splitlines())
+    assert images == {f"{tmp_path}/oi image.sif"}

@@ -1,0 +1,107 @@
+"""The rendered script on the real local Slurm (scripts/dev-slurm) with a real Ray cluster.
+
+`hpcrl render --cluster local-dev --nodes 3 --smoke` is submitted with sbatch: Ray comes up
+across three Slurm nodes (three raylets on this machine, addressed 127.0.0.x), the smoke
+program places learners and engines as open-instruct does, and the job records its chain
+events. The fault test breaks `ray start` on the worker nodes only and checks that the job
+fails with `ray-start-failed` instead of waiting for its wall time.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("ray", reason="the smoke job needs ray (pip install 'ray[default]')")
+
+RUN_NAME = "smoke3"
+# local-dev as scripts/dev-slurm runs it, with host RAM declared large enough for the planner's
+# host-memory check (the four emulated nodes share this machine's RAM; nothing here is real).
+PROFILE = """\
+name: local-dev-e2e
+extends: local-dev
+node: {ram_gib: 512}
+"""
+
+
+def render(tmp_path: Path, *sets: str) -> tuple[Path, Path]:
+    """Render the 3-node smoke script into tmp_path; return (script, run dir)."""
+    script = tmp_path / "smoke3.sbatch"
+    profile = tmp_path / "local-dev-e2e.yaml"
+    profile.write_text(PROFILE)
+    args = [sys.executable, "-m", "hpcrl", "render", "--cluster-file", str(profile), "--nodes", "3", "--smoke",
+            "--config", "grpo-olmo3-7b", "--set", "model_name_or_path=Qwen/Qwen2.5-0.5B",
+            "--pin", "learners=1", "--pin", "learner_nodes=3", "--pin", "tp=1",
+            "--set", f"hpcrl.run_root={tmp_path / 'runs'}", "--set", f"hpcrl.run_name={RUN_NAME}",
+            "--set", 'hpcrl.time="00:05:00"', "--set", "hpcrl.env_setup=[]", *(a for s in sets for a in ("--set", s)),
+            "-o", str(script)]
+    env = {k: v for k, v in os.environ.items() if k != "HPCRL_CLUSTERS_DIR"}
+    out = subprocess.run(args, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    run_dir = tmp_path / "runs" / RUN_NAME
+    (run_dir / "logs").mkdir(parents=True)  # as hpcrl submit does: Slurm opens --output there
+    return script, run_dir
+
+
+def events(run_dir: Path) -> list[list[str]]:
+    return [ln.split("\t") for ln in (run_dir / "hpcrl" / "jobs.tsv").read_text().splitlines()]
+
+
+def leftovers(job_id: str) -> list[str]:
+    """This job's node-local directories and Ray processes still around after it ended."""
+    dirs = [str(p) for p in Path("/tmp/hpcrl-local").glob(f"*/hpcrl-{job_id}.*")]
+    procs = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout.splitlines()
+    return dirs + [p for p in procs if f"hpcrl-{job_id}." in p]
+
+
+def test_smoke_job_three_nodes(tmp_path, run_sbatch_and_wait):
+    script, run_dir = render(tmp_path)
+    job = run_sbatch_and_wait(script, 600)
+    log = (run_dir / "logs" / f"job-{job.job_id}.log").read_text()
+    assert job.state == "COMPLETED", log
+    assert "hpcrl-smoke: ok nodes=3 gpus=12 " in log
+    assert "learners=[1, 1, 1] learner_nodes=3 engines=9 tp=1" in log
+    assert "hpcrl: Ray has 3/3 nodes, 12/12 GPUs" in log
+    assert log.count("hpcrl: ray on n") == 2 and "exited with code" not in log  # workers stopped cleanly
+    ev = events(run_dir)
+    assert [e[1] for e in ev] == ["start", "end"] and ev[-1][3] == "completed:0"
+    assert all(e[0] == job.job_id for e in ev)
+    assert (run_dir / "hpcrl" / "job.sbatch").read_text() == script.read_text()
+    token = run_dir / "hpcrl" / f"ray-token-{job.job_id}"
+    assert token.stat().st_mode & 0o777 == 0o600
+    assert "hpcrl-smoke: ok" in job.output  # Slurm's own --output in the run directory
+    assert leftovers(job.job_id) == []
+
+
+def test_worker_that_cannot_start_fails_the_job_at_once(tmp_path, run_sbatch_and_wait):
+    """`ray start` fails on the two worker nodes only (inside the srun step); the head is fine."""
+    real_ray = shutil.which("ray")
+    assert real_ray
+    fault = tmp_path / "faultbin"
+    fault.mkdir()
+    (fault / "ray").write_text(
+        "#!/bin/bash\n"
+        "if [[ -n ${SLURM_STEP_ID:-} ]]; then\n"
+        '    echo "fault injected: ray cannot start on $SLURMD_NODENAME" >&2\n'
+        "    exit 1\n"
+        "fi\n"
+        f'exec {real_ray} "$@"\n'
+    )
+    (fault / "ray").chmod(0o755)
+    script, run_dir = render(tmp_path, f'hpcrl.env_setup=["export PATH={fault}:$PATH"]')
+    job = run_sbatch_and_wait(script, 600)
+    log = (run_dir / "logs" / f"job-{job.job_id}.log").read_text()
+    assert job.state == "FAILED", log
+    assert "fault injected: ray cannot start on n" in log
+    assert re.search(r"the worker step \(srun \.\.\. ray start on the other nodes\) exited with code \d+ "
+                     r"before all nodes joined", log)
+    ev = events(run_dir)
+    assert [e[1] for e in ev] == ["start", "end"] and ev[-1][3] == "ray-start-failed:1"
+    assert "hpcrl-smoke" not in log  # the driver never started
+    assert leftovers(job.job_id) == []

@@ -23,7 +23,6 @@ from hpcrl import slurm
 from hpcrl.errors import ConfigError, HpcrlError, RegistryError, SlurmError
 from hpcrl.registry import Job, Registry, Run, now
 
-REQUEUE_REASONS = frozenset({"timeout", "preempted"})
 SUBMIT_STALE_S = 600  # a run still `submitting` after this long lost its submitting process
 # Slurm's terminal state -> run reason, for a job that ended without writing its `end` line.
 _SLURM_REASON = {"COMPLETED": "completed", "TIMEOUT": "timeout", "CANCELLED": "cancelled",

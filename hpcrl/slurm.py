@@ -123,29 +123,27 @@ def _exit(raw: str) -> int | None:
     return int(code) if code.isdigit() else None
 
 
-def parse_sacct(text: str) -> dict[str, JobState]:
-    """`sacct -X -P -n --format=JobID,State,Reason,ExitCode` lines -> states."""
+def _parse_rows(text: str, source: str) -> dict[str, JobState]:
+    # "id|state|reason[|exit code]" lines, as sacct -P and squeue -o '%i|%T|%r' print them.
     out: dict[str, JobState] = {}
     for line in text.splitlines():
-        parts = line.split("|")
-        if len(parts) < 4 or not parts[0].strip():
+        parts = [p.strip() for p in line.split("|")]
+        if len(parts) < 3 or not parts[0]:
             continue
-        jid = parts[0].strip()
-        reason = parts[2].strip()
-        out[jid] = JobState(jid, _state_word(parts[1]), "" if reason == "None" else reason, _exit(parts[3]), "sacct")
+        jid, state, reason = parts[:3]
+        code = _exit(parts[3]) if len(parts) > 3 else None
+        out[jid] = JobState(jid, _state_word(state), "" if reason == "None" else reason, code, source)
     return out
+
+
+def parse_sacct(text: str) -> dict[str, JobState]:
+    """`sacct -X -P -n --format=JobID,State,Reason,ExitCode` lines -> states."""
+    return _parse_rows(text, "sacct")
 
 
 def parse_squeue(text: str) -> dict[str, JobState]:
     """`squeue -h -o '%i|%T|%r'` lines -> states (squeue reports no exit code)."""
-    out: dict[str, JobState] = {}
-    for line in text.splitlines():
-        parts = line.split("|")
-        if len(parts) < 3 or not parts[0].strip():
-            continue
-        jid, reason = parts[0].strip(), parts[2].strip()
-        out[jid] = JobState(jid, _state_word(parts[1]), "" if reason == "None" else reason, None, "squeue")
-    return out
+    return _parse_rows(text, "squeue")
 
 
 def parse_scontrol(text: str) -> JobState | None:

@@ -238,6 +238,9 @@ trap 'on_signal timeout USR1' USR1
 trap 'on_signal term TERM' TERM
 trap 'on_signal term INT' INT
 
+HEAD_NODE=${SLURMD_NODENAME:-$(hostname -s)}
+record start "$HEAD_NODE"
+
 # This job's script (continuations resubmit it) and the plan it was rendered from.
 if ! cmp -s -- "$0" "$HPCRL_DIR/job.sbatch"; then
     if [[ -e $HPCRL_DIR/job.sbatch ]]; then
@@ -365,9 +368,9 @@ fi
 # Node addresses are Slurm's own (NodeAddr): `hostname` may name another network or, on a
 # test cluster, the same machine for every node. One line per node: "<name> <IPv4> <slot>",
 # where slot numbers the job's nodes that share one host (0 on a real cluster).
+# The head is the node this batch script runs on (Slurm's BatchHost, normally the first).
 mapfile -t JOB_NODES < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
-HEAD_NODE=${JOB_NODES[0]:-}
-if [[ -z $HEAD_NODE ]]; then
+if ((${#JOB_NODES[@]} == 0)); then
     fail ray-start-failed "scontrol show hostnames gave no node for $SLURM_JOB_NODELIST"
 fi
 if ((${#JOB_NODES[@]} != 4)); then
@@ -409,7 +412,6 @@ if [[ -z ${HEAD_SLOT:-} ]]; then
     fail ray-start-failed "head node $HEAD_NODE is missing from scontrol show node"
 fi
 export HPCRL_NODE_TABLE HPCRL_HEAD_IP
-record start "$HEAD_NODE"
 log "job $SLURM_JOB_ID: 4 nodes, head $HEAD_NODE ($HPCRL_HEAD_IP), run dir $RUN_DIR"
 
 # A block of 100 ports per job, from the job id: two jobs on a shared node (or two runs on

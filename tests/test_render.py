@@ -391,13 +391,16 @@ class Stub:
                                                     hf_home=yq(hf_home or f"{tmp}/hf")))
         self.job = str(10000 + int.from_bytes(os.urandom(2), "big"))
 
-    def render(self, config: Path | str = "grpo-olmo3-7b", *, smoke: bool = False, sets=()) -> Path:
+    def render(self, config: Path | str = "grpo-olmo3-7b", *, smoke: bool = False, sets=(),
+               workdir: Path | None = None) -> Path:
+        workdir = workdir or self.tmp
         rp = make_run_plan(str(config), nodes=self.nodes, cluster_file=str(self.profile),
-                           sets=["hpcrl.env_setup=[]", f"hpcrl.workdir={self.tmp}", *sets])
+                           sets=["hpcrl.env_setup=[]", f"hpcrl.workdir={yq(str(workdir))}", *sets])
         path = self.tmp / "job.sh"
         path.write_text(render_script(rp, smoke=smoke))
-        (self.tmp / "open_instruct").mkdir(exist_ok=True)
-        (self.tmp / "open_instruct" / "grpo_fast.py").write_text("")
+        real = Path(str(workdir).replace("$HOME", str(self.tmp)))  # HOME is self.tmp in the run
+        (real / "open_instruct").mkdir(parents=True, exist_ok=True)
+        (real / "open_instruct" / "grpo_fast.py").write_text("")
         return path
 
     def start(self, script: Path, **env: str) -> subprocess.Popen:
@@ -474,6 +477,8 @@ def test_quoting_nothing_is_executed_values_arrive_verbatim(tmp_path):
     driver byte for byte, and nothing in them runs."""
     nasty = {k: NASTY.format(p=tmp_path, k=k) for k in ("model", "run", "ds", "wandb", "env", "hf", "mod", "root")}
     nasty["model"] += "\nsecond line"
+    nasty["run"] += "\nnext line"
+    workdir = tmp_path / NASTY.format(p="x", k="wd").replace("/", "_")
     stub = Stub(tmp_path, nodes=2, profile_env={"NASTY_ENV": nasty["env"] + "\nnl"}, modules=[nasty["mod"]],
                 hf_home=f"{tmp_path}/{nasty['hf']}")
     cfg = tmp_path / "nasty.yaml"
@@ -485,9 +490,10 @@ def test_quoting_nothing_is_executed_values_arrive_verbatim(tmp_path):
         f"wandb_project: {yq(nasty['wandb'])}\n"
         "response_length: 256\npack_length: 1024\nmax_prompt_token_length: 256\n"
     )
-    rc, out = stub.run(stub.render(cfg))
+    rc, out = stub.run(stub.render(cfg, workdir=workdir))
     assert rc == 0, out
-    assert not list(tmp_path.rglob("PWNED*")), out
+    assert not list(tmp_path.rglob("PWNED*")) and not list(Path.cwd().rglob("PWNED*")), out
+    assert (tmp_path / "stub-out" / "driver.cwd").read_text().strip() == str(workdir).replace("$HOME", str(tmp_path))
     argv = stub.argv("driver.argv")
     args = argv[argv.index("--") + 3:]
     assert args[args.index("--model_name_or_path") + 1] == nasty["model"]

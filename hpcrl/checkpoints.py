@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from hpcrl.errors import HpcrlError, RegistryError
+from hpcrl.errors import HpcrlError
 
 HF_MARKER = ".checkpoint_complete"
 SERIES = {"hf": re.compile(r"^step_(\d+)$"), "state": re.compile(r"^global_step(\d+)$")}
@@ -43,15 +43,6 @@ class Checkpoint:
     @property
     def series(self) -> tuple[Path, str]:
         return (self.path.parent, self.kind)
-
-
-def resolve_run_dir(run: str) -> Path:
-    """The directory of run `run`. Only paths for now; run ids come with the run registry."""
-    path = Path(run).expanduser()
-    if not path.is_dir():
-        raise RegistryError(f"{run}: no such run directory (give the run directory's path; run ids are not "
-                            "supported here yet)")
-    return path.resolve()
 
 
 def _size_and_mtime(path: Path) -> tuple[int, float]:

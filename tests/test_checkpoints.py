@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from hpcrl.checkpoints import apply_prune, find_checkpoints, plan_prune, resolve_run_dir
+from hpcrl.checkpoints import apply_prune, find_checkpoints, plan_prune
+from hpcrl.run_lookup import find_run_dir
 from hpcrl.errors import HpcrlError
 
 OLD = time.time() - 3 * 3600  # settled three hours ago
@@ -95,7 +96,7 @@ def test_keep_zero_and_bad_paths_are_user_errors(run_dir, tmp_path):
     with pytest.raises(HpcrlError, match="would delete every checkpoint"):
         plan_prune(find_checkpoints(run_dir), keep=0, now=time.time())
     with pytest.raises(HpcrlError, match="no such run directory"):
-        resolve_run_dir(str(tmp_path / "nope"))
+        find_run_dir(str(tmp_path / "nope"), require_hpcrl=False)
 
 
 def hpcrl(*args: str) -> subprocess.CompletedProcess:

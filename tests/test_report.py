@@ -358,9 +358,9 @@ def test_report_on_a_local_slurm_smoke_run(slurm, tmp_path):
     assert r["gpu"]["samples"] == 0 and len(r["gpu"]["no_gpu_nodes"]) == 3
     assert r["gpu"]["note"].startswith("no GPU samples (the monitor found no NVIDIA GPU on n")
     # The prediction from plan.json is still shown, with nothing measured beside it.
-    assert r["plan"]["model"] == "Qwen/Qwen2.5-0.5B" and r["plan"]["gpu_total_gib"] == 80.0
+    assert r["plan"]["model"] == "Qwen/Qwen2.5-0.5B" and r["plan"]["gpu_total_gib"] == 139.8
     assert [(m["role"], m["measured_peak_gib"]) for m in r["memory"]] == [("learner", None), ("engine", None)]
-    assert r["memory"][1]["predicted_gib"] == pytest.approx(80.0 * r["plan"]["gpu_memory_utilization"], abs=1e-3)
+    assert r["memory"][1]["predicted_gib"] == pytest.approx(139.8 * r["plan"]["gpu_memory_utilization"], abs=1e-3)
     assert r["checkpoints"] == [] and r["metrics"] is None  # the smoke driver trains nothing
     assert "no GPU samples" in (tmp_path / "r.md").read_text()
     text = hpcrl("report", run_id, env=env, cwd=tmp_path)

@@ -15,39 +15,9 @@ _STATE_STYLE = {"completed": "green", "timeout": "yellow", "preempted": "yellow"
 
 
 def _resolve(run: str, registry: Optional[Path]) -> tuple[Path, dict | None]:
-    """(run directory, registry row or None) for a run id, id prefix, job id or run directory path."""
-    from hpcrl import lifecycle
-    from hpcrl.errors import HpcrlError, RegistryError, SlurmError
-    from hpcrl.registry import Registry, default_path
+    from hpcrl.run_lookup import find_run_dir
 
-    path = Path(run).expanduser()
-    row, reg = None, None
-    if path.is_dir() or "/" in run or run.startswith((".", "~")):
-        if not path.is_dir():
-            raise HpcrlError(f"{run}: no such run directory (give a run directory or a run id; see hpcrl runs)")
-        path = path.resolve()
-        try:  # the directory's registry row, when there is one, adds Slurm's job states
-            if default_path(registry).exists():
-                reg = Registry(registry)
-                row = next((r for r in reg.list_runs()
-                            if r.state != "dry-run" and Path(r.run_dir).resolve() == path), None)
-        except RegistryError:
-            row = None
-    else:
-        reg = Registry(registry)
-        row = reg.find(run)  # an unknown id: one line listing the recent runs
-        if row.state == "dry-run":
-            raise HpcrlError(f"run {row.run_id} is a dry run: nothing was submitted, there is nothing to report")
-        path = Path(row.run_dir)
-        if not path.is_dir():
-            raise HpcrlError(f"run {row.run_id}: its run directory {path} does not exist (moved or deleted?)")
-    if row is not None and reg is not None and row.live:
-        try:
-            row = lifecycle.refresh(reg, [row])[0]
-        except SlurmError:
-            pass  # no Slurm here: report what the files say
-    if not (path / "hpcrl").is_dir():
-        raise HpcrlError(f"{path}: not an hpcrl run directory (no hpcrl/ inside; docs/run-dir.md)")
+    path, row = find_run_dir(run, registry)
     return path, row.to_dict() if row else None
 
 

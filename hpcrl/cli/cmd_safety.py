@@ -147,9 +147,10 @@ def checkpoints_list(
     """Checkpoints of a run: kind, step, size, whether complete, age."""
     import time  # noqa: PLC0415
 
-    from hpcrl.checkpoints import find_checkpoints, resolve_run_dir  # noqa: PLC0415
+    from hpcrl.checkpoints import find_checkpoints  # noqa: PLC0415
+    from hpcrl.run_lookup import find_run_dir  # noqa: PLC0415
 
-    run_dir = resolve_run_dir(run)
+    run_dir = find_run_dir(run, require_hpcrl=False)[0]
     now = time.time()
     cps = find_checkpoints(run_dir)
     rows = [_cp_row(c, run_dir, now) for c in cps]
@@ -180,9 +181,10 @@ def checkpoints_prune(
     """Delete old checkpoints (dry run unless --yes); never the newest, an incomplete or a recent one."""
     import time  # noqa: PLC0415
 
-    from hpcrl.checkpoints import apply_prune, find_checkpoints, plan_prune, resolve_run_dir  # noqa: PLC0415
+    from hpcrl.checkpoints import apply_prune, find_checkpoints, plan_prune  # noqa: PLC0415
+    from hpcrl.run_lookup import find_run_dir  # noqa: PLC0415
 
-    run_dir = resolve_run_dir(run)
+    run_dir = find_run_dir(run, require_hpcrl=False)[0]
     now = time.time()
     plan = plan_prune(find_checkpoints(run_dir), keep, now, recent_seconds)
     deleted = apply_prune(plan, time.time, recent_seconds) if yes else []

@@ -27,10 +27,10 @@ from hpcrl.render import render_script
 from hpcrl.run_plan import make_run_plan
 
 GOLDEN = Path(__file__).with_name("golden")
-PROFILES = ["isambard-ai", "berzelius", "berzelius:fat", "berzelius-hopper"]
+PROFILES = ["isambard-ai", "berzelius", "berzelius:fat", "berzelius-hopper", "local-dev"]
 CONFIGS = ["grpo-olmo3-32b", "grpo-olmo3-7b"]
 # 4 nodes, except where the model needs more (the 32B learner does not fit 4 thin Berzelius nodes).
-NODES = {("berzelius", "grpo-olmo3-32b"): 16}
+NODES = {("berzelius", "grpo-olmo3-32b"): 16, ("local-dev", "grpo-olmo3-32b"): 3, ("local-dev", "grpo-olmo3-7b"): 3}
 CASES = [(p, c, NODES.get((p, c), 4)) for p in PROFILES for c in CONFIGS]
 
 
@@ -75,22 +75,18 @@ def test_golden(cluster, config, nodes):
     assert text == path.read_text(), f"{path.name} differs: review, then regenerate with HPCRL_UPDATE_GOLDEN=1"
 
 
-# The end-to-end smoke render (tests/test_render_e2e.py): local-dev with host RAM declared for
-# the planner, a small model, one learner on each of three nodes.
-LOCAL_DEV_E2E = "name: local-dev-e2e\nextends: local-dev\nnode: {ram_gib: 512}\n"
-SMOKE3 = dict(smoke=True, pins=["learners=1", "learner_nodes=3", "tp=1"],
-              sets=["model_name_or_path=Qwen/Qwen2.5-0.5B", 'hpcrl.time="00:05:00"', "hpcrl.env_setup=[]"])
+# The end-to-end smoke render (tests/test_render_e2e.py): the default config on three
+# local-dev nodes, with a private run root and no virtualenv to activate.
+SMOKE3 = dict(smoke=True, sets=["hpcrl.run_root=/tmp/hpcrl-e2e", 'hpcrl.time="00:05:00"', "hpcrl.env_setup=[]"])
 
 
 def test_golden_local_dev_smoke(tmp_path, shellcheck):
-    profile = tmp_path / "local-dev-e2e.yaml"
-    profile.write_text(LOCAL_DEV_E2E)
-    text = render(None, "grpo-olmo3-7b", 3, cluster_file=str(profile), **SMOKE3)
-    path = GOLDEN / "local-dev-e2e__smoke__3.sh"
+    text = render("local-dev", "grpo-olmo3-32b", 3, **SMOKE3)
+    path = GOLDEN / "local-dev__smoke__3.sh"
     if os.environ.get("HPCRL_UPDATE_GOLDEN") == "1":
         path.write_text(text)
     assert text == path.read_text(), f"{path.name} differs: review, then regenerate with HPCRL_UPDATE_GOLDEN=1"
-    assert "--learners '1 1 1' --engines 9 --tp 1" in text
+    assert re.search(r"^    python3 -m hpcrl\.runtime\.smoke --nodes 3 --gpus-per-node 4$", text, re.M)
     lint(text, tmp_path, shellcheck)
 
 

@@ -30,32 +30,29 @@ def _ray_installed():
 
 
 RUN_NAME = "smoke3"
-# local-dev as scripts/dev-slurm runs it, with host RAM declared large enough for the planner's
-# host-memory check (the four emulated nodes share this machine's RAM; nothing here is real).
-PROFILE = """\
-name: local-dev-e2e
-extends: local-dev
-node: {ram_gib: 512}
-"""
 
 
 def render(tmp_path: Path, *sets: str) -> tuple[Path, Path]:
-    """Render the 3-node smoke script into tmp_path; return (script, run dir)."""
+    """`hpcrl render --cluster local-dev --nodes 3 --smoke` (the default 32B config's layout) into
+    tmp_path, with a private run root and no virtualenv to activate; return (script, run dir)."""
     script = tmp_path / "smoke3.sbatch"
-    profile = tmp_path / "local-dev-e2e.yaml"
-    profile.write_text(PROFILE)
-    args = [sys.executable, "-m", "hpcrl", "render", "--cluster-file", str(profile), "--nodes", "3", "--smoke",
-            "--config", "grpo-olmo3-7b", "--set", "model_name_or_path=Qwen/Qwen2.5-0.5B",
-            "--pin", "learners=1", "--pin", "learner_nodes=3", "--pin", "tp=1",
+    args = [sys.executable, "-m", "hpcrl", "render", "--cluster", "local-dev", "--nodes", "3", "--smoke",
             "--set", f"hpcrl.run_root={tmp_path / 'runs'}", "--set", f"hpcrl.run_name={RUN_NAME}",
-            "--set", 'hpcrl.time="00:05:00"', "--set", "hpcrl.env_setup=[]", *(a for s in sets for a in ("--set", s)),
-            "-o", str(script)]
+            "--set", 'hpcrl.time="00:05:00"', "--set", "hpcrl.env_setup=[]",
+            *(a for s in sets for a in ("--set", s)), "-o", str(script)]
     env = {k: v for k, v in os.environ.items() if k != "HPCRL_CLUSTERS_DIR"}
     out = subprocess.run(args, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
     assert out.returncode == 0, out.stderr
     run_dir = tmp_path / "runs" / RUN_NAME
     (run_dir / "logs").mkdir(parents=True)  # as hpcrl submit does: Slurm opens --output there
     return script, run_dir
+
+
+def planned(script: Path) -> tuple[str, str, str]:
+    """The smoke test's --learners, --engines and --tp as rendered."""
+    m = re.search(r"--learners '?([\d ]+)'? --engines (\d+) --tp (\d+)", script.read_text())
+    assert m, "no smoke command in the script"
+    return m.group(1), m.group(2), m.group(3)
 
 
 def events(run_dir: Path) -> list[list[str]]:
@@ -75,7 +72,9 @@ def test_smoke_job_three_nodes(tmp_path, run_sbatch_and_wait):
     log = (run_dir / "logs" / f"job-{job.job_id}.log").read_text()
     assert job.state == "COMPLETED", log
     assert "hpcrl-smoke: ok nodes=3 gpus=12 " in log
-    assert "learners=[1, 1, 1] learner_nodes=3 engines=9 tp=1" in log
+    learners, engines, tp = planned(script)
+    entries = [int(k) for k in learners.split()]
+    assert f"learners={entries} learner_nodes={len(entries)} engines={engines} tp={tp} " in log
     assert "hpcrl: Ray has 3/3 nodes, 12/12 GPUs" in log
     assert log.count("hpcrl: ray on n") == 2 and "exited with code" not in log  # workers stopped cleanly
     ev = events(run_dir)

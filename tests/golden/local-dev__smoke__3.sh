@@ -1,26 +1,26 @@
 #!/bin/bash
 # Rendered by hpcrl 0.1.0: re-render (hpcrl render) rather than edit by hand.
-# hpcrl cluster: local-dev-e2e
-# hpcrl config: grpo-olmo3-7b.yaml (digest 1f63d21c7f85)
+# hpcrl cluster: local-dev
+# hpcrl config: grpo-olmo3-32b.yaml (digest 29a3cbe259f0)
 # SMOKE TEST: the driver is hpcrl.runtime.smoke, which checks the Ray cluster and exits.
 #
 # Plan:
-#   model Qwen/Qwen2.5-0.5B: 128 sequences of 18432 tokens per step, pack_length 18432
-#   3 x 4 none (declared) (80 GiB): 3 learner GPUs, 9 engine GPUs, 0 idle
-#   num_learners_per_node [1] x 3, vllm_num_engines 9, vllm_tensor_parallel_size 1, vllm_gpu_memory_utilization 0.9, deepspeed_stage 3
-#   learner peak 28.1 GiB/GPU of 80.0 usable; engine 0.9 GiB weights + 69.0 GiB KV cache per GPU; host peak 20 GiB/node
-#   step ~28 s (generation 28 s, training 8 s), bottleneck generation
+#   model allenai/Olmo-3-1125-32B: 256 sequences of 10240 tokens per step, pack_length 10240
+#   3 x 4 none (declared) (139.8 GiB): 6 learner GPUs, 6 engine GPUs, 0 idle
+#   num_learners_per_node [2] x 3, vllm_num_engines 3, vllm_tensor_parallel_size 2, vllm_gpu_memory_utilization 0.9, deepspeed_stage 3
+#   learner peak 125.9 GiB/GPU of 139.8 usable; engine 30.0 GiB weights + 93.0 GiB KV cache per GPU; host peak 22 GiB/node
+#   step ~648 s (generation 648 s, training 285 s), bottleneck generation
 #
 # Submit with `hpcrl submit`, which creates the run directory first. With plain sbatch,
 # create <run dir>/logs first when --output points there: Slurm opens it before this runs.
 # docs/render.md explains every part of this script.
-#SBATCH --job-name=hpcrl-grpo-olmo3-7b
+#SBATCH --job-name=hpcrl-grpo-olmo3-32b
 #SBATCH --nodes=3
 #SBATCH --ntasks-per-node=1
 #SBATCH --gpus-per-node=4
 #SBATCH --time=00:05:00
 #SBATCH --partition=debug
-#SBATCH --output=/tmp/hpcrl-runs/grpo-olmo3-7b/logs/slurm-%j.out
+#SBATCH --output=/tmp/hpcrl-e2e/grpo-olmo3-32b/logs/slurm-%j.out
 #SBATCH --open-mode=append
 #SBATCH --signal=B:USR1@30
 #SBATCH --no-requeue
@@ -64,7 +64,7 @@ export HF_HUB_OFFLINE=1
 # One directory per run, the same on every restart, so open-instruct's output_dir and
 # checkpoint_state_dir are found again (docs/run-dir.md).
 unset RAY_ADDRESS
-RUN_DIR=/tmp/hpcrl-runs/grpo-olmo3-7b
+RUN_DIR=/tmp/hpcrl-e2e/grpo-olmo3-32b
 [[ $RUN_DIR == /* ]] || RUN_DIR=$PWD/$RUN_DIR
 HPCRL_DIR=$RUN_DIR/hpcrl
 mkdir -p -- "$RUN_DIR/output" "$RUN_DIR/checkpoints" "$RUN_DIR/logs" "$HPCRL_DIR"
@@ -250,86 +250,86 @@ fi
 if [[ ! -e $HPCRL_DIR/plan.json ]]; then
     cat >"$HPCRL_DIR/plan.json.$SLURM_JOB_ID.tmp" <<'HPCRL_PLAN_JSON'
 {
-  "cluster": "local-dev-e2e",
-  "config": "grpo-olmo3-7b.yaml",
-  "config_digest": "1f63d21c7f85",
+  "cluster": "local-dev",
+  "config": "grpo-olmo3-32b.yaml",
+  "config_digest": "29a3cbe259f0",
   "gpus_per_node": 4,
   "hpcrl_version": "0.1.0",
   "layout": {
     "bottleneck": "generation",
     "deepspeed_stage": 3,
-    "engine_concurrent_seqs": 327,
-    "engine_gpus": 9,
-    "engine_kv_cache_gib": 68.99,
-    "generation_time_s": 28.1,
-    "gpu_usable_gib": 80.0,
-    "host_peak_gib": 20.0,
+    "engine_concurrent_seqs": 74,
+    "engine_gpus": 6,
+    "engine_kv_cache_gib": 92.97,
+    "generation_time_s": 647.8,
+    "gpu_usable_gib": 139.8,
+    "host_peak_gib": 22.0,
     "idle_gpus": 0,
-    "learner_gpus": 3,
-    "learner_peak_gib": 28.06,
+    "learner_gpus": 6,
+    "learner_peak_gib": 125.89,
     "nodes": 3,
     "num_learners_per_node": [
-      1,
-      1,
-      1
+      2,
+      2,
+      2
     ],
-    "reason": "no idle GPU; step ~28s set by generation (generation 28s, training 8s)",
-    "step_time_s": 28.1,
-    "training_time_s": 7.9,
+    "reason": "no idle GPU; step ~648s set by generation (generation 648s, training 285s)",
+    "step_time_s": 647.8,
+    "training_time_s": 284.8,
     "vllm_gpu_memory_utilization": 0.9,
-    "vllm_num_engines": 9,
-    "vllm_tensor_parallel_size": 1
+    "vllm_num_engines": 3,
+    "vllm_tensor_parallel_size": 2
   },
   "memory": {
     "engine": {
-      "activation_peak_gib": 0.493,
-      "concurrent_seqs": 327,
+      "activation_peak_gib": 0.83,
+      "concurrent_seqs": 74,
       "cuda_graphs_gib": 1.0,
       "fits": true,
       "gpu_memory_utilization": 0.9,
-      "kv_bytes_per_token": 12288,
-      "kv_cache_gib": 68.987,
-      "kv_tokens": 6028169,
-      "max_seq_len": 18432,
-      "non_torch_gib": 0.6,
-      "tp": 1,
-      "weights_gib": 0.92
+      "kv_bytes_per_token": 131072,
+      "kv_cache_gib": 92.97,
+      "kv_tokens": 761609,
+      "max_seq_len": 10240,
+      "non_torch_gib": 1.0,
+      "tp": 2,
+      "weights_gib": 30.02
     },
     "fits": true,
     "gpu": {
-      "cluster": "local-dev-e2e",
+      "cluster": "local-dev",
       "name": "none (declared)",
-      "usable_gib": 80.0
+      "usable_gib": 139.8
     },
     "host": {
       "breakdown": {
         "Ray (GCS, raylet)": 2.0,
-        "learner processes": 6.0,
+        "learner processes": 12.0,
         "offloaded optimizer state (pinned)": 0.0,
-        "vLLM workers": 12.0
+        "vLLM workers": 8.0
       },
       "fits": true,
       "kill_threshold": 0.95,
-      "peak_gib": 20.0,
+      "peak_gib": 22.0,
       "ram_per_node_gib": 512.0
     },
     "learner": {
       "breakdown": {
-        "Adam moments (fp32)": 1.227,
-        "ZeRO++ secondary weights (hpZ)": 0.307,
-        "ZeRO-3 gathered lm_head + grad": 0.761,
-        "activations (stored)": 0.831,
+        "Adam moments (fp32)": 40.026,
+        "ZeRO++ secondary weights (hpZ)": 10.007,
+        "ZeRO-3 gathered lm_head + grad": 1.913,
+        "activations (stored)": 6.543,
         "fixed (workspaces, RNG, persistent params)": 0.25,
-        "fp32 master weights": 0.613,
-        "gradients": 0.613,
-        "log-prob path (compiled)": 15.649,
-        "parameters (bf16)": 0.307,
+        "fp32 master weights": 20.013,
+        "gradients": 20.013,
+        "log-prob path (compiled)": 5.738,
+        "parameters (bf16)": 10.007,
         "reduce bucket": 0.931
       },
-      "deepspeed_estimate_gib": 3.268,
-      "device_total_gib": 28.055,
+      "deepspeed_estimate_gib": 91.972,
+      "device_total_gib": 125.886,
       "fits": true,
-      "gpus": 3,
+      "gpus": 6,
       "grad_accum_dtype": "fp32",
       "gradient_checkpointing": true,
       "load_in_4bit": false,
@@ -337,23 +337,23 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "lora_rank": 0,
       "non_torch_gib": 1.0,
       "offload": "none",
-      "peak_allocated_gib": 21.489,
+      "peak_allocated_gib": 115.441,
       "peak_phase": "logits",
-      "peak_reserved_gib": 27.055,
-      "tokens_per_gpu": 18432,
+      "peak_reserved_gib": 124.886,
+      "tokens_per_gpu": 10240,
       "zero_stage": 3
     },
     "model": {
-      "active_params": 494032768,
-      "name": "Qwen/Qwen2.5-0.5B",
-      "total_params": 494032768,
-      "trainable_params": 494032768
+      "active_params": 32233522176,
+      "name": "allenai/Olmo-3-1125-32B",
+      "total_params": 32233522176,
+      "trainable_params": 32233522176
     },
-    "verdict": "learner fits with 51.9 GiB to spare; engine fits: 327 sequences of 18432 tokens fit at once"
+    "verdict": "learner fits with 13.9 GiB to spare; engine fits: 74 sequences of 10240 tokens fit at once"
   },
-  "model": "Qwen/Qwen2.5-0.5B",
+  "model": "allenai/Olmo-3-1125-32B",
   "nodes": 3,
-  "run_name": "grpo-olmo3-7b",
+  "run_name": "grpo-olmo3-32b",
   "smoke": true,
   "warnings": []
 }
@@ -594,7 +594,7 @@ if ! python3 -c 'import hpcrl.runtime.smoke' 2>/dev/null; then
 fi
 DRIVER=(
     python3 -m hpcrl.runtime.smoke --nodes 3 --gpus-per-node 4
-    --cpus-per-node "$HPCRL_RAY_CPUS" --learners '1 1 1' --engines 9 --tp 1
+    --cpus-per-node "$HPCRL_RAY_CPUS" --learners '2 2 2' --engines 3 --tp 2
 )
 printf 'hpcrl: driver:'
 printf ' %q' "${DRIVER[@]}"

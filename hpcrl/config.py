@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from hpcrl.backends.oi_args import ArgLayout, check_args
 from hpcrl.errors import ConfigError, HpcrlError
@@ -73,6 +73,15 @@ class HpcrlSection(BaseModel):
     hang_minutes: float = Field(default=60.0, gt=0)
     allow_over_limit: bool = False
     force_disk: bool = False
+
+    @field_validator("time", mode="before")
+    @classmethod
+    def _sexagesimal(cls, value):
+        # YAML 1.1 reads an unquoted 24:00:00 as the base-60 integer 86400: turn it back.
+        if isinstance(value, int) and not isinstance(value, bool):
+            h, rest = divmod(value, 3600)
+            return f"{h}:{rest // 60:02d}:{rest % 60:02d}"
+        return value
 
 
 class RunConfig(BaseModel):

@@ -74,3 +74,8 @@ def test_unknown_key_in_file(tmp_path):
 
 def test_parse_override_keeps_strings():
     assert parse_override("model_name_or_path=/p/$(touch x)") == ("model_name_or_path", "/p/$(touch x)")
+
+
+def test_wall_time_survives_yaml_base_60():
+    cfg = load_run_config(None, ["hpcrl.time=24:00:00"])
+    assert cfg.hpcrl.time == "24:00:00"

@@ -262,7 +262,8 @@ def _inherit(base: dict, over: dict) -> dict:
 
 
 def _first_error(path: str | Path, exc: ValidationError) -> str:
-    err = exc.errors()[0]
+    # A typo'd key also makes the key it was meant to be "missing": name the typo first.
+    err = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")[0]
     where = ".".join(str(p) for p in err["loc"]) or "(top level)"
     if err["type"] == "extra_forbidden":
         problem = "unknown key"

@@ -1,6 +1,7 @@
-"""Run configs: open-instruct's own arguments plus an `hpcrl:` section, and `--set` overrides.
+"""Run configs: the training framework's own arguments plus an `hpcrl:` section, and `--set` overrides.
 
-A run config is the YAML file users already pass to grpo_fast.py, with one extra mapping:
+A run config is the YAML file users already pass to their framework (grpo_fast.py's YAML for
+open-instruct; verl's Hydra keys; OpenRLHF's flags without `--`), with one extra mapping:
 
     hpcrl:
       cluster: isambard-ai
@@ -10,8 +11,9 @@ A run config is the YAML file users already pass to grpo_fast.py, with one extra
     pack_length: 10240
     ...
 
-Layout fields (LAYOUT_FIELDS) come from the layout planner unless the user sets them:
-then they are pins, checked and never silently changed.
+Layout fields (the backend's `layout_keys`) come from the layout planner unless the user
+sets them: then they are pins, checked and never silently changed. `hpcrl.backend` picks
+the framework (hpcrl/backends/); its flag table checks every other key.
 """
 
 from __future__ import annotations
@@ -23,26 +25,20 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from hpcrl.backends.oi_args import ArgLayout, check_args
-from hpcrl.errors import ConfigError, HpcrlError
+from hpcrl.backends import BACKENDS, get_backend
+from hpcrl.backends.base import refuse_run_dir_keys
+from hpcrl.backends.oi_args import ArgLayout
+from hpcrl.backends.open_instruct import LAYOUT_FIELDS, RUN_DIR_FIELDS
+from hpcrl.errors import ConfigError, HpcrlError, UnknownNameError
 from hpcrl.resources import data_dir
 from hpcrl.yamlfile import read_mapping
 
 DEFAULT_CONFIG = "grpo-olmo3-32b"
 
-# Fields the layout planner decides; present in a config file or --set, they are pins.
-LAYOUT_FIELDS = (
-    "num_learners_per_node",
-    "vllm_num_engines",
-    "vllm_tensor_parallel_size",
-    "vllm_gpu_memory_utilization",
-    "deepspeed_stage",
-    "num_nodes",
-)
-# Fields hpcrl owns so that restarts find their state: set from the run directory.
-RUN_DIR_FIELDS = ("output_dir", "checkpoint_state_dir")
+# open-instruct's layout and run-directory fields, re-exported (other backends: layout_keys, run_dir_keys).
+__all__ = ["LAYOUT_FIELDS", "RUN_DIR_FIELDS", "HpcrlSection", "RunConfig", "load_run_config"]
 
 
 class HpcrlSection(BaseModel):
@@ -53,10 +49,12 @@ class HpcrlSection(BaseModel):
     cluster: str = "isambard-ai"
     nodes: int | None = Field(default=None, gt=0)
     model: str | None = Field(default=None, description="Planner model; default from model_name_or_path")
-    backend: Literal["open-instruct"] = "open-instruct"
-    arg_layout: ArgLayout = "current"
-    entry_point: str = "open_instruct/grpo_fast.py"
-    workdir: str = Field(default="$HOME/open-instruct", description="Checkout the entry point is relative to")
+    backend: Literal["open-instruct", "verl", "openrlhf"] = "open-instruct"
+    arg_layout: ArgLayout = Field(default="current", description="open-instruct's argument layout (current|legacy)")
+    # Defaults follow the backend (see _backend_defaults): open-instruct's are given here.
+    entry_point: str = Field(default="open_instruct/grpo_fast.py",
+                             description="Script path (open-instruct) or Python module (verl, openrlhf)")
+    workdir: str = Field(default="$HOME/open-instruct", description="Directory the driver starts in")
     python: str = "python"
     env_setup: list[str] = Field(default_factory=list, description="Shell lines run on every node first")
     container: str | None = Field(default=None, description="Image to run in (profile's runtime)")
@@ -74,6 +72,17 @@ class HpcrlSection(BaseModel):
     allow_over_limit: bool = False
     force_disk: bool = False
 
+    @model_validator(mode="before")
+    @classmethod
+    def _backend_defaults(cls, data):
+        # The backend's own entry point and checkout unless given; open-instruct's are the
+        # field defaults, so its configs validate (and hash) exactly as before.
+        if isinstance(data, dict) and data.get("backend", "open-instruct") != "open-instruct":
+            backend = get_backend(str(data["backend"]))
+            data = {"entry_point": backend.default_entry_point, "workdir": backend.default_workdir,
+                    "python": backend.default_python, "logprob_impl": backend.default_logprob_impl, **data}
+        return data
+
     @field_validator("time", mode="before")
     @classmethod
     def _sexagesimal(cls, value):
@@ -85,7 +94,7 @@ class HpcrlSection(BaseModel):
 
 
 class RunConfig(BaseModel):
-    """A validated run config: the hpcrl section and open-instruct's arguments."""
+    """A validated run config: the hpcrl section and the framework's arguments."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -96,7 +105,7 @@ class RunConfig(BaseModel):
 
     @property
     def model_name(self) -> str:
-        return self.hpcrl.model or str(self.args.get("model_name_or_path") or "")
+        return self.hpcrl.model or get_backend(self.hpcrl.backend).model_name(self.args)
 
     def digest(self) -> str:
         """Short hash of the effective config (same inputs, same hash)."""
@@ -144,21 +153,16 @@ def load_run_config(name_or_path: str | None = None, overrides: list[str] | None
     raw = read_mapping(path, ConfigError, "settings")
     section = copy.deepcopy(raw.pop("hpcrl", None) or {})
     args = raw
-    pinned = {k for k in LAYOUT_FIELDS if k in args}
     for item in overrides or []:
         key, value = parse_override(item)
         if key.startswith("hpcrl."):
             section[key.split(".", 1)[1]] = value
         else:
             args[key] = value
-            if key in LAYOUT_FIELDS:
-                pinned.add(key)
-    for key in RUN_DIR_FIELDS:
-        if key in args:
-            raise ConfigError(
-                f"{path}: {key} is set by hpcrl from the run directory so restarts resume; "
-                "remove it (set hpcrl.run_root to move runs)"
-            )
+    name = section.get("backend", "open-instruct")
+    if name not in BACKENDS:
+        raise ConfigError(f"{path}: hpcrl.backend: {UnknownNameError('backend', str(name), BACKENDS)}")
+    backend = get_backend(name)
     try:
         hp = HpcrlSection.model_validate(section)
     except ValidationError as exc:
@@ -167,7 +171,11 @@ def load_run_config(name_or_path: str | None = None, overrides: list[str] | None
         problem = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
         raise ConfigError(f"{path}: hpcrl.{loc}: {problem}") from None
     try:
-        check_args(args, hp.arg_layout)
+        backend.check_section(hp)
+        args = backend.normalize_args(args, hp)
+        refuse_run_dir_keys(backend, args, "")
+        backend.check_args(args, hp)
     except HpcrlError as exc:
         raise ConfigError(f"{path}: {exc}") from None
+    pinned = {k for k in backend.layout_keys if k in args}
     return RunConfig(hpcrl=hp, args=args, source=str(path), pinned=tuple(sorted(pinned)))

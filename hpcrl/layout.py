@@ -46,6 +46,7 @@ class Workload:
     logprob_impl: str = "compiled"
     grad_accum_dtype: str = "fp32"  # open-instruct's DeepSpeed config sets fp32
     hpz_partition_size: int = 8  # open-instruct's --deepspeed_zpg
+    logits_copy: bool = True  # open-instruct divides the logits by the temperature out of place
 
     @property
     def seqs(self) -> int:
@@ -97,6 +98,9 @@ class Layout:
     gen_time_s: float
     train_time_s: float
     notes: tuple[str, ...] = field(default=())
+    # Every GPU trains and generates in turn (memory is a ColocatedPlan): no GPU is idle and
+    # generation and training add up instead of overlapping.
+    colocated: bool = False
 
     @property
     def learner_gpus(self) -> int:
@@ -104,10 +108,14 @@ class Layout:
 
     @property
     def idle_gpus(self) -> int:
+        if self.colocated:
+            return 0
         return self.nodes * self.gpus_per_node - self.learner_gpus - self.engines * self.tp
 
     @property
     def step_time_s(self) -> float:
+        if self.colocated:
+            return self.gen_time_s + self.train_time_s
         return max(self.gen_time_s, self.train_time_s)
 
     @property
@@ -116,7 +124,8 @@ class Layout:
 
     @property
     def learner_headroom(self) -> float:
-        return 1 - self.memory.learner.device_total / self.memory.usable
+        peak = self.memory.peak_device if self.colocated else self.memory.learner.device_total
+        return 1 - peak / self.memory.usable
 
     def open_instruct_fields(self) -> dict:
         """The layout as open-instruct's arguments."""
@@ -129,6 +138,9 @@ class Layout:
         }
 
     def reason(self) -> str:
+        if self.colocated:
+            return (f"colocated: every GPU trains and generates; step ~{self.step_time_s:.0f}s = generation "
+                    f"{self.gen_time_s:.0f}s + training {self.train_time_s:.0f}s")
         idle = "no idle GPU" if self.idle_gpus == 0 else f"{self.idle_gpus} idle GPUs"
         return (
             f"{idle}; step ~{self.step_time_s:.0f}s set by {self.bottleneck} "
@@ -154,7 +166,13 @@ class Layout:
             "step_time_s": round(self.step_time_s, 1),
             "bottleneck": self.bottleneck,
             "reason": self.reason(),
-        }
+        } | (self._colocated_dict() if self.colocated else {})
+
+    def _colocated_dict(self) -> dict:
+        # Only on colocated layouts, so the other layouts' schema is unchanged.
+        g = C.GIB
+        return {"colocated": True, "training_peak_gib": round(self.memory.training_total / g, 2),
+                "rollout_peak_gib": round(self.memory.rollout_total / g, 2)}
 
 
 def _learner_setup(w: Workload, n: int) -> LearnerSetup:
@@ -171,6 +189,7 @@ def _learner_setup(w: Workload, n: int) -> LearnerSetup:
         grad_accum_dtype=w.grad_accum_dtype,  # type: ignore[arg-type]
         reference_policy=w.load_ref_policy,
         hpz_partition_size=w.hpz_partition_size,
+        logits_copy=w.logits_copy,
     )
 
 
@@ -331,7 +350,17 @@ def rank(layouts: list[Layout]) -> list[Layout]:
     return ordered
 
 
-def suggest(profile: ClusterProfile, nodes: int, w: Workload, pins: Pins, variants: list[ClusterProfile]) -> list[str]:
+# The suggestions' wording in open-instruct's flags; other backends pass their own (None: not offered).
+OI_FIXES = {
+    "no_hpz": "--set deepspeed_zpg=1 (no ZeRO++ secondary weight copy)",
+    "offload_optimizer": "--set deepspeed_offload_optimizer=true (optimizer state in host RAM)",
+    "tokens": "--set pack_length={tokens}",
+    "lora": "--set use_peft=true --set lora_r=16 (LoRA: far less optimizer state)",
+}
+
+
+def suggest(profile: ClusterProfile, nodes: int, w: Workload, pins: Pins, variants: list[ClusterProfile],
+            fixes: dict[str, str | None] = OI_FIXES) -> list[str]:
     """Computed changes that make some layout fit (each one checked by the planner)."""
     out: list[str] = []
     limit = max(nodes * 2, 64)
@@ -340,15 +369,15 @@ def suggest(profile: ClusterProfile, nodes: int, w: Workload, pins: Pins, varian
             out.append(f"--nodes {n}")
             break
     else:
-        if w.hpz_partition_size > 1:
+        if w.hpz_partition_size > 1 and fixes.get("no_hpz"):
             no_hpz = replace(w, hpz_partition_size=1)
             for n in range(nodes, limit + 1):
                 if enumerate_layouts(profile, n, no_hpz, pins)[0]:
-                    out.append(f"--nodes {n} --set deepspeed_zpg=1 (no ZeRO++ secondary weight copy)")
+                    out.append(f"--nodes {n} {fixes['no_hpz']}")
                     break
-    if w.offload == "none":
+    if w.offload == "none" and fixes.get("offload_optimizer"):
         if enumerate_layouts(profile, nodes, replace(w, offload="optimizer"), pins)[0]:
-            out.append("--set deepspeed_offload_optimizer=true (optimizer state in host RAM)")
+            out.append(str(fixes["offload_optimizer"]))
     lo, hi = w.seq_len, w.pack_length - 1
     best = None
     while lo <= hi and w.pack_length > w.seq_len:
@@ -357,10 +386,10 @@ def suggest(profile: ClusterProfile, nodes: int, w: Workload, pins: Pins, varian
             best, lo = mid, mid + 1
         else:
             hi = mid - 1
-    if best:
-        out.append(f"--set pack_length={best}")
-    if w.lora_rank == 0 and enumerate_layouts(profile, nodes, replace(w, lora_rank=16), pins)[0]:
-        out.append("--set use_peft=true --set lora_r=16 (LoRA: far less optimizer state)")
+    if best and fixes.get("tokens"):
+        out.append(str(fixes["tokens"]).format(tokens=best))
+    if w.lora_rank == 0 and fixes.get("lora") and enumerate_layouts(profile, nodes, replace(w, lora_rank=16), pins)[0]:
+        out.append(str(fixes["lora"]))
     for var in variants:
         for n in range(nodes, limit + 1):
             if enumerate_layouts(var, n, w, pins)[0]:
@@ -375,6 +404,7 @@ def plan_layouts(
     w: Workload,
     pins: Pins = Pins(),
     variants: list[ClusterProfile] | None = None,
+    fixes: dict[str, str | None] = OI_FIXES,
 ) -> list[Layout]:
     """Ranked layouts; PlanError with computed suggestions when none fits."""
     layouts, rejected = enumerate_layouts(profile, nodes, w, pins)
@@ -382,6 +412,6 @@ def plan_layouts(
         return layouts
     why = max(rejected, key=lambda k: rejected[k]) if rejected else "no candidate layout"
     where = f"{nodes} {profile.name}{':' + profile.variant if profile.variant else ''} node{'s' if nodes > 1 else ''}"
-    fixes = suggest(profile, nodes, w, pins, variants or [])
-    fix = "; would fit: " + " | ".join(fixes) if fixes else "; nothing hpcrl tried fits (more nodes, offload, shorter pack_length, LoRA)"
+    found = suggest(profile, nodes, w, pins, variants or [], fixes)
+    fix = "; would fit: " + " | ".join(found) if found else "; nothing hpcrl tried fits (more nodes, offload, shorter pack_length, LoRA)"
     raise PlanError(f"no layout of {w.model.name} fits on {where} ({why}){fix}")

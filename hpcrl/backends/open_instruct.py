@@ -1,4 +1,4 @@
-"""The open-instruct driver command: grpo_fast.py's flags from a run config and a layout.
+"""The open-instruct backend: grpo_fast.py's flags from a run config and a layout.
 
 Pure. Every flag is checked against the argument table of the config's layout
 (`current` or `legacy`), so a rendered script never passes a flag grpo_fast.py lacks.
@@ -11,16 +11,31 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from hpcrl.backends.oi_args import _kind, arg_table, default
-from hpcrl.config import RUN_DIR_FIELDS, RunConfig
-from hpcrl.errors import ConfigError, PlanError
-from hpcrl.layout import Layout
+from hpcrl.backends.base import Backend, DriverLine, Word, cli_pins_into
+from hpcrl.backends.oi_args import _kind, arg_table, check_args, default
+from hpcrl.errors import ConfigError, HpcrlError, PlanError
+from hpcrl.layout import Layout, Pins, Workload
+from hpcrl.models import resolve_model
 
-# Run-directory fields: name -> sub-directory of RUN_DIR (docs/run-dir.md).
+if TYPE_CHECKING:
+    from hpcrl.config import HpcrlSection, RunConfig
+    from hpcrl.run_plan import RunPlan
+
+# Fields the layout planner decides; present in a config file or --set, they are pins.
+LAYOUT_FIELDS = (
+    "num_learners_per_node",
+    "vllm_num_engines",
+    "vllm_tensor_parallel_size",
+    "vllm_gpu_memory_utilization",
+    "deepspeed_stage",
+    "num_nodes",
+)
+# Run-directory fields: name -> sub-directory of RUN_DIR (docs/run-dir.md). hpcrl owns them
+# so that restarts find their state.
 RUN_DIR_SUBDIRS = {"output_dir": "output", "checkpoint_state_dir": "checkpoints"}
-assert set(RUN_DIR_SUBDIRS) == set(RUN_DIR_FIELDS)
+RUN_DIR_FIELDS = tuple(RUN_DIR_SUBDIRS)
 
 
 @dataclass(frozen=True)
@@ -122,3 +137,98 @@ def driver_args(cfg: RunConfig, layout: Layout, nodes: int) -> list[DriverArg]:
             raise ConfigError(f"{key} is not an argument of open-instruct's {arg_layout} layout")
         out.append(DriverArg(key, run_dir_subdir=sub))
     return out
+
+
+class OpenInstructBackend(Backend):
+    """open-instruct's grpo_fast.py: learners and vLLM engines on separate GPUs."""
+
+    name = "open-instruct"
+    label = "open-instruct's grpo_fast.py"
+    default_entry_point = "open_instruct/grpo_fast.py"
+    default_workdir = "$HOME/open-instruct"
+    model_key = "model_name_or_path"
+    layout_keys = LAYOUT_FIELDS
+    run_dir_keys = RUN_DIR_FIELDS
+    flag_table = "hpcrl/backends/data/open_instruct_args_{layout}.json"
+    entry_is_module = False
+    smoke_placement = "place learners and engines as open-instruct does"
+
+    def arg_table(self, section: HpcrlSection | None = None) -> dict[str, dict[str, Any]]:
+        return arg_table(section.arg_layout if section else "current")
+
+    def check_args(self, args: dict[str, Any], section: HpcrlSection) -> None:
+        check_args(args, section.arg_layout)
+
+    def workload_from_config(self, cfg: RunConfig, model: str | None = None) -> Workload:
+        layout = cfg.hpcrl.arg_layout
+
+        def arg(name: str):
+            return cfg.args[name] if name in cfg.args else default(name, layout)
+
+        name = model or cfg.model_name
+        if not name:
+            raise HpcrlError("no model: set model_name_or_path in the config or pass --model")
+        offload = "params" if arg("deepspeed_offload_param") else ("optimizer" if arg("deepspeed_offload_optimizer") else "none")
+        return Workload(
+            model=resolve_model(name),
+            pack_length=int(arg("pack_length")),
+            response_length=int(arg("response_length")),
+            max_prompt_token_length=int(arg("max_prompt_token_length")),
+            unique_prompts=int(arg("num_unique_prompts_rollout")),
+            samples_per_prompt=int(arg("num_samples_per_prompt_rollout")),
+            beta=float(arg("beta")),
+            load_ref_policy=bool(arg("load_ref_policy")),
+            gradient_checkpointing=bool(arg("gradient_checkpointing")),
+            offload=offload,
+            lora_rank=int(arg("lora_r") or 0) if arg("use_peft") else 0,
+            load_in_4bit=bool(arg("load_in_4bit")),
+            logprob_impl=cfg.hpcrl.logprob_impl,
+            hpz_partition_size=int(arg("deepspeed_zpg")),
+        )
+
+    def pins_from(self, cfg: RunConfig, cli_pins: list[str] | None = None) -> Pins:
+        values: dict = {}
+        a = cfg.args
+        if "num_learners_per_node" in cfg.pinned:
+            entries = a["num_learners_per_node"]
+            entries = entries if isinstance(entries, list) else [entries]
+            nonzero = [int(e) for e in entries if int(e) > 0]
+            if not nonzero or len(set(nonzero)) != 1:
+                raise PlanError(
+                    f"num_learners_per_node {entries}: hpcrl plans equal learner counts per node; "
+                    "give the same non-zero count for each learner node, e.g. [1, 1, 1, 1]"
+                )
+            values["learners_per_node"], values["learner_nodes"] = nonzero[0], len(nonzero)
+        if "vllm_tensor_parallel_size" in cfg.pinned:
+            values["tp"] = int(a["vllm_tensor_parallel_size"])
+        if "vllm_num_engines" in cfg.pinned:
+            values["engines"] = int(a["vllm_num_engines"])
+        if "vllm_gpu_memory_utilization" in cfg.pinned:
+            values["gpu_memory_utilization"] = float(a["vllm_gpu_memory_utilization"])
+        if "deepspeed_stage" in cfg.pinned and int(a["deepspeed_stage"]) != 3:
+            raise PlanError(f"deepspeed_stage {a['deepspeed_stage']}: hpcrl plans ZeRO-3 learners; valid: 3")
+        return cli_pins_into(values, cli_pins)
+
+    def layout_args(self, rp: RunPlan) -> dict[str, Any]:
+        return layout_args(rp.layout, rp.nodes, arg_table(rp.config.hpcrl.arg_layout))
+
+    def driver_command(self, rp: RunPlan) -> list[DriverLine]:
+        lines: list[DriverLine] = []
+        for a in driver_args(rp.config, rp.layout, rp.nodes):
+            if a.run_dir_subdir:
+                lines.append((Word(f"--{a.name}"), Word(f"$RUN_DIR/{a.run_dir_subdir}", run_dir=True)))
+            else:
+                lines.append((Word(f"--{a.name}"), *(Word(v) for v in a.values)))
+        return lines
+
+    def tokens_text(self, rp: RunPlan) -> str:
+        return f"pack_length {rp.workload.pack_length}"
+
+    def summary(self, rp: RunPlan) -> str:
+        lay = rp.layout
+        return (
+            f"num_learners_per_node [{lay.learners_per_node}] x {lay.learner_nodes}, vllm_num_engines {lay.engines}, "
+            f"vllm_tensor_parallel_size {lay.tp}, vllm_gpu_memory_utilization {lay.gpu_memory_utilization:g}, "
+            f"deepspeed_stage {lay.memory.learner_setup.zero_stage}"
+        )
+

@@ -1,0 +1,193 @@
+"""What a training framework must tell hpcrl: its flags, its planner inputs, its driver command.
+
+Pure. One subclass per framework (open_instruct.py, verl.py, openrlhf.py); `get_backend`
+in hpcrl/backends/__init__.py picks one by the run config's `hpcrl.backend`. The Ray
+bring-up, the run directory and the job chain are the same for every backend; only the
+driver command (and the smoke test's placement) differ.
+"""
+
+from __future__ import annotations
+
+import re
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from hpcrl.errors import ConfigError, HpcrlError, PlanError
+from hpcrl.layout import Layout, Pins, Workload, plan_layouts
+from hpcrl.shell import shq
+
+if TYPE_CHECKING:
+    from hpcrl.config import HpcrlSection, RunConfig
+    from hpcrl.profiles import ClusterProfile
+    from hpcrl.run_plan import RunPlan
+
+# Unless a config sets its framework's save interval: a checkpoint about every hour of
+# estimated steps, so a restart loses at most about an hour.
+SAVE_EVERY_S = 3600.0
+
+# What may follow $RUN_DIR in a word the shell expands (a fixed sub-directory of the run).
+_RUN_DIR_WORD = re.compile(r"^[A-Za-z0-9_.=/@+:-]*\$RUN_DIR(/[A-Za-z0-9_.-]+)*$")
+
+
+@dataclass(frozen=True)
+class Word:
+    """One word of the driver command: a literal (quoted when rendered), or text around
+    `$RUN_DIR` that the shell expands at run time (double-quoted)."""
+
+    text: str
+    run_dir: bool = False
+
+    def shell(self) -> str:
+        if not self.run_dir:
+            return shq(self.text)
+        if not _RUN_DIR_WORD.match(self.text):
+            raise ValueError(f"run-dir word {self.text!r} has characters the script cannot carry")
+        return f'"{self.text}"'
+
+
+DriverLine = tuple[Word, ...]
+
+
+@dataclass(frozen=True)
+class Planned:
+    """What a backend's planner returns: ranked layouts, values it chose beyond the layout
+    (framework key -> value, e.g. a micro-batch size) and warnings for the user."""
+
+    layouts: list[Layout]
+    choices: dict[str, Any] = field(default_factory=dict)
+    warnings: tuple[str, ...] = ()
+    workload: Workload | None = None  # the workload the layouts were planned for, where the plan changed it
+
+
+class Backend(ABC):
+    """A training framework driven on hpcrl's Ray cluster."""
+
+    name: ClassVar[str]
+    label: ClassVar[str]  # in the script's comments: "open-instruct's grpo_fast.py"
+    default_entry_point: ClassVar[str]
+    default_workdir: ClassVar[str]
+    default_python: ClassVar[str] = "python"
+    default_logprob_impl: ClassVar[str] = "compiled"  # how the framework computes log-probs (memory model)
+    model_key: ClassVar[str]  # the framework's key naming the policy model
+    layout_keys: ClassVar[tuple[str, ...]]  # decided by the planner; set in a config, they are pins
+    run_dir_keys: ClassVar[tuple[str, ...]]  # set by hpcrl from the run directory; refused in a config
+    flag_table: ClassVar[str]  # the data file the flags are checked against
+    entry_is_module: ClassVar[bool] = True  # `python -m <entry point>` (else a script path)
+    smoke_framework: ClassVar[str | None] = None  # smoke.py --framework (None: open-instruct's placement)
+    smoke_placement: ClassVar[str] = "place learners and engines as the framework does"  # the smoke comment
+
+    # ------------------------------------------------------------------ flags
+    @abstractmethod
+    def arg_table(self, section: HpcrlSection | None = None) -> dict[str, dict[str, Any]]:
+        """Every flag or key the framework accepts: name -> {default, type, ...}."""
+
+    def normalize_args(self, args: dict[str, Any], section: HpcrlSection) -> dict[str, Any]:
+        """The config's arguments in the table's spelling (e.g. nested YAML flattened)."""
+        return args
+
+    @abstractmethod
+    def check_args(self, args: dict[str, Any], section: HpcrlSection) -> None:
+        """Raise UnknownNameError (closest names) or ConfigError for a key or value the framework lacks."""
+
+    def check_section(self, section: HpcrlSection) -> None:
+        """Refuse hpcrl settings that mean nothing for this framework."""
+
+    # ------------------------------------------------------------------ planning
+    def colocated(self, cfg: RunConfig) -> bool:
+        """Whether training and generation share every GPU (one colocated layout)."""
+        return False
+
+    def model_name(self, args: dict[str, Any]) -> str:
+        return str(args.get(self.model_key) or "")
+
+    @abstractmethod
+    def workload_from_config(self, cfg: RunConfig, model: str | None = None) -> Workload:
+        """The planner's view of the config (framework defaults where unset)."""
+
+    @abstractmethod
+    def pins_from(self, cfg: RunConfig, cli_pins: list[str] | None = None) -> Pins:
+        """Pins from pinned config keys and `--pin key=value`."""
+
+    def plan(self, cfg: RunConfig, profile: ClusterProfile, nodes: int, w: Workload, pins: Pins,
+             variants: list[ClusterProfile]) -> Planned:
+        """Ranked layouts (and any other planned values) for this framework."""
+        return Planned(plan_layouts(profile, nodes, w, pins, variants))
+
+    # ------------------------------------------------------------------ rendering
+    @abstractmethod
+    def layout_args(self, rp: RunPlan) -> dict[str, Any]:
+        """The plan as the framework's own layout flags or keys (name -> value)."""
+
+    @abstractmethod
+    def driver_command(self, rp: RunPlan) -> list[DriverLine]:
+        """The words after `python <entry point>`, one flag (or override) per line."""
+
+    def env(self, rp: RunPlan) -> dict[str, str]:
+        """Extra environment for the driver (exported just before it starts)."""
+        return {}
+
+    @abstractmethod
+    def summary(self, rp: RunPlan) -> str:
+        """The layout in one line of the script's header, in the framework's names."""
+
+    def tokens_text(self, rp: RunPlan) -> str:
+        """How many tokens one learner GPU holds in a micro-batch, in the framework's words."""
+        return f"{rp.workload.pack_length} tokens per GPU micro-batch"
+
+
+def flatten(args: dict[str, Any], table: dict[str, Any]) -> dict[str, Any]:
+    """Nested YAML mappings as dotted keys, down to the table's leaves (`a: {b: 1}` -> `a.b: 1`)."""
+    out: dict[str, Any] = {}
+
+    def walk(prefix: str, value: Any) -> None:
+        if prefix.lstrip("+") in table or not isinstance(value, dict) or not value:
+            out[prefix] = value
+            return
+        for k, v in value.items():
+            walk(f"{prefix}.{k}", v)
+
+    for key, value in args.items():
+        walk(str(key), value)
+    return out
+
+
+def save_every(step_time_s: float) -> int:
+    """Steps between checkpoints for about SAVE_EVERY_S of estimated training."""
+    return max(1, round(SAVE_EVERY_S / max(step_time_s, 1.0)))
+
+
+def require_job_match(key: str, pinned: Any, actual: int) -> None:
+    """A pinned node or GPU count that differs from the job is an error, not a silent change."""
+    if pinned is not None and int(pinned) != actual:
+        raise PlanError(f"{key} {pinned} is pinned in the config but the job has {actual}; remove it or match it")
+
+
+def refuse_run_dir_keys(backend: Backend, args: dict[str, Any], where: str) -> None:
+    for key in backend.run_dir_keys:
+        if key in args:
+            raise ConfigError(
+                f"{where}{key} is set by hpcrl from the run directory so restarts resume; "
+                "remove it (set hpcrl.run_root to move runs)"
+            )
+
+
+# `--pin` names -> Pins fields, shared by every backend.
+PIN_NAMES = {"learners": "learners_per_node", "learner_nodes": "learner_nodes", "tp": "tp",
+             "engines": "engines", "util": "gpu_memory_utilization"}
+
+
+def cli_pins_into(values: dict, cli_pins: list[str] | None, allowed: tuple[str, ...] = tuple(PIN_NAMES)) -> Pins:
+    """`--pin key=value` on top of the config's pins."""
+    for item in cli_pins or []:
+        key, sep, raw = item.partition("=")
+        if not sep or key not in PIN_NAMES:
+            raise HpcrlError(f"--pin {item!r}: expected one of {', '.join(k + '=N' for k in PIN_NAMES)}")
+        if key not in allowed:
+            raise HpcrlError(f"--pin {item!r}: not a choice of this backend's layout; valid: "
+                             f"{', '.join(k + '=N' for k in allowed)}")
+        try:
+            values[PIN_NAMES[key]] = float(raw) if key == "util" else int(raw)
+        except ValueError:
+            raise HpcrlError(f"--pin {item!r}: {raw!r} is not a number") from None
+    return Pins(**values)

@@ -11,6 +11,7 @@ from rich.table import Table
 
 from hpcrl.cli.app import app
 from hpcrl.cli.output import console, print_json
+from hpcrl.memory.colocated import Colocation
 from hpcrl.memory.planner_defaults import choose_memory_plan
 from hpcrl.profiles import resolve_profile
 
@@ -31,6 +32,27 @@ class GradDtype(str, Enum):
     fp32 = "fp32"
 
 
+class BackendChoice(str, Enum):
+    open_instruct = "open-instruct"
+    verl = "verl"
+    openrlhf = "openrlhf"
+
+
+class RolloutOffload(str, Enum):
+    none = "none"
+    optimizer = "optimizer"
+    all = "all"
+
+
+# What each framework's learner looks like to the memory model, where the flags are left out:
+# (colocated, gradient dtype, log-prob path, out-of-place logits / temperature).
+BACKEND_DEFAULTS = {
+    "open-instruct": (False, "bf16", "compiled", True),
+    "verl": (True, "fp32", "compiled", False),  # hybrid engine; FSDP reduces in fp32; in-place div_
+    "openrlhf": (False, "bf16", "eager", False),  # DeepSpeed default bf16 grads; fp32-upcast logits
+}
+
+
 @app.command("plan-memory")
 def plan_memory_cmd(
     model: str = typer.Option("32b", "--model", "-m", help="Catalog name, alias (7b, 32b, ...), config.json path or cached HF repo id"),
@@ -43,16 +65,27 @@ def plan_memory_cmd(
     zero_stage: int = typer.Option(3, "--zero-stage", help="0, 2 or 3"),
     lora_rank: int = typer.Option(0, "--lora-rank", help="LoRA rank (0: full fine-tuning)"),
     load_in_4bit: bool = typer.Option(False, "--load-in-4bit", help="4-bit base weights (QLoRA)"),
-    logprob_impl: LogprobChoice = typer.Option(LogprobChoice.compiled, "--logprob-impl"),
-    grad_dtype: GradDtype = typer.Option(GradDtype.bf16, "--grad-accum-dtype", help="ZeRO gradient partitions (open-instruct sets fp32)"),
+    logprob_impl: Optional[LogprobChoice] = typer.Option(None, "--logprob-impl", help="Default: the backend's (compiled; openrlhf eager)"),
+    grad_dtype: Optional[GradDtype] = typer.Option(None, "--grad-accum-dtype", help="ZeRO gradient partitions (default bf16; verl fp32; open-instruct's config sets fp32)"),
     vllm_tp: Optional[int] = typer.Option(None, "--vllm-tp", help="Engine tensor-parallel size; default: smallest that fits"),
     vllm_util: float = typer.Option(0.9, "--vllm-gpu-memory-utilization"),
     max_seq_len: Optional[int] = typer.Option(None, "--max-seq-len", help="Engine sequence length (default: tokens per GPU)"),
+    backend: BackendChoice = typer.Option(BackendChoice.open_instruct, "--backend", help="Framework whose learner to model; verl is colocated"),
+    colocated: Optional[bool] = typer.Option(None, "--colocated/--separate", help="Learner and engine share every GPU (default: verl yes, others no)"),
+    rollout_offload: RolloutOffload = typer.Option(RolloutOffload.none, "--rollout-offload", help="Colocated: training state moved to host RAM while vLLM generates (verl param/optimizer_offload; OpenRLHF ds.enable_sleep = all)"),
+    keep_grads: Optional[bool] = typer.Option(None, "--keep-grads/--free-grads", help="Colocated: gradient partitions stay on the GPU between steps (DeepSpeed yes, verl's FSDP no)"),
     as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON"),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Write a stacked bar chart (PNG)"),
 ) -> None:
     """Will it fit? Per-GPU memory of a learner and an engine, and host RAM, with a verdict."""
     profile = resolve_profile(cluster, cluster_file)
+    b_colocated, b_grad, b_logprob, logits_copy = BACKEND_DEFAULTS[backend.value]
+    colocation = None
+    if b_colocated if colocated is None else colocated:
+        keep = backend.value != "verl" if keep_grads is None else keep_grads
+        offload_all = rollout_offload is RolloutOffload.all
+        colocation = Colocation(param_offload=offload_all, optimizer_offload=rollout_offload is not RolloutOffload.none,
+                                grads_resident=keep and not offload_all)
     plan, notes = choose_memory_plan(
         profile,
         model=model,
@@ -63,11 +96,13 @@ def plan_memory_cmd(
         zero_stage=zero_stage,
         lora_rank=lora_rank,
         load_in_4bit=load_in_4bit,
-        logprob_impl=logprob_impl.value,
-        grad_accum_dtype=grad_dtype.value,
+        logprob_impl=logprob_impl.value if logprob_impl else b_logprob,
+        grad_accum_dtype=grad_dtype.value if grad_dtype else b_grad,
         vllm_tp=vllm_tp,
         vllm_gpu_memory_utilization=vllm_util,
         max_seq_len=max_seq_len,
+        colocation=colocation,
+        logits_copy=logits_copy,
     )
     data = plan.to_dict()
     data["notes"] = notes
@@ -114,9 +149,22 @@ def _print_plan(d: dict) -> None:
     e.add_row("KV tokens", f"{en['kv_tokens']:,} ({en['kv_bytes_per_token']:,} B/token)")
     e.add_row(f"sequences of {en['max_seq_len']} tokens at once", f"{en['concurrent_seqs']:,}")
     console.print(e)
+    if "colocated" in d:
+        _print_colocated(d["colocated"], gpu["usable_gib"])
     console.print(
         f"Host RAM on a learner node: {host['peak_gib']:.0f} GiB of {host['ram_per_node_gib']:.0f} GiB "
         f"(Ray kills at {host['kill_threshold']:.0%})"
     )
     style = "green" if d["fits"] else "red"
     console.print(f"[bold {style}]Verdict:[/] {d['verdict']}")
+
+
+def _print_colocated(c: dict, usable: float) -> None:
+    for phase in ("training", "rollout"):
+        t = Table(title=f"Colocated GPU during {phase}" + (" (vLLM asleep)" if phase == "training" else ""))
+        t.add_column("term")
+        t.add_column("GiB", justify="right")
+        for term, gib in c[f"{phase}_breakdown"].items():
+            t.add_row(term, f"{gib:.2f}")
+        t.add_row("[bold]on the GPU[/]", f"[bold]{c[f'{phase}_gib']:.2f}[/] / {usable:.1f}")
+        console.print(t)

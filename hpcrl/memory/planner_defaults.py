@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from hpcrl.errors import HpcrlError
+from hpcrl.memory.colocated import Colocation, plan_colocated
 from hpcrl.memory.engine import EngineSetup, engine_memory
 from hpcrl.memory.learner import LearnerSetup
 from hpcrl.memory.plan import MemoryPlan, plan_memory
@@ -39,8 +40,13 @@ def choose_memory_plan(
     vllm_tp: int | None,
     vllm_gpu_memory_utilization: float,
     max_seq_len: int | None,
+    colocation: Colocation | None = None,
+    logits_copy: bool = True,
 ) -> tuple[MemoryPlan, list[str]]:
-    """The plan for the question asked, choosing learner GPUs and TP where not given."""
+    """The plan for the question asked, choosing learner GPUs and TP where not given.
+
+    With `colocation`, every learner GPU also runs a vLLM engine (hpcrl/memory/colocated.py):
+    the learner GPUs are all the GPUs, and both phases must fit."""
     spec = resolve_model(model)
     for name, value in (("--tokens-per-gpu", tokens_per_gpu), ("--learner-gpus", learner_gpus),
                         ("--vllm-tp", vllm_tp), ("--max-seq-len", max_seq_len)):
@@ -75,18 +81,28 @@ def choose_memory_plan(
             load_in_4bit=load_in_4bit,
             logprob_impl=logprob_impl,  # type: ignore[arg-type]
             grad_accum_dtype=grad_accum_dtype,  # type: ignore[arg-type]
+            logits_copy=logits_copy,
         )
 
+    def plan_for(n: int) -> MemoryPlan:
+        if colocation is None:
+            return plan_memory(profile, setup(n), engine)
+        return plan_colocated(profile, setup(n), engine, colocation)
+
+    def fits(plan: MemoryPlan) -> bool:
+        return plan.learner_fits and (colocation is None or plan.rollout_fits)  # type: ignore[attr-defined]
+
+    what = "GPUs (each trains and generates)" if colocation else "learner GPUs"
     if learner_gpus is not None:
-        return plan_memory(profile, setup(learner_gpus), engine), notes
+        return plan_for(learner_gpus), notes
     n = 1
     while True:
-        plan = plan_memory(profile, setup(n), engine)
-        if plan.learner_fits or n >= MAX_LEARNER_GPUS or zero_stage != 3:
+        plan = plan_for(n)
+        if fits(plan) or n >= MAX_LEARNER_GPUS or zero_stage != 3:
             break
         n *= 2
-    if plan.learner_fits:
-        notes.append(f"{n} learner GPUs: the fewest (power of two) that fit (set --learner-gpus to choose)")
+    if fits(plan):
+        notes.append(f"{n} {what}: the fewest (power of two) that fit (set --learner-gpus to choose)")
     else:
-        notes.append(f"no learner GPU count up to {n} fits; showing {n}")
+        notes.append(f"no count of {what} up to {n} fits; showing {n}")
     return plan, notes

@@ -1,0 +1,352 @@
+"""The verl backend: `python3 -m verl.trainer.main_ppo key=value ...` (Hydra overrides).
+
+Pure. verl's hybrid engine colocates rollout (vLLM) and FSDP training on every GPU, so its
+plan is one colocated layout (hpcrl/layout_colocated.py) whose only choices are the rollout
+TP size and gpu_memory_utilization; hpcrl also picks the per-GPU micro-batch and, only when
+nothing fits without, FSDP parameter/optimizer offload. Every key is checked against
+verl's composed PPO trainer config (hpcrl/backends/data/verl_args.json).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import replace
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any
+
+from hpcrl.backends.base import Backend, DriverLine, Planned, Word, cli_pins_into, flatten, require_job_match, save_every
+from hpcrl.backends.flagdata import load_table
+from hpcrl.errors import ConfigError, HpcrlError, PlanError, UnknownNameError
+from hpcrl.layout import Pins, Workload
+from hpcrl.layout_colocated import enumerate_colocated, plan_colocated_layouts
+from hpcrl.memory.colocated import Colocation
+from hpcrl.models import resolve_model
+
+if TYPE_CHECKING:
+    from hpcrl.config import HpcrlSection, RunConfig
+    from hpcrl.profiles import ClusterProfile
+    from hpcrl.run_plan import RunPlan
+
+A, R, REF, T = "actor_rollout_ref.actor.", "actor_rollout_ref.rollout.", "actor_rollout_ref.ref.", "trainer."
+TP_KEY = R + "tensor_model_parallel_size"
+UTIL_KEY = R + "gpu_memory_utilization"
+MICRO_KEY = A + "ppo_micro_batch_size_per_gpu"
+LOGPROB_MICRO_KEYS = (R + "log_prob_micro_batch_size_per_gpu", REF + "log_prob_micro_batch_size_per_gpu")
+PARAM_OFFLOAD_KEY = A + "fsdp_config.param_offload"
+OPT_OFFLOAD_KEY = A + "fsdp_config.optimizer_offload"
+# Offload choices in the order hpcrl tries them: none, optimizer, both (each moves state to
+# host RAM between phases and back, so it is used only when nothing fits without).
+OFFLOAD_OPTIONS = ((False, False), (False, True), (True, True))
+# Checkpoints kept unless the config says (verl's default, null, keeps all). verl b178a3cd
+# (checkpoint_manager.py) removes the oldest before a save when keeping 2 or more, and keeps
+# the old one until the new one is complete when keeping 1: two exist at the peak either way.
+KEEP_CHECKPOINTS = 2
+REQUIRED = ("actor_rollout_ref.model.path", "data.train_files", "data.val_files")
+_PLAIN = re.compile(r"^[A-Za-z_/][A-Za-z0-9_./@+-]*$")
+_HYDRA_WORDS = {"true", "false", "null", "nan", "inf", "none"}
+
+
+@lru_cache(maxsize=1)
+def verl_table() -> dict[str, dict[str, Any]]:
+    return load_table("verl_args.json")
+
+
+def hydra_value(value: Any) -> str:
+    """A value in Hydra's override grammar (quoted where a bare word would parse otherwise)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return repr(value) if math.isfinite(value) else ("nan" if math.isnan(value) else ("inf" if value > 0 else "-inf"))
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(hydra_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{hydra_key(k)}:{hydra_value(v)}" for k, v in value.items()) + "}"
+    text = str(value)
+    if (_PLAIN.match(text) and text.lower() not in _HYDRA_WORDS and not _is_number(text)) or _is_interpolation(text):
+        return text
+    # Quoted: a backslash run that precedes a quote (or the closing quote) is doubled.
+    body = re.sub(r"(\\*)'", lambda m: m.group(1) * 2 + "\\'", text)
+    body = re.sub(r"(\\+)$", lambda m: m.group(1) * 2, body)
+    return f"'{body}'"
+
+
+def hydra_key(key: Any) -> str:
+    text = str(key)
+    if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", text):
+        raise ConfigError(f"{text!r}: a dict key in a verl override must be a plain name")
+    return text
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _is_interpolation(text: str) -> bool:
+    return text.startswith("${") and text.endswith("}") and "\n" not in text
+
+
+def _expected(meta: dict) -> str:
+    """bool | int | float | str | list | dict | any, from the annotation or the default's type."""
+    ann = str(meta.get("annotation") or "").replace(" ", "")
+    for kind in ("bool", "int", "float", "str"):
+        if ann in (kind, f"Optional[{kind}]", f"{kind}|None"):
+            return kind
+    if ann.startswith(("list", "List", "Optional[list", "Optional[List")):
+        return "list"
+    if ann.startswith(("dict", "Dict", "Optional[dict", "Optional[Dict")):
+        return "dict"
+    return meta.get("type") if meta.get("type") in ("bool", "int", "float", "str", "list", "dict") else "any"
+
+
+def _type_ok(kind: str, value: Any) -> bool:
+    if value is None or (isinstance(value, str) and _is_interpolation(value)):
+        return True
+    return {
+        "bool": isinstance(value, bool),
+        "int": isinstance(value, int) and not isinstance(value, bool),
+        "float": isinstance(value, (int, float)) and not isinstance(value, bool),
+        "str": isinstance(value, str),
+        "list": isinstance(value, (list, tuple)),
+        "dict": isinstance(value, dict),
+    }.get(kind, True)
+
+
+class VerlBackend(Backend):
+    """verl's PPO trainer with FSDP workers and a colocated vLLM rollout."""
+
+    name = "verl"
+    label = "verl's main_ppo (Hydra overrides)"
+    default_entry_point = "verl.trainer.main_ppo"
+    default_workdir = "$HOME"
+    default_python = "python3"
+    model_key = "actor_rollout_ref.model.path"
+    layout_keys = (T + "nnodes", T + "n_gpus_per_node", TP_KEY, UTIL_KEY, MICRO_KEY, PARAM_OFFLOAD_KEY, OPT_OFFLOAD_KEY)
+    run_dir_keys = (T + "default_local_dir", T + "resume_mode")
+    flag_table = "hpcrl/backends/data/verl_args.json"
+    smoke_framework = "verl"
+    smoke_placement = "place one STRICT_PACK group of per-GPU bundles per node as verl's resource pool does"
+
+    def arg_table(self, section: HpcrlSection | None = None) -> dict[str, dict[str, Any]]:
+        return verl_table()
+
+    def check_section(self, section: HpcrlSection) -> None:
+        if section.arg_layout != "current":
+            raise ConfigError("hpcrl.arg_layout is open-instruct's; remove it for backend verl")
+
+    def normalize_args(self, args: dict[str, Any], section: HpcrlSection) -> dict[str, Any]:
+        """Nested YAML mappings become dotted keys, down to the table's leaves."""
+        return flatten(args, verl_table())
+
+    def check_args(self, args: dict[str, Any], section: HpcrlSection) -> None:
+        table = verl_table()
+        for key, value in args.items():
+            if key.startswith("+"):
+                parent = key[1:].rsplit(".", 1)[0]
+                if key[1:] in table or table.get(parent, {}).get("type") != "dict":
+                    raise ConfigError(f"verl key {key!r}: '+' adds a key under an empty mapping of verl's config "
+                                      f"(e.g. +{R}engine_kwargs.vllm.NAME); {parent!r} is not one")
+                continue
+            if key not in table:
+                raise UnknownNameError("verl key", key, table)
+            kind = _expected(table[key])
+            if not _type_ok(kind, value):
+                raise ConfigError(f"verl key {key}: expected {kind}, got {value!r}")
+        name = args.get(R + "name")
+        if name not in (None, "vllm"):
+            raise ConfigError(f"{R}name {name!r}: hpcrl plans vLLM rollouts; valid: vllm")
+        missing = [k for k in REQUIRED if k not in args]
+        if missing:
+            raise ConfigError(f"verl needs {', '.join(missing)} (its defaults are placeholders)")
+
+    # ------------------------------------------------------------------ planning
+    def colocated(self, cfg: RunConfig) -> bool:
+        return True
+
+    def arg(self, cfg: RunConfig, key: str) -> Any:
+        """A key's value: the config's, else verl's default (interpolations resolved as stock)."""
+        if key in cfg.args:
+            return cfg.args[key]
+        meta = verl_table()[key]
+        if "resolved" in meta:
+            return meta["resolved"]
+        raw = meta["default"]
+        return {"true": True, "false": False, "null": None}.get(raw, _number(raw))
+
+    def uses_reference(self, cfg: RunConfig) -> bool:
+        return bool(self.arg(cfg, A + "use_kl_loss") or self.arg(cfg, "algorithm.use_kl_in_reward"))
+
+    def dynamic_bsz(self, cfg: RunConfig) -> bool:
+        return bool(self.arg(cfg, A + "use_dynamic_bsz"))
+
+    def workload_from_config(self, cfg: RunConfig, model: str | None = None) -> Workload:
+        name = model or cfg.model_name
+        if not name:
+            raise HpcrlError(f"no model: set {self.model_key} in the config or pass --model")
+        prompt, response = int(self.arg(cfg, "data.max_prompt_length")), int(self.arg(cfg, "data.max_response_length"))
+        seq_len = prompt + response
+        if self.dynamic_bsz(cfg):
+            tokens = int(self.arg(cfg, A + "ppo_max_token_len_per_gpu"))
+            if tokens < seq_len:
+                raise PlanError(f"{A}ppo_max_token_len_per_gpu {tokens} is shorter than one sequence "
+                                f"(data.max_prompt_length + data.max_response_length = {seq_len}); set it >= {seq_len}")
+        else:
+            micro = cfg.args.get(MICRO_KEY)
+            tokens = int(micro) * seq_len if micro else seq_len  # unpinned: the plan picks the micro-batch
+        lora = int(self.arg(cfg, "actor_rollout_ref.model.lora_rank") or 0)
+        return Workload(
+            model=resolve_model(name),
+            pack_length=tokens,
+            response_length=response,
+            max_prompt_token_length=prompt,
+            unique_prompts=int(self.arg(cfg, "data.train_batch_size")),
+            samples_per_prompt=int(self.arg(cfg, R + "n")),
+            beta=0.0,
+            load_ref_policy=self.uses_reference(cfg),
+            gradient_checkpointing=bool(self.arg(cfg, "actor_rollout_ref.model.enable_gradient_checkpointing")),
+            # FSDP2's CPUOffloadPolicy streams parameters, gradients and the optimizer step
+            # through host memory during training itself.
+            offload="params" if self.arg(cfg, A + "fsdp_config.offload_policy") else "none",
+            lora_rank=lora,
+            logprob_impl=cfg.hpcrl.logprob_impl,
+            grad_accum_dtype="fp32",  # verl's FSDP mixed precision reduces gradients in fp32
+            hpz_partition_size=1,
+            logits_copy=False,  # verl divides the logits by the temperature in place
+        )
+
+    def pins_from(self, cfg: RunConfig, cli_pins: list[str] | None = None) -> Pins:
+        values: dict = {}
+        if TP_KEY in cfg.args:
+            values["tp"] = int(cfg.args[TP_KEY])
+        if UTIL_KEY in cfg.args:
+            values["gpu_memory_utilization"] = float(cfg.args[UTIL_KEY])
+        return cli_pins_into(values, cli_pins, allowed=("tp", "util"))
+
+    def colocation(self, cfg: RunConfig, param_offload: bool, optimizer_offload: bool) -> Colocation:
+        return Colocation(param_offload=param_offload, optimizer_offload=optimizer_offload, grads_resident=False,
+                          reference_offload=bool(self.arg(cfg, REF + "fsdp_config.param_offload")),
+                          vllm_sleeps=bool(self.arg(cfg, R + "free_cache_engine")))
+
+    def plan(self, cfg: RunConfig, profile: ClusterProfile, nodes: int, w: Workload, pins: Pins,
+             variants: list[ClusterProfile]) -> Planned:
+        g = profile.gpu.count_per_node
+        require_job_match(T + "nnodes", cfg.args.get(T + "nnodes"), nodes)
+        require_job_match(T + "n_gpus_per_node", cfg.args.get(T + "n_gpus_per_node"), g)
+        micros = self._micro_batches(cfg, nodes * g)
+        offloads = [(bool(self.arg(cfg, PARAM_OFFLOAD_KEY)), bool(self.arg(cfg, OPT_OFFLOAD_KEY)))] \
+            if {PARAM_OFFLOAD_KEY, OPT_OFFLOAD_KEY} & set(cfg.args) else list(OFFLOAD_OPTIONS)
+        for po, oo in offloads:
+            for micro in micros:
+                wm = replace(w, pack_length=micro * w.seq_len) if micro else w
+                layouts, _ = enumerate_colocated(profile, nodes, wm, pins, self.colocation(cfg, po, oo))
+                if layouts:
+                    choices: dict[str, Any] = {PARAM_OFFLOAD_KEY: po, OPT_OFFLOAD_KEY: oo}
+                    if micro:
+                        choices[MICRO_KEY] = micro
+                    return Planned(layouts, choices, workload=wm)
+        # Nothing fits: the error, with suggestions, for the smallest micro-batch and the offload tried last.
+        po, oo = offloads[-1]
+        wm = replace(w, pack_length=micros[-1] * w.seq_len) if micros[-1] else w
+        hint = None if offloads[-1] == (True, True) else f"--set {PARAM_OFFLOAD_KEY}=true --set {OPT_OFFLOAD_KEY}=true"
+        plan_colocated_layouts(profile, nodes, wm, pins, self.colocation(cfg, po, oo), hint)
+        raise AssertionError("plan_colocated_layouts returned layouts enumerate_colocated did not")
+
+    def _micro_batches(self, cfg: RunConfig, world: int) -> list[int]:
+        """Sequences per GPU micro-batch to try, largest first ([0]: tokens are fixed already)."""
+        n = int(self.arg(cfg, R + "n"))
+        train, mini = int(self.arg(cfg, "data.train_batch_size")), int(self.arg(cfg, A + "ppo_mini_batch_size"))
+        if train * n % world:
+            raise PlanError(f"data.train_batch_size {train} x {R}n {n} = {train * n} sequences must divide over "
+                            f"the job's {world} GPUs (verl checks this)")
+        if mini > train:
+            raise PlanError(f"{A}ppo_mini_batch_size {mini} exceeds data.train_batch_size {train}")
+        per_gpu = mini * n // world
+        if per_gpu < 1:
+            raise PlanError(f"{A}ppo_mini_batch_size {mini} x {R}n {n} gives less than one sequence per GPU "
+                            f"on {world} GPUs; raise it to at least {math.ceil(world / n)}")
+        if self.dynamic_bsz(cfg):
+            return [0]
+        pinned = cfg.args.get(MICRO_KEY)
+        if pinned:
+            if per_gpu % int(pinned):
+                raise PlanError(f"{MICRO_KEY} {pinned} must divide the {per_gpu} sequences of a mini-batch per GPU "
+                                f"({A}ppo_mini_batch_size x {R}n / GPUs)")
+            return [int(pinned)]
+        return [d for d in range(per_gpu, 0, -1) if per_gpu % d == 0]
+
+    # ------------------------------------------------------------------ rendering
+    def layout_args(self, rp: RunPlan) -> dict[str, Any]:
+        lay, cfg, choices = rp.layout, rp.config, dict(rp.choices)
+        out: dict[str, Any] = {
+            T + "nnodes": rp.nodes,
+            T + "n_gpus_per_node": rp.profile.gpu.count_per_node,
+            R + "name": "vllm",
+            TP_KEY: lay.tp,
+            UTIL_KEY: lay.gpu_memory_utilization,
+            PARAM_OFFLOAD_KEY: choices.get(PARAM_OFFLOAD_KEY, False),
+            OPT_OFFLOAD_KEY: choices.get(OPT_OFFLOAD_KEY, False),
+        }
+        micro = choices.get(MICRO_KEY)
+        if micro:
+            out[MICRO_KEY] = micro
+            for key in LOGPROB_MICRO_KEYS:
+                if key not in cfg.args and (key.startswith(R) or self.uses_reference(cfg)):
+                    out[key] = micro  # forward-only: a training micro-batch that fits fits here too
+        if T + "save_freq" not in cfg.args:
+            out[T + "save_freq"] = save_every(lay.step_time_s)
+        if T + "max_actor_ckpt_to_keep" not in cfg.args:
+            out[T + "max_actor_ckpt_to_keep"] = KEEP_CHECKPOINTS
+        return out
+
+    def driver_command(self, rp: RunPlan) -> list[DriverLine]:
+        planned = self.layout_args(rp)
+        merged: dict[str, Any] = {}
+        for key, value in rp.config.args.items():
+            merged[key] = planned.pop(key, value)
+        merged.update(planned)
+        table = verl_table()
+        lines: list[DriverLine] = []
+        for key, value in merged.items():
+            if key.lstrip("+") not in table and not key.startswith("+"):
+                raise ConfigError(f"{key} is not a key of verl's PPO trainer config ({self.flag_table})")
+            lines.append((Word(f"{key}={hydra_value(value)}"),))
+        lines.append((Word(f"{T}default_local_dir=$RUN_DIR/checkpoints", run_dir=True),))
+        lines.append((Word(f"{T}resume_mode=auto"),))
+        return lines
+
+    def env(self, rp: RunPlan) -> dict[str, str]:
+        return {"HYDRA_FULL_ERROR": "1"}  # a failing override shows verl's whole traceback
+
+    def tokens_text(self, rp: RunPlan) -> str:
+        micro = dict(rp.choices).get(MICRO_KEY)
+        if micro:
+            return f"ppo_micro_batch_size_per_gpu {micro} ({rp.workload.pack_length} tokens)"
+        return f"ppo_max_token_len_per_gpu {rp.workload.pack_length}"
+
+    def summary(self, rp: RunPlan) -> str:
+        lay, c = rp.layout, dict(rp.choices)
+        return (f"trainer.nnodes {rp.nodes}, n_gpus_per_node {lay.gpus_per_node}, rollout tensor_model_parallel_size "
+                f"{lay.tp} ({lay.engines} engines), gpu_memory_utilization {lay.gpu_memory_utilization:g}, "
+                f"fsdp param_offload {str(c.get(PARAM_OFFLOAD_KEY, False)).lower()}, "
+                f"optimizer_offload {str(c.get(OPT_OFFLOAD_KEY, False)).lower()}")
+
+
+def _number(raw: str) -> Any:
+    try:
+        return int(raw)
+    except ValueError:
+        try:
+            return float(raw)
+        except ValueError:
+            return raw
+
+
+__all__ = ["VerlBackend", "hydra_value", "verl_table"]

@@ -1,0 +1,306 @@
+"""The OpenRLHF backend: `python3 -m openrlhf.cli.train_ppo_ray --flag value ...`.
+
+Pure. Flags are OpenRLHF's dotted names (renamed on 2026-04-19: `--actor.num_nodes`,
+`--vllm.num_engines`, `--ds.zero_stage`, `--ckpt.disable_ds`, ...), checked against
+hpcrl/backends/data/openrlhf_args.json; a config key under an old flat name is refused
+with its new name. Two placements:
+
+* separate (default): the actor (DeepSpeed ZeRO-3, the reference model colocated with it
+  when a KL term needs one) on whole nodes and vLLM engines on the rest. OpenRLHF places
+  both with Ray PACK placement groups of one-GPU bundles, vLLM first, so the actor fills
+  whole nodes: hpcrl plans `actor.num_gpus_per_node` = the node's GPUs unless pinned.
+* colocated (`train.colocate_all: true` in the config): every GPU trains and generates,
+  planned like verl (hpcrl/layout_colocated.py); `ds.enable_sleep` / `vllm.enable_sleep`
+  say what leaves the GPU between phases.
+
+Checkpoint flags come from the disk plan (hpcrl/backends/openrlhf_ckpt.py).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any
+
+from hpcrl.backends.base import Backend, DriverLine, Planned, Word, cli_pins_into, flatten, save_every
+from hpcrl.backends.flagdata import load_meta, load_table
+from hpcrl.backends.openrlhf_ckpt import checkpoint_flags
+from hpcrl.errors import ConfigError, HpcrlError, PlanError, UnknownNameError
+from hpcrl.layout import OI_FIXES, Pins, Workload, plan_layouts
+from hpcrl.layout_colocated import plan_colocated_layouts
+from hpcrl.memory.colocated import Colocation
+from hpcrl.models import resolve_model
+
+if TYPE_CHECKING:
+    from hpcrl.config import HpcrlSection, RunConfig
+    from hpcrl.profiles import ClusterProfile
+    from hpcrl.run_plan import RunPlan
+
+TABLE = "openrlhf_args.json"
+CRITIC_FREE = ("group_norm", "reinforce", "rloo", "reinforce_baseline", "dr_grpo")
+LAYOUT_KEYS = ("actor.num_nodes", "actor.num_gpus_per_node", "ref.num_nodes", "ref.num_gpus_per_node",
+               "vllm.num_engines", "vllm.tensor_parallel_size", "vllm.gpu_memory_utilization", "ds.zero_stage",
+               "train.colocate_actor_ref")
+RUN_DIR_KEYS = {"ckpt.path": "checkpoints", "ckpt.output_dir": "output"}
+FIXES = {**OI_FIXES, "no_hpz": "--set ds.zpg=1 (no ZeRO++ secondary weight copy)",
+         "offload_optimizer": "--set ds.adam_offload=true (optimizer state in host RAM)",
+         "tokens": "{tokens} tokens per GPU (train.micro_batch_size x data.max_len)",
+         "lora": "--set ds.lora.rank=16 (LoRA: far less optimizer state)"}
+
+
+@lru_cache(maxsize=1)
+def openrlhf_table() -> dict[str, dict[str, Any]]:
+    return load_table(TABLE)
+
+
+@lru_cache(maxsize=1)
+def renamed() -> dict[str, str]:
+    return {k: v for k, v in load_meta(TABLE)["renamed_from"].items() if k != "note"}
+
+
+def _default(meta: dict) -> Any:
+    raw = meta["default"]
+    if raw in ("None", "True", "False"):
+        return {"None": None, "True": True, "False": False}[raw]
+    try:
+        return int(raw)
+    except ValueError:
+        try:
+            return float(raw)
+        except ValueError:
+            return raw.strip('"')
+
+
+def format_flag(name: str, value: Any, meta: dict) -> tuple[str, ...] | None:
+    """The words of `--name value` for argparse; None to leave the flag out (its default)."""
+    action, kind = meta.get("action", "store"), meta["type"]
+    if action in ("store_true", "store_false"):
+        if not isinstance(value, bool):
+            raise ConfigError(f"OpenRLHF flag {name} is a switch: give true or false, got {value!r}")
+        if value:  # true passes the switch (a store_false switch such as *.no_nesterov is named for its effect)
+            return (f"--{name}",)
+        if _default(meta) is True and action == "store_true":
+            raise ConfigError(f"OpenRLHF flag {name} is on by default and cannot be switched off on the command line")
+        return None
+    if value is None:
+        if _default(meta) is not None:
+            raise ConfigError(f"{name}: null cannot be passed on OpenRLHF's command line; remove it")
+        return None
+    items = list(value) if isinstance(value, (list, tuple)) else [value]
+    if kind == "list":
+        nargs = meta.get("nargs")
+        if isinstance(nargs, int) and len(items) != nargs:
+            raise ConfigError(f"OpenRLHF flag {name} takes {nargs} values, got {len(items)}")
+    elif len(items) != 1:
+        raise ConfigError(f"OpenRLHF flag {name} takes one value, got {value!r}")
+    words = []
+    for item in items:
+        text = repr(float(item)) if kind == "float" or meta.get("element_type") == "float" else str(item)
+        if isinstance(item, bool) or (kind == "int" and not isinstance(item, int)):
+            raise ConfigError(f"OpenRLHF flag {name}: expected {kind}, got {item!r}")
+        if text.startswith("-") and not _is_number(text):
+            raise ConfigError(f"{name}: value {text!r} starts with '-', which argparse would read as a flag")
+        if meta.get("choices") and text not in meta["choices"]:
+            raise ConfigError(f"OpenRLHF flag {name}: {text!r} is not one of {', '.join(meta['choices'])}")
+        words.append(text)
+    return (f"--{name}", *words)
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+class OpenRLHFBackend(Backend):
+    """OpenRLHF's Ray PPO trainer (DeepSpeed actor, vLLM engines)."""
+
+    name = "openrlhf"
+    label = "OpenRLHF's train_ppo_ray"
+    default_entry_point = "openrlhf.cli.train_ppo_ray"
+    default_workdir = "$HOME"
+    default_python = "python3"
+    # OpenRLHF upcasts the logits to fp32 before its log-prob kernel (openrlhf/models/actor.py).
+    default_logprob_impl = "eager"
+    model_key = "actor.model_name_or_path"
+    layout_keys = LAYOUT_KEYS
+    run_dir_keys = (*RUN_DIR_KEYS, "ckpt.load_enable")
+    flag_table = "hpcrl/backends/data/openrlhf_args.json"
+    smoke_framework = "openrlhf"
+    smoke_placement = "place vLLM then actor bundles in PACK groups as OpenRLHF does"
+
+    def arg_table(self, section: HpcrlSection | None = None) -> dict[str, dict[str, Any]]:
+        return openrlhf_table()
+
+    def check_section(self, section: HpcrlSection) -> None:
+        if section.arg_layout != "current":
+            raise ConfigError("hpcrl.arg_layout is open-instruct's; remove it for backend openrlhf")
+
+    def normalize_args(self, args: dict[str, Any], section: HpcrlSection) -> dict[str, Any]:
+        return flatten({k.removeprefix("--"): v for k, v in args.items()}, openrlhf_table())
+
+    def check_args(self, args: dict[str, Any], section: HpcrlSection) -> None:
+        table = openrlhf_table()
+        for key, value in args.items():
+            if key not in table:
+                if key in renamed():
+                    raise ConfigError(f"unknown OpenRLHF flag {key!r}: renamed to {renamed()[key]}")
+                raise UnknownNameError("OpenRLHF flag", key, table)
+            format_flag(key, value, table[key])  # raises on a value argparse would refuse
+        if "actor.model_name_or_path" not in args:
+            raise ConfigError("OpenRLHF needs actor.model_name_or_path (was --pretrain)")
+        if "data.prompt_dataset" not in args:
+            raise ConfigError("OpenRLHF needs data.prompt_dataset (was --prompt_data)")
+
+    # ------------------------------------------------------------------ planning
+    def arg(self, cfg: RunConfig, key: str) -> Any:
+        return cfg.args[key] if key in cfg.args else _default(openrlhf_table()[key])
+
+    def colocated(self, cfg: RunConfig) -> bool:
+        return bool(self.arg(cfg, "train.colocate_all"))
+
+    def uses_reference(self, cfg: RunConfig) -> bool:
+        # train_ppo_ray.py creates the reference group only when the KL coefficient is positive.
+        return float(self.arg(cfg, "algo.kl.init_coef")) > 0
+
+    def workload_from_config(self, cfg: RunConfig, model: str | None = None) -> Workload:
+        name = model or cfg.model_name
+        if not name:
+            raise HpcrlError(f"no model: set {self.model_key} in the config or pass --model")
+        estimator = self.arg(cfg, "algo.advantage.estimator")
+        if estimator not in CRITIC_FREE:
+            raise PlanError(f"algo.advantage.estimator {estimator}: needs a critic model, which hpcrl does not plan; "
+                            f"valid: {', '.join(CRITIC_FREE)} (group_norm is GRPO)")
+        if not (self.arg(cfg, "reward.remote_url") or self.arg(cfg, "train.agent_func_path")):
+            raise PlanError("hpcrl plans no reward-model GPUs: give reward.remote_url (an HTTP endpoint or a .py "
+                            "reward function) or train.agent_func_path")
+        max_len, new = int(self.arg(cfg, "data.max_len")), self.arg(cfg, "rollout.max_new_tokens")
+        response = int(new) if new else max_len // 2  # unset: OpenRLHF fills up to max_len per sample
+        if response >= max_len:
+            raise PlanError(f"rollout.max_new_tokens {response} leaves no room for a prompt in data.max_len {max_len}")
+        tokens = (int(self.arg(cfg, "train.max_tokens_per_gpu")) if self.arg(cfg, "train.dynamic_batch_enable")
+                  else int(self.arg(cfg, "train.micro_batch_size")) * max_len)
+        if tokens < max_len:
+            raise PlanError(f"train.max_tokens_per_gpu {tokens} is shorter than data.max_len {max_len}")
+        lora = int(self.arg(cfg, "ds.lora.rank") or 0)
+        return Workload(
+            model=resolve_model(name),
+            pack_length=tokens,
+            response_length=response,
+            max_prompt_token_length=max_len - response,
+            unique_prompts=int(self.arg(cfg, "rollout.batch_size")),
+            samples_per_prompt=int(self.arg(cfg, "rollout.n_samples_per_prompt")),
+            beta=0.0,
+            load_ref_policy=self.uses_reference(cfg),
+            gradient_checkpointing=bool(self.arg(cfg, "actor.gradient_checkpointing_enable")),
+            offload="optimizer" if self.arg(cfg, "ds.adam_offload") else "none",
+            lora_rank=lora,
+            load_in_4bit=bool(self.arg(cfg, "ds.load_in_4bit")),
+            logprob_impl=cfg.hpcrl.logprob_impl,
+            # DeepSpeed keeps gradient partitions in the model dtype unless ds.grad_accum_dtype says otherwise.
+            grad_accum_dtype="fp32" if self.arg(cfg, "ds.grad_accum_dtype") == "fp32" else "bf16",
+            hpz_partition_size=int(self.arg(cfg, "ds.zpg")),
+            logits_copy=False,  # temperature division is in place
+        )
+
+    def pins_from(self, cfg: RunConfig, cli_pins: list[str] | None = None) -> Pins:
+        a, values = cfg.args, {}
+        if "ds.zero_stage" in a and int(a["ds.zero_stage"]) != 3:
+            raise PlanError(f"ds.zero_stage {a['ds.zero_stage']}: hpcrl plans ZeRO-3 actors; valid: 3")
+        if "vllm.tensor_parallel_size" in a:
+            values["tp"] = int(a["vllm.tensor_parallel_size"])
+        if "vllm.gpu_memory_utilization" in a:
+            values["gpu_memory_utilization"] = float(a["vllm.gpu_memory_utilization"])
+        if self.colocated(cfg):
+            return cli_pins_into(values, cli_pins, allowed=("tp", "util"))
+        if "actor.num_gpus_per_node" in a:
+            values["learners_per_node"] = int(a["actor.num_gpus_per_node"])
+        if "actor.num_nodes" in a:
+            values["learner_nodes"] = int(a["actor.num_nodes"])
+        if "vllm.num_engines" in a:
+            values["engines"] = int(a["vllm.num_engines"])
+        if a.get("train.colocate_actor_ref") is False and self.uses_reference(cfg):
+            raise PlanError("train.colocate_actor_ref false: hpcrl plans the reference model on the actor's GPUs; "
+                            "remove it (or set algo.kl.init_coef 0 for no reference model)")
+        return cli_pins_into(values, cli_pins)
+
+    def colocation(self, cfg: RunConfig) -> Colocation:
+        sleep = bool(self.arg(cfg, "ds.enable_sleep"))
+        return Colocation(param_offload=sleep, optimizer_offload=sleep, grads_resident=not sleep,
+                          reference_offload=bool(self.arg(cfg, "ref.offload")),
+                          vllm_sleeps=bool(self.arg(cfg, "vllm.enable_sleep")))
+
+    def plan(self, cfg: RunConfig, profile: ClusterProfile, nodes: int, w: Workload, pins: Pins,
+             variants: list[ClusterProfile]) -> Planned:
+        if self.colocated(cfg):
+            hint = None if self.arg(cfg, "ds.enable_sleep") else "--set ds.enable_sleep=true --set vllm.enable_sleep=true"
+            layouts = plan_colocated_layouts(profile, nodes, w, pins, self.colocation(cfg), hint)
+        else:
+            if pins.learners_per_node is None:
+                # Ray PACK fills whole nodes with the actor's one-GPU bundles: plan it that way.
+                pins = Pins(**{**pins.__dict__, "learners_per_node": profile.gpu.count_per_node})
+            layouts = plan_layouts(profile, nodes, w, pins, variants, FIXES)
+        lay = layouts[0]
+        samples = int(self.arg(cfg, "rollout.batch_size")) * int(self.arg(cfg, "rollout.n_samples_per_prompt"))
+        if samples // int(self.arg(cfg, "rollout.micro_batch_size")) < lay.learner_gpus:
+            raise PlanError(f"rollout.batch_size x rollout.n_samples_per_prompt / rollout.micro_batch_size = "
+                            f"{samples // int(self.arg(cfg, 'rollout.micro_batch_size'))} batches, fewer than the "
+                            f"{lay.learner_gpus} actor GPUs (OpenRLHF checks this)")
+        flags, warnings = checkpoint_flags(cfg.args, w, lay.learner_gpus, profile)
+        choices: dict[str, Any] = dict(flags)
+        if "ckpt.save_steps" not in cfg.args:
+            choices["ckpt.save_steps"] = save_every(lay.step_time_s)
+        return Planned(layouts, choices, tuple(warnings))
+
+    # ------------------------------------------------------------------ rendering
+    def layout_args(self, rp: RunPlan) -> dict[str, Any]:
+        lay, cfg = rp.layout, rp.config
+        out: dict[str, Any] = {
+            "actor.num_nodes": lay.learner_nodes,
+            "actor.num_gpus_per_node": lay.learners_per_node,
+            "vllm.num_engines": lay.engines,
+            "vllm.tensor_parallel_size": lay.tp,
+            "vllm.gpu_memory_utilization": lay.gpu_memory_utilization,
+            "ds.zero_stage": 3,
+        }
+        if self.uses_reference(cfg):
+            out.update({"ref.num_nodes": lay.learner_nodes, "ref.num_gpus_per_node": lay.learners_per_node})
+            if not lay.colocated:
+                out["train.colocate_actor_ref"] = True
+        out.update(dict(rp.choices))
+        return out
+
+    def driver_command(self, rp: RunPlan) -> list[DriverLine]:
+        planned = self.layout_args(rp)
+        merged: dict[str, Any] = {}
+        for key, value in rp.config.args.items():
+            merged[key] = planned.pop(key, value)
+        merged.update(planned)
+        table = openrlhf_table()
+        lines: list[DriverLine] = []
+        for key, value in merged.items():
+            if key not in table:
+                raise ConfigError(f"{key} is not a flag of OpenRLHF's train_ppo_ray ({self.flag_table})")
+            words = format_flag(key, value, table[key])
+            if words:
+                lines.append(tuple(Word(w) for w in words))
+        for key, sub in RUN_DIR_KEYS.items():
+            lines.append((Word(f"--{key}"), Word(f"$RUN_DIR/{sub}", run_dir=True)))
+        lines.append((Word("--ckpt.load_enable"),))  # resumes from ckpt.path/_actor when it exists
+        return lines
+
+    def tokens_text(self, rp: RunPlan) -> str:
+        return f"{rp.workload.pack_length} tokens per actor GPU micro-batch"
+
+    def summary(self, rp: RunPlan) -> str:
+        lay = rp.layout
+        if lay.colocated:
+            where = f"train.colocate_all on {lay.learner_nodes} x {lay.learners_per_node} GPUs"
+        else:
+            where = f"actor.num_nodes {lay.learner_nodes}, actor.num_gpus_per_node {lay.learners_per_node}"
+        return (f"{where}, vllm.num_engines {lay.engines}, vllm.tensor_parallel_size {lay.tp}, "
+                f"vllm.gpu_memory_utilization {lay.gpu_memory_utilization:g}, ds.zero_stage 3")
+
+
+__all__ = ["OpenRLHFBackend", "format_flag", "openrlhf_table", "renamed"]

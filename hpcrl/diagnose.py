@@ -23,9 +23,10 @@ from hpcrl.profiles import ClusterProfile
 GIB = C.GIB
 ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 _PAIR = re.compile(r"['\"]?([A-Za-z_][\w/.\-]*)['\"]?\s*[:=]\s*(-?(?:nan|inf|\d+(?:\.\d*)?(?:e[-+]?\d+)?))", re.I)
-# "scores": grpo_fast (data_loader.py); "objective/scores": the older *_vllm_thread_ray_gtrl.py.
-REWARD_KEYS = ("scores", "objective/scores", "objective/verifiable_reward", "reward", "rewards/mean")
-LOSS_KEYS = ("loss/total_avg", "loss/policy_avg", "train/loss", "loss")
+# "scores": grpo_fast (data_loader.py); "objective/scores": the older *_vllm_thread_ray_gtrl.py; "critic/score/mean": verl.
+REWARD_KEYS = ("scores", "objective/scores", "objective/verifiable_reward", "reward", "rewards/mean", "critic/score/mean")
+LOSS_KEYS = ("loss/total_avg", "loss/policy_avg", "train/loss", "loss", "actor/pg_loss", "policy_loss")
+_STEP_LINE = re.compile(r"(?:^|\s)step:(\d+) - |Global step (\d+): \{")  # verl b178a3cd; OpenRLHF 3c3be623
 
 
 @dataclass
@@ -61,8 +62,8 @@ class StepParser:
             top = line.find("╭")
             if top >= 0 and "Metrics" in line[top:]:
                 self._panel = []
-            elif "training_step" in line:
-                return self._make(_PAIR.findall(line))
+            elif (m := _STEP_LINE.search(line)) or "training_step" in line:
+                return self._make(_PAIR.findall(line[m.end():] if m else line), int(m.group(1) or m.group(2)) if m else None)
             return None
         if "╰" in line:
             rows, self._panel = self._panel, None
@@ -72,7 +73,7 @@ class StepParser:
             self._panel.append(line[side + 1:].rstrip().removesuffix("│"))
         return None
 
-    def _make(self, pairs: list[tuple[str, str]]) -> Step | None:
+    def _make(self, pairs: list[tuple[str, str]], number: int | None = None) -> Step | None:
         values, text = {}, {}
         for key, val in pairs:
             try:
@@ -82,7 +83,7 @@ class StepParser:
         if not any(k in REWARD_KEYS or k in LOSS_KEYS or k.startswith("loss/") for k in values):
             return None
         self._count += 1
-        return Step(int(values.get("training_step", self._count)), values, text)
+        return Step(number if number is not None else int(values.get("training_step", self._count)), values, text)
 
     def _from_panel(self, rows: list[str]) -> Step | None:
         rows = [r for r in rows if r.strip()]

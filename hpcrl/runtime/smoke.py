@@ -16,6 +16,13 @@ One task runs in each bundle and reports its node. open-instruct also asks 10 CP
 learner GPU and tp CPUs per engine; the smoke bundles ask a small CPU fraction instead so
 that a small test cluster fits, and a note says whether open-instruct's own ask would fit.
 
+With `--framework verl` (always colocated) it places verl's resource pool instead: one
+STRICT_PACK placement group of one-GPU bundles per node (`--learners` gives each node's GPUs),
+whose TP groups of `--tp` consecutive bundles then share a node. With `--framework openrlhf`
+it places OpenRLHF's groups: a PACK group of one-GPU bundles for the vLLM engines, then a PACK
+group for the actor (`--colocated`: one shared PACK group for both); each node must hold a
+multiple of `--tp` engine bundles, since OpenRLHF cuts an engine's bundles from its node's list.
+
 Prints one line, `hpcrl-smoke: ok nodes=N gpus=G ...` (exit 0) or `hpcrl-smoke: FAIL <reason>`
 (exit 1). Needs ray; imports nothing else outside the standard library.
 """
@@ -31,6 +38,7 @@ from collections import Counter
 BUNDLE_CPU = 0.01  # per bundle: placement is what is tested, not CPU capacity
 OI_LEARNER_CPUS_PER_GPU = 10  # grpo_fast_resource_plan.LEARNER_PLACEMENT_GROUP_CPU_PER_GPU
 OI_EXTRA_CPUS = 3  # DataPreparationActor (2) + ActorManager (1)
+FRAMEWORKS = ("open-instruct", "verl", "openrlhf")
 
 
 class SmokeFailure(Exception):
@@ -45,6 +53,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--learners", required=True, help='num_learners_per_node, e.g. "1 1 1"')
     p.add_argument("--engines", type=int, required=True)
     p.add_argument("--tp", type=int, required=True)
+    p.add_argument("--framework", choices=FRAMEWORKS, default="open-instruct", help="Whose placement to mirror")
+    p.add_argument("--colocated", action="store_true", help="Training and generation share every GPU")
     p.add_argument("--address", default=None, help="Ray address (default: $RAY_ADDRESS, else auto)")
     p.add_argument("--timeout", type=float, default=120.0, help="Seconds to wait for each placement group")
     args = p.parse_args(argv)
@@ -64,7 +74,11 @@ def check_layout(args: argparse.Namespace) -> None:
                            f"the job has {args.nodes}")
     if max(args.learners) > args.gpus_per_node or args.tp > args.gpus_per_node:
         raise SmokeFailure(f"a learner entry or TP exceeds {args.gpus_per_node} GPUs per node")
+    if args.framework == "verl":
+        args.colocated = True
     need = sum(args.learners) + args.engines * args.tp
+    if args.colocated:
+        need = max(sum(args.learners), args.engines * args.tp)
     if need > args.nodes * args.gpus_per_node:
         raise SmokeFailure(f"layout needs {need} GPUs, the job has {args.nodes * args.gpus_per_node}")
 
@@ -119,10 +133,65 @@ def place(ray, name: str, bundles: list[dict], strategy: str, timeout: float):
     return pg
 
 
+def _head(args: argparse.Namespace) -> str:
+    return (f"hpcrl-smoke: ok nodes={args.nodes} gpus={args.nodes * args.gpus_per_node} "
+            f"cpus={args.nodes * args.cpus_per_node:g} framework={args.framework}")
+
+
+def _tp_groups_on_nodes(reports: list[dict], tp: int, what: str) -> int:
+    """Bundles per node must split into whole TP groups; the number of nodes used."""
+    per_node = Counter(r["node_id"] for r in reports)
+    split = {n: c for n, c in per_node.items() if c % tp}
+    if split:
+        raise SmokeFailure(f"{what}: a node holds a number of bundles that is not a multiple of tp={tp}, "
+                           f"so an engine's TP group would span nodes: {sorted(split.values())}")
+    return len(per_node)
+
+
+def smoke_verl(ray, args: argparse.Namespace) -> str:
+    """verl's resource pool: one STRICT_PACK group of one-GPU bundles per node."""
+    if args.gpus_per_node % args.tp:
+        raise SmokeFailure(f"tp={args.tp} does not divide the {args.gpus_per_node} GPUs of a node")
+    pools = []
+    for i, k in enumerate(args.learners):
+        pg = place(ray, f"hpcrl-smoke-verl-{i}", [{"GPU": 1, "CPU": BUNDLE_CPU}] * k, "STRICT_PACK", args.timeout)
+        pools.append(run_in_bundles(ray, pg, [1] * k, args.timeout))
+    homes = [{r["node_id"] for r in reports} for reports in pools]
+    if any(len(h) != 1 for h in homes):
+        raise SmokeFailure("a STRICT_PACK pool spans nodes")
+    if len(set().union(*homes)) != len(pools):
+        raise SmokeFailure(f"{len(pools)} pools share nodes: {[sorted(r['ip'] for r in rep)[0] for rep in pools]}")
+    return (f"{_head(args)} colocated=true workers={sum(args.learners)} pools={len(pools)} "
+            f"engines={args.engines} tp={args.tp}")
+
+
+def smoke_openrlhf(ray, args: argparse.Namespace) -> str:
+    """OpenRLHF's PACK groups: vLLM first, then the actor (or one shared group, colocated)."""
+    actor = sum(args.learners)
+    bundle = {"GPU": 1, "CPU": BUNDLE_CPU}
+    if args.colocated:
+        pg = place(ray, "hpcrl-smoke-openrlhf-shared", [bundle] * actor, "PACK", args.timeout)
+        reports = run_in_bundles(ray, pg, [0.2] * actor, args.timeout)  # OpenRLHF's fractional share
+        used = _tp_groups_on_nodes(reports, args.tp, "shared group")
+        return (f"{_head(args)} colocated=true actor_gpus={actor} engines={args.engines} tp={args.tp} "
+                f"nodes_used={used}")
+    vllm_pg = place(ray, "hpcrl-smoke-openrlhf-vllm", [bundle] * (args.engines * args.tp), "PACK", args.timeout)
+    engine_nodes = _tp_groups_on_nodes(run_in_bundles(ray, vllm_pg, [1] * (args.engines * args.tp), args.timeout),
+                                       args.tp, "vLLM group")
+    actor_pg = place(ray, "hpcrl-smoke-openrlhf-actor", [bundle] * actor, "PACK", args.timeout)
+    actor_nodes = len({r["node_id"] for r in run_in_bundles(ray, actor_pg, [1] * actor, args.timeout)})
+    return (f"{_head(args)} actor_gpus={actor} actor_nodes={actor_nodes} engines={args.engines} tp={args.tp} "
+            f"engine_nodes={engine_nodes}")
+
+
 def smoke(ray, args: argparse.Namespace) -> str:
     """All checks; the summary line on success."""
     check_layout(args)
     check_nodes(ray, args)
+    if args.framework == "verl":
+        return smoke_verl(ray, args)
+    if args.framework == "openrlhf":
+        return smoke_openrlhf(ray, args)
     learner_pg = place(ray, "hpcrl-smoke-learners",
                        [{"GPU": k, "CPU": BUNDLE_CPU} for k in args.learners], "STRICT_SPREAD", args.timeout)
     learners = run_in_bundles(ray, learner_pg, args.learners, args.timeout)
@@ -181,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if ray.is_initialized():
             ray.shutdown()
-    note = cpu_note(args)
+    note = cpu_note(args) if args.framework == "open-instruct" else None
     if note:
         print(note, file=sys.stderr, flush=True)
     print(f"{line} seconds={time.monotonic() - start:.1f}", flush=True)

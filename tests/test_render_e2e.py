@@ -4,7 +4,8 @@
 across three Slurm nodes (three raylets on this machine, addressed 127.0.0.x), the smoke
 program places learners and engines as open-instruct does, and the job records its chain
 events. The fault test breaks `ray start` on the worker nodes only and checks that the job
-fails with `ray-start-failed` instead of waiting for its wall time.
+fails with `ray-start-failed` instead of waiting for its wall time. The same bring-up runs
+for the verl and OpenRLHF backends, whose smoke programs place bundles as those frameworks do.
 """
 
 from __future__ import annotations
@@ -32,11 +33,13 @@ def _ray_installed():
 RUN_NAME = "smoke3"
 
 
-def render(tmp_path: Path, *sets: str) -> tuple[Path, Path]:
-    """`hpcrl render --cluster local-dev --nodes 3 --smoke` (the default 32B config's layout) into
-    tmp_path, with a private run root and no virtualenv to activate; return (script, run dir)."""
+def render(tmp_path: Path, *sets: str, config: str | None = None) -> tuple[Path, Path]:
+    """`hpcrl render --cluster local-dev --nodes 3 --smoke` (the default 32B config's layout, or
+    `config`'s) into tmp_path, with a private run root and no virtualenv to activate; return
+    (script, run dir)."""
     script = tmp_path / "smoke3.sbatch"
     args = [sys.executable, "-m", "hpcrl", "render", "--cluster", "local-dev", "--nodes", "3", "--smoke",
+            *(["--config", config] if config else []),
             "--set", f"hpcrl.run_root={tmp_path / 'runs'}", "--set", f"hpcrl.run_name={RUN_NAME}",
             "--set", 'hpcrl.time="00:05:00"', "--set", "hpcrl.env_setup=[]",
             *(a for s in sets for a in ("--set", s)), "-o", str(script)]
@@ -84,6 +87,36 @@ def test_smoke_job_three_nodes(tmp_path, run_sbatch_and_wait):
     token = run_dir / "hpcrl" / f"ray-token-{job.job_id}"
     assert token.stat().st_mode & 0o777 == 0o600
     assert "hpcrl-smoke: ok" in job.output  # Slurm's own --output in the run directory
+    assert leftovers(job.job_id) == []
+
+
+# What each backend's smoke line must report for its local-dev plan (3 nodes x 4 GPUs).
+BACKEND_SMOKE = {
+    "verl-grpo-qwen2.5-7b": r"framework=verl colocated=true workers=12 pools=3 engines=(\d+) tp=(\d+) ",
+    "openrlhf-grpo-qwen2.5-7b": r"framework=openrlhf actor_gpus=(\d+) actor_nodes=\d engines=(\d+) tp=(\d+) "
+                                r"engine_nodes=\d",
+}
+
+
+@pytest.mark.parametrize("config", list(BACKEND_SMOKE))
+def test_smoke_job_per_backend(tmp_path, run_sbatch_and_wait, config):
+    """The shared Ray bring-up under the verl and OpenRLHF backends; their placements on it."""
+    script, run_dir = render(tmp_path, config=config)
+    job = run_sbatch_and_wait(script, 600)
+    log = (run_dir / "logs" / f"job-{job.job_id}.log").read_text()
+    assert job.state == "COMPLETED", log
+    assert "hpcrl: Ray has 3/3 nodes, 12/12 GPUs" in log
+    m = re.search(r"hpcrl-smoke: ok nodes=3 gpus=12 \S+ " + BACKEND_SMOKE[config], log)
+    assert m, log
+    learners, engines, tp = planned(script)
+    assert m.groups()[-2:] == (engines, tp)
+    if "openrlhf" in config:
+        assert int(m.group(1)) == sum(int(k) for k in learners.split())
+        assert int(m.group(1)) + int(engines) * int(tp) == 12
+    else:
+        assert int(engines) * int(tp) == 12
+    ev = events(run_dir)
+    assert [e[1] for e in ev] == ["start", "end"] and ev[-1][3] == "completed:0"
     assert leftovers(job.job_id) == []
 
 

@@ -39,7 +39,8 @@ def plan_cmd(
             "warnings": list(rp.warnings),
             "layouts_considered": len(rp.layouts),
             "layouts": [dict(rank=i + 1, **lay.to_dict()) for i, lay in enumerate(shown)],
-        })
+        } | ({"backend": rp.backend.name, "backend_args": rp.backend.layout_args(rp)}
+             if rp.backend.name != "open-instruct" else {}))
         return
     for w in rp.warnings:
         err_console.print(f"warning: {w}")
@@ -47,7 +48,7 @@ def plan_cmd(
     console.print(
         f"[bold]{w.model.name}[/] on {rp.nodes} x {rp.profile.name} "
         f"({rp.profile.gpu.count_per_node} x {rp.profile.gpu.model}, {rp.profile.gpu.memory_gib:.1f} GiB): "
-        f"{w.seqs} sequences of {w.seq_len} tokens per step, pack_length {w.pack_length}"
+        f"{w.seqs} sequences of {w.seq_len} tokens per step, {rp.backend.tokens_text(rp)}"
     )
     t = Table(title=f"Top {len(shown)} of {len(rp.layouts)} layouts that fit")
     for col in ("#", "num_learners_per_node", "engines x TP", "util", "idle", "learner GiB", "KV GiB/GPU",

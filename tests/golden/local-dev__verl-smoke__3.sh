@@ -1,0 +1,673 @@
+#!/bin/bash
+# Rendered by hpcrl 0.1.0: re-render (hpcrl render) rather than edit by hand.
+# hpcrl cluster: local-dev
+# hpcrl config: verl-grpo-qwen2.5-7b.yaml (digest 9156b2073aa0)
+# SMOKE TEST: the driver is hpcrl.runtime.smoke, which checks the Ray cluster and exits.
+#
+# Plan:
+#   model Qwen/Qwen2.5-7B: 1536 sequences of 5120 tokens per step, ppo_micro_batch_size_per_gpu 16 (81920 tokens)
+#   3 x 4 none (declared) (139.8 GiB): all 12 GPUs train and generate (colocated)
+#   trainer.nnodes 3, n_gpus_per_node 4, rollout tensor_model_parallel_size 2 (6 engines), gpu_memory_utilization 0.9, fsdp param_offload false, optimizer_offload false
+#   colocated peak 97.1 GiB/GPU training, 135.1 GiB/GPU rollout of 139.8 usable; KV cache 116.1 GiB per GPU; host peak 75 GiB/node
+#   step ~180 s (generation 54 s, training 126 s), bottleneck training
+#
+# Submit with `hpcrl submit`, which creates the run directory first. With plain sbatch,
+# create <run dir>/logs first when --output points there: Slurm opens it before this runs.
+# docs/render.md explains every part of this script.
+#SBATCH --job-name=hpcrl-verl-grpo-qwen2.5-7b
+#SBATCH --nodes=3
+#SBATCH --ntasks-per-node=1
+#SBATCH --gpus-per-node=4
+#SBATCH --time=00:05:00
+#SBATCH --partition=debug
+#SBATCH --output=/tmp/hpcrl-e2e/verl-grpo-qwen2.5-7b/logs/slurm-%j.out
+#SBATCH --open-mode=append
+#SBATCH --signal=B:USR1@30
+#SBATCH --no-requeue
+
+set -euo pipefail
+
+if [[ -z ${SLURM_JOB_ID:-} ]]; then
+    echo "hpcrl: error: submit this script with sbatch or hpcrl submit (SLURM_JOB_ID is not set)" >&2
+    exit 2
+fi
+
+log() { printf 'hpcrl: %s\n' "$*"; }
+on_err() { printf 'hpcrl: error: exit code %s at line %s: %s\n' "$1" "$2" "$3" >&2; }
+trap 'on_err "$?" "$LINENO" "$BASH_COMMAND"' ERR
+
+# State read by the traps below.
+END_REASON=""
+END_RECORDED=""
+STOP_REASON=""
+STOP_DEADLINE=""
+CONTINUED=""
+HPCRL_DIR=""
+HEAD_PID=""
+WORKERS_PID=""
+DRIVER_PID=""
+MON_PID=""
+NODE_DIR=""
+RAY_TMP=""
+TEE_PID=""
+
+# ------------------------------------------------------------------ environment
+# Profile environment (interconnect, NCCL/libfabric, vLLM).
+export RAY_USAGE_STATS_ENABLED=0
+export HF_HUB_OFFLINE=1
+export WANDB_MODE=offline
+# Model and dataset cache on shared storage; jobs never download (pre-fetch on a login node).
+export HF_HOME=/tmp/hpcrl-hf
+export HF_HUB_OFFLINE=1
+
+# ------------------------------------------------------------------ run directory and job chain
+# One directory per run, the same on every restart, so open-instruct's output_dir and
+# checkpoint_state_dir are found again (docs/run-dir.md).
+unset RAY_ADDRESS
+RUN_DIR=/tmp/hpcrl-e2e/verl-grpo-qwen2.5-7b
+[[ $RUN_DIR == /* ]] || RUN_DIR=$PWD/$RUN_DIR
+HPCRL_DIR=$RUN_DIR/hpcrl
+mkdir -p -- "$RUN_DIR/output" "$RUN_DIR/checkpoints" "$RUN_DIR/logs" "$HPCRL_DIR"
+export HPCRL_RUN_DIR=$RUN_DIR
+# Everything below also goes to logs/job-<id>.log. tee ignores TERM so that the log
+# survives scancel/preemption (Slurm signals every process) until the final SIGKILL.
+exec > >(
+    trap '' TERM INT
+    exec tee -a -- "$RUN_DIR/logs/job-$SLURM_JOB_ID.log"
+) 2>&1
+TEE_PID=$!
+MAX_RESTARTS=10
+GRACE_S=30
+
+# jobs.tsv: <job id> <event> <UTC time> <detail>, one line per event (bash's own clock:
+# no process to start while a signal is being handled).
+record() {
+    TZ=UTC0 printf '%s\t%s\t%(%Y-%m-%dT%H:%M:%SZ)T\t%s\n' "$SLURM_JOB_ID" "$1" -1 "$2" >>"$HPCRL_DIR/jobs.tsv"
+}
+
+# Driver exit code -> end reason (90-93 are the watchdog's breakers).
+reason_of() {
+    case $1 in
+        0) echo completed ;;
+        90) echo breaker-zero-reward ;;
+        91) echo breaker-nan-loss ;;
+        92) echo breaker-hang ;;
+        93) echo breaker-dead-worker ;;
+        *) echo crashed ;;
+    esac
+}
+
+# sbatch the same script again, after this job ends, from the original submit directory and
+# without this job's Slurm/Ray variables (sbatch would pass them on).
+submit_continuation() {
+    local job=$SLURM_JOB_ID
+    (
+        cd -- "${SLURM_SUBMIT_DIR:-$HOME}"
+        while read -r var; do
+            [[ $var == SLURM_CONF ]] || unset "$var"
+        done < <(compgen -e | grep -E '^(SLURM_|SBATCH_|SRUN_|RAY_|HPCRL_)' || true)
+        sbatch --parsable --dependency="afterany:$job" "$HPCRL_DIR/job.sbatch"
+    )
+}
+
+# Only timeout and preemption continue, at most hpcrl.max_restarts times.
+continue_chain() {
+    local reason=$1 restarts=0 next
+    if [[ $reason != timeout && $reason != preempted ]] || [[ -n $CONTINUED ]]; then
+        return 0
+    fi
+    CONTINUED=1
+    if [[ -r $HPCRL_DIR/restarts ]]; then
+        restarts=$(<"$HPCRL_DIR/restarts")
+    fi
+    [[ $restarts =~ ^[0-9]+$ ]] || restarts=0
+    if ((restarts >= MAX_RESTARTS)); then
+        log "not continuing: $restarts continuations submitted already (hpcrl.max_restarts $MAX_RESTARTS)"
+        return 0
+    fi
+    if ! next=$(submit_continuation); then
+        log "error: sbatch of the continuation failed; resubmit $HPCRL_DIR/job.sbatch by hand"
+        return 0
+    fi
+    next=${next%%;*}
+    echo "$((restarts + 1))" >"$HPCRL_DIR/restarts.$SLURM_JOB_ID.tmp"
+    mv -f -- "$HPCRL_DIR/restarts.$SLURM_JOB_ID.tmp" "$HPCRL_DIR/restarts"
+    record continue "$next"
+    log "continuation submitted: job $next (continuation $((restarts + 1)) of at most $MAX_RESTARTS)"
+    return 0
+}
+
+# USR1 (--signal, before the time limit) or TERM/INT (scancel, preemption): stop the driver,
+# chain at once (the job may be killed soon). The first signal decides the reason.
+on_signal() {
+    local reason=$1
+    if [[ $BASHPID != "$$" ]]; then
+        return 0  # a child forked from this shell, not yet exec'd: the main shell handles it
+    fi
+    if [[ $reason == term ]]; then
+        reason=preempted
+        if [[ -e $HPCRL_DIR/cancel ]]; then
+            reason=cancelled
+        fi
+    fi
+    if [[ -n $STOP_REASON ]]; then
+        return 0
+    fi
+    STOP_REASON=$reason
+    log "received SIG$2: stopping ($reason)"
+    continue_chain "$reason"
+    if [[ -n $DRIVER_PID ]] && kill -0 "$DRIVER_PID" 2>/dev/null; then
+        kill -TERM "$DRIVER_PID" 2>/dev/null || true
+        STOP_DEADLINE=$((SECONDS + GRACE_S))
+    fi
+    return 0
+}
+
+# stop_pid PID SECONDS [SIGNAL]: SIGNAL (default TERM), then KILL after SECONDS.
+stop_pid() {
+    local pid=$1 i
+    if [[ -z $pid ]] || ! kill -0 "$pid" 2>/dev/null; then
+        return 0
+    fi
+    kill -"${3:-TERM}" "$pid" 2>/dev/null || true
+    for ((i = 0; i < $2 * 5; i++)); do
+        kill -0 "$pid" 2>/dev/null || return 0
+        sleep 0.2
+    done
+    log "pid $pid ignored SIG${3:-TERM} for $2 s: killing it"
+    kill -KILL "$pid" 2>/dev/null || true
+}
+
+# On every exit: stop the driver, the worker step and the head's Ray processes (this job's
+# only: `ray stop` would stop every Ray cluster of this user on the node), remove node-local
+# files, record the end if nothing did yet.
+on_exit() {
+    local rc=$?
+    if [[ $BASHPID != "$$" ]]; then
+        return "$rc"  # a subshell ending: the cleanup belongs to the main shell
+    fi
+    set +e
+    trap - ERR USR1 TERM INT
+    if [[ -n $DRIVER_PID ]]; then
+        stop_pid "$DRIVER_PID" 10
+        kill -KILL -- "-$DRIVER_PID" 2>/dev/null
+    fi
+    if [[ -z $END_RECORDED ]]; then
+        END_REASON=${END_REASON:-${STOP_REASON:-crashed}}
+        record end "$END_REASON:$rc"
+    fi
+    # srun answers TERM with SIGKILL to the tasks, but forwards USR2: the workers clean up.
+    stop_pid "$WORKERS_PID" 20 USR2
+    stop_pid "$HEAD_PID" 20
+    if [[ -n $HEAD_PID ]]; then
+        kill -KILL -- "-$HEAD_PID" 2>/dev/null
+    fi
+    stop_pid "$MON_PID" 2
+    if [[ -n $NODE_DIR ]]; then
+        rm -rf -- "$NODE_DIR"
+    fi
+    if [[ $RAY_TMP == /tmp/hpcrl-* ]]; then
+        rm -rf -- "$RAY_TMP"
+    fi
+    log "job $SLURM_JOB_ID ends: $END_REASON:$rc"
+    exec >&- 2>&-
+    wait "$TEE_PID" 2>/dev/null
+    return 0
+}
+
+# fail REASON MESSAGE: stop here; the EXIT trap records REASON.
+fail() {
+    log "error: $2"
+    END_REASON=$1
+    exit 1
+}
+
+# finish REASON CODE: record the end, chain a continuation if the reason allows, exit.
+finish() {
+    END_REASON=$1
+    record end "$1:$2"
+    END_RECORDED=1
+    continue_chain "$1"
+    exit "$2"
+}
+
+trap on_exit EXIT
+trap 'on_signal timeout USR1' USR1
+trap 'on_signal term TERM' TERM
+trap 'on_signal term INT' INT
+
+HEAD_NODE=${SLURMD_NODENAME:-$(hostname -s)}
+record start "$HEAD_NODE"
+
+# This job's script (continuations resubmit it) and the plan it was rendered from.
+if ! cmp -s -- "$0" "$HPCRL_DIR/job.sbatch"; then
+    if [[ -e $HPCRL_DIR/job.sbatch ]]; then
+        log "warning: $HPCRL_DIR/job.sbatch differs from this job's script; replacing it"
+    fi
+    cp -- "$0" "$HPCRL_DIR/job.sbatch.$SLURM_JOB_ID.tmp"
+    mv -f -- "$HPCRL_DIR/job.sbatch.$SLURM_JOB_ID.tmp" "$HPCRL_DIR/job.sbatch"
+fi
+if [[ ! -e $HPCRL_DIR/plan.json ]]; then
+    cat >"$HPCRL_DIR/plan.json.$SLURM_JOB_ID.tmp" <<'HPCRL_PLAN_JSON'
+{
+  "backend": "verl",
+  "backend_args": {
+    "actor_rollout_ref.actor.fsdp_config.optimizer_offload": false,
+    "actor_rollout_ref.actor.fsdp_config.param_offload": false,
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 16,
+    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": 16,
+    "actor_rollout_ref.rollout.gpu_memory_utilization": 0.9,
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 16,
+    "actor_rollout_ref.rollout.name": "vllm",
+    "actor_rollout_ref.rollout.tensor_model_parallel_size": 2,
+    "trainer.max_actor_ckpt_to_keep": 2,
+    "trainer.n_gpus_per_node": 4,
+    "trainer.nnodes": 3,
+    "trainer.save_freq": 20
+  },
+  "cluster": "local-dev",
+  "config": "verl-grpo-qwen2.5-7b.yaml",
+  "config_digest": "9156b2073aa0",
+  "gpus_per_node": 4,
+  "hpcrl_version": "0.1.0",
+  "layout": {
+    "bottleneck": "training",
+    "colocated": true,
+    "deepspeed_stage": 3,
+    "engine_concurrent_seqs": 849,
+    "engine_gpus": 12,
+    "engine_kv_cache_gib": 116.07,
+    "generation_time_s": 53.8,
+    "gpu_usable_gib": 139.8,
+    "host_peak_gib": 75.1,
+    "idle_gpus": 0,
+    "learner_gpus": 12,
+    "learner_peak_gib": 95.1,
+    "nodes": 3,
+    "num_learners_per_node": [
+      4,
+      4,
+      4
+    ],
+    "reason": "colocated: every GPU trains and generates; step ~180s = generation 54s + training 126s",
+    "rollout_peak_gib": 135.09,
+    "step_time_s": 179.9,
+    "training_peak_gib": 97.1,
+    "training_time_s": 126.2,
+    "vllm_gpu_memory_utilization": 0.9,
+    "vllm_num_engines": 6,
+    "vllm_tensor_parallel_size": 2
+  },
+  "memory": {
+    "colocated": {
+      "grads_resident": false,
+      "optimizer_offload": false,
+      "param_offload": false,
+      "reference_offload": true,
+      "rollout_breakdown": {
+        "gradients": 0.0,
+        "learner CUDA context + NCCL": 1.0,
+        "optimizer state": 4.728,
+        "reference policy": 0.0,
+        "training parameters": 3.546,
+        "vLLM (gpu_memory_utilization x GPU)": 125.82
+      },
+      "rollout_fits": true,
+      "rollout_gib": 135.095,
+      "training_breakdown": {
+        "learner (training peak)": 95.103,
+        "vLLM asleep (CUDA context, CUDA graphs)": 2.0
+      },
+      "training_fits": true,
+      "training_gib": 97.103,
+      "vllm_sleeps": true
+    },
+    "engine": {
+      "activation_peak_gib": 0.653,
+      "concurrent_seqs": 849,
+      "cuda_graphs_gib": 1.0,
+      "fits": true,
+      "gpu_memory_utilization": 0.9,
+      "kv_bytes_per_token": 28672,
+      "kv_cache_gib": 116.075,
+      "kv_tokens": 4346890,
+      "max_seq_len": 5120,
+      "non_torch_gib": 1.0,
+      "tp": 2,
+      "weights_gib": 7.093
+    },
+    "fits": true,
+    "gpu": {
+      "cluster": "local-dev",
+      "name": "none (declared)",
+      "usable_gib": 139.8
+    },
+    "host": {
+      "breakdown": {
+        "Ray (GCS, raylet)": 2.0,
+        "learner processes": 24.0,
+        "offloaded optimizer state (pinned)": 0.0,
+        "training state offloaded during rollout": 4.73,
+        "vLLM weights while asleep": 28.37,
+        "vLLM workers": 16.0
+      },
+      "fits": true,
+      "kill_threshold": 0.95,
+      "peak_gib": 75.1,
+      "ram_per_node_gib": 512.0
+    },
+    "learner": {
+      "breakdown": {
+        "Adam moments (fp32)": 4.728,
+        "ZeRO-3 gathered lm_head + grad": 2.03,
+        "activations (stored)": 16.953,
+        "fixed (workspaces, RNG, persistent params)": 0.25,
+        "fp32 master weights": 2.364,
+        "gradients": 2.364,
+        "log-prob path (compiled)": 46.406,
+        "parameters (bf16)": 1.182,
+        "reduce bucket": 0.931,
+        "reference policy (bf16)": 1.182
+      },
+      "deepspeed_estimate_gib": 12.669,
+      "device_total_gib": 95.103,
+      "fits": true,
+      "gpus": 12,
+      "grad_accum_dtype": "fp32",
+      "gradient_checkpointing": true,
+      "load_in_4bit": false,
+      "logprob_impl": "compiled",
+      "lora_rank": 0,
+      "non_torch_gib": 1.0,
+      "offload": "none",
+      "peak_allocated_gib": 78.392,
+      "peak_phase": "logits",
+      "peak_reserved_gib": 94.103,
+      "tokens_per_gpu": 81920,
+      "zero_stage": 3
+    },
+    "model": {
+      "active_params": 7615616512,
+      "name": "Qwen/Qwen2.5-7B",
+      "total_params": 7615616512,
+      "trainable_params": 7615616512
+    },
+    "verdict": "training fits with 42.7 GiB to spare; rollout fits with 4.7 GiB to spare; engine fits: 849 sequences of 5120 tokens fit at once"
+  },
+  "model": "Qwen/Qwen2.5-7B",
+  "nodes": 3,
+  "run_name": "verl-grpo-qwen2.5-7b",
+  "smoke": true,
+  "warnings": []
+}
+HPCRL_PLAN_JSON
+    mv -f -- "$HPCRL_DIR/plan.json.$SLURM_JOB_ID.tmp" "$HPCRL_DIR/plan.json"
+fi
+
+# ------------------------------------------------------------------ nodes, ports, token
+# Node addresses are Slurm's own (NodeAddr): `hostname` may name another network or, on a
+# test cluster, the same machine for every node. One line per node: "<name> <IPv4> <slot>",
+# where slot numbers the job's nodes that share one host (0 on a real cluster).
+# The head is the node this batch script runs on (Slurm's BatchHost, normally the first).
+mapfile -t JOB_NODES < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
+if ((${#JOB_NODES[@]} == 0)); then
+    fail ray-start-failed "scontrol show hostnames gave no node for $SLURM_JOB_NODELIST"
+fi
+if ((${#JOB_NODES[@]} != 3)); then
+    fail ray-start-failed "this script was rendered for 3 nodes but the job has ${#JOB_NODES[@]}; re-render with --nodes ${#JOB_NODES[@]}"
+fi
+NODE_LINES=$(scontrol show node -o "$SLURM_JOB_NODELIST" | awk '
+    {
+        name = addr = host = ""
+        for (i = 1; i <= NF; i++) {
+            if ($i ~ /^NodeName=/) name = substr($i, 10)
+            else if ($i ~ /^NodeAddr=/) addr = substr($i, 10)
+            else if ($i ~ /^NodeHostName=/) host = substr($i, 14)
+        }
+        if (name != "") print name, addr, seen[host]++
+    }')
+NODE_TABLE=""
+while read -r name addr slot; do
+    ip=$addr
+    if [[ ! $addr =~ ^[0-9]+\.[0-9]+\.[0-9]+\.[0-9]+$ ]]; then
+        ip=$(getent ahostsv4 "$addr" | awk 'NR == 1 { print $1 }') || true
+    fi
+    if [[ -z $ip ]]; then
+        fail ray-start-failed "cannot resolve NodeAddr '$addr' of node $name to an IPv4 address"
+    fi
+    if ((slot > 8)); then
+        fail ray-start-failed "more than 9 nodes of this job share the host of $name; the port block has 9 slots"
+    fi
+    NODE_TABLE+="$name $ip $slot;"
+done <<<"$NODE_LINES"
+# Exported for the worker step; ';' separates nodes.
+HPCRL_NODE_TABLE=$NODE_TABLE
+node_entry() { awk -v RS=';' -v n="$1" '$1 == n { print $2, $3 }' <<<"$HPCRL_NODE_TABLE"; }
+described=$(awk -v RS=';' 'NF { c++ } END { print c + 0 }' <<<"$HPCRL_NODE_TABLE")
+if ((described != 3)); then
+    fail ray-start-failed "scontrol show node described $described of the job's 3 nodes"
+fi
+read -r HPCRL_HEAD_IP HEAD_SLOT < <(node_entry "$HEAD_NODE") || true
+if [[ -z ${HEAD_SLOT:-} ]]; then
+    fail ray-start-failed "head node $HEAD_NODE is missing from scontrol show node"
+fi
+export HPCRL_NODE_TABLE HPCRL_HEAD_IP
+log "job $SLURM_JOB_ID: 3 nodes, head $HEAD_NODE ($HPCRL_HEAD_IP), run dir $RUN_DIR"
+
+# A block of 100 ports per job, from the job id: two jobs on a shared node (or two runs on
+# the test cluster) never meet on Ray's fixed defaults (6379, 8265, 10001, 52365).
+#   +0 GCS, +1 dashboard (bound to localhost), +2 Ray client server
+#   +10+10*slot .. +15+10*slot: node manager, object manager, metrics export,
+#                               dashboard agent gRPC/HTTP, runtime env agent
+# Worker processes take ports the kernel assigns (--min/max-worker-port=0): they cannot
+# collide, and a fixed range would have to hold num_cpus prestarted workers plus every actor.
+export HPCRL_PORT_BASE=$((10000 + SLURM_JOB_ID % 200 * 100))
+GCS_PORT=$HPCRL_PORT_BASE
+export HPCRL_RAY_CPUS=2
+node_ports() {
+    local b=$((HPCRL_PORT_BASE + 10 + 10 * $1))
+    NODE_PORT_ARGS=(
+        "--node-manager-port=$b" "--object-manager-port=$((b + 1))" "--metrics-export-port=$((b + 2))"
+        "--dashboard-agent-grpc-port=$((b + 3))" "--dashboard-agent-listen-port=$((b + 4))"
+        "--runtime-env-agent-port=$((b + 5))" --min-worker-port=0 --max-worker-port=0
+    )
+}
+
+# Node-local files of this job on one node (Ray's temp dir, compile caches). Ray's Unix
+# socket paths must fit in 107 bytes, so a long node-local path falls back to /tmp for Ray.
+node_dirs() {
+    NODE_DIR="$HPCRL_NODE_LOCAL/hpcrl-$SLURM_JOB_ID.$1"
+    RAY_TMP="$NODE_DIR/ray"
+    if ((${#RAY_TMP} > 40)); then
+        RAY_TMP="/tmp/hpcrl-$SLURM_JOB_ID.$1"
+        echo "hpcrl: warning: Ray temp dir under $HPCRL_NODE_LOCAL is too long for Ray's sockets; using $RAY_TMP" >&2
+    fi
+    mkdir -p -- "$NODE_DIR" "$RAY_TMP"
+    export TRITON_CACHE_DIR="$NODE_DIR/triton" TORCHINDUCTOR_CACHE_DIR="$NODE_DIR/inductor"
+}
+
+# Per-job Ray token (token authentication): nobody else on a shared node can attach.
+HPCRL_RAY_TOKEN="$HPCRL_DIR/ray-token-$SLURM_JOB_ID"
+(
+    umask 077
+    head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$HPCRL_RAY_TOKEN"
+)
+chmod 600 -- "$HPCRL_RAY_TOKEN"
+export RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH=$HPCRL_RAY_TOKEN
+
+export HPCRL_NODE_LOCAL=/tmp/hpcrl-local/"${SLURMD_NODENAME}"
+node_dirs "$HEAD_SLOT"
+
+# ------------------------------------------------------------------ Ray cluster
+if ! command -v ray >/dev/null 2>&1; then
+    fail ray-start-failed "the ray command is not on PATH on $HEAD_NODE; install ray in the job's environment (hpcrl.env_setup)"
+fi
+# GPU monitor on every node (exits at once on a machine without GPUs).
+python3 -m hpcrl.runtime.gpumon --out "$HPCRL_DIR/gpu-$HEAD_NODE.csv" --interval 5 --role head &
+MON_PID=$!
+
+RAY_ARGS=(--num-gpus=4 "--num-cpus=$HPCRL_RAY_CPUS" --disable-usage-stats --log-style=record --log-color=false --object-store-memory=536870912)
+node_ports "$HEAD_SLOT"
+# --block keeps Ray's processes children of this script; setsid gives them a process group of
+# their own, so that whatever a stop leaves behind can be killed as one group.
+setsid ray start --head --block --node-ip-address="$HPCRL_HEAD_IP" --port="$GCS_PORT" \
+    --dashboard-port=$((HPCRL_PORT_BASE + 1)) --ray-client-server-port=$((HPCRL_PORT_BASE + 2)) \
+    --temp-dir="$RAY_TMP" "${NODE_PORT_ARGS[@]}" "${RAY_ARGS[@]}" &
+HEAD_PID=$!
+
+# Runs on every other node, in one srun step; shipped with `declare -f` (srun passes the
+# exported environment, not shell functions).
+hpcrl_worker() {
+    set -euo pipefail
+    local name=${SLURMD_NODENAME:?} ip slot ray_pid mon_pid rc=0 stopping=""
+    read -r ip slot < <(node_entry "$name") || true
+    if [[ -z ${slot:-} ]]; then
+        echo "hpcrl: error: node $name is not in this job's node table" >&2
+        exit 1
+    fi
+    # The node-local path may name variables that differ per node: expand it here.
+    HPCRL_NODE_LOCAL=/tmp/hpcrl-local/"${SLURMD_NODENAME}"
+    node_dirs "$slot"
+    node_ports "$slot"
+    python3 -m hpcrl.runtime.gpumon --out "$HPCRL_RUN_DIR/hpcrl/gpu-$name.csv" --interval 5 --role mixed &
+    mon_pid=$!
+    setsid ray start --block --address="$HPCRL_HEAD_IP:$HPCRL_PORT_BASE" --node-ip-address="$ip" \
+        --temp-dir="$RAY_TMP" "${NODE_PORT_ARGS[@]}" --num-gpus=4 "--num-cpus=$HPCRL_RAY_CPUS" \
+        --disable-usage-stats --log-style=record --log-color=false --object-store-memory=536870912 &
+    ray_pid=$!
+    trap 'stopping=1; kill -TERM "$ray_pid" 2>/dev/null || true' USR2 TERM INT
+    wait "$ray_pid" || rc=$?
+    if kill -0 "$ray_pid" 2>/dev/null; then
+        wait "$ray_pid" || rc=$?
+    fi
+    kill -KILL -- "-$ray_pid" 2>/dev/null || true
+    kill "$mon_pid" 2>/dev/null || true
+    rm -rf -- "$NODE_DIR"
+    if [[ $RAY_TMP == /tmp/hpcrl-* ]]; then
+        rm -rf -- "$RAY_TMP"
+    fi
+    if [[ -n $stopping ]]; then
+        echo "hpcrl: ray on $name stopped"
+        exit 0
+    fi
+    echo "hpcrl: ray on $name exited with code $rc"
+    exit "$rc"
+}
+
+# One step for all workers; each asks for its node's GPUs and CPUs in the job's GPU style.
+srun --nodes=2 --ntasks=2 --ntasks-per-node=1 --exclude="$HEAD_NODE" \
+    --kill-on-bad-exit=1 --gpus-per-node=4 --cpus-per-task="$SLURM_CPUS_ON_NODE" \
+    bash -c "$(declare -f node_entry node_ports node_dirs hpcrl_worker); hpcrl_worker" &
+WORKERS_PID=$!
+
+# Wait until Ray reports every node and GPU, failing at once if a `ray start` dies.
+export RAY_ADDRESS="$HPCRL_HEAD_IP:$GCS_PORT"
+ray_wait() {
+    local deadline=$((SECONDS + 120 + 60)) poll code=0
+    python3 - 3 12 120 <<'HPCRL_RAY_WAIT' &
+import os, sys, time
+
+want_nodes, want_gpus, timeout = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3])
+deadline = time.monotonic() + timeout
+import ray
+
+address = os.environ["RAY_ADDRESS"]
+while True:
+    try:
+        ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+        break
+    except Exception as exc:  # the GCS may not be up yet
+        if time.monotonic() > deadline:
+            print(f"hpcrl: cannot connect to Ray at {address}: {exc}", flush=True)
+            sys.exit(1)
+        time.sleep(2)
+last = None
+while True:
+    alive = [n for n in ray.nodes() if n.get("Alive")]
+    gpus = sum(n.get("Resources", {}).get("GPU", 0) for n in alive)
+    if (len(alive), gpus) != last:
+        last = (len(alive), gpus)
+        print(f"hpcrl: Ray has {len(alive)}/{want_nodes} nodes, {gpus:g}/{want_gpus:g} GPUs", flush=True)
+    if len(alive) >= want_nodes and gpus >= want_gpus:
+        sys.exit(0)
+    if time.monotonic() > deadline:
+        print(f"hpcrl: Ray nodes after {timeout:g} s: {sorted(n['NodeManagerAddress'] for n in alive)}", flush=True)
+        sys.exit(1)
+    time.sleep(2)
+HPCRL_RAY_WAIT
+    poll=$!
+    while kill -0 "$poll" 2>/dev/null; do
+        if [[ -n $STOP_REASON ]]; then
+            kill "$poll" 2>/dev/null || true
+            return 0
+        fi
+        if ! kill -0 "$HEAD_PID" 2>/dev/null; then
+            kill "$poll" 2>/dev/null || true
+            wait "$HEAD_PID" || code=$?
+            fail ray-start-failed "ray start --head on $HEAD_NODE exited with code $code before the cluster was up; see its output above"
+        fi
+        if [[ -n $WORKERS_PID ]] && ! kill -0 "$WORKERS_PID" 2>/dev/null; then
+            kill "$poll" 2>/dev/null || true
+            wait "$WORKERS_PID" || code=$?
+            fail ray-start-failed "the worker step (srun ... ray start on the other nodes) exited with code $code before all nodes joined; see its output above"
+        fi
+        if ((SECONDS > deadline)); then
+            kill "$poll" 2>/dev/null || true
+            fail ray-start-failed "Ray did not come up within 120 s (profile ray.join_timeout_s)"
+        fi
+        sleep 1 &
+        wait $! || true
+    done
+    wait "$poll" || code=$?
+    if [[ -z $STOP_REASON ]] && ((code != 0)); then
+        fail ray-start-failed "Ray did not report 3 nodes and 12 GPUs within 120 s (profile ray.join_timeout_s)"
+    fi
+}
+ray_wait
+if [[ -n $STOP_REASON ]]; then
+    finish "$STOP_REASON" 143
+fi
+log "Ray is up: 3 nodes, 12 GPUs (GCS $RAY_ADDRESS)"
+
+# ------------------------------------------------------------------ driver
+# Smoke test in place of training: connect with the token, check every node and resource,
+# place one STRICT_PACK group of per-GPU bundles per node as verl's resource pool does, run a task in each bundle.
+if ! python3 -c 'import hpcrl.runtime.smoke' 2>/dev/null; then
+    fail crashed "hpcrl is not importable by python3 on $HEAD_NODE; install it in the job's environment (hpcrl.env_setup)"
+fi
+DRIVER=(
+    python3 -m hpcrl.runtime.smoke --nodes 3 --gpus-per-node 4
+    --cpus-per-node "$HPCRL_RAY_CPUS" --learners '4 4 4' --engines 6 --tp 2 --framework verl --colocated
+)
+printf 'hpcrl: driver:'
+printf ' %q' "${DRIVER[@]}"
+printf '\n'
+# In the background with `wait`, so the signal traps run while it works; in its own session
+# so that whatever it leaves behind can be killed as one group.
+setsid "${DRIVER[@]}" &
+DRIVER_PID=$!
+DEAD_WORKERS=""
+while kill -0 "$DRIVER_PID" 2>/dev/null; do
+    sleep 2 &
+    wait $! || true
+    if [[ -n $STOP_DEADLINE ]] && ((SECONDS >= STOP_DEADLINE)); then
+        log "the driver did not stop within $GRACE_S s: killing it"
+        kill -KILL -- "-$DRIVER_PID" 2>/dev/null || true
+        STOP_DEADLINE=""
+    fi
+    if [[ -z $STOP_REASON && -z $DEAD_WORKERS && -n $WORKERS_PID ]] && ! kill -0 "$WORKERS_PID" 2>/dev/null; then
+        log "error: the worker step exited while the driver was running: a worker node or its raylet died"
+        DEAD_WORKERS=1
+        kill -TERM "$DRIVER_PID" 2>/dev/null || true
+        STOP_DEADLINE=$((SECONDS + GRACE_S))
+    fi
+done
+code=0
+wait "$DRIVER_PID" || code=$?
+if [[ -n $STOP_REASON ]]; then
+    finish "$STOP_REASON" "$code"
+elif [[ -n $DEAD_WORKERS ]]; then
+    finish breaker-dead-worker 93
+else
+    finish "$(reason_of "$code")" "$code"
+fi

@@ -398,6 +398,9 @@ BAD = [
     (["--config", VERL, "--pin", "learners=2"], "not a choice of this backend's layout"),
     (["--config", VERL, "--set", "data.train_batch_size=101"], "must divide over the job's 16 GPUs"),
     (["--config", VERL, "--set", "hpcrl.arg_layout=legacy"], "hpcrl.arg_layout is open-instruct's"),
+    (["--config", VERL, "--set", "hpcrl.entry_point=main_ppo.py"], "backend verl runs a module (python -m)"),
+    (["--config", ORL, "--set", "reward.remote_url=null"], "hpcrl plans no reward-model GPUs"),
+    (["--config", VERL, "--set", "algorithm.adv_estimator=gae"], "trains a critic, which hpcrl does not plan"),
 ]
 
 

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 # estimated steps, so a restart loses at most about an hour.
 SAVE_EVERY_S = 3600.0
 
+_MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 # What may follow $RUN_DIR in a word the shell expands (a fixed sub-directory of the run).
 _RUN_DIR_WORD = re.compile(r"^[A-Za-z0-9_.=/@+:-]*\$RUN_DIR(/[A-Za-z0-9_.-]+)*$")
 
@@ -92,6 +93,11 @@ class Backend(ABC):
 
     def check_section(self, section: HpcrlSection) -> None:
         """Refuse hpcrl settings that mean nothing for this framework."""
+        if section.arg_layout != "current":
+            raise ConfigError(f"hpcrl.arg_layout is open-instruct's; remove it for backend {self.name}")
+        if self.entry_is_module and (not _MODULE.match(section.entry_point) or section.entry_point.endswith(".py")):
+            raise ConfigError(f"hpcrl.entry_point {section.entry_point!r}: backend {self.name} runs a module "
+                              f"(python -m), e.g. {self.default_entry_point}")
 
     # ------------------------------------------------------------------ planning
     def colocated(self, cfg: RunConfig) -> bool:

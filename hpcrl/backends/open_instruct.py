@@ -156,6 +156,9 @@ class OpenInstructBackend(Backend):
     def arg_table(self, section: HpcrlSection | None = None) -> dict[str, dict[str, Any]]:
         return arg_table(section.arg_layout if section else "current")
 
+    def check_section(self, section: HpcrlSection) -> None:
+        pass  # both argument layouts; the entry point is a script path in the checkout
+
     def check_args(self, args: dict[str, Any], section: HpcrlSection) -> None:
         check_args(args, section.arg_layout)
 

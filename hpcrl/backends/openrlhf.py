@@ -133,10 +133,6 @@ class OpenRLHFBackend(Backend):
     def arg_table(self, section: HpcrlSection | None = None) -> dict[str, dict[str, Any]]:
         return openrlhf_table()
 
-    def check_section(self, section: HpcrlSection) -> None:
-        if section.arg_layout != "current":
-            raise ConfigError("hpcrl.arg_layout is open-instruct's; remove it for backend openrlhf")
-
     def normalize_args(self, args: dict[str, Any], section: HpcrlSection) -> dict[str, Any]:
         return flatten({k.removeprefix("--"): v for k, v in args.items()}, openrlhf_table())
 
@@ -248,6 +244,9 @@ class OpenRLHFBackend(Backend):
                             f"{samples // int(self.arg(cfg, 'rollout.micro_batch_size'))} batches, fewer than the "
                             f"{lay.learner_gpus} actor GPUs (OpenRLHF checks this)")
         flags, warnings = checkpoint_flags(cfg.args, w, lay.learner_gpus, profile)
+        if not self.arg(cfg, "rollout.max_new_tokens"):
+            warnings.append(f"rollout.max_new_tokens is unset: the plan assumes responses of {w.response_length} "
+                            f"tokens (half of data.max_len); set it for a better generation estimate")
         choices: dict[str, Any] = dict(flags)
         if "ckpt.save_steps" not in cfg.args:
             choices["ckpt.save_steps"] = save_every(lay.step_time_s)

@@ -138,10 +138,6 @@ class VerlBackend(Backend):
     def arg_table(self, section: HpcrlSection | None = None) -> dict[str, dict[str, Any]]:
         return verl_table()
 
-    def check_section(self, section: HpcrlSection) -> None:
-        if section.arg_layout != "current":
-            raise ConfigError("hpcrl.arg_layout is open-instruct's; remove it for backend verl")
-
     def normalize_args(self, args: dict[str, Any], section: HpcrlSection) -> dict[str, Any]:
         """Nested YAML mappings become dotted keys, down to the table's leaves."""
         return flatten(args, verl_table())
@@ -191,6 +187,12 @@ class VerlBackend(Backend):
         name = model or cfg.model_name
         if not name:
             raise HpcrlError(f"no model: set {self.model_key} in the config or pass --model")
+        if self.arg(cfg, "algorithm.adv_estimator") == "gae":
+            raise PlanError("algorithm.adv_estimator gae (verl's default) trains a critic, which hpcrl does not plan; "
+                            "set a critic-free estimator, e.g. grpo")
+        if self.arg(cfg, "reward_model.enable"):
+            raise PlanError("reward_model.enable: hpcrl plans no reward-model GPUs; use a reward function "
+                            "(custom_reward_function.path) or verl's rule-based scores")
         prompt, response = int(self.arg(cfg, "data.max_prompt_length")), int(self.arg(cfg, "data.max_response_length"))
         seq_len = prompt + response
         if self.dynamic_bsz(cfg):

@@ -39,6 +39,7 @@ BUNDLE_CPU = 0.01  # per bundle: placement is what is tested, not CPU capacity
 OI_LEARNER_CPUS_PER_GPU = 10  # grpo_fast_resource_plan.LEARNER_PLACEMENT_GROUP_CPU_PER_GPU
 OI_EXTRA_CPUS = 3  # DataPreparationActor (2) + ActorManager (1)
 FRAMEWORKS = ("open-instruct", "verl", "openrlhf")
+VERL_CPUS_PER_GPU = 3  # verl b178a3cd ResourcePoolManager: max_colocate_count=3 CPUs in each one-GPU bundle
 
 
 class SmokeFailure(Exception):
@@ -219,12 +220,20 @@ def smoke(ray, args: argparse.Namespace) -> str:
 
 
 def cpu_note(args: argparse.Namespace) -> str | None:
-    """Whether open-instruct's own CPU requests would fit the declared CPUs."""
-    per_learner_node = max(args.learners) * OI_LEARNER_CPUS_PER_GPU
-    total = sum(args.learners) * OI_LEARNER_CPUS_PER_GPU + args.engines * args.tp + OI_EXTRA_CPUS
+    """Whether the framework's own CPU requests would fit the declared CPUs."""
+    g = args.gpus_per_node
+    if args.framework == "verl":
+        per_node, total, who = VERL_CPUS_PER_GPU * g, VERL_CPUS_PER_GPU * g * args.nodes + 1, "verl"
+    elif args.framework == "openrlhf":
+        gpus = sum(args.learners) + (0 if args.colocated else args.engines * args.tp)
+        per_node, total, who = g, gpus, "OpenRLHF"
+    else:
+        per_node = max(args.learners) * OI_LEARNER_CPUS_PER_GPU
+        total = sum(args.learners) * OI_LEARNER_CPUS_PER_GPU + args.engines * args.tp + OI_EXTRA_CPUS
+        who = "grpo_fast.py"
     have = args.nodes * args.cpus_per_node
-    if per_learner_node > args.cpus_per_node or total > have:
-        return (f"hpcrl-smoke: note: grpo_fast.py would ask {total} CPUs ({per_learner_node} on a learner node), "
+    if per_node > args.cpus_per_node or total > have:
+        return (f"hpcrl-smoke: note: {who} would ask {total} CPUs ({per_node} on a {'learner ' if who == 'grpo_fast.py' else ''}node), "
                 f"the cluster declares {have:g} ({args.cpus_per_node:g} per node): raise ray.num_cpus_per_node")
     return None
 
@@ -250,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if ray.is_initialized():
             ray.shutdown()
-    note = cpu_note(args) if args.framework == "open-instruct" else None
+    note = cpu_note(args)
     if note:
         print(note, file=sys.stderr, flush=True)
     print(f"{line} seconds={time.monotonic() - start:.1f}", flush=True)

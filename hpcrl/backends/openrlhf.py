@@ -93,10 +93,12 @@ def format_flag(name: str, value: Any, meta: dict) -> tuple[str, ...] | None:
     elif len(items) != 1:
         raise ConfigError(f"OpenRLHF flag {name} takes one value, got {value!r}")
     words = []
+    elem = meta.get("element_type", kind)
     for item in items:
-        text = repr(float(item)) if kind == "float" or meta.get("element_type") == "float" else str(item)
-        if isinstance(item, bool) or (kind == "int" and not isinstance(item, int)):
-            raise ConfigError(f"OpenRLHF flag {name}: expected {kind}, got {item!r}")
+        numeric = isinstance(item, (int, float)) and not isinstance(item, bool)
+        if isinstance(item, bool) or (elem == "int" and not isinstance(item, int)) or (elem == "float" and not numeric):
+            raise ConfigError(f"OpenRLHF flag {name}: expected {elem}, got {item!r}")
+        text = repr(float(item)) if elem == "float" else str(item)
         if text.startswith("-") and not _is_number(text):
             raise ConfigError(f"{name}: value {text!r} starts with '-', which argparse would read as a flag")
         if meta.get("choices") and text not in meta["choices"]:

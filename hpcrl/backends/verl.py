@@ -169,9 +169,12 @@ class VerlBackend(Backend):
 
     def arg(self, cfg: RunConfig, key: str) -> Any:
         """A key's value: the config's, else verl's default (interpolations resolved as stock)."""
-        if key in cfg.args:
-            return cfg.args[key]
         meta = verl_table()[key]
+        if key in cfg.args:
+            value = cfg.args[key]
+            if isinstance(value, str) and _is_interpolation(value) and _expected(meta) in ("int", "float", "bool"):
+                raise ConfigError(f"verl key {key}: hpcrl plans with its value, so give a literal here, not {value!r}")
+            return value
         if "resolved" in meta:
             return meta["resolved"]
         raw = meta["default"]

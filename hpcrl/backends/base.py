@@ -158,6 +158,15 @@ def flatten(args: dict[str, Any], table: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def merge_planned(user: dict[str, Any], planned: dict[str, Any]) -> dict[str, Any]:
+    """The user's arguments in their order with the plan's values for planned keys, then
+    the planned keys the user did not set (pinned values were already checked by the plan)."""
+    rest = dict(planned)
+    merged = {key: rest.pop(key, value) for key, value in user.items()}
+    merged.update(rest)
+    return merged
+
+
 def save_every(step_time_s: float) -> int:
     """Steps between checkpoints for about SAVE_EVERY_S of estimated training."""
     return max(1, round(SAVE_EVERY_S / max(step_time_s, 1.0)))

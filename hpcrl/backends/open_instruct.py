@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from hpcrl.backends.base import Backend, DriverLine, Word, cli_pins_into
+from hpcrl.backends.base import Backend, DriverLine, Word, cli_pins_into, merge_planned
 from hpcrl.backends.oi_args import _kind, arg_table, check_args, default
 from hpcrl.errors import ConfigError, HpcrlError, PlanError
 from hpcrl.layout import Layout, Pins, Workload
@@ -109,10 +109,7 @@ def driver_args(cfg: RunConfig, layout: Layout, nodes: int) -> list[DriverArg]:
     if pinned_nodes is not None and "num_nodes" in table and int(pinned_nodes) != nodes:
         raise PlanError(f"num_nodes {pinned_nodes} is pinned in the config but the job has {nodes} nodes; "
                         f"remove it or pass --nodes {pinned_nodes}")
-    merged: dict[str, Any] = {}
-    for key, value in cfg.args.items():
-        merged[key] = planned.pop(key, value)
-    merged.update(planned)
+    merged = merge_planned(cfg.args, planned)
     out: list[DriverArg] = []
     for key, value in merged.items():
         if key not in table:

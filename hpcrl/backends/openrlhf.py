@@ -21,7 +21,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
-from hpcrl.backends.base import Backend, DriverLine, Planned, Word, cli_pins_into, flatten, save_every
+from hpcrl.backends.base import Backend, DriverLine, Planned, Word, cli_pins_into, flatten, merge_planned, save_every
 from hpcrl.backends.flagdata import load_meta, load_table
 from hpcrl.backends.openrlhf_ckpt import checkpoint_flags
 from hpcrl.errors import ConfigError, HpcrlError, PlanError, UnknownNameError
@@ -274,10 +274,7 @@ class OpenRLHFBackend(Backend):
 
     def driver_command(self, rp: RunPlan) -> list[DriverLine]:
         planned = self.layout_args(rp)
-        merged: dict[str, Any] = {}
-        for key, value in rp.config.args.items():
-            merged[key] = planned.pop(key, value)
-        merged.update(planned)
+        merged = merge_planned(rp.config.args, planned)
         table = openrlhf_table()
         lines: list[DriverLine] = []
         for key, value in merged.items():

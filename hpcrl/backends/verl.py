@@ -15,7 +15,7 @@ from dataclasses import replace
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
-from hpcrl.backends.base import Backend, DriverLine, Planned, Word, cli_pins_into, flatten, require_job_match, save_every
+from hpcrl.backends.base import Backend, DriverLine, Planned, Word, cli_pins_into, flatten, merge_planned, require_job_match, save_every
 from hpcrl.backends.flagdata import load_table
 from hpcrl.errors import ConfigError, HpcrlError, PlanError, UnknownNameError
 from hpcrl.layout import Pins, Workload
@@ -313,10 +313,7 @@ class VerlBackend(Backend):
 
     def driver_command(self, rp: RunPlan) -> list[DriverLine]:
         planned = self.layout_args(rp)
-        merged: dict[str, Any] = {}
-        for key, value in rp.config.args.items():
-            merged[key] = planned.pop(key, value)
-        merged.update(planned)
+        merged = merge_planned(rp.config.args, planned)
         table = verl_table()
         lines: list[DriverLine] = []
         for key, value in merged.items():

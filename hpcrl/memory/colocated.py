@@ -98,13 +98,7 @@ class ColocatedPlan(MemoryPlan):
                 f"{self.engine_setup.gpu_memory_utilization:g} x GPU need {self.rollout_total / g:.1f} GiB "
                 f"of the {self.usable / g:.1f} GiB GPU less {LEARNER_HEADROOM:.0%} headroom (vLLM refuses to start)"
             )
-        parts.append(("engine fits: " if self.engine.fits else "engine does NOT fit: ") + self.engine.reason)
-        if not self.host.fits:
-            parts.append(
-                f"host RAM does NOT fit: {self.host.peak / g:.0f} GiB > {self.host.kill_threshold:.0%} "
-                f"of {self.host.ram_per_node / g:.0f} GiB (Ray kills workers there)"
-            )
-        return "; ".join(parts)
+        return "; ".join(parts + self.engine_and_host_verdicts())
 
     def colocated_summary(self) -> str:
         """One line for a script header."""

@@ -45,13 +45,18 @@ class MemoryPlan:
         else:
             over = self.learner.device_total - self.usable * (1 - LEARNER_HEADROOM)
             parts.append(f"learner does NOT fit: {over / g:.1f} GiB over the {self.usable / g:.1f} GiB GPU")
-        parts.append(("engine fits: " if self.engine.fits else "engine does NOT fit: ") + self.engine.reason)
+        return "; ".join(parts + self.engine_and_host_verdicts())
+
+    def engine_and_host_verdicts(self) -> list[str]:
+        """The engine's verdict, and the host's when it does not fit."""
+        g = C.GIB
+        parts = [("engine fits: " if self.engine.fits else "engine does NOT fit: ") + self.engine.reason]
         if not self.host.fits:
             parts.append(
                 f"host RAM does NOT fit: {self.host.peak / g:.0f} GiB > {self.host.kill_threshold:.0%} "
                 f"of {self.host.ram_per_node / g:.0f} GiB (Ray kills workers there)"
             )
-        return "; ".join(parts)
+        return parts
 
     def to_dict(self) -> dict:
         """The stable --json schema of `hpcrl plan-memory`."""

@@ -153,6 +153,10 @@ def from_config(config: str | None, *, nodes: int | None = None, cluster: str | 
     except ImportError:
         raise HpcrlError("this hpcrl has no renderer (hpcrl/render.py); pass an already rendered SCRIPT") from None
     rp = make_run_plan(config, nodes=nodes, cluster=cluster, sets=sets, pins=pins)
+    if not smoke:
+        from hpcrl.disk_check import check_run_disk
+
+        check_run_disk(rp)
     cfg, profile = rp.config, rp.profile
     script = render.render_script(rp, smoke=smoke)
     # The job's own $SLURM_JOB_ACCOUNT is the account it is submitted under (Berzelius' /proj/<account>).

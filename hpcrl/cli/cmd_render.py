@@ -13,6 +13,7 @@ import typer
 from hpcrl.cli.app import app
 from hpcrl.errors import HpcrlError
 from hpcrl.render import render_script
+from hpcrl.disk_check import check_run_disk
 from hpcrl.run_plan import make_run_plan
 
 
@@ -48,6 +49,8 @@ def render_cmd(
     """Render the sbatch script: Ray across the job's nodes, then grpo_fast.py (or --smoke)."""
     rp = make_run_plan(config, nodes=nodes, cluster=cluster, cluster_file=str(cluster_file) if cluster_file else None,
                        sets=sets, pins=pins, allow_over_limit=allow_over_limit)
+    if not smoke:  # a smoke run writes no checkpoints
+        check_run_disk(rp)
     text = render_script(rp, smoke=smoke)
     for w in rp.warnings:
         sys.stderr.write(f"hpcrl: warning: {w}\n")

@@ -158,6 +158,15 @@ def flatten(args: dict[str, Any], table: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def is_number(text: str) -> bool:
+    """Whether a command-line word reads as a number (so a leading '-' is a sign, not a flag)."""
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
 def merge_planned(user: dict[str, Any], planned: dict[str, Any]) -> dict[str, Any]:
     """The user's arguments in their order with the plan's values for planned keys, then
     the planned keys the user did not set (pinned values were already checked by the plan)."""

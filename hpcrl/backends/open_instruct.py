@@ -13,7 +13,14 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from hpcrl.backends.base import Backend, DriverLine, Word, cli_pins_into, merge_planned
+from hpcrl.backends.base import (
+    Backend,
+    DriverLine,
+    Word,
+    cli_pins_into,
+    is_number,
+    merge_planned,
+)
 from hpcrl.backends.oi_args import _kind, arg_table, check_args, default
 from hpcrl.errors import ConfigError, HpcrlError, PlanError
 from hpcrl.layout import Layout, Pins, Workload
@@ -63,19 +70,11 @@ def _scalar(name: str, value: Any) -> str:
     if isinstance(value, (dict, list, tuple)):
         return json.dumps(value, sort_keys=True)
     text = str(value)
-    if text.startswith("-") and not _is_number(text):
+    if text.startswith("-") and not is_number(text):
         raise ConfigError(
             f"{name}: value {text!r} starts with '-', which grpo_fast.py's parser would read as a flag"
         )
     return text
-
-
-def _is_number(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
 
 
 def format_values(name: str, value: Any, type_text: str) -> tuple[str, ...] | None:

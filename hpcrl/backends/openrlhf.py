@@ -21,7 +21,17 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
-from hpcrl.backends.base import Backend, DriverLine, Planned, Word, cli_pins_into, flatten, merge_planned, save_every
+from hpcrl.backends.base import (
+    Backend,
+    DriverLine,
+    Planned,
+    Word,
+    cli_pins_into,
+    flatten,
+    is_number,
+    merge_planned,
+    save_every,
+)
 from hpcrl.backends.flagdata import load_meta, load_table
 from hpcrl.backends.openrlhf_ckpt import checkpoint_flags
 from hpcrl.errors import ConfigError, HpcrlError, PlanError, UnknownNameError
@@ -99,20 +109,12 @@ def format_flag(name: str, value: Any, meta: dict) -> tuple[str, ...] | None:
         if isinstance(item, bool) or (elem == "int" and not isinstance(item, int)) or (elem == "float" and not numeric):
             raise ConfigError(f"OpenRLHF flag {name}: expected {elem}, got {item!r}")
         text = repr(float(item)) if elem == "float" else str(item)
-        if text.startswith("-") and not _is_number(text):
+        if text.startswith("-") and not is_number(text):
             raise ConfigError(f"{name}: value {text!r} starts with '-', which argparse would read as a flag")
         if meta.get("choices") and text not in meta["choices"]:
             raise ConfigError(f"OpenRLHF flag {name}: {text!r} is not one of {', '.join(meta['choices'])}")
         words.append(text)
     return (f"--{name}", *words)
-
-
-def _is_number(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
 
 
 class OpenRLHFBackend(Backend):

@@ -15,7 +15,18 @@ from dataclasses import replace
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
-from hpcrl.backends.base import Backend, DriverLine, Planned, Word, cli_pins_into, flatten, merge_planned, require_job_match, save_every
+from hpcrl.backends.base import (
+    Backend,
+    DriverLine,
+    Planned,
+    Word,
+    cli_pins_into,
+    flatten,
+    is_number,
+    merge_planned,
+    require_job_match,
+    save_every,
+)
 from hpcrl.backends.flagdata import load_table
 from hpcrl.errors import ConfigError, HpcrlError, PlanError, UnknownNameError
 from hpcrl.layout import Pins, Workload
@@ -67,7 +78,7 @@ def hydra_value(value: Any) -> str:
     if isinstance(value, dict):
         return "{" + ",".join(f"{hydra_key(k)}:{hydra_value(v)}" for k, v in value.items()) + "}"
     text = str(value)
-    if (_PLAIN.match(text) and text.lower() not in _HYDRA_WORDS and not _is_number(text)) or _is_interpolation(text):
+    if (_PLAIN.match(text) and text.lower() not in _HYDRA_WORDS and not is_number(text)) or _is_interpolation(text):
         return text
     # Quoted: a backslash run that precedes a quote (or the closing quote) is doubled.
     body = re.sub(r"(\\*)'", lambda m: m.group(1) * 2 + "\\'", text)
@@ -80,14 +91,6 @@ def hydra_key(key: Any) -> str:
     if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", text):
         raise ConfigError(f"{text!r}: a dict key in a verl override must be a plain name")
     return text
-
-
-def _is_number(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
 
 
 def _is_interpolation(text: str) -> bool:

@@ -161,6 +161,29 @@ def _run_sbatch_and_wait_fixture(slurm: LocalSlurm):
     return run_sbatch_and_wait
 
 
+def job_leftovers(job_id: str, settle_s: float = 30) -> list[str]:
+    """This job's node-local directories (local-dev puts them under /tmp/hpcrl-local/<node>/) and
+    Ray processes still present once the job's cleanup has had `settle_s` to finish: Slurm may
+    report a cancelled job's state while its script is still cleaning up (until KillWait)."""
+
+    def now() -> list[str]:
+        dirs = [str(p) for p in Path("/tmp/hpcrl-local").glob(f"*/hpcrl-{job_id}.*")]
+        dirs += [str(p) for p in Path("/tmp").glob(f"hpcrl-{job_id}.*")]  # Ray's short-path fallback
+        procs = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout.splitlines()
+        return dirs + [p for p in procs if f"hpcrl-{job_id}." in p]
+
+    deadline = time.monotonic() + settle_s
+    while (left := now()) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return left
+
+
+@pytest.fixture(name="leftovers")
+def _leftovers_fixture():
+    """`leftovers(job_id)`: see job_leftovers."""
+    return job_leftovers
+
+
 # --------------------------------------------------------------------------- tools
 
 

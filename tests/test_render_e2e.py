@@ -62,14 +62,7 @@ def events(run_dir: Path) -> list[list[str]]:
     return [ln.split("\t") for ln in (run_dir / "hpcrl" / "jobs.tsv").read_text().splitlines()]
 
 
-def leftovers(job_id: str) -> list[str]:
-    """This job's node-local directories and Ray processes still around after it ended."""
-    dirs = [str(p) for p in Path("/tmp/hpcrl-local").glob(f"*/hpcrl-{job_id}.*")]
-    procs = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout.splitlines()
-    return dirs + [p for p in procs if f"hpcrl-{job_id}." in p]
-
-
-def test_smoke_job_three_nodes(tmp_path, run_sbatch_and_wait):
+def test_smoke_job_three_nodes(tmp_path, run_sbatch_and_wait, leftovers):
     script, run_dir = render(tmp_path)
     job = run_sbatch_and_wait(script, 600)
     log = (run_dir / "logs" / f"job-{job.job_id}.log").read_text()
@@ -99,7 +92,7 @@ BACKEND_SMOKE = {
 
 
 @pytest.mark.parametrize("config", list(BACKEND_SMOKE))
-def test_smoke_job_per_backend(tmp_path, run_sbatch_and_wait, config):
+def test_smoke_job_per_backend(tmp_path, run_sbatch_and_wait, config, leftovers):
     """The shared Ray bring-up under the verl and OpenRLHF backends; their placements on it."""
     script, run_dir = render(tmp_path, config=config)
     job = run_sbatch_and_wait(script, 600)
@@ -120,7 +113,7 @@ def test_smoke_job_per_backend(tmp_path, run_sbatch_and_wait, config):
     assert leftovers(job.job_id) == []
 
 
-def test_worker_that_cannot_start_fails_the_job_at_once(tmp_path, run_sbatch_and_wait):
+def test_worker_that_cannot_start_fails_the_job_at_once(tmp_path, run_sbatch_and_wait, leftovers):
     """`ray start` fails on the two worker nodes only (inside the srun step); the head is fine."""
     real_ray = shutil.which("ray")
     assert real_ray
@@ -146,3 +139,39 @@ def test_worker_that_cannot_start_fails_the_job_at_once(tmp_path, run_sbatch_and
     assert [e[1] for e in ev] == ["start", "end"] and ev[-1][3] == "ray-start-failed:1"
     assert "hpcrl-smoke" not in log  # the driver never started
     assert leftovers(job.job_id) == []
+
+
+def test_worker_stopped_while_it_sets_up_leaves_nothing_behind(tmp_path, run_sbatch_and_wait, leftovers):
+    """One worker is slow right after creating its node-local directories (a `mkdir` that
+    sleeps inside the srun step); `ray start` fails on the other. srun's --kill-on-bad-exit then
+    signals the slow worker before it has started Ray: its directories must still go."""
+    real_ray, real_mkdir = shutil.which("ray"), shutil.which("mkdir")
+    assert real_ray and real_mkdir
+    fault = tmp_path / "faultbin"
+    fault.mkdir()
+    claim = tmp_path / "slow-node"
+    (fault / "mkdir").write_text(
+        "#!/bin/bash\n"
+        f'{real_mkdir} "$@" || exit\n'
+        f'if [[ -n ${{SLURM_STEP_ID:-}} && "$*" == *hpcrl-local* ]] && {real_mkdir} {claim} 2>/dev/null; then\n'
+        '    echo "fault injected: $SLURMD_NODENAME is slow after creating its directories" >&2\n'
+        "    sleep 4\n"
+        "fi\n"
+    )
+    (fault / "ray").write_text(
+        "#!/bin/bash\n"
+        "if [[ -n ${SLURM_STEP_ID:-} ]]; then\n"
+        '    echo "fault injected: ray cannot start on $SLURMD_NODENAME" >&2\n'
+        "    exit 1\n"
+        "fi\n"
+        f'exec {real_ray} "$@"\n'
+    )
+    for f in ("mkdir", "ray"):
+        (fault / f).chmod(0o755)
+    script, run_dir = render(tmp_path, f'hpcrl.env_setup=["export PATH={fault}:$PATH"]')
+    job = run_sbatch_and_wait(script, 600)
+    log = (run_dir / "logs" / f"job-{job.job_id}.log").read_text()
+    assert job.state == "FAILED", log
+    assert "is slow after creating its directories" in log and "fault injected: ray cannot start on n" in log
+    assert events(run_dir)[-1][3] == "ray-start-failed:1"
+    assert leftovers(job.job_id) == [], log

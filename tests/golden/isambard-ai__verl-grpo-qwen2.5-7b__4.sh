@@ -542,6 +542,9 @@ HPCRL_RAY_TOKEN="$HPCRL_DIR/ray-token-$SLURM_JOB_ID"
 )
 chmod 600 -- "$HPCRL_RAY_TOKEN"
 export RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH=$HPCRL_RAY_TOKEN
+# Recent Ray (2.60 here) drains a node for up to 30 s on SIGTERM before it stops; a job has no
+# one to drain for, and Slurm's KillWait (often 30 s) would SIGKILL the job's cleanup.
+export RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S=0
 
 export HPCRL_NODE_LOCAL="${LOCALDIR}"
 node_dirs "$HEAD_SLOT"
@@ -564,10 +567,31 @@ setsid ray start --head --block --node-ip-address="$HPCRL_HEAD_IP" --port="$GCS_
 HEAD_PID=$!
 
 # Runs on every other node, in one srun step; shipped with `declare -f` (srun passes the
-# exported environment, not shell functions).
+# exported environment, not shell functions). The traps come first: when another worker
+# fails, srun's --kill-on-bad-exit sends TERM (KILL after the cluster's KillWait) at any
+# moment, and the node-local directories must go even then.
+hpcrl_worker_cleanup() {
+    set +e
+    if [[ -n $ray_pid ]]; then
+        kill -KILL -- "-$ray_pid" 2>/dev/null || true
+    fi
+    if [[ -n $mon_pid ]]; then
+        kill "$mon_pid" 2>/dev/null || true
+    fi
+    # Twice: Slurm's TERM reaches every process of the step, an `rm` in progress too.
+    if [[ -n $NODE_DIR ]]; then
+        rm -rf -- "$NODE_DIR" 2>/dev/null || rm -rf -- "$NODE_DIR"
+    fi
+    if [[ $RAY_TMP == /tmp/hpcrl-* ]]; then
+        rm -rf -- "$RAY_TMP" 2>/dev/null || rm -rf -- "$RAY_TMP"
+    fi
+}
 hpcrl_worker() {
     set -euo pipefail
-    local name=${SLURMD_NODENAME:?} ip slot ray_pid mon_pid rc=0 stopping=""
+    local name=${SLURMD_NODENAME:?} ip slot rc=0
+    ray_pid="" mon_pid="" stopping="" NODE_DIR="" RAY_TMP=""
+    trap 'stopping=1; if [[ -n $ray_pid ]]; then kill -TERM "$ray_pid" 2>/dev/null || true; fi' USR2 TERM INT
+    trap hpcrl_worker_cleanup EXIT
     read -r ip slot < <(node_entry "$name") || true
     if [[ -z ${slot:-} ]]; then
         echo "hpcrl: error: node $name is not in this job's node table" >&2
@@ -577,22 +601,20 @@ hpcrl_worker() {
     HPCRL_NODE_LOCAL="${LOCALDIR}"
     node_dirs "$slot"
     node_ports "$slot"
-    python3 -m hpcrl.runtime.gpumon --out "$HPCRL_RUN_DIR/hpcrl/gpu-$name.csv" --interval 5 --role mixed &
-    mon_pid=$!
-    setsid ray start --block --address="$HPCRL_HEAD_IP:$HPCRL_PORT_BASE" --node-ip-address="$ip" \
-        --temp-dir="$RAY_TMP" "${NODE_PORT_ARGS[@]}" --num-gpus=4 "--num-cpus=$HPCRL_RAY_CPUS" \
-        --disable-usage-stats --log-style=record --log-color=false --object-store-memory=68719476736 &
-    ray_pid=$!
-    trap 'stopping=1; kill -TERM "$ray_pid" 2>/dev/null || true' USR2 TERM INT
-    wait "$ray_pid" || rc=$?
-    if kill -0 "$ray_pid" 2>/dev/null; then
+    if [[ -z $stopping ]]; then
+        python3 -m hpcrl.runtime.gpumon --out "$HPCRL_RUN_DIR/hpcrl/gpu-$name.csv" --interval 5 --role mixed &
+        mon_pid=$!
+        setsid ray start --block --address="$HPCRL_HEAD_IP:$HPCRL_PORT_BASE" --node-ip-address="$ip" \
+            --temp-dir="$RAY_TMP" "${NODE_PORT_ARGS[@]}" --num-gpus=4 "--num-cpus=$HPCRL_RAY_CPUS" \
+            --disable-usage-stats --log-style=record --log-color=false --object-store-memory=68719476736 &
+        ray_pid=$!
+        if [[ -n $stopping ]]; then
+            kill -TERM "$ray_pid" 2>/dev/null || true
+        fi
         wait "$ray_pid" || rc=$?
-    fi
-    kill -KILL -- "-$ray_pid" 2>/dev/null || true
-    kill "$mon_pid" 2>/dev/null || true
-    rm -rf -- "$NODE_DIR"
-    if [[ $RAY_TMP == /tmp/hpcrl-* ]]; then
-        rm -rf -- "$RAY_TMP"
+        if kill -0 "$ray_pid" 2>/dev/null; then
+            wait "$ray_pid" || rc=$?
+        fi
     fi
     if [[ -n $stopping ]]; then
         echo "hpcrl: ray on $name stopped"
@@ -605,7 +627,7 @@ hpcrl_worker() {
 # One step for all workers; each asks for its node's GPUs and CPUs in the job's GPU style.
 srun --nodes=3 --ntasks=3 --ntasks-per-node=1 --exclude="$HEAD_NODE" \
     --kill-on-bad-exit=1 --gpus-per-node=4 --cpus-per-task="$SLURM_CPUS_ON_NODE" \
-    bash -c "$(declare -f node_entry node_ports node_dirs hpcrl_worker); hpcrl_worker" &
+    bash -c "$(declare -f node_entry node_ports node_dirs hpcrl_worker_cleanup hpcrl_worker); hpcrl_worker" &
 WORKERS_PID=$!
 
 # Wait until Ray reports every node and GPU, failing at once if a `ray start` dies.

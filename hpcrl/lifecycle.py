@@ -208,13 +208,13 @@ def submit(reg: Registry, sub: Submission, *, dry_run: bool = False, extra_args:
     """Write the run dir, sbatch the script, record the run. Dry run: record only, touch no run dir."""
     extra = list(extra_args or [])
     command = ["sbatch", "--parsable", *extra, str(sub.run_dir.script)]
-    busy = [r for r in reg.list_runs(live_only=True) if Path(r.run_dir) == sub.run_dir.path]
-    if busy:
-        raise RegistryError(
-            f"run {busy[0].run_id} is still {busy[0].state} in {sub.run_dir.path}; "
-            f"hpcrl cancel {busy[0].run_id}, or pick another hpcrl.run_name"
-        )
     if dry_run:
+        busy = [r for r in reg.list_runs(live_only=True) if Path(r.run_dir) == sub.run_dir.path]
+        if busy:  # what the real submit would say
+            raise RegistryError(
+                f"run {busy[0].run_id} is still {busy[0].state} in {sub.run_dir.path}; "
+                f"hpcrl cancel {busy[0].run_id}, or pick another hpcrl.run_name"
+            )
         # The script goes next to the registry: a live run's job.sbatch must never be overwritten.
         out = reg.path.parent / "dry-run"
         out.mkdir(parents=True, exist_ok=True)
@@ -226,6 +226,11 @@ def submit(reg: Registry, sub: Submission, *, dry_run: bool = False, extra_args:
         return Submitted(run_id, None, path, None, command)
     slurm.require("sbatch")  # before anything is written: no run dir, no registry row
     rd = sub.run_dir
+    # The registry row claims the run dir before anything is written into it: a second submit
+    # into the same run dir at the same moment is refused instead of overwriting job.sbatch.
+    run_id = reg.create_run(name=sub.name, cluster=sub.cluster, config_hash=sub.config_hash,
+                            script_path=str(rd.script), run_dir=str(rd.path), state="submitting",
+                            max_restarts=sub.max_restarts, claim_run_dir=True)
     try:
         rd.create()
         rd.script.write_text(sub.script)
@@ -236,10 +241,8 @@ def submit(reg: Registry, sub: Submission, *, dry_run: bool = False, extra_args:
         rd.restarts.write_text("0\n")  # a new chain gets its full max_restarts
         rd.cancel.unlink(missing_ok=True)  # a marker left by a cancelled earlier run would stop this one
     except OSError as exc:
-        raise HpcrlError(f"run dir {rd.path}: {exc.strerror}") from None
-    run_id = reg.create_run(name=sub.name, cluster=sub.cluster, config_hash=sub.config_hash,
-                            script_path=str(rd.script), run_dir=str(rd.path), state="submitting",
-                            max_restarts=sub.max_restarts)
+        reg.set_run(run_id, state="failed", reason=f"run dir: {exc.strerror}")
+        raise HpcrlError(f"run dir {rd.path}: {exc.strerror} (run {run_id} recorded as failed)") from None
     try:
         job_id = slurm.submit(str(rd.script), extra)
     except SlurmError as exc:

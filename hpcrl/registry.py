@@ -125,6 +125,19 @@ def _locked(exc: sqlite3.OperationalError) -> bool:
     return "locked" in str(exc) or "busy" in str(exc)
 
 
+def _refuse_busy_run_dir(conn: sqlite3.Connection, run_dir: str) -> None:
+    marks = ",".join("?" * len(LIVE_RUN_STATES))
+    row = conn.execute(
+        f"SELECT run_id, state FROM runs WHERE run_dir=? AND state IN ({marks}) ORDER BY created DESC LIMIT 1",
+        (run_dir, *sorted(LIVE_RUN_STATES)),
+    ).fetchone()
+    if row:
+        raise RegistryError(
+            f"run {row['run_id']} is still {row['state']} in {run_dir}; "
+            f"hpcrl cancel {row['run_id']}, or pick another hpcrl.run_name"
+        )
+
+
 class Registry:
     """Runs and jobs in SQLite. Each method is one short transaction."""
 
@@ -189,13 +202,17 @@ class Registry:
     # ------------------------------------------------------------------ writes
 
     def create_run(self, *, name: str, cluster: str, config_hash: str, script_path: str, run_dir: str,
-                   state: str, max_restarts: int | None, reason: str = "") -> str:
-        """Insert a run under a fresh id and return the id."""
+                   state: str, max_restarts: int | None, reason: str = "", claim_run_dir: bool = False) -> str:
+        """Insert a run under a fresh id and return the id. With claim_run_dir, the check that no
+        live run uses run_dir and the insert are one transaction: of two submits into one run dir
+        at the same moment, exactly one gets it."""
         stamp = now()
         for _ in range(20):
             run_id = new_run_id(name)
             try:
                 with self._write() as c:
+                    if claim_run_dir:
+                        _refuse_busy_run_dir(c, run_dir)
                     c.execute(
                         "INSERT INTO runs VALUES (?,?,?,?,?,?,?,?,?,?,?)",
                         (run_id, name, cluster, config_hash, script_path, run_dir, stamp, state, reason,

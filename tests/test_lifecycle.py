@@ -257,6 +257,25 @@ def test_no_sbatch_on_path_is_one_line(env):
     assert rows(env, "runs") == [] and not (env["root"] / "nosb").exists()  # nothing written
 
 
+def test_unwritable_run_dir_fails_the_run_before_sbatch(env):
+    """The run dir's parent is a file: one-line error, the run recorded as failed, sbatch (a
+    fake that leaves a mark) never runs."""
+    fake_bin = env["tmp"] / "fake-bin"
+    fake_bin.mkdir()
+    mark = env["tmp"] / "sbatch-ran"
+    (fake_bin / "sbatch").write_text(f"#!/bin/sh\ntouch {mark}\necho 1\n")
+    (fake_bin / "sbatch").chmod(0o755)
+    blocker = env["tmp"] / "a-file"
+    blocker.write_text("not a directory\n")
+    proc = hpcrl(env, "submit", "--run-dir", str(blocker / "run"), str(script(env, "nodir")),
+                 path=f"{fake_bin}:{os.environ['PATH']}")
+    (run,) = rows(env, "runs")
+    line = assert_user_error(proc, f"run dir {blocker / 'run'}: Not a directory")
+    assert line.endswith(f"(run {run['run_id']} recorded as failed)")
+    assert run["state"] == "failed" and run["reason"] == "run dir: Not a directory"
+    assert not mark.exists() and rows(env, "jobs") == []
+
+
 def test_rendered_script_submitted_as_script(env):
     """A script from the renderer, given back as SCRIPT: RUN_DIR, cluster and max_restarts are read from it."""
     rendered = ok_json(hpcrl(env, "submit", "--dry-run", "--json", *submit_args(env, "config", "again", max_restarts=4)))
@@ -395,6 +414,26 @@ def test_twenty_concurrent_submits(slurm, env):
         assert o["command"] == ["sbatch", "--parsable", str(env["root"] / "many" / "hpcrl" / "job.sbatch")]
     for o in outs[20:]:
         wait_status(env, o["run_id"], lambda r: r["state"] == "ended", "a real submit to finish")
+
+
+def test_two_submits_into_one_run_dir_at_once(slurm, env):
+    """Two real submits of the same run name at the same moment: one is submitted, the other
+    is refused (exit 2) naming it, and the run dir holds one chain. (The race itself, both
+    checking before either writes, is forced in tests/test_registry.py with a barrier.)"""
+    behave(env, sleep=0)
+    path = str(script(env, "twice"))
+    with ThreadPoolExecutor(2) as pool:
+        procs = list(pool.map(lambda _: hpcrl(env, "submit", "--json", path, timeout=300), range(2)))
+    ok = [p for p in procs if p.returncode == 0]
+    refused = [p for p in procs if p.returncode != 0]
+    assert len(ok) == 1 and len(refused) == 1, [(p.returncode, p.stderr) for p in procs]
+    winner = ok_json(ok[0])["run_id"]
+    line = assert_user_error(refused[0], f"run {winner} is still ")
+    assert line.endswith(f"in {env['root'] / 'twice'}; hpcrl cancel {winner}, or pick another hpcrl.run_name")
+    assert [r["run_id"] for r in rows(env, "runs")] == [winner] and len(rows(env, "jobs")) == 1
+    chain = read_chain(RunDir(env["root"] / "twice"))
+    assert list(chain) == [ok_json(ok[0])["job_id"]]
+    wait_status(env, winner, lambda r: r["state"] == "ended", "the submitted run to finish")
 
 
 def _has_renderer() -> bool:

@@ -115,3 +115,59 @@ def test_twenty_concurrent_writers(tmp_path):
     for r in runs:
         assert r.state == "pending" and ID.match(r.run_id)
         assert [j.seq for j in r.jobs] == [0, 1, 2]
+
+
+def _claimer(path: str, i: int, start, out) -> None:
+    reg = Registry(path)
+    start.wait(60)
+    try:
+        rid = reg.create_run(name=f"c{i}", cluster="local-dev", config_hash="h", script_path="/r/same/hpcrl/job.sbatch",
+                             run_dir="/r/same", state="submitting", max_restarts=2, claim_run_dir=True)
+        out.put(("ok", rid))
+    except RegistryError as exc:
+        out.put(("refused", str(exc)))
+
+
+def test_one_of_many_simultaneous_claims_of_a_run_dir_wins(tmp_path):
+    """8 processes released together each try to claim the same run dir: exactly one row is
+    created, and the 7 others are told which run holds it."""
+    path = str(tmp_path / "runs.db")
+    Registry(path).close()
+    ctx = mp.get_context("spawn")
+    start, out = ctx.Event(), ctx.Queue()
+    procs = [ctx.Process(target=_claimer, args=(path, i, start, out)) for i in range(8)]
+    for p in procs:
+        p.start()
+    start.set()
+    for p in procs:
+        p.join(120)
+    results = [out.get(timeout=5) for _ in procs]
+    won = [r for kind, r in results if kind == "ok"]
+    refused = [r for kind, r in results if kind == "refused"]
+    assert len(won) == 1 and len(refused) == 7, results
+    for msg in refused:
+        assert msg == (f"run {won[0]} is still submitting in /r/same; "
+                       f"hpcrl cancel {won[0]}, or pick another hpcrl.run_name")
+    assert [r.run_id for r in Registry(path).list_runs()] == won
+
+
+def test_a_run_dir_is_free_again_once_its_run_ended(tmp_path):
+    reg = Registry(tmp_path / "runs.db")
+
+    def claim() -> str:
+        return reg.create_run(name="x", cluster="local-dev", config_hash="h", script_path="/r/x/hpcrl/job.sbatch",
+                              run_dir="/r/x", state="submitting", max_restarts=2, claim_run_dir=True)
+
+    first = claim()
+    for state in ("pending", "running"):
+        reg.set_run(first, state=state)
+        with pytest.raises(RegistryError, match=f"run {first} is still {state} in /r/x"):
+            claim()
+    reg.set_run(first, state="ended")
+    second = claim()
+    assert second != first and {r.run_id for r in reg.list_runs(live_only=True)} == {second}
+    # a dry run's row never holds the run dir
+    reg.set_run(second, state="failed")
+    reg.create_run(name="x", cluster="local-dev", config_hash="h", script_path="/r/x/hpcrl/job.sbatch",
+                   run_dir="/r/x", state="dry-run", max_restarts=2)
+    assert claim()

@@ -33,7 +33,8 @@ HEADLINE = ("training_step", "scores", "objective/scores", "objective/verifiable
 CLOCK_SLACK = timedelta(seconds=120)
 GAP = timedelta(minutes=5)  # the plot breaks a GPU's line where the monitor was silent this long
 NO_PLAN = "No prediction: plan.json holds no memory plan (a run submitted as a bare script)."
-ROLE_COLORS = {"learner": "tab:blue", "engine": "tab:orange", "mixed": "tab:purple", "head": "tab:green"}
+ROLE_COLORS = {"learner": "tab:blue", "engine": "tab:orange", "mixed": "tab:purple", "head": "tab:green",
+               "idle": "tab:gray"}
 
 
 class Event(NamedTuple):
@@ -195,6 +196,8 @@ def _predicted_for(role: str, pred: dict | None) -> tuple[float | None, str]:
         return learner, "learner device total"
     if role == "engine":
         return engine, "vLLM reservation (utilization x total)"
+    if role == "idle":
+        return None, ""
     both = [v for v in (learner, engine) if v is not None]
     return (max(both), "larger of learner and vLLM (node holds both)") if both else (None, "")
 

@@ -164,3 +164,80 @@ def test_unknown_cluster_is_one_line(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "hpcrl.runtime.gpumon", "--out", str(tmp_path / "g.csv"),
                            "--cluster", "nowhere"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
+
+
+class ProcNVML:
+    """NVML faked (no GPU here), processes real: GPU i runs the real processes in procs[i]."""
+
+    def __init__(self, monkeypatch, procs: list):
+        self.procs = procs
+        monkeypatch.setattr(pynvml, "nvmlInit", lambda: None)
+        monkeypatch.setattr(pynvml, "nvmlShutdown", lambda: None)
+        monkeypatch.setattr(pynvml, "nvmlDeviceGetCount", lambda: len(procs))
+        monkeypatch.setattr(pynvml, "nvmlDeviceGetHandleByIndex", lambda i: ("handle", i))
+        monkeypatch.setattr(pynvml, "nvmlDeviceGetMemoryInfo",
+                            lambda h: SimpleNamespace(used=1024 * MIB, total=81920 * MIB, free=0))
+        monkeypatch.setattr(pynvml, "nvmlDeviceGetUtilizationRates", lambda h: SimpleNamespace(gpu=0, memory=0))
+        monkeypatch.setattr(pynvml, "nvmlDeviceGetPowerUsage", lambda h: 100_000)
+        monkeypatch.setattr(pynvml, "nvmlDeviceGetComputeRunningProcesses", self.running)
+
+    def running(self, h):
+        entry = self.procs[h[1]]
+        if entry == "error":
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return [SimpleNamespace(pid=pid, usedGpuMemory=512 * MIB) for pid in entry]
+
+
+@pytest.fixture()
+def named_processes():
+    """Start real processes whose /proc cmdline is the given title (as Ray and vLLM set them)."""
+    started = []
+
+    def start(title: str) -> int:
+        p = subprocess.Popen(["bash", "-c", f'exec -a "{title}" sleep 60'])
+        started.append(p)
+        for _ in range(100):  # until the exec has happened
+            try:
+                if open(f"/proc/{p.pid}/cmdline", "rb").read().startswith(title.encode()):
+                    return p.pid
+            except OSError:
+                pass
+            time.sleep(0.02)
+        raise AssertionError(f"{title} did not start")
+
+    yield start
+    for p in started:
+        p.kill()
+        p.wait()
+
+
+def test_roles_from_the_processes_on_each_gpu(tmp_path, monkeypatch, named_processes):
+    learner = named_processes("ray::PolicyTrainerRayProcess.train")
+    engine = named_processes("ray::LLMRayActor.generate")
+    core = named_processes("VLLM::EngineCore")
+    verl = named_processes("ray::WorkerDict.actor_rollout_generate_sequences")
+    orlhf = named_processes("ray::ActorModelRayActor.fit")
+    other = named_processes("python3 my_own_trainer.py")
+    gone = 2**22 + 7  # above the default pid_max: no such process
+    ProcNVML(monkeypatch, [[learner], [engine], [], [other], [learner, core], [verl], [gone], "error", [core],
+                           [orlhf]])
+    rc = gpumon.monitor(tmp_path / "gpu-n1.csv", "mixed", 5.0, node="n1", count=1, detect_roles=True,
+                        clock=clock_every(1.0), sleep=lambda s: None)
+    assert rc == 0
+    _, rows = read(tmp_path / "gpu-n1.csv")
+    assert [r["role"] for r in rows] == ["learner", "engine", "idle", "mixed", "mixed", "mixed", "mixed", "mixed",
+                                         "engine", "learner"]
+    # without --detect-roles every GPU keeps the label, whatever runs on it
+    rc = gpumon.monitor(tmp_path / "gpu-n2.csv", "head", 5.0, node="n2", count=1,
+                        clock=clock_every(1.0), sleep=lambda s: None)
+    _, rows = read(tmp_path / "gpu-n2.csv")
+    assert rc == 0 and {r["role"] for r in rows} == {"head"}
+
+
+def test_an_unrecognised_gpu_keeps_the_node_label(tmp_path, monkeypatch, named_processes):
+    other = named_processes("python3 my_own_trainer.py")
+    ProcNVML(monkeypatch, [[other], [], "error"])
+    gpumon.monitor(tmp_path / "gpu-n3.csv", "head", 5.0, node="n3", count=1, detect_roles=True,
+                   clock=clock_every(1.0), sleep=lambda s: None)
+    _, rows = read(tmp_path / "gpu-n3.csv")
+    assert [r["role"] for r in rows] == ["head", "idle", "head"]

@@ -103,6 +103,23 @@ def test_gpu_peaks_per_role_next_to_the_plan():
         [("n1", 0, 58000.5), ("n1", 1, 57000.0), ("n2", 0, 69632.0), ("n2", 1, 70656.0)]
 
 
+def test_idle_gpus_get_no_prediction(tmp_path):
+    """A node whose monitor labelled GPUs by their processes (--detect-roles): the idle GPU is
+    listed with its own peak and no prediction, the learner GPU against the learner's."""
+    run = tmp_path / "run"
+    shutil.copytree(CHAIN, run)
+    (run / "hpcrl" / "gpu-n3.csv").write_text(
+        "timestamp,node,role,gpu,memory_used_mib,memory_total_mib,utilization_pct,power_w,mean_power_w,flag\n"
+        "2026-03-02T11:10:00+00:00,n3,idle,0,512.0,81920.0,0.0,60.0,60.0,\n"
+        "2026-03-02T11:10:00+00:00,n3,idle,1,600.0,81920.0,0.0,61.0,61.0,\n"
+        "2026-03-02T11:10:05+00:00,n3,learner,0,61440.0,81920.0,90.0,400.0,230.0,\n"
+    )
+    mem = {m["role"]: m for m in rp.build_report(run)["memory"]}
+    assert list(mem) == ["learner", "engine", "idle"]
+    assert (mem["idle"]["measured_peak_gib"], mem["idle"]["predicted_gib"], mem["idle"]["ratio"]) == (0.586, None, None)
+    assert (mem["learner"]["measured_peak_gib"], mem["learner"]["node"], mem["learner"]["ratio"]) == (60.0, "n3", 0.979)
+
+
 def test_breaker_run_without_gpus_or_plan():
     r = rp.build_report(BREAKER)
     assert (r["state"], r["reason"]) == ("ended", "breaker-zero-reward")

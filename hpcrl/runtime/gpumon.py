@@ -4,6 +4,10 @@ Samples NVML (nvidia-ml-py) every --interval seconds and appends one CSV row per
 
     timestamp,node,role,gpu,memory_used_mib,memory_total_mib,utilization_pct,power_w,mean_power_w,flag
 
+role is --role, or with --detect-roles what the GPU's compute processes are (NVML lists them,
+/proc names them): "learner" (open-instruct's PolicyTrainerRayProcess, OpenRLHF's model
+actors), "engine" (vLLM: LLMRayActor, RayWorkerWrapper, VLLM:: processes), "mixed" (both, or
+verl's WorkerDict, which holds actor, rollout and reference), "idle" (no process), else --role.
 mean_power_w is the GPU's running mean since the monitor started. flag is empty, or
 "idle_risk" once the grace period is over and that mean is under the cluster's idle-GPU
 threshold (Berzelius cancels jobs whose GPUs average under 100 W after their first hour; its
@@ -16,6 +20,7 @@ from __future__ import annotations
 import argparse
 import csv
 import os
+import re
 import signal
 import socket
 import sys
@@ -29,6 +34,10 @@ import pynvml
 HEADER = ["timestamp", "node", "role", "gpu", "memory_used_mib", "memory_total_mib", "utilization_pct", "power_w",
           "mean_power_w", "flag"]
 ROLES = ("learner", "engine", "mixed", "head")
+# Process names (Ray sets an actor's title to ray::<Class>[.<method>]).
+LEARNER_PROCS = re.compile(r"PolicyTrainerRayProcess|(?:Actor|Reference|Critic|Reward)ModelRayActor")
+ENGINE_PROCS = re.compile(r"LLMRayActor|RayWorkerWrapper|VLLM::|EngineCore")
+COLOCATED_PROCS = re.compile(r"WorkerDict")
 
 
 def node_name() -> str:
@@ -66,6 +75,38 @@ def sample(index: int) -> dict[str, float | None]:
     }
 
 
+def process_role(cmdline: str) -> str | None:
+    """learner, engine or mixed for a process name of a known framework; None otherwise."""
+    if COLOCATED_PROCS.search(cmdline):
+        return "mixed"
+    if LEARNER_PROCS.search(cmdline):
+        return "learner"
+    if ENGINE_PROCS.search(cmdline):
+        return "engine"
+    return None
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""  # ended, or in another PID namespace
+
+
+def gpu_role(index: int, fallback: str) -> str:
+    """The role of GPU `index` from its compute processes; `fallback` when none is recognised."""
+    try:
+        procs = pynvml.nvmlDeviceGetComputeRunningProcesses(pynvml.nvmlDeviceGetHandleByIndex(index))
+    except pynvml.NVMLError:
+        return fallback
+    if not procs:
+        return "idle"
+    known = {process_role(_cmdline(p.pid)) for p in procs} - {None}
+    if not known:
+        return fallback
+    return known.pop() if len(known) == 1 else "mixed"
+
+
 class IdleRule:
     """Running mean power per GPU against a threshold, checked after a grace period."""
 
@@ -89,10 +130,12 @@ def _fmt(v: float | None) -> str:
     return "" if v is None else f"{v:.1f}"
 
 
-def _write_samples(w: Any, rule: IdleRule, n_gpus: int, node: str, role: str, now_s: float) -> None:
+def _write_samples(w: Any, rule: IdleRule, n_gpus: int, node: str, label: str, now_s: float,
+                   detect_roles: bool) -> None:
     stamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
     for i in range(n_gpus):
         s = sample(i)
+        role = gpu_role(i, label) if detect_roles else label
         mean, risk = rule.add(i, s["power_w"], now_s)
         w.writerow([stamp, node, role, i, _fmt(s["memory_used_mib"]), _fmt(s["memory_total_mib"]),
                     _fmt(s["utilization_pct"]), _fmt(s["power_w"]), _fmt(mean), "idle_risk" if risk else ""])
@@ -106,7 +149,8 @@ def _write_samples(w: Any, rule: IdleRule, n_gpus: int, node: str, role: str, no
 
 def monitor(out: Path, role: str, interval: float, *, node: str | None = None, min_mean_power_w: float | None = None,
             grace_minutes: float = 0.0, count: int | None = None, keep_running: bool = False,
-            clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> int:
+            detect_roles: bool = False, clock: Callable[[], float] = time.monotonic,
+            sleep: Callable[[float], None] = time.sleep) -> int:
     """Sample until SIGTERM/SIGINT (or `count` rounds); returns the exit status."""
     node = node or node_name()
     out = Path(str(out).replace("{node}", node))
@@ -131,7 +175,7 @@ def monitor(out: Path, role: str, interval: float, *, node: str | None = None, m
             rule = IdleRule(min_mean_power_w, grace_minutes * 60, clock())
             rounds = 0
             while not stop and (count is None or rounds < count):
-                _write_samples(w, rule, n_gpus, node, role, clock())
+                _write_samples(w, rule, n_gpus, node, role, clock(), detect_roles)
                 f.flush()
                 rounds += 1
                 if count is None or rounds < count:
@@ -151,7 +195,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m hpcrl.runtime.gpumon", description=__doc__.split("\n")[0])
     p.add_argument("--out", required=True, type=Path, help="CSV to append to; {node} becomes the node name")
     p.add_argument("--interval", type=float, default=5.0)
-    p.add_argument("--role", choices=ROLES, default="mixed")
+    p.add_argument("--role", choices=ROLES, default="mixed", help="label (with --detect-roles: for unrecognised GPUs)")
+    p.add_argument("--detect-roles", action="store_true", help="label each GPU by its compute processes")
     p.add_argument("--node", default=None, help="default: $SLURMD_NODENAME or the host name")
     p.add_argument("--cluster", default=None, help="take the idle-GPU rule from this hpcrl profile")
     p.add_argument("--min-mean-power-w", type=float, default=None)
@@ -175,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
             min_w = rule.min_mean_power_w if min_w is None else min_w
             grace = rule.grace_minutes if grace is None else grace
     return monitor(a.out, a.role, a.interval, node=a.node, min_mean_power_w=min_w, grace_minutes=grace or 0.0,
-                   count=a.count, keep_running=a.keep_running)
+                   count=a.count, keep_running=a.keep_running, detect_roles=a.detect_roles)
 
 
 if __name__ == "__main__":

@@ -466,7 +466,7 @@ if ! command -v ray >/dev/null 2>&1; then
 fi
 # GPU monitor on every node (exits at once on a machine without GPUs); it warns when GPUs
 # average under the cluster's idle-GPU threshold.
-python3 -m hpcrl.runtime.gpumon --out "$HPCRL_DIR/gpu-$HEAD_NODE.csv" --interval 5 --role head --min-mean-power-w 100 --grace-minutes 60 &
+python3 -m hpcrl.runtime.gpumon --out "$HPCRL_DIR/gpu-$HEAD_NODE.csv" --interval 5 --role head --detect-roles --min-mean-power-w 100 --grace-minutes 60 &
 MON_PID=$!
 
 RAY_ARGS=(--num-gpus=8 "--num-cpus=$HPCRL_RAY_CPUS" --disable-usage-stats --log-style=record --log-color=false)
@@ -514,7 +514,7 @@ hpcrl_worker() {
     node_dirs "$slot"
     node_ports "$slot"
     if [[ -z $stopping ]]; then
-        python3 -m hpcrl.runtime.gpumon --out "$HPCRL_RUN_DIR/hpcrl/gpu-$name.csv" --interval 5 --role mixed --min-mean-power-w 100 --grace-minutes 60 &
+        python3 -m hpcrl.runtime.gpumon --out "$HPCRL_RUN_DIR/hpcrl/gpu-$name.csv" --interval 5 --role mixed --detect-roles --min-mean-power-w 100 --grace-minutes 60 &
         mon_pid=$!
         setsid ray start --block --address="$HPCRL_HEAD_IP:$HPCRL_PORT_BASE" --node-ip-address="$ip" \
             --temp-dir="$RAY_TMP" "${NODE_PORT_ARGS[@]}" --num-gpus=8 "--num-cpus=$HPCRL_RAY_CPUS" \

@@ -463,7 +463,7 @@ if ! command -v ray >/dev/null 2>&1; then
     fail ray-start-failed "the ray command is not on PATH on $HEAD_NODE; install ray in the job's environment (hpcrl.env_setup)"
 fi
 # GPU monitor on every node (exits at once on a machine without GPUs).
-python3 -m hpcrl.runtime.gpumon --out "$HPCRL_DIR/gpu-$HEAD_NODE.csv" --interval 5 --role head &
+python3 -m hpcrl.runtime.gpumon --out "$HPCRL_DIR/gpu-$HEAD_NODE.csv" --interval 5 --role head --detect-roles &
 MON_PID=$!
 
 RAY_ARGS=(--num-gpus=4 "--num-cpus=$HPCRL_RAY_CPUS" --disable-usage-stats --log-style=record --log-color=false --object-store-memory=536870912)
@@ -511,7 +511,7 @@ hpcrl_worker() {
     node_dirs "$slot"
     node_ports "$slot"
     if [[ -z $stopping ]]; then
-        python3 -m hpcrl.runtime.gpumon --out "$HPCRL_RUN_DIR/hpcrl/gpu-$name.csv" --interval 5 --role mixed &
+        python3 -m hpcrl.runtime.gpumon --out "$HPCRL_RUN_DIR/hpcrl/gpu-$name.csv" --interval 5 --role mixed --detect-roles &
         mon_pid=$!
         setsid ray start --block --address="$HPCRL_HEAD_IP:$HPCRL_PORT_BASE" --node-ip-address="$ip" \
             --temp-dir="$RAY_TMP" "${NODE_PORT_ARGS[@]}" --num-gpus=4 "--num-cpus=$HPCRL_RAY_CPUS" \

@@ -46,6 +46,36 @@ def test_plan_berzelius_json_uses_open_instruct_names():
     assert sum(lay["num_learners_per_node"]) + lay["vllm_num_engines"] * lay["vllm_tensor_parallel_size"] <= 16
 
 
+def _documented_fields(section_start: str) -> set[str]:
+    """Field names in the first column of the table that follows `section_start` in docs/plan.md."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).parents[1] / "docs" / "plan.md").read_text()
+    rest = text[text.index(section_start):]
+    table = rest[rest.index("| field |"):]
+    rows = table[: table.index("\n\n")].splitlines()[2:]
+    return {name for row in rows for name in re.findall(r"`([a-z_]+)`", row.split("|")[1])}
+
+
+def test_plan_json_is_what_docs_plan_md_says():
+    """Every key of `plan --json` is documented in docs/plan.md, and every documented key exists
+    (the colocated and backend-only ones on a verl config)."""
+    top = _documented_fields("## `--json`")
+    per_layout = _documented_fields("Each layout:")
+    seen_top, seen_layout = set(), set()
+    for args in (("--cluster", "berzelius", "--nodes", "2", "--model", "7b"),
+                 ("--config", "configs/verl-grpo-qwen2.5-7b.yaml", "--nodes", "4")):
+        out = hpcrl("plan", *args, "--json")
+        assert out.returncode == 0, out.stderr
+        doc = json.loads(out.stdout)
+        seen_top |= set(doc)
+        for lay in doc["layouts"]:
+            seen_layout |= set(lay)
+    assert seen_top == top
+    assert seen_layout == per_layout
+
+
 def test_72b_on_one_thin_node_fails_with_computed_suggestion():
     out = hpcrl("plan", "--cluster", "berzelius", "--nodes", "1", "--model", "72b")
     assert out.returncode == 2

@@ -4,7 +4,7 @@ Also home of the step-metrics parser the watchdog uses (pure code must import it
 prints each step as a Rich panel titled "Metrics" (open-instruct e6c3044a, model_utils
 .print_rich_single_line_metrics): a row per key prefix ("other" without "/"), "name: value"
 items joined by " | ", wrapped; floats as .2e when |v| < 1e-5 else .2f, so an exact 0.0 is
-"0.00e+00" and a tiny non-zero mean "0.00". docs/safety.md lists every recognised message.
+"0.00e+00" and a tiny non-zero mean "0.00". docs/diagnose.md lists every recognised message.
 """
 
 from __future__ import annotations

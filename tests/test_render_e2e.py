@@ -62,6 +62,30 @@ def events(run_dir: Path) -> list[list[str]]:
     return [ln.split("\t") for ln in (run_dir / "hpcrl" / "jobs.tsv").read_text().splitlines()]
 
 
+def ray_fails_in_step() -> str:
+    """A `ray` that fails inside a Slurm step (the worker nodes) and is the real one elsewhere."""
+    real_ray = shutil.which("ray")
+    assert real_ray
+    return (
+        "#!/bin/bash\n"
+        "if [[ -n ${SLURM_STEP_ID:-} ]]; then\n"
+        '    echo "fault injected: ray cannot start on $SLURMD_NODENAME" >&2\n'
+        "    exit 1\n"
+        "fi\n"
+        f'exec {real_ray} "$@"\n'
+    )
+
+
+def fault_bin(tmp_path: Path, **programs: str) -> Path:
+    """A directory of executable stand-ins (name -> script text), to put first on the job's PATH."""
+    fault = tmp_path / "faultbin"
+    fault.mkdir()
+    for name, text in programs.items():
+        (fault / name).write_text(text)
+        (fault / name).chmod(0o755)
+    return fault
+
+
 def test_smoke_job_three_nodes(tmp_path, run_sbatch_and_wait, leftovers):
     script, run_dir = render(tmp_path)
     job = run_sbatch_and_wait(script, 600)
@@ -115,19 +139,7 @@ def test_smoke_job_per_backend(tmp_path, run_sbatch_and_wait, config, leftovers)
 
 def test_worker_that_cannot_start_fails_the_job_at_once(tmp_path, run_sbatch_and_wait, leftovers):
     """`ray start` fails on the two worker nodes only (inside the srun step); the head is fine."""
-    real_ray = shutil.which("ray")
-    assert real_ray
-    fault = tmp_path / "faultbin"
-    fault.mkdir()
-    (fault / "ray").write_text(
-        "#!/bin/bash\n"
-        "if [[ -n ${SLURM_STEP_ID:-} ]]; then\n"
-        '    echo "fault injected: ray cannot start on $SLURMD_NODENAME" >&2\n'
-        "    exit 1\n"
-        "fi\n"
-        f'exec {real_ray} "$@"\n'
-    )
-    (fault / "ray").chmod(0o755)
+    fault = fault_bin(tmp_path, ray=ray_fails_in_step())
     script, run_dir = render(tmp_path, f'hpcrl.env_setup=["export PATH={fault}:$PATH"]')
     job = run_sbatch_and_wait(script, 600)
     log = (run_dir / "logs" / f"job-{job.job_id}.log").read_text()
@@ -145,12 +157,10 @@ def test_worker_stopped_while_it_sets_up_leaves_nothing_behind(tmp_path, run_sba
     """One worker is slow right after creating its node-local directories (a `mkdir` that
     sleeps inside the srun step); `ray start` fails on the other. srun's --kill-on-bad-exit then
     signals the slow worker before it has started Ray: its directories must still go."""
-    real_ray, real_mkdir = shutil.which("ray"), shutil.which("mkdir")
-    assert real_ray and real_mkdir
-    fault = tmp_path / "faultbin"
-    fault.mkdir()
+    real_mkdir = shutil.which("mkdir")
+    assert real_mkdir
     claim = tmp_path / "slow-node"
-    (fault / "mkdir").write_text(
+    slow_mkdir = (
         "#!/bin/bash\n"
         f'{real_mkdir} "$@" || exit\n'
         f'if [[ -n ${{SLURM_STEP_ID:-}} && "$*" == *hpcrl-local* ]] && {real_mkdir} {claim} 2>/dev/null; then\n'
@@ -158,16 +168,7 @@ def test_worker_stopped_while_it_sets_up_leaves_nothing_behind(tmp_path, run_sba
         "    sleep 4\n"
         "fi\n"
     )
-    (fault / "ray").write_text(
-        "#!/bin/bash\n"
-        "if [[ -n ${SLURM_STEP_ID:-} ]]; then\n"
-        '    echo "fault injected: ray cannot start on $SLURMD_NODENAME" >&2\n'
-        "    exit 1\n"
-        "fi\n"
-        f'exec {real_ray} "$@"\n'
-    )
-    for f in ("mkdir", "ray"):
-        (fault / f).chmod(0o755)
+    fault = fault_bin(tmp_path, ray=ray_fails_in_step(), mkdir=slow_mkdir)
     script, run_dir = render(tmp_path, f'hpcrl.env_setup=["export PATH={fault}:$PATH"]')
     job = run_sbatch_and_wait(script, 600)
     log = (run_dir / "logs" / f"job-{job.job_id}.log").read_text()

@@ -61,9 +61,11 @@ def make_run_plan(
     """Load the config, resolve the cluster and plan layouts, raising on anything that won't work."""
     cfg = load_run_config(config, sets)
     profile = resolve_profile(cluster or cfg.hpcrl.cluster, cluster_file)
-    n = nodes or cfg.hpcrl.nodes
-    if not n:
+    n = nodes if nodes is not None else cfg.hpcrl.nodes
+    if n is None:
         raise HpcrlError("number of nodes not given: pass --nodes N or set hpcrl.nodes in the config")
+    if n < 1:
+        raise HpcrlError(f"--nodes must be at least 1, got {n}")  # the config's own is checked on load
     warnings = check_nodes(profile, n, cfg.hpcrl.partition, allow_over_limit or cfg.hpcrl.allow_over_limit)
     backend = get_backend(cfg.hpcrl.backend)
     w = backend.workload_from_config(cfg, model)

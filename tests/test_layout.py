@@ -76,6 +76,19 @@ def test_plan_json_is_what_docs_plan_md_says():
     assert seen_layout == per_layout
 
 
+@pytest.mark.parametrize("command", ["plan", "render"])
+def test_zero_nodes_is_an_error_not_the_default(command, tmp_path):
+    """--nodes 0 once fell through to the config's 16 nodes and exited 0."""
+    out_file = tmp_path / "job.sbatch"
+    extra = ["-o", str(out_file)] if command == "render" else []
+    out = hpcrl(command, "--nodes", "0", *extra)
+    assert out.returncode == 2 and out.stderr == "hpcrl: error: --nodes must be at least 1, got 0\n"
+    assert not out_file.exists()
+    out = hpcrl(command, "--set", "hpcrl.nodes=0", *extra)
+    assert out.returncode == 2 and out.stderr.endswith("grpo-olmo3-32b.yaml: hpcrl.nodes: Input should be greater than 0\n")
+    assert not out_file.exists()
+
+
 def test_72b_on_one_thin_node_fails_with_computed_suggestion():
     out = hpcrl("plan", "--cluster", "berzelius", "--nodes", "1", "--model", "72b")
     assert out.returncode == 2

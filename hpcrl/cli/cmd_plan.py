@@ -22,14 +22,14 @@ def plan_cmd(
     config: Optional[str] = typer.Option(None, "--config", help="Run config file or shipped name (default grpo-olmo3-32b)"),
     sets: List[str] = typer.Option([], "--set", help="Override a config field: key=value (hpcrl.key=value for the hpcrl section)"),
     pins: List[str] = typer.Option([], "--pin", help="Fix a choice: learners=N, learner_nodes=N, tp=N, engines=N, util=F"),
-    top: int = typer.Option(5, "--top", help="How many layouts to show"),
+    top: int = typer.Option(5, "--top", min=1, help="How many layouts to show"),
     allow_over_limit: bool = typer.Option(False, "--allow-over-limit", help="Warn instead of failing past partition/QOS limits"),
     as_json: bool = typer.Option(False, "--json", help="Print layouts as JSON"),
 ) -> None:
     """Rank the layouts of N nodes: learners per node, vLLM engines, TP, memory use."""
     rp = make_run_plan(config, nodes=nodes, cluster=cluster, cluster_file=str(cluster_file) if cluster_file else None,
                        model=model, sets=sets, pins=pins, allow_over_limit=allow_over_limit)
-    shown = rp.layouts[: max(1, top)]
+    shown = rp.layouts[:top]
     if as_json:
         print_json({
             "cluster": rp.profile.name if not rp.profile.variant else f"{rp.profile.name}:{rp.profile.variant}",

@@ -15,11 +15,11 @@ class HpcrlError(Exception):
 class UnknownNameError(HpcrlError):
     """A name (cluster, model, run id, ...) that is not known."""
 
-    def __init__(self, kind: str, name: str, valid: Iterable[str]):
+    def __init__(self, kind: str, name: str, valid: Iterable[str], detail: str = ""):
         valid = sorted(set(valid))
         close = difflib.get_close_matches(name, valid, n=3, cutoff=0.5)
         hint = f"closest: {', '.join(close)}" if close else f"valid: {', '.join(valid[:12])}"
-        super().__init__(f"unknown {kind} {name!r}; {hint}")
+        super().__init__(f"unknown {kind} {name!r}{f' ({detail})' if detail else ''}; {hint}")
         self.name = name
         self.valid = valid
 

@@ -40,7 +40,7 @@ def test_digest_changes_with_inputs_and_is_stable():
 
 
 @pytest.mark.parametrize("sets,needle", [
-    (["not_a_flag=1"], "unknown open-instruct argument"),
+    (["not_a_flag=1"], r"unknown open-instruct argument 'not_a_flag' \(grpo_fast.py at open-instruct e6c3044aa620\)"),
     (["pack_lenght=4096"], "pack_length"),
     (["hpcrl.nodez=3"], "hpcrl.nodez: unknown key"),
     (["output_dir=/tmp/x"], "output_dir is set by hpcrl"),
@@ -54,8 +54,10 @@ def test_bad_overrides_name_the_problem(sets, needle):
 
 def test_legacy_layout_flags_checked_against_legacy_table():
     # wandb_project_name exists only in the older single-Args layout.
-    with pytest.raises(HpcrlError):
+    with pytest.raises(HpcrlError, match="unknown open-instruct argument 'wandb_project_name' "):
         load_run_config(None, ["wandb_project_name=x"])
+    with pytest.raises(HpcrlError, match=r"'nope_flag' \(legacy grpo_fast.py at open-instruct [0-9a-f]{12}\)"):
+        load_run_config(None, ["hpcrl.arg_layout=legacy", "nope_flag=1"])
     cfg = load_run_config(None, ["hpcrl.arg_layout=legacy", "wandb_project_name=x"])
     assert cfg.args["wandb_project_name"] == "x"
 

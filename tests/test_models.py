@@ -110,5 +110,16 @@ def test_hf_cache_lookup_is_offline(tmp_path, monkeypatch):
     monkeypatch.setattr(hc, "HF_HUB_CACHE", str(tmp_path))
     spec = resolve_model("acme/tiny")
     assert spec.hidden_size == 64
-    with pytest.raises(UnknownNameError):
+    with pytest.raises(UnknownNameError) as err:
         resolve_model("acme/not-cached")
+    assert str(err.value).startswith("unknown model 'acme/not-cached' (not a catalog name or alias, no such path, "
+                                     "and not in the local Hugging Face cache, which is read offline); ")
+
+
+def test_unknown_model_says_what_was_tried(tmp_path):
+    with pytest.raises(UnknownNameError) as err:
+        resolve_model(str(tmp_path / "missing" / "config.json"))
+    assert str(err.value).startswith(f"unknown model '{tmp_path}/missing/config.json' (no such file or directory); ")
+    with pytest.raises(UnknownNameError) as err:
+        resolve_model("7bb")
+    assert str(err.value) == "unknown model '7bb' (not a catalog name or alias, and no such path); closest: 7b, 72b, 70b"

@@ -45,7 +45,9 @@ def check_args(args: dict[str, Any], layout: ArgLayout = "current") -> None:
     table = arg_table(layout)
     for key, value in args.items():
         if key not in table:
-            raise UnknownNameError(f"open-instruct argument (layout {layout})", key, table)
+            where = f"grpo_fast.py at open-instruct {str(arg_meta(layout).get('commit', '?'))[:12]}"
+            raise UnknownNameError("open-instruct argument", key, table,
+                                   detail=where if layout == "current" else f"legacy {where}")
         kind = _kind(table[key]["type"])
         if value is None:
             continue

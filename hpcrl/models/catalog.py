@@ -94,8 +94,12 @@ def resolve_model(name: str) -> ModelSpec:
     path = Path(name).expanduser()
     if path.exists():
         return load_config_json(path)
-    if "/" in name:
+    tried = "not a catalog name or alias, and no such path"
+    if name.startswith(("/", ".", "~")) or name.endswith(".json"):
+        tried = "no such file or directory"
+    elif "/" in name:
         cached = _from_hf_cache(name)
         if cached is not None:
             return cached
-    raise UnknownNameError("model", name, list(catalog()) + list(ALIASES))
+        tried = "not a catalog name or alias, no such path, and not in the local Hugging Face cache, which is read offline"
+    raise UnknownNameError("model", name, list(catalog()) + list(ALIASES), detail=tried)

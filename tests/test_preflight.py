@@ -105,7 +105,7 @@ def test_preflight_through_submitit_reports_no_gpu(slurm, home):
     out = json.loads(proc.stdout)
     by = {c["check"]: c for c in out["checks"]}
     assert by["gpus"]["status"] == "warn" and by["gpus"]["detail"].startswith("no GPU on n")
-    assert "local-dev expects 4 x none (declared)" in by["gpus"]["detail"]
+    assert "local-dev expects 4 x H200 (declared, none present)" in by["gpus"]["detail"]
     report = out["report"]
     assert report["node"] in slurm.nodes and report["job_id"].isdigit()
     assert report["cuda_visible_devices"] == "0,1,2,3"  # Slurm gave it the 4 declared GPUs

@@ -5,7 +5,7 @@
 #
 # Plan:
 #   model allenai/Olmo-3-1125-32B: 256 sequences of 10240 tokens per step, pack_length 10240
-#   3 x 4 none (declared) (139.8 GiB): 6 learner GPUs, 6 engine GPUs, 0 idle
+#   3 x 4 H200 (declared, none present) (139.8 GiB): 6 learner GPUs, 6 engine GPUs, 0 idle
 #   num_learners_per_node [2] x 3, vllm_num_engines 3, vllm_tensor_parallel_size 2, vllm_gpu_memory_utilization 0.9, deepspeed_stage 3
 #   learner peak 125.9 GiB/GPU of 139.8 usable; engine 30.0 GiB weights + 93.0 GiB KV cache per GPU; host peak 22 GiB/node
 #   step ~648 s (generation 648 s, training 285 s), bottleneck generation
@@ -302,7 +302,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
     "fits": true,
     "gpu": {
       "cluster": "local-dev",
-      "name": "none (declared)",
+      "name": "H200 (declared, none present)",
       "usable_gib": 139.8
     },
     "host": {

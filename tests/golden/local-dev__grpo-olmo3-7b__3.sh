@@ -5,7 +5,7 @@
 #
 # Plan:
 #   model allenai/Olmo-3-1025-7B: 128 sequences of 18432 tokens per step, pack_length 18432
-#   3 x 4 none (declared) (139.8 GiB): 3 learner GPUs, 9 engine GPUs, 0 idle
+#   3 x 4 H200 (declared, none present) (139.8 GiB): 3 learner GPUs, 9 engine GPUs, 0 idle
 #   num_learners_per_node [1] x 3, vllm_num_engines 9, vllm_tensor_parallel_size 1, vllm_gpu_memory_utilization 0.9, deepspeed_stage 3
 #   learner peak 71.5 GiB/GPU of 139.8 usable; engine 13.6 GiB weights + 109.8 GiB KV cache per GPU; host peak 20 GiB/node
 #   step ~1079 s (generation 1079 s, training 116 s), bottleneck generation
@@ -302,7 +302,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
     "fits": true,
     "gpu": {
       "cluster": "local-dev",
-      "name": "none (declared)",
+      "name": "H200 (declared, none present)",
       "usable_gib": 139.8
     },
     "host": {

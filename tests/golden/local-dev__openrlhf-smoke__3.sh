@@ -6,7 +6,7 @@
 #
 # Plan:
 #   model Qwen/Qwen2.5-7B: 1024 sequences of 5120 tokens per step, 5120 tokens per actor GPU micro-batch
-#   3 x 4 none (declared) (139.8 GiB): 8 learner GPUs, 4 engine GPUs, 0 idle
+#   3 x 4 H200 (declared, none present) (139.8 GiB): 8 learner GPUs, 4 engine GPUs, 0 idle
 #   actor.num_nodes 2, actor.num_gpus_per_node 4, vllm.num_engines 4, vllm.tensor_parallel_size 1, vllm.gpu_memory_utilization 0.9, ds.zero_stage 3
 #   learner peak 35.0 GiB/GPU of 139.8 usable; engine 14.2 GiB weights + 109.0 GiB KV cache per GPU; host peak 26 GiB/node
 #   step ~126 s (generation 103 s, training 126 s), bottleneck training
@@ -311,7 +311,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
     "fits": true,
     "gpu": {
       "cluster": "local-dev",
-      "name": "none (declared)",
+      "name": "H200 (declared, none present)",
       "usable_gib": 139.8
     },
     "host": {

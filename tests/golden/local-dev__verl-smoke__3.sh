@@ -6,7 +6,7 @@
 #
 # Plan:
 #   model Qwen/Qwen2.5-7B: 1536 sequences of 5120 tokens per step, ppo_micro_batch_size_per_gpu 16 (81920 tokens)
-#   3 x 4 none (declared) (139.8 GiB): all 12 GPUs train and generate (colocated)
+#   3 x 4 H200 (declared, none present) (139.8 GiB): all 12 GPUs train and generate (colocated)
 #   trainer.nnodes 3, n_gpus_per_node 4, rollout tensor_model_parallel_size 2 (6 engines), gpu_memory_utilization 0.9, fsdp param_offload false, optimizer_offload false
 #   colocated peak 97.1 GiB/GPU training, 135.1 GiB/GPU rollout of 139.8 usable; KV cache 116.1 GiB per GPU; host peak 75 GiB/node
 #   step ~180 s (generation 54 s, training 126 s), bottleneck training
@@ -339,7 +339,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
     "fits": true,
     "gpu": {
       "cluster": "local-dev",
-      "name": "none (declared)",
+      "name": "H200 (declared, none present)",
       "usable_gib": 139.8
     },
     "host": {

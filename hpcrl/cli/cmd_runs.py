@@ -119,7 +119,9 @@ def status_cmd(
         print_json({"registry": str(reg.path), "runs": [_run_json(r) for r in runs]})
         return
     if not run:
-        console.print(_runs_table(runs, f"{len(runs)} {'' if all_runs else 'live '}runs"))
+        # Without --all: the runs that were live before this refresh (some may have ended now).
+        what = "runs" if all_runs else "runs live before this refresh"
+        console.print(_runs_table(runs, f"{len(runs)} {what}" if len(runs) != 1 else f"1 {what.replace('runs', 'run', 1)}"))
         return
     r = runs[0]
     d = _run_json(r)

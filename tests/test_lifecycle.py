@@ -117,7 +117,7 @@ node: {ram_gib: 512}
 CONFIG = """\
 hpcrl:
   cluster: lc-test
-  nodes: 1
+  nodes: {nodes}
   run_name: {name}
   workdir: {workdir}
   python: {python}
@@ -164,14 +164,15 @@ def script(env, name: str, *, partition: str = "debug", time_: str = "00:05:00",
     return path
 
 
-def config(env, name: str, *, partition: str = "debug", time_: str = "00:05:00", max_restarts: int = 2) -> Path:
+def config(env, name: str, *, partition: str = "debug", time_: str = "00:05:00", max_restarts: int = 2,
+           nodes: int = 1) -> Path:
     """A run config for the renderer, on the test profile, driving the fake open-instruct."""
     if not _has_renderer():  # CI (HPCRL_REQUIRE_SLURM=1) must run these, never skip them
         (pytest.fail if os.environ.get("HPCRL_REQUIRE_SLURM") == "1" else pytest.skip)(
             "the renderer (hpcrl/render.py) is not in this tree")
     path = env["tmp"] / f"{name}.yaml"
     path.write_text(CONFIG.format(name=name, workdir=env["workdir"], python=sys.executable, partition=partition,
-                                  time=time_, max_restarts=max_restarts, root=env["root"]))
+                                  time=time_, max_restarts=max_restarts, root=env["root"], nodes=nodes))
     return path
 
 
@@ -329,6 +330,22 @@ def test_submit_status_logs_cancel(slurm, env, kind, leftovers):
     assert [r["job_id"] for r in rows(env, "jobs")] == [job]
     assert_user_error(hpcrl(env, "cancel", run_id), "nothing to cancel")
     assert leftovers(job) == []  # the cancelled job's cleanup ran before Slurm's KillWait
+
+
+def test_cancel_of_a_three_node_run_leaves_nothing_on_any_node(slurm, env, leftovers):
+    """Cancel while the driver runs on a 3-node job: Slurm signals every node; each worker's
+    step stops its Ray and removes its node-local directories, the head records the end."""
+    behave(env, sleep=300)
+    out = submit(env, "config", "wide", nodes=3)
+    run_id, job = out["run_id"], out["job_id"]
+    rd = RunDir(env["root"] / "wide")
+    wait_status(env, run_id, lambda _r: rd.log(job).exists() and f"wrote marker-{job}" in rd.log(job).read_text(),
+                "the driver to start on 3 nodes")
+    assert "Ray is up: 3 nodes, 12 GPUs" in rd.log(job).read_text()
+    assert hpcrl(env, "cancel", run_id).returncode == 0
+    final = wait_status(env, run_id, lambda r: r["state"] == "ended", "the cancel to land")
+    assert final["reason"] == "cancelled" and read_chain(rd)[job].end_reason == "cancelled"
+    assert leftovers(job) == [], rd.log(job).read_text()
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from hpcrl.checkpoints import find_checkpoints
-from hpcrl.diagnose import StepParser
+from hpcrl.driver_log import StepParser
 
 SCHEMA_VERSION = 1
 MIB_PER_GIB = 1024.0

@@ -1,7 +1,7 @@
 """Circuit breaker around the training driver: `python -m hpcrl.runtime.watchdog --run-dir D -- CMD...`.
 
 Runs CMD in its own process group, tees its stdout/stderr to the console and to a log in the
-run directory, reads each training step's metrics from that output (hpcrl.diagnose.StepParser)
+run directory, reads each training step's metrics from that output (hpcrl.driver_log.StepParser)
 and stops the run - SIGTERM to the group, SIGKILL after a grace period - writing
 D/hpcrl/breaker.json when:
 
@@ -34,7 +34,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO
 
-from hpcrl.diagnose import StepParser, death_line
+from hpcrl.driver_log import StepParser, death_line
 
 EXIT_CODES = {"zero_reward": 90, "nan_loss": 91, "hang": 92, "engine_or_node_died": 93}
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)

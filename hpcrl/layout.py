@@ -47,6 +47,10 @@ class Workload:
     grad_accum_dtype: str = "fp32"  # open-instruct's DeepSpeed config sets fp32
     hpz_partition_size: int = 8  # open-instruct's --deepspeed_zpg
     logits_copy: bool = True  # open-instruct divides the logits by the temperature out of place
+    # The learner -> vLLM weight sync: "auto" (whole model at once where it fits, else one
+    # parameter at a time: open-instruct's gather_whole_model left to the planner), a pinned
+    # "whole_model" or "per_param", or "none" (not modelled).
+    weight_sync: str = "none"
 
     @property
     def seqs(self) -> int:
@@ -98,6 +102,7 @@ class Layout:
     gen_time_s: float
     train_time_s: float
     notes: tuple[str, ...] = field(default=())
+    weight_sync: str = "none"  # the learner's weight-sync mode the plan chose (LearnerSetup.weight_sync)
     # Every GPU trains and generates in turn (memory is a ColocatedPlan): no GPU is idle and
     # generation and training add up instead of overlapping.
     colocated: bool = False
@@ -135,7 +140,8 @@ class Layout:
             "vllm_tensor_parallel_size": self.tp,
             "vllm_gpu_memory_utilization": self.gpu_memory_utilization,
             "deepspeed_stage": self.memory.learner_setup.zero_stage,
-        }
+        } | ({"gather_whole_model": self.weight_sync == "whole_model"}
+             if self.weight_sync in ("whole_model", "per_param") else {})
 
     def reason(self) -> str:
         if self.colocated:
@@ -175,7 +181,14 @@ class Layout:
                 "rollout_peak_gib": round(self.memory.rollout_total / g, 2)}
 
 
-def _learner_setup(w: Workload, n: int) -> LearnerSetup:
+def _sync_modes(w: Workload) -> list[str]:
+    """The weight-sync modes to try, preferred first."""
+    if w.weight_sync == "auto":
+        return ["whole_model", "per_param"]
+    return [w.weight_sync]
+
+
+def _learner_setup(w: Workload, n: int, weight_sync: str = "none") -> LearnerSetup:
     return LearnerSetup(
         model=w.model,
         n_gpus=n,
@@ -190,6 +203,7 @@ def _learner_setup(w: Workload, n: int) -> LearnerSetup:
         reference_policy=w.load_ref_policy,
         hpz_partition_size=w.hpz_partition_size,
         logits_copy=w.logits_copy,
+        weight_sync=weight_sync,  # type: ignore[arg-type]
     )
 
 
@@ -288,13 +302,16 @@ def enumerate_layouts(profile: ClusterProfile, nodes: int, w: Workload, pins: Pi
                     continue
                 chosen = None
                 for util in utils:
-                    plan = plan_memory(
-                        profile,
-                        _learner_setup(w, n_learn),
-                        EngineSetup(model=w.model, tp=tp, gpu_memory_utilization=util, max_seq_len=w.seq_len),
-                        learners_per_node=k,
-                        engine_gpus_per_node=((g - k) // tp) * tp,
-                    )
+                    for sync in _sync_modes(w):
+                        plan = plan_memory(
+                            profile,
+                            _learner_setup(w, n_learn, sync),
+                            EngineSetup(model=w.model, tp=tp, gpu_memory_utilization=util, max_seq_len=w.seq_len),
+                            learners_per_node=k,
+                            engine_gpus_per_node=((g - k) // tp) * tp,
+                        )
+                        if plan.learner_fits:
+                            break
                     if not plan.learner_fits:
                         reject("learner does not fit in GPU memory")
                         break
@@ -321,6 +338,7 @@ def enumerate_layouts(profile: ClusterProfile, nodes: int, w: Workload, pins: Pi
                         memory=plan,
                         gen_time_s=generation_time(w, plan, profile, engines),
                         train_time_s=training_time(w, profile, n_learn),
+                        weight_sync=plan.learner_setup.weight_sync,
                     )
                 )
     return rank(layouts), rejected
@@ -356,6 +374,7 @@ OI_FIXES = {
     "offload_optimizer": "--set deepspeed_offload_optimizer=true (optimizer state in host RAM)",
     "tokens": "--set pack_length={tokens}",
     "lora": "--set use_peft=true --set lora_r=16 (LoRA: far less optimizer state)",
+    "per_param_sync": "--set gather_whole_model=false (weight sync one parameter at a time)",
 }
 
 
@@ -363,6 +382,9 @@ def suggest(profile: ClusterProfile, nodes: int, w: Workload, pins: Pins, varian
             fixes: dict[str, str | None] = OI_FIXES) -> list[str]:
     """Computed changes that make some layout fit (each one checked by the planner)."""
     out: list[str] = []
+    if w.weight_sync == "whole_model" and fixes.get("per_param_sync"):
+        if enumerate_layouts(profile, nodes, replace(w, weight_sync="per_param"), pins)[0]:
+            out.append(str(fixes["per_param_sync"]))
     limit = max(nodes * 2, 64)
     for n in range(nodes + 1, limit + 1):
         if enumerate_layouts(profile, n, w, pins)[0]:

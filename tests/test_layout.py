@@ -89,6 +89,29 @@ def test_zero_nodes_is_an_error_not_the_default(command, tmp_path):
     assert not out_file.exists()
 
 
+def test_planner_sets_gather_whole_model_where_the_whole_model_does_not_fit(tmp_path):
+    """32B: 60 GiB of bf16 weights gathered plus rank 0's 60 GiB copy cannot sit beside the
+    learner's state on a 95.6 GiB GH200, so the plan and the script say gather_whole_model False;
+    a 7B learner on 80 GB A100s has room, and keeps open-instruct's default True."""
+    big = json.loads(hpcrl("plan", "--nodes", "16", "--json").stdout)["layouts"][0]
+    assert big["gather_whole_model"] is False
+    script = tmp_path / "job.sbatch"
+    assert hpcrl("render", "--nodes", "16", "-o", str(script)).returncode == 0
+    assert "\n    --gather_whole_model False\n" in script.read_text()
+    small = json.loads(hpcrl("plan", "--nodes", "4", "--config", "grpo-olmo3-7b", "--cluster", "berzelius:fat",
+                             "--json").stdout)["layouts"][0]
+    assert small["gather_whole_model"] is True
+
+
+def test_a_pinned_whole_model_gather_that_cannot_fit_names_the_fix():
+    out = hpcrl("plan", "--nodes", "16", "--set", "gather_whole_model=true")
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1
+    assert out.stderr.strip().endswith(
+        "would fit: --set gather_whole_model=false (weight sync one parameter at a time)")
+    fixed = hpcrl("plan", "--nodes", "16", "--set", "gather_whole_model=false", "--json")
+    assert fixed.returncode == 0 and json.loads(fixed.stdout)["layouts"][0]["gather_whole_model"] is False
+
+
 def test_72b_on_one_thin_node_fails_with_computed_suggestion():
     out = hpcrl("plan", "--cluster", "berzelius", "--nodes", "1", "--model", "72b")
     assert out.returncode == 2

@@ -147,3 +147,43 @@ def test_plot_writes_png(tmp_path):
     out = hpcrl("plan-memory", "--model", "7b", "--plot", str(png))
     assert out.returncode == 0, out.stderr
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# --------------------------------------------------------------------------- weight sync (derived)
+
+P7, LARGEST7 = 7_615_616_512, 152_064 * 3_584  # Qwen2.5-7B: parameters; embed_tokens (untied lm_head is the same size)
+
+
+def test_weight_sync_moment_by_hand():
+    """open-instruct's sync after the step: whole model gathered (2P) plus rank 0's clone (2P),
+    or one largest tensor of each; on top of the resident states (bf16 grads by default here:
+    2 + 2 + 4 + 8 = 16 bytes per parameter over N, and the 5e8-element bf16 reduce bucket)."""
+    m = resolve_model("qwen2.5-7b")
+    assert (m.total_params, m.largest_param_tensor) == (P7, LARGEST7)
+    states = 16 * P7 / 4 + 2 * 500_000_000
+    fixed = 0.25 * 2**30
+    whole = learner_memory(LearnerSetup(model=m, n_gpus=4, weight_sync="whole_model"))
+    assert whole.phases["weight sync"] == pytest.approx(states + 4 * P7 + fixed)
+    assert whole.phase == "weight sync"
+    assert whole.terms["weight sync: gathered weights"] == 2 * P7
+    assert whole.terms["weight sync: rank 0's copy to send"] == 2 * P7
+    per = learner_memory(LearnerSetup(model=m, n_gpus=4, weight_sync="per_param"))
+    assert per.phases["weight sync"] == pytest.approx(states + 4 * LARGEST7 + fixed)
+    none = learner_memory(LearnerSetup(model=m, n_gpus=4))
+    assert "weight sync" not in none.phases and none.peak_allocated == per.peak_allocated  # per-param never peaks here
+    # one unsharded rank: nothing to gather, rank 0 still clones
+    one = learner_memory(LearnerSetup(model=m, n_gpus=1, weight_sync="whole_model"))
+    assert one.terms["weight sync: gathered weights"] == 0 and one.terms["weight sync: rank 0's copy to send"] == 2 * P7
+
+
+def test_plan_memory_32b_says_the_whole_model_gather_does_not_fit():
+    out = hpcrl("plan-memory", "--model", "32b", "--json")
+    d = json.loads(out.stdout)
+    assert d["learner"]["weight_sync"] == "per_param"
+    assert ("gather_whole_model False: gathering the whole model for the weight sync would not fit; "
+            "one parameter at a time") in d["notes"]
+    forced = json.loads(hpcrl("plan-memory", "--model", "32b", "--learner-gpus", "16", "--weight-sync",
+                                "whole-model", "--json").stdout)
+    # 32B in bf16 is 64.4 GB = 60.0 GiB: gathered and cloned, 120 GiB over the states
+    assert forced["learner"]["peak_phase"] == "weight sync" and not forced["learner"]["fits"]
+    assert forced["learner"]["breakdown"]["weight sync: gathered weights"] == pytest.approx(60.04, abs=0.01)

@@ -38,6 +38,7 @@ LAYOUT_FIELDS = (
     "vllm_gpu_memory_utilization",
     "deepspeed_stage",
     "num_nodes",
+    "gather_whole_model",
 )
 # Run-directory fields: name -> sub-directory of RUN_DIR (docs/run-dir.md). hpcrl owns them
 # so that restarts find their state.
@@ -183,6 +184,9 @@ class OpenInstructBackend(Backend):
             load_in_4bit=bool(arg("load_in_4bit")),
             logprob_impl=cfg.hpcrl.logprob_impl,
             hpz_partition_size=int(arg("deepspeed_zpg")),
+            # gather_whole_model (default True) is the planner's unless the config sets it
+            weight_sync=("auto" if "gather_whole_model" not in cfg.args
+                         else "whole_model" if arg("gather_whole_model") else "per_param"),
         )
 
     def pins_from(self, cfg: RunConfig, cli_pins: list[str] | None = None) -> Pins:

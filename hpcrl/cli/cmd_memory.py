@@ -32,6 +32,13 @@ class GradDtype(str, Enum):
     fp32 = "fp32"
 
 
+class WeightSync(str, Enum):
+    auto = "auto"
+    whole_model = "whole-model"
+    per_param = "per-param"
+    none = "none"
+
+
 class BackendChoice(str, Enum):
     open_instruct = "open-instruct"
     verl = "verl"
@@ -74,10 +81,12 @@ def plan_memory_cmd(
     colocated: Optional[bool] = typer.Option(None, "--colocated/--separate", help="Learner and engine share every GPU (default: verl yes, others no)"),
     rollout_offload: RolloutOffload = typer.Option(RolloutOffload.none, "--rollout-offload", help="Colocated: training state moved to host RAM while vLLM generates (verl param/optimizer_offload; OpenRLHF ds.enable_sleep = all)"),
     keep_grads: Optional[bool] = typer.Option(None, "--keep-grads/--free-grads", help="Colocated: gradient partitions stay on the GPU between steps (DeepSpeed yes, verl's FSDP no)"),
+    weight_sync: Optional[WeightSync] = typer.Option(None, "--weight-sync", help="Learner -> vLLM weight sync after each step: whole-model (open-instruct's gather_whole_model), per-param, auto (whole where it fits; open-instruct's default here), none (verl, openrlhf: not modelled)"),
     as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON"),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Write a stacked bar chart (PNG)"),
 ) -> None:
     """Will it fit? Per-GPU memory of a learner and an engine, and host RAM, with a verdict."""
+    sync = weight_sync.value.replace("-", "_") if weight_sync else ("auto" if backend.value == "open-instruct" else "none")
     profile = resolve_profile(cluster, cluster_file)
     b_colocated, b_grad, b_logprob, logits_copy = BACKEND_DEFAULTS[backend.value]
     colocation = None
@@ -103,6 +112,7 @@ def plan_memory_cmd(
         max_seq_len=max_seq_len,
         colocation=colocation,
         logits_copy=logits_copy,
+        weight_sync=sync,
     )
     data = plan.to_dict()
     data["notes"] = notes

@@ -9,6 +9,10 @@ the largest:
 * **recompute**: backward through one checkpointed layer: its full activations are
   rebuilt next to the stored checkpoints, with the layer's gathered weights and grads.
 * **optimizer**: the step converts one sub-group of bf16 gradient partitions to fp32.
+* **weight sync** (when modelled): after the step, open-instruct sends the new weights to
+  the vLLM engines (vllm_utils.broadcast_weights_to_vllm at e6c3044a): under ZeRO-3 it
+  gathers every parameter at once (`gather_whole_model`, its default) or one at a time, and
+  rank 0 clones what it sends into contiguous tensors. Derived from that code, not measured.
 
 Model states (bf16 parameters and gradients, fp32 master weights, Adam moments) are
 alive at all three, sharded by N under ZeRO-3, on the CPU when offloaded.
@@ -53,6 +57,8 @@ class LearnerSetup:
     # the weights sharded over groups of this many ranks. DeepSpeed's default 1 is off;
     # open-instruct passes --deepspeed_zpg (default 8). Derived, not measured.
     hpz_partition_size: int = 1
+    # The weight sync after each step: "none" (not modelled), "whole_model" or "per_param".
+    weight_sync: Literal["none", "whole_model", "per_param"] = "none"
     zero: C.ZeroDefaults = field(default_factory=C.ZeroDefaults)
 
     def check(self) -> None:
@@ -72,6 +78,8 @@ class LearnerSetup:
             raise HpcrlError(f"gradient dtype {self.grad_accum_dtype!r} is not known; valid: bf16, fp32")
         if self.logprob_impl not in ("eager", "compiled"):
             raise HpcrlError(f"log-prob path {self.logprob_impl!r} is not known; valid: eager, compiled")
+        if self.weight_sync not in ("none", "whole_model", "per_param"):
+            raise HpcrlError(f"weight sync {self.weight_sync!r} is not known; valid: none, whole_model, per_param")
 
 
 @dataclass(frozen=True)
@@ -80,7 +88,7 @@ class LearnerMemory:
 
     terms: dict[str, float]
     phase: str
-    phases: dict[str, float]
+    phases: dict[str, float]  # allocated bytes at each moment of the step; the largest is the peak
     peak_allocated: float
     peak_reserved: float
     non_torch: float
@@ -181,6 +189,13 @@ def learner_memory(s: LearnerSetup) -> LearnerMemory:
         # fp32 copy of a sub-group's gradients plus the fused AdamW's working buffer
         "optimizer": 0.0 if off_opt else C.STEP_BYTES_PER_ELEMENT * min(trainable / opt_shard, s.zero.sub_group_size),
     }
+    sync_gathered = sync_copy = 0.0
+    if s.weight_sync != "none":
+        # bf16 weights as vLLM receives them (LoRA: the merged base); one tensor at a time or all.
+        unit = 2.0 * (m.total_params if s.weight_sync == "whole_model" else m.largest_param_tensor)
+        sync_gathered = unit if (gathers or off_par) else 0.0  # one unsharded rank holds them already
+        sync_copy = unit
+        phases["weight sync"] = sync_gathered + sync_copy
     phase = max(phases, key=lambda k: phases[k])
     transient = phases[phase]
     if phase == "logits":
@@ -190,6 +205,9 @@ def learner_memory(s: LearnerSetup) -> LearnerMemory:
     elif phase == "recompute":
         terms["activations (stored)"] = stored
         terms["recomputed layer + gathered weights"] = transient - stored
+    elif phase == "weight sync":
+        terms["weight sync: gathered weights"] = sync_gathered
+        terms["weight sync: rank 0's copy to send"] = sync_copy
     else:
         terms["optimizer step (fp32 grad sub-group)"] = transient
     terms["fixed (workspaces, RNG, persistent params)"] = C.FIXED_ALLOC_GIB * C.GIB
@@ -209,7 +227,7 @@ def learner_memory(s: LearnerSetup) -> LearnerMemory:
     return LearnerMemory(
         terms=terms,
         phase=phase,
-        phases={k: v + states for k, v in phases.items()},
+        phases={k: v + states + C.FIXED_ALLOC_GIB * C.GIB for k, v in phases.items()},
         peak_allocated=peak_alloc,
         peak_reserved=peak_reserved,
         non_torch=non_torch,

@@ -84,6 +84,8 @@ class MemoryPlan:
                 "load_in_4bit": ls.load_in_4bit,
                 "logprob_impl": ls.logprob_impl,
                 "grad_accum_dtype": ls.grad_accum_dtype,
+                "weight_sync": ls.weight_sync,
+                "phases_gib": {k: round(v / g, 3) for k, v in self.learner.phases.items()},
                 "peak_allocated_gib": round(self.learner.peak_allocated / g, 3),
                 "peak_reserved_gib": round(self.learner.peak_reserved / g, 3),
                 "non_torch_gib": round(self.learner.non_torch / g, 3),

@@ -42,6 +42,7 @@ def choose_memory_plan(
     max_seq_len: int | None,
     colocation: Colocation | None = None,
     logits_copy: bool = True,
+    weight_sync: str = "none",
 ) -> tuple[MemoryPlan, list[str]]:
     """The plan for the question asked, choosing learner GPUs and TP where not given.
 
@@ -69,7 +70,9 @@ def choose_memory_plan(
             notes.append(f"vLLM TP={tp}: the smallest that fits (set --vllm-tp to choose)")
         engine = EngineSetup(**{**engine.__dict__, "tp": tp})
 
-    def setup(n: int) -> LearnerSetup:
+    modes = ["whole_model", "per_param"] if weight_sync == "auto" else [weight_sync]
+
+    def setup(n: int, sync: str) -> LearnerSetup:
         return LearnerSetup(
             model=spec,
             n_gpus=n,
@@ -82,19 +85,33 @@ def choose_memory_plan(
             logprob_impl=logprob_impl,  # type: ignore[arg-type]
             grad_accum_dtype=grad_accum_dtype,  # type: ignore[arg-type]
             logits_copy=logits_copy,
+            weight_sync=sync,  # type: ignore[arg-type]
         )
-
-    def plan_for(n: int) -> MemoryPlan:
-        if colocation is None:
-            return plan_memory(profile, setup(n), engine)
-        return plan_colocated(profile, setup(n), engine, colocation)
 
     def fits(plan: MemoryPlan) -> bool:
         return plan.learner_fits and (colocation is None or plan.rollout_fits)  # type: ignore[attr-defined]
 
+    def plan_for(n: int) -> MemoryPlan:
+        for sync in modes:  # the whole-model weight sync where it fits, else one parameter at a time
+            if colocation is None:
+                plan = plan_memory(profile, setup(n, sync), engine)
+            else:
+                plan = plan_colocated(profile, setup(n, sync), engine, colocation)
+            if fits(plan):
+                break
+        return plan
+
     what = "GPUs (each trains and generates)" if colocation else "learner GPUs"
+    def sync_note(plan: MemoryPlan) -> list[str]:
+        if weight_sync != "auto":
+            return []
+        whole = plan.learner_setup.weight_sync == "whole_model"
+        return [f"gather_whole_model {whole}: " + ("the whole model gathered for the weight sync fits" if whole else
+                "gathering the whole model for the weight sync would not fit; one parameter at a time")]
+
     if learner_gpus is not None:
-        return plan_for(learner_gpus), notes
+        plan = plan_for(learner_gpus)
+        return plan, notes + sync_note(plan)
     n = 1
     while True:
         plan = plan_for(n)
@@ -105,4 +122,4 @@ def choose_memory_plan(
         notes.append(f"{n} {what}: the fewest (power of two) that fit (set --learner-gpus to choose)")
     else:
         notes.append(f"no count of {what} up to {n} fits; showing {n}")
-    return plan, notes
+    return plan, notes + sync_note(plan)

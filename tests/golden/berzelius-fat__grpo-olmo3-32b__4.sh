@@ -263,6 +263,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
     "engine_concurrent_seqs": 181,
     "engine_gpus": 20,
     "engine_kv_cache_gib": 56.8,
+    "gather_whole_model": false,
     "generation_time_s": 216.8,
     "gpu_usable_gib": 79.15,
     "host_peak_gib": 40.0,
@@ -343,7 +344,14 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "peak_allocated_gib": 67.91,
       "peak_phase": "logits",
       "peak_reserved_gib": 74.741,
+      "phases_gib": {
+        "logits": 67.91,
+        "optimizer": 59.304,
+        "recompute": 65.333,
+        "weight sync": 55.629
+      },
       "tokens_per_gpu": 10240,
+      "weight_sync": "per_param",
       "zero_stage": 3
     },
     "model": {
@@ -662,6 +670,7 @@ DRIVER=(
     --vllm_tensor_parallel_size 5
     --vllm_gpu_memory_utilization 0.9
     --deepspeed_stage 3
+    --gather_whole_model False
     --num_nodes 4
     --output_dir "$RUN_DIR/output"
     --checkpoint_state_dir "$RUN_DIR/checkpoints"

@@ -262,6 +262,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
     "engine_concurrent_seqs": 74,
     "engine_gpus": 24,
     "engine_kv_cache_gib": 92.97,
+    "gather_whole_model": false,
     "generation_time_s": 181.0,
     "gpu_usable_gib": 139.8,
     "host_peak_gib": 38.0,
@@ -342,7 +343,14 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "peak_allocated_gib": 90.424,
       "peak_phase": "logits",
       "peak_reserved_gib": 98.494,
+      "phases_gib": {
+        "logits": 90.424,
+        "optimizer": 81.819,
+        "recompute": 87.847,
+        "weight sync": 78.143
+      },
       "tokens_per_gpu": 10240,
+      "weight_sync": "per_param",
       "zero_stage": 3
     },
     "model": {
@@ -661,6 +669,7 @@ DRIVER=(
     --vllm_tensor_parallel_size 2
     --vllm_gpu_memory_utilization 0.9
     --deepspeed_stage 3
+    --gather_whole_model False
     --num_nodes 4
     --output_dir "$RUN_DIR/output"
     --checkpoint_state_dir "$RUN_DIR/checkpoints"

@@ -7,7 +7,7 @@
 #   model allenai/Olmo-3-1025-7B: 128 sequences of 18432 tokens per step, pack_length 18432
 #   4 x 8 H200 (139.8 GiB): 4 learner GPUs, 28 engine GPUs, 0 idle
 #   num_learners_per_node [1] x 4, vllm_num_engines 28, vllm_tensor_parallel_size 1, vllm_gpu_memory_utilization 0.9, deepspeed_stage 3
-#   learner peak 59.5 GiB/GPU of 139.8 usable; engine 13.6 GiB weights + 109.8 GiB KV cache per GPU; host peak 36 GiB/node
+#   learner peak 70.5 GiB/GPU of 139.8 usable; engine 13.6 GiB weights + 109.8 GiB KV cache per GPU; host peak 36 GiB/node
 #   step ~283 s (generation 283 s, training 87 s), bottleneck generation
 #
 # Submit with `hpcrl submit`, which creates the run directory first. With plain sbatch,
@@ -262,12 +262,13 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
     "engine_concurrent_seqs": 12,
     "engine_gpus": 28,
     "engine_kv_cache_gib": 109.85,
+    "gather_whole_model": true,
     "generation_time_s": 282.9,
     "gpu_usable_gib": 139.8,
     "host_peak_gib": 36.0,
     "idle_gpus": 0,
     "learner_gpus": 4,
-    "learner_peak_gib": 59.5,
+    "learner_peak_gib": 70.47,
     "nodes": 4,
     "num_learners_per_node": [
       1,
@@ -319,17 +320,16 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "breakdown": {
         "Adam moments (fp32)": 13.594,
         "ZeRO++ secondary weights (hpZ)": 3.398,
-        "ZeRO-3 gathered lm_head + grad": 1.53,
-        "activations (stored)": 4.922,
         "fixed (workspaces, RNG, persistent params)": 0.25,
         "fp32 master weights": 6.797,
         "gradients": 6.797,
-        "log-prob path (compiled)": 10.328,
         "parameters (bf16)": 3.398,
-        "reduce bucket": 0.931
+        "reduce bucket": 0.931,
+        "weight sync: gathered weights": 13.594,
+        "weight sync: rank 0's copy to send": 13.594
       },
       "deepspeed_estimate_gib": 32.116,
-      "device_total_gib": 59.495,
+      "device_total_gib": 70.475,
       "fits": true,
       "gpus": 4,
       "grad_accum_dtype": "fp32",
@@ -339,10 +339,17 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "lora_rank": 0,
       "non_torch_gib": 1.0,
       "offload": "none",
-      "peak_allocated_gib": 51.946,
-      "peak_phase": "logits",
-      "peak_reserved_gib": 58.495,
+      "peak_allocated_gib": 62.353,
+      "peak_phase": "weight sync",
+      "peak_reserved_gib": 69.475,
+      "phases_gib": {
+        "logits": 51.946,
+        "optimizer": 40.753,
+        "recompute": 44.415,
+        "weight sync": 62.353
+      },
       "tokens_per_gpu": 18432,
+      "weight_sync": "whole_model",
       "zero_stage": 3
     },
     "model": {
@@ -351,7 +358,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "total_params": 7298011136,
       "trainable_params": 7298011136
     },
-    "verdict": "learner fits with 80.3 GiB to spare; engine fits: 12 sequences of 18432 tokens fit at once"
+    "verdict": "learner fits with 69.3 GiB to spare; engine fits: 12 sequences of 18432 tokens fit at once"
   },
   "model": "allenai/Olmo-3-1025-7B",
   "nodes": 4,
@@ -661,6 +668,7 @@ DRIVER=(
     --vllm_tensor_parallel_size 1
     --vllm_gpu_memory_utilization 0.9
     --deepspeed_stage 3
+    --gather_whole_model True
     --num_nodes 4
     --output_dir "$RUN_DIR/output"
     --checkpoint_state_dir "$RUN_DIR/checkpoints"

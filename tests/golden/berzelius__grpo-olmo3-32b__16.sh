@@ -263,6 +263,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
     "engine_concurrent_seqs": 28,
     "engine_gpus": 64,
     "engine_kv_cache_gib": 17.87,
+    "gather_whole_model": false,
     "generation_time_s": 248.2,
     "gpu_usable_gib": 39.39,
     "host_peak_gib": 42.0,
@@ -355,7 +356,14 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "peak_allocated_gib": 31.323,
       "peak_phase": "logits",
       "peak_reserved_gib": 36.142,
+      "phases_gib": {
+        "logits": 31.323,
+        "optimizer": 19.944,
+        "recompute": 28.746,
+        "weight sync": 19.042
+      },
       "tokens_per_gpu": 10240,
+      "weight_sync": "per_param",
       "zero_stage": 3
     },
     "model": {
@@ -674,6 +682,7 @@ DRIVER=(
     --vllm_tensor_parallel_size 4
     --vllm_gpu_memory_utilization 0.9
     --deepspeed_stage 3
+    --gather_whole_model False
     --num_nodes 16
     --output_dir "$RUN_DIR/output"
     --checkpoint_state_dir "$RUN_DIR/checkpoints"

@@ -263,6 +263,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
     "engine_concurrent_seqs": 2,
     "engine_gpus": 20,
     "engine_kv_cache_gib": 19.48,
+    "gather_whole_model": false,
     "generation_time_s": 2135.3,
     "gpu_usable_gib": 39.39,
     "host_peak_gib": 40.0,
@@ -343,7 +344,14 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "peak_allocated_gib": 29.856,
       "peak_phase": "logits",
       "peak_reserved_gib": 35.191,
+      "phases_gib": {
+        "logits": 29.856,
+        "optimizer": 16.474,
+        "recompute": 22.325,
+        "weight sync": 14.606
+      },
       "tokens_per_gpu": 18432,
+      "weight_sync": "per_param",
       "zero_stage": 3
     },
     "model": {
@@ -662,6 +670,7 @@ DRIVER=(
     --vllm_tensor_parallel_size 1
     --vllm_gpu_memory_utilization 0.9
     --deepspeed_stage 3
+    --gather_whole_model False
     --num_nodes 4
     --output_dir "$RUN_DIR/output"
     --checkpoint_state_dir "$RUN_DIR/checkpoints"

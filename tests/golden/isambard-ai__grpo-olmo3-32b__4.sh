@@ -308,6 +308,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
     "engine_concurrent_seqs": 9,
     "engine_gpus": 7,
     "engine_kv_cache_gib": 23.04,
+    "gather_whole_model": false,
     "generation_time_s": 1617.1,
     "gpu_usable_gib": 95.58,
     "host_peak_gib": 24.0,
@@ -387,7 +388,14 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "peak_allocated_gib": 82.919,
       "peak_phase": "logits",
       "peak_reserved_gib": 90.576,
+      "phases_gib": {
+        "logits": 82.919,
+        "optimizer": 74.314,
+        "recompute": 80.343,
+        "weight sync": 70.639
+      },
       "tokens_per_gpu": 10240,
+      "weight_sync": "per_param",
       "zero_stage": 3
     },
     "model": {
@@ -705,6 +713,7 @@ DRIVER=(
     --vllm_tensor_parallel_size 1
     --vllm_gpu_memory_utilization 0.9
     --deepspeed_stage 3
+    --gather_whole_model False
     --num_nodes 4
     --output_dir "$RUN_DIR/output"
     --checkpoint_state_dir "$RUN_DIR/checkpoints"

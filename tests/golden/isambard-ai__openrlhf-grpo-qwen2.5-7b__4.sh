@@ -401,7 +401,13 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "peak_allocated_gib": 23.611,
       "peak_phase": "logits",
       "peak_reserved_gib": 28.391,
+      "phases_gib": {
+        "logits": 23.611,
+        "optimizer": 15.367,
+        "recompute": 14.925
+      },
       "tokens_per_gpu": 5120,
+      "weight_sync": "none",
       "zero_stage": 3
     },
     "model": {

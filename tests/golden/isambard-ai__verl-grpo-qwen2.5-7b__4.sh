@@ -431,7 +431,13 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "peak_allocated_gib": 59.597,
       "peak_phase": "logits",
       "peak_reserved_gib": 72.012,
+      "phases_gib": {
+        "logits": 59.597,
+        "optimizer": 12.707,
+        "recompute": 36.731
+      },
       "tokens_per_gpu": 61440,
+      "weight_sync": "none",
       "zero_stage": 3
     },
     "model": {

@@ -265,6 +265,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
     "engine_concurrent_seqs": 74,
     "engine_gpus": 6,
     "engine_kv_cache_gib": 92.97,
+    "gather_whole_model": false,
     "generation_time_s": 647.8,
     "gpu_usable_gib": 139.8,
     "host_peak_gib": 22.0,
@@ -344,7 +345,14 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "peak_allocated_gib": 115.441,
       "peak_phase": "logits",
       "peak_reserved_gib": 124.886,
+      "phases_gib": {
+        "logits": 115.441,
+        "optimizer": 106.835,
+        "recompute": 112.864,
+        "weight sync": 103.16
+      },
       "tokens_per_gpu": 10240,
+      "weight_sync": "per_param",
       "zero_stage": 3
     },
     "model": {
@@ -662,6 +670,7 @@ DRIVER=(
     --vllm_tensor_parallel_size 2
     --vllm_gpu_memory_utilization 0.9
     --deepspeed_stage 3
+    --gather_whole_model False
     --num_nodes 3
     --output_dir "$RUN_DIR/output"
     --checkpoint_state_dir "$RUN_DIR/checkpoints"

@@ -7,7 +7,7 @@
 #   model allenai/Olmo-3-1025-7B: 128 sequences of 18432 tokens per step, pack_length 18432
 #   3 x 4 H200 (declared, none present) (139.8 GiB): 3 learner GPUs, 9 engine GPUs, 0 idle
 #   num_learners_per_node [1] x 3, vllm_num_engines 9, vllm_tensor_parallel_size 1, vllm_gpu_memory_utilization 0.9, deepspeed_stage 3
-#   learner peak 71.5 GiB/GPU of 139.8 usable; engine 13.6 GiB weights + 109.8 GiB KV cache per GPU; host peak 20 GiB/node
+#   learner peak 82.4 GiB/GPU of 139.8 usable; engine 13.6 GiB weights + 109.8 GiB KV cache per GPU; host peak 20 GiB/node
 #   step ~1079 s (generation 1079 s, training 116 s), bottleneck generation
 #
 # Submit with `hpcrl submit`, which creates the run directory first. With plain sbatch,
@@ -265,12 +265,13 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
     "engine_concurrent_seqs": 12,
     "engine_gpus": 9,
     "engine_kv_cache_gib": 109.85,
+    "gather_whole_model": true,
     "generation_time_s": 1078.9,
     "gpu_usable_gib": 139.8,
     "host_peak_gib": 20.0,
     "idle_gpus": 0,
     "learner_gpus": 3,
-    "learner_peak_gib": 71.45,
+    "learner_peak_gib": 82.43,
     "nodes": 3,
     "num_learners_per_node": [
       1,
@@ -321,17 +322,16 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "breakdown": {
         "Adam moments (fp32)": 18.125,
         "ZeRO++ secondary weights (hpZ)": 4.531,
-        "ZeRO-3 gathered lm_head + grad": 1.53,
-        "activations (stored)": 4.922,
         "fixed (workspaces, RNG, persistent params)": 0.25,
         "fp32 master weights": 9.062,
         "gradients": 9.062,
-        "log-prob path (compiled)": 10.328,
         "parameters (bf16)": 4.531,
-        "reduce bucket": 0.931
+        "reduce bucket": 0.931,
+        "weight sync: gathered weights": 13.594,
+        "weight sync: rank 0's copy to send": 13.594
       },
       "deepspeed_estimate_gib": 42.311,
-      "device_total_gib": 71.446,
+      "device_total_gib": 82.426,
       "fits": true,
       "gpus": 3,
       "grad_accum_dtype": "fp32",
@@ -341,10 +341,17 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "lora_rank": 0,
       "non_torch_gib": 1.0,
       "offload": "none",
-      "peak_allocated_gib": 63.274,
-      "peak_phase": "logits",
-      "peak_reserved_gib": 70.446,
+      "peak_allocated_gib": 73.681,
+      "peak_phase": "weight sync",
+      "peak_reserved_gib": 81.426,
+      "phases_gib": {
+        "logits": 63.274,
+        "optimizer": 52.081,
+        "recompute": 55.743,
+        "weight sync": 73.681
+      },
       "tokens_per_gpu": 18432,
+      "weight_sync": "whole_model",
       "zero_stage": 3
     },
     "model": {
@@ -353,7 +360,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "total_params": 7298011136,
       "trainable_params": 7298011136
     },
-    "verdict": "learner fits with 68.4 GiB to spare; engine fits: 12 sequences of 18432 tokens fit at once"
+    "verdict": "learner fits with 57.4 GiB to spare; engine fits: 12 sequences of 18432 tokens fit at once"
   },
   "model": "allenai/Olmo-3-1025-7B",
   "nodes": 3,
@@ -662,6 +669,7 @@ DRIVER=(
     --vllm_tensor_parallel_size 1
     --vllm_gpu_memory_utilization 0.9
     --deepspeed_stage 3
+    --gather_whole_model True
     --num_nodes 3
     --output_dir "$RUN_DIR/output"
     --checkpoint_state_dir "$RUN_DIR/checkpoints"

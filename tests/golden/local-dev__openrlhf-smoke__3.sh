@@ -353,7 +353,13 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "peak_allocated_gib": 28.931,
       "peak_phase": "logits",
       "peak_reserved_gib": 34.003,
+      "phases_gib": {
+        "logits": 28.931,
+        "optimizer": 22.459,
+        "recompute": 20.245
+      },
       "tokens_per_gpu": 5120,
+      "weight_sync": "none",
       "zero_stage": 3
     },
     "model": {

@@ -383,7 +383,13 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "peak_allocated_gib": 78.392,
       "peak_phase": "logits",
       "peak_reserved_gib": 94.103,
+      "phases_gib": {
+        "logits": 78.392,
+        "optimizer": 16.549,
+        "recompute": 48.261
+      },
       "tokens_per_gpu": 81920,
+      "weight_sync": "none",
       "zero_stage": 3
     },
     "model": {

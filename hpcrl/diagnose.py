@@ -130,7 +130,7 @@ def engine_fixes(ctx: Context, capacity_gib: float, max_seq_len: int, seen_kv_gi
     details = {"capacity_gib": round(capacity_gib, 2), "tp": base.tp, "util": base.gpu_memory_utilization,
                "kv_tokens_now": tokens(base), "planner_offset_gib": round(offset / GIB, 2), "max_seq_len": max_seq_len}
     fixes = []
-    tps = [t for t in range(base.tp + 1, ctx.profile.gpu.count_per_node + 1) if m.num_heads % t == 0]
+    tps = [t for t in m.tp_sizes(ctx.profile.gpu.count_per_node) if t > base.tp]
     if (tp := next((t for t in tps if tokens(replace(base, tp=t)) >= max_seq_len), None)):
         fixes.append(f"vllm_tensor_parallel_size {base.tp} -> {tp}: {tokens(replace(base, tp=tp)):,} KV tokens")
     utils = [p / 100 for p in range(round(base.gpu_memory_utilization * 100) + 1, 96)]

@@ -24,7 +24,7 @@ TRAIN_MFU = 0.40  # fraction of bf16 peak a ZeRO-3 learner sustains
 DECODE_BW_EFFICIENCY = 0.50  # fraction of HBM peak a vLLM decode step sustains
 TP_ALLREDUCE_S = 10e-6  # latency of one intra-node all-reduce; two per layer per step
 UTILISATIONS = (0.9, 0.85, 0.8, 0.7, 0.6)
-STEP_TIE = 0.03  # step-time estimates closer than this are not told apart
+STEP_TIE = 0.10  # step-time estimates closer than this are not told apart (they rest on assumed efficiencies)
 
 
 @dataclass(frozen=True)
@@ -229,10 +229,6 @@ def training_time(w: Workload, profile: ClusterProfile, learner_gpus: int) -> fl
     return flops / (learner_gpus * profile.gpu.bf16_tflops * 1e12 * TRAIN_MFU)
 
 
-def _divisors(n: int, limit: int) -> list[int]:
-    return [d for d in range(1, limit + 1) if n % d == 0]
-
-
 def check_nodes(profile: ClusterProfile, nodes: int, partition: str | None = None, allow_over_limit: bool = False) -> list[str]:
     """Errors (or warnings with allow_over_limit) for nodes beyond partition/QOS limits."""
     if nodes < 1:
@@ -267,15 +263,14 @@ def enumerate_layouts(profile: ClusterProfile, nodes: int, w: Workload, pins: Pi
     def reject(why: str) -> None:
         rejected[why] = rejected.get(why, 0) + 1
 
-    tps = _divisors(w.model.num_heads, g)
+    tps = w.model.tp_sizes(g)
     if pins.tp is not None:
         if pins.tp not in tps:
-            raise PlanError(
-                f"vllm_tensor_parallel_size {pins.tp} must divide the {w.model.num_heads} attention heads "
-                f"and fit in one node of {g} GPUs; valid: {tps}"
-            )
+            why = w.model.tp_problem(pins.tp) or f"an engine must fit in one node of {g} GPUs"
+            raise PlanError(f"vllm_tensor_parallel_size {pins.tp} cannot work: {why}; valid: {tps}")
         tps = [pins.tp]
-    ks = [pins.learners_per_node] if pins.learners_per_node else list(range(1, g + 1))
+    cap = profile.planning.max_learners_per_node or g
+    ks = [pins.learners_per_node] if pins.learners_per_node else list(range(1, min(g, cap) + 1))
     if any(k < 1 or k > g for k in ks):
         raise PlanError(f"learners per node {ks[0]} must be between 1 and {g} (GPUs per node)")
     ms = [pins.learner_nodes] if pins.learner_nodes else list(range(1, nodes + 1))
@@ -345,24 +340,26 @@ def enumerate_layouts(profile: ClusterProfile, nodes: int, w: Workload, pins: Pi
 
 
 def rank(layouts: list[Layout]) -> list[Layout]:
-    """Order: no idle GPU; fewest learners per node; fastest step, where steps within
-    STEP_TIE of the fastest of their group count as equal and go to the layout with the
-    most learner memory headroom.
+    """Order: no idle GPU; then the fastest estimated step, where steps within STEP_TIE of the
+    fastest left count as equal and go to the layout with the fewest learners per node, then
+    the most learner memory headroom, then the smaller TP.
 
-    Spreading learners first gives each one a node's NICs, host RAM and CPUs for ZeRO-3
-    traffic and offload, and avoids several NCCL ranks per node, which failed with
-    "Duplicate GPU detected" on GH200 nodes (the users' notes).
+    Among near-equal steps, spreading learners gives each one a node's NICs, host RAM and CPUs
+    for ZeRO-3 traffic and offload, and avoids several NCCL ranks per node, which failed with
+    "Duplicate GPU detected" on GH200 nodes (the users' notes). It is not worth a slower step:
+    on 4 Berzelius fat nodes, 3 learners per node leave five GPUs for TP-1 engines that hold 3
+    sequences each of a 32B model, a step ~8x slower than 4 learners per node with TP-4 engines.
     """
-    groups: dict[tuple, list[Layout]] = {}
+    groups: dict[bool, list[Layout]] = {}
     for lay in layouts:
-        groups.setdefault((lay.idle_gpus > 0, lay.learners_per_node), []).append(lay)
+        groups.setdefault(lay.idle_gpus > 0, []).append(lay)
     ordered: list[Layout] = []
     for key in sorted(groups):
         group = sorted(groups[key], key=lambda x: x.step_time_s)
         while group:
             best = group[0].step_time_s
             tied = [x for x in group if x.step_time_s <= best * (1 + STEP_TIE)]
-            tied.sort(key=lambda x: (-round(x.learner_headroom, 3), x.tp))
+            tied.sort(key=lambda x: (x.learners_per_node, -round(x.learner_headroom, 3), x.tp))
             ordered.extend(tied)
             group = [x for x in group if x not in tied]
     return ordered

@@ -25,8 +25,8 @@ COLOCATED_UTILISATIONS = (0.9, 0.85, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3)
 
 
 def colocated_tps(w: Workload, gpus_per_node: int) -> list[int]:
-    """TP sizes that divide the heads and the node's GPUs (engines tile every GPU)."""
-    return [d for d in range(1, gpus_per_node + 1) if w.model.num_heads % d == 0 and gpus_per_node % d == 0]
+    """TP sizes vLLM accepts for the model that divide the node's GPUs (engines tile every GPU)."""
+    return [d for d in w.model.tp_sizes(gpus_per_node) if gpus_per_node % d == 0]
 
 
 def colocated_memory(profile: ClusterProfile, nodes: int, w: Workload, tp: int, util: float,
@@ -48,8 +48,8 @@ def enumerate_colocated(profile: ClusterProfile, nodes: int, w: Workload, pins: 
     tps = colocated_tps(w, g)
     if pins.tp is not None:
         if pins.tp not in tps:
-            raise PlanError(f"tensor-parallel size {pins.tp} must divide the {w.model.num_heads} attention heads and "
-                            f"the {g} GPUs of a node (engines tile every GPU); valid: {tps}")
+            why = w.model.tp_problem(pins.tp) or f"it must divide the {g} GPUs of a node (engines tile every GPU)"
+            raise PlanError(f"tensor-parallel size {pins.tp} cannot work: {why}; valid: {tps}")
         tps = [pins.tp]
     utils = [pins.gpu_memory_utilization] if pins.gpu_memory_utilization else list(COLOCATED_UTILISATIONS)
     rejected: dict[str, int] = {}

@@ -121,6 +121,14 @@ class Ray(_Strict):
     join_timeout_s: int = Field(default=600, gt=0)
 
 
+class Planning(_Strict):
+    max_learners_per_node: int | None = Field(
+        default=None, gt=0,
+        description="Learners the planner puts on one node; more only when pinned, with a warning",
+    )
+    why: str = Field(default="", description="Why, in words, for the warning")
+
+
 class Variant(_Strict):
     """A node type selected by a Slurm constraint (Berzelius thin/fat)."""
 
@@ -142,6 +150,7 @@ class ClusterProfile(_Strict):
     idle_gpu_policy: IdleGPUPolicy | None = None
     container: Container = Container()
     ray: Ray = Ray()
+    planning: Planning = Planning()
     variants: dict[str, Variant] = Field(default_factory=dict)
     default_variant: str | None = None
     variant: str | None = Field(default=None, description="Set when a variant was applied")

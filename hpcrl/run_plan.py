@@ -76,6 +76,10 @@ def make_run_plan(
             if v != profile.variant:
                 variants.append(resolve_profile(cluster or cfg.hpcrl.cluster, cluster_file, variant=v))
     planned = backend.plan(cfg, profile, n, w, p, variants)
+    cap = profile.planning.max_learners_per_node
+    if cap and planned.layouts and planned.layouts[0].learners_per_node > cap:
+        warnings.append(f"{planned.layouts[0].learners_per_node} learners per node on {profile.name}, where the profile "
+                        f"plans at most {cap}: {profile.planning.why or 'see the profile'}")
     return RunPlan(cfg, profile, n, planned.workload or w, p, planned.layouts, tuple(warnings) + planned.warnings,
                    tuple(planned.choices.items()))
 

@@ -112,6 +112,18 @@ def test_a_pinned_whole_model_gather_that_cannot_fit_names_the_fix():
     assert fixed.returncode == 0 and json.loads(fixed.stdout)["layouts"][0]["gather_whole_model"] is False
 
 
+def test_a_tp_vllm_cannot_shard_is_never_planned_and_refused_when_pinned():
+    """8-GPU nodes allowed TP 5 for OLMo 3 32B (5 divides its 40 heads but not its 8 KV heads:
+    vLLM's engine would fail to start)."""
+    out = hpcrl("plan", "--cluster", "berzelius-hopper", "--nodes", "2", "--top", "50", "--json")
+    assert out.returncode == 0, out.stderr
+    assert {lay["vllm_tensor_parallel_size"] for lay in json.loads(out.stdout)["layouts"]} <= {1, 2, 4, 8}
+    pinned = hpcrl("plan", "--cluster", "berzelius-hopper", "--nodes", "2", "--pin", "tp=5")
+    assert pinned.returncode == 2 and pinned.stderr == (
+        "hpcrl: error: vllm_tensor_parallel_size 5 cannot work: it neither divides the 8 KV heads nor is a "
+        "multiple of them; valid: [1, 2, 4, 8]\n")
+
+
 def test_72b_on_one_thin_node_fails_with_computed_suggestion():
     out = hpcrl("plan", "--cluster", "berzelius", "--nodes", "1", "--model", "72b")
     assert out.returncode == 2
@@ -137,14 +149,39 @@ def test_every_suggestion_really_fits():
 
 def test_engine_tp_stays_inside_a_node_and_divides_heads():
     prof = load_profile("isambard-ai")
-    layouts, _ = enumerate_layouts(prof, 4, Workload(model=resolve_model("32b")))
+    layouts, _ = enumerate_layouts(prof, 16, Workload(model=resolve_model("32b")))
     assert layouts
     for lay in layouts:
         assert lay.tp <= 4 and 40 % lay.tp == 0  # OLMo 3 32B has 40 heads, 4 GPUs per node
         free_per_learner_node = 4 - lay.learners_per_node
-        capacity = lay.learner_nodes * (free_per_learner_node // lay.tp) + (4 - lay.learner_nodes) * (4 // lay.tp)
+        capacity = lay.learner_nodes * (free_per_learner_node // lay.tp) + (16 - lay.learner_nodes) * (4 // lay.tp)
         assert lay.engines <= capacity
-        assert len(lay.open_instruct_fields()["num_learners_per_node"]) <= 4  # one bundle per node
+        assert len(lay.open_instruct_fields()["num_learners_per_node"]) <= 16  # one bundle per node
+
+
+def test_isambard_plans_one_learner_per_node_unless_pinned():
+    """The profile's cap (two learners per GH200 node failed with NCCL "Duplicate GPU detected"
+    in the users' runs): never planned above it; a pin goes above it with a warning that says why."""
+    prof = load_profile("isambard-ai")
+    assert prof.planning.max_learners_per_node == 1
+    layouts, _ = enumerate_layouts(prof, 16, Workload(model=resolve_model("32b")))
+    assert layouts and {lay.learners_per_node for lay in layouts} == {1}
+    out = hpcrl("plan", "--nodes", "16", "--pin", "learners=2")
+    assert out.returncode == 0, out.stderr
+    assert ('warning: 2 learners per node on isambard-ai, where the profile plans at most 1: more than one '
+            'learner per GH200 node failed with NCCL "Duplicate GPU detected"') in " ".join(out.stderr.split())
+    assert "[2] x" in out.stdout
+
+
+def test_a_much_faster_layout_is_not_ranked_below_one_with_fewer_learners_per_node():
+    """4 Berzelius fat nodes, 32B: 3 learners per node leave five GPUs for TP-1 engines holding
+    3 sequences each (a step of ~2800 s by the model); 4 learners per node with TP-4 engines
+    step in ~350 s. Fewer learners per node only breaks near-ties (10%)."""
+    out = hpcrl("plan", "--cluster", "berzelius:fat", "--nodes", "4", "--top", "100", "--json")
+    lays = json.loads(out.stdout)["layouts"]
+    fastest = min(lay["step_time_s"] for lay in lays if lay["idle_gpus"] == 0)
+    assert lays[0]["idle_gpus"] == 0 and lays[0]["step_time_s"] <= 1.10 * fastest
+    assert (lays[0]["num_learners_per_node"], lays[0]["vllm_tensor_parallel_size"]) == ([4] * 4, 4)
 
 
 def test_pinned_tp_that_does_not_divide_heads_is_refused():

@@ -123,3 +123,22 @@ def test_unknown_model_says_what_was_tried(tmp_path):
     with pytest.raises(UnknownNameError) as err:
         resolve_model("7bb")
     assert str(err.value) == "unknown model '7bb' (not a catalog name or alias, and no such path); closest: 7b, 72b, 70b"
+
+
+def test_tensor_parallel_sizes_vllm_accepts(tmp_path):
+    """vLLM splits attention heads, KV heads (or replicates them: tp a multiple of their count)
+    and the MLP's intermediate size evenly. OLMo 3 32B: 40 heads, 8 KV heads, 27648."""
+    olmo = resolve_model("32b")
+    assert (olmo.num_heads, olmo.num_kv_heads, olmo.intermediate_size) == (40, 8, 27648)
+    assert olmo.tp_sizes(8) == [1, 2, 4, 8]
+    assert olmo.tp_problem(5) == "it neither divides the 8 KV heads nor is a multiple of them"
+    cfg = {"model_type": "llama", "hidden_size": 384, "intermediate_size": 1000, "num_hidden_layers": 1,
+           "num_attention_heads": 24, "num_key_value_heads": 4, "vocab_size": 100}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    m = resolve_model(str(tmp_path))
+    # heads 24: 1 2 3 4 6 8 12; KV 4: 1 2 4 divide, 8 12 are multiples, 3 and 6 are neither;
+    # intermediate 1000: 8 divides it, 12 does not.
+    assert m.tp_sizes(12) == [1, 2, 4, 8]
+    assert m.tp_problem(12) == "it does not divide the MLP's intermediate size 1000"
+    assert m.tp_problem(3) == "it neither divides the 8 KV heads nor is a multiple of them".replace("8", "4")
+    assert m.tp_problem(5) == "it does not divide the 24 attention heads"

@@ -29,8 +29,10 @@ from hpcrl.run_plan import make_run_plan
 GOLDEN = Path(__file__).with_name("golden")
 PROFILES = ["isambard-ai", "berzelius", "berzelius:fat", "berzelius-hopper", "local-dev"]
 CONFIGS = ["grpo-olmo3-32b", "grpo-olmo3-7b"]
-# 4 nodes, except where the model needs more (the 32B learner does not fit 4 thin Berzelius nodes).
-NODES = {("berzelius", "grpo-olmo3-32b"): 16, ("local-dev", "grpo-olmo3-32b"): 3, ("local-dev", "grpo-olmo3-7b"): 3}
+# 4 nodes, except where the model needs more (the 32B learner does not fit 4 thin Berzelius nodes,
+# nor 4 Isambard-AI nodes at one learner per node: the default run's 16 nodes instead).
+NODES = {("berzelius", "grpo-olmo3-32b"): 16, ("isambard-ai", "grpo-olmo3-32b"): 16,
+         ("local-dev", "grpo-olmo3-32b"): 3, ("local-dev", "grpo-olmo3-7b"): 3}
 CASES = [(p, c, NODES.get((p, c), 4)) for p in PROFILES for c in CONFIGS]
 
 
@@ -92,8 +94,8 @@ def test_golden_local_dev_smoke(tmp_path, shellcheck):
 
 VARIANTS = [
     ("isambard-ai", "grpo-olmo3-32b", 16, {}),
-    ("isambard-ai", "grpo-olmo3-7b", 1, {}),
-    ("isambard-ai", "grpo-olmo3-7b", 2, {"smoke": True}),
+    ("isambard-ai", "grpo-olmo3-7b", 3, {}),
+    ("isambard-ai", "grpo-olmo3-7b", 3, {"smoke": True}),
     ("berzelius", "grpo-olmo3-7b", 3, {"sets": ["hpcrl.container=$HOME/images/oi x.sif"]}),
     ("berzelius:fat", "grpo-olmo3-7b", 2, {"sets": ["hpcrl.arg_layout=legacy", "hpcrl.account=berzelius-2025-35"]}),
     ("berzelius-hopper", "grpo-olmo3-32b", 2, {"smoke": True, "sets": ["hpcrl.container=/img.sif"]}),
@@ -213,7 +215,7 @@ def test_sbatch_header_per_gpu_request_style():
     assert "--time=3-00:00:00" in berz
     # Run root with $VARs: Slurm cannot expand them, so the output goes to the submit dir.
     assert "--output=hpcrl-grpo-olmo3-7b-%j.out" in berz
-    fixed = sbatch_lines(render("isambard-ai", "grpo-olmo3-7b", 2, sets=["hpcrl.run_root=/srv/runs", 'hpcrl.time="2:00:00"',
+    fixed = sbatch_lines(render("isambard-ai", "grpo-olmo3-7b", 3, sets=["hpcrl.run_root=/srv/runs", 'hpcrl.time="2:00:00"',
                                                                          "hpcrl.qos=high", "hpcrl.account=brics.a5k"]))
     assert "--output=/srv/runs/grpo-olmo3-7b/logs/slurm-%j.out" in fixed
     assert {"--time=2:00:00", "--qos=high", "--account=brics.a5k"} <= set(fixed)
@@ -237,7 +239,7 @@ BAD = [
     (["--config", "/no/such/run.yaml"], "no such config file"),
     (["--set", "hpcrl.bogus=1"], "hpcrl.bogus: unknown key"),
     (["--set", "not_a_flag=1"], "not_a_flag"),
-    (["--pin", "tp=3"], "vllm_tensor_parallel_size 3 must divide the 40 attention heads"),
+    (["--pin", "tp=3"], "vllm_tensor_parallel_size 3 cannot work: it does not divide the 40 attention heads"),
     (["--set", "vllm_tensor_parallel_size=8"], "vllm_tensor_parallel_size 8"),
     (["--cluster", "berzelius", "--config", "grpo-olmo3-7b", "--nodes", "61"], "exceed partition berzelius's limit"),
     (["--set", 'hpcrl.exclude_nodes=["nid1;touch x"]'], "not a valid Slurm value"),

@@ -64,7 +64,7 @@ def plan_cmd(
     for i, lay in enumerate(shown, 1):
         console.print(f"  {i}: {lay.reason()}; learner headroom {lay.learner_headroom:.0%}")
     console.print(
-        "Ranked by: no idle GPU, then fewest learners per node, then estimated step time "
-        "(generation: decode bound by HBM bandwidth; training: 6-10 x params x tokens at 40% of bf16 peak); "
-        "see docs/plan.md."
+        "Ranked by: no idle GPU, then estimated step time (generation: decode bound by HBM bandwidth; "
+        "training: 6-10 x params x tokens at 40% of bf16 peak), steps within 10% going to fewer learners "
+        "per node, then more headroom; see docs/plan.md."
     )

@@ -30,11 +30,6 @@ class EngineSetup:
         m = self.model
         if self.tp < 1:
             raise HpcrlError(f"vLLM tensor-parallel size must be at least 1, got {self.tp}")
-        if m.num_heads % self.tp:
-            raise HpcrlError(
-                f"vLLM tensor-parallel size {self.tp} does not divide the {m.num_heads} attention heads "
-                f"of {m.name}; valid: {[d for d in range(1, m.num_heads + 1) if m.num_heads % d == 0][:8]}"
-            )
         if gpus_per_node is not None and self.tp > gpus_per_node:
             raise HpcrlError(
                 f"vLLM tensor-parallel size {self.tp} exceeds the {gpus_per_node} GPUs per node; "
@@ -46,6 +41,11 @@ class EngineSetup:
             )
         if self.max_seq_len < 1:
             raise HpcrlError(f"sequence length must be positive, got {self.max_seq_len}")
+        if (why := m.tp_problem(self.tp)) is not None:
+            raise HpcrlError(
+                f"vLLM tensor-parallel size {self.tp} cannot shard {m.name}: {why}; "
+                f"valid: {m.tp_sizes(max(self.tp, 8))}"
+            )
 
 
 @dataclass(frozen=True)

@@ -14,10 +14,8 @@ MAX_LEARNER_GPUS = 1024
 
 
 def smallest_fitting_tp(profile: ClusterProfile, engine: EngineSetup) -> int | None:
-    """Smallest TP (dividing the heads, within a node) whose engine fits, or None."""
-    for tp in range(1, profile.gpu.count_per_node + 1):
-        if engine.model.num_heads % tp:
-            continue
+    """Smallest TP vLLM accepts for the model (within a node) whose engine fits, or None."""
+    for tp in engine.model.tp_sizes(profile.gpu.count_per_node):
         candidate = EngineSetup(**{**engine.__dict__, "tp": tp, "gpu_total_bytes": profile.gpu_bytes})
         if engine_memory(candidate).fits:
             return tp
@@ -64,7 +62,7 @@ def choose_memory_plan(
     if vllm_tp is None:
         tp = smallest_fitting_tp(profile, engine)
         if tp is None:
-            tp = max(d for d in range(1, profile.gpu.count_per_node + 1) if spec.num_heads % d == 0)
+            tp = max(spec.tp_sizes(profile.gpu.count_per_node))
             notes.append(f"no TP within one node fits an engine; showing TP={tp}")
         else:
             notes.append(f"vLLM TP={tp}: the smallest that fits (set --vllm-tp to choose)")

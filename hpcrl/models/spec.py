@@ -196,6 +196,23 @@ class ModelSpec:
             per_layer += copies * rank * (fan_in + fan_out)
         return self.num_layers * per_layer
 
+    def tp_problem(self, tp: int) -> str | None:
+        """Why vLLM cannot shard this model `tp` ways (None: it can). vLLM splits the attention
+        heads, the KV heads (or replicates them when tp is a multiple of their count) and the
+        MLP's intermediate dimension (per expert for MoE) evenly across ranks."""
+        if self.num_heads % tp:
+            return f"it does not divide the {self.num_heads} attention heads"
+        if self.num_kv_heads % tp and tp % self.num_kv_heads:
+            return f"it neither divides the {self.num_kv_heads} KV heads nor is a multiple of them"
+        inter = self.moe_intermediate_size if self.is_moe else self.intermediate_size
+        if inter % tp:
+            return f"it does not divide the MLP's intermediate size {inter}"
+        return None
+
+    def tp_sizes(self, limit: int) -> list[int]:
+        """Tensor-parallel sizes up to `limit` (a node's GPUs) that vLLM accepts for this model."""
+        return [t for t in range(1, limit + 1) if self.tp_problem(t) is None]
+
     def kv_bytes_per_token(self, tp: int = 1, dtype_bytes: int = 2) -> int:
         """KV-cache bytes one token takes on one GPU at tensor-parallel size tp.
 

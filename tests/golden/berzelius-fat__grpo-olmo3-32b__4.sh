@@ -5,10 +5,10 @@
 #
 # Plan:
 #   model allenai/Olmo-3-1125-32B: 256 sequences of 10240 tokens per step, pack_length 10240
-#   4 x 8 A100-SXM4-80GB (79.15 GiB): 12 learner GPUs, 20 engine GPUs, 0 idle
-#   num_learners_per_node [3] x 4, vllm_num_engines 4, vllm_tensor_parallel_size 5, vllm_gpu_memory_utilization 0.9, deepspeed_stage 3
-#   learner peak 75.7 GiB/GPU of 79.2 usable; engine 11.9 GiB weights + 56.8 GiB KV cache per GPU; host peak 40 GiB/node
-#   step ~451 s (generation 217 s, training 451 s), bottleneck training
+#   4 x 8 A100-SXM4-80GB (79.15 GiB): 16 learner GPUs, 16 engine GPUs, 0 idle
+#   num_learners_per_node [4] x 4, vllm_num_engines 4, vllm_tensor_parallel_size 4, vllm_gpu_memory_utilization 0.9, deepspeed_stage 3
+#   learner peak 63.9 GiB/GPU of 79.2 usable; engine 15.0 GiB weights + 53.6 GiB KV cache per GPU; host peak 42 GiB/node
+#   step ~347 s (generation 347 s, training 339 s), bottleneck generation
 #
 # Submit with `hpcrl submit`, which creates the run directory first. With plain sbatch,
 # create <run dir>/logs first when --output points there: Slurm opens it before this runs.
@@ -258,46 +258,46 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
   "gpus_per_node": 8,
   "hpcrl_version": "0.1.0",
   "layout": {
-    "bottleneck": "training",
+    "bottleneck": "generation",
     "deepspeed_stage": 3,
-    "engine_concurrent_seqs": 181,
-    "engine_gpus": 20,
-    "engine_kv_cache_gib": 56.8,
+    "engine_concurrent_seqs": 85,
+    "engine_gpus": 16,
+    "engine_kv_cache_gib": 53.65,
     "gather_whole_model": false,
-    "generation_time_s": 216.8,
+    "generation_time_s": 347.1,
     "gpu_usable_gib": 79.15,
-    "host_peak_gib": 40.0,
+    "host_peak_gib": 42.0,
     "idle_gpus": 0,
-    "learner_gpus": 12,
-    "learner_peak_gib": 75.74,
+    "learner_gpus": 16,
+    "learner_peak_gib": 63.86,
     "nodes": 4,
     "num_learners_per_node": [
-      3,
-      3,
-      3,
-      3
+      4,
+      4,
+      4,
+      4
     ],
-    "reason": "no idle GPU; step ~451s set by training (generation 217s, training 451s)",
-    "step_time_s": 451.4,
-    "training_time_s": 451.4,
+    "reason": "no idle GPU; step ~347s set by generation (generation 347s, training 339s)",
+    "step_time_s": 347.1,
+    "training_time_s": 338.5,
     "vllm_gpu_memory_utilization": 0.9,
     "vllm_num_engines": 4,
-    "vllm_tensor_parallel_size": 5
+    "vllm_tensor_parallel_size": 4
   },
   "memory": {
     "engine": {
-      "activation_peak_gib": 0.52,
-      "concurrent_seqs": 181,
+      "activation_peak_gib": 0.571,
+      "concurrent_seqs": 85,
       "cuda_graphs_gib": 1.0,
       "fits": true,
       "gpu_memory_utilization": 0.9,
-      "kv_bytes_per_token": 32768,
-      "kv_cache_gib": 56.8,
-      "kv_tokens": 1861238,
+      "kv_bytes_per_token": 65536,
+      "kv_cache_gib": 53.653,
+      "kv_tokens": 879052,
       "max_seq_len": 10240,
       "non_torch_gib": 1.0,
-      "tp": 5,
-      "weights_gib": 11.915
+      "tp": 4,
+      "weights_gib": 15.011
     },
     "fits": true,
     "gpu": {
@@ -308,32 +308,32 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
     "host": {
       "breakdown": {
         "Ray (GCS, raylet)": 2.0,
-        "learner processes": 18.0,
+        "learner processes": 24.0,
         "offloaded optimizer state (pinned)": 0.0,
-        "vLLM workers": 20.0
+        "vLLM workers": 16.0
       },
       "fits": true,
       "kill_threshold": 0.95,
-      "peak_gib": 40.0,
+      "peak_gib": 42.0,
       "ram_per_node_gib": 2000.0
     },
     "learner": {
       "breakdown": {
-        "Adam moments (fp32)": 20.013,
+        "Adam moments (fp32)": 15.01,
         "ZeRO++ secondary weights (hpZ)": 7.505,
         "ZeRO-3 gathered lm_head + grad": 1.913,
         "activations (stored)": 6.543,
         "fixed (workspaces, RNG, persistent params)": 0.25,
-        "fp32 master weights": 10.007,
-        "gradients": 10.007,
+        "fp32 master weights": 7.505,
+        "gradients": 7.505,
         "log-prob path (compiled)": 5.738,
-        "parameters (bf16)": 5.003,
+        "parameters (bf16)": 3.752,
         "reduce bucket": 0.931
       },
-      "deepspeed_estimate_gib": 46.942,
-      "device_total_gib": 75.741,
+      "deepspeed_estimate_gib": 35.685,
+      "device_total_gib": 63.864,
       "fits": true,
-      "gpus": 12,
+      "gpus": 16,
       "grad_accum_dtype": "fp32",
       "gradient_checkpointing": true,
       "load_in_4bit": false,
@@ -341,14 +341,14 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "lora_rank": 0,
       "non_torch_gib": 1.0,
       "offload": "none",
-      "peak_allocated_gib": 67.91,
+      "peak_allocated_gib": 56.652,
       "peak_phase": "logits",
-      "peak_reserved_gib": 74.741,
+      "peak_reserved_gib": 62.864,
       "phases_gib": {
-        "logits": 67.91,
-        "optimizer": 59.304,
-        "recompute": 65.333,
-        "weight sync": 55.629
+        "logits": 56.652,
+        "optimizer": 48.046,
+        "recompute": 54.075,
+        "weight sync": 44.371
       },
       "tokens_per_gpu": 10240,
       "weight_sync": "per_param",
@@ -360,7 +360,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "total_params": 32233522176,
       "trainable_params": 32233522176
     },
-    "verdict": "learner fits with 3.4 GiB to spare; engine fits: 181 sequences of 10240 tokens fit at once"
+    "verdict": "learner fits with 15.3 GiB to spare; engine fits: 85 sequences of 10240 tokens fit at once"
   },
   "model": "allenai/Olmo-3-1125-32B",
   "nodes": 4,
@@ -665,9 +665,9 @@ DRIVER=(
     --with_tracking False
     --push_to_hub False
     --try_launch_beaker_eval_jobs_on_weka False
-    --num_learners_per_node 3 3 3 3
+    --num_learners_per_node 4 4 4 4
     --vllm_num_engines 4
-    --vllm_tensor_parallel_size 5
+    --vllm_tensor_parallel_size 4
     --vllm_gpu_memory_utilization 0.9
     --deepspeed_stage 3
     --gather_whole_model False

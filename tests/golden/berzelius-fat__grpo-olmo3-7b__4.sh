@@ -6,9 +6,9 @@
 # Plan:
 #   model allenai/Olmo-3-1025-7B: 128 sequences of 18432 tokens per step, pack_length 18432
 #   4 x 8 A100-SXM4-80GB (79.15 GiB): 4 learner GPUs, 28 engine GPUs, 0 idle
-#   num_learners_per_node [1] x 4, vllm_num_engines 28, vllm_tensor_parallel_size 1, vllm_gpu_memory_utilization 0.9, deepspeed_stage 3
-#   learner peak 70.5 GiB/GPU of 79.2 usable; engine 13.6 GiB weights + 55.3 GiB KV cache per GPU; host peak 36 GiB/node
-#   step ~666 s (generation 666 s, training 276 s), bottleneck generation
+#   num_learners_per_node [4] x 1, vllm_num_engines 7, vllm_tensor_parallel_size 4, vllm_gpu_memory_utilization 0.9, deepspeed_stage 3
+#   learner peak 70.5 GiB/GPU of 79.2 usable; engine 3.4 GiB weights + 65.5 GiB KV cache per GPU; host peak 42 GiB/node
+#   step ~479 s (generation 479 s, training 276 s), bottleneck generation
 #
 # Submit with `hpcrl submit`, which creates the run directory first. With plain sbatch,
 # create <run dir>/logs first when --output points there: Slurm opens it before this runs.
@@ -260,44 +260,41 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
   "layout": {
     "bottleneck": "generation",
     "deepspeed_stage": 3,
-    "engine_concurrent_seqs": 6,
+    "engine_concurrent_seqs": 29,
     "engine_gpus": 28,
-    "engine_kv_cache_gib": 55.26,
+    "engine_kv_cache_gib": 65.45,
     "gather_whole_model": true,
-    "generation_time_s": 666.0,
+    "generation_time_s": 479.0,
     "gpu_usable_gib": 79.15,
-    "host_peak_gib": 36.0,
+    "host_peak_gib": 42.0,
     "idle_gpus": 0,
     "learner_gpus": 4,
     "learner_peak_gib": 70.47,
     "nodes": 4,
     "num_learners_per_node": [
-      1,
-      1,
-      1,
-      1
+      4
     ],
-    "reason": "no idle GPU; step ~666s set by generation (generation 666s, training 276s)",
-    "step_time_s": 666.0,
+    "reason": "no idle GPU; step ~479s set by generation (generation 479s, training 276s)",
+    "step_time_s": 479.0,
     "training_time_s": 275.9,
     "vllm_gpu_memory_utilization": 0.9,
-    "vllm_num_engines": 28,
-    "vllm_tensor_parallel_size": 1
+    "vllm_num_engines": 7,
+    "vllm_tensor_parallel_size": 4
   },
   "memory": {
     "engine": {
-      "activation_peak_gib": 0.777,
-      "concurrent_seqs": 6,
+      "activation_peak_gib": 0.382,
+      "concurrent_seqs": 29,
       "cuda_graphs_gib": 1.0,
       "fits": true,
       "gpu_memory_utilization": 0.9,
-      "kv_bytes_per_token": 524288,
-      "kv_cache_gib": 55.265,
-      "kv_tokens": 113182,
+      "kv_bytes_per_token": 131072,
+      "kv_cache_gib": 65.455,
+      "kv_tokens": 536203,
       "max_seq_len": 18432,
-      "non_torch_gib": 0.6,
-      "tp": 1,
-      "weights_gib": 13.593
+      "non_torch_gib": 1.0,
+      "tp": 4,
+      "weights_gib": 3.399
     },
     "fits": true,
     "gpu": {
@@ -308,13 +305,13 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
     "host": {
       "breakdown": {
         "Ray (GCS, raylet)": 2.0,
-        "learner processes": 6.0,
+        "learner processes": 24.0,
         "offloaded optimizer state (pinned)": 0.0,
-        "vLLM workers": 28.0
+        "vLLM workers": 16.0
       },
       "fits": true,
       "kill_threshold": 0.95,
-      "peak_gib": 36.0,
+      "peak_gib": 42.0,
       "ram_per_node_gib": 2000.0
     },
     "learner": {
@@ -359,7 +356,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "total_params": 7298011136,
       "trainable_params": 7298011136
     },
-    "verdict": "learner fits with 8.7 GiB to spare; engine fits: 6 sequences of 18432 tokens fit at once"
+    "verdict": "learner fits with 8.7 GiB to spare; engine fits: 29 sequences of 18432 tokens fit at once"
   },
   "model": "allenai/Olmo-3-1025-7B",
   "nodes": 4,
@@ -664,9 +661,9 @@ DRIVER=(
     --with_tracking False
     --push_to_hub False
     --try_launch_beaker_eval_jobs_on_weka False
-    --num_learners_per_node 1 1 1 1
-    --vllm_num_engines 28
-    --vllm_tensor_parallel_size 1
+    --num_learners_per_node 4
+    --vllm_num_engines 7
+    --vllm_tensor_parallel_size 4
     --vllm_gpu_memory_utilization 0.9
     --deepspeed_stage 3
     --gather_whole_model True

@@ -5,10 +5,10 @@
 #
 # Plan:
 #   model allenai/Olmo-3-1125-32B: 256 sequences of 10240 tokens per step, pack_length 10240
-#   4 x 8 H200 (139.8 GiB): 8 learner GPUs, 24 engine GPUs, 0 idle
-#   num_learners_per_node [2] x 4, vllm_num_engines 12, vllm_tensor_parallel_size 2, vllm_gpu_memory_utilization 0.9, deepspeed_stage 3
-#   learner peak 99.5 GiB/GPU of 139.8 usable; engine 30.0 GiB weights + 93.0 GiB KV cache per GPU; host peak 38 GiB/node
-#   step ~214 s (generation 181 s, training 214 s), bottleneck training
+#   4 x 8 H200 (139.8 GiB): 16 learner GPUs, 16 engine GPUs, 0 idle
+#   num_learners_per_node [8] x 2, vllm_num_engines 2, vllm_tensor_parallel_size 8, vllm_gpu_memory_utilization 0.9, deepspeed_stage 3
+#   learner peak 63.9 GiB/GPU of 139.8 usable; engine 7.5 GiB weights + 115.9 GiB KV cache per GPU; host peak 50 GiB/node
+#   step ~126 s (generation 126 s, training 107 s), bottleneck generation
 #
 # Submit with `hpcrl submit`, which creates the run directory first. With plain sbatch,
 # create <run dir>/logs first when --output points there: Slurm opens it before this runs.
@@ -257,46 +257,44 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
   "gpus_per_node": 8,
   "hpcrl_version": "0.1.0",
   "layout": {
-    "bottleneck": "training",
+    "bottleneck": "generation",
     "deepspeed_stage": 3,
-    "engine_concurrent_seqs": 74,
-    "engine_gpus": 24,
-    "engine_kv_cache_gib": 92.97,
+    "engine_concurrent_seqs": 370,
+    "engine_gpus": 16,
+    "engine_kv_cache_gib": 115.87,
     "gather_whole_model": false,
-    "generation_time_s": 181.0,
+    "generation_time_s": 126.0,
     "gpu_usable_gib": 139.8,
-    "host_peak_gib": 38.0,
+    "host_peak_gib": 50.0,
     "idle_gpus": 0,
-    "learner_gpus": 8,
-    "learner_peak_gib": 99.49,
+    "learner_gpus": 16,
+    "learner_peak_gib": 63.86,
     "nodes": 4,
     "num_learners_per_node": [
-      2,
-      2,
-      2,
-      2
+      8,
+      8
     ],
-    "reason": "no idle GPU; step ~214s set by training (generation 181s, training 214s)",
-    "step_time_s": 213.6,
-    "training_time_s": 213.6,
+    "reason": "no idle GPU; step ~126s set by generation (generation 126s, training 107s)",
+    "step_time_s": 126.0,
+    "training_time_s": 106.8,
     "vllm_gpu_memory_utilization": 0.9,
-    "vllm_num_engines": 12,
-    "vllm_tensor_parallel_size": 2
+    "vllm_num_engines": 2,
+    "vllm_tensor_parallel_size": 8
   },
   "memory": {
     "engine": {
-      "activation_peak_gib": 0.83,
-      "concurrent_seqs": 74,
+      "activation_peak_gib": 0.442,
+      "concurrent_seqs": 370,
       "cuda_graphs_gib": 1.0,
       "fits": true,
       "gpu_memory_utilization": 0.9,
-      "kv_bytes_per_token": 131072,
-      "kv_cache_gib": 92.97,
-      "kv_tokens": 761609,
+      "kv_bytes_per_token": 32768,
+      "kv_cache_gib": 115.872,
+      "kv_tokens": 3796899,
       "max_seq_len": 10240,
       "non_torch_gib": 1.0,
-      "tp": 2,
-      "weights_gib": 30.02
+      "tp": 8,
+      "weights_gib": 7.506
     },
     "fits": true,
     "gpu": {
@@ -307,32 +305,32 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
     "host": {
       "breakdown": {
         "Ray (GCS, raylet)": 2.0,
-        "learner processes": 12.0,
+        "learner processes": 48.0,
         "offloaded optimizer state (pinned)": 0.0,
-        "vLLM workers": 24.0
+        "vLLM workers": 0.0
       },
       "fits": true,
       "kill_threshold": 0.95,
-      "peak_gib": 38.0,
+      "peak_gib": 50.0,
       "ram_per_node_gib": 1000.0
     },
     "learner": {
       "breakdown": {
-        "Adam moments (fp32)": 30.02,
+        "Adam moments (fp32)": 15.01,
         "ZeRO++ secondary weights (hpZ)": 7.505,
         "ZeRO-3 gathered lm_head + grad": 1.913,
         "activations (stored)": 6.543,
         "fixed (workspaces, RNG, persistent params)": 0.25,
-        "fp32 master weights": 15.01,
-        "gradients": 15.01,
+        "fp32 master weights": 7.505,
+        "gradients": 7.505,
         "log-prob path (compiled)": 5.738,
-        "parameters (bf16)": 7.505,
+        "parameters (bf16)": 3.752,
         "reduce bucket": 0.931
       },
-      "deepspeed_estimate_gib": 69.457,
-      "device_total_gib": 99.494,
+      "deepspeed_estimate_gib": 35.685,
+      "device_total_gib": 63.864,
       "fits": true,
-      "gpus": 8,
+      "gpus": 16,
       "grad_accum_dtype": "fp32",
       "gradient_checkpointing": true,
       "load_in_4bit": false,
@@ -340,14 +338,14 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "lora_rank": 0,
       "non_torch_gib": 1.0,
       "offload": "none",
-      "peak_allocated_gib": 90.424,
+      "peak_allocated_gib": 56.652,
       "peak_phase": "logits",
-      "peak_reserved_gib": 98.494,
+      "peak_reserved_gib": 62.864,
       "phases_gib": {
-        "logits": 90.424,
-        "optimizer": 81.819,
-        "recompute": 87.847,
-        "weight sync": 78.143
+        "logits": 56.652,
+        "optimizer": 48.046,
+        "recompute": 54.075,
+        "weight sync": 44.371
       },
       "tokens_per_gpu": 10240,
       "weight_sync": "per_param",
@@ -359,7 +357,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "total_params": 32233522176,
       "trainable_params": 32233522176
     },
-    "verdict": "learner fits with 40.3 GiB to spare; engine fits: 74 sequences of 10240 tokens fit at once"
+    "verdict": "learner fits with 75.9 GiB to spare; engine fits: 370 sequences of 10240 tokens fit at once"
   },
   "model": "allenai/Olmo-3-1125-32B",
   "nodes": 4,
@@ -664,9 +662,9 @@ DRIVER=(
     --with_tracking False
     --push_to_hub False
     --try_launch_beaker_eval_jobs_on_weka False
-    --num_learners_per_node 2 2 2 2
-    --vllm_num_engines 12
-    --vllm_tensor_parallel_size 2
+    --num_learners_per_node 8 8
+    --vllm_num_engines 2
+    --vllm_tensor_parallel_size 8
     --vllm_gpu_memory_utilization 0.9
     --deepspeed_stage 3
     --gather_whole_model False

@@ -5,10 +5,10 @@
 #
 # Plan:
 #   model allenai/Olmo-3-1025-7B: 128 sequences of 18432 tokens per step, pack_length 18432
-#   4 x 8 H200 (139.8 GiB): 4 learner GPUs, 28 engine GPUs, 0 idle
-#   num_learners_per_node [1] x 4, vllm_num_engines 28, vllm_tensor_parallel_size 1, vllm_gpu_memory_utilization 0.9, deepspeed_stage 3
-#   learner peak 70.5 GiB/GPU of 139.8 usable; engine 13.6 GiB weights + 109.8 GiB KV cache per GPU; host peak 36 GiB/node
-#   step ~283 s (generation 283 s, training 87 s), bottleneck generation
+#   4 x 8 H200 (139.8 GiB): 2 learner GPUs, 30 engine GPUs, 0 idle
+#   num_learners_per_node [2] x 1, vllm_num_engines 15, vllm_tensor_parallel_size 2, vllm_gpu_memory_utilization 0.9, deepspeed_stage 3
+#   learner peak 106.3 GiB/GPU of 139.8 usable; engine 6.8 GiB weights + 116.5 GiB KV cache per GPU; host peak 38 GiB/node
+#   step ~225 s (generation 225 s, training 174 s), bottleneck generation
 #
 # Submit with `hpcrl submit`, which creates the run directory first. With plain sbatch,
 # create <run dir>/logs first when --output points there: Slurm opens it before this runs.
@@ -259,44 +259,41 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
   "layout": {
     "bottleneck": "generation",
     "deepspeed_stage": 3,
-    "engine_concurrent_seqs": 12,
-    "engine_gpus": 28,
-    "engine_kv_cache_gib": 109.85,
+    "engine_concurrent_seqs": 25,
+    "engine_gpus": 30,
+    "engine_kv_cache_gib": 116.51,
     "gather_whole_model": true,
-    "generation_time_s": 282.9,
+    "generation_time_s": 225.2,
     "gpu_usable_gib": 139.8,
-    "host_peak_gib": 36.0,
+    "host_peak_gib": 38.0,
     "idle_gpus": 0,
-    "learner_gpus": 4,
-    "learner_peak_gib": 70.47,
+    "learner_gpus": 2,
+    "learner_peak_gib": 106.33,
     "nodes": 4,
     "num_learners_per_node": [
-      1,
-      1,
-      1,
-      1
+      2
     ],
-    "reason": "no idle GPU; step ~283s set by generation (generation 283s, training 87s)",
-    "step_time_s": 282.9,
-    "training_time_s": 87.0,
+    "reason": "no idle GPU; step ~225s set by generation (generation 225s, training 174s)",
+    "step_time_s": 225.2,
+    "training_time_s": 174.1,
     "vllm_gpu_memory_utilization": 0.9,
-    "vllm_num_engines": 28,
-    "vllm_tensor_parallel_size": 1
+    "vllm_num_engines": 15,
+    "vllm_tensor_parallel_size": 2
   },
   "memory": {
     "engine": {
-      "activation_peak_gib": 0.777,
-      "concurrent_seqs": 12,
+      "activation_peak_gib": 0.514,
+      "concurrent_seqs": 25,
       "cuda_graphs_gib": 1.0,
       "fits": true,
       "gpu_memory_utilization": 0.9,
-      "kv_bytes_per_token": 524288,
-      "kv_cache_gib": 109.85,
-      "kv_tokens": 224972,
+      "kv_bytes_per_token": 262144,
+      "kv_cache_gib": 116.51,
+      "kv_tokens": 477223,
       "max_seq_len": 18432,
-      "non_torch_gib": 0.6,
-      "tp": 1,
-      "weights_gib": 13.593
+      "non_torch_gib": 1.0,
+      "tp": 2,
+      "weights_gib": 6.797
     },
     "fits": true,
     "gpu": {
@@ -307,31 +304,31 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
     "host": {
       "breakdown": {
         "Ray (GCS, raylet)": 2.0,
-        "learner processes": 6.0,
+        "learner processes": 12.0,
         "offloaded optimizer state (pinned)": 0.0,
-        "vLLM workers": 28.0
+        "vLLM workers": 24.0
       },
       "fits": true,
       "kill_threshold": 0.95,
-      "peak_gib": 36.0,
+      "peak_gib": 38.0,
       "ram_per_node_gib": 1000.0
     },
     "learner": {
       "breakdown": {
-        "Adam moments (fp32)": 13.594,
-        "ZeRO++ secondary weights (hpZ)": 3.398,
+        "Adam moments (fp32)": 27.187,
+        "ZeRO++ secondary weights (hpZ)": 6.797,
         "fixed (workspaces, RNG, persistent params)": 0.25,
-        "fp32 master weights": 6.797,
-        "gradients": 6.797,
-        "parameters (bf16)": 3.398,
+        "fp32 master weights": 13.594,
+        "gradients": 13.594,
+        "parameters (bf16)": 6.797,
         "reduce bucket": 0.931,
         "weight sync: gathered weights": 13.594,
         "weight sync: rank 0's copy to send": 13.594
       },
-      "deepspeed_estimate_gib": 32.116,
-      "device_total_gib": 70.475,
+      "deepspeed_estimate_gib": 62.701,
+      "device_total_gib": 106.328,
       "fits": true,
-      "gpus": 4,
+      "gpus": 2,
       "grad_accum_dtype": "fp32",
       "gradient_checkpointing": true,
       "load_in_4bit": false,
@@ -339,14 +336,14 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "lora_rank": 0,
       "non_torch_gib": 1.0,
       "offload": "none",
-      "peak_allocated_gib": 62.353,
+      "peak_allocated_gib": 96.337,
       "peak_phase": "weight sync",
-      "peak_reserved_gib": 69.475,
+      "peak_reserved_gib": 105.328,
       "phases_gib": {
-        "logits": 51.946,
-        "optimizer": 40.753,
-        "recompute": 44.415,
-        "weight sync": 62.353
+        "logits": 85.93,
+        "optimizer": 74.737,
+        "recompute": 78.399,
+        "weight sync": 96.337
       },
       "tokens_per_gpu": 18432,
       "weight_sync": "whole_model",
@@ -358,7 +355,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "total_params": 7298011136,
       "trainable_params": 7298011136
     },
-    "verdict": "learner fits with 69.3 GiB to spare; engine fits: 12 sequences of 18432 tokens fit at once"
+    "verdict": "learner fits with 33.5 GiB to spare; engine fits: 25 sequences of 18432 tokens fit at once"
   },
   "model": "allenai/Olmo-3-1025-7B",
   "nodes": 4,
@@ -663,9 +660,9 @@ DRIVER=(
     --with_tracking False
     --push_to_hub False
     --try_launch_beaker_eval_jobs_on_weka False
-    --num_learners_per_node 1 1 1 1
-    --vllm_num_engines 28
-    --vllm_tensor_parallel_size 1
+    --num_learners_per_node 2
+    --vllm_num_engines 15
+    --vllm_tensor_parallel_size 2
     --vllm_gpu_memory_utilization 0.9
     --deepspeed_stage 3
     --gather_whole_model True

@@ -5,10 +5,10 @@
 #
 # Plan:
 #   model allenai/Olmo-3-1125-32B: 256 sequences of 10240 tokens per step, pack_length 10240
-#   16 x 8 A100-SXM4-40GB (39.39 GiB): 64 learner GPUs, 64 engine GPUs, 0 idle
-#   num_learners_per_node [4] x 16, vllm_num_engines 16, vllm_tensor_parallel_size 4, vllm_gpu_memory_utilization 0.9, deepspeed_stage 3
-#   learner peak 37.1 GiB/GPU of 39.4 usable; engine 15.0 GiB weights + 17.9 GiB KV cache per GPU; host peak 42 GiB/node
-#   step ~248 s (generation 248 s, training 85 s), bottleneck generation
+#   16 x 8 A100-SXM4-40GB (39.39 GiB): 72 learner GPUs, 56 engine GPUs, 0 idle
+#   num_learners_per_node [8] x 9, vllm_num_engines 7, vllm_tensor_parallel_size 8, vllm_gpu_memory_utilization 0.9, deepspeed_stage 3
+#   learner peak 36.1 GiB/GPU of 39.4 usable; engine 7.5 GiB weights + 25.5 GiB KV cache per GPU; host peak 50 GiB/node
+#   step ~174 s (generation 174 s, training 75 s), bottleneck generation
 #
 # Submit with `hpcrl submit`, which creates the run directory first. With plain sbatch,
 # create <run dir>/logs first when --output points there: Slurm opens it before this runs.
@@ -260,56 +260,49 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
   "layout": {
     "bottleneck": "generation",
     "deepspeed_stage": 3,
-    "engine_concurrent_seqs": 28,
-    "engine_gpus": 64,
-    "engine_kv_cache_gib": 17.87,
+    "engine_concurrent_seqs": 81,
+    "engine_gpus": 56,
+    "engine_kv_cache_gib": 25.5,
     "gather_whole_model": false,
-    "generation_time_s": 248.2,
+    "generation_time_s": 173.9,
     "gpu_usable_gib": 39.39,
-    "host_peak_gib": 42.0,
+    "host_peak_gib": 50.0,
     "idle_gpus": 0,
-    "learner_gpus": 64,
-    "learner_peak_gib": 37.14,
+    "learner_gpus": 72,
+    "learner_peak_gib": 36.15,
     "nodes": 16,
     "num_learners_per_node": [
-      4,
-      4,
-      4,
-      4,
-      4,
-      4,
-      4,
-      4,
-      4,
-      4,
-      4,
-      4,
-      4,
-      4,
-      4,
-      4
+      8,
+      8,
+      8,
+      8,
+      8,
+      8,
+      8,
+      8,
+      8
     ],
-    "reason": "no idle GPU; step ~248s set by generation (generation 248s, training 85s)",
-    "step_time_s": 248.2,
-    "training_time_s": 84.6,
+    "reason": "no idle GPU; step ~174s set by generation (generation 174s, training 75s)",
+    "step_time_s": 173.9,
+    "training_time_s": 75.2,
     "vllm_gpu_memory_utilization": 0.9,
-    "vllm_num_engines": 16,
-    "vllm_tensor_parallel_size": 4
+    "vllm_num_engines": 7,
+    "vllm_tensor_parallel_size": 8
   },
   "memory": {
     "engine": {
-      "activation_peak_gib": 0.571,
-      "concurrent_seqs": 28,
+      "activation_peak_gib": 0.442,
+      "concurrent_seqs": 81,
       "cuda_graphs_gib": 1.0,
       "fits": true,
       "gpu_memory_utilization": 0.9,
-      "kv_bytes_per_token": 65536,
-      "kv_cache_gib": 17.869,
-      "kv_tokens": 292767,
+      "kv_bytes_per_token": 32768,
+      "kv_cache_gib": 25.503,
+      "kv_tokens": 835688,
       "max_seq_len": 10240,
       "non_torch_gib": 1.0,
-      "tp": 4,
-      "weights_gib": 15.011
+      "tp": 8,
+      "weights_gib": 7.506
     },
     "fits": true,
     "gpu": {
@@ -320,32 +313,32 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
     "host": {
       "breakdown": {
         "Ray (GCS, raylet)": 2.0,
-        "learner processes": 24.0,
+        "learner processes": 48.0,
         "offloaded optimizer state (pinned)": 0.0,
-        "vLLM workers": 16.0
+        "vLLM workers": 0.0
       },
       "fits": true,
       "kill_threshold": 0.95,
-      "peak_gib": 42.0,
+      "peak_gib": 50.0,
       "ram_per_node_gib": 999.0
     },
     "learner": {
       "breakdown": {
-        "Adam moments (fp32)": 3.752,
+        "Adam moments (fp32)": 3.336,
         "ZeRO++ secondary weights (hpZ)": 7.505,
         "ZeRO-3 gathered lm_head + grad": 1.913,
         "activations (stored)": 6.543,
         "fixed (workspaces, RNG, persistent params)": 0.25,
-        "fp32 master weights": 1.876,
-        "gradients": 1.876,
+        "fp32 master weights": 1.668,
+        "gradients": 1.668,
         "log-prob path (compiled)": 5.738,
-        "parameters (bf16)": 0.938,
+        "parameters (bf16)": 0.834,
         "reduce bucket": 0.931
       },
-      "deepspeed_estimate_gib": 10.356,
-      "device_total_gib": 37.142,
+      "deepspeed_estimate_gib": 9.418,
+      "device_total_gib": 36.152,
       "fits": true,
-      "gpus": 64,
+      "gpus": 72,
       "grad_accum_dtype": "fp32",
       "gradient_checkpointing": true,
       "load_in_4bit": false,
@@ -353,14 +346,14 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "lora_rank": 0,
       "non_torch_gib": 1.0,
       "offload": "none",
-      "peak_allocated_gib": 31.323,
+      "peak_allocated_gib": 30.385,
       "peak_phase": "logits",
-      "peak_reserved_gib": 36.142,
+      "peak_reserved_gib": 35.152,
       "phases_gib": {
-        "logits": 31.323,
-        "optimizer": 19.944,
-        "recompute": 28.746,
-        "weight sync": 19.042
+        "logits": 30.385,
+        "optimizer": 18.693,
+        "recompute": 27.808,
+        "weight sync": 18.104
       },
       "tokens_per_gpu": 10240,
       "weight_sync": "per_param",
@@ -372,7 +365,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "total_params": 32233522176,
       "trainable_params": 32233522176
     },
-    "verdict": "learner fits with 2.2 GiB to spare; engine fits: 28 sequences of 10240 tokens fit at once"
+    "verdict": "learner fits with 3.2 GiB to spare; engine fits: 81 sequences of 10240 tokens fit at once"
   },
   "model": "allenai/Olmo-3-1125-32B",
   "nodes": 16,
@@ -677,9 +670,9 @@ DRIVER=(
     --with_tracking False
     --push_to_hub False
     --try_launch_beaker_eval_jobs_on_weka False
-    --num_learners_per_node 4 4 4 4 4 4 4 4 4 4 4 4 4 4 4 4
-    --vllm_num_engines 16
-    --vllm_tensor_parallel_size 4
+    --num_learners_per_node 8 8 8 8 8 8 8 8 8
+    --vllm_num_engines 7
+    --vllm_tensor_parallel_size 8
     --vllm_gpu_memory_utilization 0.9
     --deepspeed_stage 3
     --gather_whole_model False

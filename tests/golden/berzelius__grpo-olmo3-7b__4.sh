@@ -6,9 +6,9 @@
 # Plan:
 #   model allenai/Olmo-3-1025-7B: 128 sequences of 18432 tokens per step, pack_length 18432
 #   4 x 8 A100-SXM4-40GB (39.39 GiB): 12 learner GPUs, 20 engine GPUs, 0 idle
-#   num_learners_per_node [3] x 4, vllm_num_engines 20, vllm_tensor_parallel_size 1, vllm_gpu_memory_utilization 0.9, deepspeed_stage 3
-#   learner peak 36.2 GiB/GPU of 39.4 usable; engine 13.6 GiB weights + 19.5 GiB KV cache per GPU; host peak 40 GiB/node
-#   step ~2135 s (generation 2135 s, training 92 s), bottleneck generation
+#   num_learners_per_node [4] x 3, vllm_num_engines 5, vllm_tensor_parallel_size 4, vllm_gpu_memory_utilization 0.9, deepspeed_stage 3
+#   learner peak 36.2 GiB/GPU of 39.4 usable; engine 3.4 GiB weights + 29.7 GiB KV cache per GPU; host peak 42 GiB/node
+#   step ~910 s (generation 910 s, training 92 s), bottleneck generation
 #
 # Submit with `hpcrl submit`, which creates the run directory first. With plain sbatch,
 # create <run dir>/logs first when --output points there: Slurm opens it before this runs.
@@ -260,44 +260,43 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
   "layout": {
     "bottleneck": "generation",
     "deepspeed_stage": 3,
-    "engine_concurrent_seqs": 2,
+    "engine_concurrent_seqs": 13,
     "engine_gpus": 20,
-    "engine_kv_cache_gib": 19.48,
+    "engine_kv_cache_gib": 29.67,
     "gather_whole_model": false,
-    "generation_time_s": 2135.3,
+    "generation_time_s": 910.1,
     "gpu_usable_gib": 39.39,
-    "host_peak_gib": 40.0,
+    "host_peak_gib": 42.0,
     "idle_gpus": 0,
     "learner_gpus": 12,
     "learner_peak_gib": 36.19,
     "nodes": 4,
     "num_learners_per_node": [
-      3,
-      3,
-      3,
-      3
+      4,
+      4,
+      4
     ],
-    "reason": "no idle GPU; step ~2135s set by generation (generation 2135s, training 92s)",
-    "step_time_s": 2135.3,
+    "reason": "no idle GPU; step ~910s set by generation (generation 910s, training 92s)",
+    "step_time_s": 910.1,
     "training_time_s": 92.0,
     "vllm_gpu_memory_utilization": 0.9,
-    "vllm_num_engines": 20,
-    "vllm_tensor_parallel_size": 1
+    "vllm_num_engines": 5,
+    "vllm_tensor_parallel_size": 4
   },
   "memory": {
     "engine": {
-      "activation_peak_gib": 0.777,
-      "concurrent_seqs": 2,
+      "activation_peak_gib": 0.382,
+      "concurrent_seqs": 13,
       "cuda_graphs_gib": 1.0,
       "fits": true,
       "gpu_memory_utilization": 0.9,
-      "kv_bytes_per_token": 524288,
-      "kv_cache_gib": 19.481,
-      "kv_tokens": 39896,
+      "kv_bytes_per_token": 131072,
+      "kv_cache_gib": 29.671,
+      "kv_tokens": 243061,
       "max_seq_len": 18432,
-      "non_torch_gib": 0.6,
-      "tp": 1,
-      "weights_gib": 13.593
+      "non_torch_gib": 1.0,
+      "tp": 4,
+      "weights_gib": 3.399
     },
     "fits": true,
     "gpu": {
@@ -308,13 +307,13 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
     "host": {
       "breakdown": {
         "Ray (GCS, raylet)": 2.0,
-        "learner processes": 18.0,
+        "learner processes": 24.0,
         "offloaded optimizer state (pinned)": 0.0,
-        "vLLM workers": 20.0
+        "vLLM workers": 16.0
       },
       "fits": true,
       "kill_threshold": 0.95,
-      "peak_gib": 40.0,
+      "peak_gib": 42.0,
       "ram_per_node_gib": 999.0
     },
     "learner": {
@@ -360,7 +359,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "total_params": 7298011136,
       "trainable_params": 7298011136
     },
-    "verdict": "learner fits with 3.2 GiB to spare; engine fits: 2 sequences of 18432 tokens fit at once"
+    "verdict": "learner fits with 3.2 GiB to spare; engine fits: 13 sequences of 18432 tokens fit at once"
   },
   "model": "allenai/Olmo-3-1025-7B",
   "nodes": 4,
@@ -665,9 +664,9 @@ DRIVER=(
     --with_tracking False
     --push_to_hub False
     --try_launch_beaker_eval_jobs_on_weka False
-    --num_learners_per_node 3 3 3 3
-    --vllm_num_engines 20
-    --vllm_tensor_parallel_size 1
+    --num_learners_per_node 4 4 4
+    --vllm_num_engines 5
+    --vllm_tensor_parallel_size 4
     --vllm_gpu_memory_utilization 0.9
     --deepspeed_stage 3
     --gather_whole_model False

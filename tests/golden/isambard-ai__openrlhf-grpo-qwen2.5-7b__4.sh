@@ -9,6 +9,7 @@
 #   actor.num_nodes 3, actor.num_gpus_per_node 4, vllm.num_engines 2, vllm.tensor_parallel_size 2, vllm.gpu_memory_utilization 0.9, ds.zero_stage 3
 #   learner peak 29.4 GiB/GPU of 95.6 usable; engine 7.1 GiB weights + 76.3 GiB KV cache per GPU; host peak 26 GiB/node
 #   step ~128 s (generation 128 s, training 84 s), bottleneck generation
+# Warning: 4 learners per node on isambard-ai, where the profile plans at most 1: more than one learner per GH200 node failed with NCCL "Duplicate GPU detected" in the users' runs (their workaround, a patched NCCL with NCCL_IGNORE_DUPLICATE_GPU=1, is untested at 32B)
 #
 # Submit with `hpcrl submit`, which creates the run directory first. With plain sbatch,
 # create <run dir>/logs first when --output points there: Slurm opens it before this runs.
@@ -422,7 +423,9 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
   "nodes": 4,
   "run_name": "openrlhf-grpo-qwen2.5-7b",
   "smoke": false,
-  "warnings": []
+  "warnings": [
+    "4 learners per node on isambard-ai, where the profile plans at most 1: more than one learner per GH200 node failed with NCCL \"Duplicate GPU detected\" in the users' runs (their workaround, a patched NCCL with NCCL_IGNORE_DUPLICATE_GPU=1, is untested at 32B)"
+  ]
 }
 HPCRL_PLAN_JSON
     mv -f -- "$HPCRL_DIR/plan.json.$SLURM_JOB_ID.tmp" "$HPCRL_DIR/plan.json"

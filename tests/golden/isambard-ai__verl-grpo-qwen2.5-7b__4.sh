@@ -6,9 +6,10 @@
 # Plan:
 #   model Qwen/Qwen2.5-7B: 1536 sequences of 5120 tokens per step, ppo_micro_batch_size_per_gpu 12 (61440 tokens)
 #   4 x 4 GH200 (95.58 GiB): all 16 GPUs train and generate (colocated)
-#   trainer.nnodes 4, n_gpus_per_node 4, rollout tensor_model_parallel_size 2 (8 engines), gpu_memory_utilization 0.85, fsdp param_offload false, optimizer_offload false
-#   colocated peak 75.0 GiB/GPU training, 88.4 GiB/GPU rollout of 95.6 usable; KV cache 71.5 GiB per GPU; host peak 74 GiB/node
-#   step ~147 s (generation 53 s, training 95 s), bottleneck training
+#   trainer.nnodes 4, n_gpus_per_node 4, rollout tensor_model_parallel_size 1 (16 engines), gpu_memory_utilization 0.85, fsdp param_offload false, optimizer_offload false
+#   colocated peak 74.6 GiB/GPU training, 88.4 GiB/GPU rollout of 95.6 usable; KV cache 64.4 GiB per GPU; host peak 102 GiB/node
+#   step ~160 s (generation 66 s, training 95 s), bottleneck training
+# Warning: 4 learners per node on isambard-ai, where the profile plans at most 1: more than one learner per GH200 node failed with NCCL "Duplicate GPU detected" in the users' runs (their workaround, a patched NCCL with NCCL_IGNORE_DUPLICATE_GPU=1, is untested at 32B)
 #
 # Submit with `hpcrl submit`, which creates the run directory first. With plain sbatch,
 # create <run dir>/logs first when --output points there: Slurm opens it before this runs.
@@ -306,11 +307,11 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
     "actor_rollout_ref.rollout.gpu_memory_utilization": 0.85,
     "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 12,
     "actor_rollout_ref.rollout.name": "vllm",
-    "actor_rollout_ref.rollout.tensor_model_parallel_size": 2,
+    "actor_rollout_ref.rollout.tensor_model_parallel_size": 1,
     "trainer.max_actor_ckpt_to_keep": 2,
     "trainer.n_gpus_per_node": 4,
     "trainer.nnodes": 4,
-    "trainer.save_freq": 24
+    "trainer.save_freq": 22
   },
   "cluster": "isambard-ai",
   "config": "verl-grpo-qwen2.5-7b.yaml",
@@ -321,12 +322,12 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
     "bottleneck": "training",
     "colocated": true,
     "deepspeed_stage": 3,
-    "engine_concurrent_seqs": 522,
+    "engine_concurrent_seqs": 235,
     "engine_gpus": 16,
-    "engine_kv_cache_gib": 71.5,
-    "generation_time_s": 52.5,
+    "engine_kv_cache_gib": 64.37,
+    "generation_time_s": 65.8,
     "gpu_usable_gib": 95.58,
-    "host_peak_gib": 73.9,
+    "host_peak_gib": 102.3,
     "idle_gpus": 0,
     "learner_gpus": 16,
     "learner_peak_gib": 73.01,
@@ -337,14 +338,14 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       4,
       4
     ],
-    "reason": "colocated: every GPU trains and generates; step ~147s = generation 53s + training 95s",
+    "reason": "colocated: every GPU trains and generates; step ~160s = generation 66s + training 95s",
     "rollout_peak_gib": 88.45,
-    "step_time_s": 147.1,
-    "training_peak_gib": 75.01,
+    "step_time_s": 160.4,
+    "training_peak_gib": 74.61,
     "training_time_s": 94.6,
     "vllm_gpu_memory_utilization": 0.85,
-    "vllm_num_engines": 8,
-    "vllm_tensor_parallel_size": 2
+    "vllm_num_engines": 16,
+    "vllm_tensor_parallel_size": 1
   },
   "memory": {
     "colocated": {
@@ -364,25 +365,25 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "rollout_gib": 88.449,
       "training_breakdown": {
         "learner (training peak)": 73.012,
-        "vLLM asleep (CUDA context, CUDA graphs)": 2.0
+        "vLLM asleep (CUDA context, CUDA graphs)": 1.6
       },
       "training_fits": true,
-      "training_gib": 75.012,
+      "training_gib": 74.612,
       "vllm_sleeps": true
     },
     "engine": {
-      "activation_peak_gib": 0.653,
-      "concurrent_seqs": 522,
+      "activation_peak_gib": 1.087,
+      "concurrent_seqs": 235,
       "cuda_graphs_gib": 1.0,
       "fits": true,
       "gpu_memory_utilization": 0.85,
-      "kv_bytes_per_token": 28672,
-      "kv_cache_gib": 71.498,
-      "kv_tokens": 2677520,
+      "kv_bytes_per_token": 57344,
+      "kv_cache_gib": 64.371,
+      "kv_tokens": 1205321,
       "max_seq_len": 5120,
-      "non_torch_gib": 1.0,
-      "tp": 2,
-      "weights_gib": 7.093
+      "non_torch_gib": 0.6,
+      "tp": 1,
+      "weights_gib": 14.185
     },
     "fits": true,
     "gpu": {
@@ -396,12 +397,12 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
         "learner processes": 24.0,
         "offloaded optimizer state (pinned)": 0.0,
         "training state offloaded during rollout": 3.55,
-        "vLLM weights while asleep": 28.37,
+        "vLLM weights while asleep": 56.74,
         "vLLM workers": 16.0
       },
       "fits": true,
       "kill_threshold": 0.95,
-      "peak_gib": 73.9,
+      "peak_gib": 102.3,
       "ram_per_node_gib": 460.0
     },
     "learner": {
@@ -446,13 +447,15 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "total_params": 7615616512,
       "trainable_params": 7615616512
     },
-    "verdict": "training fits with 20.6 GiB to spare; rollout fits with 7.1 GiB to spare; engine fits: 522 sequences of 5120 tokens fit at once"
+    "verdict": "training fits with 21.0 GiB to spare; rollout fits with 7.1 GiB to spare; engine fits: 235 sequences of 5120 tokens fit at once"
   },
   "model": "Qwen/Qwen2.5-7B",
   "nodes": 4,
   "run_name": "verl-grpo-qwen2.5-7b",
   "smoke": false,
-  "warnings": []
+  "warnings": [
+    "4 learners per node on isambard-ai, where the profile plans at most 1: more than one learner per GH200 node failed with NCCL \"Duplicate GPU detected\" in the users' runs (their workaround, a patched NCCL with NCCL_IGNORE_DUPLICATE_GPU=1, is untested at 32B)"
+  ]
 }
 HPCRL_PLAN_JSON
     mv -f -- "$HPCRL_DIR/plan.json.$SLURM_JOB_ID.tmp" "$HPCRL_DIR/plan.json"
@@ -761,14 +764,14 @@ DRIVER=(
     trainer.test_freq=20
     trainer.nnodes=4
     trainer.n_gpus_per_node=4
-    actor_rollout_ref.rollout.tensor_model_parallel_size=2
+    actor_rollout_ref.rollout.tensor_model_parallel_size=1
     actor_rollout_ref.rollout.gpu_memory_utilization=0.85
     actor_rollout_ref.actor.fsdp_config.param_offload=false
     actor_rollout_ref.actor.fsdp_config.optimizer_offload=false
     actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=12
     actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=12
     actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=12
-    trainer.save_freq=24
+    trainer.save_freq=22
     trainer.max_actor_ckpt_to_keep=2
     "trainer.default_local_dir=$RUN_DIR/checkpoints"
     trainer.resume_mode=auto

@@ -7,9 +7,9 @@
 # Plan:
 #   model Qwen/Qwen2.5-7B: 1536 sequences of 5120 tokens per step, ppo_micro_batch_size_per_gpu 16 (81920 tokens)
 #   3 x 4 H200 (declared, none present) (139.8 GiB): all 12 GPUs train and generate (colocated)
-#   trainer.nnodes 3, n_gpus_per_node 4, rollout tensor_model_parallel_size 2 (6 engines), gpu_memory_utilization 0.9, fsdp param_offload false, optimizer_offload false
-#   colocated peak 97.1 GiB/GPU training, 135.1 GiB/GPU rollout of 139.8 usable; KV cache 116.1 GiB per GPU; host peak 75 GiB/node
-#   step ~180 s (generation 54 s, training 126 s), bottleneck training
+#   trainer.nnodes 3, n_gpus_per_node 4, rollout tensor_model_parallel_size 1 (12 engines), gpu_memory_utilization 0.9, fsdp param_offload false, optimizer_offload false
+#   colocated peak 96.7 GiB/GPU training, 135.1 GiB/GPU rollout of 139.8 usable; KV cache 108.9 GiB per GPU; host peak 103 GiB/node
+#   step ~191 s (generation 64 s, training 126 s), bottleneck training
 #
 # Submit with `hpcrl submit`, which creates the run directory first. With plain sbatch,
 # create <run dir>/logs first when --output points there: Slurm opens it before this runs.
@@ -259,11 +259,11 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
     "actor_rollout_ref.rollout.gpu_memory_utilization": 0.9,
     "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 16,
     "actor_rollout_ref.rollout.name": "vllm",
-    "actor_rollout_ref.rollout.tensor_model_parallel_size": 2,
+    "actor_rollout_ref.rollout.tensor_model_parallel_size": 1,
     "trainer.max_actor_ckpt_to_keep": 2,
     "trainer.n_gpus_per_node": 4,
     "trainer.nnodes": 3,
-    "trainer.save_freq": 20
+    "trainer.save_freq": 19
   },
   "cluster": "local-dev",
   "config": "verl-grpo-qwen2.5-7b.yaml",
@@ -274,12 +274,12 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
     "bottleneck": "training",
     "colocated": true,
     "deepspeed_stage": 3,
-    "engine_concurrent_seqs": 849,
+    "engine_concurrent_seqs": 398,
     "engine_gpus": 12,
-    "engine_kv_cache_gib": 116.07,
-    "generation_time_s": 53.8,
+    "engine_kv_cache_gib": 108.95,
+    "generation_time_s": 64.5,
     "gpu_usable_gib": 139.8,
-    "host_peak_gib": 75.1,
+    "host_peak_gib": 103.5,
     "idle_gpus": 0,
     "learner_gpus": 12,
     "learner_peak_gib": 95.1,
@@ -289,14 +289,14 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       4,
       4
     ],
-    "reason": "colocated: every GPU trains and generates; step ~180s = generation 54s + training 126s",
+    "reason": "colocated: every GPU trains and generates; step ~191s = generation 64s + training 126s",
     "rollout_peak_gib": 135.09,
-    "step_time_s": 179.9,
-    "training_peak_gib": 97.1,
+    "step_time_s": 190.6,
+    "training_peak_gib": 96.7,
     "training_time_s": 126.2,
     "vllm_gpu_memory_utilization": 0.9,
-    "vllm_num_engines": 6,
-    "vllm_tensor_parallel_size": 2
+    "vllm_num_engines": 12,
+    "vllm_tensor_parallel_size": 1
   },
   "memory": {
     "colocated": {
@@ -316,25 +316,25 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "rollout_gib": 135.095,
       "training_breakdown": {
         "learner (training peak)": 95.103,
-        "vLLM asleep (CUDA context, CUDA graphs)": 2.0
+        "vLLM asleep (CUDA context, CUDA graphs)": 1.6
       },
       "training_fits": true,
-      "training_gib": 97.103,
+      "training_gib": 96.703,
       "vllm_sleeps": true
     },
     "engine": {
-      "activation_peak_gib": 0.653,
-      "concurrent_seqs": 849,
+      "activation_peak_gib": 1.087,
+      "concurrent_seqs": 398,
       "cuda_graphs_gib": 1.0,
       "fits": true,
       "gpu_memory_utilization": 0.9,
-      "kv_bytes_per_token": 28672,
-      "kv_cache_gib": 116.075,
-      "kv_tokens": 4346890,
+      "kv_bytes_per_token": 57344,
+      "kv_cache_gib": 108.948,
+      "kv_tokens": 2040007,
       "max_seq_len": 5120,
-      "non_torch_gib": 1.0,
-      "tp": 2,
-      "weights_gib": 7.093
+      "non_torch_gib": 0.6,
+      "tp": 1,
+      "weights_gib": 14.185
     },
     "fits": true,
     "gpu": {
@@ -348,12 +348,12 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
         "learner processes": 24.0,
         "offloaded optimizer state (pinned)": 0.0,
         "training state offloaded during rollout": 4.73,
-        "vLLM weights while asleep": 28.37,
+        "vLLM weights while asleep": 56.74,
         "vLLM workers": 16.0
       },
       "fits": true,
       "kill_threshold": 0.95,
-      "peak_gib": 75.1,
+      "peak_gib": 103.5,
       "ram_per_node_gib": 512.0
     },
     "learner": {
@@ -398,7 +398,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "total_params": 7615616512,
       "trainable_params": 7615616512
     },
-    "verdict": "training fits with 42.7 GiB to spare; rollout fits with 4.7 GiB to spare; engine fits: 849 sequences of 5120 tokens fit at once"
+    "verdict": "training fits with 43.1 GiB to spare; rollout fits with 4.7 GiB to spare; engine fits: 398 sequences of 5120 tokens fit at once"
   },
   "model": "Qwen/Qwen2.5-7B",
   "nodes": 3,
@@ -665,7 +665,7 @@ if ! python3 -c 'import hpcrl.runtime.smoke' 2>/dev/null; then
 fi
 DRIVER=(
     python3 -m hpcrl.runtime.smoke --nodes 3 --gpus-per-node 4
-    --cpus-per-node "$HPCRL_RAY_CPUS" --learners '4 4 4' --engines 6 --tp 2 --framework verl --colocated
+    --cpus-per-node "$HPCRL_RAY_CPUS" --learners '4 4 4' --engines 12 --tp 1 --framework verl --colocated
 )
 printf 'hpcrl: driver:'
 printf ' %q' "${DRIVER[@]}"

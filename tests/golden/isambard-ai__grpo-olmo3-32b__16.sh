@@ -5,16 +5,17 @@
 #
 # Plan:
 #   model allenai/Olmo-3-1125-32B: 256 sequences of 10240 tokens per step, pack_length 10240
-#   4 x 4 GH200 (95.58 GiB): 9 learner GPUs, 7 engine GPUs, 0 idle
-#   num_learners_per_node [3] x 3, vllm_num_engines 7, vllm_tensor_parallel_size 1, vllm_gpu_memory_utilization 0.9, deepspeed_stage 3
-#   learner peak 91.6 GiB/GPU of 95.6 usable; engine 60.0 GiB weights + 23.0 GiB KV cache per GPU; host peak 24 GiB/node
-#   step ~1617 s (generation 1617 s, training 190 s), bottleneck generation
+#   16 x 4 GH200 (95.58 GiB): 16 learner GPUs, 48 engine GPUs, 0 idle
+#   num_learners_per_node [1] x 16, vllm_num_engines 48, vllm_tensor_parallel_size 1, vllm_gpu_memory_utilization 0.9, deepspeed_stage 3
+#   learner peak 63.9 GiB/GPU of 95.6 usable; engine 60.0 GiB weights + 23.0 GiB KV cache per GPU; host peak 20 GiB/node
+#   step ~304 s (generation 304 s, training 107 s), bottleneck generation
+# Warning: 16 nodes = 64 GPUs exceed QOS 32gpu_qos's default cap of 32 GPUs (8 nodes); fine if your project's limit was raised
 #
 # Submit with `hpcrl submit`, which creates the run directory first. With plain sbatch,
 # create <run dir>/logs first when --output points there: Slurm opens it before this runs.
 # docs/render.md explains every part of this script.
 #SBATCH --job-name=hpcrl-grpo-olmo3-32b
-#SBATCH --nodes=4
+#SBATCH --nodes=16
 #SBATCH --ntasks-per-node=1
 #SBATCH --gpus-per-node=4
 #SBATCH --exclusive
@@ -306,26 +307,39 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
     "bottleneck": "generation",
     "deepspeed_stage": 3,
     "engine_concurrent_seqs": 9,
-    "engine_gpus": 7,
+    "engine_gpus": 48,
     "engine_kv_cache_gib": 23.04,
     "gather_whole_model": false,
-    "generation_time_s": 1617.1,
+    "generation_time_s": 303.6,
     "gpu_usable_gib": 95.58,
-    "host_peak_gib": 24.0,
+    "host_peak_gib": 20.0,
     "idle_gpus": 0,
-    "learner_gpus": 9,
-    "learner_peak_gib": 91.58,
-    "nodes": 4,
+    "learner_gpus": 16,
+    "learner_peak_gib": 63.86,
+    "nodes": 16,
     "num_learners_per_node": [
-      3,
-      3,
-      3
+      1,
+      1,
+      1,
+      1,
+      1,
+      1,
+      1,
+      1,
+      1,
+      1,
+      1,
+      1,
+      1,
+      1,
+      1,
+      1
     ],
-    "reason": "no idle GPU; step ~1617s set by generation (generation 1617s, training 190s)",
-    "step_time_s": 1617.1,
-    "training_time_s": 189.9,
+    "reason": "no idle GPU; step ~304s set by generation (generation 304s, training 107s)",
+    "step_time_s": 303.6,
+    "training_time_s": 106.8,
     "vllm_gpu_memory_utilization": 0.9,
-    "vllm_num_engines": 7,
+    "vllm_num_engines": 48,
     "vllm_tensor_parallel_size": 1
   },
   "memory": {
@@ -352,32 +366,32 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
     "host": {
       "breakdown": {
         "Ray (GCS, raylet)": 2.0,
-        "learner processes": 18.0,
+        "learner processes": 6.0,
         "offloaded optimizer state (pinned)": 0.0,
-        "vLLM workers": 4.0
+        "vLLM workers": 12.0
       },
       "fits": true,
       "kill_threshold": 0.95,
-      "peak_gib": 24.0,
+      "peak_gib": 20.0,
       "ram_per_node_gib": 460.0
     },
     "learner": {
       "breakdown": {
-        "Adam moments (fp32)": 26.684,
+        "Adam moments (fp32)": 15.01,
         "ZeRO++ secondary weights (hpZ)": 7.505,
         "ZeRO-3 gathered lm_head + grad": 1.913,
         "activations (stored)": 6.543,
         "fixed (workspaces, RNG, persistent params)": 0.25,
-        "fp32 master weights": 13.342,
-        "gradients": 13.342,
+        "fp32 master weights": 7.505,
+        "gradients": 7.505,
         "log-prob path (compiled)": 5.738,
-        "parameters (bf16)": 6.671,
+        "parameters (bf16)": 3.752,
         "reduce bucket": 0.931
       },
-      "deepspeed_estimate_gib": 61.952,
-      "device_total_gib": 91.576,
+      "deepspeed_estimate_gib": 35.685,
+      "device_total_gib": 63.864,
       "fits": true,
-      "gpus": 9,
+      "gpus": 16,
       "grad_accum_dtype": "fp32",
       "gradient_checkpointing": true,
       "load_in_4bit": false,
@@ -385,14 +399,14 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "lora_rank": 0,
       "non_torch_gib": 1.0,
       "offload": "none",
-      "peak_allocated_gib": 82.919,
+      "peak_allocated_gib": 56.652,
       "peak_phase": "logits",
-      "peak_reserved_gib": 90.576,
+      "peak_reserved_gib": 62.864,
       "phases_gib": {
-        "logits": 82.919,
-        "optimizer": 74.314,
-        "recompute": 80.343,
-        "weight sync": 70.639
+        "logits": 56.652,
+        "optimizer": 48.046,
+        "recompute": 54.075,
+        "weight sync": 44.371
       },
       "tokens_per_gpu": 10240,
       "weight_sync": "per_param",
@@ -404,13 +418,15 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "total_params": 32233522176,
       "trainable_params": 32233522176
     },
-    "verdict": "learner fits with 4.0 GiB to spare; engine fits: 9 sequences of 10240 tokens fit at once"
+    "verdict": "learner fits with 31.7 GiB to spare; engine fits: 9 sequences of 10240 tokens fit at once"
   },
   "model": "allenai/Olmo-3-1125-32B",
-  "nodes": 4,
+  "nodes": 16,
   "run_name": "grpo-olmo3-32b",
   "smoke": false,
-  "warnings": []
+  "warnings": [
+    "16 nodes = 64 GPUs exceed QOS 32gpu_qos's default cap of 32 GPUs (8 nodes); fine if your project's limit was raised"
+  ]
 }
 HPCRL_PLAN_JSON
     mv -f -- "$HPCRL_DIR/plan.json.$SLURM_JOB_ID.tmp" "$HPCRL_DIR/plan.json"
@@ -425,8 +441,8 @@ mapfile -t JOB_NODES < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
 if ((${#JOB_NODES[@]} == 0)); then
     fail ray-start-failed "scontrol show hostnames gave no node for $SLURM_JOB_NODELIST"
 fi
-if ((${#JOB_NODES[@]} != 4)); then
-    fail ray-start-failed "this script was rendered for 4 nodes but the job has ${#JOB_NODES[@]}; re-render with --nodes ${#JOB_NODES[@]}"
+if ((${#JOB_NODES[@]} != 16)); then
+    fail ray-start-failed "this script was rendered for 16 nodes but the job has ${#JOB_NODES[@]}; re-render with --nodes ${#JOB_NODES[@]}"
 fi
 NODE_LINES=$(scontrol show node -o "$SLURM_JOB_NODELIST" | awk '
     {
@@ -456,15 +472,15 @@ done <<<"$NODE_LINES"
 HPCRL_NODE_TABLE=$NODE_TABLE
 node_entry() { awk -v RS=';' -v n="$1" '$1 == n { print $2, $3 }' <<<"$HPCRL_NODE_TABLE"; }
 described=$(awk -v RS=';' 'NF { c++ } END { print c + 0 }' <<<"$HPCRL_NODE_TABLE")
-if ((described != 4)); then
-    fail ray-start-failed "scontrol show node described $described of the job's 4 nodes"
+if ((described != 16)); then
+    fail ray-start-failed "scontrol show node described $described of the job's 16 nodes"
 fi
 read -r HPCRL_HEAD_IP HEAD_SLOT < <(node_entry "$HEAD_NODE") || true
 if [[ -z ${HEAD_SLOT:-} ]]; then
     fail ray-start-failed "head node $HEAD_NODE is missing from scontrol show node"
 fi
 export HPCRL_NODE_TABLE HPCRL_HEAD_IP
-log "job $SLURM_JOB_ID: 4 nodes, head $HEAD_NODE ($HPCRL_HEAD_IP), run dir $RUN_DIR"
+log "job $SLURM_JOB_ID: 16 nodes, head $HEAD_NODE ($HPCRL_HEAD_IP), run dir $RUN_DIR"
 
 # A block of 100 ports per job, from the job id: two jobs on a shared node (or two runs on
 # the test cluster) never meet on Ray's fixed defaults (6379, 8265, 10001, 52365).
@@ -589,7 +605,7 @@ hpcrl_worker() {
 }
 
 # One step for all workers; each asks for its node's GPUs and CPUs in the job's GPU style.
-srun --nodes=3 --ntasks=3 --ntasks-per-node=1 --exclude="$HEAD_NODE" \
+srun --nodes=15 --ntasks=15 --ntasks-per-node=1 --exclude="$HEAD_NODE" \
     --kill-on-bad-exit=1 --gpus-per-node=4 --cpus-per-task="$SLURM_CPUS_ON_NODE" \
     bash -c "$(declare -f node_entry node_ports node_dirs hpcrl_worker_cleanup hpcrl_worker); hpcrl_worker" &
 WORKERS_PID=$!
@@ -598,7 +614,7 @@ WORKERS_PID=$!
 export RAY_ADDRESS="$HPCRL_HEAD_IP:$GCS_PORT"
 ray_wait() {
     local deadline=$((SECONDS + 900 + 60)) poll code=0
-    python3 - 4 16 900 <<'HPCRL_RAY_WAIT' &
+    python3 - 16 64 900 <<'HPCRL_RAY_WAIT' &
 import os, sys, time
 
 want_nodes, want_gpus, timeout = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3])
@@ -654,14 +670,14 @@ HPCRL_RAY_WAIT
     done
     wait "$poll" || code=$?
     if [[ -z $STOP_REASON ]] && ((code != 0)); then
-        fail ray-start-failed "Ray did not report 4 nodes and 16 GPUs within 900 s (profile ray.join_timeout_s)"
+        fail ray-start-failed "Ray did not report 16 nodes and 64 GPUs within 900 s (profile ray.join_timeout_s)"
     fi
 }
 ray_wait
 if [[ -n $STOP_REASON ]]; then
     finish "$STOP_REASON" 143
 fi
-log "Ray is up: 4 nodes, 16 GPUs (GCS $RAY_ADDRESS)"
+log "Ray is up: 16 nodes, 64 GPUs (GCS $RAY_ADDRESS)"
 
 # ------------------------------------------------------------------ driver
 # open-instruct's grpo_fast.py under hpcrl's watchdog (circuit breakers: exit codes 90-93).
@@ -708,13 +724,13 @@ DRIVER=(
     --with_tracking False
     --push_to_hub False
     --try_launch_beaker_eval_jobs_on_weka False
-    --num_learners_per_node 3 3 3
-    --vllm_num_engines 7
+    --num_learners_per_node 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1
+    --vllm_num_engines 48
     --vllm_tensor_parallel_size 1
     --vllm_gpu_memory_utilization 0.9
     --deepspeed_stage 3
     --gather_whole_model False
-    --num_nodes 4
+    --num_nodes 16
     --output_dir "$RUN_DIR/output"
     --checkpoint_state_dir "$RUN_DIR/checkpoints"
 )

@@ -10,7 +10,7 @@ from typing import Any
 
 from hpcrl.backends import get_backend
 from hpcrl.backends.base import Backend
-from hpcrl.config import RunConfig, load_run_config
+from hpcrl.config import HpcrlSection, RunConfig, load_run_config
 from hpcrl.errors import HpcrlError
 from hpcrl.layout import Layout, Pins, Workload, check_nodes, enumerate_layouts
 from hpcrl.profiles import ClusterProfile, resolve_profile
@@ -47,6 +47,27 @@ def pins_from(cfg: RunConfig, cli_pins: list[str] | None = None) -> Pins:
     return get_backend(cfg.hpcrl.backend).pins_from(cfg, cli_pins)
 
 
+def unconfirmed_in_script(profile: ClusterProfile, hp: HpcrlSection) -> list[str]:
+    """One warning naming the unconfirmed profile facts a rendered script would use as they are."""
+    slurm = profile.slurm
+    partition = hp.partition or slurm.default_partition
+    used = []
+    if not hp.partition and slurm.default_partition and profile.is_unconfirmed("slurm.default_partition"):
+        used.append(f"--partition={slurm.default_partition} (hpcrl.partition)")
+    if not hp.time and partition and profile.is_unconfirmed(f"slurm.partitions.{partition}.max_time"):
+        used.append("--time from the partition's limit (hpcrl.time)")
+    if profile.is_unconfirmed("slurm.gpu_request"):
+        used.append(f"the GPU request style {slurm.gpu_request} (a user profile's slurm.gpu_request)")
+    if slurm.constraint and profile.is_unconfirmed("slurm.constraint"):
+        used.append(f"--constraint={slurm.constraint} (slurm.constraint)")
+    if not hp.run_root and profile.is_unconfirmed("storage.run_root"):
+        used.append(f"the run root {profile.storage.run_root.path} (hpcrl.run_root)")
+    if not used:
+        return []
+    return [f"{profile.name}: the script uses unconfirmed profile facts: {'; '.join(used)}; check them "
+            f"(hpcrl clusters show {profile.name}) or set what is in brackets"]
+
+
 def make_run_plan(
     config: str | None = None,
     *,
@@ -76,6 +97,7 @@ def make_run_plan(
             if v != profile.variant:
                 variants.append(resolve_profile(cluster or cfg.hpcrl.cluster, cluster_file, variant=v))
     planned = backend.plan(cfg, profile, n, w, p, variants)
+    warnings += unconfirmed_in_script(profile, cfg.hpcrl)
     cap = profile.planning.max_learners_per_node
     if cap and planned.layouts and planned.layouts[0].learners_per_node > cap:
         warnings.append(f"{planned.layouts[0].learners_per_node} learners per node on {profile.name}, where the profile "

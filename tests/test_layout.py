@@ -124,6 +124,17 @@ def test_a_tp_vllm_cannot_shard_is_never_planned_and_refused_when_pinned():
         "multiple of them; valid: [1, 2, 4, 8]\n")
 
 
+def test_fewer_prompts_than_engines_is_a_warning():
+    """grpo_fast.py sends each prompt with all its samples to one engine: the default run's 32
+    prompts per step can keep at most 32 of its 48 engines busy."""
+    out = hpcrl("plan", "--nodes", "16")
+    assert out.returncode == 0
+    assert ("warning: num_unique_prompts_rollout 32 is below vllm_num_engines 48: each step's prompts keep at "
+            "most 32 engines busy") in " ".join(out.stderr.split())
+    quiet = hpcrl("plan", "--nodes", "16", "--set", "num_unique_prompts_rollout=48")
+    assert quiet.returncode == 0 and "num_unique_prompts_rollout" not in quiet.stderr
+
+
 def test_72b_on_one_thin_node_fails_with_computed_suggestion():
     out = hpcrl("plan", "--cluster", "berzelius", "--nodes", "1", "--model", "72b")
     assert out.returncode == 2

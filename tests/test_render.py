@@ -206,6 +206,24 @@ def sbatch_lines(text: str) -> list[str]:
     return [ln[len("#SBATCH "):] for ln in text.splitlines() if ln.startswith("#SBATCH ")]
 
 
+def test_unconfirmed_profile_facts_in_the_header_are_named():
+    """berzelius-hopper's partition and time limit are inferred: the script's header warns and
+    says what to set; setting them ends the warning."""
+    text = render("berzelius-hopper", "grpo-olmo3-32b", 2)
+    warning = next(ln for ln in text.splitlines() if ln.startswith("# Warning: berzelius-hopper: "))
+    assert warning == ("# Warning: berzelius-hopper: the script uses unconfirmed profile facts: "
+                       "--partition=berzelius-hopper (hpcrl.partition); --time from the partition's limit (hpcrl.time); "
+                       "the GPU request style gpus (a user profile's slurm.gpu_request); the run root "
+                       "/proj/$SLURM_JOB_ACCOUNT/users/$USER/hpcrl-runs (hpcrl.run_root); check them "
+                       "(hpcrl clusters show berzelius-hopper) or set what is in brackets")
+    pinned = render("berzelius-hopper", "grpo-olmo3-32b", 2,
+                    sets=["hpcrl.partition=berzelius-hopper", 'hpcrl.time="1-00:00:00"', "hpcrl.run_root=/proj/x/runs"])
+    line = next(ln for ln in pinned.splitlines() if ln.startswith("# Warning: berzelius-hopper: "))
+    assert "--partition" not in line and "--time" not in line and "run root" not in line
+    assert "unconfirmed" not in "".join(ln for ln in render("isambard-ai", "grpo-olmo3-7b", 3).splitlines()
+                                        if ln.startswith("# Warning"))
+
+
 def test_sbatch_header_per_gpu_request_style():
     isam = sbatch_lines(render("isambard-ai", "grpo-olmo3-7b", 4))
     assert "--gpus-per-node=4" in isam and "--mem=0" in isam and "--time=24:00:00" in isam

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from hpcrl.backends.base import (
     Backend,
     DriverLine,
+    Planned,
     Word,
     cli_pins_into,
     is_number,
@@ -28,6 +29,7 @@ from hpcrl.models import resolve_model
 
 if TYPE_CHECKING:
     from hpcrl.config import HpcrlSection, RunConfig
+    from hpcrl.profiles import ClusterProfile
     from hpcrl.run_plan import RunPlan
 
 # Fields the layout planner decides; present in a config file or --set, they are pins.
@@ -211,6 +213,19 @@ class OpenInstructBackend(Backend):
         if "deepspeed_stage" in cfg.pinned and int(a["deepspeed_stage"]) != 3:
             raise PlanError(f"deepspeed_stage {a['deepspeed_stage']}: hpcrl plans ZeRO-3 learners; valid: 3")
         return cli_pins_into(values, cli_pins)
+
+    def plan(self, cfg: RunConfig, profile: ClusterProfile, nodes: int, w: Workload, pins: Pins,
+             variants: list[ClusterProfile]) -> Planned:
+        planned = super().plan(cfg, profile, nodes, w, pins, variants)
+        best = planned.layouts[0]
+        if w.unique_prompts < best.engines:
+            # grpo_fast.py sends each prompt, with all its samples, to one engine (and warns too)
+            warning = (f"num_unique_prompts_rollout {w.unique_prompts} is below vllm_num_engines {best.engines}: "
+                       f"each step's prompts keep at most {w.unique_prompts} engines busy (grpo_fast.py looks "
+                       f"ahead async_steps steps to fill the rest); raise it to {best.engines} or more, or use "
+                       "fewer engines (--pin engines=N)")
+            return replace(planned, warnings=planned.warnings + (warning,))
+        return planned
 
     def layout_args(self, rp: RunPlan) -> dict[str, Any]:
         return layout_args(rp.layout, rp.nodes, arg_table(rp.config.hpcrl.arg_layout))

@@ -1,7 +1,7 @@
 #!/bin/bash
 # Rendered by hpcrl 0.1.0: re-render (hpcrl render) rather than edit by hand.
 # hpcrl cluster: berzelius:thin
-# hpcrl config: grpo-olmo3-32b.yaml (digest d60947606125)
+# hpcrl config: grpo-olmo3-32b.yaml (digest ede55e37fd8a)
 #
 # Plan:
 #   model allenai/Olmo-3-1125-32B: 256 sequences of 10240 tokens per step, pack_length 10240
@@ -9,6 +9,7 @@
 #   num_learners_per_node [8] x 9, vllm_num_engines 7, vllm_tensor_parallel_size 8, vllm_gpu_memory_utilization 0.9, deepspeed_stage 3
 #   learner peak 36.1 GiB/GPU of 39.4 usable; engine 7.5 GiB weights + 25.5 GiB KV cache per GPU; host peak 50 GiB/node
 #   step ~174 s (generation 174 s, training 75 s), bottleneck generation
+# Warning: berzelius: the script uses unconfirmed profile facts: --partition=berzelius (hpcrl.partition); check them (hpcrl clusters show berzelius) or set what is in brackets
 #
 # Submit with `hpcrl submit`, which creates the run directory first. With plain sbatch,
 # create <run dir>/logs first when --output points there: Slurm opens it before this runs.
@@ -63,8 +64,8 @@ source "$HOME/open-instruct/.venv/bin/activate"
 set -u
 
 # ------------------------------------------------------------------ run directory and job chain
-# One directory per run, the same on every restart, so open-instruct's output_dir and
-# checkpoint_state_dir are found again (docs/run-dir.md).
+# One directory per run, the same on every restart, so open-instruct's checkpoint_state_dir
+# is found again and the run resumes (docs/run-dir.md).
 unset RAY_ADDRESS
 RUN_DIR=/proj/"${SLURM_JOB_ACCOUNT}"/users/"${USER}"/hpcrl-runs/grpo-olmo3-32b
 [[ $RUN_DIR == /* ]] || RUN_DIR=$PWD/$RUN_DIR
@@ -254,7 +255,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
 {
   "cluster": "berzelius:thin",
   "config": "grpo-olmo3-32b.yaml",
-  "config_digest": "d60947606125",
+  "config_digest": "ede55e37fd8a",
   "gpus_per_node": 8,
   "hpcrl_version": "0.1.0",
   "layout": {
@@ -371,7 +372,9 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
   "nodes": 16,
   "run_name": "grpo-olmo3-32b",
   "smoke": false,
-  "warnings": []
+  "warnings": [
+    "berzelius: the script uses unconfirmed profile facts: --partition=berzelius (hpcrl.partition); check them (hpcrl clusters show berzelius) or set what is in brackets"
+  ]
 }
 HPCRL_PLAN_JSON
     mv -f -- "$HPCRL_DIR/plan.json.$SLURM_JOB_ID.tmp" "$HPCRL_DIR/plan.json"
@@ -649,6 +652,8 @@ DRIVER=(
     --model_name_or_path allenai/Olmo-3-1125-32B
     --dataset_mixer_list ai2-adapt-dev/rlvr_gsm8k_zs 1.0
     --dataset_mixer_eval_list ai2-adapt-dev/rlvr_gsm8k_zs 16
+    --dataset_mixer_eval_list_splits train
+    --chat_template_name olmo_thinker_rlzero
     --max_prompt_token_length 2048
     --response_length 8192
     --pack_length 10240

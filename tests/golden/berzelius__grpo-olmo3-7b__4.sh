@@ -1,7 +1,7 @@
 #!/bin/bash
 # Rendered by hpcrl 0.1.0: re-render (hpcrl render) rather than edit by hand.
 # hpcrl cluster: berzelius:thin
-# hpcrl config: grpo-olmo3-7b.yaml (digest 3a6d29a028ae)
+# hpcrl config: grpo-olmo3-7b.yaml (digest c353dc0ee09b)
 #
 # Plan:
 #   model allenai/Olmo-3-1025-7B: 128 sequences of 18432 tokens per step, pack_length 18432
@@ -9,6 +9,7 @@
 #   num_learners_per_node [4] x 3, vllm_num_engines 5, vllm_tensor_parallel_size 4, vllm_gpu_memory_utilization 0.9, deepspeed_stage 3
 #   learner peak 36.2 GiB/GPU of 39.4 usable; engine 3.4 GiB weights + 29.7 GiB KV cache per GPU; host peak 42 GiB/node
 #   step ~910 s (generation 910 s, training 92 s), bottleneck generation
+# Warning: berzelius: the script uses unconfirmed profile facts: --partition=berzelius (hpcrl.partition); check them (hpcrl clusters show berzelius) or set what is in brackets
 #
 # Submit with `hpcrl submit`, which creates the run directory first. With plain sbatch,
 # create <run dir>/logs first when --output points there: Slurm opens it before this runs.
@@ -63,8 +64,8 @@ source "$HOME/open-instruct/.venv/bin/activate"
 set -u
 
 # ------------------------------------------------------------------ run directory and job chain
-# One directory per run, the same on every restart, so open-instruct's output_dir and
-# checkpoint_state_dir are found again (docs/run-dir.md).
+# One directory per run, the same on every restart, so open-instruct's checkpoint_state_dir
+# is found again and the run resumes (docs/run-dir.md).
 unset RAY_ADDRESS
 RUN_DIR=/proj/"${SLURM_JOB_ACCOUNT}"/users/"${USER}"/hpcrl-runs/grpo-olmo3-7b
 [[ $RUN_DIR == /* ]] || RUN_DIR=$PWD/$RUN_DIR
@@ -254,7 +255,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
 {
   "cluster": "berzelius:thin",
   "config": "grpo-olmo3-7b.yaml",
-  "config_digest": "3a6d29a028ae",
+  "config_digest": "c353dc0ee09b",
   "gpus_per_node": 8,
   "hpcrl_version": "0.1.0",
   "layout": {
@@ -365,7 +366,9 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
   "nodes": 4,
   "run_name": "grpo-olmo3-7b",
   "smoke": false,
-  "warnings": []
+  "warnings": [
+    "berzelius: the script uses unconfirmed profile facts: --partition=berzelius (hpcrl.partition); check them (hpcrl clusters show berzelius) or set what is in brackets"
+  ]
 }
 HPCRL_PLAN_JSON
     mv -f -- "$HPCRL_DIR/plan.json.$SLURM_JOB_ID.tmp" "$HPCRL_DIR/plan.json"
@@ -643,6 +646,8 @@ DRIVER=(
     --model_name_or_path allenai/Olmo-3-1025-7B
     --dataset_mixer_list ai2-adapt-dev/rlvr_gsm8k_zs 1.0
     --dataset_mixer_eval_list ai2-adapt-dev/rlvr_gsm8k_zs 16
+    --dataset_mixer_eval_list_splits train
+    --chat_template_name olmo_thinker_rlzero
     --max_prompt_token_length 2048
     --response_length 16384
     --pack_length 18432

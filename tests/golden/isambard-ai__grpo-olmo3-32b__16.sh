@@ -1,7 +1,7 @@
 #!/bin/bash
 # Rendered by hpcrl 0.1.0: re-render (hpcrl render) rather than edit by hand.
 # hpcrl cluster: isambard-ai
-# hpcrl config: grpo-olmo3-32b.yaml (digest d60947606125)
+# hpcrl config: grpo-olmo3-32b.yaml (digest ede55e37fd8a)
 #
 # Plan:
 #   model allenai/Olmo-3-1125-32B: 256 sequences of 10240 tokens per step, pack_length 10240
@@ -10,6 +10,7 @@
 #   learner peak 63.9 GiB/GPU of 95.6 usable; engine 60.0 GiB weights + 23.0 GiB KV cache per GPU; host peak 20 GiB/node
 #   step ~304 s (generation 304 s, training 107 s), bottleneck generation
 # Warning: 16 nodes = 64 GPUs exceed QOS 32gpu_qos's default cap of 32 GPUs (8 nodes); fine if your project's limit was raised
+# Warning: num_unique_prompts_rollout 32 is below vllm_num_engines 48: each step's prompts keep at most 32 engines busy (grpo_fast.py looks ahead async_steps steps to fill the rest); raise it to 48 or more, or use fewer engines (--pin engines=N)
 #
 # Submit with `hpcrl submit`, which creates the run directory first. With plain sbatch,
 # create <run dir>/logs first when --output points there: Slurm opens it before this runs.
@@ -109,8 +110,8 @@ source "$HOME/open-instruct/.venv/bin/activate"
 set -u
 
 # ------------------------------------------------------------------ run directory and job chain
-# One directory per run, the same on every restart, so open-instruct's output_dir and
-# checkpoint_state_dir are found again (docs/run-dir.md).
+# One directory per run, the same on every restart, so open-instruct's checkpoint_state_dir
+# is found again and the run resumes (docs/run-dir.md).
 unset RAY_ADDRESS
 RUN_DIR="${PROJECTDIR}"/hpcrl-runs/grpo-olmo3-32b
 [[ $RUN_DIR == /* ]] || RUN_DIR=$PWD/$RUN_DIR
@@ -300,7 +301,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
 {
   "cluster": "isambard-ai",
   "config": "grpo-olmo3-32b.yaml",
-  "config_digest": "d60947606125",
+  "config_digest": "ede55e37fd8a",
   "gpus_per_node": 4,
   "hpcrl_version": "0.1.0",
   "layout": {
@@ -425,7 +426,8 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
   "run_name": "grpo-olmo3-32b",
   "smoke": false,
   "warnings": [
-    "16 nodes = 64 GPUs exceed QOS 32gpu_qos's default cap of 32 GPUs (8 nodes); fine if your project's limit was raised"
+    "16 nodes = 64 GPUs exceed QOS 32gpu_qos's default cap of 32 GPUs (8 nodes); fine if your project's limit was raised",
+    "num_unique_prompts_rollout 32 is below vllm_num_engines 48: each step's prompts keep at most 32 engines busy (grpo_fast.py looks ahead async_steps steps to fill the rest); raise it to 48 or more, or use fewer engines (--pin engines=N)"
   ]
 }
 HPCRL_PLAN_JSON
@@ -703,6 +705,8 @@ DRIVER=(
     --model_name_or_path allenai/Olmo-3-1125-32B
     --dataset_mixer_list ai2-adapt-dev/rlvr_gsm8k_zs 1.0
     --dataset_mixer_eval_list ai2-adapt-dev/rlvr_gsm8k_zs 16
+    --dataset_mixer_eval_list_splits train
+    --chat_template_name olmo_thinker_rlzero
     --max_prompt_token_length 2048
     --response_length 8192
     --pack_length 10240

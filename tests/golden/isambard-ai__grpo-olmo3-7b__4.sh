@@ -1,7 +1,7 @@
 #!/bin/bash
 # Rendered by hpcrl 0.1.0: re-render (hpcrl render) rather than edit by hand.
 # hpcrl cluster: isambard-ai
-# hpcrl config: grpo-olmo3-7b.yaml (digest 3a6d29a028ae)
+# hpcrl config: grpo-olmo3-7b.yaml (digest c353dc0ee09b)
 #
 # Plan:
 #   model allenai/Olmo-3-1025-7B: 128 sequences of 18432 tokens per step, pack_length 18432
@@ -108,8 +108,8 @@ source "$HOME/open-instruct/.venv/bin/activate"
 set -u
 
 # ------------------------------------------------------------------ run directory and job chain
-# One directory per run, the same on every restart, so open-instruct's output_dir and
-# checkpoint_state_dir are found again (docs/run-dir.md).
+# One directory per run, the same on every restart, so open-instruct's checkpoint_state_dir
+# is found again and the run resumes (docs/run-dir.md).
 unset RAY_ADDRESS
 RUN_DIR="${PROJECTDIR}"/hpcrl-runs/grpo-olmo3-7b
 [[ $RUN_DIR == /* ]] || RUN_DIR=$PWD/$RUN_DIR
@@ -299,7 +299,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
 {
   "cluster": "isambard-ai",
   "config": "grpo-olmo3-7b.yaml",
-  "config_digest": "3a6d29a028ae",
+  "config_digest": "c353dc0ee09b",
   "gpus_per_node": 4,
   "hpcrl_version": "0.1.0",
   "layout": {
@@ -687,6 +687,8 @@ DRIVER=(
     --model_name_or_path allenai/Olmo-3-1025-7B
     --dataset_mixer_list ai2-adapt-dev/rlvr_gsm8k_zs 1.0
     --dataset_mixer_eval_list ai2-adapt-dev/rlvr_gsm8k_zs 16
+    --dataset_mixer_eval_list_splits train
+    --chat_template_name olmo_thinker_rlzero
     --max_prompt_token_length 2048
     --response_length 16384
     --pack_length 18432

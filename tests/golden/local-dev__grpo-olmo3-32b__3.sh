@@ -1,7 +1,7 @@
 #!/bin/bash
 # Rendered by hpcrl 0.1.0: re-render (hpcrl render) rather than edit by hand.
 # hpcrl cluster: local-dev
-# hpcrl config: grpo-olmo3-32b.yaml (digest d60947606125)
+# hpcrl config: grpo-olmo3-32b.yaml (digest ede55e37fd8a)
 #
 # Plan:
 #   model allenai/Olmo-3-1125-32B: 256 sequences of 10240 tokens per step, pack_length 10240
@@ -65,8 +65,8 @@ source "$HOME/open-instruct/.venv/bin/activate"
 set -u
 
 # ------------------------------------------------------------------ run directory and job chain
-# One directory per run, the same on every restart, so open-instruct's output_dir and
-# checkpoint_state_dir are found again (docs/run-dir.md).
+# One directory per run, the same on every restart, so open-instruct's checkpoint_state_dir
+# is found again and the run resumes (docs/run-dir.md).
 unset RAY_ADDRESS
 RUN_DIR=/tmp/hpcrl-runs/grpo-olmo3-32b
 [[ $RUN_DIR == /* ]] || RUN_DIR=$PWD/$RUN_DIR
@@ -256,7 +256,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
 {
   "cluster": "local-dev",
   "config": "grpo-olmo3-32b.yaml",
-  "config_digest": "d60947606125",
+  "config_digest": "ede55e37fd8a",
   "gpus_per_node": 4,
   "hpcrl_version": "0.1.0",
   "layout": {
@@ -644,6 +644,8 @@ DRIVER=(
     --model_name_or_path allenai/Olmo-3-1125-32B
     --dataset_mixer_list ai2-adapt-dev/rlvr_gsm8k_zs 1.0
     --dataset_mixer_eval_list ai2-adapt-dev/rlvr_gsm8k_zs 16
+    --dataset_mixer_eval_list_splits train
+    --chat_template_name olmo_thinker_rlzero
     --max_prompt_token_length 2048
     --response_length 8192
     --pack_length 10240

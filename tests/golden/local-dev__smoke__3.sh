@@ -1,7 +1,7 @@
 #!/bin/bash
 # Rendered by hpcrl 0.1.0: re-render (hpcrl render) rather than edit by hand.
 # hpcrl cluster: local-dev
-# hpcrl config: grpo-olmo3-32b.yaml (digest 29a3cbe259f0)
+# hpcrl config: grpo-olmo3-32b.yaml (digest e687a752b182)
 # SMOKE TEST: the driver is hpcrl.runtime.smoke, which checks the Ray cluster and exits.
 #
 # Plan:
@@ -61,8 +61,8 @@ export HF_HOME=/tmp/hpcrl-hf
 export HF_HUB_OFFLINE=1
 
 # ------------------------------------------------------------------ run directory and job chain
-# One directory per run, the same on every restart, so open-instruct's output_dir and
-# checkpoint_state_dir are found again (docs/run-dir.md).
+# One directory per run, the same on every restart, so open-instruct's checkpoint_state_dir
+# is found again and the run resumes (docs/run-dir.md).
 unset RAY_ADDRESS
 RUN_DIR=/tmp/hpcrl-e2e/grpo-olmo3-32b
 [[ $RUN_DIR == /* ]] || RUN_DIR=$PWD/$RUN_DIR
@@ -252,7 +252,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
 {
   "cluster": "local-dev",
   "config": "grpo-olmo3-32b.yaml",
-  "config_digest": "29a3cbe259f0",
+  "config_digest": "e687a752b182",
   "gpus_per_node": 4,
   "hpcrl_version": "0.1.0",
   "layout": {

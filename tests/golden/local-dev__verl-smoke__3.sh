@@ -61,8 +61,8 @@ export HF_HOME=/tmp/hpcrl-hf
 export HF_HUB_OFFLINE=1
 
 # ------------------------------------------------------------------ run directory and job chain
-# One directory per run, the same on every restart, so open-instruct's output_dir and
-# checkpoint_state_dir are found again (docs/run-dir.md).
+# One directory per run, the same on every restart, so open-instruct's checkpoint_state_dir
+# is found again and the run resumes (docs/run-dir.md).
 unset RAY_ADDRESS
 RUN_DIR=/tmp/hpcrl-e2e/verl-grpo-qwen2.5-7b
 [[ $RUN_DIR == /* ]] || RUN_DIR=$PWD/$RUN_DIR

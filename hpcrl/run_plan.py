@@ -47,6 +47,29 @@ def pins_from(cfg: RunConfig, cli_pins: list[str] | None = None) -> Pins:
     return get_backend(cfg.hpcrl.backend).pins_from(cfg, cli_pins)
 
 
+# A GPU that computes a fraction f of the time averages about idle + f x (busy - idle) watts.
+# With an A100's ~60 W idle and ~350 W busy (assumed, not measured here), a 100 W rule needs
+# f >= ~0.15; warn under 0.25 to leave room for the step-time estimate's own error.
+IDLE_RISK_BUSY_FRACTION = 0.25
+
+
+def idle_rule_risk(profile: ClusterProfile, lay: Layout) -> list[str]:
+    """A warning when, by the step estimate, learner or engine GPUs mostly wait on a cluster
+    that cancels jobs whose GPUs average too little power."""
+    rule = profile.idle_gpu_policy
+    if rule is None or lay.colocated or lay.step_time_s <= 0:
+        return []
+    busy = {"learner": (lay.train_time_s, "training"), "engine": (lay.gen_time_s, "generation")}
+    low = [(role, t, what) for role, (t, what) in busy.items() if t / lay.step_time_s < IDLE_RISK_BUSY_FRACTION]
+    if not low:
+        return []
+    role, t, what = low[0]
+    return [f"{profile.name} cancels jobs whose GPUs average under {rule.min_mean_power_w:g} W after "
+            f"{rule.grace_minutes:g} min: by the step estimate the {role} GPUs work {t / lay.step_time_s:.0%} of "
+            f"each step ({what} {t:.0f} s of {lay.step_time_s:.0f} s) and may average under it; balance the roles "
+            f"(--pin learners=N, --pin engines=N) and watch the GPU monitor's idle_risk warning"]
+
+
 def unconfirmed_in_script(profile: ClusterProfile, hp: HpcrlSection) -> list[str]:
     """One warning naming the unconfirmed profile facts a rendered script would use as they are."""
     slurm = profile.slurm
@@ -98,6 +121,8 @@ def make_run_plan(
                 variants.append(resolve_profile(cluster or cfg.hpcrl.cluster, cluster_file, variant=v))
     planned = backend.plan(cfg, profile, n, w, p, variants)
     warnings += unconfirmed_in_script(profile, cfg.hpcrl)
+    if planned.layouts:
+        warnings += idle_rule_risk(profile, planned.layouts[0])
     cap = profile.planning.max_learners_per_node
     if cap and planned.layouts and planned.layouts[0].learners_per_node > cap:
         warnings.append(f"{planned.layouts[0].learners_per_node} learners per node on {profile.name}, where the profile "

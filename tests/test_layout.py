@@ -135,6 +135,17 @@ def test_fewer_prompts_than_engines_is_a_warning():
     assert quiet.returncode == 0 and "num_unique_prompts_rollout" not in quiet.stderr
 
 
+def test_berzelius_idle_gpu_rule_risk_is_a_warning():
+    """7B on 2 thin nodes: by the step estimate the learners train 153 s of a 1433 s step (11%),
+    under the quarter that keeps an A100 above Berzelius's 100 W rule; 32B on 16 nodes does not warn."""
+    out = hpcrl("plan", "--cluster", "berzelius", "--nodes", "2", "--model", "7b")
+    assert out.returncode == 0
+    assert ("warning: berzelius cancels jobs whose GPUs average under 100 W after 60 min: by the step estimate "
+            "the learner GPUs work 11% of each step (training 153 s of 1433 s)") in " ".join(out.stderr.split())
+    big = hpcrl("plan", "--cluster", "berzelius", "--nodes", "16")
+    assert big.returncode == 0 and "cancels jobs" not in big.stderr
+
+
 def test_72b_on_one_thin_node_fails_with_computed_suggestion():
     out = hpcrl("plan", "--cluster", "berzelius", "--nodes", "1", "--model", "72b")
     assert out.returncode == 2

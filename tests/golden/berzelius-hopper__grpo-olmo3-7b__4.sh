@@ -449,7 +449,10 @@ node_dirs() {
         echo "hpcrl: warning: Ray temp dir under $HPCRL_NODE_LOCAL is too long for Ray's sockets; using $RAY_TMP" >&2
     fi
     mkdir -p -- "$NODE_DIR" "$RAY_TMP"
-    export TRITON_CACHE_DIR="$NODE_DIR/triton" TORCHINDUCTOR_CACHE_DIR="$NODE_DIR/inductor"
+    # JIT caches off the shared home (NFS breaks their file locks): Triton, Inductor, vLLM
+    # (under XDG_CACHE_HOME), FlashInfer (appends .cache/flashinfer to its base).
+    export TRITON_CACHE_DIR="$NODE_DIR/triton" TORCHINDUCTOR_CACHE_DIR="$NODE_DIR/inductor" \
+        XDG_CACHE_HOME="$NODE_DIR/cache" FLASHINFER_WORKSPACE_BASE="$NODE_DIR"
 }
 
 # Per-job Ray token (token authentication): nobody else on a shared node can attach.

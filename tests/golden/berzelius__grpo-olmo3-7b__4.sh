@@ -10,6 +10,7 @@
 #   learner peak 36.2 GiB/GPU of 39.4 usable; engine 3.4 GiB weights + 29.7 GiB KV cache per GPU; host peak 42 GiB/node
 #   step ~910 s (generation 910 s, training 92 s), bottleneck generation
 # Warning: berzelius: the script uses unconfirmed profile facts: --partition=berzelius (hpcrl.partition); check them (hpcrl clusters show berzelius) or set what is in brackets
+# Warning: berzelius cancels jobs whose GPUs average under 100 W after 60 min: by the step estimate the learner GPUs work 10% of each step (training 92 s of 910 s) and may average under it; balance the roles (--pin learners=N, --pin engines=N) and watch the GPU monitor's idle_risk warning
 #
 # Submit with `hpcrl submit`, which creates the run directory first. With plain sbatch,
 # create <run dir>/logs first when --output points there: Slurm opens it before this runs.
@@ -367,7 +368,8 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
   "run_name": "grpo-olmo3-7b",
   "smoke": false,
   "warnings": [
-    "berzelius: the script uses unconfirmed profile facts: --partition=berzelius (hpcrl.partition); check them (hpcrl clusters show berzelius) or set what is in brackets"
+    "berzelius: the script uses unconfirmed profile facts: --partition=berzelius (hpcrl.partition); check them (hpcrl clusters show berzelius) or set what is in brackets",
+    "berzelius cancels jobs whose GPUs average under 100 W after 60 min: by the step estimate the learner GPUs work 10% of each step (training 92 s of 910 s) and may average under it; balance the roles (--pin learners=N, --pin engines=N) and watch the GPU monitor's idle_risk warning"
   ]
 }
 HPCRL_PLAN_JSON
@@ -453,7 +455,10 @@ node_dirs() {
         echo "hpcrl: warning: Ray temp dir under $HPCRL_NODE_LOCAL is too long for Ray's sockets; using $RAY_TMP" >&2
     fi
     mkdir -p -- "$NODE_DIR" "$RAY_TMP"
-    export TRITON_CACHE_DIR="$NODE_DIR/triton" TORCHINDUCTOR_CACHE_DIR="$NODE_DIR/inductor"
+    # JIT caches off the shared home (NFS breaks their file locks): Triton, Inductor, vLLM
+    # (under XDG_CACHE_HOME), FlashInfer (appends .cache/flashinfer to its base).
+    export TRITON_CACHE_DIR="$NODE_DIR/triton" TORCHINDUCTOR_CACHE_DIR="$NODE_DIR/inductor" \
+        XDG_CACHE_HOME="$NODE_DIR/cache" FLASHINFER_WORKSPACE_BASE="$NODE_DIR"
 }
 
 # Per-job Ray token (token authentication): nobody else on a shared node can attach.

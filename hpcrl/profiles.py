@@ -112,6 +112,7 @@ class IdleGPUPolicy(_Strict):
 class Container(_Strict):
     runtime: Literal["none", "apptainer", "singularity", "podman-hpc", "enroot"] = "none"
     flags: list[str] = Field(default_factory=list)
+    multi_node_note: str = Field(default="", description="What a container run across nodes needs here (a warning)")
 
 
 class Ray(_Strict):

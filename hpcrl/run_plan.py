@@ -123,6 +123,8 @@ def make_run_plan(
     warnings += unconfirmed_in_script(profile, cfg.hpcrl)
     if planned.layouts:
         warnings += idle_rule_risk(profile, planned.layouts[0])
+    if cfg.hpcrl.container and n > 1 and profile.container.multi_node_note:
+        warnings.append(f"{profile.name}: {profile.container.multi_node_note}")
     cap = profile.planning.max_learners_per_node
     if cap and planned.layouts and planned.layouts[0].learners_per_node > cap:
         warnings.append(f"{planned.layouts[0].learners_per_node} learners per node on {profile.name}, where the profile "

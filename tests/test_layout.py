@@ -146,6 +146,14 @@ def test_berzelius_idle_gpu_rule_risk_is_a_warning():
     assert big.returncode == 0 and "cancels jobs" not in big.stderr
 
 
+def test_a_container_across_isambard_nodes_names_what_it_needs():
+    out = hpcrl("plan", "--nodes", "16", "--set", "hpcrl.container=/images/oi.sif")
+    assert out.returncode == 0
+    assert ("warning: isambard-ai: a container across nodes must use the host's NCCL and libfabric: load "
+            "brics/apptainer-multi-node") in " ".join(out.stderr.split())
+    assert "libfabric" not in hpcrl("plan", "--nodes", "16").stderr
+
+
 def test_72b_on_one_thin_node_fails_with_computed_suggestion():
     out = hpcrl("plan", "--cluster", "berzelius", "--nodes", "1", "--model", "72b")
     assert out.returncode == 2

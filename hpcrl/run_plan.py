@@ -83,7 +83,7 @@ def unconfirmed_in_script(profile: ClusterProfile, hp: HpcrlSection) -> list[str
         used.append(f"the GPU request style {slurm.gpu_request} (a user profile's slurm.gpu_request)")
     if slurm.constraint and profile.is_unconfirmed("slurm.constraint"):
         used.append(f"--constraint={slurm.constraint} (slurm.constraint)")
-    if not hp.run_root and profile.is_unconfirmed("storage.run_root"):
+    if not hp.run_root and profile.is_unconfirmed("storage.run_root.path"):
         used.append(f"the run root {profile.storage.run_root.path} (hpcrl.run_root)")
     if not used:
         return []

@@ -9,7 +9,7 @@
 #   num_learners_per_node [4] x 4, vllm_num_engines 4, vllm_tensor_parallel_size 4, vllm_gpu_memory_utilization 0.9, deepspeed_stage 3
 #   learner peak 63.9 GiB/GPU of 79.2 usable; engine 15.0 GiB weights + 53.6 GiB KV cache per GPU; host peak 42 GiB/node
 #   step ~347 s (generation 347 s, training 339 s), bottleneck generation
-# Warning: berzelius: the script uses unconfirmed profile facts: --partition=berzelius (hpcrl.partition); check them (hpcrl clusters show berzelius) or set what is in brackets
+# Warning: berzelius: the script uses unconfirmed profile facts: --partition=berzelius (hpcrl.partition); the run root /proj/$SLURM_JOB_ACCOUNT/users/$USER/hpcrl-runs (hpcrl.run_root); check them (hpcrl clusters show berzelius) or set what is in brackets
 #
 # Submit with `hpcrl submit`, which creates the run directory first. With plain sbatch,
 # create <run dir>/logs first when --output points there: Slurm opens it before this runs.
@@ -368,7 +368,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
   "run_name": "grpo-olmo3-32b",
   "smoke": false,
   "warnings": [
-    "berzelius: the script uses unconfirmed profile facts: --partition=berzelius (hpcrl.partition); check them (hpcrl clusters show berzelius) or set what is in brackets"
+    "berzelius: the script uses unconfirmed profile facts: --partition=berzelius (hpcrl.partition); the run root /proj/$SLURM_JOB_ACCOUNT/users/$USER/hpcrl-runs (hpcrl.run_root); check them (hpcrl clusters show berzelius) or set what is in brackets"
   ]
 }
 HPCRL_PLAN_JSON

@@ -9,7 +9,7 @@
 #   num_learners_per_node [8] x 9, vllm_num_engines 7, vllm_tensor_parallel_size 8, vllm_gpu_memory_utilization 0.9, deepspeed_stage 3
 #   learner peak 36.1 GiB/GPU of 39.4 usable; engine 7.5 GiB weights + 25.5 GiB KV cache per GPU; host peak 50 GiB/node
 #   step ~174 s (generation 174 s, training 75 s), bottleneck generation
-# Warning: berzelius: the script uses unconfirmed profile facts: --partition=berzelius (hpcrl.partition); check them (hpcrl clusters show berzelius) or set what is in brackets
+# Warning: berzelius: the script uses unconfirmed profile facts: --partition=berzelius (hpcrl.partition); the run root /proj/$SLURM_JOB_ACCOUNT/users/$USER/hpcrl-runs (hpcrl.run_root); check them (hpcrl clusters show berzelius) or set what is in brackets
 #
 # Submit with `hpcrl submit`, which creates the run directory first. With plain sbatch,
 # create <run dir>/logs first when --output points there: Slurm opens it before this runs.
@@ -373,7 +373,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
   "run_name": "grpo-olmo3-32b",
   "smoke": false,
   "warnings": [
-    "berzelius: the script uses unconfirmed profile facts: --partition=berzelius (hpcrl.partition); check them (hpcrl clusters show berzelius) or set what is in brackets"
+    "berzelius: the script uses unconfirmed profile facts: --partition=berzelius (hpcrl.partition); the run root /proj/$SLURM_JOB_ACCOUNT/users/$USER/hpcrl-runs (hpcrl.run_root); check them (hpcrl clusters show berzelius) or set what is in brackets"
   ]
 }
 HPCRL_PLAN_JSON

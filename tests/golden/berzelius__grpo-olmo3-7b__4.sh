@@ -9,7 +9,7 @@
 #   num_learners_per_node [4] x 3, vllm_num_engines 5, vllm_tensor_parallel_size 4, vllm_gpu_memory_utilization 0.9, deepspeed_stage 3
 #   learner peak 36.2 GiB/GPU of 39.4 usable; engine 3.4 GiB weights + 29.7 GiB KV cache per GPU; host peak 42 GiB/node
 #   step ~910 s (generation 910 s, training 92 s), bottleneck generation
-# Warning: berzelius: the script uses unconfirmed profile facts: --partition=berzelius (hpcrl.partition); check them (hpcrl clusters show berzelius) or set what is in brackets
+# Warning: berzelius: the script uses unconfirmed profile facts: --partition=berzelius (hpcrl.partition); the run root /proj/$SLURM_JOB_ACCOUNT/users/$USER/hpcrl-runs (hpcrl.run_root); check them (hpcrl clusters show berzelius) or set what is in brackets
 # Warning: berzelius cancels jobs whose GPUs average under 100 W after 60 min: by the step estimate the learner GPUs work 10% of each step (training 92 s of 910 s) and may average under it; balance the roles (--pin learners=N, --pin engines=N) and watch the GPU monitor's idle_risk warning
 #
 # Submit with `hpcrl submit`, which creates the run directory first. With plain sbatch,
@@ -368,7 +368,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
   "run_name": "grpo-olmo3-7b",
   "smoke": false,
   "warnings": [
-    "berzelius: the script uses unconfirmed profile facts: --partition=berzelius (hpcrl.partition); check them (hpcrl clusters show berzelius) or set what is in brackets",
+    "berzelius: the script uses unconfirmed profile facts: --partition=berzelius (hpcrl.partition); the run root /proj/$SLURM_JOB_ACCOUNT/users/$USER/hpcrl-runs (hpcrl.run_root); check them (hpcrl clusters show berzelius) or set what is in brackets",
     "berzelius cancels jobs whose GPUs average under 100 W after 60 min: by the step estimate the learner GPUs work 10% of each step (training 92 s of 910 s) and may average under it; balance the roles (--pin learners=N, --pin engines=N) and watch the GPU monitor's idle_risk warning"
   ]
 }

@@ -18,6 +18,13 @@ def hpcrl(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "hpcrl", *args], capture_output=True, text=True, timeout=120)
 
 
+def plan_warnings(*args: str) -> str:
+    """`hpcrl plan ARGS`'s stderr (it must succeed), with Rich's line wrapping undone."""
+    out = hpcrl("plan", *args)
+    assert out.returncode == 0, out.stderr
+    return " ".join(out.stderr.split())
+
+
 def test_plan_16_nodes_default_is_one_learner_per_node():
     out = hpcrl("plan", "--nodes", "16", "--json")
     assert out.returncode == 0, out.stderr
@@ -127,31 +134,24 @@ def test_a_tp_vllm_cannot_shard_is_never_planned_and_refused_when_pinned():
 def test_fewer_prompts_than_engines_is_a_warning():
     """grpo_fast.py sends each prompt with all its samples to one engine: the default run's 32
     prompts per step can keep at most 32 of its 48 engines busy."""
-    out = hpcrl("plan", "--nodes", "16")
-    assert out.returncode == 0
     assert ("warning: num_unique_prompts_rollout 32 is below vllm_num_engines 48: each step's prompts keep at "
-            "most 32 engines busy") in " ".join(out.stderr.split())
-    quiet = hpcrl("plan", "--nodes", "16", "--set", "num_unique_prompts_rollout=48")
-    assert quiet.returncode == 0 and "num_unique_prompts_rollout" not in quiet.stderr
+            "most 32 engines busy") in plan_warnings("--nodes", "16")
+    assert "num_unique_prompts_rollout" not in plan_warnings("--nodes", "16", "--set", "num_unique_prompts_rollout=48")
 
 
 def test_berzelius_idle_gpu_rule_risk_is_a_warning():
     """7B on 2 thin nodes: by the step estimate the learners train 153 s of a 1433 s step (11%),
     under the quarter that keeps an A100 above Berzelius's 100 W rule; 32B on 16 nodes does not warn."""
-    out = hpcrl("plan", "--cluster", "berzelius", "--nodes", "2", "--model", "7b")
-    assert out.returncode == 0
     assert ("warning: berzelius cancels jobs whose GPUs average under 100 W after 60 min: by the step estimate "
-            "the learner GPUs work 11% of each step (training 153 s of 1433 s)") in " ".join(out.stderr.split())
-    big = hpcrl("plan", "--cluster", "berzelius", "--nodes", "16")
-    assert big.returncode == 0 and "cancels jobs" not in big.stderr
+            "the learner GPUs work 11% of each step (training 153 s of 1433 s)") in plan_warnings(
+        "--cluster", "berzelius", "--nodes", "2", "--model", "7b")
+    assert "cancels jobs" not in plan_warnings("--cluster", "berzelius", "--nodes", "16")
 
 
 def test_a_container_across_isambard_nodes_names_what_it_needs():
-    out = hpcrl("plan", "--nodes", "16", "--set", "hpcrl.container=/images/oi.sif")
-    assert out.returncode == 0
     assert ("warning: isambard-ai: a container across nodes must use the host's NCCL and libfabric: load "
-            "brics/apptainer-multi-node") in " ".join(out.stderr.split())
-    assert "libfabric" not in hpcrl("plan", "--nodes", "16").stderr
+            "brics/apptainer-multi-node") in plan_warnings("--nodes", "16", "--set", "hpcrl.container=/images/oi.sif")
+    assert "libfabric" not in plan_warnings("--nodes", "16")
 
 
 def test_72b_on_one_thin_node_fails_with_computed_suggestion():

@@ -175,6 +175,32 @@ def run_probe(t: Target, *, folder: str | None = None, wait_s: float = 900, time
     return report
 
 
+def _major_minor(text: str) -> tuple[int, int] | None:
+    parts = text.split(".")
+    try:
+        return int(parts[0]), int(parts[1]) if len(parts) > 1 else 0
+    except ValueError:
+        return None
+
+
+def cuda_check(torch_cuda: str | None, driver_cuda: str | None) -> Check | None:
+    """torch's CUDA build against the newest CUDA the node's driver runs: a newer major version
+    cannot run (a cu130 wheel on a CUDA 12 driver); a newer minor version runs under CUDA's
+    minor-version compatibility, except kernels compiled just in time from PTX."""
+    if not torch_cuda or torch_cuda == "None" or not driver_cuda:
+        return None
+    built, driver = _major_minor(torch_cuda), _major_minor(driver_cuda)
+    if built is None or driver is None:
+        return None
+    detail = f"torch built for CUDA {torch_cuda}, driver runs CUDA {driver_cuda}"
+    if built[0] > driver[0]:
+        return Check("cuda", "fail", f"{detail}: install a torch built for CUDA {driver[0]}.x (or older)")
+    if built > driver:
+        return Check("cuda", "warn", f"{detail}: runs by minor-version compatibility; kernels JIT-compiled "
+                                     "from PTX (Triton, FlashInfer) may fail")
+    return Check("cuda", "ok", detail)
+
+
 def evaluate(report: dict, t: Target) -> list[Check]:
     """The probe's report against the profile and plan."""
     p, rows = t.profile, []
@@ -231,10 +257,15 @@ def evaluate(report: dict, t: Target) -> list[Check]:
     st = report["stack"]
     if st.get("error"):
         rows.append(Check("imports", "fail", st["error"]))
-    for name, (version, err) in st.get("modules", {}).items():
+    modules = dict(st.get("modules", {}))
+    torch_cuda = (modules.pop("torch.cuda", None) or [None])[0]
+    for name, (version, err) in modules.items():
         rows.append(Check(f"import {name}", "ok" if version else "warn", version or err))
+    cuda = cuda_check(torch_cuda, g.get("driver_cuda"))
+    if cuda:
+        rows.append(cuda)
     rows += [Check("note", "info", n) for n in t.notes]
     return rows
 
 
-__all__ = ["Check", "Target", "evaluate", "run_probe", "target"]
+__all__ = ["Check", "Target", "cuda_check", "evaluate", "run_probe", "target"]

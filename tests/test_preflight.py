@@ -78,6 +78,24 @@ def test_verdicts_gpus_disk_imports(home):
     assert by["run root"].status == "fail" and "plan needs 150.0 GiB" in by["run root"].detail
 
 
+def test_torch_cuda_build_against_the_driver(home):
+    """Isambard-AI's driver runs CUDA 12.7 at most: a cu130 torch cannot run there."""
+    def check(torch_cuda, driver_cuda):
+        report = _report(dict(_h100(4), driver_cuda=driver_cuda), home)
+        report["stack"]["modules"]["torch.cuda"] = [torch_cuda, None]
+        rows = {r.check: r for r in evaluate(report, _target(home))}
+        assert "import torch.cuda" not in rows
+        return rows.get("cuda")
+
+    assert check("13.0", "12.7") == ("cuda", "fail", "torch built for CUDA 13.0, driver runs CUDA 12.7: "
+                                                     "install a torch built for CUDA 12.x (or older)")
+    warn = check("12.8", "12.7")
+    assert warn.status == "warn" and "minor-version compatibility" in warn.detail
+    assert check("12.6", "12.7") == ("cuda", "ok", "torch built for CUDA 12.6, driver runs CUDA 12.7")
+    assert check("12.10", "12.9").status == "warn"  # 10 > 9 as numbers, not as text
+    assert check("None", "12.7") is None and check("12.6", None) is None  # a CPU torch, or no driver
+
+
 def test_no_gpu_is_said_plainly_not_failed(home):
     rows = evaluate(_report({"count": 0, "error": "NVML unavailable: x", "devices": []}, home), _target(home))
     (gpu,) = [r for r in rows if r.check == "gpus"]

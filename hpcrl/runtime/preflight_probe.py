@@ -33,6 +33,8 @@ for name in sys.argv[1:]:
             except Exception:
                 ver = "?"
         out[name] = [str(ver), None]
+        if name == "torch":  # the CUDA version this torch was built for, checked against the driver
+            out["torch.cuda"] = [str(getattr(getattr(mod, "version", None), "cuda", None)), None]
     except BaseException as exc:
         out[name] = [None, (type(exc).__name__ + ": " + str(exc)).splitlines()[0][:200]]
 print("HPCRL-IMPORTS " + json.dumps(out))
@@ -61,7 +63,12 @@ def gpus() -> dict:
             mem = pynvml.nvmlDeviceGetMemoryInfo(h)
             devices.append({"name": name.decode() if isinstance(name, bytes) else str(name),
                             "memory_gib": round(mem.total / GIB, 1), "used_gib": round(mem.used / GIB, 1)})
-        return {"count": len(devices), "error": None, "devices": devices}
+        try:  # the newest CUDA the driver runs, e.g. 12070 -> "12.7"
+            v = int(pynvml.nvmlSystemGetCudaDriverVersion())
+            driver_cuda = f"{v // 1000}.{v % 1000 // 10}"
+        except Exception:
+            driver_cuda = None
+        return {"count": len(devices), "error": None, "devices": devices, "driver_cuda": driver_cuda}
     finally:
         pynvml.nvmlShutdown()
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from hpcrl.errors import HpcrlError, PlanError
 from hpcrl.memory import constants as C
 from hpcrl.memory.engine import EngineSetup
-from hpcrl.memory.learner import LearnerSetup
+from hpcrl.memory.learner import LearnerSetup, sync_modes
 from hpcrl.memory.plan import MemoryPlan, plan_memory
 from hpcrl.models.spec import ModelSpec
 from hpcrl.profiles import ClusterProfile
@@ -181,13 +181,6 @@ class Layout:
                 "rollout_peak_gib": round(self.memory.rollout_total / g, 2)}
 
 
-def _sync_modes(w: Workload) -> list[str]:
-    """The weight-sync modes to try, preferred first."""
-    if w.weight_sync == "auto":
-        return ["whole_model", "per_param"]
-    return [w.weight_sync]
-
-
 def _learner_setup(w: Workload, n: int, weight_sync: str = "none") -> LearnerSetup:
     return LearnerSetup(
         model=w.model,
@@ -280,7 +273,6 @@ def enumerate_layouts(profile: ClusterProfile, nodes: int, w: Workload, pins: Pi
             "open-instruct places one entry per node (STRICT_SPREAD)"
         )
     utils = [pins.gpu_memory_utilization] if pins.gpu_memory_utilization else list(UTILISATIONS)
-    learner_cache: dict[int, MemoryPlan] = {}
     layouts: list[Layout] = []
     for k in ks:
         for m in ms:
@@ -297,7 +289,7 @@ def enumerate_layouts(profile: ClusterProfile, nodes: int, w: Workload, pins: Pi
                     continue
                 chosen = None
                 for util in utils:
-                    for sync in _sync_modes(w):
+                    for sync in sync_modes(w.weight_sync):
                         plan = plan_memory(
                             profile,
                             _learner_setup(w, n_learn, sync),

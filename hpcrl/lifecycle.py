@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from hpcrl import slurm
-from hpcrl.errors import ConfigError, HpcrlError, RegistryError, SlurmError
+from hpcrl.errors import ConfigError, HpcrlError, SlurmError
 from hpcrl.registry import Job, Registry, Run, now
 
 SUBMIT_STALE_S = 600  # a run still `submitting` after this long lost its submitting process
@@ -209,18 +209,13 @@ def submit(reg: Registry, sub: Submission, *, dry_run: bool = False, extra_args:
     extra = list(extra_args or [])
     command = ["sbatch", "--parsable", *extra, str(sub.run_dir.script)]
     if dry_run:
-        busy = [r for r in reg.list_runs(live_only=True) if Path(r.run_dir) == sub.run_dir.path]
-        if busy:  # what the real submit would say
-            raise RegistryError(
-                f"run {busy[0].run_id} is still {busy[0].state} in {sub.run_dir.path}; "
-                f"hpcrl cancel {busy[0].run_id}, or pick another hpcrl.run_name"
-            )
         # The script goes next to the registry: a live run's job.sbatch must never be overwritten.
         out = reg.path.parent / "dry-run"
         out.mkdir(parents=True, exist_ok=True)
+        # Refused as the real submit would be when a live run holds the run dir; a dry-run row holds nothing.
         run_id = reg.create_run(name=sub.name, cluster=sub.cluster, config_hash=sub.config_hash,
                                 script_path=str(sub.run_dir.script), run_dir=str(sub.run_dir.path),
-                                state="dry-run", max_restarts=sub.max_restarts)
+                                state="dry-run", max_restarts=sub.max_restarts, claim_run_dir=True)
         path = out / f"{run_id}.sbatch"
         path.write_text(sub.script)
         return Submitted(run_id, None, path, None, command)

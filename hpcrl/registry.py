@@ -205,7 +205,7 @@ class Registry:
                    state: str, max_restarts: int | None, reason: str = "", claim_run_dir: bool = False) -> str:
         """Insert a run under a fresh id and return the id. With claim_run_dir, the check that no
         live run uses run_dir and the insert are one transaction: of two submits into one run dir
-        at the same moment, exactly one gets it."""
+        at the same moment, exactly one gets it (a row in a live state then holds the run dir)."""
         stamp = now()
         for _ in range(20):
             run_id = new_run_id(name)

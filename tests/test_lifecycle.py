@@ -244,6 +244,24 @@ def test_script_without_run_dir_is_a_user_error(env):
     assert_user_error(hpcrl(env, "submit", str(bad)), "no RUN_DIR=... line in the script; pass --run-dir DIR")
 
 
+def test_dry_run_into_a_live_runs_dir_is_refused_like_a_submit(env):
+    """A run still pending in the run dir: the dry run says what the real submit would, and
+    records nothing; a dry-run row itself holds no run dir."""
+    from hpcrl.registry import Registry
+
+    path = script(env, "held")
+    reg = Registry(env["env"]["HPCRL_REGISTRY"])
+    live = reg.create_run(name="held", cluster="local-dev", config_hash="h", script_path=str(path),
+                          run_dir=str(env["root"] / "held"), state="pending", max_restarts=2)
+    line = assert_user_error(hpcrl(env, "submit", "--dry-run", str(path)), f"run {live} is still pending in ")
+    assert line.endswith(f"{env['root'] / 'held'}; hpcrl cancel {live}, or pick another hpcrl.run_name")
+    assert [r["run_id"] for r in rows(env, "runs")] == [live]
+    reg.set_run(live, state="ended")
+    first = ok_json(hpcrl(env, "submit", "--dry-run", "--json", str(path)))["run_id"]
+    second = ok_json(hpcrl(env, "submit", "--dry-run", "--json", str(path)))["run_id"]
+    assert {r["state"] for r in rows(env, "runs") if r["run_id"] in (first, second)} == {"dry-run"}
+
+
 def test_unknown_run_id_lists_recent_runs(env):
     assert_user_error(hpcrl(env, "status", "nope"), "the registry has no runs yet")
     ids = [ok_json(hpcrl(env, "submit", "--dry-run", "--json", str(script(env, f"d{i}"))))["run_id"] for i in range(2)]

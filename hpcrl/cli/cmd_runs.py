@@ -120,8 +120,8 @@ def status_cmd(
         return
     if not run:
         # Without --all: the runs that were live before this refresh (some may have ended now).
-        what = "runs" if all_runs else "runs live before this refresh"
-        console.print(_runs_table(runs, f"{len(runs)} {what}" if len(runs) != 1 else f"1 {what.replace('runs', 'run', 1)}"))
+        title = f"{len(runs)} run{'' if len(runs) == 1 else 's'}" + ("" if all_runs else " live before this refresh")
+        console.print(_runs_table(runs, title))
         return
     r = runs[0]
     d = _run_json(r)

@@ -82,6 +82,12 @@ class LearnerSetup:
             raise HpcrlError(f"weight sync {self.weight_sync!r} is not known; valid: none, whole_model, per_param")
 
 
+def sync_modes(weight_sync: str) -> list[str]:
+    """The LearnerSetup.weight_sync values to try, preferred first: "auto" is the whole model at
+    once where it fits, else one parameter at a time (open-instruct's gather_whole_model)."""
+    return ["whole_model", "per_param"] if weight_sync == "auto" else [weight_sync]
+
+
 @dataclass(frozen=True)
 class LearnerMemory:
     """Result: the terms of the peak (bytes) and which moment of the step it is."""
@@ -243,4 +249,4 @@ def deepspeed_estimate(model: ModelSpec, n_gpus: int) -> float:
 
 
 # Keep the MLP module names importable for LoRA docs/tests without a second definition.
-__all__ = ["LearnerMemory", "LearnerSetup", "MLP_MODULES", "deepspeed_estimate", "learner_memory"]
+__all__ = ["LearnerMemory", "LearnerSetup", "MLP_MODULES", "deepspeed_estimate", "learner_memory", "sync_modes"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hpcrl.errors import HpcrlError
 from hpcrl.memory.colocated import Colocation, plan_colocated
 from hpcrl.memory.engine import EngineSetup, engine_memory
-from hpcrl.memory.learner import LearnerSetup
+from hpcrl.memory.learner import LearnerSetup, sync_modes
 from hpcrl.memory.plan import MemoryPlan, plan_memory
 from hpcrl.models import resolve_model
 from hpcrl.profiles import ClusterProfile
@@ -68,8 +68,6 @@ def choose_memory_plan(
             notes.append(f"vLLM TP={tp}: the smallest that fits (set --vllm-tp to choose)")
         engine = EngineSetup(**{**engine.__dict__, "tp": tp})
 
-    modes = ["whole_model", "per_param"] if weight_sync == "auto" else [weight_sync]
-
     def setup(n: int, sync: str) -> LearnerSetup:
         return LearnerSetup(
             model=spec,
@@ -90,7 +88,7 @@ def choose_memory_plan(
         return plan.learner_fits and (colocation is None or plan.rollout_fits)  # type: ignore[attr-defined]
 
     def plan_for(n: int) -> MemoryPlan:
-        for sync in modes:  # the whole-model weight sync where it fits, else one parameter at a time
+        for sync in sync_modes(weight_sync):
             if colocation is None:
                 plan = plan_memory(profile, setup(n, sync), engine)
             else:
@@ -100,6 +98,7 @@ def choose_memory_plan(
         return plan
 
     what = "GPUs (each trains and generates)" if colocation else "learner GPUs"
+
     def sync_note(plan: MemoryPlan) -> list[str]:
         if weight_sync != "auto":
             return []

@@ -206,11 +206,8 @@ on_exit() {
         kill -KILL -- "-$HEAD_PID" 2>/dev/null
     fi
     stop_pid "$MON_PID" 2
-    if [[ -n $NODE_DIR ]]; then
-        rm -rf -- "$NODE_DIR"
-    fi
-    if [[ $RAY_TMP == /tmp/hpcrl-* ]]; then
-        rm -rf -- "$RAY_TMP"
+    if [[ -n $NODE_DIR ]]; then  # set by node_dirs, defined beside it with remove_node_dirs
+        remove_node_dirs
     fi
     log "job $SLURM_JOB_ID ends: $END_REASON:$rc"
     exec >&- 2>&-
@@ -456,6 +453,17 @@ node_dirs() {
         XDG_CACHE_HOME="$NODE_DIR/cache" FLASHINFER_WORKSPACE_BASE="$NODE_DIR"
 }
 
+# Remove what node_dirs made; twice if needed: Slurm's TERM reaches every process of the job,
+# an `rm` in progress too.
+remove_node_dirs() {
+    if [[ -n $NODE_DIR ]]; then
+        rm -rf -- "$NODE_DIR" 2>/dev/null || rm -rf -- "$NODE_DIR"
+    fi
+    if [[ $RAY_TMP == /tmp/hpcrl-* ]]; then
+        rm -rf -- "$RAY_TMP" 2>/dev/null || rm -rf -- "$RAY_TMP"
+    fi
+}
+
 # Per-job Ray token (token authentication): nobody else on a shared node can attach.
 HPCRL_RAY_TOKEN="$HPCRL_DIR/ray-token-$SLURM_JOB_ID"
 (
@@ -501,13 +509,7 @@ hpcrl_worker_cleanup() {
     if [[ -n $mon_pid ]]; then
         kill "$mon_pid" 2>/dev/null || true
     fi
-    # Twice: Slurm's TERM reaches every process of the step, an `rm` in progress too.
-    if [[ -n $NODE_DIR ]]; then
-        rm -rf -- "$NODE_DIR" 2>/dev/null || rm -rf -- "$NODE_DIR"
-    fi
-    if [[ $RAY_TMP == /tmp/hpcrl-* ]]; then
-        rm -rf -- "$RAY_TMP" 2>/dev/null || rm -rf -- "$RAY_TMP"
-    fi
+    remove_node_dirs
 }
 hpcrl_worker() {
     set -euo pipefail
@@ -550,7 +552,7 @@ hpcrl_worker() {
 # One step for all workers; each asks for its node's GPUs and CPUs in the job's GPU style.
 srun --nodes=3 --ntasks=3 --ntasks-per-node=1 --exclude="$HEAD_NODE" \
     --kill-on-bad-exit=1 --gpus=24 --cpus-per-task="$SLURM_CPUS_ON_NODE" \
-    bash -c "$(declare -f node_entry node_ports node_dirs hpcrl_worker_cleanup hpcrl_worker); hpcrl_worker" &
+    bash -c "$(declare -f node_entry node_ports node_dirs remove_node_dirs hpcrl_worker_cleanup hpcrl_worker); hpcrl_worker" &
 WORKERS_PID=$!
 
 # Wait until Ray reports every node and GPU, failing at once if a `ray start` dies.

@@ -33,6 +33,7 @@ from hpcrl.backends.oi_args import ArgLayout
 from hpcrl.backends.open_instruct import LAYOUT_FIELDS, RUN_DIR_FIELDS
 from hpcrl.errors import ConfigError, HpcrlError, UnknownNameError
 from hpcrl.resources import data_dir
+from hpcrl.shell import path_problem
 from hpcrl.yamlfile import read_mapping
 
 DEFAULT_CONFIG = "grpo-olmo3-32b"
@@ -82,6 +83,13 @@ class HpcrlSection(BaseModel):
             data = {"entry_point": backend.default_entry_point, "workdir": backend.default_workdir,
                     "python": backend.default_python, "logprob_impl": backend.default_logprob_impl, **data}
         return data
+
+    @field_validator("run_root", "workdir", "container")
+    @classmethod
+    def _paths(cls, value):
+        if value is not None and (problem := path_problem(value)):
+            raise ValueError(f"{value!r}: {problem}")
+        return value
 
     @field_validator("time", mode="before")
     @classmethod
@@ -168,7 +176,7 @@ def load_run_config(name_or_path: str | None = None, overrides: list[str] | None
     except ValidationError as exc:
         err = exc.errors()[0]
         loc = ".".join(str(p) for p in err["loc"])
-        problem = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
+        problem = "unknown key" if err["type"] == "extra_forbidden" else err["msg"].removeprefix("Value error, ")
         raise ConfigError(f"{path}: hpcrl.{loc}: {problem}") from None
     try:
         backend.check_section(hp)

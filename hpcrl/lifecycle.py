@@ -22,87 +22,13 @@ from typing import NamedTuple
 from hpcrl import slurm
 from hpcrl.errors import ConfigError, HpcrlError, SlurmError
 from hpcrl.registry import Job, Registry, Run, now
+from hpcrl.run_dir import JobEvents, RunDir, read_chain, run_dir_problem
+from hpcrl.shell import path_problem
 
 SUBMIT_STALE_S = 600  # a run still `submitting` after this long lost its submitting process
 # Slurm's terminal state -> run reason, for a job that ended without writing its `end` line.
 _SLURM_REASON = {"COMPLETED": "completed", "TIMEOUT": "timeout", "CANCELLED": "cancelled",
                  "PREEMPTED": "preempted", "FAILED": "crashed"}
-
-
-# --------------------------------------------------------------------------- run directory
-
-
-class RunDir:
-    """Paths of one run directory (docs/run-dir.md)."""
-
-    def __init__(self, path: str | os.PathLike):
-        self.path = Path(path)
-        self.meta = self.path / "hpcrl"
-        self.script = self.meta / "job.sbatch"
-        self.plan = self.meta / "plan.json"
-        self.jobs_tsv = self.meta / "jobs.tsv"
-        self.restarts = self.meta / "restarts"
-        self.cancel = self.meta / "cancel"
-
-    def log(self, job_id: str) -> Path:
-        return self.path / "logs" / f"job-{job_id}.log"
-
-    def any_log(self, job_id: str) -> Path:
-        """The job's log, else Slurm's own output file (a job that failed before its log began)."""
-        log = self.log(job_id)
-        slurm_out = self.path / "logs" / f"slurm-{job_id}.out"
-        return slurm_out if not log.exists() and slurm_out.exists() else log
-
-    def create(self) -> None:
-        for sub in ("hpcrl", "logs", "output", "checkpoints"):
-            (self.path / sub).mkdir(parents=True, exist_ok=True)
-
-    def append_event(self, job_id: str, event: str, detail: str = "-") -> None:
-        # One short write in append mode: lines from the batch script and hpcrl never interleave.
-        with open(self.jobs_tsv, "a") as f:
-            f.write(f"{job_id}\t{event}\t{now()}\t{detail}\n")
-
-    def restart_count(self) -> int:
-        try:
-            return int(self.restarts.read_text().strip() or 0)
-        except (OSError, ValueError):
-            return 0
-
-
-class JobEvents(NamedTuple):
-    """What jobs.tsv says about one job."""
-
-    start: str | None = None  # head node
-    end_reason: str | None = None
-    exit_code: int | None = None
-    ended: str | None = None
-    next_job: str | None = None
-    next_submitted: str | None = None  # when this job submitted its continuation
-
-
-def read_chain(run_dir: RunDir) -> dict[str, JobEvents]:
-    """jobs.tsv -> events per job id; malformed lines (a torn last line) are skipped."""
-    out: dict[str, JobEvents] = {}
-    try:
-        lines = run_dir.jobs_tsv.read_text().splitlines()
-    except FileNotFoundError:
-        return out
-    for line in lines:
-        parts = line.split("\t")
-        if len(parts) != 4:
-            continue
-        job, event, stamp, detail = (p.strip() for p in parts)
-        ev = out.get(job, JobEvents())
-        if event == "start":
-            ev = ev._replace(start=detail)
-        elif event == "end":
-            reason, _, code = detail.partition(":")
-            ev = ev._replace(end_reason=reason, exit_code=int(code) if code.lstrip("-").isdigit() else None,
-                             ended=stamp)
-        elif event == "continue" and detail.isdigit():
-            ev = ev._replace(next_job=detail, next_submitted=stamp)
-        out[job] = ev
-    return out
 
 
 # --------------------------------------------------------------------------- submission
@@ -120,6 +46,7 @@ class Submission(NamedTuple):
     plan: dict | None
     source: str = ""  # the run config or the rendered script it came from
     warnings: tuple[str, ...] = ()
+    dir_mode: int | None = None  # the run directory's mode (0700, or 0750 when the group shares runs)
 
 
 class Submitted(NamedTuple):
@@ -136,6 +63,8 @@ def expand_path(raw: str, what: str, extra: dict[str, str] | None = None) -> Pat
         name = m.group(1) or m.group(2)
         return (extra or {}).get(name) or os.environ.get(name) or m.group(0)
 
+    if problem := path_problem(raw):
+        raise ConfigError(f"{what} {raw!r}: {problem}")
     path = re.sub(r"\$\{(\w+)\}|\$(\w+)", var, os.path.expanduser(raw))
     if "$" in path:
         missing = ", ".join(sorted(set(re.findall(r"\$\{?(\w+)", path))))
@@ -165,11 +94,18 @@ def from_config(config: str | None, *, nodes: int | None = None, cluster: str | 
     cluster_name = profile.name + (f":{profile.variant}" if profile.variant else "")
     plan = json.loads(render.plan_json(rp, smoke=smoke))
     return Submission(script, RunDir(root / cfg.hpcrl.run_name), cfg.hpcrl.run_name, cluster_name, cfg.digest(),
-                      cfg.hpcrl.max_restarts, plan, cfg.source, tuple(rp.warnings))
+                      cfg.hpcrl.max_restarts, plan, cfg.source, tuple(rp.warnings),
+                      _dir_mode(render.umask(rp)))
+
+
+def _dir_mode(umask: str | None) -> int | None:
+    """A directory mode from the script's umask (077 -> 0700); None leaves the user's umask."""
+    return None if umask is None else 0o777 & ~int(umask, 8)
 
 
 _RUN_DIR_LINE = re.compile(r"^\s*(?:export\s+|readonly\s+|declare\s+(?:-\w+\s+)*)?RUN_DIR=(\S.*)$")
 _MAX_RESTARTS_LINE = re.compile(r"^\s*(?:export\s+|readonly\s+)?MAX_RESTARTS=['\"]?(\d+)")
+_UMASK_LINE = re.compile(r"^umask\s+(0?[0-7]{3})\s*$")
 # "# cluster isambard-ai; config ..." as hpcrl render writes it, or "# hpcrl-cluster: NAME".
 _CLUSTER_LINE = re.compile(r"^#\s*(?:hpcrl[ -]cluster:\s*|cluster\s+)([\w.:-]+)", re.IGNORECASE)
 
@@ -201,7 +137,9 @@ def from_script(path: str | os.PathLike, *, run_dir: str | None = None, cluster:
     restarts = next((int(m.group(1)) for ln in lines if (m := _MAX_RESTARTS_LINE.match(ln))), None)
     cluster = cluster or next((m.group(1) for ln in lines if (m := _CLUSTER_LINE.match(ln))), None) or "-"
     digest = hashlib.sha256(text.encode()).hexdigest()[:12]
-    return Submission(text, rd, rd.path.name, cluster, digest, restarts, None, str(src.resolve()))
+    umask = next((m.group(1) for ln in lines if (m := _UMASK_LINE.match(ln))), None)
+    return Submission(text, rd, rd.path.name, cluster, digest, restarts, None, str(src.resolve()),
+                      dir_mode=_dir_mode(umask))
 
 
 def submit(reg: Registry, sub: Submission, *, dry_run: bool = False, extra_args: list[str] | None = None) -> Submitted:
@@ -220,14 +158,15 @@ def submit(reg: Registry, sub: Submission, *, dry_run: bool = False, extra_args:
         path.write_text(sub.script)
         return Submitted(run_id, None, path, None, command)
     slurm.require("sbatch")  # before anything is written: no run dir, no registry row
-    rd = sub.run_dir
+    # The run directory as the filesystem names it: two spellings (a symlink, `..`) are one run dir.
+    rd = RunDir(os.path.realpath(sub.run_dir.path))
     # The registry row claims the run dir before anything is written into it: a second submit
     # into the same run dir at the same moment is refused instead of overwriting job.sbatch.
     run_id = reg.create_run(name=sub.name, cluster=sub.cluster, config_hash=sub.config_hash,
                             script_path=str(rd.script), run_dir=str(rd.path), state="submitting",
                             max_restarts=sub.max_restarts, claim_run_dir=True)
     try:
-        rd.create()
+        rd.create(sub.dir_mode)
         rd.script.write_text(sub.script)
         rd.script.chmod(0o755)
         if sub.plan is not None or not rd.plan.exists():
@@ -243,10 +182,26 @@ def submit(reg: Registry, sub: Submission, *, dry_run: bool = False, extra_args:
     except SlurmError as exc:
         reg.set_run(run_id, state="failed", reason=str(exc))
         raise SlurmError(f"{exc} (run {run_id} recorded as failed)") from None
-    rd.append_event(job_id, "submitted")
-    reg.add_job(run_id, job_id)
-    reg.set_run(run_id, state="pending")
+    # Recorded at once, job and state in one transaction; a job that cannot be recorded is
+    # cancelled, so nothing runs that hpcrl does not know about.
+    try:
+        reg.add_job(run_id, job_id, run_state="pending")
+    except HpcrlError as exc:
+        raise HpcrlError(f"job {job_id} was queued but not recorded ({exc}); "
+                         f"{_cancel_unrecorded(job_id)}") from None
+    try:
+        rd.append_event(job_id, "submitted")
+    except OSError:
+        pass  # the job writes its own start line; the registry has the job
     return Submitted(run_id, job_id, rd.script, rd.log(job_id), command)
+
+
+def _cancel_unrecorded(job_id: str) -> str:
+    try:
+        slurm.cancel(job_id)
+    except SlurmError as exc:
+        return f"scancel failed too ({exc}): cancel it yourself with scancel {job_id}"
+    return "cancelled it so that nothing runs unrecorded"
 
 
 # --------------------------------------------------------------------------- status
@@ -264,13 +219,16 @@ def _follow_chain(reg: Registry, run: Run, chain: dict[str, JobEvents]) -> Run:
     return reg.get(run.run_id) if added else run
 
 
-def _job_row(job: Job, state: slurm.JobState | None, ev: JobEvents) -> Job:
+def _job_row(job: Job, state: slurm.JobState | None, ev: JobEvents, rd: RunDir | None = None) -> Job:
     new_state = state.state if state else job.state
     terminal = new_state not in slurm.LIVE_STATES
     if ev.end_reason:
         reason = ev.end_reason
     elif terminal:
         reason = _SLURM_REASON.get(new_state, new_state.lower())
+        # No end line at all: a run dir the job could not write explains it better than "crashed".
+        if rd is not None and reason in ("crashed", "failed") and (problem := run_dir_problem(rd)):
+            reason = problem
     else:
         reason = state.reason if state else job.reason  # Slurm's pending reason (Priority, ...)
     code = ev.exit_code if ev.exit_code is not None else (state.exit_code if state else job.exit_code)
@@ -318,7 +276,7 @@ def refresh(reg: Registry, runs: list[Run]) -> list[Run]:
         rd = RunDir(run.run_dir)
         # Read again after the query: a job that just ended may have written `continue` meanwhile.
         chain = read_chain(rd)
-        rows = [_job_row(j, states.get(j.job_id), chain.get(j.job_id, JobEvents()))
+        rows = [_job_row(j, states.get(j.job_id), chain.get(j.job_id, JobEvents()), rd)
                 for j in run.jobs if j.job_id in states]
         reg.update_jobs(rows)
         run = _follow_chain(reg, reg.get(run.run_id), chain)
@@ -338,14 +296,26 @@ def cancel(reg: Registry, run: Run) -> Run:
         raise HpcrlError(f"run {run.run_id} is {run.state}" + (f" ({run.reason})" if run.reason else "")
                          + "; nothing to cancel")
     rd = RunDir(run.run_dir)
+    slurm.require("scancel")
     try:
         rd.cancel.write_text(f"{now()}\n")
     except OSError as exc:
         raise HpcrlError(f"cannot write {rd.cancel}: {exc.strerror}") from None
     run = _follow_chain(reg, run, read_chain(rd))
+    cancelled = 0
     for job in run.jobs:
         if job.state in slurm.LIVE_STATES:
-            slurm.cancel(job.job_id)
+            try:
+                slurm.cancel(job.job_id)
+            except SlurmError as exc:
+                if not cancelled:
+                    # Nothing was cancelled: the marker must not turn a later preemption into a cancel.
+                    rd.cancel.unlink(missing_ok=True)
+                    raise SlurmError(f"{exc}; nothing was cancelled (run {run.run_id} is as it was): "
+                                     "try again when Slurm answers") from None
+                raise SlurmError(f"{exc}; job {job.job_id} was not cancelled, the earlier jobs were: "
+                                 f"try `hpcrl cancel {run.run_id}` again when Slurm answers") from None
+            cancelled += 1
     reg.set_run(run.run_id, reason="cancelled")
     return refresh(reg, [reg.get(run.run_id)])[0]
 
@@ -358,6 +328,20 @@ def _chain_ids(run: Run, chain: dict[str, JobEvents]) -> list[str]:
     while ids and (nxt := chain.get(ids[-1], JobEvents()).next_job) and nxt not in ids:
         ids.append(nxt)
     return ids
+
+
+def missing_log(run: Run, job_id: str) -> str | None:
+    """Why a job of the run has no log to show, in words; None when it has one."""
+    rd = RunDir(run.run_dir)
+    path = rd.any_log(job_id)
+    if path.exists():
+        return None
+    problem = run_dir_problem(rd)
+    if problem == "run-dir-missing":
+        return f"no log: the run directory {rd.path} does not exist (moved or deleted?)"
+    if problem == "run-dir-unwritable":
+        return f"no log: the job could not write {path}: the run directory {rd.path} is not writable"
+    return f"no log yet at {path}"
 
 
 def logs(run: Run) -> Iterator[tuple[str, str]]:
@@ -414,4 +398,4 @@ def follow(run: Run, *, poll_s: float = 1.0, slurm_every_s: float = 30.0) -> Ite
 
 
 __all__ = ["JobEvents", "RunDir", "Submission", "Submitted", "cancel", "follow", "from_config", "from_script",
-           "logs", "read_chain", "refresh", "submit"]
+           "logs", "missing_log", "read_chain", "refresh", "run_dir_problem", "submit"]

@@ -201,6 +201,18 @@ def cuda_check(torch_cuda: str | None, driver_cuda: str | None) -> Check | None:
     return Check("cuda", "ok", detail)
 
 
+def ray_check(version: str) -> Check:
+    """Ray's version: below 2.52 it ignores RAY_AUTH_MODE=token, and the job script refuses to start it."""
+    from hpcrl.render import RAY_TOKEN_MIN
+
+    got = _major_minor(version)
+    need = ".".join(map(str, RAY_TOKEN_MIN))
+    if got is not None and got < RAY_TOKEN_MIN:
+        return Check("import ray", "fail", f"{version}: Ray below {need} ignores token authentication (anyone on the "
+                                           f"node could attach); the job script refuses it: install ray>={need}")
+    return Check("import ray", "ok", f"{version} (token authentication needs >= {need})")
+
+
 def evaluate(report: dict, t: Target) -> list[Check]:
     """The probe's report against the profile and plan."""
     p, rows = t.profile, []
@@ -260,7 +272,8 @@ def evaluate(report: dict, t: Target) -> list[Check]:
     modules = dict(st.get("modules", {}))
     torch_cuda = (modules.pop("torch.cuda", None) or [None])[0]
     for name, (version, err) in modules.items():
-        rows.append(Check(f"import {name}", "ok" if version else "warn", version or err))
+        rows.append(ray_check(version) if name == "ray" and version else
+                    Check(f"import {name}", "ok" if version else "warn", version or err))
     cuda = cuda_check(torch_cuda, g.get("driver_cuda"))
     if cuda:
         rows.append(cuda)
@@ -268,4 +281,4 @@ def evaluate(report: dict, t: Target) -> list[Check]:
     return rows
 
 
-__all__ = ["Check", "Target", "cuda_check", "evaluate", "run_probe", "target"]
+__all__ = ["Check", "Target", "cuda_check", "evaluate", "ray_check", "run_probe", "target"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -25,9 +26,12 @@ from pydantic import (
 
 from hpcrl.errors import ProfileError, UnknownNameError
 from hpcrl.resources import data_dir
+from hpcrl.shell import path_problem
 from hpcrl.yamlfile import read_mapping
 
 GIB = 1024**3
+# What bash's `export NAME=...` accepts: ASCII only (str.isalnum would pass "FOOÄ").
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 class _Strict(BaseModel):
@@ -79,6 +83,10 @@ class Slurm(_Strict):
     mem: str | None = Field(default=None, description="--mem value, e.g. 0 for the whole node")
     cpus_per_gpu: int | None = Field(default=None, gt=0)
     signal_before_end_s: int = Field(default=600, gt=0)
+    kill_wait_s: int = Field(
+        default=30, gt=0,
+        description="Slurm's KillWait (TERM to KILL); the script reads scontrol's value and falls back to this",
+    )
     min_poll_interval_s: int = Field(default=30, gt=0)
 
     @model_validator(mode="after")
@@ -90,16 +98,29 @@ class Slurm(_Strict):
         return self
 
 
+def _path_ok(value: str) -> str:
+    if problem := path_problem(value):
+        raise ValueError(f"{value!r}: {problem}")
+    return value
+
+
 class StorageArea(_Strict):
     path: str = Field(description="May use environment variables expanded on the compute node")
     quota_gib: float | None = Field(default=None, gt=0)
     description: str = ""
+
+    _path = field_validator("path")(_path_ok)
 
 
 class Storage(_Strict):
     node_local: StorageArea
     run_root: StorageArea = Field(description="Shared filesystem where run directories go")
     hf_home: str = Field(description="HF cache on shared storage, never $HOME")
+    _hf_home = field_validator("hf_home")(_path_ok)
+    share_runs_with_group: bool = Field(
+        default=False,
+        description="Run directories readable by the user's group (umask 027) instead of the owner only (077)",
+    )
 
 
 class IdleGPUPolicy(_Strict):
@@ -120,6 +141,10 @@ class Ray(_Strict):
     object_store_gib: float | None = Field(default=None, gt=0)
     memory_kill_threshold: float = Field(default=0.95, gt=0, le=1)
     join_timeout_s: int = Field(default=600, gt=0)
+    metrics: bool = Field(
+        default=False,
+        description="Keep Ray's Prometheus metrics port (it answers anyone on the network, without the token)",
+    )
 
 
 class Planning(_Strict):
@@ -162,8 +187,9 @@ class ClusterProfile(_Strict):
     @classmethod
     def _env_names(cls, env: dict[str, str]) -> dict[str, str]:
         for key in env:
-            if not key.replace("_", "a").isalnum() or key[0].isdigit():
-                raise ValueError(f"{key!r} is not a valid environment variable name")
+            if not ENV_NAME.match(key):
+                raise ValueError(f"{key!r} is not a valid environment variable name (ASCII letters, digits and _, "
+                                 "not starting with a digit)")
         return env
 
     @field_validator("unconfirmed", "sources")

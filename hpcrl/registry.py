@@ -8,9 +8,11 @@ database stays locked.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import sqlite3
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -125,17 +127,69 @@ def _locked(exc: sqlite3.OperationalError) -> bool:
     return "locked" in str(exc) or "busy" in str(exc)
 
 
+class DirIdentity(NamedTuple):
+    """What makes two spellings of a run directory the same directory."""
+
+    real: str  # the path with every symlink and `..` resolved (as far as it exists)
+    inode: tuple[int, int] | None  # (device, inode) where the directory exists
+
+    def same(self, other: DirIdentity) -> bool:
+        return self.real == other.real or (self.inode is not None and self.inode == other.inode)
+
+
+def dir_identity(path: str | os.PathLike) -> DirIdentity:
+    """The run directory's identity: `runs/x`, `runs/../runs/x` and a symlink to it are one."""
+    real = os.path.realpath(os.path.expanduser(path))
+    try:
+        st = os.stat(real)
+        inode = (st.st_dev, st.st_ino)
+    except OSError:
+        inode = None
+    return DirIdentity(real, inode)
+
+
 def _refuse_busy_run_dir(conn: sqlite3.Connection, run_dir: str) -> None:
     marks = ",".join("?" * len(LIVE_RUN_STATES))
-    row = conn.execute(
-        f"SELECT run_id, state FROM runs WHERE run_dir=? AND state IN ({marks}) ORDER BY created DESC LIMIT 1",
-        (run_dir, *sorted(LIVE_RUN_STATES)),
-    ).fetchone()
-    if row:
-        raise RegistryError(
-            f"run {row['run_id']} is still {row['state']} in {run_dir}; "
-            f"hpcrl cancel {row['run_id']}, or pick another hpcrl.run_name"
-        )
+    want = dir_identity(run_dir)
+    rows = conn.execute(
+        f"SELECT run_id, state, run_dir FROM runs WHERE state IN ({marks}) ORDER BY created DESC",
+        sorted(LIVE_RUN_STATES),
+    ).fetchall()
+    for row in rows:
+        if row["run_dir"] == run_dir or dir_identity(row["run_dir"]).same(want):
+            also = "" if row["run_dir"] == run_dir else f" (the same directory as {run_dir})"
+            raise RegistryError(
+                f"run {row['run_id']} is still {row['state']} in {row['run_dir']}{also}; "
+                f"hpcrl cancel {row['run_id']}, or pick another hpcrl.run_name"
+            )
+
+
+def damaged(path: Path, detail: str) -> RegistryError:
+    """The one-line error for a registry file SQLite cannot read."""
+    return RegistryError(
+        f"registry {path} is damaged ({detail}); `hpcrl runs --repair` keeps what can be read and "
+        f"moves the file aside, or move it away yourself (mv {path} {path}.damaged) to start a new one"
+    )
+
+
+def _create_file(path: Path) -> None:
+    """A new registry, schema included, put in place atomically (link): no process ever opens a
+    half-made one, so an empty or headless file is always damage, never a registry being born."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    os.close(fd)
+    try:
+        conn = sqlite3.connect(tmp, isolation_level=None)
+        conn.execute("PRAGMA journal_mode=WAL")
+        Registry._migrate(conn)
+        conn.close()  # the last close checkpoints the WAL into the file
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass  # another process created it first: use theirs
+    finally:
+        for leftover in (tmp, f"{tmp}-wal", f"{tmp}-shm"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(leftover)
 
 
 class Registry:
@@ -145,21 +199,40 @@ class Registry:
         self.path = default_path(path)
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            if not self.path.exists():
+                _create_file(self.path)
         except OSError as exc:
-            raise RegistryError(f"registry {self.path}: cannot create its directory ({exc.strerror})") from None
+            raise RegistryError(f"registry {self.path}: cannot create it ({exc.strerror})") from None
+        except sqlite3.Error as exc:
+            raise RegistryError(f"registry {self.path}: cannot create it ({exc})") from None
         self._conn = self._connect()
 
     def _connect(self) -> sqlite3.Connection:
+        try:
+            if self.path.stat().st_size == 0:
+                raise damaged(self.path, "the file is empty: it was truncated")
+        except OSError as exc:
+            raise RegistryError(f"registry {self.path}: cannot open ({exc.strerror})") from None
         try:
             conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
         except sqlite3.Error as exc:
             raise RegistryError(f"registry {self.path}: cannot open ({exc})") from None
         conn.row_factory = sqlite3.Row
-        conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
-        conn.execute("PRAGMA foreign_keys=ON")
-        # Switching to WAL takes a write lock; a concurrent first open may find it held.
-        self._retry(lambda: conn.execute("PRAGMA journal_mode=WAL"))
-        self._retry(lambda: self._migrate(conn))
+        try:
+            conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+            conn.execute("PRAGMA foreign_keys=ON")
+            # Switching to WAL takes a write lock; a concurrent first open may find it held.
+            self._retry(lambda: conn.execute("PRAGMA journal_mode=WAL"))
+            problems = [r[0] for r in self._retry(lambda: conn.execute("PRAGMA quick_check(3)").fetchall())]
+            if problems != ["ok"]:
+                raise damaged(self.path, "; ".join(problems)[:200])
+            self._retry(lambda: self._migrate(conn))
+        except sqlite3.DatabaseError as exc:
+            conn.close()
+            raise damaged(self.path, str(exc)) from None
+        except RegistryError:
+            conn.close()
+            raise
         return conn
 
     @staticmethod
@@ -184,6 +257,8 @@ class Registry:
                 if not _locked(exc) or attempt == RETRIES - 1:
                     raise RegistryError(f"registry {self.path}: {exc}") from None
                 time.sleep(0.05 * 2**attempt + secrets.randbelow(50) / 1000)
+            except sqlite3.DatabaseError as exc:  # malformed pages, not a database, ...
+                raise damaged(self.path, str(exc)) from None
 
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
@@ -191,10 +266,24 @@ class Registry:
         self._retry(lambda: conn.execute("BEGIN IMMEDIATE"))
         try:
             yield conn
+        except sqlite3.DatabaseError as exc:
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
+            if isinstance(exc, (sqlite3.IntegrityError, sqlite3.OperationalError)):
+                raise
+            raise damaged(self.path, str(exc)) from None
         except BaseException:
-            conn.execute("ROLLBACK")
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
             raise
         self._retry(lambda: conn.execute("COMMIT"))
+
+    @contextmanager
+    def _read(self) -> Iterator[sqlite3.Connection]:
+        try:
+            yield self._conn
+        except sqlite3.DatabaseError as exc:
+            raise damaged(self.path, str(exc)) from None
 
     def close(self) -> None:
         self._conn.close()
@@ -230,8 +319,11 @@ class Registry:
                 (state, reason, now(), run_id),
             )
 
-    def add_job(self, run_id: str, job_id: str, *, state: str = "PENDING", submitted: str | None = None) -> int:
-        """Append a job to the run's chain (no-op if the job is already there); returns its seq."""
+    def add_job(self, run_id: str, job_id: str, *, state: str = "PENDING", submitted: str | None = None,
+                run_state: str | None = None) -> int:
+        """Append a job to the run's chain (no-op if the job is already there); returns its seq.
+        With run_state, the run's state changes in the same transaction (a submit's job and its
+        `pending` are recorded together or not at all)."""
         with self._write() as c:
             row = c.execute("SELECT seq FROM jobs WHERE run_id=? AND job_id=?", (run_id, job_id)).fetchone()
             if row:
@@ -239,7 +331,7 @@ class Registry:
             seq = c.execute("SELECT COALESCE(MAX(seq)+1, 0) FROM jobs WHERE run_id=?", (run_id,)).fetchone()[0]
             c.execute("INSERT INTO jobs VALUES (?,?,?,?,?,?,?,?)",
                       (run_id, seq, job_id, state, "", None, submitted or now(), None))
-            c.execute("UPDATE runs SET updated=? WHERE run_id=?", (now(), run_id))
+            c.execute("UPDATE runs SET updated=?, state=COALESCE(?, state) WHERE run_id=?", (now(), run_state, run_id))
             return int(seq)
 
     def update_jobs(self, rows: list[Job]) -> None:
@@ -259,8 +351,9 @@ class Registry:
         if not run_ids:
             return out
         marks = ",".join("?" * len(run_ids))
-        for row in self._conn.execute(f"SELECT * FROM jobs WHERE run_id IN ({marks}) ORDER BY run_id, seq", run_ids):
-            out[row["run_id"]].append(Job(**dict(row)))
+        with self._read() as c:
+            for row in c.execute(f"SELECT * FROM jobs WHERE run_id IN ({marks}) ORDER BY run_id, seq", run_ids):
+                out[row["run_id"]].append(Job(**dict(row)))
         return out
 
     def _with_jobs(self, rows: list[sqlite3.Row]) -> list[Run]:
@@ -273,10 +366,13 @@ class Registry:
         sql = f"SELECT * FROM runs {where} ORDER BY created DESC, rowid DESC"
         if limit:
             sql += f" LIMIT {int(limit)}"
-        return self._with_jobs(self._conn.execute(sql).fetchall())
+        with self._read() as c:
+            rows = c.execute(sql).fetchall()
+        return self._with_jobs(rows)
 
     def get(self, run_id: str) -> Run:
-        rows = self._conn.execute("SELECT * FROM runs WHERE run_id=?", (run_id,)).fetchall()
+        with self._read() as c:
+            rows = c.execute("SELECT * FROM runs WHERE run_id=?", (run_id,)).fetchall()
         if not rows:
             raise self._unknown(run_id)
         return self._with_jobs(rows)[0]
@@ -284,16 +380,17 @@ class Registry:
     def find(self, ref: str) -> Run:
         """A run by id, unique id prefix, or the id of one of its Slurm jobs."""
         ref = ref.strip()
-        rows = self._conn.execute("SELECT * FROM runs WHERE run_id=?", (ref,)).fetchall()
-        if not rows:
-            escaped = ref.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-            rows = self._conn.execute(
-                "SELECT * FROM runs WHERE run_id LIKE ? ESCAPE '\\' ORDER BY created DESC", (escaped + "%",)
-            ).fetchall()
-        if not rows and ref.isdigit():
-            rows = self._conn.execute(
-                "SELECT runs.* FROM runs JOIN jobs USING (run_id) WHERE jobs.job_id=?", (ref,)
-            ).fetchall()
+        with self._read() as c:
+            rows = c.execute("SELECT * FROM runs WHERE run_id=?", (ref,)).fetchall()
+            if not rows:
+                escaped = ref.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+                rows = c.execute(
+                    "SELECT * FROM runs WHERE run_id LIKE ? ESCAPE '\\' ORDER BY created DESC", (escaped + "%",)
+                ).fetchall()
+            if not rows and ref.isdigit():
+                rows = c.execute(
+                    "SELECT runs.* FROM runs JOIN jobs USING (run_id) WHERE jobs.job_id=?", (ref,)
+                ).fetchall()
         if len(rows) > 1 and any(r["state"] != "dry-run" for r in rows):
             rows = [r for r in rows if r["state"] != "dry-run"]  # a prefix means a real run before a dry run
         if len(rows) > 1:
@@ -304,10 +401,11 @@ class Registry:
         return self._with_jobs(rows)[0]
 
     def _unknown(self, ref: str) -> RegistryError:
-        recent = [r["run_id"] for r in self._conn.execute(
-            "SELECT run_id FROM runs ORDER BY created DESC, rowid DESC LIMIT 5")]
+        with self._read() as c:
+            recent = [r["run_id"] for r in c.execute("SELECT run_id FROM runs ORDER BY created DESC, rowid DESC LIMIT 5")]
         known = f"recent runs: {', '.join(recent)}" if recent else "the registry has no runs yet"
         return RegistryError(f"unknown run {ref!r} in {self.path}; {known}")
 
 
-__all__ = ["Job", "LIVE_RUN_STATES", "RUN_STATES", "Registry", "Run", "default_path", "new_run_id", "now"]
+__all__ = ["DirIdentity", "Job", "LIVE_RUN_STATES", "RUN_STATES", "Registry", "Run", "default_path", "dir_identity",
+           "new_run_id", "now"]

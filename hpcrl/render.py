@@ -30,6 +30,8 @@ CONTAINER_RUNTIMES = ("apptainer", "singularity")
 # Ray's socket paths must stay under 107 bytes: <temp>/session_<date>_<time>_<pid>/sockets/plasma_store
 # adds up to 64 characters to Ray's temp dir; the script falls back to /tmp past this length.
 RAY_TEMP_MAX = 40
+# The first Ray that honours RAY_AUTH_MODE=token; older ones ignore it silently (DESIGN.md).
+RAY_TOKEN_MIN = (2, 52)
 
 
 @lru_cache(maxsize=1)
@@ -172,6 +174,11 @@ def _container(rp: RunPlan) -> list[str] | None:
     return words + [shq_path(image)]
 
 
+def umask(rp: RunPlan) -> str:
+    """The script's umask: the job's files are the user's alone unless the group shares runs."""
+    return "027" if rp.profile.storage.share_runs_with_group else "077"
+
+
 def _gpumon_args(rp: RunPlan) -> str:
     rule = rp.profile.idle_gpu_policy
     if rule is None:
@@ -285,6 +292,13 @@ def _context(rp: RunPlan, smoke: bool) -> dict:
                         if backend.smoke_framework else ""),
         "plan_json": plan_json(rp, smoke=smoke),
         "gpumon_args": _gpumon_args(rp),
+        "kill_wait_s": prof.slurm.kill_wait_s,
+        "umask": umask(rp),
+        "umask_text": ("readable by the user's group, writable by the user only (profile "
+                       "storage.share_runs_with_group)" if prof.storage.share_runs_with_group
+                       else "the user's alone (umask 077)"),
+        "ray_min_minor": RAY_TOKEN_MIN[1],
+        "ray_metrics": prof.ray.metrics,
     }
 
 

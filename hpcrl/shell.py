@@ -44,6 +44,19 @@ def shq_path(value: object) -> str:
     return "".join(parts)
 
 
+def path_problem(value: object) -> str | None:
+    """Why a path cannot be written as shq_path writes it, or None: a `$` must start `$NAME` or
+    `${NAME}` (a `$(...)` would be a literal directory here but a command to a reader)."""
+    text = str(value)
+    if "\0" in text or "\n" in text:
+        return "it has a newline or NUL character"
+    rest = _VAR.sub("", text)
+    if "$" in rest:
+        at = rest.index("$")
+        return f"'$' may only start a variable ($NAME or ${{NAME}}); found {rest[at:at + 3]!r}"
+    return None
+
+
 def has_vars(value: object) -> bool:
     """Whether shq_path would expand something in value at run time."""
     text = str(value)

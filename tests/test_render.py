@@ -321,6 +321,7 @@ for p in "${pids[@]}"; do wait "$p" || rc=$?; kill -0 "$p" 2>/dev/null && { wait
 exit $rc
 ''',
     "ray": r'''#!/bin/bash
+if [[ $1 == --version ]]; then echo "ray, version ${STUB_RAY_VERSION:-2.60.0}"; exit 0; fi
 if [[ -n ${STUB_RAY_WORKER_FAIL:-} && " $* " == *" --address="* ]]; then echo "stub ray: cannot start on $SLURMD_NODENAME"; exit 1; fi
 printf '%s\0' "$@" >"$STUB_OUT/ray-${SLURMD_NODENAME}.argv"
 if [[ -n ${STUB_RAY_WORKER_DIES_AFTER:-} && " $* " == *" --address="* ]]; then sleep "$STUB_RAY_WORKER_DIES_AFTER"; exit 1; fi
@@ -486,15 +487,19 @@ def test_stub_run_completes_and_records(tmp_path):
 
 
 NASTY = "$(touch {p}/PWNED_{k}) `touch {p}/PWNED_{k}2` 'single' \"double\" $HOME ;|& * \\ end"
+# Paths may name $VARS but no other `$` (a `$(...)` is refused with one line: see
+# test_dollar_paren_in_a_path_is_refused); backticks, quotes and the rest stay literal.
+PATH_NASTY = NASTY.split(") ", 1)[1]
 
 
 def test_quoting_nothing_is_executed_values_arrive_verbatim(tmp_path):
     """Config and profile values with $(...), backticks, quotes, spaces and newlines reach the
     driver byte for byte, and nothing in them runs."""
-    nasty = {k: NASTY.format(p=tmp_path, k=k) for k in ("model", "run", "ds", "wandb", "env", "hf", "mod", "root")}
+    nasty = {k: NASTY.format(p=tmp_path, k=k) for k in ("model", "run", "ds", "wandb", "env", "mod")}
+    nasty.update({k: PATH_NASTY.format(p=tmp_path, k=k) for k in ("hf", "root")})
     nasty["model"] += "\nsecond line"
     nasty["run"] += "\nnext line"
-    workdir = tmp_path / NASTY.format(p="x", k="wd").replace("/", "_")
+    workdir = tmp_path / PATH_NASTY.format(p="x", k="wd").replace("/", "_")
     stub = Stub(tmp_path, nodes=2, profile_env={"NASTY_ENV": nasty["env"] + "\nnl"}, modules=[nasty["mod"]],
                 hf_home=f"{tmp_path}/{nasty['hf']}")
     cfg = tmp_path / "nasty.yaml"
@@ -524,6 +529,18 @@ def test_quoting_nothing_is_executed_values_arrive_verbatim(tmp_path):
     assert env["HF_HOME"] == f"{tmp_path}/{nasty['hf']}".replace("$HOME", home)
     assert nasty["mod"] in out  # shown in the "no module command" warning, not run
     assert oi_parser("current").parse_args(args).model_name_or_path == nasty["model"]
+
+
+@pytest.mark.parametrize("setting", ["hpcrl.run_root", "hpcrl.workdir"])
+def test_dollar_paren_in_a_path_is_refused(setting, tmp_path):
+    """render and submit agree: a `$(` in a path is one line and exit 2 (submit refused it, render
+    wrote it as a literal directory)."""
+    value = f"{tmp_path}/a$(touch {tmp_path}/PWNED)b"
+    out = subprocess.run([sys.executable, "-m", "hpcrl", "render", "--nodes", "16", "--set", f"{setting}={value}"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and out.stdout == "" and "Traceback" not in out.stderr
+    assert out.stderr.count("\n") == 1 and f"{setting}: '{value}': '$' may only start a variable" in out.stderr
+    assert not list(tmp_path.rglob("PWNED*"))
 
 
 def test_env_setup_runs_verbatim(tmp_path):

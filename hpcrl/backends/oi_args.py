@@ -59,6 +59,9 @@ def check_args(args: dict[str, Any], layout: ArgLayout = "current") -> None:
         }.get(kind, True)
         if kind == "list" and isinstance(value, (str, int, float)) and not isinstance(value, bool):
             ok = True  # a single value is a one-element list on the command line
+        if ok and table[key]["type"].replace(" ", "") == "list[int]":
+            items = value if isinstance(value, (list, tuple)) else [value]
+            ok = all(isinstance(v, int) and not isinstance(v, bool) for v in items)
         if not ok:
             raise ConfigError(f"{key}: expected {table[key]['type']}, got {value!r}")
 

@@ -90,10 +90,27 @@ def _run_json(r) -> dict:
 @app.command("runs")
 def runs_cmd(
     limit: int = typer.Option(20, "--limit", "-n", help="How many runs, newest first (0: all)"),
+    repair: bool = typer.Option(False, "--repair", help="Rebuild a damaged registry from what can be read"),
     registry: Optional[Path] = REGISTRY_OPT,
     as_json: bool = JSON_OPT,
 ) -> None:
     """List recorded runs from the registry (no Slurm query; `hpcrl status` refreshes)."""
+    if repair:
+        from hpcrl.registry_repair import repair as repair_registry
+
+        done = repair_registry(registry)
+        if as_json:
+            print_json({"registry": str(done.path), "moved_to": str(done.moved_to) if done.moved_to else None,
+                        "runs": done.runs, "jobs": done.jobs, "jobs_dropped": done.jobs_dropped})
+            return
+        moved = f"; the damaged file is now {done.moved_to}" if done.moved_to else ""
+        dropped = f" ({done.jobs_dropped} jobs of lost runs dropped)" if done.jobs_dropped else ""
+        typer.echo(f"registry {done.path}: kept {done.runs} runs and {done.jobs} jobs{dropped}{moved}")
+        return
+    if limit < 0:
+        from hpcrl.errors import HpcrlError
+
+        raise HpcrlError(f"--limit {limit}: give 0 (all runs) or a positive number")
     reg = _registry(registry)
     runs = reg.list_runs(limit or None)
     if as_json:
@@ -161,6 +178,8 @@ def logs_cmd(
                 sys.stdout.flush()
                 err_console.print(f"==> job {job_id}: {lifecycle.RunDir(r.run_dir).log(job_id)} <==", soft_wrap=True)
                 shown = job_id
+                if not text and (why := lifecycle.missing_log(r, job_id)):
+                    sys.stderr.write(f"hpcrl: {why}\n")
             sys.stdout.write(text)
             sys.stdout.flush()
     except KeyboardInterrupt:

@@ -14,7 +14,9 @@ D/hpcrl/breaker.json when:
 
 Otherwise it exits with the driver's own code (128+N when a signal N ended it). SIGTERM,
 SIGINT, SIGHUP, SIGUSR1 and SIGUSR2 sent to the watchdog go to the driver's group, so
-Slurm's pre-timeout signal reaches the driver.
+Slurm's pre-timeout signal reaches the driver; a driver still running --kill-grace-seconds
+after a forwarded TERM, INT or HUP is killed (SIGKILL to its group). The driver runs in its
+own process group inside the watchdog's session, and dies with the watchdog (PDEATHSIG).
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ from hpcrl.driver_log import StepParser, death_line
 
 EXIT_CODES = {"zero_reward": 90, "nan_loss": 91, "hang": 92, "engine_or_node_died": 93}
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+# Forwarded signals that ask the driver to stop: SIGKILL follows after --kill-grace-seconds.
+STOPPING = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 @dataclass
@@ -98,6 +102,19 @@ class Breaker:
         return None
 
 
+def _child_setup() -> None:
+    """In the driver, before exec: a process group of its own, and SIGKILL when the watchdog dies
+    (prctl PR_SET_PDEATHSIG, Linux), so a killed watchdog cannot leave the driver running."""
+    os.setpgid(0, 0)
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+
+
 def _pump(pipe: IO[bytes], dest: IO[bytes], q: queue.Queue) -> None:
     for raw in iter(pipe.readline, b""):
         q.put((dest, raw))
@@ -136,16 +153,27 @@ def run(cmd: list[str], run_dir: Path, breaker: Breaker, *, log_path: Path | Non
     log_path = log_path or hp / "driver.log"
     env = {**os.environ, "PYTHONUNBUFFERED": os.environ.get("PYTHONUNBUFFERED", "1")}
     try:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, env=env)
+        # Its own process group (signals reach the driver and its children, not the watchdog),
+        # but the watchdog's session: whoever started the watchdog in a session of its own
+        # (the job script does) can kill the whole tree with one `pkill -s`.
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=_child_setup,
+                                env=env)
     except OSError as exc:
         sys.stderr.write(f"hpcrl-watchdog: cannot start {cmd[0]!r}: {exc.strerror}\n")
         return 127
-    previous = {sig: signal.signal(sig, lambda s, _f: _signal_group(proc.pid, s)) for sig in FORWARDED}
+    stop_asked_at: list[float] = []  # when a forwarded TERM/INT/HUP first asked the driver to stop
+
+    def forward(sig: int, _frame) -> None:
+        _signal_group(proc.pid, sig)
+        if sig in STOPPING and not stop_asked_at:
+            stop_asked_at.append(time.monotonic())
+
+    previous = {sig: signal.signal(sig, forward) for sig in FORWARDED}
     q: queue.Queue = queue.Queue()
     for pipe, dest in ((proc.stdout, sys.stdout.buffer), (proc.stderr, sys.stderr.buffer)):
         threading.Thread(target=_pump, args=(pipe, dest, q), daemon=True).start()
     tail: collections.deque[str] = collections.deque(maxlen=30)
-    open_streams, trip, exited_at = 2, None, None
+    open_streams, trip, exited_at, killed = 2, None, None, False
     breaker.last_progress = time.monotonic()
     with open(log_path, "ab") as log:
 
@@ -172,6 +200,12 @@ def run(cmd: list[str], run_dir: Path, breaker: Breaker, *, log_path: Path | Non
                 pass
             rc = proc.poll()
             now = time.monotonic()
+            if rc is None and stop_asked_at and now - stop_asked_at[0] > kill_grace_s and not killed:
+                # Asked to stop (TERM/INT/HUP), forwarded, ignored: nothing may outlive the job.
+                sys.stderr.write(f"hpcrl-watchdog: the driver ignored the stop signal for {kill_grace_s:g} s: "
+                                 "killing its process group\n")
+                _signal_group(proc.pid, signal.SIGKILL)
+                killed = True
             if rc is not None:
                 exited_at = exited_at or now
                 # Descendants may hold the pipes open after the driver exits; stop reading soon after.

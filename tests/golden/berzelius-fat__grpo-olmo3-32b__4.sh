@@ -28,6 +28,8 @@
 #SBATCH --no-requeue
 
 set -euo pipefail
+# Files this job creates (run directory, logs, node-local directories) are the user's alone (umask 077).
+umask 077
 
 if [[ -z ${SLURM_JOB_ID:-} ]]; then
     echo "hpcrl: error: submit this script with sbatch or hpcrl submit (SLURM_JOB_ID is not set)" >&2
@@ -43,6 +45,7 @@ END_REASON=""
 END_RECORDED=""
 STOP_REASON=""
 STOP_DEADLINE=""
+STOP_BY=""
 CONTINUED=""
 HPCRL_DIR=""
 HEAD_PID=""
@@ -81,6 +84,17 @@ exec > >(
 TEE_PID=$!
 MAX_RESTARTS=10
 GRACE_S=780
+# Slurm SIGKILLs every process of the job KillWait seconds after its TERM (scancel, preemption,
+# the time limit itself): a stop that a TERM starts is planned to end inside that window, the
+# driver's share first, then Ray's, with STOP_RESERVE_S left for the last record and cleanup.
+KILL_WAIT_S=$(scontrol show config 2>/dev/null | awk '$1 == "KillWait" { print $3 + 0; exit }') || KILL_WAIT_S=""
+if [[ ! $KILL_WAIT_S =~ ^[0-9]+$ ]] || ((KILL_WAIT_S < 1)); then
+    KILL_WAIT_S=30  # the profile's slurm.kill_wait_s: scontrol did not say
+fi
+STOP_RESERVE_S=2
+TERM_DRIVER_S=$((KILL_WAIT_S * 4 / 10 > 1 ? KILL_WAIT_S * 4 / 10 : 1))
+# A stop hpcrl starts itself (a dead Ray node) waits this long for the driver.
+INTERNAL_STOP_S=15
 
 # jobs.tsv: <job id> <event> <UTC time> <detail>, one line per event (bash's own clock:
 # no process to start while a signal is being handled).
@@ -140,12 +154,16 @@ continue_chain() {
     return 0
 }
 
-# USR1 (--signal, before the time limit) or TERM/INT (scancel, preemption): stop the driver,
-# chain at once (the job may be killed soon). The first signal decides the reason.
+# USR1 (--signal, before the time limit) or TERM/INT (scancel, preemption, the limit itself):
+# stop the driver, chain at once (the job may be killed soon). The first signal decides the
+# reason; a TERM also starts Slurm's KillWait clock, which shortens any stop under way.
 on_signal() {
     local reason=$1
     if [[ $BASHPID != "$$" ]]; then
         return 0  # a child forked from this shell, not yet exec'd: the main shell handles it
+    fi
+    if [[ $2 != USR1 ]]; then
+        term_clock
     fi
     if [[ $reason == term ]]; then
         reason=preempted
@@ -159,53 +177,82 @@ on_signal() {
     STOP_REASON=$reason
     log "received SIG$2: stopping ($reason)"
     continue_chain "$reason"
-    if [[ -n $DRIVER_PID ]] && kill -0 "$DRIVER_PID" 2>/dev/null; then
+    if alive "$DRIVER_PID"; then
         kill -TERM "$DRIVER_PID" 2>/dev/null || true
-        STOP_DEADLINE=$((SECONDS + GRACE_S))
+        if [[ -n $STOP_BY ]]; then
+            STOP_DEADLINE=$((SECONDS + TERM_DRIVER_S))
+        else
+            STOP_DEADLINE=$((SECONDS + GRACE_S))
+        fi
     fi
     return 0
 }
 
-# stop_pid PID SECONDS [SIGNAL]: SIGNAL (default TERM), then KILL after SECONDS.
-stop_pid() {
-    local pid=$1 i
-    if [[ -z $pid ]] || ! kill -0 "$pid" 2>/dev/null; then
+# The first TERM: from now on Slurm gives the job KILL_WAIT_S seconds.
+term_clock() {
+    if [[ -n $STOP_BY ]]; then
         return 0
     fi
-    kill -"${3:-TERM}" "$pid" 2>/dev/null || true
-    for ((i = 0; i < $2 * 5; i++)); do
-        kill -0 "$pid" 2>/dev/null || return 0
-        sleep 0.2
-    done
-    log "pid $pid ignored SIG${3:-TERM} for $2 s: killing it"
-    kill -KILL "$pid" 2>/dev/null || true
+    STOP_BY=$((SECONDS + KILL_WAIT_S - STOP_RESERVE_S))
+    if [[ -n $STOP_DEADLINE ]] && ((STOP_DEADLINE > SECONDS + TERM_DRIVER_S)); then
+        STOP_DEADLINE=$((SECONDS + TERM_DRIVER_S))
+    fi
 }
 
-# On every exit: stop the driver, the worker step and the head's Ray processes (this job's
-# only: `ray stop` would stop every Ray cluster of this user on the node), remove node-local
-# files, record the end if nothing did yet.
+alive() { [[ -n ${1:-} ]] && kill -0 "$1" 2>/dev/null; }
+
+# kill_session SIGNAL SID...: every process of each session (a process that left its parent's
+# process group is still in the session; one that called setsid itself is not).
+kill_session() {
+    local sig=$1 sid
+    shift
+    for sid in "$@"; do
+        if [[ $sid =~ ^[1-9][0-9]*$ ]]; then
+            pkill -"$sig" -s "$sid" 2>/dev/null || kill -"$sig" -- "-$sid" 2>/dev/null || true
+        fi
+    done
+}
+
+# On every exit: record the end first, then stop what still runs, all at once (the driver's
+# session, the head's Ray, the worker step, the GPU monitor), KILL what outlives the budget
+# and remove node-local files. `ray stop` is never used: it would stop every Ray cluster of
+# this user on the node.
 on_exit() {
     local rc=$?
     if [[ $BASHPID != "$$" ]]; then
         return "$rc"  # a subshell ending: the cleanup belongs to the main shell
     fi
     set +e
-    trap - ERR USR1 TERM INT
-    if [[ -n $DRIVER_PID ]]; then
-        stop_pid "$DRIVER_PID" 10
-        kill -KILL -- "-$DRIVER_PID" 2>/dev/null
-    fi
+    trap - ERR
+    trap '' USR1
+    trap term_clock TERM INT  # Slurm's clock may start now; the cleanup goes on
     if [[ -z $END_RECORDED ]]; then
         END_REASON=${END_REASON:-${STOP_REASON:-crashed}}
         record end "$END_REASON:$rc"
+        END_RECORDED=1
     fi
-    # srun answers TERM with SIGKILL to the tasks, but forwards USR2: the workers clean up.
-    stop_pid "$WORKERS_PID" 20 USR2
-    stop_pid "$HEAD_PID" 20
-    if [[ -n $HEAD_PID ]]; then
-        kill -KILL -- "-$HEAD_PID" 2>/dev/null
+    local by=$((SECONDS + 20)) pid left
+    kill -TERM "$DRIVER_PID" "$HEAD_PID" "$MON_PID" 2>/dev/null
+    # srun answers TERM with SIGKILL to the tasks, but forwards USR2: each worker stops its Ray
+    # and removes its node-local directories.
+    kill -USR2 "$WORKERS_PID" 2>/dev/null
+    while :; do
+        left=""
+        for pid in "$DRIVER_PID" "$HEAD_PID" "$WORKERS_PID" "$MON_PID"; do
+            if alive "$pid"; then
+                left+=" $pid"
+            fi
+        done
+        if [[ -z $left ]] || ((SECONDS >= by)) || { [[ -n $STOP_BY ]] && ((SECONDS >= STOP_BY)); }; then
+            break
+        fi
+        sleep 0.2
+    done
+    if [[ -n $left ]]; then
+        log "still running at the end of the stop, killed:$left"
     fi
-    stop_pid "$MON_PID" 2
+    kill_session KILL "$DRIVER_PID" "$HEAD_PID"
+    kill -KILL "$WORKERS_PID" "$MON_PID" 2>/dev/null
     if [[ -n $NODE_DIR ]]; then  # set by node_dirs, defined beside it with remove_node_dirs
         remove_node_dirs
     fi
@@ -225,8 +272,10 @@ fail() {
 # finish REASON CODE: record the end, chain a continuation if the reason allows, exit.
 finish() {
     END_REASON=$1
-    record end "$1:$2"
-    END_RECORDED=1
+    if [[ -z $END_RECORDED ]]; then
+        record end "$1:$2"
+        END_RECORDED=1
+    fi
     continue_chain "$1"
     exit "$2"
 }
@@ -441,20 +490,58 @@ node_ports() {
     )
 }
 
-# Node-local files of this job on one node (Ray's temp dir, compile caches). Ray's Unix
-# socket paths must fit in 107 bytes, so a long node-local path falls back to /tmp for Ray.
+# Node-local files of this job on one node (Ray's temp dir, compile caches), in a directory
+# only this user can enter: Ray creates its session, socket and log directories 0777, so on a
+# shared node anyone could list, rename or replace them (a renamed raylet socket breaks the
+# job) unless their parent is private. Ray's socket paths must fit in 107 bytes, so a long
+# node-local path falls back to a private directory in /tmp for Ray.
 node_dirs() {
     NODE_DIR="$HPCRL_NODE_LOCAL/hpcrl-$SLURM_JOB_ID.$1"
     RAY_TMP="$NODE_DIR/ray"
+    private_dir "$NODE_DIR" || return 1
     if ((${#RAY_TMP} > 40)); then
         RAY_TMP="/tmp/hpcrl-$SLURM_JOB_ID.$1"
         echo "hpcrl: warning: Ray temp dir under $HPCRL_NODE_LOCAL is too long for Ray's sockets; using $RAY_TMP" >&2
+        private_dir "$RAY_TMP" || return 1
+    else
+        mkdir -p -- "$RAY_TMP"
     fi
-    mkdir -p -- "$NODE_DIR" "$RAY_TMP"
     # JIT caches off the shared home (NFS breaks their file locks): Triton, Inductor, vLLM
     # (under XDG_CACHE_HOME), FlashInfer (appends .cache/flashinfer to its base).
     export TRITON_CACHE_DIR="$NODE_DIR/triton" TORCHINDUCTOR_CACHE_DIR="$NODE_DIR/inductor" \
         XDG_CACHE_HOME="$NODE_DIR/cache" FLASHINFER_WORKSPACE_BASE="$NODE_DIR"
+}
+
+# private_dir DIR: DIR as a directory of this user's, mode 0700. Job ids are predictable, so
+# on a shared /tmp another user may have made it first: refuse anything not ours (or a link).
+private_dir() {
+    (umask 022 && mkdir -p -- "$(dirname -- "$1")")  # parents may be shared (/tmp/...): not private
+    mkdir -m 700 -- "$1" 2>/dev/null || true
+    if [[ -L $1 || ! -d $1 || ! -O $1 ]]; then
+        echo "hpcrl: error: $1 exists and is not a directory of $(id -un) (another user's, or a link); refusing to use it" >&2
+        return 1
+    fi
+    chmod 700 -- "$1"
+}
+
+# Ray below 2.52 ignores RAY_AUTH_MODE=token without a word: anyone on the node could use this
+# job's cluster, and its dashboard's job API would run their commands as this user.
+ray_version_ok() {
+    local out ver major minor
+    if ! out=$(ray --version 2>&1); then
+        echo "hpcrl: error: 'ray --version' failed on $(hostname -s): ${out##*$'\n'}" >&2
+        return 1
+    fi
+    ver=${out##* }
+    IFS=. read -r major minor _ <<<"$ver"
+    if [[ ! $major =~ ^[0-9]+$ || ! ${minor:-} =~ ^[0-9]+$ ]]; then
+        echo "hpcrl: error: cannot read Ray's version from 'ray --version': $out" >&2
+        return 1
+    fi
+    if ((major < 2 || (major == 2 && minor < 52))); then
+        echo "hpcrl: error: Ray $ver on $(hostname -s) ignores token authentication (needs Ray >= 2.52): another user on the node could attach to this job's cluster; install ray>=2.52 in the job's environment" >&2
+        return 1
+    fi
 }
 
 # Remove what node_dirs made; twice if needed: Slurm's TERM reaches every process of the job,
@@ -479,13 +566,22 @@ export RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH=$HPCRL_RAY_TOKEN
 # Recent Ray (2.60 here) drains a node for up to 30 s on SIGTERM before it stops; a job has no
 # one to drain for, and Slurm's KillWait (often 30 s) would SIGKILL the job's cleanup.
 export RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S=0
+# Ray's Prometheus metrics port would answer anyone who can reach the node, without the token,
+# on all interfaces: nothing scrapes it here, so it is off (profile ray.metrics: true).
+export RAY_enable_metrics_collection=0
 
 export HPCRL_NODE_LOCAL=/scratch/local
-node_dirs "$HEAD_SLOT"
+if ! node_dirs "$HEAD_SLOT"; then
+    fail ray-start-failed "cannot make this job's private node-local directory on $HEAD_NODE"
+fi
 
 # ------------------------------------------------------------------ Ray cluster
 if ! command -v ray >/dev/null 2>&1; then
     fail ray-start-failed "the ray command is not on PATH on $HEAD_NODE; install ray in the job's environment (hpcrl.env_setup)"
+fi
+# Before anything listens: a Ray that would ignore the token must not start.
+if ! ray_version_ok; then
+    fail ray-start-failed "Ray's version on $HEAD_NODE is not safe to start (above)"
 fi
 # GPU monitor on every node (exits at once on a machine without GPUs); it warns when GPUs
 # average under the cluster's idle-GPU threshold.
@@ -507,9 +603,7 @@ HEAD_PID=$!
 # moment, and the node-local directories must go even then.
 hpcrl_worker_cleanup() {
     set +e
-    if [[ -n $ray_pid ]]; then
-        kill -KILL -- "-$ray_pid" 2>/dev/null || true
-    fi
+    kill_session KILL "$ray_pid"
     if [[ -n $mon_pid ]]; then
         kill "$mon_pid" 2>/dev/null || true
     fi
@@ -530,6 +624,9 @@ hpcrl_worker() {
     HPCRL_NODE_LOCAL=/scratch/local
     node_dirs "$slot"
     node_ports "$slot"
+    if [[ -z $stopping ]] && ! ray_version_ok; then
+        exit 1
+    fi
     if [[ -z $stopping ]]; then
         python3 -m hpcrl.runtime.gpumon --out "$HPCRL_RUN_DIR/hpcrl/gpu-$name.csv" --interval 5 --role mixed --detect-roles --min-mean-power-w 100 --grace-minutes 60 &
         mon_pid=$!
@@ -556,7 +653,7 @@ hpcrl_worker() {
 # One step for all workers; each asks for its node's GPUs and CPUs in the job's GPU style.
 srun --nodes=3 --ntasks=3 --ntasks-per-node=1 --exclude="$HEAD_NODE" \
     --kill-on-bad-exit=1 --gpus=24 --cpus-per-task="$SLURM_CPUS_ON_NODE" \
-    bash -c "$(declare -f node_entry node_ports node_dirs remove_node_dirs hpcrl_worker_cleanup hpcrl_worker); hpcrl_worker" &
+    bash -c "$(declare -f node_entry node_ports node_dirs private_dir ray_version_ok kill_session remove_node_dirs hpcrl_worker_cleanup hpcrl_worker); hpcrl_worker" &
 WORKERS_PID=$!
 
 # Wait until Ray reports every node and GPU, failing at once if a `ray start` dies.
@@ -688,31 +785,46 @@ DRIVER=(
 printf 'hpcrl: driver:'
 printf ' %q' "${DRIVER[@]}"
 printf '\n'
-# In the background with `wait`, so the signal traps run while it works; in its own session
-# so that whatever it leaves behind can be killed as one group.
+# In the background with `wait`, so the signal traps run while it works; in a session of its
+# own (the watchdog keeps the driver in it) so that a stop can kill the whole tree at once.
 setsid "${DRIVER[@]}" &
 DRIVER_PID=$!
-DEAD_WORKERS=""
-while kill -0 "$DRIVER_PID" 2>/dev/null; do
-    sleep 2 &
+# Ray's own processes are watched like the driver: a dead head (GCS, raylet) or worker step
+# ends the run at once instead of after Ray's own timeouts.
+RAY_DIED=""
+while alive "$DRIVER_PID"; do
+    if [[ -n $STOP_REASON || -n $RAY_DIED ]]; then
+        sleep 0.2 &
+    else
+        sleep 1 &
+    fi
     wait $! || true
     if [[ -n $STOP_DEADLINE ]] && ((SECONDS >= STOP_DEADLINE)); then
-        log "the driver did not stop within $GRACE_S s: killing it"
-        kill -KILL -- "-$DRIVER_PID" 2>/dev/null || true
+        log "the driver did not stop within its grace period: killing its session"
+        kill_session KILL "$DRIVER_PID"
         STOP_DEADLINE=""
     fi
-    if [[ -z $STOP_REASON && -z $DEAD_WORKERS && -n $WORKERS_PID ]] && ! kill -0 "$WORKERS_PID" 2>/dev/null; then
-        log "error: the worker step exited while the driver was running: a worker node or its raylet died"
-        DEAD_WORKERS=1
-        kill -TERM "$DRIVER_PID" 2>/dev/null || true
-        STOP_DEADLINE=$((SECONDS + GRACE_S))
+    if [[ -z $STOP_REASON && -z $RAY_DIED ]]; then
+        if ! alive "$HEAD_PID"; then
+            RAY_DIED=ray-head-died
+            log "error: Ray's head on $HEAD_NODE (its GCS or raylet) exited while the driver was running"
+        elif [[ -n $WORKERS_PID ]] && ! alive "$WORKERS_PID"; then
+            RAY_DIED=breaker-dead-worker
+            log "error: the worker step exited while the driver was running: a worker node or its raylet died"
+        fi
+        if [[ -n $RAY_DIED ]]; then
+            kill -TERM "$DRIVER_PID" 2>/dev/null || true
+            STOP_DEADLINE=$((SECONDS + INTERNAL_STOP_S))
+        fi
     fi
 done
 code=0
 wait "$DRIVER_PID" || code=$?
 if [[ -n $STOP_REASON ]]; then
     finish "$STOP_REASON" "$code"
-elif [[ -n $DEAD_WORKERS ]]; then
+elif [[ $RAY_DIED == ray-head-died ]]; then
+    finish ray-head-died 94
+elif [[ -n $RAY_DIED ]]; then
     finish breaker-dead-worker 93
 else
     finish "$(reason_of "$code")" "$code"

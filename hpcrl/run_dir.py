@@ -1,0 +1,105 @@
+"""The run directory: its paths and the job chain its `hpcrl/jobs.tsv` records (docs/run-dir.md).
+
+Shared by the batch script (which appends the events), `submit` (which creates the directory)
+and every command that reads a run.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import NamedTuple
+
+from hpcrl.registry import now
+
+
+class RunDir:
+    """Paths of one run directory (docs/run-dir.md)."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self.meta = self.path / "hpcrl"
+        self.script = self.meta / "job.sbatch"
+        self.plan = self.meta / "plan.json"
+        self.jobs_tsv = self.meta / "jobs.tsv"
+        self.restarts = self.meta / "restarts"
+        self.cancel = self.meta / "cancel"
+
+    def log(self, job_id: str) -> Path:
+        return self.path / "logs" / f"job-{job_id}.log"
+
+    def any_log(self, job_id: str) -> Path:
+        """The job's log, else Slurm's own output file (a job that failed before its log began)."""
+        log = self.log(job_id)
+        slurm_out = self.path / "logs" / f"slurm-{job_id}.out"
+        return slurm_out if not log.exists() and slurm_out.exists() else log
+
+    def create(self, mode: int | None = None) -> None:
+        """The run directory and its sub-directories; with mode, the run directory and the ones
+        holding logs and the Ray token get exactly that mode (the parents keep theirs)."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        for sub in ("hpcrl", "logs", "output", "checkpoints"):
+            (self.path / sub).mkdir(exist_ok=True)
+        if mode is not None:
+            for d in (self.path, self.meta, self.path / "logs"):
+                d.chmod(mode)
+
+    def append_event(self, job_id: str, event: str, detail: str = "-") -> None:
+        # One short write in append mode: lines from the batch script and hpcrl never interleave.
+        with open(self.jobs_tsv, "a") as f:
+            f.write(f"{job_id}\t{event}\t{now()}\t{detail}\n")
+
+    def restart_count(self) -> int:
+        try:
+            return int(self.restarts.read_text().strip() or 0)
+        except (OSError, ValueError):
+            return 0
+
+
+class JobEvents(NamedTuple):
+    """What jobs.tsv says about one job."""
+
+    start: str | None = None  # head node
+    end_reason: str | None = None
+    exit_code: int | None = None
+    ended: str | None = None
+    next_job: str | None = None
+    next_submitted: str | None = None  # when this job submitted its continuation
+
+
+def read_chain(run_dir: RunDir) -> dict[str, JobEvents]:
+    """jobs.tsv -> events per job id; malformed lines (a torn last line) are skipped."""
+    out: dict[str, JobEvents] = {}
+    try:
+        lines = run_dir.jobs_tsv.read_text().splitlines()
+    except FileNotFoundError:
+        return out
+    for line in lines:
+        parts = line.split("\t")
+        if len(parts) != 4:
+            continue
+        job, event, stamp, detail = (p.strip() for p in parts)
+        ev = out.get(job, JobEvents())
+        if event == "start":
+            ev = ev._replace(start=detail)
+        elif event == "end":
+            reason, _, code = detail.partition(":")
+            ev = ev._replace(end_reason=reason, exit_code=int(code) if code.lstrip("-").isdigit() else None,
+                             ended=stamp)
+        elif event == "continue" and detail.isdigit():
+            ev = ev._replace(next_job=detail, next_submitted=stamp)
+        out[job] = ev
+    return out
+
+
+def run_dir_problem(rd: RunDir) -> str | None:
+    """Why the job cannot have written into its run directory: missing or not writable (a
+    filesystem turned read-only, a quota, permissions); None when it can."""
+    if not rd.path.is_dir():
+        return "run-dir-missing"
+    if not all(os.access(d, os.W_OK | os.X_OK) for d in (rd.path, rd.meta, rd.path / "logs") if d.exists()):
+        return "run-dir-unwritable"
+    return None
+
+
+__all__ = ["JobEvents", "RunDir", "read_chain", "run_dir_problem"]

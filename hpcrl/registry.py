@@ -166,6 +166,8 @@ def _refuse_busy_run_dir(conn: sqlite3.Connection, run_dir: str) -> None:
 
 def damaged(path: Path, detail: str) -> RegistryError:
     """The one-line error for a registry file SQLite cannot read."""
+    lines = [ln.strip() for ln in detail.replace("*** in database main ***", "").splitlines() if ln.strip()]
+    detail = lines[0] + (f" and {len(lines) - 1} more problems" if len(lines) > 1 else "") if lines else "unreadable"
     return RegistryError(
         f"registry {path} is damaged ({detail}); `hpcrl runs --repair` keeps what can be read and "
         f"moves the file aside, or move it away yourself (mv {path} {path}.damaged) to start a new one"
@@ -225,7 +227,7 @@ class Registry:
             self._retry(lambda: conn.execute("PRAGMA journal_mode=WAL"))
             problems = [r[0] for r in self._retry(lambda: conn.execute("PRAGMA quick_check(3)").fetchall())]
             if problems != ["ok"]:
-                raise damaged(self.path, "; ".join(problems)[:200])
+                raise damaged(self.path, "\n".join(str(p) for p in problems))
             self._retry(lambda: self._migrate(conn))
         except sqlite3.DatabaseError as exc:
             conn.close()

@@ -57,7 +57,10 @@ if markers:
     sys.exit(0)
 print(f"fake grpo_fast: job {job} wrote marker-{job}", flush=True)
 code = int(opt("--exit_code", 0))
-signal.signal(signal.SIGTERM, lambda *_: (print("fake grpo_fast: stopping at a safe point", flush=True), sys.exit(0)))
+if conf.get("ignore_term") == "1":  # a driver deaf to SIGTERM: only SIGKILL ends it
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+else:
+    signal.signal(signal.SIGTERM, lambda *_: (print("fake grpo_fast: stopping at a safe point", flush=True), sys.exit(0)))
 time.sleep(float(opt("--sleep", 0)))
 print(f"fake grpo_fast: exit {code}", flush=True)
 sys.exit(code)
@@ -149,9 +152,10 @@ def env(tmp_path):
     return {"tmp": tmp_path, "env": e, "workdir": tmp_path / "oi", "root": tmp_path / "runs"}
 
 
-def behave(env, *, sleep: float = 300, exit_code: int = 0) -> None:
+def behave(env, *, sleep: float = 300, exit_code: int = 0, ignore_term: bool = False) -> None:
     """What the fake grpo_fast.py does when it finds no earlier marker."""
-    (env["workdir"] / "fake_behaviour").write_text(f"sleep={sleep} exit_code={exit_code}\n")
+    (env["workdir"] / "fake_behaviour").write_text(
+        f"sleep={sleep} exit_code={exit_code} ignore_term={int(ignore_term)}\n")
 
 
 def script(env, name: str, *, partition: str = "debug", time_: str = "00:05:00", extra: str = "",

@@ -132,7 +132,8 @@ GRACE_S=780
 # Slurm SIGKILLs every process of the job KillWait seconds after its TERM (scancel, preemption,
 # the time limit itself): a stop that a TERM starts is planned to end inside that window, the
 # driver's share first, then Ray's, with STOP_RESERVE_S left for the last record and cleanup.
-KILL_WAIT_S=$(scontrol show config 2>/dev/null | awk '$1 == "KillWait" { print $3 + 0; exit }') || KILL_WAIT_S=""
+# (awk reads to the end: an early exit would SIGPIPE scontrol and fail the pipeline.)
+KILL_WAIT_S=$(scontrol show config 2>/dev/null | awk '$1 == "KillWait" && !n++ { print $3 + 0 }') || KILL_WAIT_S=""
 if [[ ! $KILL_WAIT_S =~ ^[0-9]+$ ]] || ((KILL_WAIT_S < 1)); then
     KILL_WAIT_S=30  # the profile's slurm.kill_wait_s: scontrol did not say
 fi
@@ -581,22 +582,20 @@ private_dir() {
 }
 
 # Ray below 2.52 ignores RAY_AUTH_MODE=token without a word: anyone on the node could use this
-# job's cluster, and its dashboard's job API would run their commands as this user.
-ray_version_ok() {
-    local out ver major minor
+# job's cluster, and its dashboard's job API would run their commands as this user. Prints why
+# this node's Ray must not start; nothing when it may.
+ray_version_problem() {
+    local out ver major minor node=${SLURMD_NODENAME:-$(hostname -s)}
     if ! out=$(ray --version 2>&1); then
-        echo "hpcrl: error: 'ray --version' failed on $(hostname -s): ${out##*$'\n'}" >&2
-        return 1
+        echo "'ray --version' failed on $node: ${out##*$'\n'}"
+        return 0
     fi
     ver=${out##* }
     IFS=. read -r major minor _ <<<"$ver"
     if [[ ! $major =~ ^[0-9]+$ || ! ${minor:-} =~ ^[0-9]+$ ]]; then
-        echo "hpcrl: error: cannot read Ray's version from 'ray --version': $out" >&2
-        return 1
-    fi
-    if ((major < 2 || (major == 2 && minor < 52))); then
-        echo "hpcrl: error: Ray $ver on $(hostname -s) ignores token authentication (needs Ray >= 2.52): another user on the node could attach to this job's cluster; install ray>=2.52 in the job's environment" >&2
-        return 1
+        echo "cannot read Ray's version on $node from 'ray --version': $out"
+    elif ((major < 2 || (major == 2 && minor < 52))); then
+        echo "Ray $ver on $node ignores token authentication (needs Ray >= 2.52): another user on the node could attach to this job's cluster; install ray>=2.52 in the job's environment"
     fi
 }
 
@@ -636,8 +635,9 @@ if ! command -v ray >/dev/null 2>&1; then
     fail ray-start-failed "the ray command is not on PATH on $HEAD_NODE; install ray in the job's environment (hpcrl.env_setup)"
 fi
 # Before anything listens: a Ray that would ignore the token must not start.
-if ! ray_version_ok; then
-    fail ray-start-failed "Ray's version on $HEAD_NODE is not safe to start (above)"
+RAY_PROBLEM=$(ray_version_problem)
+if [[ -n $RAY_PROBLEM ]]; then
+    fail ray-start-failed "$RAY_PROBLEM"
 fi
 # GPU monitor on every node (exits at once on a machine without GPUs).
 python3 -m hpcrl.runtime.gpumon --out "$HPCRL_DIR/gpu-$HEAD_NODE.csv" --interval 5 --role head --detect-roles &
@@ -679,7 +679,10 @@ hpcrl_worker() {
     HPCRL_NODE_LOCAL="${LOCALDIR}"
     node_dirs "$slot"
     node_ports "$slot"
-    if [[ -z $stopping ]] && ! ray_version_ok; then
+    local problem
+    problem=$(ray_version_problem)
+    if [[ -n $problem ]]; then
+        echo "hpcrl: error: $problem" >&2
         exit 1
     fi
     if [[ -z $stopping ]]; then
@@ -708,7 +711,7 @@ hpcrl_worker() {
 # One step for all workers; each asks for its node's GPUs and CPUs in the job's GPU style.
 srun --nodes=3 --ntasks=3 --ntasks-per-node=1 --exclude="$HEAD_NODE" \
     --kill-on-bad-exit=1 --gpus-per-node=4 --cpus-per-task="$SLURM_CPUS_ON_NODE" \
-    bash -c "$(declare -f node_entry node_ports node_dirs private_dir ray_version_ok kill_session remove_node_dirs hpcrl_worker_cleanup hpcrl_worker); hpcrl_worker" &
+    bash -c "$(declare -f node_entry node_ports node_dirs private_dir ray_version_problem kill_session remove_node_dirs hpcrl_worker_cleanup hpcrl_worker); hpcrl_worker" &
 WORKERS_PID=$!
 
 # Wait until Ray reports every node and GPU, failing at once if a `ray start` dies.

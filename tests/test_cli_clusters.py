@@ -168,6 +168,25 @@ def test_validate_wrong_type(home):
                       f"{path}: slurm.exclusive: Input should be a valid boolean, unable to interpret input")
 
 
+@pytest.mark.parametrize("key", ["FOO\u00c4", "9LIVES", "A-B"])
+def test_validate_env_name_bash_cannot_export(home, key):
+    """A name `export` would reject (non-ASCII, leading digit, dash) is refused at validation,
+    not found when the job dies on `export`."""
+    path = home / "env.yaml"
+    path.write_text(f"extends: local-dev\nenv:\n  {key}: x\n", encoding="utf-8")
+    assert_user_error(hpcrl(home, "clusters", "validate", str(path)),
+                      f"{path}: env: {key!r} is not a valid environment variable name (ASCII letters, digits "
+                      "and _, not starting with a digit)")
+
+
+def test_validate_dollar_paren_in_a_storage_path(home):
+    path = home / "p.yaml"
+    path.write_text("extends: local-dev\nstorage:\n  hf_home: /x/$(id)/hf\n")
+    assert_user_error(hpcrl(home, "clusters", "validate", str(path)),
+                      f"{path}: storage.hf_home: '/x/$(id)/hf': '$' may only start a variable ($NAME or "
+                      "${NAME}); found '$(i'")
+
+
 def test_validate_checks_every_variant(home):
     path = home / "v.yaml"
     path.write_text("extends: berzelius\nvariants:\n  fat:\n    overrides:\n      node:\n        ram_gb: 2000\n")

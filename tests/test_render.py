@@ -266,6 +266,8 @@ BAD = [
     (["--set", "hpcrl.run_name=a/b"], "must be a directory name"),
     (["--set", "output_dir=/x"], "output_dir is set by hpcrl"),
     (["--cluster", "no-such-cluster"], "unknown cluster"),
+    (["--set", "num_learners_per_node=[a]"], "num_learners_per_node: expected list[int], got ['a']"),
+    (["--set", "hpcrl.run_root=/x/$(id)"], "'$' may only start a variable"),
 ]
 
 
@@ -325,6 +327,7 @@ if [[ $1 == --version ]]; then echo "ray, version ${STUB_RAY_VERSION:-2.60.0}"; 
 if [[ -n ${STUB_RAY_WORKER_FAIL:-} && " $* " == *" --address="* ]]; then echo "stub ray: cannot start on $SLURMD_NODENAME"; exit 1; fi
 printf '%s\0' "$@" >"$STUB_OUT/ray-${SLURMD_NODENAME}.argv"
 if [[ -n ${STUB_RAY_WORKER_DIES_AFTER:-} && " $* " == *" --address="* ]]; then sleep "$STUB_RAY_WORKER_DIES_AFTER"; exit 1; fi
+if [[ -n ${STUB_RAY_HEAD_DIES_AFTER:-} && " $* " == *" --head "* ]]; then sleep "$STUB_RAY_HEAD_DIES_AFTER"; exit 1; fi
 exec sleep 300
 ''',
     "python3": r'''#!/bin/bash
@@ -624,6 +627,47 @@ def test_worker_death_during_training_stops_the_driver(tmp_path):
     events = stub.events(tmp_path / "runs" / "grpo-olmo3-7b")
     assert [e[1] for e in events] == ["start", "end"] and events[-1][3] == "breaker-dead-worker:93"
     assert "No record of process" not in out
+
+
+def test_head_death_during_training_stops_the_driver(tmp_path):
+    stub = Stub(tmp_path, nodes=2)
+    rc, out = stub.run(stub.render(), timeout=60, STUB_DRIVER_SLEEP="120", STUB_RAY_HEAD_DIES_AFTER="3")
+    assert rc == 94, out
+    assert "Ray's head on n1 (its GCS or raylet) exited while the driver was running" in out
+    assert "stub driver: stopping" in out
+    events = stub.events(tmp_path / "runs" / "grpo-olmo3-7b")
+    assert [e[1] for e in events] == ["start", "end"] and events[-1][3] == "ray-head-died:94"
+
+
+@pytest.mark.parametrize("version,ok", [("2.49.2", False), ("2.51.9", False), ("1.13.0", False), ("2.52.0", True),
+                                        ("3.0.1", True)])
+def test_ray_below_2_52_never_starts(tmp_path, version, ok):
+    """The version gate on the head and on every worker: below 2.52 no `ray start` runs anywhere."""
+    stub = Stub(tmp_path, nodes=2)
+    rc, out = stub.run(stub.render(smoke=True), timeout=60, STUB_RAY_VERSION=version)
+    started = sorted(p.name for p in stub.out.glob("ray-*.argv"))
+    if ok:
+        assert rc == 0 and started == ["ray-n1.argv", "ray-n2.argv"], out
+        return
+    assert rc == 1 and started == [], out
+    assert f"Ray {version} on n1 ignores token authentication (needs Ray >= 2.52)" in out
+    events = stub.events(tmp_path / "runs" / "grpo-olmo3-7b")
+    assert events[-1][3] == "ray-start-failed:1"
+
+
+def test_node_local_dir_taken_by_another_is_refused(tmp_path):
+    """A predictable node-local path that already exists as a link (another user's trap on a
+    shared /tmp): the job refuses it instead of putting Ray's sockets there."""
+    stub = Stub(tmp_path, nodes=2)
+    script = stub.render(smoke=True)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / "nl").mkdir()
+    (tmp_path / "nl" / f"hpcrl-{stub.job}.0").symlink_to(elsewhere)
+    rc, out = stub.run(script, timeout=60)
+    assert rc == 1 and "is not a directory of" in out and "refusing to use it" in out, out
+    assert not list(elsewhere.iterdir())
+    assert stub.events(tmp_path / "runs" / "grpo-olmo3-7b")[-1][3] == "ray-start-failed:1"
 
 
 def test_smoke_in_container(tmp_path):

@@ -27,6 +27,8 @@ import os, subprocess, sys, time, signal
 fixture, pace, after, pidfile = sys.argv[1], float(sys.argv[2]), sys.argv[3], sys.argv[4]
 grandchild = subprocess.Popen(["sleep", "300"])
 open(pidfile, "w").write(f"{os.getpid()} {grandchild.pid}")
+if after == "deaf":  # ignores SIGTERM, like a driver stuck in a collective
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 if after == "usr1":
     def on_usr1(sig, frame):
         open(pidfile + ".usr1", "w").write("got SIGUSR1")
@@ -191,6 +193,46 @@ def test_sigterm_is_forwarded_and_the_signal_exit_reported(tmp_path):
     proc.send_signal(signal.SIGTERM)
     proc.communicate(timeout=TIMEOUT)
     assert proc.returncode == 128 + signal.SIGTERM
+    assert_group_stopped(pids)
+
+
+def test_a_driver_deaf_to_sigterm_is_killed_after_the_grace(tmp_path):
+    """TERM to the watchdog is forwarded; a driver that ignores it is SIGKILLed (with its group)
+    after --kill-grace-seconds (2 here) instead of outliving the job."""
+    proc, run_dir, pids = watch(tmp_path, "grpo_fast_healthy.log", after="deaf", wait=False)
+    _wait_for(pids)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=TIMEOUT)
+    assert b"ignored the stop signal for 2 s: killing its process group" in err
+    assert proc.returncode == 128 + signal.SIGKILL
+    assert_group_stopped(pids)
+
+
+def test_the_driver_dies_with_a_killed_watchdog(tmp_path):
+    """SIGKILL to the watchdog (which cannot forward it): the kernel kills the driver too
+    (PR_SET_PDEATHSIG), so it is not left running with PPID 1."""
+    proc, run_dir, pids = watch(tmp_path, "grpo_fast_healthy.log", after="deaf", wait=False)
+    _wait_for(pids)
+    child = int(pids.read_text().split()[0])
+    proc.kill()
+    proc.communicate(timeout=TIMEOUT)
+    deadline = time.monotonic() + 10
+    while alive(child) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not alive(child), "the driver outlived its watchdog"
+
+
+def test_the_driver_shares_the_watchdogs_session_in_its_own_group(tmp_path):
+    """`pkill -s <watchdog's session>` (what the job script does) reaches the driver's tree."""
+    proc, run_dir, pids = watch(tmp_path, "grpo_fast_healthy.log", wait=False)
+    _wait_for(pids)
+    child = int(pids.read_text().split()[0])
+    stat = lambda pid: Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()  # noqa: E731
+    assert stat(child)[3] == stat(proc.pid)[3]  # same session id
+    assert int(stat(child)[2]) == child != int(stat(proc.pid)[2])  # its own process group
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=TIMEOUT)
     assert_group_stopped(pids)
 
 

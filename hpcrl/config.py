@@ -183,6 +183,7 @@ def load_run_config(name_or_path: str | None = None, overrides: list[str] | None
         args = backend.normalize_args(args, hp)
         refuse_run_dir_keys(backend, args, "")
         backend.check_args(args, hp)
+        backend.check_features(args)
     except HpcrlError as exc:
         raise ConfigError(f"{path}: {exc}") from None
     pinned = {k for k in backend.layout_keys if k in args}

@@ -75,6 +75,9 @@ class DiskSetup:
             raise HpcrlError(f"LoRA rank must be 0 (off) or positive, got {self.lora_rank}")
         if self.total_steps < 1:
             raise HpcrlError(f"total steps must be at least 1, got {self.total_steps}")
+        if self.keep_last_n_checkpoints < -1:
+            raise HpcrlError(f"--keep-last-n-checkpoints {self.keep_last_n_checkpoints}: valid: -1 (keep all), "
+                             "0 or more")
         if self.quota_bytes is not None and self.quota_bytes <= 0:
             raise HpcrlError(f"quota must be positive, got {self.quota_bytes / GIB:g} GiB")
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import jinja2
 
-from hpcrl import __version__
+from hpcrl import __version__, walltime
 from hpcrl.errors import ConfigError
 from hpcrl.memory import constants as C
 from hpcrl.resources import data_dir
@@ -22,8 +22,6 @@ from hpcrl.run_plan import RunPlan
 from hpcrl.shell import comment_safe, has_vars, sanitize_name, sbatch_safe, shq, shq_path
 
 TEMPLATE = "sbatch.sh.j2"
-# Slurm's time formats: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S.
-_TIME = re.compile(r"^(\d+|\d+:\d{1,2}|\d+:\d{1,2}:\d{1,2}|\d+-\d+|\d+-\d+:\d{1,2}|\d+-\d+:\d{1,2}:\d{1,2})$")
 _CONSTRAINT = re.compile(r"^[A-Za-z0-9_.,:@&|*()\[\]!-]+$")
 _OUTPUT_PATH = re.compile(r"^[A-Za-z0-9_.,:@+=/-]+$")
 CONTAINER_RUNTIMES = ("apptainer", "singularity")
@@ -81,10 +79,8 @@ def _sbatch_value(field: str, value: str, pattern: re.Pattern | None = None) -> 
 def _wall_time(rp: RunPlan, partition: str | None) -> str | None:
     cfg_time = rp.config.hpcrl.time
     if cfg_time is not None:
-        text = str(cfg_time)
-        if not _TIME.match(text):
-            raise ConfigError(f"hpcrl.time {text!r}: expected Slurm's format, e.g. 24:00:00 or 1-12:00:00 or 30")
-        return text
+        walltime.seconds(str(cfg_time))  # one line naming the value when it is not Slurm's format
+        return str(cfg_time)
     part = rp.profile.slurm.partitions.get(partition) if partition else None
     return part.max_time if part else None
 

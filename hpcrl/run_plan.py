@@ -14,6 +14,7 @@ from hpcrl.config import HpcrlSection, RunConfig, load_run_config
 from hpcrl.errors import HpcrlError
 from hpcrl.layout import Layout, Pins, Workload, check_nodes, enumerate_layouts
 from hpcrl.profiles import ClusterProfile, resolve_profile
+from hpcrl.walltime import check_time
 
 
 @dataclass(frozen=True)
@@ -110,7 +111,11 @@ def make_run_plan(
         raise HpcrlError("number of nodes not given: pass --nodes N or set hpcrl.nodes in the config")
     if n < 1:
         raise HpcrlError(f"--nodes must be at least 1, got {n}")  # the config's own is checked on load
-    warnings = check_nodes(profile, n, cfg.hpcrl.partition, allow_over_limit or cfg.hpcrl.allow_over_limit)
+    allow = allow_over_limit or cfg.hpcrl.allow_over_limit
+    warnings = check_nodes(profile, n, cfg.hpcrl.partition, allow)
+    part_name = cfg.hpcrl.partition or profile.slurm.default_partition
+    part = profile.slurm.partitions.get(part_name) if part_name else None
+    warnings += check_time(cfg.hpcrl.time, part_name, part.max_time if part else None, allow)
     backend = get_backend(cfg.hpcrl.backend)
     w = backend.workload_from_config(cfg, model)
     p = backend.pins_from(cfg, pins)

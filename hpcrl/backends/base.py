@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from hpcrl.errors import ConfigError, HpcrlError, PlanError
@@ -77,6 +78,12 @@ class Backend(ABC):
     entry_is_module: ClassVar[bool] = True  # `python -m <entry point>` (else a script path)
     smoke_framework: ClassVar[str | None] = None  # smoke.py --framework (None: open-instruct's placement)
     smoke_placement: ClassVar[str] = "place learners and engines as the framework does"  # the smoke comment
+    # Config keys that turn on a feature (data/capabilities.json names): a feature the
+    # framework's code does not implement is refused when one of its keys is set.
+    feature_triggers: ClassVar[dict[str, tuple[str, ...]]] = {}
+    # Keys whose values must lie in a range the framework accepts: key -> (test, what is valid,
+    # in words). A number that fails the test is refused before anything is planned.
+    value_ranges: ClassVar[dict[str, tuple[Callable[[float], bool], str]]] = {}
 
     # ------------------------------------------------------------------ flags
     @abstractmethod
@@ -90,6 +97,16 @@ class Backend(ABC):
     @abstractmethod
     def check_args(self, args: dict[str, Any], section: HpcrlSection) -> None:
         """Raise UnknownNameError (closest names) or ConfigError for a key or value the framework lacks."""
+
+    def check_features(self, args: dict[str, Any]) -> None:
+        """Refuse a feature the framework's code lacks and a value outside what it accepts."""
+        from hpcrl.backends.capabilities import refuse_unsupported
+
+        refuse_unsupported(self.name, self.feature_triggers, args)
+        for key, (ok, valid) in self.value_ranges.items():
+            value = args.get(key)
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and not (value == value and ok(value)):
+                raise ConfigError(f"{key} {value!r}: valid: {valid}")
 
     def check_section(self, section: HpcrlSection) -> None:
         """Refuse hpcrl settings that mean nothing for this framework."""
@@ -140,6 +157,15 @@ class Backend(ABC):
     def tokens_text(self, rp: RunPlan) -> str:
         """How many tokens one learner GPU holds in a micro-batch, in the framework's words."""
         return f"{rp.workload.pack_length} tokens per GPU micro-batch"
+
+
+def positive(v: float) -> bool:
+    return v > 0
+
+
+def never_or_positive(v: float) -> bool:
+    """-1 (the framework's "never") or a positive count."""
+    return v == -1 or v > 0
 
 
 def flatten(args: dict[str, Any], table: dict[str, Any]) -> dict[str, Any]:

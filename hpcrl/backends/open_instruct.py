@@ -21,6 +21,7 @@ from hpcrl.backends.base import (
     cli_pins_into,
     is_number,
     merge_planned,
+    positive,
 )
 from hpcrl.backends.oi_args import _kind, arg_table, check_args, default
 from hpcrl.errors import ConfigError, HpcrlError, PlanError
@@ -151,6 +152,21 @@ class OpenInstructBackend(Backend):
     flag_table = "hpcrl/backends/data/open_instruct_args_{layout}.json"
     entry_is_module = False
     smoke_placement = "place learners and engines as open-instruct does"
+    feature_triggers = {"lora": ("use_peft",), "load_in_4bit": ("load_in_4bit", "load_in_8bit")}
+    value_ranges = {
+        "total_episodes": (positive, "a positive number of episodes"),
+        "learning_rate": (positive, "a positive learning rate"),
+        # grpo_fast.py writes its resume state only when checkpoint_state_freq > 0 (grpo_fast.py:1995):
+        # 0 would make every job of the chain start from scratch. (save_freq <= 0 is its own
+        # "never save the model", grpo_fast.py:1664, and allowed.)
+        "checkpoint_state_freq": (positive, "a positive number of steps (0 or less never writes the state "
+                                            "a continuation resumes from)"),
+        "keep_last_n_checkpoints": (lambda v: v >= -1, "-1 (keep all), 0 or more"),
+        "num_unique_prompts_rollout": (positive, "a positive count"),
+        "num_samples_per_prompt_rollout": (positive, "a positive count"),
+        "per_device_train_batch_size": (positive, "a positive count"),
+        "num_epochs": (positive, "a positive count"),
+    }
 
     def arg_table(self, section: HpcrlSection | None = None) -> dict[str, dict[str, Any]]:
         return arg_table(section.arg_layout if section else "current")

@@ -30,6 +30,8 @@ from hpcrl.backends.base import (
     flatten,
     is_number,
     merge_planned,
+    never_or_positive,
+    positive,
     save_every,
 )
 from hpcrl.backends.flagdata import load_meta, load_table
@@ -133,6 +135,14 @@ class OpenRLHFBackend(Backend):
     flag_table = "hpcrl/backends/data/openrlhf_args.json"
     smoke_framework = "openrlhf"
     smoke_placement = "place vLLM then actor bundles in PACK groups as OpenRLHF does"
+    value_ranges = {
+        "actor.adam.lr": (positive, "a positive learning rate"),
+        "ckpt.save_steps": (never_or_positive, "-1 (never) or a positive number of steps"),
+        "ckpt.max_num": (positive, "a positive count"),
+        "train.num_episodes": (positive, "a positive count"),
+        "rollout.batch_size": (positive, "a positive count"),
+        "rollout.n_samples_per_prompt": (positive, "a positive count"),
+    }
 
     def arg_table(self, section: HpcrlSection | None = None) -> dict[str, dict[str, Any]]:
         return openrlhf_table()

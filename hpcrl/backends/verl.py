@@ -24,6 +24,8 @@ from hpcrl.backends.base import (
     flatten,
     is_number,
     merge_planned,
+    never_or_positive,
+    positive,
     require_job_match,
     save_every,
 )
@@ -137,6 +139,13 @@ class VerlBackend(Backend):
     flag_table = "hpcrl/backends/data/verl_args.json"
     smoke_framework = "verl"
     smoke_placement = "place one STRICT_PACK group of per-GPU bundles per node as verl's resource pool does"
+    value_ranges = {
+        A + "optim.lr": (positive, "a positive learning rate"),
+        T + "total_epochs": (positive, "a positive number of epochs"),
+        T + "save_freq": (never_or_positive, "-1 (never) or a positive number of steps"),
+        "data.train_batch_size": (positive, "a positive count"),
+        R + "n": (positive, "a positive count"),
+    }
 
     def arg_table(self, section: HpcrlSection | None = None) -> dict[str, dict[str, Any]]:
         return verl_table()

@@ -9,7 +9,7 @@ overlap in open-instruct's asynchronous loop, so the slower side sets the pace).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from hpcrl.errors import HpcrlError, PlanError
 from hpcrl.memory import constants as C
@@ -126,6 +126,11 @@ class Layout:
     @property
     def bottleneck(self) -> str:
         return "generation" if self.gen_time_s >= self.train_time_s else "training"
+
+    @property
+    def inside_margin(self) -> bool:
+        """Chosen without the allocator margin (nothing fit with it): a warning, not a plan that fits."""
+        return self.memory.margin == 0 and self.memory.inside_margin
 
     @property
     def learner_headroom(self) -> float:
@@ -247,8 +252,10 @@ def check_nodes(profile: ClusterProfile, nodes: int, partition: str | None = Non
     return problems
 
 
-def enumerate_layouts(profile: ClusterProfile, nodes: int, w: Workload, pins: Pins = Pins()) -> tuple[list[Layout], dict[str, int]]:
-    """Every layout that satisfies the rules and fits, ranked best first; and rejection counts."""
+def enumerate_layouts(profile: ClusterProfile, nodes: int, w: Workload, pins: Pins = Pins(),
+                      margin: bool = True) -> tuple[list[Layout], dict[str, int]]:
+    """Every layout that satisfies the rules and fits, ranked best first; and rejection counts.
+    Without margin, a learner may use the allocator margin (plan_layouts' last resort)."""
     w.check()
     g = profile.gpu.count_per_node
     rejected: dict[str, int] = {}
@@ -296,6 +303,7 @@ def enumerate_layouts(profile: ClusterProfile, nodes: int, w: Workload, pins: Pi
                             EngineSetup(model=w.model, tp=tp, gpu_memory_utilization=util, max_seq_len=w.seq_len),
                             learners_per_node=k,
                             engine_gpus_per_node=((g - k) // tp) * tp,
+                            margin=margin,
                         )
                         if plan.learner_fits:
                             break
@@ -333,8 +341,8 @@ def enumerate_layouts(profile: ClusterProfile, nodes: int, w: Workload, pins: Pi
 
 def rank(layouts: list[Layout]) -> list[Layout]:
     """Order: no idle GPU; then the fastest estimated step, where steps within STEP_TIE of the
-    fastest left count as equal and go to the layout with the fewest learners per node, then
-    the most learner memory headroom, then the smaller TP.
+    fastest left count as equal and go to the layout with the fewest idle GPUs, then the fewest
+    learners per node, then the most learner memory headroom, then the smaller TP.
 
     Among near-equal steps, spreading learners gives each one a node's NICs, host RAM and CPUs
     for ZeRO-3 traffic and offload, and avoids several NCCL ranks per node, which failed with
@@ -351,78 +359,7 @@ def rank(layouts: list[Layout]) -> list[Layout]:
         while group:
             best = group[0].step_time_s
             tied = [x for x in group if x.step_time_s <= best * (1 + STEP_TIE)]
-            tied.sort(key=lambda x: (x.learners_per_node, -round(x.learner_headroom, 3), x.tp))
+            tied.sort(key=lambda x: (x.idle_gpus, x.learners_per_node, -round(x.learner_headroom, 3), x.tp))
             ordered.extend(tied)
             group = [x for x in group if x not in tied]
     return ordered
-
-
-# The suggestions' wording in open-instruct's flags; other backends pass their own (None: not offered).
-OI_FIXES = {
-    "no_hpz": "--set deepspeed_zpg=1 (no ZeRO++ secondary weight copy)",
-    "offload_optimizer": "--set deepspeed_offload_optimizer=true (optimizer state in host RAM)",
-    "tokens": "--set pack_length={tokens}",
-    "lora": "--set use_peft=true --set lora_r=16 (LoRA: far less optimizer state)",
-    "per_param_sync": "--set gather_whole_model=false (weight sync one parameter at a time)",
-}
-
-
-def suggest(profile: ClusterProfile, nodes: int, w: Workload, pins: Pins, variants: list[ClusterProfile],
-            fixes: dict[str, str | None] = OI_FIXES) -> list[str]:
-    """Computed changes that make some layout fit (each one checked by the planner)."""
-    out: list[str] = []
-    if w.weight_sync == "whole_model" and fixes.get("per_param_sync"):
-        if enumerate_layouts(profile, nodes, replace(w, weight_sync="per_param"), pins)[0]:
-            out.append(str(fixes["per_param_sync"]))
-    limit = max(nodes * 2, 64)
-    for n in range(nodes + 1, limit + 1):
-        if enumerate_layouts(profile, n, w, pins)[0]:
-            out.append(f"--nodes {n}")
-            break
-    else:
-        if w.hpz_partition_size > 1 and fixes.get("no_hpz"):
-            no_hpz = replace(w, hpz_partition_size=1)
-            for n in range(nodes, limit + 1):
-                if enumerate_layouts(profile, n, no_hpz, pins)[0]:
-                    out.append(f"--nodes {n} {fixes['no_hpz']}")
-                    break
-    if w.offload == "none" and fixes.get("offload_optimizer"):
-        if enumerate_layouts(profile, nodes, replace(w, offload="optimizer"), pins)[0]:
-            out.append(str(fixes["offload_optimizer"]))
-    lo, hi = w.seq_len, w.pack_length - 1
-    best = None
-    while lo <= hi and w.pack_length > w.seq_len:
-        mid = (lo + hi) // 2
-        if enumerate_layouts(profile, nodes, replace(w, pack_length=mid), pins)[0]:
-            best, lo = mid, mid + 1
-        else:
-            hi = mid - 1
-    if best and fixes.get("tokens"):
-        out.append(str(fixes["tokens"]).format(tokens=best))
-    if w.lora_rank == 0 and fixes.get("lora") and enumerate_layouts(profile, nodes, replace(w, lora_rank=16), pins)[0]:
-        out.append(str(fixes["lora"]))
-    for var in variants:
-        for n in range(nodes, limit + 1):
-            if enumerate_layouts(var, n, w, pins)[0]:
-                out.append(f"--cluster {var.name}:{var.variant} --nodes {n}")
-                break
-    return out
-
-
-def plan_layouts(
-    profile: ClusterProfile,
-    nodes: int,
-    w: Workload,
-    pins: Pins = Pins(),
-    variants: list[ClusterProfile] | None = None,
-    fixes: dict[str, str | None] = OI_FIXES,
-) -> list[Layout]:
-    """Ranked layouts; PlanError with computed suggestions when none fits."""
-    layouts, rejected = enumerate_layouts(profile, nodes, w, pins)
-    if layouts:
-        return layouts
-    why = max(rejected, key=lambda k: rejected[k]) if rejected else "no candidate layout"
-    where = f"{nodes} {profile.name}{':' + profile.variant if profile.variant else ''} node{'s' if nodes > 1 else ''}"
-    found = suggest(profile, nodes, w, pins, variants or [], fixes)
-    fix = "; would fit: " + " | ".join(found) if found else "; nothing hpcrl tried fits (more nodes, offload, shorter pack_length, LoRA)"
-    raise PlanError(f"no layout of {w.model.name} fits on {where} ({why}){fix}")

@@ -14,7 +14,16 @@ from __future__ import annotations
 from dataclasses import replace
 
 from hpcrl.errors import PlanError
-from hpcrl.layout import Layout, Pins, Workload, _learner_setup, generation_time, rank, training_time
+from hpcrl.layout import (
+    Layout,
+    Pins,
+    Workload,
+    _learner_setup,
+    generation_time,
+    rank,
+    training_time,
+)
+from hpcrl.layout_advice import with_margin_note
 from hpcrl.memory.colocated import Colocation, ColocatedPlan, plan_colocated
 from hpcrl.memory.engine import EngineSetup
 from hpcrl.profiles import ClusterProfile
@@ -30,15 +39,16 @@ def colocated_tps(w: Workload, gpus_per_node: int) -> list[int]:
 
 
 def colocated_memory(profile: ClusterProfile, nodes: int, w: Workload, tp: int, util: float,
-                     colocation: Colocation) -> ColocatedPlan:
+                     colocation: Colocation, margin: bool = True) -> ColocatedPlan:
     """The memory plan of one colocated choice."""
     n = nodes * profile.gpu.count_per_node
     engine = EngineSetup(model=w.model, tp=tp, gpu_memory_utilization=util, max_seq_len=w.seq_len)
-    return plan_colocated(profile, _learner_setup(w, n), engine, colocation)
+    return plan_colocated(profile, _learner_setup(w, n), engine, colocation, margin)
 
 
 def enumerate_colocated(profile: ClusterProfile, nodes: int, w: Workload, pins: Pins = Pins(),
-                        colocation: Colocation = Colocation()) -> tuple[list[Layout], dict[str, int]]:
+                        colocation: Colocation = Colocation(), margin: bool = True
+                        ) -> tuple[list[Layout], dict[str, int]]:
     """Every colocated TP and utilisation that fits, ranked best first; and rejection counts."""
     w.check()
     g = profile.gpu.count_per_node
@@ -57,7 +67,7 @@ def enumerate_colocated(profile: ClusterProfile, nodes: int, w: Workload, pins: 
     for tp in tps:
         why = None
         for util in utils:
-            plan = colocated_memory(profile, nodes, w, tp, util, colocation)
+            plan = colocated_memory(profile, nodes, w, tp, util, colocation, margin)
             if not plan.learner_fits:
                 why = "training does not fit in GPU memory"
             elif not plan.host.fits:
@@ -97,6 +107,9 @@ def plan_colocated_layouts(profile: ClusterProfile, nodes: int, w: Workload, pin
     offloaded = replace(colocation, param_offload=True, optimizer_offload=True)
     if offload_hint and offloaded != colocation and enumerate_colocated(profile, nodes, w, pins, offloaded)[0]:
         fixes.append(offload_hint)
+    tight, _ = enumerate_colocated(profile, nodes, w, pins, colocation, margin=False)
+    if tight:
+        return with_margin_note(tight, fixes)
     fix = "; would fit: " + " | ".join(fixes) if fixes else "; nothing hpcrl tried fits (more nodes, offload)"
     raise PlanError(f"no colocated layout of {w.model.name} fits on {where} ({why}){fix}")
 

@@ -13,6 +13,7 @@ from hpcrl.backends.base import Backend
 from hpcrl.config import HpcrlSection, RunConfig, load_run_config
 from hpcrl.errors import HpcrlError
 from hpcrl.layout import Layout, Pins, Workload, check_nodes, enumerate_layouts
+from hpcrl.layout_advice import idle_gpus_warning
 from hpcrl.profiles import ClusterProfile, resolve_profile
 from hpcrl.walltime import check_time
 
@@ -127,6 +128,8 @@ def make_run_plan(
     planned = backend.plan(cfg, profile, n, w, p, variants)
     warnings += unconfirmed_in_script(profile, cfg.hpcrl)
     if planned.layouts:
+        warnings += list(planned.layouts[0].notes)
+        warnings += idle_gpus_warning(planned.layouts)
         warnings += idle_rule_risk(profile, planned.layouts[0])
     if cfg.hpcrl.container and n > 1 and profile.container.multi_node_note:
         warnings.append(f"{profile.name}: {profile.container.multi_node_note}")

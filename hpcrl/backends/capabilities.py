@@ -103,7 +103,7 @@ def refuse_unsupported(backend: str, triggers: dict[str, tuple[str, ...]], args:
         for key in keys:
             value = args.get(key)
             if value not in (None, False, 0, "", "none", "None", [], {}):
-                raise unsupported(backend, name, f"{key}={value}")
+                raise unsupported(backend, name, f"{key}={json.dumps(value) if isinstance(value, bool) else value}")
 
 
 __all__ = ["BACKENDS", "Fact", "checkpoint_kinds", "commit", "feature", "refuse_unsupported", "services",

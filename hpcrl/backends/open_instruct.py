@@ -23,6 +23,7 @@ from hpcrl.backends.base import (
     merge_planned,
     positive,
 )
+from hpcrl.backends.capabilities import feature, setting
 from hpcrl.backends.oi_args import _kind, arg_table, check_args, default
 from hpcrl.errors import ConfigError, HpcrlError, PlanError
 from hpcrl.layout import Layout, Pins, Workload
@@ -196,7 +197,10 @@ class OpenInstructBackend(Backend):
             samples_per_prompt=int(arg("num_samples_per_prompt_rollout")),
             beta=float(arg("beta")),
             load_ref_policy=bool(arg("load_ref_policy")),
-            gradient_checkpointing=bool(arg("gradient_checkpointing")),
+            # grpo_fast.py enables it unconditionally; its gradient_checkpointing field is never read
+            # (capabilities.json, grpo_fast.py:370), so the plan does not follow the flag.
+            gradient_checkpointing=bool(feature(self.name, "gradient_checkpointing").value),
+            grad_accum_dtype=str(setting(self.name, "deepspeed", "grad_accum_dtype").value),
             offload=offload,
             lora_rank=int(arg("lora_r") or 0) if arg("use_peft") else 0,
             load_in_4bit=bool(arg("load_in_4bit")),
@@ -233,6 +237,11 @@ class OpenInstructBackend(Backend):
     def plan(self, cfg: RunConfig, profile: ClusterProfile, nodes: int, w: Workload, pins: Pins,
              variants: list[ClusterProfile]) -> Planned:
         planned = super().plan(cfg, profile, nodes, w, pins, variants)
+        if cfg.args.get("gradient_checkpointing") is False:
+            fact = feature(self.name, "gradient_checkpointing")
+            planned = replace(planned, warnings=planned.warnings + (
+                f"gradient_checkpointing false has no effect: grpo_fast.py always enables it ({fact.cite()}); "
+                "the plan assumes it on",))
         best = planned.layouts[0]
         if w.unique_prompts < best.engines:
             # grpo_fast.py sends each prompt, with all its samples, to one engine (and warns too)

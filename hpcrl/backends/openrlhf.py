@@ -37,7 +37,8 @@ from hpcrl.backends.base import (
 from hpcrl.backends.flagdata import load_meta, load_table
 from hpcrl.backends.openrlhf_ckpt import checkpoint_flags
 from hpcrl.errors import ConfigError, HpcrlError, PlanError, UnknownNameError
-from hpcrl.layout import OI_FIXES, Pins, Workload, plan_layouts
+from hpcrl.layout import Pins, Workload
+from hpcrl.layout_advice import OI_FIXES, plan_layouts
 from hpcrl.layout_colocated import plan_colocated_layouts
 from hpcrl.memory.colocated import Colocation
 from hpcrl.models import resolve_model

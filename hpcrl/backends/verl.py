@@ -273,8 +273,10 @@ class VerlBackend(Backend):
         po, oo = offloads[-1]
         wm = replace(w, pack_length=micros[-1] * w.seq_len) if micros[-1] else w
         hint = None if offloads[-1] == (True, True) else f"--set {PARAM_OFFLOAD_KEY}=true --set {OPT_OFFLOAD_KEY}=true"
-        plan_colocated_layouts(profile, nodes, wm, pins, self.colocation(cfg, po, oo), hint)
-        raise AssertionError("plan_colocated_layouts returned layouts enumerate_colocated did not")
+        # Raises with suggestions, or returns layouts that fit only inside the allocator margin (with a note).
+        layouts = plan_colocated_layouts(profile, nodes, wm, pins, self.colocation(cfg, po, oo), hint)
+        choices = {PARAM_OFFLOAD_KEY: po, OPT_OFFLOAD_KEY: oo} | ({MICRO_KEY: micros[-1]} if micros[-1] else {})
+        return Planned(layouts, choices, workload=wm)
 
     def _micro_batches(self, cfg: RunConfig, world: int) -> list[int]:
         """Sequences per GPU micro-batch to try, largest first ([0]: tokens are fixed already)."""

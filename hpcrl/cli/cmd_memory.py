@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from enum import Enum
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import typer
 from rich.table import Table
@@ -12,7 +12,6 @@ from rich.table import Table
 from hpcrl.cli.app import app
 from hpcrl.cli.output import console, print_json
 from hpcrl.memory.colocated import Colocation
-from hpcrl.memory.planner_defaults import choose_memory_plan
 from hpcrl.profiles import resolve_profile
 
 
@@ -51,71 +50,75 @@ class RolloutOffload(str, Enum):
     all = "all"
 
 
-# What each framework's learner looks like to the memory model, where the flags are left out:
-# (colocated, gradient dtype, log-prob path, out-of-place logits / temperature).
-BACKEND_DEFAULTS = {
-    "open-instruct": (False, "bf16", "compiled", True),
-    "verl": (True, "fp32", "compiled", False),  # hybrid engine; FSDP reduces in fp32; in-place div_
-    "openrlhf": (False, "bf16", "eager", False),  # DeepSpeed default bf16 grads; fp32-upcast logits
-}
-
-
 @app.command("plan-memory")
 def plan_memory_cmd(
-    model: str = typer.Option("32b", "--model", "-m", help="Catalog name, alias (7b, 32b, ...), config.json path or cached HF repo id"),
-    cluster: Optional[str] = typer.Option(None, "--cluster", "-c", help="Cluster profile (default isambard-ai); name:variant picks a node type"),
+    config: Optional[str] = typer.Option(None, "--config", help="Run config file or shipped name: answer for that run"),
+    sets: List[str] = typer.Option([], "--set", help="Override a config field: key=value (with --config)"),
+    model: Optional[str] = typer.Option(None, "--model", "-m", help="Catalog name, alias (7b, 32b, ...), config.json path or cached HF repo id (default: the config's, else 32b)"),
+    cluster: Optional[str] = typer.Option(None, "--cluster", "-c", help="Cluster profile (default: the config's, else isambard-ai); name:variant picks a node type"),
     cluster_file: Optional[Path] = typer.Option(None, "--cluster-file", help="Load this profile file instead"),
     learner_gpus: Optional[int] = typer.Option(None, "--learner-gpus", help="Learner GPUs (ZeRO world size); default: fewest that fit"),
-    tokens_per_gpu: int = typer.Option(8192, "--tokens-per-gpu", help="Packed tokens in one learner micro-batch"),
+    tokens_per_gpu: Optional[int] = typer.Option(None, "--tokens-per-gpu", help="Packed tokens in one learner micro-batch (default: the config's, else 8192)"),
     no_gc: bool = typer.Option(False, "--no-gradient-checkpointing", help="Keep every activation"),
-    offload: OffloadChoice = typer.Option(OffloadChoice.none, "--offload"),
+    ref_policy: Optional[bool] = typer.Option(None, "--ref-policy/--no-ref-policy", help="A frozen reference copy on each learner (default: the framework's, or the config's)"),
+    zpg: Optional[int] = typer.Option(None, "--zpg", help="ZeRO++ secondary partition size (open-instruct --deepspeed_zpg, default 8; 1 is off)"),
+    offload: Optional[OffloadChoice] = typer.Option(None, "--offload", help="ZeRO offload: none, optimizer, params"),
     zero_stage: int = typer.Option(3, "--zero-stage", help="0, 2 or 3"),
-    lora_rank: int = typer.Option(0, "--lora-rank", help="LoRA rank (0: full fine-tuning)"),
-    load_in_4bit: bool = typer.Option(False, "--load-in-4bit", help="4-bit base weights (QLoRA)"),
+    lora_rank: Optional[int] = typer.Option(None, "--lora-rank", help="LoRA rank (0: full fine-tuning); not open-instruct"),
+    load_in_4bit: Optional[bool] = typer.Option(None, "--load-in-4bit", help="4-bit base weights (QLoRA); not open-instruct"),
     logprob_impl: Optional[LogprobChoice] = typer.Option(None, "--logprob-impl", help="Default: the backend's (compiled; openrlhf eager)"),
-    grad_dtype: Optional[GradDtype] = typer.Option(None, "--grad-accum-dtype", help="ZeRO gradient partitions (default bf16; verl fp32; open-instruct's config sets fp32)"),
+    grad_dtype: Optional[GradDtype] = typer.Option(None, "--grad-accum-dtype", help="ZeRO gradient partitions (default: the framework's; open-instruct fp32)"),
     vllm_tp: Optional[int] = typer.Option(None, "--vllm-tp", help="Engine tensor-parallel size; default: smallest that fits"),
-    vllm_util: float = typer.Option(0.9, "--vllm-gpu-memory-utilization"),
-    max_seq_len: Optional[int] = typer.Option(None, "--max-seq-len", help="Engine sequence length (default: tokens per GPU)"),
-    backend: BackendChoice = typer.Option(BackendChoice.open_instruct, "--backend", help="Framework whose learner to model; verl is colocated"),
+    vllm_util: Optional[float] = typer.Option(None, "--vllm-gpu-memory-utilization", help="Default: the config's, else the framework's (open-instruct 0.9, verl 0.5, openrlhf 0.95)"),
+    max_seq_len: Optional[int] = typer.Option(None, "--max-seq-len", help="Engine sequence length (default: prompt + response)"),
+    backend: Optional[BackendChoice] = typer.Option(None, "--backend", help="Framework whose learner to model, without --config (default open-instruct)"),
     colocated: Optional[bool] = typer.Option(None, "--colocated/--separate", help="Learner and engine share every GPU (default: verl yes, others no)"),
-    rollout_offload: RolloutOffload = typer.Option(RolloutOffload.none, "--rollout-offload", help="Colocated: training state moved to host RAM while vLLM generates (verl param/optimizer_offload; OpenRLHF ds.enable_sleep = all)"),
-    keep_grads: Optional[bool] = typer.Option(None, "--keep-grads/--free-grads", help="Colocated: gradient partitions stay on the GPU between steps (DeepSpeed yes, verl's FSDP no)"),
-    weight_sync: Optional[WeightSync] = typer.Option(None, "--weight-sync", help="Learner -> vLLM weight sync after each step: whole-model (open-instruct's gather_whole_model), per-param, auto (whole where it fits; open-instruct's default here), none (verl, openrlhf: not modelled)"),
+    rollout_offload: RolloutOffload = typer.Option(RolloutOffload.none, "--rollout-offload", help="Colocated, without --config: training state in host RAM while vLLM generates"),
+    keep_grads: Optional[bool] = typer.Option(None, "--keep-grads/--free-grads", help="Colocated, without --config: gradients stay on the GPU between steps (DeepSpeed yes, FSDP no)"),
+    weight_sync: Optional[WeightSync] = typer.Option(None, "--weight-sync", help="Learner -> vLLM weight sync: whole-model, per-param, auto (open-instruct's), none"),
     as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON"),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Write a stacked bar chart (PNG)"),
 ) -> None:
-    """Will it fit? Per-GPU memory of a learner and an engine, and host RAM, with a verdict."""
-    sync = weight_sync.value.replace("-", "_") if weight_sync else ("auto" if backend.value == "open-instruct" else "none")
-    profile = resolve_profile(cluster, cluster_file)
-    b_colocated, b_grad, b_logprob, logits_copy = BACKEND_DEFAULTS[backend.value]
+    """Will it fit? Per-GPU memory of a learner and an engine, and host RAM, for a run config or a framework's defaults."""
+    from hpcrl import memory_question as mq
+    from hpcrl.errors import HpcrlError
+
+    if sets and not config:
+        raise HpcrlError("--set changes a run config: give --config NAME|FILE as well")
+    if config and backend is not None:
+        raise HpcrlError("--backend is the config's hpcrl.backend when --config is given; drop one of them")
+    given = mq.Overrides(
+        model=model, tokens_per_gpu=tokens_per_gpu, ref_policy=ref_policy, zpg=zpg,
+        offload=offload.value if offload else None, lora_rank=lora_rank, load_in_4bit=load_in_4bit,
+        logprob_impl=logprob_impl.value if logprob_impl else None,
+        grad_accum_dtype=grad_dtype.value if grad_dtype else None, gradient_checkpointing=False if no_gc else None,
+        util=vllm_util, weight_sync=weight_sync.value.replace("-", "_") if weight_sync else None)
+    if config:
+        from hpcrl.config import load_run_config
+
+        cfg = load_run_config(config, sets)
+        question = mq.from_config(cfg, given)
+        profile = resolve_profile(cluster or cfg.hpcrl.cluster, cluster_file)
+    else:
+        question = mq.from_defaults(backend.value if backend else "open-instruct", given)
+        profile = resolve_profile(cluster, cluster_file)
+    question.check_features()
     colocation = None
-    if b_colocated if colocated is None else colocated:
-        keep = backend.value != "verl" if keep_grads is None else keep_grads
+    if question.config is None and (question.colocated if colocated is None else colocated):
+        keep = question.backend != "verl" if keep_grads is None else keep_grads
         offload_all = rollout_offload is RolloutOffload.all
         colocation = Colocation(param_offload=offload_all, optimizer_offload=rollout_offload is not RolloutOffload.none,
                                 grads_resident=keep and not offload_all)
-    plan, notes = choose_memory_plan(
-        profile,
-        model=model,
-        learner_gpus=learner_gpus,
-        tokens_per_gpu=tokens_per_gpu,
-        gradient_checkpointing=not no_gc,
-        offload=offload.value,
-        zero_stage=zero_stage,
-        lora_rank=lora_rank,
-        load_in_4bit=load_in_4bit,
-        logprob_impl=logprob_impl.value if logprob_impl else b_logprob,
-        grad_accum_dtype=grad_dtype.value if grad_dtype else b_grad,
-        vllm_tp=vllm_tp,
-        vllm_gpu_memory_utilization=vllm_util,
-        max_seq_len=max_seq_len,
-        colocation=colocation,
-        logits_copy=logits_copy,
-        weight_sync=sync,
-    )
+    elif question.config is not None and colocated is not None and colocated != question.colocated:
+        raise HpcrlError(f"--{'colocated' if colocated else 'separate'}: the config's {question.backend} run is "
+                         f"{'colocated' if question.colocated else 'separate'}; change the config instead")
+    plan, notes = mq.answer(question, profile, learner_gpus=learner_gpus, zero_stage=zero_stage, vllm_tp=vllm_tp,
+                            max_seq_len=max_seq_len, colocation=colocation)
     data = plan.to_dict()
     data["notes"] = notes
+    data["assumptions"] = list(question.assumptions)
+    data["backend"] = question.backend
+    data["config"] = question.config.source if question.config else None
     if plot is not None:
         from hpcrl.plots import plot_memory
 
@@ -134,8 +137,10 @@ def _print_plan(d: dict) -> None:
         f"[bold]{d['model']['name']}[/] on [bold]{gpu['cluster']}[/] "
         f"({gpu['name']}, {gpu['usable_gib']:.1f} GiB usable per GPU)"
     )
+    for line in d["assumptions"]:
+        console.print(f"  assumes: {line}", soft_wrap=True)
     for note in d["notes"]:
-        console.print(f"  note: {note}")
+        console.print(f"  note: {note}", soft_wrap=True)
     t = Table(title=f"Learner GPU: ZeRO-{lr['zero_stage']} over {lr['gpus']} GPUs, {lr['tokens_per_gpu']} tokens, "
               f"log-prob {lr['logprob_impl']}, peak at {lr['peak_phase']}")
     t.add_column("term")

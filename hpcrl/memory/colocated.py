@@ -22,13 +22,13 @@ weight sync at the start of a rollout is not modelled.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from hpcrl.memory import constants as C
 from hpcrl.memory.engine import EngineSetup, engine_memory
 from hpcrl.memory.host import HostMemory, host_memory
 from hpcrl.memory.learner import LearnerSetup, learner_memory
-from hpcrl.memory.plan import LEARNER_HEADROOM, MemoryPlan
+from hpcrl.memory.plan import LEARNER_HEADROOM, MemoryPlan, allocator_margin
 from hpcrl.profiles import ClusterProfile
 
 # learner_memory's term names, grouped by what a framework can move off the GPU between phases.
@@ -53,9 +53,9 @@ class Colocation:
 class ColocatedPlan(MemoryPlan):
     """A MemoryPlan whose learner and engine share each GPU, checked phase by phase."""
 
-    colocation: Colocation
-    training_terms: dict[str, float]
-    rollout_terms: dict[str, float]
+    colocation: Colocation = Colocation()
+    training_terms: dict[str, float] = field(default_factory=dict)
+    rollout_terms: dict[str, float] = field(default_factory=dict)
 
     @property
     def training_total(self) -> float:
@@ -70,8 +70,8 @@ class ColocatedPlan(MemoryPlan):
         return max(self.training_total, self.rollout_total)
 
     @property
-    def learner_fits(self) -> bool:
-        return self.training_total <= self.usable * (1 - LEARNER_HEADROOM)
+    def learner_peak(self) -> float:
+        return self.training_total
 
     @property
     def rollout_fits(self) -> bool:
@@ -85,11 +85,7 @@ class ColocatedPlan(MemoryPlan):
     def verdict(self) -> str:
         g = C.GIB
         parts = []
-        if self.learner_fits:
-            parts.append(f"training fits with {(self.usable - self.training_total) / g:.1f} GiB to spare")
-        else:
-            over = self.training_total - self.usable * (1 - LEARNER_HEADROOM)
-            parts.append(f"training does NOT fit: {over / g:.1f} GiB over the {self.usable / g:.1f} GiB GPU")
+        parts.append(self.learner_verdict("training"))
         if self.rollout_fits:
             parts.append(f"rollout fits with {(self.usable - self.rollout_total) / g:.1f} GiB to spare")
         else:
@@ -136,7 +132,7 @@ def _sum(terms: dict[str, float], names: tuple[str, ...]) -> float:
 
 
 def plan_colocated(profile: ClusterProfile, learner: LearnerSetup, engine: EngineSetup,
-                   colocation: Colocation = Colocation()) -> ColocatedPlan:
+                   colocation: Colocation = Colocation(), margin: bool = True) -> ColocatedPlan:
     """Training and rollout memory of one GPU that does both, and host RAM per node.
 
     `learner.n_gpus` is every GPU of the job (the learner is sharded over all of them);
@@ -176,7 +172,8 @@ def plan_colocated(profile: ClusterProfile, learner: LearnerSetup, engine: Engin
              "vLLM weights while asleep": g * em.weights if colocation.vllm_sleeps else 0.0}
     terms = {**hm.terms, **{k: v for k, v in extra.items() if v}}
     hm = HostMemory(hm.ram_per_node, hm.kill_threshold, sum(terms.values()), terms)
-    return ColocatedPlan(profile, learner, engine, lm, em, hm, colocation, training, rollout)
+    return ColocatedPlan(profile, learner, engine, lm, em, hm, allocator_margin(learner, lm.peak_reserved) if margin else 0.0,
+                         colocation=colocation, training_terms=training, rollout_terms=rollout)
 
 
 __all__ = ["Colocation", "ColocatedPlan", "plan_colocated"]

@@ -52,6 +52,16 @@ RESERVE_FRACTION = 0.055
 RESERVE_FIXED_GIB = 2.35
 RESERVE_LOGITS = 0.39
 
+# Allocator margin: reserved memory (what actually runs out) scatters around the fit above, by
+# more in larger runs. A plan "fits" only with max(floor, fraction x its peak reserved) left
+# free, per log-prob path: the fraction is the largest (measured - fitted) / fitted reserved
+# among the committed rows whose fitted reserved is 24 GiB or more, the floor the largest
+# absolute excess among the smaller ones (benchmarks/results/*.jsonl: compiled 22 + 4 rows,
+# 6.44% and 3.17 GiB; eager 46 + 7 rows, 10.57% and 1.09 GiB; both largest at Qwen2.5-7B on
+# 2 GPUs x 16k tokens), rounded up. So every committed row lies inside it (tests/test_memory.py).
+# *measured spread*, not a model of fragmentation: 6.2 GiB on a 95 GiB compiled peak.
+ALLOCATOR_MARGIN = {"compiled": (0.065, 3.2), "eager": (0.106, 1.1)}  # (fraction, floor GiB)
+
 # Fixed allocations not proportional to model size (RNG state, cuBLAS workspaces, small
 # persistent parameters, communication scratch).  *fitted*
 FIXED_ALLOC_GIB = 0.25

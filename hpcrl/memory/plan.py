@@ -10,8 +10,15 @@ from hpcrl.memory.host import HostMemory, host_memory
 from hpcrl.memory.learner import LearnerMemory, LearnerSetup, deepspeed_estimate, learner_memory
 from hpcrl.profiles import ClusterProfile
 
-# Headroom kept free on a learner GPU for allocator spikes the model does not see.
+# Headroom kept free on a GPU for spikes no model sees (used where no measured margin applies:
+# a colocated GPU's rollout phase, diagnose's fixes).
 LEARNER_HEADROOM = 0.03
+
+
+def allocator_margin(setup: LearnerSetup, peak_reserved: float) -> float:
+    """Bytes a learner keeps free for the allocator's measured spread (constants.ALLOCATOR_MARGIN)."""
+    fraction, floor_gib = C.ALLOCATOR_MARGIN[setup.logprob_impl]
+    return max(floor_gib * C.GIB, fraction * peak_reserved)
 
 
 @dataclass(frozen=True)
@@ -22,30 +29,48 @@ class MemoryPlan:
     learner: LearnerMemory
     engine: EngineMemory
     host: HostMemory
+    # The allocator margin this plan is held to (allocator_margin); 0 where a caller accepts a
+    # plan inside it (the layout planner's fallback, which then warns).
+    margin: float = 0.0
 
     @property
     def usable(self) -> float:
         return self.profile.gpu_bytes
 
     @property
+    def learner_peak(self) -> float:
+        """The learner side's device peak (a colocated plan's training phase)."""
+        return self.learner.device_total
+
+    @property
     def learner_fits(self) -> bool:
-        return self.learner.device_total <= self.usable * (1 - LEARNER_HEADROOM)
+        return self.learner_peak + self.margin <= self.usable
+
+    @property
+    def inside_margin(self) -> bool:
+        """Fits the GPU, but not with the full measured allocator margin left over."""
+        full = allocator_margin(self.learner_setup, self.learner.peak_reserved)
+        return self.learner_peak <= self.usable < self.learner_peak + full
 
     @property
     def fits(self) -> bool:
         return self.learner_fits and self.engine.fits and self.host.fits
 
+    def learner_verdict(self, what: str = "learner") -> str:
+        """Fits with room to spare after the margin, only inside it, or not at all."""
+        g, full = C.GIB, allocator_margin(self.learner_setup, self.learner.peak_reserved)
+        spare = self.usable - self.learner_peak
+        if spare >= full:
+            return (f"{what} fits with {(spare - full) / g:.1f} GiB to spare after a {full / g:.1f} GiB allocator "
+                    f"margin")
+        if spare >= 0:
+            return (f"{what} fits only inside the {full / g:.1f} GiB allocator margin ({spare / g:.1f} GiB left; "
+                    "reserved memory varied that much in the calibration): it may run out of memory")
+        return f"{what} does NOT fit: {-spare / g:.1f} GiB over the {self.usable / g:.1f} GiB GPU"
+
     def verdict(self) -> str:
         """The plan in words."""
-        g = C.GIB
-        parts = []
-        if self.learner_fits:
-            spare = self.usable - self.learner.device_total
-            parts.append(f"learner fits with {spare / g:.1f} GiB to spare")
-        else:
-            over = self.learner.device_total - self.usable * (1 - LEARNER_HEADROOM)
-            parts.append(f"learner does NOT fit: {over / g:.1f} GiB over the {self.usable / g:.1f} GiB GPU")
-        return "; ".join(parts + self.engine_and_host_verdicts())
+        return "; ".join([self.learner_verdict()] + self.engine_and_host_verdicts())
 
     def engine_and_host_verdicts(self) -> list[str]:
         """The engine's verdict, and the host's when it does not fit."""
@@ -93,7 +118,9 @@ class MemoryPlan:
                 "peak_phase": self.learner.phase,
                 "breakdown": {k: round(v / g, 3) for k, v in self.learner.terms.items()},
                 "deepspeed_estimate_gib": round(deepspeed_estimate(ls.model, ls.n_gpus) / g, 3),
-                "fits": self.learner_fits,
+                "allocator_margin_gib": round(allocator_margin(ls, self.learner.peak_reserved) / g, 3),
+                "fits": self.learner_peak + allocator_margin(ls, self.learner.peak_reserved) <= self.usable,
+                "inside_margin": self.inside_margin,
             },
             "engine": {
                 "tp": es.tp,
@@ -127,8 +154,10 @@ def plan_memory(
     engine: EngineSetup,
     learners_per_node: int = 1,
     engine_gpus_per_node: int | None = None,
+    margin: bool = True,
 ) -> MemoryPlan:
-    """Evaluate learner, engine and host memory for one layout on `profile`."""
+    """Evaluate learner, engine and host memory for one layout on `profile`; with margin, the
+    learner must leave the allocator margin free to fit."""
     engine.check(profile.gpu.count_per_node)
     engine = EngineSetup(**{**engine.__dict__, "gpu_total_bytes": profile.gpu_bytes})
     lm = learner_memory(learner)
@@ -142,4 +171,4 @@ def plan_memory(
         max(0, engine_gpus_per_node),
         profile.ray.memory_kill_threshold,
     )
-    return MemoryPlan(profile, learner, engine, lm, em, hm)
+    return MemoryPlan(profile, learner, engine, lm, em, hm, allocator_margin(learner, lm.peak_reserved) if margin else 0.0)

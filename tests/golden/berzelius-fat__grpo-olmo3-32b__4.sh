@@ -366,6 +366,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "ram_per_node_gib": 2000.0
     },
     "learner": {
+      "allocator_margin_gib": 4.086,
       "breakdown": {
         "Adam moments (fp32)": 15.01,
         "ZeRO++ secondary weights (hpZ)": 7.505,
@@ -384,6 +385,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "gpus": 16,
       "grad_accum_dtype": "fp32",
       "gradient_checkpointing": true,
+      "inside_margin": false,
       "load_in_4bit": false,
       "logprob_impl": "compiled",
       "lora_rank": 0,
@@ -408,7 +410,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "total_params": 32233522176,
       "trainable_params": 32233522176
     },
-    "verdict": "learner fits with 15.3 GiB to spare; engine fits: 85 sequences of 10240 tokens fit at once"
+    "verdict": "learner fits with 11.2 GiB to spare after a 4.1 GiB allocator margin; engine fits: 85 sequences of 10240 tokens fit at once"
   },
   "model": "allenai/Olmo-3-1125-32B",
   "nodes": 4,

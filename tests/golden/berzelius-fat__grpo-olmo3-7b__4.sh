@@ -363,6 +363,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "ram_per_node_gib": 2000.0
     },
     "learner": {
+      "allocator_margin_gib": 4.516,
       "breakdown": {
         "Adam moments (fp32)": 13.594,
         "ZeRO++ secondary weights (hpZ)": 3.398,
@@ -380,6 +381,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "gpus": 4,
       "grad_accum_dtype": "fp32",
       "gradient_checkpointing": true,
+      "inside_margin": false,
       "load_in_4bit": false,
       "logprob_impl": "compiled",
       "lora_rank": 0,
@@ -404,7 +406,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "total_params": 7298011136,
       "trainable_params": 7298011136
     },
-    "verdict": "learner fits with 8.7 GiB to spare; engine fits: 29 sequences of 18432 tokens fit at once"
+    "verdict": "learner fits with 4.2 GiB to spare after a 4.5 GiB allocator margin; engine fits: 29 sequences of 18432 tokens fit at once"
   },
   "model": "allenai/Olmo-3-1025-7B",
   "nodes": 4,

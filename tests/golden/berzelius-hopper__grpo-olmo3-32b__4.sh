@@ -363,6 +363,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "ram_per_node_gib": 1000.0
     },
     "learner": {
+      "allocator_margin_gib": 4.086,
       "breakdown": {
         "Adam moments (fp32)": 15.01,
         "ZeRO++ secondary weights (hpZ)": 7.505,
@@ -381,6 +382,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "gpus": 16,
       "grad_accum_dtype": "fp32",
       "gradient_checkpointing": true,
+      "inside_margin": false,
       "load_in_4bit": false,
       "logprob_impl": "compiled",
       "lora_rank": 0,
@@ -405,7 +407,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "total_params": 32233522176,
       "trainable_params": 32233522176
     },
-    "verdict": "learner fits with 75.9 GiB to spare; engine fits: 370 sequences of 10240 tokens fit at once"
+    "verdict": "learner fits with 71.8 GiB to spare after a 4.1 GiB allocator margin; engine fits: 370 sequences of 10240 tokens fit at once"
   },
   "model": "allenai/Olmo-3-1125-32B",
   "nodes": 4,

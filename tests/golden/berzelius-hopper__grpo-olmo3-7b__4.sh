@@ -362,6 +362,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "ram_per_node_gib": 1000.0
     },
     "learner": {
+      "allocator_margin_gib": 6.846,
       "breakdown": {
         "Adam moments (fp32)": 27.187,
         "ZeRO++ secondary weights (hpZ)": 6.797,
@@ -379,6 +380,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "gpus": 2,
       "grad_accum_dtype": "fp32",
       "gradient_checkpointing": true,
+      "inside_margin": false,
       "load_in_4bit": false,
       "logprob_impl": "compiled",
       "lora_rank": 0,
@@ -403,7 +405,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "total_params": 7298011136,
       "trainable_params": 7298011136
     },
-    "verdict": "learner fits with 33.5 GiB to spare; engine fits: 25 sequences of 18432 tokens fit at once"
+    "verdict": "learner fits with 26.6 GiB to spare after a 6.8 GiB allocator margin; engine fits: 25 sequences of 18432 tokens fit at once"
   },
   "model": "allenai/Olmo-3-1025-7B",
   "nodes": 4,

@@ -5,10 +5,10 @@
 #
 # Plan:
 #   model allenai/Olmo-3-1125-32B: 256 sequences of 10240 tokens per step, pack_length 10240
-#   16 x 8 A100-SXM4-40GB (39.39 GiB): 72 learner GPUs, 56 engine GPUs, 0 idle
-#   num_learners_per_node [8] x 9, vllm_num_engines 7, vllm_tensor_parallel_size 8, vllm_gpu_memory_utilization 0.9, deepspeed_stage 3
-#   learner peak 36.1 GiB/GPU of 39.4 usable; engine 7.5 GiB weights + 25.5 GiB KV cache per GPU; host peak 50 GiB/node
-#   step ~174 s (generation 174 s, training 75 s), bottleneck generation
+#   16 x 8 A100-SXM4-40GB (39.39 GiB): 80 learner GPUs, 48 engine GPUs, 0 idle
+#   num_learners_per_node [8] x 10, vllm_num_engines 6, vllm_tensor_parallel_size 8, vllm_gpu_memory_utilization 0.9, deepspeed_stage 3
+#   learner peak 35.4 GiB/GPU of 39.4 usable; engine 7.5 GiB weights + 25.5 GiB KV cache per GPU; host peak 50 GiB/node
+#   step ~187 s (generation 187 s, training 68 s), bottleneck generation
 # Warning: berzelius: the script uses unconfirmed profile facts: --partition=berzelius (hpcrl.partition); the run root /proj/$SLURM_JOB_ACCOUNT/users/$USER/hpcrl-runs (hpcrl.run_root); check them (hpcrl clusters show berzelius) or set what is in brackets
 #
 # Submit with `hpcrl submit`, which creates the run directory first. With plain sbatch,
@@ -309,15 +309,15 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
     "bottleneck": "generation",
     "deepspeed_stage": 3,
     "engine_concurrent_seqs": 81,
-    "engine_gpus": 56,
+    "engine_gpus": 48,
     "engine_kv_cache_gib": 25.5,
     "gather_whole_model": false,
-    "generation_time_s": 173.9,
+    "generation_time_s": 186.6,
     "gpu_usable_gib": 39.39,
     "host_peak_gib": 50.0,
     "idle_gpus": 0,
-    "learner_gpus": 72,
-    "learner_peak_gib": 36.15,
+    "learner_gpus": 80,
+    "learner_peak_gib": 35.36,
     "nodes": 16,
     "num_learners_per_node": [
       8,
@@ -328,13 +328,14 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       8,
       8,
       8,
+      8,
       8
     ],
-    "reason": "no idle GPU; step ~174s set by generation (generation 174s, training 75s)",
-    "step_time_s": 173.9,
-    "training_time_s": 75.2,
+    "reason": "no idle GPU; step ~187s set by generation (generation 187s, training 68s)",
+    "step_time_s": 186.6,
+    "training_time_s": 67.7,
     "vllm_gpu_memory_utilization": 0.9,
-    "vllm_num_engines": 7,
+    "vllm_num_engines": 6,
     "vllm_tensor_parallel_size": 8
   },
   "memory": {
@@ -371,37 +372,39 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "ram_per_node_gib": 999.0
     },
     "learner": {
+      "allocator_margin_gib": 3.2,
       "breakdown": {
-        "Adam moments (fp32)": 3.336,
+        "Adam moments (fp32)": 3.002,
         "ZeRO++ secondary weights (hpZ)": 7.505,
         "ZeRO-3 gathered lm_head + grad": 1.913,
         "activations (stored)": 6.543,
         "fixed (workspaces, RNG, persistent params)": 0.25,
-        "fp32 master weights": 1.668,
-        "gradients": 1.668,
+        "fp32 master weights": 1.501,
+        "gradients": 1.501,
         "log-prob path (compiled)": 5.738,
-        "parameters (bf16)": 0.834,
+        "parameters (bf16)": 0.75,
         "reduce bucket": 0.931
       },
-      "deepspeed_estimate_gib": 9.418,
-      "device_total_gib": 36.152,
+      "deepspeed_estimate_gib": 8.667,
+      "device_total_gib": 35.36,
       "fits": true,
-      "gpus": 72,
+      "gpus": 80,
       "grad_accum_dtype": "fp32",
       "gradient_checkpointing": true,
+      "inside_margin": false,
       "load_in_4bit": false,
       "logprob_impl": "compiled",
       "lora_rank": 0,
       "non_torch_gib": 1.0,
       "offload": "none",
-      "peak_allocated_gib": 30.385,
+      "peak_allocated_gib": 29.634,
       "peak_phase": "logits",
-      "peak_reserved_gib": 35.152,
+      "peak_reserved_gib": 34.36,
       "phases_gib": {
-        "logits": 30.385,
-        "optimizer": 18.693,
-        "recompute": 27.808,
-        "weight sync": 18.104
+        "logits": 29.634,
+        "optimizer": 17.692,
+        "recompute": 27.057,
+        "weight sync": 17.353
       },
       "tokens_per_gpu": 10240,
       "weight_sync": "per_param",
@@ -413,7 +416,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "total_params": 32233522176,
       "trainable_params": 32233522176
     },
-    "verdict": "learner fits with 3.2 GiB to spare; engine fits: 81 sequences of 10240 tokens fit at once"
+    "verdict": "learner fits with 0.8 GiB to spare after a 3.2 GiB allocator margin; engine fits: 81 sequences of 10240 tokens fit at once"
   },
   "model": "allenai/Olmo-3-1125-32B",
   "nodes": 16,
@@ -780,8 +783,8 @@ DRIVER=(
     --with_tracking False
     --push_to_hub False
     --try_launch_beaker_eval_jobs_on_weka False
-    --num_learners_per_node 8 8 8 8 8 8 8 8 8
-    --vllm_num_engines 7
+    --num_learners_per_node 8 8 8 8 8 8 8 8 8 8
+    --vllm_num_engines 6
     --vllm_tensor_parallel_size 8
     --vllm_gpu_memory_utilization 0.9
     --deepspeed_stage 3

@@ -5,12 +5,12 @@
 #
 # Plan:
 #   model allenai/Olmo-3-1025-7B: 128 sequences of 18432 tokens per step, pack_length 18432
-#   4 x 8 A100-SXM4-40GB (39.39 GiB): 12 learner GPUs, 20 engine GPUs, 0 idle
-#   num_learners_per_node [4] x 3, vllm_num_engines 5, vllm_tensor_parallel_size 4, vllm_gpu_memory_utilization 0.9, deepspeed_stage 3
-#   learner peak 36.2 GiB/GPU of 39.4 usable; engine 3.4 GiB weights + 29.7 GiB KV cache per GPU; host peak 42 GiB/node
-#   step ~910 s (generation 910 s, training 92 s), bottleneck generation
+#   4 x 8 A100-SXM4-40GB (39.39 GiB): 16 learner GPUs, 16 engine GPUs, 0 idle
+#   num_learners_per_node [4] x 4, vllm_num_engines 4, vllm_tensor_parallel_size 4, vllm_gpu_memory_utilization 0.9, deepspeed_stage 3
+#   learner peak 33.5 GiB/GPU of 39.4 usable; engine 3.4 GiB weights + 29.7 GiB KV cache per GPU; host peak 42 GiB/node
+#   step ~1365 s (generation 1365 s, training 69 s), bottleneck generation
 # Warning: berzelius: the script uses unconfirmed profile facts: --partition=berzelius (hpcrl.partition); the run root /proj/$SLURM_JOB_ACCOUNT/users/$USER/hpcrl-runs (hpcrl.run_root); check them (hpcrl clusters show berzelius) or set what is in brackets
-# Warning: berzelius cancels jobs whose GPUs average under 100 W after 60 min: by the step estimate the learner GPUs work 10% of each step (training 92 s of 910 s) and may average under it; balance the roles (--pin learners=N, --pin engines=N) and watch the GPU monitor's idle_risk warning
+# Warning: berzelius cancels jobs whose GPUs average under 100 W after 60 min: by the step estimate the learner GPUs work 5% of each step (training 69 s of 1365 s) and may average under it; balance the roles (--pin learners=N, --pin engines=N) and watch the GPU monitor's idle_risk warning
 #
 # Submit with `hpcrl submit`, which creates the run directory first. With plain sbatch,
 # create <run dir>/logs first when --output points there: Slurm opens it before this runs.
@@ -310,26 +310,27 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
     "bottleneck": "generation",
     "deepspeed_stage": 3,
     "engine_concurrent_seqs": 13,
-    "engine_gpus": 20,
+    "engine_gpus": 16,
     "engine_kv_cache_gib": 29.67,
     "gather_whole_model": false,
-    "generation_time_s": 910.1,
+    "generation_time_s": 1365.2,
     "gpu_usable_gib": 39.39,
     "host_peak_gib": 42.0,
     "idle_gpus": 0,
-    "learner_gpus": 12,
-    "learner_peak_gib": 36.19,
+    "learner_gpus": 16,
+    "learner_peak_gib": 33.5,
     "nodes": 4,
     "num_learners_per_node": [
       4,
       4,
+      4,
       4
     ],
-    "reason": "no idle GPU; step ~910s set by generation (generation 910s, training 92s)",
-    "step_time_s": 910.1,
-    "training_time_s": 92.0,
+    "reason": "no idle GPU; step ~1365s set by generation (generation 1365s, training 69s)",
+    "step_time_s": 1365.2,
+    "training_time_s": 69.0,
     "vllm_gpu_memory_utilization": 0.9,
-    "vllm_num_engines": 5,
+    "vllm_num_engines": 4,
     "vllm_tensor_parallel_size": 4
   },
   "memory": {
@@ -366,37 +367,39 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "ram_per_node_gib": 999.0
     },
     "learner": {
+      "allocator_margin_gib": 3.2,
       "breakdown": {
-        "Adam moments (fp32)": 4.531,
+        "Adam moments (fp32)": 3.398,
         "ZeRO++ secondary weights (hpZ)": 1.699,
         "ZeRO-3 gathered lm_head + grad": 1.53,
         "activations (stored)": 4.922,
         "fixed (workspaces, RNG, persistent params)": 0.25,
-        "fp32 master weights": 2.266,
-        "gradients": 2.266,
+        "fp32 master weights": 1.699,
+        "gradients": 1.699,
         "log-prob path (compiled)": 10.328,
-        "parameters (bf16)": 1.133,
+        "parameters (bf16)": 0.85,
         "reduce bucket": 0.931
       },
-      "deepspeed_estimate_gib": 11.725,
-      "device_total_gib": 36.191,
+      "deepspeed_estimate_gib": 9.177,
+      "device_total_gib": 33.502,
       "fits": true,
-      "gpus": 12,
+      "gpus": 16,
       "grad_accum_dtype": "fp32",
       "gradient_checkpointing": true,
+      "inside_margin": false,
       "load_in_4bit": false,
       "logprob_impl": "compiled",
       "lora_rank": 0,
       "non_torch_gib": 1.0,
       "offload": "none",
-      "peak_allocated_gib": 29.856,
+      "peak_allocated_gib": 27.307,
       "peak_phase": "logits",
-      "peak_reserved_gib": 35.191,
+      "peak_reserved_gib": 32.502,
       "phases_gib": {
-        "logits": 29.856,
-        "optimizer": 16.474,
-        "recompute": 22.325,
-        "weight sync": 14.606
+        "logits": 27.307,
+        "optimizer": 13.076,
+        "recompute": 19.776,
+        "weight sync": 12.057
       },
       "tokens_per_gpu": 18432,
       "weight_sync": "per_param",
@@ -408,7 +411,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "total_params": 7298011136,
       "trainable_params": 7298011136
     },
-    "verdict": "learner fits with 3.2 GiB to spare; engine fits: 13 sequences of 18432 tokens fit at once"
+    "verdict": "learner fits with 2.7 GiB to spare after a 3.2 GiB allocator margin; engine fits: 13 sequences of 18432 tokens fit at once"
   },
   "model": "allenai/Olmo-3-1025-7B",
   "nodes": 4,
@@ -416,7 +419,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
   "smoke": false,
   "warnings": [
     "berzelius: the script uses unconfirmed profile facts: --partition=berzelius (hpcrl.partition); the run root /proj/$SLURM_JOB_ACCOUNT/users/$USER/hpcrl-runs (hpcrl.run_root); check them (hpcrl clusters show berzelius) or set what is in brackets",
-    "berzelius cancels jobs whose GPUs average under 100 W after 60 min: by the step estimate the learner GPUs work 10% of each step (training 92 s of 910 s) and may average under it; balance the roles (--pin learners=N, --pin engines=N) and watch the GPU monitor's idle_risk warning"
+    "berzelius cancels jobs whose GPUs average under 100 W after 60 min: by the step estimate the learner GPUs work 5% of each step (training 69 s of 1365 s) and may average under it; balance the roles (--pin learners=N, --pin engines=N) and watch the GPU monitor's idle_risk warning"
   ]
 }
 HPCRL_PLAN_JSON
@@ -776,8 +779,8 @@ DRIVER=(
     --with_tracking False
     --push_to_hub False
     --try_launch_beaker_eval_jobs_on_weka False
-    --num_learners_per_node 4 4 4
-    --vllm_num_engines 5
+    --num_learners_per_node 4 4 4 4
+    --vllm_num_engines 4
     --vllm_tensor_parallel_size 4
     --vllm_gpu_memory_utilization 0.9
     --deepspeed_stage 3

@@ -424,6 +424,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "ram_per_node_gib": 460.0
     },
     "learner": {
+      "allocator_margin_gib": 4.086,
       "breakdown": {
         "Adam moments (fp32)": 15.01,
         "ZeRO++ secondary weights (hpZ)": 7.505,
@@ -442,6 +443,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "gpus": 16,
       "grad_accum_dtype": "fp32",
       "gradient_checkpointing": true,
+      "inside_margin": false,
       "load_in_4bit": false,
       "logprob_impl": "compiled",
       "lora_rank": 0,
@@ -466,7 +468,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "total_params": 32233522176,
       "trainable_params": 32233522176
     },
-    "verdict": "learner fits with 31.7 GiB to spare; engine fits: 9 sequences of 10240 tokens fit at once"
+    "verdict": "learner fits with 27.6 GiB to spare after a 4.1 GiB allocator margin; engine fits: 9 sequences of 10240 tokens fit at once"
   },
   "model": "allenai/Olmo-3-1125-32B",
   "nodes": 16,

@@ -410,6 +410,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "ram_per_node_gib": 460.0
     },
     "learner": {
+      "allocator_margin_gib": 4.516,
       "breakdown": {
         "Adam moments (fp32)": 13.594,
         "ZeRO++ secondary weights (hpZ)": 3.398,
@@ -427,6 +428,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "gpus": 4,
       "grad_accum_dtype": "fp32",
       "gradient_checkpointing": true,
+      "inside_margin": false,
       "load_in_4bit": false,
       "logprob_impl": "compiled",
       "lora_rank": 0,
@@ -451,7 +453,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "total_params": 7298011136,
       "trainable_params": 7298011136
     },
-    "verdict": "learner fits with 25.1 GiB to spare; engine fits: 7 sequences of 18432 tokens fit at once"
+    "verdict": "learner fits with 20.6 GiB to spare after a 4.5 GiB allocator margin; engine fits: 7 sequences of 18432 tokens fit at once"
   },
   "model": "allenai/Olmo-3-1025-7B",
   "nodes": 4,

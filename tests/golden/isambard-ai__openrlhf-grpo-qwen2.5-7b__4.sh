@@ -423,6 +423,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "ram_per_node_gib": 460.0
     },
     "learner": {
+      "allocator_margin_gib": 3.009,
       "breakdown": {
         "Adam moments (fp32)": 4.728,
         "ZeRO-3 gathered lm_head + grad": 2.03,
@@ -441,6 +442,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "gpus": 12,
       "grad_accum_dtype": "bf16",
       "gradient_checkpointing": true,
+      "inside_margin": false,
       "load_in_4bit": false,
       "logprob_impl": "eager",
       "lora_rank": 0,
@@ -464,7 +466,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "total_params": 7615616512,
       "trainable_params": 7615616512
     },
-    "verdict": "learner fits with 66.2 GiB to spare; engine fits: 557 sequences of 5120 tokens fit at once"
+    "verdict": "learner fits with 63.2 GiB to spare after a 3.0 GiB allocator margin; engine fits: 557 sequences of 5120 tokens fit at once"
   },
   "model": "Qwen/Qwen2.5-7B",
   "nodes": 4,

@@ -453,6 +453,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "ram_per_node_gib": 460.0
     },
     "learner": {
+      "allocator_margin_gib": 4.681,
       "breakdown": {
         "Adam moments (fp32)": 3.546,
         "ZeRO-3 gathered lm_head + grad": 2.03,
@@ -471,6 +472,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "gpus": 16,
       "grad_accum_dtype": "fp32",
       "gradient_checkpointing": true,
+      "inside_margin": false,
       "load_in_4bit": false,
       "logprob_impl": "compiled",
       "lora_rank": 0,
@@ -494,7 +496,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "total_params": 7615616512,
       "trainable_params": 7615616512
     },
-    "verdict": "training fits with 21.0 GiB to spare; rollout fits with 7.1 GiB to spare; engine fits: 235 sequences of 5120 tokens fit at once"
+    "verdict": "training fits with 16.3 GiB to spare after a 4.7 GiB allocator margin; rollout fits with 7.1 GiB to spare; engine fits: 235 sequences of 5120 tokens fit at once"
   },
   "model": "Qwen/Qwen2.5-7B",
   "nodes": 4,

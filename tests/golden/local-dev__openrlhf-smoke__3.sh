@@ -374,6 +374,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "ram_per_node_gib": 512.0
     },
     "learner": {
+      "allocator_margin_gib": 3.604,
       "breakdown": {
         "Adam moments (fp32)": 7.093,
         "ZeRO-3 gathered lm_head + grad": 2.03,
@@ -392,6 +393,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "gpus": 8,
       "grad_accum_dtype": "bf16",
       "gradient_checkpointing": true,
+      "inside_margin": false,
       "load_in_4bit": false,
       "logprob_impl": "eager",
       "lora_rank": 0,
@@ -415,7 +417,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "total_params": 7615616512,
       "trainable_params": 7615616512
     },
-    "verdict": "learner fits with 104.8 GiB to spare; engine fits: 398 sequences of 5120 tokens fit at once"
+    "verdict": "learner fits with 101.2 GiB to spare after a 3.6 GiB allocator margin; engine fits: 398 sequences of 5120 tokens fit at once"
   },
   "model": "Qwen/Qwen2.5-7B",
   "nodes": 3,

@@ -362,6 +362,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "ram_per_node_gib": 512.0
     },
     "learner": {
+      "allocator_margin_gib": 8.118,
       "breakdown": {
         "Adam moments (fp32)": 40.026,
         "ZeRO++ secondary weights (hpZ)": 10.007,
@@ -380,6 +381,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "gpus": 6,
       "grad_accum_dtype": "fp32",
       "gradient_checkpointing": true,
+      "inside_margin": false,
       "load_in_4bit": false,
       "logprob_impl": "compiled",
       "lora_rank": 0,
@@ -404,7 +406,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "total_params": 32233522176,
       "trainable_params": 32233522176
     },
-    "verdict": "learner fits with 13.9 GiB to spare; engine fits: 74 sequences of 10240 tokens fit at once"
+    "verdict": "learner fits with 5.8 GiB to spare after a 8.1 GiB allocator margin; engine fits: 74 sequences of 10240 tokens fit at once"
   },
   "model": "allenai/Olmo-3-1125-32B",
   "nodes": 3,

@@ -404,6 +404,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "ram_per_node_gib": 512.0
     },
     "learner": {
+      "allocator_margin_gib": 6.117,
       "breakdown": {
         "Adam moments (fp32)": 4.728,
         "ZeRO-3 gathered lm_head + grad": 2.03,
@@ -422,6 +423,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "gpus": 12,
       "grad_accum_dtype": "fp32",
       "gradient_checkpointing": true,
+      "inside_margin": false,
       "load_in_4bit": false,
       "logprob_impl": "compiled",
       "lora_rank": 0,
@@ -445,7 +447,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "total_params": 7615616512,
       "trainable_params": 7615616512
     },
-    "verdict": "training fits with 43.1 GiB to spare; rollout fits with 4.7 GiB to spare; engine fits: 398 sequences of 5120 tokens fit at once"
+    "verdict": "training fits with 37.0 GiB to spare after a 6.1 GiB allocator margin; rollout fits with 4.7 GiB to spare; engine fits: 398 sequences of 5120 tokens fit at once"
   },
   "model": "Qwen/Qwen2.5-7B",
   "nodes": 3,

@@ -1,0 +1,321 @@
+"""The question `hpcrl plan-memory` answers: the learner and engine the framework will really run.
+
+Pure. With a run config, the workload is the backend's own reading of it (the same one `plan`
+and `render` use), so plan-memory and plan agree by construction; without one, each
+framework's defaults come from its source (backends/data/capabilities.json). Either way the
+answer lists, one line each, the assumptions that set the number and where each came from:
+the config, a command-line flag, or the framework's code (file and line).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from hpcrl.backends import get_backend
+from hpcrl.backends.capabilities import Fact, feature, setting
+from hpcrl.config import RunConfig
+from hpcrl.errors import HpcrlError, PlanError
+from hpcrl.layout import Pins, Workload, _learner_setup
+from hpcrl.memory.colocated import Colocation, plan_colocated
+from hpcrl.memory.engine import EngineSetup
+from hpcrl.memory.learner import LearnerSetup, sync_modes
+from hpcrl.memory.plan import MemoryPlan, plan_memory
+from hpcrl.memory.planner_defaults import smallest_fitting_tp
+from hpcrl.models import resolve_model
+from hpcrl.profiles import ClusterProfile
+
+DEFAULT_TOKENS = 8192
+MAX_LEARNER_GPUS = 1024
+
+
+@dataclass(frozen=True)
+class Overrides:
+    """What the command line says on top of the config or the framework's defaults (None: not given)."""
+
+    model: str | None = None
+    tokens_per_gpu: int | None = None
+    ref_policy: bool | None = None
+    zpg: int | None = None
+    offload: str | None = None
+    lora_rank: int | None = None
+    load_in_4bit: bool | None = None
+    logprob_impl: str | None = None
+    grad_accum_dtype: str | None = None
+    gradient_checkpointing: bool | None = None
+    util: float | None = None
+    weight_sync: str | None = None
+
+    def workload_changes(self) -> dict[str, Any]:
+        pairs = {"pack_length": self.tokens_per_gpu, "load_ref_policy": self.ref_policy,
+                 "hpz_partition_size": self.zpg, "offload": self.offload, "lora_rank": self.lora_rank,
+                 "load_in_4bit": self.load_in_4bit, "logprob_impl": self.logprob_impl,
+                 "grad_accum_dtype": self.grad_accum_dtype, "gradient_checkpointing": self.gradient_checkpointing,
+                 "weight_sync": self.weight_sync}
+        return {k: v for k, v in pairs.items() if v is not None}
+
+
+@dataclass(frozen=True)
+class Question:
+    backend: str
+    workload: Workload
+    util: float
+    colocated: bool
+    assumptions: tuple[str, ...]
+    config: RunConfig | None = None
+    util_pinned: bool = False
+    colocation: Colocation | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def check_features(self) -> None:
+        """Refuse LoRA or 4-bit for a framework whose code does not apply them (capabilities.json)."""
+        from hpcrl.backends.capabilities import feature, unsupported
+
+        if self.workload.lora_rank and not feature(self.backend, "lora").supported:
+            raise unsupported(self.backend, "lora", f"--lora-rank {self.workload.lora_rank}")
+        if self.workload.load_in_4bit and not feature(self.backend, "load_in_4bit").supported:
+            raise unsupported(self.backend, "load_in_4bit", "--load-in-4bit")
+
+
+# Per framework: (workload field, config key that sets it, the fact that gives its default).
+# A key of None: the framework has no setting for it (its code decides).
+_FACTS: dict[str, list[tuple[str, str | None, tuple[str, ...]]]] = {
+    "open-instruct": [
+        ("grad_accum_dtype", None, ("deepspeed", "grad_accum_dtype")),
+        ("hpz_partition_size", "deepspeed_zpg", ("deepspeed", "zero_hpz_partition_size")),
+        ("load_ref_policy", "load_ref_policy", ("features", "ref_policy")),
+        ("gradient_checkpointing", None, ("features", "gradient_checkpointing")),
+        ("util", "vllm_gpu_memory_utilization", ("vllm", "gpu_memory_utilization")),
+    ],
+    "verl": [
+        ("grad_accum_dtype", None, ("fsdp", "mixed_precision")),
+        ("load_ref_policy", "actor_rollout_ref.actor.use_kl_loss", ("features", "ref_policy")),
+        ("gradient_checkpointing", "actor_rollout_ref.model.enable_gradient_checkpointing",
+         ("features", "gradient_checkpointing")),
+        ("util", "actor_rollout_ref.rollout.gpu_memory_utilization", ("vllm", "gpu_memory_utilization")),
+    ],
+    "openrlhf": [
+        ("grad_accum_dtype", "ds.grad_accum_dtype", ("deepspeed", "grad_accum_dtype")),
+        ("hpz_partition_size", "ds.zpg", ("deepspeed", "zero_hpz_partition_size")),
+        ("load_ref_policy", "algo.kl.init_coef", ("features", "ref_policy")),
+        ("gradient_checkpointing", "actor.gradient_checkpointing_enable", ("features", "gradient_checkpointing")),
+        ("util", "vllm.gpu_memory_utilization", ("vllm", "gpu_memory_utilization")),
+    ],
+}
+# How each framework's learner looks to the memory model beyond those facts: (colocated,
+# log-prob path, out-of-place temperature division of the logits). docs/backends.md.
+_SHAPE = {"open-instruct": (False, "compiled", True), "verl": (True, "compiled", False),
+          "openrlhf": (False, "eager", False)}
+_FLAGS = {"hpz_partition_size": "--zpg", "load_ref_policy": "--ref-policy/--no-ref-policy",
+          "grad_accum_dtype": "--grad-accum-dtype", "gradient_checkpointing": "--no-gradient-checkpointing",
+          "util": "--vllm-gpu-memory-utilization"}
+
+
+def _fact(backend: str, where: tuple[str, ...]) -> Fact:
+    section, name = where
+    return feature(backend, name) if section == "features" else setting(backend, section, name)
+
+
+def _default_value(backend: str, name: str, fact: Fact) -> Any:
+    """A workload field's value as the framework's code sets it when nothing else does."""
+    if name == "grad_accum_dtype":
+        if backend == "verl":
+            return "fp32"  # FSDP reduces gradients in fp32 (mixed_precision reduce_dtype)
+        return "fp32" if fact.value == "fp32" else "bf16"  # DeepSpeed: None is the model dtype, bf16
+    if name == "hpz_partition_size":
+        return int(fact.value or 1)
+    if name == "load_ref_policy":
+        return bool(fact.value) if not isinstance(fact.value, float) else fact.value > 0
+    return fact.value
+
+
+def _text(name: str, value: Any, w: Workload) -> str:
+    if name == "grad_accum_dtype":
+        return f"gradient partitions in {value}"
+    if name == "hpz_partition_size":
+        return (f"ZeRO++ secondary bf16 weight copy over groups of {value} GPUs (zpg {value})" if int(value) > 1
+                else "no ZeRO++ secondary weight copy (zpg 1)")
+    if name == "load_ref_policy":
+        return "a reference policy (frozen bf16 copy) on every learner" if value else "no reference policy"
+    if name == "gradient_checkpointing":
+        return "gradient checkpointing on" if value else "gradient checkpointing off"
+    if name == "util":
+        return f"vLLM gpu_memory_utilization {value:g}"
+    return f"{name} {value}"
+
+
+def _assumptions(backend: str, w: Workload, util: float, cfg: RunConfig | None, given: Overrides) -> list[str]:
+    flags = {"hpz_partition_size": given.zpg, "load_ref_policy": given.ref_policy,
+             "grad_accum_dtype": given.grad_accum_dtype, "gradient_checkpointing": given.gradient_checkpointing,
+             "util": given.util}
+    out = []
+    for name, key, where in _FACTS[backend]:
+        value = util if name == "util" else getattr(w, name)
+        fact = _fact(backend, where)
+        if flags.get(name) is not None:
+            origin = f"{_FLAGS[name]} on the command line"
+        elif cfg is not None and key and key in cfg.args:
+            origin = f"{key} in {cfg.source or 'the config'}"
+        else:
+            origin = f"{backend}'s own default ({fact.cite()})"
+            if name == "gradient_checkpointing" and key is None:
+                origin = f"{backend} always enables it ({fact.cite()})"
+            if name == "grad_accum_dtype" and key is None:
+                what = "FSDP mixed precision" if backend == "verl" else "DeepSpeed config"
+                origin = f"{backend}'s {what} ({fact.cite()})"
+        out.append(f"{_text(name, value, w)}: {origin}")
+    return out
+
+
+def from_config(cfg: RunConfig, given: Overrides = Overrides()) -> Question:
+    """The run's own workload (the backend's reading of the config), with the flags on top."""
+    backend = get_backend(cfg.hpcrl.backend)
+    if given.tokens_per_gpu is not None and given.tokens_per_gpu <= 0:
+        raise HpcrlError(f"--tokens-per-gpu must be a positive integer, got {given.tokens_per_gpu}")
+    w = backend.workload_from_config(cfg, given.model)
+    w = replace(w, **given.workload_changes())
+    if given.tokens_per_gpu is not None and w.pack_length < w.seq_len:
+        raise HpcrlError(f"--tokens-per-gpu {given.tokens_per_gpu} is shorter than one sequence of this config "
+                         f"({w.seq_len} tokens)")
+    util_key = {k: key for k, key, _ in _FACTS[backend.name]}.get("util")
+    pinned = util_key in cfg.args if util_key else False
+    util = (given.util if given.util is not None else float(cfg.args[util_key]) if pinned
+            else float(_fact(backend.name, ("vllm", "gpu_memory_utilization")).value))
+    return Question(backend.name, w, util, backend.colocated(cfg), tuple(_assumptions(backend.name, w, util, cfg, given)),
+                    cfg, pinned or given.util is not None)
+
+
+def from_defaults(backend: str, given: Overrides = Overrides()) -> Question:
+    """No config: the framework's own defaults (capability table), the flags on top."""
+    colocated, logprob, logits_copy = _SHAPE[backend]
+    values: dict[str, Any] = {}
+    for name, _key, where in _FACTS[backend]:
+        values[name] = _default_value(backend, name, _fact(backend, where))
+    util = float(values.pop("util"))
+    tokens = DEFAULT_TOKENS if given.tokens_per_gpu is None else given.tokens_per_gpu
+    if tokens <= 0:
+        raise HpcrlError(f"--tokens-per-gpu must be a positive integer, got {tokens}")
+    # No config: the engine's sequence is the learner's micro-batch (prompt + response = tokens).
+    w = Workload(model=resolve_model(given.model or "32b"), pack_length=tokens, response_length=max(1, tokens - 1),
+                 max_prompt_token_length=1, beta=0.0, logprob_impl=logprob, logits_copy=logits_copy,
+                 weight_sync="auto" if backend == "open-instruct" else "none", **values)
+    w = replace(w, **{k: v for k, v in given.workload_changes().items() if k != "pack_length"})
+    util = given.util if given.util is not None else util
+    return Question(backend, w, util, colocated, tuple(_assumptions(backend, w, util, None, given)),
+                    util_pinned=given.util is not None)
+
+
+def choose_memory_plan(
+    profile: ClusterProfile,
+    w: Workload,
+    *,
+    learner_gpus: int | None,
+    zero_stage: int = 3,
+    vllm_tp: int | None,
+    vllm_gpu_memory_utilization: float,
+    max_seq_len: int | None,
+    colocation: Colocation | None = None,
+) -> tuple[MemoryPlan, list[str]]:
+    """The plan for workload `w`, choosing learner GPUs and TP where not given. The learner is
+    built as the layout planner builds it (hpcrl.layout._learner_setup), so for the same count
+    plan-memory and plan give the same learner figure.
+
+    With `colocation`, every learner GPU also runs a vLLM engine (hpcrl/memory/colocated.py):
+    the learner GPUs are all the GPUs, and both phases must fit."""
+    spec = w.model
+    for name, value in (("--tokens-per-gpu", w.pack_length), ("--learner-gpus", learner_gpus),
+                        ("--vllm-tp", vllm_tp), ("--max-seq-len", max_seq_len)):
+        if value is not None and value <= 0:
+            raise HpcrlError(f"{name} must be a positive integer, got {value}")
+    notes: list[str] = []
+    engine = EngineSetup(
+        model=spec,
+        tp=vllm_tp or 1,
+        gpu_memory_utilization=vllm_gpu_memory_utilization,
+        gpu_total_bytes=profile.gpu_bytes,
+        max_seq_len=max_seq_len or w.seq_len,
+    )
+    if vllm_tp is None:
+        tp = smallest_fitting_tp(profile, engine)
+        if tp is None:
+            tp = max(spec.tp_sizes(profile.gpu.count_per_node))
+            notes.append(f"no TP within one node fits an engine; showing TP={tp}")
+        else:
+            notes.append(f"vLLM TP={tp}: the smallest that fits (set --vllm-tp to choose)")
+        engine = EngineSetup(**{**engine.__dict__, "tp": tp})
+
+    def setup(n: int, sync: str) -> LearnerSetup:
+        s = _learner_setup(w, n, sync)
+        return s if zero_stage == s.zero_stage else replace(s, zero_stage=zero_stage)  # type: ignore[arg-type]
+
+    def fits(plan: MemoryPlan) -> bool:
+        return plan.learner_fits and (colocation is None or plan.rollout_fits)  # type: ignore[attr-defined]
+
+    def plan_for(n: int) -> MemoryPlan:
+        for sync in sync_modes(w.weight_sync):
+            if colocation is None:
+                plan = plan_memory(profile, setup(n, sync), engine)
+            else:
+                plan = plan_colocated(profile, setup(n, sync), engine, colocation)
+            if fits(plan):
+                break
+        return plan
+
+    what = "GPUs (each trains and generates)" if colocation else "learner GPUs"
+
+    def sync_note(plan: MemoryPlan) -> list[str]:
+        if w.weight_sync != "auto":
+            return []
+        whole = plan.learner_setup.weight_sync == "whole_model"
+        return [f"gather_whole_model {whole}: " + ("the whole model gathered for the weight sync fits" if whole else
+                "gathering the whole model for the weight sync would not fit; one parameter at a time")]
+
+    if learner_gpus is not None:
+        plan = plan_for(learner_gpus)
+        return plan, notes + sync_note(plan)
+    n = 1
+    while True:
+        plan = plan_for(n)
+        if fits(plan) or n >= MAX_LEARNER_GPUS or zero_stage != 3:
+            break
+        n *= 2
+    if fits(plan):
+        notes.append(f"{n} {what}: the fewest (power of two) that fit (set --learner-gpus to choose)")
+    else:
+        notes.append(f"no count of {what} up to {n} fits; showing {n}")
+    return plan, notes + sync_note(plan)
+
+
+def answer(q: Question, profile: ClusterProfile, *, learner_gpus: int | None, zero_stage: int = 3,
+           vllm_tp: int | None = None, max_seq_len: int | None = None, colocation: Colocation | None = None,
+           ) -> tuple[MemoryPlan, list[str]]:
+    """The memory plan for the question, choosing learner GPUs and TP where not given."""
+    if q.config is not None and q.colocated and colocation is None:
+        return _colocated_run(q, profile, learner_gpus)
+    return choose_memory_plan(profile, q.workload, learner_gpus=learner_gpus, zero_stage=zero_stage,
+                              vllm_tp=vllm_tp, vllm_gpu_memory_utilization=q.util,
+                              max_seq_len=max_seq_len or q.workload.seq_len,
+                              colocation=colocation if q.colocated or colocation else None)
+
+
+def _colocated_run(q: Question, profile: ClusterProfile, learner_gpus: int | None) -> tuple[MemoryPlan, list[str]]:
+    """A colocated config (verl; OpenRLHF colocate_all): every GPU of the job trains and generates,
+    so the question is the backend's own plan for that many GPUs (its micro-batch and offload
+    choices included), exactly as `plan` makes it."""
+    assert q.config is not None
+    backend, g = get_backend(q.backend), profile.gpu.count_per_node
+    n = learner_gpus or q.config.hpcrl.nodes and q.config.hpcrl.nodes * g or g
+    if n % g:
+        raise HpcrlError(f"--learner-gpus {n}: in a colocated run every GPU of the job trains, so give a multiple "
+                         f"of the {g} GPUs of a {profile.name} node")
+    try:
+        planned = backend.plan(q.config, profile, n // g, q.workload, Pins(), [])
+    except PlanError as exc:
+        raise PlanError(f"{exc} (plan-memory asks the backend's planner for a colocated run of {n} GPUs)") from None
+    lay = planned.layouts[0]
+    notes = [f"colocated on {n} GPUs ({n // g} nodes): {backend.name}'s plan for them"]
+    notes += [f"{k}: {v}" for k, v in planned.choices.items()]
+    return lay.memory, notes + list(lay.notes)
+
+
+__all__ = ["Overrides", "Question", "answer", "choose_memory_plan", "from_config", "from_defaults"]

@@ -72,6 +72,12 @@ class HpcrlSection(BaseModel):
     hang_minutes: float = Field(default=60.0, gt=0)
     allow_over_limit: bool = False
     force_disk: bool = False
+    # Services the framework's verifiers call on localhost (open-instruct's code-execution API):
+    # auto starts them when the config needs them, on starts them always, off never.
+    code_server: Literal["auto", "on", "off"] = "auto"
+    code_server_command: list[str] | None = Field(
+        default=None, description="Words of the command; {port} is the port. Default: uvicorn open_instruct.code_utils.api:app")
+    code_server_timeout_s: int = Field(default=180, gt=0)
 
     @model_validator(mode="before")
     @classmethod
@@ -90,6 +96,12 @@ class HpcrlSection(BaseModel):
         if value is not None and (problem := path_problem(value)):
             raise ValueError(f"{value!r}: {problem}")
         return value
+
+    @field_validator("code_server", mode="before")
+    @classmethod
+    def _on_off(cls, value):
+        # YAML 1.1 reads unquoted on/off as booleans.
+        return {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value
 
     @field_validator("time", mode="before")
     @classmethod

@@ -111,6 +111,18 @@ _FLAGS = {"hpz_partition_size": "--zpg", "load_ref_policy": "--ref-policy/--no-r
           "util": "--vllm-gpu-memory-utilization"}
 
 
+def config_label(cfg: RunConfig) -> str:
+    """A shipped config by its name, a user's file by its path."""
+    from pathlib import Path
+
+    from hpcrl.resources import data_dir
+
+    path = Path(cfg.source) if cfg.source else None
+    if path is None:
+        return "the config"
+    return path.stem if path.parent.resolve() == data_dir("configs").resolve() else str(path)
+
+
 def _fact(backend: str, where: tuple[str, ...]) -> Fact:
     section, name = where
     return feature(backend, name) if section == "features" else setting(backend, section, name)
@@ -155,7 +167,7 @@ def _assumptions(backend: str, w: Workload, util: float, cfg: RunConfig | None, 
         if flags.get(name) is not None:
             origin = f"{_FLAGS[name]} on the command line"
         elif cfg is not None and key and key in cfg.args:
-            origin = f"{key} in {cfg.source or 'the config'}"
+            origin = f"{key} in {config_label(cfg)}"
         else:
             origin = f"{backend}'s own default ({fact.cite()})"
             if name == "gradient_checkpointing" and key is None:

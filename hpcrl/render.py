@@ -175,6 +175,26 @@ def umask(rp: RunPlan) -> str:
     return "027" if rp.profile.storage.share_runs_with_group else "077"
 
 
+def _port_word(text: str, var: str) -> str:
+    """A shell word for text in which "{port}" is the service's port variable."""
+    parts = str(text).split("{port}")
+    return f'"${{{var}}}"'.join(shq(part) if part else "" for part in parts) or "''"
+
+
+def _services(rp: RunPlan) -> list[dict]:
+    """The services the script starts on every node, as the template needs them."""
+    out = []
+    for s in rp.backend.services(rp.config):
+        var = "HPCRL_" + re.sub(r"[^A-Za-z0-9]", "_", s.name).upper() + "_PORT"
+        out.append({
+            "name": s.name, "fn": re.sub(r"[^A-Za-z0-9]", "_", s.name), "var": var, "port": s.port,
+            "words": " ".join(_port_word(w, var) for w in s.command), "health": s.health_path,
+            "env": [(k, _port_word(v, var)) for k, v in s.env], "why": s.why,
+            "timeout_s": rp.config.hpcrl.code_server_timeout_s,
+        })
+    return out
+
+
 def _gpumon_args(rp: RunPlan) -> str:
     rule = rp.profile.idle_gpu_policy
     if rule is None:
@@ -295,6 +315,7 @@ def _context(rp: RunPlan, smoke: bool) -> dict:
                        else "the user's alone (umask 077)"),
         "ray_min_minor": RAY_TOKEN_MIN[1],
         "ray_metrics": prof.ray.metrics,
+        "services": _services(rp),
     }
 
 

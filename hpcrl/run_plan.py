@@ -131,6 +131,12 @@ def make_run_plan(
         warnings += list(planned.layouts[0].notes)
         warnings += idle_gpus_warning(planned.layouts)
         warnings += idle_rule_risk(profile, planned.layouts[0])
+    services = backend.services(cfg)  # refuses a service the config asks for but cannot have
+    if not profile.slurm.exclusive:
+        for service in services:
+            warnings.append(f"{service.name} runs code for whoever reaches 127.0.0.1 on its node, and {profile.name}'s "
+                            "jobs are not exclusive: another user on a shared node could use it; ask for whole "
+                            "nodes, or set hpcrl.code_server: off and point code_api_url at a server of your own")
     if cfg.hpcrl.container and n > 1 and profile.container.multi_node_note:
         warnings.append(f"{profile.name}: {profile.container.multi_node_note}")
     cap = profile.planning.max_learners_per_node

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -12,6 +13,7 @@ from hpcrl.errors import HpcrlError, PlanError
 from hpcrl.layout import Pins, Workload, enumerate_layouts
 from hpcrl.models import resolve_model
 from hpcrl.profiles import load_profile
+from hpcrl.run_plan import make_run_plan
 
 
 def hpcrl(*args: str) -> subprocess.CompletedProcess:
@@ -261,3 +263,23 @@ def test_unknown_cluster_and_model_name_closest():
     assert out.returncode == 2 and "isambard-ai" in out.stderr
     out = hpcrl("plan", "--nodes", "2", "--model", "qwen2.5-70b")
     assert out.returncode == 2 and "qwen2.5-72b" in out.stderr or "qwen2.5-7b" in out.stderr
+
+
+def test_idle_gpus_of_the_chosen_layout_are_named():
+    """The users' 32B utilisation (0.55) on 16 GH200 nodes: TP-4 engines fit no learner node's
+    three spare GPUs. The warning counts them, says why, and names the layout that idles fewest;
+    among near-equal steps, the one with fewer idle GPUs ranks first."""
+    out = subprocess.run([sys.executable, "-m", "hpcrl", "render", "--nodes", "16", "--pin", "util=0.55"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    (line,) = [ln for ln in out.stderr.splitlines() if "GPUs idle" in ln]
+    m = re.search(r"leaves (\d+) of 64 GPUs idle: on each of its (\d+) learner nodes the 3 GPUs beside the learners "
+                  r"hold 0 TP-4 engines and leave 3 idle", line)
+    assert m and int(m.group(1)) == 3 * int(m.group(2)), line
+    assert "the layout with the fewest, " in line
+    rp = make_run_plan(None, nodes=16, pins=["util=0.55"])
+    best = rp.layouts[0]
+    fastest = min(x.step_time_s for x in rp.layouts)
+    tied = [x for x in rp.layouts if x.step_time_s <= fastest * 1.1]  # the rank's 10% tie band
+    assert len(tied) > 1 and len({x.idle_gpus for x in tied}) > 1
+    assert best.idle_gpus == min(x.idle_gpus for x in tied)

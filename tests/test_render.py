@@ -679,3 +679,36 @@ def test_smoke_in_container(tmp_path):
     assert argv[:2] == ["-m", "hpcrl.runtime.smoke"] and "--learners" in argv
     images = set((stub.out / "apptainer.images").read_text().splitlines())
     assert images == {f"{tmp_path}/oi image.sif"}
+
+
+@pytest.mark.parametrize("sets,started", [
+    ([], False),
+    (['dataset_mixer_list=["my-org/rlvr_code_stdio", "1.0"]'], True),
+    (['dataset_mixer_list=["my-org/rlvr_code_stdio", "1.0"]', "hpcrl.code_server=off"], False),
+    (["code_api_url=http://localhost:1234/test_program"], True),
+    (["code_api_url=http://codebox.example:8070/test_program", 'dataset_mixer_list=["x/code", "1.0"]'], False),
+    (["hpcrl.code_server=on"], True),
+])
+def test_code_server_follows_the_config(sets, started):
+    """open-instruct posts code/code_stdio samples to code_api_url (data_loader.py:467): hpcrl starts
+    the server when the datasets look like code verifiers or the URL is on localhost, never when
+    the URL points elsewhere or hpcrl.code_server is off."""
+    rp = make_run_plan("grpo-olmo3-7b", nodes=4, sets=sets)
+    text = render_script(rp)
+    assert ("start_code_server" in text) == started
+    if started:
+        fixed = any("code_api_url=" in s for s in sets)
+        assert ("export HPCRL_CODE_SERVER_PORT=1234" in text) == fixed
+        assert ("export CODE_API_URL=" in text) == (not fixed)
+        assert "--host 127.0.0.1" in text
+
+
+def test_code_server_on_with_a_remote_url_is_refused():
+    with pytest.raises(Exception, match="not on localhost"):
+        make_run_plan("grpo-olmo3-7b", nodes=4, sets=["hpcrl.code_server=on",
+                                                      "code_api_url=http://codebox.example:8070/test_program"])
+
+
+def test_code_server_on_for_verl_is_refused():
+    with pytest.raises(Exception, match="calls no code-execution server"):
+        make_run_plan("verl-grpo-qwen2.5-7b", nodes=2, sets=["hpcrl.code_server=on"])

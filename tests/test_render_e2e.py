@@ -176,3 +176,63 @@ def test_worker_stopped_while_it_sets_up_leaves_nothing_behind(tmp_path, run_sba
     assert "is slow after creating its directories" in log and "fault injected: ray cannot start on n" in log
     assert events(run_dir)[-1][3] == "ray-start-failed:1"
     assert leftovers(job.job_id) == [], log
+
+
+# A stand-in for open-instruct's code-execution API (open_instruct/code_utils/api.py): answers
+# GET /health with 200 on the port it is given, as uvicorn would.
+STUB_CODE_SERVER = r'''
+import sys
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+port = int(sys.argv[sys.argv.index("--port") + 1])
+
+
+class Health(BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200 if self.path == "/health" else 404)
+        self.end_headers()
+        self.wfile.write(b'{"status": "healthy"}')
+
+
+print(f"stub code server on 127.0.0.1:{port}", flush=True)
+HTTPServer(("127.0.0.1", port), Health).serve_forever()
+'''
+
+
+def test_code_verifier_config_starts_the_code_server_on_every_node(tmp_path, run_sbatch_and_wait, leftovers):
+    """A config whose datasets are code verifiers: the script starts the configured server on
+    each of the three nodes, waits until it answers, the smoke asks it from every node, its log
+    is kept per node in the run dir, and nothing of it outlives the job."""
+    server = tmp_path / "stub_code_server.py"
+    server.write_text(STUB_CODE_SERVER)
+    script, run_dir = render(
+        tmp_path, 'dataset_mixer_list=["my-org/rlvr_code_stdio", "1.0"]', f"hpcrl.workdir={tmp_path}",
+        f'hpcrl.code_server_command=["{sys.executable}", "{server}", "--port", "{{port}}"]')
+    text = script.read_text()
+    assert "start_code_server" in text and "--service code-server" in text.replace('"code-server"', "code-server")
+    job = run_sbatch_and_wait(script, 600)
+    log = (run_dir / "logs" / f"job-{job.job_id}.log").read_text()
+    assert job.state == "COMPLETED", log
+    assert re.search(r"hpcrl-smoke: ok .* services=code-server=3/3", log), log
+    server_logs = sorted(p.name for p in (run_dir / "logs").glob(f"code-server-*-{job.job_id}.log"))
+    assert len(server_logs) == 3, server_logs
+    for name in server_logs:
+        assert "stub code server on 127.0.0.1:" in (run_dir / "logs" / name).read_text()
+    assert leftovers(job.job_id) == []
+    procs = subprocess.run(["ps", "-eww", "-o", "args="], capture_output=True, text=True).stdout
+    assert str(server) not in procs
+
+
+def test_code_server_that_never_answers_fails_the_job(tmp_path, run_sbatch_and_wait, leftovers):
+    """A server command that exits at once: the job ends service-failed, naming it, before the driver."""
+    script, run_dir = render(
+        tmp_path, 'dataset_mixer_list=["my-org/rlvr_code", "1.0"]', f"hpcrl.workdir={tmp_path}",
+        '''hpcrl.code_server_command=["bash", "-c", "echo cannot bind port {port} >&2; exit 3"]''')
+    job = run_sbatch_and_wait(script, 600)
+    log = (run_dir / "logs" / f"job-{job.job_id}.log").read_text()
+    assert job.state == "FAILED", log
+    assert "code-server on n" in log and "exited before it answered" in log
+    ends = [e for e in events(run_dir) if e[1] == "end"]
+    assert ends[-1][3].startswith("service-failed:") or ends[-1][3].startswith("ray-start-failed:"), ends
+    assert "hpcrl-smoke" not in log
+    assert leftovers(job.job_id) == []

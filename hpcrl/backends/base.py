@@ -53,6 +53,18 @@ DriverLine = tuple[Word, ...]
 
 
 @dataclass(frozen=True)
+class Service:
+    """A server the framework's code calls on localhost, started by the script on every node."""
+
+    name: str  # file names and messages: code-server
+    command: tuple[str, ...]  # the words; "{port}" is replaced by the port at run time
+    health_path: str  # an HTTP GET that answers 200 once it is up
+    port: int | None = None  # fixed (the config names it), else one of the job's port block
+    env: tuple[tuple[str, str], ...] = ()  # exported for the driver; "{port}" likewise
+    why: str = ""  # the script's comment: why it runs, with its source
+
+
+@dataclass(frozen=True)
 class Planned:
     """What a backend's planner returns: ranked layouts, values it chose beyond the layout
     (framework key -> value, e.g. a micro-batch size) and warnings for the user."""
@@ -150,6 +162,13 @@ class Backend(ABC):
     def env(self, rp: RunPlan) -> dict[str, str]:
         """Extra environment for the driver (exported just before it starts)."""
         return {}
+
+    def services(self, cfg: RunConfig) -> list[Service]:
+        """Servers the script starts on every node for this run (none unless the framework calls one)."""
+        if cfg.hpcrl.code_server == "on":
+            raise ConfigError(f"hpcrl.code_server on: {self.name}'s default path calls no code-execution server "
+                              "(backends/data/capabilities.json); remove it")
+        return []
 
     @abstractmethod
     def summary(self, rp: RunPlan) -> str:

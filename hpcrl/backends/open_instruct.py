@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+from urllib.parse import urlsplit
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -17,13 +18,14 @@ from hpcrl.backends.base import (
     Backend,
     DriverLine,
     Planned,
+    Service,
     Word,
     cli_pins_into,
     is_number,
     merge_planned,
     positive,
 )
-from hpcrl.backends.capabilities import feature, setting
+from hpcrl.backends.capabilities import commit, feature, services, setting
 from hpcrl.backends.oi_args import _kind, arg_table, check_args, default
 from hpcrl.errors import ConfigError, HpcrlError, PlanError
 from hpcrl.layout import Layout, Pins, Workload
@@ -102,6 +104,17 @@ def layout_args(layout: Layout, nodes: int, table: dict[str, dict]) -> dict[str,
         if name not in table:
             raise ConfigError(f"layout field {name} is not an argument of this open-instruct layout")
     return fields
+
+
+def code_datasets(args: dict[str, Any]) -> list[str]:
+    """Dataset names in the mixer lists that look like code data (open-instruct routes rows whose
+    verifier source is 'code' or 'code_stdio' to its code API; a name is the only sign a config has)."""
+    names = []
+    for key in ("dataset_mixer_list", "dataset_mixer_eval_list"):
+        for item in args.get(key) or []:
+            if isinstance(item, str) and not is_number(item) and "code" in item.lower() and item not in names:
+                names.append(item)
+    return names
 
 
 def driver_args(cfg: RunConfig, layout: Layout, nodes: int) -> list[DriverArg]:
@@ -254,6 +267,35 @@ class OpenInstructBackend(Backend):
 
     def layout_args(self, rp: RunPlan) -> dict[str, Any]:
         return layout_args(rp.layout, rp.nodes, arg_table(rp.config.hpcrl.arg_layout))
+
+    def services(self, cfg: RunConfig) -> list[Service]:
+        """open-instruct's code-execution API, where the config's verifiers need it on localhost."""
+        hp = cfg.hpcrl
+        if hp.code_server == "off":
+            return []
+        url = cfg.args.get("code_api_url")
+        parsed = urlsplit(str(url)) if url else None
+        if parsed is not None and parsed.hostname not in ("localhost", "127.0.0.1"):
+            if hp.code_server == "on":
+                raise ConfigError(f"hpcrl.code_server on, but code_api_url {url} is not on localhost: the run calls "
+                                  "that server, not one hpcrl starts; set hpcrl.code_server: off or auto")
+            return []
+        code_data = code_datasets(cfg.args)
+        if hp.code_server == "auto" and not code_data and url is None:
+            return []
+        fact = services(self.name)[0]
+        port = None
+        if parsed is not None:
+            port = parsed.port or (443 if parsed.scheme == "https" else 80)
+        why = (f"the datasets {', '.join(code_data)} look like code verifiers" if code_data else
+               "hpcrl.code_server: on" if hp.code_server == "on" else f"code_api_url {url} is on localhost")
+        command = tuple(hp.code_server_command or (hp.python, "-m", "uvicorn", "open_instruct.code_utils.api:app",
+                                                   "--host", "127.0.0.1", "--port", "{port}"))
+        env = () if url else (("CODE_API_URL", "http://127.0.0.1:{port}"),)
+        return [Service("code-server", command, "/health", port, env,
+                        f"open-instruct's code-execution API ({fact['start_source']} at {commit(self.name)[:8]}): "
+                        f"{why}; its verifiers post each 'code'/'code_stdio' sample to it "
+                        f"({fact['source']}); hpcrl.code_server: off skips it")]
 
     def driver_command(self, rp: RunPlan) -> list[DriverLine]:
         lines: list[DriverLine] = []

@@ -151,6 +151,7 @@ def _print_plan(d: dict) -> None:
     t.add_row("peak reserved (allocator)", f"{lr['peak_reserved_gib']:.2f}")
     t.add_row("CUDA context + NCCL", f"{lr['non_torch_gib']:.2f}")
     t.add_row("[bold]on the GPU[/]", f"[bold]{lr['device_total_gib']:.2f}[/] / {gpu['usable_gib']:.1f}")
+    t.add_row("allocator margin kept free (measured spread)", f"{lr['allocator_margin_gib']:.2f}")
     t.add_row("DeepSpeed's own estimate", f"{lr['deepspeed_estimate_gib']:.2f}")
     console.print(t)
     e = Table(title=f"Engine GPU: vLLM TP={en['tp']}, gpu_memory_utilization={en['gpu_memory_utilization']}")

@@ -58,6 +58,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--colocated", action="store_true", help="Training and generation share every GPU")
     p.add_argument("--address", default=None, help="Ray address (default: $RAY_ADDRESS, else auto)")
     p.add_argument("--timeout", type=float, default=120.0, help="Seconds to wait for each placement group")
+    p.add_argument("--service", nargs=3, action="append", default=[], metavar=("NAME", "PORT", "PATH"),
+                   help="A service the script started on every node: GET http://127.0.0.1:PORT/PATH must answer there")
+    p.add_argument("--service-port-per-slot", action="store_true",
+                   help="Each node's service port is PORT + its slot on a shared host (HPCRL_NODE_TABLE)")
     args = p.parse_args(argv)
     try:
         args.learners = [int(x) for x in args.learners.replace(",", " ").split()]
@@ -185,10 +189,57 @@ def smoke_openrlhf(ray, args: argparse.Namespace) -> str:
             f"engine_nodes={engine_nodes}")
 
 
+def _ask_service(port: int, path: str, per_slot: bool) -> dict:
+    """On one node: GET the service on this node's 127.0.0.1 (the slot from the job's node table)."""
+    import os
+    import urllib.request
+
+    import ray
+
+    node = os.environ.get("SLURMD_NODENAME", "")
+    slot = 0
+    for entry in os.environ.get("HPCRL_NODE_TABLE", "").split(";"):
+        fields = entry.split()
+        if len(fields) == 3 and fields[0] == node:
+            slot = int(fields[2])
+    url = f"http://127.0.0.1:{port + (slot if per_slot else 0)}{path}"
+    try:
+        with urllib.request.urlopen(url, timeout=10) as resp:  # noqa: S310 - the job's own local service
+            status = resp.status
+    except Exception as exc:  # an answer is all that matters here
+        status = f"{type(exc).__name__}: {exc}"
+    return {"node": node, "ip": ray.util.get_node_ip_address(), "url": url, "status": status}
+
+
+def check_services(ray, args: argparse.Namespace) -> str:
+    """Each service answers on every node (a task pinned to each node asks its own 127.0.0.1)."""
+    if not args.service:
+        return ""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    ask = ray.remote(_ask_service)
+    done = []
+    for name, port, path in args.service:
+        refs = [ask.options(num_cpus=BUNDLE_CPU, scheduling_strategy=NodeAffinitySchedulingStrategy(
+                    node_id=n["NodeID"], soft=False)).remote(int(port), path, args.service_port_per_slot)
+                for n in ray.nodes() if n.get("Alive")]
+        answers = ray.get(refs, timeout=args.timeout)
+        bad = [a for a in answers if a["status"] != 200]
+        if bad:
+            where = ", ".join(f"{a['node'] or a['ip']} ({a['url']}: {a['status']})" for a in bad)
+            raise SmokeFailure(f"{name} does not answer on {where}")
+        done.append(f"{name}={len(answers)}/{len(answers)}")
+    return " services=" + ",".join(done)
+
+
 def smoke(ray, args: argparse.Namespace) -> str:
     """All checks; the summary line on success."""
     check_layout(args)
     check_nodes(ray, args)
+    return _placement(ray, args) + check_services(ray, args)
+
+
+def _placement(ray, args: argparse.Namespace) -> str:
     if args.framework == "verl":
         return smoke_verl(ray, args)
     if args.framework == "openrlhf":

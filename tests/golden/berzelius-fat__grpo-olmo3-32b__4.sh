@@ -1,7 +1,7 @@
 #!/bin/bash
 # Rendered by hpcrl 0.1.0: re-render (hpcrl render) rather than edit by hand.
 # hpcrl cluster: berzelius:fat
-# hpcrl config: grpo-olmo3-32b.yaml (digest ede55e37fd8a)
+# hpcrl config: grpo-olmo3-32b.yaml (digest 2f014c5df961)
 #
 # Plan:
 #   model allenai/Olmo-3-1125-32B: 256 sequences of 10240 tokens per step, pack_length 10240
@@ -55,6 +55,7 @@ MON_PID=""
 NODE_DIR=""
 RAY_TMP=""
 TEE_PID=""
+SVC_PIDS=()  # services started on this node (hpcrl.code_server)
 
 # ------------------------------------------------------------------ environment
 # Model and dataset cache on shared storage; jobs never download (pre-fetch on a login node).
@@ -233,7 +234,7 @@ on_exit() {
         END_RECORDED=1
     fi
     local by=$((SECONDS + 20)) pid left
-    kill -TERM "$DRIVER_PID" "$HEAD_PID" "$MON_PID" 2>/dev/null
+    kill -TERM "$DRIVER_PID" "$HEAD_PID" "$MON_PID" "${SVC_PIDS[@]}" 2>/dev/null
     # srun answers TERM with SIGKILL to the tasks, but forwards USR2: each worker stops its Ray
     # and removes its node-local directories.
     kill -USR2 "$WORKERS_PID" 2>/dev/null
@@ -252,7 +253,7 @@ on_exit() {
     if [[ -n $left ]]; then
         log "still running at the end of the stop, killed:$left"
     fi
-    kill_session KILL "$DRIVER_PID" "$HEAD_PID"
+    kill_session KILL "$DRIVER_PID" "$HEAD_PID" "${SVC_PIDS[@]}"
     kill -KILL "$WORKERS_PID" "$MON_PID" 2>/dev/null
     if [[ -n $NODE_DIR ]]; then  # set by node_dirs, defined beside it with remove_node_dirs
         remove_node_dirs
@@ -302,7 +303,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
 {
   "cluster": "berzelius:fat",
   "config": "grpo-olmo3-32b.yaml",
-  "config_digest": "ede55e37fd8a",
+  "config_digest": "2f014c5df961",
   "gpus_per_node": 8,
   "hpcrl_version": "0.1.0",
   "layout": {

@@ -1,7 +1,7 @@
 #!/bin/bash
 # Rendered by hpcrl 0.1.0: re-render (hpcrl render) rather than edit by hand.
 # hpcrl cluster: isambard-ai
-# hpcrl config: verl-grpo-qwen2.5-7b.yaml (digest 8217cd7149cc)
+# hpcrl config: verl-grpo-qwen2.5-7b.yaml (digest 2f3025eeea7c)
 #
 # Plan:
 #   model Qwen/Qwen2.5-7B: 1536 sequences of 5120 tokens per step, ppo_micro_batch_size_per_gpu 12 (61440 tokens)
@@ -55,6 +55,7 @@ MON_PID=""
 NODE_DIR=""
 RAY_TMP=""
 TEE_PID=""
+SVC_PIDS=()  # services started on this node (hpcrl.code_server)
 
 # ------------------------------------------------------------------ environment
 # Profile modules. `module` is a shell function that batch shells may lack: load its init.
@@ -278,7 +279,7 @@ on_exit() {
         END_RECORDED=1
     fi
     local by=$((SECONDS + 20)) pid left
-    kill -TERM "$DRIVER_PID" "$HEAD_PID" "$MON_PID" 2>/dev/null
+    kill -TERM "$DRIVER_PID" "$HEAD_PID" "$MON_PID" "${SVC_PIDS[@]}" 2>/dev/null
     # srun answers TERM with SIGKILL to the tasks, but forwards USR2: each worker stops its Ray
     # and removes its node-local directories.
     kill -USR2 "$WORKERS_PID" 2>/dev/null
@@ -297,7 +298,7 @@ on_exit() {
     if [[ -n $left ]]; then
         log "still running at the end of the stop, killed:$left"
     fi
-    kill_session KILL "$DRIVER_PID" "$HEAD_PID"
+    kill_session KILL "$DRIVER_PID" "$HEAD_PID" "${SVC_PIDS[@]}"
     kill -KILL "$WORKERS_PID" "$MON_PID" 2>/dev/null
     if [[ -n $NODE_DIR ]]; then  # set by node_dirs, defined beside it with remove_node_dirs
         remove_node_dirs
@@ -362,7 +363,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
   },
   "cluster": "isambard-ai",
   "config": "verl-grpo-qwen2.5-7b.yaml",
-  "config_digest": "8217cd7149cc",
+  "config_digest": "2f3025eeea7c",
   "gpus_per_node": 4,
   "hpcrl_version": "0.1.0",
   "layout": {

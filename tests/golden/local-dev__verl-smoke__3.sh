@@ -1,7 +1,7 @@
 #!/bin/bash
 # Rendered by hpcrl 0.1.0: re-render (hpcrl render) rather than edit by hand.
 # hpcrl cluster: local-dev
-# hpcrl config: verl-grpo-qwen2.5-7b.yaml (digest 9156b2073aa0)
+# hpcrl config: verl-grpo-qwen2.5-7b.yaml (digest c7ffa303ed6b)
 # SMOKE TEST: the driver is hpcrl.runtime.smoke, which checks the Ray cluster and exits.
 #
 # Plan:
@@ -53,6 +53,7 @@ MON_PID=""
 NODE_DIR=""
 RAY_TMP=""
 TEE_PID=""
+SVC_PIDS=()  # services started on this node (hpcrl.code_server)
 
 # ------------------------------------------------------------------ environment
 # Profile environment (interconnect, NCCL/libfabric, vLLM).
@@ -230,7 +231,7 @@ on_exit() {
         END_RECORDED=1
     fi
     local by=$((SECONDS + 20)) pid left
-    kill -TERM "$DRIVER_PID" "$HEAD_PID" "$MON_PID" 2>/dev/null
+    kill -TERM "$DRIVER_PID" "$HEAD_PID" "$MON_PID" "${SVC_PIDS[@]}" 2>/dev/null
     # srun answers TERM with SIGKILL to the tasks, but forwards USR2: each worker stops its Ray
     # and removes its node-local directories.
     kill -USR2 "$WORKERS_PID" 2>/dev/null
@@ -249,7 +250,7 @@ on_exit() {
     if [[ -n $left ]]; then
         log "still running at the end of the stop, killed:$left"
     fi
-    kill_session KILL "$DRIVER_PID" "$HEAD_PID"
+    kill_session KILL "$DRIVER_PID" "$HEAD_PID" "${SVC_PIDS[@]}"
     kill -KILL "$WORKERS_PID" "$MON_PID" 2>/dev/null
     if [[ -n $NODE_DIR ]]; then  # set by node_dirs, defined beside it with remove_node_dirs
         remove_node_dirs
@@ -314,7 +315,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
   },
   "cluster": "local-dev",
   "config": "verl-grpo-qwen2.5-7b.yaml",
-  "config_digest": "9156b2073aa0",
+  "config_digest": "c7ffa303ed6b",
   "gpus_per_node": 4,
   "hpcrl_version": "0.1.0",
   "layout": {

@@ -67,6 +67,9 @@ class HpcrlSection(BaseModel):
     qos: str | None = None
     exclude_nodes: list[str] = Field(default_factory=list)
     max_restarts: int = Field(default=10, ge=0)
+    max_failure_restarts: int = Field(default=3, ge=0, description="Continuations after failures not the run's fault")
+    failure_backoff_s: int = Field(default=60, ge=0, description="Wait before a failure continuation (x its number)")
+    max_lost_minutes: float = Field(default=30.0, gt=0, description="Training a job may lose: sets the checkpoint cadence")
     logprob_impl: Literal["eager", "compiled"] = "compiled"
     zero_reward_steps: int = Field(default=10, gt=0)
     hang_minutes: float = Field(default=60.0, gt=0)

@@ -10,7 +10,7 @@ import math
 import re
 from dataclasses import dataclass, field, replace
 
-from hpcrl.driver_log import ANSI, death_line, parse_steps
+from hpcrl.driver_log import ANSI, CUDA_OOM as _OOM, LIBFABRIC as _CXI, NCCL_TIMEOUT as _TIMEOUT, death_line, parse_steps
 from hpcrl.memory import constants as C
 from hpcrl.memory.engine import EngineSetup, engine_memory
 from hpcrl.memory.learner import LearnerSetup, learner_memory
@@ -158,7 +158,6 @@ def _find(kind: str, cause: str, fixes: list[str] | str, lines: list[str], pat: 
     return Finding(kind, cause, fix, ev[:3], details or {})
 
 
-_OOM = re.compile(r"CUDA out of memory|OutOfMemoryError: CUDA|CUDA error: out of memory")
 _ENGINE_CTX = re.compile(r"LLMRayActor|EngineCore|/vllm/|vllm\.v1|load_model|profile_run|KV cache")
 
 
@@ -220,8 +219,6 @@ def rule_vllm_startup(lines: list[str], text: str, ctx: Context) -> Finding | No
 
 _DUP = re.compile(r"Duplicate GPU detected(?: : rank (\d+) and rank (\d+) both on CUDA device (\w+))?")
 _OFI_MISSING = re.compile(r"network AWS Libfabric not found|NET/OFI.*(?:Failed to initialize|not found)")
-_CXI = re.compile(r"VNI_NOT_FOUND|NET/OFI.*(?:RC:?\s*-?\d+|error|failed)|cxi.*(?:error|failed)|fi_\w+ failed", re.I)
-_TIMEOUT = re.compile(r"Watchdog caught collective operation timeout: WorkNCCL\((.*?)\) ran for (\d+) milliseconds")
 
 
 def rule_nccl(lines: list[str], text: str, ctx: Context) -> Finding | None:

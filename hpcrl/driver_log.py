@@ -114,3 +114,23 @@ _INTENTIONAL = re.compile(r"ray\.kill|intentionally killed", re.I)
 def death_line(line: str) -> str | None:
     """Which death pattern `line` shows (None: none, or an intentional `ray.kill`)."""
     return None if _INTENTIONAL.search(line) else next((n for n, p in DEATH_PATTERNS if p.search(line)), None)
+
+
+# Failures of the machines, not of the run (a continuation on other nodes may well succeed):
+# the Slingshot/libfabric layer and NCCL's system/remote errors, and a collective that timed
+# out with no CUDA OOM before it (diagnose.py explains each).
+CUDA_OOM = re.compile(r"CUDA out of memory|OutOfMemoryError: CUDA|CUDA error: out of memory")
+LIBFABRIC = re.compile(r"VNI_NOT_FOUND|NET/OFI.*(?:RC:?\s*-?\d+|error|failed)|cxi.*(?:error|failed)|fi_\w+ failed", re.I)
+NCCL_TIMEOUT = re.compile(r"Watchdog caught collective operation timeout: WorkNCCL\((.*?)\) ran for (\d+) milliseconds")
+NCCL_SYSTEM = re.compile(r"ncclSystemError|ncclRemoteError|NCCL error.*(?:unhandled system error|remote process exited|"
+                         r"Connection (?:reset|closed|refused))")
+
+
+def network_failure(text: str) -> str | None:
+    """The network failure a crashed driver's log shows, or None (none, or a CUDA OOM: the run's own)."""
+    if CUDA_OOM.search(text):
+        return None
+    for kind, pattern in (("libfabric", LIBFABRIC), ("nccl-system", NCCL_SYSTEM), ("nccl-timeout", NCCL_TIMEOUT)):
+        if (m := pattern.search(text)):
+            return f"{kind}: {m.group(0)[:160]}"
+    return None

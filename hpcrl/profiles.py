@@ -107,6 +107,8 @@ def _path_ok(value: str) -> str:
 class StorageArea(_Strict):
     path: str = Field(description="May use environment variables expanded on the compute node")
     quota_gib: float | None = Field(default=None, gt=0)
+    write_gib_s: float | None = Field(default=None, gt=0,
+                                      description="Write bandwidth one job gets here, GiB/s (checkpoint write time)")
     description: str = ""
 
     _path = field_validator("path")(_path_ok)
@@ -141,6 +143,7 @@ class Ray(_Strict):
     object_store_gib: float | None = Field(default=None, gt=0)
     memory_kill_threshold: float = Field(default=0.95, gt=0, le=1)
     join_timeout_s: int = Field(default=600, gt=0)
+    log_keep_mib: int = Field(default=64, gt=0, description="Ray session logs kept per node in the run dir (MiB)")
     metrics: bool = Field(
         default=False,
         description="Keep Ray's Prometheus metrics port (it answers anyone on the network, without the token)",

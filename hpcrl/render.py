@@ -30,6 +30,8 @@ CONTAINER_RUNTIMES = ("apptainer", "singularity")
 RAY_TEMP_MAX = 40
 # The first Ray that honours RAY_AUTH_MODE=token; older ones ignore it silently (DESIGN.md).
 RAY_TOKEN_MIN = (2, 52)
+# `ray start` tries per node before the job gives up (NeMo-RL's ray.sub retries the head 3 times).
+RAY_START_ATTEMPTS = 3
 
 
 @lru_cache(maxsize=1)
@@ -112,6 +114,15 @@ def output_path(rp: RunPlan) -> str:
     return path
 
 
+def exclude_nodes(rp: RunPlan) -> list[str]:
+    """The profile's and the config's excluded nodes, validated, in order, once each."""
+    exclude: list[str] = []
+    for node in [*rp.profile.slurm.exclude_nodes, *rp.config.hpcrl.exclude_nodes]:
+        if node not in exclude:
+            exclude.append(_sbatch_value("exclude node", str(node)))
+    return exclude
+
+
 def sbatch_options(rp: RunPlan) -> list[str]:
     """The #SBATCH options, validated: one `--name=value` string each."""
     hp, slurm, g = rp.config.hpcrl, rp.profile.slurm, rp.profile.gpu.count_per_node
@@ -138,16 +149,13 @@ def sbatch_options(rp: RunPlan) -> list[str]:
         opts.append(f"--qos={_sbatch_value('hpcrl.qos', hp.qos)}")
     if slurm.constraint:
         opts.append(f"--constraint={_sbatch_value('slurm.constraint', slurm.constraint, _CONSTRAINT)}")
-    exclude: list[str] = []
-    for node in [*slurm.exclude_nodes, *hp.exclude_nodes]:
-        if node not in exclude:
-            exclude.append(_sbatch_value("exclude node", str(node)))
+    exclude = exclude_nodes(rp)
     if exclude:
         opts.append(f"--exclude={','.join(exclude)}")
     opts += [
         f"--output={output_path(rp)}",
         "--open-mode=append",
-        f"--signal=B:USR1@{slurm.signal_before_end_s}",
+        f"--signal=B:USR1@{rp.cadence.lead_s if rp.cadence else slurm.signal_before_end_s}",
         # The script chains its own continuation; a Slurm requeue would run a second copy.
         "--no-requeue",
     ]
@@ -227,7 +235,7 @@ def plan_summary(rp: RunPlan) -> list[str]:
         mem,
         f"step ~{lay.step_time_s:.0f} s (generation {lay.gen_time_s:.0f} s, training {lay.train_time_s:.0f} s), "
         f"bottleneck {lay.bottleneck}",
-    ]
+    ] + ([rp.cadence.summary(rp.backend.checkpoint_key, rp.config.hpcrl.max_lost_minutes)] if rp.cadence else [])
 
 
 def plan_json(rp: RunPlan, *, smoke: bool = False) -> str:
@@ -304,8 +312,9 @@ def _context(rp: RunPlan, smoke: bool) -> dict:
         "engines": lay.engines,
         "tp": lay.tp,
         "smoke_placement": backend.smoke_placement,
+        # open-instruct hands its whole environment to its actors: the smoke does the same.
         "smoke_extra": (f" --framework {backend.smoke_framework}" + (" --colocated" if lay.colocated else "")
-                        if backend.smoke_framework else ""),
+                        if backend.smoke_framework else " --actor-env"),
         "plan_json": plan_json(rp, smoke=smoke),
         "gpumon_args": _gpumon_args(rp),
         "kill_wait_s": prof.slurm.kill_wait_s,
@@ -316,6 +325,13 @@ def _context(rp: RunPlan, smoke: bool) -> dict:
         "ray_min_minor": RAY_TOKEN_MIN[1],
         "ray_metrics": prof.ray.metrics,
         "services": _services(rp),
+        "max_failure_restarts": hp.max_failure_restarts,
+        "failure_backoff_s": hp.failure_backoff_s,
+        "checkpoint_marker": backend.checkpoint_marker,
+        "signal_lead_s": rp.cadence.lead_s if rp.cadence else prof.slurm.signal_before_end_s,
+        "rendered_exclude": ",".join(exclude_nodes(rp)),
+        "ray_start_attempts": RAY_START_ATTEMPTS,
+        "ray_log_keep_mib": prof.ray.log_keep_mib,
     }
 
 

@@ -31,10 +31,10 @@ HEADLINE = ("training_step", "scores", "objective/scores", "objective/verifiable
 # appended to: rows older than the chain's first start (less this slack for node clocks) are
 # an earlier run's.
 CLOCK_SLACK = timedelta(seconds=120)
-GAP = timedelta(minutes=5)  # the plot breaks a GPU's line where the monitor was silent this long
-NO_PLAN = "No prediction: plan.json holds no memory plan (a run submitted as a bare script)."
+# The roles a GPU can have, in the order tables and the plot list them (and the plot's colours).
 ROLE_COLORS = {"learner": "tab:blue", "engine": "tab:orange", "mixed": "tab:purple", "head": "tab:green",
                "idle": "tab:gray"}
+NO_PLAN = "No prediction: plan.json holds no memory plan (a run submitted as a bare script)."
 
 
 class Event(NamedTuple):
@@ -118,9 +118,20 @@ def _job_rows(events: list[Event], ids: list[str], reg_jobs: dict[str, dict], ru
             "duration_s": _seconds(parse_time(started), parse_time(ended)),
             "end_reason": reason, "exit_code": exit_code,
             "next_job": nxt.detail if nxt else None,
+            "failure": _failure(first.get((jid, "failure"))),
+            "ray_logs": sorted(d.name for d in (run_dir / "logs" / "ray" / jid).iterdir())
+            if (run_dir / "logs" / "ray" / jid).is_dir() else [],
             "log": str(log.relative_to(run_dir)) if log else None,
         })
     return rows
+
+
+def _failure(event: Event | None) -> dict | None:
+    """A failure continuation's reason and the nodes it excluded (jobs.tsv `failure` line)."""
+    if event is None:
+        return None
+    why, _, nodes = event.detail.partition(" ")
+    return {"reason": why, "excluded": [n for n in nodes.split(",") if n and n != "-"]}
 
 
 def read_gpu_csvs(hp_dir: Path, since: datetime | None = None, series: bool = False) -> dict:
@@ -384,7 +395,11 @@ def to_markdown(r: dict) -> str:
 def end_text(job: dict) -> str:
     if not job["end_reason"]:
         return "-"
-    return job["end_reason"] + ("" if job["exit_code"] is None else f":{job['exit_code']}")
+    text = job["end_reason"] + ("" if job["exit_code"] is None else f":{job['exit_code']}")
+    failure = job.get("failure")
+    if failure:
+        text += f" (continued without {', '.join(failure['excluded'])})" if failure["excluded"] else " (continued)"
+    return text
 
 
 def gib(v: float | None) -> str:
@@ -399,50 +414,3 @@ def where_text(row: dict) -> str:
     if row["node"] is None:
         return "-"
     return f"{row['node']} GPU {row['gpu']} ({row['gpus']} GPUs, {row['samples']} samples)"
-
-
-def _line(pts: list[tuple[datetime, float]], limit: int = 2000) -> tuple[list, list]:
-    """x, y in GiB of at most ~limit points, each bucket's highest reading (peaks stay visible), broken
-    (NaN) across gaps of over GAP, such as between the jobs of a chain."""
-    step = max(1, -(-len(pts) // limit))
-    xs: list = []
-    ys: list = []
-    for t, used in (max(pts[i:i + step], key=lambda p: p[1]) for i in range(0, len(pts), step)):
-        if xs and t - xs[-1] > GAP:
-            xs, ys = xs + [xs[-1] + (t - xs[-1]) / 2], ys + [float("nan")]
-        xs.append(t)
-        ys.append(used / MIB_PER_GIB)
-    return xs, ys
-
-
-def plot_gpu_memory(report: dict, path: Path) -> None:
-    """PNG of GPU memory used over time, a line per node/GPU coloured by role, predictions dashed."""
-    from hpcrl.plots import _pyplot  # matplotlib is an extra: a one-line error says how to install it
-
-    plt = _pyplot()
-    starts = [t for j in report["jobs"] if (t := parse_time(j["started"]))]
-    data = read_gpu_csvs(Path(report["run_dir"]) / "hpcrl", min(starts) if starts else None, series=True)
-    fig, ax = plt.subplots(figsize=(11, 6))
-    labelled: set[str] = set()
-    for (_node, _gpu, role), pts in data["series"].items():
-        xs, ys = _line(pts)
-        ax.plot(xs, ys, color=ROLE_COLORS.get(role, "tab:gray"), linewidth=1, alpha=0.8,
-                marker="." if len(xs) < 200 else None, label=None if role in labelled else f"{role} GPUs")
-        labelled.add(role)
-    pred = report["plan"] or {}
-    for key, role, name in (("learner_peak_gib", "learner", "learner predicted peak"),
-                            ("engine_reserved_gib", "engine", "vLLM predicted reservation")):
-        if pred.get(key) is not None:
-            ax.axhline(pred[key], color=ROLE_COLORS[role], linestyle="--", linewidth=1.5,
-                       label=f"{name} {pred[key]:.1f} GiB")
-    if not data["series"]:
-        ax.text(0.5, 0.5, gpu_note(data), transform=ax.transAxes, ha="center", va="center")
-        ax.set_xticks([])
-    ax.set(ylabel="GPU memory used (GiB)", xlabel="time (UTC)",
-           title=f"GPU memory: {report['run_id'] or report['name']}")
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(loc="lower right", fontsize=8)
-    fig.autofmt_xdate()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)

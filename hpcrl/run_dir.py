@@ -50,8 +50,22 @@ class RunDir:
             f.write(f"{job_id}\t{event}\t{now()}\t{detail}\n")
 
     def restart_count(self) -> int:
+        return self._count(self.restarts)
+
+    def failure_restart_count(self) -> int:
+        return self._count(self.meta / "failure-restarts")
+
+    def excluded_nodes(self) -> list[str]:
+        """Nodes failure continuations excluded (hpcrl/excluded-nodes), in order, once each."""
         try:
-            return int(self.restarts.read_text().strip() or 0)
+            return list(dict.fromkeys(self.meta.joinpath("excluded-nodes").read_text().split()))
+        except OSError:
+            return []
+
+    @staticmethod
+    def _count(path: Path) -> int:
+        try:
+            return int(path.read_text().strip() or 0)
         except (OSError, ValueError):
             return 0
 
@@ -65,6 +79,8 @@ class JobEvents(NamedTuple):
     ended: str | None = None
     next_job: str | None = None
     next_submitted: str | None = None  # when this job submitted its continuation
+    failure: str | None = None  # a failure continuation's reason (ray-start-failed, worker-died, ...)
+    blamed: tuple[str, ...] = ()  # the nodes that continuation excludes
 
 
 def read_chain(run_dir: RunDir) -> dict[str, JobEvents]:
@@ -88,7 +104,35 @@ def read_chain(run_dir: RunDir) -> dict[str, JobEvents]:
                              ended=stamp)
         elif event == "continue" and detail.isdigit():
             ev = ev._replace(next_job=detail, next_submitted=stamp)
+        elif event == "failure":
+            why, _, nodes = detail.partition(" ")
+            ev = ev._replace(failure=why, blamed=tuple(n for n in nodes.split(",") if n and n != "-"))
         out[job] = ev
+    return out
+
+
+RAY_LOG_NAMES = ("raylet.out", "raylet.err", "gcs_server.out", "gcs_server.err", "dashboard_agent.log",
+                 "runtime_env_agent.log")
+
+
+def kept_ray_logs(rd: RunDir, tail_lines: int = 300) -> list[tuple[str, str]]:
+    """(path relative to the run dir, last lines) of the Ray logs the newest job kept per node in
+    logs/ray/<job>/<node>/, and of its worker output files: what diagnose reads beside the driver's log."""
+    root = rd.path / "logs" / "ray"
+    jobs = sorted((d for d in root.iterdir() if d.is_dir() and d.name.isdigit()), key=lambda d: int(d.name)) \
+        if root.is_dir() else []
+    files: list[Path] = []
+    if jobs:
+        files += [f for node in sorted(jobs[-1].iterdir()) if node.is_dir() for f in sorted(node.rglob("*"))
+                  if f.is_file() and (f.name in RAY_LOG_NAMES or f.suffix == ".err")]
+        files += sorted((rd.path / "logs").glob(f"worker-*-{jobs[-1].name}.log"))
+    out = []
+    for f in files:
+        try:
+            lines = f.read_text(errors="replace").splitlines()[-tail_lines:]
+        except OSError:
+            continue
+        out.append((str(f.relative_to(rd.path)), "\n".join(lines)))
     return out
 
 
@@ -102,4 +146,4 @@ def run_dir_problem(rd: RunDir) -> str | None:
     return None
 
 
-__all__ = ["JobEvents", "RunDir", "read_chain", "run_dir_problem"]
+__all__ = ["JobEvents", "RunDir", "kept_ray_logs", "read_chain", "run_dir_problem"]

@@ -5,16 +5,18 @@ Shared by `plan`, `render` and `submit` so the three always agree.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from hpcrl.backends import get_backend
 from hpcrl.backends.base import Backend
+from hpcrl.cadence import ASSUMED_WRITE_GIB_S, Cadence, plan_cadence, risk_warning
 from hpcrl.config import HpcrlSection, RunConfig, load_run_config
 from hpcrl.errors import HpcrlError
 from hpcrl.layout import Layout, Pins, Workload, check_nodes, enumerate_layouts
 from hpcrl.layout_advice import idle_gpus_warning
 from hpcrl.profiles import ClusterProfile, resolve_profile
+from hpcrl import walltime
 from hpcrl.walltime import check_time
 
 
@@ -29,6 +31,7 @@ class RunPlan:
     warnings: tuple[str, ...] = ()
     # Values the backend planned beyond the layout (framework key -> value).
     choices: tuple[tuple[str, Any], ...] = ()
+    cadence: Cadence | None = None  # checkpoint interval and time-limit warning (hpcrl/cadence.py)
 
     @property
     def layout(self) -> Layout:
@@ -143,8 +146,40 @@ def make_run_plan(
     if cap and planned.layouts and planned.layouts[0].learners_per_node > cap:
         warnings.append(f"{planned.layouts[0].learners_per_node} learners per node on {profile.name}, where the profile "
                         f"plans at most {cap}: {profile.planning.why or 'see the profile'}")
-    return RunPlan(cfg, profile, n, planned.workload or w, p, planned.layouts, tuple(warnings) + planned.warnings,
-                   tuple(planned.choices.items()))
+    choices = dict(planned.choices)
+    cad, cad_warnings = checkpoint_cadence(backend, cfg, profile, planned.workload or w, planned.layouts[0])
+    if not cad.pinned:
+        choices[backend.checkpoint_key] = cad.every_steps
+    return RunPlan(cfg, profile, n, planned.workload or w, p, planned.layouts,
+                   tuple(warnings) + planned.warnings + tuple(cad_warnings), tuple(choices.items()), cad)
+
+
+def checkpoint_cadence(backend: Backend, cfg: RunConfig, profile: ClusterProfile, w: Workload,
+                       lay: Layout) -> tuple[Cadence, list[str]]:
+    """The checkpoint interval (hpcrl.max_lost_minutes of the step estimate, unless pinned) and the
+    time-limit warning's lead time; warnings for a pinned interval that risks more, or none."""
+    key, hp = backend.checkpoint_key, cfg.hpcrl
+    pinned = cfg.args.get(key)
+    bandwidth = profile.storage.run_root.write_gib_s or ASSUMED_WRITE_GIB_S
+    cad = plan_cadence(lay.step_time_s, hp.max_lost_minutes, w.model, bandwidth, profile.slurm.signal_before_end_s,
+                       int(pinned) if isinstance(pinned, int) and pinned > 0 else None, w.lora_rank)
+    warnings = risk_warning(cad, key, hp.max_lost_minutes)
+    part_name = hp.partition or profile.slurm.default_partition
+    part = profile.slurm.partitions.get(part_name) if part_name else None
+    wall = hp.time or (part.max_time if part else None)
+    # The warning may take at most half the job (a 5-minute test job would be warned at its start).
+    half = walltime.seconds(wall) // 2 if wall else None
+    if half is not None and cad.lead_s > half:
+        capped = max(half, 30)
+        warnings.append(f"a wall time of {wall} leaves no room for a step (~{cad.step_s:.0f} s) and a checkpoint "
+                        f"write (~{cad.write_s:.0f} s) before its end: the time-limit warning comes {capped} s "
+                        f"before it, not {cad.lead_s}; a longer hpcrl.time saves the last checkpoint")
+        cad = replace(cad, lead_s=capped)
+    if isinstance(pinned, int) and pinned <= 0:
+        warnings.append(f"{key} {pinned}: the run never writes the state a continuation resumes from; every job of "
+                        f"the chain starts from scratch (remove it and hpcrl sets {cad.every_steps})")
+    return cad, warnings
+
 
 
 __all__ = ["RunPlan", "enumerate_layouts", "make_run_plan", "pins_from", "workload_from_config"]

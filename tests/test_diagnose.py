@@ -237,3 +237,20 @@ def test_cli_run_dir_without_watchdog_reads_the_newest_job_log(tmp_path):
     (tmp_path / "logs" / "job-102.log").write_text((LOGS / "nccl_timeout.log").read_text())
     data = json.loads(cli(str(tmp_path), "--json").stdout)
     assert data["log"].endswith("job-102.log") and data["findings"][0]["kind"] == "nccl_timeout"
+
+
+def test_run_directory_diagnosis_reads_the_ray_logs_the_job_kept(tmp_path):
+    """The driver's log says only that an actor died; the raylet.out the job kept in
+    logs/ray/<job>/<node>/ says why (Ray's memory monitor): diagnose on the run dir finds it."""
+    run = tmp_path / "run"
+    (run / "hpcrl").mkdir(parents=True)
+    (run / "hpcrl" / "driver.log").write_text("step 12 ...\nray.exceptions.ActorDiedError: The actor died unexpectedly\n")
+    kept = run / "logs" / "ray" / "4711" / "n3"
+    kept.mkdir(parents=True)
+    (kept / "raylet.out").write_text((LOGS / "ray_host_oom.log").read_text())
+    out = cli(str(run), "--json")
+    assert out.returncode == 0, out.stderr
+    kinds = [f["kind"] for f in json.loads(out.stdout)["findings"]]
+    assert "host_oom" in kinds or any("oom" in k for k in kinds), kinds
+    only_driver = cli(str(run / "hpcrl" / "driver.log"), "--json")
+    assert not any("oom" in f["kind"] for f in json.loads(only_driver.stdout)["findings"])

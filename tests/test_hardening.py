@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import scontrol_job
 from test_lifecycle import (  # noqa: F401 - env is a fixture
     assert_user_error,
     behave,
@@ -153,7 +154,7 @@ def test_another_user_cannot_touch_a_running_jobs_node_local_dirs_or_metrics(slu
 
 
 def test_old_ray_stops_the_job_before_anything_listens(slurm, env, tmp_path):
-    """A `ray` that reports 2.49 (it would ignore the token): the job ends ray-start-failed with
+    """A `ray` that reports 2.49 (it would ignore the token): the job ends setup-failed with
     one line naming the version, and `ray start` never runs on any node."""
     real = shutil.which("ray")
     fault = tmp_path / "oldray"
@@ -172,11 +173,11 @@ def test_old_ray_stops_the_job_before_anything_listens(slurm, env, tmp_path):
     final = wait_status(env, out["run_id"], lambda r: r["state"] == "ended", "the refusal")
     rd = RunDir(env["root"] / "oldray")
     log = rd.log(out["job_id"]).read_text()
-    assert final["reason"] == "ray-start-failed", log
+    assert final["reason"] == "setup-failed", log
     assert ("Ray 2.49.2 on n" in log and "ignores token authentication (needs Ray >= 2.52)" in log
             and "install ray>=2.52" in log), log
     assert not (tmp_path / "ray-started").exists()
-    assert read_chain(rd)[out["job_id"]].end_reason == "ray-start-failed"
+    assert read_chain(rd)[out["job_id"]].end_reason == "setup-failed"
     assert nothing_of_the_job_left(rd.path, out["job_id"], 10) == []
 
 
@@ -294,22 +295,42 @@ def test_deaf_driver_is_gone_after_cancel(slurm, env):
     _ended_cleanly(env, rd, out["job_id"], "cancelled")
 
 
-def test_deaf_driver_is_gone_after_a_worker_dies(slurm, env):
-    """A worker's raylet is killed while the deaf driver runs: the job ends breaker-dead-worker
-    and leaves nothing behind."""
+def _continued_without(env, run_id: str, rd: RunDir, job: str, reason: str, node: str) -> None:
+    """Job `job` ended with `reason`, blamed `node`, and one failure continuation ran without it and resumed."""
+    final = wait_status(env, run_id, lambda r: r["state"] == "ended", "the continuation to finish", deadline_s=300)
+    chain = read_chain(rd)
+    nxt = chain[job].next_job
+    assert nxt and final["reason"] == "completed" and [j["job_id"] for j in final["jobs"]] == [job, nxt], final
+    events = [ln.split("\t") for ln in rd.jobs_tsv.read_text().splitlines() if ln.startswith(f"{job}\t")]
+    assert [e[3] for e in events if e[1] == "failure"] == [f"{reason} {node}"], events
+    assert (rd.meta / "failure-restarts").read_text().strip() == "1" and (rd.meta / "excluded-nodes").read_text().split() == [node]
+    assert node not in expand_nodelist(scontrol_job(nxt)["NodeList"])
+    assert (rd.path / "checkpoints" / f"resumed-{nxt}").exists()  # the continuation resumed the first job's state
+
+
+def expand_nodelist(nodelist: str) -> list[str]:
+    out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True)
+    return out.stdout.split()
+
+
+def test_deaf_driver_is_gone_after_a_worker_dies_and_the_run_goes_on_without_that_node(slurm, env):
+    """A worker's raylet is killed while the deaf driver runs: the job ends worker-died, leaves
+    nothing behind, and one failure continuation runs without that node and resumes."""
     behave(env, sleep=600, ignore_term=True)
-    out = submit(env, "config", "deaf-worker", nodes=2)
+    cfg = config(env, "deaf-worker", nodes=2, hpcrl_extra="  failure_backoff_s: 2\n")
+    out = ok_json(hpcrl(env, "submit", "--json", "--config", str(cfg)))
     job = out["job_id"]
     rd = RunDir(env["root"] / "deaf-worker")
     wait_status(env, out["run_id"], driver_started(rd, job), "the driver to start")
     head_ip = re.search(r"head \S+ \((127\.\d+\.\d+\.\d+)\)", rd.log(job).read_text()).group(1)
     raylets = [(pid, a) for pid, a in job_processes(f"hpcrl-{job}.") if "/raylet " in a or a.endswith("/raylet")]
-    workers = [pid for pid, a in raylets if f"--node_ip_address={head_ip}" not in a]
+    workers = [(pid, a) for pid, a in raylets if f"--node_ip_address={head_ip}" not in a]
     assert len(workers) == 1, raylets
-    os.kill(workers[0], signal.SIGKILL)
-    final = wait_status(env, out["run_id"], lambda r: r["state"] == "ended", "the dead worker to end the job")
-    assert final["reason"] == "breaker-dead-worker"
-    _ended_cleanly(env, rd, job, "breaker-dead-worker")
+    worker_node = re.search(r"/hpcrl-local/(n\d)/", workers[0][1]).group(1)
+    os.kill(workers[0][0], signal.SIGKILL)
+    wait_until(lambda: read_chain(rd).get(job) and read_chain(rd)[job].end_reason, "the end line", 60)
+    _ended_cleanly(env, rd, job, "worker-died")
+    _continued_without(env, out["run_id"], rd, job, "worker-died", worker_node)
 
 
 def test_deaf_driver_is_gone_after_the_time_limit(slurm, env):
@@ -323,7 +344,8 @@ def test_deaf_driver_is_gone_after_the_time_limit(slurm, env):
 
 def test_killed_gcs_ends_the_job_as_a_head_failure(slurm, env):
     behave(env, sleep=600)
-    out = submit(env, "config", "gcs", nodes=2)
+    cfg = config(env, "gcs", nodes=2, hpcrl_extra="  failure_backoff_s: 2\n")
+    out = ok_json(hpcrl(env, "submit", "--json", "--config", str(cfg)))
     job = out["job_id"]
     rd = RunDir(env["root"] / "gcs")
     wait_status(env, out["run_id"], driver_started(rd, job), "the driver to start")
@@ -336,9 +358,9 @@ def test_killed_gcs_ends_the_job_as_a_head_failure(slurm, env):
         rd.log(job).read_text()
     assert "Ray's head on" in rd.log(job).read_text()
     print(f"killed GCS -> end line in {took:.1f} s")
-    final = wait_status(env, out["run_id"], lambda r: r["state"] == "ended", "the job to end")
-    assert final["reason"] == "ray-head-died"
     _ended_cleanly(env, rd, job, "ray-head-died")
+    head = read_chain(rd)[job].start
+    _continued_without(env, out["run_id"], rd, job, "ray-head-died", head)
 
 
 # --------------------------------------------------------------------------- smaller items

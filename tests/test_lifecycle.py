@@ -169,14 +169,15 @@ def script(env, name: str, *, partition: str = "debug", time_: str = "00:05:00",
 
 
 def config(env, name: str, *, partition: str = "debug", time_: str = "00:05:00", max_restarts: int = 2,
-           nodes: int = 1) -> Path:
+           nodes: int = 1, hpcrl_extra: str = "") -> Path:
     """A run config for the renderer, on the test profile, driving the fake open-instruct."""
     if not _has_renderer():  # CI (HPCRL_REQUIRE_SLURM=1) must run these, never skip them
         (pytest.fail if os.environ.get("HPCRL_REQUIRE_SLURM") == "1" else pytest.skip)(
             "the renderer (hpcrl/render.py) is not in this tree")
     path = env["tmp"] / f"{name}.yaml"
-    path.write_text(CONFIG.format(name=name, workdir=env["workdir"], python=sys.executable, partition=partition,
-                                  time=time_, max_restarts=max_restarts, root=env["root"], nodes=nodes))
+    text = CONFIG.format(name=name, workdir=env["workdir"], python=sys.executable, partition=partition,
+                         time=time_, max_restarts=max_restarts, root=env["root"], nodes=nodes)
+    path.write_text(text.replace("hpcrl:\n", "hpcrl:\n" + hpcrl_extra, 1))
     return path
 
 

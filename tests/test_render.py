@@ -227,7 +227,9 @@ def test_unconfirmed_profile_facts_in_the_header_are_named():
 def test_sbatch_header_per_gpu_request_style():
     isam = sbatch_lines(render("isambard-ai", "grpo-olmo3-7b", 4))
     assert "--gpus-per-node=4" in isam and "--mem=0" in isam and "--time=24:00:00" in isam
-    assert "--signal=B:USR1@900" in isam and "--partition=workq" in isam and "--exclusive" in isam
+    # The warning covers one step (~855 s for 7B on 4 nodes) + one checkpoint write (~41 s) + 60 s
+    # to stop, in whole minutes: 960 s, above the profile's 900 s floor.
+    assert "--signal=B:USR1@960" in isam and "--partition=workq" in isam and "--exclusive" in isam
     berz = sbatch_lines(render("berzelius", "grpo-olmo3-7b", 4, sets=['hpcrl.exclude_nodes=["node017"]']))
     assert "--gpus=32" in berz and "--constraint=thin" in berz and "--exclude=node017" in berz
     assert "--time=3-00:00:00" in berz
@@ -338,8 +340,12 @@ case "$1 $2" in
         pwd >"$STUB_OUT/driver.cwd"
         [[ $2 == hpcrl.runtime.smoke ]] && { echo "hpcrl-smoke: ok nodes=stub"; exit 0; }
         trap 'echo "stub driver: stopping"; exit 0' TERM
+        if [[ -n ${STUB_CKPT_AFTER:-} ]]; then  # a checkpoint completes: DeepSpeed rewrites <dir>/latest
+            (sleep "$STUB_CKPT_AFTER"; mkdir -p "$HPCRL_RUN_DIR/checkpoints"; echo global_step7 >"$HPCRL_RUN_DIR/checkpoints/latest") &
+        fi
         sleep "${STUB_DRIVER_SLEEP:-0}" & wait $!
         exit "${STUB_DRIVER_EXIT:-0}" ;;
+    "-m hpcrl.runtime.classify") exec "$STUB_REAL_PYTHON" "$@" ;;  # the real classifier
     "- "*)  # the readiness poll: ready once every node's `ray start` ran
         cat >/dev/null
         for _ in $(seq 300); do
@@ -352,6 +358,8 @@ esac
 exit 0
 ''',
     "python": "#!/bin/bash\nexit 0\n",
+    # squeue -o %L: the job's time left (the drain after the time-limit warning reads it).
+    "squeue": "#!/bin/bash\necho \"${STUB_TIME_LEFT:-0:05}\"\n",
     "sbatch": r'''#!/bin/bash
 printf '%s\0' "$@" >"$STUB_OUT/sbatch.argv"
 env -0 >"$STUB_OUT/sbatch.env"
@@ -429,6 +437,7 @@ class Stub:
         e.update(PATH=f"{self.bindir}:{os.environ['PATH']}", STUB_OUT=str(self.out), STUB_NODES=nodes,
                  SLURM_JOB_ID=self.job, SLURM_JOB_NODELIST=f"n[1-{self.nodes}]", SLURM_JOB_NUM_NODES=str(self.nodes),
                  SLURM_CPUS_ON_NODE="8", SLURMD_NODENAME="n1", SLURM_SUBMIT_DIR=str(self.tmp), HOME=str(self.tmp),
+                 STUB_REAL_PYTHON=sys.executable,
                  **env)
         return subprocess.Popen(["bash", str(script)], env=e, cwd=self.tmp, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, start_new_session=True)
@@ -609,23 +618,40 @@ def test_driver_exit_codes_end_the_run(tmp_path, code, reason):
     assert not (stub.out / "sbatch.argv").exists()
 
 
-def test_worker_that_cannot_start_fails_at_once(tmp_path):
+def failure_continuation(stub: Stub, run_dir: Path, reason: str, blamed: str) -> None:
+    """The job continued once, as a failure continuation: recorded, the blamed nodes excluded, after a back-off."""
+    events = stub.events(run_dir)
+    kinds = [e[1] for e in events]
+    assert kinds[:2] == ["start", "end"] and events[1][3].startswith(f"{reason}:"), events
+    assert kinds[2:] == ["failure", "continue"] and events[2][3] == f"{reason} {blamed}" and events[3][3] == "4242"
+    argv = stub.argv("sbatch.argv")
+    assert f"--exclude={blamed}" in argv and "--begin=now+60" in argv and argv[-1] == str(run_dir / "hpcrl" / "job.sbatch")
+    assert (run_dir / "hpcrl" / "failure-restarts").read_text().strip() == "1"
+    assert not (run_dir / "hpcrl" / "restarts").exists() or (run_dir / "hpcrl" / "restarts").read_text().strip() == "0"
+    assert (run_dir / "hpcrl" / "excluded-nodes").read_text().split() == blamed.split(",")
+
+
+def test_worker_that_cannot_start_is_retried_then_blamed(tmp_path):
+    """`ray start` fails on both workers every time: each is retried (clean temp dir, back-off),
+    then the job ends ray-start-failed and continues once without both nodes."""
     stub = Stub(tmp_path, nodes=3)
-    rc, out = stub.run(stub.render(), timeout=30, STUB_RAY_WORKER_FAIL="1")
+    rc, out = stub.run(stub.render(), timeout=60, STUB_RAY_WORKER_FAIL="1")
     assert rc == 1, out
     assert "the worker step (srun ... ray start on the other nodes) exited with code 1" in out
-    events = stub.events(tmp_path / "runs" / "grpo-olmo3-7b")
-    assert events[-1][1:2] == ["end"] and events[-1][3] == "ray-start-failed:1"
+    assert "ray start on n2 exited with code 1 (attempt 1 of 3); retrying in 2 s with a clean temp dir" in out
+    assert "ray start on n2 failed 3 times" in out
+    failure_continuation(stub, tmp_path / "runs" / "grpo-olmo3-7b", "ray-start-failed", "n2,n3")
     assert not (stub.out / "driver.argv").exists()
 
 
 def test_worker_death_during_training_stops_the_driver(tmp_path):
     stub = Stub(tmp_path, nodes=2)
     rc, out = stub.run(stub.render(), timeout=60, STUB_DRIVER_SLEEP="120", STUB_RAY_WORKER_DIES_AFTER="3")
-    assert rc == 93, out
+    assert rc == 95, out
     assert "the worker step exited while the driver was running" in out and "stub driver: stopping" in out
-    events = stub.events(tmp_path / "runs" / "grpo-olmo3-7b")
-    assert [e[1] for e in events] == ["start", "end"] and events[-1][3] == "breaker-dead-worker:93"
+    assert "ray on n2 exited with code 1 while the driver was running (its raylet died)" in out
+    assert "retrying" not in out  # no retry once the driver runs: its actors died with the raylet
+    failure_continuation(stub, tmp_path / "runs" / "grpo-olmo3-7b", "worker-died", "n2")
     assert "No record of process" not in out
 
 
@@ -635,8 +661,68 @@ def test_head_death_during_training_stops_the_driver(tmp_path):
     assert rc == 94, out
     assert "Ray's head on n1 (its GCS or raylet) exited while the driver was running" in out
     assert "stub driver: stopping" in out
-    events = stub.events(tmp_path / "runs" / "grpo-olmo3-7b")
-    assert [e[1] for e in events] == ["start", "end"] and events[-1][3] == "ray-head-died:94"
+    failure_continuation(stub, tmp_path / "runs" / "grpo-olmo3-7b", "ray-head-died", "n1")
+
+
+def test_network_failure_in_the_driver_log_continues_without_blame(tmp_path):
+    """The driver crashes with a libfabric error in its log: network-error, one failure continuation."""
+    stub = Stub(tmp_path, nodes=2)
+    run_dir = tmp_path / "runs" / "grpo-olmo3-7b"
+    (run_dir / "hpcrl").mkdir(parents=True)
+    (run_dir / "hpcrl" / "driver.log").write_text(
+        "step 3\nNCCL WARN NET/OFI Request 0x1 completed with error. RC: -5. Error: Input/output error\n")
+    rc, out = stub.run(stub.render(), STUB_DRIVER_EXIT="1")
+    assert rc == 1, out
+    assert "the driver's log shows a network failure, not the run's own: libfabric:" in out
+    events = stub.events(run_dir)
+    assert [e[1] for e in events] == ["start", "end", "failure", "continue"] and events[1][3] == "network-error:1"
+    assert events[2][3] == "network-error -" and "--begin=now+60" in stub.argv("sbatch.argv")
+
+
+def test_oom_in_the_driver_log_is_the_runs_own_crash(tmp_path):
+    stub = Stub(tmp_path, nodes=2)
+    run_dir = tmp_path / "runs" / "grpo-olmo3-7b"
+    (run_dir / "hpcrl").mkdir(parents=True)
+    (run_dir / "hpcrl" / "driver.log").write_text(
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2 GiB\n"
+        "Watchdog caught collective operation timeout: WorkNCCL(SeqNum=9, OpType=ALLREDUCE) ran for 600000 milliseconds\n")
+    rc, out = stub.run(stub.render(), STUB_DRIVER_EXIT="1")
+    assert rc == 1 and [e[3] for e in stub.events(run_dir) if e[1] == "end"] == ["crashed:1"]
+    assert not (stub.out / "sbatch.argv").exists()
+
+
+def test_failure_continuations_are_bounded_apart_from_time_limit_ones(tmp_path):
+    stub = Stub(tmp_path, nodes=2)
+    run_dir = tmp_path / "runs" / "grpo-olmo3-7b"
+    (run_dir / "hpcrl").mkdir(parents=True)
+    (run_dir / "hpcrl" / "failure-restarts").write_text("3\n")  # hpcrl.max_failure_restarts is 3
+    rc, out = stub.run(stub.render(), timeout=60, STUB_DRIVER_SLEEP="120", STUB_RAY_HEAD_DIES_AFTER="3")
+    assert rc == 94 and "not continuing after ray-head-died: 3 continuations of this kind submitted already" in out
+    assert not (stub.out / "sbatch.argv").exists()
+
+
+@pytest.mark.parametrize("time_left,ckpt_after,stops", [
+    ("10:00", "2", "a checkpoint is complete"), ("0:40", None, "no checkpoint since the time-limit warning")])
+def test_time_limit_warning_waits_for_the_next_checkpoint(tmp_path, time_left, ckpt_after, stops):
+    """After USR1 the driver (which cannot save on a signal) runs on until the framework rewrites
+    checkpoints/latest, then is stopped; with no checkpoint it is stopped while there is time to stop."""
+    import signal as sig
+
+    stub = Stub(tmp_path)
+    run_dir = tmp_path / "runs" / "grpo-olmo3-7b"
+    env = {"STUB_DRIVER_SLEEP": "120", "STUB_TIME_LEFT": time_left}
+    if ckpt_after:
+        env["STUB_CKPT_AFTER"] = ckpt_after
+    proc = stub.start(stub.render(), **env)
+    wait_for(stub.out / "driver.argv")
+    os.kill(proc.pid, sig.SIGUSR1)
+    out, _ = proc.communicate(timeout=60)
+    assert f"stopping the driver: {stops}" in out, out
+    assert "stub driver: stopping" in out
+    assert [e[3] for e in stub.events(run_dir) if e[1] == "end"] == ["timeout:0"]
+    if ckpt_after:
+        assert "the driver goes on until its next checkpoint is complete" in out
+        assert (run_dir / "checkpoints" / "latest").read_text().strip() == "global_step7"
 
 
 @pytest.mark.parametrize("version,ok", [("2.49.2", False), ("2.51.9", False), ("1.13.0", False), ("2.52.0", True),
@@ -652,7 +738,8 @@ def test_ray_below_2_52_never_starts(tmp_path, version, ok):
     assert rc == 1 and started == [], out
     assert f"Ray {version} on n1 ignores token authentication (needs Ray >= 2.52)" in out
     events = stub.events(tmp_path / "runs" / "grpo-olmo3-7b")
-    assert events[-1][3] == "ray-start-failed:1"
+    assert events[-1][3] == "setup-failed:1"  # the environment's fault: no continuation
+    assert not (stub.out / "sbatch.argv").exists()
 
 
 def test_node_local_dir_taken_by_another_is_refused(tmp_path):
@@ -667,7 +754,8 @@ def test_node_local_dir_taken_by_another_is_refused(tmp_path):
     rc, out = stub.run(script, timeout=60)
     assert rc == 1 and "is not a directory of" in out and "refusing to use it" in out, out
     assert not list(elsewhere.iterdir())
-    assert stub.events(tmp_path / "runs" / "grpo-olmo3-7b")[-1][3] == "ray-start-failed:1"
+    # A node-specific trap: the job continues once, without that node.
+    failure_continuation(stub, tmp_path / "runs" / "grpo-olmo3-7b", "ray-start-failed", "n1")
 
 
 def test_smoke_in_container(tmp_path):

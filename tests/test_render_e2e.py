@@ -10,6 +10,7 @@ for the verl and OpenRLHF backends, whose smoke programs place bundles as those 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -62,13 +63,19 @@ def events(run_dir: Path) -> list[list[str]]:
     return [ln.split("\t") for ln in (run_dir / "hpcrl" / "jobs.tsv").read_text().splitlines()]
 
 
-def ray_fails_in_step() -> str:
-    """A `ray` that fails inside a Slurm step (the worker nodes) and is the real one elsewhere."""
+def ray_fails_in_step(node: str = "", once_dir: Path | None = None) -> str:
+    """A `ray` whose `ray start` fails inside a Slurm step (the worker nodes; only on `node` when
+    given; only the first time per node with `once_dir`) and is the real one elsewhere. It still
+    answers --version, as a ray that cannot start does."""
     real_ray = shutil.which("ray")
     assert real_ray
+    only = f' && $SLURMD_NODENAME == {node}' if node else ""
+    first = f' && mkdir "{once_dir}/$SLURMD_NODENAME" 2>/dev/null' if once_dir else ""  # true the first time only
+    once = f'mkdir -p "{once_dir}"\n' if once_dir else ""
     return (
         "#!/bin/bash\n"
-        "if [[ -n ${SLURM_STEP_ID:-} ]]; then\n"
+        + once +
+        f'if [[ $1 == start && -n ${{SLURM_STEP_ID:-}}{only} ]]{first}; then\n'
         '    echo "fault injected: ray cannot start on $SLURMD_NODENAME" >&2\n'
         "    exit 1\n"
         "fi\n"
@@ -138,9 +145,10 @@ def test_smoke_job_per_backend(tmp_path, run_sbatch_and_wait, config, leftovers)
 
 
 def test_worker_that_cannot_start_fails_the_job_at_once(tmp_path, run_sbatch_and_wait, leftovers):
-    """`ray start` fails on the two worker nodes only (inside the srun step); the head is fine."""
+    """`ray start` fails on the two worker nodes only (inside the srun step); the head is fine.
+    Each worker retries (3 attempts), then the job fails (continuations off here)."""
     fault = fault_bin(tmp_path, ray=ray_fails_in_step())
-    script, run_dir = render(tmp_path, f'hpcrl.env_setup=["export PATH={fault}:$PATH"]')
+    script, run_dir = render(tmp_path, f'hpcrl.env_setup=["export PATH={fault}:$PATH"]', "hpcrl.max_failure_restarts=0")
     job = run_sbatch_and_wait(script, 600)
     log = (run_dir / "logs" / f"job-{job.job_id}.log").read_text()
     assert job.state == "FAILED", log
@@ -150,6 +158,10 @@ def test_worker_that_cannot_start_fails_the_job_at_once(tmp_path, run_sbatch_and
     ev = events(run_dir)
     assert [e[1] for e in ev] == ["start", "end"] and ev[-1][3] == "ray-start-failed:1"
     assert "hpcrl-smoke" not in log  # the driver never started
+    assert re.search(r"\[n\d\] hpcrl: ray start on n\d exited with code 1 \(attempt 1 of 3\); retrying in 2 s", log)
+    assert "not continuing after ray-start-failed: 0 continuations of this kind submitted already" in log
+    worker_logs = sorted(p.name for p in (run_dir / "logs").glob(f"worker-n*-{job.job_id}.log"))
+    assert len(worker_logs) == 2 and all("fault injected" in (run_dir / "logs" / n).read_text() for n in worker_logs)
     assert leftovers(job.job_id) == []
 
 
@@ -169,7 +181,7 @@ def test_worker_stopped_while_it_sets_up_leaves_nothing_behind(tmp_path, run_sba
         "fi\n"
     )
     fault = fault_bin(tmp_path, ray=ray_fails_in_step(), mkdir=slow_mkdir)
-    script, run_dir = render(tmp_path, f'hpcrl.env_setup=["export PATH={fault}:$PATH"]')
+    script, run_dir = render(tmp_path, f'hpcrl.env_setup=["export PATH={fault}:$PATH"]', "hpcrl.max_failure_restarts=0")
     job = run_sbatch_and_wait(script, 600)
     log = (run_dir / "logs" / f"job-{job.job_id}.log").read_text()
     assert job.state == "FAILED", log
@@ -235,4 +247,75 @@ def test_code_server_that_never_answers_fails_the_job(tmp_path, run_sbatch_and_w
     ends = [e for e in events(run_dir) if e[1] == "end"]
     assert ends[-1][3].startswith("service-failed:") or ends[-1][3].startswith("ray-start-failed:"), ends
     assert "hpcrl-smoke" not in log
+    assert leftovers(job.job_id) == []
+
+
+
+def test_a_worker_whose_ray_start_fails_once_is_retried(tmp_path, run_sbatch_and_wait, leftovers):
+    """`ray start` fails the first time on each worker node: the retry (clean temp dir, back-off)
+    brings it up and the smoke passes, in one job."""
+    fault = fault_bin(tmp_path, ray=ray_fails_in_step(once_dir=tmp_path / "failed-once"))
+    script, run_dir = render(tmp_path, f'hpcrl.env_setup=["export PATH={fault}:$PATH"]')
+    job = run_sbatch_and_wait(script, 600)
+    log = (run_dir / "logs" / f"job-{job.job_id}.log").read_text()
+    assert job.state == "COMPLETED", log
+    assert log.count("fault injected: ray cannot start on n") == 2
+    assert len(re.findall(r"ray start on n\d exited with code 1 \(attempt 1 of 3\); retrying", log)) == 2
+    assert "hpcrl-smoke: ok nodes=3 gpus=12 " in log
+    assert [e[1] for e in events(run_dir)] == ["start", "end"]
+    assert sorted(p.name for p in (run_dir / "logs" / "ray" / job.job_id).iterdir()) == ["n1", "n2", "n3"]
+    assert leftovers(job.job_id) == []
+
+
+def wait_for_job(job_id: str, timeout: float = 600) -> dict:
+    from conftest import TERMINAL_JOB_STATES, wait_for_state
+
+    return wait_for_state(job_id, TERMINAL_JOB_STATES, timeout)
+
+
+def test_a_node_whose_ray_start_always_fails_is_left_out_of_the_continuation(tmp_path, run_sbatch_and_wait,
+                                                                             leftovers):
+    """`ray start` always fails on n2: the job ends ray-start-failed blaming n2, one failure
+    continuation runs on three other nodes (local-dev has four) and its smoke passes; the Ray
+    session logs of every node of it are kept in logs/ray/<job>/."""
+    fault = fault_bin(tmp_path, ray=ray_fails_in_step(node="n2"))
+    script, run_dir = render(tmp_path, f'hpcrl.env_setup=["export PATH={fault}:$PATH"]', "hpcrl.failure_backoff_s=2")
+    first = run_sbatch_and_wait(script, 600, "--nodelist=n1,n2,n3")
+    log = (run_dir / "logs" / f"job-{first.job_id}.log").read_text()
+    assert first.state == "FAILED", log
+    ev = events(run_dir)
+    kinds = [e[1] for e in ev]
+    assert kinds == ["start", "end", "failure", "continue"], ev
+    assert ev[1][3] == "ray-start-failed:1" and ev[2][3] == "ray-start-failed n2"
+    nxt = ev[3][3]
+    assert (run_dir / "hpcrl" / "excluded-nodes").read_text().split() == ["n2"]
+    fields = wait_for_job(nxt)
+    log2 = (run_dir / "logs" / f"job-{nxt}.log").read_text()
+    assert fields["JobState"] == "COMPLETED", log2
+    assert "hpcrl-smoke: ok nodes=3 gpus=12 " in log2
+    nodes = subprocess.run(["scontrol", "show", "hostnames", fields["NodeList"]], capture_output=True,
+                           text=True).stdout.split()
+    assert "n2" not in nodes and len(nodes) == 3
+    kept = sorted(p.name for p in (run_dir / "logs" / "ray" / nxt).iterdir())
+    assert kept == sorted(nodes), kept
+    for node in kept:
+        assert (run_dir / "logs" / "ray" / nxt / node / "raylet.out").is_file()
+    assert [e[3] for e in events(run_dir) if e[0] == nxt and e[1] == "end"] == ["completed:0"]
+    assert leftovers(first.job_id) == [] and leftovers(nxt) == []
+
+
+def test_a_large_job_environment_does_not_stop_the_actors(tmp_path, run_sbatch_and_wait, leftovers):
+    """1.2 MiB of module-system variables in the job's environment (as three modules' worth of
+    Lmod bookkeeping can be): open-instruct hands its whole environment to every actor; past
+    128 KiB Ray's worker start fails (E2BIG, Ray issue 47432), past 1 MiB its agent refuses it.
+    The lean environment keeps them from Ray and the driver; the smoke's actor starts."""
+    big = ('for i in $(seq 300); do printf -v v %02000d 0; export "_ModuleTable${i}_=$v" '
+           '"__LMOD_REF_COUNT_X${i}=$v"; done')
+    script, run_dir = render(tmp_path, f"hpcrl.env_setup=[{json.dumps(big)}]")
+    job = run_sbatch_and_wait(script, 600)
+    log = (run_dir / "logs" / f"job-{job.job_id}.log").read_text()
+    assert job.state == "COMPLETED", log
+    m = re.search(r"hpcrl-smoke: ok .* actor_env=(\d+)KiB", log)
+    assert m and int(m.group(1)) < 128, log
+    assert "warning: the driver's environment is still" not in log
     assert leftovers(job.job_id) == []

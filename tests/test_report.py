@@ -205,8 +205,9 @@ def test_json_schema_is_stable():
                          "memory", "metrics", "name", "nodes", "other_jobs_in_run_dir", "plan", "reason", "run_dir",
                          "run_id", "run_time_s", "schema_version", "state"]
     assert r["schema_version"] == 1 and r["run_dir"] == str(CHAIN.resolve()) and r["run_id"] is None
-    assert sorted(r["jobs"][0]) == ["duration_s", "end_reason", "ended", "exit_code", "head_node", "job_id", "log",
-                                    "next_job", "queued_s", "seq", "slurm_state", "started", "submitted"]
+    assert sorted(r["jobs"][0]) == ["duration_s", "end_reason", "ended", "exit_code", "failure", "head_node", "job_id",
+                                    "log", "next_job", "queued_s", "ray_logs", "seq", "slurm_state", "started",
+                                    "submitted"]
     assert sorted(r["memory"][0]) == ["gpu", "gpus", "measured_peak_gib", "node", "predicted_as", "predicted_gib",
                                       "ratio", "role", "samples", "time"]
     assert sorted(r["gpu"]) == ["earlier_run_samples", "files", "no_gpu_nodes", "note", "per_gpu", "samples"]

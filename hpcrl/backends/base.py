@@ -24,10 +24,6 @@ if TYPE_CHECKING:
     from hpcrl.profiles import ClusterProfile
     from hpcrl.run_plan import RunPlan
 
-# Unless a config sets its framework's save interval: a checkpoint about every hour of
-# estimated steps, so a restart loses at most about an hour.
-SAVE_EVERY_S = 3600.0
-
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 # What may follow $RUN_DIR in a word the shell expands (a fixed sub-directory of the run).
 _RUN_DIR_WORD = re.compile(r"^[A-Za-z0-9_.=/@+:-]*\$RUN_DIR(/[A-Za-z0-9_.-]+)*$")
@@ -91,6 +87,11 @@ class Backend(ABC):
     entry_is_module: ClassVar[bool] = True  # `python -m <entry point>` (else a script path)
     smoke_framework: ClassVar[str | None] = None  # smoke.py --framework (None: open-instruct's placement)
     smoke_placement: ClassVar[str] = "place learners and engines as the framework does"  # the smoke comment
+    # The key that sets how often the resume state is written, and the file (relative to the run
+    # directory) the framework rewrites once a checkpoint is complete: the job script watches it
+    # after the time-limit warning.
+    checkpoint_key: ClassVar[str]
+    checkpoint_marker: ClassVar[str]
     # Config keys that turn on a feature (data/capabilities.json names): a feature the
     # framework's code does not implement is refused when one of its keys is set.
     feature_triggers: ClassVar[dict[str, tuple[str, ...]]] = {}
@@ -220,11 +221,6 @@ def merge_planned(user: dict[str, Any], planned: dict[str, Any]) -> dict[str, An
     merged = {key: rest.pop(key, value) for key, value in user.items()}
     merged.update(rest)
     return merged
-
-
-def save_every(step_time_s: float) -> int:
-    """Steps between checkpoints for about SAVE_EVERY_S of estimated training."""
-    return max(1, round(SAVE_EVERY_S / max(step_time_s, 1.0)))
 
 
 def require_job_match(key: str, pinned: Any, actual: int) -> None:

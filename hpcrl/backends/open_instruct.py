@@ -117,11 +117,12 @@ def code_datasets(args: dict[str, Any]) -> list[str]:
     return names
 
 
-def driver_args(cfg: RunConfig, layout: Layout, nodes: int) -> list[DriverArg]:
-    """grpo_fast.py's flags, in config order, then the planner's fields, then the run directory."""
+def driver_args(cfg: RunConfig, layout: Layout, nodes: int, choices: dict[str, Any] | None = None) -> list[DriverArg]:
+    """grpo_fast.py's flags, in config order, then the planner's fields (and its other choices,
+    e.g. checkpoint_state_freq), then the run directory."""
     arg_layout = cfg.hpcrl.arg_layout
     table = arg_table(arg_layout)
-    planned = layout_args(layout, nodes, table)
+    planned = layout_args(layout, nodes, table) | dict(choices or {})
     pinned_nodes = cfg.args.get("num_nodes")
     if pinned_nodes is not None and "num_nodes" in table and int(pinned_nodes) != nodes:
         raise PlanError(f"num_nodes {pinned_nodes} is pinned in the config but the job has {nodes} nodes; "
@@ -167,6 +168,9 @@ class OpenInstructBackend(Backend):
     entry_is_module = False
     smoke_placement = "place learners and engines as open-instruct does"
     feature_triggers = {"lora": ("use_peft",), "load_in_4bit": ("load_in_4bit", "load_in_8bit")}
+    # DeepSpeed's save_checkpoint writes <dir>/latest last (checkpoint_state_dir = RUN_DIR/checkpoints).
+    checkpoint_key = "checkpoint_state_freq"
+    checkpoint_marker = "checkpoints/latest"
     value_ranges = {
         "total_episodes": (positive, "a positive number of episodes"),
         "learning_rate": (positive, "a positive learning rate"),
@@ -266,7 +270,7 @@ class OpenInstructBackend(Backend):
         return planned
 
     def layout_args(self, rp: RunPlan) -> dict[str, Any]:
-        return layout_args(rp.layout, rp.nodes, arg_table(rp.config.hpcrl.arg_layout))
+        return layout_args(rp.layout, rp.nodes, arg_table(rp.config.hpcrl.arg_layout)) | dict(rp.choices)
 
     def services(self, cfg: RunConfig) -> list[Service]:
         """open-instruct's code-execution API, where the config's verifiers need it on localhost."""
@@ -299,7 +303,7 @@ class OpenInstructBackend(Backend):
 
     def driver_command(self, rp: RunPlan) -> list[DriverLine]:
         lines: list[DriverLine] = []
-        for a in driver_args(rp.config, rp.layout, rp.nodes):
+        for a in driver_args(rp.config, rp.layout, rp.nodes, dict(rp.choices)):
             if a.run_dir_subdir:
                 lines.append((Word(f"--{a.name}"), Word(f"$RUN_DIR/{a.run_dir_subdir}", run_dir=True)))
             else:

@@ -32,7 +32,6 @@ from hpcrl.backends.base import (
     merge_planned,
     never_or_positive,
     positive,
-    save_every,
 )
 from hpcrl.backends.flagdata import load_meta, load_table
 from hpcrl.backends.openrlhf_ckpt import checkpoint_flags
@@ -136,6 +135,9 @@ class OpenRLHFBackend(Backend):
     flag_table = "hpcrl/backends/data/openrlhf_args.json"
     smoke_framework = "openrlhf"
     smoke_placement = "place vLLM then actor bundles in PACK groups as OpenRLHF does"
+    # DeepSpeed's save_checkpoint writes <ckpt.path>/_actor/latest last.
+    checkpoint_key = "ckpt.save_steps"
+    checkpoint_marker = "checkpoints/_actor/latest"
     value_ranges = {
         "actor.adam.lr": (positive, "a positive learning rate"),
         "ckpt.save_steps": (never_or_positive, "-1 (never) or a positive number of steps"),
@@ -262,10 +264,7 @@ class OpenRLHFBackend(Backend):
         if not self.arg(cfg, "rollout.max_new_tokens"):
             warnings.append(f"rollout.max_new_tokens is unset: the plan assumes responses of {w.response_length} "
                             f"tokens (half of data.max_len); set it for a better generation estimate")
-        choices: dict[str, Any] = dict(flags)
-        if "ckpt.save_steps" not in cfg.args:
-            choices["ckpt.save_steps"] = save_every(lay.step_time_s)
-        return Planned(layouts, choices, tuple(warnings))
+        return Planned(layouts, dict(flags), tuple(warnings))
 
     # ------------------------------------------------------------------ rendering
     def layout_args(self, rp: RunPlan) -> dict[str, Any]:

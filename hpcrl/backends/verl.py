@@ -27,7 +27,6 @@ from hpcrl.backends.base import (
     never_or_positive,
     positive,
     require_job_match,
-    save_every,
 )
 from hpcrl.backends.flagdata import load_table
 from hpcrl.errors import ConfigError, HpcrlError, PlanError, UnknownNameError
@@ -139,6 +138,9 @@ class VerlBackend(Backend):
     flag_table = "hpcrl/backends/data/verl_args.json"
     smoke_framework = "verl"
     smoke_placement = "place one STRICT_PACK group of per-GPU bundles per node as verl's resource pool does"
+    # verl's trainer writes <default_local_dir>/latest_checkpointed_iteration.txt after each save.
+    checkpoint_key = T + "save_freq"
+    checkpoint_marker = "checkpoints/latest_checkpointed_iteration.txt"
     value_ranges = {
         A + "optim.lr": (positive, "a positive learning rate"),
         T + "total_epochs": (positive, "a positive number of epochs"),
@@ -319,8 +321,8 @@ class VerlBackend(Backend):
             for key in LOGPROB_MICRO_KEYS:
                 if key not in cfg.args and (key.startswith(R) or self.uses_reference(cfg)):
                     out[key] = micro  # forward-only: a training micro-batch that fits fits here too
-        if T + "save_freq" not in cfg.args:
-            out[T + "save_freq"] = save_every(lay.step_time_s)
+        if T + "save_freq" in choices:
+            out[T + "save_freq"] = choices[T + "save_freq"]
         if T + "max_actor_ckpt_to_keep" not in cfg.args:
             out[T + "max_actor_ckpt_to_keep"] = KEEP_CHECKPOINTS
         return out

@@ -39,7 +39,9 @@ def report_cmd(
         if target is not None and not target.expanduser().resolve().parent.is_dir():
             raise HpcrlError(f"{target}: its directory does not exist")
     if plot is not None:
-        rp.plot_gpu_memory(r, plot)
+        from hpcrl.report_plot import plot_gpu_memory
+
+        plot_gpu_memory(r, plot)
     if markdown is not None:
         markdown.write_text(rp.to_markdown(r) + "\n")
     if as_json:

@@ -79,11 +79,18 @@ def _runs_table(runs, title: str) -> Table:
 def _run_json(r) -> dict:
     from hpcrl.lifecycle import RunDir
 
+    from hpcrl.run_dir import read_chain
+
     d = r.to_dict()
     rd = RunDir(r.run_dir)
     d["restarts"] = rd.restart_count() if rd.restarts.exists() else None
+    d["failure_restarts"] = rd.failure_restart_count()
+    d["excluded_nodes"] = rd.excluded_nodes()
+    chain = read_chain(rd)
     for j in d["jobs"]:
         j["log"] = str(rd.log(j["job_id"]))
+        ev = chain.get(j["job_id"])
+        j["failure"] = ({"reason": ev.failure, "excluded": list(ev.blamed)} if ev and ev.failure else None)
     return d
 
 
@@ -143,13 +150,19 @@ def status_cmd(
     r = runs[0]
     d = _run_json(r)
     restarts = f", restarts {d['restarts']}/{r.max_restarts}" if d["restarts"] is not None else ""
+    if d["failure_restarts"]:
+        restarts += f", after failures {d['failure_restarts']}" + (
+            f" (excluded {', '.join(d['excluded_nodes'])})" if d["excluded_nodes"] else "")
     console.print(f"[bold]{r.run_id}[/] {r.state}" + (f" ({r.reason})" if r.reason else "") + restarts, soft_wrap=True)
     typer.echo(f"run dir: {r.run_dir}")
     t = Table()
     for col in ("#", "job", "state", "reason", "exit", "submitted", "ended", "log"):
         t.add_column(col, overflow="fold")
     for j in d["jobs"]:
-        t.add_row(str(j["seq"]), j["job_id"], j["state"], j["reason"],
+        reason = j["reason"] + (f" -> continued without {', '.join(j['failure']['excluded'])}"
+                                if j["failure"] and j["failure"]["excluded"] else
+                                " -> continued" if j["failure"] else "")
+        t.add_row(str(j["seq"]), j["job_id"], j["state"], reason,
                   "" if j["exit_code"] is None else str(j["exit_code"]), j["submitted"], j["ended"] or "", j["log"])
     console.print(t)
 

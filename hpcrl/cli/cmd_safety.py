@@ -99,6 +99,11 @@ def diagnose_cmd(
         except (OSError, json.JSONDecodeError):
             breaker = None
     text = path.read_text(errors="replace")
+    if log.is_dir():  # and the Ray logs the newest job kept per node (a raylet's OOM kill, a GCS crash)
+        from hpcrl.run_dir import RunDir, kept_ray_logs
+
+        for name, tail in kept_ray_logs(RunDir(log)):
+            text += f"\n==> {name} <==\n{tail}\n"
     ctx = Context(resolve_profile(cluster), {"model": model, "learner_gpus": learner_gpus,
                                              "tokens_per_gpu": tokens_per_gpu})
     result = diagnose(text, ctx, breaker)

@@ -60,6 +60,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--timeout", type=float, default=120.0, help="Seconds to wait for each placement group")
     p.add_argument("--service", nargs=3, action="append", default=[], metavar=("NAME", "PORT", "PATH"),
                    help="A service the script started on every node: GET http://127.0.0.1:PORT/PATH must answer there")
+    p.add_argument("--actor-env", action="store_true",
+                   help="Start an actor with this process's whole environment as its runtime_env env_vars, as "
+                        "open-instruct's grpo_fast.py does (a large environment makes that start fail)")
     p.add_argument("--service-port-per-slot", action="store_true",
                    help="Each node's service port is PORT + its slot on a shared host (HPCRL_NODE_TABLE)")
     args = p.parse_args(argv)
@@ -232,11 +235,34 @@ def check_services(ray, args: argparse.Namespace) -> str:
     return " services=" + ",".join(done)
 
 
+class _EnvProbe:
+    def size(self) -> int:
+        return sum(len(k) + len(v) + 2 for k, v in os.environ.items())
+
+
+def check_actor_env(ray, args: argparse.Namespace) -> str:
+    """An actor gets the driver's environment in its runtime_env, as grpo_fast.py passes it
+    (every variable but CUDA_VISIBLE_DEVICES and ROCR_VISIBLE_DEVICES, grpo_fast.py:2214-2219)."""
+    if not args.actor_env:
+        return ""
+    env = {k: v for k, v in os.environ.items() if k not in ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")}
+    size = sum(len(k) + len(v) + 2 for k in env for v in [env[k]])
+    probe = ray.remote(_EnvProbe).options(num_cpus=BUNDLE_CPU, runtime_env={"env_vars": env}).remote()
+    try:
+        got = ray.get(probe.size.remote(), timeout=args.timeout)
+    except Exception as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise SmokeFailure(f"an actor with the driver's environment ({size // 1024} KiB) did not start within "
+                           f"{args.timeout:g} s: {type(exc).__name__} {first[:200]}") from None
+    ray.kill(probe)
+    return f" actor_env={size // 1024}KiB"
+
+
 def smoke(ray, args: argparse.Namespace) -> str:
     """All checks; the summary line on success."""
     check_layout(args)
     check_nodes(ray, args)
-    return _placement(ray, args) + check_services(ray, args)
+    return _placement(ray, args) + check_services(ray, args) + check_actor_env(ray, args)
 
 
 def _placement(ray, args: argparse.Namespace) -> str:

@@ -1,7 +1,7 @@
 #!/bin/bash
 # Rendered by hpcrl 0.1.0: re-render (hpcrl render) rather than edit by hand.
 # hpcrl cluster: berzelius-hopper
-# hpcrl config: grpo-olmo3-32b.yaml (digest 2f014c5df961)
+# hpcrl config: grpo-olmo3-32b.yaml (digest 762412ef315d)
 #
 # Plan:
 #   model allenai/Olmo-3-1125-32B: 256 sequences of 10240 tokens per step, pack_length 10240
@@ -9,6 +9,7 @@
 #   num_learners_per_node [8] x 2, vllm_num_engines 2, vllm_tensor_parallel_size 8, vllm_gpu_memory_utilization 0.9, deepspeed_stage 3
 #   learner peak 63.9 GiB/GPU of 139.8 usable; engine 7.5 GiB weights + 115.9 GiB KV cache per GPU; host peak 50 GiB/node
 #   step ~126 s (generation 126 s, training 107 s), bottleneck generation
+#   checkpoint_state_freq 14: a checkpoint every ~29 min of training (so that at most 30 min is lost); time-limit warning 900 s before the end = one step (~126 s) + one checkpoint write (~180 s, derived) + 60 s to stop
 # Warning: berzelius-hopper: the script uses unconfirmed profile facts: --partition=berzelius-hopper (hpcrl.partition); --time from the partition's limit (hpcrl.time); the GPU request style gpus (a user profile's slurm.gpu_request); the run root /proj/$SLURM_JOB_ACCOUNT/users/$USER/hpcrl-runs (hpcrl.run_root); check them (hpcrl clusters show berzelius-hopper) or set what is in brackets
 #
 # Submit with `hpcrl submit`, which creates the run directory first. With plain sbatch,
@@ -45,6 +46,9 @@ END_RECORDED=""
 STOP_REASON=""
 STOP_DEADLINE=""
 STOP_BY=""
+DRAIN_UNTIL=""
+DRAIN_STAMP=""
+HEAD_NODE=${SLURMD_NODENAME:-$(hostname -s)}
 CONTINUED=""
 HPCRL_DIR=""
 HEAD_PID=""
@@ -83,7 +87,14 @@ exec > >(
 ) 2>&1
 TEE_PID=$!
 MAX_RESTARTS=10
+MAX_FAILURE_RESTARTS=3
+FAILURE_BACKOFF_S=60
 GRACE_S=780
+# The file the framework rewrites once a checkpoint is complete, and the --signal lead time.
+CKPT_MARKER=$RUN_DIR/checkpoints/latest
+SIGNAL_LEAD_S=900
+# Nodes the rendered script excludes; a continuation after a node's failure adds that node.
+RENDERED_EXCLUDE=''
 # Slurm SIGKILLs every process of the job KillWait seconds after its TERM (scancel, preemption,
 # the time limit itself): a stop that a TERM starts is planned to end inside that window, the
 # driver's share first, then Ray's, with STOP_RESERVE_S left for the last record and cleanup.
@@ -115,49 +126,123 @@ reason_of() {
     esac
 }
 
+# The nodes this job blames for a failure (the workers and the head write "<node> <why>" lines).
+blamed_nodes() {
+    if [[ -r $HPCRL_DIR/blame-$SLURM_JOB_ID ]]; then
+        awk 'NF { print $1 }' "$HPCRL_DIR/blame-$SLURM_JOB_ID" | sort -u | paste -sd, -
+    fi
+}
+
+# The --exclude of every continuation: the rendered list plus each node a failure was blamed on.
+exclude_list() {
+    {
+        tr ',' '\n' <<<"$RENDERED_EXCLUDE"
+        if [[ -r $HPCRL_DIR/excluded-nodes ]]; then cat -- "$HPCRL_DIR/excluded-nodes"; fi
+    } | awk 'NF && !seen[$0]++' | paste -sd, -
+}
+
 # sbatch the same script again, after this job ends, from the original submit directory and
-# without this job's Slurm/Ray variables (sbatch would pass them on).
+# without this job's Slurm/Ray variables (sbatch would pass them on). $1: seconds to wait first.
 submit_continuation() {
-    local job=$SLURM_JOB_ID
+    local job=$SLURM_JOB_ID extra=() excl
+    excl=$(exclude_list)
+    if [[ -n $excl ]]; then
+        extra+=("--exclude=$excl")
+    fi
+    if ((${1:-0} > 0)); then
+        extra+=("--begin=now+$1")
+    fi
     (
         cd -- "${SLURM_SUBMIT_DIR:-$HOME}"
         while read -r var; do
             [[ $var == SLURM_CONF ]] || unset "$var"
         done < <(compgen -e | grep -E '^(SLURM_|SBATCH_|SRUN_|RAY_|HPCRL_)' || true)
-        sbatch --parsable --dependency="afterany:$job" "$HPCRL_DIR/job.sbatch"
+        sbatch --parsable --dependency="afterany:$job" "${extra[@]}" "$HPCRL_DIR/job.sbatch"
     )
 }
 
-# Only timeout and preemption continue, at most hpcrl.max_restarts times.
+# count_file FILE: the number in it (0 when missing or garbled).
+count_file() {
+    local n=0
+    if [[ -r $1 ]]; then
+        n=$(<"$1")
+    fi
+    [[ $n =~ ^[0-9]+$ ]] || n=0
+    echo "$n"
+}
+
+# bump_file FILE: one more, written atomically.
+bump_file() {
+    echo "$(($(count_file "$1") + 1))" >"$1.$SLURM_JOB_ID.tmp"
+    mv -f -- "$1.$SLURM_JOB_ID.tmp" "$1"
+}
+
+# Which reasons continue: the time limit and preemption (at most hpcrl.max_restarts times), and
+# failures that are not the run's fault (at most hpcrl.max_failure_restarts times, counted
+# apart, the blamed nodes excluded, after a back-off). Crashes of the training code, circuit
+# breakers and cancels never continue.
 continue_chain() {
-    local reason=$1 restarts=0 next
-    if [[ $reason != timeout && $reason != preempted ]] || [[ -n $CONTINUED ]]; then
+    local reason=$1 next kind counter limit setting wait_s=0 nodes
+    case $reason in
+        timeout | preempted) kind=limit counter=$HPCRL_DIR/restarts limit=$MAX_RESTARTS setting=hpcrl.max_restarts ;;
+        ray-start-failed | ray-head-died | worker-died | network-error)
+            kind=failure counter=$HPCRL_DIR/failure-restarts limit=$MAX_FAILURE_RESTARTS
+            setting=hpcrl.max_failure_restarts ;;
+        *) return 0 ;;
+    esac
+    if [[ -n $CONTINUED ]] || [[ -e $HPCRL_DIR/cancel ]]; then
         return 0
     fi
     CONTINUED=1
-    if [[ -r $HPCRL_DIR/restarts ]]; then
-        restarts=$(<"$HPCRL_DIR/restarts")
-    fi
-    [[ $restarts =~ ^[0-9]+$ ]] || restarts=0
-    if ((restarts >= MAX_RESTARTS)); then
-        log "not continuing: $restarts continuations submitted already (hpcrl.max_restarts $MAX_RESTARTS)"
+    local done_n
+    done_n=$(count_file "$counter")
+    if ((done_n >= limit)); then
+        log "not continuing after $reason: $done_n continuations of this kind submitted already ($setting $limit)"
         return 0
     fi
-    if ! next=$(submit_continuation); then
+    if [[ $kind == failure ]]; then
+        nodes=$(blamed_nodes)
+        if [[ -n $nodes ]]; then
+            tr ',' '\n' <<<"$nodes" >>"$HPCRL_DIR/excluded-nodes"
+        fi
+        record failure "$reason ${nodes:--}"
+        wait_s=$((FAILURE_BACKOFF_S * (done_n + 1)))
+        log "$reason${nodes:+ on $nodes}: not the run's fault; continuing in a new job in $wait_s s${nodes:+ without $nodes}"
+    fi
+    if ! next=$(submit_continuation "$wait_s"); then
         log "error: sbatch of the continuation failed; resubmit $HPCRL_DIR/job.sbatch by hand"
         return 0
     fi
     next=${next%%;*}
-    echo "$((restarts + 1))" >"$HPCRL_DIR/restarts.$SLURM_JOB_ID.tmp"
-    mv -f -- "$HPCRL_DIR/restarts.$SLURM_JOB_ID.tmp" "$HPCRL_DIR/restarts"
+    bump_file "$counter"
     record continue "$next"
-    log "continuation submitted: job $next (continuation $((restarts + 1)) of at most $MAX_RESTARTS)"
+    log "continuation submitted: job $next ($kind continuation $((done_n + 1)) of at most $limit)"
     return 0
 }
 
+# The seconds until this job's time limit, as Slurm says (squeue %L: [D-]H:M:S, M:S); the
+# --signal lead time when Slurm does not say.
+time_left_s() {
+    local left d=0 h=0 m=0 s=0
+    left=$(squeue -h -j "$SLURM_JOB_ID" -o %L 2>/dev/null) || left=""
+    if [[ $left =~ ^(([0-9]+)-)?([0-9]+):([0-9]+):([0-9]+)$ ]]; then
+        d=${BASH_REMATCH[2]:-0} h=${BASH_REMATCH[3]} m=${BASH_REMATCH[4]} s=${BASH_REMATCH[5]}
+    elif [[ $left =~ ^([0-9]+):([0-9]+)$ ]]; then
+        m=${BASH_REMATCH[1]} s=${BASH_REMATCH[2]}
+    else
+        echo "$SIGNAL_LEAD_S"
+        return 0
+    fi
+    echo $((((10#$d * 24 + 10#$h) * 60 + 10#$m) * 60 + 10#$s))
+}
+
+marker_stamp() { stat -c '%Y %s' -- "$CKPT_MARKER" 2>/dev/null || echo none; }
+
 # USR1 (--signal, before the time limit) or TERM/INT (scancel, preemption, the limit itself):
-# stop the driver, chain at once (the job may be killed soon). The first signal decides the
-# reason; a TERM also starts Slurm's KillWait clock, which shortens any stop under way.
+# chain at once (the job may be killed soon), then stop the driver. The first signal decides
+# the reason; a TERM also starts Slurm's KillWait clock, which shortens any stop under way.
+# After USR1 the driver runs on until its next checkpoint is complete (the framework rewrites
+# CKPT_MARKER; none of the three saves on a signal) or until there is just time to stop.
 on_signal() {
     local reason=$1
     if [[ $BASHPID != "$$" ]]; then
@@ -165,6 +250,9 @@ on_signal() {
     fi
     if [[ $2 != USR1 ]]; then
         term_clock
+        if [[ -n $DRAIN_UNTIL ]]; then
+            stop_driver "SIG$2 during the wait for a checkpoint"
+        fi
     fi
     if [[ $reason == term ]]; then
         reason=preempted
@@ -178,15 +266,31 @@ on_signal() {
     STOP_REASON=$reason
     log "received SIG$2: stopping ($reason)"
     continue_chain "$reason"
-    if alive "$DRIVER_PID"; then
-        kill -TERM "$DRIVER_PID" 2>/dev/null || true
-        if [[ -n $STOP_BY ]]; then
-            STOP_DEADLINE=$((SECONDS + TERM_DRIVER_S))
-        else
-            STOP_DEADLINE=$((SECONDS + GRACE_S))
-        fi
+    if ! alive "$DRIVER_PID"; then
+        return 0
     fi
+    if [[ $2 == USR1 ]]; then
+        DRAIN_STAMP=$(marker_stamp)
+        DRAIN_UNTIL=$((SECONDS + $(time_left_s) - TERM_DRIVER_S - KILL_WAIT_S - STOP_RESERVE_S - 30))
+        log "the driver goes on until its next checkpoint is complete ($CKPT_MARKER) or for $((DRAIN_UNTIL - SECONDS)) s"
+        return 0
+    fi
+    stop_driver ""
     return 0
+}
+
+# stop_driver WHY: SIGTERM to the driver now; SIGKILL to its session after the grace period.
+stop_driver() {
+    DRAIN_UNTIL=""
+    if [[ -n $1 ]]; then
+        log "stopping the driver: $1"
+    fi
+    kill -TERM "$DRIVER_PID" 2>/dev/null || true
+    if [[ -n $STOP_BY ]]; then
+        STOP_DEADLINE=$((SECONDS + TERM_DRIVER_S))
+    else
+        STOP_DEADLINE=$((SECONDS + GRACE_S))
+    fi
 }
 
 # The first TERM: from now on Slurm gives the job KILL_WAIT_S seconds.
@@ -232,6 +336,8 @@ on_exit() {
         record end "$END_REASON:$rc"
         END_RECORDED=1
     fi
+    continue_chain "$END_REASON"  # a failure that is not the run's fault (fail ray-start-failed, ...)
+    rm -f -- "$HPCRL_DIR/driver-started-$SLURM_JOB_ID"
     local by=$((SECONDS + 20)) pid left
     kill -TERM "$DRIVER_PID" "$HEAD_PID" "$MON_PID" "${SVC_PIDS[@]}" 2>/dev/null
     # srun answers TERM with SIGKILL to the tasks, but forwards USR2: each worker stops its Ray
@@ -255,6 +361,7 @@ on_exit() {
     kill_session KILL "$DRIVER_PID" "$HEAD_PID" "${SVC_PIDS[@]}"
     kill -KILL "$WORKERS_PID" "$MON_PID" 2>/dev/null
     if [[ -n $NODE_DIR ]]; then  # set by node_dirs, defined beside it with remove_node_dirs
+        keep_ray_logs "$HEAD_NODE"
         remove_node_dirs
     fi
     log "job $SLURM_JOB_ID ends: $END_REASON:$rc"
@@ -286,7 +393,6 @@ trap 'on_signal timeout USR1' USR1
 trap 'on_signal term TERM' TERM
 trap 'on_signal term INT' INT
 
-HEAD_NODE=${SLURMD_NODENAME:-$(hostname -s)}
 record start "$HEAD_NODE"
 
 # This job's script (continuations resubmit it) and the plan it was rendered from.
@@ -302,7 +408,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
 {
   "cluster": "berzelius-hopper",
   "config": "grpo-olmo3-32b.yaml",
-  "config_digest": "2f014c5df961",
+  "config_digest": "762412ef315d",
   "gpus_per_node": 8,
   "hpcrl_version": "0.1.0",
   "layout": {
@@ -432,7 +538,7 @@ if ((${#JOB_NODES[@]} == 0)); then
     fail ray-start-failed "scontrol show hostnames gave no node for $SLURM_JOB_NODELIST"
 fi
 if ((${#JOB_NODES[@]} != 4)); then
-    fail ray-start-failed "this script was rendered for 4 nodes but the job has ${#JOB_NODES[@]}; re-render with --nodes ${#JOB_NODES[@]}"
+    fail setup-failed "this script was rendered for 4 nodes but the job has ${#JOB_NODES[@]}; re-render with --nodes ${#JOB_NODES[@]}"
 fi
 NODE_LINES=$(scontrol show node -o "$SLURM_JOB_NODELIST" | awk '
     {
@@ -454,7 +560,7 @@ while read -r name addr slot; do
         fail ray-start-failed "cannot resolve NodeAddr '$addr' of node $name to an IPv4 address"
     fi
     if ((slot > 8)); then
-        fail ray-start-failed "more than 9 nodes of this job share the host of $name; the port block has 9 slots"
+        fail setup-failed "more than 9 nodes of this job share the host of $name; the port block has 9 slots"
     fi
     NODE_TABLE+="$name $ip $slot;"
 done <<<"$NODE_LINES"
@@ -554,6 +660,50 @@ remove_node_dirs() {
     fi
 }
 
+# A lean environment for Ray and the driver: open-instruct hands the driver's whole environment
+# to every Ray actor (runtime_env env_vars, grpo_fast.py:2217 at e6c3044a); Ray passes it to
+# each worker process as one argument, and past 128 KiB that exec fails (E2BIG) and the actor
+# never starts, silently (Ray issue 47432; past 1 MiB Ray's agent refuses it with HTTP 413).
+# Slurm's, PMI's, MPI's and the module system's bookkeeping stay with this script (its own
+# shell variables still hold them); Ray and the driver start with `"${LEAN_ENV[@]}"`. What is
+# kept and dropped: docs/render.md.
+lean_env() {
+    local var fn
+    LEAN_ENV=(env)
+    while read -r var; do
+        case $var in
+            SLURM_JOB_ID | SLURM_JOB_NODELIST | SLURM_JOB_NUM_NODES | SLURM_CPUS_ON_NODE | SLURM_SUBMIT_DIR | \
+                SLURM_CONF | SLURM_JOB_ACCOUNT | SLURM_STEP_ID | SLURM_PROCID | SLURM_LOCALID | SLURMD_NODENAME) ;;
+            SLURM_* | SLURMD_* | SBATCH_* | SRUN_* | PMI_* | PMIX_* | OMPI_* | I_MPI_* | MPICH_* | HYDRA_* | \
+                LMOD_* | __LMOD_* | _LMFILES_ | _ModuleTable* | MODULEPATH_ROOT | MODULESHOME | ENV_MODULES_*)
+                LEAN_ENV+=(-u "$var") ;;
+        esac
+    done < <(compgen -e)
+    while read -r _ _ fn; do  # exported shell functions (module, ml, ...) travel as BASH_FUNC_<name>%%
+        LEAN_ENV+=(-u "BASH_FUNC_${fn}%%")
+    done < <(declare -Fx)
+}
+
+# keep_ray_logs NODE: before the node-local directory goes, this node's Ray session logs
+# (raylet.out, gcs_server.out, the workers' error files) into logs/ray/<job>/<node>/ of the
+# run directory, newest first up to the profile's ray.log_keep_mib.
+keep_ray_logs() {
+    local src=$RAY_TMP/session_latest/logs dest=$HPCRL_RUN_DIR/logs/ray/$SLURM_JOB_ID/$1 rel
+    mkdir -p -- "$dest" 2>/dev/null || return 0
+    if [[ -z $RAY_TMP || ! -d $src ]]; then
+        return 0
+    fi
+    find "$src/" -type f -printf '%T@\t%s\t%P\n' 2>/dev/null | sort -rn |
+        awk -F '\t' -v cap=$((64 * 1048576)) '{ s += $2; if (s <= cap) print $3 }' |
+        while IFS= read -r rel; do
+            mkdir -p -- "$dest/$(dirname -- "$rel")" && cp -p -- "$src/$rel" "$dest/$rel" 2>/dev/null
+        done
+    return 0
+}
+
+# blame WHY: this node, in the job's blame file (a failure continuation excludes the nodes in it).
+blame() { echo "${SLURMD_NODENAME:-$(hostname -s)} $1" >>"$HPCRL_RUN_DIR/hpcrl/blame-$SLURM_JOB_ID"; }
+
 # Per-job Ray token (token authentication): nobody else on a shared node can attach.
 HPCRL_RAY_TOKEN="$HPCRL_DIR/ray-token-$SLURM_JOB_ID"
 (
@@ -569,19 +719,28 @@ export RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S=0
 # on all interfaces: nothing scrapes it here, so it is off (profile ray.metrics: true).
 export RAY_enable_metrics_collection=0
 
+# Open files: Ray opens a socket per worker and connection, vLLM and NCCL more: the hard limit.
+ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
+lean_env
+LEAN_BYTES=$("${LEAN_ENV[@]}" env | wc -c)
+if ((LEAN_BYTES > 100 * 1024)); then
+    log "warning: the driver's environment is still $((LEAN_BYTES / 1024)) KiB after dropping Slurm, MPI and module variables; open-instruct passes it to every Ray actor, and past 128 KiB their start fails. Largest: $("${LEAN_ENV[@]}" env | awk '{ print length($0), substr($0, 1, index($0, "=") - 1) }' | sort -rn | head -3 | awk '{ printf "%s (%d B) ", $2, $1 }')"
+fi
+
 export HPCRL_NODE_LOCAL=/scratch/local
 if ! node_dirs "$HEAD_SLOT"; then
+    blame ray-start-failed
     fail ray-start-failed "cannot make this job's private node-local directory on $HEAD_NODE"
 fi
 
 # ------------------------------------------------------------------ Ray cluster
 if ! command -v ray >/dev/null 2>&1; then
-    fail ray-start-failed "the ray command is not on PATH on $HEAD_NODE; install ray in the job's environment (hpcrl.env_setup)"
+    fail setup-failed "the ray command is not on PATH on $HEAD_NODE; install ray in the job's environment (hpcrl.env_setup)"
 fi
 # Before anything listens: a Ray that would ignore the token must not start.
 RAY_PROBLEM=$(ray_version_problem)
 if [[ -n $RAY_PROBLEM ]]; then
-    fail ray-start-failed "$RAY_PROBLEM"
+    fail setup-failed "$RAY_PROBLEM"
 fi
 # GPU monitor on every node (exits at once on a machine without GPUs); it warns when GPUs
 # average under the cluster's idle-GPU threshold.
@@ -590,12 +749,20 @@ MON_PID=$!
 
 RAY_ARGS=(--num-gpus=8 "--num-cpus=$HPCRL_RAY_CPUS" --disable-usage-stats --log-style=record --log-color=false)
 node_ports "$HEAD_SLOT"
-# --block keeps Ray's processes children of this script; setsid gives them a process group of
-# their own, so that whatever a stop leaves behind can be killed as one group.
-setsid ray start --head --block --node-ip-address="$HPCRL_HEAD_IP" --port="$GCS_PORT" \
-    --dashboard-port=$((HPCRL_PORT_BASE + 1)) --ray-client-server-port=$((HPCRL_PORT_BASE + 2)) \
-    --temp-dir="$RAY_TMP" "${NODE_PORT_ARGS[@]}" "${RAY_ARGS[@]}" &
-HEAD_PID=$!
+# `ray start` is tried up to RAY_START_ATTEMPTS times on every node (a clean temp dir and a
+# short back-off in between), before the driver starts; after that a dead Ray ends the job.
+RAY_START_ATTEMPTS=3
+HEAD_ATTEMPT=0
+# --block keeps Ray's processes children of this script; setsid gives them a session of their
+# own, so that whatever a stop leaves behind can be killed as one.
+start_head() {
+    HEAD_ATTEMPT=$((HEAD_ATTEMPT + 1))
+    "${LEAN_ENV[@]}" setsid ray start --head --block --node-ip-address="$HPCRL_HEAD_IP" --port="$GCS_PORT" \
+        --dashboard-port=$((HPCRL_PORT_BASE + 1)) --ray-client-server-port=$((HPCRL_PORT_BASE + 2)) \
+        --temp-dir="$RAY_TMP" "${NODE_PORT_ARGS[@]}" "${RAY_ARGS[@]}" &
+    HEAD_PID=$!
+}
+start_head
 
 # Runs on every other node, in one srun step; shipped with `declare -f` (srun passes the
 # exported environment, not shell functions). The traps come first: when another worker
@@ -607,6 +774,7 @@ hpcrl_worker_cleanup() {
     if [[ -n $mon_pid ]]; then
         kill "$mon_pid" 2>/dev/null || true
     fi
+    keep_ray_logs "${SLURMD_NODENAME:-$(hostname -s)}"
     remove_node_dirs
 }
 hpcrl_worker() {
@@ -615,6 +783,15 @@ hpcrl_worker() {
     ray_pid="" mon_pid="" stopping="" NODE_DIR="" RAY_TMP=""
     trap 'stopping=1; if [[ -n $ray_pid ]]; then kill -TERM "$ray_pid" 2>/dev/null || true; fi' USR2 TERM INT
     trap hpcrl_worker_cleanup EXIT
+    # This node's output also in its own file, logs/worker-<node>-<job>.log (the tee outlives the
+    # stop signals as the batch script's does; srun's stream, the job log, gets each line prefixed
+    # with the node).
+    exec > >(
+        trap '' TERM INT USR2  # srun delivers USR2 (the stop) to every process of the task
+        tee -a -- "$HPCRL_RUN_DIR/logs/worker-$name-$SLURM_JOB_ID.log" | sed -u "s/^/[$name] /"
+    ) 2>&1
+    ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
+    lean_env
     read -r ip slot < <(node_entry "$name") || true
     if [[ -z ${slot:-} ]]; then
         echo "hpcrl: error: node $name is not in this job's node table" >&2
@@ -622,18 +799,27 @@ hpcrl_worker() {
     fi
     # The node-local path may name variables that differ per node: expand it here.
     HPCRL_NODE_LOCAL=/scratch/local
-    node_dirs "$slot"
+    if ! node_dirs "$slot"; then
+        blame ray-start-failed
+        exit 1
+    fi
     node_ports "$slot"
     local problem
     problem=$(ray_version_problem)
     if [[ -n $problem ]]; then
         echo "hpcrl: error: $problem" >&2
+        blame setup-failed  # the job's environment, not this node: no continuation helps
         exit 1
     fi
     if [[ -z $stopping ]]; then
         python3 -m hpcrl.runtime.gpumon --out "$HPCRL_RUN_DIR/hpcrl/gpu-$name.csv" --interval 5 --role mixed --detect-roles --min-mean-power-w 100 --grace-minutes 60 &
         mon_pid=$!
-        setsid ray start --block --address="$HPCRL_HEAD_IP:$HPCRL_PORT_BASE" --node-ip-address="$ip" \
+    fi
+    local attempt=0
+    while [[ -z $stopping ]]; do
+        attempt=$((attempt + 1))
+        rc=0
+        "${LEAN_ENV[@]}" setsid ray start --block --address="$HPCRL_HEAD_IP:$HPCRL_PORT_BASE" --node-ip-address="$ip" \
             --temp-dir="$RAY_TMP" "${NODE_PORT_ARGS[@]}" --num-gpus=8 "--num-cpus=$HPCRL_RAY_CPUS" \
             --disable-usage-stats --log-style=record --log-color=false &
         ray_pid=$!
@@ -644,25 +830,38 @@ hpcrl_worker() {
         if kill -0 "$ray_pid" 2>/dev/null; then
             wait "$ray_pid" || rc=$?
         fi
-    fi
-    if [[ -n $stopping ]]; then
-        echo "hpcrl: ray on $name stopped"
-        exit 0
-    fi
-    echo "hpcrl: ray on $name exited with code $rc"
-    exit "$rc"
+        if [[ -n $stopping ]]; then
+            break
+        fi
+        if [[ -e $HPCRL_RUN_DIR/hpcrl/driver-started-$SLURM_JOB_ID ]]; then
+            echo "hpcrl: error: ray on $name exited with code $rc while the driver was running (its raylet died)"
+            blame raylet-died
+            exit "$((rc ? rc : 1))"
+        fi
+        if ((attempt >= RAY_START_ATTEMPTS)); then
+            echo "hpcrl: error: ray start on $name failed $attempt times (last exit code $rc)"
+            blame ray-start-failed
+            exit "$((rc ? rc : 1))"
+        fi
+        echo "hpcrl: ray start on $name exited with code $rc (attempt $attempt of $RAY_START_ATTEMPTS); retrying in $((2 * attempt)) s with a clean temp dir"
+        kill_session KILL "$ray_pid"
+        rm -rf -- "${RAY_TMP:?}"/* 2>/dev/null || true
+        sleep "$((2 * attempt))"
+    done
+    echo "hpcrl: ray on $name stopped"
+    exit 0
 }
 
 # One step for all workers; each asks for its node's GPUs and CPUs in the job's GPU style.
 srun --nodes=3 --ntasks=3 --ntasks-per-node=1 --exclude="$HEAD_NODE" \
     --kill-on-bad-exit=1 --gpus=24 --cpus-per-task="$SLURM_CPUS_ON_NODE" \
-    bash -c "$(declare -f node_entry node_ports node_dirs private_dir ray_version_problem kill_session remove_node_dirs hpcrl_worker_cleanup hpcrl_worker); hpcrl_worker" &
+    bash -c "RAY_START_ATTEMPTS=$RAY_START_ATTEMPTS; $(declare -f node_entry node_ports node_dirs private_dir ray_version_problem kill_session remove_node_dirs lean_env keep_ray_logs blame hpcrl_worker_cleanup hpcrl_worker); hpcrl_worker" &
 WORKERS_PID=$!
 
-# Wait until Ray reports every node and GPU, failing at once if a `ray start` dies.
+# Wait until Ray reports every node and GPU. The head's `ray start` is retried when it dies
+# before the cluster is up; a worker step that exits has used up its own retries: the job ends.
 export RAY_ADDRESS="$HPCRL_HEAD_IP:$GCS_PORT"
-ray_wait() {
-    local deadline=$((SECONDS + 600 + 60)) poll code=0
+start_poll() {
     python3 - 4 32 600 <<'HPCRL_RAY_WAIT' &
 import os, sys, time
 
@@ -694,30 +893,48 @@ while True:
         sys.exit(1)
     time.sleep(2)
 HPCRL_RAY_WAIT
-    poll=$!
-    while kill -0 "$poll" 2>/dev/null; do
+    POLL_PID=$!
+}
+ray_wait() {
+    local deadline=$((SECONDS + 600 + 60)) code=0
+    start_poll
+    while kill -0 "$POLL_PID" 2>/dev/null; do
         if [[ -n $STOP_REASON ]]; then
-            kill "$poll" 2>/dev/null || true
+            kill "$POLL_PID" 2>/dev/null || true
             return 0
         fi
         if ! kill -0 "$HEAD_PID" 2>/dev/null; then
-            kill "$poll" 2>/dev/null || true
+            code=0
             wait "$HEAD_PID" || code=$?
-            fail ray-start-failed "ray start --head on $HEAD_NODE exited with code $code before the cluster was up; see its output above"
+            kill "$POLL_PID" 2>/dev/null || true
+            if ((HEAD_ATTEMPT >= RAY_START_ATTEMPTS)); then
+                blame ray-start-failed
+                fail ray-start-failed "ray start --head on $HEAD_NODE exited with code $code before the cluster was up, $HEAD_ATTEMPT times; see its output above"
+            fi
+            log "ray start --head on $HEAD_NODE exited with code $code (attempt $HEAD_ATTEMPT of $RAY_START_ATTEMPTS); retrying in $((2 * HEAD_ATTEMPT)) s with a clean temp dir"
+            kill_session KILL "$HEAD_PID"
+            rm -rf -- "${RAY_TMP:?}"/* 2>/dev/null || true
+            sleep "$((2 * HEAD_ATTEMPT))"
+            start_head
+            start_poll
+            deadline=$((deadline + 2 * HEAD_ATTEMPT))
         fi
         if [[ -n $WORKERS_PID ]] && ! kill -0 "$WORKERS_PID" 2>/dev/null; then
-            kill "$poll" 2>/dev/null || true
+            kill "$POLL_PID" 2>/dev/null || true
             wait "$WORKERS_PID" || code=$?
+            if grep -qs ' setup-failed$' "$HPCRL_DIR/blame-$SLURM_JOB_ID"; then
+                fail setup-failed "a worker's environment cannot run this job (above); fix it, then resubmit"
+            fi
             fail ray-start-failed "the worker step (srun ... ray start on the other nodes) exited with code $code before all nodes joined; see its output above"
         fi
         if ((SECONDS > deadline)); then
-            kill "$poll" 2>/dev/null || true
+            kill "$POLL_PID" 2>/dev/null || true
             fail ray-start-failed "Ray did not come up within 600 s (profile ray.join_timeout_s)"
         fi
         sleep 1 &
         wait $! || true
     done
-    wait "$poll" || code=$?
+    wait "$POLL_PID" || code=$?
     if [[ -z $STOP_REASON ]] && ((code != 0)); then
         fail ray-start-failed "Ray did not report 4 nodes and 32 GPUs within 600 s (profile ray.join_timeout_s)"
     fi
@@ -769,7 +986,6 @@ DRIVER=(
     --apply_verifiable_reward True
     --seed 1
     --save_freq 200
-    --checkpoint_state_freq 50
     --keep_last_n_checkpoints 3
     --local_eval_every 50
     --with_tracking False
@@ -782,6 +998,7 @@ DRIVER=(
     --deepspeed_stage 3
     --gather_whole_model False
     --num_nodes 4
+    --checkpoint_state_freq 14
     --output_dir "$RUN_DIR/output"
     --checkpoint_state_dir "$RUN_DIR/checkpoints"
 )
@@ -789,19 +1006,29 @@ printf 'hpcrl: driver:'
 printf ' %q' "${DRIVER[@]}"
 printf '\n'
 # In the background with `wait`, so the signal traps run while it works; in a session of its
-# own (the watchdog keeps the driver in it) so that a stop can kill the whole tree at once.
-setsid "${DRIVER[@]}" &
+# own (the watchdog keeps the driver in it) so that a stop can kill the whole tree at once; in
+# the lean environment (above). The marker tells the workers that a dead Ray is no longer
+# retried: the driver's actors are gone with it.
+: >"$HPCRL_DIR/driver-started-$SLURM_JOB_ID"
+"${LEAN_ENV[@]}" setsid "${DRIVER[@]}" &
 DRIVER_PID=$!
 # Ray's own processes are watched like the driver: a dead head (GCS, raylet) or worker step
 # ends the run at once instead of after Ray's own timeouts.
 RAY_DIED=""
 while alive "$DRIVER_PID"; do
-    if [[ -n $STOP_REASON || -n $RAY_DIED ]]; then
+    if [[ -n $STOP_DEADLINE || -n $RAY_DIED || -n $DRAIN_UNTIL ]]; then
         sleep 0.2 &
     else
         sleep 1 &
     fi
     wait $! || true
+    if [[ -n $DRAIN_UNTIL ]]; then
+        if [[ $(marker_stamp) != "$DRAIN_STAMP" ]]; then
+            stop_driver "a checkpoint is complete ($CKPT_MARKER rewritten) after the time-limit warning"
+        elif ((SECONDS >= DRAIN_UNTIL)); then
+            stop_driver "no checkpoint since the time-limit warning, and only time to stop is left"
+        fi
+    fi
     if [[ -n $STOP_DEADLINE ]] && ((SECONDS >= STOP_DEADLINE)); then
         log "the driver did not stop within its grace period: killing its session"
         kill_session KILL "$DRIVER_PID"
@@ -810,9 +1037,10 @@ while alive "$DRIVER_PID"; do
     if [[ -z $STOP_REASON && -z $RAY_DIED ]]; then
         if ! alive "$HEAD_PID"; then
             RAY_DIED=ray-head-died
+            blame ray-head-died
             log "error: Ray's head on $HEAD_NODE (its GCS or raylet) exited while the driver was running"
         elif [[ -n $WORKERS_PID ]] && ! alive "$WORKERS_PID"; then
-            RAY_DIED=breaker-dead-worker
+            RAY_DIED=worker-died
             log "error: the worker step exited while the driver was running: a worker node or its raylet died"
         fi
         if [[ -n $RAY_DIED ]]; then
@@ -828,7 +1056,11 @@ if [[ -n $STOP_REASON ]]; then
 elif [[ $RAY_DIED == ray-head-died ]]; then
     finish ray-head-died 94
 elif [[ -n $RAY_DIED ]]; then
-    finish breaker-dead-worker 93
+    finish worker-died 95
+elif [[ $(reason_of "$code") == crashed ]] && found=$(python3 -m hpcrl.runtime.classify "$HPCRL_DIR/driver.log" 2>/dev/null) &&
+    [[ -n $found ]]; then
+    log "the driver's log shows a network failure, not the run's own: $found"
+    finish network-error "$code"
 else
     finish "$(reason_of "$code")" "$code"
 fi

@@ -5,21 +5,37 @@ lines that mean a Ray node, actor or vLLM engine died. Pure; the watchdog (in th
 grpo_fast prints each step as a Rich panel titled "Metrics" (open-instruct e6c3044a, model_utils
 .print_rich_single_line_metrics): a row per key prefix ("other" without "/"), "name: value"
 items joined by " | ", wrapped; floats as .2e when |v| < 1e-5 else .2f, so an exact 0.0 is
-"0.00e+00" and a tiny non-zero mean "0.00". verl and OpenRLHF print one line per step.
+"0.00e+00" and a tiny non-zero mean "0.00". verl and OpenRLHF print one line per step. Other
+frameworks' loggers (AReaL's stats, a fork's own) are read from JSON metric lines: one object
+per line, nested objects joined with "/". docs/safety.md lists every key read and its source.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from dataclasses import dataclass
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 _PAIR = re.compile(r"['\"]?([A-Za-z_][\w/.\-]*)['\"]?\s*[:=]\s*(-?(?:nan|inf|\d+(?:\.\d*)?(?:e[-+]?\d+)?))", re.I)
-# "scores": grpo_fast (data_loader.py); "objective/scores": the older *_vllm_thread_ray_gtrl.py; "critic/score/mean": verl.
-REWARD_KEYS = ("scores", "objective/scores", "objective/verifiable_reward", "reward", "rewards/mean", "critic/score/mean")
+# "scores": grpo_fast (data_loader.py:1547); "objective/scores": the older *_vllm_thread_ray_gtrl.py;
+# "critic/score/mean": verl (trainer/ppo/metric_utils.py:162); "reward", "rollout/reward_mean": OpenRLHF
+# (trainer/ray/ppo_actor.py:384-388, trainer/ppo_trainer.py:421).
+REWARD_KEYS = ("scores", "objective/scores", "objective/verifiable_reward", "reward", "rewards/mean", "critic/score/mean",
+               "rollout/reward_mean")
 LOSS_KEYS = ("loss/total_avg", "loss/policy_avg", "train/loss", "loss", "actor/pg_loss", "policy_loss")
+# verl actor/dp_actor.py:666; open-instruct grpo_fast.py:754; OpenRLHF trainer/ray/ppo_actor.py:380. Any other
+# key ending in "/grad_norm" (a namespaced logger's) counts too.
+GRAD_NORM_KEYS = ("actor/grad_norm", "optim/grad_norm", "actor_grad_norm", "grad_norm", "train/grad_norm")
+# Exactly 0 when every prompt's group of samples got the same reward: OpenRLHF's mean of the per-group
+# std (trainer/ppo_utils/experience_maker.py:255-262).
+REWARD_STD_KEYS = ("group_reward_std",)
+# GRPO advantages are the reward minus its group mean: all exactly 0 when every group has zero variance.
+# verl trainer/ppo/metric_utils.py:170-172; open-instruct data_loader.py:1566-1567.
+ADVANTAGE_RANGES = (("critic/advantages/min", "critic/advantages/max"), ("val/advantages_min", "val/advantages_max"))
 _STEP_LINE = re.compile(r"(?:^|\s)step:(\d+) - |Global step (\d+): \{")  # verl b178a3cd; OpenRLHF 3c3be623
+_JSON_STEP_KEYS = ("training_step", "global_step", "step", "_step")
 
 
 @dataclass
@@ -29,25 +45,88 @@ class Step:
     number: int
     values: dict[str, float]
     text: dict[str, str]
+    reward_keys: tuple[str, ...] = REWARD_KEYS
+    std_keys: tuple[str, ...] = REWARD_STD_KEYS
 
     @property
     def reward_key(self) -> str | None:
-        return next((k for k in REWARD_KEYS if k in self.values), None)
+        return next((k for k in self.reward_keys if k in self.values), None)
+
+    @property
+    def loss_key(self) -> str | None:
+        return next((k for k in LOSS_KEYS if k in self.values), None) or next(
+            (k for k in self.values if k.startswith("loss/")), None)
+
+    def exactly_zero(self, key: str) -> bool:
+        return self.values[key] == 0.0 and not re.fullmatch(r"-?0\.00", self.text[key])
 
     def reward_is_exactly_zero(self) -> bool:
         k = self.reward_key
-        return k is not None and self.values[k] == 0.0 and not re.fullmatch(r"-?0\.00", self.text[k])
+        return k is not None and self.exactly_zero(k)
 
     def bad_losses(self) -> dict[str, float]:
         return {k: v for k, v in self.values.items() if (k in LOSS_KEYS or k.startswith("loss/")) and not math.isfinite(v)}
 
+    def grad_norm(self) -> tuple[str, float] | None:
+        """The step's gradient norm (key, value), if it logs one."""
+        key = next((k for k in GRAD_NORM_KEYS if k in self.values), None) or next(
+            (k for k in self.values if k.endswith("/grad_norm")), None)
+        return (key, self.values[key]) if key else None
+
+    def zero_variance(self) -> tuple[bool, str] | None:
+        """(every group had zero reward variance, the evidence), or None when the step does not say."""
+        for k in self.std_keys:
+            if k in self.values:
+                return self.exactly_zero(k), f"{k}={self.text[k]}"
+        for lo, hi in ADVANTAGE_RANGES:
+            if lo in self.values and hi in self.values:
+                return self.exactly_zero(lo) and self.exactly_zero(hi), f"{lo}={self.text[lo]}, {hi}={self.text[hi]}"
+        k = self.reward_key
+        base = k.rsplit("/", 1)[0] if k and k.endswith(("/mean", "/avg")) else None
+        if base and f"{base}/min" in self.values and f"{base}/max" in self.values:
+            # One reward for the whole batch: every group's variance is zero.
+            lo, hi = self.values[f"{base}/min"], self.values[f"{base}/max"]
+            return lo == hi, f"{base}/min={self.text[f'{base}/min']}, {base}/max={self.text[f'{base}/max']}"
+        return None
+
+
+def _flatten(obj: dict, prefix: str = "") -> dict:
+    out: dict = {}
+    for k, v in obj.items():
+        name = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(_flatten(v, name + "/"))
+        else:
+            out[name] = v
+    return out
+
+
+def json_metrics(line: str) -> dict[str, float] | None:
+    """The numbers of a JSON object on one line (after any prefix such as a Ray actor's), or None."""
+    start, text = line.find("{"), line.rstrip()
+    if start < 0 or not text.endswith("}") or '"' not in text[start:start + 3]:
+        return None
+    try:
+        obj = json.loads(text[start:])
+    except ValueError:
+        return None
+    if not isinstance(obj, dict):
+        return None
+    return {k: float(v) for k, v in _flatten(obj).items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
 
 class StepParser:
-    """Feed log lines one at a time; `feed` returns a Step when a step's metrics are complete."""
+    """Feed log lines one at a time; `feed` returns a Step when a step's metrics are complete.
 
-    def __init__(self) -> None:
+    `reward_keys` replace the known reward keys (REWARD_KEYS) when given, in order of preference;
+    `std_keys` are added to the keys whose exact 0 means zero reward variance in every group."""
+
+    def __init__(self, reward_keys: tuple[str, ...] | list[str] = (), std_keys: tuple[str, ...] | list[str] = ()) -> None:
         self._panel: list[str] | None = None
         self._count = 0
+        self.reward_keys = tuple(reward_keys) or REWARD_KEYS
+        self.std_keys = tuple(std_keys) + REWARD_STD_KEYS
 
     def feed(self, raw: str) -> Step | None:
         line = ANSI.sub("", raw.rstrip("\r\n"))
@@ -55,6 +134,9 @@ class StepParser:
             top = line.find("╭")
             if top >= 0 and "Metrics" in line[top:]:
                 self._panel = []
+            elif (values := json_metrics(line)) is not None:
+                number = next((int(values[k]) for k in _JSON_STEP_KEYS if k in values), None)
+                return self._make([(k, repr(v)) for k, v in values.items()], number)
             elif (m := _STEP_LINE.search(line)) or "training_step" in line:
                 return self._make(_PAIR.findall(line[m.end():] if m else line), int(m.group(1) or m.group(2)) if m else None)
             return None
@@ -73,10 +155,12 @@ class StepParser:
                 values[key], text[key] = float(val), val
             except ValueError:
                 continue
-        if not any(k in REWARD_KEYS or k in LOSS_KEYS or k.startswith("loss/") for k in values):
+        known = (*self.reward_keys, *LOSS_KEYS, *GRAD_NORM_KEYS, *self.std_keys)
+        if not any(k in known or k.startswith("loss/") or k.endswith("/grad_norm") for k in values):
             return None
         self._count += 1
-        return Step(number if number is not None else int(values.get("training_step", self._count)), values, text)
+        number = number if number is not None else int(values.get("training_step", self._count))
+        return Step(number, values, text, self.reward_keys, self.std_keys)
 
     def _from_panel(self, rows: list[str]) -> Step | None:
         rows = [r for r in rows if r.strip()]
@@ -95,9 +179,9 @@ class StepParser:
         return self._make(pairs)
 
 
-def parse_steps(lines: list[str]) -> list[Step]:
+def parse_steps(lines: list[str], reward_keys: tuple[str, ...] | list[str] = ()) -> list[Step]:
     """Every training step found in `lines`."""
-    parser = StepParser()
+    parser = StepParser(reward_keys)
     return [s for s in map(parser.feed, lines) if s is not None]
 
 

@@ -148,6 +148,43 @@ def test_engine_or_node_death_trips_with_exit_93(tmp_path, fixture, kind):
     assert b["reason"] == "engine_or_node_died" and b["details"]["kind"] == kind
 
 
+def test_reward_key_reads_json_metric_lines_exit_90(tmp_path):
+    """AReaL's reward key (the users' circuit breaker, seed 002) on JSON metric lines: without
+    --reward-key the 25 zero-reward steps are not a reward hpcrl knows and the run ends 0."""
+    proc, run_dir, _ = watch(tmp_path, "areal_json_zero_reward.log", after="exit0")
+    assert proc.returncode == 0, proc.stderr.decode()
+    proc, run_dir, pids = watch(tmp_path, "areal_json_zero_reward.log", "--reward-key", "grpo_actor/task_reward/avg")
+    assert proc.returncode == 90, proc.stderr.decode()
+    assert_group_stopped(pids)
+    b = breaker(run_dir)
+    assert b["reason"] == "zero_reward" and b["details"]["reward_key"] == "grpo_actor/task_reward/avg"
+    assert b["details"]["steps"] == list(range(4, 14)) and b["step"] == 13  # steps 1-3 earn 0.63-0.65
+
+
+@pytest.mark.parametrize("fixture, opts, code, reason, steps", [
+    # verl: actor/grad_norm exactly 0.0 from step 3 while the scores still vary.
+    ("verl_grad_norm_zero.log", (), 96, "grad_norm_zero", list(range(3, 23))),
+    ("verl_grad_norm_zero.log", ("--grad-norm-steps", "5"), 96, "grad_norm_zero", list(range(3, 8))),
+    # OpenRLHF: group_reward_std exactly 0 from step 4 (every prompt's samples all earn 1.0).
+    ("openrlhf_zero_variance.log", (), 97, "zero_variance", list(range(4, 24))),
+    ("openrlhf_zero_variance.log", ("--zero-variance-steps", "3"), 97, "zero_variance", [4, 5, 6]),
+])
+def test_stalled_learning_breakers(tmp_path, fixture, opts, code, reason, steps):
+    proc, run_dir, pids = watch(tmp_path, fixture, *opts)
+    assert proc.returncode == code, proc.stderr.decode()
+    assert_group_stopped(pids)
+    b = breaker(run_dir)
+    assert (b["reason"], b["exit_code"], b["details"]["steps"], b["step"]) == (reason, code, steps, steps[-1])
+
+
+@pytest.mark.parametrize("fixture, off", [("verl_grad_norm_zero.log", "--grad-norm-steps"),
+                                          ("openrlhf_zero_variance.log", "--zero-variance-steps")])
+def test_stalled_learning_breakers_can_be_turned_off(tmp_path, fixture, off):
+    proc, run_dir, _ = watch(tmp_path, fixture, off, "0", after="exit0")
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert not (run_dir / "hpcrl" / "breaker.json").exists()
+
+
 def test_death_then_failing_exit_is_93(tmp_path):
     proc, run_dir, _ = watch(tmp_path, "vllm_engine_dead.log", "--death-grace-seconds", "60", after="exit1")
     assert proc.returncode == 93
@@ -247,7 +284,8 @@ def test_an_old_breaker_file_is_archived(tmp_path):
 
 
 def test_usage_errors_exit_2(tmp_path):
-    for args in (["--run-dir", str(tmp_path)], ["--run-dir", str(tmp_path), "--zero-reward-steps", "0", "--", "true"]):
+    for args in (["--run-dir", str(tmp_path)], ["--run-dir", str(tmp_path), "--zero-reward-steps", "0", "--", "true"],
+                 ["--run-dir", str(tmp_path), "--grad-norm-steps", "-1", "--", "true"]):
         proc = subprocess.run([sys.executable, "-m", "hpcrl.runtime.watchdog", *args], capture_output=True,
                               timeout=TIMEOUT)
         assert proc.returncode == 2 and b"Traceback" not in proc.stderr
@@ -302,3 +340,23 @@ def test_output_without_steps_does_not_reset_the_hang_clock():
     for t in range(0, 120, 10):
         assert b.line(f"(LLMRayActor pid=1) INFO Avg generation throughput: 0.0 tokens/s {t}\n", float(t)) is None
     assert b.tick(61.0).reason == "hang"
+
+
+def test_breaker_zero_variance_from_advantages_and_batch_range():
+    """verl's advantages all 0, or one reward for the whole batch (min == max of the reward key)."""
+    b = Breaker(zero_variance_steps=2)
+    line = "step:{} - critic/score/mean:1.0 - critic/advantages/min:0.0 - critic/advantages/max:0.0"
+    assert b.line(line.format(1), 0.0) is None
+    assert b.line(line.format(2), 1.0).reason == "zero_variance"
+    b = Breaker(zero_variance_steps=2, reward_keys=("task/reward/avg",))
+    rec = '{{"step": {}, "task/reward/avg": 1.0, "task/reward/min": {}, "task/reward/max": 1.0}}'
+    assert b.line(rec.format(1, 1.0), 0.0) is None
+    assert b.line(rec.format(2, 0.0), 1.0) is None  # varied again: the count starts over
+    assert b.line(rec.format(3, 1.0), 2.0) is None
+    assert b.line(rec.format(4, 1.0), 3.0).reason == "zero_variance"
+
+
+def test_a_nan_gradient_norm_is_not_a_flat_one():
+    b = Breaker(grad_norm_steps=1)
+    assert b.line("step:1 - actor/pg_loss:0.1 - actor/grad_norm:nan", 0.0) is None
+    assert b.line("step:2 - actor/pg_loss:0.1 - actor/grad_norm:0.0", 1.0).reason == "grad_norm_zero"

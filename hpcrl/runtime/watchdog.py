@@ -11,6 +11,15 @@ D/hpcrl/breaker.json when:
       --startup-minutes, since model loading and engine start-up take long)
   93  a vLLM engine or Ray node/actor dies (and the driver does not finish cleanly within
       --death-grace-seconds)
+  96  the gradient norm is at most --grad-norm-floor for N consecutive steps (--grad-norm-steps,
+      default 20; 0 turns it off): the policy no longer changes
+  97  every group of samples had zero reward variance for N consecutive steps
+      (--zero-variance-steps, default 20; 0 turns it off): GRPO's advantages are all zero
+
+The reward is the first known reward key a step logs (hpcrl.driver_log.REWARD_KEYS), or the
+first of --reward-key KEY (repeatable) when given; --reward-std-key KEY (repeatable) adds keys
+whose exact 0 means zero reward variance. Steps are read from the frameworks' own step lines
+and from JSON metric lines (one object per line).
 
 Otherwise it exits with the driver's own code (128+N when a signal N ended it). SIGTERM,
 SIGINT, SIGHUP, SIGUSR1 and SIGUSR2 sent to the watchdog go to the driver's group, so
@@ -24,6 +33,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import math
 import os
 import queue
 import signal
@@ -38,7 +48,8 @@ from typing import IO
 
 from hpcrl.driver_log import StepParser, death_line
 
-EXIT_CODES = {"zero_reward": 90, "nan_loss": 91, "hang": 92, "engine_or_node_died": 93}
+EXIT_CODES = {"zero_reward": 90, "nan_loss": 91, "hang": 92, "engine_or_node_died": 93, "grad_norm_zero": 96,
+              "zero_variance": 97}
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 # Forwarded signals that ask the driver to stop: SIGKILL follows after --kill-grace-seconds.
 STOPPING = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -60,13 +71,18 @@ class Breaker:
     """The decisions, without processes: feed lines and clock ticks, get a Trip or None."""
 
     def __init__(self, zero_reward_steps: int = 10, hang_s: float = 3600.0, startup_s: float = 5400.0,
-                 death_grace_s: float = 15.0, now: float = 0.0):
+                 death_grace_s: float = 15.0, now: float = 0.0, *, reward_keys: tuple[str, ...] = (),
+                 std_keys: tuple[str, ...] = (), grad_norm_steps: int = 20, grad_norm_floor: float = 1e-6,
+                 zero_variance_steps: int = 20):
         self.k, self.hang_s, self.startup_s, self.death_grace_s = zero_reward_steps, hang_s, startup_s, death_grace_s
-        self.parser = StepParser()
+        self.grad_n, self.grad_floor, self.var_n = grad_norm_steps, grad_norm_floor, zero_variance_steps
+        self.parser = StepParser(reward_keys, std_keys)
         self.steps = 0
         self.last_step: int | None = None
         self.last_progress = now
         self.zeros: list[int] = []
+        self.flat: list[int] = []  # consecutive steps with a gradient norm at most the floor
+        self.same: list[int] = []  # consecutive steps whose groups all had zero reward variance
         self.death: tuple[float, str, str] | None = None
 
     def line(self, text: str, now: float) -> Trip | None:
@@ -79,13 +95,29 @@ class Breaker:
         if (bad := step.bad_losses()):
             return Trip("nan_loss", f"loss is {', '.join(f'{k}={v}' for k, v in bad.items())} at step {step.number}",
                         step.number, {"losses": {k: str(v) for k, v in bad.items()}})
-        if step.reward_key is None:
-            return None
-        self.zeros = self.zeros + [step.number] if step.reward_is_exactly_zero() else []
-        if len(self.zeros) >= self.k:
-            return Trip("zero_reward", f"mean reward ({step.reward_key}) exactly 0 for {len(self.zeros)} consecutive "
-                        f"steps ({self.zeros[0]}-{self.zeros[-1]})", step.number,
-                        {"reward_key": step.reward_key, "steps": self.zeros, "threshold": self.k})
+        if step.reward_key is not None:
+            self.zeros = self.zeros + [step.number] if step.reward_is_exactly_zero() else []
+            if len(self.zeros) >= self.k:
+                return Trip("zero_reward", f"mean reward ({step.reward_key}) exactly 0 for {len(self.zeros)} "
+                            f"consecutive steps ({self.zeros[0]}-{self.zeros[-1]})", step.number,
+                            {"reward_key": step.reward_key, "steps": self.zeros, "threshold": self.k})
+        # A step that does not log the signal leaves its count as it is.
+        if (g := step.grad_norm()) is not None:
+            key, value = g
+            self.flat = self.flat + [step.number] if math.isfinite(value) and abs(value) <= self.grad_floor else []
+            if self.grad_n and len(self.flat) >= self.grad_n:
+                return Trip("grad_norm_zero", f"gradient norm ({key}) at most {self.grad_floor:g} for {len(self.flat)} "
+                            f"consecutive steps ({self.flat[0]}-{self.flat[-1]}), last {value:g}: the policy no longer "
+                            "changes", step.number, {"key": key, "steps": self.flat, "threshold": self.grad_n,
+                                                     "floor": self.grad_floor, "last": value})
+        if (v := step.zero_variance()) is not None:
+            zero, evidence = v
+            self.same = self.same + [step.number] if zero else []
+            if self.var_n and len(self.same) >= self.var_n:
+                return Trip("zero_variance", f"every group had zero reward variance for {len(self.same)} consecutive "
+                            f"steps ({self.same[0]}-{self.same[-1]}; {evidence}): GRPO's advantages are all zero, "
+                            "nothing is learned", step.number,
+                            {"evidence": evidence, "steps": self.same, "threshold": self.var_n})
         return None
 
     def tick(self, now: float, child_rc: int | None = None) -> Trip | None:
@@ -251,6 +283,11 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m hpcrl.runtime.watchdog", description=__doc__.split("\n")[0])
     p.add_argument("--run-dir", required=True, type=Path)
     p.add_argument("--zero-reward-steps", type=int, default=10)
+    p.add_argument("--reward-key", action="append", default=[], help="the reward's metric key (repeatable, in order)")
+    p.add_argument("--reward-std-key", action="append", default=[], help="a key whose exact 0 is zero reward variance")
+    p.add_argument("--grad-norm-steps", type=int, default=20, help="steps of a ~0 gradient norm that trip (0: off)")
+    p.add_argument("--grad-norm-floor", type=float, default=1e-6)
+    p.add_argument("--zero-variance-steps", type=int, default=20, help="steps of zero reward variance that trip (0: off)")
     p.add_argument("--hang-minutes", type=float, default=60.0)
     p.add_argument("--startup-minutes", type=float, default=None, help="before the first step (default: max(90, hang))")
     p.add_argument("--death-grace-seconds", type=float, default=15.0)
@@ -258,11 +295,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--log", type=Path, default=None, help="default: RUN_DIR/hpcrl/driver.log")
     a = p.parse_args(argv[:split])
     cmd = argv[split + 1:]
-    if not cmd or a.zero_reward_steps < 1 or a.hang_minutes <= 0:
-        sys.stderr.write("hpcrl-watchdog: error: need a command, --zero-reward-steps >= 1 and --hang-minutes > 0\n")
+    if not cmd or a.zero_reward_steps < 1 or a.hang_minutes <= 0 or min(a.grad_norm_steps, a.zero_variance_steps) < 0 \
+            or not a.grad_norm_floor >= 0:
+        sys.stderr.write("hpcrl-watchdog: error: need a command, --zero-reward-steps >= 1, --hang-minutes > 0, "
+                         "--grad-norm-steps and --zero-variance-steps >= 0 and --grad-norm-floor >= 0\n")
         return 2
     startup = a.startup_minutes if a.startup_minutes is not None else max(90.0, a.hang_minutes)
-    b = Breaker(a.zero_reward_steps, a.hang_minutes * 60, startup * 60, a.death_grace_seconds)
+    b = Breaker(a.zero_reward_steps, a.hang_minutes * 60, startup * 60, a.death_grace_seconds,
+                reward_keys=tuple(a.reward_key), std_keys=tuple(a.reward_std_key), grad_norm_steps=a.grad_norm_steps,
+                grad_norm_floor=a.grad_norm_floor, zero_variance_steps=a.zero_variance_steps)
     return run(cmd, a.run_dir, b, log_path=a.log, kill_grace_s=a.kill_grace_seconds)
 
 

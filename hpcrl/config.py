@@ -73,6 +73,10 @@ class HpcrlSection(BaseModel):
     logprob_impl: Literal["eager", "compiled"] = "compiled"
     zero_reward_steps: int = Field(default=10, gt=0)
     hang_minutes: float = Field(default=60.0, gt=0)
+    # The watchdog's other breakers (docs/safety.md): 0 turns one off.
+    grad_norm_steps: int = Field(default=20, ge=0, description="Steps of a ~0 gradient norm that stop the run (96)")
+    zero_variance_steps: int = Field(default=20, ge=0, description="Steps of zero reward variance that stop it (97)")
+    reward_keys: list[str] = Field(default_factory=list, description="The reward's metric keys, when not a known one")
     allow_over_limit: bool = False
     force_disk: bool = False
     # Services the framework's verifiers call on localhost (open-instruct's code-execution API):

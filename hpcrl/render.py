@@ -259,6 +259,8 @@ def plan_json(rp: RunPlan, *, smoke: bool = False) -> str:
         # Only for the newer backends, so open-instruct's plan.json stays as it was.
         data["backend"] = rp.backend.name
         data["backend_args"] = rp.backend.layout_args(rp)
+    if rp.config.hpcrl.reward_keys:  # the watchdog's reward keys: `hpcrl report` reads the metrics with them
+        data["reward_keys"] = list(rp.config.hpcrl.reward_keys)
     return json.dumps(data, indent=2, sort_keys=True, default=str) + "\n"
 
 
@@ -308,6 +310,9 @@ def _context(rp: RunPlan, smoke: bool) -> dict:
         "max_restarts": hp.max_restarts,
         "zero_reward_steps": hp.zero_reward_steps,
         "hang_minutes": f"{hp.hang_minutes:g}",
+        "grad_norm_steps": hp.grad_norm_steps,
+        "zero_variance_steps": hp.zero_variance_steps,
+        "reward_keys": list(hp.reward_keys),
         "learners": " ".join(str(k) for k in lay.open_instruct_fields()["num_learners_per_node"]),
         "engines": lay.engines,
         "tp": lay.tp,

@@ -13,7 +13,7 @@ import csv
 import json
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from hpcrl.checkpoints import find_checkpoints
 from hpcrl.driver_log import StepParser
@@ -22,8 +22,10 @@ SCHEMA_VERSION = 1
 MIB_PER_GIB = 1024.0
 # breaker.json reason -> the jobs.tsv end reason the batch script records for its exit code.
 BREAKER_END_REASON = {"zero_reward": "breaker-zero-reward", "nan_loss": "breaker-nan-loss",
-                      "hang": "breaker-hang", "engine_or_node_died": "breaker-dead-worker"}
-# Metrics shown in the terminal and Markdown summary (all of them are in --json).
+                      "hang": "breaker-hang", "engine_or_node_died": "breaker-dead-worker",
+                      "grad_norm_zero": "breaker-grad-norm", "zero_variance": "breaker-zero-variance"}
+# Metrics shown in the terminal summary after the step's reward and loss (whatever the framework
+# calls them: hpcrl.driver_log's keys); all of them are in --json and --markdown.
 HEADLINE = ("training_step", "scores", "objective/scores", "objective/verifiable_reward",
             "objective/verifiable_correct_rate", "loss/policy_avg", "loss/total_avg", "loss/kl_avg", "train/loss",
             "loss", "val/stop_rate", "val/sequence_lengths", "learner_tokens_per_second_overall", "time/total", "lr")
@@ -233,20 +235,23 @@ def _memory_rows(gpus: list[dict], pred: dict | None) -> list[dict]:
     return out
 
 
-def last_metrics(run_dir: Path, logs: list[str]) -> dict | None:
-    """The last training step of the newest job log that has one (then hpcrl/driver.log)."""
+def last_metrics(run_dir: Path, logs: list[str], reward_keys: list[str] | None = None) -> dict | None:
+    """The last training step of the newest job log that has one (then hpcrl/driver.log), read as the
+    watchdog reads it (with the run's own reward keys, when its plan names them)."""
     candidates = [run_dir / p for p in reversed(logs)] + [run_dir / "hpcrl" / "driver.log"]
     for path in candidates:
         if not path.is_file():
             continue
-        parser, last, count = StepParser(), None, 0
+        parser, last, count = StepParser(reward_keys or ()), None, 0
         with open(path, errors="replace") as f:
             for line in f:
                 if (step := parser.feed(line)) is not None:
                     last, count = step, count + 1
         if last is not None:
             return {"log": str(path.relative_to(run_dir)), "step": last.number, "steps_in_log": count,
-                    "reward_key": last.reward_key, "values": dict(last.values), "text": dict(last.text)}
+                    "reward_key": last.reward_key, "loss_key": last.loss_key,
+                    "grad_norm_key": (last.grad_norm() or (None,))[0],
+                    "values": dict(last.values), "text": dict(last.text)}
     return None
 
 
@@ -313,7 +318,8 @@ def build_report(run_dir: Path, run: dict | None = None) -> dict:
                    "no_gpu": k in gpu["no_gpu_nodes"]} for k, v in sorted(nodes.items())],
         "checkpoints": checkpoints,
         "checkpoint_bytes": sum(c["bytes"] for c in checkpoints),
-        "metrics": last_metrics(run_dir, [j["log"] for j in jobs if j["log"]]),
+        "metrics": last_metrics(run_dir, [j["log"] for j in jobs if j["log"]],
+                                (plan or {}).get("reward_keys") if isinstance(plan, dict) else None),
         "plan": pred,
         "gpu": {"samples": gpu["samples"], "files": gpu["files"], "no_gpu_nodes": gpu["no_gpu_nodes"],
                 "earlier_run_samples": gpu["earlier_run_samples"],
@@ -332,64 +338,13 @@ def gpu_note(gpu: dict) -> str:
 
 
 def headline(metrics: dict | None) -> list[tuple[str, str]]:
-    """(key, value as printed) of the summary's metrics, in HEADLINE order."""
-    return [(k, metrics["text"][k]) for k in HEADLINE if k in metrics["text"]] if metrics else []
-
-
-def _md_row(cells: list[Any]) -> str:
-    return "| " + " | ".join(str(c if c is not None else "-").replace("|", "\\|") for c in cells) + " |"
-
-
-def _md_table(head: list[str], rows: list[list[Any]]) -> list[str]:
-    return [_md_row(head), "|" + "|".join(" --- " for _ in head) + "|", *(_md_row(r) for r in rows), ""]
-
-
-def to_markdown(r: dict) -> str:
-    """The report as a Markdown document."""
-    out = [f"# Run {r['run_id'] or r['name']}", "", f"- run directory: `{r['run_dir']}`"]
-    if r["cluster"]:
-        out.append(f"- cluster: {r['cluster']}")
-    out.append(f"- state: **{r['state']}**" + (f", reason **{r['reason']}**" if r["reason"] else ""))
-    if (b := r["breaker"]):
-        out.append(f"- circuit breaker: {b['reason']} (exit {b['exit_code']}, step {b['step']}): {b['message']}")
-    out.append(f"- run time: {fmt_duration(r['run_time_s'])} in {len(r['jobs'])} job(s); "
-               f"first start to last end {fmt_duration(r['elapsed_s'])}")
-    if r["other_jobs_in_run_dir"]:
-        out.append(f"- jobs.tsv also holds earlier runs' jobs: {', '.join(r['other_jobs_in_run_dir'])}")
-    out += ["", "## Jobs", ""]
-    out += _md_table(["#", "job", "head node", "submitted", "started", "ended", "queued", "ran", "end", "next"],
-                     [[j["seq"], j["job_id"], j["head_node"], j["submitted"], j["started"], j["ended"],
-                       fmt_duration(j["queued_s"]), fmt_duration(j["duration_s"]), end_text(j), j["next_job"]]
-                      for j in r["jobs"]])
-    out += ["## Nodes", ""]
-    out += _md_table(["node", "head of jobs", "roles", "GPUs"],
-                     [[n["node"], ", ".join(n["head_of_jobs"]), ", ".join(n["roles"]) or "-",
-                       "none found" if n["no_gpu"] else n["gpus"]] for n in r["nodes"]])
-    out += ["## Checkpoints", ""]
-    if r["checkpoints"]:
-        out += _md_table(["kind", "step", "size", "complete", "path"],
-                         [[c["kind"], c["step"], fmt_bytes(c["bytes"]), "yes" if c["complete"] else "no",
-                           f"`{c['path']}`"] for c in r["checkpoints"]])
-        out += [f"Total: {fmt_bytes(r['checkpoint_bytes'])}", ""]
-    else:
-        out += ["No checkpoints.", ""]
-    out += ["## Last metrics", ""]
-    m = r["metrics"]
-    if m:
-        out += [f"Step {m['step']} from `{m['log']}` ({m['steps_in_log']} steps in that log).", ""]
-        out += _md_table(["metric", "value"], [[k, m["text"][k]] for k in sorted(m["text"])])
-    else:
-        out += ["No training step in the job logs.", ""]
-    out += ["## Peak GPU memory per role", ""]
-    if r["gpu"]["note"]:
-        out += [r["gpu"]["note"] + ".", ""]
-    if r["memory"]:
-        out += _md_table(["role", "measured peak (GiB)", "where", "predicted (GiB)", "prediction", "measured/pred."],
-                         [[m["role"], gib(m["measured_peak_gib"]), where_text(m), gib(m["predicted_gib"]),
-                           m["predicted_as"] or "-", pct(m["ratio"])] for m in r["memory"]])
-    if r["plan"] is None:
-        out += [NO_PLAN, ""]
-    return "\n".join(out)
+    """(key, value as printed) of the summary's metrics: the step's reward, loss and gradient norm
+    (each framework's own key), then the others in HEADLINE order."""
+    if not metrics:
+        return []
+    first = ["training_step"] + [metrics.get(k) for k in ("reward_key", "loss_key", "grad_norm_key")]
+    keys = dict.fromkeys([k for k in first if k in metrics["text"]] + [k for k in HEADLINE if k in metrics["text"]])
+    return [(k, metrics["text"][k]) for k in keys]
 
 
 def end_text(job: dict) -> str:

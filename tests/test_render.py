@@ -608,7 +608,8 @@ def test_no_continuation_past_max_restarts(tmp_path):
     assert [e[3] for e in stub.events(run_dir) if e[1] == "end"] == ["timeout:0"]
 
 
-@pytest.mark.parametrize("code,reason", [(3, "crashed"), (90, "breaker-zero-reward"), (93, "breaker-dead-worker")])
+@pytest.mark.parametrize("code,reason", [(3, "crashed"), (90, "breaker-zero-reward"), (93, "breaker-dead-worker"),
+                                        (96, "breaker-grad-norm"), (97, "breaker-zero-variance")])
 def test_driver_exit_codes_end_the_run(tmp_path, code, reason):
     stub = Stub(tmp_path)
     rc, out = stub.run(stub.render(), STUB_DRIVER_EXIT=str(code))
@@ -800,3 +801,13 @@ def test_code_server_on_with_a_remote_url_is_refused():
 def test_code_server_on_for_verl_is_refused():
     with pytest.raises(Exception, match="calls no code-execution server"):
         make_run_plan("verl-grpo-qwen2.5-7b", nodes=2, sets=["hpcrl.code_server=on"])
+
+
+def test_watchdog_settings_reach_the_driver_command():
+    """hpcrl.reward_keys and the stalled-learning breakers' step counts are the watchdog's flags."""
+    text = render("isambard-ai", "grpo-olmo3-7b", 4, sets=("hpcrl.reward_keys=[grpo_actor/task_reward/avg, my reward]",
+                                                          "hpcrl.grad_norm_steps=0", "hpcrl.zero_variance_steps=7"))
+    words = driver_words(text)
+    head = words[:words.index("--", words.index("hpcrl.runtime.watchdog"))]
+    assert head[head.index("--grad-norm-steps") + 1] == "0" and head[head.index("--zero-variance-steps") + 1] == "7"
+    assert [head[i + 1] for i, w in enumerate(head) if w == "--reward-key"] == ["grpo_actor/task_reward/avg", "my reward"]

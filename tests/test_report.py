@@ -82,7 +82,35 @@ def test_last_metrics_come_from_the_newest_job_log():
     assert (m["log"], m["step"], m["steps_in_log"], m["reward_key"]) == ("logs/job-102.log", 7, 2, "scores")
     assert m["values"]["scores"] == 0.75 and m["values"]["loss/policy_avg"] == -0.03
     assert m["values"]["val/stop_rate"] == 0.85 and m["text"]["loss/kl_avg"] == "0.00e+00"
-    assert rp.headline(m)[:3] == [("training_step", "7"), ("scores", "0.75"), ("objective/verifiable_reward", "0.75")]
+    # The step, its reward and its loss first (loss/total_avg is open-instruct's first loss key).
+    assert rp.headline(m)[:4] == [("training_step", "7"), ("scores", "0.75"), ("loss/total_avg", "-0.02"),
+                                  ("objective/verifiable_reward", "0.75")]
+
+
+@pytest.mark.parametrize("fixture, reward, loss, grad", [
+    ("openrlhf_zero_variance.log", ("reward", "1.0"), ("policy_loss", "0.0"), ("actor_grad_norm", "0.0031")),
+    ("verl_grad_norm_zero.log", ("critic/score/mean", "0.4140625"), ("actor/pg_loss", "-0.0095"),
+     ("actor/grad_norm", "0.0")),
+])
+def test_every_backends_reward_and_loss_head_the_table(tmp_path, fixture, reward, loss, grad):
+    """`hpcrl report` on an OpenRLHF or verl run: the last step's reward, loss and gradient norm in the table."""
+    (tmp_path / "hpcrl").mkdir()
+    shutil.copy(Path(__file__).parent / "data" / "logs" / fixture, tmp_path / "hpcrl" / "driver.log")
+    proc = hpcrl("report", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    table = proc.stdout[proc.stdout.index("Last metrics"):]
+    rows = [line.strip("│┃ ").split("│") for line in table.splitlines() if "│" in line]
+    assert [tuple(c.strip() for c in r) for r in rows[:3]] == [reward, loss, grad]
+
+
+def test_report_reads_the_runs_own_reward_keys(tmp_path):
+    """A plan.json naming the watchdog's reward keys (hpcrl.reward_keys): the report reads the reward by them."""
+    (tmp_path / "hpcrl").mkdir()
+    shutil.copy(Path(__file__).parent / "data" / "logs" / "areal_json_zero_reward.log", tmp_path / "hpcrl" / "driver.log")
+    assert rp.build_report(tmp_path)["metrics"]["reward_key"] is None
+    (tmp_path / "hpcrl" / "plan.json").write_text(json.dumps({"reward_keys": ["grpo_actor/task_reward/avg"]}))
+    m = rp.build_report(tmp_path)["metrics"]
+    assert (m["step"], m["reward_key"], m["grad_norm_key"]) == (28, "grpo_actor/task_reward/avg", "grpo_actor/update/grad_norm")
 
 
 def test_gpu_peaks_per_role_next_to_the_plan():

@@ -43,7 +43,9 @@ def report_cmd(
 
         plot_gpu_memory(r, plot)
     if markdown is not None:
-        markdown.write_text(rp.to_markdown(r) + "\n")
+        from hpcrl.report_markdown import to_markdown
+
+        markdown.write_text(to_markdown(r) + "\n")
     if as_json:
         print_json(r)
     else:

@@ -1,7 +1,7 @@
 #!/bin/bash
 # Rendered by hpcrl 0.1.0: re-render (hpcrl render) rather than edit by hand.
 # hpcrl cluster: isambard-ai
-# hpcrl config: grpo-olmo3-32b.yaml (digest 762412ef315d)
+# hpcrl config: grpo-olmo3-32b.yaml (digest e1bec6a80b29)
 #
 # Plan:
 #   model allenai/Olmo-3-1125-32B: 256 sequences of 10240 tokens per step, pack_length 10240
@@ -161,7 +161,7 @@ record() {
     TZ=UTC0 printf '%s\t%s\t%(%Y-%m-%dT%H:%M:%SZ)T\t%s\n' "$SLURM_JOB_ID" "$1" -1 "$2" >>"$HPCRL_DIR/jobs.tsv"
 }
 
-# Driver exit code -> end reason (90-93 are the watchdog's breakers).
+# Driver exit code -> end reason (90-93, 96 and 97 are the watchdog's breakers).
 reason_of() {
     case $1 in
         0) echo completed ;;
@@ -169,6 +169,8 @@ reason_of() {
         91) echo breaker-nan-loss ;;
         92) echo breaker-hang ;;
         93) echo breaker-dead-worker ;;
+        96) echo breaker-grad-norm ;;
+        97) echo breaker-zero-variance ;;
         *) echo crashed ;;
     esac
 }
@@ -455,7 +457,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
 {
   "cluster": "isambard-ai",
   "config": "grpo-olmo3-32b.yaml",
-  "config_digest": "762412ef315d",
+  "config_digest": "e1bec6a80b29",
   "gpus_per_node": 4,
   "hpcrl_version": "0.1.0",
   "layout": {
@@ -1007,7 +1009,7 @@ fi
 log "Ray is up: 16 nodes, 64 GPUs (GCS $RAY_ADDRESS)"
 
 # ------------------------------------------------------------------ driver
-# open-instruct's grpo_fast.py under hpcrl's watchdog (circuit breakers: exit codes 90-93).
+# open-instruct's grpo_fast.py under hpcrl's watchdog (circuit breakers: exit codes 90-93, 96, 97).
 WORKDIR="${HOME}"/open-instruct
 PYTHON=python
 ENTRY_POINT=open_instruct/grpo_fast.py
@@ -1025,7 +1027,8 @@ if [[ ! -f $ENTRY_POINT ]]; then
 fi
 DRIVER=(
     python3 -m hpcrl.runtime.watchdog --run-dir "$RUN_DIR"
-    --zero-reward-steps 10 --hang-minutes 60 --
+    --zero-reward-steps 10 --hang-minutes 60
+    --grad-norm-steps 20 --zero-variance-steps 20 --
     "$PYTHON" "$ENTRY_POINT"
     --model_name_or_path allenai/Olmo-3-1125-32B
     --dataset_mixer_list ai2-adapt-dev/rlvr_gsm8k_zs 1.0

@@ -1,7 +1,7 @@
 #!/bin/bash
 # Rendered by hpcrl 0.1.0: re-render (hpcrl render) rather than edit by hand.
 # hpcrl cluster: isambard-ai
-# hpcrl config: grpo-olmo3-7b.yaml (digest 3630fdb9f968)
+# hpcrl config: grpo-olmo3-7b.yaml (digest 220523e238e5)
 #
 # Plan:
 #   model allenai/Olmo-3-1025-7B: 128 sequences of 18432 tokens per step, pack_length 18432
@@ -159,7 +159,7 @@ record() {
     TZ=UTC0 printf '%s\t%s\t%(%Y-%m-%dT%H:%M:%SZ)T\t%s\n' "$SLURM_JOB_ID" "$1" -1 "$2" >>"$HPCRL_DIR/jobs.tsv"
 }
 
-# Driver exit code -> end reason (90-93 are the watchdog's breakers).
+# Driver exit code -> end reason (90-93, 96 and 97 are the watchdog's breakers).
 reason_of() {
     case $1 in
         0) echo completed ;;
@@ -167,6 +167,8 @@ reason_of() {
         91) echo breaker-nan-loss ;;
         92) echo breaker-hang ;;
         93) echo breaker-dead-worker ;;
+        96) echo breaker-grad-norm ;;
+        97) echo breaker-zero-variance ;;
         *) echo crashed ;;
     esac
 }
@@ -453,7 +455,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
 {
   "cluster": "isambard-ai",
   "config": "grpo-olmo3-7b.yaml",
-  "config_digest": "3630fdb9f968",
+  "config_digest": "220523e238e5",
   "gpus_per_node": 4,
   "hpcrl_version": "0.1.0",
   "layout": {
@@ -989,7 +991,7 @@ fi
 log "Ray is up: 4 nodes, 16 GPUs (GCS $RAY_ADDRESS)"
 
 # ------------------------------------------------------------------ driver
-# open-instruct's grpo_fast.py under hpcrl's watchdog (circuit breakers: exit codes 90-93).
+# open-instruct's grpo_fast.py under hpcrl's watchdog (circuit breakers: exit codes 90-93, 96, 97).
 WORKDIR="${HOME}"/open-instruct
 PYTHON=python
 ENTRY_POINT=open_instruct/grpo_fast.py
@@ -1007,7 +1009,8 @@ if [[ ! -f $ENTRY_POINT ]]; then
 fi
 DRIVER=(
     python3 -m hpcrl.runtime.watchdog --run-dir "$RUN_DIR"
-    --zero-reward-steps 10 --hang-minutes 60 --
+    --zero-reward-steps 10 --hang-minutes 60
+    --grad-norm-steps 20 --zero-variance-steps 20 --
     "$PYTHON" "$ENTRY_POINT"
     --model_name_or_path allenai/Olmo-3-1025-7B
     --dataset_mixer_list ai2-adapt-dev/rlvr_gsm8k_zs 1.0

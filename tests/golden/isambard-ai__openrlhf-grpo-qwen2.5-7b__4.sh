@@ -1,7 +1,7 @@
 #!/bin/bash
 # Rendered by hpcrl 0.1.0: re-render (hpcrl render) rather than edit by hand.
 # hpcrl cluster: isambard-ai
-# hpcrl config: openrlhf-grpo-qwen2.5-7b.yaml (digest b6c5fbf2210e)
+# hpcrl config: openrlhf-grpo-qwen2.5-7b.yaml (digest fe10d89628db)
 #
 # Plan:
 #   model Qwen/Qwen2.5-7B: 1024 sequences of 5120 tokens per step, 5120 tokens per actor GPU micro-batch
@@ -160,7 +160,7 @@ record() {
     TZ=UTC0 printf '%s\t%s\t%(%Y-%m-%dT%H:%M:%SZ)T\t%s\n' "$SLURM_JOB_ID" "$1" -1 "$2" >>"$HPCRL_DIR/jobs.tsv"
 }
 
-# Driver exit code -> end reason (90-93 are the watchdog's breakers).
+# Driver exit code -> end reason (90-93, 96 and 97 are the watchdog's breakers).
 reason_of() {
     case $1 in
         0) echo completed ;;
@@ -168,6 +168,8 @@ reason_of() {
         91) echo breaker-nan-loss ;;
         92) echo breaker-hang ;;
         93) echo breaker-dead-worker ;;
+        96) echo breaker-grad-norm ;;
+        97) echo breaker-zero-variance ;;
         *) echo crashed ;;
     esac
 }
@@ -468,7 +470,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
   },
   "cluster": "isambard-ai",
   "config": "openrlhf-grpo-qwen2.5-7b.yaml",
-  "config_digest": "b6c5fbf2210e",
+  "config_digest": "fe10d89628db",
   "gpus_per_node": 4,
   "hpcrl_version": "0.1.0",
   "layout": {
@@ -1004,7 +1006,7 @@ fi
 log "Ray is up: 4 nodes, 16 GPUs (GCS $RAY_ADDRESS)"
 
 # ------------------------------------------------------------------ driver
-# OpenRLHF's train_ppo_ray under hpcrl's watchdog (circuit breakers: exit codes 90-93).
+# OpenRLHF's train_ppo_ray under hpcrl's watchdog (circuit breakers: exit codes 90-93, 96, 97).
 WORKDIR="${HOME}"/OpenRLHF
 PYTHON=python3
 ENTRY_POINT=openrlhf.cli.train_ppo_ray
@@ -1023,7 +1025,8 @@ if ! "$PYTHON" -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec
 fi
 DRIVER=(
     python3 -m hpcrl.runtime.watchdog --run-dir "$RUN_DIR"
-    --zero-reward-steps 10 --hang-minutes 60 --
+    --zero-reward-steps 10 --hang-minutes 60
+    --grad-norm-steps 20 --zero-variance-steps 20 --
     "$PYTHON" -m "$ENTRY_POINT"
     --actor.model_name_or_path Qwen/Qwen2.5-7B
     --reward.remote_url reward_func.py

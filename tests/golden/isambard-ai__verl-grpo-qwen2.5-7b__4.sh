@@ -1,7 +1,7 @@
 #!/bin/bash
 # Rendered by hpcrl 0.1.0: re-render (hpcrl render) rather than edit by hand.
 # hpcrl cluster: isambard-ai
-# hpcrl config: verl-grpo-qwen2.5-7b.yaml (digest f5c435e7dc89)
+# hpcrl config: verl-grpo-qwen2.5-7b.yaml (digest 3c57c40d1a5c)
 #
 # Plan:
 #   model Qwen/Qwen2.5-7B: 1536 sequences of 5120 tokens per step, ppo_micro_batch_size_per_gpu 12 (61440 tokens)
@@ -160,7 +160,7 @@ record() {
     TZ=UTC0 printf '%s\t%s\t%(%Y-%m-%dT%H:%M:%SZ)T\t%s\n' "$SLURM_JOB_ID" "$1" -1 "$2" >>"$HPCRL_DIR/jobs.tsv"
 }
 
-# Driver exit code -> end reason (90-93 are the watchdog's breakers).
+# Driver exit code -> end reason (90-93, 96 and 97 are the watchdog's breakers).
 reason_of() {
     case $1 in
         0) echo completed ;;
@@ -168,6 +168,8 @@ reason_of() {
         91) echo breaker-nan-loss ;;
         92) echo breaker-hang ;;
         93) echo breaker-dead-worker ;;
+        96) echo breaker-grad-norm ;;
+        97) echo breaker-zero-variance ;;
         *) echo crashed ;;
     esac
 }
@@ -469,7 +471,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
   },
   "cluster": "isambard-ai",
   "config": "verl-grpo-qwen2.5-7b.yaml",
-  "config_digest": "f5c435e7dc89",
+  "config_digest": "3c57c40d1a5c",
   "gpus_per_node": 4,
   "hpcrl_version": "0.1.0",
   "layout": {
@@ -1034,7 +1036,7 @@ fi
 log "Ray is up: 4 nodes, 16 GPUs (GCS $RAY_ADDRESS)"
 
 # ------------------------------------------------------------------ driver
-# verl's main_ppo (Hydra overrides) under hpcrl's watchdog (circuit breakers: exit codes 90-93).
+# verl's main_ppo (Hydra overrides) under hpcrl's watchdog (circuit breakers: exit codes 90-93, 96, 97).
 WORKDIR="${HOME}"/verl
 PYTHON=python3
 ENTRY_POINT=verl.trainer.main_ppo
@@ -1059,7 +1061,8 @@ fi
 export HYDRA_FULL_ERROR=1
 DRIVER=(
     python3 -m hpcrl.runtime.watchdog --run-dir "$RUN_DIR"
-    --zero-reward-steps 10 --hang-minutes 60 --
+    --zero-reward-steps 10 --hang-minutes 60
+    --grad-norm-steps 20 --zero-variance-steps 20 --
     "$PYTHON" -m "$ENTRY_POINT"
     algorithm.adv_estimator=grpo
     algorithm.use_kl_in_reward=false

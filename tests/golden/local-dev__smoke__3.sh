@@ -1,7 +1,7 @@
 #!/bin/bash
 # Rendered by hpcrl 0.1.0: re-render (hpcrl render) rather than edit by hand.
 # hpcrl cluster: local-dev
-# hpcrl config: grpo-olmo3-32b.yaml (digest 8729354f4461)
+# hpcrl config: grpo-olmo3-32b.yaml (digest a58f1137268f)
 # SMOKE TEST: the driver is hpcrl.runtime.smoke, which checks the Ray cluster and exits.
 #
 # Plan:
@@ -113,7 +113,7 @@ record() {
     TZ=UTC0 printf '%s\t%s\t%(%Y-%m-%dT%H:%M:%SZ)T\t%s\n' "$SLURM_JOB_ID" "$1" -1 "$2" >>"$HPCRL_DIR/jobs.tsv"
 }
 
-# Driver exit code -> end reason (90-93 are the watchdog's breakers).
+# Driver exit code -> end reason (90-93, 96 and 97 are the watchdog's breakers).
 reason_of() {
     case $1 in
         0) echo completed ;;
@@ -121,6 +121,8 @@ reason_of() {
         91) echo breaker-nan-loss ;;
         92) echo breaker-hang ;;
         93) echo breaker-dead-worker ;;
+        96) echo breaker-grad-norm ;;
+        97) echo breaker-zero-variance ;;
         *) echo crashed ;;
     esac
 }
@@ -407,7 +409,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
 {
   "cluster": "local-dev",
   "config": "grpo-olmo3-32b.yaml",
-  "config_digest": "8729354f4461",
+  "config_digest": "a58f1137268f",
   "gpus_per_node": 4,
   "hpcrl_version": "0.1.0",
   "layout": {

@@ -77,6 +77,9 @@ class HpcrlSection(BaseModel):
     grad_norm_steps: int = Field(default=20, ge=0, description="Steps of a ~0 gradient norm that stop the run (96)")
     zero_variance_steps: int = Field(default=20, ge=0, description="Steps of zero reward variance that stop it (97)")
     reward_keys: list[str] = Field(default_factory=list, description="The reward's metric keys, when not a known one")
+    # OpenRLHF's HF saves under LoRA: the adapter only (the pinned commit), or the full model (OpenRLHF
+    # before 2d0b9854, and the 203 GB saves of the users' notes). Only the disk plan reads it.
+    lora_hf_save: Literal["adapter", "full"] = "adapter"
     allow_over_limit: bool = False
     force_disk: bool = False
     # Services the framework's verifiers call on localhost (open-instruct's code-execution API):

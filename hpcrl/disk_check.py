@@ -1,45 +1,72 @@
-"""Refuse a run whose checkpoints cannot fit its run root's quota (render and submit)."""
+"""Refuse a run whose checkpoints (and the caches beside them) cannot fit its run root's quota.
+
+`render` and `submit` ask this for every backend; `plan-disk --config` shows the same budget.
+`hpcrl.force_disk: true` (or `--set hpcrl.force_disk=true`) renders anyway.
+"""
 
 from __future__ import annotations
 
+import math
+from typing import Any
+
 from hpcrl.backends.oi_args import default
-from hpcrl.disk import GIB, DiskPlan, plan_disk, suggest
+from hpcrl.disk import GIB
+from hpcrl.disk_backends import budget
+from hpcrl.disk_budget import Budget, DiskInputs, refusal, shares_quota
 from hpcrl.errors import PlanError
 from hpcrl.run_plan import RunPlan
 
 
-def check_run_disk(rp: RunPlan) -> DiskPlan | None:
-    """The disk plan of an open-instruct run; PlanError naming settings that fit when it does not.
+def run_inputs(rp: RunPlan, quota_gib: float | None = None, hf_cache: bool | None = None) -> DiskInputs:
+    """The disk plan's inputs for a planned run: its config, the plan's choices, the profile's storage."""
+    cfg, w, lay, prof = rp.config, rp.workload, rp.layout, rp.profile
+    args: dict[str, Any] = {**cfg.args, **rp.backend.layout_args(rp)}  # what the script passes
+    name = rp.backend.name
+    quota = quota_gib if quota_gib is not None else prof.storage.run_root.quota_gib
+    root = cfg.hpcrl.run_root or prof.storage.run_root.path
+    base = DiskInputs(w.model, learners=lay.learner_gpus, lora_rank=w.lora_rank,
+                      model_cache=shares_quota(root, prof.storage.hf_home) if hf_cache is None else hf_cache,
+                      quota_bytes=None if quota is None else quota * GIB)
+    seqs = w.unique_prompts * w.samples_per_prompt
+    if name == "open-instruct":
+        def arg(key: str) -> Any:
+            return args[key] if key in args else default(key, cfg.hpcrl.arg_layout)
 
-    `hpcrl.force_disk: true` (or `--set hpcrl.force_disk=true`) renders anyway. Other backends
-    size their own checkpoints (OpenRLHF's flags come from the disk plan) or have no disk plan.
-    """
-    cfg = rp.config
-    if cfg.hpcrl.backend != "open-instruct":
-        return None
-    quota = rp.profile.storage.run_root.quota_gib
-    layout = cfg.hpcrl.arg_layout
+        return DiskInputs(**{**base.__dict__, "zero_stage": 3, "hf_every": int(arg("save_freq")),
+                             "ckpt_every": int(arg("checkpoint_state_freq")), "keep": int(arg("keep_last_n_checkpoints")),
+                             "total_steps": max(1, int(arg("total_episodes")) // max(1, seqs)),
+                             "rollout_tokens_per_step": seqs * w.seq_len if arg("save_traces") else 0})
+    backend = rp.backend
 
-    def arg(name: str) -> int:
-        return int(cfg.args[name] if name in cfg.args else default(name, layout))
+    def get(key: str) -> Any:
+        return args[key] if key in args else backend.arg(cfg, key)  # type: ignore[attr-defined]
 
-    w = rp.workload
-    steps = max(1, arg("total_episodes") // max(1, w.unique_prompts * w.samples_per_prompt))
-    plan = plan_disk(
-        w.model,
-        zero_stage=3,
-        n_learners=rp.layout.learner_gpus,
-        lora_rank=w.lora_rank,
-        save_freq=arg("save_freq"),
-        checkpoint_state_freq=arg("checkpoint_state_freq"),
-        keep_last_n_checkpoints=arg("keep_last_n_checkpoints"),
-        total_steps=steps,
-        quota_bytes=None if quota is None else quota * GIB,
-    )
-    if plan.fits is False and not cfg.hpcrl.force_disk:
-        fixes = " | ".join(f"--set {s.text}" for s in suggest(plan)) or "a larger run root (hpcrl.run_root)"
-        raise PlanError(
-            f"checkpoints need {plan.peak_bytes / GIB:,.0f} GiB at peak over {steps} steps but the run root's "
-            f"quota is {quota:,.0f} GiB; would fit: {fixes} (or --set hpcrl.force_disk=true)"
-        )
-    return plan
+    if name == "verl":
+        steps = get("trainer.total_training_steps")
+        return DiskInputs(**{**base.__dict__, "learners": lay.nodes * lay.gpus_per_node,
+                             "ckpt_every": int(get("trainer.save_freq")), "keep": get("trainer.max_actor_ckpt_to_keep"),
+                             "save_hf": "hf_model" in (get("actor_rollout_ref.actor.checkpoint.save_contents") or []),
+                             "total_steps": steps if isinstance(steps, int) and steps > 0 else None,
+                             "rollout_tokens_per_step": seqs * w.seq_len if get("trainer.rollout_data_dir") else 0})
+    # OpenRLHF: a global step per rollout.batch_size prompts; the dataset's size is known only when capped.
+    steps = None
+    if "data.max_samples" in cfg.args:
+        steps = math.ceil(int(cfg.args["data.max_samples"]) / int(get("rollout.batch_size"))) * int(
+            get("train.num_episodes"))
+    return DiskInputs(**{**base.__dict__, "zero_stage": int(get("ds.zero_stage")), "ckpt_every": int(get("ckpt.save_steps")),
+                         "keep": int(get("ckpt.max_num")), "save_hf": bool(get("ckpt.save_hf")),
+                         "disable_ds": bool(get("ckpt.disable_ds")), "lora_hf_save": cfg.hpcrl.lora_hf_save,
+                         "total_steps": steps})
+
+
+def run_budget(rp: RunPlan, quota_gib: float | None = None, hf_cache: bool | None = None) -> Budget:
+    return budget(rp.backend.name, run_inputs(rp, quota_gib, hf_cache))
+
+
+def check_run_disk(rp: RunPlan) -> Budget:
+    """The run's disk budget; PlanError naming settings that fit when it does not (unless forced)."""
+    b = run_budget(rp)
+    if b.fits is False and not rp.config.hpcrl.force_disk:
+        steps = b.inputs.total_steps
+        raise PlanError(refusal(b, [f.text for f in b.fixes], f" over {steps} steps" if steps else ""))
+    return b

@@ -223,19 +223,21 @@ def tight_quota_profile(tmp_path: Path, quota_gib: int) -> Path:
 
 
 def test_openrlhf_checkpoints_follow_the_disk_plan(tmp_path):
-    """Three ZeRO-3 states of the 7B actor (12 B/param) do not fit 200 GiB: HF saves instead."""
+    """Three ZeRO-3 states of the 7B actor (12 B/param) do not fit 200 GiB: HF saves instead. The HF
+    model cache ($PROJECTDIR/hf, beside the run root) counts against the same quota."""
     p = 7_615_616_512  # Qwen2.5-7B parameters
     state = 12 * p  # fp32 master + Adam moments, all ranks (plus small per-rank files)
     hf = 2 * p + 20 * 1024**2
-    assert 3 * state + hf > 200 * GIB > 2 * hf
+    cache = 2 * p  # bf16 safetensors in the HF cache
+    assert 3 * state + hf + cache > 200 * GIB > 2 * hf + cache
     out = hpcrl("render", "--config", ORL, "--nodes", "4", "--cluster-file", str(tight_quota_profile(tmp_path, 200)))
     assert out.returncode == 0, out.stderr
     ns = vars(openrlhf_parser().parse_args(framework_args(out.stdout)))
     assert ns["ckpt.disable_ds"] is True and ns["ckpt.save_hf"] is True
-    assert ns["ckpt.max_num"] == min(3, int(200 * GIB // hf) - 1)
+    assert ns["ckpt.max_num"] == min(3, int((200 * GIB - cache) // hf) - 1)
     assert "a restart cannot resume" in out.stderr and "never deletes HF saves" in out.stderr
     roomy = hpcrl("render", "--config", ORL, "--nodes", "4", "--cluster-file",
-                  str(tight_quota_profile(tmp_path, int((3 * state + hf) / GIB) + 1)))
+                  str(tight_quota_profile(tmp_path, int((3 * state + hf + cache) / GIB) + 1)))
     ns = vars(openrlhf_parser().parse_args(framework_args(roomy.stdout)))
     assert ns["ckpt.disable_ds"] is False and ns["ckpt.max_num"] == 3
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -138,3 +139,98 @@ def test_cli_bad_model_is_one_line():
     proc = _cli("--model", "no-such-model")
     assert proc.returncode == 2
     assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+
+
+# ---------------------------------------------------------------------------- every backend (plan-disk --backend)
+
+QWEN7B = 7_615_616_512
+# LoRA r=32 on all seven projections of Qwen2.5-7B, by hand: 28 layers x 32 x [q (3584+3584) + k (3584+512)
+# + v (3584+512) + o (3584+3584) + gate, up (3584+18944) + down (18944+3584)].
+QWEN7B_LORA32 = 28 * 32 * (7168 + 4096 + 4096 + 7168 + 3 * 22528)
+# The users' OpenRLHF LoRA run (seed 000), reconstructed: a 101.6B model (tests/data/models/seed000-100b),
+# 80 layers of hidden 10240, MLP 32768, 8 KV heads, vocabulary 128256; LoRA r=64 on all projections.
+SEED_MODEL = str(Path(__file__).parent / "data" / "models" / "seed000-100b" / "config.json")
+SEED_P = 2 * 128256 * 10240 + 80 * (2 * 10240 * 10240 + 2 * 10240 * 1024 + 3 * 10240 * 32768 + 2 * 10240) + 10240
+SEED_LORA64 = 80 * 64 * (20480 + 11264 + 11264 + 20480 + 3 * 43008)
+
+
+def items(*args: str) -> dict:
+    proc = _cli(*args, "--json")
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    return data, {i["kind"]: i for i in data["items"]}
+
+
+def test_verl_fsdp_checkpoint_is_fp32_parameters_and_adam_moments():
+    """verl b178a3cd: model shards in the actor's fp32, Adam's two fp32 moments, small per-rank files."""
+    data, got = items("--backend", "verl", "--model", "qwen2.5-7b", "--learners", "16", "--ckpt-every", "100",
+                      "--total-steps", "1000", "--no-hf-cache")
+    one = 4 * QWEN7B + 8 * QWEN7B + 16 * 4 * MIB + 20 * MIB
+    assert got["fsdp_state"]["bytes"] == one
+    # 10 saves (steps 100..1000); hpcrl renders trainer.max_actor_ckpt_to_keep 2: two at the peak.
+    assert (got["fsdp_state"]["written"], got["fsdp_state"]["at_peak"]) == (10, 2)
+    assert data["peak_bytes"] == 2 * one and set(got) == {"fsdp_state"}
+    assert data["settings"]["trainer.max_actor_ckpt_to_keep"] == 2
+
+
+@pytest.mark.parametrize("keep, at_peak", [("1", 2), ("3", 3), ("-1", 11)])  # 1 keeps the old one until the new is whole
+def test_verl_keep_and_the_last_step_save(keep, at_peak):
+    # save_freq 100 over 1050 steps: 10 saves plus one at the last step.
+    _, got = items("--backend", "verl", "--model", "qwen2.5-7b", "--ckpt-every", "100", "--total-steps", "1050",
+                   "--keep", keep, "--no-hf-cache")
+    assert (got["fsdp_state"]["written"], got["fsdp_state"]["at_peak"]) == (11, at_peak)
+
+
+def test_verl_lora_and_hf_model():
+    _, got = items("--backend", "verl", "--model", "qwen2.5-7b", "--learners", "8", "--lora-rank", "32", "--save-hf",
+                   "--no-hf-cache")
+    t = QWEN7B_LORA32
+    # The frozen base is in the fp32 model shards; the optimizer holds the adapter only; lora_adapter/ in fp32;
+    # hf_model in save_contents adds the whole model, gathered in fp32.
+    assert got["fsdp_state"]["bytes"] == 4 * (QWEN7B + t) + 8 * t + 4 * t + 4 * QWEN7B + 8 * 4 * MIB + 20 * MIB
+
+
+def test_openrlhf_full_finetune_and_the_model_cache():
+    data, got = items("--backend", "openrlhf", "--model", "qwen2.5-7b", "--learners", "16", "--ckpt-every", "100",
+                      "--total-steps", "1000", "--save-hf", "--cluster", "isambard-ai")
+    assert 12 * QWEN7B < got["deepspeed_state"]["bytes"] < 12 * QWEN7B * 1.001
+    assert (got["deepspeed_state"]["written"], got["deepspeed_state"]["at_peak"]) == (10, 3)  # ckpt.max_num 3
+    hf = 2 * QWEN7B + 20 * MIB
+    assert got["hf_save"]["bytes"] == hf and got["hf_save"]["at_peak"] == 10  # never deleted
+    assert got["final_save"]["bytes"] == hf
+    # Isambard-AI keeps the HF cache ($PROJECTDIR/hf) beside the run root ($PROJECTDIR/hpcrl-runs): counted.
+    assert got["model_cache"]["bytes"] == 2 * QWEN7B
+
+
+def test_openrlhf_lora_counts_the_full_model_sized_parts():
+    """The users' run: the DeepSpeed state holds the frozen base (their 219 GB); the HF save is the adapter at
+    3c3be623, or the full model with --lora-hf-save full (their 203 GB)."""
+    assert SEED_P == 101_613_905_920 and SEED_LORA64 == 985_661_440
+    common = ("--backend", "openrlhf", "--model", SEED_MODEL, "--lora-rank", "64", "--learners", "16", "--save-hf",
+              "--ckpt-every", "25", "--total-steps", "100", "--quota-gib", "931", "--hf-cache")
+    data, got = items(*common)
+    state = got["deepspeed_state"]
+    assert state["terms_gib"]["frozen base weights (bf16 partitions)"] == pytest.approx(2 * SEED_P / GIB, abs=1e-3)
+    assert 2 * SEED_P + 12 * SEED_LORA64 < state["bytes"] < (2 * SEED_P + 12 * SEED_LORA64) * 1.001
+    assert abs(state["bytes"] / 1e9 - 215.2) < 0.1  # the notes: "219 GB each"
+    assert got["hf_save"]["bytes"] == 2 * SEED_LORA64 + 20 * MIB  # ~2.0 GB: "~2 GB per save"
+    assert data["fits"] is True
+    data, got = items(*common, "--lora-hf-save", "full")
+    assert got["hf_save"]["bytes"] == got["final_save"]["bytes"] == 2 * SEED_P + 20 * MIB  # 203.2 GB
+    assert "2d0b9854" in got["hf_save"]["source"]
+    assert data["fits"] is False and data["peak_bytes"] == pytest.approx(
+        3 * state["bytes"] + 4 * (2 * SEED_P + 20 * MIB) + (2 * SEED_P + 20 * MIB) + 2 * SEED_P, rel=1e-9)
+
+
+def test_rollout_dumps_and_dataset_cache():
+    _, got = items("--backend", "verl", "--model", "qwen2.5-7b", "--total-steps", "50", "--rollout-tokens-per-step",
+                   "1000000", "--dataset-gib", "12", "--no-hf-cache")
+    assert got["rollouts"]["bytes"] == 4 * 1_000_000 and got["rollouts"]["at_peak"] == 50  # decoded text, 4 B/token
+    assert got["dataset_cache"]["bytes"] == 12 * GIB
+
+
+@pytest.mark.parametrize("args", [("--backend", "megatron"), ("--config", "grpo-olmo3-7b", "--learners", "4"),
+                                  ("--nodes", "4",), ("--lora-hf-save", "merged")])
+def test_plan_disk_bad_combinations_are_one_line(args):
+    proc = _cli(*args)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr

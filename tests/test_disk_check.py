@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 
 def hpcrl(*args: str) -> subprocess.CompletedProcess:
@@ -43,3 +44,52 @@ def test_force_disk_renders_anyway():
 
 def test_smoke_writes_no_checkpoints_so_is_not_refused():
     assert hpcrl("render", *OVERFLOW, "--smoke").returncode == 0
+
+
+# The users' OpenRLHF LoRA run (seed 000) on a 1 TB (931 GiB) quota: ZeRO-3, LoRA r=64 on the 101.6B model
+# their figures imply (tests/data/models/seed000-100b), --ckpt.save_hf (was --save_hf_ckpt), ckpt.max_num 3.
+GIB = 1024**3
+MIB = 1024**2
+SEED_P, SEED_LORA64 = 101_613_905_920, 985_661_440  # by hand in tests/test_disk.py
+USERS = ["--config", "openrlhf-grpo-qwen2.5-7b", "--nodes", "8",
+         "--set", "actor.model_name_or_path=" + str(Path(__file__).parent / "data" / "models" / "seed000-100b"),
+         "--set", "ds.lora.rank=64", "--set", "ckpt.save_hf=true"]
+
+
+def one_tb_profile(tmp_path: Path) -> list[str]:
+    text = (Path(__file__).parents[1] / "clusters" / "isambard-ai.yaml").read_text()
+    path = tmp_path / "isambard-1tb.yaml"
+    path.write_text(text.replace("quota_gib: 204800", "quota_gib: 931"))
+    return ["--cluster-file", str(path)]
+
+
+def test_users_openrlhf_lora_run_with_full_hf_saves_is_refused_with_what_fits(tmp_path):
+    """With the full-model HF saves the users saw (hpcrl.lora_hf_save full), three DeepSpeed states (frozen base
+    in bf16 + 12 B per LoRA parameter), one periodic and the final 203 GB save and the 203 GB model cache do not
+    fit 931 GiB; ckpt.max_num 1 or no DeepSpeed state would."""
+    prof = one_tb_profile(tmp_path)
+    out = hpcrl("render", *USERS, *prof, "--set", "hpcrl.lora_hf_save=full")
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.stderr
+    state = 2 * SEED_P + 12 * SEED_LORA64  # plus under 0.1% of small per-rank files
+    full = 2 * SEED_P + 20 * MIB
+    peak = float(re.search(r"need ([\d,]+) GiB at peak", out.stderr).group(1).replace(",", ""))
+    assert abs(peak - (3 * state + 2 * full + 2 * SEED_P) / GIB) < 2
+    assert "quota is 931 GiB" in out.stderr and "the HF model cache" in out.stderr
+    fixes = re.findall(r"--set (\S+=\S+)", out.stderr)
+    assert fixes[:2] == ["ckpt.max_num=1", "ckpt.disable_ds=true"]
+    for setting in fixes[:2]:
+        ok = hpcrl("render", *USERS, *prof, "--set", "hpcrl.lora_hf_save=full", "--set", setting)
+        assert ok.returncode == 0, (setting, ok.stderr)
+
+
+def test_users_openrlhf_lora_run_fits_with_the_pinned_adapter_saves(tmp_path):
+    """At OpenRLHF 3c3be623 the HF saves under LoRA are the adapter (2 GB): 3 x 215 GB + the cache fit."""
+    state, adapter = 2 * SEED_P + 12 * SEED_LORA64, 2 * SEED_LORA64 + 20 * MIB
+    assert (3 * state * 1.001 + 2 * adapter + 2 * SEED_P) / GIB < 931
+    out = hpcrl("render", *USERS, *one_tb_profile(tmp_path))
+    assert out.returncode == 0, out.stderr
+
+
+def test_lora_hf_save_is_openrlhfs():
+    out = hpcrl("render", *OVERFLOW, "--set", "hpcrl.lora_hf_save=full")
+    assert out.returncode == 2 and "hpcrl.lora_hf_save is OpenRLHF's" in out.stderr

@@ -126,6 +126,8 @@ class Backend(ABC):
         """Refuse hpcrl settings that mean nothing for this framework."""
         if section.arg_layout != "current":
             raise ConfigError(f"hpcrl.arg_layout is open-instruct's; remove it for backend {self.name}")
+        if section.lora_hf_save != "adapter" and self.name != "openrlhf":
+            raise ConfigError(f"hpcrl.lora_hf_save is OpenRLHF's; remove it for backend {self.name}")
         if self.entry_is_module and (not _MODULE.match(section.entry_point) or section.entry_point.endswith(".py")):
             raise ConfigError(f"hpcrl.entry_point {section.entry_point!r}: backend {self.name} runs a module "
                               f"(python -m), e.g. {self.default_entry_point}")

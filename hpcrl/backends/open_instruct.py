@@ -190,7 +190,9 @@ class OpenInstructBackend(Backend):
         return arg_table(section.arg_layout if section else "current")
 
     def check_section(self, section: HpcrlSection) -> None:
-        pass  # both argument layouts; the entry point is a script path in the checkout
+        # Both argument layouts; the entry point is a script path in the checkout.
+        if section.lora_hf_save != "adapter":
+            raise ConfigError("hpcrl.lora_hf_save is OpenRLHF's; remove it for backend open-instruct")
 
     def check_args(self, args: dict[str, Any], section: HpcrlSection) -> None:
         check_args(args, section.arg_layout)

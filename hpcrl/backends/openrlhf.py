@@ -260,7 +260,7 @@ class OpenRLHFBackend(Backend):
             raise PlanError(f"rollout.batch_size x rollout.n_samples_per_prompt / rollout.micro_batch_size = "
                             f"{samples // int(self.arg(cfg, 'rollout.micro_batch_size'))} batches, fewer than the "
                             f"{lay.learner_gpus} actor GPUs (OpenRLHF checks this)")
-        flags, warnings = checkpoint_flags(cfg.args, w, lay.learner_gpus, profile)
+        flags, warnings = checkpoint_flags(cfg.args, w, lay.learner_gpus, profile, cfg.hpcrl)
         if not self.arg(cfg, "rollout.max_new_tokens"):
             warnings.append(f"rollout.max_new_tokens is unset: the plan assumes responses of {w.response_length} "
                             f"tokens (half of data.max_len); set it for a better generation estimate")

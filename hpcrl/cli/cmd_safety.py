@@ -1,4 +1,4 @@
-"""`hpcrl plan-disk`, `hpcrl diagnose` and `hpcrl checkpoints list|prune`."""
+"""`hpcrl diagnose` and `hpcrl checkpoints list|prune`."""
 
 from __future__ import annotations
 
@@ -11,65 +11,9 @@ from rich.table import Table
 
 from hpcrl.cli.app import app
 from hpcrl.cli.output import console, print_json
-from hpcrl.disk import GB, GIB, plan_disk, suggest
+from hpcrl.disk import GIB
 from hpcrl.errors import HpcrlError
 from hpcrl.profiles import resolve_profile
-
-
-@app.command("plan-disk")
-def plan_disk_cmd(
-    model: str = typer.Option("32b", "--model", "-m", help="Catalog name, alias, config.json path or cached HF repo id"),
-    learners: int = typer.Option(8, "--learners", help="Learner GPUs (DeepSpeed ranks, one file pair each)"),
-    lora_rank: int = typer.Option(0, "--lora-rank", help="LoRA rank (0: full fine-tuning)"),
-    zero_stage: int = typer.Option(3, "--zero-stage", help="DeepSpeed ZeRO stage"),
-    save_freq: int = typer.Option(200, "--save-freq", help="HF save every N training steps (open-instruct default 200)"),
-    state_freq: int = typer.Option(200, "--checkpoint-state-freq", help="DeepSpeed state checkpoint every N steps"),
-    keep: int = typer.Option(3, "--keep-last-n-checkpoints", help="State checkpoints kept (-1: all)"),
-    total_steps: int = typer.Option(1000, "--total-steps", help="Training steps of the run"),
-    cluster: Optional[str] = typer.Option(None, "--cluster", "-c", help="Profile whose run_root quota applies"),
-    quota_gib: Optional[float] = typer.Option(None, "--quota-gib", help="Quota of the run directory (overrides the profile)"),
-    as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON"),
-) -> None:
-    """Will the checkpoints fit? Bytes of each kind, how many exist at peak, against the quota."""
-    quota = quota_gib * GIB if quota_gib is not None else None
-    quota_from = "--quota-gib"
-    if quota is None:
-        profile = resolve_profile(cluster)
-        q = profile.storage.run_root.quota_gib
-        quota, quota_from = (q * GIB if q else None), f"{profile.name} run_root ({profile.storage.run_root.path})"
-    plan = plan_disk(model, zero_stage=zero_stage, n_learners=learners, lora_rank=lora_rank, save_freq=save_freq,
-                     checkpoint_state_freq=state_freq, keep_last_n_checkpoints=keep, total_steps=total_steps,
-                     quota_bytes=quota)
-    if as_json:
-        print_json({**plan.to_dict(), "quota_from": quota_from})
-        return
-    s = plan.setup
-    console.print(f"[bold]{s.model.name}[/]: {plan.trainable_params:,} trainable of {s.model.total_params:,} "
-                  f"parameters, ZeRO-{s.zero_stage} over {s.n_learners} learners, {s.total_steps} steps")
-    t = Table(title="Checkpoints")
-    for col, just in (("kind", "left"), ("one (GiB)", "right"), ("one (GB)", "right"), ("written", "right"),
-                      ("at peak", "right"), ("peak (GiB)", "right")):
-        t.add_column(col, justify=just)  # type: ignore[arg-type]
-    t.add_row(f"DeepSpeed state (every {s.checkpoint_state_freq}, keep {s.keep_last_n_checkpoints})",
-              f"{plan.state_bytes / GIB:,.1f}", f"{plan.state_bytes / GB:,.1f}", str(plan.n_state_saves),
-              str(plan.state_at_peak), f"{plan.state_at_peak * plan.state_bytes / GIB:,.1f}")
-    t.add_row(f"HF save: {plan.hf_kind} (every {s.save_freq} + final)", f"{plan.hf_bytes / GIB:,.1f}",
-              f"{plan.hf_bytes / GB:,.1f}", str(plan.n_hf_saves), str(plan.hf_at_peak),
-              f"{plan.hf_at_peak * plan.hf_bytes / GIB:,.1f}")
-    console.print(t)
-    terms = Table(title=f"One state checkpoint ({plan.state_per_rank_bytes / GIB:,.2f} GiB per rank)")
-    terms.add_column("holds")
-    terms.add_column("GiB", justify="right")
-    for k, v in plan.state_terms.items():
-        terms.add_row(k, f"{v / GIB:,.2f}")
-    console.print(terms)
-    for note in plan.notes:
-        console.print(f"  note: {note}")
-    console.print(f"Quota from {quota_from}")
-    style = {True: "green", False: "red", None: "yellow"}[plan.fits]
-    console.print(f"[bold {style}]Verdict:[/] {plan.verdict()}")
-    if plan.fits is False and not suggest(plan):
-        console.print("  (no single setting fits: combine them, or raise the quota)")
 
 
 @app.command("diagnose")

@@ -1,7 +1,7 @@
 #!/bin/bash
 # Rendered by hpcrl 0.1.0: re-render (hpcrl render) rather than edit by hand.
 # hpcrl cluster: berzelius:fat
-# hpcrl config: grpo-olmo3-7b.yaml (digest 220523e238e5)
+# hpcrl config: grpo-olmo3-7b.yaml (digest d0339f96933c)
 #
 # Plan:
 #   model allenai/Olmo-3-1025-7B: 128 sequences of 18432 tokens per step, pack_length 18432
@@ -411,7 +411,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
 {
   "cluster": "berzelius:fat",
   "config": "grpo-olmo3-7b.yaml",
-  "config_digest": "220523e238e5",
+  "config_digest": "d0339f96933c",
   "gpus_per_node": 8,
   "hpcrl_version": "0.1.0",
   "layout": {

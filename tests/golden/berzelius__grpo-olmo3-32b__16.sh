@@ -1,7 +1,7 @@
 #!/bin/bash
 # Rendered by hpcrl 0.1.0: re-render (hpcrl render) rather than edit by hand.
 # hpcrl cluster: berzelius:thin
-# hpcrl config: grpo-olmo3-32b.yaml (digest e1bec6a80b29)
+# hpcrl config: grpo-olmo3-32b.yaml (digest 8853ba802631)
 #
 # Plan:
 #   model allenai/Olmo-3-1125-32B: 256 sequences of 10240 tokens per step, pack_length 10240
@@ -411,7 +411,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
 {
   "cluster": "berzelius:thin",
   "config": "grpo-olmo3-32b.yaml",
-  "config_digest": "e1bec6a80b29",
+  "config_digest": "8853ba802631",
   "gpus_per_node": 8,
   "hpcrl_version": "0.1.0",
   "layout": {

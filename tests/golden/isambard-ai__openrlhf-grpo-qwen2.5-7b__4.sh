@@ -1,7 +1,7 @@
 #!/bin/bash
 # Rendered by hpcrl 0.1.0: re-render (hpcrl render) rather than edit by hand.
 # hpcrl cluster: isambard-ai
-# hpcrl config: openrlhf-grpo-qwen2.5-7b.yaml (digest fe10d89628db)
+# hpcrl config: openrlhf-grpo-qwen2.5-7b.yaml (digest 204cd19262ad)
 #
 # Plan:
 #   model Qwen/Qwen2.5-7B: 1024 sequences of 5120 tokens per step, 5120 tokens per actor GPU micro-batch
@@ -470,7 +470,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
   },
   "cluster": "isambard-ai",
   "config": "openrlhf-grpo-qwen2.5-7b.yaml",
-  "config_digest": "fe10d89628db",
+  "config_digest": "204cd19262ad",
   "gpus_per_node": 4,
   "hpcrl_version": "0.1.0",
   "layout": {

@@ -1,7 +1,7 @@
 #!/bin/bash
 # Rendered by hpcrl 0.1.0: re-render (hpcrl render) rather than edit by hand.
 # hpcrl cluster: isambard-ai
-# hpcrl config: verl-grpo-qwen2.5-7b.yaml (digest 3c57c40d1a5c)
+# hpcrl config: verl-grpo-qwen2.5-7b.yaml (digest 202195203414)
 #
 # Plan:
 #   model Qwen/Qwen2.5-7B: 1536 sequences of 5120 tokens per step, ppo_micro_batch_size_per_gpu 12 (61440 tokens)
@@ -471,7 +471,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
   },
   "cluster": "isambard-ai",
   "config": "verl-grpo-qwen2.5-7b.yaml",
-  "config_digest": "3c57c40d1a5c",
+  "config_digest": "202195203414",
   "gpus_per_node": 4,
   "hpcrl_version": "0.1.0",
   "layout": {

@@ -1,7 +1,7 @@
 #!/bin/bash
 # Rendered by hpcrl 0.1.0: re-render (hpcrl render) rather than edit by hand.
 # hpcrl cluster: local-dev
-# hpcrl config: openrlhf-grpo-qwen2.5-7b.yaml (digest 1ef28d17a96e)
+# hpcrl config: openrlhf-grpo-qwen2.5-7b.yaml (digest 0c34fba62747)
 # SMOKE TEST: the driver is hpcrl.runtime.smoke, which checks the Ray cluster and exits.
 #
 # Plan:
@@ -423,7 +423,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
   },
   "cluster": "local-dev",
   "config": "openrlhf-grpo-qwen2.5-7b.yaml",
-  "config_digest": "1ef28d17a96e",
+  "config_digest": "0c34fba62747",
   "gpus_per_node": 4,
   "hpcrl_version": "0.1.0",
   "layout": {

@@ -1,7 +1,7 @@
 #!/bin/bash
 # Rendered by hpcrl 0.1.0: re-render (hpcrl render) rather than edit by hand.
 # hpcrl cluster: local-dev
-# hpcrl config: grpo-olmo3-32b.yaml (digest a58f1137268f)
+# hpcrl config: grpo-olmo3-32b.yaml (digest 9165fe6d36f2)
 # SMOKE TEST: the driver is hpcrl.runtime.smoke, which checks the Ray cluster and exits.
 #
 # Plan:
@@ -409,7 +409,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
 {
   "cluster": "local-dev",
   "config": "grpo-olmo3-32b.yaml",
-  "config_digest": "a58f1137268f",
+  "config_digest": "9165fe6d36f2",
   "gpus_per_node": 4,
   "hpcrl_version": "0.1.0",
   "layout": {

@@ -1,7 +1,7 @@
 #!/bin/bash
 # Rendered by hpcrl 0.1.0: re-render (hpcrl render) rather than edit by hand.
 # hpcrl cluster: local-dev
-# hpcrl config: verl-grpo-qwen2.5-7b.yaml (digest 787f4cdc6cad)
+# hpcrl config: verl-grpo-qwen2.5-7b.yaml (digest b3dc1422c225)
 # SMOKE TEST: the driver is hpcrl.runtime.smoke, which checks the Ray cluster and exits.
 #
 # Plan:
@@ -424,7 +424,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
   },
   "cluster": "local-dev",
   "config": "verl-grpo-qwen2.5-7b.yaml",
-  "config_digest": "787f4cdc6cad",
+  "config_digest": "b3dc1422c225",
   "gpus_per_node": 4,
   "hpcrl_version": "0.1.0",
   "layout": {

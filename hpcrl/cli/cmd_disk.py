@@ -1,0 +1,150 @@
+"""`hpcrl plan-disk`: will the checkpoints (and the caches beside them) fit the quota?"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from hpcrl.cli.app import app
+from hpcrl.cli.output import console, print_json
+from hpcrl.errors import HpcrlError
+
+# Each backend's default for the number of state checkpoints kept: open-instruct's
+# keep_last_n_checkpoints, what hpcrl renders for verl's trainer.max_actor_ckpt_to_keep, OpenRLHF's ckpt.max_num.
+KEEP_DEFAULT = {"open-instruct": 3, "verl": 2, "openrlhf": 3}
+_RUN_ONLY = ("--model", "--learners", "--lora-rank", "--zero-stage", "--save-freq", "--checkpoint-state-freq",
+             "--keep-last-n-checkpoints", "--total-steps", "--save-hf", "--disable-ds", "--lora-hf-save")
+
+
+@app.command("plan-disk")
+def plan_disk_cmd(
+    backend: Optional[str] = typer.Option(None, "--backend", "-b", help="open-instruct (default), verl or openrlhf"),
+    config: Optional[str] = typer.Option(None, "--config", help="A run config: its backend, model and checkpoint "
+                                         "settings, planned as render plans them"),
+    nodes: Optional[int] = typer.Option(None, "--nodes", "-n", help="With --config: nodes (default hpcrl.nodes)"),
+    sets: Optional[list[str]] = typer.Option(None, "--set", help="With --config: override key=value (repeatable)"),
+    model: Optional[str] = typer.Option(None, "--model", "-m", help="Catalog name, alias, config.json path or cached "
+                                        "HF repo id (default 32b)"),
+    learners: Optional[int] = typer.Option(None, "--learners", help="Learner GPUs, one file set each (default 8)"),
+    lora_rank: Optional[int] = typer.Option(None, "--lora-rank", help="LoRA rank (0: full fine-tuning)"),
+    zero_stage: Optional[int] = typer.Option(None, "--zero-stage", help="DeepSpeed ZeRO stage (default 3)"),
+    save_freq: Optional[int] = typer.Option(None, "--save-freq", help="open-instruct: HF save every N steps (200)"),
+    state_freq: Optional[int] = typer.Option(None, "--checkpoint-state-freq", "--ckpt-every", help="The resume "
+                                             "state every N steps: checkpoint_state_freq, trainer.save_freq, "
+                                             "ckpt.save_steps (200)"),
+    keep: Optional[int] = typer.Option(None, "--keep-last-n-checkpoints", "--keep", help="State checkpoints kept: "
+                                       "keep_last_n_checkpoints (3; -1 all), trainer.max_actor_ckpt_to_keep (2; -1 "
+                                       "null), ckpt.max_num (3)"),
+    total_steps: Optional[int] = typer.Option(None, "--total-steps", help="Training steps of the run (1000)"),
+    save_hf: Optional[bool] = typer.Option(None, "--save-hf", help="verl: hf_model in save_contents; OpenRLHF: "
+                                           "ckpt.save_hf"),
+    disable_ds: Optional[bool] = typer.Option(None, "--disable-ds", help="OpenRLHF: ckpt.disable_ds"),
+    lora_hf_save: Optional[str] = typer.Option(None, "--lora-hf-save", help="OpenRLHF under LoRA: adapter (3c3be623) "
+                                               "or full (OpenRLHF before 2d0b9854; the users' 203 GB saves)"),
+    hf_cache: Optional[bool] = typer.Option(None, "--hf-cache/--no-hf-cache", help="Count the HF model cache "
+                                            "(default: when the profile's hf_home is beside the run root, with its quota)"),
+    dataset_gib: float = typer.Option(0.0, "--dataset-gib", help="HF datasets cache on the same quota"),
+    rollout_tokens: int = typer.Option(0, "--rollout-tokens-per-step", help="Tokens a step's rollout dump holds "
+                                       "(verl trainer.rollout_data_dir, open-instruct save_traces)"),
+    cluster: Optional[str] = typer.Option(None, "--cluster", "-c", help="Profile whose run_root quota applies"),
+    quota_gib: Optional[float] = typer.Option(None, "--quota-gib", help="Quota of the run directory (overrides the profile)"),
+    as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON"),
+) -> None:
+    """Will the checkpoints fit? Each kind a backend writes, the caches beside them, at peak, against the quota."""
+    from dataclasses import replace
+
+    from hpcrl.disk import GIB
+    from hpcrl.disk_backends import budget
+    from hpcrl.disk_budget import DiskInputs, shares_quota
+    from hpcrl.models import resolve_model
+    from hpcrl.profiles import resolve_profile
+
+    given = dict(zip(_RUN_ONLY, (model, learners, lora_rank, zero_stage, save_freq, state_freq, keep, total_steps,
+                                 save_hf, disable_ds, lora_hf_save)))
+    if config is not None:
+        from hpcrl.disk_check import run_inputs
+        from hpcrl.run_plan import make_run_plan
+
+        if (bad := next((k for k, v in given.items() if v is not None), None)) or backend:
+            raise HpcrlError(f"{bad or '--backend'}: with --config the run's own settings count; change them with "
+                             "--set KEY=VALUE")
+        rp = make_run_plan(config, nodes=nodes, cluster=cluster, sets=sets)
+        s = run_inputs(rp, quota_gib, hf_cache if hf_cache is not None else None if quota_gib is None else False)
+        s = replace(s, dataset_bytes=dataset_gib * GIB, rollout_tokens_per_step=rollout_tokens or s.rollout_tokens_per_step)
+        b = budget(rp.backend.name, s)
+        root = rp.config.hpcrl.run_root or rp.profile.storage.run_root.path
+        quota_from = "--quota-gib" if quota_gib is not None else f"{rp.profile.name} run_root ({root})"
+    else:
+        if nodes is not None or sets:
+            raise HpcrlError("--nodes and --set go with --config")
+        name = backend or "open-instruct"
+        if name not in KEEP_DEFAULT:
+            raise HpcrlError(f"--backend {name!r}: valid: {', '.join(KEEP_DEFAULT)}")
+        profile = resolve_profile(cluster)
+        store = profile.storage
+        quota = quota_gib if quota_gib is not None else store.run_root.quota_gib
+        quota_from = "--quota-gib" if quota_gib is not None else f"{profile.name} run_root ({store.run_root.path})"
+        cache = hf_cache if hf_cache is not None else quota_gib is None and shares_quota(store.run_root.path, store.hf_home)
+        s = DiskInputs(resolve_model(model or "32b"), learners=8 if learners is None else learners,
+                       lora_rank=lora_rank or 0, zero_stage=3 if zero_stage is None else zero_stage,
+                       total_steps=total_steps or 1000, ckpt_every=200 if state_freq is None else state_freq,
+                       hf_every=200 if save_freq is None else save_freq,
+                       keep=KEEP_DEFAULT[name] if keep is None else (None if keep == -1 and name == "verl" else keep),
+                       save_hf=bool(save_hf), disable_ds=bool(disable_ds), lora_hf_save=lora_hf_save or "adapter",
+                       model_cache=cache, dataset_bytes=dataset_gib * GIB, rollout_tokens_per_step=rollout_tokens,
+                       quota_bytes=None if quota is None else quota * GIB)
+        b = budget(name, s)
+    _show(b, quota_from, as_json)
+
+
+def _legacy(b) -> dict:
+    """The state and HF save of the plan under the keys `plan-disk --json` has always had."""
+    out = {}
+    state = b.item("deepspeed_state") or b.item("fsdp_state")
+    hf = b.item("hf_save") or b.item("final_save")
+    if state:
+        out["state_checkpoint"] = {"bytes": round(state.one_bytes), "gib": round(state.one_bytes / 2**30, 2),
+                                   "per_rank_bytes": round(state.one_bytes / b.inputs.learners),
+                                   "terms_gib": {k: round(v / 2**30, 3) for k, v in state.terms.items()},
+                                   "saves": state.written, "at_peak": state.at_peak}
+    if hf:
+        out["hf_save"] = {"kind": hf.what, "bytes": round(hf.one_bytes), "gib": round(hf.one_bytes / 2**30, 2),
+                          "saves": hf.written, "at_peak": hf.at_peak}
+    return out
+
+
+def _show(b, quota_from: str, as_json: bool) -> None:
+    from hpcrl.disk import GB, GIB
+    from hpcrl.disk_backends import settings_text
+
+    if as_json:
+        print_json({**b.to_dict(), **_legacy(b), "quota_from": quota_from})
+        return
+    s = b.inputs
+    steps = f"{s.total_steps} steps" if s.total_steps else "steps unknown"
+    console.print(f"[bold]{s.model.name}[/] ({b.backend}): {b.trainable:,} trainable of {s.model.total_params:,} "
+                  f"parameters, {s.learners} learner GPUs, {steps}", highlight=False)
+    console.print(f"settings: {settings_text(b)}", highlight=False, soft_wrap=True)
+    t = Table(title="What the run writes under the quota")
+    for col, just in (("kind", "left"), ("one (GiB)", "right"), ("one (GB)", "right"), ("written", "right"),
+                      ("at peak", "right"), ("peak (GiB)", "right")):
+        t.add_column(col, justify=just, overflow="fold")  # type: ignore[arg-type]
+    for i in b.items:
+        t.add_row(i.what, f"{i.one_bytes / GIB:,.1f}", f"{i.one_bytes / GB:,.1f}",
+                  "?" if i.written is None else str(i.written), str(i.at_peak), f"{i.peak_bytes / GIB:,.1f}")
+    console.print(t)
+    for i in b.items:
+        if i.terms:
+            console.print(f"  {i.what.split(' (')[0]}: " + "; ".join(f"{k} {v / GIB:,.2f} GiB" for k, v in i.terms.items()),
+                          highlight=False, soft_wrap=True)
+    for i in b.items:
+        console.print(f"  source of {i.kind}: {i.source}", highlight=False, soft_wrap=True, style="dim")
+    for note in b.notes:
+        console.print(f"  note: {note}", highlight=False, soft_wrap=True)
+    console.print(f"Quota from {quota_from}", highlight=False)
+    style = {True: "green", False: "red", None: "yellow"}[b.fits]
+    console.print(f"[bold {style}]Verdict:[/] {b.verdict()}", highlight=False, soft_wrap=True)
+    if b.fits is False and not b.fixes:
+        console.print("  (no single setting fits: combine them, or raise the quota)")

@@ -1,24 +1,23 @@
 """Recognise why a run failed from its log; compute the fix with hpcrl's planners.
 
-Steps and death lines are read with hpcrl.driver_log. docs/diagnose.md lists every recognised
-message.
+Steps and death lines are read with hpcrl.driver_log; what the run was (backend, model, layout)
+with hpcrl.diagnose_context; fixes are re-planned in the backend's own keys by
+hpcrl.diagnose_fixes. docs/diagnose.md lists every recognised message.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
+from hpcrl.diagnose_context import Context
+from hpcrl.diagnose_fixes import engine_fixes, learner_fixes
 from hpcrl.driver_log import ANSI, CUDA_OOM as _OOM, LIBFABRIC as _CXI, NCCL_TIMEOUT as _TIMEOUT, death_line, parse_steps
 from hpcrl.memory import constants as C
-from hpcrl.memory.engine import EngineSetup, engine_memory
-from hpcrl.memory.learner import LearnerSetup, learner_memory
-from hpcrl.memory.plan import LEARNER_HEADROOM
-from hpcrl.models import ModelSpec, resolve_model
-from hpcrl.profiles import ClusterProfile
 
 GIB = C.GIB
+__all__ = ["Context", "Diagnosis", "Finding", "diagnose"]
 
 
 @dataclass
@@ -41,105 +40,11 @@ class Diagnosis:
                 "findings": [vars(f) for f in self.findings]}
 
 
-@dataclass
-class Context:
-    """What the planners need: given values, else read from the log, else a stated default."""
-
-    profile: ClusterProfile
-    given: dict = field(default_factory=dict)
-    text: str = ""
-    assumptions: list[str] = field(default_factory=list)
-
-    # name -> (open-instruct argument, default)
-    KEYS = {"model": ("model_name_or_path", "32b"), "tokens_per_gpu": ("pack_length", 10240),
-            "zero_stage": ("deepspeed_stage", 3), "vllm_tp": ("vllm_tensor_parallel_size", 1),
-            "vllm_util": ("vllm_gpu_memory_utilization", 0.9), "learner_gpus": ("num_learners_per_node", 8)}
-
-    def get(self, name: str):  # noqa: ANN201 - int, float or str by name
-        if self.given.get(name) is None:
-            key, value = self.KEYS[name]
-            m = re.search(rf"(?:--|\b){key}['\"]?(?:\s*[:=]\s*|\s+)['\"]?(\[[^\]]*\]|[\w./\-]+)", self.text)
-            nums = [float(x) for x in re.findall(r"\d+(?:\.\d+)?", m.group(1))] if m else []
-            if m and (nums or name == "model"):
-                value = m.group(1) if name == "model" else sum(nums) if name == "learner_gpus" else nums[0]
-                value = value if name in ("model", "vllm_util") else int(value)
-                self.assumptions.append(f"{key}={m.group(1)} (from the log)")
-            else:
-                self.assumptions.append(f"{key}={value} (default; not in the log)")
-            self.given[name] = value
-        return self.given[name]
-
-    def spec(self) -> ModelSpec:
-        try:
-            return resolve_model(str(self.get("model")))
-        except Exception:  # noqa: BLE001 - a model in a log that hpcrl does not know is not an error
-            self.assumptions.append(f"model {self.given['model']!r} is not in hpcrl's catalog; using 32b")
-            self.given["model"] = "32b"
-            return resolve_model("32b")
-
-
 def _grab(before: str, text: str, after: str = "") -> float | None:
     """GiB of the first "<before> N <unit> <after>" in text."""
     m = re.search(before + r"\s*([\d.]+)\s*(GiB|MiB|KiB|GB)\s*" + after, text)
     scale = {"GiB": 1.0, "MiB": 1 / 1024, "KiB": 1 / 1024**2, "GB": 1e9 / GIB}
     return float(m.group(1)) * scale[m.group(2)] if m else None
-
-
-def learner_fixes(ctx: Context, capacity_gib: float, demand_gib: float | None) -> tuple[list[str], dict]:
-    """Smallest single changes (pack_length, learner GPUs, optimizer offload) that fit, by the planner."""
-    base = LearnerSetup(model=ctx.spec(), n_gpus=ctx.get("learner_gpus"), tokens_per_gpu=ctx.get("tokens_per_gpu"),
-                        zero_stage=ctx.get("zero_stage"), grad_accum_dtype="fp32")
-    now, limit = learner_memory(base), capacity_gib * GIB * (1 - LEARNER_HEADROOM)
-    # Where the log shows more demand than predicted, scale every prediction by that ratio.
-    scale = max(1.0, demand_gib * GIB / now.peak_allocated) if demand_gib else 1.0
-    peak = lambda s: learner_memory(s).device_total * scale  # noqa: E731
-    details = {"capacity_gib": round(capacity_gib, 2), "predicted_gib": round(now.device_total / GIB, 2),
-               "scale_from_log": round(scale, 3), "limit_gib": round(limit / GIB, 2)}
-    fixes = []
-    lo, hi = 1, base.tokens_per_gpu // 256 - 1  # largest multiple of 256 below today's that fits
-    while lo <= hi:
-        mid = (lo + hi) // 2
-        lo, hi = (mid + 1, hi) if peak(replace(base, tokens_per_gpu=mid * 256)) <= limit else (lo, mid - 1)
-    if hi >= 1:
-        fixes.append(f"pack_length {base.tokens_per_gpu} -> {hi * 256} (tokens per learner GPU): predicted peak "
-                     f"{peak(replace(base, tokens_per_gpu=hi * 256)) / GIB:.1f} GiB of {capacity_gib:.1f}")
-    n = next((n for n in range(base.n_gpus + 1, 1025) if peak(replace(base, n_gpus=n)) <= limit), None)
-    if n and base.zero_stage == 3:
-        fixes.append(f"learner GPUs {base.n_gpus} -> {n} (num_learners_per_node): predicted peak "
-                     f"{peak(replace(base, n_gpus=n)) / GIB:.1f} GiB")
-    if peak(off := replace(base, offload="optimizer")) <= limit:
-        fixes.append(f"deepspeed_offload_optimizer: predicted peak {peak(off) / GIB:.1f} GiB (check host RAM "
-                     "with `hpcrl plan-memory --offload optimizer`)")
-    return fixes, details
-
-
-def engine_fixes(ctx: Context, capacity_gib: float, max_seq_len: int, seen_kv_gib: float | None = None
-                 ) -> tuple[list[str], dict]:
-    """TP, gpu_memory_utilization or sequence length that give an engine room (shifted by the planner's
-    error where vLLM reported its KV memory)."""
-    m = ctx.spec()
-    base = EngineSetup(model=m, tp=ctx.get("vllm_tp"), gpu_memory_utilization=ctx.get("vllm_util"),
-                       gpu_total_bytes=capacity_gib * GIB, max_seq_len=max_seq_len)
-    now = engine_memory(base)
-    offset = now.kv_cache - seen_kv_gib * GIB if seen_kv_gib is not None else 0.0
-
-    def tokens(e: EngineSetup) -> int:
-        em = engine_memory(e)
-        return int(max(0.0, em.kv_cache - offset) // em.kv_bytes_per_token)
-
-    details = {"capacity_gib": round(capacity_gib, 2), "tp": base.tp, "util": base.gpu_memory_utilization,
-               "kv_tokens_now": tokens(base), "planner_offset_gib": round(offset / GIB, 2), "max_seq_len": max_seq_len}
-    fixes = []
-    tps = [t for t in m.tp_sizes(ctx.profile.gpu.count_per_node) if t > base.tp]
-    if (tp := next((t for t in tps if tokens(replace(base, tp=t)) >= max_seq_len), None)):
-        fixes.append(f"vllm_tensor_parallel_size {base.tp} -> {tp}: {tokens(replace(base, tp=tp)):,} KV tokens")
-    utils = [p / 100 for p in range(round(base.gpu_memory_utilization * 100) + 1, 96)]
-    if (u := next((u for u in utils if tokens(replace(base, gpu_memory_utilization=u)) >= max_seq_len), None)):
-        fixes.append(f"vllm_gpu_memory_utilization {base.gpu_memory_utilization} -> {u} (only if nothing else "
-                     f"shares the GPU): {tokens(replace(base, gpu_memory_utilization=u)):,} KV tokens")
-    if 0 < tokens(base) < max_seq_len:
-        fixes.append(f"sequences (prompt + response) of at most {tokens(base):,} tokens at TP={base.tp}")
-    return fixes, details
 
 
 def _capacity(text: str, ctx: Context) -> float:
@@ -158,7 +63,33 @@ def _find(kind: str, cause: str, fixes: list[str] | str, lines: list[str], pat: 
     return Finding(kind, cause, fix, ev[:3], details or {})
 
 
-_ENGINE_CTX = re.compile(r"LLMRayActor|EngineCore|/vllm/|vllm\.v1|load_model|profile_run|KV cache")
+_ENGINE_CTX = re.compile(r"LLMRayActor|EngineCore|RayWorkerWrapper|/vllm/|vllm\.v1|load_model|profile_run|KV cache")
+# Training processes: open-instruct's learner, OpenRLHF's model actors, verl's actor update.
+_LEARNER_CTX = re.compile(r"PolicyTrainerRayProcess|ActorModelRayActor|ReferenceModelRayActor|CriticModelRayActor|"
+                          r"update_policy|update_actor|dp_actor|\.backward\(|training_step")
+
+
+def _in_engine(lines: list[str], hit: int) -> bool:
+    """Whether the OOM at line `hit` is a vLLM engine's: its own prefix, else its traceback, says so."""
+    if _LEARNER_CTX.search(lines[hit]):
+        return False
+    start = next((i for i in range(hit, max(-1, hit - 40), -1) if "Traceback" in lines[i]), max(0, hit - 8))
+    near = "\n".join(lines[start:hit + 4])
+    return not _LEARNER_CTX.search(near) and bool(_ENGINE_CTX.search(near))
+
+
+def _inconsistent(nums: dict) -> list[str]:
+    """The OOM message's figures that no GPU of that capacity could show."""
+    cap, out = nums["capacity_gib"], []
+    for key, what in (("allocated_by_pytorch_gib", "allocated by PyTorch"), ("tried_gib", "asked for"),
+                      ("free_gib", "free")):
+        if nums.get(key) is not None and nums[key] > cap:
+            out.append(f"{nums[key]:.2f} GiB {what} on a {cap:.2f} GiB GPU")
+    return out
+
+
+def _unknown_model(ctx: Context) -> str:
+    return f"model unknown: give {ctx.missing()} and diagnose computes the fix with the planner"
 
 
 def rule_cuda_oom(lines: list[str], text: str, ctx: Context) -> Finding | None:
@@ -168,20 +99,46 @@ def rule_cuda_oom(lines: list[str], text: str, ctx: Context) -> Finding | None:
     alloc, cap = _grab("", text, "is allocated by PyTorch"), _capacity(text, ctx)
     nums = {"tried_gib": tried, "free_gib": free, "allocated_by_pytorch_gib": alloc, "capacity_gib": cap}
     pat = re.compile(_OOM.pattern + r"|Tried to allocate|is allocated by PyTorch")
-    near = "\n".join(lines[max(0, hits[0] - 8):hits[0] + 4])  # the traceback around the first OOM
-    if "PolicyTrainerRayProcess" not in lines[hits[0]] and _ENGINE_CTX.search(near):
-        fixes, d = engine_fixes(ctx, cap, ctx.get("tokens_per_gpu"))
+    if _in_engine(lines, hits[0]):
+        fixes, d = engine_fixes(ctx, cap, _seq_len(ctx))
         return _find("vllm_cuda_oom", "A vLLM engine ran out of GPU memory while starting (weights, profiling or "
-                     "CUDA graphs): its share of the GPU is too small for the model at this TP.", fixes, lines, pat,
-                     {**nums, **d})
-    fixes, d = learner_fixes(ctx, cap, (alloc or 0.0) + (tried or 0.0) or None)
-    d["note"] = "more allocated than the GPU holds: the text may be edited" if alloc and alloc > cap else None
+                     "CUDA graphs): its share of the GPU is too small for the model at this TP.",
+                     _or_unknown(fixes, ctx), lines, pat, {**nums, **d})
+    bad = _inconsistent(nums)
+    # Figures that contradict the GPU (edited text, or a message pasted from another run) are not used to scale.
+    known = ctx.spec() is not None
+    fixes, d = learner_fixes(ctx, cap, None if bad else (alloc or 0.0) + (tried or 0.0) or None) if known else ([], {})
+    d = {**d, "inconsistent": bad, "model": ctx.spec().name if known else None,
+         "note": f"more allocated than the GPU holds: the text may be edited" if alloc and alloc > cap else None}
     said = f"asked for {tried:.2f} GiB more" if tried else "ran out of memory"
     held = f" with {alloc:.2f} GiB already allocated by PyTorch" if alloc else ""
-    scaled = (f", x{d['scale_from_log']} to match the log" if d["scale_from_log"] > 1 else "") + (
-        " - far off: check the model, learner GPUs and tokens" if d["scale_from_log"] > 1.5 else "")
-    return _find("cuda_oom", f"A training process {said}{held} on a {cap:.2f} GiB GPU: the learner step does not "
-                 f"fit (planner: {d['predicted_gib']:.1f} GiB{scaled}).", fixes, lines, pat, {**nums, **d})
+    cause = f"A training process {said}{held} on a {cap:.2f} GiB GPU: the learner step does not fit"
+    if bad:
+        cause += f". The message is inconsistent ({'; '.join(bad)}): its figures are not used to scale the planner"
+    if ctx.spec() is None:
+        return _find("cuda_oom", cause + ".", _unknown_model(ctx), lines, pat, {**nums, **d})
+    if d.get("planner_fits"):
+        fixes = ("the planner predicts that the run as read fits, so it cannot check a fix: see what it assumed "
+                 f"(below) and give what differs ({ctx.missing().removeprefix('--model, ')}, --cluster), or diagnose "
+                 "a log that holds the driver's command line")
+    if "predicted_training_gib" in d:
+        cause += f" (planner: {d['predicted_training_gib']:.1f} GiB training, {d['predicted_rollout_gib']:.1f} GiB rollout)"
+    elif "predicted_gib" in d:
+        scale = d["scale_from_log"]
+        cause += f" (planner: {d['predicted_gib']:.1f} GiB" + (f", x{scale} to match the log" if scale > 1 else "") + (
+            " - far off: check the model, learner GPUs and tokens" if scale > 1.5 else "") + ")"
+    return _find("cuda_oom", cause + ".", fixes, lines, pat, {**nums, **d})
+
+
+def _seq_len(ctx: Context) -> int:
+    """One sequence (prompt + response) of the run; open-instruct's pack_length where nothing says."""
+    if ctx.fix_backend == "verl":
+        return int(ctx.arg("prompt")) + int(ctx.arg("response"))
+    return int(ctx.arg("max_len")) if ctx.fix_backend == "openrlhf" else int(ctx.get("tokens_per_gpu"))
+
+
+def _or_unknown(fixes: list[str], ctx: Context) -> list[str] | str:
+    return _unknown_model(ctx) if not fixes and ctx.spec() is None else fixes
 
 
 _KV = re.compile(r"larger than the (?:available KV cache memory|maximum number of tokens that can be stored in KV cache)")
@@ -196,23 +153,23 @@ def rule_vllm_startup(lines: list[str], text: str, ctx: Context) -> Finding | No
         fit = math.floor((free - 1.0) / total * 100) / 100
         return _find("vllm_gpu_busy", f"When the vLLM engine started only {free:.1f} of {total:.1f} GiB was free "
                      f"(another process holds the GPU), less than gpu_memory_utilization={util} asks for.",
-                     f"vllm_gpu_memory_utilization <= {fit:.2f} ({fit * total:.1f} GiB), or engines on GPUs no "
+                     f"{ctx.key('util')} <= {fit:.2f} ({fit * total:.1f} GiB), or engines on GPUs no "
                      f"learner uses (learners + engines x TP <= {ctx.profile.gpu.count_per_node} per node)",
                      lines, _FREE_LT, {"free_gib": free, "total_gib": total, "util": util})
     if _KV.search(text):
         seq, est = re.search(r"max seq len \((\d+)\)", text), re.search(r"maximum model length is (\d+)", text)
         need, have = _grab(r"\(", text[text.find("max seq len"):]), _grab(r"available KV cache memory \(", text)
-        n = int(seq.group(1)) if seq else ctx.get("tokens_per_gpu")
+        n = int(seq.group(1)) if seq else _seq_len(ctx)
         fixes, d = engine_fixes(ctx, _capacity(text, ctx), n, have)
         if est:
             fixes.append(f"max_model_len <= {int(est.group(1)):,} (vLLM's own estimate for this memory)")
         return _find("vllm_kv_cache", f"The engine's KV cache{f' ({have:.2f} GiB)' if have else ''} cannot hold one "
-                     f"{n:,}-token sequence{f' (needs {need:.2f} GiB)' if need else ''}.", fixes, lines, _KV,
+                     f"{n:,}-token sequence{f' (needs {need:.2f} GiB)' if need else ''}.", _or_unknown(fixes, ctx), lines, _KV,
                      {**d, "needed_gib": need, "available_gib": have})
     if _NOBLOCKS.search(text):
-        fixes, d = engine_fixes(ctx, _capacity(text, ctx), ctx.get("tokens_per_gpu"), 0.0)
+        fixes, d = engine_fixes(ctx, _capacity(text, ctx), _seq_len(ctx), 0.0)
         return _find("vllm_no_kv_memory", "Weights and the profiling pass used the whole vLLM budget "
-                     "(gpu_memory_utilization x GPU memory): nothing is left for the KV cache.", fixes, lines,
+                     "(gpu_memory_utilization x GPU memory): nothing is left for the KV cache.", _or_unknown(fixes, ctx), lines,
                      _NOBLOCKS, d)
     return None
 
@@ -249,8 +206,22 @@ def rule_nccl(lines: list[str], text: str, ctx: Context) -> Finding | None:
                      f" min{f' (limit {int(limit.group(1)) / 60000:.0f} min)' if limit else ''}: one rank never "
                      "joined it - it died, hung or fell far behind.", "the first error before this line (an OOM, a "
                      "dead actor) is the cause; if there is none, check that NCCL uses the network plugin, not "
-                     "sockets", lines, _TIMEOUT)
+                     "sockets" + _timeout_fix(ctx, text, op.group(1) if op else ""), lines, _TIMEOUT)
     return None
+
+
+def _timeout_fix(ctx: Context, text: str, op: str) -> str:
+    """What the backend itself offers against a collective that times out."""
+    b = ctx.backend
+    if b == "verl":
+        return (f"; only if the ranks are merely slow (a long first step), raise {ctx.key('timeout')} (seconds, now "
+                f"{ctx.arg('timeout')})")
+    if b == "openrlhf":
+        if op.upper().startswith("BROADCAST") or "broadcast_to_vllm" in text:
+            return (f"; a broadcast to the vLLM engines (the weight sync) can go through Ray's object store instead: "
+                    f"--{ctx.key('sync')} (the users' attempt 23 did this)")
+        return "; OpenRLHF has no flag for the limit (60 min, utils/deepspeed/deepspeed.py:82 at 3c3be623)"
+    return ""
 
 
 _PG = re.compile(r"Timed out waiting for the learner placement group|cannot be scheduled right now|"
@@ -279,23 +250,65 @@ _DISK = re.compile(r"No space left on device|Disk quota exceeded|Errno 28\]|Errn
 _HOST_OOM = re.compile(r"killed due to memory pressure|node running low on memory|NODE_OUT_OF_MEMORY")
 
 
+def _offload(ctx: Context) -> str:
+    """The backend's settings that keep training state in host RAM."""
+    b = ctx.fix_backend
+    if b == "verl":
+        return f"{ctx.key('param_offload')} and {ctx.key('offload')} false"
+    return f"{ctx.key('offload')} off" + (" (or fewer learners per node)" if b == "open-instruct" else "")
+
+
+def _disk_fix(ctx: Context) -> tuple[str, dict]:
+    """Checkpoint sizes of the run (its backend, model, LoRA rank, learners) by the disk plan."""
+    from hpcrl.disk_backends import KEYS as DISK_KEYS, budget  # noqa: PLC0415 - only needed here
+    from hpcrl.disk_budget import DiskInputs  # noqa: PLC0415
+
+    spec, b = ctx.spec(), ctx.fix_backend
+    if spec is None:
+        return _unknown_model(ctx) + " (checkpoint sizes)", {}
+    keys = DISK_KEYS[b]
+    s = DiskInputs(spec, learners=int(ctx.get("learner_gpus")), zero_stage=int(ctx.get("zero_stage")), total_steps=None)
+    if b != "open-instruct":
+        w = ctx.workload()
+        s = DiskInputs(spec, learners=s.learners, zero_stage=s.zero_stage, total_steps=None,
+                       lora_rank=w.lora_rank if w else 0, keep=ctx.config_value(keys["keep"]),
+                       save_hf=bool(ctx.config_value(keys["save_hf"])) if b == "openrlhf" else False,
+                       disable_ds=bool(ctx.config_value(keys["disable_ds"])) if b == "openrlhf" else False)
+    plan = budget(b, s)
+    state = plan.item("deepspeed_state") or plan.item("fsdp_state")
+    hf = plan.item("final_save") or plan.item("hf_save")
+    frozen = next((v for k, v in (state.terms if state else {}).items() if "frozen base" in k), 0.0)
+    parts = []
+    if state:
+        parts.append(f"one {state.what.split(' (')[0]} checkpoint of {spec.name} is {state.one_bytes / GIB:,.0f} GiB"
+                     + (f" ({frozen / GIB:,.0f} GiB of it the frozen base: LoRA under ZeRO-3 saves the base too)"
+                        if frozen else ""))
+    if hf:
+        kind = hf.what.split(" (")[0].split(": ", 1)[-1]
+        parts.append(f"one HF save ({kind}) {hf.one_bytes / GIB:,.1f} GiB")
+    lora = f" --lora-rank {s.lora_rank}" if s.lora_rank else ""
+    bound = {"openrlhf": "ckpt.max_num bounds the DeepSpeed states and ckpt.disable_ds skips them (a restart then "
+             "cannot resume); HF saves are never deleted", "verl": "trainer.max_actor_ckpt_to_keep bounds them",
+             "open-instruct": "keep_last_n_checkpoints bounds the states; HF saves are never deleted"}[b]
+    fix = (", ".join(parts) + f"; {bound}: `hpcrl plan-disk --backend {b} --model {spec.name}{lora} --learners "
+           f"{s.learners}` gives the run's peak against the quota and the settings that fit; `hpcrl checkpoints prune "
+           "RUN --keep 1` frees old saves")
+    return fix, {"state_gib": round(state.one_bytes / GIB, 1) if state else None,
+                 "frozen_base_gib": round(frozen / GIB, 1), "hf_save_gib": round(hf.one_bytes / GIB, 2) if hf else None}
+
+
 def rule_disk_or_ram(lines: list[str], text: str, ctx: Context) -> Finding | None:
     if _DISK.search(text):
-        from hpcrl.disk import plan_disk  # noqa: PLC0415 - only needed here
-
-        plan = plan_disk(ctx.spec(), n_learners=ctx.get("learner_gpus"), zero_stage=ctx.get("zero_stage"))
         where = re.search(r"(?:device|exceeded)[^/'\n]*'(/[^']+)'", text)
+        fix, details = _disk_fix(ctx)
         return _find("disk_full", f"The filesystem{f' at {where.group(1)}' if where else ''} is full or over quota; "
-                     "checkpoints are the usual cause.", f"one ZeRO-3 state checkpoint of {plan.setup.model.name} is "
-                     f"{plan.state_bytes / GIB:,.0f} GiB and one HF save {plan.hf_bytes / GIB:,.0f} GiB: `hpcrl "
-                     "plan-disk` gives the run's peak against the quota; `hpcrl checkpoints prune RUN --keep 1` "
-                     "frees old saves", lines, _DISK, {"state_gib": round(plan.state_bytes / GIB, 1)})
+                     "checkpoints are the usual cause.", fix, lines, _DISK, details)
     if _HOST_OOM.search(text):
         r = ctx.profile
         return _find("host_ram_oom", f"Host RAM passed Ray's kill threshold ({r.ray.memory_kill_threshold:.0%} of "
-                     f"{r.node.ram_gib:.0f} GiB per node on {r.name}) and Ray killed a worker; optimizer offload is "
-                     "the usual cause.", "fewer learners per node or no optimizer offload; `hpcrl plan-memory` shows "
-                     "host RAM per node", lines, _HOST_OOM)
+                     f"{r.node.ram_gib:.0f} GiB per node on {r.name}) and Ray killed a worker; offloaded training "
+                     f"state is the usual cause.", f"{_offload(ctx)}; `hpcrl plan-memory` shows host RAM per node",
+                     lines, _HOST_OOM)
     return None
 
 
@@ -303,31 +316,49 @@ def rule_death(lines: list[str], text: str, ctx: Context) -> Finding | None:
     if (hit := next(((i, k) for i, line in enumerate(lines) if (k := death_line(line))), None)) is None:
         return None
     what = {"vllm_engine_dead": "A vLLM engine", "ray_node_dead": "A Ray node", "ray_actor_died": "A Ray actor"}
-    return Finding(hit[1], f"{what[hit[1]]} died at line {hit[0] + 1}; the run cannot go on without it.",
-                   "the root cause is the first error before that line (OOM, segfault, node failure); the watchdog "
-                   "stops such runs (exit 93) instead of training on empty rollouts",
-                   [f"line {hit[0] + 1}: {lines[hit[0]].strip()[:220]}"])
+    where = {"verl": " (verl's WorkerDict holds the actor, rollout and reference of its GPU: one death stops the step)",
+             "openrlhf": " (an OpenRLHF actor, reference or vLLM engine group cannot lose a member)"}.get(ctx.backend, "")
+    return Finding(hit[1], f"{what[hit[1]]} died at line {hit[0] + 1}{where}; the run cannot go on without it.",
+                   "the root cause is the first error before that line (OOM, segfault, node failure; a raylet log "
+                   f"saying memory pressure means host RAM: {_offload(ctx)}); the watchdog stops such runs (exit 93) "
+                   "instead of training on empty rollouts", [f"line {hit[0] + 1}: {lines[hit[0]].strip()[:220]}"])
 
 
-def rule_steps(lines: list[str], text: str, ctx: Context, k: int = 10) -> Finding | None:
-    run, best = [], []  # type: ignore[var-annotated]
-    for s in parse_steps(lines):
+def rule_steps(lines: list[str], text: str, ctx: Context, k: int = 10, n: int = 20) -> Finding | None:
+    runs: dict[str, list] = {"zero": [], "flat": [], "same": []}
+    best: dict[str, list] = {"zero": [], "flat": [], "same": []}
+    for s in parse_steps(lines, (ctx.plan or {}).get("reward_keys") or ()):
         if (bad := s.bad_losses()):
             return Finding("nan_loss", f"The loss became {next(iter(bad.values()))} at step {s.number}.", "resume "
                            "from the last state checkpoint with a lower learning rate; check for empty or all-masked "
                            "batches", [f"step {s.number}: {bad}"])
-        if s.reward_key:
-            run = run + [s] if s.reward_is_exactly_zero() else []
-            best = run if len(run) > len(best) else best
-    if len(best) < k:
-        return None
-    stop = best[-1].values.get("val/stop_rate")
-    return Finding("zero_reward", f"The mean reward ({best[0].reward_key}) was exactly 0 for {len(best)} consecutive "
-                   f"steps from step {best[0].number}: " + ("every response ran to response_length (stop_rate 0)."
-                                                           if stop == 0 else "no rollout earned any reward."),
-                   "check generation first (a dead or disconnected engine returns empty rollouts), then the verifier "
-                   "and the answer format, then response_length", [f"steps {best[0].number}-{best[-1].number}"],
-                   {"first_step": best[0].number, "steps": len(best)})
+        g, v = s.grad_norm(), s.zero_variance()
+        for name, known, hit in (("zero", s.reward_key, s.reward_is_exactly_zero()),
+                                 ("flat", g, g is not None and abs(g[1]) <= 1e-6), ("same", v, bool(v and v[0]))):
+            if known is not None:
+                runs[name] = runs[name] + [s] if hit else []
+                best[name] = runs[name] if len(runs[name]) > len(best[name]) else best[name]
+    if len(z := best["zero"]) >= k:
+        stop = z[-1].values.get("val/stop_rate")
+        return Finding("zero_reward", f"The mean reward ({z[0].reward_key}) was exactly 0 for {len(z)} consecutive "
+                       f"steps from step {z[0].number}: " + ("every response ran to response_length (stop_rate 0)."
+                                                            if stop == 0 else "no rollout earned any reward."),
+                       "check generation first (a dead or disconnected engine returns empty rollouts), then the "
+                       "verifier and the answer format, then response_length", [f"steps {z[0].number}-{z[-1].number}"],
+                       {"first_step": z[0].number, "steps": len(z)})
+    if len(f := best["flat"]) >= n:
+        return Finding("grad_norm_zero", f"The gradient norm ({f[0].grad_norm()[0]}) was ~0 for {len(f)} consecutive "
+                       f"steps from step {f[0].number}: the policy no longer changed.", "check that the trained "
+                       "parameters are the ones the loss reaches (LoRA target modules, frozen layers) and that the "
+                       "loss mask is not empty", [f"steps {f[0].number}-{f[-1].number}"],
+                       {"first_step": f[0].number, "steps": len(f)})
+    if len(v := best["same"]) >= n:
+        return Finding("zero_variance", f"Every group had zero reward variance for {len(v)} consecutive steps from step "
+                       f"{v[0].number} ({v[0].zero_variance()[1]}): GRPO's advantages were all zero.", "the prompts "
+                       "are all solved or all failed: harder or easier data, more samples per prompt, or a reward "
+                       "with partial credit", [f"steps {v[0].number}-{v[-1].number}"],
+                       {"first_step": v[0].number, "steps": len(v)})
+    return None
 
 
 RULES = (rule_cuda_oom, rule_disk_or_ram, rule_vllm_startup, rule_nccl, rule_placement, rule_death, rule_steps)
@@ -336,7 +367,7 @@ RULES = (rule_cuda_oom, rule_disk_or_ram, rule_vllm_startup, rule_nccl, rule_pla
 def diagnose(text: str, ctx: Context, breaker: dict | None = None) -> Diagnosis:
     """Every known failure in a log, most likely root cause first."""
     lines = text.splitlines()
-    ctx.text = text
+    ctx.learn(text)
     findings = [f for rule in RULES if (f := rule(lines, text, ctx)) is not None]
     b_kinds = {breaker.get("reason"), (breaker.get("details") or {}).get("kind")} if breaker else set()
     if breaker and not any(f.kind in b_kinds for f in findings):

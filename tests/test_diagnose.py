@@ -44,7 +44,12 @@ def test_seed_oom_numbers_are_read_from_the_message():
     assert f.details["free_gib"] == 4.97 and f.details["allocated_by_pytorch_gib"] == 100.77
     # 100.77 GiB allocated on a 79.18 GiB GPU cannot be literal: said so, not hidden.
     assert "more allocated than the GPU holds" in f.details["note"]
-    assert any("default" in a for a in d.assumptions)  # no model in three lines: defaults are stated
+    # No model in three lines: none is assumed, the fix asks for one, and no model is named anywhere.
+    assert any(a.startswith("model unknown") for a in d.assumptions)
+    assert f.fix.startswith("model unknown: give --model") and f.details["model"] is None
+    assert f.details["inconsistent"] == ["100.77 GiB allocated by PyTorch on a 79.18 GiB GPU"]
+    text = json.dumps(d.to_dict()).lower()
+    assert not any(name in text for name in ("olmo", "qwen", "llama", "32b", "model_name_or_path"))
 
 
 def _planner_limit_and_scale(model: str, n: int, tokens: int, capacity_gib: float, demand_gib: float):
@@ -254,3 +259,118 @@ def test_run_directory_diagnosis_reads_the_ray_logs_the_job_kept(tmp_path):
     assert "host_oom" in kinds or any("oom" in k for k in kinds), kinds
     only_driver = cli(str(run / "hpcrl" / "driver.log"), "--json")
     assert not any("oom" in f["kind"] for f in json.loads(only_driver.stdout)["findings"])
+
+
+# ---------------------------------------------------------------------------- verl and OpenRLHF logs
+
+OI_FLAGS = ("pack_length", "num_learners_per_node", "deepspeed_offload_optimizer", "vllm_gpu_memory_utilization",
+            "vllm_tensor_parallel_size", "model_name_or_path", "deepspeed_stage")
+
+
+def test_verl_oom_is_replanned_in_verls_keys():
+    """Seed 004's OOM lines after verl's own command line (batch 1024, mini 256, micro 32 per GPU, 4 GPUs):
+    the planner sees the training step over the GPU and halving the micro-batch fit, as the users found."""
+    d = run("verl_cuda_oom.log", "berzelius:fat")
+    f = d.findings[0]
+    assert f.kind == "cuda_oom" and f.details["model"] == "Qwen/Qwen2.5-7B"
+    assert f.fix.startswith("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu 32 -> 16")
+    assert "trainer.nnodes 1 -> " in f.fix
+    assert not any(flag in f.fix or flag in f.cause for flag in OI_FLAGS)
+    # 100.77 GiB allocated on a 79.18 GiB GPU: reported, never used to scale.
+    assert f.details["inconsistent"] == ["100.77 GiB allocated by PyTorch on a 79.18 GiB GPU"]
+    assert "not used to scale" in f.cause and "scale_from_log" not in f.details
+    # The planner itself, on the log's run: micro 32 does not fit a 79.18 GiB GPU, 16 does (checked in the plan).
+    from hpcrl.backends import get_backend
+    from hpcrl.config import load_run_config
+    from hpcrl.layout import Pins
+    from hpcrl.layout_colocated import enumerate_colocated
+
+    prof = load_profile("berzelius:fat")
+    prof = prof.model_copy(update={"gpu": prof.gpu.model_copy(update={"count_per_node": 4, "memory_gib": 79.18})})
+    verl = get_backend("verl")
+    cfg = load_run_config("verl-grpo-qwen2.5-7b", [
+        "data.train_batch_size=1024", "data.max_prompt_length=512", "data.max_response_length=1024",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=256", "actor_rollout_ref.rollout.n=4",
+        "actor_rollout_ref.ref.fsdp_config.param_offload=true", "actor_rollout_ref.actor.use_kl_loss=true"])
+    w = verl.workload_from_config(cfg)
+    fits = {m: bool(enumerate_colocated(prof, 1, replace(w, pack_length=m * 1536), Pins(tp=1, gpu_memory_utilization=0.6),
+                                        verl.colocation(cfg, False, False))[0]) for m in (32, 16)}
+    assert fits == {32: False, 16: True}
+
+
+@pytest.mark.parametrize("name, kind, text", [
+    ("verl_nccl_timeout.log", "nccl_timeout", "actor_rollout_ref.nccl_timeout (seconds, now 600)"),
+    ("verl_worker_died.log", "ray_actor_died", "actor_rollout_ref.actor.fsdp_config.param_offload"),
+    ("openrlhf_nccl_timeout.log", "nccl_timeout", "--vllm.sync_with_ray"),
+    ("openrlhf_worker_died.log", "ray_actor_died", "ds.adam_offload off"),
+])
+def test_verl_and_openrlhf_failures_in_their_keys(name, kind, text):
+    d = run(name)
+    f = d.findings[0]
+    assert f.kind == kind and text in f.fix
+    assert not any(flag in f.fix for flag in OI_FLAGS)
+    assert d.assumptions[0].startswith(("verl driver command read from line 1", "openrlhf driver command read"))
+
+
+def test_openrlhf_oom_fix_in_openrlhf_flags():
+    d = run("openrlhf_cuda_oom.log", "berzelius:fat")
+    f = d.findings[0]
+    assert f.kind == "cuda_oom"  # an actor's OOM, though vLLM engines log beside it
+    fixes = f.fix.split("; or ")
+    assert fixes[0].startswith("train.micro_batch_size 4 -> 2 (12288 tokens per GPU)")
+    assert fixes[1].startswith("actor.num_nodes 1 -> ") and fixes[2].startswith("ds.adam_offload true")
+    # By the learner planner (the run: Qwen2.5-7B, 4 actor GPUs, data.max_len 6144, KL reference, eager log-probs):
+    # 2 sequences of 6144 fit 79.19 GiB less 3%, 3 do not.
+    from hpcrl.layout import _learner_setup
+    from hpcrl.backends import get_backend
+    from hpcrl.config import load_run_config
+
+    cfg = load_run_config("openrlhf-grpo-qwen2.5-7b", ["data.max_len=6144", "train.micro_batch_size=4"])
+    base = _learner_setup(get_backend("openrlhf").workload_from_config(cfg), 4)
+    limit = 79.19 * GIB * 0.97
+    assert learner_memory(replace(base, tokens_per_gpu=2 * 6144)).device_total <= limit
+    assert learner_memory(replace(base, tokens_per_gpu=3 * 6144)).device_total > limit
+
+
+def test_openrlhf_lora_disk_full_reads_the_older_flags():
+    """Seed 000's run, flags before the 2026 renames (--lora_rank, --zero_stage, --save_hf_ckpt): the LoRA
+    DeepSpeed state (frozen base in bf16 + 12 B per LoRA parameter), not a full fine-tune's 12 B per parameter."""
+    d = run("openrlhf_lora_disk_full.log")
+    f = d.findings[0]
+    assert f.kind == "disk_full" and "lora_rank -> ds.lora.rank" in d.assumptions[0]
+    p = 70_553_706_496  # Llama-3.1-70B
+    t = 80 * 64 * (16384 + 9216 + 9216 + 16384 + 3 * 36864)  # LoRA r=64 on its seven projections
+    assert f.details["frozen_base_gib"] == pytest.approx(2 * p / GIB, abs=0.1)
+    assert (2 * p + 12 * t) / GIB < f.details["state_gib"] < (2 * p + 12 * t) * 1.001 / GIB + 0.1
+    assert f.details["hf_save_gib"] == pytest.approx((2 * t + 20 * 1024**2) / GIB, abs=0.01)
+    assert "--backend openrlhf" in f.fix and "--lora-rank 64" in f.fix and "ckpt.max_num" in f.fix
+
+
+def test_bare_oom_with_backend_and_model_given():
+    """verl's defaults (not the run's batch sizes) fit by the planner: it says it cannot check a fix, proposes none."""
+    d = run("seed004_cuda_oom.log", "berzelius:fat", backend="verl", model="qwen2.5-7b")
+    f = d.findings[0]
+    assert f.fix.startswith("the planner predicts that the run as read fits") and f.details["planner_fits"]
+    assert "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=None (verl's default; not in the log)" in d.assumptions
+    assert not any(flag in f.fix for flag in OI_FLAGS)
+
+
+def test_run_directory_uses_its_plan_and_job_script(tmp_path):
+    """A run hpcrl rendered: backend, model and layout come from hpcrl/plan.json and job.sbatch."""
+    hp = tmp_path / "hpcrl"
+    hp.mkdir()
+    golden = Path(__file__).parent / "golden" / "isambard-ai__verl-grpo-qwen2.5-7b__4.sh"
+    (hp / "job.sbatch").write_text(golden.read_text())
+    (hp / "plan.json").write_text(json.dumps({"backend": "verl", "cluster": "isambard-ai", "model": "Qwen/Qwen2.5-7B"}))
+    (hp / "driver.log").write_text((LOGS / "seed004_cuda_oom.log").read_text())
+    data = json.loads(cli(str(tmp_path), "--json").stdout)
+    f = data["findings"][0]
+    assert f["details"]["model"] == "Qwen/Qwen2.5-7B" and "verl driver command read from job.sbatch" in data["assumptions"]
+    assert "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=12 (from the driver command)" in data["assumptions"]
+    assert not any(flag in f["fix"] for flag in OI_FLAGS)
+
+
+def test_cli_bad_backend_is_one_line():
+    proc = cli(str(LOGS / "seed004_cuda_oom.log"), "--backend", "megatron")
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        "hpcrl: error: --backend 'megatron': valid: open-instruct, verl, openrlhf"]

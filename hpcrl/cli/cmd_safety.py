@@ -19,14 +19,22 @@ from hpcrl.profiles import resolve_profile
 @app.command("diagnose")
 def diagnose_cmd(
     log: Path = typer.Argument(..., help="A log file, or a run directory (reads hpcrl/driver.log and breaker.json)"),
-    model: Optional[str] = typer.Option(None, "--model", "-m", help="Model (default: from the log, else 32b)"),
-    learner_gpus: Optional[int] = typer.Option(None, "--learner-gpus", help="Learner GPUs (default: from the log)"),
-    tokens_per_gpu: Optional[int] = typer.Option(None, "--tokens-per-gpu", help="pack_length (default: from the log)"),
-    cluster: Optional[str] = typer.Option(None, "--cluster", "-c", help="Cluster profile (GPU size, modules)"),
+    model: Optional[str] = typer.Option(None, "--model", "-m", help="Model (default: the run's or the log's; none is "
+                                        "assumed)"),
+    backend: Optional[str] = typer.Option(None, "--backend", "-b", help="open-instruct, verl or openrlhf (default: "
+                                          "the run's, else the driver command in the log)"),
+    learner_gpus: Optional[int] = typer.Option(None, "--learner-gpus", help="Learner GPUs (default: from the run or log)"),
+    tokens_per_gpu: Optional[int] = typer.Option(None, "--tokens-per-gpu", help="Tokens per learner GPU micro-batch "
+                                                 "(default: from the run or log)"),
+    cluster: Optional[str] = typer.Option(None, "--cluster", "-c", help="Cluster profile (default: the run's)"),
     as_json: bool = typer.Option(False, "--json", help="Print the diagnosis as JSON"),
 ) -> None:
-    """Why did the run fail? Known failures in a log, with the fix computed by the planner."""
-    from hpcrl.diagnose import Context, diagnose  # noqa: PLC0415 - keeps `hpcrl --help` fast
+    """Why did the run fail? Known failures in a log, with the fix computed by the planner in the backend's keys."""
+    from hpcrl.backends import BACKENDS  # noqa: PLC0415 - keeps `hpcrl --help` fast
+    from hpcrl.diagnose import Context, diagnose  # noqa: PLC0415
+
+    if backend is not None and backend not in BACKENDS:
+        raise HpcrlError(f"--backend {backend!r}: valid: {', '.join(BACKENDS)}")
 
     path, breaker = log, None
     if log.is_dir():  # a run directory: the watchdog's driver log, else the newest Slurm job log
@@ -48,8 +56,15 @@ def diagnose_cmd(
 
         for name, tail in kept_ray_logs(RunDir(log)):
             text += f"\n==> {name} <==\n{tail}\n"
-    ctx = Context(resolve_profile(cluster), {"model": model, "learner_gpus": learner_gpus,
-                                             "tokens_per_gpu": tokens_per_gpu})
+    plan, command = _run_files(log) if log.is_dir() else (None, None)
+    profile = resolve_profile(cluster)
+    if cluster is None and plan and plan.get("cluster"):
+        try:
+            profile = resolve_profile(str(plan["cluster"]))
+        except HpcrlError:  # a profile file the run was rendered with: the default's GPU facts then
+            pass
+    ctx = Context(profile, {"model": model, "learner_gpus": learner_gpus, "backend": backend,
+                                             "tokens_per_gpu": tokens_per_gpu}, command=command, plan=plan)
     result = diagnose(text, ctx, breaker)
     if as_json:
         print_json({"log": str(path), "breaker": breaker, **result.to_dict()})
@@ -69,6 +84,22 @@ def diagnose_cmd(
     if not result.findings:
         # SystemExit, not typer.Exit: hpcrl.cli.main drops the code click returns for typer.Exit.
         raise SystemExit(2)
+
+
+def _run_files(run_dir: Path) -> tuple[dict | None, object]:
+    """A run directory's plan.json and the driver command of its job.sbatch (None where absent)."""
+    from hpcrl.driver_cmdline import from_script  # noqa: PLC0415
+
+    try:
+        plan = json.loads((run_dir / "hpcrl" / "plan.json").read_text())
+    except (OSError, ValueError):
+        return None, None
+    plan = plan if isinstance(plan, dict) else None
+    try:
+        script = (run_dir / "hpcrl" / "job.sbatch").read_text(errors="replace")
+    except OSError:
+        return plan, None
+    return plan, from_script(script, (plan or {}).get("backend") or "open-instruct")
 
 
 checkpoints_app = typer.Typer(help="List and prune a run's checkpoints.", no_args_is_help=True)

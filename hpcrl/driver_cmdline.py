@@ -1,0 +1,159 @@
+"""The driver command line in a log or a rendered job script, read into the backend's own keys (pure).
+
+A log usually shows how its driver was started: hpcrl's script prints `hpcrl: driver: ...`, a
+hand-written one under `set -x` prints `+ python3 -m ...`, open-instruct logs its arguments.
+This module finds that line and reads its words as the framework's parser would:
+
+* open-instruct (`grpo_fast.py`): `--name value ...` (lists as several words, HfArgumentParser);
+* verl (`verl.trainer.main_ppo`): Hydra overrides `key=value` (`+key=value` adds a key);
+* OpenRLHF (`openrlhf.cli.train_ppo_ray`): `--name value`, switches bare. Its flags were renamed
+  on 2026-04-19 (`--lora_rank` is `--ds.lora.rank`, `--save_hf_ckpt` is `--ckpt.save_hf`, ...):
+  older names are read under their new ones (openrlhf_args.json `_meta.renamed_from`), and the
+  removed `--prompt_max_len`/`--generate_max_len` pair becomes `data.max_len` and
+  `rollout.max_new_tokens`.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from hpcrl.driver_log import ANSI
+
+# Entry points, most specific first.
+ENTRY_POINTS = (
+    ("verl", re.compile(r"verl\.trainer\.main_ppo|verl/trainer/main_ppo\.py")),
+    ("openrlhf", re.compile(r"openrlhf\.cli\.train_ppo_ray|openrlhf/cli/train_ppo_ray\.py")),
+    ("open-instruct", re.compile(r"grpo_fast\.py|open_instruct\.grpo_fast|grpo_vllm_thread_ray_gtrl\.py")),
+)
+_DRIVER_BLOCK = re.compile(r"^DRIVER=\(\n(.*?)^\)$", re.S | re.M)
+
+
+@dataclass(frozen=True)
+class DriverCommand:
+    """A driver's arguments in its backend's spelling, and where they were found."""
+
+    backend: str
+    args: dict[str, Any]
+    where: str  # "line 12 of the log", "job.sbatch"
+    renamed: tuple[str, ...] = field(default_factory=tuple)  # "lora_rank -> ds.lora.rank"
+
+
+def _value(text: str) -> Any:
+    """A word as YAML reads it (numbers, true/false, lists), else the text itself."""
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+    if isinstance(value, str) and text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    if isinstance(value, str):  # YAML 1.1 reads 1e-06 as text; a command line means the number
+        try:
+            return float(value)
+        except ValueError:
+            return value
+    return text if value is None and text not in ("null", "~", "None") else value
+
+
+def _words(text: str) -> list[str]:
+    try:
+        return shlex.split(text)
+    except ValueError:  # an unbalanced quote in a wrapped log line
+        return text.split()
+
+
+def _is_flag(word: str) -> bool:
+    return word.startswith("--") and len(word) > 2 and not re.fullmatch(r"--?\d[\d.e+-]*", word)
+
+
+def _flags(words: list[str]) -> dict[str, Any]:
+    """`--name v`, `--name v1 v2`, `--name=v`, bare switches (True)."""
+    out: dict[str, Any] = {}
+    i = 0
+    while i < len(words):
+        word = words[i]
+        if not _is_flag(word):
+            i += 1
+            continue
+        name, eq, inline = word[2:].partition("=")
+        values = [inline] if eq else []
+        i += 1
+        while not eq and i < len(words) and not _is_flag(words[i]):
+            values.append(words[i])
+            i += 1
+        parsed = [_value(v) for v in values]
+        out[name] = True if not parsed else parsed[0] if len(parsed) == 1 else parsed
+    return out
+
+
+def _overrides(words: list[str]) -> dict[str, Any]:
+    out = {}
+    for word in words:
+        key, eq, raw = word.partition("=")
+        if eq and re.fullmatch(r"\+{0,2}~?[A-Za-z_][\w.@/-]*", key):
+            out[key.lstrip("+~")] = _value(raw)
+    return out
+
+
+def _openrlhf_names(args: dict[str, Any]) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """OpenRLHF's flags under their current dotted names."""
+    from hpcrl.backends.openrlhf import openrlhf_table, renamed
+
+    table, old = openrlhf_table(), renamed()
+    out, notes = {}, []
+    for key, value in args.items():
+        if key in table or key not in old:
+            out[key] = value
+            continue
+        words = old[key].split()
+        new = words[0]
+        # "ds.param_dtype bf16 (...)": a switch that became a value; only a plain rename maps.
+        if new in table and (len(words) == 1 or words[1].startswith("(")):
+            out.setdefault(new, value)
+            notes.append(f"{key} -> {new}")
+    if "prompt_max_len" in args or "generate_max_len" in args:
+        prompt, gen = int(args.get("prompt_max_len", 1024)), int(args.get("generate_max_len", 1024))
+        out.setdefault("data.max_len", prompt + gen)
+        out.setdefault("rollout.max_new_tokens", gen)
+        notes.append(f"prompt_max_len + generate_max_len -> data.max_len {prompt + gen}, rollout.max_new_tokens {gen}")
+    return out, tuple(notes)
+
+
+def read_words(backend: str, words: list[str], where: str) -> DriverCommand | None:
+    """The arguments after a driver's entry point."""
+    if backend == "verl":
+        args, notes = _overrides(words), ()
+    else:
+        args = _flags(words)
+        notes = ()
+        if backend == "openrlhf":
+            args, notes = _openrlhf_names(args)
+    return DriverCommand(backend, args, where, notes) if args else None
+
+
+def find_command(text: str) -> DriverCommand | None:
+    """The last driver command line in a log that names an entry point and gives arguments."""
+    lines = text.splitlines()
+    for i in range(len(lines) - 1, -1, -1):
+        line = ANSI.sub("", lines[i])
+        for backend, entry in ENTRY_POINTS:
+            if (m := entry.search(line)) and (cmd := read_words(backend, _words(line[m.end():]), f"line {i + 1}")):
+                return cmd
+    return None
+
+
+def from_script(text: str, backend: str) -> DriverCommand | None:
+    """The driver's arguments in a script hpcrl rendered (its DRIVER=( ... ) array)."""
+    block = _DRIVER_BLOCK.search(text)
+    if not block:
+        return None
+    words = _words(block.group(1))
+    start = next((i + 1 for i, w in enumerate(words) if w == "$ENTRY_POINT"), None)
+    return read_words(backend, words[start:], "job.sbatch") if start is not None else None
+
+
+__all__ = ["DriverCommand", "find_command", "from_script", "read_words"]

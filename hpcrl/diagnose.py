@@ -346,18 +346,17 @@ def rule_steps(lines: list[str], text: str, ctx: Context, k: int = 10, n: int = 
                        "check generation first (a dead or disconnected engine returns empty rollouts), then the "
                        "verifier and the answer format, then response_length", [f"steps {z[0].number}-{z[-1].number}"],
                        {"first_step": z[0].number, "steps": len(z)})
-    if len(f := best["flat"]) >= n:
-        return Finding("grad_norm_zero", f"The gradient norm ({f[0].grad_norm()[0]}) was ~0 for {len(f)} consecutive "
-                       f"steps from step {f[0].number}: the policy no longer changed.", "check that the trained "
-                       "parameters are the ones the loss reaches (LoRA target modules, frozen layers) and that the "
-                       "loss mask is not empty", [f"steps {f[0].number}-{f[-1].number}"],
-                       {"first_step": f[0].number, "steps": len(f)})
-    if len(v := best["same"]) >= n:
-        return Finding("zero_variance", f"Every group had zero reward variance for {len(v)} consecutive steps from step "
-                       f"{v[0].number} ({v[0].zero_variance()[1]}): GRPO's advantages were all zero.", "the prompts "
-                       "are all solved or all failed: harder or easier data, more samples per prompt, or a reward "
-                       "with partial credit", [f"steps {v[0].number}-{v[-1].number}"],
-                       {"first_step": v[0].number, "steps": len(v)})
+    stalls = {"flat": ("grad_norm_zero", "The gradient norm ({}) was ~0", "the policy no longer changed",
+                       "check that the trained parameters are the ones the loss reaches (LoRA target modules, frozen "
+                       "layers) and that the loss mask is not empty", lambda s: s.grad_norm()[0]),
+              "same": ("zero_variance", "Every group had zero reward variance ({})", "GRPO's advantages were all zero",
+                       "the prompts are all solved or all failed: harder or easier data, more samples per prompt, or a "
+                       "reward with partial credit", lambda s: s.zero_variance()[1])}
+    for name, (kind, what, so, fix, evidence) in stalls.items():
+        if len(r := best[name]) >= n:
+            return Finding(kind, f"{what.format(evidence(r[0]))} for {len(r)} consecutive steps from step {r[0].number}: "
+                           f"{so}.", fix, [f"steps {r[0].number}-{r[-1].number}"],
+                           {"first_step": r[0].number, "steps": len(r)})
     return None
 
 

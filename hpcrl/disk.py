@@ -67,19 +67,25 @@ class DiskSetup:
     grad_accum_dtype: str = "fp32"  # accepted for symmetry with the memory plan; not saved
 
     def check(self) -> None:
-        if self.zero_stage not in (0, 1, 2, 3):
-            raise HpcrlError(f"ZeRO stage {self.zero_stage} is not known; valid: 0, 1, 2, 3")
-        if self.n_learners < 1:
-            raise HpcrlError(f"learners must be at least 1, got {self.n_learners}")
-        if self.lora_rank < 0:
-            raise HpcrlError(f"LoRA rank must be 0 (off) or positive, got {self.lora_rank}")
-        if self.total_steps < 1:
-            raise HpcrlError(f"total steps must be at least 1, got {self.total_steps}")
-        if self.keep_last_n_checkpoints < -1:
-            raise HpcrlError(f"--keep-last-n-checkpoints {self.keep_last_n_checkpoints}: valid: -1 (keep all), "
-                             "0 or more")
-        if self.quota_bytes is not None and self.quota_bytes <= 0:
-            raise HpcrlError(f"quota must be positive, got {self.quota_bytes / GIB:g} GiB")
+        check_settings(self.zero_stage, self.n_learners, self.lora_rank, self.total_steps, self.keep_last_n_checkpoints,
+                       self.quota_bytes)
+
+
+def check_settings(zero_stage: int, learners: int, lora_rank: int, total_steps: int | None, keep: int | None,
+                   quota_bytes: float | None) -> None:
+    """HpcrlError for a setting no run can have (a None step count or keep: unknown, or all)."""
+    if zero_stage not in (0, 1, 2, 3):
+        raise HpcrlError(f"ZeRO stage {zero_stage} is not known; valid: 0, 1, 2, 3")
+    if learners < 1:
+        raise HpcrlError(f"learners must be at least 1, got {learners}")
+    if lora_rank < 0:
+        raise HpcrlError(f"LoRA rank must be 0 (off) or positive, got {lora_rank}")
+    if total_steps is not None and total_steps < 1:
+        raise HpcrlError(f"total steps must be at least 1, got {total_steps}")
+    if keep is not None and keep < -1:
+        raise HpcrlError(f"--keep-last-n-checkpoints {keep}: valid: -1 (keep all), 0 or more")
+    if quota_bytes is not None and quota_bytes <= 0:
+        raise HpcrlError(f"quota must be positive, got {quota_bytes / GIB:g} GiB")
 
 
 @dataclass(frozen=True)

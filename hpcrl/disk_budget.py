@@ -12,7 +12,7 @@ import posixpath
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
-from hpcrl.disk import GB, GIB
+from hpcrl.disk import GB, GIB, check_settings
 from hpcrl.errors import HpcrlError
 from hpcrl.models import ModelSpec
 
@@ -64,22 +64,11 @@ class DiskInputs:
     quota_bytes: float | None = None
 
     def check(self) -> None:
-        if self.zero_stage not in (0, 1, 2, 3):
-            raise HpcrlError(f"ZeRO stage {self.zero_stage} is not known; valid: 0, 1, 2, 3")
-        if self.learners < 1:
-            raise HpcrlError(f"learners must be at least 1, got {self.learners}")
-        if self.lora_rank < 0:
-            raise HpcrlError(f"LoRA rank must be 0 (off) or positive, got {self.lora_rank}")
-        if self.total_steps is not None and self.total_steps < 1:
-            raise HpcrlError(f"total steps must be at least 1, got {self.total_steps}")
-        if self.keep is not None and self.keep < -1:
-            raise HpcrlError(f"--keep-last-n-checkpoints {self.keep}: valid: -1 (keep all), 0 or more")
+        check_settings(self.zero_stage, self.learners, self.lora_rank, self.total_steps, self.keep, self.quota_bytes)
         if self.lora_hf_save not in ("adapter", "full"):
             raise HpcrlError(f"--lora-hf-save {self.lora_hf_save!r}: valid: adapter, full")
         if self.dataset_bytes < 0 or self.rollout_tokens_per_step < 0:
             raise HpcrlError("--dataset-gib and --rollout-tokens-per-step must be 0 or more")
-        if self.quota_bytes is not None and self.quota_bytes <= 0:
-            raise HpcrlError(f"quota must be positive, got {self.quota_bytes / GIB:g} GiB")
 
 
 @dataclass(frozen=True)

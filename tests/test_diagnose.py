@@ -374,3 +374,10 @@ def test_cli_bad_backend_is_one_line():
     proc = cli(str(LOGS / "seed004_cuda_oom.log"), "--backend", "megatron")
     assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
         "hpcrl: error: --backend 'megatron': valid: open-instruct, verl, openrlhf"]
+
+
+@pytest.mark.parametrize("name, kind, first, steps", [("verl_grad_norm_zero.log", "grad_norm_zero", 3, 24),
+                                                      ("openrlhf_zero_variance.log", "zero_variance", 4, 24)])
+def test_stalled_learning_in_the_steps(name, kind, first, steps):
+    f = run(name).findings[0]
+    assert (f.kind, f.details) == (kind, {"first_step": first, "steps": steps})

@@ -131,9 +131,9 @@ def _openrlhf(s: DiskInputs) -> Budget:
     if not s.lora_rank:
         hf_what, hf_src = "full weights (bf16)", ORL_HF
     elif full:
-        hf_what, hf_src = "LoRA under ZeRO-3, full model written (lora_hf_save full)", ORL_FULL
+        hf_what, hf_src = "full model under LoRA (lora_hf_save full)", ORL_FULL
     else:
-        hf_what, hf_src = "LoRA adapter only (adapter_model.bin)", ORL_HF
+        hf_what, hf_src = "LoRA adapter only", ORL_HF
     saves = _saves(s.ckpt_every, s.total_steps)
     items, notes = [], []
     if not s.disable_ds:

@@ -153,7 +153,7 @@ def cache_items(s: DiskInputs, steps_known: bool, dump_source: str | None) -> tu
                           "assumption: bf16 safetensors as published (2 B/param); the profile's storage.hf_home "
                           "is on the run root's filesystem"))
     else:
-        notes.append("the HF model cache is not counted (not on this quota; --hf-cache counts it)")
+        notes.append("the HF model cache is not counted (--hf-cache counts it when it shares this quota)")
     if s.dataset_bytes:
         items.append(Item("dataset_cache", "HF datasets cache", s.dataset_bytes, 1, 1, "given (--dataset-gib)"))
     if s.rollout_tokens_per_step and dump_source:

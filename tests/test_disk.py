@@ -234,3 +234,13 @@ def test_rollout_dumps_and_dataset_cache():
 def test_plan_disk_bad_combinations_are_one_line(args):
     proc = _cli(*args)
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+
+
+def test_plan_disk_config_is_what_render_checks():
+    """--config plans the run as render does: verl's checkpoint every trainer.save_freq hpcrl sets, keep 2."""
+    data, got = items("--config", "verl-grpo-qwen2.5-7b")
+    assert data["backend"] == "verl" and data["settings"]["trainer.max_actor_ckpt_to_keep"] == 2
+    # 16 GPUs of Isambard-AI; no total_training_steps in the config: the count is unknown, the bound counted.
+    assert got["fsdp_state"]["written"] is None and got["fsdp_state"]["at_peak"] == 2
+    assert got["fsdp_state"]["bytes"] == 12 * QWEN7B + 16 * 4 * MIB + 20 * MIB
+    assert got["model_cache"]["bytes"] == 2 * QWEN7B  # $PROJECTDIR/hf beside $PROJECTDIR/hpcrl-runs

@@ -31,8 +31,9 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from hpcrl.disk import HF_OVERHEAD_BYTES, RANK_OVERHEAD_BYTES, DiskSetup, plan_disk, state_checkpoint_terms
-from hpcrl.disk_budget import Budget, DiskInputs, Fix, Item, cache_items, interval_values, search
+from hpcrl.disk import GIB, HF_OVERHEAD_BYTES, RANK_OVERHEAD_BYTES, DiskSetup, plan_disk, state_checkpoint_terms
+from hpcrl.disk_budget import Budget, DiskInputs, Fix, Item, cache_items, interval_values, search, shares_quota
+from hpcrl.profiles import ClusterProfile
 
 # Each backend's name for the neutral settings (None: the backend has no such setting).
 KEYS: dict[str, dict[str, str | None]] = {
@@ -188,6 +189,37 @@ def _fixes(backend: str, b: Budget, build) -> list[Fix | None]:
     return out
 
 
+# Each backend's default for the number of state checkpoints kept: open-instruct's
+# keep_last_n_checkpoints, what hpcrl renders for verl's trainer.max_actor_ckpt_to_keep, OpenRLHF's ckpt.max_num.
+KEEP_DEFAULT = {"open-instruct": 3, "verl": 2, "openrlhf": 3}
+
+
+def flag_inputs(backend: str, given: dict[str, Any], profile: ClusterProfile, quota_gib: float | None,
+                hf_cache: bool | None, **extra: Any) -> tuple[DiskInputs, str]:
+    """`plan-disk`'s flags (None: not given) as inputs, with the backend's defaults; and where the quota is from."""
+    from hpcrl.errors import HpcrlError
+    from hpcrl.models import resolve_model
+
+    if backend not in KEEP_DEFAULT:
+        raise HpcrlError(f"--backend {backend!r}: valid: {', '.join(KEEP_DEFAULT)}")
+    store = profile.storage
+    quota = quota_gib if quota_gib is not None else store.run_root.quota_gib
+    cache = hf_cache if hf_cache is not None else quota_gib is None and shares_quota(store.run_root.path, store.hf_home)
+    keep = given.get("keep_last_n_checkpoints")
+
+    def get(name: str, default: Any) -> Any:
+        return default if given.get(name) is None else given[name]
+
+    s = DiskInputs(resolve_model(get("model", "32b")), learners=get("learners", 8), lora_rank=get("lora_rank", 0),
+                   zero_stage=get("zero_stage", 3), total_steps=get("total_steps", 1000),
+                   ckpt_every=get("checkpoint_state_freq", 200), hf_every=get("save_freq", 200),
+                   keep=KEEP_DEFAULT[backend] if keep is None else None if keep == -1 and backend == "verl" else keep,
+                   save_hf=bool(given.get("save_hf")), disable_ds=bool(given.get("disable_ds")),
+                   lora_hf_save=get("lora_hf_save", "adapter"), model_cache=cache,
+                   quota_bytes=None if quota is None else quota * GIB, **extra)
+    return s, "--quota-gib" if quota_gib is not None else f"{profile.name} run_root ({store.run_root.path})"
+
+
 def settings_text(b: Budget) -> str:
     """The settings that set the budget, in the backend's keys."""
     return ", ".join(f"{k} {_shown(v)}" for k, v in b.settings.items() if k != "total_steps")
@@ -197,4 +229,4 @@ def _shown(v: Any) -> str:
     return "null" if v is None else str(v).lower() if isinstance(v, bool) else str(v)
 
 
-__all__ = ["KEYS", "budget", "settings_text"]
+__all__ = ["KEEP_DEFAULT", "KEYS", "budget", "flag_inputs", "settings_text"]

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any
 
 from hpcrl.backends.oi_args import default
@@ -57,6 +58,16 @@ def run_inputs(rp: RunPlan, quota_gib: float | None = None, hf_cache: bool | Non
                          "keep": int(get("ckpt.max_num")), "save_hf": bool(get("ckpt.save_hf")),
                          "disable_ds": bool(get("ckpt.disable_ds")), "lora_hf_save": cfg.hpcrl.lora_hf_save,
                          "total_steps": steps})
+
+
+def config_inputs(rp: RunPlan, quota_gib: float | None, hf_cache: bool | None, **extra: Any) -> tuple[DiskInputs, str]:
+    """`plan-disk --config`: the run's inputs (the caches counted as the profile says unless --quota-gib or
+    --hf-cache say otherwise), and where the quota is from."""
+    s = run_inputs(rp, quota_gib, hf_cache if hf_cache is not None else None if quota_gib is None else False)
+    s = replace(s, dataset_bytes=extra.get("dataset_bytes", 0.0),
+                rollout_tokens_per_step=extra.get("rollout_tokens_per_step") or s.rollout_tokens_per_step)
+    root = rp.config.hpcrl.run_root or rp.profile.storage.run_root.path
+    return s, "--quota-gib" if quota_gib is not None else f"{rp.profile.name} run_root ({root})"
 
 
 def run_budget(rp: RunPlan, quota_gib: float | None = None, hf_cache: bool | None = None) -> Budget:

@@ -11,9 +11,6 @@ from hpcrl.cli.app import app
 from hpcrl.cli.output import console, print_json
 from hpcrl.errors import HpcrlError
 
-# Each backend's default for the number of state checkpoints kept: open-instruct's
-# keep_last_n_checkpoints, what hpcrl renders for verl's trainer.max_actor_ckpt_to_keep, OpenRLHF's ckpt.max_num.
-KEEP_DEFAULT = {"open-instruct": 3, "verl": 2, "openrlhf": 3}
 _RUN_ONLY = ("--model", "--learners", "--lora-rank", "--zero-stage", "--save-freq", "--checkpoint-state-freq",
              "--keep-last-n-checkpoints", "--total-steps", "--save-hf", "--disable-ds", "--lora-hf-save")
 
@@ -53,49 +50,31 @@ def plan_disk_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON"),
 ) -> None:
     """Will the checkpoints fit? Each kind a backend writes, the caches beside them, at peak, against the quota."""
-    from dataclasses import replace
-
     from hpcrl.disk import GIB
     from hpcrl.disk_backends import budget
-    from hpcrl.disk_budget import DiskInputs, shares_quota
-    from hpcrl.models import resolve_model
-    from hpcrl.profiles import resolve_profile
 
     given = dict(zip(_RUN_ONLY, (model, learners, lora_rank, zero_stage, save_freq, state_freq, keep, total_steps,
                                  save_hf, disable_ds, lora_hf_save)))
+    extra = {"dataset_bytes": dataset_gib * GIB, "rollout_tokens_per_step": rollout_tokens}
     if config is not None:
-        from hpcrl.disk_check import run_inputs
+        from hpcrl.disk_check import config_inputs
         from hpcrl.run_plan import make_run_plan
 
         if (bad := next((k for k, v in given.items() if v is not None), None)) or backend:
             raise HpcrlError(f"{bad or '--backend'}: with --config the run's own settings count; change them with "
                              "--set KEY=VALUE")
         rp = make_run_plan(config, nodes=nodes, cluster=cluster, sets=sets)
-        s = run_inputs(rp, quota_gib, hf_cache if hf_cache is not None else None if quota_gib is None else False)
-        s = replace(s, dataset_bytes=dataset_gib * GIB, rollout_tokens_per_step=rollout_tokens or s.rollout_tokens_per_step)
-        b = budget(rp.backend.name, s)
-        root = rp.config.hpcrl.run_root or rp.profile.storage.run_root.path
-        quota_from = "--quota-gib" if quota_gib is not None else f"{rp.profile.name} run_root ({root})"
+        name, (s, quota_from) = rp.backend.name, config_inputs(rp, quota_gib, hf_cache, **extra)
     else:
+        from hpcrl.disk_backends import flag_inputs
+        from hpcrl.profiles import resolve_profile
+
         if nodes is not None or sets:
             raise HpcrlError("--nodes and --set go with --config")
         name = backend or "open-instruct"
-        if name not in KEEP_DEFAULT:
-            raise HpcrlError(f"--backend {name!r}: valid: {', '.join(KEEP_DEFAULT)}")
-        profile = resolve_profile(cluster)
-        store = profile.storage
-        quota = quota_gib if quota_gib is not None else store.run_root.quota_gib
-        quota_from = "--quota-gib" if quota_gib is not None else f"{profile.name} run_root ({store.run_root.path})"
-        cache = hf_cache if hf_cache is not None else quota_gib is None and shares_quota(store.run_root.path, store.hf_home)
-        s = DiskInputs(resolve_model(model or "32b"), learners=8 if learners is None else learners,
-                       lora_rank=lora_rank or 0, zero_stage=3 if zero_stage is None else zero_stage,
-                       total_steps=total_steps or 1000, ckpt_every=200 if state_freq is None else state_freq,
-                       hf_every=200 if save_freq is None else save_freq,
-                       keep=KEEP_DEFAULT[name] if keep is None else (None if keep == -1 and name == "verl" else keep),
-                       save_hf=bool(save_hf), disable_ds=bool(disable_ds), lora_hf_save=lora_hf_save or "adapter",
-                       model_cache=cache, dataset_bytes=dataset_gib * GIB, rollout_tokens_per_step=rollout_tokens,
-                       quota_bytes=None if quota is None else quota * GIB)
-        b = budget(name, s)
+        s, quota_from = flag_inputs(name, {k.lstrip("-").replace("-", "_"): v for k, v in given.items()},
+                                    resolve_profile(cluster), quota_gib, hf_cache, **extra)
+    b = budget(name, s)
     _show(b, quota_from, as_json)
 
 

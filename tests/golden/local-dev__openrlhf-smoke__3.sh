@@ -798,9 +798,12 @@ hpcrl_worker() {
     # This node's output also in its own file, logs/worker-<node>-<job>.log (the tee outlives the
     # stop signals as the batch script's does; srun's stream, the job log, gets each line prefixed
     # with the node).
+    # A stopping srun closes its end of the pipe: ignore SIGPIPE here and in the tee (-p: keep
+    # writing the file), so a write can fail but the cleanup below still runs.
+    trap '' PIPE
     exec > >(
-        trap '' TERM INT USR2  # srun delivers USR2 (the stop) to every process of the task
-        tee -a -- "$HPCRL_RUN_DIR/logs/worker-$name-$SLURM_JOB_ID.log" | sed -u "s/^/[$name] /"
+        trap '' TERM INT USR2 PIPE  # srun delivers USR2 (the stop) to every process of the task
+        tee -p -a -- "$HPCRL_RUN_DIR/logs/worker-$name-$SLURM_JOB_ID.log" | sed -u "s/^/[$name] /"
     ) 2>&1
     ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
     lean_env

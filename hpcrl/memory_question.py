@@ -9,7 +9,7 @@ the config, a command-line flag, or the framework's code (file and line).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from hpcrl.backends import get_backend
@@ -64,8 +64,6 @@ class Question:
     assumptions: tuple[str, ...]
     config: RunConfig | None = None
     util_pinned: bool = False
-    colocation: Colocation | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def check_features(self) -> None:
         """Refuse LoRA or 4-bit for a framework whose code does not apply them (capabilities.json)."""

@@ -147,7 +147,8 @@ def make_run_plan(
         warnings.append(f"{planned.layouts[0].learners_per_node} learners per node on {profile.name}, where the profile "
                         f"plans at most {cap}: {profile.planning.why or 'see the profile'}")
     choices = dict(planned.choices)
-    cad, cad_warnings = checkpoint_cadence(backend, cfg, profile, planned.workload or w, planned.layouts[0])
+    wall = cfg.hpcrl.time or (part.max_time if part else None)
+    cad, cad_warnings = checkpoint_cadence(backend, cfg, profile, planned.workload or w, planned.layouts[0], wall)
     if not cad.pinned:
         choices[backend.checkpoint_key] = cad.every_steps
     return RunPlan(cfg, profile, n, planned.workload or w, p, planned.layouts,
@@ -155,18 +156,16 @@ def make_run_plan(
 
 
 def checkpoint_cadence(backend: Backend, cfg: RunConfig, profile: ClusterProfile, w: Workload,
-                       lay: Layout) -> tuple[Cadence, list[str]]:
+                       lay: Layout, wall: str | None) -> tuple[Cadence, list[str]]:
     """The checkpoint interval (hpcrl.max_lost_minutes of the step estimate, unless pinned) and the
-    time-limit warning's lead time; warnings for a pinned interval that risks more, or none."""
+    time-limit warning's lead time within the job's wall time; warnings for a pinned interval
+    that risks more, or none."""
     key, hp = backend.checkpoint_key, cfg.hpcrl
     pinned = cfg.args.get(key)
     bandwidth = profile.storage.run_root.write_gib_s or ASSUMED_WRITE_GIB_S
     cad = plan_cadence(lay.step_time_s, hp.max_lost_minutes, w.model, bandwidth, profile.slurm.signal_before_end_s,
                        int(pinned) if isinstance(pinned, int) and pinned > 0 else None, w.lora_rank)
     warnings = risk_warning(cad, key, hp.max_lost_minutes)
-    part_name = hp.partition or profile.slurm.default_partition
-    part = profile.slurm.partitions.get(part_name) if part_name else None
-    wall = hp.time or (part.max_time if part else None)
     # The warning may take at most half the job (a 5-minute test job would be warned at its start).
     half = walltime.seconds(wall) // 2 if wall else None
     if half is not None and cad.lead_s > half:

@@ -106,6 +106,9 @@ STOP_RESERVE_S=2
 TERM_DRIVER_S=$((KILL_WAIT_S * 4 / 10 > 1 ? KILL_WAIT_S * 4 / 10 : 1))
 # A stop hpcrl starts itself (a dead Ray node) waits this long for the driver.
 INTERNAL_STOP_S=15
+# The longest an end the job reaches by itself waits for the worker step (on a loaded node a
+# worker's stop and log copy took over 20 s).
+END_STOP_S=60
 
 # jobs.tsv: <job id> <event> <UTC time> <detail>, one line per event (bash's own clock:
 # no process to start while a signal is being handled).
@@ -339,7 +342,9 @@ on_exit() {
     fi
     continue_chain "$END_REASON"  # a failure that is not the run's fault (fail ray-start-failed, ...)
     rm -f -- "$HPCRL_DIR/driver-started-$SLURM_JOB_ID"
-    local by=$((SECONDS + 20)) pid left
+    # Up to END_STOP_S for everything to stop by itself (Slurm's clock, when it runs, ends it sooner):
+    # each worker stops its Ray, keeps its logs and removes its node-local dirs; KILLed, it cannot.
+    local by=$((SECONDS + END_STOP_S)) pid left
     kill -TERM "$DRIVER_PID" "$HEAD_PID" "$MON_PID" "${SVC_PIDS[@]}" 2>/dev/null
     # srun answers TERM with SIGKILL to the tasks, but forwards USR2: each worker stops its Ray
     # and removes its node-local directories.
@@ -731,16 +736,16 @@ lean_env() {
 # (raylet.out, gcs_server.out, the workers' error files) into logs/ray/<job>/<node>/ of the
 # run directory, newest first up to the profile's ray.log_keep_mib.
 keep_ray_logs() {
-    local src=$RAY_TMP/session_latest/logs dest=$HPCRL_RUN_DIR/logs/ray/$SLURM_JOB_ID/$1 rel
+    local src=$RAY_TMP/session_latest/logs dest=$HPCRL_RUN_DIR/logs/ray/$SLURM_JOB_ID/$1
     mkdir -p -- "$dest" 2>/dev/null || return 0
     if [[ -z $RAY_TMP || ! -d $src ]]; then
         return 0
     fi
+    # One cp for all the files (a Ray session has hundreds; a process per file took long enough,
+    # on a loaded node, for the stop's budget to run out before the node-local dirs were removed).
     find "$src/" -type f -printf '%T@\t%s\t%P\n' 2>/dev/null | sort -rn |
         awk -F '\t' -v cap=$((64 * 1048576)) '{ s += $2; if (s <= cap) print $3 }' |
-        while IFS= read -r rel; do
-            mkdir -p -- "$dest/$(dirname -- "$rel")" && cp -p -- "$src/$rel" "$dest/$rel" 2>/dev/null
-        done
+        (cd -- "$src" && xargs -r -d '\n' cp -p --parents -t "$dest" -- 2>/dev/null)
     return 0
 }
 
@@ -818,12 +823,13 @@ hpcrl_worker_cleanup() {
     fi
     keep_ray_logs "${SLURMD_NODENAME:-$(hostname -s)}"
     remove_node_dirs
+    echo "hpcrl: node-local dirs removed${stop_at:+ $((SECONDS - stop_at)) s after the stop signal}"
 }
 hpcrl_worker() {
     set -euo pipefail
     local name=${SLURMD_NODENAME:?} ip slot rc=0
-    ray_pid="" mon_pid="" stopping="" NODE_DIR="" RAY_TMP=""
-    trap 'stopping=1; if [[ -n $ray_pid ]]; then kill -TERM "$ray_pid" 2>/dev/null || true; fi' USR2 TERM INT
+    ray_pid="" mon_pid="" stopping="" stop_at="" NODE_DIR="" RAY_TMP=""
+    trap 'stopping=1 stop_at=${stop_at:-$SECONDS}; if [[ -n $ray_pid ]]; then kill -TERM "$ray_pid" 2>/dev/null || true; fi' USR2 TERM INT
     trap hpcrl_worker_cleanup EXIT
     # This node's output also in its own file, logs/worker-<node>-<job>.log (the tee outlives the
     # stop signals as the batch script's does; srun's stream, the job log, gets each line prefixed
@@ -893,7 +899,7 @@ hpcrl_worker() {
         rm -rf -- "${RAY_TMP:?}"/* 2>/dev/null || true
         sleep "$((2 * attempt))"
     done
-    echo "hpcrl: ray on $name stopped"
+    echo "hpcrl: ray on $name stopped${stop_at:+ $((SECONDS - stop_at)) s after the stop signal}"
     exit 0
 }
 

@@ -67,6 +67,16 @@ class QOS(_Strict):
     description: str = ""
 
 
+class NodeSharing(_Strict):
+    """How the site shares a node among jobs that ask for some of its GPUs (`--gpus N`)."""
+
+    mode: Literal["proportional", "per-gpu", "whole-nodes"] = Field(
+        description="proportional: the site gives each GPU its share of cores and memory itself; per-gpu: "
+                    "the script asks --cpus-per-gpu and --mem-per-gpu; whole-nodes: partial jobs are refused")
+    cpus_per_gpu: int | None = Field(default=None, gt=0, description="Cores a job gets per GPU")
+    mem_per_gpu_gib: float | None = Field(default=None, gt=0, description="Host RAM a job gets per GPU, GiB")
+
+
 class Slurm(_Strict):
     gpu_request: Literal["gpus-per-node", "gpus", "gres"] = Field(
         description="How the script asks for GPUs: --gpus-per-node=G, --gpus=N*G or --gres=gpu:G"
@@ -81,6 +91,8 @@ class Slurm(_Strict):
     constraint: str | None = Field(default=None, description="-C value used by this profile")
     exclude_nodes: list[str] = Field(default_factory=list)
     mem: str | None = Field(default=None, description="--mem value, e.g. 0 for the whole node")
+    node_sharing: NodeSharing | None = Field(
+        default=None, description="How a job with part of a node's GPUs gets cores and memory (hpcrl --gpus N)")
     cpus_per_gpu: int | None = Field(default=None, gt=0)
     signal_before_end_s: int = Field(default=600, gt=0)
     kill_wait_s: int = Field(
@@ -183,6 +195,7 @@ class ClusterProfile(_Strict):
     variants: dict[str, Variant] = Field(default_factory=dict)
     default_variant: str | None = None
     variant: str | None = Field(default=None, description="Set when a variant was applied")
+    job_gpus: int | None = Field(default=None, description="Set on the view of one job with part of a node (for_gpus)")
     unconfirmed: list[str] = Field(default_factory=list)
     sources: dict[str, str] = Field(default_factory=dict)
 
@@ -223,6 +236,34 @@ class ClusterProfile(_Strict):
         ]
         found = [n for n in limits if n]
         return min(found) if found else None
+
+    def gpu_share(self) -> tuple[int, float, str]:
+        """Cores and host RAM (GiB) one GPU's share of a node brings, and what that rests on."""
+        g, share = self.gpu.count_per_node, self.slurm.node_sharing
+        cpus = share.cpus_per_gpu if share and share.cpus_per_gpu else self.slurm.cpus_per_gpu or self.node.cpu_cores // g
+        mem = share.mem_per_gpu_gib if share and share.mem_per_gpu_gib else self.node.ram_gib / g
+        basis = (f"slurm.node_sharing {share.mode}" if share else
+                 "the node's cores and RAM divided by its GPUs (the profile has no slurm.node_sharing)")
+        return cpus, mem, basis
+
+    def for_gpus(self, n: int) -> ClusterProfile:
+        """This profile as one job with `n` of a node's GPUs sees it: a node of n GPUs with their
+        share of cores and RAM, not exclusive. The whole node's profile when n is all of them."""
+        g, share = self.gpu.count_per_node, self.slurm.node_sharing
+        if n == g:
+            return self
+        if share and share.mode == "whole-nodes":
+            raise ProfileError(f"--gpus {n}: cluster {self.name} gives whole nodes only "
+                               f"(slurm.node_sharing.mode whole-nodes); drop --gpus")
+        cpus, mem, _ = self.gpu_share()
+        ray = self.ray.model_copy(update={"num_cpus_per_node": min(self.ray.num_cpus_per_node or n * cpus, n * cpus)})
+        return self.model_copy(update={
+            "gpu": self.gpu.model_copy(update={"count_per_node": n}),
+            "node": self.node.model_copy(update={"cpu_cores": n * cpus, "ram_gib": n * mem}),
+            "slurm": self.slurm.model_copy(update={"exclusive": False, "mem": None}),
+            "ray": ray,
+            "job_gpus": n,
+        })
 
     def source_of(self, path: str) -> str | None:
         """Source of the fact at dotted `path`: its own entry or that of the nearest enclosing path."""
@@ -407,6 +448,20 @@ def resolve_profile(
         return load_profile_file(cluster_file, variant)
     name = cluster or DEFAULT_CLUSTER
     return load_profile(f"{name.partition(':')[0]}:{variant}" if variant else name)
+
+
+def job_profile(profile: ClusterProfile, gpus: int | None, nodes: int | None = 1) -> ClusterProfile:
+    """The profile one job sees with `--gpus N` (part of one node), validated; unchanged without it."""
+    if gpus is None:
+        return profile
+    g, label = profile.gpu.count_per_node, f"{profile.name}:{profile.variant}" if profile.variant else profile.name
+    if gpus < 1 or gpus > g:
+        raise ProfileError(f"--gpus {gpus}: a {label} node has {g} GPUs; valid: 1 to {g} "
+                           "(more than one node: whole nodes with --nodes, without --gpus)")
+    if nodes is not None and nodes > 1:
+        raise ProfileError(f"--gpus {gpus} asks for part of one node, but the job has {nodes} nodes; "
+                           "use --nodes 1 with --gpus, or whole nodes without --gpus")
+    return profile.for_gpus(gpus)
 
 
 DEFAULT_CLUSTER = "isambard-ai"

@@ -8,6 +8,7 @@ text emitted verbatim is shell the user wrote as shell (`hpcrl.env_setup`, profi
 from __future__ import annotations
 
 import json
+import math
 import re
 from functools import lru_cache
 from pathlib import Path
@@ -18,6 +19,7 @@ from hpcrl import __version__, walltime
 from hpcrl.errors import ConfigError
 from hpcrl.memory import constants as C
 from hpcrl.resources import data_dir
+from hpcrl.profiles import ClusterProfile
 from hpcrl.run_plan import RunPlan
 from hpcrl.shell import comment_safe, has_vars, sanitize_name, sbatch_safe, shq, shq_path
 
@@ -123,6 +125,17 @@ def exclude_nodes(rp: RunPlan) -> list[str]:
     return exclude
 
 
+def partial_node_options(profile: ClusterProfile) -> list[str]:
+    """Cores and memory of a job with part of a node, as the profile says the site shares one
+    (slurm.node_sharing): a proportional site gives both with the GPUs, so only the cores are asked."""
+    share = profile.slurm.node_sharing
+    cpus = profile.node.cpu_cores // profile.gpu.count_per_node
+    opts = [f"--cpus-per-gpu={cpus}"]
+    if share is None or share.mode == "per-gpu":
+        opts.append(f"--mem-per-gpu={math.floor(profile.node.ram_gib / profile.gpu.count_per_node)}G")
+    return opts
+
+
 def sbatch_options(rp: RunPlan) -> list[str]:
     """The #SBATCH options, validated: one `--name=value` string each."""
     hp, slurm, g = rp.config.hpcrl, rp.profile.slurm, rp.profile.gpu.count_per_node
@@ -130,7 +143,9 @@ def sbatch_options(rp: RunPlan) -> list[str]:
     opts = [f"--job-name=hpcrl-{sanitize_name(hp.run_name)}", f"--nodes={n}", "--ntasks-per-node=1"]
     opts.append({"gpus-per-node": f"--gpus-per-node={g}", "gpus": f"--gpus={n * g}", "gres": f"--gres=gpu:{g}"}[
         slurm.gpu_request])
-    if slurm.exclusive:
+    if rp.profile.job_gpus:
+        opts += partial_node_options(rp.profile)
+    elif slurm.exclusive:
         opts.append("--exclusive")
     elif slurm.cpus_per_gpu:
         opts.append(f"--cpus-per-gpu={slurm.cpus_per_gpu}")

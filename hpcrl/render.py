@@ -245,7 +245,9 @@ def plan_summary(rp: RunPlan) -> list[str]:
                f"host peak {d['host_peak_gib']:.0f} GiB/node")
     return [
         f"model {w.model.name}: {w.seqs} sequences of {w.seq_len} tokens per step, {rp.backend.tokens_text(rp)}",
-        f"{rp.nodes} x {p.gpu.count_per_node} {p.gpu.model} ({p.gpu.memory_gib:g} GiB): {gpus}",
+        (f"{p.job_gpus} {p.gpu.model} ({p.gpu.memory_gib:g} GiB) of one node, not the whole node (--gpus "
+         f"{p.job_gpus}): {gpus}" if p.job_gpus else f"{rp.nodes} x {p.gpu.count_per_node} {p.gpu.model} "
+         f"({p.gpu.memory_gib:g} GiB): {gpus}"),
         rp.backend.summary(rp),
         mem,
         f"step ~{lay.step_time_s:.0f} s (generation {lay.gen_time_s:.0f} s, training {lay.train_time_s:.0f} s), "
@@ -276,6 +278,10 @@ def plan_json(rp: RunPlan, *, smoke: bool = False) -> str:
         data["backend_args"] = rp.backend.layout_args(rp)
     if rp.config.hpcrl.reward_keys:  # the watchdog's reward keys: `hpcrl report` reads the metrics with them
         data["reward_keys"] = list(rp.config.hpcrl.reward_keys)
+    if rp.config.hpcrl.loss_keys:
+        data["loss_keys"] = list(rp.config.hpcrl.loss_keys)
+    if rp.profile.job_gpus is not None:  # a job with part of a node (--gpus N)
+        data["job_gpus"] = rp.profile.job_gpus
     return json.dumps(data, indent=2, sort_keys=True, default=str) + "\n"
 
 
@@ -317,6 +323,11 @@ def _context(rp: RunPlan, smoke: bool) -> dict:
         "python": hp.python,
         "entry_point": hp.entry_point,
         "entry_module": backend.entry_is_module,
+        "launcher": "".join(shq(w) + " " for w in backend.launcher_words(rp)),
+        "ray": backend.uses_ray,
+        "launcher_module": "torch.distributed.run" if "torch.distributed.run" in backend.launcher_words(rp) else "",
+        "loss_keys": list(hp.loss_keys),
+        "job_cpus": prof.node.cpu_cores,
         "backend": backend.name,
         "driver_label": backend.label,
         "driver_env": sorted(backend.env(rp).items()),

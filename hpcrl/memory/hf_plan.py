@@ -77,7 +77,8 @@ class HfPlan(MemoryPlan):
         return {
             "model": {"name": s.model.name, "total_params": s.model.total_params,
                       "trainable_params": hf.trainable_params},
-            "gpu": {"name": self.profile.gpu.model, "usable_gib": round(self.usable / g, 3), "cluster": self.profile.name,
+            "gpu": {"name": self.profile.gpu.model, "usable_gib": round(self.usable / g, 3),
+                    "cluster": f"{self.profile.name}:{self.profile.variant}" if self.profile.variant else self.profile.name,
                     "job_gpus": self.profile.gpu.count_per_node},
             "learner": {
                 "kind": "hf-trl", "algorithm": s.algorithm, "processes": s.n_gpus,
@@ -133,7 +134,7 @@ def hf_memory_plan(profile: ClusterProfile, setup: HfLearnerSetup, margin: bool 
     es = EngineSetup(model=setup.model, tp=1, gpu_memory_utilization=1.0, gpu_total_bytes=profile.gpu_bytes,
                      max_seq_len=setup.seq_len)
     # No Ray and no vLLM: the training processes alone, against what Slurm gives the job (no kill threshold).
-    host_terms = {f"training processes ({setup.n_gpus} x {C.HOST_PROCESS_GIB:g} GiB, measured on learners)":
+    host_terms = {f"training processes ({setup.n_gpus} x {C.HOST_PROCESS_GIB:g} GiB, assumed: constants.HOST_PROCESS_GIB)":
                   setup.n_gpus * C.HOST_PROCESS_GIB * C.GIB}
     hm = HostMemory(profile.node.ram_gib * C.GIB, 1.0, sum(host_terms.values()), host_terms)
     return HfPlan(profile, ls, es, lm, em, hm, allocator_margin(ls, lm.peak_reserved) if margin else 0.0,

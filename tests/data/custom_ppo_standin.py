@@ -21,7 +21,8 @@ def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--output_dir", type=Path, required=True)
-    p.add_argument("--nan-at", type=int, default=0, help="log a NaN loss at this step (the watchdog's breaker 91)")
+    p.add_argument("--nan-at", type=int, default=0,
+                   help="log a NaN value_loss at this step: a loss key only the config names (the watchdog's breaker 91)")
     p.add_argument("--sleep", type=float, default=0.2)
     a = p.parse_args()
     print(f"standin: CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')} "
@@ -29,9 +30,10 @@ def main() -> int:
     every = max(1, int(os.environ.get("HPCRL_SAVE_STEPS") or 1))
     a.output_dir.mkdir(parents=True, exist_ok=True)
     for step in range(1, a.steps + 1):
-        loss = float("nan") if step == a.nan_at else 1.0 / step
+        loss = 1.0 / step
+        value_loss = float("nan") if step == a.nan_at else loss * 2
         print(json.dumps({"step": step, "avg_reward": 0.5 + step / 100, "loss": loss, "policy_loss": -loss / 2,
-                          "value_loss": loss * 2}), flush=True)
+                          "value_loss": value_loss}), flush=True)
         if step % every == 0:
             (a.output_dir / f"checkpoint-{step}").mkdir(exist_ok=True)
             (a.output_dir / "latest").write_text(f"{step}\n")

@@ -237,34 +237,6 @@ class ClusterProfile(_Strict):
         found = [n for n in limits if n]
         return min(found) if found else None
 
-    def gpu_share(self) -> tuple[int, float, str]:
-        """Cores and host RAM (GiB) one GPU's share of a node brings, and what that rests on."""
-        g, share = self.gpu.count_per_node, self.slurm.node_sharing
-        cpus = share.cpus_per_gpu if share and share.cpus_per_gpu else self.slurm.cpus_per_gpu or self.node.cpu_cores // g
-        mem = share.mem_per_gpu_gib if share and share.mem_per_gpu_gib else self.node.ram_gib / g
-        basis = (f"slurm.node_sharing {share.mode}" if share else
-                 "the node's cores and RAM divided by its GPUs (the profile has no slurm.node_sharing)")
-        return cpus, mem, basis
-
-    def for_gpus(self, n: int) -> ClusterProfile:
-        """This profile as one job with `n` of a node's GPUs sees it: a node of n GPUs with their
-        share of cores and RAM, not exclusive. The whole node's profile when n is all of them."""
-        g, share = self.gpu.count_per_node, self.slurm.node_sharing
-        if n == g:
-            return self
-        if share and share.mode == "whole-nodes":
-            raise ProfileError(f"--gpus {n}: cluster {self.name} gives whole nodes only "
-                               f"(slurm.node_sharing.mode whole-nodes); drop --gpus")
-        cpus, mem, _ = self.gpu_share()
-        ray = self.ray.model_copy(update={"num_cpus_per_node": min(self.ray.num_cpus_per_node or n * cpus, n * cpus)})
-        return self.model_copy(update={
-            "gpu": self.gpu.model_copy(update={"count_per_node": n}),
-            "node": self.node.model_copy(update={"cpu_cores": n * cpus, "ram_gib": n * mem}),
-            "slurm": self.slurm.model_copy(update={"exclusive": False, "mem": None}),
-            "ray": ray,
-            "job_gpus": n,
-        })
-
     def source_of(self, path: str) -> str | None:
         """Source of the fact at dotted `path`: its own entry or that of the nearest enclosing path."""
         parts = path.split(".")
@@ -448,20 +420,6 @@ def resolve_profile(
         return load_profile_file(cluster_file, variant)
     name = cluster or DEFAULT_CLUSTER
     return load_profile(f"{name.partition(':')[0]}:{variant}" if variant else name)
-
-
-def job_profile(profile: ClusterProfile, gpus: int | None, nodes: int | None = 1) -> ClusterProfile:
-    """The profile one job sees with `--gpus N` (part of one node), validated; unchanged without it."""
-    if gpus is None:
-        return profile
-    g, label = profile.gpu.count_per_node, f"{profile.name}:{profile.variant}" if profile.variant else profile.name
-    if gpus < 1 or gpus > g:
-        raise ProfileError(f"--gpus {gpus}: a {label} node has {g} GPUs; valid: 1 to {g} "
-                           "(more than one node: whole nodes with --nodes, without --gpus)")
-    if nodes is not None and nodes > 1:
-        raise ProfileError(f"--gpus {gpus} asks for part of one node, but the job has {nodes} nodes; "
-                           "use --nodes 1 with --gpus, or whole nodes without --gpus")
-    return profile.for_gpus(gpus)
 
 
 DEFAULT_CLUSTER = "isambard-ai"

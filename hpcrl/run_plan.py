@@ -15,7 +15,8 @@ from hpcrl.config import HpcrlSection, RunConfig, load_run_config
 from hpcrl.errors import HpcrlError
 from hpcrl.layout import Layout, Pins, Workload, check_nodes, enumerate_layouts
 from hpcrl.layout_advice import idle_gpus_warning
-from hpcrl.profiles import ClusterProfile, job_profile, resolve_profile
+from hpcrl.node_share import job_profile
+from hpcrl.profiles import ClusterProfile, resolve_profile
 from hpcrl import walltime
 from hpcrl.walltime import check_time
 

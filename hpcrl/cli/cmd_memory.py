@@ -12,7 +12,8 @@ from rich.table import Table
 from hpcrl.cli.app import app
 from hpcrl.cli.output import console, print_json
 from hpcrl.memory.colocated import Colocation
-from hpcrl.profiles import job_profile, resolve_profile
+from hpcrl.node_share import job_profile
+from hpcrl.profiles import resolve_profile
 
 
 class OffloadChoice(str, Enum):

@@ -15,7 +15,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from hpcrl.backends.base import Backend, DriverLine, Planned, Word, cli_pins_into, positive
-from hpcrl.errors import ConfigError, HpcrlError, PlanError, UnknownNameError
+from hpcrl.errors import ConfigError, PlanError, UnknownNameError
 from hpcrl.layout import Layout, Pins, Workload, training_time
 from hpcrl.memory.hf_learner import HfLearnerSetup
 from hpcrl.memory.hf_plan import HfPlan, hf_memory_plan

@@ -37,6 +37,8 @@ from hpcrl.shell import path_problem
 from hpcrl.yamlfile import read_mapping
 
 DEFAULT_CONFIG = "grpo-olmo3-32b"
+# hpcrl-section fields added after configs were first hashed, with their unset values.
+NEWER_FIELDS = {"gpus": None, "loss_keys": []}
 
 # open-instruct's layout and run-directory fields, re-exported (other backends: layout_keys, run_dir_keys).
 __all__ = ["LAYOUT_FIELDS", "RUN_DIR_FIELDS", "HpcrlSection", "RunConfig", "load_run_config"]
@@ -49,8 +51,9 @@ class HpcrlSection(BaseModel):
 
     cluster: str = "isambard-ai"
     nodes: int | None = Field(default=None, gt=0)
+    gpus: int | None = Field(default=None, gt=0, description="GPUs of one node, for a job smaller than a node")
     model: str | None = Field(default=None, description="Planner model; default from model_name_or_path")
-    backend: Literal["open-instruct", "verl", "openrlhf"] = "open-instruct"
+    backend: Literal["open-instruct", "verl", "openrlhf", "custom"] = "open-instruct"
     arg_layout: ArgLayout = Field(default="current", description="open-instruct's argument layout (current|legacy)")
     # Defaults follow the backend (see _backend_defaults): open-instruct's are given here.
     entry_point: str = Field(default="open_instruct/grpo_fast.py",
@@ -77,6 +80,7 @@ class HpcrlSection(BaseModel):
     grad_norm_steps: int = Field(default=20, ge=0, description="Steps of a ~0 gradient norm that stop the run (96)")
     zero_variance_steps: int = Field(default=20, ge=0, description="Steps of zero reward variance that stop it (97)")
     reward_keys: list[str] = Field(default_factory=list, description="The reward's metric keys, when not a known one")
+    loss_keys: list[str] = Field(default_factory=list, description="Loss metric keys the NaN breaker also watches")
     # OpenRLHF's HF saves under LoRA: the adapter only (the pinned commit), or the full model (OpenRLHF
     # before 2d0b9854, and the 203 GB saves of the users' notes). Only the disk plan reads it.
     lora_hf_save: Literal["adapter", "full"] = "adapter"
@@ -139,7 +143,11 @@ class RunConfig(BaseModel):
 
     def digest(self) -> str:
         """Short hash of the effective config (same inputs, same hash)."""
-        blob = json.dumps({"hpcrl": self.hpcrl.model_dump(), "args": self.args}, sort_keys=True, default=str)
+        section = self.hpcrl.model_dump()
+        for key, unset in NEWER_FIELDS.items():  # unset, they leave the digest of older configs as it was
+            if section.get(key) == unset:
+                section.pop(key)
+        blob = json.dumps({"hpcrl": section, "args": self.args}, sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 

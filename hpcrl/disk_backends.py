@@ -42,6 +42,8 @@ KEYS: dict[str, dict[str, str | None]] = {
     "verl": {"ckpt_every": "trainer.save_freq", "keep": "trainer.max_actor_ckpt_to_keep", "hf_every": None,
              "save_hf": "actor_rollout_ref.actor.checkpoint.save_contents", "disable_ds": None, "zero_stage": None,
              "lora_rank": "actor_rollout_ref.model.lora_rank"},
+    "custom": {"ckpt_every": "save_steps", "keep": "keep_checkpoints", "hf_every": None, "save_hf": None,
+               "disable_ds": None, "zero_stage": None, "lora_rank": "lora_rank"},
     "openrlhf": {"ckpt_every": "ckpt.save_steps", "keep": "ckpt.max_num", "hf_every": None, "save_hf": "ckpt.save_hf",
                  "disable_ds": "ckpt.disable_ds", "zero_stage": "ds.zero_stage", "lora_rank": "ds.lora.rank"},
 }
@@ -56,7 +58,7 @@ ORL_FULL = "OpenRLHF before 2d0b9854: utils/deepspeed.py:258-273 at 3efc5f82 (me
 def budget(backend: str, s: DiskInputs) -> Budget:
     """The disk budget of a run of `backend`, with single settings that fit when it does not."""
     s.check()
-    build = {"open-instruct": _open_instruct, "verl": _verl, "openrlhf": _openrlhf}[backend]
+    build = {"open-instruct": _open_instruct, "verl": _verl, "openrlhf": _openrlhf, "custom": _custom}[backend]
     b = build(s)
     if b.fits is False:
         b = replace(b, fixes=tuple(f for f in _fixes(backend, b, build) if f is not None))
@@ -163,6 +165,25 @@ def _openrlhf(s: DiskInputs) -> Budget:
     return Budget("openrlhf", s, t, settings, tuple(items + extra), tuple(notes + more))
 
 
+def _custom(s: DiskInputs) -> Budget:
+    """A user's script: an HF Trainer-style LoRA checkpoint (the adapter in fp32 and the optimizer's two fp32
+    moments) every save_steps; how many it keeps is the script's (keep_checkpoints, HF save_total_limit).
+    An assumption about the script, derived from what HF Trainer and PEFT write, not read from it."""
+    t = _trainable(s)
+    terms = {"adapter (fp32)": 4.0 * t, "optimizer state (AdamW moments, fp32)": 8.0 * t,
+             "config, tokenizer, trainer state": float(HF_OVERHEAD_BYTES)}
+    saves = _saves(s.ckpt_every, s.total_steps)
+    keep = None if s.keep is None or s.keep <= 0 else s.keep
+    at_peak = (keep or 1) if saves is None else saves if keep is None else min(saves, keep + 1)
+    notes = ["the custom backend's checkpoint is assumed to be an HF Trainer-style LoRA checkpoint (derived)"]
+    items = [Item("adapter_checkpoint", f"script checkpoint (every {s.ckpt_every}, keep {keep or 'all'})",
+                  sum(terms.values()), saves, at_peak, "assumed: HF Trainer/PEFT LoRA checkpoint (derived)", terms)]
+    extra, more = cache_items(s, s.total_steps is not None, None)
+    settings = {"save_steps": s.ckpt_every, "keep_checkpoints": keep, "lora_rank": s.lora_rank,
+                "total_steps": s.total_steps}
+    return Budget("custom", s, t, settings, tuple(items + extra), tuple(notes + more))
+
+
 def _fixes(backend: str, b: Budget, build) -> list[Fix | None]:
     s, keys = b.inputs, KEYS[backend]
     out: list[Fix | None] = []
@@ -173,6 +194,9 @@ def _fixes(backend: str, b: Budget, build) -> list[Fix | None]:
         out.append(search(build, s, "hf_every", interval_values(s.hf_every, s.total_steps), keys["hf_every"]))
         if state and state.written:
             out.append(search(build, s, "ckpt_every", interval_values(s.ckpt_every, s.total_steps, 1), keys["ckpt_every"]))
+    elif backend == "custom":
+        out.append(search(build, s, "keep", list(range((s.keep or b.items[0].written or 2) - 1, 0, -1)), keys["keep"]))
+        out.append(search(build, s, "ckpt_every", interval_values(s.ckpt_every, s.total_steps, 1), keys["ckpt_every"]))
     elif backend == "verl":
         top = (s.keep if s.keep and s.keep > 0 else (b.items[0].written or 1)) - 1
         out.append(search(build, s, "keep", list(range(top, 0, -1)), keys["keep"]))

@@ -42,6 +42,10 @@ def run_inputs(rp: RunPlan, quota_gib: float | None = None, hf_cache: bool | Non
     def get(key: str) -> Any:
         return args[key] if key in args else backend.arg(cfg, key)  # type: ignore[attr-defined]
 
+    if name == "custom":
+        total = get("total_steps")
+        return DiskInputs(**{**base.__dict__, "learners": 1, "ckpt_every": int(args.get("save_steps") or 0),
+                             "keep": get("keep_checkpoints"), "total_steps": total})
     if name == "verl":
         steps = get("trainer.total_training_steps")
         return DiskInputs(**{**base.__dict__, "learners": lay.nodes * lay.gpus_per_node,

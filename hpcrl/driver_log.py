@@ -47,6 +47,7 @@ class Step:
     text: dict[str, str]
     reward_keys: tuple[str, ...] = REWARD_KEYS
     std_keys: tuple[str, ...] = REWARD_STD_KEYS
+    loss_keys: tuple[str, ...] = ()  # the run's own loss keys (hpcrl.loss_keys), besides LOSS_KEYS
 
     @property
     def reward_key(self) -> str | None:
@@ -54,7 +55,7 @@ class Step:
 
     @property
     def loss_key(self) -> str | None:
-        return next((k for k in LOSS_KEYS if k in self.values), None) or next(
+        return next((k for k in (*self.loss_keys, *LOSS_KEYS) if k in self.values), None) or next(
             (k for k in self.values if k.startswith("loss/")), None)
 
     def exactly_zero(self, key: str) -> bool:
@@ -65,7 +66,8 @@ class Step:
         return k is not None and self.exactly_zero(k)
 
     def bad_losses(self) -> dict[str, float]:
-        return {k: v for k, v in self.values.items() if (k in LOSS_KEYS or k.startswith("loss/")) and not math.isfinite(v)}
+        return {k: v for k, v in self.values.items()
+                if (k in LOSS_KEYS or k in self.loss_keys or k.startswith("loss/")) and not math.isfinite(v)}
 
     def grad_norm(self) -> tuple[str, float] | None:
         """The step's gradient norm (key, value), if it logs one."""
@@ -120,13 +122,16 @@ class StepParser:
     """Feed log lines one at a time; `feed` returns a Step when a step's metrics are complete.
 
     `reward_keys` replace the known reward keys (REWARD_KEYS) when given, in order of preference;
-    `std_keys` are added to the keys whose exact 0 means zero reward variance in every group."""
+    `std_keys` are added to the keys whose exact 0 means zero reward variance in every group; `loss_keys` to the
+    losses whose NaN or infinity trips the NaN breaker."""
 
-    def __init__(self, reward_keys: tuple[str, ...] | list[str] = (), std_keys: tuple[str, ...] | list[str] = ()) -> None:
+    def __init__(self, reward_keys: tuple[str, ...] | list[str] = (), std_keys: tuple[str, ...] | list[str] = (),
+                 loss_keys: tuple[str, ...] | list[str] = ()) -> None:
         self._panel: list[str] | None = None
         self._count = 0
         self.reward_keys = tuple(reward_keys) or REWARD_KEYS
         self.std_keys = tuple(std_keys) + REWARD_STD_KEYS
+        self.loss_keys = tuple(loss_keys)
 
     def feed(self, raw: str) -> Step | None:
         line = ANSI.sub("", raw.rstrip("\r\n"))
@@ -155,12 +160,12 @@ class StepParser:
                 values[key], text[key] = float(val), val
             except ValueError:
                 continue
-        known = (*self.reward_keys, *LOSS_KEYS, *GRAD_NORM_KEYS, *self.std_keys)
+        known = (*self.reward_keys, *LOSS_KEYS, *self.loss_keys, *GRAD_NORM_KEYS, *self.std_keys)
         if not any(k in known or k.startswith("loss/") or k.endswith("/grad_norm") for k in values):
             return None
         self._count += 1
         number = number if number is not None else int(values.get("training_step", self._count))
-        return Step(number, values, text, self.reward_keys, self.std_keys)
+        return Step(number, values, text, self.reward_keys, self.std_keys, self.loss_keys)
 
     def _from_panel(self, rows: list[str]) -> Step | None:
         rows = [r for r in rows if r.strip()]

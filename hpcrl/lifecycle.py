@@ -73,7 +73,8 @@ def expand_path(raw: str, what: str, extra: dict[str, str] | None = None) -> Pat
 
 
 def from_config(config: str | None, *, nodes: int | None = None, cluster: str | None = None,
-                sets: list[str] | None = None, pins: list[str] | None = None, smoke: bool = False) -> Submission:
+                sets: list[str] | None = None, pins: list[str] | None = None, smoke: bool = False,
+                gpus: int | None = None) -> Submission:
     """Plan and render a run config into a Submission."""
     from hpcrl.run_plan import make_run_plan
 
@@ -81,7 +82,7 @@ def from_config(config: str | None, *, nodes: int | None = None, cluster: str | 
         from hpcrl import render
     except ImportError:
         raise HpcrlError("this hpcrl has no renderer (hpcrl/render.py); pass an already rendered SCRIPT") from None
-    rp = make_run_plan(config, nodes=nodes, cluster=cluster, sets=sets, pins=pins)
+    rp = make_run_plan(config, nodes=nodes, cluster=cluster, sets=sets, pins=pins, gpus=gpus)
     if not smoke:
         from hpcrl.disk_check import check_run_disk
 

@@ -328,4 +328,39 @@ def _colocated_run(q: Question, profile: ClusterProfile, learner_gpus: int | Non
     return lay.memory, notes + list(lay.notes)
 
 
-__all__ = ["Overrides", "Question", "answer", "choose_memory_plan", "from_config", "from_defaults"]
+def custom_answer(cfg: RunConfig, profile: ClusterProfile, given: Overrides, learner_gpus: int | None) -> dict:
+    """plan-memory for the custom backend: the script's HF/TRL-style learner on one GPU of `profile`
+    (hpcrl/memory/hf_plan.py), as `plan` and `render` plan it; `learner_gpus` training processes (DDP)."""
+    from hpcrl.backends.custom import CustomBackend
+    from hpcrl.memory.hf_plan import hf_memory_plan
+
+    flags = {"--tokens-per-gpu": given.tokens_per_gpu, "--ref-policy/--no-ref-policy": given.ref_policy,
+             "--zpg": given.zpg, "--offload": given.offload, "--logprob-impl": given.logprob_impl,
+             "--grad-accum-dtype": given.grad_accum_dtype, "--vllm-gpu-memory-utilization": given.util,
+             "--weight-sync": given.weight_sync}
+    bad = [f for f, v in flags.items() if v is not None]
+    if bad:
+        raise HpcrlError(f"{bad[0]} does not apply to the custom backend (no DeepSpeed, no vLLM); set the config's "
+                         "keys instead (mini_batch_size, reference, ...; docs/backends.md)")
+    backend = get_backend("custom")
+    assert isinstance(backend, CustomBackend)
+    w = replace(backend.workload_from_config(cfg, given.model), **{k: v for k, v in given.workload_changes().items()
+                                                                    if k in ("lora_rank", "load_in_4bit",
+                                                                             "gradient_checkpointing")})
+    g = profile.gpu.count_per_node
+    n = learner_gpus if learner_gpus is not None else backend.processes(cfg, g)
+    if n < 1 or n > g:
+        raise HpcrlError(f"--learner-gpus {n}: the custom backend trains on one node of {g} GPUs; valid: 1 to {g}")
+    plan = hf_memory_plan(profile, backend.learner_setup(cfg, w, n))
+    data = plan.to_dict()
+    data["notes"] = [f"{n} training process{'es' if n > 1 else ''} ({'DDP, ' if n > 1 else ''}each GPU holds "
+                     "everything); every term is derived from what the libraries allocate or fitted, none measured "
+                     "on this run"]
+    data["assumptions"] = [f"{k} {backend.arg(cfg, k)}: {'the config' if k in cfg.args else 'hpcrl default'}"
+                           for k in ("algorithm", "critic", "reference", "lora_targets", "lora_dropout", "double_quant")]
+    data["backend"] = "custom"
+    data["config"] = cfg.source
+    return data
+
+
+__all__ = ["Overrides", "Question", "answer", "choose_memory_plan", "custom_answer", "from_config", "from_defaults"]

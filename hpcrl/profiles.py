@@ -67,6 +67,16 @@ class QOS(_Strict):
     description: str = ""
 
 
+class NodeSharing(_Strict):
+    """How the site shares a node among jobs that ask for some of its GPUs (`--gpus N`)."""
+
+    mode: Literal["proportional", "per-gpu", "whole-nodes"] = Field(
+        description="proportional: the site gives each GPU its share of cores and memory itself; per-gpu: "
+                    "the script asks --cpus-per-gpu and --mem-per-gpu; whole-nodes: partial jobs are refused")
+    cpus_per_gpu: int | None = Field(default=None, gt=0, description="Cores a job gets per GPU")
+    mem_per_gpu_gib: float | None = Field(default=None, gt=0, description="Host RAM a job gets per GPU, GiB")
+
+
 class Slurm(_Strict):
     gpu_request: Literal["gpus-per-node", "gpus", "gres"] = Field(
         description="How the script asks for GPUs: --gpus-per-node=G, --gpus=N*G or --gres=gpu:G"
@@ -81,6 +91,8 @@ class Slurm(_Strict):
     constraint: str | None = Field(default=None, description="-C value used by this profile")
     exclude_nodes: list[str] = Field(default_factory=list)
     mem: str | None = Field(default=None, description="--mem value, e.g. 0 for the whole node")
+    node_sharing: NodeSharing | None = Field(
+        default=None, description="How a job with part of a node's GPUs gets cores and memory (hpcrl --gpus N)")
     cpus_per_gpu: int | None = Field(default=None, gt=0)
     signal_before_end_s: int = Field(default=600, gt=0)
     kill_wait_s: int = Field(
@@ -183,6 +195,7 @@ class ClusterProfile(_Strict):
     variants: dict[str, Variant] = Field(default_factory=dict)
     default_variant: str | None = None
     variant: str | None = Field(default=None, description="Set when a variant was applied")
+    job_gpus: int | None = Field(default=None, description="Set on the view of one job with part of a node (for_gpus)")
     unconfirmed: list[str] = Field(default_factory=list)
     sources: dict[str, str] = Field(default_factory=dict)
 

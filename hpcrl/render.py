@@ -8,6 +8,7 @@ text emitted verbatim is shell the user wrote as shell (`hpcrl.env_setup`, profi
 from __future__ import annotations
 
 import json
+import math
 import re
 from functools import lru_cache
 from pathlib import Path
@@ -18,6 +19,7 @@ from hpcrl import __version__, walltime
 from hpcrl.errors import ConfigError
 from hpcrl.memory import constants as C
 from hpcrl.resources import data_dir
+from hpcrl.profiles import ClusterProfile
 from hpcrl.run_plan import RunPlan
 from hpcrl.shell import comment_safe, has_vars, sanitize_name, sbatch_safe, shq, shq_path
 
@@ -123,6 +125,17 @@ def exclude_nodes(rp: RunPlan) -> list[str]:
     return exclude
 
 
+def partial_node_options(profile: ClusterProfile) -> list[str]:
+    """Cores and memory of a job with part of a node, as the profile says the site shares one
+    (slurm.node_sharing): a proportional site gives both with the GPUs, so only the cores are asked."""
+    share = profile.slurm.node_sharing
+    cpus = profile.node.cpu_cores // profile.gpu.count_per_node
+    opts = [f"--cpus-per-gpu={cpus}"]
+    if share is None or share.mode == "per-gpu":
+        opts.append(f"--mem-per-gpu={math.floor(profile.node.ram_gib / profile.gpu.count_per_node)}G")
+    return opts
+
+
 def sbatch_options(rp: RunPlan) -> list[str]:
     """The #SBATCH options, validated: one `--name=value` string each."""
     hp, slurm, g = rp.config.hpcrl, rp.profile.slurm, rp.profile.gpu.count_per_node
@@ -130,7 +143,9 @@ def sbatch_options(rp: RunPlan) -> list[str]:
     opts = [f"--job-name=hpcrl-{sanitize_name(hp.run_name)}", f"--nodes={n}", "--ntasks-per-node=1"]
     opts.append({"gpus-per-node": f"--gpus-per-node={g}", "gpus": f"--gpus={n * g}", "gres": f"--gres=gpu:{g}"}[
         slurm.gpu_request])
-    if slurm.exclusive:
+    if rp.profile.job_gpus:
+        opts += partial_node_options(rp.profile)
+    elif slurm.exclusive:
         opts.append("--exclusive")
     elif slurm.cpus_per_gpu:
         opts.append(f"--cpus-per-gpu={slurm.cpus_per_gpu}")
@@ -230,7 +245,9 @@ def plan_summary(rp: RunPlan) -> list[str]:
                f"host peak {d['host_peak_gib']:.0f} GiB/node")
     return [
         f"model {w.model.name}: {w.seqs} sequences of {w.seq_len} tokens per step, {rp.backend.tokens_text(rp)}",
-        f"{rp.nodes} x {p.gpu.count_per_node} {p.gpu.model} ({p.gpu.memory_gib:g} GiB): {gpus}",
+        (f"{p.job_gpus} {p.gpu.model} ({p.gpu.memory_gib:g} GiB) of one node, not the whole node (--gpus "
+         f"{p.job_gpus}): {gpus}" if p.job_gpus else f"{rp.nodes} x {p.gpu.count_per_node} {p.gpu.model} "
+         f"({p.gpu.memory_gib:g} GiB): {gpus}"),
         rp.backend.summary(rp),
         mem,
         f"step ~{lay.step_time_s:.0f} s (generation {lay.gen_time_s:.0f} s, training {lay.train_time_s:.0f} s), "
@@ -261,6 +278,10 @@ def plan_json(rp: RunPlan, *, smoke: bool = False) -> str:
         data["backend_args"] = rp.backend.layout_args(rp)
     if rp.config.hpcrl.reward_keys:  # the watchdog's reward keys: `hpcrl report` reads the metrics with them
         data["reward_keys"] = list(rp.config.hpcrl.reward_keys)
+    if rp.config.hpcrl.loss_keys:
+        data["loss_keys"] = list(rp.config.hpcrl.loss_keys)
+    if rp.profile.job_gpus is not None:  # a job with part of a node (--gpus N)
+        data["job_gpus"] = rp.profile.job_gpus
     return json.dumps(data, indent=2, sort_keys=True, default=str) + "\n"
 
 
@@ -302,6 +323,11 @@ def _context(rp: RunPlan, smoke: bool) -> dict:
         "python": hp.python,
         "entry_point": hp.entry_point,
         "entry_module": backend.entry_is_module,
+        "launcher": "".join(shq(w) + " " for w in backend.launcher_words(rp)),
+        "ray": backend.uses_ray,
+        "launcher_module": "torch.distributed.run" if "torch.distributed.run" in backend.launcher_words(rp) else "",
+        "loss_keys": list(hp.loss_keys),
+        "job_cpus": prof.node.cpu_cores,
         "backend": backend.name,
         "driver_label": backend.label,
         "driver_env": sorted(backend.env(rp).items()),

@@ -15,6 +15,7 @@ from hpcrl.config import HpcrlSection, RunConfig, load_run_config
 from hpcrl.errors import HpcrlError
 from hpcrl.layout import Layout, Pins, Workload, check_nodes, enumerate_layouts
 from hpcrl.layout_advice import idle_gpus_warning
+from hpcrl.node_share import job_profile
 from hpcrl.profiles import ClusterProfile, resolve_profile
 from hpcrl import walltime
 from hpcrl.walltime import check_time
@@ -106,17 +107,20 @@ def make_run_plan(
     sets: list[str] | None = None,
     pins: list[str] | None = None,
     allow_over_limit: bool = False,
+    gpus: int | None = None,
 ) -> RunPlan:
     """Load the config, resolve the cluster and plan layouts, raising on anything that won't work."""
     cfg = load_run_config(config, sets)
     profile = resolve_profile(cluster or cfg.hpcrl.cluster, cluster_file)
-    n = nodes if nodes is not None else cfg.hpcrl.nodes
+    job_gpus = gpus if gpus is not None else cfg.hpcrl.gpus
+    n = nodes if nodes is not None else cfg.hpcrl.nodes if cfg.hpcrl.nodes is not None or job_gpus is None else 1
     if n is None:
         raise HpcrlError("number of nodes not given: pass --nodes N or set hpcrl.nodes in the config")
     if n < 1:
         raise HpcrlError(f"--nodes must be at least 1, got {n}")  # the config's own is checked on load
     allow = allow_over_limit or cfg.hpcrl.allow_over_limit
     warnings = check_nodes(profile, n, cfg.hpcrl.partition, allow)
+    profile = job_profile(profile, job_gpus, n)
     part_name = cfg.hpcrl.partition or profile.slurm.default_partition
     part = profile.slurm.partitions.get(part_name) if part_name else None
     warnings += check_time(cfg.hpcrl.time, part_name, part.max_time if part else None, allow)
@@ -127,7 +131,8 @@ def make_run_plan(
     if profile.variants:
         for v in profile.variants:
             if v != profile.variant:
-                variants.append(resolve_profile(cluster or cfg.hpcrl.cluster, cluster_file, variant=v))
+                other = resolve_profile(cluster or cfg.hpcrl.cluster, cluster_file, variant=v)
+                variants.append(job_profile(other, job_gpus, n))
     planned = backend.plan(cfg, profile, n, w, p, variants)
     warnings += unconfirmed_in_script(profile, cfg.hpcrl)
     if planned.layouts:

@@ -19,6 +19,7 @@ import pytest
 from hpcrl import memory_question as mq
 from hpcrl.config import load_run_config
 from hpcrl.errors import PlanError
+from hpcrl.node_share import job_profile
 from hpcrl.profiles import resolve_profile
 from hpcrl.resources import data_dir
 from hpcrl.run_plan import make_run_plan
@@ -37,6 +38,11 @@ def hpcrl(*args: str) -> subprocess.CompletedProcess:
 def test_plan_memory_gives_plans_learner_figure(config, cluster):
     cfg = load_run_config(config)
     profile = resolve_profile(cluster)
+    if cfg.hpcrl.backend == "custom":  # one node, or hpcrl.gpus of one: the job the config names
+        lay = make_run_plan(config, cluster=cluster, allow_over_limit=True).layout
+        data = mq.custom_answer(cfg, job_profile(profile, cfg.hpcrl.gpus), mq.Overrides(), lay.learner_gpus)
+        assert data["learner"]["device_total_gib"] == round(lay.memory.learner_peak / 2**30, 3)
+        return
     compared = 0
     for nodes in NODES:
         try:

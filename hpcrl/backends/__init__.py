@@ -14,7 +14,7 @@ from hpcrl.errors import UnknownNameError
 if TYPE_CHECKING:
     from hpcrl.backends.base import Backend
 
-BACKENDS = ("open-instruct", "verl", "openrlhf")
+BACKENDS = ("open-instruct", "verl", "openrlhf", "custom")
 
 
 @lru_cache(maxsize=None)
@@ -32,6 +32,10 @@ def get_backend(name: str) -> Backend:
         from hpcrl.backends.openrlhf import OpenRLHFBackend
 
         return OpenRLHFBackend()
+    if name == "custom":
+        from hpcrl.backends.custom import CustomBackend
+
+        return CustomBackend()
     raise UnknownNameError("backend", str(name), BACKENDS)
 
 

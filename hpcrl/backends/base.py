@@ -1,9 +1,10 @@
 """What a training framework must tell hpcrl: its flags, its planner inputs, its driver command.
 
-Pure. One subclass per framework (open_instruct.py, verl.py, openrlhf.py); `get_backend`
-in hpcrl/backends/__init__.py picks one by the run config's `hpcrl.backend`. The Ray
-bring-up, the run directory and the job chain are the same for every backend; only the
-driver command (and the smoke test's placement) differ.
+Pure. One subclass per framework (open_instruct.py, verl.py, openrlhf.py, and custom.py for
+the users' own scripts); `get_backend` in hpcrl/backends/__init__.py picks one by the run
+config's `hpcrl.backend`. The Ray bring-up (for backends with `uses_ray`), the run directory
+and the job chain are the same for every backend; only the driver command (and the smoke
+test's placement) differ.
 """
 
 from __future__ import annotations
@@ -85,6 +86,7 @@ class Backend(ABC):
     run_dir_keys: ClassVar[tuple[str, ...]]  # set by hpcrl from the run directory; refused in a config
     flag_table: ClassVar[str]  # the data file the flags are checked against
     entry_is_module: ClassVar[bool] = True  # `python -m <entry point>` (else a script path)
+    uses_ray: ClassVar[bool] = True  # the script brings up Ray across the job's nodes first
     smoke_framework: ClassVar[str | None] = None  # smoke.py --framework (None: open-instruct's placement)
     smoke_placement: ClassVar[str] = "place learners and engines as the framework does"  # the smoke comment
     # The key that sets how often the resume state is written, and the file (relative to the run
@@ -165,6 +167,10 @@ class Backend(ABC):
     def env(self, rp: RunPlan) -> dict[str, str]:
         """Extra environment for the driver (exported just before it starts)."""
         return {}
+
+    def launcher_words(self, rp: RunPlan) -> list[str]:
+        """Words between "$PYTHON" and the entry point (a launcher module such as torchrun's)."""
+        return []
 
     def services(self, cfg: RunConfig) -> list[Service]:
         """Servers the script starts on every node for this run (none unless the framework calls one)."""

@@ -12,6 +12,7 @@ from rich.table import Table
 from hpcrl.cli.app import app
 from hpcrl.cli.output import console, print_json
 from hpcrl.memory.colocated import Colocation
+from hpcrl.node_share import job_profile
 from hpcrl.profiles import resolve_profile
 
 
@@ -57,6 +58,7 @@ def plan_memory_cmd(
     model: Optional[str] = typer.Option(None, "--model", "-m", help="Catalog name, alias (7b, 32b, ...), config.json path or cached HF repo id (default: the config's, else 32b)"),
     cluster: Optional[str] = typer.Option(None, "--cluster", "-c", help="Cluster profile (default: the config's, else isambard-ai); name:variant picks a node type"),
     cluster_file: Optional[Path] = typer.Option(None, "--cluster-file", help="Load this profile file instead"),
+    gpus: Optional[int] = typer.Option(None, "--gpus", help="A job with this many GPUs of one node: its share of host RAM (default: the config's hpcrl.gpus)"),
     learner_gpus: Optional[int] = typer.Option(None, "--learner-gpus", help="Learner GPUs (ZeRO world size); default: fewest that fit"),
     tokens_per_gpu: Optional[int] = typer.Option(None, "--tokens-per-gpu", help="Packed tokens in one learner micro-batch (default: the config's, else 8192)"),
     no_gc: bool = typer.Option(False, "--no-gradient-checkpointing", help="Keep every activation"),
@@ -97,11 +99,16 @@ def plan_memory_cmd(
         from hpcrl.config import load_run_config
 
         cfg = load_run_config(config, sets)
+        profile = job_profile(resolve_profile(cluster or cfg.hpcrl.cluster, cluster_file),
+                              gpus if gpus is not None else cfg.hpcrl.gpus)
+        if cfg.hpcrl.backend == "custom":
+            data = mq.custom_answer(cfg, profile, given, learner_gpus)
+            print_json(data) if as_json else _print_custom(data)
+            return
         question = mq.from_config(cfg, given)
-        profile = resolve_profile(cluster or cfg.hpcrl.cluster, cluster_file)
     else:
         question = mq.from_defaults(backend.value if backend else "open-instruct", given)
-        profile = resolve_profile(cluster, cluster_file)
+        profile = job_profile(resolve_profile(cluster, cluster_file), gpus)
     question.check_features()
     colocation = None
     if question.config is None and (question.colocated if colocated is None else colocated):
@@ -184,3 +191,33 @@ def _print_colocated(c: dict, usable: float) -> None:
             t.add_row(term, f"{gib:.2f}")
         t.add_row("[bold]on the GPU[/]", f"[bold]{c[f'{phase}_gib']:.2f}[/] / {usable:.1f}")
         console.print(t)
+
+
+def _print_custom(d: dict) -> None:
+    lr, gpu = d["learner"], d["gpu"]
+    console.print(f"[bold]{d['model']['name']}[/] on [bold]{gpu['cluster']}[/] ({gpu['name']}, {gpu['usable_gib']:.1f} "
+                  f"GiB usable per GPU, {gpu['job_gpus']} GPU(s) in the job): custom {lr['algorithm']} learner, "
+                  f"{lr['weights']} base, LoRA r{lr['lora_rank']}, HF generate")
+    for line in d["assumptions"]:
+        console.print(f"  assumes: {line}", soft_wrap=True)
+    for note in d["notes"]:
+        console.print(f"  note: {note}", soft_wrap=True)
+    t = Table(title=f"Learner GPU ({lr['processes']} process(es)): resident, then each moment's transient terms; "
+              f"peak at {lr['peak_phase']}")
+    t.add_column("term (derived / fitted / measured)")
+    t.add_column("GiB", justify="right")
+    for term, gib in lr["resident"].items():
+        t.add_row(term, f"{gib:.3f}")
+    for phase, p in lr["phases"].items():
+        t.add_row(f"[bold]{phase}[/]", f"[bold]{p['allocated_gib']:.2f}[/] allocated, {p['reserved_gib']:.2f} reserved")
+        for term, gib in p["transient"].items():
+            t.add_row(f"  {term}", f"{gib:.3f}")
+    for term, gib in lr["non_torch"].items():
+        t.add_row(term, f"{gib:.2f}")
+    t.add_row("[bold]on the GPU[/]", f"[bold]{lr['device_total_gib']:.2f}[/] / {gpu['usable_gib']:.1f}")
+    t.add_row("allocator margin kept free (measured spread, DeepSpeed rows)", f"{lr['allocator_margin_gib']:.2f}")
+    console.print(t)
+    host = d["host"]
+    console.print(f"Host RAM: {host['peak_gib']:.0f} GiB of the job's {host['ram_gib']:.0f} GiB")
+    style = "green" if d["fits"] else "red"
+    console.print(f"[bold {style}]Verdict:[/] {d['verdict']}")

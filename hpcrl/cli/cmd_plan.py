@@ -16,6 +16,7 @@ from hpcrl.run_plan import make_run_plan
 @app.command("plan")
 def plan_cmd(
     nodes: Optional[int] = typer.Option(None, "--nodes", "-N", help="Nodes in the job (default: the config's)"),
+    gpus: Optional[int] = typer.Option(None, "--gpus", help="GPUs of one node for a job smaller than a node (1 up to the node's; default: the config's hpcrl.gpus, else whole nodes)"),
     cluster: Optional[str] = typer.Option(None, "--cluster", "-c", help="Cluster profile; name:variant picks a node type"),
     cluster_file: Optional[Path] = typer.Option(None, "--cluster-file", help="Load this profile file instead"),
     model: Optional[str] = typer.Option(None, "--model", "-m", help="Model to plan (default: the config's)"),
@@ -28,7 +29,7 @@ def plan_cmd(
 ) -> None:
     """Rank the layouts of N nodes: learners per node, vLLM engines, TP, memory use."""
     rp = make_run_plan(config, nodes=nodes, cluster=cluster, cluster_file=str(cluster_file) if cluster_file else None,
-                       model=model, sets=sets, pins=pins, allow_over_limit=allow_over_limit)
+                       model=model, sets=sets, pins=pins, allow_over_limit=allow_over_limit, gpus=gpus)
     shown = rp.layouts[:top]
     if as_json:
         print_json({

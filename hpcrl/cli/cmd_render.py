@@ -37,6 +37,7 @@ def write_atomically(path: Path, text: str, mode: int = 0o755) -> None:
 @app.command("render")
 def render_cmd(
     nodes: Optional[int] = typer.Option(None, "--nodes", "-N", help="Nodes in the job (default: the config's)"),
+    gpus: Optional[int] = typer.Option(None, "--gpus", help="GPUs of one node for a job smaller than a node (1 up to the node's; default: the config's hpcrl.gpus, else whole nodes)"),
     cluster: Optional[str] = typer.Option(None, "--cluster", "-c", help="Cluster profile; name:variant picks a node type"),
     cluster_file: Optional[Path] = typer.Option(None, "--cluster-file", help="Load this profile file instead"),
     config: Optional[str] = typer.Option(None, "--config", help="Run config file or shipped name (default grpo-olmo3-32b)"),
@@ -48,7 +49,7 @@ def render_cmd(
 ) -> None:
     """Render the sbatch script: Ray across the job's nodes, then grpo_fast.py (or --smoke)."""
     rp = make_run_plan(config, nodes=nodes, cluster=cluster, cluster_file=str(cluster_file) if cluster_file else None,
-                       sets=sets, pins=pins, allow_over_limit=allow_over_limit)
+                       sets=sets, pins=pins, allow_over_limit=allow_over_limit, gpus=gpus)
     if not smoke:  # a smoke run writes no checkpoints
         check_run_disk(rp)
     text = render_script(rp, smoke=smoke)

@@ -27,6 +27,7 @@ def submit_cmd(
     script: Optional[Path] = typer.Argument(None, help="An already rendered batch script (default: render --config)"),
     config: Optional[str] = typer.Option(None, "--config", help="Run config file or shipped name"),
     nodes: Optional[int] = typer.Option(None, "--nodes", "-N", help="Nodes in the job (default: the config's)"),
+    gpus: Optional[int] = typer.Option(None, "--gpus", help="GPUs of one node for a job smaller than a node (1 up to the node's; default: the config's hpcrl.gpus, else whole nodes)"),
     cluster: Optional[str] = typer.Option(None, "--cluster", "-c", help="Cluster profile (default: the config's)"),
     sets: List[str] = typer.Option([], "--set", help="Override a config field: key=value"),
     pins: List[str] = typer.Option([], "--pin", help="Fix a layout choice: learners=N, tp=N, engines=N, ..."),
@@ -40,12 +41,12 @@ def submit_cmd(
     from hpcrl import lifecycle
     from hpcrl.errors import HpcrlError
 
-    if script is not None and (config or sets or pins or nodes or smoke):
-        raise HpcrlError("give either a rendered SCRIPT or --config/--set/--pin/--nodes/--smoke, not both")
+    if script is not None and (config or sets or pins or nodes or gpus or smoke):
+        raise HpcrlError("give either a rendered SCRIPT or --config/--set/--pin/--nodes/--gpus/--smoke, not both")
     if script is not None:
         sub = lifecycle.from_script(script, run_dir=run_dir, cluster=cluster)
     else:
-        sub = lifecycle.from_config(config, nodes=nodes, cluster=cluster, sets=sets, pins=pins, smoke=smoke)
+        sub = lifecycle.from_config(config, nodes=nodes, cluster=cluster, sets=sets, pins=pins, smoke=smoke, gpus=gpus)
     reg = _registry(registry)
     done = lifecycle.submit(reg, sub, dry_run=dry_run)
     if as_json:

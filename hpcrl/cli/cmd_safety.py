@@ -33,8 +33,9 @@ def diagnose_cmd(
     from hpcrl.backends import BACKENDS  # noqa: PLC0415 - keeps `hpcrl --help` fast
     from hpcrl.diagnose import Context, diagnose  # noqa: PLC0415
 
-    if backend is not None and backend not in BACKENDS:
-        raise HpcrlError(f"--backend {backend!r}: valid: {', '.join(BACKENDS)}")
+    known = [b for b in BACKENDS if b != "custom"]  # a user's own script has no driver command line to read
+    if backend is not None and backend not in known:
+        raise HpcrlError(f"--backend {backend!r}: valid: {', '.join(known)}")
 
     path, breaker = log, None
     if log.is_dir():  # a run directory: the watchdog's driver log, else the newest Slurm job log

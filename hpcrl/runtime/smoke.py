@@ -23,6 +23,9 @@ it places OpenRLHF's groups: a PACK group of one-GPU bundles for the vLLM engine
 group for the actor (`--colocated`: one shared PACK group for both); each node must hold a
 multiple of `--tp` engine bundles, since OpenRLHF cuts an engine's bundles from its node's list.
 
+With `--no-ray` (the custom backend, which runs without Ray) it checks only that this node's
+job sees the GPUs and cores it was rendered for.
+
 Prints one line, `hpcrl-smoke: ok nodes=N gpus=G ...` (exit 0) or `hpcrl-smoke: FAIL <reason>`
 (exit 1). Needs ray; imports nothing else outside the standard library.
 """
@@ -38,7 +41,7 @@ from collections import Counter
 BUNDLE_CPU = 0.01  # per bundle: placement is what is tested, not CPU capacity
 OI_LEARNER_CPUS_PER_GPU = 10  # grpo_fast_resource_plan.LEARNER_PLACEMENT_GROUP_CPU_PER_GPU
 OI_EXTRA_CPUS = 3  # DataPreparationActor (2) + ActorManager (1)
-FRAMEWORKS = ("open-instruct", "verl", "openrlhf")
+FRAMEWORKS = ("open-instruct", "verl", "openrlhf", "custom")
 VERL_CPUS_PER_GPU = 3  # verl b178a3cd ResourcePoolManager: max_colocate_count=3 CPUs in each one-GPU bundle
 
 
@@ -63,6 +66,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--actor-env", action="store_true",
                    help="Start an actor with this process's whole environment as its runtime_env env_vars, as "
                         "open-instruct's grpo_fast.py does (a large environment makes that start fail)")
+    p.add_argument("--no-ray", action="store_true",
+                   help="A job without Ray (the custom backend): check the GPUs and cores Slurm gave this node")
     p.add_argument("--service-port-per-slot", action="store_true",
                    help="Each node's service port is PORT + its slot on a shared host (HPCRL_NODE_TABLE)")
     args = p.parse_args(argv)
@@ -315,8 +320,33 @@ def cpu_note(args: argparse.Namespace) -> str | None:
     return None
 
 
+def smoke_alone(args: argparse.Namespace) -> str:
+    """No Ray: the GPUs this process sees (Slurm's CUDA_VISIBLE_DEVICES) and the cores Slurm gave
+    the node must be what the script was rendered for (--gpus N asks for part of a node)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        raise SmokeFailure("CUDA_VISIBLE_DEVICES is not set: Slurm gave this job no GPUs")
+    gpus = [g for g in visible.split(",") if g.strip()]
+    if len(gpus) != args.gpus_per_node:
+        raise SmokeFailure(f"the job sees {len(gpus)} GPUs (CUDA_VISIBLE_DEVICES={visible}), "
+                           f"expected {args.gpus_per_node}")
+    cpus = int(os.environ.get("SLURM_CPUS_ON_NODE") or 0)
+    if cpus < args.cpus_per_node:
+        raise SmokeFailure(f"Slurm gave the job {cpus} cores on this node (SLURM_CPUS_ON_NODE), expected at least "
+                           f"{args.cpus_per_node:g}")
+    return (f"hpcrl-smoke: ok nodes=1 gpus={len(gpus)} cpus={cpus} framework={args.framework} ray=none "
+            f"visible_gpus={visible}")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.no_ray:
+        try:
+            print(smoke_alone(args), flush=True)
+        except SmokeFailure as exc:
+            print(f"hpcrl-smoke: FAIL {exc}", flush=True)
+            return 1
+        return 0
     try:
         import ray
     except ImportError:

@@ -18,7 +18,8 @@ D/hpcrl/breaker.json when:
 
 The reward is the first known reward key a step logs (hpcrl.driver_log.REWARD_KEYS), or the
 first of --reward-key KEY (repeatable) when given; --reward-std-key KEY (repeatable) adds keys
-whose exact 0 means zero reward variance. Steps are read from the frameworks' own step lines
+whose exact 0 means zero reward variance; --loss-key KEY (repeatable) adds losses whose NaN or
+infinity trips 91. Steps are read from the frameworks' own step lines
 and from JSON metric lines (one object per line).
 
 Otherwise it exits with the driver's own code (128+N when a signal N ended it). SIGTERM,
@@ -73,10 +74,10 @@ class Breaker:
     def __init__(self, zero_reward_steps: int = 10, hang_s: float = 3600.0, startup_s: float = 5400.0,
                  death_grace_s: float = 15.0, now: float = 0.0, *, reward_keys: tuple[str, ...] = (),
                  std_keys: tuple[str, ...] = (), grad_norm_steps: int = 20, grad_norm_floor: float = 1e-6,
-                 zero_variance_steps: int = 20):
+                 zero_variance_steps: int = 20, loss_keys: tuple[str, ...] = ()):
         self.k, self.hang_s, self.startup_s, self.death_grace_s = zero_reward_steps, hang_s, startup_s, death_grace_s
         self.grad_n, self.grad_floor, self.var_n = grad_norm_steps, grad_norm_floor, zero_variance_steps
-        self.parser = StepParser(reward_keys, std_keys)
+        self.parser = StepParser(reward_keys, std_keys, loss_keys)
         self.steps = 0
         self.last_step: int | None = None
         self.last_progress = now
@@ -284,6 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--run-dir", required=True, type=Path)
     p.add_argument("--zero-reward-steps", type=int, default=10)
     p.add_argument("--reward-key", action="append", default=[], help="the reward's metric key (repeatable, in order)")
+    p.add_argument("--loss-key", action="append", default=[], help="a loss key whose NaN trips 91 (repeatable)")
     p.add_argument("--reward-std-key", action="append", default=[], help="a key whose exact 0 is zero reward variance")
     p.add_argument("--grad-norm-steps", type=int, default=20, help="steps of a ~0 gradient norm that trip (0: off)")
     p.add_argument("--grad-norm-floor", type=float, default=1e-6)
@@ -302,8 +304,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     startup = a.startup_minutes if a.startup_minutes is not None else max(90.0, a.hang_minutes)
     b = Breaker(a.zero_reward_steps, a.hang_minutes * 60, startup * 60, a.death_grace_seconds,
-                reward_keys=tuple(a.reward_key), std_keys=tuple(a.reward_std_key), grad_norm_steps=a.grad_norm_steps,
-                grad_norm_floor=a.grad_norm_floor, zero_variance_steps=a.zero_variance_steps)
+                reward_keys=tuple(a.reward_key), std_keys=tuple(a.reward_std_key), loss_keys=tuple(a.loss_key),
+                grad_norm_steps=a.grad_norm_steps, grad_norm_floor=a.grad_norm_floor,
+                zero_variance_steps=a.zero_variance_steps)
     return run(cmd, a.run_dir, b, log_path=a.log, kill_grace_s=a.kill_grace_seconds)
 
 

@@ -153,8 +153,8 @@ STOP_RESERVE_S=2
 TERM_DRIVER_S=$((KILL_WAIT_S * 4 / 10 > 1 ? KILL_WAIT_S * 4 / 10 : 1))
 # A stop hpcrl starts itself (a dead Ray node) waits this long for the driver.
 INTERNAL_STOP_S=15
-# The longest an end the job reaches by itself waits for the worker step (on a loaded node a
-# worker's stop and log copy took over 20 s).
+# The longest an end the job reaches by itself waits for the worker step before KILLing it
+# (generous: a KILLed worker leaves its node-local dirs behind).
 END_STOP_S=60
 
 # jobs.tsv: <job id> <event> <UTC time> <detail>, one line per event (bash's own clock:

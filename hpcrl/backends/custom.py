@@ -1,0 +1,254 @@
+"""The custom backend: the user's own training script, with everything hpcrl adds around a run.
+
+Pure. `python <entry point> <script_args>` or `python -m torch.distributed.run --standalone
+--nproc-per-node=N <entry point> <script_args>` on one node (all its GPUs, or part of it with
+`--gpus N`), without Ray: the run directory, the job chain on the time limit, the watchdog
+(reward and loss keys from hpcrl.reward_keys / hpcrl.loss_keys), the GPU monitor and the report
+are the same as for the frameworks. The script is the user's, so hpcrl knows only what the config
+says about it: the keys below describe its learner for the memory plan, an HF-Trainer/TRL-style
+PPO or GRPO learner with LoRA or QLoRA that generates with HF `generate` (hpcrl/memory/hf_learner.py).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+from hpcrl.backends.base import Backend, DriverLine, Planned, Word, cli_pins_into, positive
+from hpcrl.errors import ConfigError, PlanError, UnknownNameError
+from hpcrl.layout import Layout, Pins, Workload, training_time
+from hpcrl.memory.hf_learner import HfLearnerSetup
+from hpcrl.memory.hf_plan import HfPlan, hf_memory_plan
+from hpcrl.models import resolve_model
+from hpcrl.models.spec import ALL_LINEAR
+
+if TYPE_CHECKING:
+    from hpcrl.config import HpcrlSection, RunConfig
+    from hpcrl.profiles import ClusterProfile
+    from hpcrl.run_plan import RunPlan
+
+# The custom backend's keys: name -> (type, default, what it says). No framework to read them from:
+# they describe the user's script to hpcrl (docs/backends.md). None: required.
+KEYS: dict[str, tuple[str, Any, str]] = {
+    "launcher": ("str", "python", "python (one process) or torchrun (one process per GPU, DDP)"),
+    "script_args": ("list", [], "the script's own arguments; {run_dir} becomes the run directory"),
+    "model": ("str", None, "the policy model (catalog name, HF repo id or config.json)"),
+    "algorithm": ("str", "ppo", "ppo or grpo"),
+    "lora_rank": ("int", None, "LoRA rank (the memory model covers LoRA and QLoRA)"),
+    "lora_alpha": ("int", None, "LoRA alpha (recorded; no effect on memory)"),
+    "lora_dropout": ("float", 0.0, "LoRA dropout (above 0 the adapters keep dropout copies of their inputs)"),
+    "lora_targets": ("list", list(ALL_LINEAR), "modules with adapters"),
+    "load_in_4bit": ("bool", False, "4-bit NF4 base via bitsandbytes (QLoRA)"),
+    "double_quant": ("bool", False, "bnb_4bit_use_double_quant"),
+    "critic": ("str", None, "value_head (TRL's), model (a separate critic with its own adapters) or none; "
+                            "default value_head for ppo, none for grpo"),
+    "reference": ("str", "shared", "shared (the base with adapters off), copy (a second base) or none"),
+    "generation": ("str", "hf", "hf: HF generate on the learner GPU (vLLM is not planned here)"),
+    "rollout_batch_size": ("int", None, "sequences in one generate call"),
+    "samples_per_prompt": ("int", 1, "GRPO's group size"),
+    "rollout_batches": ("int", 1, "generate calls per training step"),
+    "mini_batch_size": ("int", None, "sequences in one training forward/backward"),
+    "gradient_accumulation_steps": ("int", 1, "micro-batches per optimizer step"),
+    "ppo_epochs": ("int", 1, "passes over a step's rollouts"),
+    "max_prompt_length": ("int", None, "prompt tokens"),
+    "max_response_length": ("int", None, "generated tokens"),
+    "gradient_checkpointing": ("bool", True, "gradient checkpointing"),
+    "learning_rate": ("float", None, "recorded"),
+    "total_steps": ("int", None, "training steps of the whole run (disk plan)"),
+    "save_steps": ("int", None, "steps between checkpoints (exported as HPCRL_SAVE_STEPS; planned when unset)"),
+    "keep_checkpoints": ("int", None, "checkpoints the script keeps (HF save_total_limit; unset: all)"),
+}
+REQUIRED = ("model", "lora_rank", "rollout_batch_size", "mini_batch_size", "max_prompt_length", "max_response_length")
+CHOICES = {"launcher": ("python", "torchrun"), "algorithm": ("ppo", "grpo"), "critic": ("value_head", "model", "none"),
+           "reference": ("shared", "copy", "none"), "generation": ("hf",)}
+_TYPES = {"str": (str,), "int": (int,), "float": (int, float), "bool": (bool,), "list": (list,)}
+# HF generate runs one Python step per token: an assumed per-token overhead on top of the
+# bandwidth-bound decode (an estimate for the step time only; not measured by hpcrl).
+HF_GENERATE_TOKEN_OVERHEAD_S = 0.03
+DECODE_BW_EFFICIENCY = 0.5
+RUN_DIR_PLACEHOLDER = "{run_dir}"
+
+
+class CustomBackend(Backend):
+    """The user's own script (python or torchrun) on one node, no Ray, no vLLM."""
+
+    name = "custom"
+    label = "the user's training script"
+    default_entry_point = "train.py"
+    default_workdir = "$HOME"
+    default_python = "python"
+    default_logprob_impl = "eager"
+    model_key = "model"
+    layout_keys = ()
+    run_dir_keys = ()
+    flag_table = "hpcrl/backends/custom.py (KEYS)"
+    entry_is_module = False
+    uses_ray = False
+    smoke_framework = "custom"
+    smoke_placement = "check the job's GPUs and cores without Ray"
+    # The script should write $HPCRL_RUN_DIR/checkpoints/latest once a checkpoint is complete: after the
+    # time-limit warning the job waits for it (else it stops the script when only time to stop is left).
+    checkpoint_key = "save_steps"
+    checkpoint_marker = "checkpoints/latest"
+    value_ranges = {k: (positive, "a positive count") for k in
+                    ("lora_rank", "rollout_batch_size", "mini_batch_size", "max_prompt_length", "max_response_length",
+                     "samples_per_prompt", "rollout_batches", "gradient_accumulation_steps", "ppo_epochs",
+                     "total_steps", "save_steps", "keep_checkpoints")}
+
+    # ------------------------------------------------------------------ keys
+    def arg_table(self, section: HpcrlSection | None = None) -> dict[str, dict[str, Any]]:
+        return {k: {"type": t, "default": d, "help": h} for k, (t, d, h) in KEYS.items()}
+
+    def check_args(self, args: dict[str, Any], section: HpcrlSection) -> None:
+        for key, value in args.items():
+            if key not in KEYS:
+                raise UnknownNameError("custom key", key, KEYS)
+            kind = KEYS[key][0]
+            ok = value is None or (isinstance(value, _TYPES[kind]) and (kind == "bool" or not isinstance(value, bool)))
+            if not ok:
+                raise ConfigError(f"{key}: expected {kind}, got {value!r}")
+            if key in CHOICES and value not in CHOICES[key]:
+                raise ConfigError(f"{key} {value!r}: valid: {', '.join(CHOICES[key])}")
+        if not all(isinstance(w, (str, int, float)) and not isinstance(w, bool) for w in args.get("script_args", [])):
+            raise ConfigError("script_args: a list of words (strings or numbers)")
+        missing = [k for k in REQUIRED if args.get(k) is None]
+        if missing:
+            raise ConfigError(f"the custom backend needs {', '.join(missing)} (they describe the script's learner "
+                              "to the memory plan; docs/backends.md)")
+
+    def check_section(self, section: HpcrlSection) -> None:
+        super().check_section(section)
+        if not section.entry_point.endswith(".py"):
+            raise ConfigError(f"hpcrl.entry_point {section.entry_point!r}: the custom backend runs a script path "
+                              "(relative to hpcrl.workdir), e.g. train.py")
+
+    def arg(self, cfg: RunConfig, key: str) -> Any:
+        value = cfg.args.get(key, KEYS[key][1])
+        if key == "critic" and value is None:
+            return "value_head" if self.arg(cfg, "algorithm") == "ppo" else "none"
+        return value
+
+    # ------------------------------------------------------------------ planning
+    def colocated(self, cfg: RunConfig) -> bool:
+        return True  # every GPU generates (HF generate) and trains in turn
+
+    def workload_from_config(self, cfg: RunConfig, model: str | None = None) -> Workload:
+        name = model or cfg.model_name
+        prompt, response = int(self.arg(cfg, "max_prompt_length")), int(self.arg(cfg, "max_response_length"))
+        return Workload(
+            model=resolve_model(name),
+            pack_length=int(self.arg(cfg, "mini_batch_size")) * (prompt + response),
+            response_length=response,
+            max_prompt_token_length=prompt,
+            unique_prompts=int(self.arg(cfg, "rollout_batch_size")) * int(self.arg(cfg, "rollout_batches")),
+            samples_per_prompt=int(self.arg(cfg, "samples_per_prompt")),
+            load_ref_policy=self.arg(cfg, "reference") != "none",
+            gradient_checkpointing=bool(self.arg(cfg, "gradient_checkpointing")),
+            lora_rank=int(self.arg(cfg, "lora_rank")),
+            load_in_4bit=bool(self.arg(cfg, "load_in_4bit")),
+            logprob_impl="eager",
+            hpz_partition_size=1,
+            logits_copy=False,
+        )
+
+    def pins_from(self, cfg: RunConfig, cli_pins: list[str] | None = None) -> Pins:
+        return cli_pins_into({}, cli_pins, allowed=())
+
+    def processes(self, cfg: RunConfig, gpus: int) -> int:
+        """Training processes on the node: one per GPU under torchrun, one with python."""
+        return gpus if self.arg(cfg, "launcher") == "torchrun" else 1
+
+    def learner_setup(self, cfg: RunConfig, w: Workload, n_gpus: int) -> HfLearnerSetup:
+        """The script's learner as the memory model sees it."""
+        return HfLearnerSetup(
+            model=w.model, n_gpus=n_gpus, algorithm=self.arg(cfg, "algorithm"), lora_rank=w.lora_rank,
+            lora_targets=tuple(self.arg(cfg, "lora_targets")), lora_dropout=float(self.arg(cfg, "lora_dropout")),
+            load_in_4bit=w.load_in_4bit, double_quant=bool(self.arg(cfg, "double_quant")),
+            critic=self.arg(cfg, "critic"), reference=self.arg(cfg, "reference"),
+            rollout_seqs=int(self.arg(cfg, "rollout_batch_size")) * w.samples_per_prompt,
+            micro_seqs=int(self.arg(cfg, "mini_batch_size")), prompt_len=w.max_prompt_token_length,
+            response_len=w.response_length, gradient_checkpointing=w.gradient_checkpointing)
+
+    def plan(self, cfg: RunConfig, profile: ClusterProfile, nodes: int, w: Workload, pins: Pins,
+             variants: list[ClusterProfile]) -> Planned:
+        if nodes != 1:
+            raise PlanError(f"the custom backend runs one node (torchrun --standalone), got {nodes} nodes; "
+                            "use --nodes 1 (and --gpus N for part of a node)")
+        g = profile.gpu.count_per_node
+        procs = self.processes(cfg, g)
+        plan = hf_memory_plan(profile, self.learner_setup(cfg, w, procs))
+        if not plan.fits:
+            raise PlanError(f"{plan.verdict()} (custom learner, {g} GPU{'s' if g > 1 else ''} of {profile.name}; "
+                            "smaller mini_batch_size, max_response_length or rollout_batch_size, or load_in_4bit)")
+        warnings = []
+        if procs < g:
+            warnings.append(f"launcher python runs one process: {g - procs} of the job's {g} GPUs stay idle "
+                            "(launcher torchrun runs one per GPU, or ask --gpus 1)")
+        lay = Layout(nodes=1, gpus_per_node=g, learners_per_node=procs, learner_nodes=1, tp=1, engines=procs,
+                     gpu_memory_utilization=0.0, memory=plan, gen_time_s=generation_time(cfg, self, w, plan, profile),
+                     train_time_s=training_time(w, profile, procs) * int(self.arg(cfg, "ppo_epochs")),
+                     colocated=True)
+        return Planned([lay], warnings=tuple(warnings))
+
+    # ------------------------------------------------------------------ rendering
+    def launcher_words(self, rp: RunPlan) -> list[str]:
+        """Words between "$PYTHON" and the entry point."""
+        if self.arg(rp.config, "launcher") != "torchrun":
+            return []
+        return ["-m", "torch.distributed.run", "--standalone", "--nnodes=1",
+                f"--nproc-per-node={rp.layout.learners_per_node}"]
+
+    def save_steps(self, rp: RunPlan) -> int:
+        return int(rp.config.args.get("save_steps") or dict(rp.choices).get("save_steps") or 0)
+
+    def layout_args(self, rp: RunPlan) -> dict[str, Any]:
+        return {"launcher": self.arg(rp.config, "launcher"), "processes": rp.layout.learners_per_node,
+                "gpus": rp.profile.gpu.count_per_node, "save_steps": self.save_steps(rp)}
+
+    def driver_command(self, rp: RunPlan) -> list[DriverLine]:
+        words = [_word(a) for a in self.arg(rp.config, "script_args")]
+        lines: list[DriverLine] = []
+        i = 0
+        while i < len(words):  # a flag and its value on one line
+            if words[i].text.startswith("-") and i + 1 < len(words) and not words[i + 1].text.startswith("--"):
+                lines.append((words[i], words[i + 1]))
+                i += 2
+            else:
+                lines.append((words[i],))
+                i += 1
+        return lines
+
+    def env(self, rp: RunPlan) -> dict[str, str]:
+        return {"HPCRL_SAVE_STEPS": str(self.save_steps(rp))}
+
+    def tokens_text(self, rp: RunPlan) -> str:
+        return (f"mini_batch_size {self.arg(rp.config, 'mini_batch_size')} ({rp.workload.pack_length} tokens), "
+                f"generate {self.arg(rp.config, 'rollout_batch_size')} sequences at once")
+
+    def summary(self, rp: RunPlan) -> str:
+        cfg, g = rp.config, rp.profile.gpu.count_per_node
+        base = "a 4-bit NF4 base" if rp.workload.load_in_4bit else "a bf16 base"
+        return (f"custom: {self.arg(cfg, 'launcher')} {cfg.hpcrl.entry_point}, {rp.layout.learners_per_node} "
+                f"process(es) on {g} GPU(s); {self.arg(cfg, 'algorithm')} with LoRA r{rp.workload.lora_rank} on {base}, "
+                f"critic {self.arg(cfg, 'critic')}, reference {self.arg(cfg, 'reference')}; HF generate, no vLLM, no Ray")
+
+
+def _word(arg: Any) -> Word:
+    text = str(arg)
+    if RUN_DIR_PLACEHOLDER in text:
+        return Word(text.replace(RUN_DIR_PLACEHOLDER, "$RUN_DIR"), run_dir=True)
+    return Word(text)
+
+
+def generation_time(cfg: RunConfig, backend: CustomBackend, w: Workload, plan: HfPlan, profile: ClusterProfile) -> float:
+    """Seconds of a step's generate calls: each decode step reads the weights as bf16 (a 4-bit layer is
+    dequantized for each matmul) and the KV cache at HBM bandwidth, plus HF's per-token overhead (assumed)."""
+    setup = plan.hf_setup
+    ctx = setup.prompt_len + setup.response_len / 2
+    per_token = (2.0 * w.model.total_params + setup.rollout_seqs * ctx * w.model.kv_bytes_per_token(1)) / (
+        profile.gpu.hbm_bandwidth_tbs * 1e12 * DECODE_BW_EFFICIENCY) + HF_GENERATE_TOKEN_OVERHEAD_S
+    calls = math.ceil(int(backend.arg(cfg, "rollout_batches")) / max(1, plan.hf_setup.n_gpus))
+    return calls * setup.response_len * per_token
+
+
+__all__ = ["CustomBackend", "KEYS"]

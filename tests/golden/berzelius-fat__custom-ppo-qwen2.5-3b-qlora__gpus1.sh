@@ -1,0 +1,803 @@
+#!/bin/bash
+# Rendered by hpcrl 0.1.0: re-render (hpcrl render) rather than edit by hand.
+# hpcrl cluster: berzelius:fat
+# hpcrl config: custom-ppo-qwen2.5-3b-qlora.yaml (digest fc34a2e9ea29)
+#
+# Plan:
+#   model Qwen/Qwen2.5-3B: 4 sequences of 384 tokens per step, mini_batch_size 4 (1536 tokens), generate 4 sequences at once
+#   1 A100-SXM4-80GB (79.15 GiB) of one node, not the whole node (--gpus 1): all 1 GPUs train and generate (colocated)
+#   custom: python qwen_gsm8k_ppo_train.py, 1 process(es) on 1 GPU(s); ppo with LoRA r8 on a 4-bit NF4 base, critic value_head, reference shared; HF generate, no vLLM, no Ray
+#   one GPU generates (HF generate, KV cache 0.05 GiB) and trains: peak 9.2 GiB of 79.2 usable at training (derived); host 6 GiB of 250 GiB
+#   step ~10 s (generation 9 s, training 1 s), bottleneck generation
+#   save_steps 200: a checkpoint every ~33 min of training (pinned in the config); time-limit warning 900 s before the end = one step (~10 s) + one checkpoint write (~3 s, derived) + 60 s to stop
+# Warning: berzelius: the script uses unconfirmed profile facts: --partition=berzelius (hpcrl.partition); the run root /proj/$SLURM_JOB_ACCOUNT/users/$USER/hpcrl-runs (hpcrl.run_root); check them (hpcrl clusters show berzelius) or set what is in brackets
+# Warning: save_steps 200 (pinned) risks ~33 min of training at each job's end or fault, over hpcrl.max_lost_minutes 30: remove it and hpcrl sets 180
+#
+# Submit with `hpcrl submit`, which creates the run directory first. With plain sbatch,
+# create <run dir>/logs first when --output points there: Slurm opens it before this runs.
+# docs/render.md explains every part of this script.
+#SBATCH --job-name=hpcrl-qwen2.5-3b-gsm8k-ppo
+#SBATCH --nodes=1
+#SBATCH --ntasks-per-node=1
+#SBATCH --gpus=1
+#SBATCH --cpus-per-gpu=16
+#SBATCH --time=2-00:00:00
+#SBATCH --partition=berzelius
+#SBATCH --constraint=fat
+#SBATCH --output=hpcrl-qwen2.5-3b-gsm8k-ppo-%j.out
+#SBATCH --open-mode=append
+#SBATCH --signal=B:USR1@900
+#SBATCH --no-requeue
+
+set -euo pipefail
+# Files this job creates (run directory, logs, node-local directories) are the user's alone (umask 077).
+umask 077
+
+if [[ -z ${SLURM_JOB_ID:-} ]]; then
+    echo "hpcrl: error: submit this script with sbatch or hpcrl submit (SLURM_JOB_ID is not set)" >&2
+    exit 2
+fi
+
+log() { printf 'hpcrl: %s\n' "$*"; }
+on_err() { printf 'hpcrl: error: exit code %s at line %s: %s\n' "$1" "$2" "$3" >&2; }
+trap 'on_err "$?" "$LINENO" "$BASH_COMMAND"' ERR
+
+# State read by the traps below.
+END_REASON=""
+END_RECORDED=""
+STOP_REASON=""
+STOP_DEADLINE=""
+STOP_BY=""
+DRAIN_UNTIL=""
+DRAIN_STAMP=""
+HEAD_NODE=${SLURMD_NODENAME:-$(hostname -s)}
+CONTINUED=""
+HPCRL_DIR=""
+HEAD_PID=""
+WORKERS_PID=""
+DRIVER_PID=""
+MON_PID=""
+NODE_DIR=""
+RAY_TMP=""
+TEE_PID=""
+SVC_PIDS=()  # services started on this node (hpcrl.code_server)
+
+# ------------------------------------------------------------------ environment
+# Model and dataset cache on shared storage; jobs never download (pre-fetch on a login node).
+export HF_HOME=/proj/"${SLURM_JOB_ACCOUNT}"/users/"${USER}"/hf
+export HF_HUB_OFFLINE=1
+# hpcrl.env_setup: shell lines from the run config, run verbatim (not quoted) on purpose.
+# They run once, here on the head node; the worker step inherits their exported variables.
+set +u
+module load Miniforge3/24.7.1-2-hpc1-bdist
+mamba activate finellama
+set -u
+
+# ------------------------------------------------------------------ run directory and job chain
+# One directory per run, the same on every restart, so open-instruct's checkpoint_state_dir
+# is found again and the run resumes (docs/run-dir.md).
+unset RAY_ADDRESS
+RUN_DIR=/proj/"${SLURM_JOB_ACCOUNT}"/users/"${USER}"/hpcrl-runs/qwen2.5-3b-gsm8k-ppo
+[[ $RUN_DIR == /* ]] || RUN_DIR=$PWD/$RUN_DIR
+HPCRL_DIR=$RUN_DIR/hpcrl
+mkdir -p -- "$RUN_DIR/output" "$RUN_DIR/checkpoints" "$RUN_DIR/logs" "$HPCRL_DIR"
+export HPCRL_RUN_DIR=$RUN_DIR
+# Everything below also goes to logs/job-<id>.log. tee ignores TERM so that the log
+# survives scancel/preemption (Slurm signals every process) until the final SIGKILL.
+exec > >(
+    trap '' TERM INT
+    exec tee -a -- "$RUN_DIR/logs/job-$SLURM_JOB_ID.log"
+) 2>&1
+TEE_PID=$!
+MAX_RESTARTS=10
+MAX_FAILURE_RESTARTS=3
+FAILURE_BACKOFF_S=60
+GRACE_S=780
+# The file the framework rewrites once a checkpoint is complete, and the --signal lead time.
+CKPT_MARKER=$RUN_DIR/checkpoints/latest
+SIGNAL_LEAD_S=900
+# Nodes the rendered script excludes; a continuation after a node's failure adds that node.
+RENDERED_EXCLUDE=''
+# Slurm SIGKILLs every process of the job KillWait seconds after its TERM (scancel, preemption,
+# the time limit itself): a stop that a TERM starts is planned to end inside that window, the
+# driver's share first, then Ray's, with STOP_RESERVE_S left for the last record and cleanup.
+# (awk reads to the end: an early exit would SIGPIPE scontrol and fail the pipeline.)
+KILL_WAIT_S=$(scontrol show config 2>/dev/null | awk '$1 == "KillWait" && !n++ { print $3 + 0 }') || KILL_WAIT_S=""
+if [[ ! $KILL_WAIT_S =~ ^[0-9]+$ ]] || ((KILL_WAIT_S < 1)); then
+    KILL_WAIT_S=30  # the profile's slurm.kill_wait_s: scontrol did not say
+fi
+STOP_RESERVE_S=2
+TERM_DRIVER_S=$((KILL_WAIT_S * 4 / 10 > 1 ? KILL_WAIT_S * 4 / 10 : 1))
+# The longest an end the job reaches by itself waits for the worker step before KILLing it
+# (generous: a KILLed worker leaves its node-local dirs behind).
+END_STOP_S=60
+
+# jobs.tsv: <job id> <event> <UTC time> <detail>, one line per event (bash's own clock:
+# no process to start while a signal is being handled).
+record() {
+    TZ=UTC0 printf '%s\t%s\t%(%Y-%m-%dT%H:%M:%SZ)T\t%s\n' "$SLURM_JOB_ID" "$1" -1 "$2" >>"$HPCRL_DIR/jobs.tsv"
+}
+
+# Driver exit code -> end reason (90-93, 96 and 97 are the watchdog's breakers).
+reason_of() {
+    case $1 in
+        0) echo completed ;;
+        90) echo breaker-zero-reward ;;
+        91) echo breaker-nan-loss ;;
+        92) echo breaker-hang ;;
+        93) echo breaker-dead-worker ;;
+        96) echo breaker-grad-norm ;;
+        97) echo breaker-zero-variance ;;
+        *) echo crashed ;;
+    esac
+}
+
+# The nodes this job blames for a failure (the workers and the head write "<node> <why>" lines).
+blamed_nodes() {
+    if [[ -r $HPCRL_DIR/blame-$SLURM_JOB_ID ]]; then
+        awk 'NF { print $1 }' "$HPCRL_DIR/blame-$SLURM_JOB_ID" | sort -u | paste -sd, -
+    fi
+}
+
+# The --exclude of every continuation: the rendered list plus each node a failure was blamed on.
+exclude_list() {
+    {
+        tr ',' '\n' <<<"$RENDERED_EXCLUDE"
+        if [[ -r $HPCRL_DIR/excluded-nodes ]]; then cat -- "$HPCRL_DIR/excluded-nodes"; fi
+    } | awk 'NF && !seen[$0]++' | paste -sd, -
+}
+
+# sbatch the same script again, after this job ends, from the original submit directory and
+# without this job's Slurm/Ray variables (sbatch would pass them on). $1: seconds to wait first.
+submit_continuation() {
+    local job=$SLURM_JOB_ID extra=() excl
+    excl=$(exclude_list)
+    if [[ -n $excl ]]; then
+        extra+=("--exclude=$excl")
+    fi
+    if ((${1:-0} > 0)); then
+        extra+=("--begin=now+$1")
+    fi
+    (
+        cd -- "${SLURM_SUBMIT_DIR:-$HOME}"
+        while read -r var; do
+            [[ $var == SLURM_CONF ]] || unset "$var"
+        done < <(compgen -e | grep -E '^(SLURM_|SBATCH_|SRUN_|RAY_|HPCRL_)' || true)
+        sbatch --parsable --dependency="afterany:$job" "${extra[@]}" "$HPCRL_DIR/job.sbatch"
+    )
+}
+
+# count_file FILE: the number in it (0 when missing or garbled).
+count_file() {
+    local n=0
+    if [[ -r $1 ]]; then
+        n=$(<"$1")
+    fi
+    [[ $n =~ ^[0-9]+$ ]] || n=0
+    echo "$n"
+}
+
+# bump_file FILE: one more, written atomically.
+bump_file() {
+    echo "$(($(count_file "$1") + 1))" >"$1.$SLURM_JOB_ID.tmp"
+    mv -f -- "$1.$SLURM_JOB_ID.tmp" "$1"
+}
+
+# Which reasons continue: the time limit and preemption (at most hpcrl.max_restarts times), and
+# failures that are not the run's fault (at most hpcrl.max_failure_restarts times, counted
+# apart, the blamed nodes excluded, after a back-off). Crashes of the training code, circuit
+# breakers and cancels never continue.
+continue_chain() {
+    local reason=$1 next kind counter limit setting wait_s=0 nodes
+    case $reason in
+        timeout | preempted) kind=limit counter=$HPCRL_DIR/restarts limit=$MAX_RESTARTS setting=hpcrl.max_restarts ;;
+        ray-start-failed | ray-head-died | worker-died | network-error)
+            kind=failure counter=$HPCRL_DIR/failure-restarts limit=$MAX_FAILURE_RESTARTS
+            setting=hpcrl.max_failure_restarts ;;
+        *) return 0 ;;
+    esac
+    if [[ -n $CONTINUED ]] || [[ -e $HPCRL_DIR/cancel ]]; then
+        return 0
+    fi
+    CONTINUED=1
+    local done_n
+    done_n=$(count_file "$counter")
+    if ((done_n >= limit)); then
+        log "not continuing after $reason: $done_n continuations of this kind submitted already ($setting $limit)"
+        return 0
+    fi
+    if [[ $kind == failure ]]; then
+        nodes=$(blamed_nodes)
+        if [[ -n $nodes ]]; then
+            tr ',' '\n' <<<"$nodes" >>"$HPCRL_DIR/excluded-nodes"
+        fi
+        record failure "$reason ${nodes:--}"
+        wait_s=$((FAILURE_BACKOFF_S * (done_n + 1)))
+        log "$reason${nodes:+ on $nodes}: not the run's fault; continuing in a new job in $wait_s s${nodes:+ without $nodes}"
+    fi
+    if ! next=$(submit_continuation "$wait_s"); then
+        log "error: sbatch of the continuation failed; resubmit $HPCRL_DIR/job.sbatch by hand"
+        return 0
+    fi
+    next=${next%%;*}
+    bump_file "$counter"
+    record continue "$next"
+    log "continuation submitted: job $next ($kind continuation $((done_n + 1)) of at most $limit)"
+    return 0
+}
+
+# The seconds until this job's time limit, as Slurm says (squeue %L: [D-]H:M:S, M:S); the
+# --signal lead time when Slurm does not say.
+time_left_s() {
+    local left d=0 h=0 m=0 s=0
+    left=$(squeue -h -j "$SLURM_JOB_ID" -o %L 2>/dev/null) || left=""
+    if [[ $left =~ ^(([0-9]+)-)?([0-9]+):([0-9]+):([0-9]+)$ ]]; then
+        d=${BASH_REMATCH[2]:-0} h=${BASH_REMATCH[3]} m=${BASH_REMATCH[4]} s=${BASH_REMATCH[5]}
+    elif [[ $left =~ ^([0-9]+):([0-9]+)$ ]]; then
+        m=${BASH_REMATCH[1]} s=${BASH_REMATCH[2]}
+    else
+        echo "$SIGNAL_LEAD_S"
+        return 0
+    fi
+    echo $((((10#$d * 24 + 10#$h) * 60 + 10#$m) * 60 + 10#$s))
+}
+
+marker_stamp() { stat -c '%Y %s' -- "$CKPT_MARKER" 2>/dev/null || echo none; }
+
+# USR1 (--signal, before the time limit) or TERM/INT (scancel, preemption, the limit itself):
+# chain at once (the job may be killed soon), then stop the driver. The first signal decides
+# the reason; a TERM also starts Slurm's KillWait clock, which shortens any stop under way.
+# After USR1 the driver runs on until its next checkpoint is complete (the framework rewrites
+# CKPT_MARKER; none of the three saves on a signal) or until there is just time to stop.
+on_signal() {
+    local reason=$1
+    if [[ $BASHPID != "$$" ]]; then
+        return 0  # a child forked from this shell, not yet exec'd: the main shell handles it
+    fi
+    if [[ $2 != USR1 ]]; then
+        term_clock
+        if [[ -n $DRAIN_UNTIL ]]; then
+            stop_driver "SIG$2 during the wait for a checkpoint"
+        fi
+    fi
+    if [[ $reason == term ]]; then
+        reason=preempted
+        if [[ -e $HPCRL_DIR/cancel ]]; then
+            reason=cancelled
+        fi
+    fi
+    if [[ -n $STOP_REASON ]]; then
+        return 0
+    fi
+    STOP_REASON=$reason
+    log "received SIG$2: stopping ($reason)"
+    continue_chain "$reason"
+    if ! alive "$DRIVER_PID"; then
+        return 0
+    fi
+    if [[ $2 == USR1 ]]; then
+        DRAIN_STAMP=$(marker_stamp)
+        DRAIN_UNTIL=$((SECONDS + $(time_left_s) - TERM_DRIVER_S - KILL_WAIT_S - STOP_RESERVE_S - 30))
+        log "the driver goes on until its next checkpoint is complete ($CKPT_MARKER) or for $((DRAIN_UNTIL - SECONDS)) s"
+        return 0
+    fi
+    stop_driver ""
+    return 0
+}
+
+# stop_driver WHY: SIGTERM to the driver now; SIGKILL to its session after the grace period.
+stop_driver() {
+    DRAIN_UNTIL=""
+    if [[ -n $1 ]]; then
+        log "stopping the driver: $1"
+    fi
+    kill -TERM "$DRIVER_PID" 2>/dev/null || true
+    if [[ -n $STOP_BY ]]; then
+        STOP_DEADLINE=$((SECONDS + TERM_DRIVER_S))
+    else
+        STOP_DEADLINE=$((SECONDS + GRACE_S))
+    fi
+}
+
+# The first TERM: from now on Slurm gives the job KILL_WAIT_S seconds.
+term_clock() {
+    if [[ -n $STOP_BY ]]; then
+        return 0
+    fi
+    STOP_BY=$((SECONDS + KILL_WAIT_S - STOP_RESERVE_S))
+    if [[ -n $STOP_DEADLINE ]] && ((STOP_DEADLINE > SECONDS + TERM_DRIVER_S)); then
+        STOP_DEADLINE=$((SECONDS + TERM_DRIVER_S))
+    fi
+}
+
+alive() { [[ -n ${1:-} ]] && kill -0 "$1" 2>/dev/null; }
+
+# kill_session SIGNAL SID...: every process of each session (a process that left its parent's
+# process group is still in the session; one that called setsid itself is not).
+kill_session() {
+    local sig=$1 sid
+    shift
+    for sid in "$@"; do
+        if [[ $sid =~ ^[1-9][0-9]*$ ]]; then
+            pkill -"$sig" -s "$sid" 2>/dev/null || kill -"$sig" -- "-$sid" 2>/dev/null || true
+        fi
+    done
+}
+
+# On every exit: record the end first, then stop what still runs, all at once (the driver's
+# session, the head's Ray, the worker step, the GPU monitor), KILL what outlives the budget
+# and remove node-local files. `ray stop` is never used: it would stop every Ray cluster of
+# this user on the node.
+on_exit() {
+    local rc=$?
+    if [[ $BASHPID != "$$" ]]; then
+        return "$rc"  # a subshell ending: the cleanup belongs to the main shell
+    fi
+    set +e
+    trap - ERR
+    trap '' USR1
+    trap term_clock TERM INT  # Slurm's clock may start now; the cleanup goes on
+    if [[ -z $END_RECORDED ]]; then
+        END_REASON=${END_REASON:-${STOP_REASON:-crashed}}
+        record end "$END_REASON:$rc"
+        END_RECORDED=1
+    fi
+    continue_chain "$END_REASON"  # a failure that is not the run's fault (fail ray-start-failed, ...)
+    rm -f -- "$HPCRL_DIR/driver-started-$SLURM_JOB_ID"
+    # Up to END_STOP_S for everything to stop by itself (Slurm's clock, when it runs, ends it sooner):
+    # each worker stops its Ray, keeps its logs and removes its node-local dirs; KILLed, it cannot.
+    local by=$((SECONDS + END_STOP_S)) pid left
+    kill -TERM "$DRIVER_PID" "$HEAD_PID" "$MON_PID" "${SVC_PIDS[@]}" 2>/dev/null
+    # srun answers TERM with SIGKILL to the tasks, but forwards USR2: each worker stops its Ray
+    # and removes its node-local directories.
+    kill -USR2 "$WORKERS_PID" 2>/dev/null
+    while :; do
+        left=""
+        for pid in "$DRIVER_PID" "$HEAD_PID" "$WORKERS_PID" "$MON_PID"; do
+            if alive "$pid"; then
+                left+=" $pid"
+            fi
+        done
+        if [[ -z $left ]] || ((SECONDS >= by)) || { [[ -n $STOP_BY ]] && ((SECONDS >= STOP_BY)); }; then
+            break
+        fi
+        sleep 0.2
+    done
+    if [[ -n $left ]]; then
+        log "still running at the end of the stop, killed:$left"
+    fi
+    kill_session KILL "$DRIVER_PID" "$HEAD_PID" "${SVC_PIDS[@]}"
+    kill -KILL "$WORKERS_PID" "$MON_PID" 2>/dev/null
+    if [[ -n $NODE_DIR ]]; then  # set by node_dirs, defined beside it with remove_node_dirs
+        remove_node_dirs
+    fi
+    log "job $SLURM_JOB_ID ends: $END_REASON:$rc"
+    exec >&- 2>&-
+    wait "$TEE_PID" 2>/dev/null
+    return 0
+}
+
+# fail REASON MESSAGE: stop here; the EXIT trap records REASON.
+fail() {
+    log "error: $2"
+    END_REASON=$1
+    exit 1
+}
+
+# finish REASON CODE: record the end, chain a continuation if the reason allows, exit.
+finish() {
+    END_REASON=$1
+    if [[ -z $END_RECORDED ]]; then
+        record end "$1:$2"
+        END_RECORDED=1
+    fi
+    continue_chain "$1"
+    exit "$2"
+}
+
+trap on_exit EXIT
+trap 'on_signal timeout USR1' USR1
+trap 'on_signal term TERM' TERM
+trap 'on_signal term INT' INT
+
+record start "$HEAD_NODE"
+
+# This job's script (continuations resubmit it) and the plan it was rendered from.
+if ! cmp -s -- "$0" "$HPCRL_DIR/job.sbatch"; then
+    if [[ -e $HPCRL_DIR/job.sbatch ]]; then
+        log "warning: $HPCRL_DIR/job.sbatch differs from this job's script; replacing it"
+    fi
+    cp -- "$0" "$HPCRL_DIR/job.sbatch.$SLURM_JOB_ID.tmp"
+    mv -f -- "$HPCRL_DIR/job.sbatch.$SLURM_JOB_ID.tmp" "$HPCRL_DIR/job.sbatch"
+fi
+if [[ ! -e $HPCRL_DIR/plan.json ]]; then
+    cat >"$HPCRL_DIR/plan.json.$SLURM_JOB_ID.tmp" <<'HPCRL_PLAN_JSON'
+{
+  "backend": "custom",
+  "backend_args": {
+    "gpus": 1,
+    "launcher": "python",
+    "processes": 1,
+    "save_steps": 200
+  },
+  "cluster": "berzelius:fat",
+  "config": "custom-ppo-qwen2.5-3b-qlora.yaml",
+  "config_digest": "fc34a2e9ea29",
+  "gpus_per_node": 1,
+  "hpcrl_version": "0.1.0",
+  "job_gpus": 1,
+  "layout": {
+    "bottleneck": "generation",
+    "colocated": true,
+    "deepspeed_stage": 0,
+    "engine_concurrent_seqs": 4,
+    "engine_gpus": 1,
+    "engine_kv_cache_gib": 0.05,
+    "generation_time_s": 9.2,
+    "gpu_usable_gib": 79.15,
+    "host_peak_gib": 6.0,
+    "idle_gpus": 0,
+    "learner_gpus": 1,
+    "learner_peak_gib": 9.16,
+    "nodes": 1,
+    "num_learners_per_node": [
+      1
+    ],
+    "reason": "colocated: every GPU trains and generates; step ~10s = generation 9s + training 1s",
+    "rollout_peak_gib": 7.35,
+    "step_time_s": 10.0,
+    "training_peak_gib": 9.16,
+    "training_time_s": 0.8,
+    "vllm_gpu_memory_utilization": 0.0,
+    "vllm_num_engines": 1,
+    "vllm_tensor_parallel_size": 1
+  },
+  "loss_keys": [
+    "loss",
+    "policy_loss",
+    "value_loss"
+  ],
+  "memory": {
+    "basis": {
+      "derived": "arithmetic from what the libraries allocate (sources in hpcrl/memory/hf_learner.py), not measured by hpcrl",
+      "fitted": "a constant fitted on hpcrl's DeepSpeed calibration rows, applied here unchanged",
+      "measured": "an idle process's CUDA context, measured"
+    },
+    "fits": true,
+    "generation": {
+      "concurrent_seqs": 4,
+      "kind": "hf-generate",
+      "kv_bytes_per_token": 36864,
+      "kv_cache_gib": 0.053,
+      "kv_tokens": 1536
+    },
+    "gpu": {
+      "cluster": "berzelius:fat",
+      "job_gpus": 1,
+      "name": "A100-SXM4-80GB",
+      "usable_gib": 79.15
+    },
+    "host": {
+      "breakdown": {
+        "training processes (1 x 6 GiB, assumed: constants.HOST_PROCESS_GIB)": 6.0
+      },
+      "fits": true,
+      "peak_gib": 6.0,
+      "ram_gib": 250.0
+    },
+    "learner": {
+      "algorithm": "ppo",
+      "allocator_margin_gib": 1.1,
+      "critic": "value_head",
+      "device_total_gib": 9.156,
+      "double_quant": false,
+      "fits": true,
+      "gradient_checkpointing": true,
+      "inside_margin": false,
+      "kind": "hf-trl",
+      "lora_rank": 8,
+      "lora_targets": [
+        "q_proj",
+        "k_proj",
+        "v_proj",
+        "o_proj",
+        "gate_proj",
+        "up_proj",
+        "down_proj"
+      ],
+      "micro_seqs": 4,
+      "non_torch": {
+        "CUDA context (measured)": 0.6
+      },
+      "peak_allocated_gib": 5.561,
+      "peak_phase": "training",
+      "peak_reserved_gib": 8.556,
+      "phases": {
+        "generation": {
+          "allocated_gib": 2.628,
+          "reserved_gib": 5.124,
+          "transient": {
+            "HF generate KV cache, bf16, every sequence at full length (derived)": 0.053,
+            "generate logits, fp32, last position (derived)": 0.002,
+            "one dequantized 4-bit weight, bf16 (derived)": 0.042,
+            "prefill activations, one layer, no grad (derived)": 0.025
+          }
+        },
+        "scoring": {
+          "allocated_gib": 3.853,
+          "reserved_gib": 6.754,
+          "transient": {
+            "one dequantized 4-bit weight, bf16 (derived)": 0.042,
+            "scoring logits, bf16 + fp32 log-softmax, no grad (derived)": 1.304
+          }
+        },
+        "training": {
+          "allocated_gib": 5.561,
+          "reserved_gib": 8.556,
+          "transient": {
+            "log-prob path logits, bf16 + eager fp32 log_softmax (fitted)": 2.608,
+            "one dequantized 4-bit weight, bf16 (derived)": 0.042,
+            "one layer's activations rebuilt in backward (derived)": 0.193,
+            "stored activations, bf16 layer inputs (gradient checkpointing) (derived)": 0.211
+          }
+        }
+      },
+      "processes": 1,
+      "reference": "shared",
+      "resident": {
+        "AdamW moments, fp32, trainable parameters only (derived)": 0.112,
+        "LoRA adapters, fp32 (derived)": 0.056,
+        "adapter gradients, fp32 (derived)": 0.056,
+        "fixed allocations (workspaces, RNG) (fitted)": 0.25,
+        "policy 4-bit quantization constants, fp32 absmax per 64 weights (derived)": 0.161,
+        "policy base weights, 4-bit NF4 linears + bf16 embeddings and norms (derived)": 1.872,
+        "reference: the policy's base with the adapters off (no copy) (derived)": 0.0,
+        "value head, fp32 with its gradient and AdamW moments (derived)": 0.0
+      },
+      "rollout_seqs": 4,
+      "seq_len": 384,
+      "tokens_per_micro_batch": 1536,
+      "weights": "4-bit NF4"
+    },
+    "model": {
+      "name": "Qwen/Qwen2.5-3B",
+      "total_params": 3085938688,
+      "trainable_params": 14968833
+    },
+    "verdict": "the learner GPU (peak at training) fits with 68.9 GiB to spare after a 1.1 GiB allocator margin"
+  },
+  "model": "Qwen/Qwen2.5-3B",
+  "nodes": 1,
+  "reward_keys": [
+    "avg_reward"
+  ],
+  "run_name": "qwen2.5-3b-gsm8k-ppo",
+  "smoke": false,
+  "warnings": [
+    "berzelius: the script uses unconfirmed profile facts: --partition=berzelius (hpcrl.partition); the run root /proj/$SLURM_JOB_ACCOUNT/users/$USER/hpcrl-runs (hpcrl.run_root); check them (hpcrl clusters show berzelius) or set what is in brackets",
+    "save_steps 200 (pinned) risks ~33 min of training at each job's end or fault, over hpcrl.max_lost_minutes 30: remove it and hpcrl sets 180"
+  ]
+}
+HPCRL_PLAN_JSON
+    mv -f -- "$HPCRL_DIR/plan.json.$SLURM_JOB_ID.tmp" "$HPCRL_DIR/plan.json"
+fi
+
+# ------------------------------------------------------------------ nodes, ports, token
+# Node addresses are Slurm's own (NodeAddr): `hostname` may name another network or, on a
+# test cluster, the same machine for every node. One line per node: "<name> <IPv4> <slot>",
+# where slot numbers the job's nodes that share one host (0 on a real cluster).
+# The head is the node this batch script runs on (Slurm's BatchHost, normally the first).
+mapfile -t JOB_NODES < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
+if ((${#JOB_NODES[@]} == 0)); then
+    fail ray-start-failed "scontrol show hostnames gave no node for $SLURM_JOB_NODELIST"
+fi
+if ((${#JOB_NODES[@]} != 1)); then
+    fail setup-failed "this script was rendered for 1 nodes but the job has ${#JOB_NODES[@]}; re-render with --nodes ${#JOB_NODES[@]}"
+fi
+NODE_LINES=$(scontrol show node -o "$SLURM_JOB_NODELIST" | awk '
+    {
+        name = addr = host = ""
+        for (i = 1; i <= NF; i++) {
+            if ($i ~ /^NodeName=/) name = substr($i, 10)
+            else if ($i ~ /^NodeAddr=/) addr = substr($i, 10)
+            else if ($i ~ /^NodeHostName=/) host = substr($i, 14)
+        }
+        if (name != "") print name, addr, seen[host]++
+    }')
+NODE_TABLE=""
+while read -r name addr slot; do
+    ip=$addr
+    if [[ ! $addr =~ ^[0-9]+\.[0-9]+\.[0-9]+\.[0-9]+$ ]]; then
+        ip=$(getent ahostsv4 "$addr" | awk 'NR == 1 { print $1 }') || true
+    fi
+    if [[ -z $ip ]]; then
+        fail ray-start-failed "cannot resolve NodeAddr '$addr' of node $name to an IPv4 address"
+    fi
+    if ((slot > 8)); then
+        fail setup-failed "more than 9 nodes of this job share the host of $name; the port block has 9 slots"
+    fi
+    NODE_TABLE+="$name $ip $slot;"
+done <<<"$NODE_LINES"
+# Exported for the worker step; ';' separates nodes.
+HPCRL_NODE_TABLE=$NODE_TABLE
+node_entry() { awk -v RS=';' -v n="$1" '$1 == n { print $2, $3 }' <<<"$HPCRL_NODE_TABLE"; }
+described=$(awk -v RS=';' 'NF { c++ } END { print c + 0 }' <<<"$HPCRL_NODE_TABLE")
+if ((described != 1)); then
+    fail ray-start-failed "scontrol show node described $described of the job's 1 nodes"
+fi
+read -r HPCRL_HEAD_IP HEAD_SLOT < <(node_entry "$HEAD_NODE") || true
+if [[ -z ${HEAD_SLOT:-} ]]; then
+    fail ray-start-failed "head node $HEAD_NODE is missing from scontrol show node"
+fi
+export HPCRL_NODE_TABLE HPCRL_HEAD_IP
+log "job $SLURM_JOB_ID: 1 nodes, head $HEAD_NODE ($HPCRL_HEAD_IP), run dir $RUN_DIR"
+
+# A block of 100 ports per job, from the job id: two jobs on a shared node (or two runs on
+# the test cluster) never meet on Ray's fixed defaults (6379, 8265, 10001, 52365).
+#   +0 GCS, +1 dashboard (bound to localhost), +2 Ray client server
+#   +10+10*slot .. +15+10*slot: node manager, object manager, metrics export,
+#                               dashboard agent gRPC/HTTP, runtime env agent
+# Worker processes take ports the kernel assigns (--min/max-worker-port=0): they cannot
+# collide, and a fixed range would have to hold num_cpus prestarted workers plus every actor.
+export HPCRL_PORT_BASE=$((10000 + SLURM_JOB_ID % 200 * 100))
+
+
+# Node-local files of this job on one node (Ray's temp dir, compile caches), in a directory
+# only this user can enter: Ray creates its session, socket and log directories 0777, so on a
+# shared node anyone could list, rename or replace them (a renamed raylet socket breaks the
+# job) unless their parent is private. Ray's socket paths must fit in 107 bytes, so a long
+# node-local path falls back to a private directory in /tmp for Ray.
+node_dirs() {
+    NODE_DIR="$HPCRL_NODE_LOCAL/hpcrl-$SLURM_JOB_ID.$1"
+    private_dir "$NODE_DIR" || return 1
+    # JIT caches off the shared home (NFS breaks their file locks): Triton, Inductor, vLLM
+    # (under XDG_CACHE_HOME), FlashInfer (appends .cache/flashinfer to its base).
+    export TRITON_CACHE_DIR="$NODE_DIR/triton" TORCHINDUCTOR_CACHE_DIR="$NODE_DIR/inductor" \
+        XDG_CACHE_HOME="$NODE_DIR/cache" FLASHINFER_WORKSPACE_BASE="$NODE_DIR"
+}
+
+# private_dir DIR: DIR as a directory of this user's, mode 0700. Job ids are predictable, so
+# on a shared /tmp another user may have made it first: refuse anything not ours (or a link).
+private_dir() {
+    (umask 022 && mkdir -p -- "$(dirname -- "$1")")  # parents may be shared (/tmp/...): not private
+    mkdir -m 700 -- "$1" 2>/dev/null || true
+    if [[ -L $1 || ! -d $1 || ! -O $1 ]]; then
+        echo "hpcrl: error: $1 exists and is not a directory of $(id -un) (another user's, or a link); refusing to use it" >&2
+        return 1
+    fi
+    chmod 700 -- "$1"
+}
+
+
+# Remove what node_dirs made; twice if needed: Slurm's TERM reaches every process of the job,
+# an `rm` in progress too.
+remove_node_dirs() {
+    if [[ -n $NODE_DIR ]]; then
+        rm -rf -- "$NODE_DIR" 2>/dev/null || rm -rf -- "$NODE_DIR"
+    fi
+    if [[ $RAY_TMP == /tmp/hpcrl-* ]]; then
+        rm -rf -- "$RAY_TMP" 2>/dev/null || rm -rf -- "$RAY_TMP"
+    fi
+}
+
+# A lean environment for Ray and the driver: open-instruct hands the driver's whole environment
+# to every Ray actor (runtime_env env_vars, grpo_fast.py:2217 at e6c3044a); Ray passes it to
+# each worker process as one argument, and past 128 KiB that exec fails (E2BIG) and the actor
+# never starts, silently (Ray issue 47432; past 1 MiB Ray's agent refuses it with HTTP 413).
+# Slurm's, PMI's, MPI's and the module system's bookkeeping stay with this script (its own
+# shell variables still hold them); Ray and the driver start with `"${LEAN_ENV[@]}"`. What is
+# kept and dropped: docs/render.md.
+lean_env() {
+    local var fn
+    LEAN_ENV=(env)
+    while read -r var; do
+        case $var in
+            SLURM_JOB_ID | SLURM_JOB_NODELIST | SLURM_JOB_NUM_NODES | SLURM_CPUS_ON_NODE | SLURM_SUBMIT_DIR | \
+                SLURM_CONF | SLURM_JOB_ACCOUNT | SLURM_STEP_ID | SLURM_PROCID | SLURM_LOCALID | SLURMD_NODENAME) ;;
+            SLURM_* | SLURMD_* | SBATCH_* | SRUN_* | PMI_* | PMIX_* | OMPI_* | I_MPI_* | MPICH_* | HYDRA_* | \
+                LMOD_* | __LMOD_* | _LMFILES_ | _ModuleTable* | MODULEPATH_ROOT | MODULESHOME | ENV_MODULES_*)
+                LEAN_ENV+=(-u "$var") ;;
+        esac
+    done < <(compgen -e)
+    while read -r _ _ fn; do  # exported shell functions (module, ml, ...) travel as BASH_FUNC_<name>%%
+        LEAN_ENV+=(-u "BASH_FUNC_${fn}%%")
+    done < <(declare -Fx)
+}
+
+
+# blame WHY: this node, in the job's blame file (a failure continuation excludes the nodes in it).
+blame() { echo "${SLURMD_NODENAME:-$(hostname -s)} $1" >>"$HPCRL_RUN_DIR/hpcrl/blame-$SLURM_JOB_ID"; }
+
+
+# Open files: Ray opens a socket per worker and connection, vLLM and NCCL more: the hard limit.
+ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
+lean_env
+LEAN_BYTES=$("${LEAN_ENV[@]}" env | wc -c)
+if ((LEAN_BYTES > 100 * 1024)); then
+    log "warning: the driver's environment is still $((LEAN_BYTES / 1024)) KiB after dropping Slurm, MPI and module variables; open-instruct passes it to every Ray actor, and past 128 KiB their start fails. Largest: $("${LEAN_ENV[@]}" env | awk '{ print length($0), substr($0, 1, index($0, "=") - 1) }' | sort -rn | head -3 | awk '{ printf "%s (%d B) ", $2, $1 }')"
+fi
+
+export HPCRL_NODE_LOCAL=/scratch/local
+if ! node_dirs "$HEAD_SLOT"; then
+    blame ray-start-failed
+    fail ray-start-failed "cannot make this job's private node-local directory on $HEAD_NODE"
+fi
+
+# ------------------------------------------------------------------ GPU monitor (no Ray: one node)
+# GPU monitor on every node (exits at once on a machine without GPUs); it warns when GPUs
+# average under the cluster's idle-GPU threshold.
+python3 -m hpcrl.runtime.gpumon --out "$HPCRL_DIR/gpu-$HEAD_NODE.csv" --interval 5 --role head --detect-roles --min-mean-power-w 100 --grace-minutes 60 &
+MON_PID=$!
+
+# ------------------------------------------------------------------ driver
+# the user's training script under hpcrl's watchdog (circuit breakers: exit codes 90-93, 96, 97).
+WORKDIR="${HOME}"/finellama-rl
+PYTHON=python
+ENTRY_POINT=qwen_gsm8k_ppo_train.py
+if ! cd -- "$WORKDIR"; then
+    fail crashed "hpcrl.workdir $WORKDIR does not exist on $HEAD_NODE"
+fi
+if ! python3 -c 'import hpcrl.runtime.watchdog' 2>/dev/null; then
+    fail crashed "hpcrl is not importable by python3 on $HEAD_NODE; install it in the job's environment (hpcrl.env_setup)"
+fi
+if ! command -v "$PYTHON" >/dev/null 2>&1; then
+    fail crashed "hpcrl.python $PYTHON is not a command on $HEAD_NODE"
+fi
+if [[ ! -f $ENTRY_POINT ]]; then
+    fail crashed "hpcrl.entry_point $ENTRY_POINT does not exist in $WORKDIR (a fork may keep it elsewhere)"
+fi
+export HPCRL_SAVE_STEPS=200
+DRIVER=(
+    python3 -m hpcrl.runtime.watchdog --run-dir "$RUN_DIR"
+    --zero-reward-steps 10 --hang-minutes 60
+    --grad-norm-steps 20 --zero-variance-steps 20 --reward-key avg_reward --loss-key loss --loss-key policy_loss --loss-key value_loss --
+    "$PYTHON" "$ENTRY_POINT"
+    --config configs/qwen_gsm8k_ppo_config.yaml
+    --output_dir "$RUN_DIR/checkpoints"
+)
+printf 'hpcrl: driver:'
+printf ' %q' "${DRIVER[@]}"
+printf '\n'
+# In the background with `wait`, so the signal traps run while it works; in a session of its
+# own (the watchdog keeps the driver in it) so that a stop can kill the whole tree at once; in
+# the lean environment (above). The marker tells the workers that a dead Ray is no longer
+# retried: the driver's actors are gone with it.
+: >"$HPCRL_DIR/driver-started-$SLURM_JOB_ID"
+"${LEAN_ENV[@]}" setsid "${DRIVER[@]}" &
+DRIVER_PID=$!
+RAY_DIED=""
+while alive "$DRIVER_PID"; do
+    if [[ -n $STOP_DEADLINE || -n $RAY_DIED || -n $DRAIN_UNTIL ]]; then
+        sleep 0.2 &
+    else
+        sleep 1 &
+    fi
+    wait $! || true
+    if [[ -n $DRAIN_UNTIL ]]; then
+        if [[ $(marker_stamp) != "$DRAIN_STAMP" ]]; then
+            stop_driver "a checkpoint is complete ($CKPT_MARKER rewritten) after the time-limit warning"
+        elif ((SECONDS >= DRAIN_UNTIL)); then
+            stop_driver "no checkpoint since the time-limit warning, and only time to stop is left"
+        fi
+    fi
+    if [[ -n $STOP_DEADLINE ]] && ((SECONDS >= STOP_DEADLINE)); then
+        log "the driver did not stop within its grace period: killing its session"
+        kill_session KILL "$DRIVER_PID"
+        STOP_DEADLINE=""
+    fi
+done
+code=0
+wait "$DRIVER_PID" || code=$?
+if [[ -n $STOP_REASON ]]; then
+    finish "$STOP_REASON" "$code"
+elif [[ $RAY_DIED == ray-head-died ]]; then
+    finish ray-head-died 94
+elif [[ -n $RAY_DIED ]]; then
+    finish worker-died 95
+elif [[ $(reason_of "$code") == crashed ]] && found=$(python3 -m hpcrl.runtime.classify "$HPCRL_DIR/driver.log" 2>/dev/null) &&
+    [[ -n $found ]]; then
+    log "the driver's log shows a network failure, not the run's own: $found"
+    finish network-error "$code"
+else
+    finish "$(reason_of "$code")" "$code"
+fi

@@ -412,6 +412,9 @@ on_exit() {
     fi
     kill_session KILL "$DRIVER_PID" "$HEAD_PID" "${SVC_PIDS[@]}"
     kill -KILL "$WORKERS_PID" "$MON_PID" 2>/dev/null
+    if [[ -n $WORKERS_PID ]] && ! wait "$WORKERS_PID" 2>/dev/null; then
+        sweep_workers  # a worker may have been KILLed before its own cleanup (ray.sh)
+    fi
     if [[ -n $NODE_DIR ]]; then  # set by node_dirs, defined beside it with remove_node_dirs
         keep_ray_logs "$HEAD_NODE"
         remove_node_dirs
@@ -744,12 +747,46 @@ keep_ray_logs() {
     if [[ -z $RAY_TMP || ! -d $src ]]; then
         return 0
     fi
-    # One cp for all the files (a Ray session has hundreds; a process per file took long enough,
-    # on a loaded node, for the stop's budget to run out before the node-local dirs were removed).
+    # One cp for all the files: a Ray session has hundreds, a process each is slow on a busy node.
     find "$src/" -type f -printf '%T@\t%s\t%P\n' 2>/dev/null | sort -rn |
         awk -F '\t' -v cap=$((64 * 1048576)) '{ s += $2; if (s <= cap) print $3 }' |
         (cd -- "$src" && xargs -r -d '\n' cp -p --parents -t "$dest" -- 2>/dev/null)
     return 0
+}
+
+# A worker cleans up after itself unless it is SIGKILLed: srun --kill-on-bad-exit ends the
+# whole step with SIGKILL when one worker fails ("srun: error: n3: task 1: Killed" on
+# local-dev, while n3 was still starting Ray), as can the OOM killer. So when the worker step
+# did not end cleanly, one more step visits every worker node: sweep_node KILLs what is left of
+# this job's Ray there, keeps its logs and removes its node-local dirs (never another user's).
+sweep_node() {
+    local dir
+    HPCRL_NODE_LOCAL="${LOCALDIR}"
+    for dir in "$HPCRL_NODE_LOCAL/hpcrl-$SLURM_JOB_ID".* "/tmp/hpcrl-$SLURM_JOB_ID".*; do
+        if [[ ! -d $dir || -L $dir || ! -O $dir ]]; then
+            continue
+        fi
+        pkill -KILL -u "$(id -u)" -f -- "$dir/" 2>/dev/null || true
+        NODE_DIR=$dir RAY_TMP=$dir/ray
+        if [[ $dir != "$HPCRL_NODE_LOCAL"/* ]]; then
+            NODE_DIR="" RAY_TMP=$dir  # node_dirs' short-path fallback for Ray
+        fi
+        keep_ray_logs "${SLURMD_NODENAME:-$(hostname -s)}"
+        remove_node_dirs
+        echo "hpcrl: removed $dir, left by a worker that could not clean up"
+    done
+}
+sweep_workers() {
+    local budget=20
+    if [[ -n $STOP_BY ]]; then
+        budget=$((STOP_BY - SECONDS - 1))
+    fi
+    if ((budget < 2)); then
+        return 0
+    fi
+    timeout -k 2 "$budget" srun --overlap --nodes=3 --ntasks=3 --ntasks-per-node=1 \
+        --exclude="$HEAD_NODE" --kill-on-bad-exit=0 \
+        bash -c "$(declare -f sweep_node keep_ray_logs remove_node_dirs); sweep_node" 2>&1 | sed -u 's/^/[sweep] /'
 }
 
 # blame WHY: this node, in the job's blame file (a failure continuation excludes the nodes in it).

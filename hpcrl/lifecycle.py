@@ -81,7 +81,9 @@ def from_config(config: str | None, *, nodes: int | None = None, cluster: str | 
         from hpcrl import render
     except ImportError:
         raise HpcrlError("this hpcrl has no renderer (hpcrl/render.py); pass an already rendered SCRIPT") from None
-    rp = make_run_plan(config, nodes=nodes, cluster=cluster, sets=sets, pins=pins)
+    from hpcrl import node_excludes
+
+    rp = node_excludes.apply(make_run_plan(config, nodes=nodes, cluster=cluster, sets=sets, pins=pins))
     if not smoke:
         from hpcrl.disk_check import check_run_disk
 

@@ -332,7 +332,8 @@ def run(a: dict) -> dict:
         {"missing": ctl.missing} if a["node_rank"] == 0 and ctl.missing else
         {"method": choose_method(ctl.table), "table": ctl.table} if a["node_rank"] == 0 else None)
     if plan.get("missing"):
-        return {"error": f"node(s) {', '.join(plan['missing'])} did not join the rendezvous at "
+        return {"role": "first" if a["node_rank"] == 0 else "node", "method": None, "node": a["node"],
+                "error": f"node(s) {', '.join(plan['missing'])} did not join the rendezvous at "
                          f"{a['master_addr']}:{a['port']} within {a['timeout_s']:.0f} s", "missing": plan["missing"]}
     method, table = plan["method"], plan["table"]
     try:

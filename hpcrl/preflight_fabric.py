@@ -89,7 +89,7 @@ def summarize(reports: list[dict], t: Target, lost: list[str], job_id: str | Non
     firsts = [r["collective"] for r in reports if (r.get("collective") or {}).get("role") == "first"]
     node_names = [r.get("node", "?") for r in reports]
     coll = collective_summary(firsts[0] if firsts else None, sorted(node_names))
-    nodes = []
+    nodes, checks = [], []
     for rep in reports:
         rows = evaluate(rep, t)
         name = rep.get("node", "?")
@@ -99,17 +99,17 @@ def summarize(reports: list[dict], t: Target, lost: list[str], job_id: str | Non
         elif own.get("error") and own.get("role") != "first":
             rows.append(Check("collective", "warn", own["error"]))
         status, why = node_verdict(rows)
-        nodes.append({"node": name, "status": status, "why": why, "checks": [c._asdict() for c in rows]})
+        nodes.append({"node": name, "status": status, "why": why})
+        checks += [dict(c._asdict(), node=name) for c in rows]
     for what in lost:
-        nodes.append({"node": what, "status": "fail", "why": "the probe did not report (see the job's log)",
-                      "checks": [Check("probe", "fail", "no report")._asdict()]})
+        nodes.append({"node": what, "status": "fail", "why": "the probe did not report (see the job's log)"})
+        checks.append(dict(Check("probe", "fail", "no report")._asdict(), node=what))
     failing = [n["node"] for n in nodes if n["status"] == "fail" and n["node"] not in lost]
     coll_fail = any(c["status"] == "fail" for c in coll["checks"])
     return {"cluster": t.profile.name, "partition": t.partition, "job_id": job_id, "nodes_requested": len(reports) + len(lost),
             "ok": not failing and not lost and not coll_fail, "nodes": nodes, "collective": coll,
             "failing_nodes": failing, "excluded_from_job": list(t.exclude),
-            "checks": [dict(c, node=n["node"]) for n in nodes for c in n["checks"]]
-            + [dict(c, node="*") for c in coll["checks"]],
+            "checks": checks + [dict(c, node="*") for c in coll["checks"]],
             "report": reports[0] if reports else None, "reports": reports, "exclude": None}
 
 

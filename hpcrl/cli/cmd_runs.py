@@ -248,7 +248,7 @@ def print_preflight(out: dict) -> None:
         table = Table(title=f"{where}, job {out['job_id']}")
         for col in ("check", "status", "detail"):
             table.add_column(col, overflow="fold")
-        for r in out["nodes"][0]["checks"]:
+        for r in (c for c in out["checks"] if c["node"] != "*"):
             table.add_row(r["check"], f"[{_STYLE[r['status']]}]{r['status']}[/]", r["detail"])
     else:
         table = Table(title=f"{where}, job {out['job_id']}: {len(out['nodes'])} nodes")

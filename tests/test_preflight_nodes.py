@@ -122,6 +122,9 @@ def test_exclude_list_commands(tmp_path):
     script = hpcrl(data, "render", "--cluster", "local-dev", "--nodes", "3", "--config", "grpo-olmo3-7b").stdout
     assert "#SBATCH --exclude=n4\n" in script
     assert f"# Excluded by {data}/exclude/local-dev.txt: n4 (hpcrl clusters exclude" in script
+    merged = hpcrl(data, "render", "--cluster", "local-dev", "--nodes", "3", "--config", "grpo-olmo3-7b",
+                   "--set", "hpcrl.exclude_nodes=[n1, n4]").stdout  # the config's own first, each node once
+    assert "#SBATCH --exclude=n1,n4\n" in merged and "RENDERED_EXCLUDE=n1,n4\n" in merged
     assert hpcrl(data, "clusters", "exclude", "-c", "local-dev", "--clear").returncode == 0
     script = hpcrl(data, "render", "--cluster", "local-dev", "--nodes", "3", "--config", "grpo-olmo3-7b").stdout
     assert "--exclude" not in script.split("set -euo pipefail")[0] and "# Excluded by" not in script

@@ -61,7 +61,7 @@ def collective_summary(first: dict | None, nodes: list[str]) -> dict:
             rows.append(Check("collective", "ok" if ok else "fail",
                               f"{method} over {world} ranks on {len(first.get('nodes', []))} nodes: "
                               + ("results verified" if ok else "WRONG results (data corrupted in transit)")))
-        for r in s["results"]:
+        for r in s["results"] if world >= 2 else []:  # one rank: bus bandwidth 0 by definition
             rows.append(Check(f"{r['op'].replace('_', '-')} {_mib(r['bytes'])}", "info",
                               f"busbw {r['busbw_gbs']:.2f} GB/s (algbw {r['algbw_gbs']:.2f} GB/s, {r['time_s'] * 1e3:.1f} ms)"))
         if s["p2p"] and world >= 2:

@@ -82,7 +82,9 @@ def from_config(config: str | None, *, nodes: int | None = None, cluster: str | 
         from hpcrl import render
     except ImportError:
         raise HpcrlError("this hpcrl has no renderer (hpcrl/render.py); pass an already rendered SCRIPT") from None
-    rp = make_run_plan(config, nodes=nodes, cluster=cluster, sets=sets, pins=pins, gpus=gpus)
+    from hpcrl import node_excludes
+
+    rp = node_excludes.apply(make_run_plan(config, nodes=nodes, cluster=cluster, sets=sets, pins=pins, gpus=gpus))
     if not smoke:
         from hpcrl.disk_check import check_run_disk
 

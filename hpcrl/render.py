@@ -117,9 +117,9 @@ def output_path(rp: RunPlan) -> str:
 
 
 def exclude_nodes(rp: RunPlan) -> list[str]:
-    """The profile's and the config's excluded nodes, validated, in order, once each."""
+    """The profile's, the config's and the user's exclude list's nodes, validated, in order, once each."""
     exclude: list[str] = []
-    for node in [*rp.profile.slurm.exclude_nodes, *rp.config.hpcrl.exclude_nodes]:
+    for node in [*rp.profile.slurm.exclude_nodes, *rp.config.hpcrl.exclude_nodes, *rp.user_exclude]:
         if node not in exclude:
             exclude.append(_sbatch_value("exclude node", str(node)))
     return exclude
@@ -299,6 +299,8 @@ def _context(rp: RunPlan, smoke: bool) -> dict:
         "digest": rp.config.digest(),
         "summary": plan_summary(rp),
         "warnings": list(rp.warnings),
+        "user_exclude": ", ".join(rp.user_exclude),
+        "user_exclude_file": rp.user_exclude_file,
         "sbatch": sbatch_options(rp),
         "smoke": smoke,
         "nodes": rp.nodes,

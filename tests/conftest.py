@@ -43,6 +43,18 @@ def _run(args: list[str], timeout: float = 30) -> subprocess.CompletedProcess[st
     return subprocess.run(args, capture_output=True, text=True, timeout=timeout, check=False)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _private_hpcrl_data_dir(tmp_path_factory):
+    """Tests never read or write the user's own exclude lists (hpcrl/node_excludes.py)."""
+    old = os.environ.get("HPCRL_DATA_DIR")
+    os.environ["HPCRL_DATA_DIR"] = str(tmp_path_factory.mktemp("hpcrl-data"))
+    yield
+    if old is None:
+        os.environ.pop("HPCRL_DATA_DIR", None)
+    else:
+        os.environ["HPCRL_DATA_DIR"] = old
+
+
 # --------------------------------------------------------------------------- the cluster
 
 

@@ -41,7 +41,8 @@ def home(tmp_path):
 
 def hpcrl(home: Path, *args: str, path: str | None = None) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("HPCRL_")}
-    env.update(HPCRL_CLUSTERS_DIR=str(home / "clusters"), NO_COLOR="1", COLUMNS="250")
+    env.update(HPCRL_CLUSTERS_DIR=str(home / "clusters"), HPCRL_DATA_DIR=str(home / "data"), NO_COLOR="1",
+               COLUMNS="250")
     if path is not None:
         env["PATH"] = path
     return subprocess.run([sys.executable, "-m", "hpcrl", *args], env=env, cwd=home, capture_output=True,

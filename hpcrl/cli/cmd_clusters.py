@@ -154,3 +154,37 @@ def validate(
         return
     variants = f" (variants: {', '.join(profile.variants)})" if profile.variants else ""
     console.print(Text(f"{file}: ok - profile {profile.name}{variants}"))
+
+
+@clusters_app.command("exclude")
+def exclude(
+    cluster: Optional[str] = typer.Option(None, "--cluster", "-c", help="Cluster profile (default: list every list)."),
+    add: list[str] = typer.Option([], "--add", help="Add this node (repeatable)."),
+    remove: list[str] = typer.Option([], "--remove", help="Remove this node (repeatable)."),
+    clear: bool = typer.Option(False, "--clear", help="Remove every node from the cluster's list."),
+    list_: bool = typer.Option(False, "--list", help="List the nodes (what it does without --add/--remove/--clear)."),
+    reason: str = typer.Option("added by hand", "--reason", help="Comment kept with the nodes of --add."),
+    as_json: bool = JSON_OPT,
+) -> None:
+    """Nodes render/submit exclude per cluster (hpcrl preflight --write-exclude adds the failing ones)."""
+    from hpcrl import node_excludes
+
+    name = resolve_profile(cluster).name if cluster else None
+    lists = node_excludes.edit(name, add, remove, clear, reason)
+    if as_json:
+        print_json([{"cluster": ex.cluster, "file": str(ex.path),
+                     "nodes": [{"node": n, "reason": ex.reasons[n]} for n in ex.nodes]} for ex in lists])
+        return
+    if not lists:
+        console.print(Text(f"no exclude lists ({_short(str(node_excludes.data_dir() / 'exclude'))})"))
+    for ex in lists:
+        if not ex.nodes:
+            console.print(Text(f"{ex.cluster}: no excluded nodes ({_short(str(ex.path))})"))
+            continue
+        console.print(Text(f"{ex.cluster}: {len(ex.nodes)} excluded node(s), from {_short(str(ex.path))}"))
+        table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+        table.add_column("node", no_wrap=True)
+        table.add_column("reason", overflow="fold")
+        for n in ex.nodes:
+            table.add_row(Text(n), Text(ex.reasons[n] or "-"))
+        console.print(table)

@@ -10,6 +10,7 @@ from typing import List, Optional
 
 import typer
 
+from hpcrl import node_excludes
 from hpcrl.cli.app import app
 from hpcrl.errors import HpcrlError
 from hpcrl.render import render_script
@@ -48,8 +49,9 @@ def render_cmd(
     allow_over_limit: bool = typer.Option(False, "--allow-over-limit", help="Warn instead of failing past partition limits"),
 ) -> None:
     """Render the sbatch script: Ray across the job's nodes, then grpo_fast.py (or --smoke)."""
-    rp = make_run_plan(config, nodes=nodes, cluster=cluster, cluster_file=str(cluster_file) if cluster_file else None,
-                       sets=sets, pins=pins, allow_over_limit=allow_over_limit, gpus=gpus)
+    rp = node_excludes.apply(make_run_plan(config, nodes=nodes, cluster=cluster,
+                                           cluster_file=str(cluster_file) if cluster_file else None,
+                                           sets=sets, pins=pins, allow_over_limit=allow_over_limit, gpus=gpus))
     if not smoke:  # a smoke run writes no checkpoints
         check_run_disk(rp)
     text = render_script(rp, smoke=smoke)

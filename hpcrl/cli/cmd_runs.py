@@ -219,29 +219,55 @@ _STYLE = {"ok": "green", "warn": "yellow", "fail": "red", "info": "dim"}
 
 @app.command("preflight")
 def preflight_cmd(
+    nodes: int = typer.Option(1, "--nodes", "-N", help="Nodes to check in one job (2+ also measures the collective across them)"),
     cluster: Optional[str] = typer.Option(None, "--cluster", "-c", help="Cluster profile (default: the config's)"),
     partition: Optional[str] = typer.Option(None, "--partition", "-p", help="Partition (default: the profile's)"),
     config: Optional[str] = typer.Option(None, "--config", help="Run config: model, run root, training environment"),
     folder: Optional[str] = typer.Option(None, "--folder", help="submitit folder (default: under the run root)"),
     wait: float = typer.Option(900, "--wait", help="Seconds to wait for the probe before cancelling it"),
+    write_exclude: bool = typer.Option(False, "--write-exclude", help="Add failing nodes to the cluster's exclude list"),
     as_json: bool = JSON_OPT,
 ) -> None:
-    """Run a probe on one compute node (submitit): GPUs, node-local tmp, disk, model, imports."""
+    """Check N compute nodes in one job (submitit): GPUs and their health, disks, model, imports,
+    then an all-reduce and all-gather across them; name the bad nodes."""
     from hpcrl import preflight
 
-    t = preflight.target(cluster, partition, config)
-    report = preflight.run_probe(t, folder=folder, wait_s=wait)
-    rows = preflight.evaluate(report, t)
-    failed = any(r.status == "fail" for r in rows)
+    out = preflight.preflight(cluster, partition, config, nodes=nodes, folder=folder, wait_s=wait,
+                              write_exclude=write_exclude)
     if as_json:
-        print_json({"cluster": t.profile.name, "partition": t.partition, "ok": not failed,
-                    "checks": [r._asdict() for r in rows], "report": report})
+        print_json(out)
     else:
-        table = Table(title=f"preflight on {t.profile.name}" + (f" partition {t.partition}" if t.partition else ""))
+        print_preflight(out)
+    if not out["ok"]:
+        raise typer.Exit(1)
+
+
+def print_preflight(out: dict) -> None:
+    """The preflight summary as tables: one node's checks, or one row per node; then the collective."""
+    where = f"preflight on {out['cluster']}" + (f" partition {out['partition']}" if out["partition"] else "")
+    if len(out["nodes"]) == 1:
+        table = Table(title=f"{where}, job {out['job_id']}")
         for col in ("check", "status", "detail"):
             table.add_column(col, overflow="fold")
-        for r in rows:
-            table.add_row(r.check, f"[{_STYLE[r.status]}]{r.status}[/]", r.detail)
-        console.print(table)
-    if failed:
-        raise typer.Exit(1)
+        for r in (c for c in out["checks"] if c["node"] != "*"):
+            table.add_row(r["check"], f"[{_STYLE[r['status']]}]{r['status']}[/]", r["detail"])
+    else:
+        table = Table(title=f"{where}, job {out['job_id']}: {len(out['nodes'])} nodes")
+        for col in ("node", "status", "why"):
+            table.add_column(col, overflow="fold")
+        for n in out["nodes"]:
+            table.add_row(n["node"], f"[{_STYLE[n['status']]}]{n['status']}[/]", n["why"] or "-")
+    console.print(table)
+    coll = out["collective"]
+    table = Table(title=f"collective: {coll['method'] or 'not run'}" + (f" ({coll['note']})" if coll.get("note") else ""))
+    for col in ("check", "status", "detail"):
+        table.add_column(col, overflow="fold")
+    for r in coll["checks"]:
+        table.add_row(r["check"], f"[{_STYLE[r['status']]}]{r['status']}[/]", r["detail"])
+    console.print(table)
+    if out["failing_nodes"]:
+        console.print(f"failing: {', '.join(out['failing_nodes'])}")
+    if out["exclude"]:
+        ex = out["exclude"]
+        added = f"added {', '.join(ex['added'])} to" if ex["added"] else "nothing new for"
+        console.print(f"{added} {ex['file']} (render/submit exclude {', '.join(ex['nodes']) or 'none'})")

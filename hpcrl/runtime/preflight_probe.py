@@ -1,8 +1,10 @@
-"""The preflight probe: runs on one compute node (through submitit) and reports what it finds.
+"""The preflight probe: runs on every node of the job (through submitit) and reports what it finds.
 
-Standard library only at import time (it is pickled by value, so the node needs no hpcrl);
-nvidia-ml-py is imported inside, and the training stack is imported in the training
-environment's own Python, in a subprocess, so a broken torch cannot take the probe down.
+Standard library only at import time (it and preflight_gpu are pickled by value, so the node
+needs no hpcrl); nvidia-ml-py is imported inside, and the training stack is imported in the
+training environment's own Python, in a subprocess, so a broken torch cannot take the probe
+down. The collective check (preflight_collective.py, its source sent in the spec) runs there
+too, once per node, after this node's own checks.
 """
 
 from __future__ import annotations
@@ -14,6 +16,9 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
+
+from hpcrl.runtime.preflight_gpu import gpus, node_name
 
 GIB = 1024**3
 STACK = ("torch", "vllm", "deepspeed", "ray", "open_instruct")
@@ -43,34 +48,6 @@ print("HPCRL-IMPORTS " + json.dumps(out))
 
 def _expand(raw: str | None) -> str | None:
     return os.path.expandvars(os.path.expanduser(raw)) if raw else None
-
-
-def gpus() -> dict:
-    """GPUs NVML sees on this node, or why there are none."""
-    try:
-        import pynvml
-    except ImportError as exc:
-        return {"count": 0, "error": f"nvidia-ml-py not importable ({exc})", "devices": []}
-    try:
-        pynvml.nvmlInit()
-    except Exception as exc:  # NVMLError_LibraryNotFound, _DriverNotLoaded, ...
-        return {"count": 0, "error": f"NVML unavailable: {exc}", "devices": []}
-    try:
-        devices = []
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            h = pynvml.nvmlDeviceGetHandleByIndex(i)
-            name = pynvml.nvmlDeviceGetName(h)
-            mem = pynvml.nvmlDeviceGetMemoryInfo(h)
-            devices.append({"name": name.decode() if isinstance(name, bytes) else str(name),
-                            "memory_gib": round(mem.total / GIB, 1), "used_gib": round(mem.used / GIB, 1)})
-        try:  # the newest CUDA the driver runs, e.g. 12070 -> "12.7"
-            v = int(pynvml.nvmlSystemGetCudaDriverVersion())
-            driver_cuda = f"{v // 1000}.{v % 1000 // 10}"
-        except Exception:
-            driver_cuda = None
-        return {"count": len(devices), "error": None, "devices": devices, "driver_cuda": driver_cuda}
-    finally:
-        pynvml.nvmlShutdown()
 
 
 def space(raw: str | None) -> dict:
@@ -129,12 +106,76 @@ def stack(python: str, env_setup: list[str], workdir: str | None, modules: tuple
     return {"error": f"{python} did not run (exit {proc.returncode}): {tail}", "modules": {}}
 
 
+def _job_nodes() -> list[str]:
+    """The job's nodes in Slurm's order (submitit expands SLURM_JOB_NODELIST)."""
+    try:
+        import submitit
+
+        return list(submitit.JobEnvironment().hostnames)
+    except Exception:
+        return [node_name()]
+
+
+def node_addrs(nodes: list[str]) -> dict[str, str]:
+    """Node -> IPv4 from Slurm's NodeAddr (as ray.sh.j2 does: the hostname may name another
+    network, or one host for every node on a test cluster); the resolver where Slurm says nothing."""
+    addrs: dict[str, str] = {}
+    try:
+        out = subprocess.run(["scontrol", "show", "node", "-o", ",".join(nodes)], capture_output=True, text=True,
+                             timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        out = ""
+    for line in out.splitlines():
+        f = dict(w.split("=", 1) for w in line.split() if "=" in w)
+        if f.get("NodeName") in nodes and f.get("NodeAddr"):
+            addrs[f["NodeName"]] = f["NodeAddr"]
+    for n in nodes:
+        try:
+            addrs[n] = socket.getaddrinfo(addrs.get(n, n), None, socket.AF_INET)[0][4][0]
+        except OSError:
+            addrs.setdefault(n, n)
+    return addrs
+
+
+def collective(spec: dict, timeout: float) -> dict:
+    """Run the collective script in the training environment, one process for this node."""
+    src = spec.get("collective_source")
+    if not src:
+        return {"error": "not run"}
+    nodes = _job_nodes()
+    me = node_name()
+    rank = int(os.environ.get("SLURM_NODEID", nodes.index(me) if me in nodes else 0))
+    addrs = node_addrs(nodes)
+    job = int(os.environ.get("SLURM_JOB_ID", "0") or 0)
+    args = {"node": me, "node_rank": rank, "nnodes": len(nodes), "nodes": nodes, "master_addr": addrs[nodes[0]],
+            "my_addr": addrs.get(me, "127.0.0.1"),
+            # The job's block of ports, as the rendered scripts pick it (ray.sh.j2); +97/+98 are unused by Ray.
+            "port": 10000 + job % 200 * 100 + 97, **spec.get("collective_args", {})}
+    with tempfile.TemporaryDirectory(prefix="hpcrl-preflight-") as tmp:
+        path = os.path.join(tmp, "preflight_collective.py")
+        with open(path, "w") as fh:
+            fh.write(src)
+        lines = list(spec.get("env_setup") or [])
+        if spec.get("workdir"):
+            lines.append(f"cd {spec['workdir']} 2>/dev/null || true")
+        lines.append(f"exec {spec.get('python') or 'python'} {shlex.quote(path)} {shlex.quote(json.dumps(args))}")
+        try:
+            proc = subprocess.run(["bash", "-c", "\n".join(lines)], capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return {"error": f"the collective did not finish within {timeout:.0f} s", "node": me}
+    for line in proc.stdout.splitlines():
+        if line.startswith("HPCRL-COLLECTIVE "):
+            return json.loads(line.split(" ", 1)[1])
+    tail = (proc.stderr.strip().splitlines() or ["no output"])[-1][:200]
+    return {"error": f"the collective script did not report (exit {proc.returncode}): {tail}", "node": me}
+
+
 def probe(spec: dict) -> dict:
     """Everything preflight checks on this node; `spec` says where to look (see hpcrl.preflight)."""
     for key, value in (spec.get("env") or {}).items():
         os.environ.setdefault(key, os.path.expandvars(str(value)))
-    return {
-        "node": os.environ.get("SLURMD_NODENAME") or socket.gethostname(),
+    report = {
+        "node": node_name(),
         "job_id": os.environ.get("SLURM_JOB_ID"),
         "python": sys.version.split()[0],
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
@@ -145,3 +186,5 @@ def probe(spec: dict) -> dict:
         "stack": stack(spec.get("python") or "python", spec.get("env_setup") or [], spec.get("workdir"),
                        tuple(spec.get("modules") or STACK), float(spec.get("import_timeout_s", 300))),
     }
+    report["collective"] = collective(spec, float(spec.get("collective_timeout_s", 900)))
+    return report

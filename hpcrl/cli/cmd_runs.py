@@ -7,10 +7,9 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
-from rich.table import Table
 
 from hpcrl.cli.app import app
-from hpcrl.cli.output import console, err_console, print_json
+from hpcrl.cli.output import console, err_console, print_json, table, warn
 
 REGISTRY_OPT = typer.Option(None, "--registry", help="Registry file (default $HPCRL_REGISTRY, else the user data dir)")
 JSON_OPT = typer.Option(False, "--json", help="Print JSON (stable schema) instead of a table")
@@ -55,7 +54,7 @@ def submit_cmd(
                     "registry": str(reg.path), "warnings": list(sub.warnings)})
         return
     for w in sub.warnings:
-        err_console.print(f"warning: {w}")
+        warn(w)
     if dry_run:
         typer.echo(f"dry run {done.run_id}: would run  {' '.join(done.command)}")
         typer.echo(f"script: {done.script_path}")
@@ -65,8 +64,8 @@ def submit_cmd(
     typer.echo(f"log: {done.log_path}")
 
 
-def _runs_table(runs, title: str) -> Table:
-    t = Table(title=title)
+def _runs_table(runs, title: str):
+    t = table(title)
     for col in ("run", "state", "reason", "cluster", "jobs", "latest job", "created", "run dir"):
         t.add_column(col, overflow="fold")
     for r in runs:
@@ -155,7 +154,7 @@ def status_cmd(
             f" (excluded {', '.join(d['excluded_nodes'])})" if d["excluded_nodes"] else "")
     console.print(f"[bold]{r.run_id}[/] {r.state}" + (f" ({r.reason})" if r.reason else "") + restarts, soft_wrap=True)
     typer.echo(f"run dir: {r.run_dir}")
-    t = Table()
+    t = table()
     for col in ("#", "job", "state", "reason", "exit", "submitted", "ended", "log"):
         t.add_column(col, overflow="fold")
     for j in d["jobs"]:
@@ -236,11 +235,11 @@ def preflight_cmd(
         print_json({"cluster": t.profile.name, "partition": t.partition, "ok": not failed,
                     "checks": [r._asdict() for r in rows], "report": report})
     else:
-        table = Table(title=f"preflight on {t.profile.name}" + (f" partition {t.partition}" if t.partition else ""))
+        checks = table(f"preflight on {t.profile.name}" + (f" partition {t.partition}" if t.partition else ""))
         for col in ("check", "status", "detail"):
-            table.add_column(col, overflow="fold")
+            checks.add_column(col, overflow="fold")
         for r in rows:
-            table.add_row(r.check, f"[{_STYLE[r.status]}]{r.status}[/]", r.detail)
-        console.print(table)
+            checks.add_row(r.check, f"[{_STYLE[r.status]}]{r.status}[/]", r.detail)
+        console.print(checks)
     if failed:
         raise typer.Exit(1)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 
 # One module per command group; a module that is not written yet is simply absent.
-_MODULES = ["clusters", "plan", "memory", "disk", "render", "runs", "safety", "dev", "report"]
+_MODULES = ["clusters", "plan", "memory", "disk", "render", "runs", "safety", "report"]
 
 for _name in _MODULES:
     try:

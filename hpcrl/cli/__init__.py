@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 
@@ -27,6 +28,10 @@ def _skip_pydantic_plugins() -> None:
 def main(argv: list[str] | None = None) -> int:
     """Entry point: user errors become one line on stderr and exit status 2."""
     argv = sys.argv[1:] if argv is None else list(argv)
+    # Start-up builds many long-lived objects (modules, schemas, classes) and no garbage cycles to
+    # speak of: a collection every 100k allocations instead of every 700 saves ~8 ms; cycles
+    # made by long-running commands (logs --follow) are still collected.
+    gc.set_threshold(100_000)
     _skip_pydantic_plugins()
     # Command modules register themselves on `app` when imported: only the one argv names.
     load(argv)

@@ -32,12 +32,13 @@ def main(argv: list[str] | None = None) -> int:
     # speak of: a collection every 100k allocations instead of every 700 saves ~8 ms; cycles
     # made by long-running commands (logs --follow) are still collected.
     gc.set_threshold(100_000)
-    _skip_pydantic_plugins()
+    if argv and "--help" not in argv:  # help builds no model: leave pydantic unimported
+        _skip_pydantic_plugins()
     # Command modules register themselves on `app` when imported: only the one argv names.
     load(argv)
     try:
         # Without standalone mode click returns typer.Exit's code instead of exiting.
-        rc = app(args=argv, standalone_mode=False)
+        rc = app(args=argv, prog_name="hpcrl", standalone_mode=False)
         if isinstance(rc, int) and rc:
             return rc
     except HpcrlError as exc:

@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import typer.main
@@ -72,3 +73,19 @@ def test_a_command_imports_its_own_module_only():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == "['hpcrl.cli.cmd_disk']"
+
+
+RUNTIME_TOOLS = sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "hpcrl" / "runtime").glob("*.py")
+                       if p.stem != "__init__")
+
+
+def test_every_in_job_tool_is_walked():
+    assert {"watchdog", "gpumon", "smoke", "preflight_probe", "classify", "wait_http"} <= set(RUNTIME_TOOLS)
+
+
+@pytest.mark.parametrize("tool", RUNTIME_TOOLS)
+def test_in_job_tool_help_exits_0(tool):
+    out = subprocess.run([sys.executable, "-m", f"hpcrl.runtime.{tool}", "--help"], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert f"hpcrl.runtime.{tool}" in out.stdout, out.stdout

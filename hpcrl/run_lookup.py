@@ -26,7 +26,7 @@ def find_run_dir(run: str, registry: Path | None = None, require_hpcrl: bool = T
         except RegistryError:
             row = None
     else:
-        reg = Registry(registry)
+        reg = Registry(registry, create=False)
         row = reg.find(run)  # an unknown id: one line listing the recent runs
         if row.state == "dry-run":
             raise HpcrlError(f"run {row.run_id} is a dry run: nothing was submitted, there is nothing to report")

@@ -15,10 +15,25 @@ REGISTRY_OPT = typer.Option(None, "--registry", help="Registry file (default $HP
 JSON_OPT = typer.Option(False, "--json", help="Print JSON (stable schema) instead of a table")
 
 
-def _registry(path: Optional[Path]):
+def _registry(path: Optional[Path], create: bool = False):
+    """The registry; only submit creates it (reading commands create nothing)."""
     from hpcrl.registry import Registry
 
-    return Registry(path)
+    return Registry(path, create=create)
+
+
+def _none_yet(path: Optional[Path], as_json: bool) -> bool:
+    """Say there are no runs when no registry exists yet (without making one); False if one exists."""
+    from hpcrl.registry import default_path
+
+    where = default_path(path)
+    if where.exists():
+        return False
+    if as_json:
+        print_json({"registry": str(where), "runs": []})
+    else:
+        typer.echo(f"0 runs: no registry at {where} yet (hpcrl submit records runs)")
+    return True
 
 
 @app.command("submit")
@@ -45,7 +60,7 @@ def submit_cmd(
         sub = lifecycle.from_script(script, run_dir=run_dir, cluster=cluster)
     else:
         sub = lifecycle.from_config(config, nodes=nodes, cluster=cluster, sets=sets, pins=pins, smoke=smoke)
-    reg = _registry(registry)
+    reg = _registry(registry, create=True)
     done = lifecycle.submit(reg, sub, dry_run=dry_run)
     if as_json:
         print_json({"run_id": done.run_id, "job_id": done.job_id, "dry_run": dry_run,
@@ -117,6 +132,8 @@ def runs_cmd(
         from hpcrl.errors import HpcrlError
 
         raise HpcrlError(f"--limit {limit}: give 0 (all runs) or a positive number")
+    if _none_yet(registry, as_json):
+        return
     reg = _registry(registry)
     runs = reg.list_runs(limit or None)
     if as_json:
@@ -135,6 +152,8 @@ def status_cmd(
     """Refresh run states (one batched Slurm query, following the job chain) and show them."""
     from hpcrl import lifecycle
 
+    if not run and _none_yet(registry, as_json):
+        return
     reg = _registry(registry)
     runs = [reg.find(run)] if run else reg.list_runs(None if all_runs else 50, live_only=not all_runs)
     runs = lifecycle.refresh(reg, runs)

@@ -201,7 +201,7 @@ class Registry:
         """Open the registry; without `create`, a missing file is an error and nothing is made."""
         self.path = default_path(path)
         if not create and not self.path.exists():
-            raise RegistryError(f"registry {self.path}: no such file: no run was recorded there yet "
+            raise RegistryError(f"registry {self.path}: no such file, so the registry has no runs yet "
                                 "(hpcrl submit records runs; --registry or $HPCRL_REGISTRY picks another)")
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)

@@ -26,6 +26,9 @@ def find_run_dir(run: str, registry: Path | None = None, require_hpcrl: bool = T
         except RegistryError:
             row = None
     else:
+        if not default_path(registry).exists():  # a reading command creates no registry
+            raise RegistryError(f"unknown run {run!r}: no registry at {default_path(registry)}, so no runs yet "
+                                "(hpcrl submit records runs); give a run directory instead")
         reg = Registry(registry, create=False)
         row = reg.find(run)  # an unknown id: one line listing the recent runs
         if row.state == "dry-run":

@@ -66,5 +66,5 @@ def test_unknown_run_without_a_registry_says_so(empty_home):
     out = subprocess.run([sys.executable, "-m", "hpcrl", "report", "some-run"], cwd=cwd, env=env,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2
-    assert "no such file, so the registry has no runs yet" in out.stderr
+    assert "unknown run 'some-run': no registry at " in out.stderr
     assert out.stderr.count("\n") == 1

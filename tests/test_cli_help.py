@@ -89,3 +89,17 @@ def test_in_job_tool_help_exits_0(tool):
                          timeout=60)
     assert out.returncode == 0, out.stderr
     assert f"hpcrl.runtime.{tool}" in out.stdout, out.stdout
+
+
+def test_startup_benchmark_runs_and_reports_a_ratio():
+    """The benchmark works (one repetition); its ratio is printed, never asserted (no timed test)."""
+    import json
+
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, str(root / "benchmarks" / "cli_startup.py"), "--repeat", "1", "--json"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    r = json.loads(out.stdout)
+    assert set(r["median_cpu_ms"]) == {"libraries", "import pydantic, jinja2, yaml", "hpcrl render --nodes 16",
+                                       "hpcrl --help"}
+    assert r["ratio"] > 0 and r["repeat"] == 1

@@ -31,7 +31,7 @@ from hpcrl.backends import BACKENDS, get_backend
 from hpcrl.backends.base import refuse_run_dir_keys
 from hpcrl.backends.oi_args import ArgLayout
 from hpcrl.backends.open_instruct import LAYOUT_FIELDS, RUN_DIR_FIELDS
-from hpcrl.errors import ConfigError, HpcrlError, UnknownNameError
+from hpcrl.errors import ConfigError, HpcrlError, UnknownNameError, closest
 from hpcrl.resources import data_dir
 from hpcrl.shell import path_problem
 from hpcrl.yamlfile import read_mapping
@@ -185,29 +185,66 @@ def parse_override(item: str) -> tuple[str, Any]:
     return key, value
 
 
+class _Invalid(ConfigError):
+    """A problem of the config as overridden, before it is known whether the file or a --set caused it."""
+
+
 def load_run_config(name_or_path: str | None = None, overrides: list[str] | None = None) -> RunConfig:
-    """Load, apply `--set` overrides, and validate a run config."""
+    """Load, apply `--set` overrides, and validate a run config.
+
+    An error names what caused it as the user gave it: the config file (its path as given, or the
+    shipped config's name, never its place inside the package), or the `--set KEY` that did."""
     path = config_path(name_or_path)
     raw = read_mapping(path, ConfigError, "settings")
-    section = copy.deepcopy(raw.pop("hpcrl", None) or {})
+    overrides = list(overrides or [])
+    parsed = [parse_override(item) for item in overrides]
+    try:
+        return _validated(path, raw, parsed)
+    except _Invalid as exc:
+        problem = str(exc)
+    # The first prefix of the overrides that gives the same error names its cause.
+    culprit = _shown(name_or_path, path)
+    for i in range(len(parsed) + 1):
+        try:
+            _validated(path, raw, parsed[:i])
+        except _Invalid as exc:
+            if str(exc) == problem:
+                if i:
+                    key = parsed[i - 1][0]
+                    culprit, problem = f"--set {key}", problem.removeprefix(f"{key}: ")
+                break
+    raise ConfigError(f"{culprit}: {problem}")
+
+
+def _shown(name_or_path: str | None, path: Path) -> str:
+    if name_or_path and Path(name_or_path).expanduser() == path:
+        return str(name_or_path)
+    return f"config {path.stem} (shipped)"
+
+
+def _validated(path: Path, raw: dict, overrides: list[tuple[str, Any]]) -> RunConfig:
+    raw = copy.deepcopy(raw)
+    section = raw.pop("hpcrl", None) or {}
     args = raw
-    for item in overrides or []:
-        key, value = parse_override(item)
+    for key, value in overrides:
         if key.startswith("hpcrl."):
             section[key.split(".", 1)[1]] = value
         else:
             args[key] = value
     name = section.get("backend", "open-instruct")
     if name not in BACKENDS:
-        raise ConfigError(f"{path}: hpcrl.backend: {UnknownNameError('backend', str(name), BACKENDS)}")
+        raise _Invalid(f"hpcrl.backend: {UnknownNameError('backend', str(name), BACKENDS)}")
     backend = get_backend(name)
     try:
         hp = HpcrlSection.model_validate(section)
     except ValidationError as exc:
         err = exc.errors()[0]
         loc = ".".join(str(p) for p in err["loc"])
-        problem = "unknown key" if err["type"] == "extra_forbidden" else err["msg"].removeprefix("Value error, ")
-        raise ConfigError(f"{path}: hpcrl.{loc}: {problem}") from None
+        problem = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            close = closest(loc, HpcrlSection.model_fields)
+            problem = "unknown key" + (f"; closest: {', '.join('hpcrl.' + c for c in close)}" if close else "")
+        raise _Invalid(f"hpcrl.{loc}: {problem}") from None
     try:
         backend.check_section(hp)
         args = backend.normalize_args(args, hp)
@@ -215,6 +252,6 @@ def load_run_config(name_or_path: str | None = None, overrides: list[str] | None
         backend.check_args(args, hp)
         backend.check_features(args)
     except HpcrlError as exc:
-        raise ConfigError(f"{path}: {exc}") from None
+        raise _Invalid(str(exc)) from None
     pinned = {k for k in backend.layout_keys if k in args}
     return RunConfig(hpcrl=hp, args=args, source=str(path), pinned=tuple(sorted(pinned)))

@@ -17,11 +17,26 @@ class UnknownNameError(HpcrlError):
 
     def __init__(self, kind: str, name: str, valid: Iterable[str], detail: str = ""):
         valid = sorted(set(valid))
-        close = difflib.get_close_matches(name, valid, n=3, cutoff=0.5)
-        hint = f"closest: {', '.join(close)}" if close else f"valid: {', '.join(valid[:12])}"
+        close = closest(name, valid)
+        hint = (f"closest: {', '.join(close)}" if close else
+                f"valid: {', '.join(valid)}" if len(valid) <= 12 else
+                f"valid ({len(valid)}), most alike first: {', '.join(closest(name, valid, n=8, cutoff=0.0))}, ...")
         super().__init__(f"unknown {kind} {name!r}{f' ({detail})' if detail else ''}; {hint}")
         self.name = name
         self.valid = valid
+
+
+def closest(name: str, valid: Iterable[str], n: int = 3, cutoff: float = 0.5) -> list[str]:
+    """The n valid names most like `name` (difflib), ignoring case and, for `org/name` ids, the org."""
+    def alike(v: str) -> float:
+        a, b = name.lower(), v.lower()
+        tail = difflib.SequenceMatcher(None, a.rsplit("/", 1)[-1], b.rsplit("/", 1)[-1]).ratio()
+        return max(difflib.SequenceMatcher(None, a, b).ratio(), tail)
+
+    scored = sorted(((alike(v), v) for v in set(valid)), key=lambda sv: (-sv[0], sv[1]))
+    # A clear winner stands alone: a typo's fix is not listed beside names that merely share letters.
+    floor = max(cutoff, scored[0][0] - 0.15) if scored and cutoff > 0 else cutoff
+    return [v for score, v in scored[:n] if score >= floor]
 
 
 class ProfileError(HpcrlError):

@@ -21,7 +21,7 @@ from typing import NamedTuple
 
 from hpcrl import slurm
 from hpcrl.errors import ConfigError, HpcrlError, SlurmError
-from hpcrl.registry import Job, Registry, Run, now
+from hpcrl.registry import Job, Registry, Run, dir_identity, now
 from hpcrl.run_dir import JobEvents, RunDir, read_chain, run_dir_problem
 from hpcrl.shell import path_problem
 
@@ -149,6 +149,7 @@ def submit(reg: Registry, sub: Submission, *, dry_run: bool = False, extra_args:
     """Write the run dir, sbatch the script, record the run. Dry run: record only, touch no run dir."""
     extra = list(extra_args or [])
     command = ["sbatch", "--parsable", *extra, str(sub.run_dir.script)]
+    _refresh_holders(reg, sub.run_dir.path)
     if dry_run:
         # The script goes next to the registry: a live run's job.sbatch must never be overwritten.
         out = reg.path.parent / "dry-run"
@@ -197,6 +198,18 @@ def submit(reg: Registry, sub: Submission, *, dry_run: bool = False, extra_args:
     except OSError:
         pass  # the job writes its own start line; the registry has the job
     return Submitted(run_id, job_id, rd.script, rd.log(job_id), command)
+
+
+def _refresh_holders(reg: Registry, run_dir: str | os.PathLike) -> None:
+    """Bring the runs recorded live in run_dir up to date from Slurm before the run dir is claimed:
+    a job Slurm has ended no longer holds it, even if no `hpcrl status` has said so yet."""
+    want = dir_identity(run_dir)
+    held = [r for r in reg.list_runs(None, live_only=True) if dir_identity(r.run_dir).same(want)]
+    if held:
+        try:
+            refresh(reg, held)
+        except SlurmError:
+            pass  # no Slurm to ask: the recorded state stands, and the claim names the holder
 
 
 def _cancel_unrecorded(job_id: str) -> str:

@@ -197,8 +197,12 @@ def _create_file(path: Path) -> None:
 class Registry:
     """Runs and jobs in SQLite. Each method is one short transaction."""
 
-    def __init__(self, path: str | os.PathLike | None = None):
+    def __init__(self, path: str | os.PathLike | None = None, create: bool = True):
+        """Open the registry; without `create`, a missing file is an error and nothing is made."""
         self.path = default_path(path)
+        if not create and not self.path.exists():
+            raise RegistryError(f"registry {self.path}: no such file, so the registry has no runs yet "
+                                "(hpcrl submit records runs; --registry or $HPCRL_REGISTRY picks another)")
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             if not self.path.exists():

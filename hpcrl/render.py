@@ -21,6 +21,7 @@ from hpcrl.memory import constants as C
 from hpcrl.resources import data_dir
 from hpcrl.profiles import ClusterProfile
 from hpcrl.run_plan import RunPlan
+from hpcrl.template_cache import bytecode_cache
 from hpcrl.shell import comment_safe, has_vars, sanitize_name, sbatch_safe, shq, shq_path
 
 TEMPLATE = "sbatch.sh.j2"
@@ -48,6 +49,7 @@ def _environment() -> jinja2.Environment:
         # Shell has `${#array[@]}`; Jinja's default comment marker `{#` would eat it.
         comment_start_string="<#",
         comment_end_string="#>",
+        bytecode_cache=bytecode_cache(),
     )
     env.filters["shq"] = shq
     env.filters["shq_path"] = shq_path

@@ -26,7 +26,10 @@ def find_run_dir(run: str, registry: Path | None = None, require_hpcrl: bool = T
         except RegistryError:
             row = None
     else:
-        reg = Registry(registry)
+        if not default_path(registry).exists():  # a reading command creates no registry
+            raise RegistryError(f"unknown run {run!r}: no registry at {default_path(registry)}, so no runs yet "
+                                "(hpcrl submit records runs); give a run directory instead")
+        reg = Registry(registry, create=False)
         row = reg.find(run)  # an unknown id: one line listing the recent runs
         if row.state == "dry-run":
             raise HpcrlError(f"run {row.run_id} is a dry run: nothing was submitted, there is nothing to report")

@@ -12,7 +12,8 @@ from hpcrl.errors import HpcrlError
 def read_mapping(path: Path, error: type[HpcrlError], what: str) -> dict:
     """The mapping in `path`, or `error` naming the file (and line) and what was expected."""
     try:
-        data = yaml.safe_load(path.read_text())
+        # libyaml's parser where PyYAML has it: the same safe loader, several times faster.
+        data = yaml.load(path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     except FileNotFoundError:
         raise error(f"{path}: no such file") from None
     except IsADirectoryError:

@@ -66,11 +66,9 @@ RENDERS = {
     f"isambard-ai__{VERL}__4": ["--config", f"configs/{VERL}.yaml", "--nodes", "4"],
     f"isambard-ai__{ORL}__4": ["--config", f"configs/{ORL}.yaml", "--nodes", "4"],
     "local-dev__verl-smoke__3": ["--config", VERL, "--cluster", "local-dev", "--nodes", "3", "--smoke",
-                                 "--set", "hpcrl.run_root=/tmp/hpcrl-e2e", "--set", 'hpcrl.time="00:05:00"',
-                                 "--set", "hpcrl.env_setup=[]"],
+                                 "--set", "hpcrl.run_root=/tmp/hpcrl-e2e", "--set", 'hpcrl.time="00:05:00"'],
     "local-dev__openrlhf-smoke__3": ["--config", ORL, "--cluster", "local-dev", "--nodes", "3", "--smoke",
-                                     "--set", "hpcrl.run_root=/tmp/hpcrl-e2e", "--set", 'hpcrl.time="00:05:00"',
-                                     "--set", "hpcrl.env_setup=[]"],
+                                     "--set", "hpcrl.run_root=/tmp/hpcrl-e2e", "--set", 'hpcrl.time="00:05:00"'],
 }
 
 

@@ -107,7 +107,7 @@ def test_show_without_a_name_shows_the_default_cluster(home):
 
 def test_show_unknown_cluster_suggests_the_closest(home):
     assert_user_error(hpcrl(home, "clusters", "show", "berzelius-hoper"),
-                      "unknown cluster 'berzelius-hoper'; closest: berzelius-hopper, berzelius")
+                      "unknown cluster 'berzelius-hoper'; closest: berzelius-hopper")
     assert_user_error(hpcrl(home, "clusters", "show", "berzelius:fatt"),
                       "unknown variant of cluster berzelius 'fatt'; closest: fat")
 

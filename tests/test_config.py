@@ -81,3 +81,27 @@ def test_parse_override_keeps_strings():
 def test_wall_time_survives_yaml_base_60():
     cfg = load_run_config(None, ["hpcrl.time=24:00:00"])
     assert cfg.hpcrl.time == "24:00:00"
+
+
+def test_an_override_error_names_the_set_not_the_shipped_file():
+    with pytest.raises(ConfigError) as err:
+        load_run_config(None, ["beta=0.01", "hpcrl.nodess=3"])
+    assert str(err.value) == "--set hpcrl.nodess: unknown key; closest: hpcrl.nodes"
+    with pytest.raises(ConfigError) as err:
+        load_run_config("grpo-olmo3-7b", ["learnig_rate=1e-6"])
+    assert str(err.value).startswith("--set learnig_rate: unknown open-instruct argument 'learnig_rate' ")
+    assert str(err.value).endswith("; closest: learning_rate")
+
+
+def test_a_file_error_names_the_file_as_given_even_with_overrides(tmp_path, monkeypatch):
+    (tmp_path / "run.yaml").write_text("hpcrl:\n  nodez: 2\n")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError) as err:
+        load_run_config("run.yaml", ["beta=0.01"])
+    assert str(err.value) == "run.yaml: hpcrl.nodez: unknown key; closest: hpcrl.nodes"
+
+
+def test_an_override_that_breaks_a_shipped_config_never_shows_its_package_path():
+    with pytest.raises(ConfigError) as err:
+        load_run_config("grpo-olmo3-7b", ["hpcrl.backend=verll"])
+    assert str(err.value) == "--set hpcrl.backend: unknown backend 'verll'; closest: verl"

@@ -94,7 +94,7 @@ def test_zero_nodes_is_an_error_not_the_default(command, tmp_path):
     assert out.returncode == 2 and out.stderr == "hpcrl: error: --nodes must be at least 1, got 0\n"
     assert not out_file.exists()
     out = hpcrl(command, "--set", "hpcrl.nodes=0", *extra)
-    assert out.returncode == 2 and out.stderr.endswith("grpo-olmo3-32b.yaml: hpcrl.nodes: Input should be greater than 0\n")
+    assert out.returncode == 2 and out.stderr == "hpcrl: error: --set hpcrl.nodes: Input should be greater than 0\n"
     assert not out_file.exists()
 
 

@@ -415,6 +415,22 @@ def test_crash_is_not_continued(slurm, env, kind):
     assert rows(env, "runs")[0]["reason"] == "crashed"
 
 
+def test_submit_asks_slurm_before_refusing_a_run_dir_its_ended_job_held(slurm, env):
+    """The registry still says pending (no `hpcrl status` ran), Slurm has ended the job: submit
+    refreshes the holder's state first and takes the run dir."""
+    behave(env, sleep=0, exit_code=3)
+    first = submit(env, "script", "held")
+    end = time.monotonic() + 120
+    while subprocess.run(["squeue", "-h", "-j", first["job_id"]], capture_output=True, text=True).stdout.strip():
+        assert time.monotonic() < end, "the crashing job did not end"
+        time.sleep(0.5)
+    assert rows(env, "runs")[0]["state"] in ("pending", "submitting")  # as recorded, never refreshed
+    second = submit(env, "script", "held")
+    states = {r["run_id"]: r["state"] for r in rows(env, "runs")}
+    assert states[first["run_id"]] == "ended" and states[second["run_id"]] in ("pending", "running")
+    hpcrl(env, "cancel", second["run_id"])
+
+
 def test_sbatch_rejection_records_failed_run(slurm, env):
     path = script(env, "badpart", partition="no-such-partition")
     line = assert_user_error(hpcrl(env, "submit", str(path)), "sbatch: error: ")

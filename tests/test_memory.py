@@ -99,7 +99,8 @@ def test_lora_trains_only_adapters():
 def test_4bit_base_is_smaller_than_bf16():
     m = resolve_model("qwen2.5-7b")
     bf16 = learner_memory(LearnerSetup(model=m, lora_rank=16)).terms["parameters (bf16)"]
-    nf4 = learner_memory(LearnerSetup(model=m, lora_rank=16, load_in_4bit=True)).terms["parameters (bf16)"]
+    nf4 = learner_memory(LearnerSetup(model=m, lora_rank=16, load_in_4bit=True)).terms[
+        "parameters (4-bit NF4 base linears, bf16 rest and adapters)"]
     assert nf4 < 0.45 * bf16
 
 
@@ -211,3 +212,17 @@ def test_plan_memory_32b_says_the_whole_model_gather_does_not_fit():
     # 32B in bf16 is 64.4 GB = 60.0 GiB: gathered and cloned, 120 GiB over the states
     assert forced["learner"]["peak_phase"] == "weight sync" and not forced["learner"]["fits"]
     assert forced["learner"]["breakdown"]["weight sync: gathered weights"] == pytest.approx(60.04, abs=0.01)
+
+
+def test_4bit_base_is_labelled_4bit_in_table_json_and_colocated_sums():
+    args = ["plan-memory", "--backend", "openrlhf", "-m", "7b", "--lora-rank", "16", "--load-in-4bit"]
+    table = hpcrl(*args)
+    assert table.returncode == 0, table.stderr
+    assert "parameters (4-bit NF4 base linears, bf16 rest and adapters)" in table.stdout
+    assert "parameters (bf16)" not in table.stdout
+    data = json.loads(hpcrl(*args, "--json").stdout)
+    assert "parameters (bf16)" not in data["learner"]["breakdown"]
+    colocated = json.loads(hpcrl(*args, "--colocated", "--json").stdout)["colocated"]
+    assert data["learner"]["breakdown"]["parameters (4-bit NF4 base linears, bf16 rest and adapters)"] > 0
+    # The colocated rollout keeps the (4-bit) weights resident: the relabelled term is still counted.
+    assert colocated["rollout_breakdown"]["training parameters"] > 0

@@ -122,7 +122,7 @@ def test_unknown_model_says_what_was_tried(tmp_path):
     assert str(err.value).startswith(f"unknown model '{tmp_path}/missing/config.json' (no such file or directory); ")
     with pytest.raises(UnknownNameError) as err:
         resolve_model("7bb")
-    assert str(err.value) == "unknown model '7bb' (not a catalog name or alias, and no such path); closest: 7b, 72b, 70b"
+    assert str(err.value) == "unknown model '7bb' (not a catalog name or alias, and no such path); closest: 7b, 70b, 72b"
 
 
 def test_tensor_parallel_sizes_vllm_accepts(tmp_path):

@@ -79,7 +79,7 @@ def test_golden(cluster, config, nodes):
 
 # The end-to-end smoke render (tests/test_render_e2e.py): the default config on three
 # local-dev nodes, with a private run root and no virtualenv to activate.
-SMOKE3 = dict(smoke=True, sets=["hpcrl.run_root=/tmp/hpcrl-e2e", 'hpcrl.time="00:05:00"', "hpcrl.env_setup=[]"])
+SMOKE3 = dict(smoke=True, sets=["hpcrl.run_root=/tmp/hpcrl-e2e", 'hpcrl.time="00:05:00"'])
 
 
 def test_golden_local_dev_smoke(tmp_path, shellcheck):

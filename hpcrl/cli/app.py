@@ -12,6 +12,8 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # Plain click help: never cuts an option name at 80 columns, and needs no Rich import.
+    rich_markup_mode=None,
 )
 
 

@@ -2,30 +2,19 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any, Optional
 
 import typer
-from rich import box
-from rich.table import Table
-from rich.text import Text
 
 from hpcrl.cli.app import app
-from hpcrl.cli.output import console, print_json
+from hpcrl.cli.output import console, print_json, warn
 from hpcrl.errors import HpcrlError
-from hpcrl.profiles import (
-    ClusterProfile,
-    flat_items,
-    load_profile,
-    load_profile_file,
-    profile_files,
-    resolve_profile,
-)
 
 clusters_app = typer.Typer(
     help="Cluster profiles: list them, show one with its sources, validate a file.",
     no_args_is_help=True,
+    rich_markup_mode=None,
 )
 app.add_typer(clusters_app, name="clusters")
 
@@ -35,7 +24,7 @@ JSON_OPT = typer.Option(False, "--json", help="Print JSON (stable schema) instea
 _NOT_FACTS = ("name", "description", "extends", "variants", "default_variant", "variant", "unconfirmed", "sources")
 
 
-def _list_row(name: str, profile: ClusterProfile, path: Path) -> dict[str, Any]:
+def _list_row(name: str, profile, path: Path) -> dict[str, Any]:
     part = profile.default_partition
     return {
         "name": name,
@@ -50,6 +39,8 @@ def _list_row(name: str, profile: ClusterProfile, path: Path) -> dict[str, Any]:
 
 def _list_rows() -> list[dict[str, Any]]:
     """One row per profile (its default variant) and one per other variant, as `name:variant`."""
+    from hpcrl.profiles import load_profile, profile_files
+
     rows = []
     for name, path in sorted(profile_files().items()):
         try:
@@ -61,7 +52,7 @@ def _list_rows() -> list[dict[str, Any]]:
                     rows.append(_list_row(full, load_profile(full), path))
         except HpcrlError as exc:
             # One broken user profile must not hide the others.
-            sys.stderr.write(f"hpcrl: warning: skipped: {exc}\n")
+            warn(f"skipped: {exc}")
     return rows
 
 
@@ -77,6 +68,10 @@ def _short(path: str) -> str:
 @clusters_app.command("list")
 def list_(as_json: bool = JSON_OPT) -> None:
     """List the known cluster profiles (shipped, user config dir, ./clusters)."""
+    from rich import box
+    from rich.table import Table
+    from rich.text import Text
+
     rows = _list_rows()
     if as_json:
         print_json(rows)
@@ -104,7 +99,12 @@ def _show_text(value: Any) -> str:
     return str(value)
 
 
-def _print_profile(profile: ClusterProfile, where: str) -> None:
+def _print_profile(profile, where: str) -> None:
+    from rich.table import Table
+    from rich.text import Text
+
+    from hpcrl.profiles import flat_items
+
     title = profile.name + (f":{profile.variant}" if profile.variant else "")
     console.print(Text(f"{title} - {profile.description}".strip(" -")))
     console.print(Text(f"file: {where}" + (f" (extends {profile.extends})" if profile.extends else "")))
@@ -130,6 +130,8 @@ def show(
     as_json: bool = JSON_OPT,
 ) -> None:
     """Show one profile: every fact with its source; unconfirmed facts are marked."""
+    from hpcrl.profiles import profile_files, resolve_profile
+
     if name and cluster_file:
         raise HpcrlError(f"give a cluster name ({name!r}) or --cluster-file ({cluster_file}), not both")
     profile = resolve_profile(name, cluster_file)
@@ -146,6 +148,10 @@ def validate(
     as_json: bool = JSON_OPT,
 ) -> None:
     """Validate a profile file and every variant it defines; exit 2 naming the first problem."""
+    from rich.text import Text
+
+    from hpcrl.profiles import load_profile_file
+
     profile = load_profile_file(file)
     for variant in profile.variants:
         load_profile_file(file, variant)
@@ -167,7 +173,12 @@ def exclude(
     as_json: bool = JSON_OPT,
 ) -> None:
     """Nodes render/submit exclude per cluster (hpcrl preflight --write-exclude adds the failing ones)."""
+    from rich import box
+    from rich.table import Table
+    from rich.text import Text
+
     from hpcrl import node_excludes
+    from hpcrl.profiles import resolve_profile
 
     name = resolve_profile(cluster).name if cluster else None
     lists = node_excludes.edit(name, add, remove, clear, reason)

@@ -5,10 +5,9 @@ from __future__ import annotations
 from typing import Optional
 
 import typer
-from rich.table import Table
 
 from hpcrl.cli.app import app
-from hpcrl.cli.output import console, print_json
+from hpcrl.cli.output import console, print_json, table
 from hpcrl.errors import HpcrlError
 
 _RUN_ONLY = ("--model", "--learners", "--lora-rank", "--zero-stage", "--save-freq", "--checkpoint-state-freq",
@@ -106,7 +105,7 @@ def _show(b, quota_from: str, as_json: bool) -> None:
     console.print(f"[bold]{s.model.name}[/] ({b.backend}): {b.trainable:,} trainable of {s.model.total_params:,} "
                   f"parameters, {s.learners} learner GPUs, {steps}", highlight=False)
     console.print(f"settings: {settings_text(b)}", highlight=False, soft_wrap=True)
-    t = Table(title="What the run writes under the quota")
+    t = table("What the run writes under the quota")
     for col, just in (("kind", "left"), ("one (GiB)", "right"), ("one (GB)", "right"), ("written", "right"),
                       ("at peak", "right"), ("peak (GiB)", "right")):
         t.add_column(col, justify=just, overflow="fold")  # type: ignore[arg-type]

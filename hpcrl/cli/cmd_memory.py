@@ -7,13 +7,9 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
-from rich.table import Table
 
 from hpcrl.cli.app import app
-from hpcrl.cli.output import console, print_json
-from hpcrl.memory.colocated import Colocation
-from hpcrl.node_share import job_profile
-from hpcrl.profiles import resolve_profile
+from hpcrl.cli.output import console, print_json, table
 
 
 class OffloadChoice(str, Enum):
@@ -84,6 +80,9 @@ def plan_memory_cmd(
     """Will it fit? Per-GPU memory of a learner and an engine, and host RAM, for a run config or a framework's defaults."""
     from hpcrl import memory_question as mq
     from hpcrl.errors import HpcrlError
+    from hpcrl.memory.colocated import Colocation
+    from hpcrl.node_share import job_profile
+    from hpcrl.profiles import resolve_profile
 
     if sets and not config:
         raise HpcrlError("--set changes a run config: give --config NAME|FILE as well")
@@ -148,7 +147,7 @@ def _print_plan(d: dict) -> None:
         console.print(f"  assumes: {line}", soft_wrap=True)
     for note in d["notes"]:
         console.print(f"  note: {note}", soft_wrap=True)
-    t = Table(title=f"Learner GPU: ZeRO-{lr['zero_stage']} over {lr['gpus']} GPUs, {lr['tokens_per_gpu']} tokens, "
+    t = table(f"Learner GPU: ZeRO-{lr['zero_stage']} over {lr['gpus']} GPUs, {lr['tokens_per_gpu']} tokens, "
               f"log-prob {lr['logprob_impl']}, peak at {lr['peak_phase']}")
     t.add_column("term")
     t.add_column("GiB", justify="right")
@@ -161,7 +160,7 @@ def _print_plan(d: dict) -> None:
     t.add_row("allocator margin kept free (measured spread)", f"{lr['allocator_margin_gib']:.2f}")
     t.add_row("DeepSpeed's own estimate", f"{lr['deepspeed_estimate_gib']:.2f}")
     console.print(t)
-    e = Table(title=f"Engine GPU: vLLM TP={en['tp']}, gpu_memory_utilization={en['gpu_memory_utilization']}")
+    e = table(f"Engine GPU: vLLM TP={en['tp']}, gpu_memory_utilization={en['gpu_memory_utilization']}")
     e.add_column("term")
     e.add_column("GiB", justify="right")
     e.add_row("weights", f"{en['weights_gib']:.2f}")
@@ -184,7 +183,7 @@ def _print_plan(d: dict) -> None:
 
 def _print_colocated(c: dict, usable: float) -> None:
     for phase in ("training", "rollout"):
-        t = Table(title=f"Colocated GPU during {phase}" + (" (vLLM asleep)" if phase == "training" else ""))
+        t = table(f"Colocated GPU during {phase}" + (" (vLLM asleep)" if phase == "training" else ""))
         t.add_column("term")
         t.add_column("GiB", justify="right")
         for term, gib in c[f"{phase}_breakdown"].items():
@@ -202,7 +201,7 @@ def _print_custom(d: dict) -> None:
         console.print(f"  assumes: {line}", soft_wrap=True)
     for note in d["notes"]:
         console.print(f"  note: {note}", soft_wrap=True)
-    t = Table(title=f"Learner GPU ({lr['processes']} process(es)): resident, then each moment's transient terms; "
+    t = table(title=f"Learner GPU ({lr['processes']} process(es)): resident, then each moment's transient terms; "
               f"peak at {lr['peak_phase']}")
     t.add_column("term (derived / fitted / measured)")
     t.add_column("GiB", justify="right")

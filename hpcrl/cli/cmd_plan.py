@@ -6,11 +6,9 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
-from rich.table import Table
 
 from hpcrl.cli.app import app
-from hpcrl.cli.output import console, err_console, print_json
-from hpcrl.run_plan import make_run_plan
+from hpcrl.cli.output import console, print_json, table, warn
 
 
 @app.command("plan")
@@ -28,6 +26,8 @@ def plan_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print layouts as JSON"),
 ) -> None:
     """Rank the layouts of N nodes: learners per node, vLLM engines, TP, memory use."""
+    from hpcrl.run_plan import make_run_plan
+
     rp = make_run_plan(config, nodes=nodes, cluster=cluster, cluster_file=str(cluster_file) if cluster_file else None,
                        model=model, sets=sets, pins=pins, allow_over_limit=allow_over_limit, gpus=gpus)
     shown = rp.layouts[:top]
@@ -44,14 +44,14 @@ def plan_cmd(
              if rp.backend.name != "open-instruct" else {}))
         return
     for w in rp.warnings:
-        err_console.print(f"warning: {w}")
+        warn(w)
     w = rp.workload
     console.print(
         f"[bold]{w.model.name}[/] on {rp.nodes} x {rp.profile.name} "
         f"({rp.profile.gpu.count_per_node} x {rp.profile.gpu.model}, {rp.profile.gpu.memory_gib:.1f} GiB): "
         f"{w.seqs} sequences of {w.seq_len} tokens per step, {rp.backend.tokens_text(rp)}"
     )
-    t = Table(title=f"Top {len(shown)} of {len(rp.layouts)} layouts that fit")
+    t = table(f"Top {len(shown)} of {len(rp.layouts)} layouts that fit")
     for col in ("#", "num_learners_per_node", "engines x TP", "util", "idle", "learner GiB", "KV GiB/GPU",
                 "gen s", "train s"):
         t.add_column(col, overflow="fold")

@@ -10,12 +10,9 @@ from typing import List, Optional
 
 import typer
 
-from hpcrl import node_excludes
 from hpcrl.cli.app import app
+from hpcrl.cli.output import warn
 from hpcrl.errors import HpcrlError
-from hpcrl.render import render_script
-from hpcrl.disk_check import check_run_disk
-from hpcrl.run_plan import make_run_plan
 
 
 def write_atomically(path: Path, text: str, mode: int = 0o755) -> None:
@@ -49,6 +46,11 @@ def render_cmd(
     allow_over_limit: bool = typer.Option(False, "--allow-over-limit", help="Warn instead of failing past partition limits"),
 ) -> None:
     """Render the sbatch script: Ray across the job's nodes, then grpo_fast.py (or --smoke)."""
+    from hpcrl import node_excludes
+    from hpcrl.disk_check import check_run_disk
+    from hpcrl.render import render_script
+    from hpcrl.run_plan import make_run_plan
+
     rp = node_excludes.apply(make_run_plan(config, nodes=nodes, cluster=cluster,
                                            cluster_file=str(cluster_file) if cluster_file else None,
                                            sets=sets, pins=pins, allow_over_limit=allow_over_limit, gpus=gpus))
@@ -56,7 +58,7 @@ def render_cmd(
         check_run_disk(rp)
     text = render_script(rp, smoke=smoke)
     for w in rp.warnings:
-        sys.stderr.write(f"hpcrl: warning: {w}\n")
+        warn(w)
     if output is None:
         sys.stdout.write(text)
         return

@@ -6,10 +6,9 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.table import Table
 
 from hpcrl.cli.app import app
-from hpcrl.cli.output import console, err_console, print_json
+from hpcrl.cli.output import console, err_console, print_json, table
 
 _STATE_STYLE = {"completed": "green", "timeout": "yellow", "preempted": "yellow"}
 
@@ -67,7 +66,7 @@ def _print(r: dict, rp) -> None:
                       f"{b['message']}", soft_wrap=True)
     console.print(f"run time {rp.fmt_duration(r['run_time_s'])} in {len(r['jobs'])} job(s); first start to last "
                   f"end {rp.fmt_duration(r['elapsed_s'])}", highlight=False)
-    t = Table(title="Jobs")
+    t = table("Jobs")
     for col in ("#", "job", "head node", "slurm", "started", "ended", "queued", "ran", "end", "next"):
         t.add_column(col, overflow="fold")
     for j in r["jobs"]:
@@ -82,7 +81,7 @@ def _print(r: dict, rp) -> None:
              + (", no GPU found" if n["no_gpu"] else f", {n['gpus']} GPUs" if n["gpus"] else "") for n in r["nodes"]]
     console.print("nodes: " + ("; ".join(nodes) or "-"), soft_wrap=True, highlight=False)
     if r["checkpoints"]:
-        t = Table(title=f"Checkpoints ({rp.fmt_bytes(r['checkpoint_bytes'])})")
+        t = table(f"Checkpoints ({rp.fmt_bytes(r['checkpoint_bytes'])})")
         for col in ("kind", "step", "size", "complete", "path"):
             t.add_column(col, overflow="fold", justify="right" if col in ("step", "size") else "left")
         for c in r["checkpoints"]:
@@ -92,7 +91,7 @@ def _print(r: dict, rp) -> None:
         console.print("checkpoints: none")
     m = r["metrics"]
     if m:
-        t = Table(title=f"Last metrics: step {m['step']} ({m['log']})")
+        t = table(f"Last metrics: step {m['step']} ({m['log']})")
         t.add_column("metric")
         t.add_column("value", justify="right")
         for k, v in rp.headline(m):
@@ -105,7 +104,7 @@ def _print(r: dict, rp) -> None:
     if r["gpu"]["note"]:
         console.print(r["gpu"]["note"], highlight=False)
     if r["memory"]:
-        t = Table(title="Peak GPU memory per role (GiB)")
+        t = table("Peak GPU memory per role (GiB)")
         for col in ("role", "measured peak", "where", "predicted", "prediction", "measured/predicted"):
             t.add_column(col, overflow="fold")
         for x in r["memory"]:

@@ -7,19 +7,33 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
-from rich.table import Table
 
 from hpcrl.cli.app import app
-from hpcrl.cli.output import console, err_console, print_json
+from hpcrl.cli.output import console, err_console, print_json, table, warn
 
 REGISTRY_OPT = typer.Option(None, "--registry", help="Registry file (default $HPCRL_REGISTRY, else the user data dir)")
 JSON_OPT = typer.Option(False, "--json", help="Print JSON (stable schema) instead of a table")
 
 
-def _registry(path: Optional[Path]):
+def _registry(path: Optional[Path], create: bool = False):
+    """The registry; only submit creates it (reading commands create nothing)."""
     from hpcrl.registry import Registry
 
-    return Registry(path)
+    return Registry(path, create=create)
+
+
+def _none_yet(path: Optional[Path], as_json: bool) -> bool:
+    """Say there are no runs when no registry exists yet (without making one); False if one exists."""
+    from hpcrl.registry import default_path
+
+    where = default_path(path)
+    if where.exists():
+        return False
+    if as_json:
+        print_json({"registry": str(where), "runs": []})
+    else:
+        typer.echo(f"0 runs: no registry at {where} yet (hpcrl submit records runs)")
+    return True
 
 
 @app.command("submit")
@@ -47,7 +61,7 @@ def submit_cmd(
         sub = lifecycle.from_script(script, run_dir=run_dir, cluster=cluster)
     else:
         sub = lifecycle.from_config(config, nodes=nodes, cluster=cluster, sets=sets, pins=pins, smoke=smoke, gpus=gpus)
-    reg = _registry(registry)
+    reg = _registry(registry, create=True)
     done = lifecycle.submit(reg, sub, dry_run=dry_run)
     if as_json:
         print_json({"run_id": done.run_id, "job_id": done.job_id, "dry_run": dry_run,
@@ -56,7 +70,7 @@ def submit_cmd(
                     "registry": str(reg.path), "warnings": list(sub.warnings)})
         return
     for w in sub.warnings:
-        err_console.print(f"warning: {w}")
+        warn(w)
     if dry_run:
         typer.echo(f"dry run {done.run_id}: would run  {' '.join(done.command)}")
         typer.echo(f"script: {done.script_path}")
@@ -66,8 +80,8 @@ def submit_cmd(
     typer.echo(f"log: {done.log_path}")
 
 
-def _runs_table(runs, title: str) -> Table:
-    t = Table(title=title)
+def _runs_table(runs, title: str):
+    t = table(title)
     for col in ("run", "state", "reason", "cluster", "jobs", "latest job", "created", "run dir"):
         t.add_column(col, overflow="fold")
     for r in runs:
@@ -119,6 +133,8 @@ def runs_cmd(
         from hpcrl.errors import HpcrlError
 
         raise HpcrlError(f"--limit {limit}: give 0 (all runs) or a positive number")
+    if _none_yet(registry, as_json):
+        return
     reg = _registry(registry)
     runs = reg.list_runs(limit or None)
     if as_json:
@@ -137,6 +153,8 @@ def status_cmd(
     """Refresh run states (one batched Slurm query, following the job chain) and show them."""
     from hpcrl import lifecycle
 
+    if not run and _none_yet(registry, as_json):
+        return
     reg = _registry(registry)
     runs = [reg.find(run)] if run else reg.list_runs(None if all_runs else 50, live_only=not all_runs)
     runs = lifecycle.refresh(reg, runs)
@@ -156,7 +174,7 @@ def status_cmd(
             f" (excluded {', '.join(d['excluded_nodes'])})" if d["excluded_nodes"] else "")
     console.print(f"[bold]{r.run_id}[/] {r.state}" + (f" ({r.reason})" if r.reason else "") + restarts, soft_wrap=True)
     typer.echo(f"run dir: {r.run_dir}")
-    t = Table()
+    t = table()
     for col in ("#", "job", "state", "reason", "exit", "submitted", "ended", "log"):
         t.add_column(col, overflow="fold")
     for j in d["jobs"]:
@@ -246,25 +264,25 @@ def print_preflight(out: dict) -> None:
     """The preflight summary as tables: one node's checks, or one row per node; then the collective."""
     where = f"preflight on {out['cluster']}" + (f" partition {out['partition']}" if out["partition"] else "")
     if len(out["nodes"]) == 1:
-        table = Table(title=f"{where}, job {out['job_id']}")
+        t = table(title=f"{where}, job {out['job_id']}")
         for col in ("check", "status", "detail"):
-            table.add_column(col, overflow="fold")
+            t.add_column(col, overflow="fold")
         for r in (c for c in out["checks"] if c["node"] != "*"):
-            table.add_row(r["check"], f"[{_STYLE[r['status']]}]{r['status']}[/]", r["detail"])
+            t.add_row(r["check"], f"[{_STYLE[r['status']]}]{r['status']}[/]", r["detail"])
     else:
-        table = Table(title=f"{where}, job {out['job_id']}: {len(out['nodes'])} nodes")
+        t = table(title=f"{where}, job {out['job_id']}: {len(out['nodes'])} nodes")
         for col in ("node", "status", "why"):
-            table.add_column(col, overflow="fold")
+            t.add_column(col, overflow="fold")
         for n in out["nodes"]:
-            table.add_row(n["node"], f"[{_STYLE[n['status']]}]{n['status']}[/]", n["why"] or "-")
-    console.print(table)
+            t.add_row(n["node"], f"[{_STYLE[n['status']]}]{n['status']}[/]", n["why"] or "-")
+    console.print(t)
     coll = out["collective"]
-    table = Table(title=f"collective: {coll['method'] or 'not run'}" + (f" ({coll['note']})" if coll.get("note") else ""))
+    t = table(title=f"collective: {coll['method'] or 'not run'}" + (f" ({coll['note']})" if coll.get("note") else ""))
     for col in ("check", "status", "detail"):
-        table.add_column(col, overflow="fold")
+        t.add_column(col, overflow="fold")
     for r in coll["checks"]:
-        table.add_row(r["check"], f"[{_STYLE[r['status']]}]{r['status']}[/]", r["detail"])
-    console.print(table)
+        t.add_row(r["check"], f"[{_STYLE[r['status']]}]{r['status']}[/]", r["detail"])
+    console.print(t)
     if out["failing_nodes"]:
         console.print(f"failing: {', '.join(out['failing_nodes'])}")
     if out["exclude"]:

@@ -7,13 +7,12 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.table import Table
 
 from hpcrl.cli.app import app
-from hpcrl.cli.output import console, print_json
-from hpcrl.disk import GIB
+from hpcrl.cli.output import console, print_json, table
 from hpcrl.errors import HpcrlError
-from hpcrl.profiles import resolve_profile
+
+GIB = 2**30  # as hpcrl.disk.GIB, without importing the planner
 
 
 @app.command("diagnose")
@@ -32,6 +31,7 @@ def diagnose_cmd(
     """Why did the run fail? Known failures in a log, with the fix computed by the planner in the backend's keys."""
     from hpcrl.backends import BACKENDS  # noqa: PLC0415 - keeps `hpcrl --help` fast
     from hpcrl.diagnose import Context, diagnose  # noqa: PLC0415
+    from hpcrl.profiles import resolve_profile  # noqa: PLC0415
 
     known = [b for b in BACKENDS if b != "custom"]  # a user's own script has no driver command line to read
     if backend is not None and backend not in known:
@@ -103,7 +103,8 @@ def _run_files(run_dir: Path) -> tuple[dict | None, object]:
     return plan, from_script(script, (plan or {}).get("backend") or "open-instruct")
 
 
-checkpoints_app = typer.Typer(help="List and prune a run's checkpoints.", no_args_is_help=True)
+checkpoints_app = typer.Typer(help="List and prune a run's checkpoints.", no_args_is_help=True,
+                              rich_markup_mode=None)
 app.add_typer(checkpoints_app, name="checkpoints")
 
 
@@ -141,7 +142,7 @@ def checkpoints_list(
     if not cps:
         console.print(f"no checkpoints under {run_dir}")
         return
-    t = Table(title=f"Checkpoints in {run_dir}")
+    t = table(f"Checkpoints in {run_dir}")
     for col in ("path", "kind", "step", "GiB", "complete", "age"):
         t.add_column(col, justify="right" if col in ("step", "GiB", "age") else "left")
     for r in rows:

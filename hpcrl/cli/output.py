@@ -1,4 +1,4 @@
-"""Printing helpers shared by the command modules: Rich tables or stable JSON."""
+"""Printing helpers shared by the command modules: Rich tables or stable JSON, and warnings."""
 
 from __future__ import annotations
 
@@ -7,15 +7,42 @@ import os
 import sys
 from typing import Any
 
-from rich.console import Console
 
-# Piped or logged output (no terminal) gets a wide page instead of Rich's 80 columns,
-# so tables stay one row per line in job logs and CI; COLUMNS still wins when set.
-_WIDTH = None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 160
-console = Console(width=_WIDTH)
-err_console = Console(stderr=True, width=_WIDTH)
+class _LazyConsole:
+    """A Rich Console made on first use: commands that print no table never import Rich."""
+
+    def __init__(self, stderr: bool) -> None:
+        self._stderr = stderr
+        self._console = None
+
+    def __getattr__(self, name: str) -> Any:
+        if self._console is None:
+            from rich.console import Console
+
+            # Piped or logged output (no terminal) gets a wide page instead of Rich's 80 columns,
+            # so tables stay one row per line in job logs and CI; COLUMNS still wins when set.
+            stream = sys.stderr if self._stderr else sys.stdout
+            width = None if stream.isatty() or os.environ.get("COLUMNS") else 160
+            self._console = Console(width=width, stderr=self._stderr)
+        return getattr(self._console, name)
+
+
+console = _LazyConsole(stderr=False)
+err_console = _LazyConsole(stderr=True)
 
 
 def print_json(data: Any) -> None:
     """Write data as indented JSON with sorted keys (the stable --json schema)."""
     sys.stdout.write(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def table(title: str | None = None, **kwargs: Any) -> Any:
+    """A Rich Table, imported only by the commands that print one."""
+    from rich.table import Table
+
+    return Table(title=title, **kwargs)
+
+
+def warn(message: str) -> None:
+    """The one warning style of every command: `hpcrl: warning: ...` on stderr."""
+    sys.stderr.write(f"hpcrl: warning: {message}\n")

@@ -128,7 +128,8 @@ class ColocatedPlan(MemoryPlan):
 
 
 def _sum(terms: dict[str, float], names: tuple[str, ...]) -> float:
-    return sum(terms.get(n, 0.0) for n in names)
+    # "parameters (...)" names the weights' dtype, which depends on the setup (4-bit or bf16).
+    return sum(v for k, v in terms.items() if k in names or ("parameters (bf16)" in names and k.startswith("parameters (")))
 
 
 def plan_colocated(profile: ClusterProfile, learner: LearnerSetup, engine: EngineSetup,

@@ -122,6 +122,13 @@ def _weights_bytes(s: LearnerSetup) -> float:
     return quantized * (0.5 + 4 / 64) + 2.0 * (m.total_params - quantized)
 
 
+def parameter_term(s: LearnerSetup) -> str:
+    """The weights' row label, with their dtype as this setup stores them (table, JSON and plot)."""
+    if s.load_in_4bit:
+        return "parameters (4-bit NF4 base linears, bf16 rest" + (" and adapters)" if s.lora_rank else ")")
+    return "parameters (bf16)"
+
+
 def learner_memory(s: LearnerSetup) -> LearnerMemory:
     """Peak per-GPU memory of one learner for setup `s`."""
     s.check()
@@ -136,7 +143,7 @@ def learner_memory(s: LearnerSetup) -> LearnerMemory:
 
     terms: dict[str, float] = {}
     weights = _weights_bytes(s) + (2.0 * trainable if lora else 0.0)
-    terms["parameters (bf16)"] = 0.0 if off_par else weights / shard
+    terms[parameter_term(s)] = 0.0 if off_par else weights / shard
     if s.zero_stage == 0:
         # DeepSpeed's bf16 optimizer without ZeRO keeps bf16 grads and an fp32 accumulator.
         grads = 6.0 * trainable

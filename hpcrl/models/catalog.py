@@ -102,4 +102,5 @@ def resolve_model(name: str) -> ModelSpec:
         if cached is not None:
             return cached
         tried = "not a catalog name or alias, no such path, and not in the local Hugging Face cache, which is read offline"
-    raise UnknownNameError("model", name, list(catalog()) + list(ALIASES), detail=tried)
+    known = [*catalog(), *ALIASES, *(spec.name for spec in catalog().values())]
+    raise UnknownNameError("model", name, known, detail=tried)

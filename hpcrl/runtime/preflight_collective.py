@@ -357,6 +357,12 @@ def run(a: dict) -> dict:
 
 
 if __name__ == "__main__":
+    if len(sys.argv) != 2 or sys.argv[1] in ("-h", "--help"):
+        print("usage: python -m hpcrl.runtime.preflight_collective ARGS_JSON\n\n"
+              "Preflight's collective check on one node of a job (hpcrl preflight runs it on every node;\n"
+              "by hand, see benchmarks/preflight_device.py for the arguments). Prints one line\n"
+              "`HPCRL-COLLECTIVE <json>`.")
+        sys.exit(0 if len(sys.argv) == 2 else 2)
     args = json.loads(sys.argv[1])
     try:
         out = run(args)

@@ -94,3 +94,20 @@ def gpus() -> dict:
         return {"count": len(devices), "error": None, "devices": devices, "driver_cuda": driver_cuda}
     finally:
         pynvml.nvmlShutdown()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """By hand on a node: print what NVML says of this node's GPUs, as JSON."""
+    import argparse
+
+    argparse.ArgumentParser(
+        prog="python -m hpcrl.runtime.preflight_gpu",
+        description="Preflight's GPU health check on this node: count, model, memory, ECC errors, remapped "
+        "rows or retired pages, clocks and throttle reasons from NVML, printed as JSON (hpcrl preflight "
+        "runs it on every node of its job). Test hook: $HPCRL_PREFLIGHT_FAKE_NVML.").parse_args(argv)
+    print(json.dumps(gpus(), indent=2, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -188,3 +188,28 @@ def probe(spec: dict) -> dict:
     }
     report["collective"] = collective(spec, float(spec.get("collective_timeout_s", 900)))
     return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    """By hand on a node: print what the probe finds, as JSON (`hpcrl preflight` submits it instead)."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m hpcrl.runtime.preflight_probe",
+                                description="The preflight probe: GPUs, node-local and run-root space, the model, "
+                                "the training stack's imports on this node. `hpcrl preflight` submits it through "
+                                "submitit; run by hand on a node, it prints the same report as JSON.")
+    p.add_argument("--spec", default="{}", help="JSON object of where to look: node_local, run_root, model, hf_home, "
+                   "python, env_setup, workdir, modules, env (see hpcrl/preflight.py); default {}")
+    a = p.parse_args(argv)
+    try:
+        spec = json.loads(a.spec)
+    except ValueError as exc:
+        p.error(f"--spec: not JSON ({exc})")
+    if not isinstance(spec, dict):
+        p.error("--spec: give a JSON object")
+    print(json.dumps(probe(spec), indent=2, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -277,11 +277,12 @@ def run(cmd: list[str], run_dir: Path, breaker: Breaker, *, log_path: Path | Non
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if "--" not in argv:
+    split = argv.index("--") if "--" in argv else len(argv)
+    if "--" not in argv and not {"-h", "--help"} & set(argv):
         sys.stderr.write("hpcrl-watchdog: error: give the command after --, e.g. --run-dir D -- python train.py\n")
         return 2
-    split = argv.index("--")
-    p = argparse.ArgumentParser(prog="python -m hpcrl.runtime.watchdog", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m hpcrl.runtime.watchdog", description=__doc__.split("\n")[0],
+                                usage="%(prog)s --run-dir DIR [options] -- CMD [ARG ...]")
     p.add_argument("--run-dir", required=True, type=Path)
     p.add_argument("--zero-reward-steps", type=int, default=10)
     p.add_argument("--reward-key", action="append", default=[], help="the reward's metric key (repeatable, in order)")

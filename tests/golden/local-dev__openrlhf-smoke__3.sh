@@ -1,7 +1,7 @@
 #!/bin/bash
 # Rendered by hpcrl 0.1.0: re-render (hpcrl render) rather than edit by hand.
 # hpcrl cluster: local-dev
-# hpcrl config: openrlhf-grpo-qwen2.5-7b.yaml (digest 0c34fba62747)
+# hpcrl config: openrlhf-grpo-qwen2.5-7b.yaml (digest 0dfc21afcd32)
 # SMOKE TEST: the driver is hpcrl.runtime.smoke, which checks the Ray cluster and exits.
 #
 # Plan:
@@ -68,6 +68,17 @@ export WANDB_MODE=offline
 # Model and dataset cache on shared storage; jobs never download (pre-fetch on a login node).
 export HF_HOME=/tmp/hpcrl-hf
 export HF_HUB_OFFLINE=1
+# hpcrl.env_setup: shell lines from the run config, run verbatim (not quoted) on purpose.
+# They run once, here on the head node; the worker step inherits their exported variables.
+set +u
+# The smoke test needs only Ray and hpcrl: a line that fails (a training venv this machine
+# lacks) is warned about, not fatal; a missing ray is reported below by name.
+if ! {
+source "$HOME/OpenRLHF/.venv/bin/activate"
+}; then
+    echo "hpcrl: warning: hpcrl.env_setup line 1 failed on $(hostname); the smoke test goes on without it" >&2
+fi
+set -u
 
 # ------------------------------------------------------------------ run directory and job chain
 # One directory per run, the same on every restart, so open-instruct's checkpoint_state_dir
@@ -431,7 +442,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
   },
   "cluster": "local-dev",
   "config": "openrlhf-grpo-qwen2.5-7b.yaml",
-  "config_digest": "0c34fba62747",
+  "config_digest": "0dfc21afcd32",
   "gpus_per_node": 4,
   "hpcrl_version": "0.1.0",
   "layout": {

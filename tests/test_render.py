@@ -315,13 +315,17 @@ fi
 exit 1
 ''',
     "srun": r'''#!/bin/bash
-printf '%s\0' "$@" >"$STUB_OUT/srun.argv"
+[[ -e $STUB_OUT/srun.argv ]] || printf '%s\0' "$@" >"$STUB_OUT/srun.argv"  # the worker step's
+printf '%s\0' "$@" >"$STUB_OUT/srun-last.argv"
 while [[ $# -gt 0 && $1 != bash ]]; do shift; done
 script=$3 pids=()
 trap 'kill -USR2 "${pids[@]}" 2>/dev/null' USR2
 for n in ${STUB_NODES#* }; do SLURMD_NODENAME=$n bash -c "$script" & pids+=($!); done
 rc=0
-for p in "${pids[@]}"; do wait "$p" || rc=$?; kill -0 "$p" 2>/dev/null && { wait "$p" || rc=$?; }; done
+for p in "${pids[@]}"; do  # a USR2 interrupts wait (status > 128): wait again for the task's own
+    while :; do r=0; wait "$p" || r=$?; ((r > 128)) && kill -0 "$p" 2>/dev/null || break; done
+    ((r)) && rc=$r
+done
 exit $rc
 ''',
     "ray": r'''#!/bin/bash
@@ -491,6 +495,7 @@ def test_stub_run_completes_and_records(tmp_path):
                 f"--node-manager-port={base + 10 + 10 * (i - 1)}"} <= set(w)
     srun = stub.argv("srun.argv")
     assert {"--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--exclude=n1", "--gpus-per-node=4"} <= set(srun)
+    assert stub.argv("srun-last.argv") == srun  # a clean end runs no sweep step
     env = stub.env("driver.env")
     assert env["RAY_AUTH_MODE"] == "token" and env["RAY_AUTH_TOKEN_PATH"] == str(token)
     assert env["RAY_ADDRESS"] == f"127.0.0.1:{base}" and env["HF_HUB_OFFLINE"] == "1"
@@ -636,9 +641,21 @@ def test_worker_that_cannot_start_is_retried_then_blamed(tmp_path):
     """`ray start` fails on both workers every time: each is retried (clean temp dir, back-off),
     then the job ends ray-start-failed and continues once without both nodes."""
     stub = Stub(tmp_path, nodes=3)
+    # What a SIGKILLed worker leaves (srun --kill-on-bad-exit): its node-local dir with a Ray session.
+    left = tmp_path / "nl" / f"hpcrl-{stub.job}.7"
+    (left / "ray" / "session_1" / "logs").mkdir(parents=True, mode=0o700)
+    (left / "ray" / "session_1" / "logs" / "raylet.out").write_text("raylet of a killed worker\n")
+    (left / "ray" / "session_latest").symlink_to(left / "ray" / "session_1")
     rc, out = stub.run(stub.render(), timeout=60, STUB_RAY_WORKER_FAIL="1")
     assert rc == 1, out
     assert "the worker step (srun ... ray start on the other nodes) exited with code 1" in out
+    sweep = stub.argv("srun-last.argv")  # the worker step failed: one more step sweeps the worker nodes
+    assert {"--overlap", "--nodes=2", "--exclude=n1"} <= set(sweep), sweep
+    assert f"[sweep] hpcrl: removed {left}, left by a worker that could not clean up" in out
+    assert not left.exists()
+    kept = list((tmp_path / "runs" / "grpo-olmo3-7b" / "logs" / "ray" / stub.job).glob("*/raylet.out"))
+    # (the stub's pretend nodes share one node-local dir: one or both of them kept the log)
+    assert kept and {k.read_text() for k in kept} == {"raylet of a killed worker\n"}, kept
     assert "ray start on n2 exited with code 1 (attempt 1 of 3); retrying in 2 s with a clean temp dir" in out
     assert "ray start on n2 failed 3 times" in out
     failure_continuation(stub, tmp_path / "runs" / "grpo-olmo3-7b", "ray-start-failed", "n2,n3")

@@ -5,45 +5,20 @@ Shared by `plan`, `render` and `submit` so the three always agree.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import replace
 
 from hpcrl.backends import get_backend
 from hpcrl.backends.base import Backend
 from hpcrl.cadence import ASSUMED_WRITE_GIB_S, Cadence, plan_cadence, risk_warning
-from hpcrl.config import HpcrlSection, RunConfig, load_run_config
+from hpcrl.config import load_run_config
 from hpcrl.errors import HpcrlError
 from hpcrl.layout import Layout, Pins, Workload, check_nodes, enumerate_layouts
 from hpcrl.layout_advice import idle_gpus_warning
 from hpcrl.node_share import job_profile
 from hpcrl.profiles import ClusterProfile, resolve_profile
 from hpcrl import walltime
+from hpcrl.run_types import HpcrlSection, RunConfig, RunPlan
 from hpcrl.walltime import check_time
-
-
-@dataclass(frozen=True)
-class RunPlan:
-    config: RunConfig
-    profile: ClusterProfile
-    nodes: int
-    workload: Workload
-    pins: Pins
-    layouts: list[Layout]
-    warnings: tuple[str, ...] = ()
-    # Values the backend planned beyond the layout (framework key -> value).
-    choices: tuple[tuple[str, Any], ...] = ()
-    cadence: Cadence | None = None  # checkpoint interval and time-limit warning (hpcrl/cadence.py)
-    # The user's per-cluster exclude list (hpcrl/node_excludes.py), added by render/submit, not by planning.
-    user_exclude: tuple[str, ...] = ()
-    user_exclude_file: str | None = None
-
-    @property
-    def layout(self) -> Layout:
-        return self.layouts[0]
-
-    @property
-    def backend(self) -> Backend:
-        return get_backend(self.config.hpcrl.backend)
 
 
 def workload_from_config(cfg: RunConfig, model: str | None = None) -> Workload:

@@ -21,9 +21,8 @@ from hpcrl.layout_advice import plan_layouts
 from hpcrl.shell import shq
 
 if TYPE_CHECKING:
-    from hpcrl.config import HpcrlSection, RunConfig
     from hpcrl.profiles import ClusterProfile
-    from hpcrl.run_plan import RunPlan
+    from hpcrl.run_types import HpcrlSection, RunConfig, RunPlan
 
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 # What may follow $RUN_DIR in a word the shell expands (a fixed sub-directory of the run).
@@ -100,6 +99,12 @@ class Backend(ABC):
     # Keys whose values must lie in a range the framework accepts: key -> (test, what is valid,
     # in words). A number that fails the test is refused before anything is planned.
     value_ranges: ClassVar[dict[str, tuple[Callable[[float], bool], str]]] = {}
+
+    @classmethod
+    def section_defaults(cls) -> dict[str, str]:
+        """The `hpcrl:` fields whose defaults are this framework's own (the run config asks for them)."""
+        return {"entry_point": cls.default_entry_point, "workdir": cls.default_workdir,
+                "python": cls.default_python, "logprob_impl": cls.default_logprob_impl}
 
     # ------------------------------------------------------------------ flags
     @abstractmethod

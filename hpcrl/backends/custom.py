@@ -23,9 +23,8 @@ from hpcrl.models import resolve_model
 from hpcrl.models.spec import ALL_LINEAR
 
 if TYPE_CHECKING:
-    from hpcrl.config import HpcrlSection, RunConfig
     from hpcrl.profiles import ClusterProfile
-    from hpcrl.run_plan import RunPlan
+    from hpcrl.run_types import HpcrlSection, RunConfig, RunPlan
 
 # The custom backend's keys: name -> (type, default, what it says). No framework to read them from:
 # they describe the user's script to hpcrl (docs/backends.md). None: required.

@@ -32,9 +32,8 @@ from hpcrl.layout import Layout, Pins, Workload
 from hpcrl.models import resolve_model
 
 if TYPE_CHECKING:
-    from hpcrl.config import HpcrlSection, RunConfig
     from hpcrl.profiles import ClusterProfile
-    from hpcrl.run_plan import RunPlan
+    from hpcrl.run_types import HpcrlSection, RunConfig, RunPlan
 
 # Fields the layout planner decides; present in a config file or --set, they are pins.
 LAYOUT_FIELDS = (

@@ -43,9 +43,8 @@ from hpcrl.memory.colocated import Colocation
 from hpcrl.models import resolve_model
 
 if TYPE_CHECKING:
-    from hpcrl.config import HpcrlSection, RunConfig
     from hpcrl.profiles import ClusterProfile
-    from hpcrl.run_plan import RunPlan
+    from hpcrl.run_types import HpcrlSection, RunConfig, RunPlan
 
 TABLE = "openrlhf_args.json"
 CRITIC_FREE = ("group_norm", "reinforce", "rloo", "reinforce_baseline", "dr_grpo")

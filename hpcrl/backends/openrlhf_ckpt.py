@@ -22,9 +22,9 @@ from hpcrl.disk_backends import budget
 from hpcrl.disk_budget import DiskInputs, shares_quota
 
 if TYPE_CHECKING:
-    from hpcrl.config import HpcrlSection
     from hpcrl.layout import Workload
     from hpcrl.profiles import ClusterProfile
+    from hpcrl.run_types import HpcrlSection
 
 DEFAULT_MAX_NUM = 3  # OpenRLHF's --ckpt.max_num default
 USER_KEYS = ("ckpt.disable_ds", "ckpt.save_hf", "ckpt.max_num")

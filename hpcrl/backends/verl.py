@@ -36,9 +36,8 @@ from hpcrl.memory.colocated import Colocation
 from hpcrl.models import resolve_model
 
 if TYPE_CHECKING:
-    from hpcrl.config import HpcrlSection, RunConfig
     from hpcrl.profiles import ClusterProfile
-    from hpcrl.run_plan import RunPlan
+    from hpcrl.run_types import HpcrlSection, RunConfig, RunPlan
 
 A, R, REF, T = "actor_rollout_ref.actor.", "actor_rollout_ref.rollout.", "actor_rollout_ref.ref.", "trainer."
 TP_KEY = R + "tensor_model_parallel_size"

@@ -1,0 +1,159 @@
+"""The run config and the run plan as plain types: what the planner makes and the backends are handed.
+
+They sit below both. The backends (hpcrl/backends/) read them; config.py loads a RunConfig and
+run_plan.py makes a RunPlan. What depends on the framework (a section's defaults, the model key,
+a plan's backend) they ask the backend registry by name (hpcrl/backends/__init__.py), so nothing
+here imports a backend, and no backend imports the loader or the planner.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from hpcrl.backends import get_backend
+from hpcrl.backends.oi_args import ArgLayout
+from hpcrl.shell import path_problem
+
+if TYPE_CHECKING:
+    from hpcrl.cadence import Cadence
+    from hpcrl.layout import Layout, Pins, Workload
+    from hpcrl.profiles import ClusterProfile
+
+# hpcrl-section fields added after configs were first hashed, with their unset values.
+NEWER_FIELDS = {"gpus": None, "loss_keys": []}
+
+
+class HpcrlSection(BaseModel):
+    """The `hpcrl:` section: where and how to run."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    cluster: str = "isambard-ai"
+    nodes: int | None = Field(default=None, gt=0)
+    gpus: int | None = Field(default=None, gt=0, description="GPUs of one node, for a job smaller than a node")
+    model: str | None = Field(default=None, description="Planner model; default from model_name_or_path")
+    backend: Literal["open-instruct", "verl", "openrlhf", "custom"] = "open-instruct"
+    arg_layout: ArgLayout = Field(default="current", description="open-instruct's argument layout (current|legacy)")
+    # Defaults follow the backend (see _backend_defaults): open-instruct's are given here.
+    entry_point: str = Field(default="open_instruct/grpo_fast.py",
+                             description="Script path (open-instruct) or Python module (verl, openrlhf)")
+    workdir: str = Field(default="$HOME/open-instruct", description="Directory the driver starts in")
+    python: str = "python"
+    env_setup: list[str] = Field(default_factory=list, description="Shell lines run on every node first")
+    container: str | None = Field(default=None, description="Image to run in (profile's runtime)")
+    run_name: str = "grpo"
+    run_root: str | None = Field(default=None, description="Parent of run dirs; default the profile's")
+    time: str | None = Field(default=None, description="Wall time; default the partition limit")
+    account: str | None = None
+    partition: str | None = None
+    qos: str | None = None
+    exclude_nodes: list[str] = Field(default_factory=list)
+    max_restarts: int = Field(default=10, ge=0)
+    max_failure_restarts: int = Field(default=3, ge=0, description="Continuations after failures not the run's fault")
+    failure_backoff_s: int = Field(default=60, ge=0, description="Wait before a failure continuation (x its number)")
+    max_lost_minutes: float = Field(default=30.0, gt=0, description="Training a job may lose: sets the checkpoint cadence")
+    logprob_impl: Literal["eager", "compiled"] = "compiled"
+    zero_reward_steps: int = Field(default=10, gt=0)
+    hang_minutes: float = Field(default=60.0, gt=0)
+    # The watchdog's other breakers (docs/safety.md): 0 turns one off.
+    grad_norm_steps: int = Field(default=20, ge=0, description="Steps of a ~0 gradient norm that stop the run (96)")
+    zero_variance_steps: int = Field(default=20, ge=0, description="Steps of zero reward variance that stop it (97)")
+    reward_keys: list[str] = Field(default_factory=list, description="The reward's metric keys, when not a known one")
+    loss_keys: list[str] = Field(default_factory=list, description="Loss metric keys the NaN breaker also watches")
+    # OpenRLHF's HF saves under LoRA: the adapter only (the pinned commit), or the full model (OpenRLHF
+    # before 2d0b9854, and the 203 GB saves of the users' notes). Only the disk plan reads it.
+    lora_hf_save: Literal["adapter", "full"] = "adapter"
+    allow_over_limit: bool = False
+    force_disk: bool = False
+    # Services the framework's verifiers call on localhost (open-instruct's code-execution API):
+    # auto starts them when the config needs them, on starts them always, off never.
+    code_server: Literal["auto", "on", "off"] = "auto"
+    code_server_command: list[str] | None = Field(
+        default=None, description="Words of the command; {port} is the port. Default: uvicorn open_instruct.code_utils.api:app")
+    code_server_timeout_s: int = Field(default=180, gt=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _backend_defaults(cls, data):
+        # The backend's own entry point and checkout unless given; open-instruct's are the
+        # field defaults, so its configs validate (and hash) exactly as before.
+        if isinstance(data, dict) and data.get("backend", "open-instruct") != "open-instruct":
+            data = {**get_backend(str(data["backend"])).section_defaults(), **data}
+        return data
+
+    @field_validator("run_root", "workdir", "container")
+    @classmethod
+    def _paths(cls, value):
+        if value is not None and (problem := path_problem(value)):
+            raise ValueError(f"{value!r}: {problem}")
+        return value
+
+    @field_validator("code_server", mode="before")
+    @classmethod
+    def _on_off(cls, value):
+        # YAML 1.1 reads unquoted on/off as booleans.
+        return {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value
+
+    @field_validator("time", mode="before")
+    @classmethod
+    def _sexagesimal(cls, value):
+        # YAML 1.1 reads an unquoted 24:00:00 as the base-60 integer 86400: turn it back.
+        if isinstance(value, int) and not isinstance(value, bool):
+            h, rest = divmod(value, 3600)
+            return f"{h}:{rest // 60:02d}:{rest % 60:02d}"
+        return value
+
+
+class RunConfig(BaseModel):
+    """A validated run config: the hpcrl section and the framework's arguments."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    hpcrl: HpcrlSection
+    args: dict[str, Any]
+    source: str = ""
+    pinned: tuple[str, ...] = ()
+
+    @property
+    def model_name(self) -> str:
+        return self.hpcrl.model or get_backend(self.hpcrl.backend).model_name(self.args)
+
+    def digest(self) -> str:
+        """Short hash of the effective config (same inputs, same hash)."""
+        section = self.hpcrl.model_dump()
+        for key, unset in NEWER_FIELDS.items():  # unset, they leave the digest of older configs as it was
+            if section.get(key) == unset:
+                section.pop(key)
+        blob = json.dumps({"hpcrl": section, "args": self.args}, sort_keys=True, default=str)
+        return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    config: RunConfig
+    profile: ClusterProfile
+    nodes: int
+    workload: Workload
+    pins: Pins
+    layouts: list[Layout]
+    warnings: tuple[str, ...] = ()
+    # Values the backend planned beyond the layout (framework key -> value).
+    choices: tuple[tuple[str, Any], ...] = ()
+    cadence: Cadence | None = None  # checkpoint interval and time-limit warning (hpcrl/cadence.py)
+    # The user's per-cluster exclude list (hpcrl/node_excludes.py), added by render/submit, not by planning.
+    user_exclude: tuple[str, ...] = ()
+    user_exclude_file: str | None = None
+
+    @property
+    def layout(self) -> Layout:
+        return self.layouts[0]
+
+    @property
+    def backend(self):
+        """The Backend of the config's `hpcrl.backend` (from the registry, by name)."""
+        return get_backend(self.config.hpcrl.backend)

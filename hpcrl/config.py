@@ -13,7 +13,7 @@ open-instruct; verl's Hydra keys; OpenRLHF's flags without `--`), with one extra
 
 Layout fields (the backend's `layout_keys`) come from the layout planner unless the user
 sets them: then they are pins, checked and never silently changed. `hpcrl.backend` picks
-the framework (hpcrl/backends/); its flag table checks every other key.
+the framework (hpcrl/planning/backends/); its flag table checks every other key.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from hpcrl.backends import BACKENDS, get_backend
-from hpcrl.backends.base import refuse_run_dir_keys
 from hpcrl.errors import ConfigError, HpcrlError, UnknownNameError, closest
+from hpcrl.planning.backends import BACKENDS, get_backend
+from hpcrl.planning.backends.base import refuse_run_dir_keys
 from hpcrl.resources import data_dir
 from hpcrl.run_types import HpcrlSection, RunConfig
 from hpcrl.yamlfile import read_mapping

@@ -157,7 +157,7 @@ class Context:
         if key in self.args:
             self.note(f"{key}={self.args[key]} (from the driver command)")
             return self.args[key]
-        from hpcrl.backends import get_backend
+        from hpcrl.planning.backends import get_backend
 
         value = get_backend(self.fix_backend).arg(self.config(), key)  # type: ignore[attr-defined]
         self.note(f"{key}={value} ({self.fix_backend}'s default; not in the log)")
@@ -167,7 +167,7 @@ class Context:
         """Any of the backend's keys: the driver command's value, else the framework's default."""
         if key in self.args:
             return self.args[key]
-        from hpcrl.backends import get_backend
+        from hpcrl.planning.backends import get_backend
 
         return get_backend(self.fix_backend).arg(self.config(), key)  # type: ignore[attr-defined]
 
@@ -207,7 +207,7 @@ class Context:
             spec = self.spec()
             w = None
             if spec is not None:
-                from hpcrl.backends import get_backend
+                from hpcrl.planning.backends import get_backend
 
                 try:
                     w = get_backend(self.fix_backend).workload_from_config(self.config(), spec.name)

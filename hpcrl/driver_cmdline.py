@@ -101,7 +101,7 @@ def _overrides(words: list[str]) -> dict[str, Any]:
 
 def _openrlhf_names(args: dict[str, Any]) -> tuple[dict[str, Any], tuple[str, ...]]:
     """OpenRLHF's flags under their current dotted names."""
-    from hpcrl.backends.openrlhf import openrlhf_table, renamed
+    from hpcrl.planning.backends.openrlhf import openrlhf_table, renamed
 
     table, old = openrlhf_table(), renamed()
     out, notes = {}, []

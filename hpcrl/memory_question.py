@@ -12,8 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from hpcrl.backends import get_backend
-from hpcrl.backends.capabilities import Fact, feature, setting
 from hpcrl.config import RunConfig
 from hpcrl.errors import HpcrlError, PlanError
 from hpcrl.layout import Pins, Workload, _learner_setup
@@ -23,6 +21,8 @@ from hpcrl.memory.learner import LearnerSetup, sync_modes
 from hpcrl.memory.plan import MemoryPlan, plan_memory
 from hpcrl.memory.planner_defaults import smallest_fitting_tp
 from hpcrl.models import resolve_model
+from hpcrl.planning.backends import get_backend
+from hpcrl.planning.backends.capabilities import Fact, feature, setting
 from hpcrl.profiles import ClusterProfile
 
 DEFAULT_TOKENS = 8192
@@ -67,7 +67,7 @@ class Question:
 
     def check_features(self) -> None:
         """Refuse LoRA or 4-bit for a framework whose code does not apply them (capabilities.json)."""
-        from hpcrl.backends.capabilities import feature, unsupported
+        from hpcrl.planning.backends.capabilities import feature, unsupported
 
         if self.workload.lora_rank and not feature(self.backend, "lora").supported:
             raise unsupported(self.backend, "lora", f"--lora-rank {self.workload.lora_rank}")
@@ -331,8 +331,8 @@ def _colocated_run(q: Question, profile: ClusterProfile, learner_gpus: int | Non
 def custom_answer(cfg: RunConfig, profile: ClusterProfile, given: Overrides, learner_gpus: int | None) -> dict:
     """plan-memory for the custom backend: the script's HF/TRL-style learner on one GPU of `profile`
     (hpcrl/memory/hf_plan.py), as `plan` and `render` plan it; `learner_gpus` training processes (DDP)."""
-    from hpcrl.backends.custom import CustomBackend
     from hpcrl.memory.hf_plan import hf_memory_plan
+    from hpcrl.planning.backends.custom import CustomBackend
 
     flags = {"--tokens-per-gpu": given.tokens_per_gpu, "--ref-policy/--no-ref-policy": given.ref_policy,
              "--zpg": given.zpg, "--offload": given.offload, "--logprob-impl": given.logprob_impl,

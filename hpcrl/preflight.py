@@ -31,7 +31,7 @@ def _disk_need_gib(rp: Any) -> float | None:
     """Peak checkpoint GiB of the plan (hpcrl.disk), or None where it cannot be worked out."""
     try:
         from hpcrl import disk
-        from hpcrl.backends.oi_args import default
+        from hpcrl.planning.backends.oi_args import default
 
         cfg = rp.config
 

@@ -1,8 +1,8 @@
 """The run config and the run plan as plain types: what the planner makes and the backends are handed.
 
-They sit below both. The backends (hpcrl/backends/) read them; config.py loads a RunConfig and
+They sit below both. The backends (hpcrl/planning/backends/) read them; config.py loads a RunConfig and
 run_plan.py makes a RunPlan. What depends on the framework (a section's defaults, the model key,
-a plan's backend) they ask the backend registry by name (hpcrl/backends/__init__.py), so nothing
+a plan's backend) they ask the backend registry by name (hpcrl/planning/backends/__init__.py), so nothing
 here imports a backend, and no backend imports the loader or the planner.
 """
 
@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from hpcrl.backends import get_backend
-from hpcrl.backends.oi_args import ArgLayout
+from hpcrl.planning.backends import get_backend
+from hpcrl.planning.backends.oi_args import ArgLayout
 from hpcrl.shell import path_problem
 
 if TYPE_CHECKING:

@@ -29,7 +29,7 @@ from test_render import Stub, driver_words, lint
 
 REPO = Path(__file__).resolve().parents[1]
 GOLDEN = Path(__file__).with_name("golden")
-DATA = REPO / "hpcrl" / "backends" / "data"
+DATA = REPO / "hpcrl" / "planning" / "backends" / "data"
 VERL = "verl-grpo-qwen2.5-7b"
 ORL = "openrlhf-grpo-qwen2.5-7b"
 GIB = 1024**3

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from hpcrl.backends.capabilities import BACKENDS, commit, feature, services, setting, supporters
 from hpcrl.config import load_run_config
 from hpcrl.errors import ConfigError
+from hpcrl.planning.backends.capabilities import BACKENDS, commit, feature, services, setting, supporters
 
 ROOT = Path(__file__).resolve().parents[1]
-TABLE = json.loads((ROOT / "hpcrl" / "backends" / "data" / "capabilities.json").read_text())
+TABLE = json.loads((ROOT / "hpcrl" / "planning" / "backends" / "data" / "capabilities.json").read_text())
 CITE = re.compile(r"^[\w./-]+\.(py|yaml|sh|json|toml):\d+$")
 
 
@@ -24,7 +24,7 @@ def test_every_fact_cites_a_file_and_line_at_the_pinned_commit():
     flags = {"open-instruct": "open_instruct_args_current.json", "verl": "verl_args.json",
              "openrlhf": "openrlhf_args.json"}
     for b in BACKENDS:
-        meta = json.loads((ROOT / "hpcrl" / "backends" / "data" / flags[b]).read_text())["_meta"]
+        meta = json.loads((ROOT / "hpcrl" / "planning" / "backends" / "data" / flags[b]).read_text())["_meta"]
         assert commit(b) == meta["commit"], f"{b}: capabilities and flag table read at different commits"
         for section in ("features", "vllm"):
             for name, fact in TABLE[b][section].items():

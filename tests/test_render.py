@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcrl.backends.oi_args import _kind, arg_table
+from hpcrl.planning.backends.oi_args import _kind, arg_table
 from hpcrl.render import render_script
 from hpcrl.run_plan import make_run_plan
 

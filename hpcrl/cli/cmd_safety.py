@@ -29,8 +29,8 @@ def diagnose_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print the diagnosis as JSON"),
 ) -> None:
     """Why did the run fail? Known failures in a log, with the fix computed by the planner in the backend's keys."""
-    from hpcrl.backends import BACKENDS  # noqa: PLC0415 - keeps `hpcrl --help` fast
     from hpcrl.diagnose import Context, diagnose  # noqa: PLC0415
+    from hpcrl.planning.backends import BACKENDS  # noqa: PLC0415 - keeps `hpcrl --help` fast
     from hpcrl.profiles import resolve_profile  # noqa: PLC0415
 
     known = [b for b in BACKENDS if b != "custom"]  # a user's own script has no driver command line to read

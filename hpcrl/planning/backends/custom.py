@@ -14,13 +14,13 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from hpcrl.backends.base import Backend, DriverLine, Planned, Word, cli_pins_into, positive
 from hpcrl.errors import ConfigError, PlanError, UnknownNameError
 from hpcrl.layout import Layout, Pins, Workload, training_time
 from hpcrl.memory.hf_learner import HfLearnerSetup
 from hpcrl.memory.hf_plan import HfPlan, hf_memory_plan
 from hpcrl.models import resolve_model
 from hpcrl.models.spec import ALL_LINEAR
+from hpcrl.planning.backends.base import Backend, DriverLine, Planned, Word, cli_pins_into, positive
 
 if TYPE_CHECKING:
     from hpcrl.profiles import ClusterProfile
@@ -80,7 +80,7 @@ class CustomBackend(Backend):
     model_key = "model"
     layout_keys = ()
     run_dir_keys = ()
-    flag_table = "hpcrl/backends/custom.py (KEYS)"
+    flag_table = "hpcrl/planning/backends/custom.py (KEYS)"
     entry_is_module = False
     uses_ray = False
     smoke_framework = "custom"

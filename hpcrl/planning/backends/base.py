@@ -1,7 +1,7 @@
 """What a training framework must tell hpcrl: its flags, its planner inputs, its driver command.
 
 Pure. One subclass per framework (open_instruct.py, verl.py, openrlhf.py, and custom.py for
-the users' own scripts); `get_backend` in hpcrl/backends/__init__.py picks one by the run
+the users' own scripts); `get_backend` in hpcrl/planning/backends/__init__.py picks one by the run
 config's `hpcrl.backend`. The Ray bring-up (for backends with `uses_ray`), the run directory
 and the job chain are the same for every backend; only the driver command (and the smoke
 test's placement) differ.
@@ -121,7 +121,7 @@ class Backend(ABC):
 
     def check_features(self, args: dict[str, Any]) -> None:
         """Refuse a feature the framework's code lacks and a value outside what it accepts."""
-        from hpcrl.backends.capabilities import refuse_unsupported
+        from hpcrl.planning.backends.capabilities import refuse_unsupported
 
         refuse_unsupported(self.name, self.feature_triggers, args)
         for key, (ok, valid) in self.value_ranges.items():

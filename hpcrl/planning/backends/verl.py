@@ -4,7 +4,7 @@ Pure. verl's hybrid engine colocates rollout (vLLM) and FSDP training on every G
 plan is one colocated layout (hpcrl/layout_colocated.py) whose only choices are the rollout
 TP size and gpu_memory_utilization; hpcrl also picks the per-GPU micro-batch and, only when
 nothing fits without, FSDP parameter/optimizer offload. Every key is checked against
-verl's composed PPO trainer config (hpcrl/backends/data/verl_args.json).
+verl's composed PPO trainer config (hpcrl/planning/backends/data/verl_args.json).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from dataclasses import replace
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
-from hpcrl.backends.base import (
+from hpcrl.planning.backends.base import (
     Backend,
     DriverLine,
     Planned,
@@ -28,12 +28,12 @@ from hpcrl.backends.base import (
     positive,
     require_job_match,
 )
-from hpcrl.backends.flagdata import load_table
 from hpcrl.errors import ConfigError, HpcrlError, PlanError, UnknownNameError
 from hpcrl.layout import Pins, Workload
 from hpcrl.layout_colocated import enumerate_colocated, plan_colocated_layouts
 from hpcrl.memory.colocated import Colocation
 from hpcrl.models import resolve_model
+from hpcrl.planning.backends.flagdata import load_table
 
 if TYPE_CHECKING:
     from hpcrl.profiles import ClusterProfile
@@ -134,7 +134,7 @@ class VerlBackend(Backend):
     model_key = "actor_rollout_ref.model.path"
     layout_keys = (T + "nnodes", T + "n_gpus_per_node", TP_KEY, UTIL_KEY, MICRO_KEY, PARAM_OFFLOAD_KEY, OPT_OFFLOAD_KEY)
     run_dir_keys = (T + "default_local_dir", T + "resume_mode")
-    flag_table = "hpcrl/backends/data/verl_args.json"
+    flag_table = "hpcrl/planning/backends/data/verl_args.json"
     smoke_framework = "verl"
     smoke_placement = "place one STRICT_PACK group of per-GPU bundles per node as verl's resource pool does"
     # verl's trainer writes <default_local_dir>/latest_checkpointed_iteration.txt after each save.

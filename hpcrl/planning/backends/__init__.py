@@ -1,6 +1,6 @@
 """Training-framework backends, and the registry that finds one by name.
 
-`get_backend(name)` returns the backend (a `Backend`, hpcrl/backends/base.py) of a run config's
+`get_backend(name)` returns the backend (a `Backend`, hpcrl/planning/backends/base.py) of a run config's
 `hpcrl.backend`; docs/backends.md describes the interface and each implementation. The registry
 names each implementation's module rather than importing it: the run-config types
 (hpcrl/run_types.py) ask it for a backend's own section defaults, and the backends are handed

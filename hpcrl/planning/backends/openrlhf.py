@@ -2,7 +2,7 @@
 
 Pure. Flags are OpenRLHF's dotted names (renamed on 2026-04-19: `--actor.num_nodes`,
 `--vllm.num_engines`, `--ds.zero_stage`, `--ckpt.disable_ds`, ...), checked against
-hpcrl/backends/data/openrlhf_args.json; a config key under an old flat name is refused
+hpcrl/planning/backends/data/openrlhf_args.json; a config key under an old flat name is refused
 with its new name. Two placements:
 
 * separate (default): the actor (DeepSpeed ZeRO-3, the reference model colocated with it
@@ -13,7 +13,7 @@ with its new name. Two placements:
   planned like verl (hpcrl/layout_colocated.py); `ds.enable_sleep` / `vllm.enable_sleep`
   say what leaves the GPU between phases.
 
-Checkpoint flags come from the disk plan (hpcrl/backends/openrlhf_ckpt.py).
+Checkpoint flags come from the disk plan (hpcrl/planning/backends/openrlhf_ckpt.py).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
-from hpcrl.backends.base import (
+from hpcrl.planning.backends.base import (
     Backend,
     DriverLine,
     Planned,
@@ -33,14 +33,14 @@ from hpcrl.backends.base import (
     never_or_positive,
     positive,
 )
-from hpcrl.backends.flagdata import load_meta, load_table
-from hpcrl.backends.openrlhf_ckpt import checkpoint_flags
 from hpcrl.errors import ConfigError, HpcrlError, PlanError, UnknownNameError
 from hpcrl.layout import Pins, Workload
 from hpcrl.layout_advice import OI_FIXES, plan_layouts
 from hpcrl.layout_colocated import plan_colocated_layouts
 from hpcrl.memory.colocated import Colocation
 from hpcrl.models import resolve_model
+from hpcrl.planning.backends.flagdata import load_meta, load_table
+from hpcrl.planning.backends.openrlhf_ckpt import checkpoint_flags
 
 if TYPE_CHECKING:
     from hpcrl.profiles import ClusterProfile
@@ -131,7 +131,7 @@ class OpenRLHFBackend(Backend):
     model_key = "actor.model_name_or_path"
     layout_keys = LAYOUT_KEYS
     run_dir_keys = (*RUN_DIR_KEYS, "ckpt.load_enable")
-    flag_table = "hpcrl/backends/data/openrlhf_args.json"
+    flag_table = "hpcrl/planning/backends/data/openrlhf_args.json"
     smoke_framework = "openrlhf"
     smoke_placement = "place vLLM then actor bundles in PACK groups as OpenRLHF does"
     # DeepSpeed's save_checkpoint writes <ckpt.path>/_actor/latest last.

@@ -1,4 +1,4 @@
-"""The flag tables of hpcrl/backends/data/ (facts read from upstream at a pinned commit)."""
+"""The flag tables of hpcrl/planning/backends/data/ (facts read from upstream at a pinned commit)."""
 
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from hpcrl.backends.base import (
+from hpcrl.planning.backends.base import (
     Backend,
     DriverLine,
     Planned,
@@ -25,11 +25,11 @@ from hpcrl.backends.base import (
     merge_planned,
     positive,
 )
-from hpcrl.backends.capabilities import commit, feature, services, setting
-from hpcrl.backends.oi_args import _kind, arg_table, check_args, default
 from hpcrl.errors import ConfigError, HpcrlError, PlanError
 from hpcrl.layout import Layout, Pins, Workload
 from hpcrl.models import resolve_model
+from hpcrl.planning.backends.capabilities import commit, feature, services, setting
+from hpcrl.planning.backends.oi_args import _kind, arg_table, check_args, default
 
 if TYPE_CHECKING:
     from hpcrl.profiles import ClusterProfile
@@ -132,7 +132,7 @@ def driver_args(cfg: RunConfig, layout: Layout, nodes: int, choices: dict[str, A
         if key not in table:
             raise ConfigError(
                 f"{key} is not a grpo_fast.py argument in open-instruct's {arg_layout} layout "
-                f"(hpcrl.arg_layout); see hpcrl/backends/data/open_instruct_args_{arg_layout}.json"
+                f"(hpcrl.arg_layout); see hpcrl/planning/backends/data/open_instruct_args_{arg_layout}.json"
             )
         if key in RUN_DIR_SUBDIRS:
             continue
@@ -163,7 +163,7 @@ class OpenInstructBackend(Backend):
     model_key = "model_name_or_path"
     layout_keys = LAYOUT_FIELDS
     run_dir_keys = RUN_DIR_FIELDS
-    flag_table = "hpcrl/backends/data/open_instruct_args_{layout}.json"
+    flag_table = "hpcrl/planning/backends/data/open_instruct_args_{layout}.json"
     entry_is_module = False
     smoke_placement = "place learners and engines as open-instruct does"
     feature_triggers = {"lora": ("use_peft",), "load_in_4bit": ("load_in_4bit", "load_in_8bit")}

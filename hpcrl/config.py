@@ -28,13 +28,13 @@ from pydantic import ValidationError
 from hpcrl.errors import ConfigError, HpcrlError, UnknownNameError, closest
 from hpcrl.planning.backends import BACKENDS, get_backend
 from hpcrl.planning.backends.base import refuse_run_dir_keys
+from hpcrl.planning.run_types import HpcrlSection, RunConfig
 from hpcrl.resources import data_dir
-from hpcrl.run_types import HpcrlSection, RunConfig
 from hpcrl.yamlfile import read_mapping
 
 DEFAULT_CONFIG = "grpo-olmo3-32b"
 
-# The types live in hpcrl/run_types.py (below the backends); loading them is this module's.
+# The types live in hpcrl/planning/run_types.py (below the backends); loading them is this module's.
 __all__ = ["HpcrlSection", "RunConfig", "load_run_config"]
 
 

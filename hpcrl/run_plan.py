@@ -16,8 +16,8 @@ from hpcrl.layout_advice import idle_gpus_warning
 from hpcrl.node_share import job_profile
 from hpcrl.planning.backends import get_backend
 from hpcrl.planning.backends.base import Backend
+from hpcrl.planning.run_types import HpcrlSection, RunConfig, RunPlan
 from hpcrl.profiles import ClusterProfile, resolve_profile
-from hpcrl.run_types import HpcrlSection, RunConfig, RunPlan
 from hpcrl.walltime import check_time
 
 

@@ -3,7 +3,7 @@
 `get_backend(name)` returns the backend (a `Backend`, hpcrl/planning/backends/base.py) of a run config's
 `hpcrl.backend`; docs/backends.md describes the interface and each implementation. The registry
 names each implementation's module rather than importing it: the run-config types
-(hpcrl/run_types.py) ask it for a backend's own section defaults, and the backends are handed
+(hpcrl/planning/run_types.py) ask it for a backend's own section defaults, and the backends are handed
 those types, so the types sit below the backends with no import going back up; and a command
 imports only the backend its config names.
 """

@@ -21,8 +21,8 @@ from hpcrl.layout_advice import plan_layouts
 from hpcrl.shell import shq
 
 if TYPE_CHECKING:
+    from hpcrl.planning.run_types import HpcrlSection, RunConfig, RunPlan
     from hpcrl.profiles import ClusterProfile
-    from hpcrl.run_types import HpcrlSection, RunConfig, RunPlan
 
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 # What may follow $RUN_DIR in a word the shell expands (a fixed sub-directory of the run).

@@ -23,8 +23,8 @@ from hpcrl.models.spec import ALL_LINEAR
 from hpcrl.planning.backends.base import Backend, DriverLine, Planned, Word, cli_pins_into, positive
 
 if TYPE_CHECKING:
+    from hpcrl.planning.run_types import HpcrlSection, RunConfig, RunPlan
     from hpcrl.profiles import ClusterProfile
-    from hpcrl.run_types import HpcrlSection, RunConfig, RunPlan
 
 # The custom backend's keys: name -> (type, default, what it says). No framework to read them from:
 # they describe the user's script to hpcrl (docs/backends.md). None: required.

@@ -32,8 +32,8 @@ from hpcrl.planning.backends.capabilities import commit, feature, services, sett
 from hpcrl.planning.backends.oi_args import _kind, arg_table, check_args, default
 
 if TYPE_CHECKING:
+    from hpcrl.planning.run_types import HpcrlSection, RunConfig, RunPlan
     from hpcrl.profiles import ClusterProfile
-    from hpcrl.run_types import HpcrlSection, RunConfig, RunPlan
 
 # Fields the layout planner decides; present in a config file or --set, they are pins.
 LAYOUT_FIELDS = (

@@ -43,8 +43,8 @@ from hpcrl.planning.backends.flagdata import load_meta, load_table
 from hpcrl.planning.backends.openrlhf_ckpt import checkpoint_flags
 
 if TYPE_CHECKING:
+    from hpcrl.planning.run_types import HpcrlSection, RunConfig, RunPlan
     from hpcrl.profiles import ClusterProfile
-    from hpcrl.run_types import HpcrlSection, RunConfig, RunPlan
 
 TABLE = "openrlhf_args.json"
 CRITIC_FREE = ("group_norm", "reinforce", "rloo", "reinforce_baseline", "dr_grpo")

@@ -23,8 +23,8 @@ from hpcrl.disk_budget import DiskInputs, shares_quota
 
 if TYPE_CHECKING:
     from hpcrl.layout import Workload
+    from hpcrl.planning.run_types import HpcrlSection
     from hpcrl.profiles import ClusterProfile
-    from hpcrl.run_types import HpcrlSection
 
 DEFAULT_MAX_NUM = 3  # OpenRLHF's --ckpt.max_num default
 USER_KEYS = ("ckpt.disable_ds", "ckpt.save_hf", "ckpt.max_num")

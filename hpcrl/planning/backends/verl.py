@@ -36,8 +36,8 @@ from hpcrl.models import resolve_model
 from hpcrl.planning.backends.flagdata import load_table
 
 if TYPE_CHECKING:
+    from hpcrl.planning.run_types import HpcrlSection, RunConfig, RunPlan
     from hpcrl.profiles import ClusterProfile
-    from hpcrl.run_types import HpcrlSection, RunConfig, RunPlan
 
 A, R, REF, T = "actor_rollout_ref.actor.", "actor_rollout_ref.rollout.", "actor_rollout_ref.ref.", "trainer."
 TP_KEY = R + "tensor_model_parallel_size"

@@ -186,7 +186,7 @@ class Context:
     def config(self):  # noqa: ANN201 - RunConfig
         """The run as a run config of its backend (for the backend's own reading and planner)."""
         if self._config is None:
-            from hpcrl.config import HpcrlSection, RunConfig
+            from hpcrl.planning.config import HpcrlSection, RunConfig
 
             args = self.args
             # hpcrl plans critic-free runs (GRPO); the frameworks' own default estimator is PPO's gae.

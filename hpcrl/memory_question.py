@@ -12,7 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from hpcrl.config import RunConfig
 from hpcrl.errors import HpcrlError, PlanError
 from hpcrl.layout import Pins, Workload, _learner_setup
 from hpcrl.memory.colocated import Colocation, plan_colocated
@@ -23,6 +22,7 @@ from hpcrl.memory.planner_defaults import smallest_fitting_tp
 from hpcrl.models import resolve_model
 from hpcrl.planning.backends import get_backend
 from hpcrl.planning.backends.capabilities import Fact, feature, setting
+from hpcrl.planning.config import RunConfig
 from hpcrl.profiles import ClusterProfile
 
 DEFAULT_TOKENS = 8192

@@ -55,7 +55,7 @@ def target(cluster: str | None = None, partition: str | None = None, config: str
     notes: list[str] = []
     cfg = rp = None
     if config:
-        from hpcrl.config import load_run_config
+        from hpcrl.planning.config import load_run_config
         from hpcrl.run_plan import make_run_plan
 
         try:

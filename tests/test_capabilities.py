@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from hpcrl.config import load_run_config
 from hpcrl.errors import ConfigError
 from hpcrl.planning.backends.capabilities import BACKENDS, commit, feature, services, setting, supporters
+from hpcrl.planning.config import load_run_config
 
 ROOT = Path(__file__).resolve().parents[1]
 TABLE = json.loads((ROOT / "hpcrl" / "planning" / "backends" / "data" / "capabilities.json").read_text())

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from hpcrl.config import load_run_config, parse_override
 from hpcrl.errors import ConfigError, HpcrlError
+from hpcrl.planning.config import load_run_config, parse_override
 from hpcrl.run_plan import pins_from, workload_from_config
 
 

@@ -17,9 +17,9 @@ import sys
 import pytest
 
 from hpcrl import memory_question as mq
-from hpcrl.config import load_run_config
 from hpcrl.errors import PlanError
 from hpcrl.node_share import job_profile
+from hpcrl.planning.config import load_run_config
 from hpcrl.profiles import resolve_profile
 from hpcrl.resources import data_dir
 from hpcrl.run_plan import make_run_plan

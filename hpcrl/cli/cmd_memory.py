@@ -95,7 +95,7 @@ def plan_memory_cmd(
         grad_accum_dtype=grad_dtype.value if grad_dtype else None, gradient_checkpointing=False if no_gc else None,
         util=vllm_util, weight_sync=weight_sync.value.replace("-", "_") if weight_sync else None)
     if config:
-        from hpcrl.config import load_run_config
+        from hpcrl.planning.config import load_run_config
 
         cfg = load_run_config(config, sets)
         profile = job_profile(resolve_profile(cluster or cfg.hpcrl.cluster, cluster_file),

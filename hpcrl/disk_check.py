@@ -15,7 +15,7 @@ from hpcrl.disk_backends import budget
 from hpcrl.disk_budget import Budget, DiskInputs, refusal, shares_quota
 from hpcrl.errors import PlanError
 from hpcrl.planning.backends.oi_args import default
-from hpcrl.run_plan import RunPlan
+from hpcrl.planning.run_plan import RunPlan
 
 
 def run_inputs(rp: RunPlan, quota_gib: float | None = None, hf_cache: bool | None = None) -> DiskInputs:

@@ -76,7 +76,7 @@ def from_config(config: str | None, *, nodes: int | None = None, cluster: str | 
                 sets: list[str] | None = None, pins: list[str] | None = None, smoke: bool = False,
                 gpus: int | None = None) -> Submission:
     """Plan and render a run config into a Submission."""
-    from hpcrl.run_plan import make_run_plan
+    from hpcrl.planning.run_plan import make_run_plan
 
     try:
         from hpcrl import render

@@ -56,7 +56,7 @@ def target(cluster: str | None = None, partition: str | None = None, config: str
     cfg = rp = None
     if config:
         from hpcrl.planning.config import load_run_config
-        from hpcrl.run_plan import make_run_plan
+        from hpcrl.planning.run_plan import make_run_plan
 
         try:
             rp = make_run_plan(config, cluster=cluster)

@@ -6,7 +6,7 @@ import pytest
 
 from hpcrl.errors import ConfigError, HpcrlError
 from hpcrl.planning.config import load_run_config, parse_override
-from hpcrl.run_plan import pins_from, workload_from_config
+from hpcrl.planning.run_plan import pins_from, workload_from_config
 
 
 def test_default_config_is_32b_on_isambard():

@@ -12,8 +12,8 @@ import pytest
 from hpcrl.errors import HpcrlError, PlanError
 from hpcrl.layout import Pins, Workload, enumerate_layouts
 from hpcrl.models import resolve_model
+from hpcrl.planning.run_plan import make_run_plan
 from hpcrl.profiles import load_profile
-from hpcrl.run_plan import make_run_plan
 
 
 def hpcrl(*args: str) -> subprocess.CompletedProcess:

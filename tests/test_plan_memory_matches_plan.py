@@ -20,9 +20,9 @@ from hpcrl import memory_question as mq
 from hpcrl.errors import PlanError
 from hpcrl.node_share import job_profile
 from hpcrl.planning.config import load_run_config
+from hpcrl.planning.run_plan import make_run_plan
 from hpcrl.profiles import resolve_profile
 from hpcrl.resources import data_dir
-from hpcrl.run_plan import make_run_plan
 
 CONFIGS = sorted(p.stem for p in data_dir("configs").glob("*.yaml"))
 CLUSTERS = ["isambard-ai", "berzelius", "berzelius:fat", "berzelius-hopper", "local-dev"]

@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 
 from hpcrl.planning.backends.oi_args import _kind, arg_table
+from hpcrl.planning.run_plan import make_run_plan
 from hpcrl.render import render_script
-from hpcrl.run_plan import make_run_plan
 
 GOLDEN = Path(__file__).with_name("golden")
 PROFILES = ["isambard-ai", "berzelius", "berzelius:fat", "berzelius-hopper", "local-dev"]

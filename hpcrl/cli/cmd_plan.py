@@ -26,7 +26,7 @@ def plan_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print layouts as JSON"),
 ) -> None:
     """Rank the layouts of N nodes: learners per node, vLLM engines, TP, memory use."""
-    from hpcrl.run_plan import make_run_plan
+    from hpcrl.planning.run_plan import make_run_plan
 
     rp = make_run_plan(config, nodes=nodes, cluster=cluster, cluster_file=str(cluster_file) if cluster_file else None,
                        model=model, sets=sets, pins=pins, allow_over_limit=allow_over_limit, gpus=gpus)

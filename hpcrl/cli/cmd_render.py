@@ -48,8 +48,8 @@ def render_cmd(
     """Render the sbatch script: Ray across the job's nodes, then grpo_fast.py (or --smoke)."""
     from hpcrl import node_excludes
     from hpcrl.disk_check import check_run_disk
+    from hpcrl.planning.run_plan import make_run_plan
     from hpcrl.render import render_script
-    from hpcrl.run_plan import make_run_plan
 
     rp = node_excludes.apply(make_run_plan(config, nodes=nodes, cluster=cluster,
                                            cluster_file=str(cluster_file) if cluster_file else None,

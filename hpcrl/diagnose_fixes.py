@@ -37,7 +37,7 @@ def _base(ctx: Context) -> LearnerSetup | None:
     if ctx.fix_backend == "open-instruct":
         return LearnerSetup(model=spec, n_gpus=ctx.get("learner_gpus"), tokens_per_gpu=ctx.get("tokens_per_gpu"),
                             zero_stage=ctx.get("zero_stage"), grad_accum_dtype="fp32")
-    from hpcrl.layout import _learner_setup
+    from hpcrl.planning.layout import _learner_setup
 
     w = ctx.workload()
     if w is None:
@@ -89,9 +89,9 @@ def deepspeed_fixes(ctx: Context, capacity_gib: float, demand_gib: float | None)
 def colocated_fixes(ctx: Context, capacity_gib: float) -> tuple[list[str], dict]:
     """verl: the backend's planner on the run, the GPU as the log reports it, TP as the run had it."""
     from hpcrl.errors import HpcrlError
-    from hpcrl.layout import Pins
     from hpcrl.layout_colocated import colocated_memory, enumerate_colocated
     from hpcrl.planning.backends import get_backend
+    from hpcrl.planning.layout import Pins
 
     w = ctx.workload()
     if w is None or ctx.fix_backend != "verl":

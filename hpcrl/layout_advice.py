@@ -1,7 +1,7 @@
 """When no layout fits, or the chosen one has a catch: computed fixes and warnings (pure).
 
 `plan_layouts` is the planner's entry point for backends with separate learner and engine
-GPUs: ranked layouts from hpcrl/layout.py, else a PlanError listing every single-setting change
+GPUs: ranked layouts from hpcrl/planning/layout.py, else a PlanError listing every single-setting change
 that makes one fit (each checked by the planner), else layouts that fit only inside the
 allocator margin, carrying the warning.
 """
@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 from hpcrl.errors import PlanError
-from hpcrl.layout import Layout, Pins, Workload, enumerate_layouts
 from hpcrl.memory import constants as C
 from hpcrl.memory.plan import allocator_margin
+from hpcrl.planning.layout import Layout, Pins, Workload, enumerate_layouts
 from hpcrl.profiles import ClusterProfile
 
 

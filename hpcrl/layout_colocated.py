@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from hpcrl.errors import PlanError
-from hpcrl.layout import (
+from hpcrl.planning.layout import (
     Layout,
     Pins,
     Workload,

@@ -13,7 +13,6 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from hpcrl.errors import HpcrlError, PlanError
-from hpcrl.layout import Pins, Workload, _learner_setup
 from hpcrl.memory.colocated import Colocation, plan_colocated
 from hpcrl.memory.engine import EngineSetup
 from hpcrl.memory.learner import LearnerSetup, sync_modes
@@ -23,6 +22,7 @@ from hpcrl.models import resolve_model
 from hpcrl.planning.backends import get_backend
 from hpcrl.planning.backends.capabilities import Fact, feature, setting
 from hpcrl.planning.config import RunConfig
+from hpcrl.planning.layout import Pins, Workload, _learner_setup
 from hpcrl.profiles import ClusterProfile
 
 DEFAULT_TOKENS = 8192
@@ -227,7 +227,7 @@ def choose_memory_plan(
     colocation: Colocation | None = None,
 ) -> tuple[MemoryPlan, list[str]]:
     """The plan for workload `w`, choosing learner GPUs and TP where not given. The learner is
-    built as the layout planner builds it (hpcrl.layout._learner_setup), so for the same count
+    built as the layout planner builds it (hpcrl.planning.layout._learner_setup), so for the same count
     plan-memory and plan give the same learner figure.
 
     With `colocation`, every learner GPU also runs a vLLM engine (hpcrl/memory/colocated.py):

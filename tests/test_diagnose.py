@@ -280,10 +280,10 @@ def test_verl_oom_is_replanned_in_verls_keys():
     assert f.details["inconsistent"] == ["100.77 GiB allocated by PyTorch on a 79.18 GiB GPU"]
     assert "not used to scale" in f.cause and "scale_from_log" not in f.details
     # The planner itself, on the log's run: micro 32 does not fit a 79.18 GiB GPU, 16 does (checked in the plan).
-    from hpcrl.layout import Pins
     from hpcrl.layout_colocated import enumerate_colocated
     from hpcrl.planning.backends import get_backend
     from hpcrl.planning.config import load_run_config
+    from hpcrl.planning.layout import Pins
 
     prof = load_profile("berzelius:fat")
     prof = prof.model_copy(update={"gpu": prof.gpu.model_copy(update={"count_per_node": 4, "memory_gib": 79.18})})
@@ -321,9 +321,9 @@ def test_openrlhf_oom_fix_in_openrlhf_flags():
     assert fixes[1].startswith("actor.num_nodes 1 -> ") and fixes[2].startswith("ds.adam_offload true")
     # By the learner planner (the run: Qwen2.5-7B, 4 actor GPUs, data.max_len 6144, KL reference, eager log-probs):
     # 2 sequences of 6144 fit 79.19 GiB less 3%, 3 do not.
-    from hpcrl.layout import _learner_setup
     from hpcrl.planning.backends import get_backend
     from hpcrl.planning.config import load_run_config
+    from hpcrl.planning.layout import _learner_setup
 
     cfg = load_run_config("openrlhf-grpo-qwen2.5-7b", ["data.max_len=6144", "train.micro_batch_size=4"])
     base = _learner_setup(get_backend("openrlhf").workload_from_config(cfg), 4)

@@ -10,8 +10,8 @@ import sys
 import pytest
 
 from hpcrl.errors import HpcrlError, PlanError
-from hpcrl.layout import Pins, Workload, enumerate_layouts
 from hpcrl.models import resolve_model
+from hpcrl.planning.layout import Pins, Workload, enumerate_layouts
 from hpcrl.planning.run_plan import make_run_plan
 from hpcrl.profiles import load_profile
 

@@ -21,7 +21,7 @@ from hpcrl.shell import path_problem
 
 if TYPE_CHECKING:
     from hpcrl.cadence import Cadence
-    from hpcrl.layout import Layout, Pins, Workload
+    from hpcrl.planning.layout import Layout, Pins, Workload
     from hpcrl.profiles import ClusterProfile
 
 # hpcrl-section fields added after configs were first hashed, with their unset values.

@@ -15,12 +15,12 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from hpcrl.errors import ConfigError, PlanError, UnknownNameError
-from hpcrl.layout import Layout, Pins, Workload, training_time
 from hpcrl.memory.hf_learner import HfLearnerSetup
 from hpcrl.memory.hf_plan import HfPlan, hf_memory_plan
 from hpcrl.models import resolve_model
 from hpcrl.models.spec import ALL_LINEAR
 from hpcrl.planning.backends.base import Backend, DriverLine, Planned, Word, cli_pins_into, positive
+from hpcrl.planning.layout import Layout, Pins, Workload, training_time
 
 if TYPE_CHECKING:
     from hpcrl.planning.run_types import HpcrlSection, RunConfig, RunPlan

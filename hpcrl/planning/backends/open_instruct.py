@@ -26,10 +26,10 @@ from hpcrl.planning.backends.base import (
     positive,
 )
 from hpcrl.errors import ConfigError, HpcrlError, PlanError
-from hpcrl.layout import Layout, Pins, Workload
 from hpcrl.models import resolve_model
 from hpcrl.planning.backends.capabilities import commit, feature, services, setting
 from hpcrl.planning.backends.oi_args import _kind, arg_table, check_args, default
+from hpcrl.planning.layout import Layout, Pins, Workload
 
 if TYPE_CHECKING:
     from hpcrl.planning.run_types import HpcrlSection, RunConfig, RunPlan

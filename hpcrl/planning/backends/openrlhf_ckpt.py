@@ -22,7 +22,7 @@ from hpcrl.disk_backends import budget
 from hpcrl.disk_budget import DiskInputs, shares_quota
 
 if TYPE_CHECKING:
-    from hpcrl.layout import Workload
+    from hpcrl.planning.layout import Workload
     from hpcrl.planning.run_types import HpcrlSection
     from hpcrl.profiles import ClusterProfile
 

@@ -29,11 +29,11 @@ from hpcrl.planning.backends.base import (
     require_job_match,
 )
 from hpcrl.errors import ConfigError, HpcrlError, PlanError, UnknownNameError
-from hpcrl.layout import Pins, Workload
 from hpcrl.layout_colocated import enumerate_colocated, plan_colocated_layouts
 from hpcrl.memory.colocated import Colocation
 from hpcrl.models import resolve_model
 from hpcrl.planning.backends.flagdata import load_table
+from hpcrl.planning.layout import Pins, Workload
 
 if TYPE_CHECKING:
     from hpcrl.planning.run_types import HpcrlSection, RunConfig, RunPlan

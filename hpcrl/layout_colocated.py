@@ -23,9 +23,9 @@ from hpcrl.planning.layout import (
     rank,
     training_time,
 )
-from hpcrl.layout_advice import with_margin_note
 from hpcrl.memory.colocated import Colocation, ColocatedPlan, plan_colocated
 from hpcrl.memory.engine import EngineSetup
+from hpcrl.planning.layout_advice import with_margin_note
 from hpcrl.profiles import ClusterProfile
 
 # vLLM shares the GPU with resident training state, so lower fractions than the dedicated

@@ -16,8 +16,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from hpcrl.errors import ConfigError, HpcrlError, PlanError
-from hpcrl.layout_advice import plan_layouts
 from hpcrl.planning.layout import Layout, Pins, Workload
+from hpcrl.planning.layout_advice import plan_layouts
 from hpcrl.shell import shq
 
 if TYPE_CHECKING:

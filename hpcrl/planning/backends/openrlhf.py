@@ -34,13 +34,13 @@ from hpcrl.planning.backends.base import (
     positive,
 )
 from hpcrl.errors import ConfigError, HpcrlError, PlanError, UnknownNameError
-from hpcrl.layout_advice import OI_FIXES, plan_layouts
 from hpcrl.layout_colocated import plan_colocated_layouts
 from hpcrl.memory.colocated import Colocation
 from hpcrl.models import resolve_model
 from hpcrl.planning.backends.flagdata import load_meta, load_table
 from hpcrl.planning.backends.openrlhf_ckpt import checkpoint_flags
 from hpcrl.planning.layout import Pins, Workload
+from hpcrl.planning.layout_advice import OI_FIXES, plan_layouts
 
 if TYPE_CHECKING:
     from hpcrl.planning.run_types import HpcrlSection, RunConfig, RunPlan

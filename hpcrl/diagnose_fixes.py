@@ -89,9 +89,9 @@ def deepspeed_fixes(ctx: Context, capacity_gib: float, demand_gib: float | None)
 def colocated_fixes(ctx: Context, capacity_gib: float) -> tuple[list[str], dict]:
     """verl: the backend's planner on the run, the GPU as the log reports it, TP as the run had it."""
     from hpcrl.errors import HpcrlError
-    from hpcrl.layout_colocated import colocated_memory, enumerate_colocated
     from hpcrl.planning.backends import get_backend
     from hpcrl.planning.layout import Pins
+    from hpcrl.planning.layout_colocated import colocated_memory, enumerate_colocated
 
     w = ctx.workload()
     if w is None or ctx.fix_backend != "verl":

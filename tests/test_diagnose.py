@@ -280,10 +280,10 @@ def test_verl_oom_is_replanned_in_verls_keys():
     assert f.details["inconsistent"] == ["100.77 GiB allocated by PyTorch on a 79.18 GiB GPU"]
     assert "not used to scale" in f.cause and "scale_from_log" not in f.details
     # The planner itself, on the log's run: micro 32 does not fit a 79.18 GiB GPU, 16 does (checked in the plan).
-    from hpcrl.layout_colocated import enumerate_colocated
     from hpcrl.planning.backends import get_backend
     from hpcrl.planning.config import load_run_config
     from hpcrl.planning.layout import Pins
+    from hpcrl.planning.layout_colocated import enumerate_colocated
 
     prof = load_profile("berzelius:fat")
     prof = prof.model_copy(update={"gpu": prof.gpu.model_copy(update={"count_per_node": 4, "memory_gib": 79.18})})

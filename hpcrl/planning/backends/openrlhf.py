@@ -10,7 +10,7 @@ with its new name. Two placements:
   both with Ray PACK placement groups of one-GPU bundles, vLLM first, so the actor fills
   whole nodes: hpcrl plans `actor.num_gpus_per_node` = the node's GPUs unless pinned.
 * colocated (`train.colocate_all: true` in the config): every GPU trains and generates,
-  planned like verl (hpcrl/layout_colocated.py); `ds.enable_sleep` / `vllm.enable_sleep`
+  planned like verl (hpcrl/planning/layout_colocated.py); `ds.enable_sleep` / `vllm.enable_sleep`
   say what leaves the GPU between phases.
 
 Checkpoint flags come from the disk plan (hpcrl/planning/backends/openrlhf_ckpt.py).
@@ -34,13 +34,13 @@ from hpcrl.planning.backends.base import (
     positive,
 )
 from hpcrl.errors import ConfigError, HpcrlError, PlanError, UnknownNameError
-from hpcrl.layout_colocated import plan_colocated_layouts
 from hpcrl.memory.colocated import Colocation
 from hpcrl.models import resolve_model
 from hpcrl.planning.backends.flagdata import load_meta, load_table
 from hpcrl.planning.backends.openrlhf_ckpt import checkpoint_flags
 from hpcrl.planning.layout import Pins, Workload
 from hpcrl.planning.layout_advice import OI_FIXES, plan_layouts
+from hpcrl.planning.layout_colocated import plan_colocated_layouts
 
 if TYPE_CHECKING:
     from hpcrl.planning.run_types import HpcrlSection, RunConfig, RunPlan

@@ -1,7 +1,7 @@
 """The verl backend: `python3 -m verl.trainer.main_ppo key=value ...` (Hydra overrides).
 
 Pure. verl's hybrid engine colocates rollout (vLLM) and FSDP training on every GPU, so its
-plan is one colocated layout (hpcrl/layout_colocated.py) whose only choices are the rollout
+plan is one colocated layout (hpcrl/planning/layout_colocated.py) whose only choices are the rollout
 TP size and gpu_memory_utilization; hpcrl also picks the per-GPU micro-batch and, only when
 nothing fits without, FSDP parameter/optimizer offload. Every key is checked against
 verl's composed PPO trainer config (hpcrl/planning/backends/data/verl_args.json).
@@ -29,11 +29,11 @@ from hpcrl.planning.backends.base import (
     require_job_match,
 )
 from hpcrl.errors import ConfigError, HpcrlError, PlanError, UnknownNameError
-from hpcrl.layout_colocated import enumerate_colocated, plan_colocated_layouts
 from hpcrl.memory.colocated import Colocation
 from hpcrl.models import resolve_model
 from hpcrl.planning.backends.flagdata import load_table
 from hpcrl.planning.layout import Pins, Workload
+from hpcrl.planning.layout_colocated import enumerate_colocated, plan_colocated_layouts
 
 if TYPE_CHECKING:
     from hpcrl.planning.run_types import HpcrlSection, RunConfig, RunPlan

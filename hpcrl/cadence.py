@@ -53,7 +53,7 @@ class Cadence:
 
 def checkpoint_bytes(model: ModelSpec, lora_rank: int = 0) -> float:
     """One checkpoint of the training state: fp32 master weights and two Adam moments (12 B) per
-    trained parameter, bf16 (2 B) per frozen one. A derived size (hpcrl/disk.py has the detailed one)."""
+    trained parameter, bf16 (2 B) per frozen one. A derived size (hpcrl/planning/disk.py has the detailed one)."""
     trained = model.lora_params(lora_rank) if lora_rank else model.total_params
     frozen = model.total_params if lora_rank else 0  # the base stays whole beside the adapters
     return 12.0 * trained + 2.0 * frozen

@@ -3,7 +3,7 @@
 Read from the frameworks' source (backends/data/capabilities.json "checkpoints" names the
 same lines):
 
-* open-instruct e6c3044a: DeepSpeed state and HF saves, sized and counted by hpcrl/disk.py.
+* open-instruct e6c3044a: DeepSpeed state and HF saves, sized and counted by hpcrl/planning/disk.py.
 * verl b178a3cd: one FSDP checkpoint per `trainer.save_freq` steps and at the last step
   (trainer/ppo/ray_trainer.py:1645-1647): per rank `model_world_size_W_rank_R.pt` (the actor's
   parameters, fp32: workers/fsdp_workers.py:324-326, the frozen base too under LoRA), `optim_...`
@@ -31,8 +31,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from hpcrl.disk import GIB, HF_OVERHEAD_BYTES, RANK_OVERHEAD_BYTES, DiskSetup, plan_disk, state_checkpoint_terms
 from hpcrl.disk_budget import Budget, DiskInputs, Fix, Item, cache_items, interval_values, search, shares_quota
+from hpcrl.planning.disk import GIB, HF_OVERHEAD_BYTES, RANK_OVERHEAD_BYTES, DiskSetup, plan_disk, state_checkpoint_terms
 from hpcrl.profiles import ClusterProfile
 
 # Each backend's name for the neutral settings (None: the backend has no such setting).

@@ -12,9 +12,9 @@ import posixpath
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
-from hpcrl.disk import GB, GIB, check_settings
 from hpcrl.errors import HpcrlError
 from hpcrl.models import ModelSpec
+from hpcrl.planning.disk import GB, GIB, check_settings
 
 # A model as the HF hub stores it for these families: bf16 safetensors, 2 bytes per parameter
 # (an assumption: a repository published in fp32 takes twice that).

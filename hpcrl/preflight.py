@@ -28,9 +28,9 @@ COLLECTIVE_ARGS = {"sizes": SIZES, "iters": 5, "timeout_s": 300, "gemm_n": 8192,
 
 
 def _disk_need_gib(rp: Any) -> float | None:
-    """Peak checkpoint GiB of the plan (hpcrl.disk), or None where it cannot be worked out."""
+    """Peak checkpoint GiB of the plan (hpcrl.planning.disk), or None where it cannot be worked out."""
     try:
-        from hpcrl import disk
+        from hpcrl.planning import disk
         from hpcrl.planning.backends.oi_args import default
 
         cfg = rp.config

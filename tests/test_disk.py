@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from hpcrl.disk import largest_fitting_keep, plan_disk, suggest
 from hpcrl.errors import HpcrlError
+from hpcrl.planning.disk import largest_fitting_keep, plan_disk, suggest
 
 GIB = 1024**3
 MIB = 1024**2

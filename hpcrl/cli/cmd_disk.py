@@ -49,8 +49,8 @@ def plan_disk_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON"),
 ) -> None:
     """Will the checkpoints fit? Each kind a backend writes, the caches beside them, at peak, against the quota."""
-    from hpcrl.disk import GIB
     from hpcrl.disk_backends import budget
+    from hpcrl.planning.disk import GIB
 
     given = dict(zip(_RUN_ONLY, (model, learners, lora_rank, zero_stage, save_freq, state_freq, keep, total_steps,
                                  save_hf, disable_ds, lora_hf_save)))
@@ -94,8 +94,8 @@ def _legacy(b) -> dict:
 
 
 def _show(b, quota_from: str, as_json: bool) -> None:
-    from hpcrl.disk import GB, GIB
     from hpcrl.disk_backends import settings_text
+    from hpcrl.planning.disk import GB, GIB
 
     if as_json:
         print_json({**b.to_dict(), **_legacy(b), "quota_from": quota_from})

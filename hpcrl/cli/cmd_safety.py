@@ -12,7 +12,7 @@ from hpcrl.cli.app import app
 from hpcrl.cli.output import console, print_json, table
 from hpcrl.errors import HpcrlError
 
-GIB = 2**30  # as hpcrl.disk.GIB, without importing the planner
+GIB = 2**30  # as hpcrl.planning.disk.GIB, without importing the planner
 
 
 @app.command("diagnose")

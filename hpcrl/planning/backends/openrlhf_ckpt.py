@@ -17,9 +17,9 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from hpcrl.disk import GIB
 from hpcrl.disk_backends import budget
 from hpcrl.disk_budget import DiskInputs, shares_quota
+from hpcrl.planning.disk import GIB
 
 if TYPE_CHECKING:
     from hpcrl.planning.layout import Workload

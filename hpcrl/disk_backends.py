@@ -31,8 +31,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from hpcrl.disk_budget import Budget, DiskInputs, Fix, Item, cache_items, interval_values, search, shares_quota
 from hpcrl.planning.disk import GIB, HF_OVERHEAD_BYTES, RANK_OVERHEAD_BYTES, DiskSetup, plan_disk, state_checkpoint_terms
+from hpcrl.planning.disk_budget import Budget, DiskInputs, Fix, Item, cache_items, interval_values, search, shares_quota
 from hpcrl.profiles import ClusterProfile
 
 # Each backend's name for the neutral settings (None: the backend has no such setting).

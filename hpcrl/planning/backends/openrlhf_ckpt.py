@@ -18,8 +18,8 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from hpcrl.disk_backends import budget
-from hpcrl.disk_budget import DiskInputs, shares_quota
 from hpcrl.planning.disk import GIB
+from hpcrl.planning.disk_budget import DiskInputs, shares_quota
 
 if TYPE_CHECKING:
     from hpcrl.planning.layout import Workload

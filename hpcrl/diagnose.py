@@ -260,7 +260,7 @@ def _offload(ctx: Context) -> str:
 
 def _disk_fix(ctx: Context) -> tuple[str, dict]:
     """Checkpoint sizes of the run (its backend, model, LoRA rank, learners) by the disk plan."""
-    from hpcrl.disk_backends import KEYS as DISK_KEYS, budget  # noqa: PLC0415 - only needed here
+    from hpcrl.planning.disk_backends import KEYS as DISK_KEYS, budget  # noqa: PLC0415 - only needed here
     from hpcrl.planning.disk_budget import DiskInputs  # noqa: PLC0415
 
     spec, b = ctx.spec(), ctx.fix_backend

@@ -10,10 +10,10 @@ import math
 from dataclasses import replace
 from typing import Any
 
-from hpcrl.disk_backends import budget
 from hpcrl.errors import PlanError
 from hpcrl.planning.backends.oi_args import default
 from hpcrl.planning.disk import GIB
+from hpcrl.planning.disk_backends import budget
 from hpcrl.planning.disk_budget import Budget, DiskInputs, refusal, shares_quota
 from hpcrl.planning.run_plan import RunPlan
 

@@ -49,8 +49,8 @@ def plan_disk_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON"),
 ) -> None:
     """Will the checkpoints fit? Each kind a backend writes, the caches beside them, at peak, against the quota."""
-    from hpcrl.disk_backends import budget
     from hpcrl.planning.disk import GIB
+    from hpcrl.planning.disk_backends import budget
 
     given = dict(zip(_RUN_ONLY, (model, learners, lora_rank, zero_stage, save_freq, state_freq, keep, total_steps,
                                  save_hf, disable_ds, lora_hf_save)))
@@ -65,7 +65,7 @@ def plan_disk_cmd(
         rp = make_run_plan(config, nodes=nodes, cluster=cluster, sets=sets)
         name, (s, quota_from) = rp.backend.name, config_inputs(rp, quota_gib, hf_cache, **extra)
     else:
-        from hpcrl.disk_backends import flag_inputs
+        from hpcrl.planning.disk_backends import flag_inputs
         from hpcrl.profiles import resolve_profile
 
         if nodes is not None or sets:
@@ -94,8 +94,8 @@ def _legacy(b) -> dict:
 
 
 def _show(b, quota_from: str, as_json: bool) -> None:
-    from hpcrl.disk_backends import settings_text
     from hpcrl.planning.disk import GB, GIB
+    from hpcrl.planning.disk_backends import settings_text
 
     if as_json:
         print_json({**b.to_dict(), **_legacy(b), "quota_from": quota_from})

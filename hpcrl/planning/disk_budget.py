@@ -1,7 +1,7 @@
 """What a run writes under one quota, for any backend: checkpoints, the HF caches, rollout dumps (pure).
 
 Each backend's checkpoint kinds, read from its source at the pinned commit, are built in
-hpcrl/disk_backends.py; this module holds what they share: the items and their sum against
+hpcrl/planning/disk_backends.py; this module holds what they share: the items and their sum against
 the quota, the caches that live on the same filesystem, the search for a single setting that
 fits, and the text of a refusal. docs/plan-disk.md describes every item and its source.
 """

@@ -1,4 +1,4 @@
-"""OpenRLHF's checkpoint flags from hpcrl's disk budget (hpcrl/disk_backends.py).
+"""OpenRLHF's checkpoint flags from hpcrl's disk budget (hpcrl/planning/disk_backends.py).
 
 What OpenRLHF writes at 3c3be623 is listed there with its source: DeepSpeed state in
 `ckpt.path/_actor` (at most `ckpt.max_num`; under LoRA with the frozen base, a full-model-sized
@@ -17,8 +17,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from hpcrl.disk_backends import budget
 from hpcrl.planning.disk import GIB
+from hpcrl.planning.disk_backends import budget
 from hpcrl.planning.disk_budget import DiskInputs, shares_quota
 
 if TYPE_CHECKING:

@@ -86,7 +86,7 @@ def from_config(config: str | None, *, nodes: int | None = None, cluster: str | 
 
     rp = node_excludes.apply(make_run_plan(config, nodes=nodes, cluster=cluster, sets=sets, pins=pins, gpus=gpus))
     if not smoke:
-        from hpcrl.disk_check import check_run_disk
+        from hpcrl.planning.disk_check import check_run_disk
 
         check_run_disk(rp)
     cfg, profile = rp.config, rp.profile

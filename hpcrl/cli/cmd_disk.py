@@ -56,7 +56,7 @@ def plan_disk_cmd(
                                  save_hf, disable_ds, lora_hf_save)))
     extra = {"dataset_bytes": dataset_gib * GIB, "rollout_tokens_per_step": rollout_tokens}
     if config is not None:
-        from hpcrl.disk_check import config_inputs
+        from hpcrl.planning.disk_check import config_inputs
         from hpcrl.planning.run_plan import make_run_plan
 
         if (bad := next((k for k, v in given.items() if v is not None), None)) or backend:

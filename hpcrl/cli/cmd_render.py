@@ -47,7 +47,7 @@ def render_cmd(
 ) -> None:
     """Render the sbatch script: Ray across the job's nodes, then grpo_fast.py (or --smoke)."""
     from hpcrl import node_excludes
-    from hpcrl.disk_check import check_run_disk
+    from hpcrl.planning.disk_check import check_run_disk
     from hpcrl.planning.run_plan import make_run_plan
     from hpcrl.render import render_script
 

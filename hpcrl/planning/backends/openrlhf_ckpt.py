@@ -9,7 +9,7 @@ root's quota (with the HF model cache when it lives there), hpcrl renders `--ckp
 --ckpt.save_hf --ckpt.max_num N`, as the users did by hand (`--disable_ds_ckpt --save_hf_ckpt
 --max_ckpt_num 2` before the renames), and says what it costs: a restart cannot resume, and
 the HF saves accumulate. Flags the config sets are the user's: render checks them against the
-quota and refuses, naming settings that fit (hpcrl/disk_check.py).
+quota and refuses, naming settings that fit (hpcrl/planning/disk_check.py).
 """
 
 from __future__ import annotations

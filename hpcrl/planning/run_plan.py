@@ -8,11 +8,11 @@ from __future__ import annotations
 from dataclasses import replace
 
 from hpcrl import walltime
-from hpcrl.cadence import ASSUMED_WRITE_GIB_S, Cadence, plan_cadence, risk_warning
 from hpcrl.errors import HpcrlError
 from hpcrl.node_share import job_profile
 from hpcrl.planning.backends import get_backend
 from hpcrl.planning.backends.base import Backend
+from hpcrl.planning.cadence import ASSUMED_WRITE_GIB_S, Cadence, plan_cadence, risk_warning
 from hpcrl.planning.config import load_run_config
 from hpcrl.planning.layout import Layout, Pins, Workload, check_nodes, enumerate_layouts
 from hpcrl.planning.layout_advice import idle_gpus_warning

@@ -20,7 +20,7 @@ from hpcrl.planning.backends.oi_args import ArgLayout
 from hpcrl.shell import path_problem
 
 if TYPE_CHECKING:
-    from hpcrl.cadence import Cadence
+    from hpcrl.planning.cadence import Cadence
     from hpcrl.planning.layout import Layout, Pins, Workload
     from hpcrl.profiles import ClusterProfile
 
@@ -144,7 +144,7 @@ class RunPlan:
     warnings: tuple[str, ...] = ()
     # Values the backend planned beyond the layout (framework key -> value).
     choices: tuple[tuple[str, Any], ...] = ()
-    cadence: Cadence | None = None  # checkpoint interval and time-limit warning (hpcrl/cadence.py)
+    cadence: Cadence | None = None  # checkpoint interval and time-limit warning (hpcrl/planning/cadence.py)
     # The user's per-cluster exclude list (hpcrl/node_excludes.py), added by render/submit, not by planning.
     user_exclude: tuple[str, ...] = ()
     user_exclude_file: str | None = None

@@ -15,9 +15,10 @@ from pathlib import Path
 
 import jinja2
 
-from hpcrl import __version__, walltime
+from hpcrl import __version__
 from hpcrl.errors import ConfigError
 from hpcrl.memory import constants as C
+from hpcrl.planning import walltime
 from hpcrl.planning.run_plan import RunPlan
 from hpcrl.profiles import ClusterProfile
 from hpcrl.resources import data_dir

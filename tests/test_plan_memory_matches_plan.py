@@ -18,8 +18,8 @@ import pytest
 
 from hpcrl import memory_question as mq
 from hpcrl.errors import PlanError
-from hpcrl.node_share import job_profile
 from hpcrl.planning.config import load_run_config
+from hpcrl.planning.node_share import job_profile
 from hpcrl.planning.run_plan import make_run_plan
 from hpcrl.profiles import resolve_profile
 from hpcrl.resources import data_dir

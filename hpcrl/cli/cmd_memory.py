@@ -81,7 +81,7 @@ def plan_memory_cmd(
     from hpcrl import memory_question as mq
     from hpcrl.errors import HpcrlError
     from hpcrl.memory.colocated import Colocation
-    from hpcrl.node_share import job_profile
+    from hpcrl.planning.node_share import job_profile
     from hpcrl.profiles import resolve_profile
 
     if sets and not config:

@@ -8,7 +8,6 @@ from __future__ import annotations
 from dataclasses import replace
 
 from hpcrl.errors import HpcrlError
-from hpcrl.node_share import job_profile
 from hpcrl.planning import walltime
 from hpcrl.planning.backends import get_backend
 from hpcrl.planning.backends.base import Backend
@@ -16,6 +15,7 @@ from hpcrl.planning.cadence import ASSUMED_WRITE_GIB_S, Cadence, plan_cadence, r
 from hpcrl.planning.config import load_run_config
 from hpcrl.planning.layout import Layout, Pins, Workload, check_nodes, enumerate_layouts
 from hpcrl.planning.layout_advice import idle_gpus_warning
+from hpcrl.planning.node_share import job_profile
 from hpcrl.planning.run_types import HpcrlSection, RunConfig, RunPlan
 from hpcrl.planning.walltime import check_time
 from hpcrl.profiles import ClusterProfile, resolve_profile

@@ -16,8 +16,8 @@ import sys
 
 import pytest
 
-from hpcrl import memory_question as mq
 from hpcrl.errors import PlanError
+from hpcrl.planning import memory_question as mq
 from hpcrl.planning.config import load_run_config
 from hpcrl.planning.node_share import job_profile
 from hpcrl.planning.run_plan import make_run_plan

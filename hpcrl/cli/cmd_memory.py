@@ -78,9 +78,9 @@ def plan_memory_cmd(
     plot: Optional[Path] = typer.Option(None, "--plot", help="Write a stacked bar chart (PNG)"),
 ) -> None:
     """Will it fit? Per-GPU memory of a learner and an engine, and host RAM, for a run config or a framework's defaults."""
-    from hpcrl import memory_question as mq
     from hpcrl.errors import HpcrlError
     from hpcrl.memory.colocated import Colocation
+    from hpcrl.planning import memory_question as mq
     from hpcrl.planning.node_share import job_profile
     from hpcrl.profiles import resolve_profile
 

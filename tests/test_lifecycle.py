@@ -4,7 +4,7 @@ Commands run as a user runs them (`python -m hpcrl ...`), each test with its own
 run root, cluster profile and fake open-instruct checkout (`hpcrl.workdir`). Runs are
 submitted two ways:
 
-- `config`: `hpcrl submit --config run.yaml`, rendered by hpcrl/render.py — the real script
+- `config`: `hpcrl submit --config run.yaml`, rendered by hpcrl/rendering/render.py — the real script
   with Ray bring-up, the watchdog and the job-chain traps (skipped if the renderer is absent);
 - `script`: `hpcrl submit SCRIPT` of a HAND-WRITTEN stand-in that implements only
   docs/run-dir.md (jobs.tsv events, USR1/TERM traps, requeue rules): it tests hpcrl's side of
@@ -173,7 +173,7 @@ def config(env, name: str, *, partition: str = "debug", time_: str = "00:05:00",
     """A run config for the renderer, on the test profile, driving the fake open-instruct."""
     if not _has_renderer():  # CI (HPCRL_REQUIRE_SLURM=1) must run these, never skip them
         (pytest.fail if os.environ.get("HPCRL_REQUIRE_SLURM") == "1" else pytest.skip)(
-            "the renderer (hpcrl/render.py) is not in this tree")
+            "the renderer (hpcrl/rendering/render.py) is not in this tree")
     path = env["tmp"] / f"{name}.yaml"
     text = CONFIG.format(name=name, workdir=env["workdir"], python=sys.executable, partition=partition,
                          time=time_, max_restarts=max_restarts, root=env["root"], nodes=nodes)
@@ -494,7 +494,7 @@ def test_two_submits_into_one_run_dir_at_once(slurm, env):
 
 def _has_renderer() -> bool:
     try:
-        import hpcrl.render  # noqa: F401
+        import hpcrl.rendering.render  # noqa: F401
     except ImportError:
         return False
     return True

@@ -24,7 +24,7 @@ import pytest
 
 from hpcrl.planning.backends.oi_args import _kind, arg_table
 from hpcrl.planning.run_plan import make_run_plan
-from hpcrl.render import render_script
+from hpcrl.rendering.render import render_script
 
 GOLDEN = Path(__file__).with_name("golden")
 PROFILES = ["isambard-ai", "berzelius", "berzelius:fat", "berzelius-hopper", "local-dev"]

@@ -362,7 +362,7 @@ PROFILE = "name: report-e2e\nextends: local-dev\nnode: {ram_gib: 512}\n"
 
 def test_report_on_a_local_slurm_smoke_run(slurm, tmp_path):
     for module, why in (("ray", "the smoke job needs ray (pip install 'ray[default]')"),
-                        ("hpcrl.render", "the renderer (hpcrl/render.py) is not in this tree")):
+                        ("hpcrl.rendering.render", "the renderer (hpcrl/rendering/render.py) is not in this tree")):
         if importlib.util.find_spec(module) is None:  # CI (HPCRL_REQUIRE_SLURM=1) must run this, never skip it
             (pytest.fail if os.environ.get("HPCRL_REQUIRE_SLURM") == "1" else pytest.skip)(why)
     (tmp_path / "clusters").mkdir()

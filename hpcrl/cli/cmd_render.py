@@ -49,7 +49,7 @@ def render_cmd(
     from hpcrl import node_excludes
     from hpcrl.planning.disk_check import check_run_disk
     from hpcrl.planning.run_plan import make_run_plan
-    from hpcrl.render import render_script
+    from hpcrl.rendering.render import render_script
 
     rp = node_excludes.apply(make_run_plan(config, nodes=nodes, cluster=cluster,
                                            cluster_file=str(cluster_file) if cluster_file else None,

@@ -21,9 +21,9 @@ from hpcrl.memory import constants as C
 from hpcrl.planning import walltime
 from hpcrl.planning.run_plan import RunPlan
 from hpcrl.profiles import ClusterProfile
+from hpcrl.rendering.template_cache import bytecode_cache
 from hpcrl.resources import data_dir
 from hpcrl.shell import comment_safe, has_vars, sanitize_name, sbatch_safe, shq, shq_path
-from hpcrl.template_cache import bytecode_cache
 
 TEMPLATE = "sbatch.sh.j2"
 _CONSTRAINT = re.compile(r"^[A-Za-z0-9_.,:@&|*()\[\]!-]+$")

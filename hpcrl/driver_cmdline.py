@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from hpcrl.driver_log import ANSI
+from hpcrl.logs.driver_log import ANSI
 
 # Entry points, most specific first.
 ENTRY_POINTS = (

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from hpcrl.checkpoints import find_checkpoints
-from hpcrl.driver_log import StepParser
+from hpcrl.logs.driver_log import StepParser
 
 SCHEMA_VERSION = 1
 MIB_PER_GIB = 1024.0
@@ -25,7 +25,7 @@ BREAKER_END_REASON = {"zero_reward": "breaker-zero-reward", "nan_loss": "breaker
                       "hang": "breaker-hang", "engine_or_node_died": "breaker-dead-worker",
                       "grad_norm_zero": "breaker-grad-norm", "zero_variance": "breaker-zero-variance"}
 # Metrics shown in the terminal summary after the step's reward and loss (whatever the framework
-# calls them: hpcrl.driver_log's keys); all of them are in --json and --markdown.
+# calls them: hpcrl.logs.driver_log's keys); all of them are in --json and --markdown.
 HEADLINE = ("training_step", "scores", "objective/scores", "objective/verifiable_reward",
             "objective/verifiable_correct_rate", "loss/policy_avg", "loss/total_avg", "loss/kl_avg", "train/loss",
             "loss", "val/stop_rate", "val/sequence_lengths", "learner_tokens_per_second_overall", "time/total", "lr")

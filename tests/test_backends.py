@@ -341,7 +341,7 @@ def test_smoke_lines_name_the_framework(rendered):
 # --------------------------------------------------------------------------- the watchdog reads their steps
 
 def test_step_lines_of_verl_and_openrlhf():
-    from hpcrl.driver_log import StepParser
+    from hpcrl.logs.driver_log import StepParser
 
     p = StepParser()
     verl = p.feed("(TaskRunner pid=7) step:12 - actor/pg_loss:0.25 - critic/score/mean:0.0 - timing_s/gen:3.5")

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from hpcrl.diagnose import Context, diagnose
-from hpcrl.driver_log import parse_steps
+from hpcrl.logs.driver_log import parse_steps
 from hpcrl.memory.learner import LearnerSetup, learner_memory
 from hpcrl.models import resolve_model
 from hpcrl.profiles import load_profile

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sys
 
-from hpcrl.driver_log import network_failure
+from hpcrl.logs.driver_log import network_failure
 
 TAIL_BYTES = 4 * 1024 * 1024
 

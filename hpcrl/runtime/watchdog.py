@@ -1,7 +1,7 @@
 """Circuit breaker around the training driver: `python -m hpcrl.runtime.watchdog --run-dir D -- CMD...`.
 
 Runs CMD in its own process group, tees its stdout/stderr to the console and to a log in the
-run directory, reads each training step's metrics from that output (hpcrl.driver_log.StepParser)
+run directory, reads each training step's metrics from that output (hpcrl.logs.driver_log.StepParser)
 and stops the run - SIGTERM to the group, SIGKILL after a grace period - writing
 D/hpcrl/breaker.json when:
 
@@ -16,7 +16,7 @@ D/hpcrl/breaker.json when:
   97  every group of samples had zero reward variance for N consecutive steps
       (--zero-variance-steps, default 20; 0 turns it off): GRPO's advantages are all zero
 
-The reward is the first known reward key a step logs (hpcrl.driver_log.REWARD_KEYS), or the
+The reward is the first known reward key a step logs (hpcrl.logs.driver_log.REWARD_KEYS), or the
 first of --reward-key KEY (repeatable) when given; --reward-std-key KEY (repeatable) adds keys
 whose exact 0 means zero reward variance; --loss-key KEY (repeatable) adds losses whose NaN or
 infinity trips 91. Steps are read from the frameworks' own step lines
@@ -47,7 +47,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO
 
-from hpcrl.driver_log import StepParser, death_line
+from hpcrl.logs.driver_log import StepParser, death_line
 
 EXIT_CODES = {"zero_reward": 90, "nan_loss": 91, "hang": 92, "engine_or_node_died": 93, "grad_norm_zero": 96,
               "zero_variance": 97}

@@ -2,7 +2,7 @@
 
 In order: a value given on the command line (--model, --learner-gpus, ...); the run's own driver
 command (job.sbatch of a run directory, else the command line in the log, read per backend by
-hpcrl.driver_cmdline); open-instruct's logged arguments; the framework's default. A model is
+hpcrl.logs.driver_cmdline); open-instruct's logged arguments; the framework's default. A model is
 never assumed: without one the findings say so and ask for --model. Every value used is listed
 in the diagnosis' assumptions with its source.
 """
@@ -13,8 +13,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from hpcrl.driver_cmdline import DriverCommand, find_command
 from hpcrl.errors import HpcrlError
+from hpcrl.logs.driver_cmdline import DriverCommand, find_command
 from hpcrl.models import ModelSpec, resolve_model
 from hpcrl.profiles import ClusterProfile
 

@@ -89,7 +89,7 @@ def diagnose_cmd(
 
 def _run_files(run_dir: Path) -> tuple[dict | None, object]:
     """A run directory's plan.json and the driver command of its job.sbatch (None where absent)."""
-    from hpcrl.driver_cmdline import from_script  # noqa: PLC0415
+    from hpcrl.logs.driver_cmdline import from_script  # noqa: PLC0415
 
     try:
         plan = json.loads((run_dir / "hpcrl" / "plan.json").read_text())

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcrl.diagnose import Context, diagnose
+from hpcrl.logs.diagnose import Context, diagnose
 from hpcrl.logs.driver_log import parse_steps
 from hpcrl.memory.learner import LearnerSetup, learner_memory
 from hpcrl.models import resolve_model

@@ -29,7 +29,7 @@ def diagnose_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print the diagnosis as JSON"),
 ) -> None:
     """Why did the run fail? Known failures in a log, with the fix computed by the planner in the backend's keys."""
-    from hpcrl.diagnose import Context, diagnose  # noqa: PLC0415
+    from hpcrl.logs.diagnose import Context, diagnose  # noqa: PLC0415
     from hpcrl.planning.backends import BACKENDS  # noqa: PLC0415 - keeps `hpcrl --help` fast
     from hpcrl.profiles import resolve_profile  # noqa: PLC0415
 

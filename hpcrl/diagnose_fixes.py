@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from hpcrl.diagnose_context import Context
+from hpcrl.logs.diagnose_context import Context
 from hpcrl.memory import constants as C
 from hpcrl.memory.engine import EngineSetup, engine_memory
 from hpcrl.memory.learner import LearnerSetup, learner_memory

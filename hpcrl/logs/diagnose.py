@@ -2,7 +2,7 @@
 
 Steps and death lines are read with hpcrl.logs.driver_log; what the run was (backend, model, layout)
 with hpcrl.logs.diagnose_context; fixes are re-planned in the backend's own keys by
-hpcrl.diagnose_fixes. docs/diagnose.md lists every recognised message.
+hpcrl.logs.diagnose_fixes. docs/diagnose.md lists every recognised message.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import math
 import re
 from dataclasses import dataclass, field
 
-from hpcrl.diagnose_fixes import engine_fixes, learner_fixes
 from hpcrl.logs.diagnose_context import Context
+from hpcrl.logs.diagnose_fixes import engine_fixes, learner_fixes
 from hpcrl.logs.driver_log import ANSI, CUDA_OOM as _OOM, LIBFABRIC as _CXI, NCCL_TIMEOUT as _TIMEOUT, death_line, parse_steps
 from hpcrl.memory import constants as C
 

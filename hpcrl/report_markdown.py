@@ -1,10 +1,10 @@
-"""`hpcrl report RUN --markdown FILE`: the report (hpcrl/report.py) as a Markdown document. Pure."""
+"""`hpcrl report RUN --markdown FILE`: the report (hpcrl/logs/report.py) as a Markdown document. Pure."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from hpcrl.report import NO_PLAN, end_text, fmt_bytes, fmt_duration, gib, pct, where_text
+from hpcrl.logs.report import NO_PLAN, end_text, fmt_bytes, fmt_duration, gib, pct, where_text
 
 
 def _md_row(cells: list[Any]) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from hpcrl.report import MIB_PER_GIB, ROLE_COLORS, gpu_note, parse_time, read_gpu_csvs
+from hpcrl.logs.report import MIB_PER_GIB, ROLE_COLORS, gpu_note, parse_time, read_gpu_csvs
 
 GAP = timedelta(minutes=5)  # the plot breaks a GPU's line where the monitor was silent this long
 

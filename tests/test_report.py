@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from hpcrl import report as rp
 from hpcrl.cli import main
+from hpcrl.logs import report as rp
 from hpcrl.registry import Registry
 
 DATA = Path(__file__).parent / "data" / "runs"

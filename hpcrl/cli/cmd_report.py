@@ -29,8 +29,8 @@ def report_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON (stable schema)"),
 ) -> None:
     """What a run did: jobs and durations, nodes, final state and reason, checkpoints, last metrics, peak GPU memory."""
-    from hpcrl import report as rp
     from hpcrl.errors import HpcrlError
+    from hpcrl.logs import report as rp
 
     run_dir, row = _resolve(run, registry)
     r = rp.build_report(run_dir, row)

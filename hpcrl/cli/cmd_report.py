@@ -42,7 +42,7 @@ def report_cmd(
 
         plot_gpu_memory(r, plot)
     if markdown is not None:
-        from hpcrl.report_markdown import to_markdown
+        from hpcrl.logs.report_markdown import to_markdown
 
         markdown.write_text(to_markdown(r) + "\n")
     if as_json:

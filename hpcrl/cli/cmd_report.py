@@ -38,7 +38,7 @@ def report_cmd(
         if target is not None and not target.expanduser().resolve().parent.is_dir():
             raise HpcrlError(f"{target}: its directory does not exist")
     if plot is not None:
-        from hpcrl.report_plot import plot_gpu_memory
+        from hpcrl.logs.report_plot import plot_gpu_memory
 
         plot_gpu_memory(r, plot)
     if markdown is not None:

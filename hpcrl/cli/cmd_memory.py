@@ -126,7 +126,7 @@ def plan_memory_cmd(
     data["backend"] = question.backend
     data["config"] = question.config.source if question.config else None
     if plot is not None:
-        from hpcrl.plots import plot_memory
+        from hpcrl.logs.plots import plot_memory
 
         plot_memory(data, plot)
     if as_json:

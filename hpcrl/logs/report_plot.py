@@ -26,7 +26,7 @@ def _line(pts: list[tuple[datetime, float]], limit: int = 2000) -> tuple[list, l
 
 def plot_gpu_memory(report: dict, path: Path) -> None:
     """PNG of GPU memory used over time, a line per node/GPU coloured by role, predictions dashed."""
-    from hpcrl.plots import _pyplot  # matplotlib is an extra: a one-line error says how to install it
+    from hpcrl.logs.plots import _pyplot  # matplotlib is an extra: a one-line error says how to install it
 
     plt = _pyplot()
     starts = [t for j in report["jobs"] if (t := parse_time(j["started"]))]

@@ -4,7 +4,7 @@ Pure: files in, a dict with a stable schema out (plus its Markdown and a plot); 
 asked. The job chain and reasons come from `hpcrl/jobs.tsv` (the registry row, when the caller
 has one, adds Slurm's states), the breaker from `hpcrl/breaker.json`, GPU memory from the
 monitor's `hpcrl/gpu-<node>.csv`, the prediction from `hpcrl/plan.json`, the last metrics from
-the newest job log through the watchdog's step parser, checkpoints through hpcrl.checkpoints.
+the newest job log through the watchdog's step parser, checkpoints through hpcrl.logs.checkpoints.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import NamedTuple
 
-from hpcrl.checkpoints import find_checkpoints
+from hpcrl.logs.checkpoints import find_checkpoints
 from hpcrl.logs.driver_log import StepParser
 
 SCHEMA_VERSION = 1

@@ -16,8 +16,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hpcrl import node_excludes, slurm
+from hpcrl import node_excludes
 from hpcrl.errors import HpcrlError, SlurmError
+from hpcrl.jobs import slurm
 from hpcrl.preflight_checks import Check, Target, cuda_check, evaluate, ray_check
 from hpcrl.profiles import resolve_profile
 

@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from hpcrl import slurm as sl
 from hpcrl.errors import SlurmError
+from hpcrl.jobs import slurm as sl
 
 
 def _wait(predicate, what: str, deadline_s: float = 180):

@@ -21,7 +21,7 @@ from typing import NamedTuple
 
 from hpcrl.errors import ConfigError, HpcrlError, SlurmError
 from hpcrl.jobs import slurm
-from hpcrl.registry import Job, Registry, Run, dir_identity, now
+from hpcrl.jobs.registry import Job, Registry, Run, dir_identity, now
 from hpcrl.run_dir import JobEvents, RunDir, read_chain, run_dir_problem
 from hpcrl.shell import path_problem
 

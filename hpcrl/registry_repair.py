@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from hpcrl.errors import RegistryError
-from hpcrl.registry import Registry, default_path
+from hpcrl.jobs.registry import Registry, default_path
 
 # Row-by-row probing stops after this many rowids in a row that gave nothing.
 PROBE_GAP = 2000

@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 from typing import NamedTuple
 
-from hpcrl.registry import now
+from hpcrl.jobs.registry import now
 
 
 class RunDir:

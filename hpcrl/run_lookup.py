@@ -6,7 +6,7 @@ from pathlib import Path
 
 from hpcrl import lifecycle
 from hpcrl.errors import HpcrlError, RegistryError, SlurmError
-from hpcrl.registry import Registry, Run, default_path
+from hpcrl.jobs.registry import Registry, Run, default_path
 
 
 def find_run_dir(run: str, registry: Path | None = None, require_hpcrl: bool = True) -> tuple[Path, Run | None]:

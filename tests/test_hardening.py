@@ -216,7 +216,7 @@ def test_concurrent_submits_through_a_symlink_and_dotdot_one_wins(slurm, env):
 
 def _registry_with_runs(env, n: int = 300) -> Path:
     """A registry of n finished runs (several pages of rows), closed and checkpointed."""
-    from hpcrl.registry import Registry
+    from hpcrl.jobs.registry import Registry
 
     reg = Registry(env["env"]["HPCRL_REGISTRY"])
     for i in range(n):
@@ -416,7 +416,7 @@ def test_run_root_that_turned_read_only_is_named(slurm, env, tmp_path):
 def test_registry_damage_unit_repair_keeps_readable_rows(tmp_path):
     """Without Slurm: a registry with one noisy page is refused on open and repaired."""
     from hpcrl.errors import RegistryError
-    from hpcrl.registry import Registry
+    from hpcrl.jobs.registry import Registry
     from hpcrl.registry_repair import repair
 
     env = {"env": {"HPCRL_REGISTRY": str(tmp_path / "runs.db")}}

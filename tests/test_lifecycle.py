@@ -252,7 +252,7 @@ def test_script_without_run_dir_is_a_user_error(env):
 def test_dry_run_into_a_live_runs_dir_is_refused_like_a_submit(env):
     """A run still pending in the run dir: the dry run says what the real submit would, and
     records nothing; a dry-run row itself holds no run dir."""
-    from hpcrl.registry import Registry
+    from hpcrl.jobs.registry import Registry
 
     path = script(env, "held")
     reg = Registry(env["env"]["HPCRL_REGISTRY"])

@@ -9,7 +9,7 @@ import sqlite3
 import pytest
 
 from hpcrl.errors import RegistryError
-from hpcrl.registry import Registry, default_path, new_run_id
+from hpcrl.jobs.registry import Registry, default_path, new_run_id
 
 ID = re.compile(r"^[A-Za-z0-9._-]+-[0-9a-f]{6}$")
 STAMP = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")

@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 
 from hpcrl.cli import main
+from hpcrl.jobs.registry import Registry
 from hpcrl.logs import report as rp
-from hpcrl.registry import Registry
 
 DATA = Path(__file__).parent / "data" / "runs"
 CHAIN, BREAKER = DATA / "chain", DATA / "breaker"

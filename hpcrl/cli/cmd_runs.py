@@ -17,14 +17,14 @@ JSON_OPT = typer.Option(False, "--json", help="Print JSON (stable schema) instea
 
 def _registry(path: Optional[Path], create: bool = False):
     """The registry; only submit creates it (reading commands create nothing)."""
-    from hpcrl.registry import Registry
+    from hpcrl.jobs.registry import Registry
 
     return Registry(path, create=create)
 
 
 def _none_yet(path: Optional[Path], as_json: bool) -> bool:
     """Say there are no runs when no registry exists yet (without making one); False if one exists."""
-    from hpcrl.registry import default_path
+    from hpcrl.jobs.registry import default_path
 
     where = default_path(path)
     if where.exists():

@@ -417,7 +417,7 @@ def test_registry_damage_unit_repair_keeps_readable_rows(tmp_path):
     """Without Slurm: a registry with one noisy page is refused on open and repaired."""
     from hpcrl.errors import RegistryError
     from hpcrl.jobs.registry import Registry
-    from hpcrl.registry_repair import repair
+    from hpcrl.jobs.registry_repair import repair
 
     env = {"env": {"HPCRL_REGISTRY": str(tmp_path / "runs.db")}}
     path = _registry_with_runs(env, 400)

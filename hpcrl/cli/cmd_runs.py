@@ -118,7 +118,7 @@ def runs_cmd(
 ) -> None:
     """List recorded runs from the registry (no Slurm query; `hpcrl status` refreshes)."""
     if repair:
-        from hpcrl.registry_repair import repair as repair_registry
+        from hpcrl.jobs.registry_repair import repair as repair_registry
 
         done = repair_registry(registry)
         if as_json:

@@ -22,7 +22,7 @@ from typing import NamedTuple
 from hpcrl.errors import ConfigError, HpcrlError, SlurmError
 from hpcrl.jobs import slurm
 from hpcrl.jobs.registry import Job, Registry, Run, dir_identity, now
-from hpcrl.run_dir import JobEvents, RunDir, read_chain, run_dir_problem
+from hpcrl.jobs.run_dir import JobEvents, RunDir, read_chain, run_dir_problem
 from hpcrl.shell import path_problem
 
 SUBMIT_STALE_S = 600  # a run still `submitting` after this long lost its submitting process

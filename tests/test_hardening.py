@@ -35,7 +35,7 @@ from test_lifecycle import (  # noqa: F401 - env is a fixture
     submit,
     wait_status,
 )
-from hpcrl.run_dir import RunDir, read_chain
+from hpcrl.jobs.run_dir import RunDir, read_chain
 
 OTHER_USER = "hpcrl-other"
 

@@ -94,7 +94,7 @@ def _runs_table(runs, title: str):
 def _run_json(r) -> dict:
     from hpcrl.lifecycle import RunDir
 
-    from hpcrl.run_dir import read_chain
+    from hpcrl.jobs.run_dir import read_chain
 
     d = r.to_dict()
     rd = RunDir(r.run_dir)

@@ -53,7 +53,7 @@ def diagnose_cmd(
             breaker = None
     text = path.read_text(errors="replace")
     if log.is_dir():  # and the Ray logs the newest job kept per node (a raylet's OOM kill, a GCS crash)
-        from hpcrl.run_dir import RunDir, kept_ray_logs
+        from hpcrl.jobs.run_dir import RunDir, kept_ray_logs
 
         for name, tail in kept_ray_logs(RunDir(log)):
             text += f"\n==> {name} <==\n{tail}\n"

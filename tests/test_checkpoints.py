@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from hpcrl.errors import HpcrlError
+from hpcrl.jobs.run_lookup import find_run_dir
 from hpcrl.logs.checkpoints import apply_prune, find_checkpoints, plan_prune
-from hpcrl.run_lookup import find_run_dir
 
 OLD = time.time() - 3 * 3600  # settled three hours ago
 

@@ -14,7 +14,7 @@ _STATE_STYLE = {"completed": "green", "timeout": "yellow", "preempted": "yellow"
 
 
 def _resolve(run: str, registry: Optional[Path]) -> tuple[Path, dict | None]:
-    from hpcrl.run_lookup import find_run_dir
+    from hpcrl.jobs.run_lookup import find_run_dir
 
     path, row = find_run_dir(run, registry)
     return path, row.to_dict() if row else None

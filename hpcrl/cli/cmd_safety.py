@@ -129,8 +129,8 @@ def checkpoints_list(
     """Checkpoints of a run: kind, step, size, whether complete, age."""
     import time  # noqa: PLC0415
 
+    from hpcrl.jobs.run_lookup import find_run_dir  # noqa: PLC0415
     from hpcrl.logs.checkpoints import find_checkpoints  # noqa: PLC0415
-    from hpcrl.run_lookup import find_run_dir  # noqa: PLC0415
 
     run_dir = find_run_dir(run, require_hpcrl=False)[0]
     now = time.time()
@@ -163,8 +163,8 @@ def checkpoints_prune(
     """Delete old checkpoints (dry run unless --yes); never the newest, an incomplete or a recent one."""
     import time  # noqa: PLC0415
 
+    from hpcrl.jobs.run_lookup import find_run_dir  # noqa: PLC0415
     from hpcrl.logs.checkpoints import apply_prune, find_checkpoints, plan_prune  # noqa: PLC0415
-    from hpcrl.run_lookup import find_run_dir  # noqa: PLC0415
 
     run_dir = find_run_dir(run, require_hpcrl=False)[0]
     now = time.time()

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcrl.lifecycle import RunDir, read_chain
+from hpcrl.jobs.lifecycle import RunDir, read_chain
 
 NO_SBATCH = ("hpcrl needs a Slurm login node (sbatch not found on PATH) "
              "— or the local dev cluster: scripts/dev-slurm up")

@@ -52,8 +52,8 @@ def submit_cmd(
     as_json: bool = JSON_OPT,
 ) -> None:
     """Render (or take SCRIPT), write the run dir, sbatch it and record the run."""
-    from hpcrl import lifecycle
     from hpcrl.errors import HpcrlError
+    from hpcrl.jobs import lifecycle
 
     if script is not None and (config or sets or pins or nodes or gpus or smoke):
         raise HpcrlError("give either a rendered SCRIPT or --config/--set/--pin/--nodes/--gpus/--smoke, not both")
@@ -92,7 +92,7 @@ def _runs_table(runs, title: str):
 
 
 def _run_json(r) -> dict:
-    from hpcrl.lifecycle import RunDir
+    from hpcrl.jobs.lifecycle import RunDir
 
     from hpcrl.jobs.run_dir import read_chain
 
@@ -151,7 +151,7 @@ def status_cmd(
     as_json: bool = JSON_OPT,
 ) -> None:
     """Refresh run states (one batched Slurm query, following the job chain) and show them."""
-    from hpcrl import lifecycle
+    from hpcrl.jobs import lifecycle
 
     if not run and _none_yet(registry, as_json):
         return
@@ -194,7 +194,7 @@ def logs_cmd(
     registry: Optional[Path] = REGISTRY_OPT,
 ) -> None:
     """Print the log of every job of the run in order (job headers go to stderr)."""
-    from hpcrl import lifecycle
+    from hpcrl.jobs import lifecycle
 
     from hpcrl.errors import HpcrlError
 
@@ -224,7 +224,7 @@ def cancel_cmd(
     registry: Optional[Path] = REGISTRY_OPT,
 ) -> None:
     """Stop a run: write its cancel marker (no continuation), then scancel its live jobs."""
-    from hpcrl import lifecycle
+    from hpcrl.jobs import lifecycle
 
     reg = _registry(registry)
     r = lifecycle.cancel(reg, reg.find(run))

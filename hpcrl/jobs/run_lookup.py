@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hpcrl import lifecycle
 from hpcrl.errors import HpcrlError, RegistryError, SlurmError
+from hpcrl.jobs import lifecycle
 from hpcrl.jobs.registry import Registry, Run, default_path
 
 

@@ -4,7 +4,7 @@ The probe (hpcrl/runtime/preflight_probe.py) runs once on every node, checks tha
 then joins the collective check (hpcrl/runtime/preflight_collective.py) with the others;
 this module builds what they need from the profile and run config, submits the job, waits,
 turns the reports into verdicts (hpcrl/preflight_checks.py, hpcrl/preflight_fabric.py) and,
-with --write-exclude, adds the failing nodes to the cluster's exclude list (hpcrl/node_excludes.py).
+with --write-exclude, adds the failing nodes to the cluster's exclude list (hpcrl/jobs/node_excludes.py).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hpcrl import node_excludes
 from hpcrl.errors import HpcrlError, SlurmError
+from hpcrl.jobs import node_excludes
 from hpcrl.jobs import slurm
 from hpcrl.preflight_checks import Check, Target, cuda_check, evaluate, ray_check
 from hpcrl.profiles import resolve_profile

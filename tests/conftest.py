@@ -45,7 +45,7 @@ def _run(args: list[str], timeout: float = 30) -> subprocess.CompletedProcess[st
 
 @pytest.fixture(autouse=True, scope="session")
 def _private_hpcrl_data_dir(tmp_path_factory):
-    """Tests never read or write the user's own exclude lists (hpcrl/node_excludes.py)."""
+    """Tests never read or write the user's own exclude lists (hpcrl/jobs/node_excludes.py)."""
     old = os.environ.get("HPCRL_DATA_DIR")
     os.environ["HPCRL_DATA_DIR"] = str(tmp_path_factory.mktemp("hpcrl-data"))
     yield

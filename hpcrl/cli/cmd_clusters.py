@@ -177,7 +177,7 @@ def exclude(
     from rich.table import Table
     from rich.text import Text
 
-    from hpcrl import node_excludes
+    from hpcrl.jobs import node_excludes
     from hpcrl.profiles import resolve_profile
 
     name = resolve_profile(cluster).name if cluster else None

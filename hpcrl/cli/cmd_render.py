@@ -46,7 +46,7 @@ def render_cmd(
     allow_over_limit: bool = typer.Option(False, "--allow-over-limit", help="Warn instead of failing past partition limits"),
 ) -> None:
     """Render the sbatch script: Ray across the job's nodes, then grpo_fast.py (or --smoke)."""
-    from hpcrl import node_excludes
+    from hpcrl.jobs import node_excludes
     from hpcrl.planning.disk_check import check_run_disk
     from hpcrl.planning.run_plan import make_run_plan
     from hpcrl.rendering.render import render_script

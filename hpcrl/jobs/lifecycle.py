@@ -82,7 +82,7 @@ def from_config(config: str | None, *, nodes: int | None = None, cluster: str | 
         from hpcrl.rendering import render
     except ImportError:
         raise HpcrlError("this hpcrl has no renderer (hpcrl/rendering/render.py); pass an already rendered SCRIPT") from None
-    from hpcrl import node_excludes
+    from hpcrl.jobs import node_excludes
 
     rp = node_excludes.apply(make_run_plan(config, nodes=nodes, cluster=cluster, sets=sets, pins=pins, gpus=gpus))
     if not smoke:

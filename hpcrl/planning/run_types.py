@@ -145,7 +145,7 @@ class RunPlan:
     # Values the backend planned beyond the layout (framework key -> value).
     choices: tuple[tuple[str, Any], ...] = ()
     cadence: Cadence | None = None  # checkpoint interval and time-limit warning (hpcrl/planning/cadence.py)
-    # The user's per-cluster exclude list (hpcrl/node_excludes.py), added by render/submit, not by planning.
+    # The user's per-cluster exclude list (hpcrl/jobs/node_excludes.py), added by render/submit, not by planning.
     user_exclude: tuple[str, ...] = ()
     user_exclude_file: str | None = None
 

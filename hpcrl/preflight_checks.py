@@ -1,6 +1,6 @@
 """Preflight's verdicts: one node's probe report against the profile and plan, as rows of
 (check, status, detail). Status is ok, warn, fail or info; only `fail` makes preflight exit 1.
-Pure: numbers in, rows out (hpcrl/preflight.py runs the probe).
+Pure: numbers in, rows out (hpcrl/jobs/preflight.py runs the probe).
 """
 
 from __future__ import annotations

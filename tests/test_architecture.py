@@ -15,7 +15,7 @@ PKG = Path(__file__).resolve().parents[1] / "hpcrl"
 PURE = ["models", "memory", "layout.py", "layout_colocated.py", "config.py", "run_plan.py", "render.py", "shell.py",
         "disk.py", "disk_budget.py", "disk_backends.py", "disk_check.py", "diagnose.py", "diagnose_context.py", "diagnose_fixes.py", "driver_cmdline.py", "driver_log.py", "report_markdown.py", "profiles.py", "planning/backends", "resources.py", "errors.py", "yamlfile.py"]
 # What a pure module may not import: processes, Slurm, the registry, the CLI.
-FORBIDDEN = {"subprocess", "hpcrl.jobs.slurm", "hpcrl.jobs.registry", "hpcrl.jobs.lifecycle", "hpcrl.preflight",
+FORBIDDEN = {"subprocess", "hpcrl.jobs.slurm", "hpcrl.jobs.registry", "hpcrl.jobs.lifecycle", "hpcrl.jobs.preflight",
              "hpcrl.cli", "hpcrl.runtime", "sqlite3", "submitit", "pynvml"}
 HEAVY = {"torch", "ray", "vllm", "deepspeed", "transformers", "matplotlib"}
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcrl.preflight import Target, evaluate
+from hpcrl.jobs.preflight import Target, evaluate
 from hpcrl.profiles import load_profile_file
 
 PROFILE = """\

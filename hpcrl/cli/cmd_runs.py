@@ -248,7 +248,7 @@ def preflight_cmd(
 ) -> None:
     """Check N compute nodes in one job (submitit): GPUs and their health, disks, model, imports,
     then an all-reduce and all-gather across them; name the bad nodes."""
-    from hpcrl import preflight
+    from hpcrl.jobs import preflight
 
     out = preflight.preflight(cluster, partition, config, nodes=nodes, folder=folder, wait_s=wait,
                               write_exclude=write_exclude)

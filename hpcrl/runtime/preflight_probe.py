@@ -171,7 +171,7 @@ def collective(spec: dict, timeout: float) -> dict:
 
 
 def probe(spec: dict) -> dict:
-    """Everything preflight checks on this node; `spec` says where to look (see hpcrl.preflight)."""
+    """Everything preflight checks on this node; `spec` says where to look (see hpcrl.jobs.preflight)."""
     for key, value in (spec.get("env") or {}).items():
         os.environ.setdefault(key, os.path.expandvars(str(value)))
     report = {
@@ -199,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
                                 "the training stack's imports on this node. `hpcrl preflight` submits it through "
                                 "submitit; run by hand on a node, it prints the same report as JSON.")
     p.add_argument("--spec", default="{}", help="JSON object of where to look: node_local, run_root, model, hf_home, "
-                   "python, env_setup, workdir, modules, env (see hpcrl/preflight.py); default {}")
+                   "python, env_setup, workdir, modules, env (see hpcrl/jobs/preflight.py); default {}")
     a = p.parse_args(argv)
     try:
         spec = json.loads(a.spec)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import statistics
 
-from hpcrl.preflight_checks import Check, Target, evaluate
+from hpcrl.jobs.preflight_checks import Check, Target, evaluate
 
 BUSBW_FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n}
 # A node whose ring receive rate is under this share of the median is named slow (warn).

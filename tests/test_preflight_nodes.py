@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcrl.preflight_checks import Check, gemm_check, gpu_health
+from hpcrl.jobs.preflight_checks import Check, gemm_check, gpu_health
 from hpcrl.preflight_fabric import bus_bandwidth, collective_summary
 from hpcrl.profiles import load_profile
 
@@ -173,7 +173,7 @@ def assert_documented(out: dict) -> None:
 
 
 def test_json_keys_are_documented():
-    from hpcrl.preflight_checks import Target
+    from hpcrl.jobs.preflight_checks import Target
     from hpcrl.preflight_fabric import summarize
 
     out = summarize([], Target(load_profile("local-dev"), "debug", None, None, {}, None, ()), ["task 0: x"], "1")

@@ -3,7 +3,7 @@
 The probe (hpcrl/runtime/preflight_probe.py) runs once on every node, checks that node and
 then joins the collective check (hpcrl/runtime/preflight_collective.py) with the others;
 this module builds what they need from the profile and run config, submits the job, waits,
-turns the reports into verdicts (hpcrl/preflight_checks.py, hpcrl/preflight_fabric.py) and,
+turns the reports into verdicts (hpcrl/jobs/preflight_checks.py, hpcrl/preflight_fabric.py) and,
 with --write-exclude, adds the failing nodes to the cluster's exclude list (hpcrl/jobs/node_excludes.py).
 """
 
@@ -19,7 +19,7 @@ from typing import Any
 from hpcrl.errors import HpcrlError, SlurmError
 from hpcrl.jobs import node_excludes
 from hpcrl.jobs import slurm
-from hpcrl.preflight_checks import Check, Target, cuda_check, evaluate, ray_check
+from hpcrl.jobs.preflight_checks import Check, Target, cuda_check, evaluate, ray_check
 from hpcrl.profiles import resolve_profile
 
 # Message sizes of the collective: NCCL on GPUs as nccl-tests' mid range; the TCP ring and

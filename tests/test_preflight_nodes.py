@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from hpcrl.jobs.preflight_checks import Check, gemm_check, gpu_health
-from hpcrl.preflight_fabric import bus_bandwidth, collective_summary
+from hpcrl.jobs.preflight_fabric import bus_bandwidth, collective_summary
 from hpcrl.profiles import load_profile
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -174,7 +174,7 @@ def assert_documented(out: dict) -> None:
 
 def test_json_keys_are_documented():
     from hpcrl.jobs.preflight_checks import Target
-    from hpcrl.preflight_fabric import summarize
+    from hpcrl.jobs.preflight_fabric import summarize
 
     out = summarize([], Target(load_profile("local-dev"), "debug", None, None, {}, None, ()), ["task 0: x"], "1")
     first = {"method": "tcp-ring", "world": 2, "nodes": ["a", "b"], "verified": True, "error": None,

@@ -3,7 +3,7 @@
 The probe (hpcrl/runtime/preflight_probe.py) runs once on every node, checks that node and
 then joins the collective check (hpcrl/runtime/preflight_collective.py) with the others;
 this module builds what they need from the profile and run config, submits the job, waits,
-turns the reports into verdicts (hpcrl/jobs/preflight_checks.py, hpcrl/preflight_fabric.py) and,
+turns the reports into verdicts (hpcrl/jobs/preflight_checks.py, hpcrl/jobs/preflight_fabric.py) and,
 with --write-exclude, adds the failing nodes to the cluster's exclude list (hpcrl/jobs/node_excludes.py).
 """
 
@@ -190,7 +190,7 @@ def preflight(cluster: str | None = None, partition: str | None = None, config: 
               nodes: int = 1, folder: str | None = None, wait_s: float = 900, write_exclude: bool = False) -> dict:
     """`hpcrl preflight`: run the job, judge every node and the collective, and with write_exclude
     add the failing nodes to the cluster's exclude list. Returns the --json object."""
-    from hpcrl.preflight_fabric import summarize
+    from hpcrl.jobs.preflight_fabric import summarize
 
     t = target(cluster, partition, config)
     reports, lost, job_id = run_probe(t, nodes=nodes, folder=folder, wait_s=wait_s)

@@ -1,4 +1,6 @@
-"""Layering: pure planning/rendering never imports side effects; the CLI starts light."""
+"""Layering: the tree is the architecture. Pure planning/rendering never imports side effects,
+layers import only the layers below them, nothing imports in a circle, the CLI starts light,
+and the in-job runtime needs only the standard library."""
 
 from __future__ import annotations
 
@@ -11,23 +13,46 @@ import pytest
 
 PKG = Path(__file__).resolve().parents[1] / "hpcrl"
 
-# Pure layers: numbers in, numbers/text out.
-PURE = ["models", "memory", "layout.py", "layout_colocated.py", "config.py", "run_plan.py", "render.py", "shell.py",
-        "disk.py", "disk_budget.py", "disk_backends.py", "disk_check.py", "diagnose.py", "diagnose_context.py", "diagnose_fixes.py", "driver_cmdline.py", "driver_log.py", "report_markdown.py", "profiles.py", "planning/backends", "resources.py", "errors.py", "yamlfile.py"]
-# What a pure module may not import: processes, Slurm, the registry, the CLI.
-FORBIDDEN = {"subprocess", "hpcrl.jobs.slurm", "hpcrl.jobs.registry", "hpcrl.jobs.lifecycle", "hpcrl.jobs.preflight",
-             "hpcrl.cli", "hpcrl.runtime", "sqlite3", "submitit", "pynvml"}
+# hpcrl/'s own top-level modules: what every layer may use (plus __main__, which runs the CLI).
+FOUNDATION = {"__init__", "errors", "resources", "yamlfile", "shell", "profiles"}
+MAX_TOP_LEVEL_MODULES = 8
+# Each subpackage and what it may import besides the foundation: the layers of README's layout.
+MAY_IMPORT = {
+    "models": set(),
+    "memory": {"models"},
+    "planning": {"models", "memory"},  # the run config, the backends, layouts, disk, cadence
+    "rendering": {"models", "memory", "planning"},  # plan in, script text out
+    "logs": {"models", "memory", "planning"},  # driver logs, checkpoints, diagnose, report
+    "runtime": {"logs"},  # in the job: the standard library and the driver-log parser
+    "jobs": {"models", "memory", "planning", "rendering", "logs", "runtime"},  # Slurm, registry, submit, preflight
+    "cli": {"models", "memory", "planning", "rendering", "logs", "runtime", "jobs"},
+    "__main__": {"cli"},
+}
+
+# Pure layers: numbers in, numbers/text out (plots.py imports matplotlib, an optional extra, when asked).
+PURE = ["models", "memory", "planning", "rendering", *sorted(
+    f"logs/{p.name}" for p in (PKG / "logs").glob("*.py") if p.name != "plots.py"),
+    *sorted(f"{name}.py" for name in FOUNDATION)]
+# What a pure module may not import: processes, Slurm, the registry (the jobs layer), the CLI.
+FORBIDDEN = {"subprocess", "hpcrl.jobs", "hpcrl.cli", "hpcrl.runtime", "sqlite3", "submitit", "pynvml"}
 HEAVY = {"torch", "ray", "vllm", "deepspeed", "transformers", "matplotlib"}
+# In-job tools the scripts run as `python3 -m hpcrl.runtime.X` where only the standard library may
+# be installed (gpumon needs nvidia-ml-py and says so).
+STDLIB_RUNTIME = ["classify", "preflight_collective", "preflight_gpu", "preflight_probe", "smoke", "wait_http",
+                  "watchdog"]
 
 
 def _modules(entry: str) -> list[Path]:
     path = PKG / entry
     if path.is_dir():
         return sorted(path.rglob("*.py"))
-    return [path] if path.exists() else []
+    assert path.exists(), f"{entry} is named in this test but not in hpcrl/"
+    return [path]
 
 
 def _imports(path: Path) -> set[str]:
+    """Every absolute import in a file: at the top, inside functions, under TYPE_CHECKING.
+    `from a.b import c` gives a.b and a.b.c (c may be a module)."""
     tree = ast.parse(path.read_text())
     names = set()
     for node in ast.walk(tree):
@@ -35,7 +60,85 @@ def _imports(path: Path) -> set[str]:
             names.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             names.add(node.module)
+            names.update(f"{node.module}.{a.name}" for a in node.names)
     return names
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PKG.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {_module_name(p): p for p in PKG.rglob("*.py")}
+
+
+def _graph() -> dict[str, set[str]]:
+    """hpcrl module -> the hpcrl modules it imports (a name resolves to its longest module prefix)."""
+    graph = {}
+    for name, path in MODULES.items():
+        deps = set()
+        for imported in _imports(path):
+            while imported and imported not in MODULES:
+                imported = imported.rpartition(".")[0]
+            if imported and imported != name:
+                deps.add(imported)
+        graph[name] = deps
+    return graph
+
+
+def _unit(module: str) -> str:
+    """The top-level unit of hpcrl a module belongs to: a subpackage, or a top-level module."""
+    parts = module.split(".")
+    return "__init__" if len(parts) == 1 else parts[1]
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one node (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def _unit_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    units: dict[str, set[str]] = {}
+    for module, deps in graph.items():
+        units.setdefault(_unit(module), set()).update(_unit(d) for d in deps if _unit(d) != _unit(module))
+    return units
 
 
 @pytest.mark.parametrize("path", [p for e in PURE for p in _modules(e)], ids=lambda p: str(p.relative_to(PKG)))
@@ -47,8 +150,65 @@ def test_pure_module_has_no_side_effect_imports(path):
 def test_forbidden_detection_works(tmp_path):
     """The walker really sees imports (guards against a test that cannot fail)."""
     f = tmp_path / "m.py"
-    f.write_text("import subprocess\nfrom hpcrl.jobs.slurm import submit\n")
-    assert {"subprocess", "hpcrl.jobs.slurm"} <= _imports(f)
+    f.write_text("import subprocess\nfrom hpcrl.jobs.slurm import submit\n"
+                 "def f():\n    from hpcrl.jobs import registry\n")
+    assert {"subprocess", "hpcrl.jobs.slurm", "hpcrl.jobs.registry"} <= _imports(f)
+
+
+def test_few_top_level_modules():
+    top = sorted(p.name for p in PKG.glob("*.py"))
+    assert len(top) <= MAX_TOP_LEVEL_MODULES, f"{len(top)} modules at the top of hpcrl/: {top}"
+    assert {p.stem for p in PKG.glob("*.py")} == FOUNDATION | {"__main__"}, "a new top-level module: put it in a layer"
+
+
+def test_every_subpackage_is_a_known_layer():
+    packages = {p.parent.name for p in PKG.glob("*/__init__.py")}
+    assert packages == set(MAY_IMPORT) - {"__main__"}
+
+
+def test_layers_import_only_layers_below():
+    graph = _graph()
+    bad = []
+    for module, deps in sorted(graph.items()):
+        unit = _unit(module)
+        allowed = FOUNDATION | {unit} | (set() if unit in FOUNDATION else MAY_IMPORT[unit])
+        bad += [f"{module} imports {d}" for d in sorted(deps) if _unit(d) not in allowed]
+    assert not bad, "\n".join(bad)
+
+
+def test_no_import_cycle_between_subpackages():
+    """Units are hpcrl's subpackages and its top-level modules; every import counts (lazy ones,
+    TYPE_CHECKING ones)."""
+    cycles = _cycles(_unit_graph(_graph()))
+    assert not cycles, f"import cycles between parts of hpcrl: {cycles}"
+
+
+def test_no_import_cycle_between_modules():
+    """The same, module by module: the run config's types sit below the backends that read them,
+    and the backends are found by name (hpcrl/planning/backends/__init__.py)."""
+    cycles = _cycles(_graph())
+    assert not cycles, f"import cycles between modules: {cycles}"
+
+
+def test_cycle_detection_works():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+    graph = {"hpcrl.planning.x": {"hpcrl.rendering.y"}, "hpcrl.rendering.y": {"hpcrl.planning.z"},
+             "hpcrl.planning.z": set()}
+    assert _cycles(graph) == []
+    assert _cycles(_unit_graph(graph)) == [["planning", "rendering"]]
+
+
+@pytest.mark.parametrize("tool", STDLIB_RUNTIME)
+def test_runtime_tool_imports_only_the_standard_library(tool):
+    code = (
+        f"import sys; import hpcrl.runtime.{tool}; "
+        "extra = sorted({m.split('.')[0] for m in sys.modules} - set(sys.stdlib_module_names) - {'hpcrl', '__main__'}); "
+        "print(extra); sys.exit(1 if extra else 0)"
+    )
+    out = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, timeout=60,
+                         cwd=PKG.parent)
+    assert out.returncode == 0, out.stdout + out.stderr
 
 
 def test_cli_start_imports_no_heavy_framework():

@@ -94,6 +94,20 @@ def test_partial_node_request(rendered, gpus):
     assert "--reward-key avg_reward --loss-key loss --loss-key policy_loss --loss-key value_loss --" in text
 
 
+def test_isambard_partial_node_is_one_superchip_per_gpu():
+    """Isambard-AI hands out a superchip per GPU (72 cores, ~115 GiB): cores asked, memory left to
+    the site, no --mem=0 (the whole-node setting) and no --exclusive; host RAM planned as 115 GiB."""
+    res = hpcrl("render", "--config", CONFIG, "--cluster", "isambard-ai", "--gpus", "1", "--set", 'hpcrl.time="24:00:00"')
+    assert res.returncode == 0, res.stderr
+    opts = sbatch_lines(res.stdout)
+    assert "--nodes=1" in opts and "--gpus-per-node=1" in opts and "--cpus-per-gpu=72" in opts
+    assert not [o for o in opts if o.startswith(("--mem", "--exclusive"))], opts
+    res = hpcrl("plan-memory", "--config", CONFIG, "--cluster", "isambard-ai", "--gpus", "1", "--learner-gpus", "1",
+                "--json")
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout)["host"]["ram_gib"] == 115
+
+
 def test_ray_backend_on_part_of_a_node_still_brings_up_ray(tmp_path, shellcheck):
     res = hpcrl("render", "--config", "verl-grpo-qwen2.5-7b", "--cluster", "berzelius:fat", "--gpus", "4", "--nodes", "1")
     assert res.returncode == 0, res.stderr

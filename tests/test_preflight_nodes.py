@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import submit, wait_for_state
 from hpcrl.jobs.preflight_checks import Check, gemm_check, gpu_health
 from hpcrl.jobs.preflight_fabric import bus_bandwidth, collective_summary
 from hpcrl.profiles import load_profile
@@ -176,9 +177,48 @@ def test_json_keys_are_documented():
     from hpcrl.jobs.preflight_checks import Target
     from hpcrl.jobs.preflight_fabric import summarize
 
-    out = summarize([], Target(load_profile("local-dev"), "debug", None, None, {}, None, ()), ["task 0: x"], "1")
+    out = summarize([], Target(load_profile("local-dev"), "debug", None, None, {}, None, ()),
+                    [{"task": 0, "node": None, "why": "x"}], "1")
     first = {"method": "tcp-ring", "world": 2, "nodes": ["a", "b"], "verified": True, "error": None,
              "results": [{"op": "all_reduce", "bytes": 2, "time_s": 1.0}],
              "p2p": [{"node": "a", "rank": 0, "from_node": "b", "bytes": 2, "gbs": 1.0}]}
     out["collective"] = collective_summary(first, ["a", "b"])
     assert_documented(out)
+
+
+def test_a_task_without_a_report_names_its_node_when_another_reported():
+    """The probe of task 1 died (its node named by Slurm's node list): that node fails and goes on
+    the exclude list's candidates; when no task reported at all, the job failed, not a node."""
+    from hpcrl.jobs.preflight_checks import Target
+    from hpcrl.jobs.preflight_fabric import summarize
+    from hpcrl.runtime.preflight_probe import probe
+
+    t = Target(load_profile("local-dev"), "debug", None, None, {}, None, ())
+    report = dict(probe({}), node="n1")  # a real report, taken on this machine
+    out = summarize([report], t, [{"task": 1, "node": "n2", "why": "killed by signal 9"}], "5")
+    assert "n2" in out["failing_nodes"] and not out["ok"]
+    assert {"node": "n2", "status": "fail", "why": "the probe did not report: killed by signal 9"} in out["nodes"]
+    none = summarize([], t, [{"task": 0, "node": "n1", "why": "x"}, {"task": 1, "node": None, "why": "y"}], "5")
+    assert none["failing_nodes"] == [] and not none["ok"]
+    assert [n["node"] for n in none["nodes"]] == ["n1", "task 1"]
+
+
+def test_job_nodes_is_the_task_order(slurm, tmp_path):
+    """slurm.job_nodes lists a job's nodes in the order its tasks (one per node) land on them,
+    which is how preflight names the node of a task that gave no report."""
+    from hpcrl.jobs import slurm as hslurm
+
+    if len(slurm.nodes) < 3:
+        pytest.skip("needs 3 nodes (scripts/dev-slurm)")
+    script = tmp_path / "order.sh"
+    script.write_text("#!/bin/bash\n#SBATCH --nodes=3\n#SBATCH --ntasks-per-node=1\n#SBATCH --time=00:02:00\n"
+                      f"#SBATCH --output={tmp_path}/order-%j.out\n"
+                      "srun bash -c 'echo task=$SLURM_PROCID node=$SLURMD_NODENAME'\nsleep 5\n")
+    job = submit(script, "--nodelist=n4,n2,n3")
+    wait_for_state(job, {"RUNNING", "COMPLETED"}, 120)
+    names = hslurm.job_nodes(job)
+    wait_for_state(job, {"COMPLETED"}, 120)
+    out = (tmp_path / f"order-{job}.out").read_text()
+    tasks = dict(re.findall(r"^task=(\d+) node=(\S+)$", out, re.M))
+    assert names == [tasks[str(i)] for i in range(3)] and sorted(names) == ["n2", "n3", "n4"], (names, out)
+    assert hslurm.job_nodes("999999999") == []

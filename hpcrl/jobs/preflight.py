@@ -112,7 +112,8 @@ def _folder(explicit: str | None, t: Target) -> Path:
 def run_probe(t: Target, *, nodes: int = 1, folder: str | None = None, wait_s: float = 900,
               time_min: int = 15) -> tuple[list[dict], list[str], str]:
     """Submit the probe to `nodes` nodes (one task each) with submitit; returns the reports,
-    the tasks that gave none, and the job id."""
+    the tasks that gave none ({"task", "node" (None when Slurm no longer says), "why"}), and the
+    job id."""
     try:
         import cloudpickle
         import submitit
@@ -161,7 +162,13 @@ def run_probe(t: Target, *, nodes: int = 1, folder: str | None = None, wait_s: f
         try:
             reports.append(tk.result())
         except Exception as exc:
-            lost.append(f"task {i}: {str(exc).strip().splitlines()[-1][:200]} (see {tk.paths.stderr})")
+            lost.append({"task": i, "node": None,
+                         "why": f"{str(exc).strip().splitlines()[-1][:200]} (see {tk.paths.stderr})"})
+    if lost:  # one task per node: task i ran on the job's i-th node
+        names = slurm.job_nodes(job.job_id)
+        for entry in lost:
+            if len(names) == nodes:
+                entry["node"] = names[entry["task"]]
     if not folder and not lost:  # our own scratch folder: its logs matter only when something failed
         shutil.rmtree(where, ignore_errors=True)
     return reports, lost, job.job_id

@@ -84,7 +84,7 @@ def node_verdict(rows: list[Check]) -> tuple[str, str]:
     return worst, "; ".join(why)
 
 
-def summarize(reports: list[dict], t: Target, lost: list[str], job_id: str | None = None) -> dict:
+def summarize(reports: list[dict], t: Target, lost: list[dict], job_id: str | None = None) -> dict:
     """Every node's rows and verdict, the collective, and the nodes that failed (the --json object)."""
     firsts = [r["collective"] for r in reports if (r.get("collective") or {}).get("role") == "first"]
     node_names = [r.get("node", "?") for r in reports]
@@ -101,10 +101,15 @@ def summarize(reports: list[dict], t: Target, lost: list[str], job_id: str | Non
         status, why = node_verdict(rows)
         nodes.append({"node": name, "status": status, "why": why})
         checks += [dict(c._asdict(), node=name) for c in rows]
-    for what in lost:
-        nodes.append({"node": what, "status": "fail", "why": "the probe did not report (see the job's log)"})
-        checks.append(dict(Check("probe", "fail", "no report")._asdict(), node=what))
-    failing = [n["node"] for n in nodes if n["status"] == "fail" and n["node"] not in lost]
+    failing = [n["node"] for n in nodes if n["status"] == "fail"]
+    # A task that gave no report: its node fails, and counts as a failing node (exclude list) when
+    # Slurm named it and another node did report (when none did, the job, not a node, failed).
+    for entry in lost:
+        name = entry["node"] or f"task {entry['task']}"
+        nodes.append({"node": name, "status": "fail", "why": f"the probe did not report: {entry['why']}"})
+        checks.append(dict(Check("probe", "fail", f"no report: {entry['why']}")._asdict(), node=name))
+        if entry["node"] and reports:
+            failing.append(name)
     coll_fail = any(c["status"] == "fail" for c in coll["checks"])
     return {"cluster": t.profile.name, "partition": t.partition, "job_id": job_id, "nodes_requested": len(reports) + len(lost),
             "ok": not failing and not lost and not coll_fail, "nodes": nodes, "collective": coll,

@@ -192,7 +192,26 @@ def job_states(job_ids: Iterable[str]) -> dict[str, JobState]:
     return {j: found[j] for j in ids}
 
 
+
+def job_nodes(job_id: str) -> list[str]:
+    """The hostnames of a job's nodes in Slurm's order (with one task per node, task i runs on
+    the i-th: Slurm's default block distribution). Empty when Slurm no longer knows the job."""
+    res = _run(["scontrol", "-o", "show", "job", str(job_id)], check=False)
+    nodelist = ""
+    for token in res.stdout.split() if res.returncode == 0 else []:
+        if token.startswith("NodeList="):
+            nodelist = token.partition("=")[2]
+            break
+    if (not nodelist or nodelist == "(null)") and accounting_enabled():
+        res = _run(["sacct", "-X", "-P", "-n", "-j", str(job_id), "--format=NodeList"], check=False)
+        nodelist = res.stdout.strip().splitlines()[0] if res.returncode == 0 and res.stdout.strip() else ""
+    if not nodelist or nodelist in ("(null)", "None assigned"):
+        return []
+    res = _run(["scontrol", "show", "hostnames", nodelist], check=False)
+    return res.stdout.split() if res.returncode == 0 else []
+
+
 __all__ = [
     "JobState", "LIVE_STATES", "PENDING_STATES", "RUNNING_STATES", "TERMINAL_STATES", "UNKNOWN",
-    "accounting_enabled", "cancel", "job_states", "require", "submit",
+    "accounting_enabled", "cancel", "job_nodes", "job_states", "require", "submit",
 ]

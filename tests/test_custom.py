@@ -108,6 +108,19 @@ def test_isambard_partial_node_is_one_superchip_per_gpu():
     assert json.loads(res.stdout)["host"]["ram_gib"] == 115
 
 
+def test_submit_takes_gpus_too(tmp_path, monkeypatch):
+    """`hpcrl submit --gpus 1 --dry-run` records the run and writes the same partial-node request
+    render gives (nothing goes to Slurm)."""
+    monkeypatch.setenv("HPCRL_REGISTRY", str(tmp_path / "reg.db"))
+    res = hpcrl("submit", "--config", str(REPO / CONFIG), "--cluster", "local-dev", "--gpus", "1", "--set",
+                f"hpcrl.run_root={tmp_path / 'runs'}", "--set", 'hpcrl.time="00:10:00"', "--dry-run", "--json",
+                cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    opts = sbatch_lines(Path(json.loads(res.stdout)["script"]).read_text())
+    assert "--nodes=1" in opts and "--gpus-per-node=1" in opts and "--cpus-per-gpu=1" in opts
+    assert "--exclusive" not in opts, opts
+
+
 def test_ray_backend_on_part_of_a_node_still_brings_up_ray(tmp_path, shellcheck):
     res = hpcrl("render", "--config", "verl-grpo-qwen2.5-7b", "--cluster", "berzelius:fat", "--gpus", "4", "--nodes", "1")
     assert res.returncode == 0, res.stderr

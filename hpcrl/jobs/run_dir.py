@@ -85,16 +85,10 @@ class JobEvents(NamedTuple):
 
 def read_chain(run_dir: RunDir) -> dict[str, JobEvents]:
     """jobs.tsv -> events per job id; malformed lines (a torn last line) are skipped."""
+    from hpcrl.logs.report import failure_detail, read_events
+
     out: dict[str, JobEvents] = {}
-    try:
-        lines = run_dir.jobs_tsv.read_text().splitlines()
-    except FileNotFoundError:
-        return out
-    for line in lines:
-        parts = line.split("\t")
-        if len(parts) != 4:
-            continue
-        job, event, stamp, detail = (p.strip() for p in parts)
+    for job, event, stamp, detail in read_events(run_dir.jobs_tsv):
         ev = out.get(job, JobEvents())
         if event == "start":
             ev = ev._replace(start=detail)
@@ -105,8 +99,8 @@ def read_chain(run_dir: RunDir) -> dict[str, JobEvents]:
         elif event == "continue" and detail.isdigit():
             ev = ev._replace(next_job=detail, next_submitted=stamp)
         elif event == "failure":
-            why, _, nodes = detail.partition(" ")
-            ev = ev._replace(failure=why, blamed=tuple(n for n in nodes.split(",") if n and n != "-"))
+            why, nodes = failure_detail(detail)
+            ev = ev._replace(failure=why, blamed=tuple(nodes))
         out[job] = ev
     return out
 

@@ -128,12 +128,18 @@ def _job_rows(events: list[Event], ids: list[str], reg_jobs: dict[str, dict], ru
     return rows
 
 
+def failure_detail(detail: str) -> tuple[str, list[str]]:
+    """A jobs.tsv `failure` line's detail, `<reason> <node,node|->`: the reason and the blamed nodes."""
+    why, _, nodes = detail.partition(" ")
+    return why, [n for n in nodes.split(",") if n and n != "-"]
+
+
 def _failure(event: Event | None) -> dict | None:
     """A failure continuation's reason and the nodes it excluded (jobs.tsv `failure` line)."""
     if event is None:
         return None
-    why, _, nodes = event.detail.partition(" ")
-    return {"reason": why, "excluded": [n for n in nodes.split(",") if n and n != "-"]}
+    why, nodes = failure_detail(event.detail)
+    return {"reason": why, "excluded": nodes}
 
 
 def read_gpu_csvs(hp_dir: Path, since: datetime | None = None, series: bool = False) -> dict:

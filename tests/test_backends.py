@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from test_render import Stub, driver_words, lint
+from test_render import Stub, assert_golden, driver_words, lint
 
 REPO = Path(__file__).resolve().parents[1]
 GOLDEN = Path(__file__).with_name("golden")
@@ -84,11 +84,7 @@ def rendered() -> dict[str, str]:
 
 @pytest.mark.parametrize("name", list(RENDERS))
 def test_golden(name, rendered):
-    path = GOLDEN / f"{name}.sh"
-    if os.environ.get("HPCRL_UPDATE_GOLDEN") == "1":
-        path.write_text(rendered[name])
-    assert path.exists(), f"{path.name} missing: regenerate with HPCRL_UPDATE_GOLDEN=1"
-    assert rendered[name] == path.read_text(), f"{path.name} differs: review, then regenerate with HPCRL_UPDATE_GOLDEN=1"
+    assert_golden(f"{name}.sh", rendered[name])
 
 
 @pytest.mark.parametrize("name", list(RENDERS))

@@ -11,15 +11,14 @@ Regenerate the goldens after an intended change with
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from test_render import lint
+from test_backends import hpcrl
+from test_render import assert_golden, lint
 
 REPO = Path(__file__).resolve().parents[1]
 GOLDEN = Path(__file__).with_name("golden")
@@ -32,12 +31,6 @@ GIB = 1024**3
 def _shipped_profiles_only(monkeypatch, tmp_path):
     monkeypatch.delenv("HPCRL_CLUSTERS_DIR", raising=False)
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
-
-
-def hpcrl(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "HPCRL_CLUSTERS_DIR"}
-    return subprocess.run([sys.executable, "-m", "hpcrl", *args], capture_output=True, text=True, timeout=180,
-                          cwd=cwd, env=env)
 
 
 RENDERS = {
@@ -58,11 +51,7 @@ def rendered() -> dict[str, str]:
 
 @pytest.mark.parametrize("name", list(RENDERS))
 def test_golden(name, rendered):
-    path = GOLDEN / f"{name}.sh"
-    if os.environ.get("HPCRL_UPDATE_GOLDEN") == "1":
-        path.write_text(rendered[name])
-    assert path.exists(), f"{path.name} missing: regenerate with HPCRL_UPDATE_GOLDEN=1"
-    assert rendered[name] == path.read_text(), f"{path.name} differs: review, then regenerate with HPCRL_UPDATE_GOLDEN=1"
+    assert_golden(f"{name}.sh", rendered[name])
 
 
 @pytest.mark.parametrize("name", list(RENDERS))

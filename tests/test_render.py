@@ -63,18 +63,22 @@ def lint(text: str, tmp_path: Path, shellcheck: str) -> None:
     assert out.returncode == 0, out.stdout + out.stderr
 
 
-# --------------------------------------------------------------------------- goldens and lint
-
-
-@pytest.mark.parametrize("cluster,config,nodes", CASES, ids=[golden_name(*c)[:-3] for c in CASES])
-def test_golden(cluster, config, nodes):
-    text = render(cluster, config, nodes)
-    path = GOLDEN / golden_name(cluster, config, nodes)
+def assert_golden(name: str, text: str) -> None:
+    """text is tests/golden/<name> byte for byte (HPCRL_UPDATE_GOLDEN=1 writes it first)."""
+    path = GOLDEN / name
     if os.environ.get("HPCRL_UPDATE_GOLDEN") == "1":
         GOLDEN.mkdir(exist_ok=True)
         path.write_text(text)
     assert path.exists(), f"{path.name} missing: regenerate with HPCRL_UPDATE_GOLDEN=1"
     assert text == path.read_text(), f"{path.name} differs: review, then regenerate with HPCRL_UPDATE_GOLDEN=1"
+
+
+# --------------------------------------------------------------------------- goldens and lint
+
+
+@pytest.mark.parametrize("cluster,config,nodes", CASES, ids=[golden_name(*c)[:-3] for c in CASES])
+def test_golden(cluster, config, nodes):
+    assert_golden(golden_name(cluster, config, nodes), render(cluster, config, nodes))
 
 
 # The end-to-end smoke render (tests/test_render_e2e.py): the default config on three
@@ -84,10 +88,7 @@ SMOKE3 = dict(smoke=True, sets=["hpcrl.run_root=/tmp/hpcrl-e2e", 'hpcrl.time="00
 
 def test_golden_local_dev_smoke(tmp_path, shellcheck):
     text = render("local-dev", "grpo-olmo3-32b", 3, **SMOKE3)
-    path = GOLDEN / "local-dev__smoke__3.sh"
-    if os.environ.get("HPCRL_UPDATE_GOLDEN") == "1":
-        path.write_text(text)
-    assert text == path.read_text(), f"{path.name} differs: review, then regenerate with HPCRL_UPDATE_GOLDEN=1"
+    assert_golden("local-dev__smoke__3.sh", text)
     assert re.search(r"^    python3 -m hpcrl\.runtime\.smoke --nodes 3 --gpus-per-node 4$", text, re.M)
     lint(text, tmp_path, shellcheck)
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import subprocess
 import sys
 from pathlib import Path
@@ -28,13 +29,13 @@ import preflight_gpu  # noqa: E402  (standard library at import; pynvml inside g
 
 def collective(visible: list[str], port: int, sizes: list[int]) -> list[dict]:
     n = len(visible)
-    procs = []
+    procs, secret = [], secrets.token_hex(32)
     for r, vis in enumerate(visible):
         args = {"node": f"p{r}", "node_rank": r, "nnodes": n, "nodes": [f"p{k}" for k in range(n)],
                 "master_addr": "127.0.0.1", "my_addr": f"127.0.0.{r + 1}", "port": port, "timeout_s": 120,
                 "iters": 5, "gemm_n": 8192, "gemm_iters": 20,
                 "sizes": {"torch-nccl": sizes, "tcp": [1 << 20, 8 << 20]}}
-        env = dict(os.environ, CUDA_VISIBLE_DEVICES=vis)
+        env = dict(os.environ, CUDA_VISIBLE_DEVICES=vis, HPCRL_COLLECTIVE_SECRET=secret)
         procs.append(subprocess.Popen([sys.executable, str(COLLECTIVE), json.dumps(args)], env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     outs = [p.communicate(timeout=400)[0] for p in procs]

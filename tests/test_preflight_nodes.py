@@ -85,17 +85,27 @@ def test_collective_summary_names_the_slowest_and_missing():
     assert missing["missing"] == ["c"] and missing["checks"][0]["status"] == "fail"
 
 
+SECRET = "0123456789abcdef" * 4
+
+
+def start_collective(r: int, n: int, port: int, timeout: float, secret: str = SECRET) -> subprocess.Popen:
+    """The collective script itself as pretend node r of n at 127.0.0.1(r+1) (no Slurm needed)."""
+    args = {"node": f"n{r + 1}", "node_rank": r, "nnodes": n, "nodes": [f"n{k + 1}" for k in range(n)],
+            "master_addr": "127.0.0.11", "my_addr": f"127.0.0.1{r + 1}", "port": port, "timeout_s": timeout,
+            "iters": 1, "sizes": {"tcp": [1 << 16, 1 << 20]}}
+    env = dict(os.environ, HPCRL_COLLECTIVE_SECRET=secret)
+    return subprocess.Popen([sys.executable, str(COLLECTIVE), json.dumps(args)], stdout=subprocess.PIPE, text=True,
+                            env=env)
+
+
+def collective_result(proc: subprocess.Popen) -> dict:
+    out = proc.communicate(timeout=120)[0]
+    return json.loads(re.search(r"^HPCRL-COLLECTIVE (.*)$", out, re.M).group(1))
+
+
 def _run_collective(ranks: list[int], n: int, port: int, timeout: float) -> list[dict]:
-    """The collective script itself, one process per pretend node on 127.0.0.1x (no Slurm needed)."""
-    procs = []
-    for r in ranks:
-        args = {"node": f"n{r + 1}", "node_rank": r, "nnodes": n, "nodes": [f"n{k + 1}" for k in range(n)],
-                "master_addr": "127.0.0.11", "my_addr": f"127.0.0.1{r + 1}", "port": port, "timeout_s": timeout,
-                "iters": 1, "sizes": {"tcp": [1 << 16, 1 << 20]}}
-        procs.append(subprocess.Popen([sys.executable, str(COLLECTIVE), json.dumps(args)], stdout=subprocess.PIPE,
-                                      text=True))
-    outs = [p.communicate(timeout=120)[0] for p in procs]
-    return [json.loads(re.search(r"^HPCRL-COLLECTIVE (.*)$", o, re.M).group(1)) for o in outs]
+    procs = [start_collective(r, n, port, timeout) for r in ranks]
+    return [collective_result(p) for p in procs]
 
 
 def test_tcp_ring_verifies_and_a_missing_node_is_named():

@@ -10,6 +10,7 @@ with --write-exclude, adds the failing nodes to the cluster's exclude list (hpcr
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import tempfile
 import time
@@ -78,10 +79,14 @@ def target(cluster: str | None = None, partition: str | None = None, config: str
         + (list(hp.env_setup) if hp else []),
         "workdir": hp.workdir if hp else None,
     }
-    from hpcrl.runtime import preflight_collective
+    from hpcrl.runtime import preflight_collective, preflight_link
 
-    spec["collective_source"] = Path(preflight_collective.__file__).read_text()
+    spec["collective_files"] = {Path(m.__file__).name: Path(m.__file__).read_text()
+                                for m in (preflight_collective, preflight_link)}
     spec["collective_args"] = COLLECTIVE_ARGS
+    # Every link of the collective proves this per-job secret (it travels in submitit's pickle,
+    # which run_probe writes under umask 077).
+    spec["collective_secret"] = secrets.token_hex(32)
     user = node_excludes.load(profile.name)
     exclude = tuple(dict.fromkeys([*profile.slurm.exclude_nodes, *(hp.exclude_nodes if hp else []), *user.nodes]))
     if user.nodes:
@@ -147,12 +152,14 @@ def run_probe(t: Target, *, nodes: int = 1, folder: str | None = None, wait_s: f
     # By value, so the compute node needs only submitit, not this hpcrl.
     for mod in (preflight_gpu, preflight_probe):
         cloudpickle.register_pickle_by_value(mod)
+    old_umask = os.umask(0o077)  # the pickle holds the collective's secret: this user's eyes only
     try:
         job = ex.submit(preflight_probe.probe, t.spec)
     except Exception as exc:  # submitit wraps sbatch's refusal in its own error types
         text = str(exc).strip().splitlines()
         raise SlurmError(f"sbatch refused the preflight job: {text[-1] if text else exc}") from None
     finally:
+        os.umask(old_umask)
         for mod in (preflight_gpu, preflight_probe):
             cloudpickle.unregister_pickle_by_value(mod)
     tasks = [job.task(i) for i in range(nodes)] if nodes > 1 else [job]

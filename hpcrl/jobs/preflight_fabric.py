@@ -42,7 +42,7 @@ def collective_summary(first: dict | None, nodes: list[str]) -> dict:
     """The collective part of the summary: method, bandwidths, slowest node, and its check rows."""
     if first is None:
         err = f"no collective result from the first node {nodes[0] if nodes else '?'}"
-        return {"method": None, "error": err, "results": [], "p2p": [], "slowest_node": None, "missing": [],
+        return {"method": None, "error": err, "results": [], "p2p": [], "slowest_node": None, "missing": [], "rejected": [],
                 "checks": [Check("collective", "fail", err)._asdict()]}
     method, world = first.get("method"), first.get("world") or len(first.get("nodes") or [])
     s = {"method": method, "world": world, "verified": first.get("verified"), "error": first.get("error"),
@@ -72,6 +72,10 @@ def collective_summary(first: dict | None, nodes: list[str]) -> dict:
             rows.append(Check("slowest node", "warn" if lag else "ok",
                               f"{slow['node']} receives from {slow['from_node']} at {slow['gbs']:.2f} GB/s "
                               f"(median of {len(s['p2p'])} ranks {med:.2f} GB/s)"))
+    s["rejected"] = first.get("rejected", [])
+    if s["rejected"]:  # someone else on the node reached the rendezvous: worth knowing on shared nodes
+        rows.append(Check("unauthenticated connections", "warn", "refused (without the job's secret): " + ", ".join(
+            f"{r['connections']} at {r['node']}" for r in s["rejected"])))
     s["checks"] = [c._asdict() for c in rows]
     return s
 

@@ -1,14 +1,19 @@
 """Preflight's collective check, run by the training Python on every node of the job.
 
-Standalone: standard library only, torch when it imports. hpcrl preflight copies this file
-next to submitit's pickles and the probe runs `PYTHON preflight_collective.py ARGS_JSON`,
-one process per node. It prints one line `HPCRL-COLLECTIVE <json>`.
+Standalone: standard library only, torch when it imports. hpcrl preflight sends this file and
+preflight_link.py (its links and their secret) in the job's spec; the probe writes both to a
+temporary directory and runs `PYTHON preflight_collective.py ARGS_JSON`, one process per node.
+It prints one line `HPCRL-COLLECTIVE <json>`.
 
 1. Rendezvous over plain TCP: the job's first node listens at its Slurm NodeAddr on the
-   job's port; every node says what it can run (torch? how many GPUs?) and the first node
-   picks one method for all: `torch-nccl` when every node has torch and a GPU, `torch-gloo`
-   when every node has torch, else `tcp-ring` (a ring over sockets, which measures the host
-   network, not NCCL). A node that never joins is named.
+   job's port. Every link (to the first node, and each ring link) opens with a mutual
+   HMAC-SHA256 challenge over a per-job secret that `hpcrl preflight` draws and hands to the
+   nodes in the environment (HPCRL_COLLECTIVE_SECRET, never on a command line): a connection
+   from anyone else on a shared node is dropped and counted, never read as a node. Every node
+   says what it can run (torch? how many GPUs?) and the first node picks one method for all:
+   `torch-nccl` when every node has torch and a GPU, `torch-gloo` when every node has torch,
+   else `tcp-ring` (a ring over sockets, which measures the host network, not NCCL). A node
+   that never joins is named.
 2. All-reduce and all-gather per message size; the first node reports times and nccl-tests'
    bus bandwidth (algbw x 2(n-1)/n for all-reduce, x (n-1)/n for all-gather), and each node a
    ring send/receive rate from its neighbour (the slowest node is the lowest), and with torch
@@ -26,24 +31,12 @@ import sys
 import threading
 import time
 
+if __package__:  # imported as hpcrl.runtime.preflight_collective
+    from hpcrl.runtime.preflight_link import accept_admitted, join, job_secret, recv_msg, send_msg
+else:  # run as a script beside its copy of preflight_link.py (never an installed hpcrl's)
+    from preflight_link import accept_admitted, join, job_secret, recv_msg, send_msg
+
 MIB = 1 << 20
-
-
-# ---------------------------------------------------------------- framed JSON over the control link
-
-def send_msg(sock: socket.socket, obj) -> None:
-    sock.sendall((json.dumps(obj) + "\n").encode())
-
-
-def recv_msg(sock: socket.socket, buf: bytearray) -> dict:
-    while b"\n" not in buf:
-        chunk = sock.recv(65536)
-        if not chunk:
-            raise ConnectionError("control link closed")
-        buf += chunk
-    line, _, rest = bytes(buf).partition(b"\n")
-    buf[:] = rest
-    return json.loads(line)
 
 
 def capabilities() -> dict:
@@ -71,7 +64,7 @@ def choose_method(caps: list[dict]) -> str:
 class Control:
     """The star of control links: node 0 (master) to every other node."""
 
-    def __init__(self, a: dict, me: dict):
+    def __init__(self, a: dict, me: dict, key: bytes, rejected: list):
         self.a, self.node_rank, self.n = a, a["node_rank"], a["nnodes"]
         self.peers: dict[int, tuple[socket.socket, bytearray]] = {}
         self.table: list = []
@@ -79,18 +72,21 @@ class Control:
         deadline = time.monotonic() + a["timeout_s"]
         if self.node_rank == 0:
             srv = socket.create_server((a["my_addr"], a["port"]), reuse_port=False)
-            srv.settimeout(1.0)
             joined = {0: me}
-            while len(joined) < self.n and time.monotonic() < deadline:
-                try:
-                    conn, _ = srv.accept()
-                except socket.timeout:
-                    continue
+            while len(joined) < self.n:
+                got = accept_admitted(srv, key, deadline, rejected)
+                if got is None:
+                    break
+                conn, buf = got
                 conn.settimeout(a["timeout_s"])
-                buf = bytearray()
-                hello = recv_msg(conn, buf)
-                joined[hello["node_rank"]] = hello
-                self.peers[hello["node_rank"]] = (conn, buf)
+                try:
+                    hello = recv_msg(conn, buf)
+                    rank = int(hello["node_rank"])
+                except (OSError, ValueError, KeyError, TypeError):
+                    conn.close()
+                    continue
+                joined[rank] = hello
+                self.peers[rank] = (conn, buf)
             srv.close()
             missing = [a["nodes"][r] for r in range(self.n) if r not in joined]
             self.table = [joined.get(r) for r in range(self.n)]
@@ -106,8 +102,9 @@ class Control:
             if sock is None:
                 raise RuntimeError(f"could not reach the first node {a['nodes'][0]} at {a['master_addr']}:{a['port']} "
                                    f"within {a['timeout_s']:.0f} s ({last})")
+            buf = join(sock, key, a["timeout_s"])
             sock.settimeout(2 * a["timeout_s"] + 30)  # the master may wait the whole timeout for the others
-            self.peers[0] = (sock, bytearray())
+            self.peers[0] = (sock, buf)
             send_msg(sock, me)
 
     def broadcast(self, obj) -> dict:
@@ -182,12 +179,30 @@ def ring_all_gather(ring, mine: bytes) -> bytearray:
     return bytearray(b"".join(parts))
 
 
-def tcp_ring(a: dict, ctl: Control, table: list[dict], listener: socket.socket) -> dict:
-    n, r = ctl.n, ctl.node_rank
+def connect_ring(a: dict, n: int, r: int, table: list[dict], listener: socket.socket, key: bytes,
+                 rejected: list) -> dict:
+    """This node's two ring links, each proved both ways: out to the next node, in from the previous.
+    The accepting side runs in a thread: every node connects first, so the challenges cross."""
+    inbound: dict = {}
+    deadline = time.monotonic() + a["timeout_s"]
+    taker = threading.Thread(target=lambda: inbound.update(got=accept_admitted(listener, key, deadline, rejected)))
+    taker.start()
     nxt = table[(r + 1) % n]
-    ring = {"n": n, "rank": r, "next": socket.create_connection((nxt["addr"], nxt["ring_port"]), timeout=a["timeout_s"])}
-    ring["prev"], _ = listener.accept()
-    ring["prev"].settimeout(a["timeout_s"])
+    out = socket.create_connection((nxt["addr"], nxt["ring_port"]), timeout=a["timeout_s"])
+    join(out, key, a["timeout_s"])  # nothing else is sent on the ring before both links stand
+    taker.join()
+    if not inbound.get("got"):
+        raise RuntimeError(f"the previous node {table[(r - 1) % n]['node']} did not open its ring link "
+                           f"within {a['timeout_s']:.0f} s")
+    prev = inbound["got"][0]
+    out.settimeout(a["timeout_s"])
+    prev.settimeout(a["timeout_s"])
+    return {"n": n, "rank": r, "next": out, "prev": prev}
+
+
+def tcp_ring(a: dict, ctl: Control, table: list[dict], listener: socket.socket, key: bytes, rejected: list) -> dict:
+    n, r = ctl.n, ctl.node_rank
+    ring = connect_ring(a, n, r, table, listener, key, rejected)
     results, verified = [], True
     for size in a["sizes"]["tcp"]:
         size -= size % n
@@ -322,27 +337,29 @@ def torch_node(a: dict, method: str, table: list[dict]) -> dict:
 
 
 def run(a: dict) -> dict:
+    key = job_secret()
+    rejected: list[str] = []  # addresses that connected without the secret
     caps = capabilities() if not a.get("force_tcp") else {"torch": None, "gpus": 0, "why": "forced"}
     listener = socket.create_server((a["my_addr"], 0))  # the ring's inbound link; the kernel picks the port
-    listener.settimeout(a["timeout_s"])
     me = {"node_rank": a["node_rank"], "node": a["node"], "addr": a["my_addr"],
           "ring_port": listener.getsockname()[1], **caps}
-    ctl = Control(a, me)
+    ctl = Control(a, me, key, rejected)
     plan = ctl.broadcast(
         {"missing": ctl.missing} if a["node_rank"] == 0 and ctl.missing else
         {"method": choose_method(ctl.table), "table": ctl.table} if a["node_rank"] == 0 else None)
     if plan.get("missing"):
         return {"role": "first" if a["node_rank"] == 0 else "node", "method": None, "node": a["node"],
                 "error": f"node(s) {', '.join(plan['missing'])} did not join the rendezvous at "
-                         f"{a['master_addr']}:{a['port']} within {a['timeout_s']:.0f} s", "missing": plan["missing"]}
+                         f"{a['master_addr']}:{a['port']} within {a['timeout_s']:.0f} s", "missing": plan["missing"],
+                "rejected": [{"node": a["node"], "connections": len(rejected)}] if rejected else []}
     method, table = plan["method"], plan["table"]
     try:
-        mine = tcp_ring(a, ctl, table, listener) if method == "tcp-ring" else torch_node(a, method, table)
+        mine = tcp_ring(a, ctl, table, listener, key, rejected) if method == "tcp-ring" else torch_node(a, method, table)
         mine.setdefault("error", None)
     except Exception as exc:
         mine = {"error": (type(exc).__name__ + ": " + str(exc)).splitlines()[0][:300], "results": [], "p2p": [],
                 "gemm": [], "verified": False}
-    mine.update(node=a["node"], method=method)
+    mine.update(node=a["node"], method=method, rejected=len(rejected))
     everyone = ctl.gather(mine)
     listener.close()
     if everyone is None:
@@ -353,6 +370,7 @@ def run(a: dict) -> dict:
             "p2p": [dict(p, node=e["node"]) for e in everyone for p in e["p2p"]],
             "gemm": [dict(g, node=e["node"]) for e in everyone for g in e["gemm"]],
             "verified": all(e["verified"] for e in everyone),
+            "rejected": [{"node": e["node"], "connections": e.get("rejected", 0)} for e in everyone if e.get("rejected")],
             "error": "; ".join(f"{e['node']}: {e['error']}" for e in everyone if e["error"]) or None}
 
 

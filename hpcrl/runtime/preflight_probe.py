@@ -3,8 +3,8 @@
 Standard library only at import time (it and preflight_gpu are pickled by value, so the node
 needs no hpcrl); nvidia-ml-py is imported inside, and the training stack is imported in the
 training environment's own Python, in a subprocess, so a broken torch cannot take the probe
-down. The collective check (preflight_collective.py, its source sent in the spec) runs there
-too, once per node, after this node's own checks.
+down. The collective check (preflight_collective.py and preflight_link.py, their sources sent
+in the spec) runs there too, once per node, after this node's own checks.
 """
 
 from __future__ import annotations
@@ -139,8 +139,8 @@ def node_addrs(nodes: list[str]) -> dict[str, str]:
 
 def collective(spec: dict, timeout: float) -> dict:
     """Run the collective script in the training environment, one process for this node."""
-    src = spec.get("collective_source")
-    if not src:
+    files = spec.get("collective_files")
+    if not files:
         return {"error": "not run"}
     nodes = _job_nodes()
     me = node_name()
@@ -152,15 +152,20 @@ def collective(spec: dict, timeout: float) -> dict:
             # The job's block of ports, as the rendered scripts pick it (ray.sh.j2); +97/+98 are unused by Ray.
             "port": 10000 + job % 200 * 100 + 97, **spec.get("collective_args", {})}
     with tempfile.TemporaryDirectory(prefix="hpcrl-preflight-") as tmp:
+        for name, src in files.items():  # the script and its link module, side by side
+            with open(os.path.join(tmp, name), "w") as fh:
+                fh.write(src)
         path = os.path.join(tmp, "preflight_collective.py")
-        with open(path, "w") as fh:
-            fh.write(src)
         lines = list(spec.get("env_setup") or [])
         if spec.get("workdir"):
             lines.append(f"cd {spec['workdir']} 2>/dev/null || true")
         lines.append(f"exec {spec.get('python') or 'python'} {shlex.quote(path)} {shlex.quote(json.dumps(args))}")
         try:
-            proc = subprocess.run(["bash", "-c", "\n".join(lines)], capture_output=True, text=True, timeout=timeout)
+            # The job's secret goes in the environment, which only this user can read (/proc/PID/environ
+            # is 0400), not on the command line, which every user of the node can.
+            env = dict(os.environ, HPCRL_COLLECTIVE_SECRET=str(spec.get("collective_secret") or ""))
+            proc = subprocess.run(["bash", "-c", "\n".join(lines)], capture_output=True, text=True, timeout=timeout,
+                                  env=env)
         except subprocess.TimeoutExpired:
             return {"error": f"the collective did not finish within {timeout:.0f} s", "node": me}
     for line in proc.stdout.splitlines():

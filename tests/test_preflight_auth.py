@@ -1,0 +1,109 @@
+"""The collective's links prove a per-job secret: a connection from another process on the node
+(another user, on a shared node) is refused and counted, never read as a node; a node whose
+first node answers without the secret sends it nothing. Real processes of the collective script
+on 127.0.0.x and real sockets as the intruder (no Slurm needed)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+
+from hpcrl.jobs.preflight_fabric import collective_summary
+from test_preflight_nodes import collective_result, start_collective
+
+PORT = 19000 + os.getpid() % 900
+
+
+def _wait_listening(addr: str, port: int) -> None:
+    for _ in range(200):
+        try:
+            socket.create_connection((addr, port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise AssertionError(f"nothing listens at {addr}:{port}")
+
+
+def _line(sock: socket.socket) -> dict:
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = sock.recv(4096)
+        if not chunk:
+            break
+        data += chunk
+    return json.loads(data) if data else {}
+
+
+def test_intruders_on_the_rendezvous_port_are_refused_and_counted():
+    first = start_collective(0, 3, PORT, 60)
+    _wait_listening("127.0.0.11", PORT)  # this probe connection itself is refused too (it says nothing)
+    # An intruder that answers the challenge with a made-up MAC, one that sends garbage, and one
+    # that claims to be node 1 without answering the challenge at all.
+    wrong = socket.create_connection(("127.0.0.11", PORT))
+    challenge = _line(wrong)["challenge"]
+    wrong.sendall((json.dumps({"nonce": "f" * 32, "mac": "0" * 64}) + "\n").encode())
+    assert _line(wrong) == {}, "the first node answered a connection that did not prove the secret"
+    garbage = socket.create_connection(("127.0.0.11", PORT))
+    garbage.sendall(b"\x00\xff not json\n")
+    posing = socket.create_connection(("127.0.0.11", PORT))
+    posing.sendall((json.dumps({"node_rank": 1, "node": "n2", "addr": "127.0.0.12", "ring_port": 1,
+                                "torch": None, "gpus": 0, "why": None}) + "\n").encode())
+    time.sleep(0.5)
+    others = [start_collective(r, 3, PORT, 60) for r in (1, 2)]
+    res = collective_result(first)
+    assert [collective_result(p)["error"] for p in others] == [None, None]
+    assert challenge and res["error"] is None and res["verified"] is True
+    assert res["nodes"] == ["n1", "n2", "n3"]
+    counts = {r["node"]: r["connections"] for r in res["rejected"]}
+    assert counts.get("n1", 0) >= 4, res["rejected"]  # the readiness probe, wrong MAC, garbage, the poser
+    rows = [c for c in collective_summary(res, ["n1", "n2", "n3"])["checks"] if c["check"] == "unauthenticated connections"]
+    assert rows and rows[0]["status"] == "warn" and "at n1" in rows[0]["detail"]
+    for s in (wrong, garbage, posing):
+        s.close()
+
+
+def test_a_node_refuses_a_first_node_without_the_secret_and_sends_it_nothing():
+    """Another process holds the rendezvous port and plays the first node: it sends a challenge
+    and answers with a MAC it cannot make. The joining node stops, naming it, before its hello."""
+    port = PORT + 1
+    srv = socket.create_server(("127.0.0.11", port))
+    seen: list[bytes] = []
+
+    def impostor():
+        conn, _ = srv.accept()
+        conn.sendall((json.dumps({"challenge": "a" * 32}) + "\n").encode())
+        got = _line(conn)
+        seen.append(json.dumps(got).encode())
+        conn.sendall((json.dumps({"mac": "0" * 64}) + "\n").encode())
+        conn.settimeout(3)
+        try:
+            while chunk := conn.recv(4096):
+                seen.append(chunk)
+        except OSError:
+            pass
+        conn.close()
+
+    t = threading.Thread(target=impostor)
+    t.start()
+    res = collective_result(start_collective(1, 2, port, 20))
+    t.join()
+    srv.close()
+    assert "without the job's secret" in res["error"]
+    assert b"node_rank" not in b"".join(seen), "the node sent its hello to an impostor"
+    assert set(json.loads(seen[0])) == {"nonce", "mac"}
+
+
+def test_no_secret_no_collective():
+    res = collective_result(start_collective(0, 2, PORT + 2, 5, secret=""))
+    assert "HPCRL_COLLECTIVE_SECRET is not set" in res["error"]
+
+
+def test_nodes_with_different_secrets_do_not_pair():
+    first = start_collective(0, 2, PORT + 3, 4)
+    other = start_collective(1, 2, PORT + 3, 4, secret="another-secret-of-another-job")
+    res, res2 = collective_result(first), collective_result(other)
+    assert res["missing"] == ["n2"] and res["rejected"][0]["node"] == "n1"
+    assert "without the job's secret" in res2["error"] or "closed" in res2["error"]

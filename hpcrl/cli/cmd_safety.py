@@ -20,8 +20,8 @@ def diagnose_cmd(
     log: Path = typer.Argument(..., help="A log file, or a run directory (reads hpcrl/driver.log and breaker.json)"),
     model: Optional[str] = typer.Option(None, "--model", "-m", help="Model (default: the run's or the log's; none is "
                                         "assumed)"),
-    backend: Optional[str] = typer.Option(None, "--backend", "-b", help="open-instruct, verl or openrlhf (default: "
-                                          "the run's, else the driver command in the log)"),
+    backend: Optional[str] = typer.Option(None, "--backend", "-b", help="open-instruct, verl, openrlhf or custom "
+                                          "(with a run dir) (default: the run's, else the driver command in the log)"),
     learner_gpus: Optional[int] = typer.Option(None, "--learner-gpus", help="Learner GPUs (default: from the run or log)"),
     tokens_per_gpu: Optional[int] = typer.Option(None, "--tokens-per-gpu", help="Tokens per learner GPU micro-batch "
                                                  "(default: from the run or log)"),
@@ -33,9 +33,11 @@ def diagnose_cmd(
     from hpcrl.planning.backends import BACKENDS  # noqa: PLC0415 - keeps `hpcrl --help` fast
     from hpcrl.profiles import resolve_profile  # noqa: PLC0415
 
-    known = [b for b in BACKENDS if b != "custom"]  # a user's own script has no driver command line to read
-    if backend is not None and backend not in known:
-        raise HpcrlError(f"--backend {backend!r}: valid: {', '.join(known)}")
+    if backend is not None and backend not in BACKENDS:
+        raise HpcrlError(f"--backend {backend!r}: valid: {', '.join(BACKENDS)}")
+    if backend == "custom" and not log.is_dir():  # a user's own script has no command line hpcrl can read
+        raise HpcrlError(f"--backend custom: give the run directory, not {log}: its hpcrl/plan.json describes the "
+                         "script's learner")
 
     path, breaker = log, None
     if log.is_dir():  # a run directory: the watchdog's driver log, else the newest Slurm job log
@@ -100,7 +102,8 @@ def _run_files(run_dir: Path) -> tuple[dict | None, object]:
         script = (run_dir / "hpcrl" / "job.sbatch").read_text(errors="replace")
     except OSError:
         return plan, None
-    return plan, from_script(script, (plan or {}).get("backend") or "open-instruct")
+    backend = (plan or {}).get("backend") or "open-instruct"
+    return plan, None if backend == "custom" else from_script(script, backend)
 
 
 checkpoints_app = typer.Typer(help="List and prune a run's checkpoints.", no_args_is_help=True,

@@ -109,7 +109,7 @@ def rule_cuda_oom(lines: list[str], text: str, ctx: Context) -> Finding | None:
     known = ctx.spec() is not None
     fixes, d = learner_fixes(ctx, cap, None if bad else (alloc or 0.0) + (tried or 0.0) or None) if known else ([], {})
     d = {**d, "inconsistent": bad, "model": ctx.spec().name if known else None,
-         "note": f"more allocated than the GPU holds: the text may be edited" if alloc and alloc > cap else None}
+         "note": "more allocated than the GPU holds: the text may be edited" if alloc and alloc > cap else None}
     said = f"asked for {tried:.2f} GiB more" if tried else "ran out of memory"
     held = f" with {alloc:.2f} GiB already allocated by PyTorch" if alloc else ""
     cause = f"A training process {said}{held} on a {cap:.2f} GiB GPU: the learner step does not fit"
@@ -121,7 +121,12 @@ def rule_cuda_oom(lines: list[str], text: str, ctx: Context) -> Finding | None:
         fixes = ("the planner predicts that the run as read fits, so it cannot check a fix: see what it assumed "
                  f"(below) and give what differs ({ctx.missing().removeprefix('--model, ')}, --cluster), or diagnose "
                  "a log that holds the driver's command line")
-    if "predicted_training_gib" in d:
+    if "scale_transient" in d:  # custom: the script's learner as planned, the log's excess on its transients
+        scale = d["scale_transient"]
+        cause += f" (planner: {d['predicted_gib']:.1f} GiB on the GPU" + (
+            f" with the batch- and length-dependent terms x{scale} to match the log" if scale > 1 else "") + (
+            " - far off: check that the run config's batch and lengths are the script's" if scale > 1.5 else "") + ")"
+    elif "predicted_training_gib" in d:
         cause += f" (planner: {d['predicted_training_gib']:.1f} GiB training, {d['predicted_rollout_gib']:.1f} GiB rollout)"
     elif "predicted_gib" in d:
         scale = d["scale_from_log"]

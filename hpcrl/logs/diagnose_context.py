@@ -36,6 +36,9 @@ KEYS: dict[str, dict[str, str]] = {
                  "nodes": "actor.num_nodes", "gpus": "actor.num_gpus_per_node", "zero": "ds.zero_stage",
                  "tp": "vllm.tensor_parallel_size", "util": "vllm.gpu_memory_utilization", "offload": "ds.adam_offload",
                  "lora": "ds.lora.rank", "sync": "vllm.sync_with_ray"},
+    # A user's own script: hpcrl's run-config keys that describe it (its own flags are unknown).
+    "custom": {"model": "model", "micro": "mini_batch_size", "prompt": "max_prompt_length",
+               "response": "max_response_length"},
 }
 # open-instruct's logged arguments (`Args: name=value ...`, a YAML config echoed): name -> (key, default).
 OI_DEFAULTS = {"tokens_per_gpu": ("pack_length", 10240), "zero_stage": ("deepspeed_stage", 3),
@@ -114,7 +117,7 @@ class Context:
 
     def _from_oi(self, name: str) -> Any:
         if name == "model" and (model := self.args.get("model_name_or_path") or (self.plan or {}).get("model")):
-            self.note(f"model_name_or_path={model} (from the {'run' if self.plan else 'log'})")
+            self.note(f"{self.key('model')}={model} (from the {'run' if self.plan else 'log'})")
             return model
         key, default = ("model_name_or_path", None) if name == "model" else OI_DEFAULTS[name]
         if key in self.args:

@@ -7,6 +7,7 @@
 * verl (training and rollout share every GPU): the backend's own planner re-plans the
   micro-batch, FSDP offload and vLLM's share (as `hpcrl plan` does), keeping the rollout's TP.
 * vLLM engines: the TP, memory share or sequence length that gives the KV cache room.
+* custom (a user's HF/TRL-style script): hpcrl/logs/diagnose_custom.py.
 """
 
 from __future__ import annotations
@@ -27,6 +28,10 @@ def learner_fixes(ctx: Context, capacity_gib: float, demand_gib: float | None) -
     """Single changes that fit the learner step, by the planner, in the backend's keys."""
     if ctx.fix_backend == "verl":
         return colocated_fixes(ctx, capacity_gib)
+    if ctx.fix_backend == "custom":
+        from hpcrl.logs.diagnose_custom import custom_fixes
+
+        return custom_fixes(ctx, capacity_gib, demand_gib)
     return deepspeed_fixes(ctx, capacity_gib, demand_gib)
 
 

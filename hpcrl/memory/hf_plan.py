@@ -86,6 +86,7 @@ class HfPlan(MemoryPlan):
                 "lora_rank": s.lora_rank, "lora_targets": list(s.lora_targets), "critic": s.critic,
                 "reference": s.reference, "gradient_checkpointing": s.gradient_checkpointing,
                 "rollout_seqs": s.rollout_seqs, "micro_seqs": s.micro_seqs, "seq_len": s.seq_len,
+                "prompt_len": s.prompt_len, "response_len": s.response_len, "lora_dropout": s.lora_dropout,
                 "tokens_per_micro_batch": s.train_tokens,
                 "resident": terms(hf.resident),
                 "phases": {p: {"transient": terms(ts), "allocated_gib": round(hf.phase_allocated(p) / g, 3),

@@ -495,6 +495,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "gradient_checkpointing": true,
       "inside_margin": false,
       "kind": "hf-trl",
+      "lora_dropout": 0.0,
       "lora_rank": 8,
       "lora_targets": [
         "q_proj",
@@ -543,6 +544,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
         }
       },
       "processes": 1,
+      "prompt_len": 128,
       "reference": "shared",
       "resident": {
         "AdamW moments, fp32, trainable parameters only (derived)": 0.112,
@@ -554,6 +556,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
         "reference: the policy's base with the adapters off (no copy) (derived)": 0.0,
         "value head, fp32 with its gradient and AdamW moments (derived)": 0.0
       },
+      "response_len": 256,
       "rollout_seqs": 4,
       "seq_len": 384,
       "tokens_per_micro_batch": 1536,

@@ -185,7 +185,8 @@ def connect_ring(a: dict, n: int, r: int, table: list[dict], listener: socket.so
     The accepting side runs in a thread: every node connects first, so the challenges cross."""
     inbound: dict = {}
     deadline = time.monotonic() + a["timeout_s"]
-    taker = threading.Thread(target=lambda: inbound.update(got=accept_admitted(listener, key, deadline, rejected)))
+    taker = threading.Thread(target=lambda: inbound.update(got=accept_admitted(listener, key, deadline, rejected)),
+                             daemon=True)  # a failed outbound link must not wait for it
     taker.start()
     nxt = table[(r + 1) % n]
     out = socket.create_connection((nxt["addr"], nxt["ring_port"]), timeout=a["timeout_s"])

@@ -84,7 +84,7 @@ def custom_fixes(ctx: Context, capacity_gib: float, demand_gib: float | None) ->
     cap = prof.gpu_bytes
     scale = _scale(base, demand_gib)
     now, margin = _device(base, scale)
-    details = {"capacity_gib": round(capacity_gib, 2), "predicted_gib": round(now / GIB, 2),
+    details = {"capacity_gib": round(capacity_gib, 2), "predicted_gib": round(now / GIB, 3),
                "peak_phase": hf_learner_memory(base).peak_phase, "scale_transient": round(scale, 2)}
     ctx.note(f"the script's learner from the run's plan.json ({base.micro_seqs} sequences per training micro-batch, "
              f"{base.prompt_len}+{base.response_len} tokens, {base.rollout_seqs} per generate call)")

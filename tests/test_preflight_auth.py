@@ -10,6 +10,7 @@ import os
 import socket
 import threading
 import time
+from pathlib import Path
 
 from hpcrl.jobs.preflight_fabric import collective_summary
 from test_preflight_nodes import collective_result, start_collective
@@ -107,3 +108,59 @@ def test_nodes_with_different_secrets_do_not_pair():
     res, res2 = collective_result(first), collective_result(other)
     assert res["missing"] == ["n2"] and res["rejected"][0]["node"] == "n1"
     assert "without the job's secret" in res2["error"] or "closed" in res2["error"]
+
+
+def _ring_port(addr: str, pid: int) -> int:
+    """The port pretend node `addr` listens on for its ring link (kernel-chosen): read from
+    /proc/net/tcp, the listening sockets on that address other than the rendezvous port."""
+    hexaddr = "".join(f"{int(x):02X}" for x in reversed(addr.split(".")))
+    for _ in range(200):
+        for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+            local, state = line.split()[1], line.split()[3]
+            if state == "0A" and local.startswith(hexaddr + ":"):
+                return int(local.split(":")[1], 16)
+        time.sleep(0.05)
+    raise AssertionError(f"no listening socket at {addr} (pid {pid})")
+
+
+def _slow_sender(sock: socket.socket, stop: threading.Event) -> None:
+    """One byte of a never-ending line a second: each recv succeeds, the message never completes."""
+    try:
+        while not stop.wait(1.0):
+            sock.sendall(b"{")
+    except OSError:
+        pass
+
+
+def test_stalling_and_malformed_intruders_cannot_hold_or_crash_the_collective():
+    """On the rendezvous port: a connection that trickles one byte a second, JSON nested deeper
+    than Python's recursion limit, a MAC in non-ASCII characters. On a node's ring port: another
+    trickler and a wrong MAC. The collective still verifies within its own timeout, and every
+    intruder is refused and counted where it knocked."""
+    port, stop = PORT + 4, threading.Event()
+    first = start_collective(0, 3, port, 40)
+    _wait_listening("127.0.0.11", port)
+    trickle = socket.create_connection(("127.0.0.11", port))
+    threading.Thread(target=_slow_sender, args=(trickle, stop), daemon=True).start()
+    deep = socket.create_connection(("127.0.0.11", port))
+    deep.sendall(b"[" * 5000 + b"\n")
+    wide = socket.create_connection(("127.0.0.11", port))
+    _line(wide)
+    wide.sendall(json.dumps({"nonce": "f" * 32, "mac": "\u00e9" * 64}).encode() + b"\n")
+    second = start_collective(1, 3, port, 40)
+    ring = _ring_port("127.0.0.12", second.pid)  # n2's ring listener, open before the rendezvous ends
+    ring_trickle = socket.create_connection(("127.0.0.12", ring))
+    threading.Thread(target=_slow_sender, args=(ring_trickle, stop), daemon=True).start()
+    ring_wrong = socket.create_connection(("127.0.0.12", ring))
+    ring_wrong.sendall((json.dumps({"nonce": "e" * 32, "mac": "0" * 64}) + "\n").encode())
+    third = start_collective(2, 3, port, 40)
+    try:
+        res, others = collective_result(first), [collective_result(p) for p in (second, third)]
+    finally:
+        stop.set()
+    assert res["error"] is None and res["verified"] is True, res
+    assert [o["error"] for o in others] == [None, None]
+    counts = {r["node"]: r["connections"] for r in res["rejected"]}
+    assert counts.get("n1", 0) >= 3 and counts.get("n2", 0) >= 1, res["rejected"]
+    for s in (trickle, deep, wide, ring_trickle, ring_wrong):
+        s.close()

@@ -32,9 +32,9 @@ import threading
 import time
 
 if __package__:  # imported as hpcrl.runtime.preflight_collective
-    from hpcrl.runtime.preflight_link import accept_admitted, join, job_secret, recv_msg, send_msg
+    from hpcrl.runtime.preflight_link import Gate, join, job_secret, recv_msg, send_msg
 else:  # run as a script beside its copy of preflight_link.py (never an installed hpcrl's)
-    from preflight_link import accept_admitted, join, job_secret, recv_msg, send_msg
+    from preflight_link import Gate, join, job_secret, recv_msg, send_msg
 
 MIB = 1 << 20
 
@@ -72,9 +72,10 @@ class Control:
         deadline = time.monotonic() + a["timeout_s"]
         if self.node_rank == 0:
             srv = socket.create_server((a["my_addr"], a["port"]), reuse_port=False)
+            gate = Gate(srv, key, rejected)
             joined = {0: me}
             while len(joined) < self.n:
-                got = accept_admitted(srv, key, deadline, rejected)
+                got = gate.next(deadline)
                 if got is None:
                     break
                 conn, buf = got
@@ -185,16 +186,20 @@ def connect_ring(a: dict, n: int, r: int, table: list[dict], listener: socket.so
     The accepting side runs in a thread: every node connects first, so the challenges cross."""
     inbound: dict = {}
     deadline = time.monotonic() + a["timeout_s"]
-    taker = threading.Thread(target=lambda: inbound.update(got=accept_admitted(listener, key, deadline, rejected)),
-                             daemon=True)  # a failed outbound link must not wait for it
+    gate = Gate(listener, key, rejected)
+    taker = threading.Thread(target=lambda: inbound.update(got=gate.next(deadline)), daemon=True)
     taker.start()
     nxt = table[(r + 1) % n]
     out = socket.create_connection((nxt["addr"], nxt["ring_port"]), timeout=a["timeout_s"])
-    join(out, key, a["timeout_s"])  # nothing else is sent on the ring before both links stand
-    taker.join()
-    if not inbound.get("got"):
-        raise RuntimeError(f"the previous node {table[(r - 1) % n]['node']} did not open its ring link "
-                           f"within {a['timeout_s']:.0f} s")
+    try:
+        join(out, key, a["timeout_s"])  # nothing else is sent on the ring before both links stand
+        taker.join(max(0.0, deadline - time.monotonic()) + 1.0)
+        if not inbound.get("got"):
+            raise RuntimeError(f"the previous node {table[(r - 1) % n]['node']} did not open its ring link "
+                               f"within {a['timeout_s']:.0f} s")
+    except BaseException:
+        out.close()
+        raise
     prev = inbound["got"][0]
     out.settimeout(a["timeout_s"])
     prev.settimeout(a["timeout_s"])

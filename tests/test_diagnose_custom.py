@@ -98,3 +98,38 @@ def test_backend_custom_needs_the_run_directory(tmp_path):
     assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
         f"hpcrl: error: --backend custom: give the run directory, not {log}: its hpcrl/plan.json describes the "
         "script's learner"]
+
+
+def test_grpo_scoring_oom_halves_the_prompts_and_is_not_read_as_a_vllm_engine(tmp_path):
+    """GRPO, 16 prompts x 8 samples per generate call: the scoring pass peaks. The traceback
+    names the script's own load_model (a word diagnose also looks for in vLLM tracebacks): a
+    custom run has no vLLM engine, so it is a training-process OOM, re-planned in its keys."""
+    oom = ('Traceback (most recent call last):\n  File "train.py", line 88, in <module>\n    model = load_model(args)\n'
+           "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 4.50 GiB. GPU 0 has a total capacity of "
+           "39.39 GiB of which 2.10 GiB is free. Of the allocated memory 33.90 GiB is allocated by PyTorch\n")
+    grpo = ["algorithm=grpo", "critic=none", "samples_per_prompt=8"]
+    rd = run_dir(tmp_path, oom, *grpo, "rollout_batch_size=16")
+    f = json.loads(hpcrl("diagnose", str(rd), "--json").stdout)["findings"][0]
+    assert f["kind"] == "cuda_oom" and f["details"]["peak_phase"] == "scoring"
+    m = re.search(r"rollout_batch_size 16 -> (\d+) \((\d+) sequences per generate call\)", f["fix"])
+    assert m and int(m.group(2)) == 8 * int(m.group(1)), f["fix"]  # the group size kept
+    common = ["plan-memory", "--config", str(CONFIG), "--cluster", "berzelius:thin", "--learner-gpus", "1", "--json",
+              *[w for s in grpo for w in ("--set", s)]]
+    assert json.loads(hpcrl(*common, "--set", "rollout_batch_size=16").stdout)["learner"]["fits"] is False
+    assert json.loads(hpcrl(*common, "--set", f"rollout_batch_size={m.group(1)}").stdout)["learner"]["fits"] is True
+
+
+def test_a_plan_json_without_the_learner_says_it_cannot_replan(tmp_path):
+    rd = run_dir(tmp_path, OOM_40GB)
+    plan = json.loads((rd / "hpcrl" / "plan.json").read_text())
+    del plan["memory"]["learner"]["prompt_len"]  # as hpcrl wrote it before diagnose read custom runs
+    (rd / "hpcrl" / "plan.json").write_text(json.dumps(plan))
+    f = json.loads(hpcrl("diagnose", str(rd), "--json").stdout)["findings"][0]
+    assert f["fix"].startswith("cannot re-plan the script's learner: the run's plan.json does not describe it")
+
+
+def test_planner_flags_of_the_ray_backends_are_refused_for_a_custom_run(tmp_path):
+    proc = hpcrl("diagnose", str(run_dir(tmp_path, OOM_40GB)), "--learner-gpus", "2")
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        "hpcrl: error: --learner-gpus and --tokens-per-gpu do not apply to a custom run: its learner comes from the "
+        "run's hpcrl/plan.json (re-render the run to change it)"]

@@ -60,6 +60,9 @@ def diagnose_cmd(
         for name, tail in kept_ray_logs(RunDir(log)):
             text += f"\n==> {name} <==\n{tail}\n"
     plan, command = _run_files(log) if log.is_dir() else (None, None)
+    if (backend or (plan or {}).get("backend")) == "custom" and (learner_gpus or tokens_per_gpu):
+        raise HpcrlError("--learner-gpus and --tokens-per-gpu do not apply to a custom run: its learner comes from "
+                         "the run's hpcrl/plan.json (re-render the run to change it)")
     profile = resolve_profile(cluster)
     if cluster is None and plan and plan.get("cluster"):
         try:

@@ -99,7 +99,7 @@ def rule_cuda_oom(lines: list[str], text: str, ctx: Context) -> Finding | None:
     alloc, cap = _grab("", text, "is allocated by PyTorch"), _capacity(text, ctx)
     nums = {"tried_gib": tried, "free_gib": free, "allocated_by_pytorch_gib": alloc, "capacity_gib": cap}
     pat = re.compile(_OOM.pattern + r"|Tried to allocate|is allocated by PyTorch")
-    if _in_engine(lines, hits[0]):
+    if ctx.fix_backend != "custom" and _in_engine(lines, hits[0]):  # custom: HF generate, no vLLM engine
         fixes, d = engine_fixes(ctx, cap, _seq_len(ctx))
         return _find("vllm_cuda_oom", "A vLLM engine ran out of GPU memory while starting (weights, profiling or "
                      "CUDA graphs): its share of the GPU is too small for the model at this TP.",
@@ -117,10 +117,16 @@ def rule_cuda_oom(lines: list[str], text: str, ctx: Context) -> Finding | None:
         cause += f". The message is inconsistent ({'; '.join(bad)}): its figures are not used to scale the planner"
     if ctx.spec() is None:
         return _find("cuda_oom", cause + ".", _unknown_model(ctx), lines, pat, {**nums, **d})
-    if d.get("planner_fits"):
+    if d.get("planner_fits") and ctx.fix_backend == "custom":
+        fixes = ("the planner predicts that the run as read fits, so it cannot check a fix: check that the run "
+                 "config's mini_batch_size, max_prompt_length, max_response_length and rollout_batch_size are what "
+                 "the script uses, and what else the script keeps on the GPU")
+    elif d.get("planner_fits"):
         fixes = ("the planner predicts that the run as read fits, so it cannot check a fix: see what it assumed "
                  f"(below) and give what differs ({ctx.missing().removeprefix('--model, ')}, --cluster), or diagnose "
                  "a log that holds the driver's command line")
+    elif d.get("cannot_plan"):
+        fixes = d["cannot_plan"]
     if "scale_transient" in d:  # custom: the script's learner as planned, the log's excess on its transients
         scale = d["scale_transient"]
         cause += f" (planner: {d['predicted_gib']:.1f} GiB on the GPU" + (

@@ -225,6 +225,8 @@ class Context:
 
     def missing(self) -> str:
         """The flags to give for what the log does not say."""
+        if self.backend == "custom":  # the rest comes from the run's plan.json
+            return ASK["model"]
         want = ["model"] + (["backend"] if self.backend is None else []) + ["learner_gpus", "tokens_per_gpu"]
         return ", ".join(ASK[k] for k in want if not self.given.get(k))
 

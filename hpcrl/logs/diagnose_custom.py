@@ -40,8 +40,6 @@ def planned_setup(ctx: Context) -> HfLearnerSetup | None:
         kw["lora_targets"] = tuple(kw["lora_targets"])
         return HfLearnerSetup(model=spec, load_in_4bit=learner["weights"] == "4-bit NF4", **kw)
     except (KeyError, TypeError, ValueError):
-        ctx.note("the run's plan.json does not describe the script's learner (rendered by an older hpcrl?): "
-                 "re-render the run, or see hpcrl plan-memory --config")
         return None
 
 
@@ -79,7 +77,9 @@ def custom_fixes(ctx: Context, capacity_gib: float, demand_gib: float | None) ->
     """Single changes of the run config that fit the script's learner on this GPU, planned."""
     base = planned_setup(ctx)
     if base is None:
-        return [], {}
+        return [], {"cannot_plan": "cannot re-plan the script's learner: the run's plan.json does not describe it "
+                                   "(rendered by an older hpcrl, or not a custom run): re-render the run, or see "
+                                   "`hpcrl plan-memory --config`"}
     prof = ctx.profile.model_copy(update={"gpu": ctx.profile.gpu.model_copy(update={"memory_gib": capacity_gib})})
     cap = prof.gpu_bytes
     scale = _scale(base, demand_gib)
@@ -112,8 +112,17 @@ def custom_fixes(ctx: Context, capacity_gib: float, demand_gib: float | None) ->
     if not base.gradient_checkpointing:
         first("gradient_checkpointing", [True], "gradient_checkpointing")
     first("max_response_length", [n for n in range(base.response_len - 64, 15, -64)], "response_len")
-    first("sequences per generate call (rollout_batch_size x samples_per_prompt)", _halvings(base.rollout_seqs),
-          "rollout_seqs")
+    group = (ctx.plan or {}).get("backend_args") or {}
+    spp, batch = group.get("samples_per_prompt"), group.get("rollout_batch_size")
+    if isinstance(spp, int) and isinstance(batch, int) and spp > 0 and batch * spp == base.rollout_seqs:
+        for b in _halvings(batch):  # fewer prompts per generate call, the group size kept
+            if (dev := fits(replace(base, rollout_seqs=b * spp))) is not None:
+                fixes.append(f"rollout_batch_size {batch} -> {b} ({b * spp} sequences per generate call): planner "
+                             f"peak {dev / GIB:.1f} GiB of {capacity_gib:.1f}")
+                break
+    else:  # a plan.json without them: the product only
+        first("sequences per generate call (rollout_batch_size x samples_per_prompt)", _halvings(base.rollout_seqs),
+              "rollout_seqs")
     if not base.load_in_4bit:
         first("load_in_4bit", [True], "load_in_4bit")
     if base.reference == "copy":

@@ -418,6 +418,8 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
     "gpus": 1,
     "launcher": "python",
     "processes": 1,
+    "rollout_batch_size": 4,
+    "samples_per_prompt": 1,
     "save_steps": 200
   },
   "cluster": "berzelius:fat",

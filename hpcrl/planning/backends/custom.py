@@ -201,8 +201,12 @@ class CustomBackend(Backend):
         return int(rp.config.args.get("save_steps") or dict(rp.choices).get("save_steps") or 0)
 
     def layout_args(self, rp: RunPlan) -> dict[str, Any]:
+        # rollout_batch_size and samples_per_prompt: plan.json's memory gives only their product
+        # (sequences per generate call); diagnose proposes a rollout_batch_size from them.
         return {"launcher": self.arg(rp.config, "launcher"), "processes": rp.layout.learners_per_node,
-                "gpus": rp.profile.gpu.count_per_node, "save_steps": self.save_steps(rp)}
+                "gpus": rp.profile.gpu.count_per_node, "save_steps": self.save_steps(rp),
+                "rollout_batch_size": int(self.arg(rp.config, "rollout_batch_size")),
+                "samples_per_prompt": int(self.arg(rp.config, "samples_per_prompt"))}
 
     def driver_command(self, rp: RunPlan) -> list[DriverLine]:
         words = [_word(a) for a in self.arg(rp.config, "script_args")]

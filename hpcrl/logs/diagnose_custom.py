@@ -19,6 +19,7 @@ from dataclasses import replace
 from hpcrl.logs.diagnose_context import Context
 from hpcrl.memory import constants as C
 from hpcrl.memory.hf_learner import HfLearnerMemory, HfLearnerSetup, hf_learner_memory
+from hpcrl.memory.plan import margin_bytes
 
 GIB = C.GIB
 # plan.json's memory.learner field -> HfLearnerSetup field (the run as hpcrl planned it).
@@ -46,23 +47,17 @@ def planned_setup(ctx: Context) -> HfLearnerSetup | None:
 def _device(s: HfLearnerSetup, scale: float) -> tuple[float, float]:
     """Bytes on the GPU at the step's peak, with each moment's transient terms times `scale`, and
     the allocator margin kept free on top of it (the eager path's, as hf_memory_plan plans it)."""
-    hf: HfLearnerMemory = hf_learner_memory(s)
-    reserved = 0.0
-    for phase, terms in hf.phases.items():
-        allocated = hf.resident_bytes + scale * sum(t.bytes for t in terms)
-        reserved = max(reserved, allocated * (1 + C.RESERVE_FRACTION) + C.RESERVE_FIXED_GIB * GIB
-                       + C.RESERVE_LOGITS * scale * hf.largest_logits[phase])
-    fraction, floor_gib = C.ALLOCATOR_MARGIN["eager"]
-    return reserved + hf.non_torch(s.n_gpus), max(floor_gib * GIB, fraction * reserved)
+    hf = hf_learner_memory(s)
+    reserved = max(hf.reserved(p, scale) for p in hf.phases)
+    return reserved + hf.non_torch(s.n_gpus), margin_bytes("eager", reserved)
 
 
-def _scale(base: HfLearnerSetup, demand_gib: float | None) -> float:
+def _scale(hf: HfLearnerMemory, demand_gib: float | None) -> float:
     """How much the log's demand exceeds the plan's, applied to the transient terms (>= 1)."""
-    if not demand_gib:
+    transient = hf.peak_allocated - hf.resident_bytes
+    if not demand_gib or transient <= 0:
         return 1.0
-    hf = hf_learner_memory(base)
-    transient = max(sum(t.bytes for t in ts) for ts in hf.phases.values())
-    return max(1.0, (demand_gib * GIB - hf.resident_bytes) / transient) if transient > 0 else 1.0
+    return max(1.0, (demand_gib * GIB - hf.resident_bytes) / transient)
 
 
 def _halvings(value: int) -> list[int]:
@@ -82,10 +77,11 @@ def custom_fixes(ctx: Context, capacity_gib: float, demand_gib: float | None) ->
                                    "`hpcrl plan-memory --config`"}
     prof = ctx.profile.model_copy(update={"gpu": ctx.profile.gpu.model_copy(update={"memory_gib": capacity_gib})})
     cap = prof.gpu_bytes
-    scale = _scale(base, demand_gib)
+    hf = hf_learner_memory(base)
+    scale = _scale(hf, demand_gib)
     now, margin = _device(base, scale)
     details = {"capacity_gib": round(capacity_gib, 2), "predicted_gib": round(now / GIB, 3),
-               "peak_phase": hf_learner_memory(base).peak_phase, "scale_transient": round(scale, 2)}
+               "peak_phase": hf.peak_phase, "scale_transient": round(scale, 2)}
     ctx.note(f"the script's learner from the run's plan.json ({base.micro_seqs} sequences per training micro-batch, "
              f"{base.prompt_len}+{base.response_len} tokens, {base.rollout_seqs} per generate call)")
     if scale > 1:

@@ -125,8 +125,9 @@ class HfLearnerMemory:
     def resident_bytes(self) -> float:
         return sum(t.bytes for t in self.resident)
 
-    def phase_allocated(self, phase: str) -> float:
-        return self.resident_bytes + sum(t.bytes for t in self.phases[phase])
+    def phase_allocated(self, phase: str, scale: float = 1.0) -> float:
+        """Allocated at `phase`; `scale` multiplies its transient terms (diagnose matches a log with it)."""
+        return self.resident_bytes + scale * sum(t.bytes for t in self.phases[phase])
 
     @property
     def peak_phase(self) -> str:
@@ -136,10 +137,10 @@ class HfLearnerMemory:
     def peak_allocated(self) -> float:
         return self.phase_allocated(self.peak_phase)
 
-    def reserved(self, phase: str) -> float:
+    def reserved(self, phase: str, scale: float = 1.0) -> float:
         """The caching allocator's reserve at `phase`: constants.RESERVE_* (fitted on DeepSpeed rows)."""
-        return (self.phase_allocated(phase) * (1 + C.RESERVE_FRACTION) + C.RESERVE_FIXED_GIB * C.GIB
-                + C.RESERVE_LOGITS * self.largest_logits[phase])
+        return (self.phase_allocated(phase, scale) * (1 + C.RESERVE_FRACTION) + C.RESERVE_FIXED_GIB * C.GIB
+                + C.RESERVE_LOGITS * scale * self.largest_logits[phase])
 
     @property
     def peak_reserved(self) -> float:

@@ -17,7 +17,12 @@ LEARNER_HEADROOM = 0.03
 
 def allocator_margin(setup: LearnerSetup, peak_reserved: float) -> float:
     """Bytes a learner keeps free for the allocator's measured spread (constants.ALLOCATOR_MARGIN)."""
-    fraction, floor_gib = C.ALLOCATOR_MARGIN[setup.logprob_impl]
+    return margin_bytes(setup.logprob_impl, peak_reserved)
+
+
+def margin_bytes(logprob_impl: str, peak_reserved: float) -> float:
+    """The allocator margin for a log-prob path ("compiled" or "eager") at a peak reserve."""
+    fraction, floor_gib = C.ALLOCATOR_MARGIN[logprob_impl]
     return max(floor_gib * C.GIB, fraction * peak_reserved)
 
 

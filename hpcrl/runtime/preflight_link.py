@@ -159,3 +159,12 @@ class Gate:
                 self.admitted.put((conn, buf))
         finally:
             self.pending.release()
+
+
+if __name__ == "__main__":
+    import sys
+
+    print("usage: python -m hpcrl.runtime.preflight_link --help\n\n"
+          "The links of preflight's collective check (framed JSON and the per-job secret's challenge);\n"
+          "no command of its own: preflight_collective.py imports it (python -m hpcrl.runtime.preflight_collective).")
+    sys.exit(0 if len(sys.argv) == 2 and sys.argv[1] in ("-h", "--help") else 2)

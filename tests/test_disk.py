@@ -244,3 +244,14 @@ def test_plan_disk_config_is_what_render_checks():
     assert got["fsdp_state"]["written"] is None and got["fsdp_state"]["at_peak"] == 2
     assert got["fsdp_state"]["bytes"] == 12 * QWEN7B + 16 * 4 * MIB + 20 * MIB
     assert got["model_cache"]["bytes"] == 2 * QWEN7B  # $PROJECTDIR/hf beside $PROJECTDIR/hpcrl-runs
+
+
+def test_frequencies_of_zero_are_grpo_fasts_off_switches_and_say_so():
+    """grpo_fast.py (e6c3044a) saves HF weights only `if args.save_freq > 0` (:1664) but always at
+    the end (:2052), and writes DeepSpeed state only for a positive checkpoint_state_freq."""
+    proc = _cli("--model", "32b", "--save-freq", "0", "--checkpoint-state-freq", "0", "--json")
+    assert proc.returncode == 0, proc.stderr
+    items = {i["kind"]: i for i in json.loads(proc.stdout)["items"]}
+    assert items["hf_save"]["written"] == 1 and "final only: save_freq <= 0" in items["hf_save"]["what"]
+    assert items["deepspeed_state"]["written"] == 0
+    assert "none: checkpoint_state_freq <= 0" in items["deepspeed_state"]["what"]

@@ -83,11 +83,14 @@ def _open_instruct(s: DiskInputs) -> Budget:
     plan = plan_disk(s.model, zero_stage=s.zero_stage, n_learners=s.learners, lora_rank=s.lora_rank,
                      save_freq=s.hf_every, checkpoint_state_freq=s.ckpt_every, keep_last_n_checkpoints=keep,
                      total_steps=s.total_steps or 1)
-    items = [Item("deepspeed_state", f"DeepSpeed state (checkpoint_state_dir/global_stepN, every {s.ckpt_every}, "
-                  f"keep {keep})", plan.state_bytes, plan.n_state_saves, plan.state_at_peak,
+    # <= 0 turns each off in grpo_fast (`if args.save_freq > 0`, :1664); the final HF save is unconditional (:2052).
+    state_when = f"every {s.ckpt_every}, keep {keep}" if s.ckpt_every > 0 else "none: checkpoint_state_freq <= 0"
+    hf_when = f"every {s.hf_every} + final" if s.hf_every > 0 else "final only: save_freq <= 0"
+    items = [Item("deepspeed_state", f"DeepSpeed state (checkpoint_state_dir/global_stepN, {state_when})",
+                  plan.state_bytes, plan.n_state_saves, plan.state_at_peak,
                   f"{OI}: open_instruct/grpo_fast.py:767, utils.py:838-857", plan.state_terms),
-             Item("hf_save", f"HF save: {plan.hf_kind} (every {s.hf_every} + final)", plan.hf_bytes, plan.n_hf_saves,
-                  plan.hf_at_peak, f"{OI}: open_instruct/grpo_fast.py:827, 1664-1669")]
+             Item("hf_save", f"HF save: {plan.hf_kind} ({hf_when})", plan.hf_bytes, plan.n_hf_saves,
+                  plan.hf_at_peak, f"{OI}: open_instruct/grpo_fast.py:827, 1664-1669, 2052")]
     extra, notes = cache_items(s, True, f"{OI}: open_instruct/rl_utils.py:100-128 (save_traces)")
     settings = {"checkpoint_state_freq": s.ckpt_every, "keep_last_n_checkpoints": keep, "save_freq": s.hf_every,
                 "deepspeed_stage": s.zero_stage, "total_steps": s.total_steps}

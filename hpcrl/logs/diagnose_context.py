@@ -36,9 +36,9 @@ KEYS: dict[str, dict[str, str]] = {
                  "nodes": "actor.num_nodes", "gpus": "actor.num_gpus_per_node", "zero": "ds.zero_stage",
                  "tp": "vllm.tensor_parallel_size", "util": "vllm.gpu_memory_utilization", "offload": "ds.adam_offload",
                  "lora": "ds.lora.rank", "sync": "vllm.sync_with_ray"},
-    # A user's own script: hpcrl's run-config keys that describe it (its own flags are unknown).
-    "custom": {"model": "model", "micro": "mini_batch_size", "prompt": "max_prompt_length",
-               "response": "max_response_length"},
+    # A user's own script: its model in hpcrl's run-config key (its own flags are unknown; the rest
+    # comes from plan.json, hpcrl/logs/diagnose_custom.py).
+    "custom": {"model": "model"},
 }
 # open-instruct's logged arguments (`Args: name=value ...`, a YAML config echoed): name -> (key, default).
 OI_DEFAULTS = {"tokens_per_gpu": ("pack_length", 10240), "zero_stage": ("deepspeed_stage", 3),

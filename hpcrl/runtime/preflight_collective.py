@@ -36,8 +36,6 @@ if __package__:  # imported as hpcrl.runtime.preflight_collective
 else:  # run as a script beside its copy of preflight_link.py (never an installed hpcrl's)
     from preflight_link import Gate, join, job_secret, recv_msg, send_msg
 
-MIB = 1 << 20
-
 
 def capabilities() -> dict:
     """What this node can run: torch's version and how many GPUs torch sees."""

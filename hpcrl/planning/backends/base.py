@@ -192,6 +192,12 @@ class Backend(ABC):
         """How many tokens one learner GPU holds in a micro-batch, in the framework's words."""
         return f"{rp.workload.pack_length} tokens per GPU micro-batch"
 
+    # ------------------------------------------------------------------ planning facts
+    # (disk budget kinds, memory-model choice, plan-memory questions)
+
+    # ------------------------------------------------------------------ log, diagnose and in-job facts
+    # (log line formats and metric keys, diagnose fixes, smoke placement, driver command-line reading)
+
 
 def positive(v: float) -> bool:
     return v > 0

@@ -1,0 +1,123 @@
+"""The framework versions hpcrl has tables for, and which of them know a key.
+
+Pure. `data/versions.json` lists, per backend and oldest first, each version's name (release
+tag or the version string its source declares), commit, date and data files; the newest is the
+default a run config gets when it names none (hpcrl.framework_version), and the caller prints
+it as an assumption. A version is named by its name, its full commit or a commit prefix of at
+least 7 characters.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from hpcrl.errors import ConfigError
+
+_DATA = Path(__file__).with_name("data")
+MIN_PREFIX = 7
+
+
+@dataclass(frozen=True)
+class Version:
+    """One framework version hpcrl has read."""
+
+    backend: str
+    name: str
+    commit: str
+    date: str
+    release: str | None
+    args_file: str  # under data/
+    capabilities_file: str | None
+    note: str = ""
+
+    def label(self) -> str:
+        """`name (short commit)`, as errors and assumptions print it."""
+        return self.name if self.name.startswith(self.commit[:8]) else f"{self.name} ({self.commit[:8]})"
+
+
+class UnknownVersionError(ConfigError):
+    """A framework version hpcrl has no table for."""
+
+
+class KeyNotInVersionError(ConfigError):
+    """A key the named version lacks but another known version has."""
+
+
+@lru_cache(maxsize=1)
+def _index() -> dict[str, Any]:
+    return json.loads((_DATA / "versions.json").read_text())
+
+
+def known(backend: str) -> list[Version]:
+    """The versions of `backend` hpcrl has tables for, oldest first ([] for a backend with none)."""
+    return [Version(backend, v["name"], v["commit"], v["date"], v.get("release"), v["files"]["args"],
+                    v["files"].get("capabilities"), v.get("note", ""))
+            for v in _index().get(backend, [])]
+
+
+def default(backend: str) -> Version:
+    """The newest known version: what a run config that names none targets (say so as an assumption)."""
+    return known(backend)[-1]
+
+
+def resolve(backend: str, name: str | None) -> Version:
+    """The version `name` names (name, release, commit or commit prefix); the default when None."""
+    versions = known(backend)
+    if name is None or name == "":
+        return default(backend)
+    text = str(name).strip().lower()
+    for v in versions:
+        if text in (v.name.lower(), (v.release or "").lower()) or (
+                len(text) >= MIN_PREFIX and v.commit.startswith(text)):
+            return v
+    raise UnknownVersionError(
+        f"hpcrl.framework_version={name!r}: no {backend} table for it; "
+        f"known: {', '.join(v.label() for v in versions)} (default: the newest, {versions[-1].label()})")
+
+
+@lru_cache(maxsize=None)
+def _load(filename: str) -> dict[str, Any]:
+    return json.loads((_DATA / filename).read_text())
+
+
+def table(backend: str, name: str | None = None) -> dict[str, dict[str, Any]]:
+    """Key or flag -> its facts (default, type, ...) at that version, without `_meta`."""
+    return {k: v for k, v in _load(resolve(backend, name).args_file).items() if not k.startswith("_")}
+
+
+def meta(backend: str, name: str | None = None) -> dict[str, Any]:
+    """The version's key table `_meta` (repo, commit, entry point, ...)."""
+    return _load(resolve(backend, name).args_file)["_meta"]
+
+
+def capabilities(backend: str, name: str | None = None) -> dict[str, Any]:
+    """The capability facts read at that version ({} where none were read)."""
+    v = resolve(backend, name)
+    return _load(v.capabilities_file).get(backend, {}) if v.capabilities_file else {}
+
+
+def versions_with_key(backend: str, key: str) -> list[Version]:
+    """The known versions whose table has `key`, oldest first."""
+    return [v for v in known(backend) if key in table(backend, v.commit)]
+
+
+def check_key(backend: str, name: str | None, key: str) -> bool:
+    """True when the version has `key`; False when no known version does (the caller's own
+    unknown-key error applies); raises when only other versions have it."""
+    if key in table(backend, name):
+        return True
+    others = versions_with_key(backend, key)
+    if not others:
+        return False
+    v = resolve(backend, name)
+    raise KeyNotInVersionError(
+        f"{key}: not a {backend} key at {v.label()}; it exists in {', '.join(o.label() for o in others)} "
+        f"(set hpcrl.framework_version to one of them)")
+
+
+__all__ = ["KeyNotInVersionError", "UnknownVersionError", "Version", "capabilities", "check_key", "default",
+           "known", "meta", "resolve", "table", "versions_with_key"]

@@ -4,6 +4,8 @@ config at each commit (file:line cited beside each), not computed with the code 
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from hpcrl.errors import HpcrlError
@@ -53,3 +55,16 @@ def test_defaults_as_verl_declares_them(version, key, default):
 def test_colocated_vllm_sleeps_at_level_2_at_both_versions(version, level, source):
     fact = versions.capabilities("verl", version)["vllm"]["sleep_level"]
     assert (fact["default"], fact["source"]) == (level, source)
+
+
+@pytest.mark.parametrize("backend,version", [(b, v.commit) for b in ("open-instruct", "verl", "openrlhf")
+                                             for v in versions.known(b)])
+def test_each_version_s_key_table_was_read_at_its_commit(backend, version):
+    assert versions.meta(backend, version)["commit"] == version
+
+
+def test_every_fact_of_the_current_verl_cites_a_file_and_line():
+    facts = versions.capabilities("verl", CURRENT)
+    sources = [f["source"] for section in ("default_path", "features", "vllm", "install")
+               for f in facts[section].values() if isinstance(f, dict)]
+    assert [s for s in sources if not re.match(r"^[\w./-]+:\d+$", s)] == []

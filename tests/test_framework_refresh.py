@@ -137,3 +137,30 @@ def test_framework_table_composes_a_hydra_config_with_its_dataclass_types(tmp_pa
         "actor.lr": {"default": "1e-06", "type": "float"},
         "actor.rank": {"default": "${.optim.size}", "resolved": 8, "type": "int", "interpolation": True},
         "actor.name": {"default": "???", "type": "str", "required": True}}
+
+
+def test_framework_table_reads_the_parser_the_entry_point_builds(tmp_path):
+    """Flags made in a loop, a store_false alias and a pair of values, as argparse defines them."""
+    repo = tmp_path / "fw"
+    _git(tmp_path, "init", "-q", str(repo))
+    _write(repo, {"cli/train.py": "import argparse\nimport not_installed_here\n\nif __name__ == '__main__':\n"
+                                  "    parser = argparse.ArgumentParser()\n"
+                                  "    for prefix in ('actor', 'critic'):\n"
+                                  "        parser.add_argument(f'--{prefix}.lr', type=float, default=1e-6)\n"
+                                  "    parser.add_argument('--sleep', action='store_true', default=True)\n"
+                                  "    parser.add_argument('--no_sleep', dest='sleep', action='store_false')\n"
+                                  "    parser.add_argument('--betas', type=float, nargs=2, default=(0.9, 0.95))\n"
+                                  "    args = parser.parse_args()\n    not_installed_here.run(args)\n"})
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-qm", "cli")
+    out = tmp_path / "args.json"
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "framework-table"), "argparse", "--git-dir",
+                    str(repo / ".git"), "--commit", "HEAD", "--file", "cli/train.py", "--out", str(out)],
+                   check=True, capture_output=True)
+    keys = {k: v for k, v in json.loads(out.read_text()).items() if k != "_meta"}
+    assert keys == {
+        "actor.lr": {"default": "1e-06", "type": "float", "action": "store"},
+        "critic.lr": {"default": "1e-06", "type": "float", "action": "store"},
+        "sleep": {"default": "True", "type": "bool", "action": "store_true"},
+        "no_sleep": {"default": "True", "type": "bool", "action": "store_false", "dest": "sleep"},
+        "betas": {"default": "[0.9, 0.95]", "type": "list", "element_type": "float", "nargs": 2, "action": "store"}}

@@ -1,4 +1,4 @@
-"""Fixes for a custom-backend run that ran out of GPU memory (pure).
+"""Fixes for a run of a user's own script (the custom backend) that ran out of GPU memory (pure).
 
 A user's own HF/TRL-style script has no command line hpcrl can read; its learner is known from the
 run directory's hpcrl/plan.json (`memory.learner`, what `hpcrl plan-memory` planned). The fixes are
@@ -68,7 +68,7 @@ def _halvings(value: int) -> list[int]:
     return out
 
 
-def custom_fixes(ctx: Context, capacity_gib: float, demand_gib: float | None) -> tuple[list[str], dict]:
+def planned_fixes(ctx: Context, capacity_gib: float, demand_gib: float | None) -> tuple[list[str], dict]:
     """Single changes of the run config that fit the script's learner on this GPU, planned."""
     base = planned_setup(ctx)
     if base is None:
@@ -130,4 +130,4 @@ def _text(v: object) -> str:
     return str(v).lower() if isinstance(v, bool) else str(v)
 
 
-__all__ = ["custom_fixes", "planned_setup"]
+__all__ = ["planned_fixes", "planned_setup"]

@@ -19,12 +19,11 @@ from hpcrl.errors import HpcrlError
 from hpcrl.logs.driver_cmdline import DriverCommand, find_command
 from hpcrl.models import ModelSpec, resolve_model
 from hpcrl.planning.backends import get_backend
-from hpcrl.planning.backends.log_facts import DiagnoseFacts
-from hpcrl.planning.run_types import HpcrlSection
+from hpcrl.planning.backends.log_facts import DiagnoseFacts, default_backend
 from hpcrl.profiles import ClusterProfile
 
 # The backend a log is read as when nothing says which framework ran: the run config's default.
-DEFAULT_BACKEND = str(HpcrlSection.model_fields["backend"].default)
+DEFAULT_BACKEND = default_backend()
 ASK = {"model": "--model", "learner_gpus": "--learner-gpus", "tokens_per_gpu": "--tokens-per-gpu", "backend": "--backend"}
 
 

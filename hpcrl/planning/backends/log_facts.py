@@ -22,6 +22,7 @@ class CommandFacts:
     # the shell hands over unquoted, so the run directory inside them must hold no Hydra syntax.
     style: Literal["flags", "hydra"] = "flags"
     framework: str = ""  # the framework in messages ("older OpenRLHF names")
+    package: str | None = None  # what the training Python must import (preflight checks it on every node)
 
 
 @dataclass(frozen=True)
@@ -90,4 +91,11 @@ class CpuAsk:
         return ["--cpu-ask", self.who, str(self.total), str(self.per_node), self.where]
 
 
-__all__ = ["CommandFacts", "CpuAsk", "DiagnoseFacts", "Placement", "SmokeFacts"]
+def default_backend() -> str:
+    """The backend of a run config that names none: what a log is read as when nothing says."""
+    from hpcrl.planning.run_types import HpcrlSection  # the config's types sit above the backends
+
+    return str(HpcrlSection.model_fields["backend"].default)
+
+
+__all__ = ["CommandFacts", "CpuAsk", "DiagnoseFacts", "Placement", "SmokeFacts", "default_backend"]

@@ -167,7 +167,7 @@ class OpenInstructBackend(Backend):
     flag_table = "hpcrl/planning/backends/data/open_instruct_args_{layout}.json"
     entry_is_module = False
     command_facts = CommandFacts(entry=r"grpo_fast\.py|open_instruct\.grpo_fast|grpo_vllm_thread_ray_gtrl\.py",
-                                 framework="open-instruct")
+                                 framework="open-instruct", package="open_instruct")
     diagnose_facts = DiagnoseFacts(
         keys={"model": "model_name_or_path", "tokens": "pack_length", "learners": "num_learners_per_node",
               "zero": "deepspeed_stage", "tp": "vllm_tensor_parallel_size", "util": "vllm_gpu_memory_utilization",

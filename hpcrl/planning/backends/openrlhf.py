@@ -134,7 +134,7 @@ class OpenRLHFBackend(Backend):
     run_dir_keys = (*RUN_DIR_KEYS, "ckpt.load_enable")
     flag_table = "hpcrl/planning/backends/data/openrlhf_args.json"
     command_facts = CommandFacts(entry=r"openrlhf\.cli\.train_ppo_ray|openrlhf/cli/train_ppo_ray\.py",
-                                 framework="OpenRLHF")
+                                 framework="OpenRLHF", package="openrlhf")
     diagnose_facts = DiagnoseFacts(
         keys={"model": "actor.model_name_or_path", "micro": "train.micro_batch_size", "max_len": "data.max_len",
               "nodes": "actor.num_nodes", "gpus": "actor.num_gpus_per_node", "zero": "ds.zero_stage",

@@ -137,7 +137,7 @@ class VerlBackend(Backend):
     run_dir_keys = (T + "default_local_dir", T + "resume_mode")
     flag_table = "hpcrl/planning/backends/data/verl_args.json"
     command_facts = CommandFacts(entry=r"verl\.trainer\.main_ppo|verl/trainer/main_ppo\.py", style="hydra",
-                                 framework="verl")
+                                 framework="verl", package="verl")
     diagnose_facts = DiagnoseFacts(
         keys={"model": "actor_rollout_ref.model.path", "micro": MICRO_KEY, "mini": A + "ppo_mini_batch_size",
               "samples": R + "n", "nodes": T + "nnodes", "gpus": T + "n_gpus_per_node", "tp": TP_KEY,

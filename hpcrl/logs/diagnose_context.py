@@ -175,7 +175,7 @@ class Context:
     def config(self):  # noqa: ANN201 - RunConfig
         """The run as a run config of its backend (for the backend's own reading and planner)."""
         if self._config is None:
-            from hpcrl.planning.config import RunConfig
+            from hpcrl.planning.config import HpcrlSection, RunConfig
 
             args, f = self.args, self.facts
             # hpcrl plans critic-free runs (GRPO); the frameworks' own default estimator is PPO's gae.

@@ -73,7 +73,7 @@ def planned_fixes(ctx: Context, capacity_gib: float, demand_gib: float | None) -
     base = planned_setup(ctx)
     if base is None:
         return [], {"cannot_plan": "cannot re-plan the script's learner: the run's plan.json does not describe it "
-                                   "(rendered by an older hpcrl, or not a custom run): re-render the run, or see "
+                                   "(rendered by an older hpcrl, or not a run of a user's own script): re-render the run, or see "
                                    "`hpcrl plan-memory --config`"}
     prof = ctx.profile.model_copy(update={"gpu": ctx.profile.gpu.model_copy(update={"memory_gib": capacity_gib})})
     cap = prof.gpu_bytes

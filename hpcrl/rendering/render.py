@@ -343,7 +343,7 @@ def _context(rp: RunPlan, smoke: bool) -> dict:
         "grad_norm_steps": hp.grad_norm_steps,
         "zero_variance_steps": hp.zero_variance_steps,
         "reward_keys": list(hp.reward_keys),
-        "learners": " ".join(str(k) for k in lay.open_instruct_fields()["num_learners_per_node"]),
+        "learners": " ".join([str(lay.learners_per_node)] * lay.learner_nodes),
         "engines": lay.engines,
         "tp": lay.tp,
         "smoke_placement": backend.smoke_facts.comment,

@@ -341,5 +341,6 @@ class OpenInstructBackend(Backend):
     def smoke_cpu_ask(self, rp: RunPlan) -> CpuAsk:
         # 10 CPUs per learner GPU (grpo_fast_resource_plan.LEARNER_PLACEMENT_GROUP_CPU_PER_GPU), tp per
         # engine, and 3 for DataPreparationActor (2) and ActorManager (1).
-        lay, learners = rp.layout, rp.layout.open_instruct_fields()["num_learners_per_node"]
-        return CpuAsk("grpo_fast.py", sum(learners) * 10 + lay.engines * lay.tp + 3, max(learners) * 10, "learner node")
+        lay = rp.layout
+        learners = lay.learners_per_node * lay.learner_nodes
+        return CpuAsk("grpo_fast.py", learners * 10 + lay.engines * lay.tp + 3, lay.learners_per_node * 10, "learner node")

@@ -344,7 +344,7 @@ class OpenRLHFBackend(Backend):
     def smoke_cpu_ask(self, rp: RunPlan) -> CpuAsk:
         # One CPU per GPU bundle, the actor's and (unless colocated) the engines'.
         lay = rp.layout
-        gpus = sum(lay.open_instruct_fields()["num_learners_per_node"]) + (0 if lay.colocated else lay.engines * lay.tp)
+        gpus = lay.learners_per_node * lay.learner_nodes + (0 if lay.colocated else lay.engines * lay.tp)
         return CpuAsk("OpenRLHF", gpus, rp.profile.gpu.count_per_node)
 
     def summary(self, rp: RunPlan) -> str:

@@ -143,3 +143,12 @@ def test_preflight_imports_the_runs_own_framework():
     # verl's driver is verl.trainer.main_ppo: the package the training Python must import is verl.
     spec = target(cluster="local-dev", config=str(REPO / "configs" / "verl-grpo-qwen2.5-7b.yaml")).spec
     assert spec["modules"] == ["torch", "vllm", "deepspeed", "ray", "verl"]
+
+
+def test_a_users_own_script_is_not_read_as_a_framework_command():
+    from hpcrl.logs.driver_cmdline import from_script
+
+    # The custom backend's driver is the user's script: its words (--config, --output_dir) are its own.
+    script = render_script(make_run_plan("custom-ppo-qwen2.5-3b-qlora", nodes=1, cluster="berzelius:fat"))
+    assert "--output_dir" in script  # the script's own flags are there to be misread
+    assert from_script(script, "custom") is None

@@ -119,9 +119,10 @@ def find_command(text: str) -> DriverCommand | None:
 
 
 def from_script(text: str, backend: str) -> DriverCommand | None:
-    """The driver's arguments in a script hpcrl rendered (its DRIVER=( ... ) array)."""
+    """The driver's arguments in a script hpcrl rendered (its DRIVER=( ... ) array); None for a
+    backend whose command hpcrl cannot read (a user's own script)."""
     block = _DRIVER_BLOCK.search(text)
-    if not block:
+    if not block or get_backend(backend).command_facts.entry is None:
         return None
     words = _words(block.group(1))
     start = next((i + 1 for i, w in enumerate(words) if w == "$ENTRY_POINT"), None)

@@ -28,7 +28,8 @@ REPO = Path(__file__).resolve().parents[1]
 NO_NAMES = ("hpcrl/logs", "hpcrl/runtime", "hpcrl/rendering")
 # Each name as code may spell it (open-instruct, open_instruct, OpenInstruct); "custom", an ordinary
 # word, only as a string of its own.
-SPELLINGS = re.compile("|".join(re.escape(n).replace(r"\-", "[-_ ]?") for n in BACKENDS if n != "custom"), re.I)
+SPELLINGS = re.compile("(?<![A-Za-z])(?i:" + "|".join(re.escape(n).replace(r"\-", "[-_ ]?") for n in BACKENDS
+                                                    if n != "custom") + ")(?![a-z])")  # not in "overlap"
 SMOKE_SETS = ["hpcrl.run_root=/tmp/hpcrl-e2e", 'hpcrl.time="00:05:00"']
 
 

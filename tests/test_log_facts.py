@@ -153,3 +153,30 @@ def test_a_users_own_script_is_not_read_as_a_framework_command():
     script = render_script(make_run_plan("custom-ppo-qwen2.5-3b-qlora", nodes=1, cluster="berzelius:fat"))
     assert "--output_dir" in script  # the script's own flags are there to be misread
     assert from_script(script, "custom") is None
+
+
+LOGS = REPO / "tests" / "data" / "logs"
+
+
+def _diagnose(text: str):
+    from hpcrl.logs.diagnose import Context, diagnose
+    from hpcrl.profiles import load_profile
+
+    return diagnose(text, Context(load_profile("isambard-ai"), {}))
+
+
+def test_an_openrlhf_timeout_that_is_no_weight_sync_gets_no_sync_switch():
+    # The same run timing out in an all-reduce of the actor's own group: OpenRLHF hard-codes the
+    # limit (3c3be623 utils/deepspeed/deepspeed.py:82), and --vllm.sync_with_ray only changes the
+    # broadcast to the engines.
+    text = (LOGS / "openrlhf_nccl_timeout.log").read_text()
+    text = "\n".join(line for line in text.replace("OpType=BROADCAST", "OpType=ALLREDUCE").splitlines()
+                     if "broadcast_to_vllm" not in line)
+    f = _diagnose(text).findings[0]
+    assert (f.kind, "sync_with_ray" in f.fix, "no flag for the limit (60 min" in f.fix) == ("nccl_timeout", False, True)
+
+
+def test_a_dead_verl_worker_is_said_to_hold_every_role_of_its_gpu():
+    # The log's dead actor is verl's WorkerDict (create_colocated_worker_cls): actor, rollout and reference in one.
+    f = _diagnose((LOGS / "verl_worker_died.log").read_text()).findings[0]
+    assert f.kind == "ray_actor_died" and "WorkerDict holds the actor, rollout and reference" in f.cause

@@ -79,7 +79,13 @@ def target(cluster: str | None = None, partition: str | None = None, config: str
         + (list(hp.env_setup) if hp else []),
         "workdir": hp.workdir if hp else None,
     }
-    from hpcrl.runtime import preflight_collective, preflight_link
+    from hpcrl.planning.backends import get_backend
+    from hpcrl.planning.backends.log_facts import default_backend
+    from hpcrl.runtime import preflight_collective, preflight_link, preflight_probe
+
+    # The training stack and the run's framework (the default backend's without a config).
+    package = get_backend(hp.backend if hp else default_backend()).command_facts.package
+    spec["modules"] = [*preflight_probe.STACK, *([package] if package else [])]
 
     spec["collective_files"] = {Path(m.__file__).name: Path(m.__file__).read_text()
                                 for m in (preflight_collective, preflight_link)}

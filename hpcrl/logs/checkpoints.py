@@ -71,7 +71,7 @@ def _checkpoint(path: Path, kind: str, step: int) -> Checkpoint:
     size, modified = _size_and_mtime(path)
     if kind == "hf":
         complete = (path / HF_MARKER).exists()
-        why = "" if complete else f"no {HF_MARKER} (being written, failed, or an older open-instruct)"
+        why = "" if complete else f"no {HF_MARKER} (being written, failed, or written by a version without the marker)"
     else:
         latest = _latest_state_step(path.parent)
         complete = latest is not None and step <= latest

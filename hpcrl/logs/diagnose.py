@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from hpcrl.logs.diagnose_context import Context
 from hpcrl.logs.diagnose_fixes import engine_fixes, learner_fixes
 from hpcrl.logs.driver_log import ANSI, CUDA_OOM as _OOM, LIBFABRIC as _CXI, NCCL_TIMEOUT as _TIMEOUT, death_line, parse_steps
 from hpcrl.memory import constants as C
+from hpcrl.planning.backends import get_backend
 
 GIB = C.GIB
 __all__ = ["Context", "Diagnosis", "Finding", "diagnose"]
@@ -99,7 +100,7 @@ def rule_cuda_oom(lines: list[str], text: str, ctx: Context) -> Finding | None:
     alloc, cap = _grab("", text, "is allocated by PyTorch"), _capacity(text, ctx)
     nums = {"tried_gib": tried, "free_gib": free, "allocated_by_pytorch_gib": alloc, "capacity_gib": cap}
     pat = re.compile(_OOM.pattern + r"|Tried to allocate|is allocated by PyTorch")
-    if ctx.fix_backend != "custom" and _in_engine(lines, hits[0]):  # custom: HF generate, no vLLM engine
+    if ctx.facts.engines and _in_engine(lines, hits[0]):
         fixes, d = engine_fixes(ctx, cap, _seq_len(ctx))
         return _find("vllm_cuda_oom", "A vLLM engine ran out of GPU memory while starting (weights, profiling or "
                      "CUDA graphs): its share of the GPU is too small for the model at this TP.",
@@ -117,7 +118,7 @@ def rule_cuda_oom(lines: list[str], text: str, ctx: Context) -> Finding | None:
         cause += f". The message is inconsistent ({'; '.join(bad)}): its figures are not used to scale the planner"
     if ctx.spec() is None:
         return _find("cuda_oom", cause + ".", _unknown_model(ctx), lines, pat, {**nums, **d})
-    if d.get("planner_fits") and ctx.fix_backend == "custom":
+    if d.get("planner_fits") and ctx.facts.learner_fixes == "planned":
         fixes = ("the planner predicts that the run as read fits, so it cannot check a fix: check that the run "
                  "config's mini_batch_size, max_prompt_length, max_response_length and rollout_batch_size are what "
                  "the script uses, and what else the script keeps on the GPU")
@@ -127,7 +128,7 @@ def rule_cuda_oom(lines: list[str], text: str, ctx: Context) -> Finding | None:
                  "a log that holds the driver's command line")
     elif d.get("cannot_plan"):
         fixes = d["cannot_plan"]
-    if "scale_transient" in d:  # custom: the script's learner as planned, the log's excess on its transients
+    if "scale_transient" in d:  # a planned script's learner, the log's excess on its transients
         scale = d["scale_transient"]
         cause += f" (planner: {d['predicted_gib']:.1f} GiB on the GPU" + (
             f" with the batch- and length-dependent terms x{scale} to match the log" if scale > 1 else "") + (
@@ -142,10 +143,9 @@ def rule_cuda_oom(lines: list[str], text: str, ctx: Context) -> Finding | None:
 
 
 def _seq_len(ctx: Context) -> int:
-    """One sequence (prompt + response) of the run; open-instruct's pack_length where nothing says."""
-    if ctx.fix_backend == "verl":
-        return int(ctx.arg("prompt")) + int(ctx.arg("response"))
-    return int(ctx.arg("max_len")) if ctx.fix_backend == "openrlhf" else int(ctx.get("tokens_per_gpu"))
+    """One sequence (prompt + response) of the run; the tokens per GPU where the framework has no such key."""
+    keys = ctx.facts.seq_len
+    return sum(int(ctx.arg(k)) for k in keys) if keys else int(ctx.get("tokens_per_gpu"))
 
 
 def _or_unknown(fixes: list[str], ctx: Context) -> list[str] | str:
@@ -223,16 +223,15 @@ def rule_nccl(lines: list[str], text: str, ctx: Context) -> Finding | None:
 
 def _timeout_fix(ctx: Context, text: str, op: str) -> str:
     """What the backend itself offers against a collective that times out."""
-    b = ctx.backend
-    if b == "verl":
+    if ctx.backend is None:
+        return ""
+    f = ctx.facts
+    if f.timeout_raise:
         return (f"; only if the ranks are merely slow (a long first step), raise {ctx.key('timeout')} (seconds, now "
                 f"{ctx.arg('timeout')})")
-    if b == "openrlhf":
-        if op.upper().startswith("BROADCAST") or "broadcast_to_vllm" in text:
-            return (f"; a broadcast to the vLLM engines (the weight sync) can go through Ray's object store instead: "
-                    f"--{ctx.key('sync')} (the users' attempt 23 did this)")
-        return "; OpenRLHF has no flag for the limit (60 min, utils/deepspeed/deepspeed.py:82 at 3c3be623)"
-    return ""
+    if f.broadcast_fix and (op.upper().startswith("BROADCAST") or "broadcast_to_vllm" in text):
+        return _in_keys(f.broadcast_fix, ctx)
+    return f.timeout_note
 
 
 _PG = re.compile(r"Timed out waiting for the learner placement group|cannot be scheduled right now|"
@@ -263,10 +262,17 @@ _HOST_OOM = re.compile(r"killed due to memory pressure|node running low on memor
 
 def _offload(ctx: Context) -> str:
     """The backend's settings that keep training state in host RAM."""
-    b = ctx.fix_backend
-    if b == "verl":
-        return f"{ctx.key('param_offload')} and {ctx.key('offload')} false"
-    return f"{ctx.key('offload')} off" + (" (or fewer learners per node)" if b == "open-instruct" else "")
+    return _in_keys(ctx.facts.offload_fix, ctx)
+
+
+class _Keys(dict):
+    def __missing__(self, what: str) -> str:
+        return what
+
+
+def _in_keys(text: str, ctx: Context) -> str:
+    """`text` with each {name} as the backend's key (the name itself where it has none)."""
+    return text.format_map(_Keys(ctx.facts.keys))
 
 
 def _disk_fix(ctx: Context) -> tuple[str, dict]:
@@ -277,14 +283,13 @@ def _disk_fix(ctx: Context) -> tuple[str, dict]:
     spec, b = ctx.spec(), ctx.fix_backend
     if spec is None:
         return _unknown_model(ctx) + " (checkpoint sizes)", {}
-    keys = DISK_KEYS[b]
+    keys, reads = DISK_KEYS[b], ctx.facts.disk_reads
     s = DiskInputs(spec, learners=int(ctx.get("learner_gpus")), zero_stage=int(ctx.get("zero_stage")), total_steps=None)
-    if b != "open-instruct":
+    if reads:
         w = ctx.workload()
-        s = DiskInputs(spec, learners=s.learners, zero_stage=s.zero_stage, total_steps=None,
-                       lora_rank=w.lora_rank if w else 0, keep=ctx.config_value(keys["keep"]),
-                       save_hf=bool(ctx.config_value(keys["save_hf"])) if b == "openrlhf" else False,
-                       disable_ds=bool(ctx.config_value(keys["disable_ds"])) if b == "openrlhf" else False)
+        run = {"lora_rank": w.lora_rank if w else 0, "keep": ctx.config_value(keys["keep"])} | {
+            k: bool(ctx.config_value(keys[k])) for k in ("save_hf", "disable_ds") if k in reads}
+        s = replace(s, **{k: v for k, v in run.items() if k in reads})
     plan = budget(b, s)
     state = plan.item("deepspeed_state") or plan.item("fsdp_state")
     hf = plan.item("final_save") or plan.item("hf_save")
@@ -298,10 +303,7 @@ def _disk_fix(ctx: Context) -> tuple[str, dict]:
         kind = hf.what.split(" (")[0].split(": ", 1)[-1]
         parts.append(f"one HF save ({kind}) {hf.one_bytes / GIB:,.1f} GiB")
     lora = f" --lora-rank {s.lora_rank}" if s.lora_rank else ""
-    bound = {"openrlhf": "ckpt.max_num bounds the DeepSpeed states and ckpt.disable_ds skips them (a restart then "
-             "cannot resume); HF saves are never deleted", "verl": "trainer.max_actor_ckpt_to_keep bounds them",
-             "open-instruct": "keep_last_n_checkpoints bounds the states; HF saves are never deleted"}[b]
-    fix = (", ".join(parts) + f"; {bound}: `hpcrl plan-disk --backend {b} --model {spec.name}{lora} --learners "
+    fix = (", ".join(parts) + f"; {ctx.facts.disk_bound}: `hpcrl plan-disk --backend {b} --model {spec.name}{lora} --learners "
            f"{s.learners}` gives the run's peak against the quota and the settings that fit; `hpcrl checkpoints prune "
            "RUN --keep 1` frees old saves")
     return fix, {"state_gib": round(state.one_bytes / GIB, 1) if state else None,
@@ -327,8 +329,8 @@ def rule_death(lines: list[str], text: str, ctx: Context) -> Finding | None:
     if (hit := next(((i, k) for i, line in enumerate(lines) if (k := death_line(line))), None)) is None:
         return None
     what = {"vllm_engine_dead": "A vLLM engine", "ray_node_dead": "A Ray node", "ray_actor_died": "A Ray actor"}
-    where = {"verl": " (verl's WorkerDict holds the actor, rollout and reference of its GPU: one death stops the step)",
-             "openrlhf": " (an OpenRLHF actor, reference or vLLM engine group cannot lose a member)"}.get(ctx.backend, "")
+    note = get_backend(ctx.backend).diagnose_facts.death_note if ctx.backend else ""
+    where = f" ({note})" if note else ""
     return Finding(hit[1], f"{what[hit[1]]} died at line {hit[0] + 1}{where}; the run cannot go on without it.",
                    "the root cause is the first error before that line (OOM, segfault, node failure; a raylet log "
                    f"saying memory pressure means host RAM: {_offload(ctx)}); the watchdog stops such runs (exit 93) "

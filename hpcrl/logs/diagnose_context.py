@@ -2,7 +2,9 @@
 
 In order: a value given on the command line (--model, --learner-gpus, ...); the run's own driver
 command (job.sbatch of a run directory, else the command line in the log, read per backend by
-hpcrl.logs.driver_cmdline); open-instruct's logged arguments; the framework's default. A model is
+hpcrl.logs.driver_cmdline); the framework's logged arguments; the framework's default. What each
+framework logs and which keys the fixes change are the backend's (DiagnoseFacts,
+hpcrl/planning/backends/log_facts.py). A model is
 never assumed: without one the findings say so and ask for --model. Every value used is listed
 in the diagnosis' assumptions with its source.
 """
@@ -16,34 +18,12 @@ from typing import Any
 from hpcrl.errors import HpcrlError
 from hpcrl.logs.driver_cmdline import DriverCommand, find_command
 from hpcrl.models import ModelSpec, resolve_model
+from hpcrl.planning.backends import get_backend
+from hpcrl.planning.backends.log_facts import DiagnoseFacts, default_backend
 from hpcrl.profiles import ClusterProfile
 
-# Each backend's key for what diagnose reads and what its fixes change.
-KEYS: dict[str, dict[str, str]] = {
-    "open-instruct": {"model": "model_name_or_path", "tokens": "pack_length", "learners": "num_learners_per_node",
-                      "zero": "deepspeed_stage", "tp": "vllm_tensor_parallel_size",
-                      "util": "vllm_gpu_memory_utilization", "offload": "deepspeed_offload_optimizer",
-                      "timeout": "backend_timeout"},
-    "verl": {"model": "actor_rollout_ref.model.path", "micro": "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
-             "nodes": "trainer.nnodes", "gpus": "trainer.n_gpus_per_node",
-             "tp": "actor_rollout_ref.rollout.tensor_model_parallel_size",
-             "util": "actor_rollout_ref.rollout.gpu_memory_utilization",
-             "offload": "actor_rollout_ref.actor.fsdp_config.optimizer_offload",
-             "param_offload": "actor_rollout_ref.actor.fsdp_config.param_offload",
-             "timeout": "actor_rollout_ref.nccl_timeout", "lora": "actor_rollout_ref.model.lora_rank",
-             "prompt": "data.max_prompt_length", "response": "data.max_response_length"},
-    "openrlhf": {"model": "actor.model_name_or_path", "micro": "train.micro_batch_size", "max_len": "data.max_len",
-                 "nodes": "actor.num_nodes", "gpus": "actor.num_gpus_per_node", "zero": "ds.zero_stage",
-                 "tp": "vllm.tensor_parallel_size", "util": "vllm.gpu_memory_utilization", "offload": "ds.adam_offload",
-                 "lora": "ds.lora.rank", "sync": "vllm.sync_with_ray"},
-    # A user's own script: its model in hpcrl's run-config key (its own flags are unknown; the rest
-    # comes from plan.json, hpcrl/logs/diagnose_custom.py).
-    "custom": {"model": "model"},
-}
-# open-instruct's logged arguments (`Args: name=value ...`, a YAML config echoed): name -> (key, default).
-OI_DEFAULTS = {"tokens_per_gpu": ("pack_length", 10240), "zero_stage": ("deepspeed_stage", 3),
-               "vllm_tp": ("vllm_tensor_parallel_size", 1), "vllm_util": ("vllm_gpu_memory_utilization", 0.9),
-               "learner_gpus": ("num_learners_per_node", 8)}
+# The backend a log is read as when nothing says which framework ran: the run config's default.
+DEFAULT_BACKEND = default_backend()
 ASK = {"model": "--model", "learner_gpus": "--learner-gpus", "tokens_per_gpu": "--tokens-per-gpu", "backend": "--backend"}
 
 
@@ -66,13 +46,14 @@ class Context:
         if self.command is None:
             self.command = find_command(text)
         if self.command and self.backend == self.command.backend:
-            c = self.command
-            # The names the planner reads first, then the rest as a count.
-            wanted = set(KEYS[c.backend].values()) | {"ckpt.save_hf", "ckpt.max_num", "ckpt.disable_ds"}
+            c, b = self.command, get_backend(self.command.backend)
+            # The names diagnose reads first, then the rest as a count.
+            wanted = set(b.diagnose_facts.keys.values())
             names = [r for r in c.renamed if r.split(" -> ")[-1].split()[0] in wanted]
             more = f"; {len(c.renamed) - len(names)} more" if len(c.renamed) > len(names) else ""
             self.assumptions.append(f"{c.backend} driver command read from {c.where}" + (
-                f" (older OpenRLHF names read as their new ones: {'; '.join(names)}{more})" if c.renamed else ""))
+                f" (older {b.command_facts.framework} names read as their new ones: {'; '.join(names)}{more})"
+                if c.renamed else ""))
 
     @property
     def backend(self) -> str | None:
@@ -82,19 +63,24 @@ class Context:
         if self.command:
             return self.command.backend
         if self.plan is not None:
-            return self.plan.get("backend") or "open-instruct"
+            return self.plan.get("backend") or DEFAULT_BACKEND
         return None
 
     @property
     def fix_backend(self) -> str:
-        """The backend whose keys the fixes use (open-instruct when nothing says, stated once)."""
+        """The backend whose keys the fixes use (the default backend when nothing says, stated once)."""
         if self.backend is None and "backend" not in self._values:
-            self._values["backend"] = "open-instruct"
-            self.assumptions.append("backend open-instruct: no driver command in the log (give --backend)")
-        return self.backend or "open-instruct"
+            self._values["backend"] = DEFAULT_BACKEND
+            self.assumptions.append(f"backend {DEFAULT_BACKEND}: no driver command in the log (give --backend)")
+        return self.backend or DEFAULT_BACKEND
+
+    @property
+    def facts(self) -> DiagnoseFacts:
+        """What the fixes' backend logs and which of its keys the fixes change."""
+        return get_backend(self.fix_backend).diagnose_facts
 
     def key(self, what: str) -> str:
-        return KEYS[self.fix_backend].get(what, what)
+        return self.facts.keys.get(what, what)
 
     @property
     def args(self) -> dict:
@@ -106,8 +92,9 @@ class Context:
         if name in self._values:
             return self._values[name]
         value = self.given.get(name)
-        if value is None:  # open-instruct's logged arguments also when nothing says which framework ran
-            value = self._from_run(name) if self.backend in ("verl", "openrlhf") else self._from_oi(name)
+        if value is None:  # the default backend's logged arguments also when nothing says which framework ran
+            reads = get_backend(self.backend).diagnose_facts.values_from if self.backend else "logged"
+            value = self._from_run(name) if reads == "command" else self._from_logged(name)
         self._values[name] = value
         return value
 
@@ -115,11 +102,13 @@ class Context:
         if text not in self.assumptions:
             self.assumptions.append(text)
 
-    def _from_oi(self, name: str) -> Any:
-        if name == "model" and (model := self.args.get("model_name_or_path") or (self.plan or {}).get("model")):
+    def _from_logged(self, name: str) -> Any:
+        logged = (get_backend(self.backend or DEFAULT_BACKEND).diagnose_facts.logged
+                  or get_backend(DEFAULT_BACKEND).diagnose_facts.logged)
+        if name == "model" and (model := self.args.get(logged["model"][0]) or (self.plan or {}).get("model")):
             self.note(f"{self.key('model')}={model} (from the {'run' if self.plan else 'log'})")
             return model
-        key, default = ("model_name_or_path", None) if name == "model" else OI_DEFAULTS[name]
+        key, default = logged[name]
         if key in self.args:
             raw = self.args[key]
             value = sum(raw) if isinstance(raw, list) else raw
@@ -138,8 +127,8 @@ class Context:
         return default
 
     def _from_run(self, name: str) -> Any:
-        """verl's or OpenRLHF's value: from the driver command, else the framework's default."""
-        b, keys = self.fix_backend, KEYS[self.fix_backend]
+        """A value from the driver command, else the framework's default."""
+        keys = self.facts.keys
         if name == "model":
             model = self.args.get(keys["model"]) or (self.plan or {}).get("model")
             self.note(f"{keys['model']}={model} (from the {'driver command' if self.args else 'run'})" if model else
@@ -151,17 +140,16 @@ class Context:
         if name == "learner_gpus":
             return self.arg("nodes") * self.arg("gpus")
         if name == "zero_stage":
-            return 3 if b == "verl" else int(self.arg("zero"))
+            fixed = self.facts.fixed_zero_stage
+            return fixed if fixed is not None else int(self.arg("zero"))
         return self.arg("tp" if name == "vllm_tp" else "util")
 
     def arg(self, what: str) -> Any:
         """A backend key's value from the driver command, else the framework's default (stated)."""
-        key = KEYS[self.fix_backend][what]
+        key = self.facts.keys[what]
         if key in self.args:
             self.note(f"{key}={self.args[key]} (from the driver command)")
             return self.args[key]
-        from hpcrl.planning.backends import get_backend
-
         value = get_backend(self.fix_backend).arg(self.config(), key)  # type: ignore[attr-defined]
         self.note(f"{key}={value} ({self.fix_backend}'s default; not in the log)")
         return value
@@ -170,8 +158,6 @@ class Context:
         """Any of the backend's keys: the driver command's value, else the framework's default."""
         if key in self.args:
             return self.args[key]
-        from hpcrl.planning.backends import get_backend
-
         return get_backend(self.fix_backend).arg(self.config(), key)  # type: ignore[attr-defined]
 
     def spec(self) -> ModelSpec | None:
@@ -191,16 +177,13 @@ class Context:
         if self._config is None:
             from hpcrl.planning.config import HpcrlSection, RunConfig
 
-            args = self.args
+            args, f = self.args, self.facts
             # hpcrl plans critic-free runs (GRPO); the frameworks' own default estimator is PPO's gae.
-            est, grpo = {"verl": ("algorithm.adv_estimator", "grpo"),
-                         "openrlhf": ("algo.advantage.estimator", "group_norm")}.get(self.fix_backend, (None, None))
-            if est and est not in args:
-                args[est] = grpo
-                self.note(f"{est}={grpo} (not in the log; a critic-free run assumed)")
-            if self.fix_backend == "openrlhf" and not (args.get("reward.remote_url") or args.get("train.agent_func_path")
-                                                       or args.get("reward.model_name_or_path")):
-                args["reward.remote_url"] = "reward_func.py"  # a reward function: no reward-model GPUs to plan
+            if f.critic_free and (est := f.critic_free[0]) not in args:
+                args[est] = f.critic_free[1]
+                self.note(f"{est}={f.critic_free[1]} (not in the log; a critic-free run assumed)")
+            if f.reward_stand_in and not any(args.get(k) for k in f.reward_sources):
+                args[f.reward_stand_in[0]] = f.reward_stand_in[1]  # a reward function: no reward-model GPUs to plan
             self._config = RunConfig(hpcrl=HpcrlSection(backend=self.fix_backend), args=args)
         return self._config
 
@@ -210,8 +193,6 @@ class Context:
             spec = self.spec()
             w = None
             if spec is not None:
-                from hpcrl.planning.backends import get_backend
-
                 try:
                     w = get_backend(self.fix_backend).workload_from_config(self.config(), spec.name)
                 except HpcrlError as exc:
@@ -225,10 +206,10 @@ class Context:
 
     def missing(self) -> str:
         """The flags to give for what the log does not say."""
-        if self.backend == "custom":  # the rest comes from the run's plan.json
+        if self.backend and get_backend(self.backend).diagnose_facts.learner_fixes == "planned":  # from plan.json
             return ASK["model"]
         want = ["model"] + (["backend"] if self.backend is None else []) + ["learner_gpus", "tokens_per_gpu"]
         return ", ".join(ASK[k] for k in want if not self.given.get(k))
 
 
-__all__ = ["KEYS", "Context"]
+__all__ = ["DEFAULT_BACKEND", "Context"]

@@ -1,4 +1,4 @@
-"""Fixes for a custom-backend run that ran out of GPU memory (pure).
+"""Fixes for a run of a user's own script (the custom backend) that ran out of GPU memory (pure).
 
 A user's own HF/TRL-style script has no command line hpcrl can read; its learner is known from the
 run directory's hpcrl/plan.json (`memory.learner`, what `hpcrl plan-memory` planned). The fixes are
@@ -68,12 +68,12 @@ def _halvings(value: int) -> list[int]:
     return out
 
 
-def custom_fixes(ctx: Context, capacity_gib: float, demand_gib: float | None) -> tuple[list[str], dict]:
+def planned_fixes(ctx: Context, capacity_gib: float, demand_gib: float | None) -> tuple[list[str], dict]:
     """Single changes of the run config that fit the script's learner on this GPU, planned."""
     base = planned_setup(ctx)
     if base is None:
         return [], {"cannot_plan": "cannot re-plan the script's learner: the run's plan.json does not describe it "
-                                   "(rendered by an older hpcrl, or not a custom run): re-render the run, or see "
+                                   "(rendered by an older hpcrl, or not a run of a user's own script): re-render the run, or see "
                                    "`hpcrl plan-memory --config`"}
     prof = ctx.profile.model_copy(update={"gpu": ctx.profile.gpu.model_copy(update={"memory_gib": capacity_gib})})
     cap = prof.gpu_bytes
@@ -130,4 +130,4 @@ def _text(v: object) -> str:
     return str(v).lower() if isinstance(v, bool) else str(v)
 
 
-__all__ = ["custom_fixes", "planned_setup"]
+__all__ = ["planned_fixes", "planned_setup"]

@@ -1,13 +1,15 @@
 """Fixes for an out-of-memory run, re-planned by hpcrl's planners and given in the backend's own keys (pure).
 
-* DeepSpeed learners (open-instruct; OpenRLHF's actor): the largest tokens per GPU, the fewest
+Which re-planning a run gets is its backend's DiagnoseFacts.learner_fixes:
+
+* "deepspeed" (open-instruct; OpenRLHF's actor): the largest tokens per GPU, the fewest
   learner GPUs, or optimizer offload that the learner planner fits. Where the log's own figures
   show more demand than the planner predicts, every prediction is scaled by that ratio; figures
   that contradict the GPU's capacity are not used.
-* verl (training and rollout share every GPU): the backend's own planner re-plans the
+* "colocated" (verl: training and rollout share every GPU): the backend's own planner re-plans the
   micro-batch, FSDP offload and vLLM's share (as `hpcrl plan` does), keeping the rollout's TP.
 * vLLM engines: the TP, memory share or sequence length that gives the KV cache room.
-* custom (a user's HF/TRL-style script): hpcrl/logs/diagnose_custom.py.
+* "planned" (a user's HF/TRL-style script): hpcrl/logs/diagnose_custom.py.
 """
 
 from __future__ import annotations
@@ -26,12 +28,12 @@ GIB = C.GIB
 
 def learner_fixes(ctx: Context, capacity_gib: float, demand_gib: float | None) -> tuple[list[str], dict]:
     """Single changes that fit the learner step, by the planner, in the backend's keys."""
-    if ctx.fix_backend == "verl":
+    if ctx.facts.learner_fixes == "colocated":
         return colocated_fixes(ctx, capacity_gib)
-    if ctx.fix_backend == "custom":
-        from hpcrl.logs.diagnose_custom import custom_fixes
+    if ctx.facts.learner_fixes == "planned":
+        from hpcrl.logs.diagnose_custom import planned_fixes
 
-        return custom_fixes(ctx, capacity_gib, demand_gib)
+        return planned_fixes(ctx, capacity_gib, demand_gib)
     return deepspeed_fixes(ctx, capacity_gib, demand_gib)
 
 
@@ -39,7 +41,7 @@ def _base(ctx: Context) -> LearnerSetup | None:
     spec = ctx.spec()
     if spec is None:
         return None
-    if ctx.fix_backend == "open-instruct":
+    if ctx.facts.values_from == "logged":
         return LearnerSetup(model=spec, n_gpus=ctx.get("learner_gpus"), tokens_per_gpu=ctx.get("tokens_per_gpu"),
                             zero_stage=ctx.get("zero_stage"), grad_accum_dtype="fp32")
     from hpcrl.planning.layout import _learner_setup
@@ -63,13 +65,13 @@ def deepspeed_fixes(ctx: Context, capacity_gib: float, demand_gib: float | None)
                "scale_from_log": round(scale, 3), "limit_gib": round(limit / GIB, 2)}
     if peak(base) <= limit:  # the planner cannot reproduce the OOM: no change it proposes would be checked
         return [], {**details, "planner_fits": True}
-    orl = ctx.fix_backend == "openrlhf"
+    by_micro = ctx.facts.learner_batch == "micro_batch"  # whole sequences per micro-batch, GPUs in whole nodes
     fixes = []
-    if orl:
+    if by_micro:
         max_len, micro = int(ctx.arg("max_len")), int(ctx.arg("micro"))
         fit = next((m for m in range(micro - 1, 0, -1) if peak(replace(base, tokens_per_gpu=m * max_len)) <= limit), None)
         if fit:
-            fixes.append(f"train.micro_batch_size {micro} -> {fit} ({fit * max_len} tokens per GPU): predicted peak "
+            fixes.append(f"{ctx.key('micro')} {micro} -> {fit} ({fit * max_len} tokens per GPU): predicted peak "
                          f"{peak(replace(base, tokens_per_gpu=fit * max_len)) / GIB:.1f} GiB of {capacity_gib:.1f}")
     else:
         lo, hi = 1, base.tokens_per_gpu // 256 - 1  # largest multiple of 256 below today's that fits
@@ -77,31 +79,31 @@ def deepspeed_fixes(ctx: Context, capacity_gib: float, demand_gib: float | None)
             mid = (lo + hi) // 2
             lo, hi = (mid + 1, hi) if peak(replace(base, tokens_per_gpu=mid * 256)) <= limit else (lo, mid - 1)
         if hi >= 1:
-            fixes.append(f"pack_length {base.tokens_per_gpu} -> {hi * 256} (tokens per learner GPU): predicted peak "
+            fixes.append(f"{ctx.key('tokens')} {base.tokens_per_gpu} -> {hi * 256} (tokens per learner GPU): predicted peak "
                          f"{peak(replace(base, tokens_per_gpu=hi * 256)) / GIB:.1f} GiB of {capacity_gib:.1f}")
-    step = int(ctx.arg("gpus")) if orl else 1
+    step = int(ctx.arg("gpus")) if by_micro else 1
     n = next((n for n in range(base.n_gpus + step, 1025, step) if peak(replace(base, n_gpus=n)) <= limit), None)
     if n and base.zero_stage == 3:
-        what = (f"actor.num_nodes {base.n_gpus // step} -> {n // step} ({n} actor GPUs of actor.num_gpus_per_node {step})"
-                if orl else f"learner GPUs {base.n_gpus} -> {n} (num_learners_per_node)")
+        what = (f"{ctx.key('nodes')} {base.n_gpus // step} -> {n // step} ({n} actor GPUs of {ctx.key('gpus')} {step})"
+                if by_micro else f"learner GPUs {base.n_gpus} -> {n} ({ctx.key('learners')})")
         fixes.append(f"{what}: predicted peak {peak(replace(base, n_gpus=n)) / GIB:.1f} GiB")
     if base.offload == "none" and peak(off := replace(base, offload="optimizer")) <= limit:
-        fixes.append(f"{ctx.key('offload')}{' true' if orl else ''}: predicted peak {peak(off) / GIB:.1f} GiB (check "
+        fixes.append(f"{ctx.key('offload')}{ctx.facts.switch_on}: predicted peak {peak(off) / GIB:.1f} GiB (check "
                      "host RAM with `hpcrl plan-memory --offload optimizer`)")
     return fixes, details
 
 
 def colocated_fixes(ctx: Context, capacity_gib: float) -> tuple[list[str], dict]:
-    """verl: the backend's planner on the run, the GPU as the log reports it, TP as the run had it."""
+    """A colocated run: the backend's planner on it, the GPU as the log reports it, TP as the run had it."""
     from hpcrl.errors import HpcrlError
     from hpcrl.planning.backends import get_backend
     from hpcrl.planning.layout import Pins
     from hpcrl.planning.layout_colocated import colocated_memory, enumerate_colocated
 
     w = ctx.workload()
-    if w is None or ctx.fix_backend != "verl":
+    if w is None or ctx.facts.learner_fixes != "colocated":
         return [], {}
-    backend, cfg = get_backend("verl"), ctx.config()
+    backend, cfg = get_backend(ctx.fix_backend), ctx.config()
     nodes, gpus = int(ctx.arg("nodes")), int(ctx.arg("gpus"))
     tp, util = int(ctx.arg("tp")), float(ctx.arg("util"))
     micro, po, oo = ctx.arg("micro"), bool(ctx.arg("param_offload")), bool(ctx.arg("offload"))
@@ -131,9 +133,8 @@ def colocated_fixes(ctx: Context, capacity_gib: float) -> tuple[list[str], dict]
         smaller = lay.memory.training_total < now.training_total
         if diff and smaller and not lay.inside_margin and not any(f.startswith(", ".join(diff)) for f in fixes):
             fixes.append(text)
-    # More GPUs at today's micro-batch, offload and share (verl needs the mini-batch to divide over them).
-    mini_seqs = int(ctx.config_value("actor_rollout_ref.actor.ppo_mini_batch_size")) * int(
-        ctx.config_value("actor_rollout_ref.rollout.n"))
+    # More GPUs at today's micro-batch, offload and share (the mini-batch must divide over them).
+    mini_seqs = int(ctx.config_value(ctx.key("mini"))) * int(ctx.config_value(ctx.key("samples")))
     for n in range(nodes + 1, nodes + 9):
         if micro and mini_seqs % (n * gpus * int(micro)):
             continue

@@ -2,15 +2,14 @@
 
 A log usually shows how its driver was started: hpcrl's script prints `hpcrl: driver: ...`, a
 hand-written one under `set -x` prints `+ python3 -m ...`, open-instruct logs its arguments.
-This module finds that line and reads its words as the framework's parser would:
+This module finds that line and reads its words as the framework's parser would. Each backend's
+CommandFacts (hpcrl/planning/backends/log_facts.py) say how its entry point shows in a log and
+which style its words take:
 
-* open-instruct (`grpo_fast.py`): `--name value ...` (lists as several words, HfArgumentParser);
-* verl (`verl.trainer.main_ppo`): Hydra overrides `key=value` (`+key=value` adds a key);
-* OpenRLHF (`openrlhf.cli.train_ppo_ray`): `--name value`, switches bare. Its flags were renamed
-  on 2026-04-19 (`--lora_rank` is `--ds.lora.rank`, `--save_hf_ckpt` is `--ckpt.save_hf`, ...):
-  older names are read under their new ones (openrlhf_args.json `_meta.renamed_from`), and the
-  removed `--prompt_max_len`/`--generate_max_len` pair becomes `data.max_len` and
-  `rollout.max_new_tokens`.
+* "flags": `--name value ...` (lists as several words, as HfArgumentParser reads them), switches bare;
+* "hydra": overrides `key=value` (`+key=value` adds a key).
+
+A backend whose flags were renamed reads older names under their new ones (Backend.read_renamed).
 """
 
 from __future__ import annotations
@@ -18,18 +17,14 @@ from __future__ import annotations
 import re
 import shlex
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 import yaml
 
 from hpcrl.logs.driver_log import ANSI
+from hpcrl.planning.backends import BACKENDS, get_backend
 
-# Entry points, most specific first.
-ENTRY_POINTS = (
-    ("verl", re.compile(r"verl\.trainer\.main_ppo|verl/trainer/main_ppo\.py")),
-    ("openrlhf", re.compile(r"openrlhf\.cli\.train_ppo_ray|openrlhf/cli/train_ppo_ray\.py")),
-    ("open-instruct", re.compile(r"grpo_fast\.py|open_instruct\.grpo_fast|grpo_vllm_thread_ray_gtrl\.py")),
-)
 _DRIVER_BLOCK = re.compile(r"^DRIVER=\(\n(.*?)^\)$", re.S | re.M)
 
 
@@ -99,40 +94,17 @@ def _overrides(words: list[str]) -> dict[str, Any]:
     return out
 
 
-def _openrlhf_names(args: dict[str, Any]) -> tuple[dict[str, Any], tuple[str, ...]]:
-    """OpenRLHF's flags under their current dotted names."""
-    from hpcrl.planning.backends.openrlhf import openrlhf_table, renamed
-
-    table, old = openrlhf_table(), renamed()
-    out, notes = {}, []
-    for key, value in args.items():
-        if key in table or key not in old:
-            out[key] = value
-            continue
-        words = old[key].split()
-        new = words[0]
-        # "ds.param_dtype bf16 (...)": a switch that became a value; only a plain rename maps.
-        if new in table and (len(words) == 1 or words[1].startswith("(")):
-            out.setdefault(new, value)
-            notes.append(f"{key} -> {new}")
-    if "prompt_max_len" in args or "generate_max_len" in args:
-        prompt, gen = int(args.get("prompt_max_len", 1024)), int(args.get("generate_max_len", 1024))
-        out.setdefault("data.max_len", prompt + gen)
-        out.setdefault("rollout.max_new_tokens", gen)
-        notes.append(f"prompt_max_len + generate_max_len -> data.max_len {prompt + gen}, rollout.max_new_tokens {gen}")
-    return out, tuple(notes)
-
-
 def read_words(backend: str, words: list[str], where: str) -> DriverCommand | None:
     """The arguments after a driver's entry point."""
-    if backend == "verl":
-        args, notes = _overrides(words), ()
-    else:
-        args = _flags(words)
-        notes = ()
-        if backend == "openrlhf":
-            args, notes = _openrlhf_names(args)
+    b = get_backend(backend)
+    args, notes = b.read_renamed(_overrides(words) if b.command_facts.style == "hydra" else _flags(words))
     return DriverCommand(backend, args, where, notes) if args else None
+
+
+@lru_cache(maxsize=1)
+def _entry_points() -> tuple[tuple[str, re.Pattern[str]], ...]:
+    """Each backend's entry point as a log shows it (a backend without one is never recognised)."""
+    return tuple((name, re.compile(e)) for name in BACKENDS if (e := get_backend(name).command_facts.entry))
 
 
 def find_command(text: str) -> DriverCommand | None:
@@ -140,16 +112,17 @@ def find_command(text: str) -> DriverCommand | None:
     lines = text.splitlines()
     for i in range(len(lines) - 1, -1, -1):
         line = ANSI.sub("", lines[i])
-        for backend, entry in ENTRY_POINTS:
+        for backend, entry in _entry_points():
             if (m := entry.search(line)) and (cmd := read_words(backend, _words(line[m.end():]), f"line {i + 1}")):
                 return cmd
     return None
 
 
 def from_script(text: str, backend: str) -> DriverCommand | None:
-    """The driver's arguments in a script hpcrl rendered (its DRIVER=( ... ) array)."""
+    """The driver's arguments in a script hpcrl rendered (its DRIVER=( ... ) array); None for a
+    backend whose command hpcrl cannot read (a user's own script)."""
     block = _DRIVER_BLOCK.search(text)
-    if not block:
+    if not block or get_backend(backend).command_facts.entry is None:
         return None
     words = _words(block.group(1))
     start = next((i + 1 for i, w in enumerate(words) if w == "$ENTRY_POINT"), None)

@@ -275,8 +275,7 @@ def plan_json(rp: RunPlan, *, smoke: bool = False) -> str:
         "memory": lay.memory.to_dict(),
         "warnings": list(rp.warnings),
     }
-    if rp.backend.name != "open-instruct":
-        # Only for the newer backends, so open-instruct's plan.json stays as it was.
+    if rp.backend.names_itself_in_plan:
         data["backend"] = rp.backend.name
         data["backend_args"] = rp.backend.layout_args(rp)
     if rp.config.hpcrl.reward_keys:  # the watchdog's reward keys: `hpcrl report` reads the metrics with them
@@ -336,7 +335,7 @@ def _context(rp: RunPlan, smoke: bool) -> dict:
         "backend": backend.name,
         "driver_label": backend.label,
         "driver_env": sorted(backend.env(rp).items()),
-        "hydra_run_dir": backend.name == "verl",
+        "override_style": backend.command_facts.style,
         "driver_lines": _driver_lines(rp),
         "max_restarts": hp.max_restarts,
         "zero_reward_steps": hp.zero_reward_steps,
@@ -344,13 +343,11 @@ def _context(rp: RunPlan, smoke: bool) -> dict:
         "grad_norm_steps": hp.grad_norm_steps,
         "zero_variance_steps": hp.zero_variance_steps,
         "reward_keys": list(hp.reward_keys),
-        "learners": " ".join(str(k) for k in lay.open_instruct_fields()["num_learners_per_node"]),
+        "learners": " ".join([str(lay.learners_per_node)] * lay.learner_nodes),
         "engines": lay.engines,
         "tp": lay.tp,
-        "smoke_placement": backend.smoke_placement,
-        # open-instruct hands its whole environment to its actors: the smoke does the same.
-        "smoke_extra": (f" --framework {backend.smoke_framework}" + (" --colocated" if lay.colocated else "")
-                        if backend.smoke_framework else " --actor-env"),
+        "smoke_placement": backend.smoke_facts.comment,
+        "smoke_extra": "".join(" " + shq(w) for w in backend.smoke_words(rp)) if backend.uses_ray else "",
         "plan_json": plan_json(rp, smoke=smoke),
         "gpumon_args": _gpumon_args(rp),
         "kill_wait_s": prof.slurm.kill_wait_s,

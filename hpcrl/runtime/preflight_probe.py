@@ -21,7 +21,7 @@ import tempfile
 from hpcrl.runtime.preflight_gpu import gpus, node_name
 
 GIB = 1024**3
-STACK = ("torch", "vllm", "deepspeed", "ray", "open_instruct")
+STACK = ("torch", "vllm", "deepspeed", "ray")  # and the framework's package, which the spec names
 
 # Printed as JSON by the training Python: {module: [version or None, error or None]}.
 _IMPORT_CHECK = r"""
@@ -93,7 +93,7 @@ def stack(python: str, env_setup: list[str], workdir: str | None, modules: tuple
     """Which of the training stack imports in the training environment, with versions."""
     lines = list(env_setup)
     if workdir:
-        lines.append(f"cd {workdir} 2>/dev/null || true")  # open_instruct imports from its checkout
+        lines.append(f"cd {workdir} 2>/dev/null || true")  # a framework may import from its checkout
     lines.append(f"{python} -c {shlex.quote(_IMPORT_CHECK)} {' '.join(modules)}")
     try:
         proc = subprocess.run(["bash", "-c", "\n".join(lines)], capture_output=True, text=True, timeout=timeout)

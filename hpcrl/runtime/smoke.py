@@ -1,30 +1,30 @@
 """Smoke test of a job's Ray cluster, run by `hpcrl render --smoke` scripts in place of training.
 
     python3 -m hpcrl.runtime.smoke --nodes 3 --gpus-per-node 4 --cpus-per-node 4 \
-        --learners "1 1 1" --engines 9 --tp 1
+        --learners "1 1 1" --engines 9 --tp 1 --placement learner-spread
 
 Connects with the job's token (RAY_AUTH_MODE/RAY_AUTH_TOKEN_PATH, RAY_ADDRESS from the
 script), checks that every node and its declared GPUs and CPUs are registered, then places
-the layout as open-instruct's grpo_fast.py does:
+the layout as the framework would; the backend chose the `--placement` when it rendered the
+script (hpcrl/planning/backends/log_facts.py SmokeFacts):
 
-- learners: one placement group, one bundle {GPU: k} per `num_learners_per_node` entry,
-  strategy STRICT_SPREAD (grpo_fast.py), so each entry lands on its own node;
-- engines: one placement group, one bundle {GPU: tp} per vLLM engine, strategy PACK
-  (vllm_utils.create_vllm_engines); a bundle never spans nodes, so TP stays in one node.
+- learner-spread (open-instruct's grpo_fast.py): one placement group of one bundle {GPU: k} per
+  `--learners` entry, strategy STRICT_SPREAD, so each entry lands on its own node; then one
+  group of one bundle {GPU: tp} per vLLM engine, strategy PACK (vllm_utils.create_vllm_engines);
+  a bundle never spans nodes, so TP stays in one node.
+- node-pools (verl's resource pool, always colocated): one STRICT_PACK placement group of
+  one-GPU bundles per node (`--learners` gives each node's GPUs), whose TP groups of `--tp`
+  consecutive bundles then share a node.
+- pack-groups (OpenRLHF's): a PACK group of one-GPU bundles for the vLLM engines, then a PACK
+  group for the actor (`--colocated`: one shared PACK group for both); each node must hold a
+  multiple of `--tp` engine bundles, since the framework cuts an engine's bundles from its node's list.
 
-One task runs in each bundle and reports its node. open-instruct also asks 10 CPUs per
-learner GPU and tp CPUs per engine; the smoke bundles ask a small CPU fraction instead so
-that a small test cluster fits, and a note says whether open-instruct's own ask would fit.
+One task runs in each bundle and reports its node. The bundles ask a small CPU fraction so
+that a small test cluster fits; `--cpu-ask` (the CPUs the framework itself would ask, worked
+out by the backend) makes a note say whether the framework's own ask would fit.
 
-With `--framework verl` (always colocated) it places verl's resource pool instead: one
-STRICT_PACK placement group of one-GPU bundles per node (`--learners` gives each node's GPUs),
-whose TP groups of `--tp` consecutive bundles then share a node. With `--framework openrlhf`
-it places OpenRLHF's groups: a PACK group of one-GPU bundles for the vLLM engines, then a PACK
-group for the actor (`--colocated`: one shared PACK group for both); each node must hold a
-multiple of `--tp` engine bundles, since OpenRLHF cuts an engine's bundles from its node's list.
-
-With `--no-ray` (the custom backend, which runs without Ray) it checks only that this node's
-job sees the GPUs and cores it was rendered for.
+With `--no-ray` (a backend that runs without Ray) it checks only that this node's job sees
+the GPUs and cores it was rendered for.
 
 Prints one line, `hpcrl-smoke: ok nodes=N gpus=G ...` (exit 0) or `hpcrl-smoke: FAIL <reason>`
 (exit 1). Needs ray; imports nothing else outside the standard library.
@@ -39,10 +39,7 @@ import time
 from collections import Counter
 
 BUNDLE_CPU = 0.01  # per bundle: placement is what is tested, not CPU capacity
-OI_LEARNER_CPUS_PER_GPU = 10  # grpo_fast_resource_plan.LEARNER_PLACEMENT_GROUP_CPU_PER_GPU
-OI_EXTRA_CPUS = 3  # DataPreparationActor (2) + ActorManager (1)
-FRAMEWORKS = ("open-instruct", "verl", "openrlhf", "custom")
-VERL_CPUS_PER_GPU = 3  # verl b178a3cd ResourcePoolManager: max_colocate_count=3 CPUs in each one-GPU bundle
+PLACEMENTS = ("learner-spread", "node-pools", "pack-groups")
 
 
 class SmokeFailure(Exception):
@@ -57,7 +54,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--learners", required=True, help='num_learners_per_node, e.g. "1 1 1"')
     p.add_argument("--engines", type=int, required=True)
     p.add_argument("--tp", type=int, required=True)
-    p.add_argument("--framework", choices=FRAMEWORKS, default="open-instruct", help="Whose placement to mirror")
+    p.add_argument("--framework", default="", help="The framework's name in the summary line")
+    p.add_argument("--placement", choices=PLACEMENTS, default="learner-spread",
+                   help="How the framework places its bundles (chosen by its backend)")
+    p.add_argument("--cpu-ask", nargs=4, metavar=("WHO", "TOTAL", "PER_NODE", "WHERE"),
+                   help="The CPUs the framework itself would ask: in all, on its busiest node, and that node's kind")
     p.add_argument("--colocated", action="store_true", help="Training and generation share every GPU")
     p.add_argument("--address", default=None, help="Ray address (default: $RAY_ADDRESS, else auto)")
     p.add_argument("--timeout", type=float, default=120.0, help="Seconds to wait for each placement group")
@@ -65,9 +66,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="A service the script started on every node: GET http://127.0.0.1:PORT/PATH must answer there")
     p.add_argument("--actor-env", action="store_true",
                    help="Start an actor with this process's whole environment as its runtime_env env_vars, as "
-                        "open-instruct's grpo_fast.py does (a large environment makes that start fail)")
+                        "a framework that passes its driver's environment does (a large one makes that start fail)")
     p.add_argument("--no-ray", action="store_true",
-                   help="A job without Ray (the custom backend): check the GPUs and cores Slurm gave this node")
+                   help="A job without Ray: check the GPUs and cores Slurm gave this node")
     p.add_argument("--service-port-per-slot", action="store_true",
                    help="Each node's service port is PORT + its slot on a shared host (HPCRL_NODE_TABLE)")
     args = p.parse_args(argv)
@@ -87,7 +88,7 @@ def check_layout(args: argparse.Namespace) -> None:
                            f"the job has {args.nodes}")
     if max(args.learners) > args.gpus_per_node or args.tp > args.gpus_per_node:
         raise SmokeFailure(f"a learner entry or TP exceeds {args.gpus_per_node} GPUs per node")
-    if args.framework == "verl":
+    if args.placement == "node-pools":
         args.colocated = True
     need = sum(args.learners) + args.engines * args.tp
     if args.colocated:
@@ -161,13 +162,13 @@ def _tp_groups_on_nodes(reports: list[dict], tp: int, what: str) -> int:
     return len(per_node)
 
 
-def smoke_verl(ray, args: argparse.Namespace) -> str:
-    """verl's resource pool: one STRICT_PACK group of one-GPU bundles per node."""
+def place_node_pools(ray, args: argparse.Namespace) -> str:
+    """A resource pool (verl's): one STRICT_PACK group of one-GPU bundles per node."""
     if args.gpus_per_node % args.tp:
         raise SmokeFailure(f"tp={args.tp} does not divide the {args.gpus_per_node} GPUs of a node")
     pools = []
     for i, k in enumerate(args.learners):
-        pg = place(ray, f"hpcrl-smoke-verl-{i}", [{"GPU": 1, "CPU": BUNDLE_CPU}] * k, "STRICT_PACK", args.timeout)
+        pg = place(ray, f"hpcrl-smoke-pool-{i}", [{"GPU": 1, "CPU": BUNDLE_CPU}] * k, "STRICT_PACK", args.timeout)
         pools.append(run_in_bundles(ray, pg, [1] * k, args.timeout))
     homes = [{r["node_id"] for r in reports} for reports in pools]
     if any(len(h) != 1 for h in homes):
@@ -178,20 +179,20 @@ def smoke_verl(ray, args: argparse.Namespace) -> str:
             f"engines={args.engines} tp={args.tp}")
 
 
-def smoke_openrlhf(ray, args: argparse.Namespace) -> str:
-    """OpenRLHF's PACK groups: vLLM first, then the actor (or one shared group, colocated)."""
+def place_pack_groups(ray, args: argparse.Namespace) -> str:
+    """PACK groups (OpenRLHF's): vLLM first, then the actor (or one shared group, colocated)."""
     actor = sum(args.learners)
     bundle = {"GPU": 1, "CPU": BUNDLE_CPU}
     if args.colocated:
-        pg = place(ray, "hpcrl-smoke-openrlhf-shared", [bundle] * actor, "PACK", args.timeout)
-        reports = run_in_bundles(ray, pg, [0.2] * actor, args.timeout)  # OpenRLHF's fractional share
+        pg = place(ray, "hpcrl-smoke-shared", [bundle] * actor, "PACK", args.timeout)
+        reports = run_in_bundles(ray, pg, [0.2] * actor, args.timeout)  # the framework's fractional share
         used = _tp_groups_on_nodes(reports, args.tp, "shared group")
         return (f"{_head(args)} colocated=true actor_gpus={actor} engines={args.engines} tp={args.tp} "
                 f"nodes_used={used}")
-    vllm_pg = place(ray, "hpcrl-smoke-openrlhf-vllm", [bundle] * (args.engines * args.tp), "PACK", args.timeout)
+    vllm_pg = place(ray, "hpcrl-smoke-vllm", [bundle] * (args.engines * args.tp), "PACK", args.timeout)
     engine_nodes = _tp_groups_on_nodes(run_in_bundles(ray, vllm_pg, [1] * (args.engines * args.tp), args.timeout),
                                        args.tp, "vLLM group")
-    actor_pg = place(ray, "hpcrl-smoke-openrlhf-actor", [bundle] * actor, "PACK", args.timeout)
+    actor_pg = place(ray, "hpcrl-smoke-actor", [bundle] * actor, "PACK", args.timeout)
     actor_nodes = len({r["node_id"] for r in run_in_bundles(ray, actor_pg, [1] * actor, args.timeout)})
     return (f"{_head(args)} actor_gpus={actor} actor_nodes={actor_nodes} engines={args.engines} tp={args.tp} "
             f"engine_nodes={engine_nodes}")
@@ -246,8 +247,8 @@ class _EnvProbe:
 
 
 def check_actor_env(ray, args: argparse.Namespace) -> str:
-    """An actor gets the driver's environment in its runtime_env, as grpo_fast.py passes it
-    (every variable but CUDA_VISIBLE_DEVICES and ROCR_VISIBLE_DEVICES, grpo_fast.py:2214-2219)."""
+    """An actor gets the driver's environment in its runtime_env, as open-instruct's grpo_fast.py passes
+    it (every variable but CUDA_VISIBLE_DEVICES and ROCR_VISIBLE_DEVICES, e6c3044a grpo_fast.py:2214-2219)."""
     if not args.actor_env:
         return ""
     env = {k: v for k, v in os.environ.items() if k not in ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")}
@@ -271,10 +272,15 @@ def smoke(ray, args: argparse.Namespace) -> str:
 
 
 def _placement(ray, args: argparse.Namespace) -> str:
-    if args.framework == "verl":
-        return smoke_verl(ray, args)
-    if args.framework == "openrlhf":
-        return smoke_openrlhf(ray, args)
+    if args.placement == "node-pools":
+        return place_node_pools(ray, args)
+    if args.placement == "pack-groups":
+        return place_pack_groups(ray, args)
+    return place_learner_spread(ray, args)
+
+
+def place_learner_spread(ray, args: argparse.Namespace) -> str:
+    """Learners STRICT_SPREAD, one bundle per node, and engines PACK (open-instruct's)."""
     learner_pg = place(ray, "hpcrl-smoke-learners",
                        [{"GPU": k, "CPU": BUNDLE_CPU} for k in args.learners], "STRICT_SPREAD", args.timeout)
     learners = run_in_bundles(ray, learner_pg, args.learners, args.timeout)
@@ -302,20 +308,13 @@ def _placement(ray, args: argparse.Namespace) -> str:
 
 
 def cpu_note(args: argparse.Namespace) -> str | None:
-    """Whether the framework's own CPU requests would fit the declared CPUs."""
-    g = args.gpus_per_node
-    if args.framework == "verl":
-        per_node, total, who = VERL_CPUS_PER_GPU * g, VERL_CPUS_PER_GPU * g * args.nodes + 1, "verl"
-    elif args.framework == "openrlhf":
-        gpus = sum(args.learners) + (0 if args.colocated else args.engines * args.tp)
-        per_node, total, who = g, gpus, "OpenRLHF"
-    else:
-        per_node = max(args.learners) * OI_LEARNER_CPUS_PER_GPU
-        total = sum(args.learners) * OI_LEARNER_CPUS_PER_GPU + args.engines * args.tp + OI_EXTRA_CPUS
-        who = "grpo_fast.py"
+    """Whether the framework's own CPU requests (--cpu-ask) would fit the declared CPUs."""
+    if not args.cpu_ask:
+        return None
+    who, total, per_node, where = args.cpu_ask
     have = args.nodes * args.cpus_per_node
-    if per_node > args.cpus_per_node or total > have:
-        return (f"hpcrl-smoke: note: {who} would ask {total} CPUs ({per_node} on a {'learner ' if who == 'grpo_fast.py' else ''}node), "
+    if float(per_node) > args.cpus_per_node or float(total) > have:
+        return (f"hpcrl-smoke: note: {who} would ask {total} CPUs ({per_node} on a {where}), "
                 f"the cluster declares {have:g} ({args.cpus_per_node:g} per node): raise ray.num_cpus_per_node")
     return None
 

@@ -1022,7 +1022,7 @@ if ! python3 -c 'import hpcrl.runtime.smoke' 2>/dev/null; then
 fi
 DRIVER=(
     python3 -m hpcrl.runtime.smoke --nodes 3 --gpus-per-node 4
-    --cpus-per-node "$HPCRL_RAY_CPUS" --learners '4 4' --engines 4 --tp 1 --framework openrlhf
+    --cpus-per-node "$HPCRL_RAY_CPUS" --learners '4 4' --engines 4 --tp 1 --framework openrlhf --placement pack-groups --cpu-ask OpenRLHF 12 4 node
 )
 printf 'hpcrl: driver:'
 printf ' %q' "${DRIVER[@]}"

@@ -1011,7 +1011,7 @@ if ! python3 -c 'import hpcrl.runtime.smoke' 2>/dev/null; then
 fi
 DRIVER=(
     python3 -m hpcrl.runtime.smoke --nodes 3 --gpus-per-node 4
-    --cpus-per-node "$HPCRL_RAY_CPUS" --learners '2 2 2' --engines 3 --tp 2 --actor-env
+    --cpus-per-node "$HPCRL_RAY_CPUS" --learners '2 2 2' --engines 3 --tp 2 --framework open-instruct --actor-env --placement learner-spread --cpu-ask grpo_fast.py 69 20 'learner node'
 )
 printf 'hpcrl: driver:'
 printf ' %q' "${DRIVER[@]}"

@@ -1052,7 +1052,7 @@ if ! python3 -c 'import hpcrl.runtime.smoke' 2>/dev/null; then
 fi
 DRIVER=(
     python3 -m hpcrl.runtime.smoke --nodes 3 --gpus-per-node 4
-    --cpus-per-node "$HPCRL_RAY_CPUS" --learners '4 4 4' --engines 12 --tp 1 --framework verl --colocated
+    --cpus-per-node "$HPCRL_RAY_CPUS" --learners '4 4 4' --engines 12 --tp 1 --framework verl --colocated --placement node-pools --cpu-ask verl 37 12 node
 )
 printf 'hpcrl: driver:'
 printf ' %q' "${DRIVER[@]}"

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from hpcrl.errors import ConfigError, HpcrlError, PlanError
 from hpcrl.planning.layout import Layout, Pins, Workload
+from hpcrl.planning.backends.log_facts import CommandFacts, CpuAsk, DiagnoseFacts, SmokeFacts
 from hpcrl.planning.layout_advice import plan_layouts
 from hpcrl.shell import shq
 
@@ -86,8 +87,6 @@ class Backend(ABC):
     flag_table: ClassVar[str]  # the data file the flags are checked against
     entry_is_module: ClassVar[bool] = True  # `python -m <entry point>` (else a script path)
     uses_ray: ClassVar[bool] = True  # the script brings up Ray across the job's nodes first
-    smoke_framework: ClassVar[str | None] = None  # smoke.py --framework (None: open-instruct's placement)
-    smoke_placement: ClassVar[str] = "place learners and engines as the framework does"  # the smoke comment
     # The key that sets how often the resume state is written, and the file (relative to the run
     # directory) the framework rewrites once a checkpoint is complete: the job script watches it
     # after the time-limit warning.
@@ -197,6 +196,27 @@ class Backend(ABC):
 
     # ------------------------------------------------------------------ log, diagnose and in-job facts
     # (log line formats and metric keys, diagnose fixes, smoke placement, driver command-line reading)
+    command_facts: ClassVar[CommandFacts] = CommandFacts()
+    diagnose_facts: ClassVar[DiagnoseFacts] = DiagnoseFacts(keys={})
+    smoke_facts: ClassVar[SmokeFacts] = SmokeFacts()
+    # plan.json names the backend (a plan.json without the name is the default backend's run).
+    names_itself_in_plan: ClassVar[bool] = True
+
+    def read_renamed(self, args: dict[str, Any]) -> tuple[dict[str, Any], tuple[str, ...]]:
+        """A logged command's arguments under the framework's current names, and what was renamed."""
+        return args, ()
+
+    def smoke_cpu_ask(self, rp: RunPlan) -> CpuAsk | None:
+        """The CPUs the framework would ask of Ray for the plan's layout (None: not known)."""
+        return None
+
+    def smoke_words(self, rp: RunPlan) -> list[str]:
+        """The smoke command's words that make it place bundles as this framework does."""
+        s = self.smoke_facts
+        ask = self.smoke_cpu_ask(rp)
+        return (["--framework", self.name] + (["--colocated"] if rp.layout.colocated else [])
+                + (["--actor-env"] if s.actor_env else []) + ["--placement", s.placement]
+                + (ask.words() if ask else []))
 
 
 def positive(v: float) -> bool:

@@ -20,6 +20,7 @@ from hpcrl.memory.hf_plan import HfPlan, hf_memory_plan
 from hpcrl.models import resolve_model
 from hpcrl.models.spec import ALL_LINEAR
 from hpcrl.planning.backends.base import Backend, DriverLine, Planned, Word, cli_pins_into, positive
+from hpcrl.planning.backends.log_facts import DiagnoseFacts, SmokeFacts
 from hpcrl.planning.layout import Layout, Pins, Workload, training_time
 
 if TYPE_CHECKING:
@@ -83,8 +84,10 @@ class CustomBackend(Backend):
     flag_table = "hpcrl/planning/backends/custom.py (KEYS)"
     entry_is_module = False
     uses_ray = False
-    smoke_framework = "custom"
-    smoke_placement = "check the job's GPUs and cores without Ray"
+    # No command line to read back: diagnose reads the run's plan.json (hpcrl/logs/diagnose_custom.py).
+    diagnose_facts = DiagnoseFacts(keys={"model": "model"}, learner_fixes="planned", engines=False,
+                                   disk_reads=("lora_rank", "keep"), disk_bound="keep_checkpoints bounds them")
+    smoke_facts = SmokeFacts(comment="check the job's GPUs and cores without Ray")
     # The script should write $HPCRL_RUN_DIR/checkpoints/latest once a checkpoint is complete: after the
     # time-limit warning the job waits for it (else it stops the script when only time to stop is left).
     checkpoint_key = "save_steps"

@@ -27,6 +27,7 @@ from hpcrl.planning.backends.base import (
 )
 from hpcrl.errors import ConfigError, HpcrlError, PlanError
 from hpcrl.models import resolve_model
+from hpcrl.planning.backends.log_facts import CommandFacts, CpuAsk, DiagnoseFacts, SmokeFacts
 from hpcrl.planning.backends.capabilities import commit, feature, services, setting
 from hpcrl.planning.backends.oi_args import _kind, arg_table, check_args, default
 from hpcrl.planning.layout import Layout, Pins, Workload
@@ -165,7 +166,21 @@ class OpenInstructBackend(Backend):
     run_dir_keys = RUN_DIR_FIELDS
     flag_table = "hpcrl/planning/backends/data/open_instruct_args_{layout}.json"
     entry_is_module = False
-    smoke_placement = "place learners and engines as open-instruct does"
+    command_facts = CommandFacts(entry=r"grpo_fast\.py|open_instruct\.grpo_fast|grpo_vllm_thread_ray_gtrl\.py",
+                                 framework="open-instruct", package="open_instruct")
+    diagnose_facts = DiagnoseFacts(
+        keys={"model": "model_name_or_path", "tokens": "pack_length", "learners": "num_learners_per_node",
+              "zero": "deepspeed_stage", "tp": "vllm_tensor_parallel_size", "util": "vllm_gpu_memory_utilization",
+              "offload": "deepspeed_offload_optimizer", "timeout": "backend_timeout"},
+        # grpo_fast logs its arguments (`Args: name=value ...`): diagnose's name -> (key, default).
+        logged={"model": ("model_name_or_path", None), "tokens_per_gpu": ("pack_length", 10240),
+                "zero_stage": ("deepspeed_stage", 3), "vllm_tp": ("vllm_tensor_parallel_size", 1),
+                "vllm_util": ("vllm_gpu_memory_utilization", 0.9), "learner_gpus": ("num_learners_per_node", 8)},
+        offload_fix="{offload} off (or fewer learners per node)",
+        disk_bound="keep_last_n_checkpoints bounds the states; HF saves are never deleted")
+    # grpo_fast passes its whole environment to every Ray actor (e6c3044a grpo_fast.py:2214-2219).
+    smoke_facts = SmokeFacts("learner-spread", "place learners and engines as open-instruct does", actor_env=True)
+    names_itself_in_plan = False  # plan.json stays as it was before the other backends came
     feature_triggers = {"lora": ("use_peft",), "load_in_4bit": ("load_in_4bit", "load_in_8bit")}
     # DeepSpeed's save_checkpoint writes <dir>/latest last (checkpoint_state_dir = RUN_DIR/checkpoints).
     checkpoint_key = "checkpoint_state_freq"
@@ -322,3 +337,10 @@ class OpenInstructBackend(Backend):
             f"deepspeed_stage {lay.memory.learner_setup.zero_stage}"
         )
 
+
+    def smoke_cpu_ask(self, rp: RunPlan) -> CpuAsk:
+        # 10 CPUs per learner GPU (grpo_fast_resource_plan.LEARNER_PLACEMENT_GROUP_CPU_PER_GPU), tp per
+        # engine, and 3 for DataPreparationActor (2) and ActorManager (1).
+        lay = rp.layout
+        learners = lay.learners_per_node * lay.learner_nodes
+        return CpuAsk("grpo_fast.py", learners * 10 + lay.engines * lay.tp + 3, lay.learners_per_node * 10, "learner node")

@@ -37,6 +37,7 @@ from hpcrl.errors import ConfigError, HpcrlError, PlanError, UnknownNameError
 from hpcrl.memory.colocated import Colocation
 from hpcrl.models import resolve_model
 from hpcrl.planning.backends.flagdata import load_meta, load_table
+from hpcrl.planning.backends.log_facts import CommandFacts, CpuAsk, DiagnoseFacts, SmokeFacts
 from hpcrl.planning.backends.openrlhf_ckpt import checkpoint_flags
 from hpcrl.planning.layout import Pins, Workload
 from hpcrl.planning.layout_advice import OI_FIXES, plan_layouts
@@ -132,8 +133,25 @@ class OpenRLHFBackend(Backend):
     layout_keys = LAYOUT_KEYS
     run_dir_keys = (*RUN_DIR_KEYS, "ckpt.load_enable")
     flag_table = "hpcrl/planning/backends/data/openrlhf_args.json"
-    smoke_framework = "openrlhf"
-    smoke_placement = "place vLLM then actor bundles in PACK groups as OpenRLHF does"
+    command_facts = CommandFacts(entry=r"openrlhf\.cli\.train_ppo_ray|openrlhf/cli/train_ppo_ray\.py",
+                                 framework="OpenRLHF", package="openrlhf")
+    diagnose_facts = DiagnoseFacts(
+        keys={"model": "actor.model_name_or_path", "micro": "train.micro_batch_size", "max_len": "data.max_len",
+              "nodes": "actor.num_nodes", "gpus": "actor.num_gpus_per_node", "zero": "ds.zero_stage",
+              "tp": "vllm.tensor_parallel_size", "util": "vllm.gpu_memory_utilization", "offload": "ds.adam_offload",
+              "lora": "ds.lora.rank", "sync": "vllm.sync_with_ray", "save_hf": "ckpt.save_hf", "keep": "ckpt.max_num",
+              "disable_ds": "ckpt.disable_ds"},
+        values_from="command", seq_len=("max_len",), critic_free=("algo.advantage.estimator", "group_norm"),
+        reward_sources=("reward.remote_url", "train.agent_func_path", "reward.model_name_or_path"),
+        reward_stand_in=("reward.remote_url", "reward_func.py"), learner_batch="micro_batch", switch_on=" true",
+        timeout_note="; OpenRLHF has no flag for the limit (60 min, utils/deepspeed/deepspeed.py:82 at 3c3be623)",
+        broadcast_fix="; a broadcast to the vLLM engines (the weight sync) can go through Ray's object store "
+                      "instead: --{sync} (the users' attempt 23 did this)",
+        disk_reads=("lora_rank", "keep", "save_hf", "disable_ds"),
+        disk_bound="ckpt.max_num bounds the DeepSpeed states and ckpt.disable_ds skips them (a restart then cannot "
+                   "resume); HF saves are never deleted",
+        death_note="an OpenRLHF actor, reference or vLLM engine group cannot lose a member")
+    smoke_facts = SmokeFacts("pack-groups", "place vLLM then actor bundles in PACK groups as OpenRLHF does")
     # DeepSpeed's save_checkpoint writes <ckpt.path>/_actor/latest last.
     checkpoint_key = "ckpt.save_steps"
     checkpoint_marker = "checkpoints/_actor/latest"
@@ -301,6 +319,33 @@ class OpenRLHFBackend(Backend):
 
     def tokens_text(self, rp: RunPlan) -> str:
         return f"{rp.workload.pack_length} tokens per actor GPU micro-batch"
+
+    def read_renamed(self, args: dict[str, Any]) -> tuple[dict[str, Any], tuple[str, ...]]:
+        """Flags renamed on 2026-04-19 (openrlhf_args.json `_meta.renamed_from`) under their new names;
+        the removed --prompt_max_len/--generate_max_len pair as data.max_len and rollout.max_new_tokens."""
+        table, old = openrlhf_table(), renamed()
+        out, notes = {}, []
+        for key, value in args.items():
+            if key in table or key not in old:
+                out[key] = value
+                continue
+            words = old[key].split()
+            # "ds.param_dtype bf16 (...)": a switch that became a value; only a plain rename maps.
+            if words[0] in table and (len(words) == 1 or words[1].startswith("(")):
+                out.setdefault(words[0], value)
+                notes.append(f"{key} -> {words[0]}")
+        if "prompt_max_len" in args or "generate_max_len" in args:
+            prompt, gen = int(args.get("prompt_max_len", 1024)), int(args.get("generate_max_len", 1024))
+            out.setdefault("data.max_len", prompt + gen)
+            out.setdefault("rollout.max_new_tokens", gen)
+            notes.append(f"prompt_max_len + generate_max_len -> data.max_len {prompt + gen}, rollout.max_new_tokens {gen}")
+        return out, tuple(notes)
+
+    def smoke_cpu_ask(self, rp: RunPlan) -> CpuAsk:
+        # One CPU per GPU bundle, the actor's and (unless colocated) the engines'.
+        lay = rp.layout
+        gpus = lay.learners_per_node * lay.learner_nodes + (0 if lay.colocated else lay.engines * lay.tp)
+        return CpuAsk("OpenRLHF", gpus, rp.profile.gpu.count_per_node)
 
     def summary(self, rp: RunPlan) -> str:
         lay = rp.layout

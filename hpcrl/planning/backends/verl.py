@@ -32,6 +32,7 @@ from hpcrl.errors import ConfigError, HpcrlError, PlanError, UnknownNameError
 from hpcrl.memory.colocated import Colocation
 from hpcrl.models import resolve_model
 from hpcrl.planning.backends.flagdata import load_table
+from hpcrl.planning.backends.log_facts import CommandFacts, CpuAsk, DiagnoseFacts, SmokeFacts
 from hpcrl.planning.layout import Pins, Workload
 from hpcrl.planning.layout_colocated import enumerate_colocated, plan_colocated_layouts
 
@@ -135,8 +136,21 @@ class VerlBackend(Backend):
     layout_keys = (T + "nnodes", T + "n_gpus_per_node", TP_KEY, UTIL_KEY, MICRO_KEY, PARAM_OFFLOAD_KEY, OPT_OFFLOAD_KEY)
     run_dir_keys = (T + "default_local_dir", T + "resume_mode")
     flag_table = "hpcrl/planning/backends/data/verl_args.json"
-    smoke_framework = "verl"
-    smoke_placement = "place one STRICT_PACK group of per-GPU bundles per node as verl's resource pool does"
+    command_facts = CommandFacts(entry=r"verl\.trainer\.main_ppo|verl/trainer/main_ppo\.py", style="hydra",
+                                 framework="verl", package="verl")
+    diagnose_facts = DiagnoseFacts(
+        keys={"model": "actor_rollout_ref.model.path", "micro": MICRO_KEY, "mini": A + "ppo_mini_batch_size",
+              "samples": R + "n", "nodes": T + "nnodes", "gpus": T + "n_gpus_per_node", "tp": TP_KEY,
+              "util": UTIL_KEY, "offload": OPT_OFFLOAD_KEY, "param_offload": PARAM_OFFLOAD_KEY,
+              "timeout": "actor_rollout_ref.nccl_timeout", "lora": "actor_rollout_ref.model.lora_rank",
+              "prompt": "data.max_prompt_length", "response": "data.max_response_length"},
+        values_from="command", fixed_zero_stage=3, seq_len=("prompt", "response"),
+        critic_free=("algorithm.adv_estimator", "grpo"), learner_fixes="colocated",
+        offload_fix="{param_offload} and {offload} false", timeout_raise=True, disk_reads=("lora_rank", "keep"),
+        disk_bound="trainer.max_actor_ckpt_to_keep bounds them",
+        death_note="verl's WorkerDict holds the actor, rollout and reference of its GPU: one death stops the step")
+    smoke_facts = SmokeFacts("node-pools", "place one STRICT_PACK group of per-GPU bundles per node as verl's "
+                             "resource pool does")
     # verl's trainer writes <default_local_dir>/latest_checkpointed_iteration.txt after each save.
     checkpoint_key = T + "save_freq"
     checkpoint_marker = "checkpoints/latest_checkpointed_iteration.txt"
@@ -347,6 +361,11 @@ class VerlBackend(Backend):
         if micro:
             return f"ppo_micro_batch_size_per_gpu {micro} ({rp.workload.pack_length} tokens)"
         return f"ppo_max_token_len_per_gpu {rp.workload.pack_length}"
+
+    def smoke_cpu_ask(self, rp: RunPlan) -> CpuAsk:
+        # b178a3cd ResourcePoolManager: max_colocate_count=3 CPUs in each one-GPU bundle.
+        g = rp.profile.gpu.count_per_node
+        return CpuAsk("verl", 3 * g * rp.nodes + 1, 3 * g)
 
     def summary(self, rp: RunPlan) -> str:
         lay, c = rp.layout, dict(rp.choices)

@@ -4,6 +4,7 @@ render prints for the same options."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import subprocess
@@ -14,6 +15,7 @@ import pytest
 import typer.main
 
 from hpcrl.cli.app import app
+from hpcrl.cli.commands import COMMANDS
 
 ROOT = Path(__file__).resolve().parents[1]
 # Only render's destination: submit writes its script into the run directory instead.
@@ -22,10 +24,6 @@ RENDER_OUTPUT = {"--output", "-o"}
 
 def _options(command: str) -> set[str]:
     """Every option string `hpcrl COMMAND` accepts, as click parses them."""
-    import importlib
-
-    from hpcrl.cli.commands import COMMANDS
-
     importlib.import_module(f"hpcrl.cli.cmd_{COMMANDS[command]}")
     cmd = typer.main.get_command(app).commands[command]
     return {o for p in cmd.params for o in (*p.opts, *p.secondary_opts) if o.startswith("-")}
@@ -54,15 +52,13 @@ def hpcrl(tmp_path):
     return run
 
 
-# A profile file of the local cluster with a 50 GiB run root: a 7B run's checkpoints cannot fit it.
-SMALL_QUOTA = """\
-name: local-small
-extends: local-dev
-storage:
-  run_root:
-    path: /tmp/hpcrl-runs-small
-    quota_gib: 50
-"""
+def profile_file(tmp_path: Path, name: str, extra: str) -> Path:
+    """A profile file that extends the shipped local-dev with its own run root and `extra` YAML."""
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(f"name: {name}\nextends: local-dev\n"
+                    f"storage:\n  run_root:\n    path: /tmp/hpcrl-runs-{name}\n{extra}")
+    return path
+
 
 # One refusal from each stage of the path, and words the refusal must carry.
 REFUSALS = {
@@ -80,8 +76,8 @@ REFUSALS = {
 
 @pytest.mark.parametrize("stage", list(REFUSALS))
 def test_plan_refuses_what_render_refuses_with_the_same_message(stage, hpcrl, tmp_path):
-    small = tmp_path / "small.yaml"
-    small.write_text(SMALL_QUOTA)
+    # A 50 GiB run root: a 7B run's checkpoints cannot fit it.
+    small = profile_file(tmp_path, "local-small", "    quota_gib: 50\n")
     args, words = REFUSALS[stage]
     args = [a.format(small=small) for a in args]
     render = hpcrl("render", *args)
@@ -89,17 +85,6 @@ def test_plan_refuses_what_render_refuses_with_the_same_message(stage, hpcrl, tm
     plan = hpcrl("plan", *args)
     assert (plan.returncode, plan.stderr) == (2, render.stderr)
 
-
-# A profile file that renders differently from the shipped local-dev (run root, environment).
-OTHER_RUN_ROOT = """\
-name: local-other
-extends: local-dev
-storage:
-  run_root:
-    path: /tmp/hpcrl-runs-other
-env:
-  HPCRL_TEST_MARK: from-the-profile-file
-"""
 
 SAME_SCRIPT = {
     "cluster": ["--config", "grpo-olmo3-7b", "--cluster", "local-dev", "--nodes", "3", "--pin", "tp=2"],
@@ -112,8 +97,8 @@ SAME_SCRIPT = {
 
 @pytest.mark.parametrize("case", list(SAME_SCRIPT))
 def test_submit_dry_run_writes_the_script_render_prints(case, hpcrl, tmp_path):
-    other = tmp_path / "other.yaml"
-    other.write_text(OTHER_RUN_ROOT)
+    # Renders differently from the shipped local-dev: another run root and environment.
+    other = profile_file(tmp_path, "local-other", "env:\n  HPCRL_TEST_MARK: from-the-profile-file\n")
     args = [a.format(other=other) for a in SAME_SCRIPT[case]]
     render = hpcrl("render", *args)
     assert render.returncode == 0, render.stderr

@@ -2,34 +2,28 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import List, Optional
+from dataclasses import replace
+from typing import Optional
 
 import typer
 
 from hpcrl.cli.app import app
 from hpcrl.cli.output import console, print_json, table, warn
+from hpcrl.cli.request import RunRequest, run_request_options
 
 
 @app.command("plan")
+@run_request_options(smoke=False)
 def plan_cmd(
-    nodes: Optional[int] = typer.Option(None, "--nodes", "-N", help="Nodes in the job (default: the config's)"),
-    gpus: Optional[int] = typer.Option(None, "--gpus", help="GPUs of one node for a job smaller than a node (1 up to the node's; default: the config's hpcrl.gpus, else whole nodes)"),
-    cluster: Optional[str] = typer.Option(None, "--cluster", "-c", help="Cluster profile; name:variant picks a node type"),
-    cluster_file: Optional[Path] = typer.Option(None, "--cluster-file", help="Load this profile file instead"),
+    request: RunRequest,
     model: Optional[str] = typer.Option(None, "--model", "-m", help="Model to plan (default: the config's)"),
-    config: Optional[str] = typer.Option(None, "--config", help="Run config file or shipped name (default grpo-olmo3-32b)"),
-    sets: List[str] = typer.Option([], "--set", help="Override a config field: key=value (hpcrl.key=value for the hpcrl section)"),
-    pins: List[str] = typer.Option([], "--pin", help="Fix a choice: learners=N, learner_nodes=N, tp=N, engines=N, util=F"),
     top: int = typer.Option(5, "--top", min=1, help="How many layouts to show"),
-    allow_over_limit: bool = typer.Option(False, "--allow-over-limit", help="Warn instead of failing past partition/QOS limits"),
     as_json: bool = typer.Option(False, "--json", help="Print layouts as JSON"),
 ) -> None:
     """Rank the layouts of N nodes: learners per node, vLLM engines, TP, memory use."""
-    from hpcrl.planning.run_plan import make_run_plan
+    from hpcrl.jobs.run_script import plan
 
-    rp = make_run_plan(config, nodes=nodes, cluster=cluster, cluster_file=str(cluster_file) if cluster_file else None,
-                       model=model, sets=sets, pins=pins, allow_over_limit=allow_over_limit, gpus=gpus)
+    rp = plan(replace(request, model=model))
     shown = rp.layouts[:top]
     if as_json:
         print_json({

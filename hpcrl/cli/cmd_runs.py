@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import List, Optional
+from typing import Optional
 
 import typer
 
 from hpcrl.cli.app import app
 from hpcrl.cli.output import console, err_console, print_json, table, warn
+from hpcrl.cli.request import RunRequest, option_names, run_request_options
 
 REGISTRY_OPT = typer.Option(None, "--registry", help="Registry file (default $HPCRL_REGISTRY, else the user data dir)")
 JSON_OPT = typer.Option(False, "--json", help="Print JSON (stable schema) instead of a table")
@@ -37,30 +38,29 @@ def _none_yet(path: Optional[Path], as_json: bool) -> bool:
 
 
 @app.command("submit")
+@run_request_options(smoke=True)
 def submit_cmd(
+    request: RunRequest,
     script: Optional[Path] = typer.Argument(None, help="An already rendered batch script (default: render --config)"),
-    config: Optional[str] = typer.Option(None, "--config", help="Run config file or shipped name"),
-    nodes: Optional[int] = typer.Option(None, "--nodes", "-N", help="Nodes in the job (default: the config's)"),
-    gpus: Optional[int] = typer.Option(None, "--gpus", help="GPUs of one node for a job smaller than a node (1 up to the node's; default: the config's hpcrl.gpus, else whole nodes)"),
-    cluster: Optional[str] = typer.Option(None, "--cluster", "-c", help="Cluster profile (default: the config's)"),
-    sets: List[str] = typer.Option([], "--set", help="Override a config field: key=value"),
-    pins: List[str] = typer.Option([], "--pin", help="Fix a layout choice: learners=N, tp=N, engines=N, ..."),
-    smoke: bool = typer.Option(False, "--smoke", help="Render the smoke-test variant of the script"),
     run_dir: Optional[str] = typer.Option(None, "--run-dir", help="Run directory of SCRIPT when it names none"),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print what would be submitted; nothing goes to Slurm"),
     registry: Optional[Path] = REGISTRY_OPT,
     as_json: bool = JSON_OPT,
 ) -> None:
-    """Render (or take SCRIPT), write the run dir, sbatch it and record the run."""
-    from hpcrl.errors import HpcrlError
+    """Render as `render` does with the same options (or take SCRIPT), write the run dir, sbatch it, record the run."""
     from hpcrl.jobs import lifecycle
 
-    if script is not None and (config or sets or pins or nodes or gpus or smoke):
-        raise HpcrlError("give either a rendered SCRIPT or --config/--set/--pin/--nodes/--gpus/--smoke, not both")
     if script is not None:
-        sub = lifecycle.from_script(script, run_dir=run_dir, cluster=cluster)
+        # --cluster names the cluster a rendered script was made for; every other option would render one.
+        if given := option_names(request, but=("cluster",)):
+            from hpcrl.errors import HpcrlError
+
+            raise HpcrlError(f"give either a rendered SCRIPT or {', '.join(given)}, not both")
+        sub = lifecycle.from_script(script, run_dir=run_dir, cluster=request.cluster)
     else:
-        sub = lifecycle.from_config(config, nodes=nodes, cluster=cluster, sets=sets, pins=pins, smoke=smoke, gpus=gpus)
+        from hpcrl.jobs.run_script import build
+
+        sub = lifecycle.from_run_script(build(request))
     reg = _registry(registry, create=True)
     done = lifecycle.submit(reg, sub, dry_run=dry_run)
     if as_json:

@@ -17,13 +17,16 @@ import time
 from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from hpcrl.errors import ConfigError, HpcrlError, SlurmError
 from hpcrl.jobs import slurm
 from hpcrl.jobs.registry import Job, Registry, Run, dir_identity, now
 from hpcrl.jobs.run_dir import JobEvents, RunDir, read_chain, run_dir_problem
 from hpcrl.shell import path_problem
+
+if TYPE_CHECKING:
+    from hpcrl.jobs.run_script import RunScript
 
 SUBMIT_STALE_S = 600  # a run still `submitting` after this long lost its submitting process
 # Slurm's terminal state -> run reason, for a job that ended without writing its `end` line.
@@ -72,32 +75,18 @@ def expand_path(raw: str, what: str, extra: dict[str, str] | None = None) -> Pat
     return Path(path)
 
 
-def from_config(config: str | None, *, nodes: int | None = None, cluster: str | None = None,
-                sets: list[str] | None = None, pins: list[str] | None = None, smoke: bool = False,
-                gpus: int | None = None) -> Submission:
-    """Plan and render a run config into a Submission."""
-    from hpcrl.planning.run_plan import make_run_plan
+def from_run_script(built: RunScript) -> Submission:
+    """A Submission of a script built from a request (jobs/run_script.py: the path render takes too)."""
+    from hpcrl.rendering import render
 
-    try:
-        from hpcrl.rendering import render
-    except ImportError:
-        raise HpcrlError("this hpcrl has no renderer (hpcrl/rendering/render.py); pass an already rendered SCRIPT") from None
-    from hpcrl.jobs import node_excludes
-
-    rp = node_excludes.apply(make_run_plan(config, nodes=nodes, cluster=cluster, sets=sets, pins=pins, gpus=gpus))
-    if not smoke:
-        from hpcrl.planning.disk_check import check_run_disk
-
-        check_run_disk(rp)
+    rp, smoke = built.plan, built.request.smoke
     cfg, profile = rp.config, rp.profile
-    script = render.render_script(rp, smoke=smoke)
     # The job's own $SLURM_JOB_ACCOUNT is the account it is submitted under (Berzelius' /proj/<account>).
     known = {"SLURM_JOB_ACCOUNT": cfg.hpcrl.account} if cfg.hpcrl.account else {}
     root = expand_path(cfg.hpcrl.run_root or profile.storage.run_root.path, "run_root", known)
-    cluster_name = profile.name + (f":{profile.variant}" if profile.variant else "")
     plan = json.loads(render.plan_json(rp, smoke=smoke))
-    return Submission(script, RunDir(root / cfg.hpcrl.run_name), cfg.hpcrl.run_name, cluster_name, cfg.digest(),
-                      cfg.hpcrl.max_restarts, plan, cfg.source, tuple(rp.warnings),
+    return Submission(built.text, RunDir(root / cfg.hpcrl.run_name), cfg.hpcrl.run_name, render.cluster_label(rp),
+                      cfg.digest(), cfg.hpcrl.max_restarts, plan, cfg.source, tuple(rp.warnings),
                       _dir_mode(render.umask(rp)))
 
 
@@ -413,5 +402,5 @@ def follow(run: Run, *, poll_s: float = 1.0, slurm_every_s: float = 30.0) -> Ite
         time.sleep(poll_s)
 
 
-__all__ = ["JobEvents", "RunDir", "Submission", "Submitted", "cancel", "follow", "from_config", "from_script",
+__all__ = ["JobEvents", "RunDir", "Submission", "Submitted", "cancel", "follow", "from_run_script", "from_script",
            "logs", "missing_log", "read_chain", "refresh", "run_dir_problem", "submit"]

@@ -368,6 +368,11 @@ def _context(rp: RunPlan, smoke: bool) -> dict:
     }
 
 
+def check_script(run_plan: RunPlan, *, smoke: bool = False) -> None:
+    """Every check render_script makes, without the template or its cache: `hpcrl plan` refuses what render would."""
+    _context(run_plan, smoke)
+
+
 def render_script(run_plan: RunPlan, *, smoke: bool = False) -> str:
     """The sbatch script for run_plan; with smoke, the driver is hpcrl's Ray smoke test."""
     return _environment().get_template(TEMPLATE).render(**_context(run_plan, smoke))

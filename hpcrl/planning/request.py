@@ -1,0 +1,50 @@
+"""What a user asks of `plan`, `render` and `submit`, as one typed record, and the one function
+that turns it into a checked plan.
+
+The CLI builds a RunRequest from one shared option set (hpcrl/cli/request.py); jobs/run_script.py
+takes it on to the script. A refusal raised here is raised for all three commands alike.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from hpcrl.planning.run_types import RunPlan
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """A run as asked for: the config, its overrides, the cluster and the job's size."""
+
+    config: str | None = None  # a run config file or shipped name (None: the default config)
+    sets: tuple[str, ...] = ()  # --set key=value, in the order given
+    pins: tuple[str, ...] = ()  # --pin key=value
+    nodes: int | None = None
+    gpus: int | None = None  # GPUs of one node, for a job smaller than a node
+    cluster: str | None = None  # a profile name, name:variant picks a node type
+    cluster_file: str | None = None  # a profile file, instead of a name
+    allow_over_limit: bool = False
+    smoke: bool = False  # the script runs hpcrl's Ray smoke test instead of training
+    # Only `plan --model` asks this: a what-if on another model than the config's, never rendered.
+    model: str | None = None
+
+
+def plan_request(req: RunRequest) -> RunPlan:
+    """The checked plan of a request: config, cluster limits, layout, and the disk budget of a run
+    that writes checkpoints; raises on anything that won't work."""
+    # Imported here: the CLI imports this module to declare its options, and `--help` plans nothing.
+    from hpcrl.planning.disk_check import check_run_disk
+    from hpcrl.planning.run_plan import make_run_plan
+
+    rp = make_run_plan(req.config, nodes=req.nodes, cluster=req.cluster, cluster_file=req.cluster_file,
+                       model=req.model, sets=list(req.sets), pins=list(req.pins),
+                       allow_over_limit=req.allow_over_limit, gpus=req.gpus)
+    # A smoke run writes no checkpoints; a what-if on another model than the config's is no run.
+    if not req.smoke and req.model is None:
+        check_run_disk(rp)
+    return rp
+
+
+__all__ = ["RunRequest", "plan_request"]

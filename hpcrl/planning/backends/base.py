@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from hpcrl.errors import ConfigError, HpcrlError, PlanError
+from hpcrl.planning.backends.facts import DiskFacts, MemoryFacts
 from hpcrl.planning.layout import Layout, Pins, Workload
 from hpcrl.planning.layout_advice import plan_layouts
 from hpcrl.shell import shq
@@ -194,6 +195,19 @@ class Backend(ABC):
 
     # ------------------------------------------------------------------ planning facts
     # (disk budget kinds, memory-model choice, plan-memory questions)
+    list_order: ClassVar[int] = 100  # where lists of backends show it (the default backend first)
+    disk: ClassVar[DiskFacts]  # its checkpoints and dumps against the run root's quota (facts.py)
+    memory: ClassVar[MemoryFacts] = MemoryFacts()  # how the memory model sees its learner (facts.py)
+    # `plan --json` and plan.json carry the backend's name and its layout keys (the first backend's
+    # output predates other backends and stays as it was).
+    plan_shows_layout_args: ClassVar[bool] = True
+    # A run's learner is read back from its plan.json (a user's script: no framework command line).
+    learner_from_plan: ClassVar[bool] = False
+
+    def memory_answer(self, cfg: RunConfig, profile: ClusterProfile, given: Any,
+                      learner_gpus: int | None) -> dict[str, Any] | None:
+        """plan-memory's answer from the backend's own memory model (None: the shared learner + vLLM question)."""
+        return None
 
     # ------------------------------------------------------------------ log, diagnose and in-job facts
     # (log line formats and metric keys, diagnose fixes, smoke placement, driver command-line reading)

@@ -27,6 +27,8 @@ from hpcrl.planning.backends.base import (
 )
 from hpcrl.errors import ConfigError, HpcrlError, PlanError
 from hpcrl.models import resolve_model
+from hpcrl.planning.backends.facts import MemoryDefault, MemoryFacts
+from hpcrl.planning.backends.open_instruct_disk import DISK
 from hpcrl.planning.backends.capabilities import commit, feature, services, setting
 from hpcrl.planning.backends.oi_args import _kind, arg_table, check_args, default
 from hpcrl.planning.layout import Layout, Pins, Workload
@@ -170,6 +172,16 @@ class OpenInstructBackend(Backend):
     # DeepSpeed's save_checkpoint writes <dir>/latest last (checkpoint_state_dir = RUN_DIR/checkpoints).
     checkpoint_key = "checkpoint_state_freq"
     checkpoint_marker = "checkpoints/latest"
+    list_order = 0
+    disk = DISK
+    memory = MemoryFacts(
+        defaults=(MemoryDefault("grad_accum_dtype", None, ("deepspeed", "grad_accum_dtype")),
+                  MemoryDefault("hpz_partition_size", "deepspeed_zpg", ("deepspeed", "zero_hpz_partition_size")),
+                  MemoryDefault("load_ref_policy", "load_ref_policy", ("features", "ref_policy")),
+                  MemoryDefault("gradient_checkpointing", None, ("features", "gradient_checkpointing")),
+                  MemoryDefault("util", "vllm_gpu_memory_utilization", ("vllm", "gpu_memory_utilization"))),
+        logits_copy=True, weight_sync="auto")  # logits / temperature out of place; whole-model or per-param sync
+    plan_shows_layout_args = False
     value_ranges = {
         "total_episodes": (positive, "a positive number of episodes"),
         "learning_rate": (positive, "a positive learning rate"),
@@ -322,3 +334,5 @@ class OpenInstructBackend(Backend):
             f"deepspeed_stage {lay.memory.learner_setup.zero_stage}"
         )
 
+
+BACKEND = OpenInstructBackend

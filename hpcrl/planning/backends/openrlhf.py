@@ -36,8 +36,9 @@ from hpcrl.planning.backends.base import (
 from hpcrl.errors import ConfigError, HpcrlError, PlanError, UnknownNameError
 from hpcrl.memory.colocated import Colocation
 from hpcrl.models import resolve_model
+from hpcrl.planning.backends.facts import MemoryDefault, MemoryFacts
 from hpcrl.planning.backends.flagdata import load_meta, load_table
-from hpcrl.planning.backends.openrlhf_ckpt import checkpoint_flags
+from hpcrl.planning.backends.openrlhf_ckpt import DISK, checkpoint_flags
 from hpcrl.planning.layout import Pins, Workload
 from hpcrl.planning.layout_advice import OI_FIXES, plan_layouts
 from hpcrl.planning.layout_colocated import plan_colocated_layouts
@@ -137,6 +138,15 @@ class OpenRLHFBackend(Backend):
     # DeepSpeed's save_checkpoint writes <ckpt.path>/_actor/latest last.
     checkpoint_key = "ckpt.save_steps"
     checkpoint_marker = "checkpoints/_actor/latest"
+    list_order = 2
+    disk = DISK
+    memory = MemoryFacts(
+        defaults=(MemoryDefault("grad_accum_dtype", "ds.grad_accum_dtype", ("deepspeed", "grad_accum_dtype")),
+                  MemoryDefault("hpz_partition_size", "ds.zpg", ("deepspeed", "zero_hpz_partition_size")),
+                  MemoryDefault("load_ref_policy", "algo.kl.init_coef", ("features", "ref_policy")),
+                  MemoryDefault("gradient_checkpointing", "actor.gradient_checkpointing_enable",
+                                ("features", "gradient_checkpointing")),
+                  MemoryDefault("util", "vllm.gpu_memory_utilization", ("vllm", "gpu_memory_utilization"))))
     value_ranges = {
         "actor.adam.lr": (positive, "a positive learning rate"),
         "ckpt.save_steps": (never_or_positive, "-1 (never) or a positive number of steps"),
@@ -312,4 +322,6 @@ class OpenRLHFBackend(Backend):
                 f"vllm.gpu_memory_utilization {lay.gpu_memory_utilization:g}, ds.zero_stage 3")
 
 
-__all__ = ["OpenRLHFBackend", "format_flag", "openrlhf_table", "renamed"]
+BACKEND = OpenRLHFBackend
+
+__all__ = ["BACKEND", "OpenRLHFBackend", "format_flag", "openrlhf_table", "renamed"]

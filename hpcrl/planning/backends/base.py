@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from hpcrl.errors import ConfigError, HpcrlError, PlanError
@@ -159,7 +159,7 @@ class Backend(ABC):
     def plan(self, cfg: RunConfig, profile: ClusterProfile, nodes: int, w: Workload, pins: Pins,
              variants: list[ClusterProfile]) -> Planned:
         """Ranked layouts (and any other planned values) for this framework."""
-        return Planned(plan_layouts(profile, nodes, w, pins, variants))
+        return Planned(plan_layouts(profile, nodes, w, pins, variants, self.layout_fixes))
 
     # ------------------------------------------------------------------ rendering
     @abstractmethod
@@ -201,6 +201,9 @@ class Backend(ABC):
     # `plan --json` and plan.json carry the backend's name and its layout keys (the first backend's
     # output predates other backends and stays as it was).
     plan_shows_layout_args: ClassVar[bool] = True
+    # The layout planner's single-setting fixes in the framework's words (hpcrl/planning/layout_advice.py):
+    # no_hpz, offload_optimizer, offload_params, tokens ({tokens}), learners ({k}), lora, per_param_sync.
+    layout_fixes: ClassVar[Mapping[str, str | None]] = {}
     # A run's learner is read back from its plan.json (a user's script: no framework command line).
     learner_from_plan: ClassVar[bool] = False
 

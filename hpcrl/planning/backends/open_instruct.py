@@ -182,6 +182,16 @@ class OpenInstructBackend(Backend):
                   MemoryDefault("util", "vllm_gpu_memory_utilization", ("vllm", "gpu_memory_utilization"))),
         logits_copy=True, weight_sync="auto")  # logits / temperature out of place; whole-model or per-param sync
     plan_shows_layout_args = False
+    # grpo_fast.py applies no LoRA (data/capabilities.json): never offered.
+    layout_fixes = {
+        "no_hpz": "--set deepspeed_zpg=1 (no ZeRO++ secondary weight copy)",
+        "offload_optimizer": "--set deepspeed_offload_optimizer=true (optimizer state in host RAM)",
+        "offload_params": "--set deepspeed_offload_param=true (parameters in host RAM too)",
+        "tokens": "--set pack_length={tokens}",
+        "learners": "--pin learners={k} (learners per node)",
+        "lora": None,
+        "per_param_sync": "--set gather_whole_model=false (weight sync one parameter at a time)",
+    }
     value_ranges = {
         "total_episodes": (positive, "a positive number of episodes"),
         "learning_rate": (positive, "a positive learning rate"),

@@ -40,7 +40,7 @@ from hpcrl.planning.backends.facts import MemoryDefault, MemoryFacts
 from hpcrl.planning.backends.flagdata import load_meta, load_table
 from hpcrl.planning.backends.openrlhf_ckpt import DISK, checkpoint_flags
 from hpcrl.planning.layout import Pins, Workload
-from hpcrl.planning.layout_advice import OI_FIXES, plan_layouts
+from hpcrl.planning.layout_advice import plan_layouts
 from hpcrl.planning.layout_colocated import plan_colocated_layouts
 
 if TYPE_CHECKING:
@@ -53,10 +53,15 @@ LAYOUT_KEYS = ("actor.num_nodes", "actor.num_gpus_per_node", "ref.num_nodes", "r
                "vllm.num_engines", "vllm.tensor_parallel_size", "vllm.gpu_memory_utilization", "ds.zero_stage",
                "train.colocate_actor_ref")
 RUN_DIR_KEYS = {"ckpt.path": "checkpoints", "ckpt.output_dir": "output"}
-FIXES = {**OI_FIXES, "no_hpz": "--set ds.zpg=1 (no ZeRO++ secondary weight copy)",
+# offload_params, learners and per_param_sync keep the words the planner offered OpenRLHF runs
+# when this table extended open-instruct's (its flags, not OpenRLHF's: unchanged here, issue 22).
+FIXES = {"no_hpz": "--set ds.zpg=1 (no ZeRO++ secondary weight copy)",
          "offload_optimizer": "--set ds.adam_offload=true (optimizer state in host RAM)",
+         "offload_params": "--set deepspeed_offload_param=true (parameters in host RAM too)",
          "tokens": "{tokens} tokens per GPU (train.micro_batch_size x data.max_len)",
-         "lora": "--set ds.lora.rank=16 (LoRA: far less optimizer state)"}
+         "learners": "--pin learners={k} (learners per node)",
+         "lora": "--set ds.lora.rank=16 (LoRA: far less optimizer state)",
+         "per_param_sync": "--set gather_whole_model=false (weight sync one parameter at a time)"}
 
 
 @lru_cache(maxsize=1)

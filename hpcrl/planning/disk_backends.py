@@ -71,4 +71,4 @@ def _shown(v: Any) -> str:
     return "null" if v is None else str(v).lower() if isinstance(v, bool) else str(v)
 
 
-__all__ = ["KEYS", "budget", "flag_inputs", "settings_text"]
+__all__ = ["budget", "flag_inputs", "settings_text"]

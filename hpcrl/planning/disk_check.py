@@ -25,7 +25,10 @@ def run_inputs(rp: RunPlan, quota_gib: float | None = None, hf_cache: bool | Non
     base = DiskInputs(w.model, learners=lay.learner_gpus, lora_rank=w.lora_rank,
                       model_cache=shares_quota(root, prof.storage.hf_home) if hf_cache is None else hf_cache,
                       quota_bytes=None if quota is None else quota * GIB)
-    return rp.backend.disk.run_inputs(rp, args, base)
+    def value(key: str) -> Any:
+        return args[key] if key in args else rp.backend.arg(cfg, key)
+
+    return rp.backend.disk.run_inputs(rp, value, base)
 
 
 def config_inputs(rp: RunPlan, quota_gib: float | None, hf_cache: bool | None, **extra: Any) -> tuple[DiskInputs, str]:

@@ -207,6 +207,10 @@ class Backend(ABC):
     # A run's learner is read back from its plan.json (a user's script: no framework command line).
     learner_from_plan: ClassVar[bool] = False
 
+    def arg(self, cfg: RunConfig, key: str) -> Any:
+        """A key's value: the config's, else the framework's default (None where hpcrl knows none)."""
+        return cfg.args.get(key)
+
     def memory_answer(self, cfg: RunConfig, profile: ClusterProfile, given: Any,
                       learner_gpus: int | None) -> dict[str, Any] | None:
         """plan-memory's answer from the backend's own memory model (None: the shared learner + vLLM question)."""

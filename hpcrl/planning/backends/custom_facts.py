@@ -7,6 +7,7 @@ Trainer-style LoRA checkpoint, and the HF/TRL-style learner of hpcrl/memory/hf_p
 from __future__ import annotations
 
 from dataclasses import replace
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from hpcrl.errors import HpcrlError
@@ -48,14 +49,9 @@ def fixes(b: Budget) -> list[Fix | None]:
             search(budget, s, "ckpt_every", interval_values(s.ckpt_every, s.total_steps, 1), KEYS["ckpt_every"])]
 
 
-def run_inputs(rp: RunPlan, args: dict[str, Any], base: DiskInputs) -> DiskInputs:
+def run_inputs(rp: RunPlan, get: Callable[[str], Any], base: DiskInputs) -> DiskInputs:
     """One learner's checkpoint every save_steps (as planned when unset), kept as the config says."""
-    cfg, backend = rp.config, rp.backend
-
-    def get(key: str) -> Any:
-        return args[key] if key in args else backend.arg(cfg, key)
-
-    return DiskInputs(**{**base.__dict__, "learners": 1, "ckpt_every": int(args.get("save_steps") or 0),
+    return DiskInputs(**{**base.__dict__, "learners": 1, "ckpt_every": int(get("save_steps") or 0),
                          "keep": get("keep_checkpoints"), "total_steps": get("total_steps")})
 
 

@@ -29,8 +29,9 @@ class DiskFacts:
     budget: Callable[[DiskInputs], Budget]
     # Single settings that would fit, in the framework's keys, for a budget that does not.
     fixes: Callable[[Budget], list[Fix | None]]
-    # A planned run's settings on top of `base` (model, learners, quota): (plan, the script's args, base).
-    run_inputs: Callable[[RunPlan, dict[str, Any], DiskInputs], DiskInputs]
+    # A planned run's settings on top of `base` (model, learners, quota): (plan, value, base), where
+    # value(key) is what the script passes for a key (the plan's, the config's, else the framework's default).
+    run_inputs: Callable[[RunPlan, Callable[[str], Any], DiskInputs], DiskInputs]
     # `plan-disk` without a config: the framework's default for the checkpoints kept (None: that
     # command needs a config for this backend).
     keep_default: int | None = None

@@ -207,6 +207,10 @@ class OpenInstructBackend(Backend):
         "num_epochs": (positive, "a positive count"),
     }
 
+    def arg(self, cfg: RunConfig, key: str) -> Any:
+        """A key's value: the config's, else grpo_fast's default in the config's argument layout."""
+        return cfg.args[key] if key in cfg.args else default(key, cfg.hpcrl.arg_layout)
+
     def arg_table(self, section: HpcrlSection | None = None) -> dict[str, dict[str, Any]]:
         return arg_table(section.arg_layout if section else "current")
 

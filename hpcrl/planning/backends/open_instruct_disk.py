@@ -7,10 +7,10 @@ traces with `save_traces` are token ids (rl_utils.py:100-128).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from hpcrl.planning.backends.facts import DiskFacts
-from hpcrl.planning.backends.oi_args import default
 from hpcrl.planning.disk import plan_disk
 from hpcrl.planning.disk_budget import TOKEN_ID_BYTES, Budget, DiskInputs, Fix, Item, cache_items, interval_values, search
 
@@ -53,14 +53,10 @@ def fixes(b: Budget) -> list[Fix | None]:
     return out
 
 
-def run_inputs(rp: RunPlan, args: dict[str, Any], base: DiskInputs) -> DiskInputs:
-    """grpo_fast's save settings as the script passes them (its defaults where unset)."""
-    w, layout = rp.workload, rp.config.hpcrl.arg_layout
+def run_inputs(rp: RunPlan, arg: Callable[[str], Any], base: DiskInputs) -> DiskInputs:
+    """grpo_fast's save settings as the script passes them."""
+    w = rp.workload
     seqs = w.unique_prompts * w.samples_per_prompt
-
-    def arg(key: str) -> Any:
-        return args[key] if key in args else default(key, layout)
-
     return DiskInputs(**{**base.__dict__, "zero_stage": 3, "hf_every": int(arg("save_freq")),
                          "ckpt_every": int(arg("checkpoint_state_freq")), "keep": int(arg("keep_last_n_checkpoints")),
                          "total_steps": max(1, int(arg("total_episodes")) // max(1, seqs)),

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from hpcrl.planning.backends.facts import DiskFacts
@@ -94,14 +95,10 @@ def fixes(b: Budget) -> list[Fix | None]:
     return out
 
 
-def run_inputs(rp: RunPlan, args: dict[str, Any], base: DiskInputs) -> DiskInputs:
+def run_inputs(rp: RunPlan, get: Callable[[str], Any], base: DiskInputs) -> DiskInputs:
     """The checkpoint flags as the script passes them: a global step per rollout.batch_size prompts,
     so the step count is known only when data.max_samples caps the dataset."""
-    cfg, backend = rp.config, rp.backend
-
-    def get(key: str) -> Any:
-        return args[key] if key in args else backend.arg(cfg, key)
-
+    cfg = rp.config
     steps = None
     if "data.max_samples" in cfg.args:
         steps = math.ceil(int(cfg.args["data.max_samples"]) / int(get("rollout.batch_size"))) * int(

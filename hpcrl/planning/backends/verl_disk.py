@@ -15,6 +15,7 @@ old one until the new one is complete: two at the peak. Rollout dumps
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from hpcrl.planning.backends.facts import DiskFacts
@@ -74,13 +75,9 @@ def fixes(b: Budget) -> list[Fix | None]:
     return out
 
 
-def run_inputs(rp: RunPlan, args: dict[str, Any], base: DiskInputs) -> DiskInputs:
-    """The trainer's save settings as the script passes them (the backend's defaults where unset)."""
-    cfg, w, lay, backend = rp.config, rp.workload, rp.layout, rp.backend
-
-    def get(key: str) -> Any:
-        return args[key] if key in args else backend.arg(cfg, key)
-
+def run_inputs(rp: RunPlan, get: Callable[[str], Any], base: DiskInputs) -> DiskInputs:
+    """The trainer's save settings as the script passes them."""
+    w, lay = rp.workload, rp.layout
     steps = get("trainer.total_training_steps")
     return DiskInputs(**{**base.__dict__, "learners": lay.nodes * lay.gpus_per_node,
                          "ckpt_every": int(get("trainer.save_freq")), "keep": get("trainer.max_actor_ckpt_to_keep"),

@@ -23,9 +23,9 @@ def budget(s: DiskInputs) -> Budget:
     return Budget("toy", s, trainable(s), {"save_every": s.ckpt_every}, (item, *extra), tuple(notes))
 
 
-def run_inputs(rp, args: dict[str, Any], base: DiskInputs) -> DiskInputs:
-    return DiskInputs(**{**base.__dict__, "ckpt_every": int(args.get("save_every", 100)),
-                         "total_steps": int(args.get("steps", 1000)), "keep": None})
+def run_inputs(rp, value, base: DiskInputs) -> DiskInputs:
+    return DiskInputs(**{**base.__dict__, "ckpt_every": int(value("save_every") or 100),
+                         "total_steps": int(value("steps") or 1000), "keep": None})
 
 
 class ToyBackend(Backend):

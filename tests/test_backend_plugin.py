@@ -3,6 +3,7 @@ as if it were hpcrl/planning/backends/toy.py, is planned, disk-checked and rende
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -75,3 +76,17 @@ def test_the_rendered_script_parses(toy_plan, tmp_path):
     script = tmp_path / "job.sbatch"
     script.write_text(render_script(toy_plan))
     assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
+
+
+def test_a_config_imports_only_the_backend_it_names():
+    """Found by module name, not by importing them all: planning and disk-checking a verl run
+    loads no other backend's module."""
+    code = ("import sys\n"
+            "from hpcrl.planning.run_plan import make_run_plan\n"
+            "from hpcrl.planning.disk_check import check_run_disk\n"
+            "check_run_disk(make_run_plan('verl-grpo-qwen2.5-7b'))\n"
+            "print(sorted(m.rsplit('.', 1)[1] for m in sys.modules if m.startswith('hpcrl.planning.backends.')\n"
+            "             and m.rsplit('.', 1)[1] in ('open_instruct', 'openrlhf', 'custom', 'verl')))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=HERE.parent, env={**os.environ, "PYTHONPATH": str(HERE.parent)})
+    assert out.stdout.split() == ["['verl']"]

@@ -40,7 +40,7 @@ def test_plan_memory_gives_plans_learner_figure(config, cluster):
     profile = resolve_profile(cluster)
     if cfg.hpcrl.backend == "custom":  # one node, or hpcrl.gpus of one: the job the config names
         lay = make_run_plan(config, cluster=cluster, allow_over_limit=True).layout
-        data = mq.custom_answer(cfg, job_profile(profile, cfg.hpcrl.gpus), mq.Overrides(), lay.learner_gpus)
+        data = mq.own_answer(cfg, job_profile(profile, cfg.hpcrl.gpus), mq.Overrides(), lay.learner_gpus)
         assert data["learner"]["device_total_gib"] == round(lay.memory.learner_peak / 2**30, 3)
         return
     compared = 0

@@ -16,7 +16,7 @@ _RUN_ONLY = ("--model", "--learners", "--lora-rank", "--zero-stage", "--save-fre
 
 @app.command("plan-disk")
 def plan_disk_cmd(
-    backend: Optional[str] = typer.Option(None, "--backend", "-b", help="open-instruct (default), verl or openrlhf"),
+    backend: Optional[str] = typer.Option(None, "--backend", "-b", help="Backend whose checkpoints to plan (default: hpcrl.backend's; docs/plan-disk.md)"),
     config: Optional[str] = typer.Option(None, "--config", help="A run config: its backend, model and checkpoint "
                                          "settings, planned as render plans them"),
     nodes: Optional[int] = typer.Option(None, "--nodes", "-n", help="With --config: nodes (default hpcrl.nodes)"),
@@ -26,7 +26,7 @@ def plan_disk_cmd(
     learners: Optional[int] = typer.Option(None, "--learners", help="Learner GPUs, one file set each (default 8)"),
     lora_rank: Optional[int] = typer.Option(None, "--lora-rank", help="LoRA rank (0: full fine-tuning)"),
     zero_stage: Optional[int] = typer.Option(None, "--zero-stage", help="DeepSpeed ZeRO stage (default 3)"),
-    save_freq: Optional[int] = typer.Option(None, "--save-freq", help="open-instruct: HF save every N steps (200)"),
+    save_freq: Optional[int] = typer.Option(None, "--save-freq", help="A separate HF save every N steps: save_freq (200)"),
     state_freq: Optional[int] = typer.Option(None, "--checkpoint-state-freq", "--ckpt-every", help="The resume "
                                              "state every N steps: checkpoint_state_freq, trainer.save_freq, "
                                              "ckpt.save_steps (200)"),
@@ -34,8 +34,8 @@ def plan_disk_cmd(
                                        "keep_last_n_checkpoints (3; -1 all), trainer.max_actor_ckpt_to_keep (2; -1 "
                                        "null), ckpt.max_num (3)"),
     total_steps: Optional[int] = typer.Option(None, "--total-steps", help="Training steps of the run (1000)"),
-    save_hf: Optional[bool] = typer.Option(None, "--save-hf", help="verl: hf_model in save_contents; OpenRLHF: "
-                                           "ckpt.save_hf"),
+    save_hf: Optional[bool] = typer.Option(None, "--save-hf", help="A whole-model HF save with each checkpoint: "
+                                           "hf_model in save_contents, ckpt.save_hf"),
     disable_ds: Optional[bool] = typer.Option(None, "--disable-ds", help="OpenRLHF: ckpt.disable_ds"),
     lora_hf_save: Optional[str] = typer.Option(None, "--lora-hf-save", help="OpenRLHF under LoRA: adapter (3c3be623) "
                                                "or full (OpenRLHF before 2d0b9854; the users' 203 GB saves)"),
@@ -43,7 +43,7 @@ def plan_disk_cmd(
                                             "(default: when the profile's hf_home is beside the run root, with its quota)"),
     dataset_gib: float = typer.Option(0.0, "--dataset-gib", help="HF datasets cache on the same quota"),
     rollout_tokens: int = typer.Option(0, "--rollout-tokens-per-step", help="Tokens a step's rollout dump holds "
-                                       "(verl trainer.rollout_data_dir, open-instruct save_traces)"),
+                                       "(trainer.rollout_data_dir, save_traces)"),
     cluster: Optional[str] = typer.Option(None, "--cluster", "-c", help="Profile whose run_root quota applies"),
     quota_gib: Optional[float] = typer.Option(None, "--quota-gib", help="Quota of the run directory (overrides the profile)"),
     as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON"),
@@ -70,7 +70,9 @@ def plan_disk_cmd(
 
         if nodes is not None or sets:
             raise HpcrlError("--nodes and --set go with --config")
-        name = backend or "open-instruct"
+        from hpcrl.planning.backends import DEFAULT_BACKEND
+
+        name = backend or DEFAULT_BACKEND
         s, quota_from = flag_inputs(name, {k.lstrip("-").replace("-", "_"): v for k, v in given.items()},
                                     resolve_profile(cluster), quota_gib, hf_cache, **extra)
     b = budget(name, s)

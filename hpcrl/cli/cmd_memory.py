@@ -35,12 +35,6 @@ class WeightSync(str, Enum):
     none = "none"
 
 
-class BackendChoice(str, Enum):
-    open_instruct = "open-instruct"
-    verl = "verl"
-    openrlhf = "openrlhf"
-
-
 class RolloutOffload(str, Enum):
     none = "none"
     optimizer = "optimizer"
@@ -59,21 +53,21 @@ def plan_memory_cmd(
     tokens_per_gpu: Optional[int] = typer.Option(None, "--tokens-per-gpu", help="Packed tokens in one learner micro-batch (default: the config's, else 8192)"),
     no_gc: bool = typer.Option(False, "--no-gradient-checkpointing", help="Keep every activation"),
     ref_policy: Optional[bool] = typer.Option(None, "--ref-policy/--no-ref-policy", help="A frozen reference copy on each learner (default: the framework's, or the config's)"),
-    zpg: Optional[int] = typer.Option(None, "--zpg", help="ZeRO++ secondary partition size (open-instruct --deepspeed_zpg, default 8; 1 is off)"),
+    zpg: Optional[int] = typer.Option(None, "--zpg", help="ZeRO++ secondary partition size (default: the framework's; 1 is off)"),
     offload: Optional[OffloadChoice] = typer.Option(None, "--offload", help="ZeRO offload: none, optimizer, params"),
     zero_stage: int = typer.Option(3, "--zero-stage", help="0, 2 or 3"),
-    lora_rank: Optional[int] = typer.Option(None, "--lora-rank", help="LoRA rank (0: full fine-tuning); not open-instruct"),
-    load_in_4bit: Optional[bool] = typer.Option(None, "--load-in-4bit", help="4-bit base weights (QLoRA); not open-instruct"),
-    logprob_impl: Optional[LogprobChoice] = typer.Option(None, "--logprob-impl", help="Default: the backend's (compiled; openrlhf eager)"),
-    grad_dtype: Optional[GradDtype] = typer.Option(None, "--grad-accum-dtype", help="ZeRO gradient partitions (default: the framework's; open-instruct fp32)"),
+    lora_rank: Optional[int] = typer.Option(None, "--lora-rank", help="LoRA rank (0: full fine-tuning), where the framework applies LoRA"),
+    load_in_4bit: Optional[bool] = typer.Option(None, "--load-in-4bit", help="4-bit base weights (QLoRA), where the framework loads them"),
+    logprob_impl: Optional[LogprobChoice] = typer.Option(None, "--logprob-impl", help="Default: the backend's (docs/backends.md)"),
+    grad_dtype: Optional[GradDtype] = typer.Option(None, "--grad-accum-dtype", help="ZeRO gradient partitions (default: the framework's)"),
     vllm_tp: Optional[int] = typer.Option(None, "--vllm-tp", help="Engine tensor-parallel size; default: smallest that fits"),
-    vllm_util: Optional[float] = typer.Option(None, "--vllm-gpu-memory-utilization", help="Default: the config's, else the framework's (open-instruct 0.9, verl 0.5, openrlhf 0.95)"),
+    vllm_util: Optional[float] = typer.Option(None, "--vllm-gpu-memory-utilization", help="Default: the config's, else the framework's (shown under 'assumes')"),
     max_seq_len: Optional[int] = typer.Option(None, "--max-seq-len", help="Engine sequence length (default: prompt + response)"),
-    backend: Optional[BackendChoice] = typer.Option(None, "--backend", help="Framework whose learner to model, without --config (default open-instruct)"),
-    colocated: Optional[bool] = typer.Option(None, "--colocated/--separate", help="Learner and engine share every GPU (default: verl yes, others no)"),
+    backend: Optional[str] = typer.Option(None, "--backend", help="Framework whose learner to model, without --config (default: hpcrl.backend's default)"),
+    colocated: Optional[bool] = typer.Option(None, "--colocated/--separate", help="Learner and engine share every GPU (default: the framework's)"),
     rollout_offload: RolloutOffload = typer.Option(RolloutOffload.none, "--rollout-offload", help="Colocated, without --config: training state in host RAM while vLLM generates"),
     keep_grads: Optional[bool] = typer.Option(None, "--keep-grads/--free-grads", help="Colocated, without --config: gradients stay on the GPU between steps (DeepSpeed yes, FSDP no)"),
-    weight_sync: Optional[WeightSync] = typer.Option(None, "--weight-sync", help="Learner -> vLLM weight sync: whole-model, per-param, auto (open-instruct's), none"),
+    weight_sync: Optional[WeightSync] = typer.Option(None, "--weight-sync", help="Learner -> vLLM weight sync: whole-model, per-param, auto (pick as the framework does), none"),
     as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON"),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Write a stacked bar chart (PNG)"),
 ) -> None:
@@ -100,18 +94,20 @@ def plan_memory_cmd(
         cfg = load_run_config(config, sets)
         profile = job_profile(resolve_profile(cluster or cfg.hpcrl.cluster, cluster_file),
                               gpus if gpus is not None else cfg.hpcrl.gpus)
-        if cfg.hpcrl.backend == "custom":
-            data = mq.custom_answer(cfg, profile, given, learner_gpus)
-            print_json(data) if as_json else _print_custom(data)
+        own = mq.own_answer(cfg, profile, given, learner_gpus)
+        if own is not None:  # the backend's own memory model (the custom script's HF learner)
+            print_json(own) if as_json else _print_hf(own)
             return
         question = mq.from_config(cfg, given)
     else:
-        question = mq.from_defaults(backend.value if backend else "open-instruct", given)
+        from hpcrl.planning.backends import DEFAULT_BACKEND
+
+        question = mq.from_defaults(backend or DEFAULT_BACKEND, given)
         profile = job_profile(resolve_profile(cluster, cluster_file), gpus)
     question.check_features()
     colocation = None
     if question.config is None and (question.colocated if colocated is None else colocated):
-        keep = question.backend != "verl" if keep_grads is None else keep_grads
+        keep = question.grads_resident if keep_grads is None else keep_grads
         offload_all = rollout_offload is RolloutOffload.all
         colocation = Colocation(param_offload=offload_all, optimizer_offload=rollout_offload is not RolloutOffload.none,
                                 grads_resident=keep and not offload_all)
@@ -192,10 +188,10 @@ def _print_colocated(c: dict, usable: float) -> None:
         console.print(t)
 
 
-def _print_custom(d: dict) -> None:
+def _print_hf(d: dict) -> None:
     lr, gpu = d["learner"], d["gpu"]
     console.print(f"[bold]{d['model']['name']}[/] on [bold]{gpu['cluster']}[/] ({gpu['name']}, {gpu['usable_gib']:.1f} "
-                  f"GiB usable per GPU, {gpu['job_gpus']} GPU(s) in the job): custom {lr['algorithm']} learner, "
+                  f"GiB usable per GPU, {gpu['job_gpus']} GPU(s) in the job): {d['backend']} {lr['algorithm']} learner, "
                   f"{lr['weights']} base, LoRA r{lr['lora_rank']}, HF generate")
     for line in d["assumptions"]:
         console.print(f"  assumes: {line}", soft_wrap=True)

@@ -35,7 +35,7 @@ def plan_cmd(
             "layouts_considered": len(rp.layouts),
             "layouts": [dict(rank=i + 1, **lay.to_dict()) for i, lay in enumerate(shown)],
         } | ({"backend": rp.backend.name, "backend_args": rp.backend.layout_args(rp)}
-             if rp.backend.name != "open-instruct" else {}))
+             if rp.backend.plan_shows_layout_args else {}))
         return
     for w in rp.warnings:
         warn(w)

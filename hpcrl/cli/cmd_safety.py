@@ -20,8 +20,8 @@ def diagnose_cmd(
     log: Path = typer.Argument(..., help="A log file, or a run directory (reads hpcrl/driver.log and breaker.json)"),
     model: Optional[str] = typer.Option(None, "--model", "-m", help="Model (default: the run's or the log's; none is "
                                         "assumed)"),
-    backend: Optional[str] = typer.Option(None, "--backend", "-b", help="open-instruct, verl, openrlhf or custom "
-                                          "(with a run dir) (default: the run's, else the driver command in the log)"),
+    backend: Optional[str] = typer.Option(None, "--backend", "-b", help="The run's backend (default: the run's, "
+                                          "else the driver command in the log)"),
     learner_gpus: Optional[int] = typer.Option(None, "--learner-gpus", help="Learner GPUs (default: from the run or log)"),
     tokens_per_gpu: Optional[int] = typer.Option(None, "--tokens-per-gpu", help="Tokens per learner GPU micro-batch "
                                                  "(default: from the run or log)"),
@@ -30,13 +30,14 @@ def diagnose_cmd(
 ) -> None:
     """Why did the run fail? Known failures in a log, with the fix computed by the planner in the backend's keys."""
     from hpcrl.logs.diagnose import Context, diagnose  # noqa: PLC0415
-    from hpcrl.planning.backends import BACKENDS  # noqa: PLC0415 - keeps `hpcrl --help` fast
+    from hpcrl.planning.backends import BACKENDS, get_backend  # noqa: PLC0415 - keeps `hpcrl --help` fast
     from hpcrl.profiles import resolve_profile  # noqa: PLC0415
 
     if backend is not None and backend not in BACKENDS:
         raise HpcrlError(f"--backend {backend!r}: valid: {', '.join(BACKENDS)}")
-    if backend == "custom" and not log.is_dir():  # a user's own script has no command line hpcrl can read
-        raise HpcrlError(f"--backend custom: give the run directory, not {log}: its hpcrl/plan.json describes the "
+    if backend is not None and get_backend(backend).learner_from_plan and not log.is_dir():
+        # a user's own script has no command line hpcrl can read
+        raise HpcrlError(f"--backend {backend}: give the run directory, not {log}: its hpcrl/plan.json describes the "
                          "script's learner")
 
     path, breaker = log, None
@@ -60,9 +61,10 @@ def diagnose_cmd(
         for name, tail in kept_ray_logs(RunDir(log)):
             text += f"\n==> {name} <==\n{tail}\n"
     plan, command = _run_files(log) if log.is_dir() else (None, None)
-    if (backend or (plan or {}).get("backend")) == "custom" and (learner_gpus or tokens_per_gpu):
-        raise HpcrlError("--learner-gpus and --tokens-per-gpu do not apply to a custom run: its learner comes from "
-                         "the run's hpcrl/plan.json (re-render the run to change it)")
+    run_backend = backend or (plan or {}).get("backend")
+    if _learner_from_plan(run_backend) and (learner_gpus or tokens_per_gpu):
+        raise HpcrlError(f"--learner-gpus and --tokens-per-gpu do not apply to a {run_backend} run: its learner comes "
+                         "from the run's hpcrl/plan.json (re-render the run to change it)")
     profile = resolve_profile(cluster)
     if cluster is None and plan and plan.get("cluster"):
         try:
@@ -105,8 +107,20 @@ def _run_files(run_dir: Path) -> tuple[dict | None, object]:
         script = (run_dir / "hpcrl" / "job.sbatch").read_text(errors="replace")
     except OSError:
         return plan, None
-    backend = (plan or {}).get("backend") or "open-instruct"
-    return plan, None if backend == "custom" else from_script(script, backend)
+    from hpcrl.planning.backends import DEFAULT_BACKEND  # noqa: PLC0415
+
+    backend = (plan or {}).get("backend") or DEFAULT_BACKEND
+    return plan, None if _learner_from_plan(backend) else from_script(script, backend)
+
+
+def _learner_from_plan(backend: str | None) -> bool:
+    """Whether a run of `backend` is read from its plan.json rather than its command line (False: unknown name)."""
+    from hpcrl.planning.backends import get_backend  # noqa: PLC0415
+
+    try:
+        return backend is not None and get_backend(str(backend)).learner_from_plan
+    except HpcrlError:
+        return False
 
 
 checkpoints_app = typer.Typer(help="List and prune a run's checkpoints.", no_args_is_help=True,

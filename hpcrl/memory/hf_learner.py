@@ -93,7 +93,7 @@ class HfLearnerSetup:
                 raise HpcrlError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.lora_rank < 1:
             raise HpcrlError(f"lora_rank {self.lora_rank}: the custom learner model covers LoRA and QLoRA; "
-                             "give a positive rank (full fine-tuning: the verl or openrlhf backends)")
+                             "give a positive rank (full fine-tuning: a backend with a DeepSpeed or FSDP learner)")
         if not 0 <= self.lora_dropout < 1:
             raise HpcrlError(f"lora_dropout {self.lora_dropout}: valid: 0 <= p < 1")
         if self.algorithm == "ppo" and self.critic == "none":

@@ -26,7 +26,7 @@ import yaml
 from pydantic import ValidationError
 
 from hpcrl.errors import ConfigError, HpcrlError, UnknownNameError, closest
-from hpcrl.planning.backends import BACKENDS, get_backend
+from hpcrl.planning.backends import DEFAULT_BACKEND, get_backend
 from hpcrl.planning.backends.base import refuse_run_dir_keys
 from hpcrl.planning.run_types import HpcrlSection, RunConfig
 from hpcrl.resources import data_dir
@@ -118,10 +118,11 @@ def _validated(path: Path, raw: dict, overrides: list[tuple[str, Any]]) -> RunCo
             section[key.split(".", 1)[1]] = value
         else:
             args[key] = value
-    name = section.get("backend", "open-instruct")
-    if name not in BACKENDS:
-        raise _Invalid(f"hpcrl.backend: {UnknownNameError('backend', str(name), BACKENDS)}")
-    backend = get_backend(name)
+    name = section.get("backend", DEFAULT_BACKEND)
+    try:
+        backend = get_backend(str(name))
+    except UnknownNameError as exc:
+        raise _Invalid(f"hpcrl.backend: {exc}") from None
     try:
         hp = HpcrlSection.model_validate(section)
     except ValidationError as exc:

@@ -234,7 +234,7 @@ def _plan(s: DiskSetup) -> DiskPlan:
     n_hf = _hf_saves(s.save_freq, s.total_steps)
     notes = []
     if n_state and s.keep_last_n_checkpoints == 0:
-        notes.append("keep_last_n_checkpoints=0: open-instruct deletes each state checkpoint right after "
+        notes.append("keep_last_n_checkpoints=0: grpo_fast deletes each state checkpoint right after "
                      "writing it, so a restart cannot resume; use 1 or more")
     if s.checkpoint_state_freq <= 0:
         notes.append("no DeepSpeed state checkpoints (checkpoint_state_freq <= 0): a restart starts over")

@@ -1,7 +1,7 @@
 """What a run writes under one quota, for any backend: checkpoints, the HF caches, rollout dumps (pure).
 
-Each backend's checkpoint kinds, read from its source at the pinned commit, are built in
-hpcrl/planning/disk_backends.py; this module holds what they share: the items and their sum against
+Each backend's checkpoint kinds, read from its source at the pinned commit, are built by the
+backend (its `disk` facts, hpcrl/planning/backends/facts.py); this module holds what they share: the items and their sum against
 the quota, the caches that live on the same filesystem, the search for a single setting that
 fits, and the text of a refusal. docs/plan-disk.md describes every item and its source.
 """
@@ -19,9 +19,9 @@ from hpcrl.planning.disk import GB, GIB, check_settings
 # A model as the HF hub stores it for these families: bf16 safetensors, 2 bytes per parameter
 # (an assumption: a repository published in fp32 takes twice that).
 CACHE_BYTES_PER_PARAM = 2
-# Rollout dumps. verl writes decoded text (trainer/ppo/ray_trainer.py:396-422): about 4 bytes per
-# token of English and code; open-instruct writes token ids as JSON integers (rl_utils.py:100-128):
-# "151643, " is 8 bytes. Both are assumptions about the data, not read from the code.
+# Rollout dumps, by what a framework writes (each backend says which, with its source): decoded
+# text, about 4 bytes per token of English and code; token ids as JSON integers, "151643, " is 8
+# bytes. Both are assumptions about the data, not read from the code.
 TEXT_BYTES_PER_TOKEN = 4
 TOKEN_ID_BYTES = 8
 
@@ -45,7 +45,7 @@ class Item:
 
 @dataclass(frozen=True)
 class DiskInputs:
-    """What decides a run's bytes, in neutral names (disk_backends.KEYS gives each backend's key)."""
+    """What decides a run's bytes, in neutral names (each backend's `disk.keys` gives its key)."""
 
     model: ModelSpec
     learners: int = 8
@@ -53,11 +53,11 @@ class DiskInputs:
     zero_stage: int = 3
     total_steps: int | None = 1000
     ckpt_every: int = 200  # the resume state's interval
-    hf_every: int = 200  # open-instruct's separate HF save interval
+    hf_every: int = 200  # a separate HF save interval, where the framework has one
     keep: int | None = 3  # state checkpoints kept (None or -1: all)
-    save_hf: bool = False  # OpenRLHF ckpt.save_hf; verl's save_contents with hf_model
-    disable_ds: bool = False  # OpenRLHF ckpt.disable_ds
-    lora_hf_save: str = "adapter"  # OpenRLHF under LoRA: "adapter" (3c3be623) or "full" (the older behaviour)
+    save_hf: bool = False  # a whole-model HF save beside the state, where the framework makes it optional
+    disable_ds: bool = False  # no DeepSpeed state, where the framework can skip it
+    lora_hf_save: str = "adapter"  # hpcrl.lora_hf_save: "adapter" or "full" HF saves under LoRA
     model_cache: bool = False  # the HF cache is on the quota's filesystem
     dataset_bytes: float = 0.0
     rollout_tokens_per_step: int = 0  # tokens a step's rollout dump holds (0: no dump)
@@ -144,8 +144,10 @@ def shares_quota(run_root: str, hf_home: str) -> bool:
     return parent not in ("", "/") and posixpath.normpath(hf_home).startswith(parent + "/")
 
 
-def cache_items(s: DiskInputs, steps_known: bool, dump_source: str | None) -> tuple[list[Item], list[str]]:
-    """The HF model cache, the dataset cache and rollout dumps, where they count; and notes."""
+def cache_items(s: DiskInputs, steps_known: bool, dump_source: str | None,
+                bytes_per_token: float = TOKEN_ID_BYTES) -> tuple[list[Item], list[str]]:
+    """The HF model cache, the dataset cache and rollout dumps (`bytes_per_token` each, written as
+    `dump_source` says; None: the framework writes none), where they count; and notes."""
     items, notes = [], []
     if s.model_cache:
         items.append(Item("model_cache", f"HF model cache ({s.model.name}, $HF_HOME/hub)",
@@ -157,7 +159,7 @@ def cache_items(s: DiskInputs, steps_known: bool, dump_source: str | None) -> tu
     if s.dataset_bytes:
         items.append(Item("dataset_cache", "HF datasets cache", s.dataset_bytes, 1, 1, "given (--dataset-gib)"))
     if s.rollout_tokens_per_step and dump_source:
-        per = float(s.rollout_tokens_per_step * (TEXT_BYTES_PER_TOKEN if "verl" in dump_source else TOKEN_ID_BYTES))
+        per = float(s.rollout_tokens_per_step * bytes_per_token)
         n = s.total_steps if steps_known and s.total_steps else 1
         items.append(Item("rollouts", "rollout dump, one file per step, never deleted", per, n if steps_known else None,
                           n, dump_source))
@@ -165,6 +167,20 @@ def cache_items(s: DiskInputs, steps_known: bool, dump_source: str | None) -> tu
             notes.append("rollout dumps: one step counted; each further step adds "
                          f"{per / GIB:,.2f} GiB (the run's step count depends on its dataset)")
     return items, notes
+
+
+def trainable(s: DiskInputs) -> int:
+    """The parameters the run trains: the adapter's under LoRA, else the whole model's."""
+    return s.model.lora_params(s.lora_rank) if s.lora_rank else s.model.total_params
+
+
+def saves(every: int, steps: int | None, at_end: bool = False) -> int | None:
+    """Saves over the run: every `every` steps (and at the last step when at_end); None: unknown."""
+    if every <= 0:
+        return 0
+    if steps is None:
+        return None
+    return steps // every + (1 if at_end and steps % every else 0)
 
 
 def search(build: Callable[[DiskInputs], Budget], base: DiskInputs, field_name: str, values: list[Any],
@@ -196,5 +212,5 @@ def refusal(b: Budget, fixes: list[str], steps_text: str) -> str:
             f"would fit: {would} (or --set hpcrl.force_disk=true)")
 
 
-__all__ = ["Budget", "DiskInputs", "Fix", "Item", "cache_items", "interval_values", "refusal", "search",
-           "shares_quota"]
+__all__ = ["Budget", "DiskInputs", "Fix", "Item", "TEXT_BYTES_PER_TOKEN", "TOKEN_ID_BYTES", "cache_items",
+           "interval_values", "refusal", "saves", "search", "shares_quota", "trainable"]

@@ -6,12 +6,10 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 from typing import Any
 
 from hpcrl.errors import PlanError
-from hpcrl.planning.backends.oi_args import default
 from hpcrl.planning.disk import GIB
 from hpcrl.planning.disk_backends import budget
 from hpcrl.planning.disk_budget import Budget, DiskInputs, refusal, shares_quota
@@ -22,46 +20,15 @@ def run_inputs(rp: RunPlan, quota_gib: float | None = None, hf_cache: bool | Non
     """The disk plan's inputs for a planned run: its config, the plan's choices, the profile's storage."""
     cfg, w, lay, prof = rp.config, rp.workload, rp.layout, rp.profile
     args: dict[str, Any] = {**cfg.args, **rp.backend.layout_args(rp)}  # what the script passes
-    name = rp.backend.name
     quota = quota_gib if quota_gib is not None else prof.storage.run_root.quota_gib
     root = cfg.hpcrl.run_root or prof.storage.run_root.path
     base = DiskInputs(w.model, learners=lay.learner_gpus, lora_rank=w.lora_rank,
                       model_cache=shares_quota(root, prof.storage.hf_home) if hf_cache is None else hf_cache,
                       quota_bytes=None if quota is None else quota * GIB)
-    seqs = w.unique_prompts * w.samples_per_prompt
-    if name == "open-instruct":
-        def arg(key: str) -> Any:
-            return args[key] if key in args else default(key, cfg.hpcrl.arg_layout)
+    def value(key: str) -> Any:
+        return args[key] if key in args else rp.backend.arg(cfg, key)
 
-        return DiskInputs(**{**base.__dict__, "zero_stage": 3, "hf_every": int(arg("save_freq")),
-                             "ckpt_every": int(arg("checkpoint_state_freq")), "keep": int(arg("keep_last_n_checkpoints")),
-                             "total_steps": max(1, int(arg("total_episodes")) // max(1, seqs)),
-                             "rollout_tokens_per_step": seqs * w.seq_len if arg("save_traces") else 0})
-    backend = rp.backend
-
-    def get(key: str) -> Any:
-        return args[key] if key in args else backend.arg(cfg, key)  # type: ignore[attr-defined]
-
-    if name == "custom":
-        total = get("total_steps")
-        return DiskInputs(**{**base.__dict__, "learners": 1, "ckpt_every": int(args.get("save_steps") or 0),
-                             "keep": get("keep_checkpoints"), "total_steps": total})
-    if name == "verl":
-        steps = get("trainer.total_training_steps")
-        return DiskInputs(**{**base.__dict__, "learners": lay.nodes * lay.gpus_per_node,
-                             "ckpt_every": int(get("trainer.save_freq")), "keep": get("trainer.max_actor_ckpt_to_keep"),
-                             "save_hf": "hf_model" in (get("actor_rollout_ref.actor.checkpoint.save_contents") or []),
-                             "total_steps": steps if isinstance(steps, int) and steps > 0 else None,
-                             "rollout_tokens_per_step": seqs * w.seq_len if get("trainer.rollout_data_dir") else 0})
-    # OpenRLHF: a global step per rollout.batch_size prompts; the dataset's size is known only when capped.
-    steps = None
-    if "data.max_samples" in cfg.args:
-        steps = math.ceil(int(cfg.args["data.max_samples"]) / int(get("rollout.batch_size"))) * int(
-            get("train.num_episodes"))
-    return DiskInputs(**{**base.__dict__, "zero_stage": int(get("ds.zero_stage")), "ckpt_every": int(get("ckpt.save_steps")),
-                         "keep": int(get("ckpt.max_num")), "save_hf": bool(get("ckpt.save_hf")),
-                         "disable_ds": bool(get("ckpt.disable_ds")), "lora_hf_save": cfg.hpcrl.lora_hf_save,
-                         "total_steps": steps})
+    return rp.backend.disk.run_inputs(rp, value, base)
 
 
 def config_inputs(rp: RunPlan, quota_gib: float | None, hf_cache: bool | None, **extra: Any) -> tuple[DiskInputs, str]:

@@ -277,7 +277,7 @@ def enumerate_layouts(profile: ClusterProfile, nodes: int, w: Workload, pins: Pi
     if any(m < 1 or m > nodes for m in ms):
         raise PlanError(
             f"num_learners_per_node has {ms[0]} entries but the job has {nodes} nodes; "
-            "open-instruct places one entry per node (STRICT_SPREAD)"
+            "the learners take one entry per node (a STRICT_SPREAD placement group)"
         )
     utils = [pins.gpu_memory_utilization] if pins.gpu_memory_utilization else list(UTILISATIONS)
     layouts: list[Layout] = []

@@ -8,6 +8,7 @@ allocator margin, carrying the warning.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 
 from hpcrl.errors import PlanError
@@ -17,22 +18,13 @@ from hpcrl.planning.layout import Layout, Pins, Workload, enumerate_layouts
 from hpcrl.profiles import ClusterProfile
 
 
-# The suggestions' wording in open-instruct's flags; other backends pass their own. A fix the
-# backend's code does not implement is None and never offered (open-instruct's grpo_fast.py
-# applies no LoRA: data/capabilities.json).
-OI_FIXES: dict[str, str | None] = {
-    "no_hpz": "--set deepspeed_zpg=1 (no ZeRO++ secondary weight copy)",
-    "offload_optimizer": "--set deepspeed_offload_optimizer=true (optimizer state in host RAM)",
-    "offload_params": "--set deepspeed_offload_param=true (parameters in host RAM too)",
-    "tokens": "--set pack_length={tokens}",
-    "learners": "--pin learners={k} (learners per node)",
-    "lora": None,
-    "per_param_sync": "--set gather_whole_model=false (weight sync one parameter at a time)",
-}
+# The suggestions' wording comes from the backend (its `layout_fixes`: fix -> its words, with
+# {tokens} or {k} filled in); a fix it lacks or maps to None is never offered.
+Fixes = Mapping[str, "str | None"]
 
 
 def suggest(profile: ClusterProfile, nodes: int, w: Workload, pins: Pins, variants: list[ClusterProfile],
-            fixes: dict[str, str | None] = OI_FIXES) -> list[str]:
+            fixes: Fixes) -> list[str]:
     """Every single-setting change that makes some layout fit, each checked by the planner. Order:
     fixes that keep the job inside the partition's and QOS's node limits first; within each,
     those that leave the allocator margin free before those that fit only inside it."""
@@ -138,7 +130,7 @@ def plan_layouts(
     w: Workload,
     pins: Pins = Pins(),
     variants: list[ClusterProfile] | None = None,
-    fixes: dict[str, str | None] = OI_FIXES,
+    fixes: Fixes | None = None,
 ) -> list[Layout]:
     """Ranked layouts; PlanError with computed suggestions when none fits."""
     layouts, rejected = enumerate_layouts(profile, nodes, w, pins)
@@ -146,7 +138,7 @@ def plan_layouts(
         return layouts
     why = max(rejected, key=lambda k: rejected[k]) if rejected else "no candidate layout"
     where = f"{nodes} {profile.name}{':' + profile.variant if profile.variant else ''} node{'s' if nodes > 1 else ''}"
-    found = suggest(profile, nodes, w, pins, variants or [], fixes)
+    found = suggest(profile, nodes, w, pins, variants or [], fixes or {})
     tight, _ = enumerate_layouts(profile, nodes, w, pins, margin=False)
     if tight:
         return with_margin_note(tight, found)
@@ -154,4 +146,4 @@ def plan_layouts(
     raise PlanError(f"no layout of {w.model.name} fits on {where} ({why}){fix}")
 
 
-__all__ = ["OI_FIXES", "idle_gpus_warning", "plan_layouts", "suggest", "with_margin_note"]
+__all__ = ["Fixes", "idle_gpus_warning", "plan_layouts", "suggest", "with_margin_note"]

@@ -19,8 +19,9 @@ from hpcrl.memory.learner import LearnerSetup, sync_modes
 from hpcrl.memory.plan import MemoryPlan, plan_memory
 from hpcrl.memory.planner_defaults import smallest_fitting_tp
 from hpcrl.models import resolve_model
-from hpcrl.planning.backends import get_backend
+from hpcrl.planning.backends import backend_names, get_backend
 from hpcrl.planning.backends.capabilities import Fact, feature, setting
+from hpcrl.planning.backends.facts import MemoryFacts
 from hpcrl.planning.config import RunConfig
 from hpcrl.planning.layout import Pins, Workload, _learner_setup
 from hpcrl.profiles import ClusterProfile
@@ -65,6 +66,11 @@ class Question:
     config: RunConfig | None = None
     util_pinned: bool = False
 
+    @property
+    def grads_resident(self) -> bool:
+        """Colocated without a config: whether gradients stay on the GPU between steps (the framework's)."""
+        return get_backend(self.backend).memory.grads_resident
+
     def check_features(self) -> None:
         """Refuse LoRA or 4-bit for a framework whose code does not apply them (capabilities.json)."""
         from hpcrl.planning.backends.capabilities import feature, unsupported
@@ -75,35 +81,7 @@ class Question:
             raise unsupported(self.backend, "load_in_4bit", "--load-in-4bit")
 
 
-# Per framework: (workload field, config key that sets it, the fact that gives its default).
-# A key of None: the framework has no setting for it (its code decides).
-_FACTS: dict[str, list[tuple[str, str | None, tuple[str, ...]]]] = {
-    "open-instruct": [
-        ("grad_accum_dtype", None, ("deepspeed", "grad_accum_dtype")),
-        ("hpz_partition_size", "deepspeed_zpg", ("deepspeed", "zero_hpz_partition_size")),
-        ("load_ref_policy", "load_ref_policy", ("features", "ref_policy")),
-        ("gradient_checkpointing", None, ("features", "gradient_checkpointing")),
-        ("util", "vllm_gpu_memory_utilization", ("vllm", "gpu_memory_utilization")),
-    ],
-    "verl": [
-        ("grad_accum_dtype", None, ("fsdp", "mixed_precision")),
-        ("load_ref_policy", "actor_rollout_ref.actor.use_kl_loss", ("features", "ref_policy")),
-        ("gradient_checkpointing", "actor_rollout_ref.model.enable_gradient_checkpointing",
-         ("features", "gradient_checkpointing")),
-        ("util", "actor_rollout_ref.rollout.gpu_memory_utilization", ("vllm", "gpu_memory_utilization")),
-    ],
-    "openrlhf": [
-        ("grad_accum_dtype", "ds.grad_accum_dtype", ("deepspeed", "grad_accum_dtype")),
-        ("hpz_partition_size", "ds.zpg", ("deepspeed", "zero_hpz_partition_size")),
-        ("load_ref_policy", "algo.kl.init_coef", ("features", "ref_policy")),
-        ("gradient_checkpointing", "actor.gradient_checkpointing_enable", ("features", "gradient_checkpointing")),
-        ("util", "vllm.gpu_memory_utilization", ("vllm", "gpu_memory_utilization")),
-    ],
-}
-# How each framework's learner looks to the memory model beyond those facts: (colocated,
-# log-prob path, out-of-place temperature division of the logits). docs/backends.md.
-_SHAPE = {"open-instruct": (False, "compiled", True), "verl": (True, "compiled", False),
-          "openrlhf": (False, "eager", False)}
+# Where each assumption's value can also come from the command line.
 _FLAGS = {"hpz_partition_size": "--zpg", "load_ref_policy": "--ref-policy/--no-ref-policy",
           "grad_accum_dtype": "--grad-accum-dtype", "gradient_checkpointing": "--no-gradient-checkpointing",
           "util": "--vllm-gpu-memory-utilization"}
@@ -126,11 +104,11 @@ def _fact(backend: str, where: tuple[str, ...]) -> Fact:
     return feature(backend, name) if section == "features" else setting(backend, section, name)
 
 
-def _default_value(backend: str, name: str, fact: Fact) -> Any:
+def _default_value(facts: MemoryFacts, name: str, fact: Fact) -> Any:
     """A workload field's value as the framework's code sets it when nothing else does."""
     if name == "grad_accum_dtype":
-        if backend == "verl":
-            return "fp32"  # FSDP reduces gradients in fp32 (mixed_precision reduce_dtype)
+        if facts.grad_dtype is not None:
+            return facts.grad_dtype
         return "fp32" if fact.value == "fp32" else "bf16"  # DeepSpeed: None is the model dtype, bf16
     if name == "hpz_partition_size":
         return int(fact.value or 1)
@@ -158,8 +136,8 @@ def _assumptions(backend: str, w: Workload, util: float, cfg: RunConfig | None, 
     flags = {"hpz_partition_size": given.zpg, "load_ref_policy": given.ref_policy,
              "grad_accum_dtype": given.grad_accum_dtype, "gradient_checkpointing": given.gradient_checkpointing,
              "util": given.util}
-    out = []
-    for name, key, where in _FACTS[backend]:
+    out, facts = [], get_backend(backend).memory
+    for name, key, where in ((d.name, d.key, d.fact) for d in facts.defaults):
         value = util if name == "util" else getattr(w, name)
         fact = _fact(backend, where)
         if flags.get(name) is not None:
@@ -171,8 +149,7 @@ def _assumptions(backend: str, w: Workload, util: float, cfg: RunConfig | None, 
             if name == "gradient_checkpointing" and key is None:
                 origin = f"{backend} always enables it ({fact.cite()})"
             if name == "grad_accum_dtype" and key is None:
-                what = "FSDP mixed precision" if backend == "verl" else "DeepSpeed config"
-                origin = f"{backend}'s {what} ({fact.cite()})"
+                origin = f"{backend}'s {facts.grad_dtype_origin} ({fact.cite()})"
         out.append(f"{_text(name, value, w)}: {origin}")
     return out
 
@@ -187,7 +164,7 @@ def from_config(cfg: RunConfig, given: Overrides = Overrides()) -> Question:
     if given.tokens_per_gpu is not None and w.pack_length < w.seq_len:
         raise HpcrlError(f"--tokens-per-gpu {given.tokens_per_gpu} is shorter than one sequence of this config "
                          f"({w.seq_len} tokens)")
-    util_key = {k: key for k, key, _ in _FACTS[backend.name]}.get("util")
+    util_key = {d.name: d.key for d in backend.memory.defaults}.get("util")
     pinned = util_key in cfg.args if util_key else False
     util = (given.util if given.util is not None else float(cfg.args[util_key]) if pinned
             else float(_fact(backend.name, ("vllm", "gpu_memory_utilization")).value))
@@ -195,23 +172,31 @@ def from_config(cfg: RunConfig, given: Overrides = Overrides()) -> Question:
                     cfg, pinned or given.util is not None)
 
 
+def defaults_backends() -> list[str]:
+    """The backends plan-memory answers for without a config."""
+    return [name for name in backend_names() if get_backend(name).memory.defaults]
+
+
 def from_defaults(backend: str, given: Overrides = Overrides()) -> Question:
     """No config: the framework's own defaults (capability table), the flags on top."""
-    colocated, logprob, logits_copy = _SHAPE[backend]
+    if backend not in defaults_backends():
+        raise HpcrlError(f"--backend {backend!r}: without --config, valid: {', '.join(defaults_backends())} "
+                         "(give --config for another backend)")
+    facts = get_backend(backend).memory
     values: dict[str, Any] = {}
-    for name, _key, where in _FACTS[backend]:
-        values[name] = _default_value(backend, name, _fact(backend, where))
+    for d in facts.defaults:
+        values[d.name] = _default_value(facts, d.name, _fact(backend, d.fact))
     util = float(values.pop("util"))
     tokens = DEFAULT_TOKENS if given.tokens_per_gpu is None else given.tokens_per_gpu
     if tokens <= 0:
         raise HpcrlError(f"--tokens-per-gpu must be a positive integer, got {tokens}")
     # No config: the engine's sequence is the learner's micro-batch (prompt + response = tokens).
     w = Workload(model=resolve_model(given.model or "32b"), pack_length=tokens, response_length=max(1, tokens - 1),
-                 max_prompt_token_length=1, beta=0.0, logprob_impl=logprob, logits_copy=logits_copy,
-                 weight_sync="auto" if backend == "open-instruct" else "none", **values)
+                 max_prompt_token_length=1, beta=0.0, logprob_impl=get_backend(backend).default_logprob_impl,
+                 logits_copy=facts.logits_copy, weight_sync=facts.weight_sync, **values)
     w = replace(w, **{k: v for k, v in given.workload_changes().items() if k != "pack_length"})
     util = given.util if given.util is not None else util
-    return Question(backend, w, util, colocated, tuple(_assumptions(backend, w, util, None, given)),
+    return Question(backend, w, util, facts.colocated, tuple(_assumptions(backend, w, util, None, given)),
                     util_pinned=given.util is not None)
 
 
@@ -309,7 +294,7 @@ def answer(q: Question, profile: ClusterProfile, *, learner_gpus: int | None, ze
 
 
 def _colocated_run(q: Question, profile: ClusterProfile, learner_gpus: int | None) -> tuple[MemoryPlan, list[str]]:
-    """A colocated config (verl; OpenRLHF colocate_all): every GPU of the job trains and generates,
+    """A colocated config (the backend's `colocated(cfg)`): every GPU of the job trains and generates,
     so the question is the backend's own plan for that many GPUs (its micro-batch and offload
     choices included), exactly as `plan` makes it."""
     assert q.config is not None
@@ -328,39 +313,10 @@ def _colocated_run(q: Question, profile: ClusterProfile, learner_gpus: int | Non
     return lay.memory, notes + list(lay.notes)
 
 
-def custom_answer(cfg: RunConfig, profile: ClusterProfile, given: Overrides, learner_gpus: int | None) -> dict:
-    """plan-memory for the custom backend: the script's HF/TRL-style learner on one GPU of `profile`
-    (hpcrl/memory/hf_plan.py), as `plan` and `render` plan it; `learner_gpus` training processes (DDP)."""
-    from hpcrl.memory.hf_plan import hf_memory_plan
-    from hpcrl.planning.backends.custom import CustomBackend
-
-    flags = {"--tokens-per-gpu": given.tokens_per_gpu, "--ref-policy/--no-ref-policy": given.ref_policy,
-             "--zpg": given.zpg, "--offload": given.offload, "--logprob-impl": given.logprob_impl,
-             "--grad-accum-dtype": given.grad_accum_dtype, "--vllm-gpu-memory-utilization": given.util,
-             "--weight-sync": given.weight_sync}
-    bad = [f for f, v in flags.items() if v is not None]
-    if bad:
-        raise HpcrlError(f"{bad[0]} does not apply to the custom backend (no DeepSpeed, no vLLM); set the config's "
-                         "keys instead (mini_batch_size, reference, ...; docs/backends.md)")
-    backend = get_backend("custom")
-    assert isinstance(backend, CustomBackend)
-    w = replace(backend.workload_from_config(cfg, given.model), **{k: v for k, v in given.workload_changes().items()
-                                                                    if k in ("lora_rank", "load_in_4bit",
-                                                                             "gradient_checkpointing")})
-    g = profile.gpu.count_per_node
-    n = learner_gpus if learner_gpus is not None else backend.processes(cfg, g)
-    if n < 1 or n > g:
-        raise HpcrlError(f"--learner-gpus {n}: the custom backend trains on one node of {g} GPUs; valid: 1 to {g}")
-    plan = hf_memory_plan(profile, backend.learner_setup(cfg, w, n))
-    data = plan.to_dict()
-    data["notes"] = [f"{n} training process{'es' if n > 1 else ''} ({'DDP, ' if n > 1 else ''}each GPU holds "
-                     "everything); every term is derived from what the libraries allocate or fitted, none measured "
-                     "on this run"]
-    data["assumptions"] = [f"{k} {backend.arg(cfg, k)}: {'the config' if k in cfg.args else 'hpcrl default'}"
-                           for k in ("algorithm", "critic", "reference", "lora_targets", "lora_dropout", "double_quant")]
-    data["backend"] = "custom"
-    data["config"] = cfg.source
-    return data
+def own_answer(cfg: RunConfig, profile: ClusterProfile, given: Overrides, learner_gpus: int | None) -> dict | None:
+    """plan-memory's answer from the config's backend's own memory model (None: the shared question applies)."""
+    return get_backend(cfg.hpcrl.backend).memory_answer(cfg, profile, given, learner_gpus)
 
 
-__all__ = ["Overrides", "Question", "answer", "choose_memory_plan", "custom_answer", "from_config", "from_defaults"]
+__all__ = ["Overrides", "Question", "answer", "choose_memory_plan", "defaults_backends", "from_config", "from_defaults",
+           "own_answer"]

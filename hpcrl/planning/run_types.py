@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from hpcrl.planning.backends import get_backend
+from hpcrl.planning.backends import DEFAULT_BACKEND, get_backend
 from hpcrl.planning.backends.oi_args import ArgLayout
 from hpcrl.shell import path_problem
 
@@ -37,13 +37,12 @@ class HpcrlSection(BaseModel):
     nodes: int | None = Field(default=None, gt=0)
     gpus: int | None = Field(default=None, gt=0, description="GPUs of one node, for a job smaller than a node")
     model: str | None = Field(default=None, description="Planner model; default from model_name_or_path")
-    backend: Literal["open-instruct", "verl", "openrlhf", "custom"] = "open-instruct"
-    arg_layout: ArgLayout = Field(default="current", description="open-instruct's argument layout (current|legacy)")
-    # Defaults follow the backend (see _backend_defaults): open-instruct's are given here.
-    entry_point: str = Field(default="open_instruct/grpo_fast.py",
-                             description="Script path (open-instruct) or Python module (verl, openrlhf)")
-    workdir: str = Field(default="$HOME/open-instruct", description="Directory the driver starts in")
-    python: str = "python"
+    backend: str = Field(default=DEFAULT_BACKEND, description="The training framework (hpcrl/planning/backends/)")
+    arg_layout: ArgLayout = Field(default="current", description="The default backend's argument layout (current|legacy)")
+    # These four default to the backend's own (see _backend_defaults).
+    entry_point: str = Field(default="", description="Script path or Python module, as the backend runs it")
+    workdir: str = Field(default="", description="Directory the driver starts in")
+    python: str = ""
     env_setup: list[str] = Field(default_factory=list, description="Shell lines run on every node first")
     container: str | None = Field(default=None, description="Image to run in (profile's runtime)")
     run_name: str = "grpo"
@@ -57,7 +56,7 @@ class HpcrlSection(BaseModel):
     max_failure_restarts: int = Field(default=3, ge=0, description="Continuations after failures not the run's fault")
     failure_backoff_s: int = Field(default=60, ge=0, description="Wait before a failure continuation (x its number)")
     max_lost_minutes: float = Field(default=30.0, gt=0, description="Training a job may lose: sets the checkpoint cadence")
-    logprob_impl: Literal["eager", "compiled"] = "compiled"
+    logprob_impl: Literal["eager", "compiled"] = "compiled"  # the backend's default (see _backend_defaults)
     zero_reward_steps: int = Field(default=10, gt=0)
     hang_minutes: float = Field(default=60.0, gt=0)
     # The watchdog's other breakers (docs/safety.md): 0 turns one off.
@@ -70,20 +69,20 @@ class HpcrlSection(BaseModel):
     lora_hf_save: Literal["adapter", "full"] = "adapter"
     allow_over_limit: bool = False
     force_disk: bool = False
-    # Services the framework's verifiers call on localhost (open-instruct's code-execution API):
+    # Services the framework's verifiers call on localhost (a code-execution API, capabilities.json "services"):
     # auto starts them when the config needs them, on starts them always, off never.
     code_server: Literal["auto", "on", "off"] = "auto"
     code_server_command: list[str] | None = Field(
-        default=None, description="Words of the command; {port} is the port. Default: uvicorn open_instruct.code_utils.api:app")
+        default=None, description="Words of the command; {port} is the port. Default: the backend's (capabilities.json)")
     code_server_timeout_s: int = Field(default=180, gt=0)
 
     @model_validator(mode="before")
     @classmethod
     def _backend_defaults(cls, data):
-        # The backend's own entry point and checkout unless given; open-instruct's are the
-        # field defaults, so its configs validate (and hash) exactly as before.
-        if isinstance(data, dict) and data.get("backend", "open-instruct") != "open-instruct":
-            data = {**get_backend(str(data["backend"])).section_defaults(), **data}
+        # The backend's own entry point, checkout, python and log-prob path unless given (the
+        # values the default backend's configs had as field defaults, so they hash as before).
+        if isinstance(data, dict):
+            data = {**get_backend(str(data.get("backend", DEFAULT_BACKEND))).section_defaults(), **data}
         return data
 
     @field_validator("run_root", "workdir", "container")

@@ -12,10 +12,11 @@ from __future__ import annotations
 import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from hpcrl.errors import ConfigError, HpcrlError, PlanError
+from hpcrl.planning.backends.facts import DiskFacts, MemoryFacts
 from hpcrl.planning.layout import Layout, Pins, Workload
 from hpcrl.planning.backends.log_facts import CommandFacts, CpuAsk, DiagnoseFacts, SmokeFacts
 from hpcrl.planning.layout_advice import plan_layouts
@@ -157,7 +158,7 @@ class Backend(ABC):
     def plan(self, cfg: RunConfig, profile: ClusterProfile, nodes: int, w: Workload, pins: Pins,
              variants: list[ClusterProfile]) -> Planned:
         """Ranked layouts (and any other planned values) for this framework."""
-        return Planned(plan_layouts(profile, nodes, w, pins, variants))
+        return Planned(plan_layouts(profile, nodes, w, pins, variants, self.layout_fixes))
 
     # ------------------------------------------------------------------ rendering
     @abstractmethod
@@ -193,6 +194,26 @@ class Backend(ABC):
 
     # ------------------------------------------------------------------ planning facts
     # (disk budget kinds, memory-model choice, plan-memory questions)
+    list_order: ClassVar[int] = 100  # where lists of backends show it (the default backend first)
+    disk: ClassVar[DiskFacts]  # its checkpoints and dumps against the run root's quota (facts.py)
+    memory: ClassVar[MemoryFacts] = MemoryFacts()  # how the memory model sees its learner (facts.py)
+    # `plan --json` and plan.json carry the backend's name and its layout keys (the first backend's
+    # output predates other backends and stays as it was).
+    plan_shows_layout_args: ClassVar[bool] = True
+    # The layout planner's single-setting fixes in the framework's words (hpcrl/planning/layout_advice.py):
+    # no_hpz, offload_optimizer, offload_params, tokens ({tokens}), learners ({k}), lora, per_param_sync.
+    layout_fixes: ClassVar[Mapping[str, str | None]] = {}
+    # A run's learner is read back from its plan.json (a user's script: no framework command line).
+    learner_from_plan: ClassVar[bool] = False
+
+    def arg(self, cfg: RunConfig, key: str) -> Any:
+        """A key's value: the config's, else the framework's default (None where hpcrl knows none)."""
+        return cfg.args.get(key)
+
+    def memory_answer(self, cfg: RunConfig, profile: ClusterProfile, given: Any,
+                      learner_gpus: int | None) -> dict[str, Any] | None:
+        """plan-memory's answer from the backend's own memory model (None: the shared learner + vLLM question)."""
+        return None
 
     # ------------------------------------------------------------------ log, diagnose and in-job facts
     # (log line formats and metric keys, diagnose fixes, smoke placement, driver command-line reading)

@@ -18,7 +18,6 @@ from typing import Any
 from hpcrl.errors import ConfigError
 
 _DATA = Path(__file__).with_name("data") / "capabilities.json"
-BACKENDS = ("open-instruct", "verl", "openrlhf")
 # What a feature is called in an error message.
 FEATURE_WORDS = {
     "lora": "LoRA", "load_in_4bit": "4-bit (QLoRA) base weights", "ref_policy": "a reference policy",
@@ -51,6 +50,10 @@ class Fact:
 @lru_cache(maxsize=1)
 def _table() -> dict[str, Any]:
     return json.loads(_DATA.read_text())
+
+
+# The frameworks the table describes, in its order (a new backend with code to read adds its entry).
+BACKENDS = tuple(name for name in _table() if not name.startswith("_"))
 
 
 def commit(backend: str) -> str:

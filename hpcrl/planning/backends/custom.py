@@ -21,6 +21,7 @@ from hpcrl.models import resolve_model
 from hpcrl.models.spec import ALL_LINEAR
 from hpcrl.planning.backends.base import Backend, DriverLine, Planned, Word, cli_pins_into, positive
 from hpcrl.planning.backends.log_facts import DiagnoseFacts, SmokeFacts
+from hpcrl.planning.backends.custom_facts import DISK, memory_answer
 from hpcrl.planning.layout import Layout, Pins, Workload, training_time
 
 if TYPE_CHECKING:
@@ -96,6 +97,12 @@ class CustomBackend(Backend):
                     ("lora_rank", "rollout_batch_size", "mini_batch_size", "max_prompt_length", "max_response_length",
                      "samples_per_prompt", "rollout_batches", "gradient_accumulation_steps", "ppo_epochs",
                      "total_steps", "save_steps", "keep_checkpoints")}
+    list_order = 3
+    disk = DISK
+    learner_from_plan = True
+
+    def memory_answer(self, cfg: RunConfig, profile: ClusterProfile, given: Any, learner_gpus: int | None) -> dict:
+        return memory_answer(self, cfg, profile, given, learner_gpus)
 
     # ------------------------------------------------------------------ keys
     def arg_table(self, section: HpcrlSection | None = None) -> dict[str, dict[str, Any]]:
@@ -257,4 +264,6 @@ def generation_time(cfg: RunConfig, backend: CustomBackend, w: Workload, plan: H
     return calls * setup.response_len * per_token
 
 
-__all__ = ["CustomBackend", "KEYS"]
+BACKEND = CustomBackend
+
+__all__ = ["BACKEND", "CustomBackend", "KEYS"]

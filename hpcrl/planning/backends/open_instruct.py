@@ -28,6 +28,8 @@ from hpcrl.planning.backends.base import (
 from hpcrl.errors import ConfigError, HpcrlError, PlanError
 from hpcrl.models import resolve_model
 from hpcrl.planning.backends.log_facts import CommandFacts, CpuAsk, DiagnoseFacts, SmokeFacts
+from hpcrl.planning.backends.facts import MemoryDefault, MemoryFacts
+from hpcrl.planning.backends.open_instruct_disk import DISK
 from hpcrl.planning.backends.capabilities import commit, feature, services, setting
 from hpcrl.planning.backends.oi_args import _kind, arg_table, check_args, default
 from hpcrl.planning.layout import Layout, Pins, Workload
@@ -185,6 +187,26 @@ class OpenInstructBackend(Backend):
     # DeepSpeed's save_checkpoint writes <dir>/latest last (checkpoint_state_dir = RUN_DIR/checkpoints).
     checkpoint_key = "checkpoint_state_freq"
     checkpoint_marker = "checkpoints/latest"
+    list_order = 0
+    disk = DISK
+    memory = MemoryFacts(
+        defaults=(MemoryDefault("grad_accum_dtype", None, ("deepspeed", "grad_accum_dtype")),
+                  MemoryDefault("hpz_partition_size", "deepspeed_zpg", ("deepspeed", "zero_hpz_partition_size")),
+                  MemoryDefault("load_ref_policy", "load_ref_policy", ("features", "ref_policy")),
+                  MemoryDefault("gradient_checkpointing", None, ("features", "gradient_checkpointing")),
+                  MemoryDefault("util", "vllm_gpu_memory_utilization", ("vllm", "gpu_memory_utilization"))),
+        logits_copy=True, weight_sync="auto")  # logits / temperature out of place; whole-model or per-param sync
+    plan_shows_layout_args = False
+    # grpo_fast.py applies no LoRA (data/capabilities.json): never offered.
+    layout_fixes = {
+        "no_hpz": "--set deepspeed_zpg=1 (no ZeRO++ secondary weight copy)",
+        "offload_optimizer": "--set deepspeed_offload_optimizer=true (optimizer state in host RAM)",
+        "offload_params": "--set deepspeed_offload_param=true (parameters in host RAM too)",
+        "tokens": "--set pack_length={tokens}",
+        "learners": "--pin learners={k} (learners per node)",
+        "lora": None,
+        "per_param_sync": "--set gather_whole_model=false (weight sync one parameter at a time)",
+    }
     value_ranges = {
         "total_episodes": (positive, "a positive number of episodes"),
         "learning_rate": (positive, "a positive learning rate"),
@@ -199,6 +221,10 @@ class OpenInstructBackend(Backend):
         "per_device_train_batch_size": (positive, "a positive count"),
         "num_epochs": (positive, "a positive count"),
     }
+
+    def arg(self, cfg: RunConfig, key: str) -> Any:
+        """A key's value: the config's, else grpo_fast's default in the config's argument layout."""
+        return cfg.args[key] if key in cfg.args else default(key, cfg.hpcrl.arg_layout)
 
     def arg_table(self, section: HpcrlSection | None = None) -> dict[str, dict[str, Any]]:
         return arg_table(section.arg_layout if section else "current")
@@ -337,10 +363,12 @@ class OpenInstructBackend(Backend):
             f"deepspeed_stage {lay.memory.learner_setup.zero_stage}"
         )
 
-
     def smoke_cpu_ask(self, rp: RunPlan) -> CpuAsk:
         # 10 CPUs per learner GPU (grpo_fast_resource_plan.LEARNER_PLACEMENT_GROUP_CPU_PER_GPU), tp per
         # engine, and 3 for DataPreparationActor (2) and ActorManager (1).
         lay = rp.layout
         learners = lay.learners_per_node * lay.learner_nodes
         return CpuAsk("grpo_fast.py", learners * 10 + lay.engines * lay.tp + 3, lay.learners_per_node * 10, "learner node")
+
+
+BACKEND = OpenInstructBackend

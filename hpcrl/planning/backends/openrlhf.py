@@ -36,11 +36,12 @@ from hpcrl.planning.backends.base import (
 from hpcrl.errors import ConfigError, HpcrlError, PlanError, UnknownNameError
 from hpcrl.memory.colocated import Colocation
 from hpcrl.models import resolve_model
+from hpcrl.planning.backends.facts import MemoryDefault, MemoryFacts
 from hpcrl.planning.backends.flagdata import load_meta, load_table
 from hpcrl.planning.backends.log_facts import CommandFacts, CpuAsk, DiagnoseFacts, SmokeFacts
-from hpcrl.planning.backends.openrlhf_ckpt import checkpoint_flags
+from hpcrl.planning.backends.openrlhf_ckpt import DISK, checkpoint_flags
 from hpcrl.planning.layout import Pins, Workload
-from hpcrl.planning.layout_advice import OI_FIXES, plan_layouts
+from hpcrl.planning.layout_advice import plan_layouts
 from hpcrl.planning.layout_colocated import plan_colocated_layouts
 
 if TYPE_CHECKING:
@@ -53,10 +54,15 @@ LAYOUT_KEYS = ("actor.num_nodes", "actor.num_gpus_per_node", "ref.num_nodes", "r
                "vllm.num_engines", "vllm.tensor_parallel_size", "vllm.gpu_memory_utilization", "ds.zero_stage",
                "train.colocate_actor_ref")
 RUN_DIR_KEYS = {"ckpt.path": "checkpoints", "ckpt.output_dir": "output"}
-FIXES = {**OI_FIXES, "no_hpz": "--set ds.zpg=1 (no ZeRO++ secondary weight copy)",
+# offload_params, learners and per_param_sync keep the words the planner offered OpenRLHF runs
+# when this table extended open-instruct's (its flags, not OpenRLHF's: unchanged here, issue 22).
+FIXES = {"no_hpz": "--set ds.zpg=1 (no ZeRO++ secondary weight copy)",
          "offload_optimizer": "--set ds.adam_offload=true (optimizer state in host RAM)",
+         "offload_params": "--set deepspeed_offload_param=true (parameters in host RAM too)",
          "tokens": "{tokens} tokens per GPU (train.micro_batch_size x data.max_len)",
-         "lora": "--set ds.lora.rank=16 (LoRA: far less optimizer state)"}
+         "learners": "--pin learners={k} (learners per node)",
+         "lora": "--set ds.lora.rank=16 (LoRA: far less optimizer state)",
+         "per_param_sync": "--set gather_whole_model=false (weight sync one parameter at a time)"}
 
 
 @lru_cache(maxsize=1)
@@ -155,6 +161,15 @@ class OpenRLHFBackend(Backend):
     # DeepSpeed's save_checkpoint writes <ckpt.path>/_actor/latest last.
     checkpoint_key = "ckpt.save_steps"
     checkpoint_marker = "checkpoints/_actor/latest"
+    list_order = 2
+    disk = DISK
+    memory = MemoryFacts(
+        defaults=(MemoryDefault("grad_accum_dtype", "ds.grad_accum_dtype", ("deepspeed", "grad_accum_dtype")),
+                  MemoryDefault("hpz_partition_size", "ds.zpg", ("deepspeed", "zero_hpz_partition_size")),
+                  MemoryDefault("load_ref_policy", "algo.kl.init_coef", ("features", "ref_policy")),
+                  MemoryDefault("gradient_checkpointing", "actor.gradient_checkpointing_enable",
+                                ("features", "gradient_checkpointing")),
+                  MemoryDefault("util", "vllm.gpu_memory_utilization", ("vllm", "gpu_memory_utilization"))))
     value_ranges = {
         "actor.adam.lr": (positive, "a positive learning rate"),
         "ckpt.save_steps": (never_or_positive, "-1 (never) or a positive number of steps"),
@@ -357,4 +372,6 @@ class OpenRLHFBackend(Backend):
                 f"vllm.gpu_memory_utilization {lay.gpu_memory_utilization:g}, ds.zero_stage 3")
 
 
-__all__ = ["OpenRLHFBackend", "format_flag", "openrlhf_table", "renamed"]
+BACKEND = OpenRLHFBackend
+
+__all__ = ["BACKEND", "OpenRLHFBackend", "format_flag", "openrlhf_table", "renamed"]

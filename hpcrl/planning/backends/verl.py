@@ -31,8 +31,10 @@ from hpcrl.planning.backends.base import (
 from hpcrl.errors import ConfigError, HpcrlError, PlanError, UnknownNameError
 from hpcrl.memory.colocated import Colocation
 from hpcrl.models import resolve_model
+from hpcrl.planning.backends.facts import MemoryDefault, MemoryFacts
 from hpcrl.planning.backends.flagdata import load_table
 from hpcrl.planning.backends.log_facts import CommandFacts, CpuAsk, DiagnoseFacts, SmokeFacts
+from hpcrl.planning.backends.verl_disk import DISK
 from hpcrl.planning.layout import Pins, Workload
 from hpcrl.planning.layout_colocated import enumerate_colocated, plan_colocated_layouts
 
@@ -154,6 +156,17 @@ class VerlBackend(Backend):
     # verl's trainer writes <default_local_dir>/latest_checkpointed_iteration.txt after each save.
     checkpoint_key = T + "save_freq"
     checkpoint_marker = "checkpoints/latest_checkpointed_iteration.txt"
+    list_order = 1
+    disk = DISK
+    # FSDP reduces gradients in fp32 (mixed_precision reduce_dtype) and frees them after the step.
+    memory = MemoryFacts(
+        defaults=(MemoryDefault("grad_accum_dtype", None, ("fsdp", "mixed_precision")),
+                  MemoryDefault("load_ref_policy", "actor_rollout_ref.actor.use_kl_loss", ("features", "ref_policy")),
+                  MemoryDefault("gradient_checkpointing", "actor_rollout_ref.model.enable_gradient_checkpointing",
+                                ("features", "gradient_checkpointing")),
+                  MemoryDefault("util", "actor_rollout_ref.rollout.gpu_memory_utilization",
+                                ("vllm", "gpu_memory_utilization"))),
+        colocated=True, grads_resident=False, grad_dtype_origin="FSDP mixed precision", grad_dtype="fp32")
     value_ranges = {
         A + "optim.lr": (positive, "a positive learning rate"),
         T + "total_epochs": (positive, "a positive number of epochs"),
@@ -385,4 +398,6 @@ def _number(raw: str) -> Any:
             return raw
 
 
-__all__ = ["VerlBackend", "hydra_value", "verl_table"]
+BACKEND = VerlBackend
+
+__all__ = ["BACKEND", "VerlBackend", "hydra_value", "verl_table"]

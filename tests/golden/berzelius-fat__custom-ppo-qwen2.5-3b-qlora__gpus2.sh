@@ -440,15 +440,15 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
     "host_peak_gib": 12.0,
     "idle_gpus": 0,
     "learner_gpus": 2,
-    "learner_peak_gib": 9.61,
+    "learner_peak_gib": 9.64,
     "nodes": 1,
     "num_learners_per_node": [
       2
     ],
     "reason": "colocated: every GPU trains and generates; step ~10s = generation 9s + training 0s",
-    "rollout_peak_gib": 7.81,
+    "rollout_peak_gib": 7.82,
     "step_time_s": 9.6,
-    "training_peak_gib": 9.61,
+    "training_peak_gib": 9.64,
     "training_time_s": 0.4,
     "vllm_gpu_memory_utilization": 0.0,
     "vllm_num_engines": 2,
@@ -489,9 +489,9 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
     },
     "learner": {
       "algorithm": "ppo",
-      "allocator_margin_gib": 1.1,
+      "allocator_margin_gib": 0.899,
       "critic": "value_head",
-      "device_total_gib": 9.615,
+      "device_total_gib": 9.642,
       "double_quant": false,
       "fits": true,
       "gradient_checkpointing": true,
@@ -512,13 +512,13 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "non_torch": {
         "CUDA context + NCCL (measured)": 1.0
       },
-      "peak_allocated_gib": 5.617,
+      "peak_allocated_gib": 5.467,
       "peak_phase": "training",
-      "peak_reserved_gib": 8.615,
+      "peak_reserved_gib": 8.642,
       "phases": {
         "generation": {
-          "allocated_gib": 2.684,
-          "reserved_gib": 5.183,
+          "allocated_gib": 2.534,
+          "reserved_gib": 5.25,
           "transient": {
             "HF generate KV cache, bf16, every sequence at full length (derived)": 0.053,
             "generate logits, fp32, last position (derived)": 0.002,
@@ -527,16 +527,16 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
           }
         },
         "scoring": {
-          "allocated_gib": 3.908,
-          "reserved_gib": 6.812,
+          "allocated_gib": 3.758,
+          "reserved_gib": 6.822,
           "transient": {
             "one dequantized 4-bit weight, bf16 (derived)": 0.042,
             "scoring logits, bf16 + fp32 log-softmax, no grad (derived)": 1.304
           }
         },
         "training": {
-          "allocated_gib": 5.617,
-          "reserved_gib": 8.615,
+          "allocated_gib": 5.467,
+          "reserved_gib": 8.642,
           "transient": {
             "log-prob path logits, bf16 + eager fp32 log_softmax (fitted)": 2.608,
             "one dequantized 4-bit weight, bf16 (derived)": 0.042,
@@ -553,7 +553,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
         "DDP gradient buckets, an fp32 copy of the trainable gradients (derived)": 0.056,
         "LoRA adapters, fp32 (derived)": 0.056,
         "adapter gradients, fp32 (derived)": 0.056,
-        "fixed allocations (workspaces, RNG) (fitted)": 0.25,
+        "fixed allocations (workspaces, RNG) (fitted)": 0.1,
         "policy 4-bit quantization constants, fp32 absmax per 64 weights (derived)": 0.161,
         "policy base weights, 4-bit NF4 linears + bf16 embeddings and norms (derived)": 1.872,
         "reference: the policy's base with the adapters off (no copy) (derived)": 0.0,
@@ -570,7 +570,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "total_params": 3085938688,
       "trainable_params": 14968833
     },
-    "verdict": "the learner GPU (peak at training) fits with 68.4 GiB to spare after a 1.1 GiB allocator margin"
+    "verdict": "the learner GPU (peak at training) fits with 68.6 GiB to spare after a 0.9 GiB allocator margin"
   },
   "model": "Qwen/Qwen2.5-3B",
   "nodes": 1,

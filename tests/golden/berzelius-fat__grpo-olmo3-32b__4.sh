@@ -7,7 +7,7 @@
 #   model allenai/Olmo-3-1125-32B: 256 sequences of 10240 tokens per step, pack_length 10240
 #   4 x 8 A100-SXM4-80GB (79.15 GiB): 16 learner GPUs, 16 engine GPUs, 0 idle
 #   num_learners_per_node [4] x 4, vllm_num_engines 4, vllm_tensor_parallel_size 4, vllm_gpu_memory_utilization 0.9, deepspeed_stage 3
-#   learner peak 63.9 GiB/GPU of 79.2 usable; engine 15.0 GiB weights + 53.6 GiB KV cache per GPU; host peak 42 GiB/node
+#   learner peak 64.3 GiB/GPU of 79.2 usable; engine 15.0 GiB weights + 53.6 GiB KV cache per GPU; host peak 42 GiB/node
 #   step ~347 s (generation 347 s, training 339 s), bottleneck generation
 #   checkpoint_state_freq 5: a checkpoint every ~29 min of training (so that at most 30 min is lost); time-limit warning 900 s before the end = one step (~347 s) + one checkpoint write (~180 s, derived) + 60 s to stop
 # Warning: berzelius: the script uses unconfirmed profile facts: --partition=berzelius (hpcrl.partition); the run root /proj/$SLURM_JOB_ACCOUNT/users/$USER/hpcrl-runs (hpcrl.run_root); check them (hpcrl clusters show berzelius) or set what is in brackets
@@ -434,7 +434,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
     "host_peak_gib": 42.0,
     "idle_gpus": 0,
     "learner_gpus": 16,
-    "learner_peak_gib": 63.86,
+    "learner_peak_gib": 64.32,
     "nodes": 4,
     "num_learners_per_node": [
       4,
@@ -483,13 +483,13 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "ram_per_node_gib": 2000.0
     },
     "learner": {
-      "allocator_margin_gib": 4.086,
+      "allocator_margin_gib": 3.862,
       "breakdown": {
         "Adam moments (fp32)": 15.01,
         "ZeRO++ secondary weights (hpZ)": 7.505,
         "ZeRO-3 gathered lm_head + grad": 1.913,
         "activations (stored)": 6.543,
-        "fixed (workspaces, RNG, persistent params)": 0.25,
+        "fixed (workspaces, RNG, persistent params)": 0.1,
         "fp32 master weights": 7.505,
         "gradients": 7.505,
         "log-prob path (compiled)": 5.738,
@@ -497,7 +497,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
         "reduce bucket": 0.931
       },
       "deepspeed_estimate_gib": 35.685,
-      "device_total_gib": 63.864,
+      "device_total_gib": 64.318,
       "fits": true,
       "gpus": 16,
       "grad_accum_dtype": "fp32",
@@ -508,14 +508,14 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "lora_rank": 0,
       "non_torch_gib": 1.0,
       "offload": "none",
-      "peak_allocated_gib": 56.652,
+      "peak_allocated_gib": 56.502,
       "peak_phase": "logits",
-      "peak_reserved_gib": 62.864,
+      "peak_reserved_gib": 63.318,
       "phases_gib": {
-        "logits": 56.652,
-        "optimizer": 48.046,
-        "recompute": 54.075,
-        "weight sync": 44.371
+        "logits": 56.502,
+        "optimizer": 47.896,
+        "recompute": 53.925,
+        "weight sync": 44.221
       },
       "tokens_per_gpu": 10240,
       "weight_sync": "per_param",
@@ -527,7 +527,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "total_params": 32233522176,
       "trainable_params": 32233522176
     },
-    "verdict": "learner fits with 11.2 GiB to spare after a 4.1 GiB allocator margin; engine fits: 85 sequences of 10240 tokens fit at once"
+    "verdict": "learner fits with 11.0 GiB to spare after a 3.9 GiB allocator margin; engine fits: 85 sequences of 10240 tokens fit at once"
   },
   "model": "allenai/Olmo-3-1125-32B",
   "nodes": 4,

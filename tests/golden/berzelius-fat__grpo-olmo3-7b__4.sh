@@ -7,7 +7,7 @@
 #   model allenai/Olmo-3-1025-7B: 128 sequences of 18432 tokens per step, pack_length 18432
 #   4 x 8 A100-SXM4-80GB (79.15 GiB): 4 learner GPUs, 28 engine GPUs, 0 idle
 #   num_learners_per_node [4] x 1, vllm_num_engines 7, vllm_tensor_parallel_size 4, vllm_gpu_memory_utilization 0.9, deepspeed_stage 3
-#   learner peak 70.5 GiB/GPU of 79.2 usable; engine 3.4 GiB weights + 65.5 GiB KV cache per GPU; host peak 42 GiB/node
+#   learner peak 70.9 GiB/GPU of 79.2 usable; engine 3.4 GiB weights + 65.5 GiB KV cache per GPU; host peak 42 GiB/node
 #   step ~479 s (generation 479 s, training 276 s), bottleneck generation
 #   checkpoint_state_freq 3: a checkpoint every ~24 min of training (so that at most 30 min is lost); time-limit warning 900 s before the end = one step (~479 s) + one checkpoint write (~41 s, derived) + 60 s to stop
 # Warning: berzelius: the script uses unconfirmed profile facts: --partition=berzelius (hpcrl.partition); the run root /proj/$SLURM_JOB_ACCOUNT/users/$USER/hpcrl-runs (hpcrl.run_root); check them (hpcrl clusters show berzelius) or set what is in brackets
@@ -434,7 +434,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
     "host_peak_gib": 42.0,
     "idle_gpus": 0,
     "learner_gpus": 4,
-    "learner_peak_gib": 70.47,
+    "learner_peak_gib": 70.86,
     "nodes": 4,
     "num_learners_per_node": [
       4
@@ -480,11 +480,11 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "ram_per_node_gib": 2000.0
     },
     "learner": {
-      "allocator_margin_gib": 4.516,
+      "allocator_margin_gib": 4.262,
       "breakdown": {
         "Adam moments (fp32)": 13.594,
         "ZeRO++ secondary weights (hpZ)": 3.398,
-        "fixed (workspaces, RNG, persistent params)": 0.25,
+        "fixed (workspaces, RNG, persistent params)": 0.1,
         "fp32 master weights": 6.797,
         "gradients": 6.797,
         "parameters (bf16)": 3.398,
@@ -493,7 +493,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
         "weight sync: rank 0's copy to send": 13.594
       },
       "deepspeed_estimate_gib": 32.116,
-      "device_total_gib": 70.475,
+      "device_total_gib": 70.863,
       "fits": true,
       "gpus": 4,
       "grad_accum_dtype": "fp32",
@@ -504,14 +504,14 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "lora_rank": 0,
       "non_torch_gib": 1.0,
       "offload": "none",
-      "peak_allocated_gib": 62.353,
+      "peak_allocated_gib": 62.203,
       "peak_phase": "weight sync",
-      "peak_reserved_gib": 69.475,
+      "peak_reserved_gib": 69.863,
       "phases_gib": {
-        "logits": 51.946,
-        "optimizer": 40.753,
-        "recompute": 44.415,
-        "weight sync": 62.353
+        "logits": 51.796,
+        "optimizer": 40.603,
+        "recompute": 44.265,
+        "weight sync": 62.203
       },
       "tokens_per_gpu": 18432,
       "weight_sync": "whole_model",
@@ -523,7 +523,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "total_params": 7298011136,
       "trainable_params": 7298011136
     },
-    "verdict": "learner fits with 4.2 GiB to spare after a 4.5 GiB allocator margin; engine fits: 29 sequences of 18432 tokens fit at once"
+    "verdict": "learner fits with 4.0 GiB to spare after a 4.3 GiB allocator margin; engine fits: 29 sequences of 18432 tokens fit at once"
   },
   "model": "allenai/Olmo-3-1025-7B",
   "nodes": 4,

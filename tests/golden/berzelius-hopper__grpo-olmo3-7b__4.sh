@@ -7,7 +7,7 @@
 #   model allenai/Olmo-3-1025-7B: 128 sequences of 18432 tokens per step, pack_length 18432
 #   4 x 8 H200 (139.8 GiB): 2 learner GPUs, 30 engine GPUs, 0 idle
 #   num_learners_per_node [2] x 1, vllm_num_engines 15, vllm_tensor_parallel_size 2, vllm_gpu_memory_utilization 0.9, deepspeed_stage 3
-#   learner peak 106.3 GiB/GPU of 139.8 usable; engine 6.8 GiB weights + 116.5 GiB KV cache per GPU; host peak 38 GiB/node
+#   learner peak 107.1 GiB/GPU of 139.8 usable; engine 6.8 GiB weights + 116.5 GiB KV cache per GPU; host peak 38 GiB/node
 #   step ~225 s (generation 225 s, training 174 s), bottleneck generation
 #   checkpoint_state_freq 7: a checkpoint every ~26 min of training (so that at most 30 min is lost); time-limit warning 900 s before the end = one step (~225 s) + one checkpoint write (~41 s, derived) + 60 s to stop
 # Warning: berzelius-hopper: the script uses unconfirmed profile facts: --partition=berzelius-hopper (hpcrl.partition); --time from the partition's limit (hpcrl.time); the GPU request style gpus (a user profile's slurm.gpu_request); the run root /proj/$SLURM_JOB_ACCOUNT/users/$USER/hpcrl-runs (hpcrl.run_root); check them (hpcrl clusters show berzelius-hopper) or set what is in brackets
@@ -433,7 +433,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
     "host_peak_gib": 38.0,
     "idle_gpus": 0,
     "learner_gpus": 2,
-    "learner_peak_gib": 106.33,
+    "learner_peak_gib": 107.06,
     "nodes": 4,
     "num_learners_per_node": [
       2
@@ -479,11 +479,11 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "ram_per_node_gib": 1000.0
     },
     "learner": {
-      "allocator_margin_gib": 6.846,
+      "allocator_margin_gib": 6.469,
       "breakdown": {
         "Adam moments (fp32)": 27.187,
         "ZeRO++ secondary weights (hpZ)": 6.797,
-        "fixed (workspaces, RNG, persistent params)": 0.25,
+        "fixed (workspaces, RNG, persistent params)": 0.1,
         "fp32 master weights": 13.594,
         "gradients": 13.594,
         "parameters (bf16)": 6.797,
@@ -492,7 +492,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
         "weight sync: rank 0's copy to send": 13.594
       },
       "deepspeed_estimate_gib": 62.701,
-      "device_total_gib": 106.328,
+      "device_total_gib": 107.056,
       "fits": true,
       "gpus": 2,
       "grad_accum_dtype": "fp32",
@@ -503,14 +503,14 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "lora_rank": 0,
       "non_torch_gib": 1.0,
       "offload": "none",
-      "peak_allocated_gib": 96.337,
+      "peak_allocated_gib": 96.187,
       "peak_phase": "weight sync",
-      "peak_reserved_gib": 105.328,
+      "peak_reserved_gib": 106.056,
       "phases_gib": {
-        "logits": 85.93,
-        "optimizer": 74.737,
-        "recompute": 78.399,
-        "weight sync": 96.337
+        "logits": 85.78,
+        "optimizer": 74.587,
+        "recompute": 78.249,
+        "weight sync": 96.187
       },
       "tokens_per_gpu": 18432,
       "weight_sync": "whole_model",
@@ -522,7 +522,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "total_params": 7298011136,
       "trainable_params": 7298011136
     },
-    "verdict": "learner fits with 26.6 GiB to spare after a 6.8 GiB allocator margin; engine fits: 25 sequences of 18432 tokens fit at once"
+    "verdict": "learner fits with 26.3 GiB to spare after a 6.5 GiB allocator margin; engine fits: 25 sequences of 18432 tokens fit at once"
   },
   "model": "allenai/Olmo-3-1025-7B",
   "nodes": 4,

@@ -7,7 +7,7 @@
 #   model allenai/Olmo-3-1125-32B: 256 sequences of 10240 tokens per step, pack_length 10240
 #   16 x 8 A100-SXM4-40GB (39.39 GiB): 80 learner GPUs, 48 engine GPUs, 0 idle
 #   num_learners_per_node [8] x 10, vllm_num_engines 6, vllm_tensor_parallel_size 8, vllm_gpu_memory_utilization 0.9, deepspeed_stage 3
-#   learner peak 35.4 GiB/GPU of 39.4 usable; engine 7.5 GiB weights + 25.5 GiB KV cache per GPU; host peak 50 GiB/node
+#   learner peak 35.5 GiB/GPU of 39.4 usable; engine 7.5 GiB weights + 25.5 GiB KV cache per GPU; host peak 50 GiB/node
 #   step ~187 s (generation 187 s, training 68 s), bottleneck generation
 #   checkpoint_state_freq 9: a checkpoint every ~28 min of training (so that at most 30 min is lost); time-limit warning 900 s before the end = one step (~187 s) + one checkpoint write (~180 s, derived) + 60 s to stop
 # Warning: berzelius: the script uses unconfirmed profile facts: --partition=berzelius (hpcrl.partition); the run root /proj/$SLURM_JOB_ACCOUNT/users/$USER/hpcrl-runs (hpcrl.run_root); check them (hpcrl clusters show berzelius) or set what is in brackets
@@ -434,7 +434,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
     "host_peak_gib": 50.0,
     "idle_gpus": 0,
     "learner_gpus": 80,
-    "learner_peak_gib": 35.36,
+    "learner_peak_gib": 35.54,
     "nodes": 16,
     "num_learners_per_node": [
       8,
@@ -489,13 +489,13 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "ram_per_node_gib": 999.0
     },
     "learner": {
-      "allocator_margin_gib": 3.2,
+      "allocator_margin_gib": 3.1,
       "breakdown": {
         "Adam moments (fp32)": 3.002,
         "ZeRO++ secondary weights (hpZ)": 7.505,
         "ZeRO-3 gathered lm_head + grad": 1.913,
         "activations (stored)": 6.543,
-        "fixed (workspaces, RNG, persistent params)": 0.25,
+        "fixed (workspaces, RNG, persistent params)": 0.1,
         "fp32 master weights": 1.501,
         "gradients": 1.501,
         "log-prob path (compiled)": 5.738,
@@ -503,7 +503,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
         "reduce bucket": 0.931
       },
       "deepspeed_estimate_gib": 8.667,
-      "device_total_gib": 35.36,
+      "device_total_gib": 35.544,
       "fits": true,
       "gpus": 80,
       "grad_accum_dtype": "fp32",
@@ -514,14 +514,14 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "lora_rank": 0,
       "non_torch_gib": 1.0,
       "offload": "none",
-      "peak_allocated_gib": 29.634,
+      "peak_allocated_gib": 29.484,
       "peak_phase": "logits",
-      "peak_reserved_gib": 34.36,
+      "peak_reserved_gib": 34.544,
       "phases_gib": {
-        "logits": 29.634,
-        "optimizer": 17.692,
-        "recompute": 27.057,
-        "weight sync": 17.353
+        "logits": 29.484,
+        "optimizer": 17.542,
+        "recompute": 26.907,
+        "weight sync": 17.203
       },
       "tokens_per_gpu": 10240,
       "weight_sync": "per_param",
@@ -533,7 +533,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "total_params": 32233522176,
       "trainable_params": 32233522176
     },
-    "verdict": "learner fits with 0.8 GiB to spare after a 3.2 GiB allocator margin; engine fits: 81 sequences of 10240 tokens fit at once"
+    "verdict": "learner fits with 0.7 GiB to spare after a 3.1 GiB allocator margin; engine fits: 81 sequences of 10240 tokens fit at once"
   },
   "model": "allenai/Olmo-3-1125-32B",
   "nodes": 16,

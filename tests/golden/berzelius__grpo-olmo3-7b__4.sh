@@ -5,13 +5,13 @@
 #
 # Plan:
 #   model allenai/Olmo-3-1025-7B: 128 sequences of 18432 tokens per step, pack_length 18432
-#   4 x 8 A100-SXM4-40GB (39.39 GiB): 16 learner GPUs, 16 engine GPUs, 0 idle
-#   num_learners_per_node [4] x 4, vllm_num_engines 4, vllm_tensor_parallel_size 4, vllm_gpu_memory_utilization 0.9, deepspeed_stage 3
-#   learner peak 33.5 GiB/GPU of 39.4 usable; engine 3.4 GiB weights + 29.7 GiB KV cache per GPU; host peak 42 GiB/node
-#   step ~1365 s (generation 1365 s, training 69 s), bottleneck generation
-#   checkpoint_state_freq 1: a checkpoint every ~23 min of training (so that at most 30 min is lost); time-limit warning 1500 s before the end = one step (~1365 s) + one checkpoint write (~41 s, derived) + 60 s to stop
+#   4 x 8 A100-SXM4-40GB (39.39 GiB): 12 learner GPUs, 20 engine GPUs, 0 idle
+#   num_learners_per_node [4] x 3, vllm_num_engines 5, vllm_tensor_parallel_size 4, vllm_gpu_memory_utilization 0.9, deepspeed_stage 3
+#   learner peak 36.2 GiB/GPU of 39.4 usable; engine 3.4 GiB weights + 29.7 GiB KV cache per GPU; host peak 42 GiB/node
+#   step ~910 s (generation 910 s, training 92 s), bottleneck generation
+#   checkpoint_state_freq 1: a checkpoint every ~15 min of training (so that at most 30 min is lost); time-limit warning 1020 s before the end = one step (~910 s) + one checkpoint write (~41 s, derived) + 60 s to stop
 # Warning: berzelius: the script uses unconfirmed profile facts: --partition=berzelius (hpcrl.partition); the run root /proj/$SLURM_JOB_ACCOUNT/users/$USER/hpcrl-runs (hpcrl.run_root); check them (hpcrl clusters show berzelius) or set what is in brackets
-# Warning: berzelius cancels jobs whose GPUs average under 100 W after 60 min: by the step estimate the learner GPUs work 5% of each step (training 69 s of 1365 s) and may average under it; balance the roles (--pin learners=N, --pin engines=N) and watch the GPU monitor's idle_risk warning
+# Warning: berzelius cancels jobs whose GPUs average under 100 W after 60 min: by the step estimate the learner GPUs work 10% of each step (training 92 s of 910 s) and may average under it; balance the roles (--pin learners=N, --pin engines=N) and watch the GPU monitor's idle_risk warning
 #
 # Submit with `hpcrl submit`, which creates the run directory first. With plain sbatch,
 # create <run dir>/logs first when --output points there: Slurm opens it before this runs.
@@ -26,7 +26,7 @@
 #SBATCH --constraint=thin
 #SBATCH --output=hpcrl-grpo-olmo3-7b-%j.out
 #SBATCH --open-mode=append
-#SBATCH --signal=B:USR1@1500
+#SBATCH --signal=B:USR1@1020
 #SBATCH --no-requeue
 
 set -euo pipefail
@@ -94,7 +94,7 @@ FAILURE_BACKOFF_S=60
 GRACE_S=780
 # The file the framework rewrites once a checkpoint is complete, and the --signal lead time.
 CKPT_MARKER=$RUN_DIR/checkpoints/latest
-SIGNAL_LEAD_S=1500
+SIGNAL_LEAD_S=1020
 # Nodes the rendered script excludes; a continuation after a node's failure adds that node.
 RENDERED_EXCLUDE=''
 # Slurm SIGKILLs every process of the job KillWait seconds after its TERM (scancel, preemption,
@@ -427,27 +427,26 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
     "bottleneck": "generation",
     "deepspeed_stage": 3,
     "engine_concurrent_seqs": 13,
-    "engine_gpus": 16,
+    "engine_gpus": 20,
     "engine_kv_cache_gib": 29.67,
     "gather_whole_model": false,
-    "generation_time_s": 1365.2,
+    "generation_time_s": 910.1,
     "gpu_usable_gib": 39.39,
     "host_peak_gib": 42.0,
     "idle_gpus": 0,
-    "learner_gpus": 16,
-    "learner_peak_gib": 33.5,
+    "learner_gpus": 12,
+    "learner_peak_gib": 36.25,
     "nodes": 4,
     "num_learners_per_node": [
       4,
       4,
-      4,
       4
     ],
-    "reason": "no idle GPU; step ~1365s set by generation (generation 1365s, training 69s)",
-    "step_time_s": 1365.2,
-    "training_time_s": 69.0,
+    "reason": "no idle GPU; step ~910s set by generation (generation 910s, training 92s)",
+    "step_time_s": 910.1,
+    "training_time_s": 92.0,
     "vllm_gpu_memory_utilization": 0.9,
-    "vllm_num_engines": 4,
+    "vllm_num_engines": 5,
     "vllm_tensor_parallel_size": 4
   },
   "memory": {
@@ -484,23 +483,23 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "ram_per_node_gib": 999.0
     },
     "learner": {
-      "allocator_margin_gib": 3.2,
+      "allocator_margin_gib": 3.1,
       "breakdown": {
-        "Adam moments (fp32)": 3.398,
+        "Adam moments (fp32)": 4.531,
         "ZeRO++ secondary weights (hpZ)": 1.699,
         "ZeRO-3 gathered lm_head + grad": 1.53,
         "activations (stored)": 4.922,
-        "fixed (workspaces, RNG, persistent params)": 0.25,
-        "fp32 master weights": 1.699,
-        "gradients": 1.699,
+        "fixed (workspaces, RNG, persistent params)": 0.1,
+        "fp32 master weights": 2.266,
+        "gradients": 2.266,
         "log-prob path (compiled)": 10.328,
-        "parameters (bf16)": 0.85,
+        "parameters (bf16)": 1.133,
         "reduce bucket": 0.931
       },
-      "deepspeed_estimate_gib": 9.177,
-      "device_total_gib": 33.502,
+      "deepspeed_estimate_gib": 11.725,
+      "device_total_gib": 36.254,
       "fits": true,
-      "gpus": 16,
+      "gpus": 12,
       "grad_accum_dtype": "fp32",
       "gradient_checkpointing": true,
       "inside_margin": false,
@@ -509,14 +508,14 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "lora_rank": 0,
       "non_torch_gib": 1.0,
       "offload": "none",
-      "peak_allocated_gib": 27.307,
+      "peak_allocated_gib": 29.706,
       "peak_phase": "logits",
-      "peak_reserved_gib": 32.502,
+      "peak_reserved_gib": 35.254,
       "phases_gib": {
-        "logits": 27.307,
-        "optimizer": 13.076,
-        "recompute": 19.776,
-        "weight sync": 12.057
+        "logits": 29.706,
+        "optimizer": 16.324,
+        "recompute": 22.175,
+        "weight sync": 14.456
       },
       "tokens_per_gpu": 18432,
       "weight_sync": "per_param",
@@ -528,7 +527,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "total_params": 7298011136,
       "trainable_params": 7298011136
     },
-    "verdict": "learner fits with 2.7 GiB to spare after a 3.2 GiB allocator margin; engine fits: 13 sequences of 18432 tokens fit at once"
+    "verdict": "learner fits with 0.0 GiB to spare after a 3.1 GiB allocator margin; engine fits: 13 sequences of 18432 tokens fit at once"
   },
   "model": "allenai/Olmo-3-1025-7B",
   "nodes": 4,
@@ -536,7 +535,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
   "smoke": false,
   "warnings": [
     "berzelius: the script uses unconfirmed profile facts: --partition=berzelius (hpcrl.partition); the run root /proj/$SLURM_JOB_ACCOUNT/users/$USER/hpcrl-runs (hpcrl.run_root); check them (hpcrl clusters show berzelius) or set what is in brackets",
-    "berzelius cancels jobs whose GPUs average under 100 W after 60 min: by the step estimate the learner GPUs work 5% of each step (training 69 s of 1365 s) and may average under it; balance the roles (--pin learners=N, --pin engines=N) and watch the GPU monitor's idle_risk warning"
+    "berzelius cancels jobs whose GPUs average under 100 W after 60 min: by the step estimate the learner GPUs work 10% of each step (training 92 s of 910 s) and may average under it; balance the roles (--pin learners=N, --pin engines=N) and watch the GPU monitor's idle_risk warning"
   ]
 }
 HPCRL_PLAN_JSON
@@ -1045,8 +1044,8 @@ DRIVER=(
     --with_tracking False
     --push_to_hub False
     --try_launch_beaker_eval_jobs_on_weka False
-    --num_learners_per_node 4 4 4 4
-    --vllm_num_engines 4
+    --num_learners_per_node 4 4 4
+    --vllm_num_engines 5
     --vllm_tensor_parallel_size 4
     --vllm_gpu_memory_utilization 0.9
     --deepspeed_stage 3

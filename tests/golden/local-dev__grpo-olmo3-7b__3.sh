@@ -7,7 +7,7 @@
 #   model allenai/Olmo-3-1025-7B: 128 sequences of 18432 tokens per step, pack_length 18432
 #   3 x 4 H200 (declared, none present) (139.8 GiB): 3 learner GPUs, 9 engine GPUs, 0 idle
 #   num_learners_per_node [1] x 3, vllm_num_engines 9, vllm_tensor_parallel_size 1, vllm_gpu_memory_utilization 0.9, deepspeed_stage 3
-#   learner peak 82.4 GiB/GPU of 139.8 usable; engine 13.6 GiB weights + 109.8 GiB KV cache per GPU; host peak 20 GiB/node
+#   learner peak 82.9 GiB/GPU of 139.8 usable; engine 13.6 GiB weights + 109.8 GiB KV cache per GPU; host peak 20 GiB/node
 #   step ~1079 s (generation 1079 s, training 116 s), bottleneck generation
 #   checkpoint_state_freq 1: a checkpoint every ~18 min of training (so that at most 30 min is lost); time-limit warning 1200 s before the end = one step (~1079 s) + one checkpoint write (~41 s, derived) + 60 s to stop
 #
@@ -435,7 +435,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
     "host_peak_gib": 20.0,
     "idle_gpus": 0,
     "learner_gpus": 3,
-    "learner_peak_gib": 82.43,
+    "learner_peak_gib": 82.93,
     "nodes": 3,
     "num_learners_per_node": [
       1,
@@ -483,11 +483,11 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "ram_per_node_gib": 512.0
     },
     "learner": {
-      "allocator_margin_gib": 5.293,
+      "allocator_margin_gib": 4.998,
       "breakdown": {
         "Adam moments (fp32)": 18.125,
         "ZeRO++ secondary weights (hpZ)": 4.531,
-        "fixed (workspaces, RNG, persistent params)": 0.25,
+        "fixed (workspaces, RNG, persistent params)": 0.1,
         "fp32 master weights": 9.062,
         "gradients": 9.062,
         "parameters (bf16)": 4.531,
@@ -496,7 +496,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
         "weight sync: rank 0's copy to send": 13.594
       },
       "deepspeed_estimate_gib": 42.311,
-      "device_total_gib": 82.426,
+      "device_total_gib": 82.927,
       "fits": true,
       "gpus": 3,
       "grad_accum_dtype": "fp32",
@@ -507,14 +507,14 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "lora_rank": 0,
       "non_torch_gib": 1.0,
       "offload": "none",
-      "peak_allocated_gib": 73.681,
+      "peak_allocated_gib": 73.531,
       "peak_phase": "weight sync",
-      "peak_reserved_gib": 81.426,
+      "peak_reserved_gib": 81.927,
       "phases_gib": {
-        "logits": 63.274,
-        "optimizer": 52.081,
-        "recompute": 55.743,
-        "weight sync": 73.681
+        "logits": 63.124,
+        "optimizer": 51.931,
+        "recompute": 55.593,
+        "weight sync": 73.531
       },
       "tokens_per_gpu": 18432,
       "weight_sync": "whole_model",
@@ -526,7 +526,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "total_params": 7298011136,
       "trainable_params": 7298011136
     },
-    "verdict": "learner fits with 52.1 GiB to spare after a 5.3 GiB allocator margin; engine fits: 12 sequences of 18432 tokens fit at once"
+    "verdict": "learner fits with 51.9 GiB to spare after a 5.0 GiB allocator margin; engine fits: 12 sequences of 18432 tokens fit at once"
   },
   "model": "allenai/Olmo-3-1025-7B",
   "nodes": 3,

@@ -8,7 +8,7 @@
 #   model Qwen/Qwen2.5-7B: 1024 sequences of 5120 tokens per step, 5120 tokens per actor GPU micro-batch
 #   3 x 4 H200 (declared, none present) (139.8 GiB): 8 learner GPUs, 4 engine GPUs, 0 idle
 #   actor.num_nodes 2, actor.num_gpus_per_node 4, vllm.num_engines 4, vllm.tensor_parallel_size 1, vllm.gpu_memory_utilization 0.9, ds.zero_stage 3
-#   learner peak 35.0 GiB/GPU of 139.8 usable; engine 14.2 GiB weights + 109.0 GiB KV cache per GPU; host peak 26 GiB/node
+#   learner peak 35.1 GiB/GPU of 139.8 usable; engine 14.2 GiB weights + 109.0 GiB KV cache per GPU; host peak 26 GiB/node
 #   step ~126 s (generation 103 s, training 126 s), bottleneck training
 #   ckpt.save_steps 14: a checkpoint every ~29 min of training (so that at most 30 min is lost); time-limit warning 150 s before the end = one step (~126 s) + one checkpoint write (~43 s, derived) + 60 s to stop
 # Warning: a wall time of 00:05:00 leaves no room for a step (~126 s) and a checkpoint write (~43 s) before its end: the time-limit warning comes 150 s before it, not 240; a longer hpcrl.time saves the last checkpoint
@@ -456,7 +456,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
     "host_peak_gib": 26.0,
     "idle_gpus": 0,
     "learner_gpus": 8,
-    "learner_peak_gib": 35.0,
+    "learner_peak_gib": 35.1,
     "nodes": 3,
     "num_learners_per_node": [
       4,
@@ -503,12 +503,12 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "ram_per_node_gib": 512.0
     },
     "learner": {
-      "allocator_margin_gib": 3.604,
+      "allocator_margin_gib": 3.546,
       "breakdown": {
         "Adam moments (fp32)": 7.093,
         "ZeRO-3 gathered lm_head + grad": 2.03,
         "activations (stored)": 1.06,
-        "fixed (workspaces, RNG, persistent params)": 0.25,
+        "fixed (workspaces, RNG, persistent params)": 0.1,
         "fp32 master weights": 3.546,
         "gradients": 1.773,
         "log-prob path (eager)": 8.701,
@@ -517,7 +517,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
         "reference policy (bf16)": 1.773
       },
       "deepspeed_estimate_gib": 17.989,
-      "device_total_gib": 35.003,
+      "device_total_gib": 35.101,
       "fits": true,
       "gpus": 8,
       "grad_accum_dtype": "bf16",
@@ -528,13 +528,13 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "lora_rank": 0,
       "non_torch_gib": 1.0,
       "offload": "none",
-      "peak_allocated_gib": 28.931,
+      "peak_allocated_gib": 28.781,
       "peak_phase": "logits",
-      "peak_reserved_gib": 34.003,
+      "peak_reserved_gib": 34.101,
       "phases_gib": {
-        "logits": 28.931,
-        "optimizer": 22.459,
-        "recompute": 20.245
+        "logits": 28.781,
+        "optimizer": 22.309,
+        "recompute": 20.095
       },
       "tokens_per_gpu": 5120,
       "weight_sync": "none",
@@ -546,7 +546,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "total_params": 7615616512,
       "trainable_params": 7615616512
     },
-    "verdict": "learner fits with 101.2 GiB to spare after a 3.6 GiB allocator margin; engine fits: 398 sequences of 5120 tokens fit at once"
+    "verdict": "learner fits with 101.2 GiB to spare after a 3.5 GiB allocator margin; engine fits: 398 sequences of 5120 tokens fit at once"
   },
   "model": "Qwen/Qwen2.5-7B",
   "nodes": 3,

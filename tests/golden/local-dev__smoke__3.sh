@@ -8,7 +8,7 @@
 #   model allenai/Olmo-3-1125-32B: 256 sequences of 10240 tokens per step, pack_length 10240
 #   3 x 4 H200 (declared, none present) (139.8 GiB): 6 learner GPUs, 6 engine GPUs, 0 idle
 #   num_learners_per_node [2] x 3, vllm_num_engines 3, vllm_tensor_parallel_size 2, vllm_gpu_memory_utilization 0.9, deepspeed_stage 3
-#   learner peak 125.9 GiB/GPU of 139.8 usable; engine 30.0 GiB weights + 93.0 GiB KV cache per GPU; host peak 22 GiB/node
+#   learner peak 126.9 GiB/GPU of 139.8 usable; engine 30.0 GiB weights + 93.0 GiB KV cache per GPU; host peak 22 GiB/node
 #   step ~648 s (generation 648 s, training 285 s), bottleneck generation
 #   checkpoint_state_freq 2: a checkpoint every ~22 min of training (so that at most 30 min is lost); time-limit warning 150 s before the end = one step (~648 s) + one checkpoint write (~180 s, derived) + 60 s to stop
 # Warning: a wall time of 00:05:00 leaves no room for a step (~648 s) and a checkpoint write (~180 s) before its end: the time-limit warning comes 150 s before it, not 900; a longer hpcrl.time saves the last checkpoint
@@ -443,7 +443,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
     "host_peak_gib": 22.0,
     "idle_gpus": 0,
     "learner_gpus": 6,
-    "learner_peak_gib": 125.89,
+    "learner_peak_gib": 126.93,
     "nodes": 3,
     "num_learners_per_node": [
       2,
@@ -491,13 +491,13 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "ram_per_node_gib": 512.0
     },
     "learner": {
-      "allocator_margin_gib": 8.118,
+      "allocator_margin_gib": 7.682,
       "breakdown": {
         "Adam moments (fp32)": 40.026,
         "ZeRO++ secondary weights (hpZ)": 10.007,
         "ZeRO-3 gathered lm_head + grad": 1.913,
         "activations (stored)": 6.543,
-        "fixed (workspaces, RNG, persistent params)": 0.25,
+        "fixed (workspaces, RNG, persistent params)": 0.1,
         "fp32 master weights": 20.013,
         "gradients": 20.013,
         "log-prob path (compiled)": 5.738,
@@ -505,7 +505,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
         "reduce bucket": 0.931
       },
       "deepspeed_estimate_gib": 91.972,
-      "device_total_gib": 125.886,
+      "device_total_gib": 126.928,
       "fits": true,
       "gpus": 6,
       "grad_accum_dtype": "fp32",
@@ -516,14 +516,14 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "lora_rank": 0,
       "non_torch_gib": 1.0,
       "offload": "none",
-      "peak_allocated_gib": 115.441,
+      "peak_allocated_gib": 115.291,
       "peak_phase": "logits",
-      "peak_reserved_gib": 124.886,
+      "peak_reserved_gib": 125.928,
       "phases_gib": {
-        "logits": 115.441,
-        "optimizer": 106.835,
-        "recompute": 112.864,
-        "weight sync": 103.16
+        "logits": 115.291,
+        "optimizer": 106.685,
+        "recompute": 112.714,
+        "weight sync": 103.01
       },
       "tokens_per_gpu": 10240,
       "weight_sync": "per_param",
@@ -535,7 +535,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "total_params": 32233522176,
       "trainable_params": 32233522176
     },
-    "verdict": "learner fits with 5.8 GiB to spare after a 8.1 GiB allocator margin; engine fits: 74 sequences of 10240 tokens fit at once"
+    "verdict": "learner fits with 5.2 GiB to spare after a 7.7 GiB allocator margin; engine fits: 74 sequences of 10240 tokens fit at once"
   },
   "model": "allenai/Olmo-3-1125-32B",
   "nodes": 3,

@@ -8,7 +8,7 @@
 #   model Qwen/Qwen2.5-7B: 1536 sequences of 5120 tokens per step, ppo_micro_batch_size_per_gpu 16 (81920 tokens)
 #   3 x 4 H200 (declared, none present) (139.8 GiB): all 12 GPUs train and generate (colocated)
 #   trainer.nnodes 3, n_gpus_per_node 4, rollout tensor_model_parallel_size 1 (12 engines), gpu_memory_utilization 0.9, fsdp param_offload false, optimizer_offload false
-#   colocated peak 96.7 GiB/GPU training, 135.1 GiB/GPU rollout of 139.8 usable; KV cache 108.9 GiB per GPU; host peak 103 GiB/node
+#   colocated peak 95.7 GiB/GPU training, 135.1 GiB/GPU rollout of 139.8 usable; KV cache 108.9 GiB per GPU; host peak 103 GiB/node
 #   step ~191 s (generation 64 s, training 126 s), bottleneck training
 #   trainer.save_freq 9: a checkpoint every ~29 min of training (so that at most 30 min is lost); time-limit warning 150 s before the end = one step (~191 s) + one checkpoint write (~43 s, derived) + 60 s to stop
 # Warning: a wall time of 00:05:00 leaves no room for a step (~191 s) and a checkpoint write (~43 s) before its end: the time-limit warning comes 150 s before it, not 300; a longer hpcrl.time saves the last checkpoint
@@ -458,7 +458,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
     "host_peak_gib": 103.5,
     "idle_gpus": 0,
     "learner_gpus": 12,
-    "learner_peak_gib": 95.1,
+    "learner_peak_gib": 94.07,
     "nodes": 3,
     "num_learners_per_node": [
       4,
@@ -468,7 +468,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
     "reason": "colocated: every GPU trains and generates; step ~191s = generation 64s + training 126s",
     "rollout_peak_gib": 135.09,
     "step_time_s": 190.6,
-    "training_peak_gib": 96.7,
+    "training_peak_gib": 95.67,
     "training_time_s": 126.2,
     "vllm_gpu_memory_utilization": 0.9,
     "vllm_num_engines": 12,
@@ -491,11 +491,11 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "rollout_fits": true,
       "rollout_gib": 135.095,
       "training_breakdown": {
-        "learner (training peak)": 95.103,
+        "learner (training peak)": 94.071,
         "vLLM asleep (CUDA context, CUDA graphs)": 1.6
       },
       "training_fits": true,
-      "training_gib": 96.703,
+      "training_gib": 95.671,
       "vllm_sleeps": true
     },
     "engine": {
@@ -533,12 +533,12 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "ram_per_node_gib": 512.0
     },
     "learner": {
-      "allocator_margin_gib": 6.117,
+      "allocator_margin_gib": 5.677,
       "breakdown": {
         "Adam moments (fp32)": 4.728,
         "ZeRO-3 gathered lm_head + grad": 2.03,
         "activations (stored)": 16.953,
-        "fixed (workspaces, RNG, persistent params)": 0.25,
+        "fixed (workspaces, RNG, persistent params)": 0.1,
         "fp32 master weights": 2.364,
         "gradients": 2.364,
         "log-prob path (compiled)": 46.406,
@@ -547,7 +547,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
         "reference policy (bf16)": 1.182
       },
       "deepspeed_estimate_gib": 12.669,
-      "device_total_gib": 95.103,
+      "device_total_gib": 94.071,
       "fits": true,
       "gpus": 12,
       "grad_accum_dtype": "fp32",
@@ -558,13 +558,13 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "lora_rank": 0,
       "non_torch_gib": 1.0,
       "offload": "none",
-      "peak_allocated_gib": 78.392,
+      "peak_allocated_gib": 78.242,
       "peak_phase": "logits",
-      "peak_reserved_gib": 94.103,
+      "peak_reserved_gib": 93.071,
       "phases_gib": {
-        "logits": 78.392,
-        "optimizer": 16.549,
-        "recompute": 48.261
+        "logits": 78.242,
+        "optimizer": 16.399,
+        "recompute": 48.111
       },
       "tokens_per_gpu": 81920,
       "weight_sync": "none",
@@ -576,7 +576,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "total_params": 7615616512,
       "trainable_params": 7615616512
     },
-    "verdict": "training fits with 37.0 GiB to spare after a 6.1 GiB allocator margin; rollout fits with 4.7 GiB to spare; engine fits: 398 sequences of 5120 tokens fit at once"
+    "verdict": "training fits with 38.5 GiB to spare after a 5.7 GiB allocator margin; rollout fits with 4.7 GiB to spare; engine fits: 398 sequences of 5120 tokens fit at once"
   },
   "model": "Qwen/Qwen2.5-7B",
   "nodes": 3,

@@ -55,6 +55,14 @@ def _private_hpcrl_data_dir(tmp_path_factory):
         os.environ["HPCRL_DATA_DIR"] = old
 
 
+def pytest_collection_modifyitems(items):
+    """Every test that needs the local Slurm, through the `slurm` fixture or one built on it, is
+    marked `slurm`, so `-m "not slurm"` selects the pure suite."""
+    for item in items:
+        if "slurm" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slurm)
+
+
 # --------------------------------------------------------------------------- the cluster
 
 

@@ -153,6 +153,7 @@ def test_another_user_cannot_touch_a_running_jobs_node_local_dirs_or_metrics(slu
     assert as_other("ls", str(rd.path)).returncode != 0
 
 
+@pytest.mark.ray  # wraps the real `ray`
 def test_old_ray_stops_the_job_before_anything_listens(slurm, env, tmp_path):
     """A `ray` that reports 2.49 (it would ignore the token): the job ends setup-failed with
     one line naming the version, and `ray start` never runs on any node."""

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.ray  # every job here runs a real Ray on the local Slurm
+
 
 @pytest.fixture(autouse=True)
 def _ray_installed():

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import scontrol_job
-from test_lifecycle import (  # noqa: F401 - env is a fixture
+from helpers import scontrol_job
+from lifecycle_harness import (  # noqa: F401 - env is a fixture
     assert_user_error,
     behave,
     config,

@@ -270,7 +270,7 @@ def test_a_worker_whose_ray_start_fails_once_is_retried(tmp_path, run_sbatch_and
 
 
 def wait_for_job(job_id: str, timeout: float = 600) -> dict:
-    from conftest import TERMINAL_JOB_STATES, wait_for_state
+    from helpers import TERMINAL_JOB_STATES, wait_for_state
 
     return wait_for_state(job_id, TERMINAL_JOB_STATES, timeout)
 

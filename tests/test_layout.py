@@ -9,6 +9,8 @@ import sys
 
 import pytest
 
+from helpers import assert_user_error
+
 from hpcrl.errors import HpcrlError, PlanError
 from hpcrl.models import resolve_model
 from hpcrl.planning.layout import Pins, Workload, enumerate_layouts
@@ -253,8 +255,7 @@ def test_reference_policy_costs_learner_memory():
 
 def test_nodes_over_partition_limit_is_an_error():
     out = hpcrl("plan", "--cluster", "berzelius", "--nodes", "61")
-    assert out.returncode == 2
-    assert "60" in out.stderr and "--allow-over-limit" in out.stderr
+    assert_user_error(out, "61 nodes exceed partition berzelius's limit of 60 nodes (pass --allow-over-limit")
     assert hpcrl("plan", "--cluster", "berzelius", "--nodes", "61", "--allow-over-limit", "--model", "7b").returncode == 0
 
 

@@ -13,6 +13,7 @@ Ray and the driver on PATH (tests/test_render_e2e.py runs them on the real local
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import subprocess
@@ -21,12 +22,12 @@ from pathlib import Path
 
 import pytest
 
-from hpcrl.planning.backends.oi_args import _kind, arg_table
 from hpcrl.planning.run_plan import make_run_plan
 from hpcrl.rendering.render import render_script
 from helpers import assert_golden, driver_words, expected_sbatch, lint, sbatch_options
 from stub_run import Stub, wait_for, yq
 
+DATA = Path(__file__).with_name("data")
 PROFILES = ["isambard-ai", "berzelius", "berzelius:fat", "berzelius-hopper", "local-dev"]
 CONFIGS = ["grpo-olmo3-32b", "grpo-olmo3-7b"]
 # 4 nodes, except where the model needs more (the 32B learner does not fit 4 thin Berzelius nodes,
@@ -123,17 +124,32 @@ def test_deterministic(tmp_path):
 # --------------------------------------------------------------------------- the driver's flags
 
 
+# grpo_fast.py's fields as open-instruct declares them (committed copies of
+# shared/reference/open_instruct_grpo_fast_args*.json, read from open-instruct's dataclasses at the
+# commit in their _meta): the check below does not go through hpcrl's own copy of the table.
+OI_ARGS = {"current": DATA / "open_instruct_grpo_fast_args.json",
+           "legacy": DATA / "open_instruct_grpo_fast_args_legacy.json"}
+
+
+def oi_fields(layout: str) -> dict[str, dict]:
+    return {k: v for k, v in json.loads(OI_ARGS[layout].read_text()).items() if not k.startswith("_")}
+
+
 def oi_parser(layout: str) -> argparse.ArgumentParser:
-    """An argparse mirror of HfArgumentParser for grpo_fast.py's fields (names, nargs, bools)."""
+    """An argparse mirror of HfArgumentParser for grpo_fast.py's fields: list fields take several
+    values, bools an optional True/False, int/float fields a number, Literal fields one of theirs."""
     p = argparse.ArgumentParser(add_help=False, allow_abbrev=False, exit_on_error=False)
-    for name, meta in arg_table(layout).items():
-        kind = _kind(meta["type"])
-        if kind == "list":
+    for name, meta in oi_fields(layout).items():
+        t = re.sub(r"\s", "", meta["type"])
+        if t.startswith(("list[", "tuple[", "Optional[List")) or "|list[" in t:
             p.add_argument(f"--{name}", nargs="+")
-        elif kind == "bool":
+        elif t in ("bool", "bool|None"):
             p.add_argument(f"--{name}", nargs="?", const="True", choices=["True", "False"])
+        elif t.startswith("Literal["):
+            p.add_argument(f"--{name}", choices=[v.strip('"') for v in t[len("Literal["):t.index("]")].split(",")])
         else:
-            p.add_argument(f"--{name}", type={"int": int, "float": float}.get(kind, str))
+            number = {"int": int, "int|None": int, "Optional[int]": int, "float": float, "float|None": float}
+            p.add_argument(f"--{name}", type=number.get(t, str))
     return p
 
 
@@ -147,7 +163,7 @@ def grpo_args(text: str) -> list[str]:
 @pytest.mark.parametrize("cluster,config,nodes", CASES, ids=[golden_name(*c)[:-3] for c in CASES])
 def test_every_flag_exists_in_open_instruct(cluster, config, nodes):
     args = grpo_args(render(cluster, config, nodes))
-    table = arg_table("current")
+    table = oi_fields("current")
     flags = [w[2:] for w in args if w.startswith("--")]
     assert flags and not [f for f in flags if f not in table]
     ns = oi_parser("current").parse_args(args)  # raises on an unknown flag or a bad value

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import re
 import subprocess
 import sys
@@ -309,6 +310,9 @@ def test_output_file_mode_0755_and_atomic(tmp_path):
 
 def test_stub_run_completes_and_records(tmp_path):
     stub = Stub(tmp_path, nodes=3)
+    # A job id of 117 modulo 200: by docs/render.md's port block (10000 + id % 200 x 100) the
+    # job's ports start at 21700, whichever of these ids it is (random: runs in parallel differ).
+    stub.job = str(200 * random.randint(50, 5000) + 117)
     rc, out = stub.run(stub.render())
     run_dir = tmp_path / "runs" / "grpo-olmo3-7b"
     assert rc == 0, out
@@ -321,20 +325,20 @@ def test_stub_run_completes_and_records(tmp_path):
     assert token.stat().st_mode & 0o777 == 0o600 and len(token.read_text()) == 64
     assert out in (run_dir / "logs" / f"job-{stub.job}.log").read_text() or "completed:0" in out
     # Ray: one head and two workers, per-job ports, Slurm's node addresses, per-node slots on one host.
-    base = 10000 + int(stub.job) % 200 * 100
+    # The GCS at the block's start; node managers at +10 + 10 x slot (head slot 0, workers 1 and 2).
     head = stub.argv("ray-n1.argv")
-    assert {"--head", "--block", "--node-ip-address=127.0.0.1", f"--port={base}", "--num-gpus=4",
-            "--num-cpus=8", f"--node-manager-port={base + 10}"} <= set(head)
-    for i, n in ((2, "n2"), (3, "n3")):
+    assert {"--head", "--block", "--node-ip-address=127.0.0.1", "--port=21700", "--num-gpus=4",
+            "--num-cpus=8", "--node-manager-port=21710"} <= set(head)
+    for i, n, manager in ((2, "n2", 21720), (3, "n3", 21730)):
         w = stub.argv(f"ray-{n}.argv")
-        assert {f"--address=127.0.0.1:{base}", f"--node-ip-address=127.0.0.{i}", "--block",
-                f"--node-manager-port={base + 10 + 10 * (i - 1)}"} <= set(w)
+        assert {"--address=127.0.0.1:21700", f"--node-ip-address=127.0.0.{i}", "--block",
+                f"--node-manager-port={manager}"} <= set(w)
     srun = stub.argv("srun.argv")
     assert {"--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--exclude=n1", "--gpus-per-node=4"} <= set(srun)
     assert stub.argv("srun-last.argv") == srun  # a clean end runs no sweep step
     env = stub.env("driver.env")
     assert env["RAY_AUTH_MODE"] == "token" and env["RAY_AUTH_TOKEN_PATH"] == str(token)
-    assert env["RAY_ADDRESS"] == f"127.0.0.1:{base}" and env["HF_HUB_OFFLINE"] == "1"
+    assert env["RAY_ADDRESS"] == "127.0.0.1:21700" and env["HF_HUB_OFFLINE"] == "1"
     assert (tmp_path / "stub-out" / "driver.cwd").read_text().strip() == str(tmp_path)
     assert not list((tmp_path / "nl").glob(f"hpcrl-{stub.job}*")) and not list(Path("/tmp").glob(f"hpcrl-{stub.job}.*"))
 

@@ -229,6 +229,39 @@ def test_crash_is_not_continued(slurm, env, kind):
     assert rows(env, "runs")[0]["reason"] == "crashed"
 
 
+# The end reasons of docs/run-dir.md ("Reasons"): exit 90 breaker-zero-reward, 93 breaker-dead-worker.
+@pytest.mark.parametrize("code,reason", [(90, "breaker-zero-reward"), (93, "breaker-dead-worker")])
+def test_driver_exit_code_names_the_end_on_real_slurm(slurm, env, code, reason):
+    behave(env, sleep=0, exit_code=code)
+    out = submit(env, "config", f"exit{code}")
+    final = wait_status(env, out["run_id"], lambda r: r["state"] == "ended", f"the exit {code}")
+    assert [(j["reason"], j["exit_code"]) for j in final["jobs"]] == [(reason, code)]
+    assert final["reason"] == reason and final["restarts"] == 0
+
+
+@pytest.mark.parametrize("max_restarts", [1, 0])
+def test_preemption_on_real_slurm_continues_up_to_max_restarts(slurm, env, max_restarts):
+    """Preemption as Slurm delivers it (SIGTERM to the batch shell and every step, no cancel marker):
+    the rendered script ends the job `preempted` and continues it while max_restarts allows."""
+    behave(env, sleep=300)
+    name = f"pre{max_restarts}"
+    out = submit(env, "config", name, max_restarts=max_restarts)
+    run_id, first = out["run_id"], out["job_id"]
+    rd = RunDir(env["root"] / name)
+    marker = rd.path / "checkpoints" / f"marker-{first}"
+    wait_status(env, run_id, lambda r: marker.exists(), "the driver's first checkpoint marker")
+    subprocess.run(["scancel", "--signal=TERM", "--full", first], check=True, timeout=30)
+    final = wait_status(env, run_id, lambda r: r["state"] == "ended", "the chain to end")
+    reasons = [j["reason"] for j in final["jobs"]]
+    if max_restarts:
+        second = final["jobs"][1]["job_id"]
+        assert reasons == ["preempted", "completed"] and final["restarts"] == 1
+        assert (rd.path / "checkpoints" / f"resumed-{second}").read_text() == f"marker-{first}"
+    else:
+        assert reasons == ["preempted"] and final["reason"] == "preempted" and final["restarts"] == 0
+        assert read_chain(rd)[first].next_job is None
+
+
 def test_submit_asks_slurm_before_refusing_a_run_dir_its_ended_job_held(slurm, env):
     """The registry still says pending (no `hpcrl status` ran), Slurm has ended the job: submit
     refreshes the holder's state first and takes the run dir."""

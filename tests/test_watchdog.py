@@ -303,12 +303,19 @@ def test_an_old_breaker_file_is_archived(tmp_path):
     assert [p.name.startswith("breaker-") for p in old.parent.glob("breaker-*.json")] == [True]
 
 
-def test_usage_errors_exit_2(tmp_path):
-    for args in (["--run-dir", str(tmp_path)], ["--run-dir", str(tmp_path), "--zero-reward-steps", "0", "--", "true"],
-                 ["--run-dir", str(tmp_path), "--grad-norm-steps", "-1", "--", "true"]):
-        proc = subprocess.run([sys.executable, "-m", "hpcrl.runtime.watchdog", *args], capture_output=True,
-                              timeout=TIMEOUT)
-        assert proc.returncode == 2 and b"Traceback" not in proc.stderr
+BAD_LIMITS = ("hpcrl-watchdog: error: need a command, --zero-reward-steps >= 1, --hang-minutes > 0, "
+              "--grad-norm-steps and --zero-variance-steps >= 0 and --grad-norm-floor >= 0")
+
+
+@pytest.mark.parametrize("args,message", [
+    ([], "hpcrl-watchdog: error: give the command after --, e.g. --run-dir D -- python train.py"),
+    (["--zero-reward-steps", "0", "--", "true"], BAD_LIMITS),
+    (["--grad-norm-steps", "-1", "--", "true"], BAD_LIMITS),
+])
+def test_usage_errors_exit_2(tmp_path, args, message):
+    proc = subprocess.run([sys.executable, "-m", "hpcrl.runtime.watchdog", "--run-dir", str(tmp_path), *args],
+                          capture_output=True, text=True, timeout=TIMEOUT)
+    assert (proc.returncode, proc.stderr.strip().splitlines()) == (2, [message])
 
 
 def test_missing_command_is_127(tmp_path):

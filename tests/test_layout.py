@@ -260,10 +260,11 @@ def test_nodes_over_partition_limit_is_an_error():
 
 
 def test_unknown_cluster_and_model_name_closest():
-    out = hpcrl("plan", "--cluster", "isambard", "--nodes", "2")
-    assert out.returncode == 2 and "isambard-ai" in out.stderr
-    out = hpcrl("plan", "--nodes", "2", "--model", "qwen2.5-70b")
-    assert out.returncode == 2 and "qwen2.5-72b" in out.stderr or "qwen2.5-7b" in out.stderr
+    assert_user_error(hpcrl("plan", "--cluster", "isambard", "--nodes", "2"),
+                      "unknown cluster 'isambard'; closest: isambard-ai")
+    line = assert_user_error(hpcrl("plan", "--nodes", "2", "--model", "qwen2.5-70b"), "unknown model 'qwen2.5-70b'")
+    closest = line.split("closest: ")[1].split(", ")
+    assert {"qwen2.5-7b", "Qwen/Qwen2.5-72B"} <= set(closest)
 
 
 def test_idle_gpus_of_the_chosen_layout_are_named():

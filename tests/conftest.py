@@ -4,6 +4,8 @@ Tests that need Slurm take the `slurm` fixture: it skips them when no local clus
 answers, and fails them instead when HPCRL_REQUIRE_SLURM=1 (as `.ci/run` sets), so CI
 cannot pass by skipping. Accounting is off on the dev cluster (no slurmdbd), so job
 states come from `scontrol show job`, which keeps finished jobs for MinJobAge (30 min).
+Every test that takes the fixture is marked `slurm` (`-m "not slurm"`: the pure suite). Helpers
+the tests share live in tests/helpers.py, tests/stub_run.py and tests/lifecycle_harness.py.
 """
 
 from __future__ import annotations

@@ -4,12 +4,13 @@ Tests that need Slurm take the `slurm` fixture: it skips them when no local clus
 answers, and fails them instead when HPCRL_REQUIRE_SLURM=1 (as `.ci/run` sets), so CI
 cannot pass by skipping. Accounting is off on the dev cluster (no slurmdbd), so job
 states come from `scontrol show job`, which keeps finished jobs for MinJobAge (30 min).
+Every test that takes the fixture is marked `slurm` (`-m "not slurm"`: the pure suite). Helpers
+the tests share live in tests/helpers.py, tests/stub_run.py and tests/lifecycle_harness.py.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -20,15 +21,13 @@ from typing import NamedTuple
 
 import pytest
 
+from helpers import TERMINAL_JOB_STATES, submit, wait_for_state
+
 REQUIRE_SLURM = os.environ.get("HPCRL_REQUIRE_SLURM") == "1"
 DEV_SLURM_HINT = "start it with: scripts/dev-slurm up"
 
 # Slurm's base states of a node that can run jobs (flags such as DRAIN are separate).
 USABLE_NODE_STATES = frozenset({"idle", "mixed", "allocated", "completing"})
-TERMINAL_JOB_STATES = frozenset({
-    "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
-    "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE",
-})
 MIN_NODES = 3
 
 
@@ -53,6 +52,14 @@ def _private_hpcrl_data_dir(tmp_path_factory):
         os.environ.pop("HPCRL_DATA_DIR", None)
     else:
         os.environ["HPCRL_DATA_DIR"] = old
+
+
+def pytest_collection_modifyitems(items):
+    """Every test that needs the local Slurm, through the `slurm` fixture or one built on it, is
+    marked `slurm`, so `-m "not slurm"` selects the pure suite."""
+    for item in items:
+        if "slurm" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slurm)
 
 
 # --------------------------------------------------------------------------- the cluster
@@ -104,43 +111,6 @@ def slurm() -> LocalSlurm:
 
 
 # --------------------------------------------------------------------------- jobs
-
-
-def scontrol_job(job_id: str) -> dict[str, str]:
-    """`scontrol show job -o` as key -> value; empty once Slurm forgot the job."""
-    res = _run(["scontrol", "show", "job", "-o", str(job_id)])
-    if res.returncode != 0:
-        return {}
-    # Values never contain '=' followed by a key, but may contain spaces (Reason, Command):
-    # split at each ' Key=' boundary.
-    fields: dict[str, str] = {}
-    for match in re.finditer(r"(?:^|\s)([A-Za-z][\w/:.]*)=(.*?)(?=\s[A-Za-z][\w/:.]*=|$)", res.stdout.strip()):
-        fields.setdefault(match.group(1), match.group(2))
-    return fields
-
-
-def submit(script_path: str | Path, *sbatch_args: str) -> str:
-    """sbatch a script (from its own directory) and return the job id; fail on rejection."""
-    script = Path(script_path)
-    res = _run(["sbatch", "--parsable", *sbatch_args, str(script)], timeout=60)
-    if res.returncode != 0:
-        pytest.fail(f"sbatch {' '.join(sbatch_args)} {script} failed: {res.stderr.strip()}", pytrace=False)
-    return res.stdout.strip().split(";")[0]
-
-
-def wait_for_state(job_id: str, states: set[str] | frozenset[str], timeout: float) -> dict[str, str]:
-    """Poll scontrol until the job's state is one of `states`; return its fields."""
-    deadline = time.monotonic() + timeout
-    fields: dict[str, str] = {}
-    while time.monotonic() < deadline:
-        fields = scontrol_job(job_id)
-        if fields.get("JobState") in states:
-            return fields
-        time.sleep(0.5)
-    _run(["scancel", str(job_id)])
-    pytest.fail(f"job {job_id} not in {sorted(states)} after {timeout:.0f} s "
-                f"(state {fields.get('JobState')}, reason {fields.get('Reason')}); cancelled it",
-                pytrace=False)
 
 
 class SbatchResult(NamedTuple):

@@ -15,20 +15,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
-import shlex
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-from test_render import Stub, assert_golden, driver_words, lint
+from helpers import assert_golden, driver_words, expected_sbatch, lint, sbatch_options
+from helpers import shipped_hpcrl as hpcrl
+from stub_run import Stub
 
 REPO = Path(__file__).resolve().parents[1]
-GOLDEN = Path(__file__).with_name("golden")
 DATA = REPO / "hpcrl" / "planning" / "backends" / "data"
 VERL = "verl-grpo-qwen2.5-7b"
 ORL = "openrlhf-grpo-qwen2.5-7b"
@@ -40,12 +37,6 @@ def _shipped_profiles_only(monkeypatch, tmp_path):
     monkeypatch.delenv("HPCRL_CLUSTERS_DIR", raising=False)
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
     monkeypatch.chdir(tmp_path)
-
-
-def hpcrl(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "HPCRL_CLUSTERS_DIR"}
-    return subprocess.run([sys.executable, "-m", "hpcrl", *args], capture_output=True, text=True, timeout=180,
-                          cwd=cwd or REPO, env=env)
 
 
 def table(name: str) -> dict:
@@ -82,7 +73,8 @@ def rendered() -> dict[str, str]:
     return out
 
 
-@pytest.mark.parametrize("name", list(RENDERS))
+# One full golden per backend; the smoke renders are checked on what differs (#SBATCH, driver line).
+@pytest.mark.parametrize("name", [f"isambard-ai__{VERL}__4", f"isambard-ai__{ORL}__4"])
 def test_golden(name, rendered):
     assert_golden(f"{name}.sh", rendered[name])
 
@@ -324,6 +316,12 @@ def test_openrlhf_stub_run_passes_the_flags(tmp_path):
     assert args[:3] == ["python3", "-m", "openrlhf.cli.train_ppo_ray"]
     ns = vars(openrlhf_parser().parse_args(args[3:]))
     assert ns["ckpt.path"] == f"{tmp_path}/runs/o1/checkpoints" and ns["actor.num_gpus_per_node"] == 4
+
+
+@pytest.mark.parametrize("name,config", [("local-dev__verl-smoke__3", VERL), ("local-dev__openrlhf-smoke__3", ORL)])
+def test_smoke_sbatch_options(name, config, rendered):
+    want = expected_sbatch("local-dev", config, 3, f"/tmp/hpcrl-e2e/{config}/logs/slurm-%j.out")
+    assert sbatch_options(rendered[name])[0] == [o.replace("--time=01:00:00", "--time=00:05:00") for o in want]
 
 
 def test_smoke_lines_name_the_framework(rendered):

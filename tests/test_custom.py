@@ -17,11 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from test_backends import hpcrl
-from test_render import assert_golden, lint
+from helpers import assert_golden, lint
+from helpers import shipped_hpcrl as hpcrl
 
 REPO = Path(__file__).resolve().parents[1]
-GOLDEN = Path(__file__).with_name("golden")
 DATA = Path(__file__).with_name("data")
 CONFIG = "configs/custom-ppo-qwen2.5-3b-qlora.yaml"
 GIB = 1024**3
@@ -49,8 +48,9 @@ def rendered() -> dict[str, str]:
     return out
 
 
-@pytest.mark.parametrize("name", list(RENDERS))
-def test_golden(name, rendered):
+def test_golden(rendered):
+    """One full golden for the custom backend; --gpus 2 is checked on what differs (test_partial_node_request)."""
+    name = "berzelius-fat__custom-ppo-qwen2.5-3b-qlora__gpus1"
     assert_golden(f"{name}.sh", rendered[name])
 
 

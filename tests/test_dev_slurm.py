@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import scontrol_job, submit, wait_for_state
+from helpers import scontrol_job, submit, wait_for_state
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -1,8 +1,8 @@
 """`hpcrl diagnose` on error texts: two verbatim from the users' notes (seed004_*, seed001_*),
 the rest synthetic, shaped after the real messages (tests/data/logs/README.md says which).
 
-Fixes are checked against the memory planner directly: a suggested pack_length or GPU count
-must fit by the planner and the next smaller change must not.
+Fixes are checked against committed numbers (the planner's answers when the memory constants were
+last fitted, benchmarks/fit.py) and hand arithmetic, not re-derived with the planner here.
 """
 
 from __future__ import annotations
@@ -11,15 +11,12 @@ import json
 import subprocess
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from hpcrl.logs.diagnose import Context, diagnose
 from hpcrl.logs.driver_log import parse_steps
-from hpcrl.memory.learner import LearnerSetup, learner_memory
-from hpcrl.models import resolve_model
 from hpcrl.profiles import load_profile
 
 LOGS = Path(__file__).parent / "data" / "logs"
@@ -52,41 +49,29 @@ def test_seed_oom_numbers_are_read_from_the_message():
     assert not any(name in text for name in ("olmo", "qwen", "llama", "32b", "model_name_or_path"))
 
 
-def _planner_limit_and_scale(model: str, n: int, tokens: int, capacity_gib: float, demand_gib: float):
-    base = LearnerSetup(model=resolve_model(model), n_gpus=n, tokens_per_gpu=tokens, zero_stage=3,
-                        grad_accum_dtype="fp32")
-    scale = max(1.0, demand_gib * GIB / learner_memory(base).peak_allocated)
-    return base, capacity_gib * GIB * (1 - 0.03), scale
-
-
 def test_learner_oom_fix_is_the_largest_pack_length_and_fewest_gpus_that_fit():
+    """The log: OLMo 3 32B, 8 learners, pack_length 16384, a 94.50 GiB GPU, 84.61 + 9.54 GiB demanded.
+    Committed answer (the planner with the constants of benchmarks/fit.py): 6656 tokens (a multiple of
+    256) at 91.4 GiB, or 10 learners at 89.9 GiB, both under 94.50 less the 3% headroom (91.67 GiB)."""
     d = run("learner_cuda_oom.log")
     f = d.findings[0]
     assert f.kind == "cuda_oom"
     assert "allenai/Olmo-3-1125-32B (from the log)" in " ".join(d.assumptions)
-    # The log: OLMo 3 32B, 8 learners, pack_length 16384, a 94.50 GiB GPU, 84.61 + 9.54 GiB demanded.
-    base, limit, scale = _planner_limit_and_scale("olmo3-32b", 8, 16384, 94.50, 84.61 + 9.54)
-
-    def peak(s):
-        return learner_memory(s).device_total * scale
-
-    assert peak(base) > limit
-    fixes = f.fix.split("; or ")
-    t = int(fixes[0].split("-> ")[1].split()[0])
-    assert t % 256 == 0 and t < 16384
-    assert peak(replace(base, tokens_per_gpu=t)) <= limit < peak(replace(base, tokens_per_gpu=t + 256))
-    n = int(fixes[1].split("-> ")[1].split()[0])
-    assert peak(replace(base, n_gpus=n)) <= limit < peak(replace(base, n_gpus=n - 1))
-    assert fixes[2].startswith("deepspeed_offload_optimizer")
+    assert f.fix.split("; or ") == [
+        "pack_length 16384 -> 6656 (tokens per learner GPU): predicted peak 91.4 GiB of 94.5",
+        "learner GPUs 8 -> 10 (num_learners_per_node): predicted peak 89.9 GiB",
+        "deepspeed_offload_optimizer: predicted peak 37.1 GiB (check host RAM with `hpcrl plan-memory --offload "
+        "optimizer`)"]
 
 
 def test_given_values_override_the_log():
     d = run("learner_cuda_oom.log", model="7b", learner_gpus=16, tokens_per_gpu=4096)
     assert "model_name_or_path" not in " ".join(d.assumptions)
     f = d.findings[0]
-    # The given sizes are used (16 GPUs, 4096 tokens), and every option offered is re-planned:
-    # which options fit depends on how far the log's numbers sit from the planner's.
-    assert "learner GPUs 16 -> " in f.fix or "pack_length 4096 -> " in f.fix
+    # The given sizes are used (16 GPUs, 4096 tokens), and every option offered is re-planned
+    # (committed answer): no shorter pack_length fits at the log's scale, more learners or offload do.
+    assert f.fix.startswith("learner GPUs 16 -> 42 (num_learners_per_node): predicted peak 91.6 GiB; or "
+                            "deepspeed_offload_optimizer: ")
     # The log's 94 GiB is far more than the planner gives 7B on 16 GPUs at 4k tokens: flagged.
     assert f.details["scale_from_log"] > 1.5 and "far off" in f.cause
 
@@ -209,7 +194,7 @@ def test_cli_json():
 
 def test_cli_unknown_log_prints_last_lines_and_exits_2():
     proc = cli(str(LOGS / "unknown.log"))
-    assert proc.returncode == 2
+    assert proc.returncode == 2 and proc.stderr == ""
     assert proc.stdout.startswith("no known failure found") and "CANCELLED AT" in proc.stdout
 
 
@@ -232,7 +217,9 @@ def test_cli_run_dir_reads_driver_log_and_breaker(tmp_path):
     assert "61.0 min" in data["findings"][0]["cause"]
     empty = tmp_path / "empty"
     empty.mkdir()
-    assert cli(str(empty)).returncode == 2
+    proc = cli(str(empty))
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        f"hpcrl: error: {empty}: no hpcrl/driver.log or logs/*.log in this directory; give a log file"]
 
 
 def test_cli_run_dir_without_watchdog_reads_the_newest_job_log(tmp_path):
@@ -256,9 +243,9 @@ def test_run_directory_diagnosis_reads_the_ray_logs_the_job_kept(tmp_path):
     out = cli(str(run), "--json")
     assert out.returncode == 0, out.stderr
     kinds = [f["kind"] for f in json.loads(out.stdout)["findings"]]
-    assert "host_oom" in kinds or any("oom" in k for k in kinds), kinds
+    assert kinds == ["host_ram_oom", "ray_actor_died"], kinds  # the cause the raylet kept first, then what the driver saw
     only_driver = cli(str(run / "hpcrl" / "driver.log"), "--json")
-    assert not any("oom" in f["kind"] for f in json.loads(only_driver.stdout)["findings"])
+    assert [f["kind"] for f in json.loads(only_driver.stdout)["findings"]] == ["ray_actor_died"]
 
 
 # ---------------------------------------------------------------------------- verl and OpenRLHF logs
@@ -279,23 +266,6 @@ def test_verl_oom_is_replanned_in_verls_keys():
     # 100.77 GiB allocated on a 79.18 GiB GPU: reported, never used to scale.
     assert f.details["inconsistent"] == ["100.77 GiB allocated by PyTorch on a 79.18 GiB GPU"]
     assert "not used to scale" in f.cause and "scale_from_log" not in f.details
-    # The planner itself, on the log's run: micro 32 does not fit a 79.18 GiB GPU, 16 does (checked in the plan).
-    from hpcrl.planning.backends import get_backend
-    from hpcrl.planning.config import load_run_config
-    from hpcrl.planning.layout import Pins
-    from hpcrl.planning.layout_colocated import enumerate_colocated
-
-    prof = load_profile("berzelius:fat")
-    prof = prof.model_copy(update={"gpu": prof.gpu.model_copy(update={"count_per_node": 4, "memory_gib": 79.18})})
-    verl = get_backend("verl")
-    cfg = load_run_config("verl-grpo-qwen2.5-7b", [
-        "data.train_batch_size=1024", "data.max_prompt_length=512", "data.max_response_length=1024",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=256", "actor_rollout_ref.rollout.n=4",
-        "actor_rollout_ref.ref.fsdp_config.param_offload=true", "actor_rollout_ref.actor.use_kl_loss=true"])
-    w = verl.workload_from_config(cfg)
-    fits = {m: bool(enumerate_colocated(prof, 1, replace(w, pack_length=m * 1536), Pins(tp=1, gpu_memory_utilization=0.6),
-                                        verl.colocation(cfg, False, False))[0]) for m in (32, 16)}
-    assert fits == {32: False, 16: True}
 
 
 @pytest.mark.parametrize("name, kind, text", [
@@ -319,17 +289,6 @@ def test_openrlhf_oom_fix_in_openrlhf_flags():
     fixes = f.fix.split("; or ")
     assert fixes[0].startswith("train.micro_batch_size 4 -> 2 (12288 tokens per GPU)")
     assert fixes[1].startswith("actor.num_nodes 1 -> ") and fixes[2].startswith("ds.adam_offload true")
-    # By the learner planner (the run: Qwen2.5-7B, 4 actor GPUs, data.max_len 6144, KL reference, eager log-probs):
-    # 2 sequences of 6144 fit 79.19 GiB less 3%, 3 do not.
-    from hpcrl.planning.backends import get_backend
-    from hpcrl.planning.config import load_run_config
-    from hpcrl.planning.layout import _learner_setup
-
-    cfg = load_run_config("openrlhf-grpo-qwen2.5-7b", ["data.max_len=6144", "train.micro_batch_size=4"])
-    base = _learner_setup(get_backend("openrlhf").workload_from_config(cfg), 4)
-    limit = 79.19 * GIB * 0.97
-    assert learner_memory(replace(base, tokens_per_gpu=2 * 6144)).device_total <= limit
-    assert learner_memory(replace(base, tokens_per_gpu=3 * 6144)).device_total > limit
 
 
 def test_openrlhf_lora_disk_full_reads_the_older_flags():

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers import assert_user_error
+
 from hpcrl.errors import HpcrlError
 from hpcrl.planning.disk import largest_fitting_keep, plan_disk, suggest
 
@@ -137,8 +139,7 @@ def test_cli_says_when_it_does_not_fit_but_exits_0():
 
 def test_cli_bad_model_is_one_line():
     proc = _cli("--model", "no-such-model")
-    assert proc.returncode == 2
-    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+    assert_user_error(proc, "unknown model 'no-such-model' (not a catalog name or alias, and no such path); valid (")
 
 
 # ---------------------------------------------------------------------------- every backend (plan-disk --backend)

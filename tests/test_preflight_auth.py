@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from hpcrl.jobs.preflight_fabric import collective_summary
-from test_preflight_nodes import collective_result, start_collective
+from helpers import collective_result, start_collective
 
 PORT = 19000 + os.getpid() % 900
 

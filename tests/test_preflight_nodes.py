@@ -13,13 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from conftest import submit, wait_for_state
+from helpers import ROOT, collective_result, start_collective, submit, wait_for_state
 from hpcrl.jobs.preflight_checks import Check, gemm_check, gpu_health
 from hpcrl.jobs.preflight_fabric import bus_bandwidth, collective_summary
 from hpcrl.profiles import load_profile
 
-ROOT = Path(__file__).resolve().parents[1]
-COLLECTIVE = ROOT / "hpcrl" / "runtime" / "preflight_collective.py"
 
 
 def hpcrl(data: Path, *args: str, extra: dict | None = None) -> subprocess.CompletedProcess:
@@ -83,24 +81,6 @@ def test_collective_summary_names_the_slowest_and_missing():
     missing = collective_summary({"method": None, "role": "first", "missing": ["c"],
                                   "error": "node(s) c did not join"}, ["a", "b", "c"])
     assert missing["missing"] == ["c"] and missing["checks"][0]["status"] == "fail"
-
-
-SECRET = "0123456789abcdef" * 4
-
-
-def start_collective(r: int, n: int, port: int, timeout: float, secret: str = SECRET) -> subprocess.Popen:
-    """The collective script itself as pretend node r of n at 127.0.0.1(r+1) (no Slurm needed)."""
-    args = {"node": f"n{r + 1}", "node_rank": r, "nnodes": n, "nodes": [f"n{k + 1}" for k in range(n)],
-            "master_addr": "127.0.0.11", "my_addr": f"127.0.0.1{r + 1}", "port": port, "timeout_s": timeout,
-            "iters": 1, "sizes": {"tcp": [1 << 16, 1 << 20]}}
-    env = dict(os.environ, HPCRL_COLLECTIVE_SECRET=secret)
-    return subprocess.Popen([sys.executable, str(COLLECTIVE), json.dumps(args)], stdout=subprocess.PIPE, text=True,
-                            env=env)
-
-
-def collective_result(proc: subprocess.Popen) -> dict:
-    out = proc.communicate(timeout=120)[0]
-    return json.loads(re.search(r"^HPCRL-COLLECTIVE (.*)$", out, re.M).group(1))
 
 
 def _run_collective(ranks: list[int], n: int, port: int, timeout: float) -> list[dict]:

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.ray  # every job here runs a real Ray on the local Slurm
+
 
 @pytest.fixture(autouse=True)
 def _ray_installed():
@@ -268,7 +270,7 @@ def test_a_worker_whose_ray_start_fails_once_is_retried(tmp_path, run_sbatch_and
 
 
 def wait_for_job(job_id: str, timeout: float = 600) -> dict:
-    from conftest import TERMINAL_JOB_STATES, wait_for_state
+    from helpers import TERMINAL_JOB_STATES, wait_for_state
 
     return wait_for_state(job_id, TERMINAL_JOB_STATES, timeout)
 

@@ -114,3 +114,26 @@ def test_sbatch_rejection_is_slurms_message(slurm, tmp_path):
     with pytest.raises(SlurmError) as err:
         s.submit(_script(tmp_path, "true", "#SBATCH --partition=no-such-partition"))
     assert "invalid partition" in str(err.value).lower() and str(err.value).startswith("sbatch: error: ")
+
+
+def _time_left_function() -> str:
+    """The rendered script's time_left_s (templates/rundir.sh.j2), cut out of a real render."""
+    from hpcrl.planning.run_plan import make_run_plan
+    from hpcrl.rendering.render import render_script
+
+    text = render_script(make_run_plan("grpo-olmo3-7b", nodes=3, cluster="local-dev"))
+    start = text.index("time_left_s() {")
+    return text[start:text.index("\n}\n", start) + 3]
+
+
+def test_time_left_reads_the_real_squeue(slurm, tmp_path):
+    """The drain's time_left_s parses what the real `squeue -o %L` prints (M:SS under an hour; the
+    partitions here allow no more); a fallback to SIGNAL_LEAD_S (-1 here) would show."""
+    limit, most = "00:05:00", 300
+    body = f'SIGNAL_LEAD_S=-1\n{_time_left_function()}\necho "raw=$(squeue -h -j "$SLURM_JOB_ID" -o %L) s=$(time_left_s)"'
+    job = sl.submit(_script(tmp_path, body, f"#SBATCH --time={limit}", "#SBATCH --partition=debug"))
+    _wait(lambda: sl.job_states([job])[job].terminal, f"job {job} to finish")
+    out = (tmp_path / f"out-{job}.log").read_text()
+    raw, seconds = out.split()[0][len("raw="):], int(out.split()[1][len("s="):])
+    assert raw.count(":") == 1, out
+    assert most - 120 < seconds <= most, out  # Slurm counts from the job's start; it ran at once

@@ -7,6 +7,7 @@ No test asserts a duration; the time limits below are generous timeouts only.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -54,6 +55,23 @@ def alive(pid: int) -> bool:
     except (FileNotFoundError, ProcessLookupError):
         return False
     return state != "Z"
+
+
+@pytest.fixture(autouse=True)
+def _no_feeder_left(tmp_path):
+    """The feeder and its `sleep 300` never outlive a test: the one killed watchdog's driver dies by
+    PR_SET_PDEATHSIG, but its child is reparented (the job script's session sweep ends it in a job)."""
+    yield
+    pidfile = tmp_path / "pids"
+    if not pidfile.exists():
+        return
+    for pid in (int(x) for x in pidfile.read_text().split()):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if alive(pid) and (cmdline[:2] == [b"sleep", b"300"] or str(tmp_path / "feeder.py").encode() in cmdline):
+            os.kill(pid, signal.SIGKILL)
 
 
 def watch(tmp_path: Path, fixture: str, *opts: str, after: str = "sleep", pace: float = 0.001,
@@ -258,6 +276,8 @@ def test_the_driver_dies_with_a_killed_watchdog(tmp_path):
     while alive(child) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not alive(child), "the driver outlived its watchdog"
+    grandchild = int(pids.read_text().split()[1])
+    assert alive(grandchild)  # reparented: what _no_feeder_left ends (a job's session sweep, in a job)
 
 
 def test_the_driver_shares_the_watchdogs_session_in_its_own_group(tmp_path):
@@ -283,12 +303,19 @@ def test_an_old_breaker_file_is_archived(tmp_path):
     assert [p.name.startswith("breaker-") for p in old.parent.glob("breaker-*.json")] == [True]
 
 
-def test_usage_errors_exit_2(tmp_path):
-    for args in (["--run-dir", str(tmp_path)], ["--run-dir", str(tmp_path), "--zero-reward-steps", "0", "--", "true"],
-                 ["--run-dir", str(tmp_path), "--grad-norm-steps", "-1", "--", "true"]):
-        proc = subprocess.run([sys.executable, "-m", "hpcrl.runtime.watchdog", *args], capture_output=True,
-                              timeout=TIMEOUT)
-        assert proc.returncode == 2 and b"Traceback" not in proc.stderr
+BAD_LIMITS = ("hpcrl-watchdog: error: need a command, --zero-reward-steps >= 1, --hang-minutes > 0, "
+              "--grad-norm-steps and --zero-variance-steps >= 0 and --grad-norm-floor >= 0")
+
+
+@pytest.mark.parametrize("args,message", [
+    ([], "hpcrl-watchdog: error: give the command after --, e.g. --run-dir D -- python train.py"),
+    (["--zero-reward-steps", "0", "--", "true"], BAD_LIMITS),
+    (["--grad-norm-steps", "-1", "--", "true"], BAD_LIMITS),
+])
+def test_usage_errors_exit_2(tmp_path, args, message):
+    proc = subprocess.run([sys.executable, "-m", "hpcrl.runtime.watchdog", "--run-dir", str(tmp_path), *args],
+                          capture_output=True, text=True, timeout=TIMEOUT)
+    assert (proc.returncode, proc.stderr.strip().splitlines()) == (2, [message])
 
 
 def test_missing_command_is_127(tmp_path):

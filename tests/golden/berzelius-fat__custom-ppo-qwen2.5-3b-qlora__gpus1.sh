@@ -440,15 +440,15 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
     "host_peak_gib": 6.0,
     "idle_gpus": 0,
     "learner_gpus": 1,
-    "learner_peak_gib": 9.16,
+    "learner_peak_gib": 9.18,
     "nodes": 1,
     "num_learners_per_node": [
       1
     ],
     "reason": "colocated: every GPU trains and generates; step ~10s = generation 9s + training 1s",
-    "rollout_peak_gib": 7.35,
+    "rollout_peak_gib": 7.36,
     "step_time_s": 10.0,
-    "training_peak_gib": 9.16,
+    "training_peak_gib": 9.18,
     "training_time_s": 0.8,
     "vllm_gpu_memory_utilization": 0.0,
     "vllm_num_engines": 1,
@@ -489,9 +489,9 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
     },
     "learner": {
       "algorithm": "ppo",
-      "allocator_margin_gib": 1.1,
+      "allocator_margin_gib": 0.893,
       "critic": "value_head",
-      "device_total_gib": 9.156,
+      "device_total_gib": 9.182,
       "double_quant": false,
       "fits": true,
       "gradient_checkpointing": true,
@@ -512,13 +512,13 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "non_torch": {
         "CUDA context (measured)": 0.6
       },
-      "peak_allocated_gib": 5.561,
+      "peak_allocated_gib": 5.411,
       "peak_phase": "training",
-      "peak_reserved_gib": 8.556,
+      "peak_reserved_gib": 8.582,
       "phases": {
         "generation": {
-          "allocated_gib": 2.628,
-          "reserved_gib": 5.124,
+          "allocated_gib": 2.478,
+          "reserved_gib": 5.19,
           "transient": {
             "HF generate KV cache, bf16, every sequence at full length (derived)": 0.053,
             "generate logits, fp32, last position (derived)": 0.002,
@@ -527,16 +527,16 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
           }
         },
         "scoring": {
-          "allocated_gib": 3.853,
-          "reserved_gib": 6.754,
+          "allocated_gib": 3.703,
+          "reserved_gib": 6.763,
           "transient": {
             "one dequantized 4-bit weight, bf16 (derived)": 0.042,
             "scoring logits, bf16 + fp32 log-softmax, no grad (derived)": 1.304
           }
         },
         "training": {
-          "allocated_gib": 5.561,
-          "reserved_gib": 8.556,
+          "allocated_gib": 5.411,
+          "reserved_gib": 8.582,
           "transient": {
             "log-prob path logits, bf16 + eager fp32 log_softmax (fitted)": 2.608,
             "one dequantized 4-bit weight, bf16 (derived)": 0.042,
@@ -552,7 +552,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
         "AdamW moments, fp32, trainable parameters only (derived)": 0.112,
         "LoRA adapters, fp32 (derived)": 0.056,
         "adapter gradients, fp32 (derived)": 0.056,
-        "fixed allocations (workspaces, RNG) (fitted)": 0.25,
+        "fixed allocations (workspaces, RNG) (fitted)": 0.1,
         "policy 4-bit quantization constants, fp32 absmax per 64 weights (derived)": 0.161,
         "policy base weights, 4-bit NF4 linears + bf16 embeddings and norms (derived)": 1.872,
         "reference: the policy's base with the adapters off (no copy) (derived)": 0.0,
@@ -569,7 +569,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "total_params": 3085938688,
       "trainable_params": 14968833
     },
-    "verdict": "the learner GPU (peak at training) fits with 68.9 GiB to spare after a 1.1 GiB allocator margin"
+    "verdict": "the learner GPU (peak at training) fits with 69.1 GiB to spare after a 0.9 GiB allocator margin"
   },
   "model": "Qwen/Qwen2.5-3B",
   "nodes": 1,

@@ -7,7 +7,7 @@
 #   model allenai/Olmo-3-1125-32B: 256 sequences of 10240 tokens per step, pack_length 10240
 #   16 x 4 GH200 (95.58 GiB): 16 learner GPUs, 48 engine GPUs, 0 idle
 #   num_learners_per_node [1] x 16, vllm_num_engines 48, vllm_tensor_parallel_size 1, vllm_gpu_memory_utilization 0.9, deepspeed_stage 3
-#   learner peak 63.9 GiB/GPU of 95.6 usable; engine 60.0 GiB weights + 23.0 GiB KV cache per GPU; host peak 20 GiB/node
+#   learner peak 64.3 GiB/GPU of 95.6 usable; engine 60.0 GiB weights + 23.0 GiB KV cache per GPU; host peak 20 GiB/node
 #   step ~304 s (generation 304 s, training 107 s), bottleneck generation
 #   checkpoint_state_freq 5: a checkpoint every ~25 min of training (so that at most 30 min is lost); time-limit warning 900 s before the end = one step (~304 s) + one checkpoint write (~180 s, derived) + 60 s to stop
 # Warning: 16 nodes = 64 GPUs exceed QOS 32gpu_qos's default cap of 32 GPUs (8 nodes); fine if your project's limit was raised
@@ -480,7 +480,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
     "host_peak_gib": 20.0,
     "idle_gpus": 0,
     "learner_gpus": 16,
-    "learner_peak_gib": 63.86,
+    "learner_peak_gib": 64.32,
     "nodes": 16,
     "num_learners_per_node": [
       1,
@@ -541,13 +541,13 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "ram_per_node_gib": 460.0
     },
     "learner": {
-      "allocator_margin_gib": 4.086,
+      "allocator_margin_gib": 3.862,
       "breakdown": {
         "Adam moments (fp32)": 15.01,
         "ZeRO++ secondary weights (hpZ)": 7.505,
         "ZeRO-3 gathered lm_head + grad": 1.913,
         "activations (stored)": 6.543,
-        "fixed (workspaces, RNG, persistent params)": 0.25,
+        "fixed (workspaces, RNG, persistent params)": 0.1,
         "fp32 master weights": 7.505,
         "gradients": 7.505,
         "log-prob path (compiled)": 5.738,
@@ -555,7 +555,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
         "reduce bucket": 0.931
       },
       "deepspeed_estimate_gib": 35.685,
-      "device_total_gib": 63.864,
+      "device_total_gib": 64.318,
       "fits": true,
       "gpus": 16,
       "grad_accum_dtype": "fp32",
@@ -566,14 +566,14 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "lora_rank": 0,
       "non_torch_gib": 1.0,
       "offload": "none",
-      "peak_allocated_gib": 56.652,
+      "peak_allocated_gib": 56.502,
       "peak_phase": "logits",
-      "peak_reserved_gib": 62.864,
+      "peak_reserved_gib": 63.318,
       "phases_gib": {
-        "logits": 56.652,
-        "optimizer": 48.046,
-        "recompute": 54.075,
-        "weight sync": 44.371
+        "logits": 56.502,
+        "optimizer": 47.896,
+        "recompute": 53.925,
+        "weight sync": 44.221
       },
       "tokens_per_gpu": 10240,
       "weight_sync": "per_param",
@@ -585,7 +585,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "total_params": 32233522176,
       "trainable_params": 32233522176
     },
-    "verdict": "learner fits with 27.6 GiB to spare after a 4.1 GiB allocator margin; engine fits: 9 sequences of 10240 tokens fit at once"
+    "verdict": "learner fits with 27.4 GiB to spare after a 3.9 GiB allocator margin; engine fits: 9 sequences of 10240 tokens fit at once"
   },
   "model": "allenai/Olmo-3-1125-32B",
   "nodes": 16,

@@ -492,7 +492,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
     "host_peak_gib": 26.0,
     "idle_gpus": 0,
     "learner_gpus": 12,
-    "learner_peak_gib": 29.39,
+    "learner_peak_gib": 29.44,
     "nodes": 4,
     "num_learners_per_node": [
       4,
@@ -540,12 +540,12 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "ram_per_node_gib": 460.0
     },
     "learner": {
-      "allocator_margin_gib": 3.009,
+      "allocator_margin_gib": 2.957,
       "breakdown": {
         "Adam moments (fp32)": 4.728,
         "ZeRO-3 gathered lm_head + grad": 2.03,
         "activations (stored)": 1.06,
-        "fixed (workspaces, RNG, persistent params)": 0.25,
+        "fixed (workspaces, RNG, persistent params)": 0.1,
         "fp32 master weights": 2.364,
         "gradients": 1.182,
         "log-prob path (eager)": 8.701,
@@ -554,7 +554,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
         "reference policy (bf16)": 1.182
       },
       "deepspeed_estimate_gib": 12.669,
-      "device_total_gib": 29.391,
+      "device_total_gib": 29.435,
       "fits": true,
       "gpus": 12,
       "grad_accum_dtype": "bf16",
@@ -565,13 +565,13 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "lora_rank": 0,
       "non_torch_gib": 1.0,
       "offload": "none",
-      "peak_allocated_gib": 23.611,
+      "peak_allocated_gib": 23.461,
       "peak_phase": "logits",
-      "peak_reserved_gib": 28.391,
+      "peak_reserved_gib": 28.435,
       "phases_gib": {
-        "logits": 23.611,
-        "optimizer": 15.367,
-        "recompute": 14.925
+        "logits": 23.461,
+        "optimizer": 15.217,
+        "recompute": 14.775
       },
       "tokens_per_gpu": 5120,
       "weight_sync": "none",

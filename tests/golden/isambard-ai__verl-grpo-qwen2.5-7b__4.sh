@@ -7,7 +7,7 @@
 #   model Qwen/Qwen2.5-7B: 1536 sequences of 5120 tokens per step, ppo_micro_batch_size_per_gpu 12 (61440 tokens)
 #   4 x 4 GH200 (95.58 GiB): all 16 GPUs train and generate (colocated)
 #   trainer.nnodes 4, n_gpus_per_node 4, rollout tensor_model_parallel_size 1 (16 engines), gpu_memory_utilization 0.85, fsdp param_offload false, optimizer_offload false
-#   colocated peak 74.6 GiB/GPU training, 88.4 GiB/GPU rollout of 95.6 usable; KV cache 64.4 GiB per GPU; host peak 102 GiB/node
+#   colocated peak 73.9 GiB/GPU training, 88.4 GiB/GPU rollout of 95.6 usable; KV cache 64.4 GiB per GPU; host peak 102 GiB/node
 #   step ~160 s (generation 66 s, training 95 s), bottleneck training
 #   trainer.save_freq 11: a checkpoint every ~29 min of training (so that at most 30 min is lost); time-limit warning 900 s before the end = one step (~160 s) + one checkpoint write (~43 s, derived) + 60 s to stop
 # Warning: 4 learners per node on isambard-ai, where the profile plans at most 1: more than one learner per GH200 node failed with NCCL "Duplicate GPU detected" in the users' runs (their workaround, a patched NCCL with NCCL_IGNORE_DUPLICATE_GPU=1, is untested at 32B)
@@ -494,7 +494,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
     "host_peak_gib": 102.3,
     "idle_gpus": 0,
     "learner_gpus": 16,
-    "learner_peak_gib": 73.01,
+    "learner_peak_gib": 72.26,
     "nodes": 4,
     "num_learners_per_node": [
       4,
@@ -505,7 +505,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
     "reason": "colocated: every GPU trains and generates; step ~160s = generation 66s + training 95s",
     "rollout_peak_gib": 88.45,
     "step_time_s": 160.4,
-    "training_peak_gib": 74.61,
+    "training_peak_gib": 73.86,
     "training_time_s": 94.6,
     "vllm_gpu_memory_utilization": 0.85,
     "vllm_num_engines": 16,
@@ -528,11 +528,11 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "rollout_fits": true,
       "rollout_gib": 88.449,
       "training_breakdown": {
-        "learner (training peak)": 73.012,
+        "learner (training peak)": 72.256,
         "vLLM asleep (CUDA context, CUDA graphs)": 1.6
       },
       "training_fits": true,
-      "training_gib": 74.612,
+      "training_gib": 73.856,
       "vllm_sleeps": true
     },
     "engine": {
@@ -570,12 +570,12 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "ram_per_node_gib": 460.0
     },
     "learner": {
-      "allocator_margin_gib": 4.681,
+      "allocator_margin_gib": 4.347,
       "breakdown": {
         "Adam moments (fp32)": 3.546,
         "ZeRO-3 gathered lm_head + grad": 2.03,
         "activations (stored)": 12.715,
-        "fixed (workspaces, RNG, persistent params)": 0.25,
+        "fixed (workspaces, RNG, persistent params)": 0.1,
         "fp32 master weights": 1.773,
         "gradients": 1.773,
         "log-prob path (compiled)": 34.805,
@@ -584,7 +584,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
         "reference policy (bf16)": 0.887
       },
       "deepspeed_estimate_gib": 10.009,
-      "device_total_gib": 73.012,
+      "device_total_gib": 72.256,
       "fits": true,
       "gpus": 16,
       "grad_accum_dtype": "fp32",
@@ -595,13 +595,13 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "lora_rank": 0,
       "non_torch_gib": 1.0,
       "offload": "none",
-      "peak_allocated_gib": 59.597,
+      "peak_allocated_gib": 59.447,
       "peak_phase": "logits",
-      "peak_reserved_gib": 72.012,
+      "peak_reserved_gib": 71.256,
       "phases_gib": {
-        "logits": 59.597,
-        "optimizer": 12.707,
-        "recompute": 36.731
+        "logits": 59.447,
+        "optimizer": 12.557,
+        "recompute": 36.581
       },
       "tokens_per_gpu": 61440,
       "weight_sync": "none",
@@ -613,7 +613,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "total_params": 7615616512,
       "trainable_params": 7615616512
     },
-    "verdict": "training fits with 16.3 GiB to spare after a 4.7 GiB allocator margin; rollout fits with 7.1 GiB to spare; engine fits: 235 sequences of 5120 tokens fit at once"
+    "verdict": "training fits with 17.4 GiB to spare after a 4.3 GiB allocator margin; rollout fits with 7.1 GiB to spare; engine fits: 235 sequences of 5120 tokens fit at once"
   },
   "model": "Qwen/Qwen2.5-7B",
   "nodes": 4,

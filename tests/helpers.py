@@ -1,0 +1,189 @@
+"""Helpers shared by several test modules (tests import these, never each other)."""
+
+from __future__ import annotations
+
+import difflib
+import importlib.util
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+GOLDEN = Path(__file__).with_name("golden")
+COLLECTIVE = ROOT / "hpcrl" / "runtime" / "preflight_collective.py"
+TERMINAL_JOB_STATES = frozenset({
+    "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
+    "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE",
+})
+
+
+def run_hpcrl(*args: str, timeout: float = 120, **kw) -> subprocess.CompletedProcess:
+    """`python -m hpcrl ARGS` (the worktree's code when PYTHONPATH points at it)."""
+    return subprocess.run([sys.executable, "-m", "hpcrl", *args], capture_output=True, text=True,
+                          timeout=timeout, **kw)
+
+
+def shipped_hpcrl(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """`python -m hpcrl ARGS` from the repository root, with the shipped profiles only."""
+    env = {k: v for k, v in os.environ.items() if k != "HPCRL_CLUSTERS_DIR"}
+    return subprocess.run([sys.executable, "-m", "hpcrl", *args], capture_output=True, text=True, timeout=180,
+                          cwd=cwd or ROOT, env=env)
+
+
+def load_fit():
+    """benchmarks/fit.py as a module: the fit/held-out split and the re-fit."""
+    spec = importlib.util.spec_from_file_location("hpcrl_bench_fit", ROOT / "benchmarks" / "fit.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def ok_json(proc: subprocess.CompletedProcess):
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def assert_user_error(proc: subprocess.CompletedProcess, contains: str) -> str:
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("hpcrl: error: ") and contains in lines[0], proc.stderr
+    return lines[0]
+
+
+# --------------------------------------------------------------------------- rendered scripts
+
+
+def assert_golden(name: str, text: str) -> None:
+    """text is tests/golden/<name> byte for byte; HPCRL_UPDATE_GOLDEN=1 rewrites it first, never under CI."""
+    path = GOLDEN / name
+    if os.environ.get("HPCRL_UPDATE_GOLDEN") == "1":
+        if os.environ.get("CI", "").lower() in ("true", "1"):
+            pytest.fail("HPCRL_UPDATE_GOLDEN=1 under CI: goldens are rewritten by a person, then reviewed",
+                        pytrace=False)
+        GOLDEN.mkdir(exist_ok=True)
+        path.write_text(text)
+    assert path.exists(), f"{path.name} missing: regenerate with HPCRL_UPDATE_GOLDEN=1"
+    want = path.read_text()
+    if text != want:
+        diff = "".join(difflib.unified_diff(want.splitlines(True), text.splitlines(True),
+                                            f"golden/{name}", "rendered"))
+        pytest.fail(f"{name} differs from the golden; review, then regenerate with HPCRL_UPDATE_GOLDEN=1\n{diff}",
+                    pytrace=False)
+
+
+def lint(text: str, tmp_path: Path, shellcheck: str) -> None:
+    path = tmp_path / "job.sbatch"
+    path.write_text(text)
+    out = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    out = subprocess.run([shellcheck, "-S", "warning", str(path)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+# What each profile asks Slurm for, written out from clusters/<name>.yaml by hand: the GPU
+# request style (slurm.gpu_request) and count (gpu.count_per_node), slurm.exclusive, slurm.mem,
+# the default partition's max_time, slurm.default_partition, the variant's slurm.constraint.
+PROFILE_OPTIONS = {
+    "isambard-ai": lambda n: ["--gpus-per-node=4", "--exclusive", "--mem=0", "--time=24:00:00",
+                              "--partition=workq"],
+    "berzelius": lambda n: [f"--gpus={8 * n}", "--exclusive", "--time=3-00:00:00", "--partition=berzelius",
+                            "--constraint=thin"],
+    "berzelius:fat": lambda n: [f"--gpus={8 * n}", "--exclusive", "--time=3-00:00:00", "--partition=berzelius",
+                                "--constraint=fat"],
+    "berzelius-hopper": lambda n: [f"--gpus={8 * n}", "--exclusive", "--time=2-00:00:00",
+                                   "--partition=berzelius-hopper"],
+    "local-dev": lambda n: ["--gpus-per-node=4", "--time=01:00:00", "--partition=debug"],
+}
+
+
+def expected_sbatch(cluster: str, run: str, nodes: int, output: str) -> list[str]:
+    return ([f"--job-name=hpcrl-{run}", f"--nodes={nodes}", "--ntasks-per-node=1"]
+            + PROFILE_OPTIONS[cluster](nodes) + [f"--output={output}", "--open-mode=append", "--no-requeue"])
+
+
+def sbatch_options(text: str) -> tuple[list[str], str]:
+    """The #SBATCH options but --signal, and --signal's lead (the plan's step estimate: derived)."""
+    opts = re.findall(r"^#SBATCH (\S+)$", text, re.M)
+    signal = [o for o in opts if o.startswith("--signal=")]
+    assert len(signal) == 1 and re.fullmatch(r"--signal=B:USR1@\d+", signal[0]), signal
+    return [o for o in opts if not o.startswith("--signal=")], signal[0]
+
+
+def driver_words(text: str) -> list[str]:
+    """The words of the DRIVER=( ... ) array, parsed independently of the renderer."""
+    block = re.search(r"^DRIVER=\(\n(.*?)^\)$", text, re.S | re.M)
+    assert block, "no DRIVER=( ... ) block"
+    return shlex.split(block.group(1))
+
+
+# --------------------------------------------------------------------------- the local Slurm
+
+
+def _run(args: list[str], timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(args, capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def scontrol_job(job_id: str) -> dict[str, str]:
+    """`scontrol show job -o` as key -> value; empty once Slurm forgot the job."""
+    res = _run(["scontrol", "show", "job", "-o", str(job_id)])
+    if res.returncode != 0:
+        return {}
+    # Values never contain '=' followed by a key, but may contain spaces (Reason, Command):
+    # split at each ' Key=' boundary.
+    fields: dict[str, str] = {}
+    for match in re.finditer(r"(?:^|\s)([A-Za-z][\w/:.]*)=(.*?)(?=\s[A-Za-z][\w/:.]*=|$)", res.stdout.strip()):
+        fields.setdefault(match.group(1), match.group(2))
+    return fields
+
+
+def submit(script_path: str | Path, *sbatch_args: str) -> str:
+    """sbatch a script (from its own directory) and return the job id; fail on rejection."""
+    script = Path(script_path)
+    res = _run(["sbatch", "--parsable", *sbatch_args, str(script)], timeout=60)
+    if res.returncode != 0:
+        pytest.fail(f"sbatch {' '.join(sbatch_args)} {script} failed: {res.stderr.strip()}", pytrace=False)
+    return res.stdout.strip().split(";")[0]
+
+
+def wait_for_state(job_id: str, states: set[str] | frozenset[str], timeout: float) -> dict[str, str]:
+    """Poll scontrol until the job's state is one of `states`; return its fields."""
+    deadline = time.monotonic() + timeout
+    fields: dict[str, str] = {}
+    while time.monotonic() < deadline:
+        fields = scontrol_job(job_id)
+        if fields.get("JobState") in states:
+            return fields
+        time.sleep(0.5)
+    _run(["scancel", str(job_id)])
+    pytest.fail(f"job {job_id} not in {sorted(states)} after {timeout:.0f} s "
+                f"(state {fields.get('JobState')}, reason {fields.get('Reason')}); cancelled it",
+                pytrace=False)
+
+
+# --------------------------------------------------------------------------- the preflight collective
+
+
+SECRET = "0123456789abcdef" * 4
+
+
+def start_collective(r: int, n: int, port: int, timeout: float, secret: str = SECRET) -> subprocess.Popen:
+    """The collective script itself as pretend node r of n at 127.0.0.1(r+1) (no Slurm needed)."""
+    args = {"node": f"n{r + 1}", "node_rank": r, "nnodes": n, "nodes": [f"n{k + 1}" for k in range(n)],
+            "master_addr": "127.0.0.11", "my_addr": f"127.0.0.1{r + 1}", "port": port, "timeout_s": timeout,
+            "iters": 1, "sizes": {"tcp": [1 << 16, 1 << 20]}}
+    env = dict(os.environ, HPCRL_COLLECTIVE_SECRET=secret)
+    return subprocess.Popen([sys.executable, str(COLLECTIVE), json.dumps(args)], stdout=subprocess.PIPE, text=True,
+                            env=env)
+
+
+def collective_result(proc: subprocess.Popen) -> dict:
+    out = proc.communicate(timeout=120)[0]
+    return json.loads(re.search(r"^HPCRL-COLLECTIVE (.*)$", out, re.M).group(1))

@@ -166,3 +166,18 @@ def test_every_known_version_has_install_facts(backend, version):
 
 def test_a_custom_script_has_no_expectation():
     assert stack_expect.expectation("custom") is None
+
+
+def test_preflight_runs_the_same_check_for_a_verl_run(tmp_path):
+    """`hpcrl preflight --config` on a verl run: the probe runs stack.py as sent in its spec, with the
+    driver's real overrides, in the training environment (here a stand-in without transfer_queue)."""
+    from hpcrl.jobs.preflight import target
+    from hpcrl.jobs.preflight_checks import stack_rows
+    from hpcrl.runtime.preflight_probe import stack_check
+
+    site = stand_in(tmp_path, {k: v for k, v in GOOD_VERL.items() if k != "TransferQueue"})
+    spec = dict(target("local-dev", None, str(ROOT / "configs" / "verl-grpo-qwen2.5-7b.yaml")).spec,
+                env_setup=[f"export PYTHONPATH={site}"], workdir=str(tmp_path), python=sys.executable)
+    assert stack_rows(stack_check(spec, 120))[0] == (
+        "stack check", "fail", "transfer_queue not installed; verl 0.10.0.dev (1dda039b) runs trainer.use_v1=true, "
+        "which imports it (verl/trainer/main_ppo.py:137)")

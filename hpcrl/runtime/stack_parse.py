@@ -115,7 +115,7 @@ def main(args: list[str]) -> int:
         return NOT_RUN
     except Exception as exc:  # Hydra's composition errors, and anything the framework raises
         name = type(exc).__name__
-        text = "; ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+        text = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
         if parser["kind"] == "hydra" and ("Override" in name or "Composition" in name or "ConfigKey" in name):
             print(f"{name}: {text}", file=sys.stderr)
             return REJECTED

@@ -16,6 +16,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from conftest import scontrol_job
 
 from hpcrl.planning.backends import stack_expect, versions
 from hpcrl.rendering.render import RAY_TOKEN_MIN
@@ -181,3 +182,20 @@ def test_preflight_runs_the_same_check_for_a_verl_run(tmp_path):
     assert stack_rows(stack_check(spec, 120))[0] == (
         "stack check", "fail", "transfer_queue not installed; verl 0.10.0.dev (1dda039b) runs trainer.use_v1=true, "
         "which imports it (verl/trainer/main_ppo.py:137)")
+
+
+def test_in_a_slurm_job_on_n1_the_line_lands_in_the_job_s_output(slurm, run_sbatch_and_wait, tmp_path):
+    """The module as the job script runs it, on a node of the local Slurm, in an environment that lacks
+    transfer_queue: the job's output holds the one line, and the job ends with the stack check's code."""
+    env = {k: v for k, v in GOOD_VERL.items() if k != "TransferQueue"}
+    site = stand_in(tmp_path, env)
+    (tmp_path / "expect.json").write_text(json.dumps(verl_expect()))
+    script = tmp_path / "job.sh"
+    script.write_text(f"#!/bin/bash\n#SBATCH --nodelist=n1 --time=2 --output={tmp_path}/job.out\n"
+                      f"export PYTHONPATH={site}{os.pathsep}{ROOT}\n"
+                      f"{sys.executable} -m hpcrl.runtime.stack --expect {tmp_path}/expect.json "
+                      f"--python {sys.executable} -- trainer.nnodes=1\n")
+    job = run_sbatch_and_wait(script, 120)
+    assert (job.state, scontrol_job(job.job_id).get("ExitCode"), job.output) == (
+        "FAILED", f"{STACK_MISMATCH_EXIT}:0", "stack: transfer_queue not installed; verl 0.10.0.dev (1dda039b) "
+        "runs trainer.use_v1=true, which imports it (verl/trainer/main_ppo.py:137)\n")

@@ -199,3 +199,41 @@ def test_in_a_slurm_job_on_n1_the_line_lands_in_the_job_s_output(slurm, run_sbat
     assert (job.state, scontrol_job(job.job_id).get("ExitCode"), job.output) == (
         "FAILED", f"{STACK_MISMATCH_EXIT}:0", "stack: transfer_queue not installed; verl 0.10.0.dev (1dda039b) "
         "runs trainer.use_v1=true, which imports it (verl/trainer/main_ppo.py:137)\n")
+
+
+def test_open_instruct_s_parser_is_built_in_its_own_module_namespace(tmp_path):
+    """open-instruct's __main__ block builds its parser from classes its file imports (grpo_fast.py:2389-2403
+    at e6c3044a), so the dry parse imports the entry file first; a stand-in checkout with such a parser."""
+    pkg = tmp_path / "open_instruct"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "args.py").write_text(textwrap.dedent("""\
+        import argparse
+
+        class ArgumentParserPlus(argparse.ArgumentParser):
+            def parse_args_into_dataclasses(self):
+                return self.parse_args()
+
+        def make():
+            p = ArgumentParserPlus(prog="grpo_fast.py")
+            p.add_argument("--learning_rate", type=float)
+            return p
+    """))
+    (pkg / "grpo_fast.py").write_text(textwrap.dedent("""\
+        from open_instruct.args import make
+
+        if __name__ == "__main__":
+            parser = make()
+            args = parser.parse_args_into_dataclasses()
+            raise SystemExit("the driver must not run")
+    """))
+    parser = json.dumps(stack_expect.expectation("open-instruct")["parser"])
+    script = ROOT / "hpcrl" / "runtime" / "stack_parse.py"
+
+    def parse(*argv):
+        return subprocess.run([sys.executable, str(script), parser, "--", *argv], capture_output=True, text=True,
+                              cwd=tmp_path, timeout=60)
+
+    good, bad = parse("--learning_rate", "1e-6"), parse("--lr", "1e-6")
+    assert (good.returncode, bad.returncode, bad.stderr.splitlines()[-1]) == (
+        0, 2, "grpo_fast.py: error: unrecognized arguments: --lr 1e-6")

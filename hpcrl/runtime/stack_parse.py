@@ -84,6 +84,8 @@ def parse_main_block(parser: dict, argv: list[str]) -> str:
     if not stdlib_only:
         import runpy
 
+        # As `python FILE` in the workdir finds things: the file's folder first, then the checkout.
+        sys.path[:0] = [os.path.dirname(os.path.abspath(path)), os.getcwd()]
         scope = runpy.run_path(path, run_name="hpcrl_dry_parse")
     sys.argv = [path, *argv]
     exec(compile(block, path, "exec"), scope)  # noqa: S102 - the framework's own parser, as its file builds it

@@ -107,9 +107,7 @@ def stack_spec(cfg: Any, rp: Any, arch: str, run_root: str) -> dict[str, Any]:
     from hpcrl.runtime import stack, stack_parse
 
     backend = get_backend(cfg.hpcrl.backend)
-    ray_min = ".".join(map(str, RAY_TOKEN_MIN)) if backend.uses_ray else None
-    expect = stack_expect.expectation(cfg.hpcrl.backend, stack_expect.run_version(cfg), arch=arch, ray_min=ray_min,
-                                      ray_min_why=f"hpcrl: Ray below {ray_min} ignores RAY_AUTH_MODE=token")
+    expect = stack_expect.run_expectation(cfg, arch, RAY_TOKEN_MIN if backend.uses_ray else None)
     if expect is None:
         return {}
     argv = stack_expect.driver_argv(backend.driver_command(rp), f"{run_root}/preflight-run") if rp else []

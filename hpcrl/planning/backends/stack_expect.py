@@ -84,10 +84,18 @@ def run_version(cfg: RunConfig) -> str | None:
     return None
 
 
+def run_expectation(cfg: RunConfig, arch: str, ray_min: tuple[int, ...] | None) -> dict[str, Any] | None:
+    """The expectation for a run config on a node of `arch`; ray_min: the lowest Ray the job script
+    accepts (rendering's RAY_TOKEN_MIN) where the backend brings up Ray, else None."""
+    need = ".".join(map(str, ray_min)) if ray_min else None
+    return expectation(cfg.hpcrl.backend, run_version(cfg), arch=arch, ray_min=need,
+                       ray_min_why=f"hpcrl: Ray below {need} ignores RAY_AUTH_MODE=token")
+
+
 def driver_argv(words: list[tuple[Any, ...]], run_dir: str) -> list[str]:
     """The driver command's words (Backend.driver_command) as the job passes them, with `$RUN_DIR`
     put in as the shell would."""
     return [w.text.replace("$RUN_DIR", run_dir) if w.run_dir else w.text for line in words for w in line]
 
 
-__all__ = ["driver_argv", "expectation", "has_facts", "run_version"]
+__all__ = ["driver_argv", "expectation", "has_facts", "run_expectation", "run_version"]

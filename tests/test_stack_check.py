@@ -20,7 +20,7 @@ from conftest import scontrol_job
 
 from hpcrl.planning.backends import stack_expect, versions
 from hpcrl.rendering.render import RAY_TOKEN_MIN
-from hpcrl.runtime.stack import STACK_MISMATCH_EXIT, satisfies, verdict
+from hpcrl.runtime.stack import PARSE_REJECTED, STACK_MISMATCH_EXIT, satisfies, verdict
 
 ROOT = Path(__file__).resolve().parents[1]
 RAY_MIN = ".".join(map(str, RAY_TOKEN_MIN))
@@ -236,4 +236,4 @@ def test_open_instruct_s_parser_is_built_in_its_own_module_namespace(tmp_path):
 
     good, bad = parse("--learning_rate", "1e-6"), parse("--lr", "1e-6")
     assert (good.returncode, bad.returncode, bad.stderr.splitlines()[-1]) == (
-        0, 2, "grpo_fast.py: error: unrecognized arguments: --lr 1e-6")
+        0, PARSE_REJECTED, "grpo_fast.py: error: unrecognized arguments: --lr 1e-6")

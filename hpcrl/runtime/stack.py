@@ -29,6 +29,7 @@ import sys
 # 90-97 are the watchdog's breakers and the script's Ray ends, 127 a missing command.
 STACK_MISMATCH_EXIT = 98
 PROBE_TIMEOUT_S = 60
+PARSE_REJECTED = 10  # stack_parse.py's exit code when the framework rejects the arguments
 
 _VERSION = re.compile(r"^\s*v?(\d+(?:\.\d+)*)(?:[-_.]?(a|b|c|rc|alpha|beta|pre|preview)[-_.]?(\d*))?"
                       r"(?:[-_.]?(post|rev|r)[-_.]?(\d*))?(?:[-_.]?(dev)[-_.]?(\d*))?(?:\+(\S*))?\s*$", re.I)
@@ -268,7 +269,7 @@ def check(expect: dict, python: list[str], argv: list[str], *, entry: str | None
         who = f"{expect.get('backend')} {found['packages'].get(expect.get('framework') or '', {}).get('version') or ''}"
         if rc is None:
             notes.append(f"dry parse skipped: it did not finish within {timeout:.0f} s")
-        elif rc == 2:
+        elif rc == PARSE_REJECTED:
             bad.append(f"{who.strip()} rejects the driver's command line: {_tail(stderr)} "
                        f"(the plan targets {expect.get('backend')} {expect.get('version')})")
         elif rc != 0:

@@ -10,8 +10,8 @@ the expectation's `parser`:
   its first parse_args call, with sys.argv set to the arguments; namespace `stdlib` runs them with
   only the file's standard-library imports (nothing of the framework is imported), `module` in the
   file's own namespace (the file is imported first, with its dependencies).
-Exit 0: parsed; 2: the framework rejected the arguments (its message is the last line of stderr);
-3: the parse could not be run here (no such package, no such file, an error of its own).
+Exit 0: parsed; 10: the framework rejected the arguments (its message is the last line of stderr);
+11: the parse could not be run here (no such package, no such file, an error of its own).
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ import json
 import os
 import sys
 
-REJECTED, NOT_RUN = 2, 3
+# Not 2: Python itself exits 2 when it cannot open this file.
+REJECTED, NOT_RUN = 10, 11
 
 
 def package_dir(module: str) -> str:

@@ -90,6 +90,8 @@ def target(cluster: str | None = None, partition: str | None = None, config: str
     spec["collective_files"] = {Path(m.__file__).name: Path(m.__file__).read_text()
                                 for m in (preflight_collective, preflight_link)}
     spec["collective_args"] = COLLECTIVE_ARGS
+    if cfg:
+        spec.update(stack_spec(cfg, rp, profile.node.arch, spec["run_root"]))
     # Every link of the collective proves this per-job secret (it travels in submitit's pickle,
     # which run_probe writes under umask 077).
     spec["collective_secret"] = secrets.token_hex(32)
@@ -100,6 +102,24 @@ def target(cluster: str | None = None, partition: str | None = None, config: str
     return Target(profile, partition or (hp.partition if hp else None) or profile.slurm.default_partition,
                   hp.account if hp else None, hp.qos if hp else None, spec,
                   _disk_need_gib(rp) if rp else None, tuple(notes), exclude)
+
+
+def stack_spec(cfg: Any, rp: Any, arch: str, run_root: str) -> dict[str, Any]:
+    """What the probe needs to run the job's own stack check (hpcrl/runtime/stack.py) for the run's
+    backend: the expectation, the check's source files, the driver's arguments where a plan was made
+    (their run directory a stand-in: the dry parse writes nothing), and the modules to import."""
+    from hpcrl.planning.backends import get_backend, stack_expect
+    from hpcrl.rendering.render import RAY_TOKEN_MIN
+    from hpcrl.runtime import stack, stack_parse
+
+    backend = get_backend(cfg.hpcrl.backend)
+    expect = stack_expect.run_expectation(cfg, arch, RAY_TOKEN_MIN if backend.uses_ray else None)
+    if expect is None:
+        return {}
+    argv = stack_expect.driver_argv(backend.driver_command(rp), f"{run_root}/preflight-run") if rp else []
+    return {"stack_expect": expect, "stack_argv": argv, "stack_files": {Path(m.__file__).name: Path(m.__file__).read_text()
+                                                                          for m in (stack, stack_parse)},
+            "modules": ["torch", *dict.fromkeys(p["module"] for p in expect["packages"])]}
 
 
 def _folder(explicit: str | None, t: Target) -> Path:

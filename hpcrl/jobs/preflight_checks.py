@@ -124,6 +124,18 @@ def gemm_check(gemm: list[dict], p: ClusterProfile) -> Check | None:
     return Check("gemm", "fail" if share < GEMM_FAIL else "warn" if share < GEMM_WARN else "ok", detail)
 
 
+def stack_rows(result: dict | None) -> list[Check]:
+    """The job's own stack check (hpcrl/runtime/stack.py) as the job would run it: its first line
+    is the verdict (fail on a mismatch), the rest notes."""
+    if not result:
+        return []
+    from hpcrl.runtime.stack import STACK_MISMATCH_EXIT
+
+    first, *notes = [line.removeprefix("stack: ") for line in result["lines"]]
+    status = "ok" if result["rc"] == 0 else "fail" if result["rc"] == STACK_MISMATCH_EXIT else "warn"
+    return [Check("stack check", status, first), *(Check("note", "info", f"stack check: {n}") for n in notes)]
+
+
 def evaluate(report: dict, t: Target) -> list[Check]:
     """The probe's report against the profile and plan."""
     p, rows = t.profile, []
@@ -195,6 +207,7 @@ def evaluate(report: dict, t: Target) -> list[Check]:
     cuda = cuda_check(torch_cuda, g.get("driver_cuda"))
     if cuda:
         rows.append(cuda)
+    rows += stack_rows(report.get("stack_check"))
     rows += [Check("note", "info", n) for n in t.notes]
     return rows
 

@@ -106,6 +106,31 @@ def stack(python: str, env_setup: list[str], workdir: str | None, modules: tuple
     return {"error": f"{python} did not run (exit {proc.returncode}): {tail}", "modules": {}}
 
 
+def stack_check(spec: dict, timeout: float) -> dict | None:
+    """The job's own stack check (stack.py, its source sent in the spec) run by the training Python:
+    its exit code and its `stack:` lines; None when the spec has none (no run config)."""
+    files = spec.get("stack_files")
+    if not files:
+        return None
+    with tempfile.TemporaryDirectory(prefix="hpcrl-stack-") as tmp:
+        for name, src in files.items():
+            with open(os.path.join(tmp, name), "w") as fh:
+                fh.write(src)
+        lines = list(spec.get("env_setup") or [])
+        if spec.get("workdir"):
+            lines.append(f"cd {spec['workdir']} 2>/dev/null || true")
+        words = [os.path.join(tmp, "stack.py"), "--expect", json.dumps(spec["stack_expect"]), "--",
+                 *spec.get("stack_argv", [])]
+        lines.append(f"exec {spec.get('python') or 'python'} {' '.join(map(shlex.quote, words))}")
+        try:
+            proc = subprocess.run(["bash", "-c", "\n".join(lines)], capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return {"rc": None, "lines": [f"stack: the check did not finish within {timeout:.0f} s"]}
+    found = [line for line in proc.stdout.splitlines() if line.startswith("stack:")]
+    return {"rc": proc.returncode, "lines": found or [f"stack: no answer (exit {proc.returncode}): "
+                                                      + (proc.stderr.strip().splitlines() or [""])[-1][:200]]}
+
+
 def _job_nodes() -> list[str]:
     """The job's nodes in Slurm's order (submitit expands SLURM_JOB_NODELIST)."""
     try:
@@ -191,6 +216,7 @@ def probe(spec: dict) -> dict:
         "stack": stack(spec.get("python") or "python", spec.get("env_setup") or [], spec.get("workdir"),
                        tuple(spec.get("modules") or STACK), float(spec.get("import_timeout_s", 300))),
     }
+    report["stack_check"] = stack_check(spec, float(spec.get("stack_timeout_s", 600)))
     report["collective"] = collective(spec, float(spec.get("collective_timeout_s", 900)))
     return report
 

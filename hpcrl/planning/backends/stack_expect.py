@@ -1,0 +1,101 @@
+"""What a run's training environment must hold: the expectation the job's stack check reads.
+
+Pure. From a backend, the framework version the run targets (versions.py) and its install facts
+(data/stack.json, each with path:line at the version's commit), `expectation` builds the JSON that
+`python3 -m hpcrl.runtime.stack --expect ...` checks in the job before Ray starts, and that
+`hpcrl preflight --config` checks on the cluster. hpcrl's own needs (Ray's token authentication)
+come in as arguments, with their reason.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from hpcrl.planning.backends.versions import resolve
+
+if TYPE_CHECKING:
+    from hpcrl.planning.run_types import RunConfig
+
+# open-instruct's legacy argument layout is the table of this commit (versions.json).
+_LEGACY_OPEN_INSTRUCT = "1611e3df"
+
+_DATA = Path(__file__).with_name("data")
+
+
+@lru_cache(maxsize=1)
+def _facts() -> dict[str, Any]:
+    return json.loads((_DATA / "stack.json").read_text())
+
+
+def has_facts(backend: str) -> bool:
+    """Whether hpcrl knows what `backend`'s install asks for (not for custom scripts)."""
+    return backend in _facts() and not backend.startswith("_")
+
+
+def expectation(backend: str, version: str | None = None, *, arch: str | None = None,
+                ray_min: str | None = None, ray_min_why: str = "") -> dict[str, Any] | None:
+    """The stack check's expectation for a run of `backend` at `version` (None: the default) on a
+    node of `arch` (the profile's node.arch); None for a backend without install facts.
+
+    ray_min: the lowest Ray the job script itself accepts (hpcrl's token authentication), checked
+    beside the framework's own pin."""
+    if not has_facts(backend):
+        return None
+    v = resolve(backend, version)
+    facts = _facts()[backend].get(v.commit)
+    if facts is None:
+        return None
+    at = f"at {v.commit[:8]}"
+    packages = [dict(p, source=f"{p['source']} {at}") for p in facts["packages"]]
+    for p in packages:
+        if "when" in p:
+            p["when"] = dict(p["when"], source=f"{p['when']['source']} {at}")
+    if ray_min:
+        packages.append({"name": "ray", "dists": ["ray"], "module": "ray", "spec": f">={ray_min}", "by": "hpcrl",
+                         "source": ray_min_why or "hpcrl"})
+    cuda = facts.get("torch_cuda")
+    if cuda and cuda.get("arch") not in (None, arch):
+        cuda = None  # the version's install gets that CUDA build only on the named architecture
+    python = facts.get("python")
+    return {
+        "schema": 1,
+        "backend": backend,
+        "version": v.label(),
+        "commit": v.commit,
+        "framework": facts["packages"][0]["name"],
+        "python": dict(python, source=f"{python['source']} {at}") if python else None,
+        "packages": packages,
+        "torch_cuda": dict(cuda, source=f"{cuda['source']} {at}") if cuda else None,
+        "parser": dict(facts["parser"]) if facts.get("parser") else None,
+    }
+
+
+def run_version(cfg: RunConfig) -> str | None:
+    """The framework version a run config targets: hpcrl.framework_version where the config has it,
+    open-instruct's legacy layout's commit, else None (the newest known)."""
+    named = getattr(cfg.hpcrl, "framework_version", None)
+    if named:
+        return str(named)
+    if cfg.hpcrl.backend == "open-instruct" and cfg.hpcrl.arg_layout == "legacy":
+        return _LEGACY_OPEN_INSTRUCT
+    return None
+
+
+def run_expectation(cfg: RunConfig, arch: str, ray_min: tuple[int, ...] | None) -> dict[str, Any] | None:
+    """The expectation for a run config on a node of `arch`; ray_min: the lowest Ray the job script
+    accepts (rendering's RAY_TOKEN_MIN) where the backend brings up Ray, else None."""
+    need = ".".join(map(str, ray_min)) if ray_min else None
+    return expectation(cfg.hpcrl.backend, run_version(cfg), arch=arch, ray_min=need,
+                       ray_min_why=f"hpcrl: Ray below {need} ignores RAY_AUTH_MODE=token")
+
+
+def driver_argv(words: list[tuple[Any, ...]], run_dir: str) -> list[str]:
+    """The driver command's words (Backend.driver_command) as the job passes them, with `$RUN_DIR`
+    put in as the shell would."""
+    return [w.text.replace("$RUN_DIR", run_dir) if w.run_dir else w.text for line in words for w in line]
+
+
+__all__ = ["driver_argv", "expectation", "has_facts", "run_expectation", "run_version"]

@@ -16,7 +16,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import scontrol_job
+from helpers import scontrol_job
 
 from hpcrl.planning.backends import stack_expect, versions
 from hpcrl.rendering.render import RAY_TOKEN_MIN

@@ -119,7 +119,7 @@ def stack_spec(cfg: Any, rp: Any, arch: str, run_root: str) -> dict[str, Any]:
     argv = stack_expect.driver_argv(backend.driver_command(rp), f"{run_root}/preflight-run") if rp else []
     return {"stack_expect": expect, "stack_argv": argv, "stack_files": {Path(m.__file__).name: Path(m.__file__).read_text()
                                                                           for m in (stack, stack_parse)},
-            "modules": ["torch", *dict.fromkeys(p["module"] for p in expect["packages"])]}
+            "modules": list(dict.fromkeys(["torch", *(p["module"] for p in expect["packages"])]))}
 
 
 def _folder(explicit: str | None, t: Target) -> Path:

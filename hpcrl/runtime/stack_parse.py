@@ -1,6 +1,6 @@
 """The stack check's dry parse: the installed framework parses the driver's command line, nothing runs.
 
-    python stack_parse.py PARSER_JSON -- DRIVER ARGS...
+    python stack_parse.py PARSER_JSON -- DRIVER ARGS...   (hpcrl.runtime.stack_parse, run as a file)
 
 Run by hpcrl/runtime/stack.py in the training Python, as a file (no hpcrl import). PARSER_JSON is
 the expectation's `parser`:
@@ -103,6 +103,9 @@ def parse_hydra(parser: dict, argv: list[str]) -> str:
 
 
 def main(args: list[str]) -> int:
+    if not args or args[0] in ("-h", "--help"):
+        print(__doc__)
+        return 0 if args else NOT_RUN
     parser = json.loads(args[0])
     argv = args[args.index("--") + 1:] if "--" in args else []
     run = {"hydra": parse_hydra, "main-block": parse_main_block}[parser["kind"]]

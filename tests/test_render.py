@@ -89,7 +89,7 @@ SMOKE3 = dict(smoke=True, sets=["hpcrl.run_root=/tmp/hpcrl-e2e", 'hpcrl.time="00
 def test_golden_local_dev_smoke(tmp_path, shellcheck):
     text = render("local-dev", "grpo-olmo3-32b", 3, **SMOKE3)
     assert_golden("local-dev__smoke__3.sh", text)
-    assert re.search(r"^    python3 -m hpcrl\.runtime\.smoke --nodes 3 --gpus-per-node 4$", text, re.M)
+    assert re.search(r"^        python3 -m hpcrl\.runtime\.smoke --nodes 3 --gpus-per-node 4$", text, re.M)
     lint(text, tmp_path, shellcheck)
 
 
@@ -130,7 +130,7 @@ def test_deterministic(tmp_path):
 
 def driver_words(text: str) -> list[str]:
     """The words of the DRIVER=( ... ) array, parsed independently of the renderer."""
-    block = re.search(r"^DRIVER=\(\n(.*?)^\)$", text, re.S | re.M)
+    block = re.search(r"^ *DRIVER=\(\n(.*?)^ *\)$", text, re.S | re.M)
     assert block, "no DRIVER=( ... ) block"
     return shlex.split(block.group(1))
 
@@ -351,8 +351,8 @@ case "$1 $2" in
         sleep "${STUB_DRIVER_SLEEP:-0}" & wait $!
         exit "${STUB_DRIVER_EXIT:-0}" ;;
     "-m hpcrl.runtime.classify") exec "$STUB_REAL_PYTHON" "$@" ;;  # the real classifier
-    "- "*)  # the readiness poll: ready once every node's `ray start` ran
-        cat >/dev/null
+    "-m hpcrl.runtime.ray_ready"|"- "*)  # the readiness check: ready once every node's `ray start` ran
+        [[ $1 == - ]] && cat >/dev/null  # its source, fed to a container's python3
         for _ in $(seq 300); do
             ready=1; for n in $STUB_NODES; do [[ -e $STUB_OUT/ray-$n.argv ]] || ready=""; done
             [[ -n $ready ]] && exit 0

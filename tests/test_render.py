@@ -472,11 +472,28 @@ def wait_for(path: Path, timeout: float = 30) -> None:
         time.sleep(0.1)
 
 
+# The job's phases in order, as issue 22 names them; a script without Ray has no workers or readiness.
+PHASES = ["environment", "stack_check", "head", "workers", "readiness", "services", "driver", "stop"]
+
+
+def main_phases(text: str) -> list[str]:
+    main = re.search(r"^main\(\) \{\n(.*?)^\}", text, re.S | re.M)
+    assert main, "no main() in the script"
+    return re.findall(r"^    phase_(\w+)", main.group(1), re.M)
+
+
+def test_main_lists_the_phases():
+    assert main_phases(render("local-dev", "grpo-olmo3-7b", 3)) == PHASES
+    no_ray = (GOLDEN / "berzelius-fat__custom-ppo-qwen2.5-3b-qlora__gpus1.sh").read_text()  # test_custom renders it
+    assert main_phases(no_ray) == [p for p in PHASES if p not in ("workers", "readiness")]
+
+
 def test_stub_run_completes_and_records(tmp_path):
     stub = Stub(tmp_path, nodes=3)
     rc, out = stub.run(stub.render())
     run_dir = tmp_path / "runs" / "grpo-olmo3-7b"
     assert rc == 0, out
+    assert re.findall(r"^hpcrl: phase (\w+)$", out, re.M) == PHASES
     events = stub.events(run_dir)
     assert [e[1] for e in events] == ["start", "end"] and events[0][3] == "n1" and events[1][3] == "completed:0"
     assert all(e[0] == stub.job and re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", e[2]) for e in events)

@@ -41,11 +41,6 @@ SLURM_STATE_REASONS = {"COMPLETED": COMPLETED, "TIMEOUT": "timeout", "CANCELLED"
                        "PREEMPTED": "preempted", "FAILED": CRASHED}
 
 
-def end_reason(code: int) -> str:
-    """The end reason the batch script records for the driver's exit code."""
-    return END_REASONS.get(code, CRASHED)
-
-
 def breaker_exit_code(breaker: str) -> int:
     return BREAKERS[breaker][0]
 
@@ -53,11 +48,6 @@ def breaker_exit_code(breaker: str) -> int:
 def breaker_end_reason(breaker: str) -> str | None:
     entry = BREAKERS.get(breaker)
     return entry[1] if entry else None
-
-
-def continues(reason: str) -> str | None:
-    """Which kind of continuation a reason submits ("limit", "failure"), or None."""
-    return next((kind for kind, (reasons, _, _) in CONTINUATIONS.items() if reason in reasons), None)
 
 
 def reason_case(indent: str = "        ") -> str:
@@ -140,8 +130,8 @@ JOB_LOG, SLURM_LOG = "job-{job}.log", "slurm-{job}.out"
 
 def run_dir_layout() -> dict[str, str]:
     """The names the templates use, as one dict (render passes it as `layout`)."""
-    return {"meta": META, "logs": LOGS, "output": OUTPUT, "checkpoints": CHECKPOINTS, "jobs_tsv": JOBS_TSV,
-            "plan": PLAN, "script": SCRIPT, "driver_log": DRIVER_LOG, "restarts": RESTARTS,
-            "failure_restarts": FAILURE_RESTARTS, "cancel": CANCEL, "excluded_nodes": EXCLUDED_NODES,
-            "blame": BLAME.format(job="$SLURM_JOB_ID"), "driver_started": DRIVER_STARTED.format(job="$SLURM_JOB_ID"),
-            "job_log": JOB_LOG.format(job="$SLURM_JOB_ID")}
+    job = "$SLURM_JOB_ID"
+    return {"meta": META, "logs": LOGS, "subdirs": RUN_SUBDIRS, "jobs_tsv": JOBS_TSV, "plan": PLAN, "script": SCRIPT,
+            "driver_log": DRIVER_LOG, "cancel": CANCEL, "excluded_nodes": EXCLUDED_NODES,
+            "blame": BLAME.format(job=job), "driver_started": DRIVER_STARTED.format(job=job),
+            "job_log": JOB_LOG.format(job=job)}

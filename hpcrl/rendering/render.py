@@ -113,7 +113,7 @@ def _account(rp: RunPlan) -> str | None:
 def output_path(rp: RunPlan) -> str:
     """Slurm's --output: in the run directory when its path is known at submit time."""
     root, name = run_root(rp), rp.config.hpcrl.run_name
-    path = f"{root.rstrip('/')}/{name}/logs/slurm-%j.out"
+    path = f"{root.rstrip('/')}/{name}/{contract.LOGS}/{contract.SLURM_LOG.format(job='%j')}"
     if has_vars(root) or not _OUTPUT_PATH.match(f"{root}/{name}"):
         return f"hpcrl-{sanitize_name(name)}-%j.out"
     return path
@@ -386,7 +386,7 @@ def _contract_context() -> dict:
                   "client": c.CLIENT_PORT, "service": c.SERVICE_PORT, "service_slots": c.SERVICE_SLOTS,
                   "node": c.NODE_PORTS, "stride": c.NODE_STRIDE, "node_slots": c.NODE_SLOTS,
                   "node_flags": c.NODE_PORT_FLAGS},
-        "layout": {**c.run_dir_layout(), "subdirs": c.RUN_SUBDIRS},
+        "layout": c.run_dir_layout(),
     }
 
 

@@ -119,7 +119,7 @@ def sbatch_options(text: str) -> tuple[list[str], str]:
 
 def driver_words(text: str) -> list[str]:
     """The words of the DRIVER=( ... ) array, parsed independently of the renderer."""
-    block = re.search(r"^DRIVER=\(\n(.*?)^\)$", text, re.S | re.M)
+    block = re.search(r"^ *DRIVER=\(\n(.*?)^ *\)$", text, re.S | re.M)
     assert block, "no DRIVER=( ... ) block"
     return shlex.split(block.group(1))
 

@@ -64,8 +64,8 @@ case "$1 $2" in
         sleep "${STUB_DRIVER_SLEEP:-0}" & wait $!
         exit "${STUB_DRIVER_EXIT:-0}" ;;
     "-m hpcrl.runtime.classify") exec "$STUB_REAL_PYTHON" "$@" ;;  # the real classifier
-    "- "*)  # the readiness poll: ready once every node's `ray start` ran
-        cat >/dev/null
+    "-m hpcrl.runtime.ray_ready"|"- "*)  # the readiness check: ready once every node's `ray start` ran
+        [[ $1 == - ]] && cat >/dev/null  # its source, fed to a container's python3
         for _ in $(seq 300); do
             ready=1; for n in $STUB_NODES; do [[ -e $STUB_OUT/ray-$n.argv ]] || ready=""; done
             [[ -n $ready ]] && exit 0

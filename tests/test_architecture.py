@@ -14,7 +14,7 @@ import pytest
 PKG = Path(__file__).resolve().parents[1] / "hpcrl"
 
 # hpcrl/'s own top-level modules: what every layer may use (plus __main__, which runs the CLI).
-FOUNDATION = {"__init__", "errors", "resources", "yamlfile", "shell", "profiles"}
+FOUNDATION = {"__init__", "errors", "resources", "yamlfile", "shell", "profiles", "contract"}
 MAX_TOP_LEVEL_MODULES = 8
 # Each subpackage and what it may import besides the foundation: the layers of README's layout.
 MAY_IMPORT = {
@@ -38,8 +38,8 @@ FORBIDDEN = {"subprocess", "hpcrl.jobs", "hpcrl.cli", "hpcrl.runtime", "sqlite3"
 HEAVY = {"torch", "ray", "vllm", "deepspeed", "transformers", "matplotlib"}
 # In-job tools the scripts run as `python3 -m hpcrl.runtime.X` where only the standard library may
 # be installed (gpumon needs nvidia-ml-py and says so).
-STDLIB_RUNTIME = ["classify", "preflight_collective", "preflight_gpu", "preflight_link", "preflight_probe", "smoke",
-                  "stack", "stack_parse", "wait_http", "watchdog"]
+STDLIB_RUNTIME = ["classify", "preflight_collective", "preflight_gpu", "preflight_link", "preflight_probe",
+                  "ray_ready", "smoke", "stack", "stack_parse", "wait_http", "watchdog"]
 
 
 def _modules(entry: str) -> list[Path]:

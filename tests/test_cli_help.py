@@ -80,7 +80,7 @@ RUNTIME_TOOLS = sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "h
 
 
 def test_every_in_job_tool_is_walked():
-    assert {"watchdog", "gpumon", "smoke", "preflight_probe", "classify", "wait_http"} <= set(RUNTIME_TOOLS)
+    assert {"watchdog", "gpumon", "smoke", "preflight_probe", "classify", "wait_http", "ray_ready"} <= set(RUNTIME_TOOLS)
 
 
 @pytest.mark.parametrize("tool", RUNTIME_TOOLS)

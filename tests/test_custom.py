@@ -73,7 +73,7 @@ def test_partial_node_request(rendered, gpus):
     assert "--exclusive" not in opts and not any(o.startswith(("--mem", "--gpus-per-node", "--gres")) for o in opts)
     assert "--constraint=fat" in opts
     assert "ray start" not in text and "RAY_AUTH_MODE" not in text and not re.search(r"^\s*srun ", text, re.M)
-    launch = re.search(r'^    "\$PYTHON" (.*)"\$ENTRY_POINT"$', text, re.M)
+    launch = re.search(r'^ +"\$PYTHON" (.*)"\$ENTRY_POINT"$', text, re.M)
     assert launch, "no launch line"
     if gpus == 2:
         assert launch.group(1) == "-m torch.distributed.run --standalone --nnodes=1 --nproc-per-node=2 "

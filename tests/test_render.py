@@ -25,7 +25,7 @@ import pytest
 
 from hpcrl.planning.run_plan import make_run_plan
 from hpcrl.rendering.render import render_script
-from helpers import assert_golden, driver_words, expected_sbatch, lint, sbatch_options
+from helpers import GOLDEN, assert_golden, driver_words, expected_sbatch, lint, sbatch_options
 from stub_run import Stub, wait_for, yq
 
 DATA = Path(__file__).with_name("data")
@@ -86,7 +86,7 @@ def test_local_dev_smoke_render(tmp_path, shellcheck):
     opts, signal = sbatch_options(text)
     want = expected_sbatch("local-dev", "grpo-olmo3-32b", 3, "/tmp/hpcrl-e2e/grpo-olmo3-32b/logs/slurm-%j.out")
     assert opts == [o.replace("--time=01:00:00", "--time=00:05:00") for o in want]
-    assert re.search(r"^    python3 -m hpcrl\.runtime\.smoke --nodes 3 --gpus-per-node 4$", text, re.M)
+    assert re.search(r"^        python3 -m hpcrl\.runtime\.smoke --nodes 3 --gpus-per-node 4$", text, re.M)
     lint(text, tmp_path, shellcheck)
 
 
@@ -307,6 +307,21 @@ def test_output_file_mode_0755_and_atomic(tmp_path):
 
 # --------------------------------------------------------------------------- stub runs
 
+# The job's phases in order, as issue 22 names them; a script without Ray has no workers or readiness.
+PHASES = ["environment", "stack_check", "head", "workers", "readiness", "services", "driver", "stop"]
+
+
+def main_phases(text: str) -> list[str]:
+    main = re.search(r"^main\(\) \{\n(.*?)^\}", text, re.S | re.M)
+    assert main, "no main() in the script"
+    return re.findall(r"^    phase_(\w+)", main.group(1), re.M)
+
+
+def test_main_lists_the_phases():
+    assert main_phases(render("local-dev", "grpo-olmo3-7b", 3)) == PHASES
+    no_ray = (GOLDEN / "berzelius-fat__custom-ppo-qwen2.5-3b-qlora__gpus1.sh").read_text()  # test_custom renders it
+    assert main_phases(no_ray) == [p for p in PHASES if p not in ("workers", "readiness")]
+
 
 def test_stub_run_completes_and_records(tmp_path):
     stub = Stub(tmp_path, nodes=3)
@@ -316,6 +331,7 @@ def test_stub_run_completes_and_records(tmp_path):
     rc, out = stub.run(stub.render())
     run_dir = tmp_path / "runs" / "grpo-olmo3-7b"
     assert rc == 0, out
+    assert re.findall(r"^hpcrl: phase (\w+)$", out, re.M) == PHASES
     events = stub.events(run_dir)
     assert [e[1] for e in events] == ["start", "end"] and events[0][3] == "n1" and events[1][3] == "completed:0"
     assert all(e[0] == stub.job and re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", e[2]) for e in events)

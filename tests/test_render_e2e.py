@@ -95,11 +95,21 @@ def fault_bin(tmp_path: Path, **programs: str) -> Path:
     return fault
 
 
+# The job's phases in order, as issue 22 names them.
+PHASES = ["environment", "stack_check", "head", "workers", "readiness", "services", "driver", "stop"]
+
+
 def test_smoke_job_three_nodes(tmp_path, run_sbatch_and_wait, leftovers):
     script, run_dir = render(tmp_path)
     job = run_sbatch_and_wait(script, 600)
     log = (run_dir / "logs" / f"job-{job.job_id}.log").read_text()
     assert job.state == "COMPLETED", log
+    # main lists the phases; each logs its marker once (Slurm's output has them all: the job log
+    # begins with the run directory, inside the first phase).
+    main = re.search(r"^main\(\) \{\n(.*?)^\}", script.read_text(), re.S | re.M)
+    assert main and re.findall(r"^    phase_(\w+)", main.group(1), re.M) == PHASES
+    assert re.findall(r"^hpcrl: phase (\w+)$", job.output, re.M) == PHASES
+    assert re.findall(r"^hpcrl: phase (\w+)$", log, re.M) == PHASES[1:]
     assert "hpcrl-smoke: ok nodes=3 gpus=12 " in log
     learners, engines, tp = planned(script)
     entries = [int(k) for k in learners.split()]

@@ -19,6 +19,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
+from hpcrl.contract import COMPLETED, CRASHED, SLURM_STATE_REASONS
 from hpcrl.errors import ConfigError, HpcrlError, SlurmError
 from hpcrl.jobs import slurm
 from hpcrl.jobs.registry import Job, Registry, Run, dir_identity, now
@@ -29,9 +30,6 @@ if TYPE_CHECKING:
     from hpcrl.jobs.run_script import RunScript
 
 SUBMIT_STALE_S = 600  # a run still `submitting` after this long lost its submitting process
-# Slurm's terminal state -> run reason, for a job that ended without writing its `end` line.
-_SLURM_REASON = {"COMPLETED": "completed", "TIMEOUT": "timeout", "CANCELLED": "cancelled",
-                 "PREEMPTED": "preempted", "FAILED": "crashed"}
 
 
 # --------------------------------------------------------------------------- submission
@@ -230,9 +228,9 @@ def _job_row(job: Job, state: slurm.JobState | None, ev: JobEvents, rd: RunDir |
     if ev.end_reason:
         reason = ev.end_reason
     elif terminal:
-        reason = _SLURM_REASON.get(new_state, new_state.lower())
+        reason = SLURM_STATE_REASONS.get(new_state, new_state.lower())
         # No end line at all: a run dir the job could not write explains it better than "crashed".
-        if rd is not None and reason in ("crashed", "failed") and (problem := run_dir_problem(rd)):
+        if rd is not None and reason in (CRASHED, "failed") and (problem := run_dir_problem(rd)):
             reason = problem
     else:
         reason = state.reason if state else job.reason  # Slurm's pending reason (Priority, ...)
@@ -250,7 +248,7 @@ def _run_state(run: Run, rd: RunDir) -> tuple[str, str]:
     if last.state in slurm.RUNNING_STATES:
         return "running", "cancelling" if rd.cancel.exists() else ""
     reason = last.reason or "unknown"
-    if rd.cancel.exists() and reason != "completed":
+    if rd.cancel.exists() and reason != COMPLETED:
         reason = "cancelled"
     return "ended", reason
 

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hpcrl import contract
 from hpcrl.errors import HpcrlError, SlurmError
 from hpcrl.jobs import node_excludes
 from hpcrl.jobs import slurm
@@ -161,13 +162,13 @@ def run_probe(t: Target, *, nodes: int = 1, folder: str | None = None, wait_s: f
     ex = submitit.SlurmExecutor(folder=str(where), max_num_timeout=0)
     p = t.profile
     params: dict[str, Any] = {"job_name": "hpcrl-preflight", "time": time_min, "nodes": nodes, "ntasks_per_node": 1}
-    gpus = p.gpu.count_per_node
-    if p.slurm.gpu_request == "gres":
-        params["gres"] = f"gpu:{gpus}"
-    elif p.slurm.gpu_request == "gpus":
-        params["additional_parameters"] = {"gpus": gpus * nodes}
+    # The GPUs in the site's style, as the rendered script asks (hpcrl/contract.py); submitit has no --gpus.
+    name, value = contract.gpu_request(p.slurm.gpu_request, p.gpu.count_per_node, nodes)
+    number = int(value) if value.isdigit() else value
+    if name == "gpus":
+        params["additional_parameters"] = {"gpus": number}
     else:
-        params["gpus_per_node"] = gpus
+        params[name.replace("-", "_")] = number
     for key, value in (("partition", t.partition), ("account", t.account), ("qos", t.qos),
                        ("constraint", p.slurm.constraint), ("exclude", ",".join(t.exclude))):
         if value:
@@ -176,7 +177,7 @@ def run_probe(t: Target, *, nodes: int = 1, folder: str | None = None, wait_s: f
         params["exclusive"] = True
     ex.update_parameters(**params)
     # By value, so the compute node needs only submitit, not this hpcrl.
-    for mod in (preflight_gpu, preflight_probe):
+    for mod in (preflight_gpu, preflight_probe, contract):
         cloudpickle.register_pickle_by_value(mod)
     old_umask = os.umask(0o077)  # the pickle holds the collective's secret: this user's eyes only
     try:
@@ -186,7 +187,7 @@ def run_probe(t: Target, *, nodes: int = 1, folder: str | None = None, wait_s: f
         raise SlurmError(f"sbatch refused the preflight job: {text[-1] if text else exc}") from None
     finally:
         os.umask(old_umask)
-        for mod in (preflight_gpu, preflight_probe):
+        for mod in (preflight_gpu, preflight_probe, contract):
             cloudpickle.unregister_pickle_by_value(mod)
     tasks = [job.task(i) for i in range(nodes)] if nodes > 1 else [job]
     _wait(job.job_id, [tk.paths.result_pickle for tk in tasks], wait_s, job.paths.stderr)

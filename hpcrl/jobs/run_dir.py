@@ -10,38 +10,39 @@ import os
 from pathlib import Path
 from typing import NamedTuple
 
+from hpcrl import contract as C
 from hpcrl.jobs.registry import now
 
 
 class RunDir:
-    """Paths of one run directory (docs/run-dir.md)."""
+    """Paths of one run directory (docs/run-dir.md; the names are hpcrl/contract.py's)."""
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
-        self.meta = self.path / "hpcrl"
-        self.script = self.meta / "job.sbatch"
-        self.plan = self.meta / "plan.json"
-        self.jobs_tsv = self.meta / "jobs.tsv"
-        self.restarts = self.meta / "restarts"
-        self.cancel = self.meta / "cancel"
+        self.meta = self.path / C.META
+        self.script = self.meta / C.SCRIPT
+        self.plan = self.meta / C.PLAN
+        self.jobs_tsv = self.meta / C.JOBS_TSV
+        self.restarts = self.meta / C.RESTARTS
+        self.cancel = self.meta / C.CANCEL
 
     def log(self, job_id: str) -> Path:
-        return self.path / "logs" / f"job-{job_id}.log"
+        return self.path / C.LOGS / C.JOB_LOG.format(job=job_id)
 
     def any_log(self, job_id: str) -> Path:
         """The job's log, else Slurm's own output file (a job that failed before its log began)."""
         log = self.log(job_id)
-        slurm_out = self.path / "logs" / f"slurm-{job_id}.out"
+        slurm_out = self.path / C.LOGS / C.SLURM_LOG.format(job=job_id)
         return slurm_out if not log.exists() and slurm_out.exists() else log
 
     def create(self, mode: int | None = None) -> None:
         """The run directory and its sub-directories; with mode, the run directory and the ones
         holding logs and the Ray token get exactly that mode (the parents keep theirs)."""
         self.path.mkdir(parents=True, exist_ok=True)
-        for sub in ("hpcrl", "logs", "output", "checkpoints"):
+        for sub in C.RUN_SUBDIRS:
             (self.path / sub).mkdir(exist_ok=True)
         if mode is not None:
-            for d in (self.path, self.meta, self.path / "logs"):
+            for d in (self.path, self.meta, self.path / C.LOGS):
                 d.chmod(mode)
 
     def append_event(self, job_id: str, event: str, detail: str = "-") -> None:
@@ -53,12 +54,12 @@ class RunDir:
         return self._count(self.restarts)
 
     def failure_restart_count(self) -> int:
-        return self._count(self.meta / "failure-restarts")
+        return self._count(self.meta / C.FAILURE_RESTARTS)
 
     def excluded_nodes(self) -> list[str]:
         """Nodes failure continuations excluded (hpcrl/excluded-nodes), in order, once each."""
         try:
-            return list(dict.fromkeys(self.meta.joinpath("excluded-nodes").read_text().split()))
+            return list(dict.fromkeys(self.meta.joinpath(C.EXCLUDED_NODES).read_text().split()))
         except OSError:
             return []
 
@@ -112,14 +113,14 @@ RAY_LOG_NAMES = ("raylet.out", "raylet.err", "gcs_server.out", "gcs_server.err",
 def kept_ray_logs(rd: RunDir, tail_lines: int = 300) -> list[tuple[str, str]]:
     """(path relative to the run dir, last lines) of the Ray logs the newest job kept per node in
     logs/ray/<job>/<node>/, and of its worker output files: what diagnose reads beside the driver's log."""
-    root = rd.path / "logs" / "ray"
+    root = rd.path / C.LOGS / "ray"
     jobs = sorted((d for d in root.iterdir() if d.is_dir() and d.name.isdigit()), key=lambda d: int(d.name)) \
         if root.is_dir() else []
     files: list[Path] = []
     if jobs:
         files += [f for node in sorted(jobs[-1].iterdir()) if node.is_dir() for f in sorted(node.rglob("*"))
                   if f.is_file() and (f.name in RAY_LOG_NAMES or f.suffix == ".err")]
-        files += sorted((rd.path / "logs").glob(f"worker-*-{jobs[-1].name}.log"))
+        files += sorted((rd.path / C.LOGS).glob(f"worker-*-{jobs[-1].name}.log"))
     out = []
     for f in files:
         try:
@@ -135,7 +136,7 @@ def run_dir_problem(rd: RunDir) -> str | None:
     filesystem turned read-only, a quota, permissions); None when it can."""
     if not rd.path.is_dir():
         return "run-dir-missing"
-    if not all(os.access(d, os.W_OK | os.X_OK) for d in (rd.path, rd.meta, rd.path / "logs") if d.exists()):
+    if not all(os.access(d, os.W_OK | os.X_OK) for d in (rd.path, rd.meta, rd.path / C.LOGS) if d.exists()):
         return "run-dir-unwritable"
     return None
 

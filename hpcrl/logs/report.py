@@ -15,15 +15,12 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import NamedTuple
 
+from hpcrl import contract as C
 from hpcrl.logs.checkpoints import find_checkpoints
 from hpcrl.logs.driver_log import StepParser
 
 SCHEMA_VERSION = 1
 MIB_PER_GIB = 1024.0
-# breaker.json reason -> the jobs.tsv end reason the batch script records for its exit code.
-BREAKER_END_REASON = {"zero_reward": "breaker-zero-reward", "nan_loss": "breaker-nan-loss",
-                      "hang": "breaker-hang", "engine_or_node_died": "breaker-dead-worker",
-                      "grad_norm_zero": "breaker-grad-norm", "zero_variance": "breaker-zero-variance"}
 # Metrics shown in the terminal summary after the step's reward and loss (whatever the framework
 # calls them: hpcrl.logs.driver_log's keys); all of them are in --json and --markdown.
 HEADLINE = ("training_step", "scores", "objective/scores", "objective/verifiable_reward",
@@ -111,8 +108,9 @@ def _job_rows(events: list[Event], ids: list[str], reg_jobs: dict[str, dict], ru
         reg_reason = (reg.get("ended") and reg.get("reason")) or None
         reason, _, code = end.detail.partition(":") if end else (reg_reason, "", "")
         exit_code = int(code) if code.lstrip("-").isdigit() else reg.get("exit_code")
-        log = next((p for p in (run_dir / "logs" / f"job-{jid}.log", run_dir / "logs" / f"slurm-{jid}.out")
-                    if p.exists()), None)
+        logs = run_dir / C.LOGS
+        log = next((p for p in (logs / C.JOB_LOG.format(job=jid), logs / C.SLURM_LOG.format(job=jid)) if p.exists()),
+                   None)
         rows.append({
             "seq": seq, "job_id": jid, "slurm_state": reg.get("state"), "head_node": start.detail if start else None,
             "submitted": submitted, "started": started, "ended": ended,
@@ -244,7 +242,7 @@ def _memory_rows(gpus: list[dict], pred: dict | None) -> list[dict]:
 def last_metrics(run_dir: Path, logs: list[str], reward_keys: list[str] | None = None) -> dict | None:
     """The last training step of the newest job log that has one (then hpcrl/driver.log), read as the
     watchdog reads it (with the run's own reward keys, when its plan names them)."""
-    candidates = [run_dir / p for p in reversed(logs)] + [run_dir / "hpcrl" / "driver.log"]
+    candidates = [run_dir / p for p in reversed(logs)] + [run_dir / C.META / C.DRIVER_LOG]
     for path in candidates:
         if not path.is_file():
             continue
@@ -264,7 +262,7 @@ def last_metrics(run_dir: Path, logs: list[str], reward_keys: list[str] | None =
 def read_breaker(hp_dir: Path, since: datetime | None) -> dict | None:
     """breaker.json, unless it is older than this chain (an earlier run's)."""
     try:
-        data = json.loads((hp_dir / "breaker.json").read_text())
+        data = json.loads((hp_dir / C.BREAKER).read_text())
     except (OSError, ValueError):
         return None
     when = parse_time(data.get("time"))
@@ -275,8 +273,8 @@ def read_breaker(hp_dir: Path, since: datetime | None) -> dict | None:
 
 def build_report(run_dir: Path, run: dict | None = None) -> dict:
     """The report of the run in `run_dir`; `run` is its registry row (Run.to_dict()) when known."""
-    hp = run_dir / "hpcrl"
-    events = read_events(hp / "jobs.tsv")
+    hp = run_dir / C.META
+    events = read_events(hp / C.JOBS_TSV)
     reg_jobs = {j["job_id"]: j for j in (run or {}).get("jobs", [])}
     ids = chain_ids(events, list(reg_jobs))
     jobs = _job_rows(events, ids, reg_jobs, run_dir)
@@ -284,7 +282,7 @@ def build_report(run_dir: Path, run: dict | None = None) -> dict:
     since = min(starts) if starts else parse_time((run or {}).get("created"))  # a run not started yet
     other = sorted({e.job for e in events} - set(ids), key=lambda j: (len(j), j))
     try:
-        plan = json.loads((hp / "plan.json").read_text())
+        plan = json.loads((hp / C.PLAN).read_text())
     except (OSError, ValueError):
         plan = None
     pred = predictions(plan if isinstance(plan, dict) else None)
@@ -293,7 +291,7 @@ def build_report(run_dir: Path, run: dict | None = None) -> dict:
     last = jobs[-1] if jobs else None
     reason = (last and last["end_reason"]) or (run or {}).get("reason") or None
     if breaker and not reason:
-        reason = BREAKER_END_REASON.get(breaker.get("reason"), breaker.get("reason"))
+        reason = C.breaker_end_reason(breaker.get("reason")) or breaker.get("reason")
     ended = bool(last and last["end_reason"] and not last["next_job"])
     state = run.get("state") if run else ("ended" if ended else "unknown")  # no Slurm query here
     nodes: dict[str, dict] = {}

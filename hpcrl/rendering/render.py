@@ -15,7 +15,7 @@ from pathlib import Path
 
 import jinja2
 
-from hpcrl import __version__
+from hpcrl import __version__, contract
 from hpcrl.errors import ConfigError
 from hpcrl.memory import constants as C
 from hpcrl.planning import walltime
@@ -113,7 +113,7 @@ def _account(rp: RunPlan) -> str | None:
 def output_path(rp: RunPlan) -> str:
     """Slurm's --output: in the run directory when its path is known at submit time."""
     root, name = run_root(rp), rp.config.hpcrl.run_name
-    path = f"{root.rstrip('/')}/{name}/logs/slurm-%j.out"
+    path = f"{root.rstrip('/')}/{name}/{contract.LOGS}/{contract.SLURM_LOG.format(job='%j')}"
     if has_vars(root) or not _OUTPUT_PATH.match(f"{root}/{name}"):
         return f"hpcrl-{sanitize_name(name)}-%j.out"
     return path
@@ -144,8 +144,7 @@ def sbatch_options(rp: RunPlan) -> list[str]:
     hp, slurm, g = rp.config.hpcrl, rp.profile.slurm, rp.profile.gpu.count_per_node
     n = rp.nodes
     opts = [f"--job-name=hpcrl-{sanitize_name(hp.run_name)}", f"--nodes={n}", "--ntasks-per-node=1"]
-    opts.append({"gpus-per-node": f"--gpus-per-node={g}", "gpus": f"--gpus={n * g}", "gres": f"--gres=gpu:{g}"}[
-        slurm.gpu_request])
+    opts.append(contract.gpu_request_option(slurm.gpu_request, g, n))
     if rp.profile.job_gpus:
         opts += partial_node_options(rp.profile)
     elif slurm.exclusive:
@@ -307,7 +306,9 @@ def _context(rp: RunPlan, smoke: bool) -> dict:
         "smoke": smoke,
         "nodes": rp.nodes,
         "gpus": prof.gpu.count_per_node,
-        "gpu_request": prof.slurm.gpu_request,
+        # The worker step asks for the GPUs of every node but the head.
+        "worker_gpu_request": contract.gpu_request_option(prof.slurm.gpu_request, prof.gpu.count_per_node,
+                                                          rp.nodes - 1) if rp.nodes > 1 else "",
         "ray_cpus": prof.ray.num_cpus_per_node,
         "object_store_bytes": int(prof.ray.object_store_gib * C.GIB) if prof.ray.object_store_gib else None,
         "join_timeout_s": prof.ray.join_timeout_s,
@@ -365,6 +366,24 @@ def _context(rp: RunPlan, smoke: bool) -> dict:
         "rendered_exclude": ",".join(exclude_nodes(rp)),
         "ray_start_attempts": RAY_START_ATTEMPTS,
         "ray_log_keep_mib": prof.ray.log_keep_mib,
+        **_contract_context(),
+    }
+
+
+def _contract_context() -> dict:
+    """The job contract's tables and names, as the templates read them (hpcrl/contract.py)."""
+    c = contract
+    return {
+        "reason_case": c.reason_case(),
+        "continue_case": c.continue_case(),
+        "crashed": c.CRASHED,
+        "ray_died": c.RAY_DIED,
+        "breaker_codes": ", ".join(str(code) for code, _ in sorted(c.BREAKERS.values())),
+        "ports": {"base": c.port_base_shell(), "block": c.PORT_BLOCK, "gcs": c.GCS_PORT, "dashboard": c.DASHBOARD_PORT,
+                  "client": c.CLIENT_PORT, "service": c.SERVICE_PORT, "service_slots": c.SERVICE_SLOTS,
+                  "node": c.NODE_PORTS, "stride": c.NODE_STRIDE, "node_slots": c.NODE_SLOTS,
+                  "node_flags": c.NODE_PORT_FLAGS},
+        "layout": c.run_dir_layout(),
     }
 
 

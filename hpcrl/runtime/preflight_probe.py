@@ -1,7 +1,7 @@
 """The preflight probe: runs on every node of the job (through submitit) and reports what it finds.
 
-Standard library only at import time (it and preflight_gpu are pickled by value, so the node
-needs no hpcrl); nvidia-ml-py is imported inside, and the training stack is imported in the
+Standard library only at import time (it, preflight_gpu and hpcrl.contract are pickled by value,
+so the node needs no hpcrl); nvidia-ml-py is imported inside, and the training stack is imported in the
 training environment's own Python, in a subprocess, so a broken torch cannot take the probe
 down. The collective check (preflight_collective.py and preflight_link.py, their sources sent
 in the spec) runs there too, once per node, after this node's own checks.
@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 
+from hpcrl.contract import COLLECTIVE_PORT, port_base
 from hpcrl.runtime.preflight_gpu import gpus, node_name
 
 GIB = 1024**3
@@ -174,8 +175,8 @@ def collective(spec: dict, timeout: float) -> dict:
     job = int(os.environ.get("SLURM_JOB_ID", "0") or 0)
     args = {"node": me, "node_rank": rank, "nnodes": len(nodes), "nodes": nodes, "master_addr": addrs[nodes[0]],
             "my_addr": addrs.get(me, "127.0.0.1"),
-            # The job's block of ports, as the rendered scripts pick it (ray.sh.j2); +97/+98 are unused by Ray.
-            "port": 10000 + job % 200 * 100 + 97, **spec.get("collective_args", {})}
+            # In the job's block of ports (hpcrl/contract.py), where Ray would not listen.
+            "port": port_base(job) + COLLECTIVE_PORT, **spec.get("collective_args", {})}
     with tempfile.TemporaryDirectory(prefix="hpcrl-preflight-") as tmp:
         for name, src in files.items():  # the script and its link module, side by side
             with open(os.path.join(tmp, name), "w") as fh:

@@ -3,23 +3,24 @@
 Runs CMD in its own process group, tees its stdout/stderr to the console and to a log in the
 run directory, reads each training step's metrics from that output (hpcrl.logs.driver_log.StepParser)
 and stops the run - SIGTERM to the group, SIGKILL after a grace period - writing
-D/hpcrl/breaker.json when:
+D/hpcrl/breaker.json and exiting with the breaker's code (hpcrl/contract.py; --help lists them) when:
 
-  90  the mean reward is exactly 0 for K consecutive steps (--zero-reward-steps, default 10)
-  91  a loss is NaN or infinite
-  92  no training step completes for M minutes (--hang-minutes; before the first step
-      --startup-minutes, since model loading and engine start-up take long)
-  93  a vLLM engine or Ray node/actor dies (and the driver does not finish cleanly within
-      --death-grace-seconds)
-  96  the gradient norm is at most --grad-norm-floor for N consecutive steps (--grad-norm-steps,
-      default 20; 0 turns it off): the policy no longer changes
-  97  every group of samples had zero reward variance for N consecutive steps
-      (--zero-variance-steps, default 20; 0 turns it off): GRPO's advantages are all zero
+  zero_reward          the mean reward is exactly 0 for K consecutive steps (--zero-reward-steps,
+                       default 10)
+  nan_loss             a loss is NaN or infinite
+  hang                 no training step completes for M minutes (--hang-minutes; before the first
+                       step --startup-minutes, since model loading and engine start-up take long)
+  engine_or_node_died  a vLLM engine or Ray node/actor dies (and the driver does not finish cleanly
+                       within --death-grace-seconds)
+  grad_norm_zero       the gradient norm is at most --grad-norm-floor for N consecutive steps
+                       (--grad-norm-steps, default 20; 0 turns it off): the policy no longer changes
+  zero_variance        every group of samples had zero reward variance for N consecutive steps
+                       (--zero-variance-steps, default 20; 0 turns it off): GRPO's advantages are all zero
 
 The reward is the first known reward key a step logs (hpcrl.logs.driver_log.REWARD_KEYS), or the
 first of --reward-key KEY (repeatable) when given; --reward-std-key KEY (repeatable) adds keys
 whose exact 0 means zero reward variance; --loss-key KEY (repeatable) adds losses whose NaN or
-infinity trips 91. Steps are read from the frameworks' own step lines
+infinity trips nan_loss. Steps are read from the frameworks' own step lines
 and from JSON metric lines (one object per line).
 
 Otherwise it exits with the driver's own code (128+N when a signal N ended it). SIGTERM,
@@ -47,10 +48,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO
 
+from hpcrl.contract import BREAKER, BREAKERS, DRIVER_LOG, META, breaker_exit_code
 from hpcrl.logs.driver_log import StepParser, death_line
 
-EXIT_CODES = {"zero_reward": 90, "nan_loss": 91, "hang": 92, "engine_or_node_died": 93, "grad_norm_zero": 96,
-              "zero_variance": 97}
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 # Forwarded signals that ask the driver to stop: SIGKILL follows after --kill-grace-seconds.
 STOPPING = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -65,7 +65,7 @@ class Trip:
 
     @property
     def exit_code(self) -> int:
-        return EXIT_CODES[self.reason]
+        return breaker_exit_code(self.reason)
 
 
 class Breaker:
@@ -179,11 +179,11 @@ def write_breaker(path: Path, trip: Trip, **extra: object) -> None:
 def run(cmd: list[str], run_dir: Path, breaker: Breaker, *, log_path: Path | None = None,
         kill_grace_s: float = 30.0, drain_s: float = 5.0) -> int:
     """Run cmd under the breaker; the exit code the watchdog should exit with."""
-    hp = run_dir / "hpcrl"
+    hp = run_dir / META
     hp.mkdir(parents=True, exist_ok=True)
-    breaker_path = hp / "breaker.json"
+    breaker_path = hp / BREAKER
     _archive_old_breaker(breaker_path)
-    log_path = log_path or hp / "driver.log"
+    log_path = log_path or hp / DRIVER_LOG
     env = {**os.environ, "PYTHONUNBUFFERED": os.environ.get("PYTHONUNBUFFERED", "1")}
     try:
         # Its own process group (signals reach the driver and its children, not the watchdog),
@@ -282,11 +282,13 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write("hpcrl-watchdog: error: give the command after --, e.g. --run-dir D -- python train.py\n")
         return 2
     p = argparse.ArgumentParser(prog="python -m hpcrl.runtime.watchdog", description=__doc__.split("\n")[0],
-                                usage="%(prog)s --run-dir DIR [options] -- CMD [ARG ...]")
+                                usage="%(prog)s --run-dir DIR [options] -- CMD [ARG ...]",
+                                epilog="exit codes of the breakers: " + ", ".join(
+                                    f"{code} {name}" for name, (code, _) in BREAKERS.items()))
     p.add_argument("--run-dir", required=True, type=Path)
     p.add_argument("--zero-reward-steps", type=int, default=10)
     p.add_argument("--reward-key", action="append", default=[], help="the reward's metric key (repeatable, in order)")
-    p.add_argument("--loss-key", action="append", default=[], help="a loss key whose NaN trips 91 (repeatable)")
+    p.add_argument("--loss-key", action="append", default=[], help="a loss key whose NaN trips nan_loss (repeatable)")
     p.add_argument("--reward-std-key", action="append", default=[], help="a key whose exact 0 is zero reward variance")
     p.add_argument("--grad-norm-steps", type=int, default=20, help="steps of a ~0 gradient norm that trip (0: off)")
     p.add_argument("--grad-norm-floor", type=float, default=1e-6)

@@ -30,6 +30,7 @@
 #SBATCH --no-requeue
 
 set -euo pipefail
+set -o errtrace  # the ERR trap below reports a failure inside the phase functions too
 # Files this job creates (run directory, logs, node-local directories) are the user's alone (umask 077).
 umask 077
 
@@ -39,6 +40,7 @@ if [[ -z ${SLURM_JOB_ID:-} ]]; then
 fi
 
 log() { printf 'hpcrl: %s\n' "$*"; }
+phase() { log "phase $1"; }
 on_err() { printf 'hpcrl: error: exit code %s at line %s: %s\n' "$1" "$2" "$3" >&2; }
 trap 'on_err "$?" "$LINENO" "$BASH_COMMAND"' ERR
 
@@ -56,6 +58,7 @@ HPCRL_DIR=""
 HEAD_PID=""
 WORKERS_PID=""
 DRIVER_PID=""
+DRIVER_CODE=0
 MON_PID=""
 NODE_DIR=""
 RAY_TMP=""
@@ -63,51 +66,252 @@ TEE_PID=""
 SVC_PIDS=()  # services started on this node (hpcrl.code_server)
 
 # ------------------------------------------------------------------ environment
-# Model and dataset cache on shared storage; jobs never download (pre-fetch on a login node).
-export HF_HOME=/proj/"${SLURM_JOB_ACCOUNT}"/users/"${USER}"/hf
-export HF_HUB_OFFLINE=1
-# hpcrl.env_setup: shell lines from the run config, run verbatim (not quoted) on purpose.
-# They run once, here on the head node; the worker step inherits their exported variables.
-set +u
+# The profile's and the config's environment. Their lines run inside this function: a `declare`
+# in them (or in a file they source) makes a variable local to it; `export` or `declare -g` does not.
+profile_environment() {
+    # Model and dataset cache on shared storage; jobs never download (pre-fetch on a login node).
+    export HF_HOME=/proj/"${SLURM_JOB_ACCOUNT}"/users/"${USER}"/hf
+    export HF_HUB_OFFLINE=1
+    # hpcrl.env_setup: shell lines from the run config, run verbatim (not quoted) on purpose.
+    # They run once, here on the head node; the worker step inherits their exported variables.
+    set +u
 module load Miniforge3/24.7.1-2-hpc1-bdist
 mamba activate finellama
-set -u
+    set -u
+}
 
 # ------------------------------------------------------------------ run directory and job chain
 # One directory per run, the same on every restart, so open-instruct's checkpoint_state_dir
-# is found again and the run resumes (docs/run-dir.md).
-unset RAY_ADDRESS
-RUN_DIR=/proj/"${SLURM_JOB_ACCOUNT}"/users/"${USER}"/hpcrl-runs/qwen2.5-3b-gsm8k-ppo
-[[ $RUN_DIR == /* ]] || RUN_DIR=$PWD/$RUN_DIR
-HPCRL_DIR=$RUN_DIR/hpcrl
-mkdir -p -- "$RUN_DIR/output" "$RUN_DIR/checkpoints" "$RUN_DIR/logs" "$HPCRL_DIR"
-export HPCRL_RUN_DIR=$RUN_DIR
-# Everything below also goes to logs/job-<id>.log. tee ignores TERM so that the log
-# survives scancel/preemption (Slurm signals every process) until the final SIGKILL.
-exec > >(
-    trap '' TERM INT
-    exec tee -a -- "$RUN_DIR/logs/job-$SLURM_JOB_ID.log"
-) 2>&1
-TEE_PID=$!
+# is found again and the run resumes (docs/run-dir.md; its layout is hpcrl/contract.py's).
+run_directory() {
+    unset RAY_ADDRESS
+    RUN_DIR=/proj/"${SLURM_JOB_ACCOUNT}"/users/"${USER}"/hpcrl-runs/qwen2.5-3b-gsm8k-ppo
+    [[ $RUN_DIR == /* ]] || RUN_DIR=$PWD/$RUN_DIR
+    HPCRL_DIR=$RUN_DIR/hpcrl
+    mkdir -p -- "$RUN_DIR/hpcrl" "$RUN_DIR/logs" "$RUN_DIR/output" "$RUN_DIR/checkpoints"
+    export HPCRL_RUN_DIR=$RUN_DIR
+    # Everything below also goes to logs/job-<id>.log. tee ignores TERM so that the log
+    # survives scancel/preemption (Slurm signals every process) until the final SIGKILL.
+    exec > >(
+        trap '' TERM INT
+        exec tee -a -- "$RUN_DIR/logs/job-$SLURM_JOB_ID.log"
+    ) 2>&1
+    TEE_PID=$!
+    # Slurm SIGKILLs every process of the job KillWait seconds after its TERM (scancel, preemption,
+    # the time limit itself): a stop that a TERM starts is planned to end inside that window, the
+    # driver's share first, then Ray's, with STOP_RESERVE_S left for the last record and cleanup.
+    # (awk reads to the end: an early exit would SIGPIPE scontrol and fail the pipeline.)
+    KILL_WAIT_S=$(scontrol show config 2>/dev/null | awk '$1 == "KillWait" && !n++ { print $3 + 0 }') || KILL_WAIT_S=""
+    if [[ ! $KILL_WAIT_S =~ ^[0-9]+$ ]] || ((KILL_WAIT_S < 1)); then
+        KILL_WAIT_S=30  # the profile's slurm.kill_wait_s: scontrol did not say
+    fi
+    TERM_DRIVER_S=$((KILL_WAIT_S * 4 / 10 > 1 ? KILL_WAIT_S * 4 / 10 : 1))
+    # The file the framework rewrites once a checkpoint is complete.
+    CKPT_MARKER=$RUN_DIR/checkpoints/latest
+
+    trap on_exit EXIT
+    trap 'on_signal timeout USR1' USR1
+    trap 'on_signal term TERM' TERM
+    trap 'on_signal term INT' INT
+
+    record start "$HEAD_NODE"
+
+    # This job's script (continuations resubmit it) and the plan it was rendered from.
+    if ! cmp -s -- "$0" "$HPCRL_DIR/job.sbatch"; then
+        if [[ -e $HPCRL_DIR/job.sbatch ]]; then
+            log "warning: $HPCRL_DIR/job.sbatch differs from this job's script; replacing it"
+        fi
+        cp -- "$0" "$HPCRL_DIR/job.sbatch.$SLURM_JOB_ID.tmp"
+        mv -f -- "$HPCRL_DIR/job.sbatch.$SLURM_JOB_ID.tmp" "$HPCRL_DIR/job.sbatch"
+    fi
+    if [[ ! -e $HPCRL_DIR/plan.json ]]; then
+        cat >"$HPCRL_DIR/plan.json.$SLURM_JOB_ID.tmp" <<'HPCRL_PLAN_JSON'
+{
+  "backend": "custom",
+  "backend_args": {
+    "gpus": 1,
+    "launcher": "python",
+    "processes": 1,
+    "rollout_batch_size": 4,
+    "samples_per_prompt": 1,
+    "save_steps": 200
+  },
+  "cluster": "berzelius:fat",
+  "config": "custom-ppo-qwen2.5-3b-qlora.yaml",
+  "config_digest": "fc34a2e9ea29",
+  "gpus_per_node": 1,
+  "hpcrl_version": "0.1.0",
+  "job_gpus": 1,
+  "layout": {
+    "bottleneck": "generation",
+    "colocated": true,
+    "deepspeed_stage": 0,
+    "engine_concurrent_seqs": 4,
+    "engine_gpus": 1,
+    "engine_kv_cache_gib": 0.05,
+    "generation_time_s": 9.2,
+    "gpu_usable_gib": 79.15,
+    "host_peak_gib": 6.0,
+    "idle_gpus": 0,
+    "learner_gpus": 1,
+    "learner_peak_gib": 9.18,
+    "nodes": 1,
+    "num_learners_per_node": [
+      1
+    ],
+    "reason": "colocated: every GPU trains and generates; step ~10s = generation 9s + training 1s",
+    "rollout_peak_gib": 7.36,
+    "step_time_s": 10.0,
+    "training_peak_gib": 9.18,
+    "training_time_s": 0.8,
+    "vllm_gpu_memory_utilization": 0.0,
+    "vllm_num_engines": 1,
+    "vllm_tensor_parallel_size": 1
+  },
+  "loss_keys": [
+    "loss",
+    "policy_loss",
+    "value_loss"
+  ],
+  "memory": {
+    "basis": {
+      "derived": "arithmetic from what the libraries allocate (sources in hpcrl/memory/hf_learner.py), not measured by hpcrl",
+      "fitted": "a constant fitted on hpcrl's DeepSpeed calibration rows, applied here unchanged",
+      "measured": "an idle process's CUDA context, measured"
+    },
+    "fits": true,
+    "generation": {
+      "concurrent_seqs": 4,
+      "kind": "hf-generate",
+      "kv_bytes_per_token": 36864,
+      "kv_cache_gib": 0.053,
+      "kv_tokens": 1536
+    },
+    "gpu": {
+      "cluster": "berzelius:fat",
+      "job_gpus": 1,
+      "name": "A100-SXM4-80GB",
+      "usable_gib": 79.15
+    },
+    "host": {
+      "breakdown": {
+        "training processes (1 x 6 GiB, assumed: constants.HOST_PROCESS_GIB)": 6.0
+      },
+      "fits": true,
+      "peak_gib": 6.0,
+      "ram_gib": 250.0
+    },
+    "learner": {
+      "algorithm": "ppo",
+      "allocator_margin_gib": 0.893,
+      "critic": "value_head",
+      "device_total_gib": 9.182,
+      "double_quant": false,
+      "fits": true,
+      "gradient_checkpointing": true,
+      "inside_margin": false,
+      "kind": "hf-trl",
+      "lora_dropout": 0.0,
+      "lora_rank": 8,
+      "lora_targets": [
+        "q_proj",
+        "k_proj",
+        "v_proj",
+        "o_proj",
+        "gate_proj",
+        "up_proj",
+        "down_proj"
+      ],
+      "micro_seqs": 4,
+      "non_torch": {
+        "CUDA context (measured)": 0.6
+      },
+      "peak_allocated_gib": 5.411,
+      "peak_phase": "training",
+      "peak_reserved_gib": 8.582,
+      "phases": {
+        "generation": {
+          "allocated_gib": 2.478,
+          "reserved_gib": 5.19,
+          "transient": {
+            "HF generate KV cache, bf16, every sequence at full length (derived)": 0.053,
+            "generate logits, fp32, last position (derived)": 0.002,
+            "one dequantized 4-bit weight, bf16 (derived)": 0.042,
+            "prefill activations, one layer, no grad (derived)": 0.025
+          }
+        },
+        "scoring": {
+          "allocated_gib": 3.703,
+          "reserved_gib": 6.763,
+          "transient": {
+            "one dequantized 4-bit weight, bf16 (derived)": 0.042,
+            "scoring logits, bf16 + fp32 log-softmax, no grad (derived)": 1.304
+          }
+        },
+        "training": {
+          "allocated_gib": 5.411,
+          "reserved_gib": 8.582,
+          "transient": {
+            "log-prob path logits, bf16 + eager fp32 log_softmax (fitted)": 2.608,
+            "one dequantized 4-bit weight, bf16 (derived)": 0.042,
+            "one layer's activations rebuilt in backward (derived)": 0.193,
+            "stored activations, bf16 layer inputs (gradient checkpointing) (derived)": 0.211
+          }
+        }
+      },
+      "processes": 1,
+      "prompt_len": 128,
+      "reference": "shared",
+      "resident": {
+        "AdamW moments, fp32, trainable parameters only (derived)": 0.112,
+        "LoRA adapters, fp32 (derived)": 0.056,
+        "adapter gradients, fp32 (derived)": 0.056,
+        "fixed allocations (workspaces, RNG) (fitted)": 0.1,
+        "policy 4-bit quantization constants, fp32 absmax per 64 weights (derived)": 0.161,
+        "policy base weights, 4-bit NF4 linears + bf16 embeddings and norms (derived)": 1.872,
+        "reference: the policy's base with the adapters off (no copy) (derived)": 0.0,
+        "value head, fp32 with its gradient and AdamW moments (derived)": 0.0
+      },
+      "response_len": 256,
+      "rollout_seqs": 4,
+      "seq_len": 384,
+      "tokens_per_micro_batch": 1536,
+      "weights": "4-bit NF4"
+    },
+    "model": {
+      "name": "Qwen/Qwen2.5-3B",
+      "total_params": 3085938688,
+      "trainable_params": 14968833
+    },
+    "verdict": "the learner GPU (peak at training) fits with 69.1 GiB to spare after a 0.9 GiB allocator margin"
+  },
+  "model": "Qwen/Qwen2.5-3B",
+  "nodes": 1,
+  "reward_keys": [
+    "avg_reward"
+  ],
+  "run_name": "qwen2.5-3b-gsm8k-ppo",
+  "smoke": false,
+  "warnings": [
+    "berzelius: the script uses unconfirmed profile facts: --partition=berzelius (hpcrl.partition); the run root /proj/$SLURM_JOB_ACCOUNT/users/$USER/hpcrl-runs (hpcrl.run_root); check them (hpcrl clusters show berzelius) or set what is in brackets",
+    "save_steps 200 (pinned) risks ~33 min of training at each job's end or fault, over hpcrl.max_lost_minutes 30: remove it and hpcrl sets 180"
+  ]
+}
+HPCRL_PLAN_JSON
+        mv -f -- "$HPCRL_DIR/plan.json.$SLURM_JOB_ID.tmp" "$HPCRL_DIR/plan.json"
+    fi
+}
+
 MAX_RESTARTS=10
 MAX_FAILURE_RESTARTS=3
 FAILURE_BACKOFF_S=60
 GRACE_S=780
-# The file the framework rewrites once a checkpoint is complete, and the --signal lead time.
-CKPT_MARKER=$RUN_DIR/checkpoints/latest
+# The --signal lead time.
 SIGNAL_LEAD_S=900
 # Nodes the rendered script excludes; a continuation after a node's failure adds that node.
 RENDERED_EXCLUDE=''
-# Slurm SIGKILLs every process of the job KillWait seconds after its TERM (scancel, preemption,
-# the time limit itself): a stop that a TERM starts is planned to end inside that window, the
-# driver's share first, then Ray's, with STOP_RESERVE_S left for the last record and cleanup.
-# (awk reads to the end: an early exit would SIGPIPE scontrol and fail the pipeline.)
-KILL_WAIT_S=$(scontrol show config 2>/dev/null | awk '$1 == "KillWait" && !n++ { print $3 + 0 }') || KILL_WAIT_S=""
-if [[ ! $KILL_WAIT_S =~ ^[0-9]+$ ]] || ((KILL_WAIT_S < 1)); then
-    KILL_WAIT_S=30  # the profile's slurm.kill_wait_s: scontrol did not say
-fi
+# Reserved at the end of Slurm's KillWait (run_directory reads it) for the last record and cleanup.
 STOP_RESERVE_S=2
-TERM_DRIVER_S=$((KILL_WAIT_S * 4 / 10 > 1 ? KILL_WAIT_S * 4 / 10 : 1))
 # The longest an end the job reaches by itself waits for the worker step before KILLing it
 # (generous: a KILLed worker leaves its node-local dirs behind).
 END_STOP_S=60
@@ -118,7 +322,7 @@ record() {
     TZ=UTC0 printf '%s\t%s\t%(%Y-%m-%dT%H:%M:%SZ)T\t%s\n' "$SLURM_JOB_ID" "$1" -1 "$2" >>"$HPCRL_DIR/jobs.tsv"
 }
 
-# Driver exit code -> end reason (90-93, 96 and 97 are the watchdog's breakers).
+# Driver exit code -> end reason (hpcrl/contract.py: the watchdog's breakers and the rest).
 reason_of() {
     case $1 in
         0) echo completed ;;
@@ -191,9 +395,7 @@ continue_chain() {
     local reason=$1 next kind counter limit setting wait_s=0 nodes
     case $reason in
         timeout | preempted) kind=limit counter=$HPCRL_DIR/restarts limit=$MAX_RESTARTS setting=hpcrl.max_restarts ;;
-        ray-start-failed | ray-head-died | worker-died | network-error)
-            kind=failure counter=$HPCRL_DIR/failure-restarts limit=$MAX_FAILURE_RESTARTS
-            setting=hpcrl.max_failure_restarts ;;
+        ray-start-failed | ray-head-died | worker-died | network-error) kind=failure counter=$HPCRL_DIR/failure-restarts limit=$MAX_FAILURE_RESTARTS setting=hpcrl.max_failure_restarts ;;
         *) return 0 ;;
     esac
     if [[ -n $CONTINUED ]] || [[ -e $HPCRL_DIR/cancel ]]; then
@@ -395,257 +597,69 @@ finish() {
     exit "$2"
 }
 
-trap on_exit EXIT
-trap 'on_signal timeout USR1' USR1
-trap 'on_signal term TERM' TERM
-trap 'on_signal term INT' INT
-
-record start "$HEAD_NODE"
-
-# This job's script (continuations resubmit it) and the plan it was rendered from.
-if ! cmp -s -- "$0" "$HPCRL_DIR/job.sbatch"; then
-    if [[ -e $HPCRL_DIR/job.sbatch ]]; then
-        log "warning: $HPCRL_DIR/job.sbatch differs from this job's script; replacing it"
-    fi
-    cp -- "$0" "$HPCRL_DIR/job.sbatch.$SLURM_JOB_ID.tmp"
-    mv -f -- "$HPCRL_DIR/job.sbatch.$SLURM_JOB_ID.tmp" "$HPCRL_DIR/job.sbatch"
-fi
-if [[ ! -e $HPCRL_DIR/plan.json ]]; then
-    cat >"$HPCRL_DIR/plan.json.$SLURM_JOB_ID.tmp" <<'HPCRL_PLAN_JSON'
-{
-  "backend": "custom",
-  "backend_args": {
-    "gpus": 1,
-    "launcher": "python",
-    "processes": 1,
-    "rollout_batch_size": 4,
-    "samples_per_prompt": 1,
-    "save_steps": 200
-  },
-  "cluster": "berzelius:fat",
-  "config": "custom-ppo-qwen2.5-3b-qlora.yaml",
-  "config_digest": "fc34a2e9ea29",
-  "gpus_per_node": 1,
-  "hpcrl_version": "0.1.0",
-  "job_gpus": 1,
-  "layout": {
-    "bottleneck": "generation",
-    "colocated": true,
-    "deepspeed_stage": 0,
-    "engine_concurrent_seqs": 4,
-    "engine_gpus": 1,
-    "engine_kv_cache_gib": 0.05,
-    "generation_time_s": 9.2,
-    "gpu_usable_gib": 79.15,
-    "host_peak_gib": 6.0,
-    "idle_gpus": 0,
-    "learner_gpus": 1,
-    "learner_peak_gib": 9.18,
-    "nodes": 1,
-    "num_learners_per_node": [
-      1
-    ],
-    "reason": "colocated: every GPU trains and generates; step ~10s = generation 9s + training 1s",
-    "rollout_peak_gib": 7.36,
-    "step_time_s": 10.0,
-    "training_peak_gib": 9.18,
-    "training_time_s": 0.8,
-    "vllm_gpu_memory_utilization": 0.0,
-    "vllm_num_engines": 1,
-    "vllm_tensor_parallel_size": 1
-  },
-  "loss_keys": [
-    "loss",
-    "policy_loss",
-    "value_loss"
-  ],
-  "memory": {
-    "basis": {
-      "derived": "arithmetic from what the libraries allocate (sources in hpcrl/memory/hf_learner.py), not measured by hpcrl",
-      "fitted": "a constant fitted on hpcrl's DeepSpeed calibration rows, applied here unchanged",
-      "measured": "an idle process's CUDA context, measured"
-    },
-    "fits": true,
-    "generation": {
-      "concurrent_seqs": 4,
-      "kind": "hf-generate",
-      "kv_bytes_per_token": 36864,
-      "kv_cache_gib": 0.053,
-      "kv_tokens": 1536
-    },
-    "gpu": {
-      "cluster": "berzelius:fat",
-      "job_gpus": 1,
-      "name": "A100-SXM4-80GB",
-      "usable_gib": 79.15
-    },
-    "host": {
-      "breakdown": {
-        "training processes (1 x 6 GiB, assumed: constants.HOST_PROCESS_GIB)": 6.0
-      },
-      "fits": true,
-      "peak_gib": 6.0,
-      "ram_gib": 250.0
-    },
-    "learner": {
-      "algorithm": "ppo",
-      "allocator_margin_gib": 0.893,
-      "critic": "value_head",
-      "device_total_gib": 9.182,
-      "double_quant": false,
-      "fits": true,
-      "gradient_checkpointing": true,
-      "inside_margin": false,
-      "kind": "hf-trl",
-      "lora_dropout": 0.0,
-      "lora_rank": 8,
-      "lora_targets": [
-        "q_proj",
-        "k_proj",
-        "v_proj",
-        "o_proj",
-        "gate_proj",
-        "up_proj",
-        "down_proj"
-      ],
-      "micro_seqs": 4,
-      "non_torch": {
-        "CUDA context (measured)": 0.6
-      },
-      "peak_allocated_gib": 5.411,
-      "peak_phase": "training",
-      "peak_reserved_gib": 8.582,
-      "phases": {
-        "generation": {
-          "allocated_gib": 2.478,
-          "reserved_gib": 5.19,
-          "transient": {
-            "HF generate KV cache, bf16, every sequence at full length (derived)": 0.053,
-            "generate logits, fp32, last position (derived)": 0.002,
-            "one dequantized 4-bit weight, bf16 (derived)": 0.042,
-            "prefill activations, one layer, no grad (derived)": 0.025
-          }
-        },
-        "scoring": {
-          "allocated_gib": 3.703,
-          "reserved_gib": 6.763,
-          "transient": {
-            "one dequantized 4-bit weight, bf16 (derived)": 0.042,
-            "scoring logits, bf16 + fp32 log-softmax, no grad (derived)": 1.304
-          }
-        },
-        "training": {
-          "allocated_gib": 5.411,
-          "reserved_gib": 8.582,
-          "transient": {
-            "log-prob path logits, bf16 + eager fp32 log_softmax (fitted)": 2.608,
-            "one dequantized 4-bit weight, bf16 (derived)": 0.042,
-            "one layer's activations rebuilt in backward (derived)": 0.193,
-            "stored activations, bf16 layer inputs (gradient checkpointing) (derived)": 0.211
-          }
-        }
-      },
-      "processes": 1,
-      "prompt_len": 128,
-      "reference": "shared",
-      "resident": {
-        "AdamW moments, fp32, trainable parameters only (derived)": 0.112,
-        "LoRA adapters, fp32 (derived)": 0.056,
-        "adapter gradients, fp32 (derived)": 0.056,
-        "fixed allocations (workspaces, RNG) (fitted)": 0.1,
-        "policy 4-bit quantization constants, fp32 absmax per 64 weights (derived)": 0.161,
-        "policy base weights, 4-bit NF4 linears + bf16 embeddings and norms (derived)": 1.872,
-        "reference: the policy's base with the adapters off (no copy) (derived)": 0.0,
-        "value head, fp32 with its gradient and AdamW moments (derived)": 0.0
-      },
-      "response_len": 256,
-      "rollout_seqs": 4,
-      "seq_len": 384,
-      "tokens_per_micro_batch": 1536,
-      "weights": "4-bit NF4"
-    },
-    "model": {
-      "name": "Qwen/Qwen2.5-3B",
-      "total_params": 3085938688,
-      "trainable_params": 14968833
-    },
-    "verdict": "the learner GPU (peak at training) fits with 69.1 GiB to spare after a 0.9 GiB allocator margin"
-  },
-  "model": "Qwen/Qwen2.5-3B",
-  "nodes": 1,
-  "reward_keys": [
-    "avg_reward"
-  ],
-  "run_name": "qwen2.5-3b-gsm8k-ppo",
-  "smoke": false,
-  "warnings": [
-    "berzelius: the script uses unconfirmed profile facts: --partition=berzelius (hpcrl.partition); the run root /proj/$SLURM_JOB_ACCOUNT/users/$USER/hpcrl-runs (hpcrl.run_root); check them (hpcrl clusters show berzelius) or set what is in brackets",
-    "save_steps 200 (pinned) risks ~33 min of training at each job's end or fault, over hpcrl.max_lost_minutes 30: remove it and hpcrl sets 180"
-  ]
-}
-HPCRL_PLAN_JSON
-    mv -f -- "$HPCRL_DIR/plan.json.$SLURM_JOB_ID.tmp" "$HPCRL_DIR/plan.json"
-fi
-
 # ------------------------------------------------------------------ nodes, ports, token
 # Node addresses are Slurm's own (NodeAddr): `hostname` may name another network or, on a
 # test cluster, the same machine for every node. One line per node: "<name> <IPv4> <slot>",
 # where slot numbers the job's nodes that share one host (0 on a real cluster).
 # The head is the node this batch script runs on (Slurm's BatchHost, normally the first).
-mapfile -t JOB_NODES < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
-if ((${#JOB_NODES[@]} == 0)); then
-    fail ray-start-failed "scontrol show hostnames gave no node for $SLURM_JOB_NODELIST"
-fi
-if ((${#JOB_NODES[@]} != 1)); then
-    fail setup-failed "this script was rendered for 1 nodes but the job has ${#JOB_NODES[@]}; re-render with --nodes ${#JOB_NODES[@]}"
-fi
-NODE_LINES=$(scontrol show node -o "$SLURM_JOB_NODELIST" | awk '
-    {
-        name = addr = host = ""
-        for (i = 1; i <= NF; i++) {
-            if ($i ~ /^NodeName=/) name = substr($i, 10)
-            else if ($i ~ /^NodeAddr=/) addr = substr($i, 10)
-            else if ($i ~ /^NodeHostName=/) host = substr($i, 14)
-        }
-        if (name != "") print name, addr, seen[host]++
-    }')
-NODE_TABLE=""
-while read -r name addr slot; do
-    ip=$addr
-    if [[ ! $addr =~ ^[0-9]+\.[0-9]+\.[0-9]+\.[0-9]+$ ]]; then
-        ip=$(getent ahostsv4 "$addr" | awk 'NR == 1 { print $1 }') || true
+job_nodes() {
+    local name addr slot ip described
+    mapfile -t JOB_NODES < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
+    if ((${#JOB_NODES[@]} == 0)); then
+        fail ray-start-failed "scontrol show hostnames gave no node for $SLURM_JOB_NODELIST"
     fi
-    if [[ -z $ip ]]; then
-        fail ray-start-failed "cannot resolve NodeAddr '$addr' of node $name to an IPv4 address"
+    if ((${#JOB_NODES[@]} != 1)); then
+        fail setup-failed "this script was rendered for 1 nodes but the job has ${#JOB_NODES[@]}; re-render with --nodes ${#JOB_NODES[@]}"
     fi
-    if ((slot > 8)); then
-        fail setup-failed "more than 9 nodes of this job share the host of $name; the port block has 9 slots"
+    NODE_LINES=$(scontrol show node -o "$SLURM_JOB_NODELIST" | awk '
+        {
+            name = addr = host = ""
+            for (i = 1; i <= NF; i++) {
+                if ($i ~ /^NodeName=/) name = substr($i, 10)
+                else if ($i ~ /^NodeAddr=/) addr = substr($i, 10)
+                else if ($i ~ /^NodeHostName=/) host = substr($i, 14)
+            }
+            if (name != "") print name, addr, seen[host]++
+        }')
+    NODE_TABLE=""
+    while read -r name addr slot; do
+        ip=$addr
+        if [[ ! $addr =~ ^[0-9]+\.[0-9]+\.[0-9]+\.[0-9]+$ ]]; then
+            ip=$(getent ahostsv4 "$addr" | awk 'NR == 1 { print $1 }') || true
+        fi
+        if [[ -z $ip ]]; then
+            fail ray-start-failed "cannot resolve NodeAddr '$addr' of node $name to an IPv4 address"
+        fi
+        if ((slot > 8)); then
+            fail setup-failed "more than 9 nodes of this job share the host of $name; the port block has 9 slots"
+        fi
+        NODE_TABLE+="$name $ip $slot;"
+    done <<<"$NODE_LINES"
+    # Exported for the worker step; ';' separates nodes.
+    HPCRL_NODE_TABLE=$NODE_TABLE
+    described=$(awk -v RS=';' 'NF { c++ } END { print c + 0 }' <<<"$HPCRL_NODE_TABLE")
+    if ((described != 1)); then
+        fail ray-start-failed "scontrol show node described $described of the job's 1 nodes"
     fi
-    NODE_TABLE+="$name $ip $slot;"
-done <<<"$NODE_LINES"
-# Exported for the worker step; ';' separates nodes.
-HPCRL_NODE_TABLE=$NODE_TABLE
+    read -r HPCRL_HEAD_IP HEAD_SLOT < <(node_entry "$HEAD_NODE") || true
+    if [[ -z ${HEAD_SLOT:-} ]]; then
+        fail ray-start-failed "head node $HEAD_NODE is missing from scontrol show node"
+    fi
+    export HPCRL_NODE_TABLE HPCRL_HEAD_IP
+    log "job $SLURM_JOB_ID: 1 nodes, head $HEAD_NODE ($HPCRL_HEAD_IP), run dir $RUN_DIR"
+}
 node_entry() { awk -v RS=';' -v n="$1" '$1 == n { print $2, $3 }' <<<"$HPCRL_NODE_TABLE"; }
-described=$(awk -v RS=';' 'NF { c++ } END { print c + 0 }' <<<"$HPCRL_NODE_TABLE")
-if ((described != 1)); then
-    fail ray-start-failed "scontrol show node described $described of the job's 1 nodes"
-fi
-read -r HPCRL_HEAD_IP HEAD_SLOT < <(node_entry "$HEAD_NODE") || true
-if [[ -z ${HEAD_SLOT:-} ]]; then
-    fail ray-start-failed "head node $HEAD_NODE is missing from scontrol show node"
-fi
-export HPCRL_NODE_TABLE HPCRL_HEAD_IP
-log "job $SLURM_JOB_ID: 1 nodes, head $HEAD_NODE ($HPCRL_HEAD_IP), run dir $RUN_DIR"
 
-# A block of 100 ports per job, from the job id: two jobs on a shared node (or two runs on
-# the test cluster) never meet on Ray's fixed defaults (6379, 8265, 10001, 52365).
-#   +0 GCS, +1 dashboard (bound to localhost), +2 Ray client server
-#   +10+10*slot .. +15+10*slot: node manager, object manager, metrics export,
-#                               dashboard agent gRPC/HTTP, runtime env agent
+# A block of 100 ports per job, from the job id (hpcrl/contract.py): two jobs on a shared
+# node (or two runs on the test cluster) never meet on Ray's fixed defaults (6379, 8265, 10001, 52365).
+#   +0 GCS, +1 dashboard (bound to localhost), +2 Ray client server, +3+slot a service
+#   +10+10*slot and up, one each: node-manager-port, object-manager-port, metrics-export-port,
+#       dashboard-agent-grpc-port, dashboard-agent-listen-port, runtime-env-agent-port
 # Worker processes take ports the kernel assigns (--min/max-worker-port=0): they cannot
 # collide, and a fixed range would have to hold num_cpus prestarted workers plus every actor.
-export HPCRL_PORT_BASE=$((10000 + SLURM_JOB_ID % 200 * 100))
-
+job_ports() {
+    export HPCRL_PORT_BASE=$((10000 + SLURM_JOB_ID % 200 * 100))
+}
 
 # Node-local files of this job on one node (Ray's temp dir, compile caches), in a directory
 # only this user can enter: Ray creates its session, socket and log directories 0777, so on a
@@ -713,96 +727,144 @@ lean_env() {
 # blame WHY: this node, in the job's blame file (a failure continuation excludes the nodes in it).
 blame() { echo "${SLURMD_NODENAME:-$(hostname -s)} $1" >>"$HPCRL_RUN_DIR/hpcrl/blame-$SLURM_JOB_ID"; }
 
+# This node's limits, lean environment and private node-local directories.
+head_node_setup() {
+    # Open files: Ray opens a socket per worker and connection, vLLM and NCCL more: the hard limit.
+    ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
+    lean_env
+    LEAN_BYTES=$("${LEAN_ENV[@]}" env | wc -c)
+    if ((LEAN_BYTES > 100 * 1024)); then
+        log "warning: the driver's environment is still $((LEAN_BYTES / 1024)) KiB after dropping Slurm, MPI and module variables; open-instruct passes it to every Ray actor, and past 128 KiB their start fails. Largest: $("${LEAN_ENV[@]}" env | awk '{ print length($0), substr($0, 1, index($0, "=") - 1) }' | sort -rn | head -3 | awk '{ printf "%s (%d B) ", $2, $1 }')"
+    fi
 
-# Open files: Ray opens a socket per worker and connection, vLLM and NCCL more: the hard limit.
-ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
-lean_env
-LEAN_BYTES=$("${LEAN_ENV[@]}" env | wc -c)
-if ((LEAN_BYTES > 100 * 1024)); then
-    log "warning: the driver's environment is still $((LEAN_BYTES / 1024)) KiB after dropping Slurm, MPI and module variables; open-instruct passes it to every Ray actor, and past 128 KiB their start fails. Largest: $("${LEAN_ENV[@]}" env | awk '{ print length($0), substr($0, 1, index($0, "=") - 1) }' | sort -rn | head -3 | awk '{ printf "%s (%d B) ", $2, $1 }')"
-fi
+    export HPCRL_NODE_LOCAL=/scratch/local
+    if ! node_dirs "$HEAD_SLOT"; then
+        blame ray-start-failed
+        fail ray-start-failed "cannot make this job's private node-local directory on $HEAD_NODE"
+    fi
+}
 
-export HPCRL_NODE_LOCAL=/scratch/local
-if ! node_dirs "$HEAD_SLOT"; then
-    blame ray-start-failed
-    fail ray-start-failed "cannot make this job's private node-local directory on $HEAD_NODE"
-fi
+# ------------------------------------------------------------------ phases up to the driver
+phase_environment() {
+    phase environment
+    profile_environment
+    run_directory  # from here on, this log is also logs/job-<id>.log
+    job_nodes
+    job_ports
+    head_node_setup
+}
 
-# ------------------------------------------------------------------ GPU monitor (no Ray: one node)
-# GPU monitor on every node (exits at once on a machine without GPUs); it warns when GPUs
-# average under the cluster's idle-GPU threshold.
-python3 -m hpcrl.runtime.gpumon --out "$HPCRL_DIR/gpu-$HEAD_NODE.csv" --interval 5 --role head --detect-roles --min-mean-power-w 100 --grace-minutes 60 &
-MON_PID=$!
+phase_stack_check() {
+    phase stack_check
+    # No Ray: the driver's own checks (below) are all there is.
+}
+
+phase_head() {
+    phase head
+    # GPU monitor on every node (exits at once on a machine without GPUs); it warns when GPUs
+    # average under the cluster's idle-GPU threshold.
+    python3 -m hpcrl.runtime.gpumon --out "$HPCRL_DIR/gpu-$HEAD_NODE.csv" --interval 5 --role head --detect-roles --min-mean-power-w 100 --grace-minutes 60 &
+    MON_PID=$!
+}
+
+phase_services() {
+    phase services
+    # None in this job.
+}
 
 # ------------------------------------------------------------------ driver
-# the user's training script under hpcrl's watchdog (circuit breakers: exit codes 90-93, 96, 97).
-WORKDIR="${HOME}"/finellama-rl
-PYTHON=python
-ENTRY_POINT=qwen_gsm8k_ppo_train.py
-if ! cd -- "$WORKDIR"; then
-    fail crashed "hpcrl.workdir $WORKDIR does not exist on $HEAD_NODE"
-fi
-if ! python3 -c 'import hpcrl.runtime.watchdog' 2>/dev/null; then
-    fail crashed "hpcrl is not importable by python3 on $HEAD_NODE; install it in the job's environment (hpcrl.env_setup)"
-fi
-if ! command -v "$PYTHON" >/dev/null 2>&1; then
-    fail crashed "hpcrl.python $PYTHON is not a command on $HEAD_NODE"
-fi
-if [[ ! -f $ENTRY_POINT ]]; then
-    fail crashed "hpcrl.entry_point $ENTRY_POINT does not exist in $WORKDIR (a fork may keep it elsewhere)"
-fi
-export HPCRL_SAVE_STEPS=200
-DRIVER=(
-    python3 -m hpcrl.runtime.watchdog --run-dir "$RUN_DIR"
-    --zero-reward-steps 10 --hang-minutes 60
-    --grad-norm-steps 20 --zero-variance-steps 20 --reward-key avg_reward --loss-key loss --loss-key policy_loss --loss-key value_loss --
-    "$PYTHON" "$ENTRY_POINT"
-    --config configs/qwen_gsm8k_ppo_config.yaml
-    --output_dir "$RUN_DIR/checkpoints"
-)
-printf 'hpcrl: driver:'
-printf ' %q' "${DRIVER[@]}"
-printf '\n'
-# In the background with `wait`, so the signal traps run while it works; in a session of its
-# own (the watchdog keeps the driver in it) so that a stop can kill the whole tree at once; in
-# the lean environment (above). The marker tells the workers that a dead Ray is no longer
-# retried: the driver's actors are gone with it.
-: >"$HPCRL_DIR/driver-started-$SLURM_JOB_ID"
-"${LEAN_ENV[@]}" setsid "${DRIVER[@]}" &
-DRIVER_PID=$!
-RAY_DIED=""
-while alive "$DRIVER_PID"; do
-    if [[ -n $STOP_DEADLINE || -n $RAY_DIED || -n $DRAIN_UNTIL ]]; then
-        sleep 0.2 &
-    else
-        sleep 1 &
+phase_driver() {
+    phase driver
+    # the user's training script under hpcrl's watchdog (circuit breakers: exit codes 90, 91, 92, 93, 96, 97).
+    WORKDIR="${HOME}"/finellama-rl
+    PYTHON=python
+    ENTRY_POINT=qwen_gsm8k_ppo_train.py
+    if ! cd -- "$WORKDIR"; then
+        fail crashed "hpcrl.workdir $WORKDIR does not exist on $HEAD_NODE"
     fi
-    wait $! || true
-    if [[ -n $DRAIN_UNTIL ]]; then
-        if [[ $(marker_stamp) != "$DRAIN_STAMP" ]]; then
-            stop_driver "a checkpoint is complete ($CKPT_MARKER rewritten) after the time-limit warning"
-        elif ((SECONDS >= DRAIN_UNTIL)); then
-            stop_driver "no checkpoint since the time-limit warning, and only time to stop is left"
+    if ! python3 -c 'import hpcrl.runtime.watchdog' 2>/dev/null; then
+        fail crashed "hpcrl is not importable by python3 on $HEAD_NODE; install it in the job's environment (hpcrl.env_setup)"
+    fi
+    if ! command -v "$PYTHON" >/dev/null 2>&1; then
+        fail crashed "hpcrl.python $PYTHON is not a command on $HEAD_NODE"
+    fi
+    if [[ ! -f $ENTRY_POINT ]]; then
+        fail crashed "hpcrl.entry_point $ENTRY_POINT does not exist in $WORKDIR (a fork may keep it elsewhere)"
+    fi
+    export HPCRL_SAVE_STEPS=200
+    DRIVER=(
+        python3 -m hpcrl.runtime.watchdog --run-dir "$RUN_DIR"
+        --zero-reward-steps 10 --hang-minutes 60
+        --grad-norm-steps 20 --zero-variance-steps 20 --reward-key avg_reward --loss-key loss --loss-key policy_loss --loss-key value_loss --
+        "$PYTHON" "$ENTRY_POINT"
+        --config configs/qwen_gsm8k_ppo_config.yaml
+        --output_dir "$RUN_DIR/checkpoints"
+    )
+    printf 'hpcrl: driver:'
+    printf ' %q' "${DRIVER[@]}"
+    printf '\n'
+    # In the background with `wait`, so the signal traps run while it works; in a session of its
+    # own (the watchdog keeps the driver in it) so that a stop can kill the whole tree at once; in
+    # the lean environment (above). The marker tells the workers that a dead Ray is no longer
+    # retried: the driver's actors are gone with it.
+    : >"$HPCRL_DIR/driver-started-$SLURM_JOB_ID"
+    "${LEAN_ENV[@]}" setsid "${DRIVER[@]}" &
+    DRIVER_PID=$!
+    RAY_DIED=""
+    while alive "$DRIVER_PID"; do
+        if [[ -n $STOP_DEADLINE || -n $RAY_DIED || -n $DRAIN_UNTIL ]]; then
+            sleep 0.2 &
+        else
+            sleep 1 &
         fi
+        wait $! || true
+        if [[ -n $DRAIN_UNTIL ]]; then
+            if [[ $(marker_stamp) != "$DRAIN_STAMP" ]]; then
+                stop_driver "a checkpoint is complete ($CKPT_MARKER rewritten) after the time-limit warning"
+            elif ((SECONDS >= DRAIN_UNTIL)); then
+                stop_driver "no checkpoint since the time-limit warning, and only time to stop is left"
+            fi
+        fi
+        if [[ -n $STOP_DEADLINE ]] && ((SECONDS >= STOP_DEADLINE)); then
+            log "the driver did not stop within its grace period: killing its session"
+            kill_session KILL "$DRIVER_PID"
+            STOP_DEADLINE=""
+        fi
+    done
+    DRIVER_CODE=0
+    wait "$DRIVER_PID" || DRIVER_CODE=$?
+}
+
+# The end reason: a stop under way, Ray's death, else the driver's exit code (hpcrl/contract.py).
+phase_stop() {
+    phase stop
+    local code=$DRIVER_CODE found
+    if [[ -n $STOP_REASON ]]; then
+        finish "$STOP_REASON" "$code"
+    elif [[ $RAY_DIED == ray-head-died ]]; then
+        finish ray-head-died 94
+    elif [[ -n $RAY_DIED ]]; then
+        finish worker-died 95
+    elif [[ $(reason_of "$code") == crashed ]] && found=$(python3 -m hpcrl.runtime.classify "$HPCRL_DIR/driver.log" 2>/dev/null) &&
+        [[ -n $found ]]; then
+        log "the driver's log shows a network failure, not the run's own: $found"
+        finish network-error "$code"
+    else
+        finish "$(reason_of "$code")" "$code"
     fi
-    if [[ -n $STOP_DEADLINE ]] && ((SECONDS >= STOP_DEADLINE)); then
-        log "the driver did not stop within its grace period: killing its session"
-        kill_session KILL "$DRIVER_PID"
-        STOP_DEADLINE=""
-    fi
-done
-code=0
-wait "$DRIVER_PID" || code=$?
-if [[ -n $STOP_REASON ]]; then
-    finish "$STOP_REASON" "$code"
-elif [[ $RAY_DIED == ray-head-died ]]; then
-    finish ray-head-died 94
-elif [[ -n $RAY_DIED ]]; then
-    finish worker-died 95
-elif [[ $(reason_of "$code") == crashed ]] && found=$(python3 -m hpcrl.runtime.classify "$HPCRL_DIR/driver.log" 2>/dev/null) &&
-    [[ -n $found ]]; then
-    log "the driver's log shows a network failure, not the run's own: $found"
-    finish network-error "$code"
-else
-    finish "$(reason_of "$code")" "$code"
-fi
+}
+
+# ------------------------------------------------------------------ main: the job's phases, in order
+# Each phase logs "hpcrl: phase <name>" once; a failure ends the job through `fail` (the EXIT
+# trap records the reason, chains a continuation when the reason allows, and cleans up).
+# `head` is a command, hence phase_<name> for the functions.
+main() {
+    phase_environment  # the profile's and the config's environment, the run directory and job log, nodes, ports
+    phase_stack_check  # what the job's environment must provide before anything starts
+    phase_head         # this node: GPU monitor, services
+    phase_services     # every service answers
+    phase_driver       # the user's training script under the watchdog, until it exits
+    phase_stop         # its exit code -> the end reason; record it, continue the chain when the reason allows
+}
+
+main "$@"

@@ -29,6 +29,7 @@
 #SBATCH --no-requeue
 
 set -euo pipefail
+set -o errtrace  # the ERR trap below reports a failure inside the phase functions too
 # Files this job creates (run directory, logs, node-local directories) are the user's alone (umask 077).
 umask 077
 
@@ -38,6 +39,7 @@ if [[ -z ${SLURM_JOB_ID:-} ]]; then
 fi
 
 log() { printf 'hpcrl: %s\n' "$*"; }
+phase() { log "phase $1"; }
 on_err() { printf 'hpcrl: error: exit code %s at line %s: %s\n' "$1" "$2" "$3" >&2; }
 trap 'on_err "$?" "$LINENO" "$BASH_COMMAND"' ERR
 
@@ -55,6 +57,7 @@ HPCRL_DIR=""
 HEAD_PID=""
 WORKERS_PID=""
 DRIVER_PID=""
+DRIVER_CODE=0
 MON_PID=""
 NODE_DIR=""
 RAY_TMP=""
@@ -62,95 +65,287 @@ TEE_PID=""
 SVC_PIDS=()  # services started on this node (hpcrl.code_server)
 
 # ------------------------------------------------------------------ environment
-# Profile modules. `module` is a shell function that batch shells may lack: load its init.
-if ! command -v module >/dev/null 2>&1; then
-    for init in /etc/profile.d/lmod.sh /etc/profile.d/modules.sh /usr/share/lmod/lmod/init/bash; do
-        if [[ -r $init ]]; then
-            set +u
-            # shellcheck source=/dev/null
-            source "$init"
-            set -u
-            break
-        fi
-    done
-fi
-if command -v module >/dev/null 2>&1; then
+# The profile's and the config's environment. Their lines run inside this function: a `declare`
+# in them (or in a file they source) makes a variable local to it; `export` or `declare -g` does not.
+profile_environment() {
+    # Profile modules. `module` is a shell function that batch shells may lack: load its init.
+    if ! command -v module >/dev/null 2>&1; then
+        for init in /etc/profile.d/lmod.sh /etc/profile.d/modules.sh /usr/share/lmod/lmod/init/bash; do
+            if [[ -r $init ]]; then
+                set +u
+                # shellcheck source=/dev/null
+                source "$init"
+                set -u
+                break
+            fi
+        done
+    fi
+    if command -v module >/dev/null 2>&1; then
+        set +u
+        module load brics/default
+        module load brics/userenv
+        module load brics/nccl
+        set -u
+    else
+        echo "hpcrl: warning: no 'module' command on $(hostname); not loading these modules:" >&2
+        printf '  %s\n' brics/default brics/userenv brics/nccl >&2
+    fi
+    # Profile environment (interconnect, NCCL/libfabric, vLLM).
+    export NCCL_NET='AWS Libfabric'
+    export NCCL_SOCKET_IFNAME=hsn
+    export NCCL_NET_GDR_LEVEL=PHB
+    export NCCL_CROSS_NIC=1
+    export NCCL_MIN_NCHANNELS=4
+    export NCCL_GDRCOPY_ENABLE=1
+    export NCCL_NET_FORCE_FLUSH=0
+    export FI_CXI_DEFAULT_CQ_SIZE=131072
+    export FI_CXI_DEFAULT_TX_SIZE=2048
+    export FI_CXI_DISABLE_NON_INJECT_MSG_IDC=1
+    export FI_HMEM_CUDA_USE_GDRCOPY=1
+    export FI_CXI_DISABLE_HOST_REGISTER=1
+    export FI_MR_CACHE_MONITOR=userfaultfd
+    export FI_CXI_RDZV_PROTO=alt_read
+    export FI_CXI_RDZV_THRESHOLD=0
+    export FI_CXI_RDZV_GET_MIN=0
+    export FI_CXI_RDZV_EAGER_SIZE=0
+    export FI_CXI_RX_MATCH_MODE=hybrid
+    export FI_PROVIDER=cxi
+    export VLLM_SKIP_CUSTOM_ALL_REDUCE=1
+    export VLLM_ALLREDUCE_USE_SYMM_MEM=0
+    export TORCH_CUDA_ARCH_LIST=9.0
+    # Model and dataset cache on shared storage; jobs never download (pre-fetch on a login node).
+    export HF_HOME="${PROJECTDIR}"/hf
+    export HF_HUB_OFFLINE=1
+    # hpcrl.env_setup: shell lines from the run config, run verbatim (not quoted) on purpose.
+    # They run once, here on the head node; the worker step inherits their exported variables.
     set +u
-    module load brics/default
-    module load brics/userenv
-    module load brics/nccl
-    set -u
-else
-    echo "hpcrl: warning: no 'module' command on $(hostname); not loading these modules:" >&2
-    printf '  %s\n' brics/default brics/userenv brics/nccl >&2
-fi
-# Profile environment (interconnect, NCCL/libfabric, vLLM).
-export NCCL_NET='AWS Libfabric'
-export NCCL_SOCKET_IFNAME=hsn
-export NCCL_NET_GDR_LEVEL=PHB
-export NCCL_CROSS_NIC=1
-export NCCL_MIN_NCHANNELS=4
-export NCCL_GDRCOPY_ENABLE=1
-export NCCL_NET_FORCE_FLUSH=0
-export FI_CXI_DEFAULT_CQ_SIZE=131072
-export FI_CXI_DEFAULT_TX_SIZE=2048
-export FI_CXI_DISABLE_NON_INJECT_MSG_IDC=1
-export FI_HMEM_CUDA_USE_GDRCOPY=1
-export FI_CXI_DISABLE_HOST_REGISTER=1
-export FI_MR_CACHE_MONITOR=userfaultfd
-export FI_CXI_RDZV_PROTO=alt_read
-export FI_CXI_RDZV_THRESHOLD=0
-export FI_CXI_RDZV_GET_MIN=0
-export FI_CXI_RDZV_EAGER_SIZE=0
-export FI_CXI_RX_MATCH_MODE=hybrid
-export FI_PROVIDER=cxi
-export VLLM_SKIP_CUSTOM_ALL_REDUCE=1
-export VLLM_ALLREDUCE_USE_SYMM_MEM=0
-export TORCH_CUDA_ARCH_LIST=9.0
-# Model and dataset cache on shared storage; jobs never download (pre-fetch on a login node).
-export HF_HOME="${PROJECTDIR}"/hf
-export HF_HUB_OFFLINE=1
-# hpcrl.env_setup: shell lines from the run config, run verbatim (not quoted) on purpose.
-# They run once, here on the head node; the worker step inherits their exported variables.
-set +u
 source "$HOME/verl/.venv/bin/activate"
-set -u
+    set -u
+}
 
 # ------------------------------------------------------------------ run directory and job chain
 # One directory per run, the same on every restart, so open-instruct's checkpoint_state_dir
-# is found again and the run resumes (docs/run-dir.md).
-unset RAY_ADDRESS
-RUN_DIR="${PROJECTDIR}"/hpcrl-runs/verl-grpo-qwen2.5-7b
-[[ $RUN_DIR == /* ]] || RUN_DIR=$PWD/$RUN_DIR
-HPCRL_DIR=$RUN_DIR/hpcrl
-mkdir -p -- "$RUN_DIR/output" "$RUN_DIR/checkpoints" "$RUN_DIR/logs" "$HPCRL_DIR"
-export HPCRL_RUN_DIR=$RUN_DIR
-# Everything below also goes to logs/job-<id>.log. tee ignores TERM so that the log
-# survives scancel/preemption (Slurm signals every process) until the final SIGKILL.
-exec > >(
-    trap '' TERM INT
-    exec tee -a -- "$RUN_DIR/logs/job-$SLURM_JOB_ID.log"
-) 2>&1
-TEE_PID=$!
+# is found again and the run resumes (docs/run-dir.md; its layout is hpcrl/contract.py's).
+run_directory() {
+    unset RAY_ADDRESS
+    RUN_DIR="${PROJECTDIR}"/hpcrl-runs/verl-grpo-qwen2.5-7b
+    [[ $RUN_DIR == /* ]] || RUN_DIR=$PWD/$RUN_DIR
+    HPCRL_DIR=$RUN_DIR/hpcrl
+    mkdir -p -- "$RUN_DIR/hpcrl" "$RUN_DIR/logs" "$RUN_DIR/output" "$RUN_DIR/checkpoints"
+    export HPCRL_RUN_DIR=$RUN_DIR
+    # Everything below also goes to logs/job-<id>.log. tee ignores TERM so that the log
+    # survives scancel/preemption (Slurm signals every process) until the final SIGKILL.
+    exec > >(
+        trap '' TERM INT
+        exec tee -a -- "$RUN_DIR/logs/job-$SLURM_JOB_ID.log"
+    ) 2>&1
+    TEE_PID=$!
+    # Slurm SIGKILLs every process of the job KillWait seconds after its TERM (scancel, preemption,
+    # the time limit itself): a stop that a TERM starts is planned to end inside that window, the
+    # driver's share first, then Ray's, with STOP_RESERVE_S left for the last record and cleanup.
+    # (awk reads to the end: an early exit would SIGPIPE scontrol and fail the pipeline.)
+    KILL_WAIT_S=$(scontrol show config 2>/dev/null | awk '$1 == "KillWait" && !n++ { print $3 + 0 }') || KILL_WAIT_S=""
+    if [[ ! $KILL_WAIT_S =~ ^[0-9]+$ ]] || ((KILL_WAIT_S < 1)); then
+        KILL_WAIT_S=30  # the profile's slurm.kill_wait_s: scontrol did not say
+    fi
+    TERM_DRIVER_S=$((KILL_WAIT_S * 4 / 10 > 1 ? KILL_WAIT_S * 4 / 10 : 1))
+    # The file the framework rewrites once a checkpoint is complete.
+    CKPT_MARKER=$RUN_DIR/checkpoints/latest_checkpointed_iteration.txt
+
+    trap on_exit EXIT
+    trap 'on_signal timeout USR1' USR1
+    trap 'on_signal term TERM' TERM
+    trap 'on_signal term INT' INT
+
+    record start "$HEAD_NODE"
+
+    # This job's script (continuations resubmit it) and the plan it was rendered from.
+    if ! cmp -s -- "$0" "$HPCRL_DIR/job.sbatch"; then
+        if [[ -e $HPCRL_DIR/job.sbatch ]]; then
+            log "warning: $HPCRL_DIR/job.sbatch differs from this job's script; replacing it"
+        fi
+        cp -- "$0" "$HPCRL_DIR/job.sbatch.$SLURM_JOB_ID.tmp"
+        mv -f -- "$HPCRL_DIR/job.sbatch.$SLURM_JOB_ID.tmp" "$HPCRL_DIR/job.sbatch"
+    fi
+    if [[ ! -e $HPCRL_DIR/plan.json ]]; then
+        cat >"$HPCRL_DIR/plan.json.$SLURM_JOB_ID.tmp" <<'HPCRL_PLAN_JSON'
+{
+  "backend": "verl",
+  "backend_args": {
+    "actor_rollout_ref.actor.fsdp_config.optimizer_offload": false,
+    "actor_rollout_ref.actor.fsdp_config.param_offload": false,
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 12,
+    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": 12,
+    "actor_rollout_ref.rollout.gpu_memory_utilization": 0.85,
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 12,
+    "actor_rollout_ref.rollout.name": "vllm",
+    "actor_rollout_ref.rollout.tensor_model_parallel_size": 1,
+    "trainer.max_actor_ckpt_to_keep": 2,
+    "trainer.n_gpus_per_node": 4,
+    "trainer.nnodes": 4,
+    "trainer.save_freq": 11
+  },
+  "cluster": "isambard-ai",
+  "config": "verl-grpo-qwen2.5-7b.yaml",
+  "config_digest": "202195203414",
+  "gpus_per_node": 4,
+  "hpcrl_version": "0.1.0",
+  "layout": {
+    "bottleneck": "training",
+    "colocated": true,
+    "deepspeed_stage": 3,
+    "engine_concurrent_seqs": 235,
+    "engine_gpus": 16,
+    "engine_kv_cache_gib": 64.37,
+    "generation_time_s": 65.8,
+    "gpu_usable_gib": 95.58,
+    "host_peak_gib": 102.3,
+    "idle_gpus": 0,
+    "learner_gpus": 16,
+    "learner_peak_gib": 72.26,
+    "nodes": 4,
+    "num_learners_per_node": [
+      4,
+      4,
+      4,
+      4
+    ],
+    "reason": "colocated: every GPU trains and generates; step ~160s = generation 66s + training 95s",
+    "rollout_peak_gib": 88.45,
+    "step_time_s": 160.4,
+    "training_peak_gib": 73.86,
+    "training_time_s": 94.6,
+    "vllm_gpu_memory_utilization": 0.85,
+    "vllm_num_engines": 16,
+    "vllm_tensor_parallel_size": 1
+  },
+  "memory": {
+    "colocated": {
+      "grads_resident": false,
+      "optimizer_offload": false,
+      "param_offload": false,
+      "reference_offload": true,
+      "rollout_breakdown": {
+        "gradients": 0.0,
+        "learner CUDA context + NCCL": 1.0,
+        "optimizer state": 3.546,
+        "reference policy": 0.0,
+        "training parameters": 2.66,
+        "vLLM (gpu_memory_utilization x GPU)": 81.243
+      },
+      "rollout_fits": true,
+      "rollout_gib": 88.449,
+      "training_breakdown": {
+        "learner (training peak)": 72.256,
+        "vLLM asleep (CUDA context, CUDA graphs)": 1.6
+      },
+      "training_fits": true,
+      "training_gib": 73.856,
+      "vllm_sleeps": true
+    },
+    "engine": {
+      "activation_peak_gib": 1.087,
+      "concurrent_seqs": 235,
+      "cuda_graphs_gib": 1.0,
+      "fits": true,
+      "gpu_memory_utilization": 0.85,
+      "kv_bytes_per_token": 57344,
+      "kv_cache_gib": 64.371,
+      "kv_tokens": 1205321,
+      "max_seq_len": 5120,
+      "non_torch_gib": 0.6,
+      "tp": 1,
+      "weights_gib": 14.185
+    },
+    "fits": true,
+    "gpu": {
+      "cluster": "isambard-ai",
+      "name": "GH200",
+      "usable_gib": 95.58
+    },
+    "host": {
+      "breakdown": {
+        "Ray (GCS, raylet)": 2.0,
+        "learner processes": 24.0,
+        "offloaded optimizer state (pinned)": 0.0,
+        "training state offloaded during rollout": 3.55,
+        "vLLM weights while asleep": 56.74,
+        "vLLM workers": 16.0
+      },
+      "fits": true,
+      "kill_threshold": 0.95,
+      "peak_gib": 102.3,
+      "ram_per_node_gib": 460.0
+    },
+    "learner": {
+      "allocator_margin_gib": 4.347,
+      "breakdown": {
+        "Adam moments (fp32)": 3.546,
+        "ZeRO-3 gathered lm_head + grad": 2.03,
+        "activations (stored)": 12.715,
+        "fixed (workspaces, RNG, persistent params)": 0.1,
+        "fp32 master weights": 1.773,
+        "gradients": 1.773,
+        "log-prob path (compiled)": 34.805,
+        "parameters (bf16)": 0.887,
+        "reduce bucket": 0.931,
+        "reference policy (bf16)": 0.887
+      },
+      "deepspeed_estimate_gib": 10.009,
+      "device_total_gib": 72.256,
+      "fits": true,
+      "gpus": 16,
+      "grad_accum_dtype": "fp32",
+      "gradient_checkpointing": true,
+      "inside_margin": false,
+      "load_in_4bit": false,
+      "logprob_impl": "compiled",
+      "lora_rank": 0,
+      "non_torch_gib": 1.0,
+      "offload": "none",
+      "peak_allocated_gib": 59.447,
+      "peak_phase": "logits",
+      "peak_reserved_gib": 71.256,
+      "phases_gib": {
+        "logits": 59.447,
+        "optimizer": 12.557,
+        "recompute": 36.581
+      },
+      "tokens_per_gpu": 61440,
+      "weight_sync": "none",
+      "zero_stage": 3
+    },
+    "model": {
+      "active_params": 7615616512,
+      "name": "Qwen/Qwen2.5-7B",
+      "total_params": 7615616512,
+      "trainable_params": 7615616512
+    },
+    "verdict": "training fits with 17.4 GiB to spare after a 4.3 GiB allocator margin; rollout fits with 7.1 GiB to spare; engine fits: 235 sequences of 5120 tokens fit at once"
+  },
+  "model": "Qwen/Qwen2.5-7B",
+  "nodes": 4,
+  "run_name": "verl-grpo-qwen2.5-7b",
+  "smoke": false,
+  "warnings": [
+    "4 learners per node on isambard-ai, where the profile plans at most 1: more than one learner per GH200 node failed with NCCL \"Duplicate GPU detected\" in the users' runs (their workaround, a patched NCCL with NCCL_IGNORE_DUPLICATE_GPU=1, is untested at 32B)"
+  ]
+}
+HPCRL_PLAN_JSON
+        mv -f -- "$HPCRL_DIR/plan.json.$SLURM_JOB_ID.tmp" "$HPCRL_DIR/plan.json"
+    fi
+}
+
 MAX_RESTARTS=10
 MAX_FAILURE_RESTARTS=3
 FAILURE_BACKOFF_S=60
 GRACE_S=780
-# The file the framework rewrites once a checkpoint is complete, and the --signal lead time.
-CKPT_MARKER=$RUN_DIR/checkpoints/latest_checkpointed_iteration.txt
+# The --signal lead time.
 SIGNAL_LEAD_S=900
 # Nodes the rendered script excludes; a continuation after a node's failure adds that node.
 RENDERED_EXCLUDE=''
-# Slurm SIGKILLs every process of the job KillWait seconds after its TERM (scancel, preemption,
-# the time limit itself): a stop that a TERM starts is planned to end inside that window, the
-# driver's share first, then Ray's, with STOP_RESERVE_S left for the last record and cleanup.
-# (awk reads to the end: an early exit would SIGPIPE scontrol and fail the pipeline.)
-KILL_WAIT_S=$(scontrol show config 2>/dev/null | awk '$1 == "KillWait" && !n++ { print $3 + 0 }') || KILL_WAIT_S=""
-if [[ ! $KILL_WAIT_S =~ ^[0-9]+$ ]] || ((KILL_WAIT_S < 1)); then
-    KILL_WAIT_S=30  # the profile's slurm.kill_wait_s: scontrol did not say
-fi
+# Reserved at the end of Slurm's KillWait (run_directory reads it) for the last record and cleanup.
 STOP_RESERVE_S=2
-TERM_DRIVER_S=$((KILL_WAIT_S * 4 / 10 > 1 ? KILL_WAIT_S * 4 / 10 : 1))
 # A stop hpcrl starts itself (a dead Ray node) waits this long for the driver.
 INTERNAL_STOP_S=15
 # The longest an end the job reaches by itself waits for the worker step before KILLing it
@@ -163,7 +358,7 @@ record() {
     TZ=UTC0 printf '%s\t%s\t%(%Y-%m-%dT%H:%M:%SZ)T\t%s\n' "$SLURM_JOB_ID" "$1" -1 "$2" >>"$HPCRL_DIR/jobs.tsv"
 }
 
-# Driver exit code -> end reason (90-93, 96 and 97 are the watchdog's breakers).
+# Driver exit code -> end reason (hpcrl/contract.py: the watchdog's breakers and the rest).
 reason_of() {
     case $1 in
         0) echo completed ;;
@@ -236,9 +431,7 @@ continue_chain() {
     local reason=$1 next kind counter limit setting wait_s=0 nodes
     case $reason in
         timeout | preempted) kind=limit counter=$HPCRL_DIR/restarts limit=$MAX_RESTARTS setting=hpcrl.max_restarts ;;
-        ray-start-failed | ray-head-died | worker-died | network-error)
-            kind=failure counter=$HPCRL_DIR/failure-restarts limit=$MAX_FAILURE_RESTARTS
-            setting=hpcrl.max_failure_restarts ;;
+        ray-start-failed | ray-head-died | worker-died | network-error) kind=failure counter=$HPCRL_DIR/failure-restarts limit=$MAX_FAILURE_RESTARTS setting=hpcrl.max_failure_restarts ;;
         *) return 0 ;;
     esac
     if [[ -n $CONTINUED ]] || [[ -e $HPCRL_DIR/cancel ]]; then
@@ -444,255 +637,82 @@ finish() {
     exit "$2"
 }
 
-trap on_exit EXIT
-trap 'on_signal timeout USR1' USR1
-trap 'on_signal term TERM' TERM
-trap 'on_signal term INT' INT
-
-record start "$HEAD_NODE"
-
-# This job's script (continuations resubmit it) and the plan it was rendered from.
-if ! cmp -s -- "$0" "$HPCRL_DIR/job.sbatch"; then
-    if [[ -e $HPCRL_DIR/job.sbatch ]]; then
-        log "warning: $HPCRL_DIR/job.sbatch differs from this job's script; replacing it"
-    fi
-    cp -- "$0" "$HPCRL_DIR/job.sbatch.$SLURM_JOB_ID.tmp"
-    mv -f -- "$HPCRL_DIR/job.sbatch.$SLURM_JOB_ID.tmp" "$HPCRL_DIR/job.sbatch"
-fi
-if [[ ! -e $HPCRL_DIR/plan.json ]]; then
-    cat >"$HPCRL_DIR/plan.json.$SLURM_JOB_ID.tmp" <<'HPCRL_PLAN_JSON'
-{
-  "backend": "verl",
-  "backend_args": {
-    "actor_rollout_ref.actor.fsdp_config.optimizer_offload": false,
-    "actor_rollout_ref.actor.fsdp_config.param_offload": false,
-    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 12,
-    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": 12,
-    "actor_rollout_ref.rollout.gpu_memory_utilization": 0.85,
-    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 12,
-    "actor_rollout_ref.rollout.name": "vllm",
-    "actor_rollout_ref.rollout.tensor_model_parallel_size": 1,
-    "trainer.max_actor_ckpt_to_keep": 2,
-    "trainer.n_gpus_per_node": 4,
-    "trainer.nnodes": 4,
-    "trainer.save_freq": 11
-  },
-  "cluster": "isambard-ai",
-  "config": "verl-grpo-qwen2.5-7b.yaml",
-  "config_digest": "202195203414",
-  "gpus_per_node": 4,
-  "hpcrl_version": "0.1.0",
-  "layout": {
-    "bottleneck": "training",
-    "colocated": true,
-    "deepspeed_stage": 3,
-    "engine_concurrent_seqs": 235,
-    "engine_gpus": 16,
-    "engine_kv_cache_gib": 64.37,
-    "generation_time_s": 65.8,
-    "gpu_usable_gib": 95.58,
-    "host_peak_gib": 102.3,
-    "idle_gpus": 0,
-    "learner_gpus": 16,
-    "learner_peak_gib": 72.26,
-    "nodes": 4,
-    "num_learners_per_node": [
-      4,
-      4,
-      4,
-      4
-    ],
-    "reason": "colocated: every GPU trains and generates; step ~160s = generation 66s + training 95s",
-    "rollout_peak_gib": 88.45,
-    "step_time_s": 160.4,
-    "training_peak_gib": 73.86,
-    "training_time_s": 94.6,
-    "vllm_gpu_memory_utilization": 0.85,
-    "vllm_num_engines": 16,
-    "vllm_tensor_parallel_size": 1
-  },
-  "memory": {
-    "colocated": {
-      "grads_resident": false,
-      "optimizer_offload": false,
-      "param_offload": false,
-      "reference_offload": true,
-      "rollout_breakdown": {
-        "gradients": 0.0,
-        "learner CUDA context + NCCL": 1.0,
-        "optimizer state": 3.546,
-        "reference policy": 0.0,
-        "training parameters": 2.66,
-        "vLLM (gpu_memory_utilization x GPU)": 81.243
-      },
-      "rollout_fits": true,
-      "rollout_gib": 88.449,
-      "training_breakdown": {
-        "learner (training peak)": 72.256,
-        "vLLM asleep (CUDA context, CUDA graphs)": 1.6
-      },
-      "training_fits": true,
-      "training_gib": 73.856,
-      "vllm_sleeps": true
-    },
-    "engine": {
-      "activation_peak_gib": 1.087,
-      "concurrent_seqs": 235,
-      "cuda_graphs_gib": 1.0,
-      "fits": true,
-      "gpu_memory_utilization": 0.85,
-      "kv_bytes_per_token": 57344,
-      "kv_cache_gib": 64.371,
-      "kv_tokens": 1205321,
-      "max_seq_len": 5120,
-      "non_torch_gib": 0.6,
-      "tp": 1,
-      "weights_gib": 14.185
-    },
-    "fits": true,
-    "gpu": {
-      "cluster": "isambard-ai",
-      "name": "GH200",
-      "usable_gib": 95.58
-    },
-    "host": {
-      "breakdown": {
-        "Ray (GCS, raylet)": 2.0,
-        "learner processes": 24.0,
-        "offloaded optimizer state (pinned)": 0.0,
-        "training state offloaded during rollout": 3.55,
-        "vLLM weights while asleep": 56.74,
-        "vLLM workers": 16.0
-      },
-      "fits": true,
-      "kill_threshold": 0.95,
-      "peak_gib": 102.3,
-      "ram_per_node_gib": 460.0
-    },
-    "learner": {
-      "allocator_margin_gib": 4.347,
-      "breakdown": {
-        "Adam moments (fp32)": 3.546,
-        "ZeRO-3 gathered lm_head + grad": 2.03,
-        "activations (stored)": 12.715,
-        "fixed (workspaces, RNG, persistent params)": 0.1,
-        "fp32 master weights": 1.773,
-        "gradients": 1.773,
-        "log-prob path (compiled)": 34.805,
-        "parameters (bf16)": 0.887,
-        "reduce bucket": 0.931,
-        "reference policy (bf16)": 0.887
-      },
-      "deepspeed_estimate_gib": 10.009,
-      "device_total_gib": 72.256,
-      "fits": true,
-      "gpus": 16,
-      "grad_accum_dtype": "fp32",
-      "gradient_checkpointing": true,
-      "inside_margin": false,
-      "load_in_4bit": false,
-      "logprob_impl": "compiled",
-      "lora_rank": 0,
-      "non_torch_gib": 1.0,
-      "offload": "none",
-      "peak_allocated_gib": 59.447,
-      "peak_phase": "logits",
-      "peak_reserved_gib": 71.256,
-      "phases_gib": {
-        "logits": 59.447,
-        "optimizer": 12.557,
-        "recompute": 36.581
-      },
-      "tokens_per_gpu": 61440,
-      "weight_sync": "none",
-      "zero_stage": 3
-    },
-    "model": {
-      "active_params": 7615616512,
-      "name": "Qwen/Qwen2.5-7B",
-      "total_params": 7615616512,
-      "trainable_params": 7615616512
-    },
-    "verdict": "training fits with 17.4 GiB to spare after a 4.3 GiB allocator margin; rollout fits with 7.1 GiB to spare; engine fits: 235 sequences of 5120 tokens fit at once"
-  },
-  "model": "Qwen/Qwen2.5-7B",
-  "nodes": 4,
-  "run_name": "verl-grpo-qwen2.5-7b",
-  "smoke": false,
-  "warnings": [
-    "4 learners per node on isambard-ai, where the profile plans at most 1: more than one learner per GH200 node failed with NCCL \"Duplicate GPU detected\" in the users' runs (their workaround, a patched NCCL with NCCL_IGNORE_DUPLICATE_GPU=1, is untested at 32B)"
-  ]
-}
-HPCRL_PLAN_JSON
-    mv -f -- "$HPCRL_DIR/plan.json.$SLURM_JOB_ID.tmp" "$HPCRL_DIR/plan.json"
-fi
-
 # ------------------------------------------------------------------ nodes, ports, token
 # Node addresses are Slurm's own (NodeAddr): `hostname` may name another network or, on a
 # test cluster, the same machine for every node. One line per node: "<name> <IPv4> <slot>",
 # where slot numbers the job's nodes that share one host (0 on a real cluster).
 # The head is the node this batch script runs on (Slurm's BatchHost, normally the first).
-mapfile -t JOB_NODES < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
-if ((${#JOB_NODES[@]} == 0)); then
-    fail ray-start-failed "scontrol show hostnames gave no node for $SLURM_JOB_NODELIST"
-fi
-if ((${#JOB_NODES[@]} != 4)); then
-    fail setup-failed "this script was rendered for 4 nodes but the job has ${#JOB_NODES[@]}; re-render with --nodes ${#JOB_NODES[@]}"
-fi
-NODE_LINES=$(scontrol show node -o "$SLURM_JOB_NODELIST" | awk '
-    {
-        name = addr = host = ""
-        for (i = 1; i <= NF; i++) {
-            if ($i ~ /^NodeName=/) name = substr($i, 10)
-            else if ($i ~ /^NodeAddr=/) addr = substr($i, 10)
-            else if ($i ~ /^NodeHostName=/) host = substr($i, 14)
-        }
-        if (name != "") print name, addr, seen[host]++
-    }')
-NODE_TABLE=""
-while read -r name addr slot; do
-    ip=$addr
-    if [[ ! $addr =~ ^[0-9]+\.[0-9]+\.[0-9]+\.[0-9]+$ ]]; then
-        ip=$(getent ahostsv4 "$addr" | awk 'NR == 1 { print $1 }') || true
+job_nodes() {
+    local name addr slot ip described
+    mapfile -t JOB_NODES < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
+    if ((${#JOB_NODES[@]} == 0)); then
+        fail ray-start-failed "scontrol show hostnames gave no node for $SLURM_JOB_NODELIST"
     fi
-    if [[ -z $ip ]]; then
-        fail ray-start-failed "cannot resolve NodeAddr '$addr' of node $name to an IPv4 address"
+    if ((${#JOB_NODES[@]} != 4)); then
+        fail setup-failed "this script was rendered for 4 nodes but the job has ${#JOB_NODES[@]}; re-render with --nodes ${#JOB_NODES[@]}"
     fi
-    if ((slot > 8)); then
-        fail setup-failed "more than 9 nodes of this job share the host of $name; the port block has 9 slots"
+    NODE_LINES=$(scontrol show node -o "$SLURM_JOB_NODELIST" | awk '
+        {
+            name = addr = host = ""
+            for (i = 1; i <= NF; i++) {
+                if ($i ~ /^NodeName=/) name = substr($i, 10)
+                else if ($i ~ /^NodeAddr=/) addr = substr($i, 10)
+                else if ($i ~ /^NodeHostName=/) host = substr($i, 14)
+            }
+            if (name != "") print name, addr, seen[host]++
+        }')
+    NODE_TABLE=""
+    while read -r name addr slot; do
+        ip=$addr
+        if [[ ! $addr =~ ^[0-9]+\.[0-9]+\.[0-9]+\.[0-9]+$ ]]; then
+            ip=$(getent ahostsv4 "$addr" | awk 'NR == 1 { print $1 }') || true
+        fi
+        if [[ -z $ip ]]; then
+            fail ray-start-failed "cannot resolve NodeAddr '$addr' of node $name to an IPv4 address"
+        fi
+        if ((slot > 8)); then
+            fail setup-failed "more than 9 nodes of this job share the host of $name; the port block has 9 slots"
+        fi
+        NODE_TABLE+="$name $ip $slot;"
+    done <<<"$NODE_LINES"
+    # Exported for the worker step; ';' separates nodes.
+    HPCRL_NODE_TABLE=$NODE_TABLE
+    described=$(awk -v RS=';' 'NF { c++ } END { print c + 0 }' <<<"$HPCRL_NODE_TABLE")
+    if ((described != 4)); then
+        fail ray-start-failed "scontrol show node described $described of the job's 4 nodes"
     fi
-    NODE_TABLE+="$name $ip $slot;"
-done <<<"$NODE_LINES"
-# Exported for the worker step; ';' separates nodes.
-HPCRL_NODE_TABLE=$NODE_TABLE
+    read -r HPCRL_HEAD_IP HEAD_SLOT < <(node_entry "$HEAD_NODE") || true
+    if [[ -z ${HEAD_SLOT:-} ]]; then
+        fail ray-start-failed "head node $HEAD_NODE is missing from scontrol show node"
+    fi
+    export HPCRL_NODE_TABLE HPCRL_HEAD_IP
+    log "job $SLURM_JOB_ID: 4 nodes, head $HEAD_NODE ($HPCRL_HEAD_IP), run dir $RUN_DIR"
+}
 node_entry() { awk -v RS=';' -v n="$1" '$1 == n { print $2, $3 }' <<<"$HPCRL_NODE_TABLE"; }
-described=$(awk -v RS=';' 'NF { c++ } END { print c + 0 }' <<<"$HPCRL_NODE_TABLE")
-if ((described != 4)); then
-    fail ray-start-failed "scontrol show node described $described of the job's 4 nodes"
-fi
-read -r HPCRL_HEAD_IP HEAD_SLOT < <(node_entry "$HEAD_NODE") || true
-if [[ -z ${HEAD_SLOT:-} ]]; then
-    fail ray-start-failed "head node $HEAD_NODE is missing from scontrol show node"
-fi
-export HPCRL_NODE_TABLE HPCRL_HEAD_IP
-log "job $SLURM_JOB_ID: 4 nodes, head $HEAD_NODE ($HPCRL_HEAD_IP), run dir $RUN_DIR"
 
-# A block of 100 ports per job, from the job id: two jobs on a shared node (or two runs on
-# the test cluster) never meet on Ray's fixed defaults (6379, 8265, 10001, 52365).
-#   +0 GCS, +1 dashboard (bound to localhost), +2 Ray client server
-#   +10+10*slot .. +15+10*slot: node manager, object manager, metrics export,
-#                               dashboard agent gRPC/HTTP, runtime env agent
+# A block of 100 ports per job, from the job id (hpcrl/contract.py): two jobs on a shared
+# node (or two runs on the test cluster) never meet on Ray's fixed defaults (6379, 8265, 10001, 52365).
+#   +0 GCS, +1 dashboard (bound to localhost), +2 Ray client server, +3+slot a service
+#   +10+10*slot and up, one each: node-manager-port, object-manager-port, metrics-export-port,
+#       dashboard-agent-grpc-port, dashboard-agent-listen-port, runtime-env-agent-port
 # Worker processes take ports the kernel assigns (--min/max-worker-port=0): they cannot
 # collide, and a fixed range would have to hold num_cpus prestarted workers plus every actor.
-export HPCRL_PORT_BASE=$((10000 + SLURM_JOB_ID % 200 * 100))
-GCS_PORT=$HPCRL_PORT_BASE
-export HPCRL_RAY_CPUS=64
+job_ports() {
+    export HPCRL_PORT_BASE=$((10000 + SLURM_JOB_ID % 200 * 100))
+    GCS_PORT=$((HPCRL_PORT_BASE + 0))
+    export HPCRL_RAY_CPUS=64
+}
+
 node_ports() {
     local b=$((HPCRL_PORT_BASE + 10 + 10 * $1))
     NODE_PORT_ARGS=(
-        "--node-manager-port=$b" "--object-manager-port=$((b + 1))" "--metrics-export-port=$((b + 2))"
-        "--dashboard-agent-grpc-port=$((b + 3))" "--dashboard-agent-listen-port=$((b + 4))"
-        "--runtime-env-agent-port=$((b + 5))" --min-worker-port=0 --max-worker-port=0
+        "--node-manager-port=$b"
+        "--object-manager-port=$((b + 1))"
+        "--metrics-export-port=$((b + 2))"
+        "--dashboard-agent-grpc-port=$((b + 3))"
+        "--dashboard-agent-listen-port=$((b + 4))"
+        "--runtime-env-agent-port=$((b + 5))"
+        --min-worker-port=0 --max-worker-port=0
     )
 }
 
@@ -838,63 +858,71 @@ sweep_workers() {
 blame() { echo "${SLURMD_NODENAME:-$(hostname -s)} $1" >>"$HPCRL_RUN_DIR/hpcrl/blame-$SLURM_JOB_ID"; }
 
 # Per-job Ray token (token authentication): nobody else on a shared node can attach.
-HPCRL_RAY_TOKEN="$HPCRL_DIR/ray-token-$SLURM_JOB_ID"
-(
-    umask 077
-    head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$HPCRL_RAY_TOKEN"
-)
-chmod 600 -- "$HPCRL_RAY_TOKEN"
-export RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH=$HPCRL_RAY_TOKEN
-# Recent Ray (2.60 here) drains a node for up to 30 s on SIGTERM before it stops; a job has no
-# one to drain for, and Slurm's KillWait (often 30 s) would SIGKILL the job's cleanup.
-export RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S=0
-# Ray's Prometheus metrics port would answer anyone who can reach the node, without the token,
-# on all interfaces: nothing scrapes it here, so it is off (profile ray.metrics: true).
-export RAY_enable_metrics_collection=0
+ray_token() {
+    HPCRL_RAY_TOKEN="$HPCRL_DIR/ray-token-$SLURM_JOB_ID"
+    (
+        umask 077
+        head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$HPCRL_RAY_TOKEN"
+    )
+    chmod 600 -- "$HPCRL_RAY_TOKEN"
+    export RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH=$HPCRL_RAY_TOKEN
+    # Recent Ray (2.60 here) drains a node for up to 30 s on SIGTERM before it stops; a job has no
+    # one to drain for, and Slurm's KillWait (often 30 s) would SIGKILL the job's cleanup.
+    export RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S=0
+    # Ray's Prometheus metrics port would answer anyone who can reach the node, without the token,
+    # on all interfaces: nothing scrapes it here, so it is off (profile ray.metrics: true).
+    export RAY_enable_metrics_collection=0
+}
 
-# Open files: Ray opens a socket per worker and connection, vLLM and NCCL more: the hard limit.
-ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
-lean_env
-LEAN_BYTES=$("${LEAN_ENV[@]}" env | wc -c)
-if ((LEAN_BYTES > 100 * 1024)); then
-    log "warning: the driver's environment is still $((LEAN_BYTES / 1024)) KiB after dropping Slurm, MPI and module variables; open-instruct passes it to every Ray actor, and past 128 KiB their start fails. Largest: $("${LEAN_ENV[@]}" env | awk '{ print length($0), substr($0, 1, index($0, "=") - 1) }' | sort -rn | head -3 | awk '{ printf "%s (%d B) ", $2, $1 }')"
-fi
+# This node's limits, lean environment and private node-local directories.
+head_node_setup() {
+    # Open files: Ray opens a socket per worker and connection, vLLM and NCCL more: the hard limit.
+    ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
+    lean_env
+    LEAN_BYTES=$("${LEAN_ENV[@]}" env | wc -c)
+    if ((LEAN_BYTES > 100 * 1024)); then
+        log "warning: the driver's environment is still $((LEAN_BYTES / 1024)) KiB after dropping Slurm, MPI and module variables; open-instruct passes it to every Ray actor, and past 128 KiB their start fails. Largest: $("${LEAN_ENV[@]}" env | awk '{ print length($0), substr($0, 1, index($0, "=") - 1) }' | sort -rn | head -3 | awk '{ printf "%s (%d B) ", $2, $1 }')"
+    fi
 
-export HPCRL_NODE_LOCAL="${LOCALDIR}"
-if ! node_dirs "$HEAD_SLOT"; then
-    blame ray-start-failed
-    fail ray-start-failed "cannot make this job's private node-local directory on $HEAD_NODE"
-fi
+    export HPCRL_NODE_LOCAL="${LOCALDIR}"
+    if ! node_dirs "$HEAD_SLOT"; then
+        blame ray-start-failed
+        fail ray-start-failed "cannot make this job's private node-local directory on $HEAD_NODE"
+    fi
+}
 
-# ------------------------------------------------------------------ Ray cluster
-if ! command -v ray >/dev/null 2>&1; then
-    fail setup-failed "the ray command is not on PATH on $HEAD_NODE; install ray in the job's environment (hpcrl.env_setup)"
-fi
-# Before anything listens: a Ray that would ignore the token must not start.
-RAY_PROBLEM=$(ray_version_problem)
-if [[ -n $RAY_PROBLEM ]]; then
-    fail setup-failed "$RAY_PROBLEM"
-fi
-# GPU monitor on every node (exits at once on a machine without GPUs).
-python3 -m hpcrl.runtime.gpumon --out "$HPCRL_DIR/gpu-$HEAD_NODE.csv" --interval 5 --role head --detect-roles &
-MON_PID=$!
-
-RAY_ARGS=(--num-gpus=4 "--num-cpus=$HPCRL_RAY_CPUS" --disable-usage-stats --log-style=record --log-color=false --object-store-memory=68719476736)
-node_ports "$HEAD_SLOT"
+# ------------------------------------------------------------------ Ray on every node
 # `ray start` is tried up to RAY_START_ATTEMPTS times on every node (a clean temp dir and a
 # short back-off in between), before the driver starts; after that a dead Ray ends the job.
 RAY_START_ATTEMPTS=3
-HEAD_ATTEMPT=0
-# --block keeps Ray's processes children of this script; setsid gives them a session of their
+RAY_ATTEMPT=0
+RAY_PID=""
+# ray_start head|worker IP: one attempt at this node's `ray start`, in the background (RAY_PID).
+# --block keeps Ray's processes children of this shell; setsid gives them a session of their
 # own, so that whatever a stop leaves behind can be killed as one.
-start_head() {
-    HEAD_ATTEMPT=$((HEAD_ATTEMPT + 1))
-    "${LEAN_ENV[@]}" setsid ray start --head --block --node-ip-address="$HPCRL_HEAD_IP" --port="$GCS_PORT" \
-        --dashboard-port=$((HPCRL_PORT_BASE + 1)) --ray-client-server-port=$((HPCRL_PORT_BASE + 2)) \
-        --temp-dir="$RAY_TMP" "${NODE_PORT_ARGS[@]}" "${RAY_ARGS[@]}" &
-    HEAD_PID=$!
+ray_start() {
+    local role_args=(--address="$HPCRL_HEAD_IP:$((HPCRL_PORT_BASE + 0))")
+    if [[ $1 == head ]]; then
+        role_args=(--head --port="$((HPCRL_PORT_BASE + 0))" --dashboard-port=$((HPCRL_PORT_BASE + 1))
+            --ray-client-server-port=$((HPCRL_PORT_BASE + 2)))
+    fi
+    RAY_ATTEMPT=$((RAY_ATTEMPT + 1))
+    "${LEAN_ENV[@]}" setsid ray start --block "${role_args[@]}" --node-ip-address="$2" --temp-dir="$RAY_TMP" \
+        "${NODE_PORT_ARGS[@]}" --num-gpus=4 "--num-cpus=$HPCRL_RAY_CPUS" --disable-usage-stats \
+        --log-style=record --log-color=false --object-store-memory=68719476736 &
+    RAY_PID=$!
 }
-start_head
+# ray_retry NODE CODE: Ray on NODE exited with CODE before the cluster was up: start it once
+# more after a clean temp dir and a back-off, or return 1 when the attempts are used up.
+ray_retry() {
+    if ((RAY_ATTEMPT >= RAY_START_ATTEMPTS)); then
+        return 1
+    fi
+    echo "hpcrl: ray start on $1 exited with code $2 (attempt $RAY_ATTEMPT of $RAY_START_ATTEMPTS); retrying in $((2 * RAY_ATTEMPT)) s with a clean temp dir"
+    kill_session KILL "$RAY_PID"
+    rm -rf -- "${RAY_TMP:?}"/* 2>/dev/null || true
+    sleep "$((2 * RAY_ATTEMPT))"
+}
 
 # Runs on every other node, in one srun step; shipped with `declare -f` (srun passes the
 # exported environment, not shell functions). The traps come first: when another worker
@@ -902,7 +930,7 @@ start_head
 # moment, and the node-local directories must go even then.
 hpcrl_worker_cleanup() {
     set +e
-    kill_session KILL "$ray_pid"
+    kill_session KILL "$RAY_PID"
     if [[ -n $mon_pid ]]; then
         kill "$mon_pid" 2>/dev/null || true
     fi
@@ -913,8 +941,8 @@ hpcrl_worker_cleanup() {
 hpcrl_worker() {
     set -euo pipefail
     local name=${SLURMD_NODENAME:?} ip slot rc=0
-    ray_pid="" mon_pid="" stopping="" stop_at="" NODE_DIR="" RAY_TMP=""
-    trap 'stopping=1 stop_at=${stop_at:-$SECONDS}; if [[ -n $ray_pid ]]; then kill -TERM "$ray_pid" 2>/dev/null || true; fi' USR2 TERM INT
+    RAY_PID="" RAY_ATTEMPT=0 mon_pid="" stopping="" stop_at="" NODE_DIR="" RAY_TMP=""
+    trap 'stopping=1 stop_at=${stop_at:-$SECONDS}; if [[ -n $RAY_PID ]]; then kill -TERM "$RAY_PID" 2>/dev/null || true; fi' USR2 TERM INT
     trap hpcrl_worker_cleanup EXIT
     # This node's output also in its own file, logs/worker-<node>-<job>.log (the tee outlives the
     # stop signals as the batch script's does; srun's stream, the job log, gets each line prefixed
@@ -951,20 +979,15 @@ hpcrl_worker() {
         python3 -m hpcrl.runtime.gpumon --out "$HPCRL_RUN_DIR/hpcrl/gpu-$name.csv" --interval 5 --role mixed --detect-roles &
         mon_pid=$!
     fi
-    local attempt=0
     while [[ -z $stopping ]]; do
-        attempt=$((attempt + 1))
-        rc=0
-        "${LEAN_ENV[@]}" setsid ray start --block --address="$HPCRL_HEAD_IP:$HPCRL_PORT_BASE" --node-ip-address="$ip" \
-            --temp-dir="$RAY_TMP" "${NODE_PORT_ARGS[@]}" --num-gpus=4 "--num-cpus=$HPCRL_RAY_CPUS" \
-            --disable-usage-stats --log-style=record --log-color=false --object-store-memory=68719476736 &
-        ray_pid=$!
+        ray_start worker "$ip"
         if [[ -n $stopping ]]; then
-            kill -TERM "$ray_pid" 2>/dev/null || true
+            kill -TERM "$RAY_PID" 2>/dev/null || true
         fi
-        wait "$ray_pid" || rc=$?
-        if kill -0 "$ray_pid" 2>/dev/null; then
-            wait "$ray_pid" || rc=$?
+        rc=0
+        wait "$RAY_PID" || rc=$?
+        if kill -0 "$RAY_PID" 2>/dev/null; then
+            wait "$RAY_PID" || rc=$?
         fi
         if [[ -n $stopping ]]; then
             break
@@ -974,63 +997,24 @@ hpcrl_worker() {
             blame raylet-died
             exit "$((rc ? rc : 1))"
         fi
-        if ((attempt >= RAY_START_ATTEMPTS)); then
-            echo "hpcrl: error: ray start on $name failed $attempt times (last exit code $rc)"
+        if ! ray_retry "$name" "$rc"; then
+            echo "hpcrl: error: ray start on $name failed $RAY_ATTEMPT times (last exit code $rc)"
             blame ray-start-failed
             exit "$((rc ? rc : 1))"
         fi
-        echo "hpcrl: ray start on $name exited with code $rc (attempt $attempt of $RAY_START_ATTEMPTS); retrying in $((2 * attempt)) s with a clean temp dir"
-        kill_session KILL "$ray_pid"
-        rm -rf -- "${RAY_TMP:?}"/* 2>/dev/null || true
-        sleep "$((2 * attempt))"
     done
     echo "hpcrl: ray on $name stopped${stop_at:+ $((SECONDS - stop_at)) s after the stop signal}"
     exit 0
 }
 
-# One step for all workers; each asks for its node's GPUs and CPUs in the job's GPU style.
-srun --nodes=3 --ntasks=3 --ntasks-per-node=1 --exclude="$HEAD_NODE" \
-    --kill-on-bad-exit=1 --gpus-per-node=4 --cpus-per-task="$SLURM_CPUS_ON_NODE" \
-    bash -c "RAY_START_ATTEMPTS=$RAY_START_ATTEMPTS; $(declare -f node_entry node_ports node_dirs private_dir ray_version_problem kill_session remove_node_dirs lean_env keep_ray_logs blame hpcrl_worker_cleanup hpcrl_worker); hpcrl_worker" &
-WORKERS_PID=$!
-
-# Wait until Ray reports every node and GPU. The head's `ray start` is retried when it dies
-# before the cluster is up; a worker step that exits has used up its own retries: the job ends.
-export RAY_ADDRESS="$HPCRL_HEAD_IP:$GCS_PORT"
+# start_poll: the readiness check in the background (POLL_PID), until Ray reports every node
+# and GPU or the join timeout passes.
 start_poll() {
-    python3 - 4 16 900 <<'HPCRL_RAY_WAIT' &
-import os, sys, time
-
-want_nodes, want_gpus, timeout = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3])
-deadline = time.monotonic() + timeout
-import ray
-
-address = os.environ["RAY_ADDRESS"]
-while True:
-    try:
-        ray.init(address=address, logging_level="ERROR", log_to_driver=False)
-        break
-    except Exception as exc:  # the GCS may not be up yet
-        if time.monotonic() > deadline:
-            print(f"hpcrl: cannot connect to Ray at {address}: {exc}", flush=True)
-            sys.exit(1)
-        time.sleep(2)
-last = None
-while True:
-    alive = [n for n in ray.nodes() if n.get("Alive")]
-    gpus = sum(n.get("Resources", {}).get("GPU", 0) for n in alive)
-    if (len(alive), gpus) != last:
-        last = (len(alive), gpus)
-        print(f"hpcrl: Ray has {len(alive)}/{want_nodes} nodes, {gpus:g}/{want_gpus:g} GPUs", flush=True)
-    if len(alive) >= want_nodes and gpus >= want_gpus:
-        sys.exit(0)
-    if time.monotonic() > deadline:
-        print(f"hpcrl: Ray nodes after {timeout:g} s: {sorted(n['NodeManagerAddress'] for n in alive)}", flush=True)
-        sys.exit(1)
-    time.sleep(2)
-HPCRL_RAY_WAIT
+    python3 -m hpcrl.runtime.ray_ready --nodes 4 --gpus 16 --timeout 900 &
     POLL_PID=$!
 }
+# Wait until Ray reports every node and GPU. The head's `ray start` is retried when it dies
+# before the cluster is up; a worker step that exits has used up its own retries: the job ends.
 ray_wait() {
     local deadline=$((SECONDS + 900 + 60)) code=0
     start_poll
@@ -1043,17 +1027,14 @@ ray_wait() {
             code=0
             wait "$HEAD_PID" || code=$?
             kill "$POLL_PID" 2>/dev/null || true
-            if ((HEAD_ATTEMPT >= RAY_START_ATTEMPTS)); then
+            if ! ray_retry "$HEAD_NODE" "$code"; then
                 blame ray-start-failed
-                fail ray-start-failed "ray start --head on $HEAD_NODE exited with code $code before the cluster was up, $HEAD_ATTEMPT times; see its output above"
+                fail ray-start-failed "ray start --head on $HEAD_NODE exited with code $code before the cluster was up, $RAY_ATTEMPT times; see its output above"
             fi
-            log "ray start --head on $HEAD_NODE exited with code $code (attempt $HEAD_ATTEMPT of $RAY_START_ATTEMPTS); retrying in $((2 * HEAD_ATTEMPT)) s with a clean temp dir"
-            kill_session KILL "$HEAD_PID"
-            rm -rf -- "${RAY_TMP:?}"/* 2>/dev/null || true
-            sleep "$((2 * HEAD_ATTEMPT))"
-            start_head
+            ray_start head "$HPCRL_HEAD_IP"
+            HEAD_PID=$RAY_PID
             start_poll
-            deadline=$((deadline + 2 * HEAD_ATTEMPT))
+            deadline=$((deadline + 2 * (RAY_ATTEMPT - 1)))
         fi
         if [[ -n $WORKERS_PID ]] && ! kill -0 "$WORKERS_PID" 2>/dev/null; then
             kill "$POLL_PID" 2>/dev/null || true
@@ -1075,140 +1056,222 @@ ray_wait() {
         fail ray-start-failed "Ray did not report 4 nodes and 16 GPUs within 900 s (profile ray.join_timeout_s)"
     fi
 }
-ray_wait
-if [[ -n $STOP_REASON ]]; then
-    finish "$STOP_REASON" 143
-fi
-log "Ray is up: 4 nodes, 16 GPUs (GCS $RAY_ADDRESS)"
+
+# ------------------------------------------------------------------ phases up to the driver
+phase_environment() {
+    phase environment
+    profile_environment
+    run_directory  # from here on, this log is also logs/job-<id>.log
+    job_nodes
+    job_ports
+    ray_token
+    head_node_setup
+}
+
+phase_stack_check() {
+    phase stack_check
+    if ! command -v ray >/dev/null 2>&1; then
+        fail setup-failed "the ray command is not on PATH on $HEAD_NODE; install ray in the job's environment (hpcrl.env_setup)"
+    fi
+    # Before anything listens: a Ray that would ignore the token must not start.
+    RAY_PROBLEM=$(ray_version_problem)
+    if [[ -n $RAY_PROBLEM ]]; then
+        fail setup-failed "$RAY_PROBLEM"
+    fi
+    # The readiness check is hpcrl's (hpcrl.runtime.ray_ready): it must import where it runs.
+    if ! python3 -c 'import hpcrl.runtime.ray_ready' 2>/dev/null; then
+        fail crashed "hpcrl is not importable by python3 on $HEAD_NODE; install it in the job's environment (hpcrl.env_setup)"
+    fi
+}
+
+phase_head() {
+    phase head
+    # GPU monitor on every node (exits at once on a machine without GPUs).
+    python3 -m hpcrl.runtime.gpumon --out "$HPCRL_DIR/gpu-$HEAD_NODE.csv" --interval 5 --role head --detect-roles &
+    MON_PID=$!
+    node_ports "$HEAD_SLOT"
+    ray_start head "$HPCRL_HEAD_IP"
+    HEAD_PID=$RAY_PID
+}
+
+phase_workers() {
+    phase workers
+    # One step for all workers; each asks for its node's GPUs and CPUs in the job's GPU style.
+    srun --nodes=3 --ntasks=3 --ntasks-per-node=1 --exclude="$HEAD_NODE" \
+        --kill-on-bad-exit=1 --gpus-per-node=4 --cpus-per-task="$SLURM_CPUS_ON_NODE" \
+        bash -c "RAY_START_ATTEMPTS=$RAY_START_ATTEMPTS; $(declare -f node_entry node_ports node_dirs private_dir ray_version_problem kill_session remove_node_dirs lean_env keep_ray_logs blame ray_start ray_retry hpcrl_worker_cleanup hpcrl_worker); hpcrl_worker" &
+    WORKERS_PID=$!
+}
+
+phase_readiness() {
+    phase readiness
+    export RAY_ADDRESS="$HPCRL_HEAD_IP:$GCS_PORT"
+    ray_wait
+    if [[ -n $STOP_REASON ]]; then
+        finish "$STOP_REASON" 143
+    fi
+    log "Ray is up: 4 nodes, 16 GPUs (GCS $RAY_ADDRESS)"
+}
+
+phase_services() {
+    phase services
+    # None in this job.
+}
 
 # ------------------------------------------------------------------ driver
-# verl's main_ppo (Hydra overrides) under hpcrl's watchdog (circuit breakers: exit codes 90-93, 96, 97).
-WORKDIR="${HOME}"/verl
-PYTHON=python3
-ENTRY_POINT=verl.trainer.main_ppo
-if ! cd -- "$WORKDIR"; then
-    fail crashed "hpcrl.workdir $WORKDIR does not exist on $HEAD_NODE"
-fi
-if ! python3 -c 'import hpcrl.runtime.watchdog' 2>/dev/null; then
-    fail crashed "hpcrl is not importable by python3 on $HEAD_NODE; install it in the job's environment (hpcrl.env_setup)"
-fi
-if ! command -v "$PYTHON" >/dev/null 2>&1; then
-    fail crashed "hpcrl.python $PYTHON is not a command on $HEAD_NODE"
-fi
-# find_spec imports the parent packages only; an import error there is shown as it is.
-if ! "$PYTHON" -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec(sys.argv[1]) is None)' "$ENTRY_POINT"; then
-    fail crashed "hpcrl.entry_point $ENTRY_POINT is not a module $PYTHON can import on $HEAD_NODE (install verl in the job's environment)"
-fi
-# The run directory goes into Hydra overrides unquoted: refuse characters Hydra would parse.
-HYDRA_SAFE='^[A-Za-z0-9_./@+:-]+$'
-if [[ ! $RUN_DIR =~ $HYDRA_SAFE ]]; then
-    fail crashed "run directory $RUN_DIR has characters a Hydra override cannot carry; use letters, digits and _ . / @ + : - in hpcrl.run_root and hpcrl.run_name"
-fi
-export HYDRA_FULL_ERROR=1
-DRIVER=(
-    python3 -m hpcrl.runtime.watchdog --run-dir "$RUN_DIR"
-    --zero-reward-steps 10 --hang-minutes 60
-    --grad-norm-steps 20 --zero-variance-steps 20 --
-    "$PYTHON" -m "$ENTRY_POINT"
-    algorithm.adv_estimator=grpo
-    algorithm.use_kl_in_reward=false
-    'data.train_files='"'"'${oc.env:HOME}/data/gsm8k/train.parquet'"'"''
-    'data.val_files='"'"'${oc.env:HOME}/data/gsm8k/test.parquet'"'"''
-    data.train_batch_size=192
-    data.max_prompt_length=1024
-    data.max_response_length=4096
-    data.filter_overlong_prompts=true
-    data.truncation=error
-    actor_rollout_ref.model.path=Qwen/Qwen2.5-7B
-    actor_rollout_ref.model.use_remove_padding=true
-    actor_rollout_ref.model.enable_gradient_checkpointing=true
-    actor_rollout_ref.actor.optim.lr=1e-06
-    actor_rollout_ref.actor.ppo_mini_batch_size=48
-    actor_rollout_ref.actor.use_kl_loss=true
-    actor_rollout_ref.actor.kl_loss_coef=0.001
-    actor_rollout_ref.actor.kl_loss_type=low_var_kl
-    actor_rollout_ref.actor.entropy_coeff=0
-    actor_rollout_ref.ref.fsdp_config.param_offload=true
-    actor_rollout_ref.rollout.name=vllm
-    actor_rollout_ref.rollout.n=8
-    'trainer.logger=[console]'
-    trainer.project_name=hpcrl
-    trainer.experiment_name=verl-grpo-qwen2.5-7b
-    trainer.total_epochs=15
-    trainer.test_freq=20
-    trainer.nnodes=4
-    trainer.n_gpus_per_node=4
-    actor_rollout_ref.rollout.tensor_model_parallel_size=1
-    actor_rollout_ref.rollout.gpu_memory_utilization=0.85
-    actor_rollout_ref.actor.fsdp_config.param_offload=false
-    actor_rollout_ref.actor.fsdp_config.optimizer_offload=false
-    actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=12
-    actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=12
-    actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=12
-    trainer.save_freq=11
-    trainer.max_actor_ckpt_to_keep=2
-    "trainer.default_local_dir=$RUN_DIR/checkpoints"
-    trainer.resume_mode=auto
-)
-printf 'hpcrl: driver:'
-printf ' %q' "${DRIVER[@]}"
-printf '\n'
-# In the background with `wait`, so the signal traps run while it works; in a session of its
-# own (the watchdog keeps the driver in it) so that a stop can kill the whole tree at once; in
-# the lean environment (above). The marker tells the workers that a dead Ray is no longer
-# retried: the driver's actors are gone with it.
-: >"$HPCRL_DIR/driver-started-$SLURM_JOB_ID"
-"${LEAN_ENV[@]}" setsid "${DRIVER[@]}" &
-DRIVER_PID=$!
-# Ray's own processes are watched like the driver: a dead head (GCS, raylet) or worker step
-# ends the run at once instead of after Ray's own timeouts.
-RAY_DIED=""
-while alive "$DRIVER_PID"; do
-    if [[ -n $STOP_DEADLINE || -n $RAY_DIED || -n $DRAIN_UNTIL ]]; then
-        sleep 0.2 &
+phase_driver() {
+    phase driver
+    # verl's main_ppo (Hydra overrides) under hpcrl's watchdog (circuit breakers: exit codes 90, 91, 92, 93, 96, 97).
+    WORKDIR="${HOME}"/verl
+    PYTHON=python3
+    ENTRY_POINT=verl.trainer.main_ppo
+    if ! cd -- "$WORKDIR"; then
+        fail crashed "hpcrl.workdir $WORKDIR does not exist on $HEAD_NODE"
+    fi
+    if ! python3 -c 'import hpcrl.runtime.watchdog' 2>/dev/null; then
+        fail crashed "hpcrl is not importable by python3 on $HEAD_NODE; install it in the job's environment (hpcrl.env_setup)"
+    fi
+    if ! command -v "$PYTHON" >/dev/null 2>&1; then
+        fail crashed "hpcrl.python $PYTHON is not a command on $HEAD_NODE"
+    fi
+    # find_spec imports the parent packages only; an import error there is shown as it is.
+    if ! "$PYTHON" -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec(sys.argv[1]) is None)' "$ENTRY_POINT"; then
+        fail crashed "hpcrl.entry_point $ENTRY_POINT is not a module $PYTHON can import on $HEAD_NODE (install verl in the job's environment)"
+    fi
+    # The run directory goes into Hydra overrides unquoted: refuse characters Hydra would parse.
+    HYDRA_SAFE='^[A-Za-z0-9_./@+:-]+$'
+    if [[ ! $RUN_DIR =~ $HYDRA_SAFE ]]; then
+        fail crashed "run directory $RUN_DIR has characters a Hydra override cannot carry; use letters, digits and _ . / @ + : - in hpcrl.run_root and hpcrl.run_name"
+    fi
+    export HYDRA_FULL_ERROR=1
+    DRIVER=(
+        python3 -m hpcrl.runtime.watchdog --run-dir "$RUN_DIR"
+        --zero-reward-steps 10 --hang-minutes 60
+        --grad-norm-steps 20 --zero-variance-steps 20 --
+        "$PYTHON" -m "$ENTRY_POINT"
+        algorithm.adv_estimator=grpo
+        algorithm.use_kl_in_reward=false
+        'data.train_files='"'"'${oc.env:HOME}/data/gsm8k/train.parquet'"'"''
+        'data.val_files='"'"'${oc.env:HOME}/data/gsm8k/test.parquet'"'"''
+        data.train_batch_size=192
+        data.max_prompt_length=1024
+        data.max_response_length=4096
+        data.filter_overlong_prompts=true
+        data.truncation=error
+        actor_rollout_ref.model.path=Qwen/Qwen2.5-7B
+        actor_rollout_ref.model.use_remove_padding=true
+        actor_rollout_ref.model.enable_gradient_checkpointing=true
+        actor_rollout_ref.actor.optim.lr=1e-06
+        actor_rollout_ref.actor.ppo_mini_batch_size=48
+        actor_rollout_ref.actor.use_kl_loss=true
+        actor_rollout_ref.actor.kl_loss_coef=0.001
+        actor_rollout_ref.actor.kl_loss_type=low_var_kl
+        actor_rollout_ref.actor.entropy_coeff=0
+        actor_rollout_ref.ref.fsdp_config.param_offload=true
+        actor_rollout_ref.rollout.name=vllm
+        actor_rollout_ref.rollout.n=8
+        'trainer.logger=[console]'
+        trainer.project_name=hpcrl
+        trainer.experiment_name=verl-grpo-qwen2.5-7b
+        trainer.total_epochs=15
+        trainer.test_freq=20
+        trainer.nnodes=4
+        trainer.n_gpus_per_node=4
+        actor_rollout_ref.rollout.tensor_model_parallel_size=1
+        actor_rollout_ref.rollout.gpu_memory_utilization=0.85
+        actor_rollout_ref.actor.fsdp_config.param_offload=false
+        actor_rollout_ref.actor.fsdp_config.optimizer_offload=false
+        actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=12
+        actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=12
+        actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=12
+        trainer.save_freq=11
+        trainer.max_actor_ckpt_to_keep=2
+        "trainer.default_local_dir=$RUN_DIR/checkpoints"
+        trainer.resume_mode=auto
+    )
+    printf 'hpcrl: driver:'
+    printf ' %q' "${DRIVER[@]}"
+    printf '\n'
+    # In the background with `wait`, so the signal traps run while it works; in a session of its
+    # own (the watchdog keeps the driver in it) so that a stop can kill the whole tree at once; in
+    # the lean environment (above). The marker tells the workers that a dead Ray is no longer
+    # retried: the driver's actors are gone with it.
+    : >"$HPCRL_DIR/driver-started-$SLURM_JOB_ID"
+    "${LEAN_ENV[@]}" setsid "${DRIVER[@]}" &
+    DRIVER_PID=$!
+    # Ray's own processes are watched like the driver: a dead head (GCS, raylet) or worker step
+    # ends the run at once instead of after Ray's own timeouts.
+    RAY_DIED=""
+    while alive "$DRIVER_PID"; do
+        if [[ -n $STOP_DEADLINE || -n $RAY_DIED || -n $DRAIN_UNTIL ]]; then
+            sleep 0.2 &
+        else
+            sleep 1 &
+        fi
+        wait $! || true
+        if [[ -n $DRAIN_UNTIL ]]; then
+            if [[ $(marker_stamp) != "$DRAIN_STAMP" ]]; then
+                stop_driver "a checkpoint is complete ($CKPT_MARKER rewritten) after the time-limit warning"
+            elif ((SECONDS >= DRAIN_UNTIL)); then
+                stop_driver "no checkpoint since the time-limit warning, and only time to stop is left"
+            fi
+        fi
+        if [[ -n $STOP_DEADLINE ]] && ((SECONDS >= STOP_DEADLINE)); then
+            log "the driver did not stop within its grace period: killing its session"
+            kill_session KILL "$DRIVER_PID"
+            STOP_DEADLINE=""
+        fi
+        if [[ -z $STOP_REASON && -z $RAY_DIED ]]; then
+            if ! alive "$HEAD_PID"; then
+                RAY_DIED=ray-head-died
+                blame ray-head-died
+                log "error: Ray's head on $HEAD_NODE (its GCS or raylet) exited while the driver was running"
+            elif [[ -n $WORKERS_PID ]] && ! alive "$WORKERS_PID"; then
+                RAY_DIED=worker-died
+                log "error: the worker step exited while the driver was running: a worker node or its raylet died"
+            fi
+            if [[ -n $RAY_DIED ]]; then
+                kill -TERM "$DRIVER_PID" 2>/dev/null || true
+                STOP_DEADLINE=$((SECONDS + INTERNAL_STOP_S))
+            fi
+        fi
+    done
+    DRIVER_CODE=0
+    wait "$DRIVER_PID" || DRIVER_CODE=$?
+}
+
+# The end reason: a stop under way, Ray's death, else the driver's exit code (hpcrl/contract.py).
+phase_stop() {
+    phase stop
+    local code=$DRIVER_CODE found
+    if [[ -n $STOP_REASON ]]; then
+        finish "$STOP_REASON" "$code"
+    elif [[ $RAY_DIED == ray-head-died ]]; then
+        finish ray-head-died 94
+    elif [[ -n $RAY_DIED ]]; then
+        finish worker-died 95
+    elif [[ $(reason_of "$code") == crashed ]] && found=$(python3 -m hpcrl.runtime.classify "$HPCRL_DIR/driver.log" 2>/dev/null) &&
+        [[ -n $found ]]; then
+        log "the driver's log shows a network failure, not the run's own: $found"
+        finish network-error "$code"
     else
-        sleep 1 &
+        finish "$(reason_of "$code")" "$code"
     fi
-    wait $! || true
-    if [[ -n $DRAIN_UNTIL ]]; then
-        if [[ $(marker_stamp) != "$DRAIN_STAMP" ]]; then
-            stop_driver "a checkpoint is complete ($CKPT_MARKER rewritten) after the time-limit warning"
-        elif ((SECONDS >= DRAIN_UNTIL)); then
-            stop_driver "no checkpoint since the time-limit warning, and only time to stop is left"
-        fi
-    fi
-    if [[ -n $STOP_DEADLINE ]] && ((SECONDS >= STOP_DEADLINE)); then
-        log "the driver did not stop within its grace period: killing its session"
-        kill_session KILL "$DRIVER_PID"
-        STOP_DEADLINE=""
-    fi
-    if [[ -z $STOP_REASON && -z $RAY_DIED ]]; then
-        if ! alive "$HEAD_PID"; then
-            RAY_DIED=ray-head-died
-            blame ray-head-died
-            log "error: Ray's head on $HEAD_NODE (its GCS or raylet) exited while the driver was running"
-        elif [[ -n $WORKERS_PID ]] && ! alive "$WORKERS_PID"; then
-            RAY_DIED=worker-died
-            log "error: the worker step exited while the driver was running: a worker node or its raylet died"
-        fi
-        if [[ -n $RAY_DIED ]]; then
-            kill -TERM "$DRIVER_PID" 2>/dev/null || true
-            STOP_DEADLINE=$((SECONDS + INTERNAL_STOP_S))
-        fi
-    fi
-done
-code=0
-wait "$DRIVER_PID" || code=$?
-if [[ -n $STOP_REASON ]]; then
-    finish "$STOP_REASON" "$code"
-elif [[ $RAY_DIED == ray-head-died ]]; then
-    finish ray-head-died 94
-elif [[ -n $RAY_DIED ]]; then
-    finish worker-died 95
-elif [[ $(reason_of "$code") == crashed ]] && found=$(python3 -m hpcrl.runtime.classify "$HPCRL_DIR/driver.log" 2>/dev/null) &&
-    [[ -n $found ]]; then
-    log "the driver's log shows a network failure, not the run's own: $found"
-    finish network-error "$code"
-else
-    finish "$(reason_of "$code")" "$code"
-fi
+}
+
+# ------------------------------------------------------------------ main: the job's phases, in order
+# Each phase logs "hpcrl: phase <name>" once; a failure ends the job through `fail` (the EXIT
+# trap records the reason, chains a continuation when the reason allows, and cleans up).
+# `head` is a command, hence phase_<name> for the functions.
+main() {
+    phase_environment  # the profile's and the config's environment, the run directory and job log, nodes, ports
+    phase_stack_check  # what the job's environment must provide before anything starts
+    phase_head         # this node: GPU monitor, services, Ray's head
+    phase_workers      # one srun step: services and Ray on every other node
+    phase_readiness    # Ray reports every node and GPU
+    phase_services     # every service answers
+    phase_driver       # verl's main_ppo (Hydra overrides) under the watchdog, until it exits
+    phase_stop         # its exit code -> the end reason; record it, continue the chain when the reason allows
+}
+
+main "$@"

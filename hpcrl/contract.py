@@ -1,0 +1,137 @@
+"""The job contract: what the batch script, the in-job runtime and the readers of a run agree on.
+
+Exit codes and end reasons, which reasons continue the job chain, the per-job block of ports,
+the GPU request per style and the run directory's layout live here once. The templates get
+their tables rendered from this module (`reason_case`, `continue_case`, ...), and the watchdog,
+`report`, `status` and the run-dir reader import it. Standard library only: the in-job runtime
+imports it on nodes where hpcrl's dependencies may be missing.
+"""
+
+from __future__ import annotations
+
+# --------------------------------------------------------------------------- exit codes, end reasons
+
+# The watchdog's circuit breakers: breaker.json reason -> (driver exit code, jobs.tsv end reason).
+BREAKERS = {
+    "zero_reward": (90, "breaker-zero-reward"),
+    "nan_loss": (91, "breaker-nan-loss"),
+    "hang": (92, "breaker-hang"),
+    "engine_or_node_died": (93, "breaker-dead-worker"),
+    "grad_norm_zero": (96, "breaker-grad-norm"),
+    "zero_variance": (97, "breaker-zero-variance"),
+}
+# The batch script's own ends while the driver runs: end reason -> the job's exit code.
+RAY_DIED = {"ray-head-died": 94, "worker-died": 95}
+COMPLETED, CRASHED = "completed", "crashed"
+# The driver's exit code -> the end reason; any other code is CRASHED.
+END_REASONS = {0: COMPLETED, **{code: reason for code, reason in BREAKERS.values()}}
+
+# Reasons that submit a continuation, with the counter file (in the run's hpcrl/ directory) and
+# the setting that bounds it. The time limit and preemption are not the run's fault and cost
+# nothing; the failures below are not the run's fault either, are counted apart, exclude the
+# blamed nodes and wait a back-off. Crashes, breakers and cancels never continue.
+LIMIT_REASONS = ("timeout", "preempted")
+FAILURE_REASONS = ("ray-start-failed", "ray-head-died", "worker-died", "network-error")
+CONTINUATIONS = {
+    "limit": (LIMIT_REASONS, "restarts", "hpcrl.max_restarts"),
+    "failure": (FAILURE_REASONS, "failure-restarts", "hpcrl.max_failure_restarts"),
+}
+# Slurm's terminal state -> end reason, for a job that ended without writing its `end` line.
+SLURM_STATE_REASONS = {"COMPLETED": COMPLETED, "TIMEOUT": "timeout", "CANCELLED": "cancelled",
+                       "PREEMPTED": "preempted", "FAILED": CRASHED}
+
+
+def breaker_exit_code(breaker: str) -> int:
+    return BREAKERS[breaker][0]
+
+
+def breaker_end_reason(breaker: str) -> str | None:
+    entry = BREAKERS.get(breaker)
+    return entry[1] if entry else None
+
+
+def reason_case(indent: str = "        ") -> str:
+    """Bash `case` arms: the driver's exit code ($1) -> its end reason, echoed."""
+    arms = [f"{code}) echo {reason} ;;" for code, reason in sorted(END_REASONS.items())]
+    return "\n".join(indent + arm for arm in [*arms, f"*) echo {CRASHED} ;;"])
+
+
+def continue_case(indent: str = "        ") -> str:
+    """Bash `case` arms: the reason ($reason) -> kind, counter, limit and setting of its continuation."""
+    limits = {"limit": "$MAX_RESTARTS", "failure": "$MAX_FAILURE_RESTARTS"}
+    arms = []
+    for kind, (reasons, counter, setting) in CONTINUATIONS.items():
+        arms.append(f"{' | '.join(reasons)}) kind={kind} counter=$HPCRL_DIR/{counter} limit={limits[kind]} "
+                    f"setting={setting} ;;")
+    return "\n".join(indent + arm for arm in [*arms, "*) return 0 ;;"])
+
+
+# --------------------------------------------------------------------------- ports
+
+# A block of PORT_BLOCK ports per job, from the job id, so two jobs on a shared node (or two runs
+# on the test cluster) never meet on Ray's fixed defaults (6379, 8265, 10001, 52365).
+PORT_FIRST, PORT_JOBS, PORT_BLOCK = 10000, 200, 100
+GCS_PORT, DASHBOARD_PORT, CLIENT_PORT = 0, 1, 2
+# A service on a node listens at +SERVICE_PORT+slot (slots 0..SERVICE_SLOTS-1).
+SERVICE_PORT, SERVICE_SLOTS = 3, 7
+# Each node's own Ray ports: +NODE_PORTS+NODE_STRIDE*slot and up, in this order.
+NODE_PORTS, NODE_STRIDE, NODE_SLOTS = 10, 10, 9
+NODE_PORT_FLAGS = ("node-manager-port", "object-manager-port", "metrics-export-port", "dashboard-agent-grpc-port",
+                   "dashboard-agent-listen-port", "runtime-env-agent-port")
+# The preflight's collective test (no Ray runs then): past every node's ports.
+COLLECTIVE_PORT = 97
+
+
+def port_base(job_id: int) -> int:
+    """The first port of a job's block."""
+    return PORT_FIRST + job_id % PORT_JOBS * PORT_BLOCK
+
+
+def port_base_shell(job_var: str = "SLURM_JOB_ID") -> str:
+    """`port_base` as bash arithmetic on the job id's variable."""
+    return f"$(({PORT_FIRST} + {job_var} % {PORT_JOBS} * {PORT_BLOCK}))"
+
+
+# --------------------------------------------------------------------------- GPU request
+
+# How a site wants GPUs asked for (profile slurm.gpu_request): the sbatch/srun option per style.
+GPU_REQUEST_STYLES = ("gpus-per-node", "gpus", "gres")
+
+
+def gpu_request(style: str, gpus_per_node: int, nodes: int) -> tuple[str, str]:
+    """(option name, value) asking gpus_per_node GPUs on each of nodes nodes, in the site's style."""
+    if style == "gpus":
+        return "gpus", str(gpus_per_node * nodes)
+    if style == "gres":
+        return "gres", f"gpu:{gpus_per_node}"
+    if style == "gpus-per-node":
+        return "gpus-per-node", str(gpus_per_node)
+    raise ValueError(f"GPU request style {style!r}: one of {', '.join(GPU_REQUEST_STYLES)}")
+
+
+def gpu_request_option(style: str, gpus_per_node: int, nodes: int) -> str:
+    name, value = gpu_request(style, gpus_per_node, nodes)
+    return f"--{name}={value}"
+
+
+# --------------------------------------------------------------------------- run directory
+
+# Sub-directories of a run directory (docs/run-dir.md); hpcrl's own files are in META.
+META, LOGS, OUTPUT, CHECKPOINTS = "hpcrl", "logs", "output", "checkpoints"
+RUN_SUBDIRS = (META, LOGS, OUTPUT, CHECKPOINTS)
+# Files in META.
+JOBS_TSV, PLAN, SCRIPT, BREAKER, DRIVER_LOG = "jobs.tsv", "plan.json", "job.sbatch", "breaker.json", "driver.log"
+RESTARTS, FAILURE_RESTARTS, CANCEL, EXCLUDED_NODES = "restarts", "failure-restarts", "cancel", "excluded-nodes"
+# Per job, in META: the nodes blamed for a failure, and the marker that the driver has started.
+BLAME, DRIVER_STARTED = "blame-{job}", "driver-started-{job}"
+# Per job, in LOGS: the job's own log, and Slurm's output when the run dir's path was known at submit.
+JOB_LOG, SLURM_LOG = "job-{job}.log", "slurm-{job}.out"
+
+
+def run_dir_layout() -> dict[str, str]:
+    """The names the templates use, as one dict (render passes it as `layout`)."""
+    job = "$SLURM_JOB_ID"
+    return {"meta": META, "logs": LOGS, "subdirs": RUN_SUBDIRS, "jobs_tsv": JOBS_TSV, "plan": PLAN, "script": SCRIPT,
+            "driver_log": DRIVER_LOG, "cancel": CANCEL, "excluded_nodes": EXCLUDED_NODES,
+            "blame": BLAME.format(job=job), "driver_started": DRIVER_STARTED.format(job=job),
+            "job_log": JOB_LOG.format(job=job)}

@@ -80,6 +80,7 @@ class EngineMemory:
     vllm_version: str = DEFAULT_VLLM_VERSION
     batched_tokens: int = 0
     max_num_seqs: int = 0
+    process_non_torch: float = 0.0  # the CUDA context and NCCL set-up vLLM's snapshot leaves out (derived)
 
 
 def engine_weights_bytes(m: ModelSpec, tp: int) -> float:
@@ -146,4 +147,5 @@ def engine_memory(e: EngineSetup) -> EngineMemory:
         vllm_version=acc.version,
         batched_tokens=tokens,
         max_num_seqs=seqs,
+        process_non_torch=(C.CUDA_CONTEXT_GIB + (C.NCCL_BUFFERS_GIB if tp > 1 else 0.0)) * C.GIB,
     )

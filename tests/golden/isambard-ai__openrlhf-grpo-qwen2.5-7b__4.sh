@@ -7,7 +7,7 @@
 #   model Qwen/Qwen2.5-7B: 1024 sequences of 5120 tokens per step, 5120 tokens per actor GPU micro-batch
 #   4 x 4 GH200 (95.58 GiB): 12 learner GPUs, 4 engine GPUs, 0 idle
 #   actor.num_nodes 3, actor.num_gpus_per_node 4, vllm.num_engines 2, vllm.tensor_parallel_size 2, vllm.gpu_memory_utilization 0.9, ds.zero_stage 3
-#   learner peak 29.4 GiB/GPU of 95.6 usable; engine 7.1 GiB weights + 76.3 GiB KV cache per GPU; host peak 26 GiB/node
+#   learner peak 29.4 GiB/GPU of 95.6 usable; engine 7.1 GiB weights + 71.3 GiB KV cache per GPU; host peak 26 GiB/node
 #   step ~128 s (generation 128 s, training 84 s), bottleneck generation
 #   ckpt.save_steps 14: a checkpoint every ~30 min of training (so that at most 30 min is lost); time-limit warning 900 s before the end = one step (~128 s) + one checkpoint write (~43 s, derived) + 60 s to stop
 # Warning: 4 learners per node on isambard-ai, where the profile plans at most 1: more than one learner per GH200 node failed with NCCL "Duplicate GPU detected" in the users' runs (their workaround, a patched NCCL with NCCL_IGNORE_DUPLICATE_GPU=1, is untested at 32B)
@@ -484,9 +484,9 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
   "layout": {
     "bottleneck": "generation",
     "deepspeed_stage": 3,
-    "engine_concurrent_seqs": 557,
+    "engine_concurrent_seqs": 521,
     "engine_gpus": 4,
-    "engine_kv_cache_gib": 76.28,
+    "engine_kv_cache_gib": 71.33,
     "generation_time_s": 128.1,
     "gpu_usable_gib": 95.58,
     "host_peak_gib": 26.0,
@@ -508,17 +508,26 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
   },
   "memory": {
     "engine": {
-      "activation_peak_gib": 0.653,
-      "concurrent_seqs": 557,
+      "activation_peak_gib": 5.598,
+      "concurrency": 521.74,
+      "concurrent_seqs": 521,
       "cuda_graphs_gib": 1.0,
+      "cuda_graphs_in_budget": false,
+      "enforce_eager": false,
       "fits": true,
+      "footprint_gib": 87.022,
       "gpu_memory_utilization": 0.9,
       "kv_bytes_per_token": 28672,
-      "kv_cache_gib": 76.277,
-      "kv_tokens": 2856489,
+      "kv_cache_dtype": "auto",
+      "kv_cache_gib": 71.332,
+      "kv_tokens": 2671296,
+      "max_num_batched_tokens": 16384,
+      "max_num_seqs": 1024,
       "max_seq_len": 5120,
-      "non_torch_gib": 1.0,
+      "non_torch_gib": 2.0,
       "tp": 2,
+      "vllm_version": "0.19.1",
+      "warning": null,
       "weights_gib": 7.093
     },
     "fits": true,
@@ -583,7 +592,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "total_params": 7615616512,
       "trainable_params": 7615616512
     },
-    "verdict": "learner fits with 63.2 GiB to spare after a 3.0 GiB allocator margin; engine fits: 557 sequences of 5120 tokens fit at once"
+    "verdict": "learner fits with 63.2 GiB to spare after a 3.0 GiB allocator margin; engine fits: 521.74x sequences of 5120 tokens fit at once"
   },
   "model": "Qwen/Qwen2.5-7B",
   "nodes": 4,

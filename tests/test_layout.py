@@ -266,10 +266,10 @@ def test_unknown_cluster_and_model_name_closest():
 
 
 def test_idle_gpus_of_the_chosen_layout_are_named():
-    """32B at utilisation 0.45 on 16 GH200 nodes (the users' 0.55 now fits TP-2 engines under vLLM
-    0.19.1's accounting, issue 25): TP-4 engines fit no learner node's three spare GPUs. The warning counts them, says why, and names the layout that idles fewest;
+    """The users' 32B utilisation (0.55) on 16 GH200 nodes: TP-4 engines fit no learner node's
+    three spare GPUs. The warning counts them, says why, and names the layout that idles fewest;
     among near-equal steps, the one with fewer idle GPUs ranks first."""
-    out = subprocess.run([sys.executable, "-m", "hpcrl", "render", "--nodes", "16", "--pin", "util=0.45"],
+    out = subprocess.run([sys.executable, "-m", "hpcrl", "render", "--nodes", "16", "--pin", "util=0.55"],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     (line,) = [ln for ln in out.stderr.splitlines() if "GPUs idle" in ln]
@@ -277,7 +277,7 @@ def test_idle_gpus_of_the_chosen_layout_are_named():
                   r"hold 0 TP-4 engines and leave 3 idle", line)
     assert m and int(m.group(1)) == 3 * int(m.group(2)), line
     assert "the layout with the fewest, " in line
-    rp = make_run_plan(None, nodes=16, pins=["util=0.45"])
+    rp = make_run_plan(None, nodes=16, pins=["util=0.55"])
     best = rp.layouts[0]
     fastest = min(x.step_time_s for x in rp.layouts)
     tied = [x for x in rp.layouts if x.step_time_s <= fastest * 1.1]  # the rank's 10% tie band

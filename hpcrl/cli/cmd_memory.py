@@ -129,12 +129,18 @@ def plan_memory_cmd(
     elif question.config is not None and colocated is not None and colocated != question.colocated:
         raise HpcrlError(f"--{'colocated' if colocated else 'separate'}: the config's {question.backend} run is "
                          f"{'colocated' if question.colocated else 'separate'}; change the config instead")
-    from hpcrl.memory.vllm_accounting import backend_version
+    from hpcrl.memory.vllm_accounting import backend_engine
 
-    pinned, pinned_source = backend_version(question.backend)
-    engine_options = {"max_num_seqs": vllm_max_num_seqs, "max_num_batched_tokens": vllm_max_num_batched_tokens,
-                      "enforce_eager": vllm_enforce_eager, "vllm_version": vllm_version or pinned,
+    engine_facts = backend_engine(question.backend)
+    engine_options = {"max_num_seqs": engine_facts["max_num_seqs"] if vllm_max_num_seqs is None else vllm_max_num_seqs,
+                      "max_num_batched_tokens": engine_facts["max_num_batched_tokens"]
+                      if vllm_max_num_batched_tokens is None else vllm_max_num_batched_tokens,
+                      "enforce_eager": vllm_enforce_eager, "vllm_version": vllm_version or engine_facts["version"],
                       "kv_cache_dtype": kv_cache_dtype.value}
+    assumed = [f"{name} {engine_options[key]}" for name, key, given in (
+        ("vLLM", "vllm_version", vllm_version), ("max_num_seqs", "max_num_seqs", vllm_max_num_seqs),
+        ("max_num_batched_tokens", "max_num_batched_tokens", vllm_max_num_batched_tokens)) if given is None]
+    engine_assumption = [f"{', '.join(assumed)}: {engine_facts['source']}"] if assumed else []
     plan, notes = mq.answer(question, profile, learner_gpus=learner_gpus, zero_stage=zero_stage, vllm_tp=vllm_tp,
                             max_seq_len=max_seq_len, colocation=colocation, engine_options=engine_options)
     if not plan.engine.fits:
@@ -142,8 +148,7 @@ def plan_memory_cmd(
                          f"{plan.engine.vllm_version}): {plan.engine.reason}")
     data = plan.to_dict()
     data["notes"] = notes
-    data["assumptions"] = list(question.assumptions) + (
-        [] if vllm_version else [f"vLLM {pinned}'s memory accounting: {pinned_source} (set --vllm-version)"])
+    data["assumptions"] = list(question.assumptions) + engine_assumption
     data["backend"] = question.backend
     data["config"] = question.config.source if question.config else None
     if plot is not None:

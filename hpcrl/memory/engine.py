@@ -15,7 +15,7 @@ from hpcrl.memory import constants as C
 from hpcrl.memory import vllm_accounting as va
 from hpcrl.models.spec import ModelSpec
 
-DEFAULT_VLLM_VERSION = va.backend_version("open-instruct")[0]
+DEFAULT_VLLM_VERSION = va.backend_engine("open-instruct")["version"]
 
 
 @dataclass(frozen=True)
@@ -100,8 +100,8 @@ def engine_memory(e: EngineSetup) -> EngineMemory:
     """KV pool, concurrency and verdict for one engine GPU, as vLLM `e.vllm_version` accounts them."""
     m, tp, acc = e.model, e.tp, va.accounting(e.vllm_version)
     weights = engine_weights_bytes(m, tp)
-    tokens = e.max_num_batched_tokens or acc.batched_tokens(e.max_seq_len, e.gpu_total_bytes)
-    seqs = e.max_num_seqs or acc.max_num_seqs(e.gpu_total_bytes)
+    tokens = acc.batched_tokens(e.max_seq_len) if e.max_num_batched_tokens is None else e.max_num_batched_tokens
+    seqs = acc.default_max_num_seqs if e.max_num_seqs is None else e.max_num_seqs
     # The forward's activations are freed before the sampler warm-up runs: the peak is the larger.
     act = max(va.forward_peak(m, tp, tokens), va.sampler_peak(m, min(tokens, seqs)))
     graphs = 0.0 if e.enforce_eager else va.cuda_graph_pool()

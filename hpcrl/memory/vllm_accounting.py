@@ -32,10 +32,9 @@ def known_versions() -> list[str]:
     return sorted(_data()["versions"], key=lambda v: tuple(int(x) for x in v.split(".")[:3]))
 
 
-def backend_version(backend: str) -> tuple[str, str]:
-    """The vLLM a backend installs and where that comes from."""
-    entry = _data()["backend_versions"].get(backend, _data()["backend_versions"]["open-instruct"])
-    return entry["version"], entry["source"]
+def backend_engine(backend: str) -> dict:
+    """The vLLM a backend installs and the scheduler sizes it gives its engines, with the source."""
+    return _data()["backend_versions"].get(backend, _data()["backend_versions"]["open-instruct"])
 
 
 def measured(key: str) -> dict:
@@ -52,20 +51,17 @@ class Accounting:
     non_torch_baseline: str  # "snapshot" (growth since worker start) or "process" (all non-torch)
     block_size: int
     default_max_num_seqs: int
+    default_max_num_batched_tokens: int = 2048
     chunked_prefill_default_above_len: int | None = None
     chunked_prefill_batched_tokens: int | None = None
 
-    def batched_tokens(self, max_model_len: int, gpu_total: float) -> int:
+    def batched_tokens(self, max_model_len: int) -> int:
         """vLLM's default tokens in the profiling forward: V0 without chunked prefill profiles a whole
-        max_model_len; V1 (LLM class) 16384 on a GPU of 70 GiB or more, else 8192."""
+        max_model_len; V1 built as the RL frameworks build it (AsyncLLMEngine.from_engine_args) 2048."""
         if self.engine == "v0":
             long = self.chunked_prefill_default_above_len and max_model_len > self.chunked_prefill_default_above_len
             return self.chunked_prefill_batched_tokens if long else max(max_model_len, 2048)
-        return 16384 if gpu_total >= 70 * C.GIB else 8192
-
-    def max_num_seqs(self, gpu_total: float) -> int:
-        """vLLM's default max_num_seqs (V1 LLM class: 1024 on a GPU of 70 GiB or more, else 256)."""
-        return self.default_max_num_seqs if self.engine == "v0" or gpu_total >= 70 * C.GIB else 256
+        return self.default_max_num_batched_tokens
 
     def non_torch(self, tp: int) -> float:
         """Non-torch bytes vLLM charges (measured from start-up logs, not derived)."""
@@ -82,6 +78,7 @@ def accounting(version: str) -> Accounting:
     return Accounting(version=version, engine=v["engine"], graphs_in_budget=v["graphs_in_budget"],
                       non_torch_baseline=v["non_torch_baseline"], block_size=v["block_size"],
                       default_max_num_seqs=v["default_max_num_seqs"],
+                      default_max_num_batched_tokens=v.get("default_max_num_batched_tokens", 2048),
                       chunked_prefill_default_above_len=v.get("chunked_prefill_default_above_len"),
                       chunked_prefill_batched_tokens=v.get("chunked_prefill_batched_tokens"))
 

@@ -7,7 +7,7 @@
 #   model allenai/Olmo-3-1125-32B: 256 sequences of 10240 tokens per step, pack_length 10240
 #   4 x 8 A100-SXM4-80GB (79.15 GiB): 16 learner GPUs, 16 engine GPUs, 0 idle
 #   num_learners_per_node [4] x 4, vllm_num_engines 4, vllm_tensor_parallel_size 4, vllm_gpu_memory_utilization 0.9, deepspeed_stage 3
-#   learner peak 63.9 GiB/GPU of 79.2 usable; engine 15.0 GiB weights + 50.5 GiB KV cache per GPU; host peak 42 GiB/node
+#   learner peak 63.9 GiB/GPU of 79.2 usable; engine 15.0 GiB weights + 53.8 GiB KV cache per GPU; host peak 42 GiB/node
 #   step ~347 s (generation 347 s, training 339 s), bottleneck generation
 #   checkpoint_state_freq 5: a checkpoint every ~29 min of training (so that at most 30 min is lost); time-limit warning 900 s before the end = one step (~347 s) + one checkpoint write (~180 s, derived) + 60 s to stop
 # Warning: berzelius: the script uses unconfirmed profile facts: --partition=berzelius (hpcrl.partition); the run root /proj/$SLURM_JOB_ACCOUNT/users/$USER/hpcrl-runs (hpcrl.run_root); check them (hpcrl clusters show berzelius) or set what is in brackets
@@ -425,9 +425,9 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
   "layout": {
     "bottleneck": "generation",
     "deepspeed_stage": 3,
-    "engine_concurrent_seqs": 80,
+    "engine_concurrent_seqs": 86,
     "engine_gpus": 16,
-    "engine_kv_cache_gib": 50.53,
+    "engine_kv_cache_gib": 53.76,
     "gather_whole_model": false,
     "generation_time_s": 347.1,
     "gpu_usable_gib": 79.15,
@@ -451,9 +451,9 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
   },
   "memory": {
     "engine": {
-      "activation_peak_gib": 3.691,
-      "concurrency": 80.85,
-      "concurrent_seqs": 80,
+      "activation_peak_gib": 0.461,
+      "concurrency": 86.02,
+      "concurrent_seqs": 86,
       "cuda_graphs_gib": 1.0,
       "cuda_graphs_in_budget": false,
       "enforce_eager": false,
@@ -462,10 +462,10 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "gpu_memory_utilization": 0.9,
       "kv_bytes_per_token": 65536,
       "kv_cache_dtype": "auto",
-      "kv_cache_gib": 50.533,
-      "kv_tokens": 827920,
-      "max_num_batched_tokens": 16384,
-      "max_num_seqs": 1024,
+      "kv_cache_gib": 53.763,
+      "kv_tokens": 880848,
+      "max_num_batched_tokens": 2048,
+      "max_num_seqs": 128,
       "max_seq_len": 10240,
       "non_torch_gib": 2.0,
       "tp": 4,
@@ -536,7 +536,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "total_params": 32233522176,
       "trainable_params": 32233522176
     },
-    "verdict": "learner fits with 11.2 GiB to spare after a 4.1 GiB allocator margin; engine fits: 80.85x sequences of 10240 tokens fit at once"
+    "verdict": "learner fits with 11.2 GiB to spare after a 4.1 GiB allocator margin; engine fits: 86.02x sequences of 10240 tokens fit at once"
   },
   "model": "allenai/Olmo-3-1125-32B",
   "nodes": 4,

@@ -7,7 +7,7 @@
 #   model allenai/Olmo-3-1025-7B: 128 sequences of 18432 tokens per step, pack_length 18432
 #   4 x 8 A100-SXM4-80GB (79.15 GiB): 4 learner GPUs, 28 engine GPUs, 0 idle
 #   num_learners_per_node [4] x 1, vllm_num_engines 7, vllm_tensor_parallel_size 4, vllm_gpu_memory_utilization 0.9, deepspeed_stage 3
-#   learner peak 70.5 GiB/GPU of 79.2 usable; engine 3.4 GiB weights + 62.1 GiB KV cache per GPU; host peak 42 GiB/node
+#   learner peak 70.5 GiB/GPU of 79.2 usable; engine 3.4 GiB weights + 65.4 GiB KV cache per GPU; host peak 42 GiB/node
 #   step ~479 s (generation 479 s, training 276 s), bottleneck generation
 #   checkpoint_state_freq 3: a checkpoint every ~24 min of training (so that at most 30 min is lost); time-limit warning 900 s before the end = one step (~479 s) + one checkpoint write (~41 s, derived) + 60 s to stop
 # Warning: berzelius: the script uses unconfirmed profile facts: --partition=berzelius (hpcrl.partition); the run root /proj/$SLURM_JOB_ACCOUNT/users/$USER/hpcrl-runs (hpcrl.run_root); check them (hpcrl clusters show berzelius) or set what is in brackets
@@ -425,9 +425,9 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
   "layout": {
     "bottleneck": "generation",
     "deepspeed_stage": 3,
-    "engine_concurrent_seqs": 27,
+    "engine_concurrent_seqs": 29,
     "engine_gpus": 28,
-    "engine_kv_cache_gib": 62.14,
+    "engine_kv_cache_gib": 65.37,
     "gather_whole_model": true,
     "generation_time_s": 479.0,
     "gpu_usable_gib": 79.15,
@@ -448,9 +448,9 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
   },
   "memory": {
     "engine": {
-      "activation_peak_gib": 3.691,
-      "concurrency": 27.62,
-      "concurrent_seqs": 27,
+      "activation_peak_gib": 0.461,
+      "concurrency": 29.05,
+      "concurrent_seqs": 29,
       "cuda_graphs_gib": 1.0,
       "cuda_graphs_in_budget": false,
       "enforce_eager": false,
@@ -459,10 +459,10 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "gpu_memory_utilization": 0.9,
       "kv_bytes_per_token": 131072,
       "kv_cache_dtype": "auto",
-      "kv_cache_gib": 62.145,
-      "kv_tokens": 509088,
-      "max_num_batched_tokens": 16384,
-      "max_num_seqs": 1024,
+      "kv_cache_gib": 65.375,
+      "kv_tokens": 535536,
+      "max_num_batched_tokens": 2048,
+      "max_num_seqs": 128,
       "max_seq_len": 18432,
       "non_torch_gib": 2.0,
       "tp": 4,
@@ -532,7 +532,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "total_params": 7298011136,
       "trainable_params": 7298011136
     },
-    "verdict": "learner fits with 4.2 GiB to spare after a 4.5 GiB allocator margin; engine fits: 27.62x sequences of 18432 tokens fit at once"
+    "verdict": "learner fits with 4.2 GiB to spare after a 4.5 GiB allocator margin; engine fits: 29.05x sequences of 18432 tokens fit at once"
   },
   "model": "allenai/Olmo-3-1025-7B",
   "nodes": 4,

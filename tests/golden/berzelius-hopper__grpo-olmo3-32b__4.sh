@@ -7,7 +7,7 @@
 #   model allenai/Olmo-3-1125-32B: 256 sequences of 10240 tokens per step, pack_length 10240
 #   4 x 8 H200 (139.8 GiB): 16 learner GPUs, 16 engine GPUs, 0 idle
 #   num_learners_per_node [8] x 2, vllm_num_engines 2, vllm_tensor_parallel_size 8, vllm_gpu_memory_utilization 0.9, deepspeed_stage 3
-#   learner peak 63.9 GiB/GPU of 139.8 usable; engine 7.5 GiB weights + 112.6 GiB KV cache per GPU; host peak 50 GiB/node
+#   learner peak 63.9 GiB/GPU of 139.8 usable; engine 7.5 GiB weights + 115.8 GiB KV cache per GPU; host peak 50 GiB/node
 #   step ~126 s (generation 126 s, training 107 s), bottleneck generation
 #   checkpoint_state_freq 14: a checkpoint every ~29 min of training (so that at most 30 min is lost); time-limit warning 900 s before the end = one step (~126 s) + one checkpoint write (~180 s, derived) + 60 s to stop
 # Warning: berzelius-hopper: the script uses unconfirmed profile facts: --partition=berzelius-hopper (hpcrl.partition); --time from the partition's limit (hpcrl.time); the GPU request style gpus (a user profile's slurm.gpu_request); the run root /proj/$SLURM_JOB_ACCOUNT/users/$USER/hpcrl-runs (hpcrl.run_root); check them (hpcrl clusters show berzelius-hopper) or set what is in brackets
@@ -424,9 +424,9 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
   "layout": {
     "bottleneck": "generation",
     "deepspeed_stage": 3,
-    "engine_concurrent_seqs": 360,
+    "engine_concurrent_seqs": 370,
     "engine_gpus": 16,
-    "engine_kv_cache_gib": 112.62,
+    "engine_kv_cache_gib": 115.85,
     "gather_whole_model": false,
     "generation_time_s": 126.0,
     "gpu_usable_gib": 139.8,
@@ -448,9 +448,9 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
   },
   "memory": {
     "engine": {
-      "activation_peak_gib": 3.691,
-      "concurrency": 360.39,
-      "concurrent_seqs": 360,
+      "activation_peak_gib": 0.461,
+      "concurrency": 370.73,
+      "concurrent_seqs": 370,
       "cuda_graphs_gib": 1.0,
       "cuda_graphs_in_budget": false,
       "enforce_eager": false,
@@ -459,10 +459,10 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "gpu_memory_utilization": 0.9,
       "kv_bytes_per_token": 32768,
       "kv_cache_dtype": "auto",
-      "kv_cache_gib": 112.623,
-      "kv_tokens": 3690416,
-      "max_num_batched_tokens": 16384,
-      "max_num_seqs": 1024,
+      "kv_cache_gib": 115.853,
+      "kv_tokens": 3796256,
+      "max_num_batched_tokens": 2048,
+      "max_num_seqs": 128,
       "max_seq_len": 10240,
       "non_torch_gib": 2.0,
       "tp": 8,
@@ -533,7 +533,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "total_params": 32233522176,
       "trainable_params": 32233522176
     },
-    "verdict": "learner fits with 71.8 GiB to spare after a 4.1 GiB allocator margin; engine fits: 360.39x sequences of 10240 tokens fit at once"
+    "verdict": "learner fits with 71.8 GiB to spare after a 4.1 GiB allocator margin; engine fits: 370.73x sequences of 10240 tokens fit at once"
   },
   "model": "allenai/Olmo-3-1125-32B",
   "nodes": 4,

@@ -7,7 +7,7 @@
 #   model allenai/Olmo-3-1025-7B: 128 sequences of 18432 tokens per step, pack_length 18432
 #   4 x 8 H200 (139.8 GiB): 2 learner GPUs, 30 engine GPUs, 0 idle
 #   num_learners_per_node [2] x 1, vllm_num_engines 15, vllm_tensor_parallel_size 2, vllm_gpu_memory_utilization 0.9, deepspeed_stage 3
-#   learner peak 106.3 GiB/GPU of 139.8 usable; engine 6.8 GiB weights + 113.3 GiB KV cache per GPU; host peak 38 GiB/node
+#   learner peak 106.3 GiB/GPU of 139.8 usable; engine 6.8 GiB weights + 116.6 GiB KV cache per GPU; host peak 38 GiB/node
 #   step ~225 s (generation 225 s, training 174 s), bottleneck generation
 #   checkpoint_state_freq 7: a checkpoint every ~26 min of training (so that at most 30 min is lost); time-limit warning 900 s before the end = one step (~225 s) + one checkpoint write (~41 s, derived) + 60 s to stop
 # Warning: berzelius-hopper: the script uses unconfirmed profile facts: --partition=berzelius-hopper (hpcrl.partition); --time from the partition's limit (hpcrl.time); the GPU request style gpus (a user profile's slurm.gpu_request); the run root /proj/$SLURM_JOB_ACCOUNT/users/$USER/hpcrl-runs (hpcrl.run_root); check them (hpcrl clusters show berzelius-hopper) or set what is in brackets
@@ -426,7 +426,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
     "deepspeed_stage": 3,
     "engine_concurrent_seqs": 25,
     "engine_gpus": 30,
-    "engine_kv_cache_gib": 113.33,
+    "engine_kv_cache_gib": 116.56,
     "gather_whole_model": true,
     "generation_time_s": 225.2,
     "gpu_usable_gib": 139.8,
@@ -447,8 +447,8 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
   },
   "memory": {
     "engine": {
-      "activation_peak_gib": 3.691,
-      "concurrency": 25.18,
+      "activation_peak_gib": 0.461,
+      "concurrency": 25.9,
       "concurrent_seqs": 25,
       "cuda_graphs_gib": 1.0,
       "cuda_graphs_in_budget": false,
@@ -458,10 +458,10 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "gpu_memory_utilization": 0.9,
       "kv_bytes_per_token": 262144,
       "kv_cache_dtype": "auto",
-      "kv_cache_gib": 113.332,
-      "kv_tokens": 464192,
-      "max_num_batched_tokens": 16384,
-      "max_num_seqs": 1024,
+      "kv_cache_gib": 116.562,
+      "kv_tokens": 477424,
+      "max_num_batched_tokens": 2048,
+      "max_num_seqs": 128,
       "max_seq_len": 18432,
       "non_torch_gib": 2.0,
       "tp": 2,
@@ -531,7 +531,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "total_params": 7298011136,
       "trainable_params": 7298011136
     },
-    "verdict": "learner fits with 26.6 GiB to spare after a 6.8 GiB allocator margin; engine fits: 25.18x sequences of 18432 tokens fit at once"
+    "verdict": "learner fits with 26.6 GiB to spare after a 6.8 GiB allocator margin; engine fits: 25.90x sequences of 18432 tokens fit at once"
   },
   "model": "allenai/Olmo-3-1025-7B",
   "nodes": 4,

@@ -7,7 +7,7 @@
 #   model allenai/Olmo-3-1125-32B: 256 sequences of 10240 tokens per step, pack_length 10240
 #   16 x 8 A100-SXM4-40GB (39.39 GiB): 80 learner GPUs, 48 engine GPUs, 0 idle
 #   num_learners_per_node [8] x 10, vllm_num_engines 6, vllm_tensor_parallel_size 8, vllm_gpu_memory_utilization 0.9, deepspeed_stage 3
-#   learner peak 35.4 GiB/GPU of 39.4 usable; engine 7.5 GiB weights + 25.0 GiB KV cache per GPU; host peak 50 GiB/node
+#   learner peak 35.4 GiB/GPU of 39.4 usable; engine 7.5 GiB weights + 25.5 GiB KV cache per GPU; host peak 50 GiB/node
 #   step ~187 s (generation 187 s, training 68 s), bottleneck generation
 #   checkpoint_state_freq 9: a checkpoint every ~28 min of training (so that at most 30 min is lost); time-limit warning 900 s before the end = one step (~187 s) + one checkpoint write (~180 s, derived) + 60 s to stop
 # Warning: berzelius: the script uses unconfirmed profile facts: --partition=berzelius (hpcrl.partition); the run root /proj/$SLURM_JOB_ACCOUNT/users/$USER/hpcrl-runs (hpcrl.run_root); check them (hpcrl clusters show berzelius) or set what is in brackets
@@ -425,9 +425,9 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
   "layout": {
     "bottleneck": "generation",
     "deepspeed_stage": 3,
-    "engine_concurrent_seqs": 80,
+    "engine_concurrent_seqs": 81,
     "engine_gpus": 48,
-    "engine_kv_cache_gib": 25.02,
+    "engine_kv_cache_gib": 25.48,
     "gather_whole_model": false,
     "generation_time_s": 186.6,
     "gpu_usable_gib": 39.39,
@@ -457,9 +457,9 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
   },
   "memory": {
     "engine": {
-      "activation_peak_gib": 0.923,
-      "concurrency": 80.07,
-      "concurrent_seqs": 80,
+      "activation_peak_gib": 0.461,
+      "concurrency": 81.55,
+      "concurrent_seqs": 81,
       "cuda_graphs_gib": 1.0,
       "cuda_graphs_in_budget": false,
       "enforce_eager": false,
@@ -468,10 +468,10 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "gpu_memory_utilization": 0.9,
       "kv_bytes_per_token": 32768,
       "kv_cache_dtype": "auto",
-      "kv_cache_gib": 25.022,
-      "kv_tokens": 819920,
-      "max_num_batched_tokens": 8192,
-      "max_num_seqs": 256,
+      "kv_cache_gib": 25.484,
+      "kv_tokens": 835040,
+      "max_num_batched_tokens": 2048,
+      "max_num_seqs": 128,
       "max_seq_len": 10240,
       "non_torch_gib": 2.0,
       "tp": 8,
@@ -542,7 +542,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "total_params": 32233522176,
       "trainable_params": 32233522176
     },
-    "verdict": "learner fits with 0.8 GiB to spare after a 3.2 GiB allocator margin; engine fits: 80.07x sequences of 10240 tokens fit at once"
+    "verdict": "learner fits with 0.8 GiB to spare after a 3.2 GiB allocator margin; engine fits: 81.55x sequences of 10240 tokens fit at once"
   },
   "model": "allenai/Olmo-3-1125-32B",
   "nodes": 16,

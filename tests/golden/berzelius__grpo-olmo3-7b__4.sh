@@ -7,11 +7,11 @@
 #   model allenai/Olmo-3-1025-7B: 128 sequences of 18432 tokens per step, pack_length 18432
 #   4 x 8 A100-SXM4-40GB (39.39 GiB): 16 learner GPUs, 16 engine GPUs, 0 idle
 #   num_learners_per_node [4] x 4, vllm_num_engines 4, vllm_tensor_parallel_size 4, vllm_gpu_memory_utilization 0.9, deepspeed_stage 3
-#   learner peak 33.5 GiB/GPU of 39.4 usable; engine 3.4 GiB weights + 29.1 GiB KV cache per GPU; host peak 42 GiB/node
-#   step ~1280 s (generation 1280 s, training 69 s), bottleneck generation
-#   checkpoint_state_freq 1: a checkpoint every ~21 min of training (so that at most 30 min is lost); time-limit warning 1440 s before the end = one step (~1280 s) + one checkpoint write (~41 s, derived) + 60 s to stop
+#   learner peak 33.5 GiB/GPU of 39.4 usable; engine 3.4 GiB weights + 29.6 GiB KV cache per GPU; host peak 42 GiB/node
+#   step ~1365 s (generation 1365 s, training 69 s), bottleneck generation
+#   checkpoint_state_freq 1: a checkpoint every ~23 min of training (so that at most 30 min is lost); time-limit warning 1500 s before the end = one step (~1365 s) + one checkpoint write (~41 s, derived) + 60 s to stop
 # Warning: berzelius: the script uses unconfirmed profile facts: --partition=berzelius (hpcrl.partition); the run root /proj/$SLURM_JOB_ACCOUNT/users/$USER/hpcrl-runs (hpcrl.run_root); check them (hpcrl clusters show berzelius) or set what is in brackets
-# Warning: berzelius cancels jobs whose GPUs average under 100 W after 60 min: by the step estimate the learner GPUs work 5% of each step (training 69 s of 1280 s) and may average under it; balance the roles (--pin learners=N, --pin engines=N) and watch the GPU monitor's idle_risk warning
+# Warning: berzelius cancels jobs whose GPUs average under 100 W after 60 min: by the step estimate the learner GPUs work 5% of each step (training 69 s of 1365 s) and may average under it; balance the roles (--pin learners=N, --pin engines=N) and watch the GPU monitor's idle_risk warning
 #
 # Submit with `hpcrl submit`, which creates the run directory first. With plain sbatch,
 # create <run dir>/logs first when --output points there: Slurm opens it before this runs.
@@ -26,7 +26,7 @@
 #SBATCH --constraint=thin
 #SBATCH --output=hpcrl-grpo-olmo3-7b-%j.out
 #SBATCH --open-mode=append
-#SBATCH --signal=B:USR1@1440
+#SBATCH --signal=B:USR1@1500
 #SBATCH --no-requeue
 
 set -euo pipefail
@@ -94,7 +94,7 @@ FAILURE_BACKOFF_S=60
 GRACE_S=780
 # The file the framework rewrites once a checkpoint is complete, and the --signal lead time.
 CKPT_MARKER=$RUN_DIR/checkpoints/latest
-SIGNAL_LEAD_S=1440
+SIGNAL_LEAD_S=1500
 # Nodes the rendered script excludes; a continuation after a node's failure adds that node.
 RENDERED_EXCLUDE=''
 # Slurm SIGKILLs every process of the job KillWait seconds after its TERM (scancel, preemption,
@@ -426,11 +426,11 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
   "layout": {
     "bottleneck": "generation",
     "deepspeed_stage": 3,
-    "engine_concurrent_seqs": 12,
+    "engine_concurrent_seqs": 13,
     "engine_gpus": 16,
-    "engine_kv_cache_gib": 29.13,
+    "engine_kv_cache_gib": 29.59,
     "gather_whole_model": false,
-    "generation_time_s": 1280.4,
+    "generation_time_s": 1365.2,
     "gpu_usable_gib": 39.39,
     "host_peak_gib": 42.0,
     "idle_gpus": 0,
@@ -443,8 +443,8 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       4,
       4
     ],
-    "reason": "no idle GPU; step ~1280s set by generation (generation 1280s, training 69s)",
-    "step_time_s": 1280.4,
+    "reason": "no idle GPU; step ~1365s set by generation (generation 1365s, training 69s)",
+    "step_time_s": 1365.2,
     "training_time_s": 69.0,
     "vllm_gpu_memory_utilization": 0.9,
     "vllm_num_engines": 4,
@@ -452,9 +452,9 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
   },
   "memory": {
     "engine": {
-      "activation_peak_gib": 0.923,
-      "concurrency": 12.95,
-      "concurrent_seqs": 12,
+      "activation_peak_gib": 0.461,
+      "concurrency": 13.15,
+      "concurrent_seqs": 13,
       "cuda_graphs_gib": 1.0,
       "cuda_graphs_in_budget": false,
       "enforce_eager": false,
@@ -463,10 +463,10 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "gpu_memory_utilization": 0.9,
       "kv_bytes_per_token": 131072,
       "kv_cache_dtype": "auto",
-      "kv_cache_gib": 29.129,
-      "kv_tokens": 238624,
-      "max_num_batched_tokens": 8192,
-      "max_num_seqs": 256,
+      "kv_cache_gib": 29.591,
+      "kv_tokens": 242400,
+      "max_num_batched_tokens": 2048,
+      "max_num_seqs": 128,
       "max_seq_len": 18432,
       "non_torch_gib": 2.0,
       "tp": 4,
@@ -537,7 +537,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "total_params": 7298011136,
       "trainable_params": 7298011136
     },
-    "verdict": "learner fits with 2.7 GiB to spare after a 3.2 GiB allocator margin; engine fits: 12.95x sequences of 18432 tokens fit at once"
+    "verdict": "learner fits with 2.7 GiB to spare after a 3.2 GiB allocator margin; engine fits: 13.15x sequences of 18432 tokens fit at once"
   },
   "model": "allenai/Olmo-3-1025-7B",
   "nodes": 4,
@@ -545,7 +545,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
   "smoke": false,
   "warnings": [
     "berzelius: the script uses unconfirmed profile facts: --partition=berzelius (hpcrl.partition); the run root /proj/$SLURM_JOB_ACCOUNT/users/$USER/hpcrl-runs (hpcrl.run_root); check them (hpcrl clusters show berzelius) or set what is in brackets",
-    "berzelius cancels jobs whose GPUs average under 100 W after 60 min: by the step estimate the learner GPUs work 5% of each step (training 69 s of 1280 s) and may average under it; balance the roles (--pin learners=N, --pin engines=N) and watch the GPU monitor's idle_risk warning"
+    "berzelius cancels jobs whose GPUs average under 100 W after 60 min: by the step estimate the learner GPUs work 5% of each step (training 69 s of 1365 s) and may average under it; balance the roles (--pin learners=N, --pin engines=N) and watch the GPU monitor's idle_risk warning"
   ]
 }
 HPCRL_PLAN_JSON

@@ -7,7 +7,7 @@
 #   model allenai/Olmo-3-1025-7B: 128 sequences of 18432 tokens per step, pack_length 18432
 #   4 x 4 GH200 (95.58 GiB): 4 learner GPUs, 12 engine GPUs, 0 idle
 #   num_learners_per_node [1] x 4, vllm_num_engines 12, vllm_tensor_parallel_size 1, vllm_gpu_memory_utilization 0.9, deepspeed_stage 3
-#   learner peak 70.5 GiB/GPU of 95.6 usable; engine 13.6 GiB weights + 68.5 GiB KV cache per GPU; host peak 20 GiB/node
+#   learner peak 70.5 GiB/GPU of 95.6 usable; engine 13.6 GiB weights + 71.8 GiB KV cache per GPU; host peak 20 GiB/node
 #   step ~855 s (generation 855 s, training 87 s), bottleneck generation
 #   checkpoint_state_freq 2: a checkpoint every ~28 min of training (so that at most 30 min is lost); time-limit warning 960 s before the end = one step (~855 s) + one checkpoint write (~41 s, derived) + 60 s to stop
 #
@@ -471,7 +471,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
     "deepspeed_stage": 3,
     "engine_concurrent_seqs": 7,
     "engine_gpus": 12,
-    "engine_kv_cache_gib": 68.54,
+    "engine_kv_cache_gib": 71.77,
     "gather_whole_model": true,
     "generation_time_s": 854.9,
     "gpu_usable_gib": 95.58,
@@ -495,8 +495,8 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
   },
   "memory": {
     "engine": {
-      "activation_peak_gib": 3.691,
-      "concurrency": 7.61,
+      "activation_peak_gib": 0.461,
+      "concurrency": 7.97,
       "concurrent_seqs": 7,
       "cuda_graphs_gib": 1.0,
       "cuda_graphs_in_budget": false,
@@ -506,10 +506,10 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "gpu_memory_utilization": 0.9,
       "kv_bytes_per_token": 524288,
       "kv_cache_dtype": "auto",
-      "kv_cache_gib": 68.537,
-      "kv_tokens": 140352,
-      "max_num_batched_tokens": 16384,
-      "max_num_seqs": 1024,
+      "kv_cache_gib": 71.767,
+      "kv_tokens": 146976,
+      "max_num_batched_tokens": 2048,
+      "max_num_seqs": 128,
       "max_seq_len": 18432,
       "non_torch_gib": 0.2,
       "tp": 1,
@@ -579,7 +579,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "total_params": 7298011136,
       "trainable_params": 7298011136
     },
-    "verdict": "learner fits with 20.6 GiB to spare after a 4.5 GiB allocator margin; engine fits: 7.61x sequences of 18432 tokens fit at once"
+    "verdict": "learner fits with 20.6 GiB to spare after a 4.5 GiB allocator margin; engine fits: 7.97x sequences of 18432 tokens fit at once"
   },
   "model": "allenai/Olmo-3-1025-7B",
   "nodes": 4,

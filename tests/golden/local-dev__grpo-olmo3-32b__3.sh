@@ -7,9 +7,9 @@
 #   model allenai/Olmo-3-1125-32B: 256 sequences of 10240 tokens per step, pack_length 10240
 #   3 x 4 H200 (declared, none present) (139.8 GiB): 6 learner GPUs, 6 engine GPUs, 0 idle
 #   num_learners_per_node [2] x 3, vllm_num_engines 3, vllm_tensor_parallel_size 2, vllm_gpu_memory_utilization 0.9, deepspeed_stage 3
-#   learner peak 125.9 GiB/GPU of 139.8 usable; engine 30.0 GiB weights + 90.1 GiB KV cache per GPU; host peak 22 GiB/node
-#   step ~637 s (generation 637 s, training 285 s), bottleneck generation
-#   checkpoint_state_freq 2: a checkpoint every ~21 min of training (so that at most 30 min is lost); time-limit warning 900 s before the end = one step (~637 s) + one checkpoint write (~180 s, derived) + 60 s to stop
+#   learner peak 125.9 GiB/GPU of 139.8 usable; engine 30.0 GiB weights + 93.3 GiB KV cache per GPU; host peak 22 GiB/node
+#   step ~648 s (generation 648 s, training 285 s), bottleneck generation
+#   checkpoint_state_freq 2: a checkpoint every ~22 min of training (so that at most 30 min is lost); time-limit warning 900 s before the end = one step (~648 s) + one checkpoint write (~180 s, derived) + 60 s to stop
 #
 # Submit with `hpcrl submit`, which creates the run directory first. With plain sbatch,
 # create <run dir>/logs first when --output points there: Slurm opens it before this runs.
@@ -426,11 +426,11 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
   "layout": {
     "bottleneck": "generation",
     "deepspeed_stage": 3,
-    "engine_concurrent_seqs": 72,
+    "engine_concurrent_seqs": 74,
     "engine_gpus": 6,
-    "engine_kv_cache_gib": 90.11,
+    "engine_kv_cache_gib": 93.34,
     "gather_whole_model": false,
-    "generation_time_s": 636.8,
+    "generation_time_s": 647.8,
     "gpu_usable_gib": 139.8,
     "host_peak_gib": 22.0,
     "idle_gpus": 0,
@@ -442,8 +442,8 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       2,
       2
     ],
-    "reason": "no idle GPU; step ~637s set by generation (generation 637s, training 285s)",
-    "step_time_s": 636.8,
+    "reason": "no idle GPU; step ~648s set by generation (generation 648s, training 285s)",
+    "step_time_s": 647.8,
     "training_time_s": 284.8,
     "vllm_gpu_memory_utilization": 0.9,
     "vllm_num_engines": 3,
@@ -451,9 +451,9 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
   },
   "memory": {
     "engine": {
-      "activation_peak_gib": 3.691,
-      "concurrency": 72.09,
-      "concurrent_seqs": 72,
+      "activation_peak_gib": 0.461,
+      "concurrency": 74.67,
+      "concurrent_seqs": 74,
       "cuda_graphs_gib": 1.0,
       "cuda_graphs_in_budget": false,
       "enforce_eager": false,
@@ -462,10 +462,10 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "gpu_memory_utilization": 0.9,
       "kv_bytes_per_token": 131072,
       "kv_cache_dtype": "auto",
-      "kv_cache_gib": 90.109,
-      "kv_tokens": 738160,
-      "max_num_batched_tokens": 16384,
-      "max_num_seqs": 1024,
+      "kv_cache_gib": 93.339,
+      "kv_tokens": 764624,
+      "max_num_batched_tokens": 2048,
+      "max_num_seqs": 128,
       "max_seq_len": 10240,
       "non_torch_gib": 2.0,
       "tp": 2,
@@ -536,7 +536,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "total_params": 32233522176,
       "trainable_params": 32233522176
     },
-    "verdict": "learner fits with 5.8 GiB to spare after a 8.1 GiB allocator margin; engine fits: 72.09x sequences of 10240 tokens fit at once"
+    "verdict": "learner fits with 5.8 GiB to spare after a 8.1 GiB allocator margin; engine fits: 74.67x sequences of 10240 tokens fit at once"
   },
   "model": "allenai/Olmo-3-1125-32B",
   "nodes": 3,

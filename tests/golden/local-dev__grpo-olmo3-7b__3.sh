@@ -7,7 +7,7 @@
 #   model allenai/Olmo-3-1025-7B: 128 sequences of 18432 tokens per step, pack_length 18432
 #   3 x 4 H200 (declared, none present) (139.8 GiB): 3 learner GPUs, 9 engine GPUs, 0 idle
 #   num_learners_per_node [1] x 3, vllm_num_engines 9, vllm_tensor_parallel_size 1, vllm_gpu_memory_utilization 0.9, deepspeed_stage 3
-#   learner peak 82.4 GiB/GPU of 139.8 usable; engine 13.6 GiB weights + 108.3 GiB KV cache per GPU; host peak 20 GiB/node
+#   learner peak 82.4 GiB/GPU of 139.8 usable; engine 13.6 GiB weights + 111.6 GiB KV cache per GPU; host peak 20 GiB/node
 #   step ~1079 s (generation 1079 s, training 116 s), bottleneck generation
 #   checkpoint_state_freq 1: a checkpoint every ~18 min of training (so that at most 30 min is lost); time-limit warning 1200 s before the end = one step (~1079 s) + one checkpoint write (~41 s, derived) + 60 s to stop
 #
@@ -428,7 +428,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
     "deepspeed_stage": 3,
     "engine_concurrent_seqs": 12,
     "engine_gpus": 9,
-    "engine_kv_cache_gib": 108.34,
+    "engine_kv_cache_gib": 111.57,
     "gather_whole_model": true,
     "generation_time_s": 1078.9,
     "gpu_usable_gib": 139.8,
@@ -451,8 +451,8 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
   },
   "memory": {
     "engine": {
-      "activation_peak_gib": 3.691,
-      "concurrency": 12.04,
+      "activation_peak_gib": 0.461,
+      "concurrency": 12.4,
       "concurrent_seqs": 12,
       "cuda_graphs_gib": 1.0,
       "cuda_graphs_in_budget": false,
@@ -462,10 +462,10 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "gpu_memory_utilization": 0.9,
       "kv_bytes_per_token": 524288,
       "kv_cache_dtype": "auto",
-      "kv_cache_gib": 108.335,
-      "kv_tokens": 221856,
-      "max_num_batched_tokens": 16384,
-      "max_num_seqs": 1024,
+      "kv_cache_gib": 111.565,
+      "kv_tokens": 228480,
+      "max_num_batched_tokens": 2048,
+      "max_num_seqs": 128,
       "max_seq_len": 18432,
       "non_torch_gib": 0.2,
       "tp": 1,
@@ -535,7 +535,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "total_params": 7298011136,
       "trainable_params": 7298011136
     },
-    "verdict": "learner fits with 52.1 GiB to spare after a 5.3 GiB allocator margin; engine fits: 12.04x sequences of 18432 tokens fit at once"
+    "verdict": "learner fits with 52.1 GiB to spare after a 5.3 GiB allocator margin; engine fits: 12.40x sequences of 18432 tokens fit at once"
   },
   "model": "allenai/Olmo-3-1025-7B",
   "nodes": 3,

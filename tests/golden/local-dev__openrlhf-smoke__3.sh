@@ -8,7 +8,7 @@
 #   model Qwen/Qwen2.5-7B: 1024 sequences of 5120 tokens per step, 5120 tokens per actor GPU micro-batch
 #   3 x 4 H200 (declared, none present) (139.8 GiB): 8 learner GPUs, 4 engine GPUs, 0 idle
 #   actor.num_nodes 2, actor.num_gpus_per_node 4, vllm.num_engines 4, vllm.tensor_parallel_size 1, vllm.gpu_memory_utilization 0.9, ds.zero_stage 3
-#   learner peak 35.0 GiB/GPU of 139.8 usable; engine 14.2 GiB weights + 105.8 GiB KV cache per GPU; host peak 26 GiB/node
+#   learner peak 35.0 GiB/GPU of 139.8 usable; engine 14.2 GiB weights + 110.7 GiB KV cache per GPU; host peak 26 GiB/node
 #   step ~126 s (generation 103 s, training 126 s), bottleneck training
 #   ckpt.save_steps 14: a checkpoint every ~29 min of training (so that at most 30 min is lost); time-limit warning 150 s before the end = one step (~126 s) + one checkpoint write (~43 s, derived) + 60 s to stop
 # Warning: a wall time of 00:05:00 leaves no room for a step (~126 s) and a checkpoint write (~43 s) before its end: the time-limit warning comes 150 s before it, not 240; a longer hpcrl.time saves the last checkpoint
@@ -448,9 +448,9 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
   "layout": {
     "bottleneck": "training",
     "deepspeed_stage": 3,
-    "engine_concurrent_seqs": 387,
+    "engine_concurrent_seqs": 404,
     "engine_gpus": 4,
-    "engine_kv_cache_gib": 105.84,
+    "engine_kv_cache_gib": 110.74,
     "generation_time_s": 103.0,
     "gpu_usable_gib": 139.8,
     "host_peak_gib": 26.0,
@@ -471,9 +471,9 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
   },
   "memory": {
     "engine": {
-      "activation_peak_gib": 5.598,
-      "concurrency": 387.06,
-      "concurrent_seqs": 387,
+      "activation_peak_gib": 0.7,
+      "concurrency": 404.97,
+      "concurrent_seqs": 404,
       "cuda_graphs_gib": 1.0,
       "cuda_graphs_in_budget": false,
       "enforce_eager": false,
@@ -482,10 +482,10 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "gpu_memory_utilization": 0.9,
       "kv_bytes_per_token": 57344,
       "kv_cache_dtype": "auto",
-      "kv_cache_gib": 105.837,
-      "kv_tokens": 1981744,
-      "max_num_batched_tokens": 16384,
-      "max_num_seqs": 1024,
+      "kv_cache_gib": 110.735,
+      "kv_tokens": 2073456,
+      "max_num_batched_tokens": 2048,
+      "max_num_seqs": 128,
       "max_seq_len": 5120,
       "non_torch_gib": 0.2,
       "tp": 1,
@@ -555,7 +555,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "total_params": 7615616512,
       "trainable_params": 7615616512
     },
-    "verdict": "learner fits with 101.2 GiB to spare after a 3.6 GiB allocator margin; engine fits: 387.06x sequences of 5120 tokens fit at once"
+    "verdict": "learner fits with 101.2 GiB to spare after a 3.6 GiB allocator margin; engine fits: 404.97x sequences of 5120 tokens fit at once"
   },
   "model": "Qwen/Qwen2.5-7B",
   "nodes": 3,

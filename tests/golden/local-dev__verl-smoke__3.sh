@@ -8,7 +8,7 @@
 #   model Qwen/Qwen2.5-7B: 1536 sequences of 5120 tokens per step, ppo_micro_batch_size_per_gpu 16 (81920 tokens)
 #   3 x 4 H200 (declared, none present) (139.8 GiB): all 12 GPUs train and generate (colocated)
 #   trainer.nnodes 3, n_gpus_per_node 4, rollout tensor_model_parallel_size 1 (12 engines), gpu_memory_utilization 0.9, fsdp param_offload false, optimizer_offload false
-#   colocated peak 96.7 GiB/GPU training, 135.1 GiB/GPU rollout of 139.8 usable; KV cache 105.8 GiB per GPU; host peak 103 GiB/node
+#   colocated peak 96.7 GiB/GPU training, 135.1 GiB/GPU rollout of 139.8 usable; KV cache 110.7 GiB per GPU; host peak 103 GiB/node
 #   step ~191 s (generation 64 s, training 126 s), bottleneck training
 #   trainer.save_freq 9: a checkpoint every ~29 min of training (so that at most 30 min is lost); time-limit warning 150 s before the end = one step (~191 s) + one checkpoint write (~43 s, derived) + 60 s to stop
 # Warning: a wall time of 00:05:00 leaves no room for a step (~191 s) and a checkpoint write (~43 s) before its end: the time-limit warning comes 150 s before it, not 300; a longer hpcrl.time saves the last checkpoint
@@ -450,9 +450,9 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
     "bottleneck": "training",
     "colocated": true,
     "deepspeed_stage": 3,
-    "engine_concurrent_seqs": 387,
+    "engine_concurrent_seqs": 404,
     "engine_gpus": 12,
-    "engine_kv_cache_gib": 105.84,
+    "engine_kv_cache_gib": 110.74,
     "generation_time_s": 64.5,
     "gpu_usable_gib": 139.8,
     "host_peak_gib": 103.5,
@@ -499,9 +499,9 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "vllm_sleeps": true
     },
     "engine": {
-      "activation_peak_gib": 5.598,
-      "concurrency": 387.06,
-      "concurrent_seqs": 387,
+      "activation_peak_gib": 0.7,
+      "concurrency": 404.97,
+      "concurrent_seqs": 404,
       "cuda_graphs_gib": 1.0,
       "cuda_graphs_in_budget": false,
       "enforce_eager": false,
@@ -510,10 +510,10 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "gpu_memory_utilization": 0.9,
       "kv_bytes_per_token": 57344,
       "kv_cache_dtype": "auto",
-      "kv_cache_gib": 105.837,
-      "kv_tokens": 1981744,
-      "max_num_batched_tokens": 16384,
-      "max_num_seqs": 1024,
+      "kv_cache_gib": 110.735,
+      "kv_tokens": 2073456,
+      "max_num_batched_tokens": 2048,
+      "max_num_seqs": 128,
       "max_seq_len": 5120,
       "non_torch_gib": 0.2,
       "tp": 1,
@@ -585,7 +585,7 @@ if [[ ! -e $HPCRL_DIR/plan.json ]]; then
       "total_params": 7615616512,
       "trainable_params": 7615616512
     },
-    "verdict": "training fits with 37.0 GiB to spare after a 6.1 GiB allocator margin; rollout fits with 4.7 GiB to spare; engine fits: 387.06x sequences of 5120 tokens fit at once"
+    "verdict": "training fits with 37.0 GiB to spare after a 6.1 GiB allocator margin; rollout fits with 4.7 GiB to spare; engine fits: 404.97x sequences of 5120 tokens fit at once"
   },
   "model": "Qwen/Qwen2.5-7B",
   "nodes": 3,

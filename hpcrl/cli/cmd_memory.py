@@ -35,6 +35,11 @@ class WeightSync(str, Enum):
     none = "none"
 
 
+class KvCacheDtype(str, Enum):
+    auto = "auto"
+    fp8 = "fp8"
+
+
 class RolloutOffload(str, Enum):
     none = "none"
     optimizer = "optimizer"
@@ -68,6 +73,12 @@ def plan_memory_cmd(
     rollout_offload: RolloutOffload = typer.Option(RolloutOffload.none, "--rollout-offload", help="Colocated, without --config: training state in host RAM while vLLM generates"),
     keep_grads: Optional[bool] = typer.Option(None, "--keep-grads/--free-grads", help="Colocated, without --config: gradients stay on the GPU between steps (DeepSpeed yes, FSDP no)"),
     weight_sync: Optional[WeightSync] = typer.Option(None, "--weight-sync", help="Learner -> vLLM weight sync: whole-model, per-param, auto (pick as the framework does), none"),
+    # vLLM's own engine arguments (issue 25): what changes how vLLM sizes its KV pool.
+    vllm_max_num_seqs: Optional[int] = typer.Option(None, "--vllm-max-num-seqs", help="vLLM max_num_seqs (default: the vLLM version's; sampler warm-up rows)"),
+    vllm_max_num_batched_tokens: Optional[int] = typer.Option(None, "--vllm-max-num-batched-tokens", help="vLLM max_num_batched_tokens (default: the vLLM version's; profiling forward)"),
+    vllm_enforce_eager: bool = typer.Option(False, "--vllm-enforce-eager", help="No CUDA graphs (vLLM enforce_eager)"),
+    vllm_version: Optional[str] = typer.Option(None, "--vllm-version", help="vLLM whose memory accounting to follow (default: the backend's pinned or required vLLM)"),
+    kv_cache_dtype: KvCacheDtype = typer.Option(KvCacheDtype.auto, "--kv-cache-dtype", help="vLLM kv_cache_dtype: auto (the model's bf16) or fp8"),
     as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON"),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Write a stacked bar chart (PNG)"),
 ) -> None:
@@ -114,11 +125,26 @@ def plan_memory_cmd(
     elif question.config is not None and colocated is not None and colocated != question.colocated:
         raise HpcrlError(f"--{'colocated' if colocated else 'separate'}: the config's {question.backend} run is "
                          f"{'colocated' if question.colocated else 'separate'}; change the config instead")
+    from hpcrl.memory.vllm_accounting import backend_engine
+
+    engine_facts = backend_engine(question.backend)
+    engine_options = {"max_num_seqs": engine_facts["max_num_seqs"] if vllm_max_num_seqs is None else vllm_max_num_seqs,
+                      "max_num_batched_tokens": engine_facts["max_num_batched_tokens"]
+                      if vllm_max_num_batched_tokens is None else vllm_max_num_batched_tokens,
+                      "enforce_eager": vllm_enforce_eager, "vllm_version": vllm_version or engine_facts["version"],
+                      "kv_cache_dtype": kv_cache_dtype.value}
+    assumed = [f"{name} {engine_options[key]}" for name, key, given in (
+        ("vLLM", "vllm_version", vllm_version), ("max_num_seqs", "max_num_seqs", vllm_max_num_seqs),
+        ("max_num_batched_tokens", "max_num_batched_tokens", vllm_max_num_batched_tokens)) if given is None]
+    engine_assumption = [f"{', '.join(assumed)}: {engine_facts['source']}"] if assumed else []
     plan, notes = mq.answer(question, profile, learner_gpus=learner_gpus, zero_stage=zero_stage, vllm_tp=vllm_tp,
-                            max_seq_len=max_seq_len, colocation=colocation)
+                            max_seq_len=max_seq_len, colocation=colocation, engine_options=engine_options)
+    if not plan.engine.fits:
+        raise HpcrlError(f"the vLLM engine does not fit (TP={plan.engine_setup.tp}, vLLM "
+                         f"{plan.engine.vllm_version}): {plan.engine.reason}")
     data = plan.to_dict()
     data["notes"] = notes
-    data["assumptions"] = list(question.assumptions)
+    data["assumptions"] = list(question.assumptions) + engine_assumption
     data["backend"] = question.backend
     data["config"] = question.config.source if question.config else None
     if plot is not None:
@@ -156,16 +182,21 @@ def _print_plan(d: dict) -> None:
     t.add_row("allocator margin kept free (measured spread)", f"{lr['allocator_margin_gib']:.2f}")
     t.add_row("DeepSpeed's own estimate", f"{lr['deepspeed_estimate_gib']:.2f}")
     console.print(t)
-    e = table(f"Engine GPU: vLLM TP={en['tp']}, gpu_memory_utilization={en['gpu_memory_utilization']}")
-    e.add_column("term")
+    e = table(f"Engine GPU: vLLM {en['vllm_version']} TP={en['tp']}, gpu_memory_utilization="
+              f"{en['gpu_memory_utilization']}, max_num_seqs {en['max_num_seqs']}, "
+              f"max_num_batched_tokens {en['max_num_batched_tokens']}")
+    e.add_column("term (derived / measured from vLLM logs)")
     e.add_column("GiB", justify="right")
-    e.add_row("weights", f"{en['weights_gib']:.2f}")
-    e.add_row("profiling activation peak", f"{en['activation_peak_gib']:.2f}")
-    e.add_row("CUDA graphs", f"{en['cuda_graphs_gib']:.2f}")
-    e.add_row("CUDA context + NCCL", f"{en['non_torch_gib']:.2f}")
+    e.add_row("weights (derived)", f"{en['weights_gib']:.2f}")
+    e.add_row("profiling peak: forward or sampler warm-up (derived; sampler bytes fitted to logs)",
+              f"{en['activation_peak_gib']:.2f}")
+    e.add_row("non-torch growth over vLLM's start snapshot (measured from logs)", f"{en['non_torch_gib']:.2f}")
+    e.add_row("CUDA graph pool (measured from logs), " + ("inside the budget" if en["cuda_graphs_in_budget"]
+              else "outside the budget"), f"{en['cuda_graphs_gib']:.2f}")
     e.add_row("[bold]KV cache[/]", f"[bold]{en['kv_cache_gib']:.2f}[/]")
-    e.add_row("KV tokens", f"{en['kv_tokens']:,} ({en['kv_bytes_per_token']:,} B/token)")
-    e.add_row(f"sequences of {en['max_seq_len']} tokens at once", f"{en['concurrent_seqs']:,}")
+    e.add_row("KV tokens (whole blocks)", f"{en['kv_tokens']:,} ({en['kv_bytes_per_token']:,} B/token)")
+    e.add_row(f"maximum concurrency for {en['max_seq_len']} tokens per request", f"{en['concurrency']:.2f}x")
+    e.add_row("engine's real footprint (budget + outside it)", f"{en['footprint_gib']:.2f}")
     console.print(e)
     if "colocated" in d:
         _print_colocated(d["colocated"], gpu["usable_gib"])

@@ -144,7 +144,9 @@ def plan_colocated(profile: ClusterProfile, learner: LearnerSetup, engine: Engin
     engine = EngineSetup(**{**engine.__dict__, "gpu_total_bytes": profile.gpu_bytes})
     lm = learner_memory(learner)
     em = engine_memory(engine)
-    asleep = em.non_torch + em.cuda_graphs
+    # What a sleeping engine keeps: its process's CUDA context and NCCL set-up (outside vLLM's
+    # snapshot, so not em.non_torch) and the graph pool.
+    asleep = em.process_non_torch + em.cuda_graphs
     training = {
         "learner (training peak)": lm.device_total,
         ("vLLM asleep (CUDA context, CUDA graphs)" if colocation.vllm_sleeps

@@ -1,9 +1,9 @@
 """Per-GPU memory of a vLLM generation engine at tensor-parallel size tp (pure arithmetic).
 
-vLLM sizes its KV cache from what is left of `gpu_memory_utilization * total` after the
-weights, the activation peak of its profiling forward pass and memory outside PyTorch.
-This model follows that accounting. It is derived from vLLM's documented behaviour, not
-calibrated on a GPU (vLLM cannot run in hpcrl's CI); the docs say so.
+vLLM sizes its KV cache from what is left of `ceil(gpu_memory_utilization * total)` after the
+weights, the torch peak of its profiling run and memory outside PyTorch, as the version in
+use accounts them (hpcrl/memory/vllm_accounting.py, cited per version). Checked against
+public vLLM start-up logs (benchmarks/vllm_engine_check.py); no GPU here runs vLLM.
 """
 
 from __future__ import annotations
@@ -12,7 +12,10 @@ from dataclasses import dataclass
 
 from hpcrl.errors import HpcrlError
 from hpcrl.memory import constants as C
+from hpcrl.memory import vllm_accounting as va
 from hpcrl.models.spec import ModelSpec
+
+DEFAULT_VLLM_VERSION = va.backend_engine("")["version"]  # the default backend's (data/vllm_accounting.json)
 
 
 @dataclass(frozen=True)
@@ -22,9 +25,11 @@ class EngineSetup:
     gpu_memory_utilization: float = 0.9
     gpu_total_bytes: float = 80 * C.GIB
     max_seq_len: int = 8192  # prompt + response of one sequence
-    max_num_batched_tokens: int = C.VLLM_MAX_NUM_BATCHED_TOKENS
-    max_num_seqs: int = C.VLLM_MAX_NUM_SEQS
+    max_num_batched_tokens: int | None = None  # None: the version's default
+    max_num_seqs: int | None = None  # None: the version's default
     enforce_eager: bool = False
+    vllm_version: str = DEFAULT_VLLM_VERSION
+    kv_cache_dtype: str = "auto"
 
     def check(self, gpus_per_node: int | None = None) -> None:
         m = self.model
@@ -41,6 +46,13 @@ class EngineSetup:
             )
         if self.max_seq_len < 1:
             raise HpcrlError(f"sequence length must be positive, got {self.max_seq_len}")
+        for flag, value in (("--vllm-max-num-seqs", self.max_num_seqs),
+                            ("--vllm-max-num-batched-tokens", self.max_num_batched_tokens)):
+            if value is not None and value < 1:
+                raise HpcrlError(f"{flag} must be a positive integer, got {value}")
+        if self.kv_cache_dtype not in va.KV_DTYPE_BYTES:
+            raise HpcrlError(f"--kv-cache-dtype {self.kv_cache_dtype!r}; valid: {', '.join(va.KV_DTYPE_BYTES)}")
+        va.accounting(self.vllm_version)
         if (why := m.tp_problem(self.tp)) is not None:
             raise HpcrlError(
                 f"vLLM tensor-parallel size {self.tp} cannot shard {m.name}: {why}; "
@@ -61,6 +73,14 @@ class EngineMemory:
     concurrent_seqs: int
     fits: bool
     reason: str
+    concurrency: float = 0.0  # as vLLM prints it: blocks / blocks one max_model_len request needs
+    graphs_in_budget: bool = False
+    footprint: float = 0.0  # the budget plus what lives outside it (the graph pool before 0.21)
+    warning: str | None = None
+    vllm_version: str = DEFAULT_VLLM_VERSION
+    batched_tokens: int = 0
+    max_num_seqs: int = 0
+    process_non_torch: float = 0.0  # the CUDA context and NCCL set-up vLLM's snapshot leaves out (derived)
 
 
 def engine_weights_bytes(m: ModelSpec, tp: int) -> float:
@@ -77,27 +97,37 @@ def engine_weights_bytes(m: ModelSpec, tp: int) -> float:
 
 
 def engine_memory(e: EngineSetup) -> EngineMemory:
-    """KV-cache capacity and verdict for one engine GPU."""
-    m, tp = e.model, e.tp
+    """KV pool, concurrency and verdict for one engine GPU, as vLLM `e.vllm_version` accounts them."""
+    m, tp, acc = e.model, e.tp, va.accounting(e.vllm_version)
     weights = engine_weights_bytes(m, tp)
-    f = m.moe_intermediate_size * m.num_experts_per_tok if m.is_moe else m.intermediate_size
-    # Profiling forward at max_num_batched_tokens: the widest live tensors are the
-    # gate/up MLP output and the residual stream, plus sampler logits for max_num_seqs.
-    act = e.max_num_batched_tokens * (2 * 2 * f / tp + 4 * 2 * m.hidden_size)
-    act += e.max_num_seqs * m.vocab_size / tp * 4 * 2
-    graphs = 0.0 if e.enforce_eager else C.VLLM_CUDA_GRAPH_GIB * C.GIB
-    non_torch = (C.CUDA_CONTEXT_GIB + (C.NCCL_BUFFERS_GIB if tp > 1 else 0.0)) * C.GIB
-    budget = e.gpu_memory_utilization * e.gpu_total_bytes
-    kv = budget - weights - act - graphs - non_torch
-    per_token = m.kv_bytes_per_token(tp)
-    kv_tokens = max(0, int(kv // per_token))
-    seqs = kv_tokens // e.max_seq_len
+    tokens = acc.batched_tokens(e.max_seq_len) if e.max_num_batched_tokens is None else e.max_num_batched_tokens
+    seqs = acc.default_max_num_seqs if e.max_num_seqs is None else e.max_num_seqs
+    # The forward's activations are freed before the sampler warm-up runs: the peak is the larger.
+    act = max(va.forward_peak(m, tp, tokens), va.sampler_peak(m, min(tokens, seqs)))
+    graphs = 0.0 if e.enforce_eager else va.cuda_graph_pool()
+    non_torch = acc.non_torch(tp)
+    budget = va.requested_bytes(e.gpu_total_bytes, e.gpu_memory_utilization)
+    kv = budget - weights - act - non_torch - (graphs if acc.graphs_in_budget else 0.0)
+    per_token = m.kv_bytes_per_token(tp, va.KV_DTYPE_BYTES[e.kv_cache_dtype])
+    blocks = va.kv_blocks(kv, per_token, acc.block_size)
+    kv_tokens = blocks * acc.block_size
+    conc = va.concurrency(blocks, e.max_seq_len, acc.block_size)
+    footprint = budget + (0.0 if acc.graphs_in_budget else graphs)
+    one_seq = -(-e.max_seq_len // acc.block_size) * acc.block_size * per_token
+    warning = None
     if kv <= 0:
-        fits, reason = False, "weights and activations exceed the vLLM memory budget"
+        fits, reason = False, "weights and the profiling peak exceed the vLLM memory budget (vLLM refuses to start)"
     elif kv_tokens < e.max_seq_len:
-        fits, reason = False, f"KV cache holds {kv_tokens} tokens, fewer than one {e.max_seq_len}-token sequence"
+        fits, reason = False, (f"vLLM refuses to start: its KV pool holds {kv_tokens:,} tokens, fewer than one "
+                               f"{e.max_seq_len:,}-token sequence")
+    elif footprint > e.gpu_total_bytes:
+        fits, reason = False, (f"the engine's real footprint, {footprint / C.GIB:.2f} GiB (budget + CUDA graphs "
+                               f"outside it), exceeds the GPU's {e.gpu_total_bytes / C.GIB:.2f} GiB")
     else:
-        fits, reason = True, f"{seqs} sequences of {e.max_seq_len} tokens fit at once"
+        fits, reason = True, f"{conc:.2f}x sequences of {e.max_seq_len} tokens fit at once"
+        if kv - one_seq < va.edge_spread():
+            warning = (f"KV pool {kv / C.GIB:.2f} GiB is within the measured spread "
+                       f"({va.edge_spread() / C.GIB:.2f} GiB) of one {e.max_seq_len}-token sequence: vLLM may refuse")
     return EngineMemory(
         weights=weights,
         activation_peak=act,
@@ -107,7 +137,15 @@ def engine_memory(e: EngineSetup) -> EngineMemory:
         kv_cache=max(kv, 0.0),
         kv_bytes_per_token=per_token,
         kv_tokens=kv_tokens,
-        concurrent_seqs=seqs,
+        concurrent_seqs=int(conc),
         fits=fits,
         reason=reason,
+        concurrency=conc,
+        graphs_in_budget=acc.graphs_in_budget,
+        footprint=footprint,
+        warning=warning,
+        vllm_version=acc.version,
+        batched_tokens=tokens,
+        max_num_seqs=seqs,
+        process_non_torch=(C.CUDA_CONTEXT_GIB + (C.NCCL_BUFFERS_GIB if tp > 1 else 0.0)) * C.GIB,
     )

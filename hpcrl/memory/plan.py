@@ -81,6 +81,8 @@ class MemoryPlan:
         """The engine's verdict, and the host's when it does not fit."""
         g = C.GIB
         parts = [("engine fits: " if self.engine.fits else "engine does NOT fit: ") + self.engine.reason]
+        if self.engine.warning:
+            parts.append(f"WARNING: {self.engine.warning}")
         if not self.host.fits:
             parts.append(
                 f"host RAM does NOT fit: {self.host.peak / g:.0f} GiB > {self.host.kill_threshold:.0%} "
@@ -139,6 +141,15 @@ class MemoryPlan:
                 "kv_tokens": self.engine.kv_tokens,
                 "max_seq_len": es.max_seq_len,
                 "concurrent_seqs": self.engine.concurrent_seqs,
+                "concurrency": round(self.engine.concurrency, 2),
+                "vllm_version": self.engine.vllm_version,
+                "max_num_batched_tokens": self.engine.batched_tokens,
+                "max_num_seqs": self.engine.max_num_seqs,
+                "enforce_eager": es.enforce_eager,
+                "kv_cache_dtype": es.kv_cache_dtype,
+                "cuda_graphs_in_budget": self.engine.graphs_in_budget,
+                "footprint_gib": round(self.engine.footprint / g, 3),
+                "warning": self.engine.warning,
                 "fits": self.engine.fits,
             },
             "host": {

@@ -210,6 +210,7 @@ def choose_memory_plan(
     vllm_gpu_memory_utilization: float,
     max_seq_len: int | None,
     colocation: Colocation | None = None,
+    engine_options: dict | None = None,
 ) -> tuple[MemoryPlan, list[str]]:
     """The plan for workload `w`, choosing learner GPUs and TP where not given. The learner is
     built as the layout planner builds it (hpcrl.planning.layout._learner_setup), so for the same count
@@ -229,7 +230,9 @@ def choose_memory_plan(
         gpu_memory_utilization=vllm_gpu_memory_utilization,
         gpu_total_bytes=profile.gpu_bytes,
         max_seq_len=max_seq_len or w.seq_len,
+        **(engine_options or {}),  # vLLM version, scheduler sizes, eager, KV dtype (issue 25)
     )
+    engine.check(profile.gpu.count_per_node)
     if vllm_tp is None:
         tp = smallest_fitting_tp(profile, engine)
         if tp is None:
@@ -283,14 +286,15 @@ def choose_memory_plan(
 
 def answer(q: Question, profile: ClusterProfile, *, learner_gpus: int | None, zero_stage: int = 3,
            vllm_tp: int | None = None, max_seq_len: int | None = None, colocation: Colocation | None = None,
-           ) -> tuple[MemoryPlan, list[str]]:
+           engine_options: dict | None = None) -> tuple[MemoryPlan, list[str]]:
     """The memory plan for the question, choosing learner GPUs and TP where not given."""
     if q.config is not None and q.colocated and colocation is None:
         return _colocated_run(q, profile, learner_gpus)
     return choose_memory_plan(profile, q.workload, learner_gpus=learner_gpus, zero_stage=zero_stage,
                               vllm_tp=vllm_tp, vllm_gpu_memory_utilization=q.util,
                               max_seq_len=max_seq_len or q.workload.seq_len,
-                              colocation=colocation if q.colocated or colocation else None)
+                              colocation=colocation if q.colocated or colocation else None,
+                              engine_options=engine_options)
 
 
 def _colocated_run(q: Question, profile: ClusterProfile, learner_gpus: int | None) -> tuple[MemoryPlan, list[str]]:

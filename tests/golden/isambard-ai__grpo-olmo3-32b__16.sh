@@ -7,7 +7,7 @@
 #   model allenai/Olmo-3-1125-32B: 256 sequences of 10240 tokens per step, pack_length 10240
 #   16 x 4 GH200 (95.58 GiB): 16 learner GPUs, 48 engine GPUs, 0 idle
 #   num_learners_per_node [1] x 16, vllm_num_engines 48, vllm_tensor_parallel_size 1, vllm_gpu_memory_utilization 0.9, deepspeed_stage 3
-#   learner peak 64.3 GiB/GPU of 95.6 usable; engine 60.0 GiB weights + 23.0 GiB KV cache per GPU; host peak 20 GiB/node
+#   learner peak 64.3 GiB/GPU of 95.6 usable; engine 60.0 GiB weights + 25.3 GiB KV cache per GPU; host peak 20 GiB/node
 #   step ~304 s (generation 304 s, training 107 s), bottleneck generation
 #   checkpoint_state_freq 5: a checkpoint every ~25 min of training (so that at most 30 min is lost); time-limit warning 900 s before the end = one step (~304 s) + one checkpoint write (~180 s, derived) + 60 s to stop
 # Warning: 16 nodes = 64 GPUs exceed QOS 32gpu_qos's default cap of 32 GPUs (8 nodes); fine if your project's limit was raised
@@ -179,9 +179,9 @@ run_directory() {
   "layout": {
     "bottleneck": "generation",
     "deepspeed_stage": 3,
-    "engine_concurrent_seqs": 9,
+    "engine_concurrent_seqs": 10,
     "engine_gpus": 48,
-    "engine_kv_cache_gib": 23.04,
+    "engine_kv_cache_gib": 25.32,
     "gather_whole_model": false,
     "generation_time_s": 303.6,
     "gpu_usable_gib": 95.58,
@@ -217,17 +217,26 @@ run_directory() {
   },
   "memory": {
     "engine": {
-      "activation_peak_gib": 1.348,
-      "concurrent_seqs": 9,
+      "activation_peak_gib": 0.461,
+      "concurrency": 10.13,
+      "concurrent_seqs": 10,
       "cuda_graphs_gib": 1.0,
+      "cuda_graphs_in_budget": false,
+      "enforce_eager": false,
       "fits": true,
+      "footprint_gib": 87.022,
       "gpu_memory_utilization": 0.9,
       "kv_bytes_per_token": 262144,
-      "kv_cache_gib": 23.036,
-      "kv_tokens": 94353,
+      "kv_cache_dtype": "auto",
+      "kv_cache_gib": 25.322,
+      "kv_tokens": 103712,
+      "max_num_batched_tokens": 2048,
+      "max_num_seqs": 128,
       "max_seq_len": 10240,
-      "non_torch_gib": 0.6,
+      "non_torch_gib": 0.2,
       "tp": 1,
+      "vllm_version": "0.19.1",
+      "warning": null,
       "weights_gib": 60.039
     },
     "fits": true,
@@ -293,7 +302,7 @@ run_directory() {
       "total_params": 32233522176,
       "trainable_params": 32233522176
     },
-    "verdict": "learner fits with 27.4 GiB to spare after a 3.9 GiB allocator margin; engine fits: 9 sequences of 10240 tokens fit at once"
+    "verdict": "learner fits with 27.4 GiB to spare after a 3.9 GiB allocator margin; engine fits: 10.13x sequences of 10240 tokens fit at once"
   },
   "model": "allenai/Olmo-3-1125-32B",
   "nodes": 16,

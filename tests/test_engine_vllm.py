@@ -1,0 +1,129 @@
+"""vLLM engine memory as each vLLM version accounts it (issue 25).
+
+Expected values come from vLLM's source at the cited tags or from public vLLM start-up logs
+(benchmarks/vllm_startups/cases.jsonl); no GPU here runs vLLM, so nothing is mocked but nothing
+is run on a GPU either.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from hpcrl.memory import vllm_accounting as va
+from hpcrl.memory.constants import GIB
+from hpcrl.memory.engine import EngineSetup, engine_memory
+from hpcrl.models.catalog import resolve_model
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import vllm_engine_check as check  # noqa: E402
+
+QWEN3_32B_H100 = EngineSetup(model=resolve_model("qwen3-32b"), tp=1, gpu_memory_utilization=0.9,
+                             gpu_total_bytes=79.18 * GIB, max_seq_len=16000, max_num_seqs=1024)
+LLAMA_3090_20K = EngineSetup(model=resolve_model("meta-llama/Llama-3.1-8B"), tp=1, gpu_memory_utilization=0.9,
+                             gpu_total_bytes=23.58 * GIB, max_seq_len=20000, vllm_version="0.6.4.post1")
+
+
+@pytest.fixture(scope="module")
+def h100_profile(tmp_path_factory) -> Path:
+    """An H100-80GB profile: 79.18 GiB total as CUDA reports it (issue 25)."""
+    text = (ROOT / "clusters" / "berzelius-hopper.yaml").read_text()
+    text = re.sub(r"(?m)^(\s*)memory_gib: .*$", r"\1memory_gib: 79.18", text)
+    text = re.sub(r"(?m)^(\s*)gpu\.memory_gib: .*$", r'\1gpu.memory_gib: "H100 80GB, 79.18 GiB total (issue 25)"', text)
+    path = tmp_path_factory.mktemp("h100") / "h100.yaml"
+    path.write_text(text)
+    return path
+
+
+def plan_memory(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "hpcrl", "plan-memory", *args], capture_output=True, text=True,
+                          timeout=120, cwd=ROOT)
+
+
+def test_graph_pool_is_charged_inside_the_budget_from_0_24():
+    # 0.19.1: VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS defaults to 0 (vllm/envs.py:1654-1655), 0.24.0 to 1
+    # (vllm/envs.py:1894-1895): the same engine's pool shrinks by the graph pool and nothing else.
+    old, new = engine_memory(QWEN3_32B_H100), engine_memory(replace(QWEN3_32B_H100, vllm_version="0.24.0"))
+    assert old.kv_cache - new.kv_cache == pytest.approx(va.measured("cuda_graph_pool_gib")["typical"] * GIB)
+
+
+def test_graphs_outside_the_budget_add_to_the_real_footprint():
+    # Before the estimate, vLLM captures graphs after sizing the pool: the GPU holds budget + pool.
+    em = engine_memory(QWEN3_32B_H100)
+    assert em.footprint == pytest.approx(-(-79.18 * GIB * 0.9 // 1) + 1.0 * GIB)
+
+
+def test_enforce_eager_makes_0_19_and_0_24_agree():
+    eager = replace(QWEN3_32B_H100, enforce_eager=True)
+    assert engine_memory(eager).kv_cache == engine_memory(replace(eager, vllm_version="0.24.0")).kv_cache
+
+
+def test_concurrency_is_blocks_over_blocks_per_request():
+    # vllm-project/vllm#10517: 1952 GPU blocks, "Maximum concurrency for 20000 tokens per request: 1.56x".
+    assert f"{va.concurrency(1952, 20000, 16):.2f}" == "1.56"
+
+
+def test_pool_is_whole_blocks():
+    em = engine_memory(QWEN3_32B_H100)
+    assert em.kv_tokens == int(em.kv_cache // (262_144 * 16)) * 16  # 64 layers x 8 KV heads x 128 x 2 x 2 B
+
+
+def test_fp8_kv_cache_halves_bytes_per_token():
+    em = engine_memory(replace(QWEN3_32B_H100, kv_cache_dtype="fp8"))
+    assert em.kv_bytes_per_token == 64 * 8 * 128 * 2 * 1
+
+
+def test_v0_profiles_the_whole_max_model_len():
+    # vLLM 0.6.4 without chunked prefill runs max(max_model_len, 2048) tokens (vllm/config.py:1118);
+    # the #10517 log: peak_torch_memory 17.06 GiB after 14.9888 GiB of weights at 20k tokens.
+    assert engine_memory(LLAMA_3090_20K).activation_peak / GIB == pytest.approx(17.06 - 14.9888, rel=0.03)
+
+
+def test_v0_refusal_at_29k_is_a_refusal():
+    em = engine_memory(replace(LLAMA_3090_20K, max_seq_len=29000))  # vLLM refused: 23648 tokens < 29000
+    assert not em.fits and "refuses to start" in em.reason
+
+
+def test_committed_start_ups_held_out_within_5_percent_and_no_refusal_called_a_fit():
+    cases = check.load_cases()
+    bad = [c["id"] for c in cases if (c["role"] == "holdout" and check.kv_error(c) > 0.05)
+           or (c["refused"] and check.predict(c).fits)]
+    assert bad == []
+
+
+def test_qwen3_32b_tight_engine_kv_pool_near_the_logged_4_45_gib(h100_profile):
+    out = plan_memory("--model", "qwen3-32b", "--vllm-tp", "1", "--vllm-gpu-memory-utilization", "0.9",
+                      "--max-seq-len", "16000", "--vllm-max-num-seqs", "1024", "--cluster-file", str(h100_profile),
+                      "--json")
+    assert json.loads(out.stdout)["engine"]["kv_cache_gib"] == pytest.approx(4.45, rel=0.05)
+
+
+def test_engine_that_cannot_hold_one_sequence_exits_2_with_the_reason(h100_profile):
+    out = plan_memory("--model", "qwen3-32b", "--vllm-tp", "1", "--vllm-gpu-memory-utilization", "0.9",
+                      "--max-seq-len", "40000", "--cluster-file", str(h100_profile))
+    assert (out.returncode, out.stderr.count("\n"), "refuses to start" in out.stderr) == (2, 1, True)
+
+
+def test_without_a_tp_the_plan_picks_an_engine_vllm_starts(h100_profile):
+    out = plan_memory("--model", "qwen3-32b", "--vllm-gpu-memory-utilization", "0.9", "--max-seq-len", "40000",
+                      "--cluster-file", str(h100_profile), "--json")
+    engine = json.loads(out.stdout)["engine"]
+    assert engine["tp"] > 1 and engine["kv_tokens"] >= 40000
+
+
+@pytest.mark.parametrize("flag,value,needle", [
+    ("--vllm-max-num-seqs", "0", "--vllm-max-num-seqs"),
+    ("--vllm-max-num-batched-tokens", "-8", "--vllm-max-num-batched-tokens"),
+    ("--vllm-version", "0.5.0", "valid: 0.6.4.post1, 0.19.1, 0.24.0, 0.27.1"),
+    ("--kv-cache-dtype", "int4", "--kv-cache-dtype"),
+])
+def test_bad_engine_flags_exit_2_with_one_line(flag, value, needle, h100_profile):
+    out = plan_memory("--model", "qwen3-32b", "--cluster-file", str(h100_profile), flag, value)
+    assert (out.returncode, out.stderr.count("\n"), needle in out.stderr) == (2, 1, True)

@@ -176,6 +176,7 @@ class Scheduler:
         tag = f"{self.args.tag}:{item.index}" + (":solo" if item.solo else "")
         rows_path = self.work / f"rows_{self.launches:03d}.jsonl"
         log = self.work / f"{self.launches:03d}.log"
+        rows_path.unlink(missing_ok=True)  # a file left by an earlier scheduler in the same work dir
         env = dict(os.environ, **SAFE_ENV)
         env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
         # torchrun would set 1 thread; offloaded AdamW steps on the CPU need more

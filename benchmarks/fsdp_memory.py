@@ -265,7 +265,8 @@ def main(argv: list[str] | None = None) -> int:
         import transformers
 
         row["transformers"] = transformers.__version__
-        dist.init_process_group(backend="nccl", device_id=device)
+        # a gloo group beside NCCL, as verl (fsdp_workers.py:155-156): CPUOffloadPolicy's norm needs it
+        dist.init_process_group(backend="cpu:gloo,cuda:nccl", device_id=device)
         cfg = load_model_config(args.model)
         row["vocab_size"] = cfg.vocab_size
         ce = load_cross_entropy()

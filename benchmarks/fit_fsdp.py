@@ -111,6 +111,10 @@ def main() -> None:
         print("NOTE: hpcrl/memory/fsdp_learner.py FIT differs:", json.dumps(shipped))
     errors(held, "held-out rows (never fitted)")
     errors(train, "training rows")
+    post = HERE / "results" / "fsdp_post_fit.jsonl"
+    if post.exists():
+        rows = [r for r in map(json.loads, post.read_text().splitlines()) if r.get("status") == "ok"]
+        errors(rows, "rows measured after the fit (fsdp_post_fit.jsonl; the 3B ref row showed the reference root term at every moment)")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """verl FSDP learner memory (hpcrl/memory/fsdp_learner.py) against hand-computed terms and the
-measured rows in benchmarks/results/fsdp_measured.jsonl (benchmarks/fsdp_memory.py on H100)."""
+measured rows in benchmarks/results/fsdp_measured.jsonl and fsdp_post_fit.jsonl (benchmarks/fsdp_memory.py)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from hpcrl.models.spec import ModelSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 ROWS = ROOT / "benchmarks" / "results" / "fsdp_measured.jsonl"
+POST_FIT = ROOT / "benchmarks" / "results" / "fsdp_post_fit.jsonl"
 OFFLOAD = {"none": "none", "verl": "param_optimizer", "cpu_policy": "cpu_policy"}
 
 
@@ -28,7 +29,8 @@ def setup_of(row: dict) -> FsdpSetup:
 
 
 def rows(status: str = "ok") -> list[dict]:
-    return [r for r in map(json.loads, ROWS.read_text().splitlines()) if r.get("status") == status]
+    lines = ROWS.read_text().splitlines() + POST_FIT.read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r.get("status") == status]
 
 
 def test_fsdp1_flattens_a_tied_embedding_twice():

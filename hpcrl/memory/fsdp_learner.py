@@ -19,7 +19,8 @@ parameters, N the ranks, T the packed tokens of one micro-batch, V the vocabular
   FSDP1 keeps it unsharded in bf16 after forward when N > 1; its bf16 gradient and the fp32 copy
   for the reduce-scatter make 8 bytes per root element when backward ends.
 * reference policy (CPU param offload, fsdp_workers.py:526): nothing on the update peak, except
-  FSDP1 at N > 1 where its gathered root unit (bf16) is still on the GPU at the optimizer step.
+  FSDP1 at N > 1 where its gathered root unit (bf16) stays on the GPU through the update
+  (measured: +2 B x root elements at the 7B step and at the 3B logits moment).
 * verl's param/optimizer offload (fsdp_workers.py:893-932) moves state only between updates: the
   update peak is unchanged. FSDP2's CPUOffloadPolicy keeps shards, gradients and Adam on the host.
 """
@@ -130,6 +131,7 @@ def fsdp_learner_memory(setup: FsdpSetup) -> FsdpBreakdown:
         "log-prob path (8 B x T x V)": LOGITS_BYTES_PER_ELEMENT * T * V,
         "checkpointed hidden states": CHECKPOINT_BYTES_PER_TOKEN_HIDDEN * L * T * h,
         "gathered root unit (bf16)": gathered_root,
+        "reference root unit (bf16)": ref_root,
         "per-token working set": FIT["logits_per_token_hidden"] * T * h,
         "fixed": FIT["logits_fixed_gib"] * GIB,
     }
@@ -138,6 +140,7 @@ def fsdp_learner_memory(setup: FsdpSetup) -> FsdpBreakdown:
         "adam moments": adam,
         "gradients": grads,
         "root unit params, grads and fp32 reduce copy": (8.0 if n > 1 else 4.0) * root,
+        "reference root unit (bf16)": ref_root,
         "fixed": FIT["grads_done_fixed_gib"] * GIB,
     }
     step = {

@@ -75,3 +75,16 @@ def test_rows_that_ran_out_of_memory_are_predicted_over_the_card():
 def test_cpu_offload_policy_is_refused_for_fsdp1():
     with pytest.raises(HpcrlError, match="FSDP2 only"):
         fsdp_learner_memory(FsdpSetup(spec("qwen2.5-1.5b"), fsdp_version=1, offload="cpu_policy"))
+
+
+def test_verl_config_gives_the_actor_update_it_runs():
+    from hpcrl.planning.backends import get_backend
+    from hpcrl.planning.config import load_run_config
+
+    verl = get_backend("verl")
+    cfg = load_run_config("verl-grpo-qwen2.5-7b", [
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=6", "actor_rollout_ref.actor.strategy=fsdp2"])
+    s = verl.fsdp_setup(cfg, verl.workload_from_config(cfg), n_gpus=2)
+    # ppo_mini_batch_size 48 x rollout.n 8 / 2 GPUs = 192 sequences, 6 per micro-batch: 32;
+    # use_kl_loss true in the config: a reference policy
+    assert (s.micro_batches, s.fsdp_version, s.reference_policy, s.offload) == (32, 2, True, "none")

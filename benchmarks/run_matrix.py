@@ -1,7 +1,7 @@
-"""Run a list of zero3_memory.py configurations, each in its own launch, within a time budget.
+"""Run a list of benchmark configurations, each in its own launch, within a time budget.
 
 Matrix file: one configuration per line, `NPROC EST_S EST_GIB [host=GIB] ARGS...`, `#` starts a
-comment. ARGS go to zero3_memory.py; EST_S guesses the launch's wall time, EST_GIB its peak
+comment. ARGS go to the --harness script (zero3_memory.py or fsdp_memory.py); EST_S guesses the launch's wall time, EST_GIB its peak
 reserved GPU memory per GPU, host= its host memory (optimizer offload). Example:
     1 45 40 --model qwen2.5-1.5b --seq 4096 --gc 1 --logprob-impl eager
 
@@ -84,6 +84,19 @@ def arg_value(argv: list[str], flag: str, default: str = "") -> str:
 
 def config_row(argv: list[str], nproc: int) -> dict:
     """The identifying keys of a row, for launches that wrote none."""
+    if "--micro-batches" in argv or "--fsdp" in argv:
+        return {
+            "harness": "fsdp_memory",
+            "model": arg_value(argv, "--model"),
+            "seq": int(arg_value(argv, "--seq", "0")),
+            "micro_batches": int(arg_value(argv, "--micro-batches", "2")),
+            "fsdp": int(arg_value(argv, "--fsdp", "1")),
+            "ref": int(arg_value(argv, "--ref", "0")),
+            "offload": arg_value(argv, "--offload", "none"),
+            "entropy": int(arg_value(argv, "--entropy", "0")),
+            "world": nproc,
+            "rank": 0,
+        }
     impl = arg_value(argv, "--logprob-impl", "eager")
     return {
         "model": arg_value(argv, "--model"),
@@ -163,13 +176,14 @@ class Scheduler:
         tag = f"{self.args.tag}:{item.index}" + (":solo" if item.solo else "")
         rows_path = self.work / f"rows_{self.launches:03d}.jsonl"
         log = self.work / f"{self.launches:03d}.log"
+        rows_path.unlink(missing_ok=True)  # a file left by an earlier scheduler in the same work dir
         env = dict(os.environ, **SAFE_ENV)
         env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
         # torchrun would set 1 thread; offloaded AdamW steps on the CPU need more
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 2) // (self.args.per_gpu * len(self.gpus)))))
         cmd = [
             sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(item.nproc),
-            "--master_port", str(self.port), str(HERE / "zero3_memory.py"), *item.argv,
+            "--master_port", str(self.port), str(HERE / self.args.harness), *item.argv,
             "--out", str(rows_path), "--tag", tag,
         ]  # fmt: skip
         f = open(log, "w")
@@ -272,6 +286,7 @@ def main() -> None:
     p.add_argument("--margin-s", type=float, default=10.0)
     p.add_argument("--work-dir", default="/tmp/zero3_work")
     p.add_argument("--tag", default="")
+    p.add_argument("--harness", default="zero3_memory.py", help="script in benchmarks/ each launch runs")
     Scheduler(p.parse_args()).run()
 
 

@@ -30,6 +30,7 @@ from hpcrl.planning.backends.base import (
 )
 from hpcrl.errors import ConfigError, HpcrlError, PlanError, UnknownNameError
 from hpcrl.memory.colocated import Colocation
+from hpcrl.memory.fsdp_learner import FsdpSetup
 from hpcrl.models import resolve_model
 from hpcrl.planning.backends.facts import MemoryDefault, MemoryFacts
 from hpcrl.planning.backends.flagdata import load_table
@@ -387,6 +388,32 @@ class VerlBackend(Backend):
                 f"fsdp param_offload {str(c.get(PARAM_OFFLOAD_KEY, False)).lower()}, "
                 f"optimizer_offload {str(c.get(OPT_OFFLOAD_KEY, False)).lower()}")
 
+    # ------------------------------------------------------------------ learner memory (issue 24)
+    def fsdp_setup(self, cfg: RunConfig, w: Workload, n_gpus: int, micro_batches: int | None = None,
+                   fsdp_version: int | None = None) -> FsdpSetup:
+        """The actor update as verl runs it, for hpcrl.memory.fsdp_learner; given values win over the config."""
+        if fsdp_version is None:
+            strategy = str(self.arg(cfg, A + "strategy"))
+            if strategy not in ("fsdp", "fsdp2"):
+                raise PlanError(f"{A}strategy {strategy!r}: hpcrl models verl's fsdp and fsdp2 actors only")
+            fsdp_version = 1 if strategy == "fsdp" else 2
+        if micro_batches is None:
+            micro_batches = self.micro_batch_count(cfg, n_gpus, w.seq_len)
+        if self.arg(cfg, A + "fsdp_config.offload_policy"):
+            offload = "cpu_policy"
+        elif self.arg(cfg, PARAM_OFFLOAD_KEY) or self.arg(cfg, OPT_OFFLOAD_KEY):
+            offload = "param_optimizer"
+        else:
+            offload = "none"
+        return FsdpSetup(w.model, n_gpus, w.pack_length, micro_batches, fsdp_version, w.load_ref_policy, offload)
+
+    def micro_batch_count(self, cfg: RunConfig, world: int, seq_len: int) -> int:
+        """Micro-batches per optimizer step on one GPU (dp_actor.py:551-559 at b178a3cd); unpinned: 2."""
+        per_gpu = int(self.arg(cfg, A + "ppo_mini_batch_size")) * int(self.arg(cfg, R + "n")) // world
+        if self.dynamic_bsz(cfg):
+            return max(1, math.ceil(per_gpu * seq_len / int(self.arg(cfg, A + "ppo_max_token_len_per_gpu"))))
+        pinned = cfg.args.get(MICRO_KEY)
+        return max(1, per_gpu // int(pinned)) if pinned else 2
 
 def _number(raw: str) -> Any:
     try:

@@ -1,0 +1,121 @@
+"""Fit the FSDP learner model's constants (hpcrl/memory/fsdp_learner.py FIT) and report its error.
+
+    PYTHONPATH=. python benchmarks/fit_fsdp.py [--rows benchmarks/results/fsdp_measured.jsonl]
+
+Split, fixed: of the rows with status ok, in file order, every third one (index % 3 == 2) is held
+out and never used by the fit. The fit uses only the training rows:
+* logits moment: last backward phase peak minus the model's non-fitted terms, least squares on
+  a + b * T * h over rows where that moment is the larger of the two backward moments;
+* end of backward, optimizer step: median residual of the rows where that moment is the peak of
+  its phase;
+* reserved: peak reserved minus the model's basis (its peak, or for FSDP1 with one micro-batch the
+  logits moment plus the gradients), least squares on a + b * T * V, per FSDP version.
+Prints the constants, the per-row table and the errors (peak allocated and reserved) on the
+held-out rows and on the training rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+from hpcrl.memory import fsdp_learner as F
+from hpcrl.memory.constants import GIB
+from hpcrl.models.spec import ModelSpec
+
+HERE = Path(__file__).resolve().parent
+
+
+def setup_of(row: dict) -> F.FsdpSetup:
+    raw = json.loads((HERE / "configs" / f"{row['model']}.json").read_text())
+    spec = ModelSpec.from_hf_config(raw, row["model"])
+    offload = {"none": "none", "verl": "param_optimizer", "cpu_policy": "cpu_policy"}[row["offload"]]
+    return F.FsdpSetup(spec, row["world"], row["seq"], row["micro_batches"], row["fsdp"], bool(row["ref"]), offload)
+
+
+def load(path: Path) -> tuple[list[dict], list[dict]]:
+    ok = [r for r in map(json.loads, path.read_text().splitlines()) if r.get("status") == "ok"]
+    return [r for i, r in enumerate(ok) if i % 3 != 2], [r for i, r in enumerate(ok) if i % 3 == 2]
+
+
+def lstsq(xs: list[float], ys: list[float]) -> tuple[float, float]:
+    n, mx, my = len(xs), statistics.fmean(xs), statistics.fmean(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx if sxx else 0.0
+    return my - b * mx, b
+
+
+def fit(train: list[dict]) -> dict:
+    zero = {k: 0.0 for k in F.FIT}
+    F.FIT.update(zero)
+    lx, ly, gres, sres = [], [], [], []
+    rx: dict[int, list] = {1: [], 2: []}
+    ry: dict[int, list] = {1: [], 2: []}
+    for r in train:
+        s = setup_of(r)
+        b = F.fsdp_learner_memory(s)
+        tot = {k: sum(v.values()) for k, v in b.moments.items()}
+        bw = max(r["phase_peaks_gib"]["backward"]) * GIB
+        if tot["logits"] >= tot["backward end"]:
+            lx.append(s.tokens_per_gpu * s.model.hidden_size)
+            ly.append(bw - tot["logits"])
+        else:
+            gres.append(bw - tot["backward end"])
+        if r["offload"] != "cpu_policy":
+            sres.append(r["phase_peaks_gib"]["step"] * GIB - tot["optimizer step"])
+        rx[s.fsdp_version].append(s.tokens_per_gpu * s.model.vocab_size)
+        ry[s.fsdp_version].append(r["peak_reserved_gib"] * GIB - b.reserved_bytes)
+    a, b = lstsq(lx, ly)
+    out = {}
+    for v in (1, 2):
+        ra, rb = lstsq(rx[v], ry[v])
+        out[f"reserved_fixed_gib_fsdp{v}"] = round(ra / GIB, 2)
+        out[f"reserved_per_logits_element_fsdp{v}"] = round(rb, 2)
+    return out | {
+        "logits_fixed_gib": round(a / GIB, 3),
+        "logits_per_token_hidden": round(b, 1),
+        "grads_done_fixed_gib": round(statistics.median(gres) / GIB, 3) if gres else 0.0,
+        "step_fixed_gib": round(statistics.median(sres) / GIB, 3),
+    }
+
+
+def errors(rows: list[dict], label: str) -> None:
+    print(f"\n{label}: {len(rows)} rows (GiB; error = predicted / measured - 1)")
+    print("| model | N | T | K | FSDP | ref | offload | measured peak | predicted | err | moment | measured reserved | predicted | err | GPU |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    pe, re_ = [], []
+    for r in rows:
+        b = F.fsdp_learner_memory(setup_of(r))
+        e, er = b.peak_gib / r["peak_alloc_gib"] - 1, b.reserved_gib / r["peak_reserved_gib"] - 1
+        pe.append(abs(e))
+        re_.append(abs(er))
+        print(f"| {r['model']} | {r['world']} | {r['seq']} | {r['micro_batches']} | {r['fsdp']} | {r['ref']} | "
+              f"{r['offload']} | {r['peak_alloc_gib']:.2f} | {b.peak_gib:.2f} | {e:+.2%} | {b.peak_moment} | "
+              f"{r['peak_reserved_gib']:.2f} | {b.reserved_gib:.2f} | {er:+.1%} | {r['gpu']} |")  # fmt: skip
+    print(f"peak allocated: median |err| {statistics.median(pe):.2%}, max {max(pe):.2%}; "
+          f"reserved: median {statistics.median(re_):.1%}, max {max(re_):.1%}")  # fmt: skip
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rows", default=str(HERE / "results" / "fsdp_measured.jsonl"))
+    args = p.parse_args()
+    train, held = load(Path(args.rows))
+    shipped = dict(F.FIT)
+    fitted = fit(train)
+    F.FIT.update(fitted)
+    print("fitted constants:", json.dumps(fitted))
+    if fitted != shipped:
+        print("NOTE: hpcrl/memory/fsdp_learner.py FIT differs:", json.dumps(shipped))
+    errors(held, "held-out rows (never fitted)")
+    errors(train, "training rows")
+    post = HERE / "results" / "fsdp_post_fit.jsonl"
+    if post.exists():
+        rows = [r for r in map(json.loads, post.read_text().splitlines()) if r.get("status") == "ok"]
+        errors(rows, "rows measured after the fit (fsdp_post_fit.jsonl; the 3B ref row showed the reference root term at every moment)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,420 @@
+"""Measure GPU memory and time of a verl-faithful FSDP actor update (one configuration per launch).
+
+    torchrun --nproc_per_node 2 benchmarks/fsdp_memory.py --model qwen2.5-1.5b --seq 8192 \
+        --micro-batches 2 --fsdp 1 --out rows.jsonl
+
+What verl b178a3cd does, and what this harness does the same way (file:line at b178a3cd):
+* actor weights fp32: verl/workers/fsdp_workers.py:324-326 (model_dtype unset -> fp32 for the actor).
+* FSDP1: FULL_SHARD (fsdp_workers.py:521, reshard_after_forward true), one unit per decoder layer
+  (`_no_split_modules`, verl/utils/fsdp_utils.py:95-133), MixedPrecision(param bf16, reduce fp32,
+  buffer fp32) (fsdp_workers.py:495-503), no CPUOffload for the actor (fsdp_workers.py:526),
+  use_orig_params false (fsdp_workers.py:196).
+* FSDP2: fully_shard per decoder layer, then the embedding when untied, then the root
+  (fsdp_utils.py:507-537), MixedPrecisionPolicy(bf16, fp32, cast_forward_inputs) (fsdp_workers.py:544);
+  `--offload cpu_policy` is FSDP2's CPUOffloadPolicy(pin_memory=True) for the actor
+  (fsdp_workers.py:547-550).
+* gradient checkpointing with use_reentrant=False (fsdp_workers.py:440).
+* optimizer: torch.optim.AdamW(lr, weight_decay=0.01, betas=(0.9, 0.999)) with torch's defaults,
+  i.e. the foreach implementation (verl/workers/config/optimizer.py:42-44,146-200).
+* use_remove_padding: the micro-batch is one packed row [1, T] with attention_mask None
+  (verl/workers/actor/dp_actor.py:164-246); flash-attn's varlen kernel is not installed on the GPU
+  machines, so attention is SDPA causal over the whole pack (position_ids 0..T-1).
+* forward under torch.autocast(bf16) (dp_actor.py:155); logits squeezed to [T, V] and divided by the
+  temperature in place (dp_actor.py:258-259); log-probs from flash-attn's Triton cross-entropy with
+  inplace_backward unless entropy is computed (dp_actor.py:262-269, verl/utils/torch_functional.py:72-126);
+  entropy through torch.compile(entropy_from_logits) (dp_actor.py:86-90, torch_functional.py:224-238).
+* update_policy: zero_grad, then K micro-batches each scaled by 1/K and backward, then
+  clip_grad_norm_(1.0) and step, then zero_grad again (dp_actor.py:560, 660, 665, 668, 391-416).
+* reference policy: an FSDP module of the same dtype with CPUOffload(offload_params=True) (FSDP1) or
+  CPUOffloadPolicy (FSDP2) (fsdp_workers.py:526, 552), forward only, before the update.
+* `--offload verl`: actor param_offload + optimizer_offload: the flat shards and Adam states go to
+  the CPU after the update and come back before it (fsdp_workers.py:893-898, 928-932;
+  fsdp_utils.py:144-225).
+* expandable segments on (verl's weight sync leaves them on: fsdp_workers.py:756; verl/utils/device.py:142).
+
+Rank 0 appends one JSON row to --out: after-init memory, per-phase peaks (allocated and reserved) of
+the last update, per-micro-batch forward+backward time and the optimizer-step time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import resource
+import sys
+import time
+import traceback
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+GIB = float(1 << 30)
+CE_PATHS = [HERE / ".whl" / "fa" / "flash_attn_cross_entropy.py"]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", required=True, help="name of a file in benchmarks/configs, e.g. qwen2.5-1.5b")
+    p.add_argument("--seq", type=int, required=True, help="packed tokens per micro-batch (T)")
+    p.add_argument("--micro-batches", type=int, default=2, help="micro-batches per optimizer step (K)")
+    p.add_argument("--fsdp", type=int, choices=[1, 2], default=1)
+    p.add_argument("--ref", type=int, choices=[0, 1], default=0, help="a reference policy forward each step")
+    p.add_argument("--offload", choices=["none", "verl", "cpu_policy"], default="none")
+    p.add_argument("--entropy", type=int, choices=[0, 1], default=0, help="entropy_coeff != 0")
+    p.add_argument("--gc", type=int, choices=[0, 1], default=1)
+    p.add_argument("--expandable", type=int, choices=[0, 1], default=1)
+    p.add_argument("--steps", type=int, default=2, help="updates; the last one is measured")
+    p.add_argument("--out", required=True)
+    p.add_argument("--tag", default="")
+    return p.parse_args(argv)
+
+
+def load_model_config(name: str):
+    from transformers import AutoConfig
+
+    raw = json.loads((HERE / "configs" / f"{name}.json").read_text())
+    raw.pop("_reference_total_params", None)
+    model_type = raw.pop("model_type")
+    raw.pop("architectures", None)
+    raw.pop("torch_dtype", None)
+    cfg = AutoConfig.for_model(model_type, **raw)
+    cfg.use_cache = False
+    return cfg
+
+
+def load_cross_entropy():
+    """flash-attn's Triton cross-entropy (the kernel verl uses), loaded from its one file."""
+    for path in CE_PATHS:
+        if path.exists():
+            spec = importlib.util.spec_from_file_location("fa_cross_entropy", path)
+            mod = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(mod)
+            return mod.cross_entropy_loss
+    return None
+
+
+def init_params(module, device, materialize: bool = True) -> None:
+    """Fill one module's own parameters with random values (weights are random anyway)."""
+    import torch
+
+    if materialize:
+        module.to_empty(device=device, recurse=False)
+    with torch.no_grad():
+        for name, p in module.named_parameters(recurse=False):
+            t = p.to_local() if hasattr(p, "to_local") else p
+            if name.endswith("bias"):
+                t.zero_()
+            elif t.dim() >= 2:
+                t.normal_(0.0, 0.02)
+            else:
+                t.fill_(1.0)
+
+
+def fix_rotary(model, cfg, device) -> None:
+    """Recompute rotary buffers that meta initialisation left empty."""
+    for m in model.modules():
+        if hasattr(m, "inv_freq"):
+            try:
+                fresh = type(m)(config=cfg, device=device)
+            except TypeError:
+                fresh = type(m)(config=cfg).to(device)
+            for name, buf in fresh.named_buffers(recurse=False):
+                getattr(m, name).copy_(buf.to(getattr(m, name).dtype))
+            for k, v in vars(fresh).items():
+                if hasattr(v, "device") and hasattr(m, k) and not k.startswith("_"):
+                    setattr(m, k, v.to(device))
+
+
+def build_fsdp(cfg, args, device, offload_params: bool):
+    """The model wrapped as verl wraps it; weights fp32, random."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32, attn_implementation="sdpa")
+    n_params = sum(p.numel() for p in model.parameters())
+    model.config.use_cache = False
+    if args.gc:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    layer_cls = set(model._no_split_modules or [])
+    if args.fsdp == 1:
+        import functools
+
+        from torch.distributed.fsdp import CPUOffload, FullyShardedDataParallel as FSDP, MixedPrecision, ShardingStrategy
+        from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
+
+        classes = {type(m) for m in model.modules() if type(m).__name__ in layer_cls}
+        wrapped = FSDP(
+            model,
+            cpu_offload=CPUOffload(offload_params=True) if offload_params else None,
+            param_init_fn=lambda m: init_params(m, device),
+            auto_wrap_policy=functools.partial(transformer_auto_wrap_policy, transformer_layer_cls=classes),
+            device_id=device,
+            sharding_strategy=ShardingStrategy.FULL_SHARD,
+            mixed_precision=MixedPrecision(torch.bfloat16, torch.float32, torch.float32),
+            sync_module_states=False,
+            use_orig_params=False,
+            forward_prefetch=False,
+        )
+        fix_rotary(wrapped, cfg, device)
+        return wrapped, n_params
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+
+    kw = {
+        "mp_policy": MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32, cast_forward_inputs=True),
+        "reshard_after_forward": True,
+    }
+    if offload_params:
+        kw["offload_policy"] = CPUOffloadPolicy(pin_memory=True)
+    for m in model.modules():
+        if type(m).__name__ in layer_cls or (isinstance(m, torch.nn.Embedding) and not cfg.tie_word_embeddings):
+            fully_shard(m, **kw)
+    fully_shard(model, **kw)
+    home = torch.device("cpu") if offload_params else device
+    model.to_empty(device=home)
+    for m in model.modules():
+        init_params(m, home, materialize=False)
+    if offload_params:
+        # buffers (rotary) stay with the activations on the GPU; FSDP2 offloads parameters only
+        for m in model.modules():
+            for name, b in list(m.named_buffers(recurse=False)):
+                m._buffers[name] = b.to(device)
+    fix_rotary(model, cfg, device)
+    return model, n_params
+
+
+def offload_actor(model, optimizer, fsdp: int, to_gpu: bool, device) -> None:
+    """verl's param_offload + optimizer_offload moves (fsdp_utils.py:144-225), in this harness's words."""
+    import torch
+
+    target = device if to_gpu else torch.device("cpu")
+    if fsdp == 1:
+        from torch.distributed.fsdp._runtime_utils import _lazy_init
+
+        _lazy_init(model, model)
+        for handle in model._all_handles:
+            handle.flat_param_to(target, non_blocking=True)
+            handle.flat_param._local_shard = handle.flat_param.data
+    else:
+        model.to(target)
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            st = optimizer.state.get(p, {})
+            for k, v in st.items():
+                if torch.is_tensor(v) and k != "step":
+                    st[k] = v.to(target, non_blocking=True)
+    if not to_gpu:
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+
+
+class Peaks:
+    def __init__(self, torch_mod):
+        self.torch = torch_mod
+        self.alloc = 0
+        self.reserved = 0
+
+    def fold(self) -> tuple[float, float]:
+        a, r = self.torch.cuda.max_memory_allocated(), self.torch.cuda.max_memory_reserved()
+        self.alloc, self.reserved = max(self.alloc, a), max(self.reserved, r)
+        return a / GIB, r / GIB
+
+    def start(self) -> None:
+        self.fold()
+        self.torch.cuda.reset_peak_memory_stats()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.expandable:
+        os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    rank = int(os.environ.get("RANK", 0))
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    t_start = time.time()
+    import torch
+
+    torch.cuda.set_device(local_rank)
+    device = torch.device("cuda", local_rank)
+    peaks = Peaks(torch)
+    K = args.micro_batches
+    row: dict = {
+        "harness": "fsdp_memory", "model": args.model, "params": None, "seq": args.seq, "micro_batches": K,
+        "fsdp": args.fsdp, "ref": args.ref, "offload": args.offload, "entropy": args.entropy, "gc": args.gc,
+        "expandable": args.expandable, "world": world, "rank": rank, "status": "error",
+        "gpu": torch.cuda.get_device_name(local_rank),
+        "total_gib": torch.cuda.get_device_properties(local_rank).total_memory / GIB,
+        "torch": torch.__version__, "after_init_gib": None, "after_init_reserved_gib": None,
+        "peak_alloc_gib": None, "peak_reserved_gib": None, "phase_peaks_gib": {}, "phase_peaks_reserved_gib": {},
+        "micro_batch_s": [], "optimizer_step_s": None, "update_s": [], "phase": "setup", "tag": args.tag,
+        "steps": args.steps,
+    }
+
+    def write_row() -> None:
+        peaks.fold()
+        row["peak_alloc_gib"] = peaks.alloc / GIB
+        row["peak_reserved_gib"] = peaks.reserved / GIB
+        row["host_maxrss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (1 << 20)
+        row["wall_s"] = time.time() - t_start
+        with open(args.out, "a") as f:
+            f.write(json.dumps(row) + "\n")
+
+    try:
+        import torch.distributed as dist
+        import transformers
+
+        row["transformers"] = transformers.__version__
+        # a gloo group beside NCCL, as verl (fsdp_workers.py:155-156): CPUOffloadPolicy's norm needs it
+        dist.init_process_group(backend="cpu:gloo,cuda:nccl", device_id=device)
+        cfg = load_model_config(args.model)
+        row["vocab_size"] = cfg.vocab_size
+        ce = load_cross_entropy()
+        row["logprob_impl"] = "flash_attn_triton_ce" if ce is not None else "verl_logprobs_from_logits_v2"
+        if args.offload == "cpu_policy" and args.fsdp != 2:
+            raise ValueError("cpu_policy is FSDP2's CPUOffloadPolicy; FSDP1 actors have no CPU offload in verl")
+        actor, row["params"] = build_fsdp(cfg, args, device, offload_params=args.offload == "cpu_policy")
+        optimizer = torch.optim.AdamW(actor.parameters(), lr=1e-6, weight_decay=0.01, betas=(0.9, 0.999))
+        ref = build_fsdp(cfg, args, device, offload_params=True)[0] if args.ref else None
+        torch.cuda.synchronize()
+        row["after_init_gib"] = torch.cuda.memory_allocated() / GIB
+        row["after_init_reserved_gib"] = torch.cuda.memory_reserved() / GIB
+
+        T = args.seq
+        gen = torch.Generator(device=device).manual_seed(1234 + rank)
+        batches = []
+        for _ in range(K):
+            ids = torch.randint(0, cfg.vocab_size, (1, T), device=device, generator=gen)
+            batches.append({
+                "input_ids": ids, "position_ids": torch.arange(T, device=device).unsqueeze(0),
+                "labels": torch.roll(ids, shifts=-1, dims=1).squeeze(0),
+                "advantages": torch.randn(T, device=device, generator=gen),
+            })  # fmt: skip
+        entropy_fn = None
+        if args.entropy:
+            def entropy_from_logits(logits):
+                pd = torch.nn.functional.softmax(logits, dim=-1)
+                return torch.logsumexp(logits, dim=-1) - torch.sum(pd * logits, dim=-1)
+
+            entropy_fn = torch.compile(entropy_from_logits, dynamic=True)
+
+        def forward_logprobs(module, mb, calculate_entropy: bool):
+            with torch.autocast(device_type="cuda", dtype=torch.bfloat16):
+                out = module(input_ids=mb["input_ids"], attention_mask=None, position_ids=mb["position_ids"], use_cache=False)
+                logits = out.logits.squeeze(0)
+                logits.div_(1.0)  # temperature, in place as dp_actor.py:259
+                if ce is not None:
+                    losses, _ = ce(logits, mb["labels"], inplace_backward=not calculate_entropy)
+                    logp = -losses
+                else:
+                    logp = torch.stack([torch.log_softmax(r, -1).gather(-1, l.view(1)).squeeze(-1)
+                                        for r, l in zip(logits, mb["labels"])])  # fmt: skip
+                ent = entropy_fn(logits) if calculate_entropy else None
+            return logp, ent
+
+        def no_grad_logprobs(module):
+            with torch.no_grad():
+                return [forward_logprobs(module, mb, False)[0] for mb in batches]
+
+        last_step = args.steps - 1
+        for step in range(args.steps):
+            last = step == last_step
+            row["phase"] = f"step{step}.ref"
+            if last:
+                peaks.start()
+            if ref is not None:
+                ref_logp = no_grad_logprobs(ref)  # noqa: F841 - verl keeps them in the batch
+            if last and ref is not None:
+                torch.cuda.synchronize()
+                row["phase_peaks_gib"]["ref_logprob"], row["phase_peaks_reserved_gib"]["ref_logprob"] = peaks.fold()
+            if args.offload == "verl" and step > 0:
+                t0 = time.time()
+                offload_actor(actor, optimizer, args.fsdp, True, device)
+                torch.cuda.synchronize()
+                row["load_s"] = time.time() - t0
+            row["phase"] = f"step{step}.old_logprob"
+            if last:
+                peaks.start()
+            old_logp = no_grad_logprobs(actor)
+            if last:
+                torch.cuda.synchronize()
+                row["phase_peaks_gib"]["old_logprob"], row["phase_peaks_reserved_gib"]["old_logprob"] = peaks.fold()
+            torch.cuda.synchronize()
+            t_update = time.time()
+            optimizer.zero_grad()
+            for i, mb in enumerate(batches):
+                t0 = time.time()
+                row["phase"] = f"step{step}.mb{i}.forward"
+                if last:
+                    peaks.start()
+                logp, ent = forward_logprobs(actor, mb, bool(args.entropy))
+                ratio = torch.exp(logp - old_logp[i])
+                adv = mb["advantages"]
+                pg = torch.maximum(-adv * ratio, -adv * torch.clamp(ratio, 0.8, 1.2)).mean()
+                if ent is not None:
+                    pg = pg - 0.001 * ent.mean()
+                loss = pg * (1.0 / K)
+                del logp, ent, ratio
+                if last:
+                    torch.cuda.synchronize()
+                    a, r = peaks.fold()
+                    row["phase_peaks_gib"].setdefault("forward", []).append(a)
+                    row["phase_peaks_reserved_gib"].setdefault("forward", []).append(r)
+                    peaks.start()
+                row["phase"] = f"step{step}.mb{i}.backward"
+                loss.backward()
+                del loss
+                torch.cuda.synchronize()
+                if last:
+                    a, r = peaks.fold()
+                    row["phase_peaks_gib"].setdefault("backward", []).append(a)
+                    row["phase_peaks_reserved_gib"].setdefault("backward", []).append(r)
+                    row["micro_batch_s"].append(time.time() - t0)
+            row["phase"] = f"step{step}.optimizer"
+            if last:
+                peaks.start()
+            t0 = time.time()
+            if args.fsdp == 1:
+                gn = actor.clip_grad_norm_(max_norm=1.0)
+            else:
+                gn = torch.nn.utils.clip_grad_norm_(actor.parameters(), max_norm=1.0)
+                if hasattr(gn, "full_tensor"):
+                    gn = gn.full_tensor()
+            if torch.isfinite(gn):
+                optimizer.step()
+            else:
+                row["nonfinite_grad_norm"] = True
+                optimizer.zero_grad()
+            torch.cuda.synchronize()
+            if last:
+                row["optimizer_step_s"] = time.time() - t0
+                row["phase_peaks_gib"]["step"], row["phase_peaks_reserved_gib"]["step"] = peaks.fold()
+            optimizer.zero_grad()
+            row["update_s"].append(time.time() - t_update)
+            if args.offload == "verl":
+                t0 = time.time()
+                offload_actor(actor, optimizer, args.fsdp, False, device)
+                row["offload_s"] = time.time() - t0
+                row["after_offload_gib"] = torch.cuda.memory_allocated() / GIB
+            del old_logp
+        row["phase"] = "done"
+        row["status"] = "ok"
+        if rank == 0:
+            write_row()
+        dist.barrier()
+        dist.destroy_process_group()
+        return 0
+    except BaseException as exc:  # noqa: BLE001 - every failure becomes a row
+        msg = f"{type(exc).__name__}: {exc}"
+        oom = isinstance(exc, torch.cuda.OutOfMemoryError) or "out of memory" in msg.lower()
+        row["status"] = "oom" if oom else "error"
+        row["error"] = msg[:2000]
+        if not oom:
+            row["traceback"] = traceback.format_exc()[-4000:]
+        write_row()
+        sys.stderr.write(f"[rank {rank}] {row['status']} in {row['phase']}: {msg[:500]}\n")
+        os._exit(3)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,164 @@
+"""Per-GPU memory of verl's FSDP actor update (pure arithmetic), as verl b178a3cd runs it.
+
+Terms are read from verl's code (verl/workers/fsdp_workers.py, verl/workers/actor/dp_actor.py,
+verl/utils/fsdp_utils.py, verl/workers/config/optimizer.py at b178a3cd) and checked on the rows in
+benchmarks/results/fsdp_measured.jsonl (benchmarks/fsdp_memory.py, H100). Per rank, with P the
+parameters, N the ranks, T the packed tokens of one micro-batch, V the vocabulary, h the hidden size:
+
+* fp32 flat shards 4P/N (the actor is built fp32: fsdp_workers.py:324-326). FSDP1 with
+  use_orig_params false flattens a tied embedding/lm_head weight twice (measured: after-init
+  memory is 4(P + Vh)/N for the tied Qwen2.5 models, 4P/N for FSDP2 and for the untied 7B).
+* Adam moments 8P/N and fp32 gradients 4P/N (reduce_dtype fp32: fsdp_workers.py:496).
+  With one micro-batch, zero_grad (dp_actor.py:560, set_to_none) has freed the gradients before
+  the backward that holds the logits; with several, the first micro-batch's gradients are alive.
+* optimizer step: torch's default (foreach) AdamW (optimizer.py:146-200) holds one more fp32
+  temporary of the shard: 20P/N in all.
+* log-prob path: the in-place temperature divide and the in-place cross-entropy
+  (dp_actor.py:258-269) hold ~8 bytes per T x V logits element at the start of backward.
+* the gathered root unit (embedding, lm_head, norm: not wrapped per layer, fsdp_utils.py:95-133):
+  FSDP1 keeps it unsharded in bf16 after forward when N > 1; its bf16 gradient and the fp32 copy
+  for the reduce-scatter make 8 bytes per root element when backward ends.
+* reference policy (CPU param offload, fsdp_workers.py:526): nothing on the update peak, except
+  FSDP1 at N > 1 where its gathered root unit (bf16) stays on the GPU through the update
+  (measured: +2 B x root elements at the 7B step and at the 3B logits moment).
+* verl's param/optimizer offload (fsdp_workers.py:893-932) moves state only between updates: the
+  update peak is unchanged. FSDP2's CPUOffloadPolicy keeps shards, gradients and Adam on the host.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from hpcrl.errors import HpcrlError
+from hpcrl.memory.constants import GIB
+from hpcrl.models.spec import ModelSpec
+
+FsdpOffload = Literal["none", "param_optimizer", "cpu_policy"]
+
+# Fitted by benchmarks/fit_fsdp.py on the training rows of benchmarks/results/fsdp_measured.jsonl
+# (held-out error printed there). Bytes unless named GiB.
+LOGITS_BYTES_PER_ELEMENT = 8.0  # measured slope over T x V (issue 24 item 4; these rows agree)
+CHECKPOINT_BYTES_PER_TOKEN_HIDDEN = 2.0  # one bf16 hidden state per layer (use_reentrant=False)
+FIT = {
+    "logits_fixed_gib": 0.065,  # fitted
+    "logits_per_token_hidden": 8.3,  # fitted: bytes per token per hidden unit besides checkpoints
+    "grads_done_fixed_gib": 0.152,  # fitted
+    "step_fixed_gib": 0.065,  # fitted
+    "reserved_fixed_gib_fsdp1": 4.22,  # fitted
+    "reserved_per_logits_element_fsdp1": -0.04,  # fitted: bytes of cache per T x V element
+    "reserved_fixed_gib_fsdp2": -0.42,  # fitted
+    "reserved_per_logits_element_fsdp2": 2.3,  # fitted
+}
+
+
+@dataclass(frozen=True)
+class FsdpSetup:
+    """What decides an FSDP actor-update GPU's memory under verl."""
+
+    model: ModelSpec
+    n_gpus: int = 1
+    tokens_per_gpu: int = 8192  # packed tokens of one micro-batch
+    micro_batches: int = 2
+    fsdp_version: Literal[1, 2] = 1
+    reference_policy: bool = False
+    offload: FsdpOffload = "none"
+
+    def check(self) -> None:
+        if self.n_gpus < 1:
+            raise HpcrlError(f"learner GPUs must be at least 1, got {self.n_gpus}")
+        if self.tokens_per_gpu < 1:
+            raise HpcrlError(f"tokens per GPU must be positive, got {self.tokens_per_gpu}")
+        if self.micro_batches < 1:
+            raise HpcrlError(f"--micro-batches must be at least 1, got {self.micro_batches}")
+        if self.fsdp_version not in (1, 2):
+            raise HpcrlError(f"--fsdp-version {self.fsdp_version} is not known; valid: 1, 2")
+        if self.offload not in ("none", "param_optimizer", "cpu_policy"):
+            raise HpcrlError(f"verl offload {self.offload!r} is not known; valid: none, param_optimizer, cpu_policy")
+        if self.offload == "cpu_policy" and self.fsdp_version != 2:
+            raise HpcrlError("verl's CPUOffloadPolicy is FSDP2 only: give --fsdp-version 2 or another offload")
+
+
+@dataclass(frozen=True)
+class FsdpBreakdown:
+    """Bytes per GPU at each moment of the update; `peak_moment` names the largest."""
+
+    moments: dict[str, dict[str, float]]
+    peak_moment: str
+    peak_bytes: float
+    reserved_bytes: float
+
+    @property
+    def peak_gib(self) -> float:
+        return self.peak_bytes / GIB
+
+    @property
+    def reserved_gib(self) -> float:
+        return self.reserved_bytes / GIB
+
+
+def flat_numel(setup: FsdpSetup) -> int:
+    """Elements in the FSDP flat parameters (FSDP1 counts a tied embedding twice; measured)."""
+    m = setup.model
+    tied_twice = m.tie_word_embeddings and setup.fsdp_version == 1
+    return m.total_params + (m.vocab_size * m.hidden_size if tied_twice else 0)
+
+
+def root_numel(setup: FsdpSetup) -> int:
+    """Elements of the root unit: FSDP1 flattens embedding and lm_head there; FSDP2 wraps an
+    untied embedding on its own (fsdp_utils.py:523-524), leaving one V x h matrix in the root."""
+    vh = setup.model.vocab_size * setup.model.hidden_size
+    return 2 * vh if setup.fsdp_version == 1 else vh
+
+
+def fsdp_learner_memory(setup: FsdpSetup) -> FsdpBreakdown:
+    """Per-GPU bytes at the logits, end-of-backward and optimizer-step moments of one update."""
+    setup.check()
+    m, n = setup.model, setup.n_gpus
+    flat = flat_numel(setup) / n
+    on_gpu = setup.offload != "cpu_policy"
+    shards = 4.0 * flat if on_gpu else 0.0
+    adam = 8.0 * flat if on_gpu else 0.0
+    grads = 4.0 * flat if on_gpu else 0.0
+    T, V, h, L = setup.tokens_per_gpu, m.vocab_size, m.hidden_size, m.num_layers
+    root = root_numel(setup)
+    gathered_root = 2.0 * root if (setup.fsdp_version == 1 and n > 1) else 0.0
+    ref_root = gathered_root if setup.reference_policy else 0.0
+    logits = {
+        "fp32 shards": shards,
+        "adam moments": adam,
+        "gradients of earlier micro-batches": grads if setup.micro_batches > 1 else 0.0,
+        "log-prob path (8 B x T x V)": LOGITS_BYTES_PER_ELEMENT * T * V,
+        "checkpointed hidden states": CHECKPOINT_BYTES_PER_TOKEN_HIDDEN * L * T * h,
+        "gathered root unit (bf16)": gathered_root,
+        "reference root unit (bf16)": ref_root,
+        "per-token working set": FIT["logits_per_token_hidden"] * T * h,
+        "fixed": FIT["logits_fixed_gib"] * GIB,
+    }
+    grads_done = {
+        "fp32 shards": shards,
+        "adam moments": adam,
+        "gradients": grads,
+        "root unit params, grads and fp32 reduce copy": (8.0 if n > 1 else 4.0) * root,
+        "reference root unit (bf16)": ref_root,
+        "fixed": FIT["grads_done_fixed_gib"] * GIB,
+    }
+    step = {
+        "fp32 shards": shards,
+        "adam moments": adam,
+        "gradients": grads,
+        "foreach AdamW temporary": 4.0 * flat if on_gpu else 0.0,
+        "reference root unit (bf16)": ref_root,
+        "fixed": FIT["step_fixed_gib"] * GIB,
+    }
+    moments = {"logits": logits, "backward end": grads_done, "optimizer step": step}
+    totals = {k: sum(v.values()) for k, v in moments.items()}
+    peak_moment = max(totals, key=totals.get)
+    peak = totals[peak_moment]
+    # FSDP1, one micro-batch: the gradients are allocated after the log-prob blocks were cached, so
+    # the cache holds both (measured: reserved tracks the logits moment plus the gradients).
+    late_grads = grads if (setup.micro_batches == 1 and setup.fsdp_version == 1) else 0.0
+    basis = max(peak, totals["logits"] + late_grads)
+    v = setup.fsdp_version
+    reserved = basis + FIT[f"reserved_fixed_gib_fsdp{v}"] * GIB + FIT[f"reserved_per_logits_element_fsdp{v}"] * T * V
+    return FsdpBreakdown(moments=moments, peak_moment=peak_moment, peak_bytes=peak, reserved_bytes=reserved)

@@ -3,7 +3,7 @@
     python benchmarks/fit.py           # the constants, the fit and held-out errors
     python benchmarks/fit.py --check   # exit 1 if hpcrl/memory/constants.py differs from the fit
 
-Rows: benchmarks/results/*.jsonl (hpcrl's measurements and the given reference rows, a copy of
+Rows: benchmarks/results/zero3_*.jsonl (hpcrl's measurements and the given reference rows, a copy of
 shared/reference/zero3_calibration_given.jsonl). Each row has an id (its `tag`, or
 `given:<line>` for the reference rows); the split is fixed by a hash of that id, chosen before
 any error was looked at: a row is held out when the first byte of sha256(id) is below 64

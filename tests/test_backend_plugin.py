@@ -67,7 +67,7 @@ def test_the_rendered_script_runs_the_toys_driver(toy_plan, tmp_path):
 
     script = tmp_path / "job.sbatch"
     script.write_text(render_script(toy_plan))
-    assert "ENTRY_POINT=toy.train" in script.read_text().splitlines()
+    assert "ENTRY_POINT=toy.train" in [line.strip() for line in script.read_text().splitlines()]
 
 
 def test_the_rendered_script_parses(toy_plan, tmp_path):

@@ -69,7 +69,7 @@ def test_logs_runtime_rendering_and_templates_name_no_backend_in_code():
 def _smoke_words(config: str) -> list[str]:
     rp = make_run_plan(config, nodes=3, cluster="local-dev", sets=list(SMOKE_SETS))
     text = render_script(rp, smoke=True)
-    block = re.search(r"^DRIVER=\(\n(.*?)^\)$", text, re.S | re.M)
+    block = re.search(r"^ *DRIVER=\(\n(.*?)^ *\)$", text, re.S | re.M)
     assert block, "no smoke command in the script"
     words = shlex.split(block.group(1).replace('"$HPCRL_RAY_CPUS"', "4"))
     return words[words.index("hpcrl.runtime.smoke") + 1:]

@@ -25,7 +25,7 @@ import yaml
 from hpcrl.logs.driver_log import ANSI
 from hpcrl.planning.backends import BACKENDS, get_backend
 
-_DRIVER_BLOCK = re.compile(r"^DRIVER=\(\n(.*?)^\)$", re.S | re.M)
+_DRIVER_BLOCK = re.compile(r"^ *DRIVER=\(\n(.*?)^ *\)$", re.S | re.M)  # indented inside phase_driver
 
 
 @dataclass(frozen=True)

@@ -62,7 +62,7 @@ class Row:
 
 def load_rows(directory: Path = RESULTS) -> list[Row]:
     rows = []
-    for path in sorted(directory.glob("*.jsonl")):
+    for path in sorted(directory.glob("zero3_*.jsonl")):  # the ZeRO-3 rows (fsdp_*.jsonl: benchmarks/fit_fsdp.py)
         for line in path.read_text().splitlines():
             if line.strip():
                 rows.append(Row(str(path), json.loads(line)))

@@ -100,6 +100,15 @@ def capabilities(backend: str, name: str | None = None) -> dict[str, Any]:
     return _load(v.capabilities_file).get(backend, {}) if v.capabilities_file else {}
 
 
+def targeted(backend: str, name: str | None) -> tuple[Version, str | None]:
+    """The version a run targets and, when the config names none, the assumption to print."""
+    v = resolve(backend, name)
+    if name:
+        return v, None
+    return v, (f"assumes {backend} {v.label()}, the newest hpcrl knows; set hpcrl.framework_version to target another "
+               f"(known: {', '.join(o.label() for o in known(backend))})")
+
+
 def versions_with_key(backend: str, key: str) -> list[Version]:
     """The known versions whose table has `key`, oldest first."""
     return [v for v in known(backend) if key in table(backend, v.commit)]
@@ -120,4 +129,4 @@ def check_key(backend: str, name: str | None, key: str) -> bool:
 
 
 __all__ = ["KeyNotInVersionError", "UnknownVersionError", "Version", "capabilities", "check_key", "default",
-           "known", "meta", "resolve", "table", "versions_with_key"]
+           "known", "meta", "resolve", "table", "targeted", "versions_with_key"]

@@ -12,7 +12,7 @@ from hpcrl.planning.backends import versions
 
 ArgLayout = Literal["current", "legacy"]
 _DATA = Path(__file__).with_name("data")
-BACKEND = "open-instruct"
+FRAMEWORK = "open-instruct"  # its name in versions.json
 
 
 @lru_cache(maxsize=2)
@@ -44,14 +44,14 @@ def _kind(type_text: str) -> str:
 
 def version_layout(name: str) -> ArgLayout:
     """The argument layout of a known open-instruct version (its table's file says which)."""
-    return "legacy" if versions.resolve(BACKEND, name).args_file.endswith("_legacy.json") else "current"
+    return "legacy" if versions.resolve(FRAMEWORK, name).args_file.endswith("_legacy.json") else "current"
 
 
 def layout_version(layout: ArgLayout, named: str | None = None) -> str | None:
     """The version a run of `layout` targets: the one named, the legacy layout's own, else None (the newest)."""
     if named:
         return named
-    return next((v.commit for v in versions.known(BACKEND) if version_layout(v.commit) == layout), None) \
+    return next((v.commit for v in versions.known(FRAMEWORK) if version_layout(v.commit) == layout), None) \
         if layout == "legacy" else None
 
 
@@ -61,7 +61,7 @@ def check_args(args: dict[str, Any], layout: ArgLayout = "current", version: str
     table = arg_table(layout)
     for key, value in args.items():
         if key not in table:
-            versions.check_key(BACKEND, layout_version(layout, version), key)
+            versions.check_key(FRAMEWORK, layout_version(layout, version), key)
             where = f"grpo_fast.py at open-instruct {str(arg_meta(layout).get('commit', '?'))[:12]}"
             raise UnknownNameError("open-instruct argument", key, table,
                                    detail=where if layout == "current" else f"legacy {where}")

@@ -117,3 +117,10 @@ def test_gpu_request_styles_are_the_profiles():
     from hpcrl.profiles import Slurm
 
     assert set(get_args(Slurm.model_fields["gpu_request"].annotation)) == set(contract.GPU_REQUEST_STYLES)
+
+
+def test_a_stack_mismatch_is_the_stack_check_s_exit_code_and_never_continues():
+    from hpcrl.runtime import stack  # stdlib only, no hpcrl import: it cannot read the contract itself
+
+    continued = [kind for kind, (reasons, _, _) in contract.CONTINUATIONS.items() if contract.STACK_MISMATCH[0] in reasons]
+    assert (contract.STACK_MISMATCH[1], continued) == (stack.STACK_MISMATCH_EXIT, [])

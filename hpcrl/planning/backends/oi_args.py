@@ -61,7 +61,8 @@ def check_args(args: dict[str, Any], layout: ArgLayout = "current", version: str
     table = arg_table(layout)
     for key, value in args.items():
         if key not in table:
-            versions.check_key(FRAMEWORK, layout_version(layout, version), key)
+            other = "current" if layout == "legacy" else "legacy"  # the layout names the version
+            versions.check_key(FRAMEWORK, layout_version(layout, version), key, f"set hpcrl.arg_layout={other}")
             where = f"grpo_fast.py at open-instruct {str(arg_meta(layout).get('commit', '?'))[:12]}"
             raise UnknownNameError("open-instruct argument", key, table,
                                    detail=where if layout == "current" else f"legacy {where}")

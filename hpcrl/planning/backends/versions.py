@@ -75,7 +75,7 @@ def resolve(backend: str, name: str | None) -> Version:
                 len(text) >= MIN_PREFIX and v.commit.startswith(text)):
             return v
     raise UnknownVersionError(
-        f"hpcrl.framework_version={name!r}: no {backend} table for it; "
+        f"hpcrl.framework_version: no {backend} table for {name!r}; "
         f"known: {', '.join(v.label() for v in versions)} (default: the newest, {versions[-1].label()})")
 
 
@@ -114,9 +114,9 @@ def versions_with_key(backend: str, key: str) -> list[Version]:
     return [v for v in known(backend) if key in table(backend, v.commit)]
 
 
-def check_key(backend: str, name: str | None, key: str) -> bool:
+def check_key(backend: str, name: str | None, key: str, how: str = "set hpcrl.framework_version to one of them") -> bool:
     """True when the version has `key`; False when no known version does (the caller's own
-    unknown-key error applies); raises when only other versions have it."""
+    unknown-key error applies); raises when only other versions have it (`how`: what the user sets)."""
     if key in table(backend, name):
         return True
     others = versions_with_key(backend, key)
@@ -124,8 +124,7 @@ def check_key(backend: str, name: str | None, key: str) -> bool:
         return False
     v = resolve(backend, name)
     raise KeyNotInVersionError(
-        f"{key}: not a {backend} key at {v.label()}; it exists in {', '.join(o.label() for o in others)} "
-        f"(set hpcrl.framework_version to one of them)")
+        f"{key}: {backend} {v.label()} has no such key; it exists in {', '.join(o.label() for o in others)} ({how})")
 
 
 __all__ = ["KeyNotInVersionError", "UnknownVersionError", "Version", "capabilities", "check_key", "default",

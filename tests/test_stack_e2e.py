@@ -16,10 +16,6 @@ import pytest
 from lifecycle_harness import env, hpcrl, ok_json, wait_status  # noqa: F401 - env is a fixture
 from hpcrl.jobs.run_dir import RunDir, read_chain
 
-# verl 0.10.0.dev (1dda039b) ships verl/version/version "0.10.0.dev"; this stand-in is the b178a3cd era's.
-FOUND = "0.8.0"
-
-
 def stand_in_verl(site: Path, version: str) -> None:
     """A `verl` the training Python finds (find_spec) and reports (distribution metadata) as `version`."""
     (site / "verl").mkdir(parents=True)
@@ -60,9 +56,15 @@ actor_rollout_ref.rollout.n: 2
 
 
 @pytest.mark.ray  # the job checks `ray --version` before its stack check
-def test_wrong_framework_version_ends_the_job_at_its_stack_check(slurm, env):
+@pytest.mark.parametrize("found,first", [
+    # 1dda039b's verl/version/version reads 0.10.0.dev; the b178a3cd era's 0.8.0 is another version.
+    ("0.8.0", "hpcrl: stack: verl 0.8.0 installed"),
+    # The right verl, but trainer.use_v1 (default true, ppo_trainer.yaml:222) imports transfer_queue.
+    ("0.10.0.dev0", "hpcrl: stack: transfer_queue not installed"),
+], ids=["wrong-verl", "no-transfer-queue"])
+def test_an_environment_without_what_the_driver_needs_ends_the_job_at_its_stack_check(slurm, env, found, first):
     site = env["tmp"] / "site"
-    stand_in_verl(site, FOUND)
+    stand_in_verl(site, found)
     out = ok_json(hpcrl(env, "submit", "--json", "--config", str(verl_config(env, site, "stackbad"))))
     final = wait_status(env, out["run_id"], lambda r: r["state"] == "ended", "the stack mismatch", deadline_s=180)
     rd = RunDir(env["root"] / "stackbad")
@@ -71,4 +73,4 @@ def test_wrong_framework_version_ends_the_job_at_its_stack_check(slurm, env):
     chain = read_chain(rd)
     assert (final["reason"], chain[out["job_id"]].end_reason, list(chain), len(stack_lines),
             stack_lines[0].split(";")[0] if stack_lines else None, "phase head" in log) == (
-        "stack-mismatch", "stack-mismatch", [out["job_id"]], 1, f"hpcrl: stack: verl {FOUND} installed", False), log
+        "stack-mismatch", "stack-mismatch", [out["job_id"]], 1, first, False), log

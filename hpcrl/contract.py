@@ -22,6 +22,8 @@ BREAKERS = {
 }
 # The batch script's own ends while the driver runs: end reason -> the job's exit code.
 RAY_DIED = {"ray-head-died": 94, "worker-died": 95}
+# The job's stack check before Ray starts (hpcrl.runtime.stack.STACK_MISMATCH_EXIT): reason, exit code.
+STACK_MISMATCH = ("stack-mismatch", 98)
 COMPLETED, CRASHED = "completed", "crashed"
 # The driver's exit code -> the end reason; any other code is CRASHED.
 END_REASONS = {0: COMPLETED, **{code: reason for code, reason in BREAKERS.values()}}
@@ -29,7 +31,7 @@ END_REASONS = {0: COMPLETED, **{code: reason for code, reason in BREAKERS.values
 # Reasons that submit a continuation, with the counter file (in the run's hpcrl/ directory) and
 # the setting that bounds it. The time limit and preemption are not the run's fault and cost
 # nothing; the failures below are not the run's fault either, are counted apart, exclude the
-# blamed nodes and wait a back-off. Crashes, breakers and cancels never continue.
+# blamed nodes and wait a back-off. Crashes, breakers, a stack mismatch and cancels never continue.
 LIMIT_REASONS = ("timeout", "preempted")
 FAILURE_REASONS = ("ray-start-failed", "ray-head-died", "worker-died", "network-error")
 CONTINUATIONS = {

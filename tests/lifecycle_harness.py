@@ -115,6 +115,7 @@ hpcrl:
   partition: {partition}
   time: "{time}"
   max_restarts: {max_restarts}
+  stack_check: "off"  # the fake checkout is no open-instruct install (tests/test_stack_e2e.py runs the check)
 model_name_or_path: Qwen/Qwen2.5-0.5B
 max_prompt_token_length: 256
 response_length: 256

@@ -54,7 +54,8 @@ def test_bad_overrides_name_the_problem(sets, needle):
 
 def test_legacy_layout_flags_checked_against_legacy_table():
     # wandb_project_name exists only in the older single-Args layout.
-    with pytest.raises(HpcrlError, match="unknown open-instruct argument 'wandb_project_name' "):
+    with pytest.raises(HpcrlError, match=r"wandb_project_name: open-instruct e6c3044a has no such key; it exists in "
+                                         r"1611e3df \(set hpcrl.arg_layout=legacy\)"):
         load_run_config(None, ["wandb_project_name=x"])
     with pytest.raises(HpcrlError, match=r"'nope_flag' \(legacy grpo_fast.py at open-instruct [0-9a-f]{12}\)"):
         load_run_config(None, ["hpcrl.arg_layout=legacy", "nope_flag=1"])

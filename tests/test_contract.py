@@ -117,3 +117,32 @@ def test_gpu_request_styles_are_the_profiles():
     from hpcrl.profiles import Slurm
 
     assert set(get_args(Slurm.model_fields["gpu_request"].annotation)) == set(contract.GPU_REQUEST_STYLES)
+
+
+def test_a_stack_mismatch_is_the_stack_check_s_exit_code_and_never_continues():
+    from hpcrl.runtime import stack  # stdlib only, no hpcrl import: it cannot read the contract itself
+
+    continued = [kind for kind, (reasons, _, _) in contract.CONTINUATIONS.items() if contract.STACK_MISMATCH[0] in reasons]
+    assert (contract.STACK_MISMATCH[1], continued) == (stack.STACK_MISMATCH_EXIT, [])
+
+
+@pytest.mark.parametrize("code,ends", [(98, "FINISH stack-mismatch 98"), (1, None), (0, None)])
+def test_the_job_ends_on_a_stack_mismatch_only_and_goes_on_when_the_check_cannot_run(code, ends):
+    """The rendered stack_check with its check answering `code`: 98 ends the job as the contract says;
+    any other failure of the check itself is a warning and the job goes on."""
+    rp = make_run_plan("verl-grpo-qwen2.5-7b", nodes=4, cluster="isambard-ai")
+    fn = _bash_function(render_script(rp), "stack_check")
+    stubs = ('log() { echo "$*"; }\nfinish() { echo "FINISH $*"; exit "$2"; }\n'
+             "driver_command() { DRIVER_ARGS=(a=1); }\n"
+             f'python3() {{ echo "stack: answer"; return {code}; }}\nWORKDIR=/ PYTHON=python3 ENTRY_POINT=m STACK_EXPECT={{}}\n')
+    out = subprocess.run(["bash", "-c", stubs + fn + "stack_check; echo WENT-ON"], capture_output=True, text=True)
+    finished = [ln for ln in out.stdout.splitlines() if ln.startswith("FINISH")]
+    assert (finished[:1] or [None])[0] == ends and ("WENT-ON" in out.stdout) == (ends is None), out.stdout
+
+
+def test_the_stack_check_runs_before_the_first_ray_start():
+    script = render_script(make_run_plan("verl-grpo-qwen2.5-7b", nodes=4, cluster="isambard-ai"))
+    main = _bash_function(script, "main")
+    first = _bash_function(script, "phase_stack_check")
+    assert (main.index("phase_stack_check") < main.index("phase_head"), "    stack_check\n" in first,
+            "ray_start" in first) == (True, True, False)

@@ -20,7 +20,7 @@ def test_the_current_lora_key_is_in_the_current_table_only():
 
 
 def test_a_key_of_another_version_names_the_versions_that_have_it():
-    with pytest.raises(versions.KeyNotInVersionError, match=r"at 0\.8\.0\.dev \(b178a3cd\); it exists in 0\.10\.0\.dev \(1dda039b\)"):
+    with pytest.raises(versions.KeyNotInVersionError, match=r"verl 0\.8\.0\.dev \(b178a3cd\) has no such key; it exists in 0\.10\.0\.dev \(1dda039b\)"):
         versions.check_key("verl", PIN, LORA_RANK)
 
 

@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 
 from hpcrl.cli.app import app
-from hpcrl.cli.output import console, print_json, table, warn
+from hpcrl.cli.output import assumed, console, print_json, table, warn
 from hpcrl.cli.request import RunRequest, run_request_options
 
 
@@ -32,11 +32,14 @@ def plan_cmd(
             "model": rp.workload.model.name,
             "gpus_per_node": rp.profile.gpu.count_per_node,
             "warnings": list(rp.warnings),
+            "assumptions": list(rp.assumptions),
             "layouts_considered": len(rp.layouts),
             "layouts": [dict(rank=i + 1, **lay.to_dict()) for i, lay in enumerate(shown)],
         } | ({"backend": rp.backend.name, "backend_args": rp.backend.layout_args(rp)}
              if rp.backend.plan_shows_layout_args else {}))
         return
+    for a in rp.assumptions:
+        assumed(a)
     for w in rp.warnings:
         warn(w)
     w = rp.workload

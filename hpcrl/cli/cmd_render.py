@@ -11,7 +11,7 @@ from typing import Optional
 import typer
 
 from hpcrl.cli.app import app
-from hpcrl.cli.output import warn
+from hpcrl.cli.output import assumed, warn
 from hpcrl.cli.request import RunRequest, run_request_options
 from hpcrl.errors import HpcrlError
 
@@ -43,6 +43,8 @@ def render_cmd(
     from hpcrl.jobs.run_script import build
 
     built = build(request)
+    for a in built.plan.assumptions:
+        assumed(a)
     for w in built.plan.warnings:
         warn(w)
     if output is None:

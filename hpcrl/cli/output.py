@@ -46,3 +46,8 @@ def table(title: str | None = None, **kwargs: Any) -> Any:
 def warn(message: str) -> None:
     """The one warning style of every command: `hpcrl: warning: ...` on stderr."""
     sys.stderr.write(f"hpcrl: warning: {message}\n")
+
+
+def assumed(message: str) -> None:
+    """What a plan assumed that the config did not say: `hpcrl: assumes ...` on stderr."""
+    sys.stderr.write(f"hpcrl: {message}\n")

@@ -134,8 +134,10 @@ def make_run_plan(
     cad, cad_warnings = checkpoint_cadence(backend, cfg, profile, planned.workload or w, planned.layouts[0], wall)
     if not cad.pinned:
         choices[backend.checkpoint_key] = cad.every_steps
+    assumed = backend.target_version(cfg.hpcrl)[1]
     return RunPlan(cfg, profile, n, planned.workload or w, p, planned.layouts,
-                   tuple(warnings) + planned.warnings + tuple(cad_warnings), tuple(choices.items()), cad)
+                   tuple(warnings) + planned.warnings + tuple(cad_warnings), tuple(choices.items()), cad,
+                   assumptions=(assumed,) if assumed else ())
 
 
 def checkpoint_cadence(backend: Backend, cfg: RunConfig, profile: ClusterProfile, w: Workload,

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from hpcrl.profiles import ClusterProfile
 
 # hpcrl-section fields added after configs were first hashed, with their unset values.
-NEWER_FIELDS = {"gpus": None, "loss_keys": []}
+NEWER_FIELDS = {"gpus": None, "loss_keys": [], "framework_version": None, "stack_check": "on"}
 
 
 class HpcrlSection(BaseModel):
@@ -39,6 +39,12 @@ class HpcrlSection(BaseModel):
     model: str | None = Field(default=None, description="Planner model; default from model_name_or_path")
     backend: str = Field(default=DEFAULT_BACKEND, description="The training framework (hpcrl/planning/backends/)")
     arg_layout: ArgLayout = Field(default="current", description="The default backend's argument layout (current|legacy)")
+    framework_version: str | None = Field(
+        default=None, description="The framework version the run targets (name, release or commit); default the newest "
+                                  "hpcrl knows (backends/data/versions.json), printed as an assumption")
+    # The job's stack check (hpcrl.runtime.stack) before Ray starts; off for an environment the version's
+    # install facts do not describe (a fork without package metadata, a test stand-in).
+    stack_check: Literal["on", "off"] = "on"
     # These four default to the backend's own (see _backend_defaults).
     entry_point: str = Field(default="", description="Script path or Python module, as the backend runs it")
     workdir: str = Field(default="", description="Directory the driver starts in")
@@ -92,11 +98,17 @@ class HpcrlSection(BaseModel):
             raise ValueError(f"{value!r}: {problem}")
         return value
 
-    @field_validator("code_server", mode="before")
+    @field_validator("code_server", "stack_check", mode="before")
     @classmethod
     def _on_off(cls, value):
         # YAML 1.1 reads unquoted on/off as booleans.
         return {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value
+
+    @field_validator("framework_version", mode="before")
+    @classmethod
+    def _version_text(cls, value):
+        # YAML reads an unquoted 0.9 or 1e5 as a number: the version is text.
+        return str(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else value
 
     @field_validator("time", mode="before")
     @classmethod
@@ -147,6 +159,8 @@ class RunPlan:
     # The user's per-cluster exclude list (hpcrl/jobs/node_excludes.py), added by render/submit, not by planning.
     user_exclude: tuple[str, ...] = ()
     user_exclude_file: str | None = None
+    # What the plan assumed that the config did not say (e.g. the framework version), printed as such.
+    assumptions: tuple[str, ...] = ()
 
     @property
     def layout(self) -> Layout:

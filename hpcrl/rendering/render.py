@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import shlex
 from functools import lru_cache
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from hpcrl import __version__, contract
 from hpcrl.errors import ConfigError
 from hpcrl.memory import constants as C
 from hpcrl.planning import walltime
+from hpcrl.planning.backends import stack_expect
 from hpcrl.planning.run_plan import RunPlan
 from hpcrl.profiles import ClusterProfile
 from hpcrl.rendering.template_cache import bytecode_cache
@@ -55,6 +57,7 @@ def _environment() -> jinja2.Environment:
     env.filters["shq"] = shq
     env.filters["shq_path"] = shq_path
     env.filters["comment"] = comment_safe
+    env.filters["word_count"] = lambda text: len(shlex.split(text))  # shell words, as bash will split them
     return env
 
 
@@ -232,6 +235,16 @@ def _driver_lines(rp: RunPlan) -> list[str]:
     return [" ".join(w.shell() for w in line) for line in rp.backend.driver_command(rp)]
 
 
+def _stack_expect(rp: RunPlan, smoke: bool) -> str | None:
+    """The job's stack check expectation (compact JSON); None for a smoke test (its driver is hpcrl's),
+    hpcrl.stack_check off, or a backend without install facts (custom scripts)."""
+    if smoke or rp.config.hpcrl.stack_check == "off":
+        return None
+    ray_min = RAY_TOKEN_MIN if rp.backend.uses_ray else None
+    expect = stack_expect.run_expectation(rp.config, rp.profile.node.arch, ray_min)
+    return json.dumps(expect, sort_keys=True, separators=(",", ":")) if expect else None
+
+
 def plan_summary(rp: RunPlan) -> list[str]:
     """The plan in a few comment lines: layout, per-GPU memory, step estimate."""
     lay, w, p = rp.layout, rp.workload, rp.profile
@@ -299,6 +312,8 @@ def _context(rp: RunPlan, smoke: bool) -> dict:
         "config_name": Path(rp.config.source).name if rp.config.source else "-",
         "digest": rp.config.digest(),
         "summary": plan_summary(rp),
+        "framework": backend.target_version(hp)[0],
+        "assumptions": list(rp.assumptions),
         "warnings": list(rp.warnings),
         "user_exclude": ", ".join(rp.user_exclude),
         "user_exclude_file": rp.user_exclude_file,
@@ -338,6 +353,7 @@ def _context(rp: RunPlan, smoke: bool) -> dict:
         "driver_env": sorted(backend.env(rp).items()),
         "override_style": backend.command_facts.style,
         "driver_lines": _driver_lines(rp),
+        "stack_expect": _stack_expect(rp, smoke),
         "max_restarts": hp.max_restarts,
         "zero_reward_steps": hp.zero_reward_steps,
         "hang_minutes": f"{hp.hang_minutes:g}",
@@ -375,6 +391,7 @@ def _contract_context() -> dict:
     c = contract
     return {
         "reason_case": c.reason_case(),
+        "stack_mismatch": {"reason": c.STACK_MISMATCH[0], "code": c.STACK_MISMATCH[1]},
         "continue_case": c.continue_case(),
         "crashed": c.CRASHED,
         "ray_died": c.RAY_DIED,

@@ -3,6 +3,7 @@
 # hpcrl cluster: isambard-ai
 # hpcrl config: grpo-olmo3-32b.yaml (digest 8853ba802631)
 #
+# Plan assumes open-instruct e6c3044a, the newest hpcrl knows; set hpcrl.framework_version to target another (known: 1611e3df, e6c3044a)
 # Plan:
 #   model allenai/Olmo-3-1125-32B: 256 sequences of 10240 tokens per step, pack_length 10240
 #   16 x 4 GH200 (95.58 GiB): 16 learner GPUs, 48 engine GPUs, 0 idle
@@ -1064,6 +1065,7 @@ phase_stack_check() {
     if ! python3 -c 'import hpcrl.runtime.ray_ready' 2>/dev/null; then
         fail crashed "hpcrl is not importable by python3 on $HEAD_NODE; install it in the job's environment (hpcrl.env_setup)"
     fi
+    stack_check
 }
 
 phase_head() {
@@ -1101,24 +1103,14 @@ phase_services() {
 }
 
 # ------------------------------------------------------------------ driver
-phase_driver() {
-    phase driver
-    # open-instruct's grpo_fast.py under hpcrl's watchdog (circuit breakers: exit codes 90, 91, 92, 93, 96, 97).
-    WORKDIR="${HOME}"/open-instruct
-    PYTHON=python
-    ENTRY_POINT=open_instruct/grpo_fast.py
-    if ! cd -- "$WORKDIR"; then
-        fail crashed "hpcrl.workdir $WORKDIR does not exist on $HEAD_NODE"
-    fi
-    if ! python3 -c 'import hpcrl.runtime.watchdog' 2>/dev/null; then
-        fail crashed "hpcrl is not importable by python3 on $HEAD_NODE; install it in the job's environment (hpcrl.env_setup)"
-    fi
-    if ! command -v "$PYTHON" >/dev/null 2>&1; then
-        fail crashed "hpcrl.python $PYTHON is not a command on $HEAD_NODE"
-    fi
-    if [[ ! -f $ENTRY_POINT ]]; then
-        fail crashed "hpcrl.entry_point $ENTRY_POINT does not exist in $WORKDIR (a fork may keep it elsewhere)"
-    fi
+# open-instruct's grpo_fast.py under hpcrl's watchdog (circuit breakers: exit codes 90, 91, 92, 93, 96, 97).
+WORKDIR="${HOME}"/open-instruct
+PYTHON=python
+ENTRY_POINT=open_instruct/grpo_fast.py
+
+# DRIVER: the whole command; DRIVER_ARGS: the framework's own arguments, after the entry point
+# (what the stack check parses). Called once $RUN_DIR is known.
+driver_command() {
     DRIVER=(
         python3 -m hpcrl.runtime.watchdog --run-dir "$RUN_DIR"
         --zero-reward-steps 10 --hang-minutes 60
@@ -1160,6 +1152,46 @@ phase_driver() {
         --output_dir "$RUN_DIR/output"
         --checkpoint_state_dir "$RUN_DIR/checkpoints"
     )
+    DRIVER_ARGS=("${DRIVER[@]:16}")
+}
+
+# The framework's stack (hpcrl.runtime.stack; docs/preflight.md "The stack check"): the installed
+# versions against what open-instruct e6c3044a needs, the CUDA driver against torch's build, and
+# the driver's command line parsed by the installed framework, in seconds, before Ray starts.
+# A mismatch ends the job (stack-mismatch, never continued); a check that cannot
+# run itself is logged and the job goes on (the driver's own checks and errors still come).
+STACK_EXPECT='{"backend":"open-instruct","commit":"e6c3044aa6201c8bfa4573c1b03142af599e730d","framework":"open_instruct","packages":[{"dists":["open-instruct"],"module":"open_instruct","name":"open_instruct","source":"pyproject.toml:2 at e6c3044a","spec":"","why":"the driver'"'"'s own package (installed, or importable from hpcrl.workdir, its checkout)"},{"dists":["ray"],"module":"ray","name":"ray","source":"pyproject.toml:27 at e6c3044a","spec":">=2.49.2"},{"dists":["vllm"],"module":"vllm","name":"vllm","source":"pyproject.toml:36 at e6c3044a","spec":">=0.19.1"},{"dists":["torch"],"module":"torch","name":"torch","source":"pyproject.toml:30 at e6c3044a","spec":">=2.10.0"},{"dists":["deepspeed"],"module":"deepspeed","name":"deepspeed","source":"pyproject.toml:14 at e6c3044a","spec":">=0.18.3"},{"dists":["transformers"],"module":"transformers","name":"transformers","source":"pyproject.toml:35 at e6c3044a","spec":">=5.4.0"},{"by":"hpcrl","dists":["ray"],"module":"ray","name":"ray","source":"hpcrl: Ray below 2.52 ignores RAY_AUTH_MODE=token","spec":">=2.52"}],"parser":{"entry":"open_instruct/grpo_fast.py","kind":"main-block","namespace":"module","timeout_s":300},"python":{"source":"pyproject.toml:6 at e6c3044a","spec":"==3.12.*"},"schema":1,"torch_cuda":{"arch":"aarch64","note":"on Linux aarch64 torch comes from the pytorch-cu130 index; x86_64 takes the cuda12 (cu128) or cuda13 (cu130) group the user picks (pyproject.toml:81-82)","source":"pyproject.toml:83 at e6c3044a","version":"13.0"},"version":"e6c3044a"}'
+stack_check() {
+    local out rc=0 line
+    local python=$PYTHON
+    driver_command
+    out=$(cd -- "$WORKDIR" 2>/dev/null && python3 -m hpcrl.runtime.stack --expect "$STACK_EXPECT" \
+        --python "$python" --entry "$ENTRY_POINT" -- "${DRIVER_ARGS[@]}" 2>&1) || rc=$?
+    while IFS= read -r line; do
+        if [[ -n $line ]]; then log "$line"; fi
+    done <<<"$out"
+    if ((rc == 98)); then
+        finish stack-mismatch "$rc"
+    elif ((rc != 0)); then
+        log "warning: the stack check itself failed (exit $rc); going on without it"
+    fi
+}
+
+phase_driver() {
+    phase driver
+    if ! cd -- "$WORKDIR"; then
+        fail crashed "hpcrl.workdir $WORKDIR does not exist on $HEAD_NODE"
+    fi
+    if ! python3 -c 'import hpcrl.runtime.watchdog' 2>/dev/null; then
+        fail crashed "hpcrl is not importable by python3 on $HEAD_NODE; install it in the job's environment (hpcrl.env_setup)"
+    fi
+    if ! command -v "$PYTHON" >/dev/null 2>&1; then
+        fail crashed "hpcrl.python $PYTHON is not a command on $HEAD_NODE"
+    fi
+    if [[ ! -f $ENTRY_POINT ]]; then
+        fail crashed "hpcrl.entry_point $ENTRY_POINT does not exist in $WORKDIR (a fork may keep it elsewhere)"
+    fi
+    driver_command
     printf 'hpcrl: driver:'
     printf ' %q' "${DRIVER[@]}"
     printf '\n'

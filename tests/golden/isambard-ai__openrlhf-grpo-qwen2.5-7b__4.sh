@@ -3,6 +3,7 @@
 # hpcrl cluster: isambard-ai
 # hpcrl config: openrlhf-grpo-qwen2.5-7b.yaml (digest 204cd19262ad)
 #
+# Plan assumes openrlhf 3c3be623, the newest hpcrl knows; set hpcrl.framework_version to target another (known: 3c3be623)
 # Plan:
 #   model Qwen/Qwen2.5-7B: 1024 sequences of 5120 tokens per step, 5120 tokens per actor GPU micro-batch
 #   4 x 4 GH200 (95.58 GiB): 12 learner GPUs, 4 engine GPUs, 0 idle
@@ -1061,6 +1062,7 @@ phase_stack_check() {
     if ! python3 -c 'import hpcrl.runtime.ray_ready' 2>/dev/null; then
         fail crashed "hpcrl is not importable by python3 on $HEAD_NODE; install it in the job's environment (hpcrl.env_setup)"
     fi
+    stack_check
 }
 
 phase_head() {
@@ -1098,25 +1100,14 @@ phase_services() {
 }
 
 # ------------------------------------------------------------------ driver
-phase_driver() {
-    phase driver
-    # OpenRLHF's train_ppo_ray under hpcrl's watchdog (circuit breakers: exit codes 90, 91, 92, 93, 96, 97).
-    WORKDIR="${HOME}"/OpenRLHF
-    PYTHON=python3
-    ENTRY_POINT=openrlhf.cli.train_ppo_ray
-    if ! cd -- "$WORKDIR"; then
-        fail crashed "hpcrl.workdir $WORKDIR does not exist on $HEAD_NODE"
-    fi
-    if ! python3 -c 'import hpcrl.runtime.watchdog' 2>/dev/null; then
-        fail crashed "hpcrl is not importable by python3 on $HEAD_NODE; install it in the job's environment (hpcrl.env_setup)"
-    fi
-    if ! command -v "$PYTHON" >/dev/null 2>&1; then
-        fail crashed "hpcrl.python $PYTHON is not a command on $HEAD_NODE"
-    fi
-    # find_spec imports the parent packages only; an import error there is shown as it is.
-    if ! "$PYTHON" -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec(sys.argv[1]) is None)' "$ENTRY_POINT"; then
-        fail crashed "hpcrl.entry_point $ENTRY_POINT is not a module $PYTHON can import on $HEAD_NODE (install openrlhf in the job's environment)"
-    fi
+# OpenRLHF's train_ppo_ray under hpcrl's watchdog (circuit breakers: exit codes 90, 91, 92, 93, 96, 97).
+WORKDIR="${HOME}"/OpenRLHF
+PYTHON=python3
+ENTRY_POINT=openrlhf.cli.train_ppo_ray
+
+# DRIVER: the whole command; DRIVER_ARGS: the framework's own arguments, after the entry point
+# (what the stack check parses). Called once $RUN_DIR is known.
+driver_command() {
     DRIVER=(
         python3 -m hpcrl.runtime.watchdog --run-dir "$RUN_DIR"
         --zero-reward-steps 10 --hang-minutes 60
@@ -1162,6 +1153,47 @@ phase_driver() {
         --ckpt.output_dir "$RUN_DIR/output"
         --ckpt.load_enable
     )
+    DRIVER_ARGS=("${DRIVER[@]:17}")
+}
+
+# The framework's stack (hpcrl.runtime.stack; docs/preflight.md "The stack check"): the installed
+# versions against what openrlhf 3c3be623 needs, the CUDA driver against torch's build, and
+# the driver's command line parsed by the installed framework, in seconds, before Ray starts.
+# A mismatch ends the job (stack-mismatch, never continued); a check that cannot
+# run itself is logged and the job goes on (the driver's own checks and errors still come).
+STACK_EXPECT='{"backend":"openrlhf","commit":"3c3be6234e0cb353e76bb8019947db9dfe99fca7","framework":"openrlhf","packages":[{"dists":["openrlhf","openrlhf-nightly"],"module":"openrlhf","name":"openrlhf","source":"version.txt:1 at 3c3be623","spec":"==0.11.0.*"},{"dists":["ray"],"module":"ray","name":"ray","source":"requirements.txt:19 at 3c3be623","spec":"==2.55.0"},{"dists":["vllm"],"module":"vllm","name":"vllm","source":"setup.py:77 at 3c3be623","spec":"==0.27.1"},{"dists":["deepspeed"],"module":"deepspeed","name":"deepspeed","source":"requirements.txt:5 at 3c3be623","spec":"==0.19.5"},{"dists":["transformers"],"module":"transformers","name":"transformers","source":"requirements.txt:26 at 3c3be623","spec":"==5.15.0"},{"by":"hpcrl","dists":["ray"],"module":"ray","name":"ray","source":"hpcrl: Ray below 2.52 ignores RAY_AUTH_MODE=token","spec":">=2.52"}],"parser":{"entry":"openrlhf.cli.train_ppo_ray","kind":"main-block","namespace":"stdlib","timeout_s":60},"python":{"source":"setup.py:82 at 3c3be623","spec":">=3.10"},"schema":1,"torch_cuda":null,"version":"3c3be623"}'
+stack_check() {
+    local out rc=0 line
+    local python=$PYTHON
+    driver_command
+    out=$(cd -- "$WORKDIR" 2>/dev/null && python3 -m hpcrl.runtime.stack --expect "$STACK_EXPECT" \
+        --python "$python" --entry "$ENTRY_POINT" -- "${DRIVER_ARGS[@]}" 2>&1) || rc=$?
+    while IFS= read -r line; do
+        if [[ -n $line ]]; then log "$line"; fi
+    done <<<"$out"
+    if ((rc == 98)); then
+        finish stack-mismatch "$rc"
+    elif ((rc != 0)); then
+        log "warning: the stack check itself failed (exit $rc); going on without it"
+    fi
+}
+
+phase_driver() {
+    phase driver
+    if ! cd -- "$WORKDIR"; then
+        fail crashed "hpcrl.workdir $WORKDIR does not exist on $HEAD_NODE"
+    fi
+    if ! python3 -c 'import hpcrl.runtime.watchdog' 2>/dev/null; then
+        fail crashed "hpcrl is not importable by python3 on $HEAD_NODE; install it in the job's environment (hpcrl.env_setup)"
+    fi
+    if ! command -v "$PYTHON" >/dev/null 2>&1; then
+        fail crashed "hpcrl.python $PYTHON is not a command on $HEAD_NODE"
+    fi
+    # find_spec imports the parent packages only; an import error there is shown as it is.
+    if ! "$PYTHON" -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec(sys.argv[1]) is None)' "$ENTRY_POINT"; then
+        fail crashed "hpcrl.entry_point $ENTRY_POINT is not a module $PYTHON can import on $HEAD_NODE (install openrlhf in the job's environment)"
+    fi
+    driver_command
     printf 'hpcrl: driver:'
     printf ' %q' "${DRIVER[@]}"
     printf '\n'

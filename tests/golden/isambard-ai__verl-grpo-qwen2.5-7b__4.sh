@@ -3,6 +3,7 @@
 # hpcrl cluster: isambard-ai
 # hpcrl config: verl-grpo-qwen2.5-7b.yaml (digest 202195203414)
 #
+# Plan assumes verl 0.10.0.dev (1dda039b), the newest hpcrl knows; set hpcrl.framework_version to target another (known: 0.8.0.dev (b178a3cd), 0.10.0.dev (1dda039b))
 # Plan:
 #   model Qwen/Qwen2.5-7B: 1536 sequences of 5120 tokens per step, ppo_micro_batch_size_per_gpu 12 (61440 tokens)
 #   4 x 4 GH200 (95.58 GiB): all 16 GPUs train and generate (colocated)
@@ -1091,6 +1092,7 @@ phase_stack_check() {
     if ! python3 -c 'import hpcrl.runtime.ray_ready' 2>/dev/null; then
         fail crashed "hpcrl is not importable by python3 on $HEAD_NODE; install it in the job's environment (hpcrl.env_setup)"
     fi
+    stack_check
 }
 
 phase_head() {
@@ -1128,31 +1130,14 @@ phase_services() {
 }
 
 # ------------------------------------------------------------------ driver
-phase_driver() {
-    phase driver
-    # verl's main_ppo (Hydra overrides) under hpcrl's watchdog (circuit breakers: exit codes 90, 91, 92, 93, 96, 97).
-    WORKDIR="${HOME}"/verl
-    PYTHON=python3
-    ENTRY_POINT=verl.trainer.main_ppo
-    if ! cd -- "$WORKDIR"; then
-        fail crashed "hpcrl.workdir $WORKDIR does not exist on $HEAD_NODE"
-    fi
-    if ! python3 -c 'import hpcrl.runtime.watchdog' 2>/dev/null; then
-        fail crashed "hpcrl is not importable by python3 on $HEAD_NODE; install it in the job's environment (hpcrl.env_setup)"
-    fi
-    if ! command -v "$PYTHON" >/dev/null 2>&1; then
-        fail crashed "hpcrl.python $PYTHON is not a command on $HEAD_NODE"
-    fi
-    # find_spec imports the parent packages only; an import error there is shown as it is.
-    if ! "$PYTHON" -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec(sys.argv[1]) is None)' "$ENTRY_POINT"; then
-        fail crashed "hpcrl.entry_point $ENTRY_POINT is not a module $PYTHON can import on $HEAD_NODE (install verl in the job's environment)"
-    fi
-    # The run directory goes into Hydra overrides unquoted: refuse characters Hydra would parse.
-    HYDRA_SAFE='^[A-Za-z0-9_./@+:-]+$'
-    if [[ ! $RUN_DIR =~ $HYDRA_SAFE ]]; then
-        fail crashed "run directory $RUN_DIR has characters a Hydra override cannot carry; use letters, digits and _ . / @ + : - in hpcrl.run_root and hpcrl.run_name"
-    fi
-    export HYDRA_FULL_ERROR=1
+# verl's main_ppo (Hydra overrides) under hpcrl's watchdog (circuit breakers: exit codes 90, 91, 92, 93, 96, 97).
+WORKDIR="${HOME}"/verl
+PYTHON=python3
+ENTRY_POINT=verl.trainer.main_ppo
+
+# DRIVER: the whole command; DRIVER_ARGS: the framework's own arguments, after the entry point
+# (what the stack check parses). Called once $RUN_DIR is known.
+driver_command() {
     DRIVER=(
         python3 -m hpcrl.runtime.watchdog --run-dir "$RUN_DIR"
         --zero-reward-steps 10 --hang-minutes 60
@@ -1198,6 +1183,53 @@ phase_driver() {
         "trainer.default_local_dir=$RUN_DIR/checkpoints"
         trainer.resume_mode=auto
     )
+    DRIVER_ARGS=("${DRIVER[@]:17}")
+}
+
+# The framework's stack (hpcrl.runtime.stack; docs/preflight.md "The stack check"): the installed
+# versions against what verl 0.10.0.dev (1dda039b) needs, the CUDA driver against torch's build, and
+# the driver's command line parsed by the installed framework, in seconds, before Ray starts.
+# A mismatch ends the job (stack-mismatch, never continued); a check that cannot
+# run itself is logged and the job goes on (the driver's own checks and errors still come).
+STACK_EXPECT='{"backend":"verl","commit":"1dda039b9c6311889a9c9a26040677e1254814f9","framework":"verl","packages":[{"dists":["verl"],"module":"verl","name":"verl","source":"verl/version/version:1 at 1dda039b","spec":"==0.10.0.*"},{"dists":["TransferQueue"],"module":"transfer_queue","name":"transfer_queue","source":"pyproject.toml:32 at 1dda039b","spec":"","when":{"default":true,"is":true,"key":"trainer.use_v1","source":"verl/trainer/config/ppo_trainer.yaml:222 at 1dda039b"},"why":"verl 0.10.0.dev (1dda039b) runs trainer.use_v1=true, which imports it (verl/trainer/main_ppo.py:137)"},{"dists":["ray"],"module":"ray","name":"ray","source":"pyproject.toml:51 at 1dda039b","spec":">=2.41.0"},{"dists":["vllm"],"module":"vllm","name":"vllm","source":"pyproject.toml:95 at 1dda039b","spec":"==0.24.0"},{"dists":["torch"],"module":"torch","name":"torch","source":"pyproject.toml:90 at 1dda039b","spec":"==2.11.0"},{"dists":["transformers"],"module":"transformers","name":"transformers","source":"pyproject.toml:100 at 1dda039b","spec":"==5.5.3"},{"by":"hpcrl","dists":["ray"],"module":"ray","name":"ray","source":"hpcrl: Ray below 2.52 ignores RAY_AUTH_MODE=token","spec":">=2.52"}],"parser":{"config_dir":"trainer/config","config_name":"ppo_trainer","kind":"hydra","module":"verl","source":"verl/trainer/main_ppo.py:166","timeout_s":120},"python":{"source":"pyproject.toml:11 at 1dda039b","spec":">=3.10,<3.13"},"schema":1,"torch_cuda":{"arch":null,"note":"the vllm extra'"'"'s vllm 0.24.0 wheel is a cu130 / torch-2.11 build (pyproject.toml:93-95)","source":"pyproject.toml:93 at 1dda039b","version":"13.0"},"version":"0.10.0.dev (1dda039b)"}'
+stack_check() {
+    local out rc=0 line
+    local python=$PYTHON
+    driver_command
+    out=$(cd -- "$WORKDIR" 2>/dev/null && python3 -m hpcrl.runtime.stack --expect "$STACK_EXPECT" \
+        --python "$python" --entry "$ENTRY_POINT" -- "${DRIVER_ARGS[@]}" 2>&1) || rc=$?
+    while IFS= read -r line; do
+        if [[ -n $line ]]; then log "$line"; fi
+    done <<<"$out"
+    if ((rc == 98)); then
+        finish stack-mismatch "$rc"
+    elif ((rc != 0)); then
+        log "warning: the stack check itself failed (exit $rc); going on without it"
+    fi
+}
+
+phase_driver() {
+    phase driver
+    if ! cd -- "$WORKDIR"; then
+        fail crashed "hpcrl.workdir $WORKDIR does not exist on $HEAD_NODE"
+    fi
+    if ! python3 -c 'import hpcrl.runtime.watchdog' 2>/dev/null; then
+        fail crashed "hpcrl is not importable by python3 on $HEAD_NODE; install it in the job's environment (hpcrl.env_setup)"
+    fi
+    if ! command -v "$PYTHON" >/dev/null 2>&1; then
+        fail crashed "hpcrl.python $PYTHON is not a command on $HEAD_NODE"
+    fi
+    # find_spec imports the parent packages only; an import error there is shown as it is.
+    if ! "$PYTHON" -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec(sys.argv[1]) is None)' "$ENTRY_POINT"; then
+        fail crashed "hpcrl.entry_point $ENTRY_POINT is not a module $PYTHON can import on $HEAD_NODE (install verl in the job's environment)"
+    fi
+    # The run directory goes into Hydra overrides unquoted: refuse characters Hydra would parse.
+    HYDRA_SAFE='^[A-Za-z0-9_./@+:-]+$'
+    if [[ ! $RUN_DIR =~ $HYDRA_SAFE ]]; then
+        fail crashed "run directory $RUN_DIR has characters a Hydra override cannot carry; use letters, digits and _ . / @ + : - in hpcrl.run_root and hpcrl.run_name"
+    fi
+    export HYDRA_FULL_ERROR=1
+    driver_command
     printf 'hpcrl: driver:'
     printf ' %q' "${DRIVER[@]}"
     printf '\n'

@@ -133,11 +133,32 @@ class Backend(ABC):
         """Refuse hpcrl settings that mean nothing for this framework."""
         if section.arg_layout != "current":
             raise ConfigError(f"hpcrl.arg_layout is open-instruct's; remove it for backend {self.name}")
+        self.check_version(section)
         if section.lora_hf_save != "adapter" and self.name != "openrlhf":
             raise ConfigError(f"hpcrl.lora_hf_save is OpenRLHF's; remove it for backend {self.name}")
         if self.entry_is_module and (not _MODULE.match(section.entry_point) or section.entry_point.endswith(".py")):
             raise ConfigError(f"hpcrl.entry_point {section.entry_point!r}: backend {self.name} runs a module "
                               f"(python -m), e.g. {self.default_entry_point}")
+
+    def check_version(self, section: HpcrlSection) -> None:
+        """Refuse a framework version hpcrl has no table for (UnknownVersionError lists the known)."""
+        from hpcrl.planning.backends import versions
+
+        if section.framework_version is None:
+            return
+        if not versions.known(self.name):
+            raise ConfigError(f"hpcrl.framework_version: hpcrl keeps no versions of backend {self.name}; remove it")
+        versions.resolve(self.name, section.framework_version)
+
+    def target_version(self, section: HpcrlSection) -> tuple[str | None, str | None]:
+        """(the label of the framework version a run targets, the assumption to print when the config
+        names none); (None, None) for a backend hpcrl keeps no versions of."""
+        from hpcrl.planning.backends import versions
+
+        if not versions.known(self.name):
+            return None, None
+        v, assumed = versions.targeted(self.name, section.framework_version)
+        return f"{self.name} {v.label()}", assumed
 
     # ------------------------------------------------------------------ planning
     def colocated(self, cfg: RunConfig) -> bool:

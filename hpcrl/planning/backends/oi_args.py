@@ -8,9 +8,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 from hpcrl.errors import ConfigError, UnknownNameError
+from hpcrl.planning.backends import versions
 
 ArgLayout = Literal["current", "legacy"]
 _DATA = Path(__file__).with_name("data")
+FRAMEWORK = "open-instruct"  # its name in versions.json
 
 
 @lru_cache(maxsize=2)
@@ -40,11 +42,27 @@ def _kind(type_text: str) -> str:
     return "any"
 
 
-def check_args(args: dict[str, Any], layout: ArgLayout = "current") -> None:
-    """Every key must be a grpo_fast.py field of `layout`, with a value of its type."""
+def version_layout(name: str) -> ArgLayout:
+    """The argument layout of a known open-instruct version (its table's file says which)."""
+    return "legacy" if versions.resolve(FRAMEWORK, name).args_file.endswith("_legacy.json") else "current"
+
+
+def layout_version(layout: ArgLayout, named: str | None = None) -> str | None:
+    """The version a run of `layout` targets: the one named, the legacy layout's own, else None (the newest)."""
+    if named:
+        return named
+    return next((v.commit for v in versions.known(FRAMEWORK) if version_layout(v.commit) == layout), None) \
+        if layout == "legacy" else None
+
+
+def check_args(args: dict[str, Any], layout: ArgLayout = "current", version: str | None = None) -> None:
+    """Every key must be a grpo_fast.py field of `layout`, with a value of its type; a key only another
+    known version has is refused naming those versions (KeyNotInVersionError)."""
     table = arg_table(layout)
     for key, value in args.items():
         if key not in table:
+            other = "current" if layout == "legacy" else "legacy"  # the layout names the version
+            versions.check_key(FRAMEWORK, layout_version(layout, version), key, f"set hpcrl.arg_layout={other}")
             where = f"grpo_fast.py at open-instruct {str(arg_meta(layout).get('commit', '?'))[:12]}"
             raise UnknownNameError("open-instruct argument", key, table,
                                    detail=where if layout == "current" else f"legacy {where}")

@@ -31,7 +31,7 @@ from hpcrl.planning.backends.log_facts import CommandFacts, CpuAsk, DiagnoseFact
 from hpcrl.planning.backends.facts import MemoryDefault, MemoryFacts
 from hpcrl.planning.backends.open_instruct_disk import DISK
 from hpcrl.planning.backends.capabilities import commit, feature, services, setting
-from hpcrl.planning.backends.oi_args import _kind, arg_table, check_args, default
+from hpcrl.planning.backends.oi_args import _kind, arg_table, check_args, default, layout_version, version_layout
 from hpcrl.planning.layout import Layout, Pins, Workload
 
 if TYPE_CHECKING:
@@ -233,9 +233,20 @@ class OpenInstructBackend(Backend):
         # Both argument layouts; the entry point is a script path in the checkout.
         if section.lora_hf_save != "adapter":
             raise ConfigError("hpcrl.lora_hf_save is OpenRLHF's; remove it for backend open-instruct")
+        self.check_version(section)
+        named = section.framework_version
+        if named and version_layout(named) != section.arg_layout:
+            raise ConfigError(f"hpcrl.framework_version={named}: open-instruct's {version_layout(named)} argument "
+                              f"layout; set hpcrl.arg_layout={version_layout(named)} with it")
 
     def check_args(self, args: dict[str, Any], section: HpcrlSection) -> None:
-        check_args(args, section.arg_layout)
+        check_args(args, section.arg_layout, section.framework_version)
+
+    def target_version(self, section: HpcrlSection) -> tuple[str | None, str | None]:
+        named = layout_version(section.arg_layout, section.framework_version)
+        if named == section.framework_version:
+            return super().target_version(section)
+        return super().target_version(section.model_copy(update={"framework_version": named}))[0], None
 
     def workload_from_config(self, cfg: RunConfig, model: str | None = None) -> Workload:
         layout = cfg.hpcrl.arg_layout

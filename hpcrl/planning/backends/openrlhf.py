@@ -37,6 +37,7 @@ from hpcrl.errors import ConfigError, HpcrlError, PlanError, UnknownNameError
 from hpcrl.memory.colocated import Colocation
 from hpcrl.models import resolve_model
 from hpcrl.planning.backends.facts import MemoryDefault, MemoryFacts
+from hpcrl.planning.backends import versions
 from hpcrl.planning.backends.flagdata import load_meta, load_table
 from hpcrl.planning.backends.log_facts import CommandFacts, CpuAsk, DiagnoseFacts, SmokeFacts
 from hpcrl.planning.backends.openrlhf_ckpt import DISK, checkpoint_flags
@@ -191,6 +192,7 @@ class OpenRLHFBackend(Backend):
             if key not in table:
                 if key in renamed():
                     raise ConfigError(f"unknown OpenRLHF flag {key!r}: renamed to {renamed()[key]}")
+                versions.check_key(self.name, section.framework_version, key)  # only other versions have it
                 raise UnknownNameError("OpenRLHF flag", key, table)
             format_flag(key, value, table[key])  # raises on a value argparse would refuse
         if "actor.model_name_or_path" not in args:

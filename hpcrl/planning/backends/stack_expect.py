@@ -14,13 +14,11 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hpcrl.planning.backends.oi_args import FRAMEWORK, layout_version
 from hpcrl.planning.backends.versions import resolve
 
 if TYPE_CHECKING:
     from hpcrl.planning.run_types import RunConfig
-
-# open-instruct's legacy argument layout is the table of this commit (versions.json).
-_LEGACY_OPEN_INSTRUCT = "1611e3df"
 
 _DATA = Path(__file__).with_name("data")
 
@@ -76,12 +74,10 @@ def expectation(backend: str, version: str | None = None, *, arch: str | None = 
 def run_version(cfg: RunConfig) -> str | None:
     """The framework version a run config targets: hpcrl.framework_version where the config has it,
     open-instruct's legacy layout's commit, else None (the newest known)."""
-    named = getattr(cfg.hpcrl, "framework_version", None)
-    if named:
-        return str(named)
-    if cfg.hpcrl.backend == "open-instruct" and cfg.hpcrl.arg_layout == "legacy":
-        return _LEGACY_OPEN_INSTRUCT
-    return None
+    named = cfg.hpcrl.framework_version
+    if cfg.hpcrl.backend == FRAMEWORK:
+        return layout_version(cfg.hpcrl.arg_layout, named)
+    return named or None
 
 
 def run_expectation(cfg: RunConfig, arch: str, ray_min: tuple[int, ...] | None) -> dict[str, Any] | None:

@@ -33,7 +33,7 @@ from hpcrl.memory.colocated import Colocation
 from hpcrl.memory.fsdp_learner import FsdpSetup
 from hpcrl.models import resolve_model
 from hpcrl.planning.backends.facts import MemoryDefault, MemoryFacts
-from hpcrl.planning.backends.flagdata import load_table
+from hpcrl.planning.backends import versions
 from hpcrl.planning.backends.log_facts import CommandFacts, CpuAsk, DiagnoseFacts, SmokeFacts
 from hpcrl.planning.backends.verl_disk import DISK
 from hpcrl.planning.layout import Pins, Workload
@@ -62,9 +62,16 @@ _PLAIN = re.compile(r"^[A-Za-z_/][A-Za-z0-9_./@+-]*$")
 _HYDRA_WORDS = {"true", "false", "null", "nan", "inf", "none"}
 
 
-@lru_cache(maxsize=1)
-def verl_table() -> dict[str, dict[str, Any]]:
-    return load_table("verl_args.json")
+# A GPU reward model, under its key at each version: reward_model.enable at b178a3cd; reward.reward_model.enable
+# at 1dda039b, where reward_model.* is a null placeholder main_ppo does not read (capabilities there, reward_model).
+REWARD_MODEL_KEYS = ("reward.reward_model.enable", "reward_model.enable")
+LORA_KEYS = ("actor_rollout_ref.model.lora.rank", "actor_rollout_ref.model.lora_rank")
+
+
+@lru_cache(maxsize=None)
+def verl_table(version: str | None = None) -> dict[str, dict[str, Any]]:
+    """verl's keys at `version` (hpcrl.framework_version; None: the newest hpcrl knows)."""
+    return versions.table("verl", version)
 
 
 def hydra_value(value: Any) -> str:
@@ -177,14 +184,14 @@ class VerlBackend(Backend):
     }
 
     def arg_table(self, section: HpcrlSection | None = None) -> dict[str, dict[str, Any]]:
-        return verl_table()
+        return verl_table(section.framework_version if section else None)
 
     def normalize_args(self, args: dict[str, Any], section: HpcrlSection) -> dict[str, Any]:
         """Nested YAML mappings become dotted keys, down to the table's leaves."""
-        return flatten(args, verl_table())
+        return flatten(args, self.arg_table(section))
 
     def check_args(self, args: dict[str, Any], section: HpcrlSection) -> None:
-        table = verl_table()
+        table = self.arg_table(section)
         for key, value in args.items():
             if key.startswith("+"):
                 parent = key[1:].rsplit(".", 1)[0]
@@ -193,6 +200,7 @@ class VerlBackend(Backend):
                                       f"(e.g. +{R}engine_kwargs.vllm.NAME); {parent!r} is not one")
                 continue
             if key not in table:
+                versions.check_key(self.name, section.framework_version, key)  # only other versions have it
                 raise UnknownNameError("verl key", key, table)
             kind = _expected(table[key])
             if not _type_ok(kind, value):
@@ -210,7 +218,7 @@ class VerlBackend(Backend):
 
     def arg(self, cfg: RunConfig, key: str) -> Any:
         """A key's value: the config's, else verl's default (interpolations resolved as stock)."""
-        meta = verl_table()[key]
+        meta = self.arg_table(cfg.hpcrl)[key]
         if key in cfg.args:
             value = cfg.args[key]
             if isinstance(value, str) and _is_interpolation(value) and _expected(meta) in ("int", "float", "bool"):
@@ -234,9 +242,11 @@ class VerlBackend(Backend):
         if self.arg(cfg, "algorithm.adv_estimator") == "gae":
             raise PlanError("algorithm.adv_estimator gae (verl's default) trains a critic, which hpcrl does not plan; "
                             "set a critic-free estimator, e.g. grpo")
-        if self.arg(cfg, "reward_model.enable"):
-            raise PlanError("reward_model.enable: hpcrl plans no reward-model GPUs; use a reward function "
-                            "(custom_reward_function.path) or verl's rule-based scores")
+        table = self.arg_table(cfg.hpcrl)
+        for key in REWARD_MODEL_KEYS:
+            if table.get(key, {}).get("type") == "bool" and self.arg(cfg, key):
+                raise PlanError(f"{key}: hpcrl plans no reward-model GPUs; use a reward function "
+                                "(custom_reward_function.path) or verl's rule-based scores")
         prompt, response = int(self.arg(cfg, "data.max_prompt_length")), int(self.arg(cfg, "data.max_response_length"))
         seq_len = prompt + response
         if self.dynamic_bsz(cfg):
@@ -247,7 +257,7 @@ class VerlBackend(Backend):
         else:
             micro = cfg.args.get(MICRO_KEY)
             tokens = int(micro) * seq_len if micro else seq_len  # unpinned: the plan picks the micro-batch
-        lora = int(self.arg(cfg, "actor_rollout_ref.model.lora_rank") or 0)
+        lora = max(int(self.arg(cfg, key) or 0) for key in LORA_KEYS if key in table)
         return Workload(
             model=resolve_model(name),
             pack_length=tokens,
@@ -357,7 +367,7 @@ class VerlBackend(Backend):
     def driver_command(self, rp: RunPlan) -> list[DriverLine]:
         planned = self.layout_args(rp)
         merged = merge_planned(rp.config.args, planned)
-        table = verl_table()
+        table = self.arg_table(rp.config.hpcrl)
         lines: list[DriverLine] = []
         for key, value in merged.items():
             if key.lstrip("+") not in table and not key.startswith("+"):

@@ -75,7 +75,7 @@ def resolve(backend: str, name: str | None) -> Version:
                 len(text) >= MIN_PREFIX and v.commit.startswith(text)):
             return v
     raise UnknownVersionError(
-        f"hpcrl.framework_version={name!r}: no {backend} table for it; "
+        f"hpcrl.framework_version: no {backend} table for {name!r}; "
         f"known: {', '.join(v.label() for v in versions)} (default: the newest, {versions[-1].label()})")
 
 
@@ -100,14 +100,23 @@ def capabilities(backend: str, name: str | None = None) -> dict[str, Any]:
     return _load(v.capabilities_file).get(backend, {}) if v.capabilities_file else {}
 
 
+def targeted(backend: str, name: str | None) -> tuple[Version, str | None]:
+    """The version a run targets and, when the config names none, the assumption to print."""
+    v = resolve(backend, name)
+    if name:
+        return v, None
+    return v, (f"assumes {backend} {v.label()}, the newest hpcrl knows; set hpcrl.framework_version to target another "
+               f"(known: {', '.join(o.label() for o in known(backend))})")
+
+
 def versions_with_key(backend: str, key: str) -> list[Version]:
     """The known versions whose table has `key`, oldest first."""
     return [v for v in known(backend) if key in table(backend, v.commit)]
 
 
-def check_key(backend: str, name: str | None, key: str) -> bool:
+def check_key(backend: str, name: str | None, key: str, how: str = "set hpcrl.framework_version to one of them") -> bool:
     """True when the version has `key`; False when no known version does (the caller's own
-    unknown-key error applies); raises when only other versions have it."""
+    unknown-key error applies); raises when only other versions have it (`how`: what the user sets)."""
     if key in table(backend, name):
         return True
     others = versions_with_key(backend, key)
@@ -115,9 +124,8 @@ def check_key(backend: str, name: str | None, key: str) -> bool:
         return False
     v = resolve(backend, name)
     raise KeyNotInVersionError(
-        f"{key}: not a {backend} key at {v.label()}; it exists in {', '.join(o.label() for o in others)} "
-        f"(set hpcrl.framework_version to one of them)")
+        f"{key}: {backend} {v.label()} has no such key; it exists in {', '.join(o.label() for o in others)} ({how})")
 
 
 __all__ = ["KeyNotInVersionError", "UnknownVersionError", "Version", "capabilities", "check_key", "default",
-           "known", "meta", "resolve", "table", "versions_with_key"]
+           "known", "meta", "resolve", "table", "targeted", "versions_with_key"]

@@ -32,6 +32,7 @@ from typing import Literal
 
 from hpcrl.errors import HpcrlError
 from hpcrl.memory.constants import GIB
+from hpcrl.memory.learner import LearnerMemory, LearnerSetup, non_torch_bytes
 from hpcrl.models.spec import ModelSpec
 
 FsdpOffload = Literal["none", "param_optimizer", "cpu_policy"]
@@ -49,6 +50,9 @@ FIT = {
     "reserved_per_logits_element_fsdp1": -0.04,  # fitted: bytes of cache per T x V element
     "reserved_fixed_gib_fsdp2": -0.42,  # fitted
     "reserved_per_logits_element_fsdp2": 2.3,  # fitted
+    # The allocator margin a plan keeps free: the largest under-prediction of peak reserved on the
+    # training rows (measured / predicted - 1), rounded up; the verdict's margin for verl.
+    "margin_fraction": 0.14,  # fitted
 }
 
 
@@ -74,9 +78,9 @@ class FsdpSetup:
         if self.fsdp_version not in (1, 2):
             raise HpcrlError(f"--fsdp-version {self.fsdp_version} is not known; valid: 1, 2")
         if self.offload not in ("none", "param_optimizer", "cpu_policy"):
-            raise HpcrlError(f"verl offload {self.offload!r} is not known; valid: none, param_optimizer, cpu_policy")
+            raise HpcrlError(f"FSDP offload {self.offload!r} is not known; valid: none, param_optimizer, cpu_policy")
         if self.offload == "cpu_policy" and self.fsdp_version != 2:
-            raise HpcrlError("verl's CPUOffloadPolicy is FSDP2 only: give --fsdp-version 2 or another offload")
+            raise HpcrlError("CPUOffloadPolicy (offload params during the update) is FSDP2 only: give --fsdp-version 2 or no offload")
 
 
 @dataclass(frozen=True)
@@ -125,8 +129,8 @@ def fsdp_learner_memory(setup: FsdpSetup) -> FsdpBreakdown:
     gathered_root = 2.0 * root if (setup.fsdp_version == 1 and n > 1) else 0.0
     ref_root = gathered_root if setup.reference_policy else 0.0
     logits = {
-        "fp32 shards": shards,
-        "adam moments": adam,
+        "fp32 parameter shards": shards,
+        "Adam moments (fp32)": adam,
         "gradients of earlier micro-batches": grads if setup.micro_batches > 1 else 0.0,
         "log-prob path (8 B x T x V)": LOGITS_BYTES_PER_ELEMENT * T * V,
         "checkpointed hidden states": CHECKPOINT_BYTES_PER_TOKEN_HIDDEN * L * T * h,
@@ -136,16 +140,16 @@ def fsdp_learner_memory(setup: FsdpSetup) -> FsdpBreakdown:
         "fixed": FIT["logits_fixed_gib"] * GIB,
     }
     grads_done = {
-        "fp32 shards": shards,
-        "adam moments": adam,
+        "fp32 parameter shards": shards,
+        "Adam moments (fp32)": adam,
         "gradients": grads,
         "root unit params, grads and fp32 reduce copy": (8.0 if n > 1 else 4.0) * root,
         "reference root unit (bf16)": ref_root,
         "fixed": FIT["grads_done_fixed_gib"] * GIB,
     }
     step = {
-        "fp32 shards": shards,
-        "adam moments": adam,
+        "fp32 parameter shards": shards,
+        "Adam moments (fp32)": adam,
         "gradients": grads,
         "foreach AdamW temporary": 4.0 * flat if on_gpu else 0.0,
         "reference root unit (bf16)": ref_root,
@@ -162,3 +166,43 @@ def fsdp_learner_memory(setup: FsdpSetup) -> FsdpBreakdown:
     v = setup.fsdp_version
     reserved = basis + FIT[f"reserved_fixed_gib_fsdp{v}"] * GIB + FIT[f"reserved_per_logits_element_fsdp{v}"] * T * V
     return FsdpBreakdown(moments=moments, peak_moment=peak_moment, peak_bytes=peak, reserved_bytes=reserved)
+
+
+def setup_from(s: LearnerSetup) -> FsdpSetup:
+    """The FSDP update a planner's LearnerSetup describes (sharding "fsdp")."""
+    if s.lora_rank or s.load_in_4bit:
+        raise HpcrlError("LoRA / 4-bit under FSDP: hpcrl's FSDP model has no measured rows for adapters yet "
+                         "(benchmarks/results/fsdp_measured.jsonl); plan full fine-tuning")
+    if not s.gradient_checkpointing:
+        raise HpcrlError("gradient checkpointing off under FSDP: hpcrl's FSDP model was measured with it on only")
+    if s.offload == "optimizer":
+        raise HpcrlError("optimizer-only offload during the update: FSDP has none (param/optimizer offload between "
+                         "phases leaves the update's peak as it is); FSDP2's CPUOffloadPolicy is offload params")
+    offload: FsdpOffload = "cpu_policy" if s.offload == "params" else "none"
+    return FsdpSetup(s.model, s.n_gpus, s.tokens_per_gpu, s.micro_batches, s.fsdp_version,  # type: ignore[arg-type]
+                     s.reference_policy, offload)
+
+
+def fsdp_as_learner_memory(s: LearnerSetup) -> LearnerMemory:
+    """The FSDP update's peak in the planners' LearnerMemory shape (terms of the peak moment)."""
+    f = setup_from(s)
+    b = fsdp_learner_memory(f)
+    flat = flat_numel(f) / f.n_gpus
+    return LearnerMemory(
+        terms={k: v for k, v in b.moments[b.peak_moment].items() if v},
+        phase=b.peak_moment,
+        phases={k: sum(v.values()) for k, v in b.moments.items()},
+        peak_allocated=b.peak_bytes,
+        peak_reserved=b.reserved_bytes,
+        non_torch=non_torch_bytes(f.n_gpus),
+        trainable_params=f.model.total_params,
+        # CPUOffloadPolicy: fp32 shards, gradients and Adam moments in host memory.
+        host_offload_bytes=16.0 * flat if f.offload == "cpu_policy" else 0.0,
+        # The reference policy's fp32 shards, CPU-offloaded by verl's worker (fsdp_workers.py:526). Derived.
+        reference_host_bytes=4.0 * flat if f.reference_policy else 0.0,
+    )
+
+
+def fsdp_margin(peak_reserved: float) -> float:
+    """Bytes kept free for the allocator: FIT's margin fraction, from the FSDP rows."""
+    return FIT["margin_fraction"] * peak_reserved

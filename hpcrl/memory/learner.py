@@ -59,6 +59,12 @@ class LearnerSetup:
     hpz_partition_size: int = 1
     # The weight sync after each step: "none" (not modelled), "whole_model" or "per_param".
     weight_sync: Literal["none", "whole_model", "per_param"] = "none"
+    # Which sharded learner: DeepSpeed ZeRO (this module) or FSDP as verl runs it
+    # (hpcrl/memory/fsdp_learner.py, which reads micro_batches and fsdp_version; the ZeRO fields
+    # above do not apply to it).
+    sharding: Literal["zero", "fsdp"] = "zero"
+    micro_batches: int = 2  # per optimizer step on one GPU
+    fsdp_version: Literal[1, 2] = 1
     zero: C.ZeroDefaults = field(default_factory=C.ZeroDefaults)
 
     def check(self) -> None:
@@ -100,6 +106,7 @@ class LearnerMemory:
     non_torch: float
     trainable_params: int
     host_offload_bytes: float
+    reference_host_bytes: float = 0.0  # a reference copy the framework always keeps in host RAM
 
     @property
     def device_total(self) -> float:
@@ -129,8 +136,17 @@ def parameter_term(s: LearnerSetup) -> str:
     return "parameters (bf16)"
 
 
+def non_torch_bytes(n_gpus: int) -> float:
+    """Outside PyTorch's allocator: the CUDA context, and NCCL buffers where ranks communicate."""
+    return (C.CUDA_CONTEXT_GIB + (C.NCCL_BUFFERS_GIB if n_gpus > 1 else 0.0)) * C.GIB
+
+
 def learner_memory(s: LearnerSetup) -> LearnerMemory:
     """Peak per-GPU memory of one learner for setup `s`."""
+    if s.sharding == "fsdp":
+        from hpcrl.memory.fsdp_learner import fsdp_as_learner_memory
+
+        return fsdp_as_learner_memory(s)
     s.check()
     m, n, t = s.model, s.n_gpus, s.tokens_per_gpu
     stage3 = s.zero_stage == 3
@@ -229,7 +245,7 @@ def learner_memory(s: LearnerSetup) -> LearnerMemory:
     peak_reserved = (
         peak_alloc * (1 + C.RESERVE_FRACTION) + C.RESERVE_FIXED_GIB * C.GIB + C.RESERVE_LOGITS * largest_logits
     )
-    non_torch = (C.CUDA_CONTEXT_GIB + (C.NCCL_BUFFERS_GIB if n > 1 else 0.0)) * C.GIB
+    non_torch = non_torch_bytes(n)
 
     host = 0.0
     if off_opt:

@@ -88,3 +88,14 @@ def test_verl_config_gives_the_actor_update_it_runs():
     # ppo_mini_batch_size 48 x rollout.n 8 / 2 GPUs = 192 sequences, 6 per micro-batch: 32;
     # use_kl_loss true in the config: a reference policy
     assert (s.micro_batches, s.fsdp_version, s.reference_policy, s.offload) == (32, 2, True, "none")
+
+
+def test_allocator_margin_covers_every_measured_reserved_peak():
+    """The verdict's margin (FIT margin_fraction, fitted on the training rows by benchmarks/fit_fsdp.py):
+    no measured row, held out or measured after the fit, reserved more than prediction + margin."""
+    from hpcrl.memory.fsdp_learner import fsdp_margin
+
+    over = [(r["model"], r["world"], r["seq"], r["fsdp"]) for r in rows()
+            if r["peak_reserved_gib"] * 2**30 > (b := fsdp_learner_memory(setup_of(r))).reserved_bytes
+            + fsdp_margin(b.reserved_bytes)]
+    assert not over

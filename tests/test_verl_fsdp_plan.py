@@ -1,0 +1,145 @@
+"""verl's learner is the FSDP model everywhere it is planned (issue 24): plan-memory with and without
+a config, plan's colocated layout search; verl refuses the ZeRO-only flags.
+
+Expected figures are the measured rows of benchmarks/results/fsdp_measured.jsonl (verl-faithful
+FSDP actor updates, benchmarks/fsdp_memory.py) or hand computations; nothing here runs a GPU.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hpcrl.errors import PlanError
+from hpcrl.planning import memory_question as mq
+from hpcrl.planning.run_plan import make_run_plan
+from hpcrl.profiles import resolve_profile
+
+REPO = Path(__file__).resolve().parents[1]
+ROWS = REPO / "benchmarks" / "results"
+VERL = "verl-grpo-qwen2.5-7b"
+NAMES = {"qwen2.5-0.5b": "Qwen/Qwen2.5-0.5B", "qwen2.5-1.5b": "Qwen/Qwen2.5-1.5B", "qwen2.5-7b": "Qwen/Qwen2.5-7B"}
+
+
+def hpcrl(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "hpcrl", *args], capture_output=True, text=True, timeout=120)
+
+
+def measured(model: str, world: int, seq: int, micro: int, fsdp: int) -> dict:
+    """The first ok row of this shape without reference or offload."""
+    for path in ("fsdp_measured.jsonl", "fsdp_post_fit.jsonl"):
+        for r in map(json.loads, (ROWS / path).read_text().splitlines()):
+            if (r.get("status"), r["model"], r["world"], r["seq"], r["micro_batches"], r["fsdp"], r["ref"],
+                    r["offload"]) == ("ok", model, world, seq, micro, fsdp, 0, "none"):
+                return r
+    raise AssertionError(f"no measured row {model} {world} {seq} {micro} {fsdp}")
+
+
+def plan_memory_json(*args: str) -> dict:
+    out = hpcrl("plan-memory", "--json", *args)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def test_seven_b_on_two_gpus_at_8k_peaks_at_the_optimizer_step_as_measured():
+    """The issue's must-show: the optimizer step is the peak; the matching measured row (7B, 2x H100,
+    8192 tokens, 2 micro-batches, FSDP1: verl's defaults) peaked at 70.99 GiB allocated."""
+    d = plan_memory_json("--backend", "verl", "--model", "Qwen/Qwen2.5-7B", "--learner-gpus", "2",
+                         "--tokens-per-gpu", "8192")
+    row = measured("qwen2.5-7b", 2, 8192, 2, 1)
+    assert d["learner"]["peak_phase"] == "optimizer step"
+    assert d["learner"]["peak_allocated_gib"] == pytest.approx(row["peak_alloc_gib"], rel=0.01)
+
+
+@pytest.mark.parametrize("model,world,seq,micro,fsdp", [
+    ("qwen2.5-0.5b", 1, 16384, 2, 2),  # held out of the fit
+    ("qwen2.5-1.5b", 1, 16384, 1, 2),  # held out: one micro-batch, the gradients freed before backward
+    ("qwen2.5-7b", 2, 4096, 1, 2),  # held out
+    ("qwen2.5-1.5b", 1, 4096, 1, 1),  # held out: FSDP1, one micro-batch
+])
+def test_micro_batches_and_fsdp_version_flags_give_the_measured_peak(model, world, seq, micro, fsdp):
+    d = plan_memory_json("--backend", "verl", "--model", NAMES[model], "--learner-gpus", str(world),
+                         "--tokens-per-gpu", str(seq), "--micro-batches", str(micro), "--fsdp-version", str(fsdp))
+    row = measured(model, world, seq, micro, fsdp)
+    assert (d["learner"]["micro_batches"], d["learner"]["fsdp_version"]) == (micro, fsdp)
+    assert d["learner"]["peak_allocated_gib"] == pytest.approx(row["peak_alloc_gib"], rel=0.01)
+
+
+def test_without_a_config_the_assumed_micro_batches_and_version_are_said():
+    d = plan_memory_json("--backend", "verl", "--model", "7b", "--learner-gpus", "2")
+    assert any(a.startswith("2 micro-batches per optimizer step on one GPU: ASSUMED") for a in d["assumptions"])
+    assert any(a.startswith("FSDP1 actor update") and "strategy fsdp" in a for a in d["assumptions"])
+
+
+@pytest.mark.parametrize("args", [
+    ["--backend", "verl", "--model", "7b", "--learner-gpus", "16"],
+    ["--config", VERL, "--learner-gpus", "16"],
+])
+def test_verl_never_gets_a_zero_plus_plus_copy(args):
+    """Issue 24 item 1: FSDP keeps no secondary weight copy, with or without a config."""
+    d = plan_memory_json(*args)
+    assert d["learner"]["sharding"] == "fsdp"
+    assert not any("ZeRO" in term for term in d["learner"]["breakdown"])
+
+
+# One answer: the plan's learner, and plan-memory without a config given that learner's settings.
+@pytest.mark.parametrize("cluster", ["isambard-ai", "berzelius", "berzelius:fat", "berzelius-hopper", "local-dev"])
+@pytest.mark.parametrize("nodes", [2, 4])
+def test_plan_memory_without_config_equals_the_plans_learner(cluster, nodes):
+    try:
+        lay = make_run_plan(VERL, nodes=nodes, cluster=cluster, allow_over_limit=True).layout
+    except PlanError:
+        pytest.skip(f"{VERL}: no layout on {nodes} {cluster} nodes")
+    s = lay.memory.learner_setup
+    given = mq.Overrides(model="Qwen/Qwen2.5-7B", tokens_per_gpu=s.tokens_per_gpu, ref_policy=s.reference_policy,
+                         micro_batches=s.micro_batches)
+    plan, _ = mq.answer(mq.from_defaults("verl", given), resolve_profile(cluster), learner_gpus=s.n_gpus)
+    mine, theirs = plan.learner, lay.memory.learner
+    assert (mine.peak_allocated, mine.peak_reserved, plan.margin) == (theirs.peak_allocated, theirs.peak_reserved,
+                                                                     lay.memory.margin)
+
+
+def test_the_three_commands_give_one_learner_figure():
+    """`plan`, `plan-memory --config` and `plan-memory --backend verl` with the plan's settings, on the CLI."""
+    out = hpcrl("plan", "--config", VERL, "--nodes", "2", "--json")
+    assert out.returncode == 0, out.stderr
+    first = json.loads(out.stdout)["layouts"][0]
+    gpus = str(first["learner_gpus"])
+    with_config = plan_memory_json("--config", VERL, "--learner-gpus", gpus)
+    ls = with_config["learner"]
+    bare = plan_memory_json("--backend", "verl", "--model", "Qwen/Qwen2.5-7B", "--learner-gpus", gpus,
+                            "--tokens-per-gpu", str(ls["tokens_per_gpu"]), "--micro-batches", str(ls["micro_batches"]),
+                            "--ref-policy")
+    assert first["learner_peak_gib"] == round(with_config["learner"]["device_total_gib"], 2) \
+        == round(bare["learner"]["device_total_gib"], 2)
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--backend", "verl", "--zpg", "8"], "--zpg 8 is not a verl setting: verl's actor is FSDP"),
+    (["--backend", "verl", "--zero-stage", "2"], "--zero-stage 2 is not a verl setting"),
+    (["--backend", "verl", "--grad-accum-dtype", "bf16"], "--grad-accum-dtype bf16 is not a verl setting"),
+    (["--backend", "verl", "--offload", "optimizer"], "--offload optimizer is not a verl setting"),
+    (["--backend", "verl", "--logprob-impl", "eager"], "--logprob-impl eager is not a verl setting"),
+    (["--config", VERL, "--zpg", "4"], "--zpg 4 is not a verl setting"),
+    (["--backend", "verl", "--offload", "params"], "CPUOffloadPolicy (offload params during the update) is FSDP2 only"),
+    (["--backend", "open-instruct", "--fsdp-version", "2"], "--fsdp-version 2 is not a open-instruct setting"),
+    (["--backend", "verl", "--micro-batches", "0"], "--micro-batches must be at least 1, got 0"),
+    (["--backend", "verl", "--fsdp-version", "3"], "--fsdp-version 3 is not known; valid: 1, 2"),
+])
+def test_settings_verl_does_not_have_are_refused(args, needle):
+    out = hpcrl("plan-memory", "--model", "7b", "--learner-gpus", "4", *args)
+    assert out.returncode == 2 and out.stdout == "", out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], out.stderr
+
+
+def test_offload_params_is_fsdp2s_cpu_offload_policy():
+    """FSDP2's CPUOffloadPolicy keeps shards, gradients and Adam on the host: the measured 1.5B row
+    (2x H200, 8192 tokens, 2 micro-batches) peaked at 10.09 GiB allocated."""
+    d = plan_memory_json("--backend", "verl", "--model", "Qwen/Qwen2.5-1.5B", "--learner-gpus", "2",
+                         "--tokens-per-gpu", "8192", "--fsdp-version", "2", "--offload", "params")
+    assert d["learner"]["peak_allocated_gib"] == pytest.approx(10.09, rel=0.01)

@@ -136,8 +136,8 @@ def fsdp_learner_memory(setup: FsdpSetup) -> FsdpBreakdown:
         "checkpointed hidden states": CHECKPOINT_BYTES_PER_TOKEN_HIDDEN * L * T * h,
         "gathered root unit (bf16)": gathered_root,
         "reference root unit (bf16)": ref_root,
-        "per-token working set": FIT["logits_per_token_hidden"] * T * h,
-        "fixed": FIT["logits_fixed_gib"] * GIB,
+        "per-token working set (fitted)": FIT["logits_per_token_hidden"] * T * h,
+        "fixed (fitted)": FIT["logits_fixed_gib"] * GIB,
     }
     grads_done = {
         "fp32 parameter shards": shards,
@@ -145,7 +145,7 @@ def fsdp_learner_memory(setup: FsdpSetup) -> FsdpBreakdown:
         "gradients": grads,
         "root unit params, grads and fp32 reduce copy": (8.0 if n > 1 else 4.0) * root,
         "reference root unit (bf16)": ref_root,
-        "fixed": FIT["grads_done_fixed_gib"] * GIB,
+        "fixed (fitted)": FIT["grads_done_fixed_gib"] * GIB,
     }
     step = {
         "fp32 parameter shards": shards,
@@ -153,7 +153,7 @@ def fsdp_learner_memory(setup: FsdpSetup) -> FsdpBreakdown:
         "gradients": grads,
         "foreach AdamW temporary": 4.0 * flat if on_gpu else 0.0,
         "reference root unit (bf16)": ref_root,
-        "fixed": FIT["step_fixed_gib"] * GIB,
+        "fixed (fitted)": FIT["step_fixed_gib"] * GIB,
     }
     moments = {"logits": logits, "backward end": grads_done, "optimizer step": step}
     totals = {k: sum(v.values()) for k, v in moments.items()}

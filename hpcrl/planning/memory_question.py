@@ -195,7 +195,8 @@ def _fsdp_assumptions(facts: MemoryFacts, w: Workload, cfg: RunConfig | None, gi
     else:
         version = facts.fsdp_version_origin
     if given.micro_batches is not None:
-        micro = f"{given.micro_batches} micro-batches per optimizer step on one GPU: --micro-batches on the command line"
+        many = "micro-batch" if given.micro_batches == 1 else "micro-batches"
+        micro = f"{given.micro_batches} {many} per optimizer step on one GPU: --micro-batches on the command line"
     elif cfg is not None:
         micro = f"micro-batches per optimizer step on one GPU as the plan sets them: {facts.micro_batches_origin}"
     else:

@@ -292,12 +292,12 @@ run_directory() {
       "breakdown": {
         "Adam moments (fp32)": 3.546,
         "checkpointed hidden states": 7.656,
-        "fixed": 0.065,
+        "fixed (fitted)": 0.065,
         "fp32 parameter shards": 1.773,
         "gathered root unit (bf16)": 2.03,
         "gradients of earlier micro-batches": 1.773,
         "log-prob path (8 B x T x V)": 46.406,
-        "per-token working set": 1.135,
+        "per-token working set (fitted)": 1.135,
         "reference root unit (bf16)": 2.03
       },
       "deepspeed_estimate_gib": 10.009,

@@ -28,11 +28,11 @@ parameters, N the ranks, T the packed tokens of one micro-batch, V the vocabular
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from hpcrl.errors import HpcrlError
 from hpcrl.memory.constants import GIB
-from hpcrl.memory.learner import LearnerMemory, LearnerSetup, non_torch_bytes
+from hpcrl.memory.learner_result import LearnerMemory, non_torch_bytes
 from hpcrl.models.spec import ModelSpec
 
 FsdpOffload = Literal["none", "param_optimizer", "cpu_policy"]
@@ -168,8 +168,9 @@ def fsdp_learner_memory(setup: FsdpSetup) -> FsdpBreakdown:
     return FsdpBreakdown(moments=moments, peak_moment=peak_moment, peak_bytes=peak, reserved_bytes=reserved)
 
 
-def setup_from(s: LearnerSetup) -> FsdpSetup:
-    """The FSDP update a planner's LearnerSetup describes (sharding "fsdp")."""
+def setup_from(s: Any) -> FsdpSetup:
+    """The FSDP update a planner's LearnerSetup describes (sharding "fsdp"; hpcrl.memory.learner imports
+    this module, so the setup is read by attribute)."""
     if s.lora_rank or s.load_in_4bit:
         raise HpcrlError("LoRA / 4-bit under FSDP: hpcrl's FSDP model has no measured rows for adapters yet "
                          "(benchmarks/results/fsdp_measured.jsonl); plan full fine-tuning")
@@ -183,7 +184,7 @@ def setup_from(s: LearnerSetup) -> FsdpSetup:
                      s.reference_policy, offload)
 
 
-def fsdp_as_learner_memory(s: LearnerSetup) -> LearnerMemory:
+def fsdp_as_learner_memory(s: Any) -> LearnerMemory:
     """The FSDP update's peak in the planners' LearnerMemory shape (terms of the peak moment)."""
     f = setup_from(s)
     b = fsdp_learner_memory(f)

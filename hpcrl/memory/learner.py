@@ -25,6 +25,7 @@ from typing import Literal
 
 from hpcrl.errors import HpcrlError
 from hpcrl.memory import constants as C
+from hpcrl.memory.learner_result import LearnerMemory, non_torch_bytes
 from hpcrl.models.spec import ALL_LINEAR, MLP_MODULES, ModelSpec
 
 Offload = Literal["none", "optimizer", "params"]
@@ -94,26 +95,6 @@ def sync_modes(weight_sync: str) -> list[str]:
     return ["whole_model", "per_param"] if weight_sync == "auto" else [weight_sync]
 
 
-@dataclass(frozen=True)
-class LearnerMemory:
-    """Result: the terms of the peak (bytes) and which moment of the step it is."""
-
-    terms: dict[str, float]
-    phase: str
-    phases: dict[str, float]  # allocated bytes at each moment of the step; the largest is the peak
-    peak_allocated: float
-    peak_reserved: float
-    non_torch: float
-    trainable_params: int
-    host_offload_bytes: float
-    reference_host_bytes: float = 0.0  # a reference copy the framework always keeps in host RAM
-
-    @property
-    def device_total(self) -> float:
-        """What nvidia-smi would show: reserved plus CUDA context and NCCL buffers."""
-        return self.peak_reserved + self.non_torch
-
-
 def _weights_bytes(s: LearnerSetup) -> float:
     """Bytes of the (frozen or trained) base weights, unsharded."""
     m = s.model
@@ -134,11 +115,6 @@ def parameter_term(s: LearnerSetup) -> str:
     if s.load_in_4bit:
         return "parameters (4-bit NF4 base linears, bf16 rest" + (" and adapters)" if s.lora_rank else ")")
     return "parameters (bf16)"
-
-
-def non_torch_bytes(n_gpus: int) -> float:
-    """Outside PyTorch's allocator: the CUDA context, and NCCL buffers where ranks communicate."""
-    return (C.CUDA_CONTEXT_GIB + (C.NCCL_BUFFERS_GIB if n_gpus > 1 else 0.0)) * C.GIB
 
 
 def learner_memory(s: LearnerSetup) -> LearnerMemory:

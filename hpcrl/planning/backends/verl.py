@@ -32,7 +32,7 @@ from hpcrl.errors import ConfigError, HpcrlError, PlanError, UnknownNameError
 from hpcrl.memory.colocated import Colocation
 from hpcrl.memory.fsdp_learner import FsdpSetup
 from hpcrl.models import resolve_model
-from hpcrl.planning.backends.facts import MemoryDefault, MemoryFacts
+from hpcrl.planning.backends.verl_memory import memory_facts
 from hpcrl.planning.backends.flagdata import load_table
 from hpcrl.planning.backends.log_facts import CommandFacts, CpuAsk, DiagnoseFacts, SmokeFacts
 from hpcrl.planning.backends.verl_disk import DISK
@@ -159,30 +159,7 @@ class VerlBackend(Backend):
     checkpoint_marker = "checkpoints/latest_checkpointed_iteration.txt"
     list_order = 1
     disk = DISK
-    # FSDP reduces gradients in fp32 (mixed_precision reduce_dtype) and frees them after the step.
-    memory = MemoryFacts(
-        defaults=(MemoryDefault("grad_accum_dtype", None, ("fsdp", "mixed_precision")),
-                  MemoryDefault("load_ref_policy", "actor_rollout_ref.actor.use_kl_loss", ("features", "ref_policy")),
-                  MemoryDefault("gradient_checkpointing", "actor_rollout_ref.model.enable_gradient_checkpointing",
-                                ("features", "gradient_checkpointing")),
-                  MemoryDefault("util", "actor_rollout_ref.rollout.gpu_memory_utilization",
-                                ("vllm", "gpu_memory_utilization"))),
-        colocated=True, grads_resident=False, grad_dtype_origin="FSDP mixed precision", grad_dtype="fp32",
-        sharding="fsdp", fsdp_version=1,
-        fsdp_version_origin=f"verl's default {A}strategy fsdp (its FSDPActorConfig, {flag_table})",
-        fsdp_version_key=A + "strategy",
-        micro_batches_origin=f"{A}ppo_mini_batch_size x {R}n / GPUs / {MICRO_KEY} (dp_actor.py:551-559 at b178a3cd)",
-        refused_flags={
-            "--zpg": "verl's actor is FSDP, which keeps no ZeRO++ secondary weight copy",
-            "--zero-stage": "verl's actor is FSDP (FULL_SHARD), not DeepSpeed ZeRO; say --fsdp-version 1|2",
-            "--grad-accum-dtype": "verl's FSDP reduces gradients in fp32 (MixedPrecision reduce_dtype, "
-                                  "fsdp_workers.py:496 at b178a3cd)",
-            "--logprob-impl": "verl's log-prob path is its own (in-place temperature divide and cross-entropy, "
-                              "dp_actor.py:258-269 at b178a3cd), which hpcrl models",
-            "--offload optimizer": "verl's FSDP has no optimizer-only offload during the update (its "
-                                   "param/optimizer offload moves state between phases); FSDP2's "
-                                   "CPUOffloadPolicy is --offload params --fsdp-version 2",
-        })
+    memory = memory_facts(A, R, MICRO_KEY, flag_table)
     value_ranges = {
         A + "optim.lr": (positive, "a positive learning rate"),
         T + "total_epochs": (positive, "a positive number of epochs"),

@@ -143,3 +143,20 @@ def test_offload_params_is_fsdp2s_cpu_offload_policy():
     d = plan_memory_json("--backend", "verl", "--model", "Qwen/Qwen2.5-1.5B", "--learner-gpus", "2",
                          "--tokens-per-gpu", "8192", "--fsdp-version", "2", "--offload", "params")
     assert d["learner"]["peak_allocated_gib"] == pytest.approx(10.09, rel=0.01)
+
+
+def test_diagnose_replans_with_the_runs_micro_batches_per_step():
+    """Seed 004's OOM after verl's command line, with FSDP2 and a smaller mini-batch: mini x rollout.n 4 /
+    4 GPUs over micro 32 is 2 micro-batches at 64 (the first one's fp32 gradients, 4 P/N, alive at the
+    logits) and 1 at 32 (zero_grad freed them: dp_actor.py:560). The training figure differs by 4 P/N."""
+    from hpcrl.logs.diagnose import diagnose
+    from hpcrl.logs.diagnose_context import Context
+    from hpcrl.profiles import load_profile
+
+    log = (REPO / "tests" / "data" / "logs" / "verl_cuda_oom.log").read_text()
+
+    def training(m: int) -> float:
+        text = log.replace("ppo_mini_batch_size=256", f"ppo_mini_batch_size={m} actor_rollout_ref.actor.strategy=fsdp2", 1)
+        return diagnose(text, Context(load_profile("berzelius:fat"), {})).findings[0].details["predicted_training_gib"]
+    # Qwen2.5-7B: 7,615,616,512 parameters over 4 GPUs, 4 bytes each
+    assert training(64) - training(32) == pytest.approx(4 * 7_615_616_512 / 4 / 2**30, abs=0.02)

@@ -14,10 +14,6 @@ from pathlib import Path
 
 import pytest
 
-from hpcrl.errors import PlanError
-from hpcrl.planning import memory_question as mq
-from hpcrl.planning.run_plan import make_run_plan
-from hpcrl.profiles import resolve_profile
 
 REPO = Path(__file__).resolve().parents[1]
 ROWS = REPO / "benchmarks" / "results"
@@ -84,38 +80,6 @@ def test_verl_never_gets_a_zero_plus_plus_copy(args):
     d = plan_memory_json(*args)
     assert d["learner"]["sharding"] == "fsdp"
     assert not any("ZeRO" in term for term in d["learner"]["breakdown"])
-
-
-# One answer: the plan's learner, and plan-memory without a config given that learner's settings.
-@pytest.mark.parametrize("cluster", ["isambard-ai", "berzelius", "berzelius:fat", "berzelius-hopper", "local-dev"])
-@pytest.mark.parametrize("nodes", [2, 4])
-def test_plan_memory_without_config_equals_the_plans_learner(cluster, nodes):
-    try:
-        lay = make_run_plan(VERL, nodes=nodes, cluster=cluster, allow_over_limit=True).layout
-    except PlanError:
-        pytest.skip(f"{VERL}: no layout on {nodes} {cluster} nodes")
-    s = lay.memory.learner_setup
-    given = mq.Overrides(model="Qwen/Qwen2.5-7B", tokens_per_gpu=s.tokens_per_gpu, ref_policy=s.reference_policy,
-                         micro_batches=s.micro_batches)
-    plan, _ = mq.answer(mq.from_defaults("verl", given), resolve_profile(cluster), learner_gpus=s.n_gpus)
-    mine, theirs = plan.learner, lay.memory.learner
-    assert (mine.peak_allocated, mine.peak_reserved, plan.margin) == (theirs.peak_allocated, theirs.peak_reserved,
-                                                                     lay.memory.margin)
-
-
-def test_the_three_commands_give_one_learner_figure():
-    """`plan`, `plan-memory --config` and `plan-memory --backend verl` with the plan's settings, on the CLI."""
-    out = hpcrl("plan", "--config", VERL, "--nodes", "2", "--json")
-    assert out.returncode == 0, out.stderr
-    first = json.loads(out.stdout)["layouts"][0]
-    gpus = str(first["learner_gpus"])
-    with_config = plan_memory_json("--config", VERL, "--learner-gpus", gpus)
-    ls = with_config["learner"]
-    bare = plan_memory_json("--backend", "verl", "--model", "Qwen/Qwen2.5-7B", "--learner-gpus", gpus,
-                            "--tokens-per-gpu", str(ls["tokens_per_gpu"]), "--micro-batches", str(ls["micro_batches"]),
-                            "--ref-policy")
-    assert first["learner_peak_gib"] == round(with_config["learner"]["device_total_gib"], 2) \
-        == round(bare["learner"]["device_total_gib"], 2)
 
 
 @pytest.mark.parametrize("args,needle", [

@@ -1,5 +1,7 @@
-"""Peak allocated of `hpcrl plan-memory --backend verl` (today's ZeRO-based answer) and of
-hpcrl/memory/fsdp_learner.py against the measured verl FSDP rows.
+"""Peak allocated of the old ZeRO-formula answer for verl (what `plan-memory --backend verl` gave before
+issue 24: hpcrl/memory/learner.py with fp32 gradients, the in-place temperature divide, the compiled
+log-prob path and the no-config ZeRO++ copy of zpg 8) and of today's `hpcrl plan-memory --backend
+verl` (the FSDP model, with the row's --micro-batches and --fsdp-version) against the measured rows.
 
     PYTHONPATH=. python benchmarks/compare_fsdp_planner.py
 """
@@ -12,7 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from hpcrl.memory import fsdp_learner as F
+from hpcrl.memory.constants import GIB
+from hpcrl.memory.learner import LearnerSetup, learner_memory
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -22,15 +25,22 @@ HF = {"qwen2.5-0.5b": "Qwen/Qwen2.5-0.5B", "qwen2.5-1.5b": "Qwen/Qwen2.5-1.5B", 
       "qwen2.5-7b": "Qwen/Qwen2.5-7B"}  # fmt: skip
 
 
-def planner_peak(row: dict, cache: dict) -> float:
-    key = (row["model"], row["world"], row["seq"], row["ref"])
-    if key not in cache:
-        cmd = [sys.executable, "-m", "hpcrl", "plan-memory", "--backend", "verl", "--model", HF[row["model"]],
-               "--learner-gpus", str(row["world"]), "--tokens-per-gpu", str(row["seq"]),
-               "--ref-policy" if row["ref"] else "--no-ref-policy", "--json"]  # fmt: skip
-        out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
-        cache[key] = json.loads(out)["learner"]["peak_allocated_gib"]
-    return cache[key]
+def zero_formula_peak(row: dict) -> float:
+    """The ZeRO-3 formula as the no-config verl path built it before issue 24 (derived, for comparison)."""
+    s = setup_of(row)
+    old = LearnerSetup(s.model, s.n_gpus, s.tokens_per_gpu, zero_stage=3, logprob_impl="compiled",
+                       grad_accum_dtype="fp32", logits_copy=False, reference_policy=s.reference_policy,
+                       hpz_partition_size=8)
+    return learner_memory(old).peak_allocated / GIB
+
+
+def planner_peak(row: dict) -> float:
+    cmd = [sys.executable, "-m", "hpcrl", "plan-memory", "--backend", "verl", "--model", HF[row["model"]],
+           "--learner-gpus", str(row["world"]), "--tokens-per-gpu", str(row["seq"]),
+           "--micro-batches", str(row["micro_batches"]), "--fsdp-version", str(row["fsdp"]),
+           "--ref-policy" if row["ref"] else "--no-ref-policy", "--json"]  # fmt: skip
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    return json.loads(out)["learner"]["peak_allocated_gib"]
 
 
 def main() -> None:
@@ -38,19 +48,18 @@ def main() -> None:
     for name in ("fsdp_measured.jsonl", "fsdp_post_fit.jsonl"):
         rows += [r for r in map(json.loads, (HERE / "results" / name).read_text().splitlines())
                  if r.get("status") == "ok" and r["offload"] == "none"]  # fmt: skip
-    cache: dict = {}
     old, new = [], []
-    print("| model | N | T | K | FSDP | ref | measured | plan-memory --backend verl | err | fsdp_learner | err |")
+    print("| model | N | T | K | FSDP | ref | measured | old ZeRO formula | err | plan-memory --backend verl | err | GPU |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        p_old = planner_peak(r, cache)
-        p_new = F.fsdp_learner_memory(setup_of(r)).peak_gib
+        p_old = zero_formula_peak(r)
+        p_new = planner_peak(r)
         m = r["peak_alloc_gib"]
         old.append(p_old / m - 1)
         new.append(p_new / m - 1)
         print(f"| {r['model']} | {r['world']} | {r['seq']} | {r['micro_batches']} | {r['fsdp']} | {r['ref']} | "
-              f"{m:.2f} | {p_old:.2f} | {old[-1]:+.1%} | {p_new:.2f} | {new[-1]:+.2%} |")  # fmt: skip
-    for label, e in (("plan-memory --backend verl", old), ("fsdp_learner", new)):
+              f"{m:.2f} | {p_old:.2f} | {old[-1]:+.1%} | {p_new:.2f} | {new[-1]:+.2%} | {r['gpu']} |")  # fmt: skip
+    for label, e in (("old ZeRO formula", old), ("plan-memory --backend verl", new)):
         a = [abs(x) for x in e]
         print(f"{label}: median |err| {statistics.median(a):.1%}, max {max(a):.1%} over {len(a)} rows")
 

@@ -8,6 +8,8 @@ out and never used by the fit. The fit uses only the training rows:
   a + b * T * h over rows where that moment is the larger of the two backward moments;
 * end of backward, optimizer step: median residual of the rows where that moment is the peak of
   its phase;
+* margin_fraction (the verdict's allocator margin): the largest measured / predicted - 1 of peak
+  reserved over the training rows, rounded up to a percent;
 * reserved: peak reserved minus the model's basis (its peak, or for FSDP1 with one micro-batch the
   logits moment plus the gradients), least squares on a + b * T * V, per FSDP version.
 Prints the constants, the per-row table and the errors (peak allocated and reserved) on the
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 from pathlib import Path
 
@@ -73,12 +76,16 @@ def fit(train: list[dict]) -> dict:
         ra, rb = lstsq(rx[v], ry[v])
         out[f"reserved_fixed_gib_fsdp{v}"] = round(ra / GIB, 2)
         out[f"reserved_per_logits_element_fsdp{v}"] = round(rb, 2)
-    return out | {
+    out |= {
         "logits_fixed_gib": round(a / GIB, 3),
         "logits_per_token_hidden": round(b, 1),
         "grads_done_fixed_gib": round(statistics.median(gres) / GIB, 3) if gres else 0.0,
         "step_fixed_gib": round(statistics.median(sres) / GIB, 3),
     }
+    # The verdict's allocator margin: the largest under-prediction of reserved on these rows, rounded up.
+    F.FIT.update(out)
+    worst = max(r["peak_reserved_gib"] * GIB / F.fsdp_learner_memory(setup_of(r)).reserved_bytes - 1 for r in train)
+    return out | {"margin_fraction": math.ceil(worst * 100) / 100}
 
 
 def errors(rows: list[dict], label: str) -> None:
@@ -94,8 +101,11 @@ def errors(rows: list[dict], label: str) -> None:
         print(f"| {r['model']} | {r['world']} | {r['seq']} | {r['micro_batches']} | {r['fsdp']} | {r['ref']} | "
               f"{r['offload']} | {r['peak_alloc_gib']:.2f} | {b.peak_gib:.2f} | {e:+.2%} | {b.peak_moment} | "
               f"{r['peak_reserved_gib']:.2f} | {b.reserved_gib:.2f} | {er:+.1%} | {r['gpu']} |")  # fmt: skip
+    under = sum(r["peak_reserved_gib"] > F.fsdp_learner_memory(setup_of(r)).reserved_gib * (1 + F.FIT["margin_fraction"])
+                for r in rows)
     print(f"peak allocated: median |err| {statistics.median(pe):.2%}, max {max(pe):.2%}; "
-          f"reserved: median {statistics.median(re_):.1%}, max {max(re_):.1%}")  # fmt: skip
+          f"reserved: median {statistics.median(re_):.1%}, max {max(re_):.1%}; "
+          f"rows whose reserved exceeds prediction + margin: {under}")  # fmt: skip
 
 
 def main() -> None:

@@ -250,15 +250,19 @@ def test_colocated_plan_memory_equals_hand_computed_terms():
     p, n = 7_615_616_512, 16  # Qwen2.5-7B parameters (config.json shapes), GPUs
     gpu = yaml.safe_load((REPO / "clusters" / "isambard-ai.yaml").read_text())["gpu"]["memory_gib"] * GIB
     learner = d["learner"]["breakdown"]
-    # The learner's sharded states (ZeRO-3 over all 16 GPUs; verl's FSDP reduces gradients in fp32).
-    expect = {"parameters (bf16)": 2 * p / n, "fp32 master weights": 4 * p / n, "Adam moments (fp32)": 8 * p / n,
-              "gradients": 4 * p / n}
+    # verl's FSDP1 actor over all 16 GPUs (hpcrl/memory/fsdp_learner.py), peak at the logits moment with
+    # the assumed 2 micro-batches: fp32 flat shards, Adam, the first micro-batch's fp32 gradients,
+    # 8 B per T x V logits element, the root unit (embedding + lm_head, 152,064 x 3,584 each) gathered in bf16.
+    v, h, t = 152_064, 3_584, 8_192
+    expect = {"fp32 parameter shards": 4 * p / n, "Adam moments (fp32)": 8 * p / n,
+              "gradients of earlier micro-batches": 4 * p / n, "log-prob path (8 B x T x V)": 8 * t * v,
+              "gathered root unit (bf16)": 2 * 2 * v * h}
     for term, value in expect.items():
         assert learner[term] == pytest.approx(value / GIB, abs=0.002), term
     c = d["colocated"]
-    # Rollout: the training side's parameters and optimizer stay (verl frees gradients), its CUDA
+    # Rollout: the training side's fp32 shards and optimizer stay (verl frees gradients), its CUDA
     # context (0.6 GiB) and NCCL buffers (0.4 GiB), and vLLM's 0.6 x GPU.
-    rollout = {"training parameters": 6 * p / n, "optimizer state": 8 * p / n, "gradients": 0.0,
+    rollout = {"training parameters": 4 * p / n, "optimizer state": 8 * p / n, "gradients": 0.0,
                "reference policy": 0.0, "learner CUDA context + NCCL": 1.0 * GIB,
                "vLLM (gpu_memory_utilization x GPU)": 0.6 * gpu}
     for term, value in rollout.items():

@@ -119,3 +119,45 @@ def test_plan_memory_refuses_what_the_run_cannot_do(args, needle):
     assert out.returncode == 2 and out.stdout == "", out.stderr
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0], out.stderr
+
+
+# verl (issue 24): its FSDP learner gives one answer without a config too.
+VERL_CONFIG = "verl-grpo-qwen2.5-7b"
+
+
+def _plan_memory_json(*args: str) -> dict:
+    out = hpcrl("plan-memory", "--json", *args)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+# One answer: the plan's learner, and plan-memory without a config given that learner's settings.
+@pytest.mark.parametrize("cluster", CLUSTERS)
+@pytest.mark.parametrize("nodes", [2, 4])
+def test_verl_plan_memory_without_config_equals_the_plans_learner(cluster, nodes):
+    try:
+        lay = make_run_plan(VERL_CONFIG, nodes=nodes, cluster=cluster, allow_over_limit=True).layout
+    except PlanError:
+        pytest.skip(f"{VERL_CONFIG}: no layout on {nodes} {cluster} nodes")
+    s = lay.memory.learner_setup
+    given = mq.Overrides(model="Qwen/Qwen2.5-7B", tokens_per_gpu=s.tokens_per_gpu, ref_policy=s.reference_policy,
+                         micro_batches=s.micro_batches)
+    plan, _ = mq.answer(mq.from_defaults("verl", given), resolve_profile(cluster), learner_gpus=s.n_gpus)
+    mine, theirs = plan.learner, lay.memory.learner
+    assert (mine.peak_allocated, mine.peak_reserved, plan.margin) == (theirs.peak_allocated, theirs.peak_reserved,
+                                                                     lay.memory.margin)
+
+
+def test_verl_three_commands_give_one_learner_figure():
+    """`plan`, `plan-memory --config` and `plan-memory --backend verl` with the plan's settings, on the CLI."""
+    out = hpcrl("plan", "--config", VERL_CONFIG, "--nodes", "2", "--json")
+    assert out.returncode == 0, out.stderr
+    first = json.loads(out.stdout)["layouts"][0]
+    gpus = str(first["learner_gpus"])
+    with_config = _plan_memory_json("--config", VERL_CONFIG, "--learner-gpus", gpus)
+    ls = with_config["learner"]
+    bare = _plan_memory_json("--backend", "verl", "--model", "Qwen/Qwen2.5-7B", "--learner-gpus", gpus,
+                            "--tokens-per-gpu", str(ls["tokens_per_gpu"]), "--micro-batches", str(ls["micro_batches"]),
+                            "--ref-policy")
+    assert first["learner_peak_gib"] == round(with_config["learner"]["device_total_gib"], 2) \
+        == round(bare["learner"]["device_total_gib"], 2)

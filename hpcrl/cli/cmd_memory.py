@@ -60,7 +60,9 @@ def plan_memory_cmd(
     ref_policy: Optional[bool] = typer.Option(None, "--ref-policy/--no-ref-policy", help="A frozen reference copy on each learner (default: the framework's, or the config's)"),
     zpg: Optional[int] = typer.Option(None, "--zpg", help="ZeRO++ secondary partition size (default: the framework's; 1 is off)"),
     offload: Optional[OffloadChoice] = typer.Option(None, "--offload", help="ZeRO offload: none, optimizer, params"),
-    zero_stage: int = typer.Option(3, "--zero-stage", help="0, 2 or 3"),
+    zero_stage: Optional[int] = typer.Option(None, "--zero-stage", help="0, 2 or 3 (DeepSpeed learners; default 3)"),
+    micro_batches: Optional[int] = typer.Option(None, "--micro-batches", help="FSDP learners: micro-batches per optimizer step on one GPU (default: the config's mini-batch / micro-batch ratio, else 2)"),
+    fsdp_version: Optional[int] = typer.Option(None, "--fsdp-version", help="FSDP learners: 1 or 2, the framework's fsdp / fsdp2 strategy (default: the config's, else the framework's)"),
     lora_rank: Optional[int] = typer.Option(None, "--lora-rank", help="LoRA rank (0: full fine-tuning), where the framework applies LoRA"),
     load_in_4bit: Optional[bool] = typer.Option(None, "--load-in-4bit", help="4-bit base weights (QLoRA), where the framework loads them"),
     logprob_impl: Optional[LogprobChoice] = typer.Option(None, "--logprob-impl", help="Default: the backend's (docs/backends.md)"),
@@ -98,7 +100,8 @@ def plan_memory_cmd(
         offload=offload.value if offload else None, lora_rank=lora_rank, load_in_4bit=load_in_4bit,
         logprob_impl=logprob_impl.value if logprob_impl else None,
         grad_accum_dtype=grad_dtype.value if grad_dtype else None, gradient_checkpointing=False if no_gc else None,
-        util=vllm_util, weight_sync=weight_sync.value.replace("-", "_") if weight_sync else None)
+        util=vllm_util, weight_sync=weight_sync.value.replace("-", "_") if weight_sync else None,
+        micro_batches=micro_batches, fsdp_version=fsdp_version, zero_stage=zero_stage)
     if config:
         from hpcrl.planning.config import load_run_config
 
@@ -137,7 +140,7 @@ def plan_memory_cmd(
         ("vLLM", "vllm_version", vllm_version), ("max_num_seqs", "max_num_seqs", vllm_max_num_seqs),
         ("max_num_batched_tokens", "max_num_batched_tokens", vllm_max_num_batched_tokens)) if given is None]
     engine_assumption = [f"{', '.join(assumed)}: {engine_facts['source']}"] if assumed else []
-    plan, notes = mq.answer(question, profile, learner_gpus=learner_gpus, zero_stage=zero_stage, vllm_tp=vllm_tp,
+    plan, notes = mq.answer(question, profile, learner_gpus=learner_gpus, zero_stage=zero_stage or 3, vllm_tp=vllm_tp,
                             max_seq_len=max_seq_len, colocation=colocation, engine_options=engine_options)
     if not plan.engine.fits:
         raise HpcrlError(f"the vLLM engine does not fit (TP={plan.engine_setup.tp}, vLLM "
@@ -169,8 +172,13 @@ def _print_plan(d: dict) -> None:
         console.print(f"  assumes: {line}", soft_wrap=True)
     for note in d["notes"]:
         console.print(f"  note: {note}", soft_wrap=True)
-    t = table(f"Learner GPU: ZeRO-{lr['zero_stage']} over {lr['gpus']} GPUs, {lr['tokens_per_gpu']} tokens, "
-              f"log-prob {lr['logprob_impl']}, peak at {lr['peak_phase']}")
+    fsdp = lr.get("sharding") == "fsdp"
+    if fsdp:
+        t = table(f"Learner GPU: FSDP{lr['fsdp_version']} over {lr['gpus']} GPUs, {lr['tokens_per_gpu']} tokens per "
+                  f"micro-batch, {lr['micro_batches']} micro-batch(es) per step, peak at {lr['peak_phase']}")
+    else:
+        t = table(f"Learner GPU: ZeRO-{lr['zero_stage']} over {lr['gpus']} GPUs, {lr['tokens_per_gpu']} tokens, "
+                  f"log-prob {lr['logprob_impl']}, peak at {lr['peak_phase']}")
     t.add_column("term")
     t.add_column("GiB", justify="right")
     for term, gib in lr["breakdown"].items():
@@ -179,8 +187,10 @@ def _print_plan(d: dict) -> None:
     t.add_row("peak reserved (allocator)", f"{lr['peak_reserved_gib']:.2f}")
     t.add_row("CUDA context + NCCL", f"{lr['non_torch_gib']:.2f}")
     t.add_row("[bold]on the GPU[/]", f"[bold]{lr['device_total_gib']:.2f}[/] / {gpu['usable_gib']:.1f}")
-    t.add_row("allocator margin kept free (measured spread)", f"{lr['allocator_margin_gib']:.2f}")
-    t.add_row("DeepSpeed's own estimate", f"{lr['deepspeed_estimate_gib']:.2f}")
+    t.add_row("allocator margin kept free (measured spread" + (", FSDP rows)" if fsdp else ")"),
+              f"{lr['allocator_margin_gib']:.2f}")
+    if not fsdp:
+        t.add_row("DeepSpeed's own estimate", f"{lr['deepspeed_estimate_gib']:.2f}")
     console.print(t)
     e = table(f"Engine GPU: vLLM {en['vllm_version']} TP={en['tp']}, gpu_memory_utilization="
               f"{en['gpu_memory_utilization']}, max_num_seqs {en['max_num_seqs']}, "

@@ -109,7 +109,8 @@ def colocated_fixes(ctx: Context, capacity_gib: float) -> tuple[list[str], dict]
     micro, po, oo = ctx.arg("micro"), bool(ctx.arg("param_offload")), bool(ctx.arg("offload"))
     prof = ctx.profile.model_copy(update={"gpu": ctx.profile.gpu.model_copy(
         update={"count_per_node": gpus, "memory_gib": capacity_gib})})
-    wm = replace(w, pack_length=int(micro) * w.seq_len) if micro else w
+    # The backend's reading of the micro-batch: its tokens and, for an FSDP learner, the micro-batches per step.
+    wm = backend.learner_workload(cfg, w, nodes * gpus, int(micro) if micro else 0)
     now = colocated_memory(prof, nodes, wm, tp, util, backend.colocation(cfg, po, oo))
     details = {"capacity_gib": round(capacity_gib, 2), "predicted_training_gib": round(now.training_total / GIB, 2),
                "predicted_rollout_gib": round(now.rollout_total / GIB, 2), "gpus_per_node": gpus, "nodes": nodes}

@@ -43,7 +43,9 @@ def plot_memory(plan: dict, path: Path) -> None:
                 ax.text(x, bottom + gib / 2, f"{name} {gib:.1f}", ha="center", va="center", fontsize=7)
             bottom += gib
     ax.axhline(plan["gpu"]["usable_gib"], color="red", linestyle="--", label=f"{plan['gpu']['name']} usable")
-    ax.set_xticks([0, 1], [f"learner ({plan['learner']['gpus']} GPUs, ZeRO-{plan['learner']['zero_stage']})",
+    lr = plan["learner"]
+    sharding = f"FSDP{lr['fsdp_version']}" if lr.get("sharding") == "fsdp" else f"ZeRO-{lr['zero_stage']}"
+    ax.set_xticks([0, 1], [f"learner ({lr['gpus']} GPUs, {sharding})",
                            f"engine (vLLM TP={e['tp']})"])
     ax.set_ylabel("GiB per GPU")
     ax.set_title(plan["model"]["name"])

@@ -32,10 +32,13 @@ from hpcrl.memory.plan import LEARNER_HEADROOM, MemoryPlan, allocator_margin
 from hpcrl.profiles import ClusterProfile
 
 # learner_memory's term names, grouped by what a framework can move off the GPU between phases.
-PARAMETER_TERMS = ("parameters (bf16)", "fp32 master weights")
+PARAMETER_TERMS = ("parameters (bf16)", "fp32 master weights", "fp32 parameter shards")
 OPTIMIZER_TERMS = ("Adam moments (fp32)",)
 GRADIENT_TERMS = ("gradients",)
 REFERENCE_TERMS = ("reference policy (bf16)",)
+# FSDP1's reference keeps its gathered root unit on the GPU despite CPU offload (measured in the
+# update, fsdp_learner.py); assumed to stay there through the rollout as well (derived).
+KEPT_TERMS = ("reference root unit (bf16)",)
 
 
 @dataclass(frozen=True)
@@ -158,6 +161,7 @@ def plan_colocated(profile: ClusterProfile, learner: LearnerSetup, engine: Engin
         "optimizer state": 0.0 if colocation.optimizer_offload else _sum(t, OPTIMIZER_TERMS),
         "gradients": _sum(t, GRADIENT_TERMS) if colocation.grads_resident else 0.0,
         "reference policy": 0.0 if colocation.reference_offload else _sum(t, REFERENCE_TERMS),
+        **({"reference root unit kept gathered (derived)": _sum(t, KEPT_TERMS)} if _sum(t, KEPT_TERMS) else {}),
         "learner CUDA context + NCCL": lm.non_torch,
         "vLLM (gpu_memory_utilization x GPU)": em.budget,
     }
@@ -170,6 +174,7 @@ def plan_colocated(profile: ClusterProfile, learner: LearnerSetup, engine: Engin
         between += _sum(t, OPTIMIZER_TERMS)
     if colocation.reference_offload:
         between += _sum(t, REFERENCE_TERMS)
+    between += lm.reference_host_bytes
     hm = host_memory(profile.node.ram_gib * C.GIB, g, lm.host_offload_bytes, g, profile.ray.memory_kill_threshold)
     extra = {"training state offloaded during rollout": g * between,
              "vLLM weights while asleep": g * em.weights if colocation.vllm_sleeps else 0.0}

@@ -25,6 +25,7 @@ from typing import Literal
 
 from hpcrl.errors import HpcrlError
 from hpcrl.memory import constants as C
+from hpcrl.memory.learner_result import LearnerMemory, non_torch_bytes
 from hpcrl.models.spec import ALL_LINEAR, MLP_MODULES, ModelSpec
 
 Offload = Literal["none", "optimizer", "params"]
@@ -59,6 +60,12 @@ class LearnerSetup:
     hpz_partition_size: int = 1
     # The weight sync after each step: "none" (not modelled), "whole_model" or "per_param".
     weight_sync: Literal["none", "whole_model", "per_param"] = "none"
+    # Which sharded learner: DeepSpeed ZeRO (this module) or FSDP as verl runs it
+    # (hpcrl/memory/fsdp_learner.py, which reads micro_batches and fsdp_version; the ZeRO fields
+    # above do not apply to it).
+    sharding: Literal["zero", "fsdp"] = "zero"
+    micro_batches: int = 2  # per optimizer step on one GPU
+    fsdp_version: Literal[1, 2] = 1
     zero: C.ZeroDefaults = field(default_factory=C.ZeroDefaults)
 
     def check(self) -> None:
@@ -88,25 +95,6 @@ def sync_modes(weight_sync: str) -> list[str]:
     return ["whole_model", "per_param"] if weight_sync == "auto" else [weight_sync]
 
 
-@dataclass(frozen=True)
-class LearnerMemory:
-    """Result: the terms of the peak (bytes) and which moment of the step it is."""
-
-    terms: dict[str, float]
-    phase: str
-    phases: dict[str, float]  # allocated bytes at each moment of the step; the largest is the peak
-    peak_allocated: float
-    peak_reserved: float
-    non_torch: float
-    trainable_params: int
-    host_offload_bytes: float
-
-    @property
-    def device_total(self) -> float:
-        """What nvidia-smi would show: reserved plus CUDA context and NCCL buffers."""
-        return self.peak_reserved + self.non_torch
-
-
 def _weights_bytes(s: LearnerSetup) -> float:
     """Bytes of the (frozen or trained) base weights, unsharded."""
     m = s.model
@@ -131,6 +119,10 @@ def parameter_term(s: LearnerSetup) -> str:
 
 def learner_memory(s: LearnerSetup) -> LearnerMemory:
     """Peak per-GPU memory of one learner for setup `s`."""
+    if s.sharding == "fsdp":
+        from hpcrl.memory.fsdp_learner import fsdp_as_learner_memory
+
+        return fsdp_as_learner_memory(s)
     s.check()
     m, n, t = s.model, s.n_gpus, s.tokens_per_gpu
     stage3 = s.zero_stage == 3
@@ -229,7 +221,7 @@ def learner_memory(s: LearnerSetup) -> LearnerMemory:
     peak_reserved = (
         peak_alloc * (1 + C.RESERVE_FRACTION) + C.RESERVE_FIXED_GIB * C.GIB + C.RESERVE_LOGITS * largest_logits
     )
-    non_torch = (C.CUDA_CONTEXT_GIB + (C.NCCL_BUFFERS_GIB if n > 1 else 0.0)) * C.GIB
+    non_torch = non_torch_bytes(n)
 
     host = 0.0
     if off_opt:

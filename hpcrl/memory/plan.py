@@ -16,7 +16,12 @@ LEARNER_HEADROOM = 0.03
 
 
 def allocator_margin(setup: LearnerSetup, peak_reserved: float) -> float:
-    """Bytes a learner keeps free for the allocator's measured spread (constants.ALLOCATOR_MARGIN)."""
+    """Bytes a learner keeps free for the allocator's measured spread (constants.ALLOCATOR_MARGIN from
+    the DeepSpeed rows; an FSDP learner's from the FSDP rows)."""
+    if setup.sharding == "fsdp":
+        from hpcrl.memory.fsdp_learner import fsdp_margin
+
+        return fsdp_margin(peak_reserved)
     return margin_bytes(setup.logprob_impl, peak_reserved)
 
 
@@ -109,7 +114,9 @@ class MemoryPlan:
             "learner": {
                 "gpus": ls.n_gpus,
                 "tokens_per_gpu": ls.tokens_per_gpu,
-                "zero_stage": ls.zero_stage,
+                "zero_stage": ls.zero_stage if ls.sharding == "zero" else None,
+                **({"sharding": "fsdp", "fsdp_version": ls.fsdp_version, "micro_batches": ls.micro_batches}
+                   if ls.sharding == "fsdp" else {}),
                 "offload": ls.offload,
                 "gradient_checkpointing": ls.gradient_checkpointing,
                 "lora_rank": ls.lora_rank,

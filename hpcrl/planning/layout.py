@@ -27,6 +27,10 @@ UTILISATIONS = (0.9, 0.85, 0.8, 0.7, 0.6)
 STEP_TIE = 0.10  # step-time estimates closer than this are not told apart (they rest on assumed efficiencies)
 
 
+# FSDP micro-batches per optimizer step when nothing says (an assumption plan-memory prints).
+DEFAULT_MICRO_BATCHES = 2
+
+
 @dataclass(frozen=True)
 class Workload:
     """What one RL step does, from the run config."""
@@ -51,6 +55,11 @@ class Workload:
     # parameter at a time: open-instruct's gather_whole_model left to the planner), a pinned
     # "whole_model" or "per_param", or "none" (not modelled).
     weight_sync: str = "none"
+    # The learner's sharding as the framework runs it: DeepSpeed "zero" or "fsdp" (its backend says),
+    # FSDP's micro-batches per optimizer step on one GPU (None: the assumed 2) and version.
+    sharding: str = "zero"
+    micro_batches: int | None = None
+    fsdp_version: int = 1
 
     @property
     def seqs(self) -> int:
@@ -202,6 +211,9 @@ def _learner_setup(w: Workload, n: int, weight_sync: str = "none") -> LearnerSet
         hpz_partition_size=w.hpz_partition_size,
         logits_copy=w.logits_copy,
         weight_sync=weight_sync,  # type: ignore[arg-type]
+        sharding=w.sharding,  # type: ignore[arg-type]
+        micro_batches=w.micro_batches or DEFAULT_MICRO_BATCHES,
+        fsdp_version=w.fsdp_version,  # type: ignore[arg-type]
     )
 
 

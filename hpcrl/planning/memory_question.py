@@ -23,7 +23,7 @@ from hpcrl.planning.backends import backend_names, get_backend
 from hpcrl.planning.backends.capabilities import Fact, feature, setting
 from hpcrl.planning.backends.facts import MemoryFacts
 from hpcrl.planning.config import RunConfig
-from hpcrl.planning.layout import Pins, Workload, _learner_setup
+from hpcrl.planning.layout import DEFAULT_MICRO_BATCHES, Pins, Workload, _learner_setup
 from hpcrl.profiles import ClusterProfile
 
 DEFAULT_TOKENS = 8192
@@ -46,14 +46,43 @@ class Overrides:
     gradient_checkpointing: bool | None = None
     util: float | None = None
     weight_sync: str | None = None
+    micro_batches: int | None = None
+    fsdp_version: int | None = None
+    zero_stage: int | None = None
 
     def workload_changes(self) -> dict[str, Any]:
         pairs = {"pack_length": self.tokens_per_gpu, "load_ref_policy": self.ref_policy,
                  "hpz_partition_size": self.zpg, "offload": self.offload, "lora_rank": self.lora_rank,
                  "load_in_4bit": self.load_in_4bit, "logprob_impl": self.logprob_impl,
                  "grad_accum_dtype": self.grad_accum_dtype, "gradient_checkpointing": self.gradient_checkpointing,
-                 "weight_sync": self.weight_sync}
+                 "weight_sync": self.weight_sync, "micro_batches": self.micro_batches,
+                 "fsdp_version": self.fsdp_version}
         return {k: v for k, v in pairs.items() if v is not None}
+
+    def flags(self) -> dict[str, Any]:
+        """The learner flags given on the command line, by name."""
+        pairs = {"--zpg": self.zpg, "--offload": self.offload, "--logprob-impl": self.logprob_impl,
+                 "--grad-accum-dtype": self.grad_accum_dtype, "--zero-stage": self.zero_stage,
+                 "--micro-batches": self.micro_batches, "--fsdp-version": self.fsdp_version}
+        return {k: v for k, v in pairs.items() if v is not None}
+
+
+FSDP_FLAGS = ("--micro-batches", "--fsdp-version")
+
+
+def refuse_flags(backend: str, given: Overrides) -> None:
+    """Refuse, in one line, a learner flag the framework has no setting for (its MemoryFacts.refused_flags)."""
+    facts = get_backend(backend).memory
+    for flag, value in given.flags().items():
+        why = facts.refused_flags.get(f"{flag} {value}") or facts.refused_flags.get(flag)
+        if why is None and flag in FSDP_FLAGS and facts.sharding != "fsdp":
+            why = f"{backend}'s learner is DeepSpeed ZeRO, not FSDP"
+        if why:
+            raise HpcrlError(f"{flag} {value} is not a {backend} setting: {why}")
+    if given.micro_batches is not None and given.micro_batches < 1:
+        raise HpcrlError(f"--micro-batches must be at least 1, got {given.micro_batches}")
+    if given.fsdp_version is not None and given.fsdp_version not in (1, 2):
+        raise HpcrlError(f"--fsdp-version {given.fsdp_version} is not known; valid: 1, 2")
 
 
 @dataclass(frozen=True)
@@ -118,6 +147,10 @@ def _default_value(facts: MemoryFacts, name: str, fact: Fact) -> Any:
 
 
 def _text(name: str, value: Any, w: Workload) -> str:
+    if w.sharding == "fsdp" and name in ("grad_accum_dtype", "load_ref_policy"):
+        return (f"gradients reduced in {value}" if name == "grad_accum_dtype" else
+                "a reference policy (fp32 shards in host RAM; on the GPU only FSDP1's gathered root unit)"
+                if value else "no reference policy")
     if name == "grad_accum_dtype":
         return f"gradient partitions in {value}"
     if name == "hpz_partition_size":
@@ -151,12 +184,35 @@ def _assumptions(backend: str, w: Workload, util: float, cfg: RunConfig | None, 
             if name == "grad_accum_dtype" and key is None:
                 origin = f"{backend}'s {facts.grad_dtype_origin} ({fact.cite()})"
         out.append(f"{_text(name, value, w)}: {origin}")
+    if facts.sharding == "fsdp":
+        out += _fsdp_assumptions(facts, w, cfg, given)
     return out
+
+
+def _fsdp_assumptions(facts: MemoryFacts, w: Workload, cfg: RunConfig | None, given: Overrides) -> list[str]:
+    """FSDP's version and micro-batches per optimizer step, and where each came from."""
+    key = facts.fsdp_version_key
+    if given.fsdp_version is not None:
+        version = "--fsdp-version on the command line"
+    elif cfg is not None and key and key in cfg.args:
+        version = f"{key} in {config_label(cfg)}"
+    else:
+        version = facts.fsdp_version_origin
+    if given.micro_batches is not None:
+        many = "micro-batch" if given.micro_batches == 1 else "micro-batches"
+        micro = f"{given.micro_batches} {many} per optimizer step on one GPU: --micro-batches on the command line"
+    elif cfg is not None:
+        micro = f"micro-batches per optimizer step on one GPU as the plan sets them: {facts.micro_batches_origin}"
+    else:
+        micro = (f"{DEFAULT_MICRO_BATCHES} micro-batches per optimizer step on one GPU: ASSUMED (--micro-batches N; "
+                 f"in a config {facts.micro_batches_origin})")
+    return [f"FSDP{w.fsdp_version} actor update (hpcrl/memory/fsdp_learner.py): {version}", micro]
 
 
 def from_config(cfg: RunConfig, given: Overrides = Overrides()) -> Question:
     """The run's own workload (the backend's reading of the config), with the flags on top."""
     backend = get_backend(cfg.hpcrl.backend)
+    refuse_flags(backend.name, given)
     if given.tokens_per_gpu is not None and given.tokens_per_gpu <= 0:
         raise HpcrlError(f"--tokens-per-gpu must be a positive integer, got {given.tokens_per_gpu}")
     w = backend.workload_from_config(cfg, given.model)
@@ -182,6 +238,7 @@ def from_defaults(backend: str, given: Overrides = Overrides()) -> Question:
     if backend not in defaults_backends():
         raise HpcrlError(f"--backend {backend!r}: without --config, valid: {', '.join(defaults_backends())} "
                          "(give --config for another backend)")
+    refuse_flags(backend, given)
     facts = get_backend(backend).memory
     values: dict[str, Any] = {}
     for d in facts.defaults:
@@ -193,7 +250,8 @@ def from_defaults(backend: str, given: Overrides = Overrides()) -> Question:
     # No config: the engine's sequence is the learner's micro-batch (prompt + response = tokens).
     w = Workload(model=resolve_model(given.model or "32b"), pack_length=tokens, response_length=max(1, tokens - 1),
                  max_prompt_token_length=1, beta=0.0, logprob_impl=get_backend(backend).default_logprob_impl,
-                 logits_copy=facts.logits_copy, weight_sync=facts.weight_sync, **values)
+                 logits_copy=facts.logits_copy, weight_sync=facts.weight_sync, sharding=facts.sharding,
+                 fsdp_version=facts.fsdp_version, **values)
     w = replace(w, **{k: v for k, v in given.workload_changes().items() if k != "pack_length"})
     util = given.util if given.util is not None else util
     return Question(backend, w, util, facts.colocated, tuple(_assumptions(backend, w, util, None, given)),
@@ -322,5 +380,5 @@ def own_answer(cfg: RunConfig, profile: ClusterProfile, given: Overrides, learne
     return get_backend(cfg.hpcrl.backend).memory_answer(cfg, profile, given, learner_gpus)
 
 
-__all__ = ["Overrides", "Question", "answer", "choose_memory_plan", "defaults_backends", "from_config", "from_defaults",
+__all__ = ["Overrides", "Question", "refuse_flags", "answer", "choose_memory_plan", "defaults_backends", "from_config", "from_defaults",
            "own_answer"]

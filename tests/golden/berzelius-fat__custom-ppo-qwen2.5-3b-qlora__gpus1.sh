@@ -773,12 +773,25 @@ phase_services() {
 }
 
 # ------------------------------------------------------------------ driver
+# the user's training script under hpcrl's watchdog (circuit breakers: exit codes 90, 91, 92, 93, 96, 97).
+WORKDIR="${HOME}"/finellama-rl
+PYTHON=python
+ENTRY_POINT=qwen_gsm8k_ppo_train.py
+
+# DRIVER: the whole command. Called once $RUN_DIR is known.
+driver_command() {
+    DRIVER=(
+        python3 -m hpcrl.runtime.watchdog --run-dir "$RUN_DIR"
+        --zero-reward-steps 10 --hang-minutes 60
+        --grad-norm-steps 20 --zero-variance-steps 20 --reward-key avg_reward --loss-key loss --loss-key policy_loss --loss-key value_loss --
+        "$PYTHON" "$ENTRY_POINT"
+        --config configs/qwen_gsm8k_ppo_config.yaml
+        --output_dir "$RUN_DIR/checkpoints"
+    )
+}
+
 phase_driver() {
     phase driver
-    # the user's training script under hpcrl's watchdog (circuit breakers: exit codes 90, 91, 92, 93, 96, 97).
-    WORKDIR="${HOME}"/finellama-rl
-    PYTHON=python
-    ENTRY_POINT=qwen_gsm8k_ppo_train.py
     if ! cd -- "$WORKDIR"; then
         fail crashed "hpcrl.workdir $WORKDIR does not exist on $HEAD_NODE"
     fi
@@ -792,14 +805,7 @@ phase_driver() {
         fail crashed "hpcrl.entry_point $ENTRY_POINT does not exist in $WORKDIR (a fork may keep it elsewhere)"
     fi
     export HPCRL_SAVE_STEPS=200
-    DRIVER=(
-        python3 -m hpcrl.runtime.watchdog --run-dir "$RUN_DIR"
-        --zero-reward-steps 10 --hang-minutes 60
-        --grad-norm-steps 20 --zero-variance-steps 20 --reward-key avg_reward --loss-key loss --loss-key policy_loss --loss-key value_loss --
-        "$PYTHON" "$ENTRY_POINT"
-        --config configs/qwen_gsm8k_ppo_config.yaml
-        --output_dir "$RUN_DIR/checkpoints"
-    )
+    driver_command
     printf 'hpcrl: driver:'
     printf ' %q' "${DRIVER[@]}"
     printf '\n'

@@ -1108,8 +1108,8 @@ WORKDIR="${HOME}"/open-instruct
 PYTHON=python
 ENTRY_POINT=open_instruct/grpo_fast.py
 
-# DRIVER: the whole command; DRIVER_ARGS: the framework's own arguments, after the entry point
-# (what the stack check parses). Called once $RUN_DIR is known.
+# DRIVER: the whole command; DRIVER_ARGS: the framework's own arguments, after the entry
+# point (what the stack check parses). Called once $RUN_DIR is known.
 driver_command() {
     DRIVER=(
         python3 -m hpcrl.runtime.watchdog --run-dir "$RUN_DIR"

@@ -1105,8 +1105,8 @@ WORKDIR="${HOME}"/OpenRLHF
 PYTHON=python3
 ENTRY_POINT=openrlhf.cli.train_ppo_ray
 
-# DRIVER: the whole command; DRIVER_ARGS: the framework's own arguments, after the entry point
-# (what the stack check parses). Called once $RUN_DIR is known.
+# DRIVER: the whole command; DRIVER_ARGS: the framework's own arguments, after the entry
+# point (what the stack check parses). Called once $RUN_DIR is known.
 driver_command() {
     DRIVER=(
         python3 -m hpcrl.runtime.watchdog --run-dir "$RUN_DIR"

@@ -5,10 +5,10 @@
 #
 # Plan assumes verl 0.10.0.dev (1dda039b), the newest hpcrl knows; set hpcrl.framework_version to target another (known: 0.8.0.dev (b178a3cd), 0.10.0.dev (1dda039b))
 # Plan:
-#   model Qwen/Qwen2.5-7B: 1536 sequences of 5120 tokens per step, ppo_micro_batch_size_per_gpu 12 (61440 tokens)
+#   model Qwen/Qwen2.5-7B: 1536 sequences of 5120 tokens per step, ppo_micro_batch_size_per_gpu 8 (40960 tokens)
 #   4 x 4 GH200 (95.58 GiB): all 16 GPUs train and generate (colocated)
 #   trainer.nnodes 4, n_gpus_per_node 4, rollout tensor_model_parallel_size 1 (16 engines), gpu_memory_utilization 0.85, fsdp param_offload false, optimizer_offload false
-#   colocated peak 73.9 GiB/GPU training, 88.4 GiB/GPU rollout of 95.6 usable; KV cache 66.2 GiB per GPU; host peak 102 GiB/node
+#   colocated peak 73.0 GiB/GPU training, 89.6 GiB/GPU rollout of 95.6 usable; KV cache 66.2 GiB per GPU; host peak 106 GiB/node
 #   step ~160 s (generation 66 s, training 95 s), bottleneck training
 #   trainer.save_freq 11: a checkpoint every ~29 min of training (so that at most 30 min is lost); time-limit warning 900 s before the end = one step (~160 s) + one checkpoint write (~43 s, derived) + 60 s to stop
 # Warning: 4 learners per node on isambard-ai, where the profile plans at most 1: more than one learner per GH200 node failed with NCCL "Duplicate GPU detected" in the users' runs (their workaround, a patched NCCL with NCCL_IGNORE_DUPLICATE_GPU=1, is untested at 32B)
@@ -175,10 +175,10 @@ run_directory() {
   "backend_args": {
     "actor_rollout_ref.actor.fsdp_config.optimizer_offload": false,
     "actor_rollout_ref.actor.fsdp_config.param_offload": false,
-    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 12,
-    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": 12,
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 8,
+    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": 8,
     "actor_rollout_ref.rollout.gpu_memory_utilization": 0.85,
-    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 12,
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 8,
     "actor_rollout_ref.rollout.name": "vllm",
     "actor_rollout_ref.rollout.tensor_model_parallel_size": 1,
     "trainer.max_actor_ckpt_to_keep": 2,
@@ -200,10 +200,10 @@ run_directory() {
     "engine_kv_cache_gib": 66.16,
     "generation_time_s": 65.8,
     "gpu_usable_gib": 95.58,
-    "host_peak_gib": 102.3,
+    "host_peak_gib": 105.8,
     "idle_gpus": 0,
     "learner_gpus": 16,
-    "learner_peak_gib": 72.26,
+    "learner_peak_gib": 71.4,
     "nodes": 4,
     "num_learners_per_node": [
       4,
@@ -212,9 +212,9 @@ run_directory() {
       4
     ],
     "reason": "colocated: every GPU trains and generates; step ~160s = generation 66s + training 95s",
-    "rollout_peak_gib": 88.45,
+    "rollout_peak_gib": 89.59,
     "step_time_s": 160.4,
-    "training_peak_gib": 73.86,
+    "training_peak_gib": 73.0,
     "training_time_s": 94.6,
     "vllm_gpu_memory_utilization": 0.85,
     "vllm_num_engines": 16,
@@ -231,17 +231,18 @@ run_directory() {
         "learner CUDA context + NCCL": 1.0,
         "optimizer state": 3.546,
         "reference policy": 0.0,
-        "training parameters": 2.66,
+        "reference root unit kept gathered (derived)": 2.03,
+        "training parameters": 1.773,
         "vLLM (gpu_memory_utilization x GPU)": 81.243
       },
       "rollout_fits": true,
-      "rollout_gib": 88.449,
+      "rollout_gib": 89.593,
       "training_breakdown": {
-        "learner (training peak)": 72.256,
+        "learner (training peak)": 71.403,
         "vLLM asleep (CUDA context, CUDA graphs)": 1.6
       },
       "training_fits": true,
-      "training_gib": 73.856,
+      "training_gib": 73.003,
       "vllm_sleeps": true
     },
     "engine": {
@@ -278,32 +279,32 @@ run_directory() {
         "Ray (GCS, raylet)": 2.0,
         "learner processes": 24.0,
         "offloaded optimizer state (pinned)": 0.0,
-        "training state offloaded during rollout": 3.55,
+        "training state offloaded during rollout": 7.09,
         "vLLM weights while asleep": 56.74,
         "vLLM workers": 16.0
       },
       "fits": true,
       "kill_threshold": 0.95,
-      "peak_gib": 102.3,
+      "peak_gib": 105.8,
       "ram_per_node_gib": 460.0
     },
     "learner": {
-      "allocator_margin_gib": 4.347,
+      "allocator_margin_gib": 9.856,
       "breakdown": {
         "Adam moments (fp32)": 3.546,
-        "ZeRO-3 gathered lm_head + grad": 2.03,
-        "activations (stored)": 12.715,
-        "fixed (workspaces, RNG, persistent params)": 0.1,
-        "fp32 master weights": 1.773,
-        "gradients": 1.773,
-        "log-prob path (compiled)": 34.805,
-        "parameters (bf16)": 0.887,
-        "reduce bucket": 0.931,
-        "reference policy (bf16)": 0.887
+        "checkpointed hidden states": 7.656,
+        "fixed (fitted)": 0.065,
+        "fp32 parameter shards": 1.773,
+        "gathered root unit (bf16)": 2.03,
+        "gradients of earlier micro-batches": 1.773,
+        "log-prob path (8 B x T x V)": 46.406,
+        "per-token working set (fitted)": 1.135,
+        "reference root unit (bf16)": 2.03
       },
       "deepspeed_estimate_gib": 10.009,
-      "device_total_gib": 72.256,
+      "device_total_gib": 71.403,
       "fits": true,
+      "fsdp_version": 1,
       "gpus": 16,
       "grad_accum_dtype": "fp32",
       "gradient_checkpointing": true,
@@ -311,19 +312,21 @@ run_directory() {
       "load_in_4bit": false,
       "logprob_impl": "compiled",
       "lora_rank": 0,
+      "micro_batches": 3,
       "non_torch_gib": 1.0,
       "offload": "none",
-      "peak_allocated_gib": 59.447,
+      "peak_allocated_gib": 66.415,
       "peak_phase": "logits",
-      "peak_reserved_gib": 71.256,
+      "peak_reserved_gib": 70.403,
       "phases_gib": {
-        "logits": 59.447,
-        "optimizer": 12.557,
-        "recompute": 36.581
+        "backward end": 17.396,
+        "logits": 66.415,
+        "optimizer step": 10.961
       },
-      "tokens_per_gpu": 61440,
+      "sharding": "fsdp",
+      "tokens_per_gpu": 40960,
       "weight_sync": "none",
-      "zero_stage": 3
+      "zero_stage": null
     },
     "model": {
       "active_params": 7615616512,
@@ -331,7 +334,7 @@ run_directory() {
       "total_params": 7615616512,
       "trainable_params": 7615616512
     },
-    "verdict": "training fits with 17.4 GiB to spare after a 4.3 GiB allocator margin; rollout fits with 7.1 GiB to spare; engine fits: 241.95x sequences of 5120 tokens fit at once"
+    "verdict": "training fits with 12.7 GiB to spare after a 9.9 GiB allocator margin; rollout fits with 6.0 GiB to spare; engine fits: 241.95x sequences of 5120 tokens fit at once"
   },
   "model": "Qwen/Qwen2.5-7B",
   "nodes": 4,
@@ -1135,8 +1138,8 @@ WORKDIR="${HOME}"/verl
 PYTHON=python3
 ENTRY_POINT=verl.trainer.main_ppo
 
-# DRIVER: the whole command; DRIVER_ARGS: the framework's own arguments, after the entry point
-# (what the stack check parses). Called once $RUN_DIR is known.
+# DRIVER: the whole command; DRIVER_ARGS: the framework's own arguments, after the entry
+# point (what the stack check parses). Called once $RUN_DIR is known.
 driver_command() {
     DRIVER=(
         python3 -m hpcrl.runtime.watchdog --run-dir "$RUN_DIR"
@@ -1175,9 +1178,9 @@ driver_command() {
         actor_rollout_ref.rollout.gpu_memory_utilization=0.85
         actor_rollout_ref.actor.fsdp_config.param_offload=false
         actor_rollout_ref.actor.fsdp_config.optimizer_offload=false
-        actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=12
-        actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=12
-        actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=12
+        actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8
+        actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8
+        actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8
         trainer.save_freq=11
         trainer.max_actor_ckpt_to_keep=2
         "trainer.default_local_dir=$RUN_DIR/checkpoints"

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -235,6 +235,10 @@ class Backend(ABC):
                       learner_gpus: int | None) -> dict[str, Any] | None:
         """plan-memory's answer from the backend's own memory model (None: the shared learner + vLLM question)."""
         return None
+
+    def learner_workload(self, cfg: RunConfig, w: Workload, world: int, micro: int) -> Workload:
+        """The workload of one micro-batch choice (`micro` sequences per GPU; 0: tokens fixed already)."""
+        return replace(w, pack_length=micro * w.seq_len) if micro else w
 
     # ------------------------------------------------------------------ log, diagnose and in-job facts
     # (log line formats and metric keys, diagnose fixes, smoke placement, driver command-line reading)

@@ -8,7 +8,7 @@ no planner names a framework. docs/backends.md "What a backend provides" lists e
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
@@ -62,6 +62,15 @@ class MemoryFacts:
     # that dtype when the framework fixes it regardless of the capability table.
     grad_dtype_origin: str = "DeepSpeed config"
     grad_dtype: str | None = None
+    # The learner's sharding: DeepSpeed "zero" (hpcrl/memory/learner.py) or "fsdp" (fsdp_learner.py),
+    # and for FSDP the version the framework uses unless the config says.
+    sharding: Literal["zero", "fsdp"] = "zero"
+    fsdp_version: int = 1
+    fsdp_version_origin: str = ""
+    fsdp_version_key: str | None = None  # the config key that sets the version
+    micro_batches_origin: str = ""  # what sets the micro-batches per optimizer step in a config
+    # plan-memory flags the framework has no setting for: flag -> why (refused with exit 2).
+    refused_flags: Mapping[str, str] = field(default_factory=dict)
 
 
 __all__ = ["DISK_SETTINGS", "DiskFacts", "MemoryDefault", "MemoryFacts"]

@@ -32,11 +32,11 @@ from hpcrl.errors import ConfigError, HpcrlError, PlanError, UnknownNameError
 from hpcrl.memory.colocated import Colocation
 from hpcrl.memory.fsdp_learner import FsdpSetup
 from hpcrl.models import resolve_model
-from hpcrl.planning.backends.facts import MemoryDefault, MemoryFacts
 from hpcrl.planning.backends import versions
+from hpcrl.planning.backends.verl_memory import memory_facts
 from hpcrl.planning.backends.log_facts import CommandFacts, CpuAsk, DiagnoseFacts, SmokeFacts
 from hpcrl.planning.backends.verl_disk import DISK
-from hpcrl.planning.layout import Pins, Workload
+from hpcrl.planning.layout import DEFAULT_MICRO_BATCHES, Pins, Workload
 from hpcrl.planning.layout_colocated import enumerate_colocated, plan_colocated_layouts
 
 if TYPE_CHECKING:
@@ -166,15 +166,7 @@ class VerlBackend(Backend):
     checkpoint_marker = "checkpoints/latest_checkpointed_iteration.txt"
     list_order = 1
     disk = DISK
-    # FSDP reduces gradients in fp32 (mixed_precision reduce_dtype) and frees them after the step.
-    memory = MemoryFacts(
-        defaults=(MemoryDefault("grad_accum_dtype", None, ("fsdp", "mixed_precision")),
-                  MemoryDefault("load_ref_policy", "actor_rollout_ref.actor.use_kl_loss", ("features", "ref_policy")),
-                  MemoryDefault("gradient_checkpointing", "actor_rollout_ref.model.enable_gradient_checkpointing",
-                                ("features", "gradient_checkpointing")),
-                  MemoryDefault("util", "actor_rollout_ref.rollout.gpu_memory_utilization",
-                                ("vllm", "gpu_memory_utilization"))),
-        colocated=True, grads_resident=False, grad_dtype_origin="FSDP mixed precision", grad_dtype="fp32")
+    memory = memory_facts(A, R, MICRO_KEY, flag_table)
     value_ranges = {
         A + "optim.lr": (positive, "a positive learning rate"),
         T + "total_epochs": (positive, "a positive number of epochs"),
@@ -276,6 +268,8 @@ class VerlBackend(Backend):
             grad_accum_dtype="fp32",  # verl's FSDP mixed precision reduces gradients in fp32
             hpz_partition_size=1,
             logits_copy=False,  # verl divides the logits by the temperature in place
+            sharding="fsdp",
+            fsdp_version=self.fsdp_version(cfg),
         )
 
     def pins_from(self, cfg: RunConfig, cli_pins: list[str] | None = None) -> Pins:
@@ -301,7 +295,7 @@ class VerlBackend(Backend):
             if {PARAM_OFFLOAD_KEY, OPT_OFFLOAD_KEY} & set(cfg.args) else list(OFFLOAD_OPTIONS)
         for po, oo in offloads:
             for micro in micros:
-                wm = replace(w, pack_length=micro * w.seq_len) if micro else w
+                wm = self.learner_workload(cfg, w, nodes * g, micro)
                 layouts, _ = enumerate_colocated(profile, nodes, wm, pins, self.colocation(cfg, po, oo))
                 if layouts:
                     choices: dict[str, Any] = {PARAM_OFFLOAD_KEY: po, OPT_OFFLOAD_KEY: oo}
@@ -310,7 +304,7 @@ class VerlBackend(Backend):
                     return Planned(layouts, choices, workload=wm)
         # Nothing fits: the error, with suggestions, for the smallest micro-batch and the offload tried last.
         po, oo = offloads[-1]
-        wm = replace(w, pack_length=micros[-1] * w.seq_len) if micros[-1] else w
+        wm = self.learner_workload(cfg, w, nodes * g, micros[-1])
         hint = None if offloads[-1] == (True, True) else f"--set {PARAM_OFFLOAD_KEY}=true --set {OPT_OFFLOAD_KEY}=true"
         # Raises with suggestions, or returns layouts that fit only inside the allocator margin (with a note).
         layouts = plan_colocated_layouts(profile, nodes, wm, pins, self.colocation(cfg, po, oo), hint)
@@ -399,14 +393,25 @@ class VerlBackend(Backend):
                 f"optimizer_offload {str(c.get(OPT_OFFLOAD_KEY, False)).lower()}")
 
     # ------------------------------------------------------------------ learner memory (issue 24)
+    def fsdp_version(self, cfg: RunConfig) -> int:
+        """1 or 2 from actor.strategy (fsdp / fsdp2)."""
+        strategy = str(self.arg(cfg, A + "strategy"))
+        if strategy not in ("fsdp", "fsdp2"):
+            raise PlanError(f"{A}strategy {strategy!r}: hpcrl models verl's fsdp and fsdp2 actors only")
+        return 1 if strategy == "fsdp" else 2
+
+    def learner_workload(self, cfg: RunConfig, w: Workload, world: int, micro: int) -> Workload:
+        """One micro-batch choice, with its micro-batches per optimizer step (unless the command line gave them)."""
+        wm = super().learner_workload(cfg, w, world, micro)
+        if w.micro_batches is not None:
+            return wm
+        return replace(wm, micro_batches=self.micro_batch_count(cfg, world, w.seq_len, micro or None))
+
     def fsdp_setup(self, cfg: RunConfig, w: Workload, n_gpus: int, micro_batches: int | None = None,
                    fsdp_version: int | None = None) -> FsdpSetup:
         """The actor update as verl runs it, for hpcrl.memory.fsdp_learner; given values win over the config."""
         if fsdp_version is None:
-            strategy = str(self.arg(cfg, A + "strategy"))
-            if strategy not in ("fsdp", "fsdp2"):
-                raise PlanError(f"{A}strategy {strategy!r}: hpcrl models verl's fsdp and fsdp2 actors only")
-            fsdp_version = 1 if strategy == "fsdp" else 2
+            fsdp_version = self.fsdp_version(cfg)
         if micro_batches is None:
             micro_batches = self.micro_batch_count(cfg, n_gpus, w.seq_len)
         if self.arg(cfg, A + "fsdp_config.offload_policy"):
@@ -417,13 +422,15 @@ class VerlBackend(Backend):
             offload = "none"
         return FsdpSetup(w.model, n_gpus, w.pack_length, micro_batches, fsdp_version, w.load_ref_policy, offload)
 
-    def micro_batch_count(self, cfg: RunConfig, world: int, seq_len: int) -> int:
-        """Micro-batches per optimizer step on one GPU (dp_actor.py:551-559 at b178a3cd); unpinned: 2."""
+    def micro_batch_count(self, cfg: RunConfig, world: int, seq_len: int, micro: int | None = None) -> int:
+        """Micro-batches per optimizer step on one GPU (dp_actor.py:551-559 at b178a3cd): the mini-batch's
+        sequences per GPU over `micro` (else the pinned micro-batch); unpinned: 2 (assumed)."""
         per_gpu = int(self.arg(cfg, A + "ppo_mini_batch_size")) * int(self.arg(cfg, R + "n")) // world
         if self.dynamic_bsz(cfg):
             return max(1, math.ceil(per_gpu * seq_len / int(self.arg(cfg, A + "ppo_max_token_len_per_gpu"))))
-        pinned = cfg.args.get(MICRO_KEY)
-        return max(1, per_gpu // int(pinned)) if pinned else 2
+        micro = micro or cfg.args.get(MICRO_KEY)
+        return max(1, per_gpu // int(micro)) if micro else DEFAULT_MICRO_BATCHES
+
 
 def _number(raw: str) -> Any:
     try:

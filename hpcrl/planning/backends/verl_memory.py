@@ -1,0 +1,37 @@
+"""verl's learner as the memory model sees it at b178a3cd (its `memory` facts, hpcrl/planning/backends/facts.py).
+
+FSDP reduces gradients in fp32 (mixed_precision reduce_dtype) and frees them after the step; the
+actor update is hpcrl/memory/fsdp_learner.py's; the plan-memory flags verl has no setting for are
+refused with the reason.
+"""
+
+from __future__ import annotations
+
+from hpcrl.planning.backends.facts import MemoryDefault, MemoryFacts
+
+
+def memory_facts(actor: str, rollout: str, micro_key: str, flag_table: str) -> MemoryFacts:
+    """verl's MemoryFacts, in its keys (verl.py's actor and rollout key prefixes, micro-batch key, key table)."""
+    return MemoryFacts(
+        defaults=(MemoryDefault("grad_accum_dtype", None, ("fsdp", "mixed_precision")),
+                  MemoryDefault("load_ref_policy", "actor_rollout_ref.actor.use_kl_loss", ("features", "ref_policy")),
+                  MemoryDefault("gradient_checkpointing", "actor_rollout_ref.model.enable_gradient_checkpointing",
+                                ("features", "gradient_checkpointing")),
+                  MemoryDefault("util", "actor_rollout_ref.rollout.gpu_memory_utilization",
+                                ("vllm", "gpu_memory_utilization"))),
+        colocated=True, grads_resident=False, grad_dtype_origin="FSDP mixed precision", grad_dtype="fp32",
+        sharding="fsdp", fsdp_version=1,
+        fsdp_version_origin=f"verl's default {actor}strategy fsdp (its FSDPActorConfig, {flag_table})",
+        fsdp_version_key=actor + "strategy",
+        micro_batches_origin=f"{actor}ppo_mini_batch_size x {rollout}n / GPUs / {micro_key} (dp_actor.py:551-559 at b178a3cd)",
+        refused_flags={
+            "--zpg": "verl's actor is FSDP, which keeps no ZeRO++ secondary weight copy",
+            "--zero-stage": "verl's actor is FSDP (FULL_SHARD), not DeepSpeed ZeRO; say --fsdp-version 1|2",
+            "--grad-accum-dtype": "verl's FSDP reduces gradients in fp32 (MixedPrecision reduce_dtype, "
+                                  "fsdp_workers.py:496 at b178a3cd)",
+            "--logprob-impl": "verl's log-prob path is its own (in-place temperature divide and cross-entropy, "
+                              "dp_actor.py:258-269 at b178a3cd), which hpcrl models",
+            "--offload optimizer": "verl's FSDP has no optimizer-only offload during the update (its "
+                                   "param/optimizer offload moves state between phases); FSDP2's "
+                                   "CPUOffloadPolicy is --offload params --fsdp-version 2",
+        })

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from hpcrl.profiles import ClusterProfile
 
 # hpcrl-section fields added after configs were first hashed, with their unset values.
-NEWER_FIELDS = {"gpus": None, "loss_keys": []}
+NEWER_FIELDS = {"gpus": None, "loss_keys": [], "quota_gib": None}
 
 
 class HpcrlSection(BaseModel):
@@ -68,6 +68,7 @@ class HpcrlSection(BaseModel):
     # before 2d0b9854, and the 203 GB saves of the users' notes). Only the disk plan reads it.
     lora_hf_save: Literal["adapter", "full"] = "adapter"
     allow_over_limit: bool = False
+    quota_gib: float | None = Field(default=None, gt=0, description="The run root's quota; default the profile's")
     force_disk: bool = False
     # Services the framework's verifiers call on localhost (a code-execution API, capabilities.json "services"):
     # auto starts them when the config needs them, on starts them always, off never.

@@ -61,7 +61,7 @@ def plan_memory_cmd(
     zpg: Optional[int] = typer.Option(None, "--zpg", help="ZeRO++ secondary partition size (default: the framework's; 1 is off)"),
     offload: Optional[OffloadChoice] = typer.Option(None, "--offload", help="ZeRO offload: none, optimizer, params"),
     zero_stage: int = typer.Option(3, "--zero-stage", help="0, 2 or 3"),
-    lora_rank: Optional[int] = typer.Option(None, "--lora-rank", help="LoRA rank (0: full fine-tuning), where the framework applies LoRA"),
+    lora_rank: Optional[int] = typer.Option(None, "--lora-rank", min=0, help="LoRA rank (0: full fine-tuning), where the framework applies LoRA"),
     load_in_4bit: Optional[bool] = typer.Option(None, "--load-in-4bit", help="4-bit base weights (QLoRA), where the framework loads them"),
     logprob_impl: Optional[LogprobChoice] = typer.Option(None, "--logprob-impl", help="Default: the backend's (docs/backends.md)"),
     grad_dtype: Optional[GradDtype] = typer.Option(None, "--grad-accum-dtype", help="ZeRO gradient partitions (default: the framework's)"),

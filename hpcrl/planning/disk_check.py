@@ -13,7 +13,7 @@ from hpcrl.errors import PlanError
 from hpcrl.planning.disk import GIB
 from hpcrl.planning.disk_backends import budget
 from hpcrl.planning.disk_budget import Budget, DiskInputs, refusal, shares_quota
-from hpcrl.planning.run_plan import RunPlan
+from hpcrl.planning.run_types import RunPlan
 
 
 def run_quota_gib(rp: RunPlan) -> float | None:

@@ -145,6 +145,8 @@ class RunPlan:
     # Values the backend planned beyond the layout (framework key -> value).
     choices: tuple[tuple[str, Any], ...] = ()
     cadence: Cadence | None = None  # checkpoint interval and time-limit warning (hpcrl/planning/cadence.py)
+    # Why a continuation could not resume ("" when it can): the chain then stops at a time limit (planning/resume.py).
+    no_resume: str = ""
     # The user's per-cluster exclude list (hpcrl/jobs/node_excludes.py), added by render/submit, not by planning.
     user_exclude: tuple[str, ...] = ()
     user_exclude_file: str | None = None

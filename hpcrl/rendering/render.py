@@ -339,6 +339,7 @@ def _context(rp: RunPlan, smoke: bool) -> dict:
         "override_style": backend.command_facts.style,
         "driver_lines": _driver_lines(rp),
         "max_restarts": hp.max_restarts,
+        "no_resume": shq(rp.no_resume) if rp.no_resume else "",
         "zero_reward_steps": hp.zero_reward_steps,
         "hang_minutes": f"{hp.hang_minutes:g}",
         "grad_norm_steps": hp.grad_norm_steps,

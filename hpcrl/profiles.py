@@ -83,6 +83,8 @@ class Slurm(_Strict):
     )
     exclusive: bool = True
     default_partition: str | None = None
+    system_nodes: int | None = Field(default=None, gt=0, description="Nodes of this type in the whole machine: "
+                                     "no job can hold more, --allow-over-limit or not")
     partitions: dict[str, Partition] = Field(default_factory=dict)
     qos: QOS | None = None
     account_pattern: str | None = Field(default=None, description="Regex an account must match")

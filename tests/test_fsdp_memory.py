@@ -99,3 +99,18 @@ def test_allocator_margin_covers_every_measured_reserved_peak():
             if r["peak_reserved_gib"] * 2**30 > (b := fsdp_learner_memory(setup_of(r))).reserved_bytes
             + fsdp_margin(b.reserved_bytes)]
     assert not over
+
+
+def test_lora_under_fsdp_trains_only_the_adapters_and_says_derived():
+    """LoRA r16 on Qwen2.5-7B, 2 GPUs: hand count. Adapters on q,k,v,o,gate,up,down of 28 layers:
+    r x (in + out) per projection = 16 x (3584+3584 + 3584+512 + 3584+512 + 3584+3584 + 3584+18944
+    + 3584+18944 + 18944+3584) = 16 x 90,112 = 1,441,792 per layer, x 28 = 40,370,176 parameters.
+    Per GPU: Adam 8 B and foreach temporary 4 B over half of them."""
+    from hpcrl.memory.fsdp_learner import FsdpSetup, fsdp_learner_memory
+    from hpcrl.models import resolve_model
+
+    adapters = 40_370_176
+    b = fsdp_learner_memory(FsdpSetup(resolve_model("Qwen/Qwen2.5-7B"), n_gpus=2, adapter_params=adapters))
+    step = b.moments["optimizer step"]
+    assert step["Adam moments (fp32) of LoRA adapters (derived)"] == 8.0 * adapters / 2
+    assert step["foreach AdamW temporary of LoRA adapters (derived)"] == 4.0 * adapters / 2

@@ -51,7 +51,8 @@ def main(argv: list[str] | None = None) -> int:
         # its own click, so recognise them by shape rather than by class.
         if hasattr(exc, "format_message") and hasattr(exc, "exit_code"):
             if type(exc).__name__ == "NoArgsIsHelpError":
-                return 2  # help was printed already
+                exc.show()  # a bare group: its help on stderr, exit 2, as click's standalone mode does
+                return 2
             sys.stderr.write(f"hpcrl: error: {exc.format_message()}\n")
             return 2
         if type(exc).__name__ == "Abort":

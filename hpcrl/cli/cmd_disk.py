@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Optional
 
 import typer
@@ -45,6 +46,7 @@ def plan_disk_cmd(
     rollout_tokens: int = typer.Option(0, "--rollout-tokens-per-step", help="Tokens a step's rollout dump holds "
                                        "(trainer.rollout_data_dir, save_traces)"),
     cluster: Optional[str] = typer.Option(None, "--cluster", "-c", help="Profile whose run_root quota applies"),
+    cluster_file: Optional[Path] = typer.Option(None, "--cluster-file", help="Load this profile file instead"),
     quota_gib: Optional[float] = typer.Option(None, "--quota-gib", help="Quota of the run directory (overrides the profile)"),
     as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON"),
 ) -> None:
@@ -62,7 +64,7 @@ def plan_disk_cmd(
         if (bad := next((k for k, v in given.items() if v is not None), None)) or backend:
             raise HpcrlError(f"{bad or '--backend'}: with --config the run's own settings count; change them with "
                              "--set KEY=VALUE")
-        rp = make_run_plan(config, nodes=nodes, cluster=cluster, sets=sets)
+        rp = make_run_plan(config, nodes=nodes, cluster=cluster, cluster_file=_str(cluster_file), sets=sets)
         name, (s, quota_from) = rp.backend.name, config_inputs(rp, quota_gib, hf_cache, **extra)
     else:
         from hpcrl.planning.disk_backends import flag_inputs
@@ -74,9 +76,13 @@ def plan_disk_cmd(
 
         name = backend or DEFAULT_BACKEND
         s, quota_from = flag_inputs(name, {k.lstrip("-").replace("-", "_"): v for k, v in given.items()},
-                                    resolve_profile(cluster), quota_gib, hf_cache, **extra)
+                                    resolve_profile(cluster, _str(cluster_file)), quota_gib, hf_cache, **extra)
     b = budget(name, s)
     _show(b, quota_from, as_json)
+
+
+def _str(path: Optional[Path]) -> Optional[str]:
+    return None if path is None else str(path)
 
 
 def _legacy(b) -> dict:

@@ -26,6 +26,7 @@ _SHARED: tuple[tuple[str, Any, Any], ...] = (
     ("gpus", Optional[int], typer.Option(None, "--gpus", help="GPUs of one node for a job smaller than a node (1 up to the node's; default: the config's hpcrl.gpus, else whole nodes)")),
     ("cluster", Optional[str], typer.Option(None, "--cluster", "-c", help="Cluster profile; name:variant picks a node type (default: the config's)")),
     ("cluster_file", Optional[Path], typer.Option(None, "--cluster-file", help="Load this profile file instead")),
+    ("quota_gib", Optional[float], typer.Option(None, "--quota-gib", help="The run root's quota in GiB, for the disk check (default: hpcrl.quota_gib, else the profile's)")),
     ("allow_over_limit", bool, typer.Option(False, "--allow-over-limit", help="Warn instead of failing past partition/QOS limits")),
 )
 _SMOKE = ("smoke", bool, typer.Option(False, "--smoke", help="Replace training by a Ray smoke test of the same layout"))

@@ -67,6 +67,9 @@ class FsdpSetup:
     fsdp_version: Literal[1, 2] = 1
     reference_policy: bool = False
     offload: FsdpOffload = "none"
+    # LoRA adapters' parameters (0: full fine-tuning). DERIVED, not measured: no LoRA row exists under
+    # FSDP; the frozen base keeps its fp32 shards, only the adapters get gradients and Adam state.
+    adapter_params: int = 0
 
     def check(self) -> None:
         if self.n_gpus < 1:
@@ -120,18 +123,21 @@ def fsdp_learner_memory(setup: FsdpSetup) -> FsdpBreakdown:
     setup.check()
     m, n = setup.model, setup.n_gpus
     flat = flat_numel(setup) / n
+    trained = setup.adapter_params / n if setup.adapter_params else flat
     on_gpu = setup.offload != "cpu_policy"
-    shards = 4.0 * flat if on_gpu else 0.0
-    adam = 8.0 * flat if on_gpu else 0.0
-    grads = 4.0 * flat if on_gpu else 0.0
+    shards = 4.0 * flat + (4.0 * trained if setup.adapter_params else 0.0) if on_gpu else 0.0
+    adam = 8.0 * trained if on_gpu else 0.0
+    grads = 4.0 * trained if on_gpu else 0.0
+    # LoRA's terms are derived (no measured row): said in the term names the output prints.
+    of = " of LoRA adapters (derived)" if setup.adapter_params else ""
     T, V, h, L = setup.tokens_per_gpu, m.vocab_size, m.hidden_size, m.num_layers
     root = root_numel(setup)
     gathered_root = 2.0 * root if (setup.fsdp_version == 1 and n > 1) else 0.0
     ref_root = gathered_root if setup.reference_policy else 0.0
     logits = {
         "fp32 parameter shards": shards,
-        "Adam moments (fp32)": adam,
-        "gradients of earlier micro-batches": grads if setup.micro_batches > 1 else 0.0,
+        f"Adam moments (fp32){of}": adam,
+        f"gradients of earlier micro-batches{of}": grads if setup.micro_batches > 1 else 0.0,
         "log-prob path (8 B x T x V)": LOGITS_BYTES_PER_ELEMENT * T * V,
         "checkpointed hidden states": CHECKPOINT_BYTES_PER_TOKEN_HIDDEN * L * T * h,
         "gathered root unit (bf16)": gathered_root,
@@ -141,17 +147,17 @@ def fsdp_learner_memory(setup: FsdpSetup) -> FsdpBreakdown:
     }
     grads_done = {
         "fp32 parameter shards": shards,
-        "Adam moments (fp32)": adam,
-        "gradients": grads,
+        f"Adam moments (fp32){of}": adam,
+        f"gradients{of}": grads,
         "root unit params, grads and fp32 reduce copy": (8.0 if n > 1 else 4.0) * root,
         "reference root unit (bf16)": ref_root,
         "fixed (fitted)": FIT["grads_done_fixed_gib"] * GIB,
     }
     step = {
         "fp32 parameter shards": shards,
-        "Adam moments (fp32)": adam,
-        "gradients": grads,
-        "foreach AdamW temporary": 4.0 * flat if on_gpu else 0.0,
+        f"Adam moments (fp32){of}": adam,
+        f"gradients{of}": grads,
+        f"foreach AdamW temporary{of}": 4.0 * trained if on_gpu else 0.0,
         "reference root unit (bf16)": ref_root,
         "fixed (fitted)": FIT["step_fixed_gib"] * GIB,
     }
@@ -171,17 +177,18 @@ def fsdp_learner_memory(setup: FsdpSetup) -> FsdpBreakdown:
 def setup_from(s: Any) -> FsdpSetup:
     """The FSDP update a planner's LearnerSetup describes (sharding "fsdp"; hpcrl.memory.learner imports
     this module, so the setup is read by attribute)."""
-    if s.lora_rank or s.load_in_4bit:
-        raise HpcrlError("LoRA / 4-bit under FSDP: hpcrl's FSDP model has no measured rows for adapters yet "
-                         "(benchmarks/results/fsdp_measured.jsonl); plan full fine-tuning")
+    if s.load_in_4bit:
+        raise HpcrlError("4-bit base weights under FSDP: verl does not load them (capabilities.json load_in_4bit); "
+                         "remove --load-in-4bit")
     if not s.gradient_checkpointing:
         raise HpcrlError("gradient checkpointing off under FSDP: hpcrl's FSDP model was measured with it on only")
     if s.offload == "optimizer":
         raise HpcrlError("optimizer-only offload during the update: FSDP has none (param/optimizer offload between "
                          "phases leaves the update's peak as it is); FSDP2's CPUOffloadPolicy is offload params")
     offload: FsdpOffload = "cpu_policy" if s.offload == "params" else "none"
+    adapters = s.model.lora_params(s.lora_rank, s.lora_targets) if s.lora_rank else 0
     return FsdpSetup(s.model, s.n_gpus, s.tokens_per_gpu, s.micro_batches, s.fsdp_version,  # type: ignore[arg-type]
-                     s.reference_policy, offload)
+                     s.reference_policy, offload, adapters)
 
 
 def fsdp_as_learner_memory(s: Any) -> LearnerMemory:
@@ -196,9 +203,10 @@ def fsdp_as_learner_memory(s: Any) -> LearnerMemory:
         peak_allocated=b.peak_bytes,
         peak_reserved=b.reserved_bytes,
         non_torch=non_torch_bytes(f.n_gpus),
-        trainable_params=f.model.total_params,
+        trainable_params=f.adapter_params or f.model.total_params,
         # CPUOffloadPolicy: fp32 shards, gradients and Adam moments in host memory.
-        host_offload_bytes=16.0 * flat if f.offload == "cpu_policy" else 0.0,
+        host_offload_bytes=(4.0 * flat + 16.0 * (f.adapter_params / f.n_gpus if f.adapter_params else flat))
+        if f.offload == "cpu_policy" else 0.0,
         # The reference policy's fp32 shards, CPU-offloaded by verl's worker (fsdp_workers.py:526). Derived.
         reference_host_bytes=4.0 * flat if f.reference_policy else 0.0,
     )

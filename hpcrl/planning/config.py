@@ -43,6 +43,9 @@ def config_path(name_or_path: str | None) -> Path:
     name = name_or_path or DEFAULT_CONFIG
     path = Path(name).expanduser()
     if path.suffix in (".yaml", ".yml") or path.exists():
+        if path.exists() and not path.is_file():
+            kind = "a directory" if path.is_dir() else "not a regular file"
+            raise ConfigError(f"{path}: {kind}; a run config is a YAML file")
         if not path.is_file():
             raise ConfigError(f"{path}: no such config file")
         return path
@@ -61,8 +64,10 @@ def parse_override(item: str) -> tuple[str, Any]:
         raise ConfigError(f"--set {item!r}: expected key=value, e.g. --set beta=0.0 or --set hpcrl.nodes=4")
     try:
         value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError:
-        value = raw
+    except yaml.YAMLError as exc:
+        problem = getattr(exc, "problem", None) or "not valid YAML"
+        raise ConfigError(f"--set {key}: {raw!r} is not a YAML value ({problem}); quote it for a string: "
+                          f"--set '{key}=\"...\"'") from None
     if isinstance(value, str):
         # YAML 1.1 reads `2e-6` as a string; a command line means the number.
         try:

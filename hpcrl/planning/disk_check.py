@@ -13,14 +13,20 @@ from hpcrl.errors import PlanError
 from hpcrl.planning.disk import GIB
 from hpcrl.planning.disk_backends import budget
 from hpcrl.planning.disk_budget import Budget, DiskInputs, refusal, shares_quota
-from hpcrl.planning.run_plan import RunPlan
+from hpcrl.planning.run_types import RunPlan
+
+
+def run_quota_gib(rp: RunPlan) -> float | None:
+    """The run root's quota: hpcrl.quota_gib (--quota-gib) when given, else the profile's."""
+    given = rp.config.hpcrl.quota_gib
+    return given if given is not None else rp.profile.storage.run_root.quota_gib
 
 
 def run_inputs(rp: RunPlan, quota_gib: float | None = None, hf_cache: bool | None = None) -> DiskInputs:
-    """The disk plan's inputs for a planned run: its config, the plan's choices, the profile's storage."""
+    """The disk plan's inputs for a planned run: its config, the plan's choices, the run root's quota."""
     cfg, w, lay, prof = rp.config, rp.workload, rp.layout, rp.profile
     args: dict[str, Any] = {**cfg.args, **rp.backend.layout_args(rp)}  # what the script passes
-    quota = quota_gib if quota_gib is not None else prof.storage.run_root.quota_gib
+    quota = quota_gib if quota_gib is not None else run_quota_gib(rp)
     root = cfg.hpcrl.run_root or prof.storage.run_root.path
     base = DiskInputs(w.model, learners=lay.learner_gpus, lora_rank=w.lora_rank,
                       model_cache=shares_quota(root, prof.storage.hf_home) if hf_cache is None else hf_cache,
@@ -38,7 +44,11 @@ def config_inputs(rp: RunPlan, quota_gib: float | None, hf_cache: bool | None, *
     s = replace(s, dataset_bytes=extra.get("dataset_bytes", 0.0),
                 rollout_tokens_per_step=extra.get("rollout_tokens_per_step") or s.rollout_tokens_per_step)
     root = rp.config.hpcrl.run_root or rp.profile.storage.run_root.path
-    return s, "--quota-gib" if quota_gib is not None else f"{rp.profile.name} run_root ({root})"
+    if quota_gib is not None:
+        return s, "--quota-gib"
+    if rp.config.hpcrl.quota_gib is not None:
+        return s, "hpcrl.quota_gib"
+    return s, f"{rp.profile.name} run_root ({root})"
 
 
 def run_budget(rp: RunPlan, quota_gib: float | None = None, hf_cache: bool | None = None) -> Budget:
@@ -50,5 +60,6 @@ def check_run_disk(rp: RunPlan) -> Budget:
     b = run_budget(rp)
     if b.fits is False and not rp.config.hpcrl.force_disk:
         steps = b.inputs.total_steps
-        raise PlanError(refusal(b, [f.text for f in b.fixes], f" over {steps} steps" if steps else ""))
+        raise PlanError(refusal(b, [f.text for f in b.fixes], f" over {steps} steps" if steps else
+                                " (step count unknown: counted to the retention limit)"))
     return b

@@ -243,6 +243,10 @@ def check_nodes(profile: ClusterProfile, nodes: int, partition: str | None = Non
     """Errors (or warnings with allow_over_limit) for nodes beyond partition/QOS limits."""
     if nodes < 1:
         raise HpcrlError(f"--nodes must be at least 1, got {nodes}")
+    machine = profile.slurm.system_nodes
+    if machine and nodes > machine:
+        # No allocation is larger than the machine: refused before any layout is planned.
+        raise PlanError(f"--nodes {nodes}: {profile.name} has {machine:,} nodes in all; valid: 1 to {machine:,}")
     problems = []
     name = partition or profile.slurm.default_partition
     part = profile.slurm.partitions.get(name) if name else None
@@ -264,10 +268,35 @@ def check_nodes(profile: ClusterProfile, nodes: int, partition: str | None = Non
     return problems
 
 
+# Memory plans already made, by everything plan_memory reads; the profile is held beside its plan so
+# that its id stays its own while the memo lives.
+PlanMemo = dict
+
+
+def _memory(memo: PlanMemo | None, profile: ClusterProfile, learner: LearnerSetup, engine: EngineSetup, k: int,
+            engine_gpus: int, margin: bool) -> MemoryPlan:
+    if memo is None:
+        return plan_memory(profile, learner, engine, learners_per_node=k, engine_gpus_per_node=engine_gpus,
+                           margin=margin)
+    # Whether a learner fits depends on the learner alone (and the GPU): once it does not, any plan of
+    # it answers, since enumerate_layouts then reads only learner_fits and rejects the layout.
+    unfit = memo.get((id(profile), learner, margin))
+    if unfit is not None:
+        return unfit[1]
+    key = (id(profile), learner, engine, k, engine_gpus, margin)
+    if key not in memo:
+        memo[key] = (profile, _memory(None, profile, learner, engine, k, engine_gpus, margin))
+        if not memo[key][1].learner_fits:
+            memo[(id(profile), learner, margin)] = memo[key]
+    return memo[key][1]
+
+
 def enumerate_layouts(profile: ClusterProfile, nodes: int, w: Workload, pins: Pins = Pins(),
-                      margin: bool = True) -> tuple[list[Layout], dict[str, int]]:
+                      margin: bool = True, memo: PlanMemo | None = None) -> tuple[list[Layout], dict[str, int]]:
     """Every layout that satisfies the rules and fits, ranked best first; and rejection counts.
-    Without margin, a learner may use the allocator margin (plan_layouts' last resort)."""
+    Without margin, a learner may use the allocator margin (plan_layouts' last resort). A search
+    over node counts passes one `memo`: a layout's memory does not depend on the job's node count,
+    so each (learners, learner nodes, TP, utilisation) is planned once, not once per count."""
     w.check()
     g = profile.gpu.count_per_node
     rejected: dict[str, int] = {}
@@ -309,13 +338,14 @@ def enumerate_layouts(profile: ClusterProfile, nodes: int, w: Workload, pins: Pi
                 chosen = None
                 for util in utils:
                     for sync in sync_modes(w.weight_sync):
-                        plan = plan_memory(
+                        plan = _memory(
+                            memo,
                             profile,
                             _learner_setup(w, n_learn, sync),
                             EngineSetup(model=w.model, tp=tp, gpu_memory_utilization=util, max_seq_len=w.seq_len),
-                            learners_per_node=k,
-                            engine_gpus_per_node=((g - k) // tp) * tp,
-                            margin=margin,
+                            k,
+                            ((g - k) // tp) * tp,
+                            margin,
                         )
                         if plan.learner_fits:
                             break

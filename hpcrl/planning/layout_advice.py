@@ -14,7 +14,7 @@ from dataclasses import replace
 from hpcrl.errors import PlanError
 from hpcrl.memory import constants as C
 from hpcrl.memory.plan import allocator_margin
-from hpcrl.planning.layout import Layout, Pins, Workload, enumerate_layouts
+from hpcrl.planning.layout import Layout, PlanMemo, Pins, Workload, enumerate_layouts
 from hpcrl.profiles import ClusterProfile
 
 
@@ -29,12 +29,16 @@ def suggest(profile: ClusterProfile, nodes: int, w: Workload, pins: Pins, varian
     fixes that keep the job inside the partition's and QOS's node limits first; within each,
     those that leave the allocator margin free before those that fit only inside it."""
     found: list[tuple[int, str]] = []  # (rank, fix)
+    memo: PlanMemo = {}
+
+    def layouts(prof: ClusterProfile, n: int, wc: Workload, p: Pins, margin: bool = True):
+        return enumerate_layouts(prof, n, wc, p, margin=margin, memo=memo)
 
     def add(text: str, prof: ClusterProfile, n: int, p: Pins, **change) -> bool:
         wc = replace(w, **change) if change else w
-        if enumerate_layouts(prof, n, wc, p)[0]:
+        if layouts(prof, n, wc, p)[0]:
             tight = False
-        elif enumerate_layouts(prof, n, wc, p, margin=False)[0]:
+        elif layouts(prof, n, wc, p, margin=False)[0]:
             tight = True
         else:
             return False
@@ -56,7 +60,7 @@ def suggest(profile: ClusterProfile, nodes: int, w: Workload, pins: Pins, varian
     lo, hi, best = w.seq_len, w.pack_length - 1, None
     while lo <= hi and w.pack_length > w.seq_len and fixes.get("tokens"):
         mid = (lo + hi) // 2
-        if enumerate_layouts(profile, nodes, replace(w, pack_length=mid), pins)[0]:
+        if layouts(profile, nodes, replace(w, pack_length=mid), pins)[0]:
             best, lo = mid, mid + 1
         else:
             hi = mid - 1
@@ -70,21 +74,26 @@ def suggest(profile: ClusterProfile, nodes: int, w: Workload, pins: Pins, varian
     if w.lora_rank == 0 and fixes.get("lora"):
         add(str(fixes["lora"]), profile, nodes, pins, lora_rank=16)
     limit = max(nodes * 2, 64)
-    for n in range(nodes + 1, limit + 1):
-        if enumerate_layouts(profile, n, w, pins)[0]:
-            add(f"--nodes {n}", profile, n, pins)
-            break
-    else:
-        if w.hpz_partition_size > 1 and fixes.get("no_hpz"):
-            for n in range(nodes, limit + 1):
-                if enumerate_layouts(profile, n, replace(w, hpz_partition_size=1), pins)[0]:
-                    add(f"--nodes {n} {fixes['no_hpz']}", profile, n, pins, hpz_partition_size=1)
-                    break
+
+    def fewest_nodes(prof: ClusterProfile, lo: int, wc: Workload) -> int | None:
+        """The fewest nodes in lo..limit where a layout fits. A layout that fits on n nodes fits on n + 1 (the
+        same learners, more engine GPUs), so a bisection finds it: log2 of the range of plans, not the range."""
+        hi = limit
+        if lo > hi or not layouts(prof, hi, wc, pins)[0]:
+            return None
+        while lo < hi:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if layouts(prof, mid, wc, pins)[0] else (mid + 1, hi)
+        return lo
+
+    if (n := fewest_nodes(profile, nodes + 1, w)) is not None:
+        add(f"--nodes {n}", profile, n, pins)
+    elif w.hpz_partition_size > 1 and fixes.get("no_hpz"):
+        if (n := fewest_nodes(profile, nodes, replace(w, hpz_partition_size=1))) is not None:
+            add(f"--nodes {n} {fixes['no_hpz']}", profile, n, pins, hpz_partition_size=1)
     for var in variants:
-        for n in range(nodes, limit + 1):
-            if enumerate_layouts(var, n, w, pins)[0]:
-                add(f"--cluster {var.name}:{var.variant} --nodes {n}", var, n, pins)
-                break
+        if (n := fewest_nodes(var, nodes, w)) is not None:
+            add(f"--cluster {var.name}:{var.variant} --nodes {n}", var, n, pins)
     return [text for _rank, text in sorted(found, key=lambda f: f[0])]
 
 

@@ -25,6 +25,7 @@ class RunRequest:
     gpus: int | None = None  # GPUs of one node, for a job smaller than a node
     cluster: str | None = None  # a profile name, name:variant picks a node type
     cluster_file: str | None = None  # a profile file, instead of a name
+    quota_gib: float | None = None  # the run root's quota, as hpcrl.quota_gib
     allow_over_limit: bool = False
     smoke: bool = False  # the script runs hpcrl's Ray smoke test instead of training
     # Only `plan --model` asks this: a what-if on another model than the config's, never rendered.
@@ -35,11 +36,15 @@ def plan_request(req: RunRequest) -> RunPlan:
     """The checked plan of a request: config, cluster limits, layout, and the disk budget of a run
     that writes checkpoints; raises on anything that won't work."""
     # Imported here: the CLI imports this module to declare its options, and `--help` plans nothing.
+    from hpcrl.errors import HpcrlError
     from hpcrl.planning.disk_check import check_run_disk
     from hpcrl.planning.run_plan import make_run_plan
 
+    if req.quota_gib is not None and req.quota_gib <= 0:
+        raise HpcrlError(f"--quota-gib {req.quota_gib:g}: valid: a positive number of GiB")
+    quota = [] if req.quota_gib is None else [f"hpcrl.quota_gib={req.quota_gib!r}"]  # the flag wins over the config
     rp = make_run_plan(req.config, nodes=req.nodes, cluster=req.cluster, cluster_file=req.cluster_file,
-                       model=req.model, sets=list(req.sets), pins=list(req.pins),
+                       model=req.model, sets=[*req.sets, *quota], pins=list(req.pins),
                        allow_over_limit=req.allow_over_limit, gpus=req.gpus)
     # A smoke run writes no checkpoints; a what-if on another model than the config's is no run.
     if not req.smoke and req.model is None:

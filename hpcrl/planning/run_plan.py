@@ -16,6 +16,7 @@ from hpcrl.planning.config import load_run_config
 from hpcrl.planning.layout import Layout, Pins, Workload, check_nodes, enumerate_layouts
 from hpcrl.planning.layout_advice import idle_gpus_warning
 from hpcrl.planning.node_share import job_profile
+from hpcrl.planning.resume import no_resume_reason, no_resume_warning
 from hpcrl.planning.run_types import HpcrlSection, RunConfig, RunPlan
 from hpcrl.planning.walltime import check_time
 from hpcrl.profiles import ClusterProfile, resolve_profile
@@ -135,9 +136,11 @@ def make_run_plan(
     if not cad.pinned:
         choices[backend.checkpoint_key] = cad.every_steps
     assumed = backend.target_version(cfg.hpcrl)[1]
-    return RunPlan(cfg, profile, n, planned.workload or w, p, planned.layouts,
-                   tuple(warnings) + planned.warnings + tuple(cad_warnings), tuple(choices.items()), cad,
-                   assumptions=(assumed,) if assumed else ())
+    rp = RunPlan(cfg, profile, n, planned.workload or w, p, planned.layouts,
+                 tuple(warnings) + planned.warnings + tuple(cad_warnings), tuple(choices.items()), cad,
+                 assumptions=(assumed,) if assumed else ())
+    reason = no_resume_reason(rp)
+    return replace(rp, warnings=rp.warnings + (no_resume_warning(reason),), no_resume=reason) if reason else rp
 
 
 def checkpoint_cadence(backend: Backend, cfg: RunConfig, profile: ClusterProfile, w: Workload,
@@ -159,9 +162,6 @@ def checkpoint_cadence(backend: Backend, cfg: RunConfig, profile: ClusterProfile
                         f"write (~{cad.write_s:.0f} s) before its end: the time-limit warning comes {capped} s "
                         f"before it, not {cad.lead_s}; a longer hpcrl.time saves the last checkpoint")
         cad = replace(cad, lead_s=capped)
-    if isinstance(pinned, int) and pinned <= 0:
-        warnings.append(f"{key} {pinned}: the run never writes the state a continuation resumes from; every job of "
-                        f"the chain starts from scratch (remove it and hpcrl sets {cad.every_steps})")
     return cad, warnings
 
 

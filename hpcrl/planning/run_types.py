@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from hpcrl.profiles import ClusterProfile
 
 # hpcrl-section fields added after configs were first hashed, with their unset values.
-NEWER_FIELDS = {"gpus": None, "loss_keys": [], "framework_version": None, "stack_check": "on"}
+NEWER_FIELDS = {"gpus": None, "loss_keys": [], "framework_version": None, "stack_check": "on", "quota_gib": None}
 
 
 class HpcrlSection(BaseModel):
@@ -74,6 +74,7 @@ class HpcrlSection(BaseModel):
     # before 2d0b9854, and the 203 GB saves of the users' notes). Only the disk plan reads it.
     lora_hf_save: Literal["adapter", "full"] = "adapter"
     allow_over_limit: bool = False
+    quota_gib: float | None = Field(default=None, gt=0, description="The run root's quota; default the profile's")
     force_disk: bool = False
     # Services the framework's verifiers call on localhost (a code-execution API, capabilities.json "services"):
     # auto starts them when the config needs them, on starts them always, off never.
@@ -156,6 +157,8 @@ class RunPlan:
     # Values the backend planned beyond the layout (framework key -> value).
     choices: tuple[tuple[str, Any], ...] = ()
     cadence: Cadence | None = None  # checkpoint interval and time-limit warning (hpcrl/planning/cadence.py)
+    # Why a continuation could not resume ("" when it can): the chain then stops at a time limit (planning/resume.py).
+    no_resume: str = ""
     # The user's per-cluster exclude list (hpcrl/jobs/node_excludes.py), added by render/submit, not by planning.
     user_exclude: tuple[str, ...] = ()
     user_exclude_file: str | None = None

@@ -355,6 +355,7 @@ def _context(rp: RunPlan, smoke: bool) -> dict:
         "driver_lines": _driver_lines(rp),
         "stack_expect": _stack_expect(rp, smoke),
         "max_restarts": hp.max_restarts,
+        "no_resume": shq(rp.no_resume) if rp.no_resume else "",
         "zero_reward_steps": hp.zero_reward_steps,
         "hang_minutes": f"{hp.hang_minutes:g}",
         "grad_norm_steps": hp.grad_norm_steps,

@@ -329,7 +329,8 @@ PIN_NAMES = {"learners": "learners_per_node", "learner_nodes": "learner_nodes", 
 
 
 def cli_pins_into(values: dict, cli_pins: list[str] | None, allowed: tuple[str, ...] = tuple(PIN_NAMES)) -> Pins:
-    """`--pin key=value` on top of the config's pins."""
+    """`--pin key=value` on top of the config's pins; each choice once, each a count of 1 or more (util in (0, 1])."""
+    given: dict[str, str] = {}
     for item in cli_pins or []:
         key, sep, raw = item.partition("=")
         if not sep or key not in PIN_NAMES:
@@ -337,8 +338,14 @@ def cli_pins_into(values: dict, cli_pins: list[str] | None, allowed: tuple[str, 
         if key not in allowed:
             raise HpcrlError(f"--pin {item!r}: not a choice of this backend's layout; valid: "
                              f"{', '.join(k + '=N' for k in allowed)}")
+        if key in given:
+            raise HpcrlError(f"--pin {key} given twice ({given[key]}, {raw}); give it once")
+        given[key] = raw
         try:
-            values[PIN_NAMES[key]] = float(raw) if key == "util" else int(raw)
+            value = float(raw) if key == "util" else int(raw)
         except ValueError:
             raise HpcrlError(f"--pin {item!r}: {raw!r} is not a number") from None
+        if not (0 < value <= 1 if key == "util" else value >= 1):
+            raise HpcrlError(f"--pin {item!r}: valid: " + ("a fraction in (0, 1]" if key == "util" else "1 or more"))
+        values[PIN_NAMES[key]] = value
     return Pins(**values)

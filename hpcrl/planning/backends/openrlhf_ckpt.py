@@ -58,20 +58,25 @@ def budget(s: DiskInputs) -> Budget:
     else:
         hf_what, hf_src = "LoRA adapter only", ORL_HF
     n = saves(s.ckpt_every, s.total_steps)
+    # Step count unknown (it depends on the dataset): the worst case a run surely reaches is its retention
+    # limit, ckpt.max_num saves, each with an HF save beside it that retention never prunes.
+    limit = max(1, s.keep or 0)
     items, notes = [], []
     if not s.disable_ds:
         terms = state_checkpoint_terms(DiskSetup(s.model, s.zero_stage, s.learners, s.lora_rank), t)
         at_peak = max(0, s.keep or 0) if n is None else min(n, max(0, s.keep or 0))
         if n is None and s.ckpt_every > 0:
-            notes.append(f"DeepSpeed state: ckpt.max_num {s.keep} counted (the run's step count depends on its dataset)")
+            notes.append(f"DeepSpeed state: ckpt.max_num {s.keep} counted, the retention limit (the run's step count "
+                         "depends on its dataset)")
         items.append(Item("deepspeed_state", f"DeepSpeed state (ckpt.path/_actor/global_stepN, every {s.ckpt_every}, "
                           f"ckpt.max_num {s.keep})", sum(terms.values()), n, at_peak, ORL_DS, terms))
     if s.save_hf and s.ckpt_every > 0:
         if n is None:
-            notes.append(f"HF saves are never deleted: one counted; each further save adds {hf_one / 1024**3:,.1f} GiB "
-                         "(give --total-steps, or data.max_samples in the config)")
+            notes.append(f"HF saves are never deleted: {limit} counted, as many as the run makes to reach its retention "
+                         f"limit (ckpt.max_num); each further save adds {hf_one / 1024**3:,.1f} GiB (give --total-steps, "
+                         "or data.max_samples in the config)")
         items.append(Item("hf_save", f"HF save: {hf_what} (ckpt.path/global_stepN_hf, every {s.ckpt_every})", hf_one,
-                          n, n if n is not None else 1, hf_src + "; trainer/ray/ppo_actor.py:674-680"))
+                          n, n if n is not None else limit, hf_src + "; trainer/ray/ppo_actor.py:674-680"))
     items.append(Item("final_save", f"final save: {hf_what} (ckpt.output_dir)", hf_one, 1, 1,
                       hf_src + "; trainer/ray/ppo_actor.py:607-615"))
     if s.lora_rank and not full:
@@ -91,6 +96,8 @@ def fixes(b: Budget) -> list[Fix | None]:
         out.append(search(budget, s, "disable_ds", [True], KEYS["disable_ds"]))
     if s.save_hf:
         out.append(search(budget, s, "save_hf", [False], KEYS["save_hf"]))
+        if s.lora_rank and s.lora_hf_save == "full":
+            out.append(search(budget, s, "lora_hf_save", ["adapter"], "hpcrl.lora_hf_save"))
         out.append(search(budget, s, "ckpt_every", interval_values(s.ckpt_every, s.total_steps), KEYS["ckpt_every"]))
     return out
 
@@ -113,7 +120,7 @@ def checkpoint_flags(args: dict[str, Any], w: Workload, learner_gpus: int, profi
     """Flags to render (name -> value) and warnings, from the disk budget and the run root's quota."""
     max_num = int(args.get("ckpt.max_num", DEFAULT_MAX_NUM))
     keep = {} if "ckpt.max_num" in args else {"ckpt.max_num": max_num}
-    quota_gib = profile.storage.run_root.quota_gib
+    quota_gib = section.quota_gib if section.quota_gib is not None else profile.storage.run_root.quota_gib
     if any(k in args for k in USER_KEYS) or quota_gib is None:
         return keep, []
     root = section.run_root or profile.storage.run_root.path

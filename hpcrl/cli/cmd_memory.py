@@ -123,8 +123,11 @@ def plan_memory_cmd(
     if question.config is None and (question.colocated if colocated is None else colocated):
         keep = question.grads_resident if keep_grads is None else keep_grads
         offload_all = rollout_offload is RolloutOffload.all
+        from hpcrl.planning.backends import get_backend
+
         colocation = Colocation(param_offload=offload_all, optimizer_offload=rollout_offload is not RolloutOffload.none,
-                                grads_resident=keep and not offload_all)
+                                grads_resident=keep and not offload_all,
+                                sleep_level=get_backend(question.backend).sleep_level())
     elif question.config is not None and colocated is not None and colocated != question.colocated:
         raise HpcrlError(f"--{'colocated' if colocated else 'separate'}: the config's {question.backend} run is "
                          f"{'colocated' if question.colocated else 'separate'}; change the config instead")

@@ -6,8 +6,9 @@ engine on every GPU and take turns. Nothing here is new arithmetic: the learner 
 `engine_memory`; this module says which of their terms are on the GPU in each phase.
 
 * **training**: the learner's whole peak (`learner_memory`), while vLLM sleeps. A sleeping
-  vLLM (sleep level 1, what both frameworks use) has moved its weights to host RAM and
-  dropped its KV cache; its CUDA context and captured CUDA graphs stay. A vLLM that does
+  vLLM has dropped its KV cache and either moved its weights to host RAM (sleep level 1:
+  OpenRLHF) or discarded them (level 2: verl's hybrid engine, restored by the next weight sync);
+  its CUDA context and captured CUDA graphs stay. A vLLM that does
   not sleep keeps its whole budget (`gpu_memory_utilization` x GPU).
 * **rollout**: vLLM asks for `gpu_memory_utilization` x GPU (vLLM refuses to start when less
   is free) next to what the training side leaves resident: its sharded parameters, optimizer
@@ -49,7 +50,10 @@ class Colocation:
     optimizer_offload: bool = False  # optimizer state to host RAM during rollout
     grads_resident: bool = False  # gradient partitions kept between steps (DeepSpeed), freed (FSDP)
     reference_offload: bool = False  # reference copy in host RAM outside its own forward pass
-    vllm_sleeps: bool = True  # vLLM sleeps (level 1) during training
+    vllm_sleeps: bool = True  # vLLM sleeps during training
+    # vLLM's sleep level: 1 moves its weights to host RAM, 2 discards them (the next weight sync
+    # restores them from the learner), so level 2 costs no host RAM. The framework's fact, per version.
+    sleep_level: int = 1
 
 
 @dataclass(frozen=True)
@@ -118,6 +122,7 @@ class ColocatedPlan(MemoryPlan):
             "grads_resident": c.grads_resident,
             "reference_offload": c.reference_offload,
             "vllm_sleeps": c.vllm_sleeps,
+            "vllm_sleep_level": c.sleep_level,
             "training_gib": round(self.training_total / g, 3),
             "training_breakdown": {k: round(v / g, 3) for k, v in self.training_terms.items()},
             "training_fits": self.learner_fits,
@@ -166,7 +171,7 @@ def plan_colocated(profile: ClusterProfile, learner: LearnerSetup, engine: Engin
         "vLLM (gpu_memory_utilization x GPU)": em.budget,
     }
     # Host RAM: what training offloads itself, what moves out between phases, and vLLM's
-    # weights while it sleeps (level 1 keeps them in host memory).
+    # weights while it sleeps at level 1 (level 2 discards them).
     between = 0.0
     if colocation.param_offload:
         between += _sum(t, PARAMETER_TERMS)
@@ -177,7 +182,8 @@ def plan_colocated(profile: ClusterProfile, learner: LearnerSetup, engine: Engin
     between += lm.reference_host_bytes
     hm = host_memory(profile.node.ram_gib * C.GIB, g, lm.host_offload_bytes, g, profile.ray.memory_kill_threshold)
     extra = {"training state offloaded during rollout": g * between,
-             "vLLM weights while asleep": g * em.weights if colocation.vllm_sleeps else 0.0}
+             "vLLM weights while asleep (sleep level 1)":
+                 g * em.weights if colocation.vllm_sleeps and colocation.sleep_level == 1 else 0.0}
     terms = {**hm.terms, **{k: v for k, v in extra.items() if v}}
     hm = HostMemory(hm.ram_per_node, hm.kill_threshold, sum(terms.values()), terms)
     return ColocatedPlan(profile, learner, engine, lm, em, hm, allocator_margin(learner, lm.peak_reserved) if margin else 0.0,

@@ -8,7 +8,7 @@
 #   model Qwen/Qwen2.5-7B: 1536 sequences of 5120 tokens per step, ppo_micro_batch_size_per_gpu 8 (40960 tokens)
 #   4 x 4 GH200 (95.58 GiB): all 16 GPUs train and generate (colocated)
 #   trainer.nnodes 4, n_gpus_per_node 4, rollout tensor_model_parallel_size 1 (16 engines), gpu_memory_utilization 0.85, fsdp param_offload false, optimizer_offload false
-#   colocated peak 73.0 GiB/GPU training, 89.6 GiB/GPU rollout of 95.6 usable; KV cache 66.2 GiB per GPU; host peak 106 GiB/node
+#   colocated peak 73.0 GiB/GPU training, 89.6 GiB/GPU rollout of 95.6 usable; KV cache 66.2 GiB per GPU; host peak 49 GiB/node
 #   step ~160 s (generation 66 s, training 95 s), bottleneck training
 #   trainer.save_freq 11: a checkpoint every ~29 min of training (so that at most 30 min is lost); time-limit warning 900 s before the end = one step (~160 s) + one checkpoint write (~43 s, derived) + 60 s to stop
 # Warning: 4 learners per node on isambard-ai, where the profile plans at most 1: more than one learner per GH200 node failed with NCCL "Duplicate GPU detected" in the users' runs (their workaround, a patched NCCL with NCCL_IGNORE_DUPLICATE_GPU=1, is untested at 32B)
@@ -200,7 +200,7 @@ run_directory() {
     "engine_kv_cache_gib": 66.16,
     "generation_time_s": 65.8,
     "gpu_usable_gib": 95.58,
-    "host_peak_gib": 105.8,
+    "host_peak_gib": 49.1,
     "idle_gpus": 0,
     "learner_gpus": 16,
     "learner_peak_gib": 71.4,
@@ -243,6 +243,7 @@ run_directory() {
       },
       "training_fits": true,
       "training_gib": 73.003,
+      "vllm_sleep_level": 2,
       "vllm_sleeps": true
     },
     "engine": {
@@ -280,12 +281,11 @@ run_directory() {
         "learner processes": 24.0,
         "offloaded optimizer state (pinned)": 0.0,
         "training state offloaded during rollout": 7.09,
-        "vLLM weights while asleep": 56.74,
         "vLLM workers": 16.0
       },
       "fits": true,
       "kill_threshold": 0.95,
-      "peak_gib": 105.8,
+      "peak_gib": 49.1,
       "ram_per_node_gib": 460.0
     },
     "learner": {

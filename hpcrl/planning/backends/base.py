@@ -214,6 +214,10 @@ class Backend(ABC):
         return f"{rp.workload.pack_length} tokens per GPU micro-batch"
 
     # ------------------------------------------------------------------ planning facts
+    def sleep_level(self, version: str | None = None) -> int:
+        """The vLLM sleep level of a colocated engine (1: weights kept in host RAM; 2: discarded)."""
+        return 1
+
     # (disk budget kinds, memory-model choice, plan-memory questions)
     list_order: ClassVar[int] = 100  # where lists of backends show it (the default backend first)
     disk: ClassVar[DiskFacts]  # its checkpoints and dumps against the run root's quota (facts.py)

@@ -178,7 +178,7 @@ def setup_from(s: Any) -> FsdpSetup:
     """The FSDP update a planner's LearnerSetup describes (sharding "fsdp"; hpcrl.memory.learner imports
     this module, so the setup is read by attribute)."""
     if s.load_in_4bit:
-        raise HpcrlError("4-bit base weights under FSDP: verl does not load them (capabilities.json load_in_4bit); "
+        raise HpcrlError("4-bit base weights under FSDP: the framework does not load them (capabilities.json load_in_4bit); "
                          "remove --load-in-4bit")
     if not s.gradient_checkpointing:
         raise HpcrlError("gradient checkpointing off under FSDP: hpcrl's FSDP model was measured with it on only")

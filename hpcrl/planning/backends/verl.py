@@ -33,7 +33,7 @@ from hpcrl.memory.colocated import Colocation
 from hpcrl.memory.fsdp_learner import FsdpSetup
 from hpcrl.models import resolve_model
 from hpcrl.planning.backends import versions
-from hpcrl.planning.backends.verl_memory import memory_facts
+from hpcrl.planning.backends.verl_memory import memory_facts, sleep_level
 from hpcrl.planning.backends.log_facts import CommandFacts, CpuAsk, DiagnoseFacts, SmokeFacts
 from hpcrl.planning.backends.verl_disk import DISK
 from hpcrl.planning.layout import DEFAULT_MICRO_BATCHES, Pins, Workload
@@ -283,14 +283,10 @@ class VerlBackend(Backend):
     def colocation(self, cfg: RunConfig, param_offload: bool, optimizer_offload: bool) -> Colocation:
         return Colocation(param_offload=param_offload, optimizer_offload=optimizer_offload, grads_resident=False,
                           reference_offload=bool(self.arg(cfg, REF + "fsdp_config.param_offload")),
-                          vllm_sleeps=bool(self.arg(cfg, R + "free_cache_engine")),
-                          sleep_level=self.sleep_level(cfg.hpcrl.framework_version))
+                          vllm_sleeps=bool(self.arg(cfg, R + "free_cache_engine")), sleep_level=self.sleep_level(cfg.hpcrl.framework_version))
 
     def sleep_level(self, version: str | None = None) -> int:
-        """The level verl's hybrid (colocated) vLLM sleeps at, read at the run's verl version
-        (capabilities vllm.sleep_level: 2 at b178a3cd and 1dda039b, vllm_async_server.py)."""
-        facts = versions.capabilities(self.name, version).get("vllm", {})
-        return int(facts.get("sleep_level", {}).get("default", 1))
+        return sleep_level(self.name, version)
 
     def plan(self, cfg: RunConfig, profile: ClusterProfile, nodes: int, w: Workload, pins: Pins,
              variants: list[ClusterProfile]) -> Planned:

@@ -35,3 +35,12 @@ def memory_facts(actor: str, rollout: str, micro_key: str, flag_table: str) -> M
                                    "param/optimizer offload moves state between phases); FSDP2's "
                                    "CPUOffloadPolicy is --offload params --fsdp-version 2",
         })
+
+
+def sleep_level(backend: str, version: str | None) -> int:
+    """The level verl's hybrid (colocated) vLLM sleeps at, read at the run's verl version
+    (capabilities vllm.sleep_level: 2 at b178a3cd and 1dda039b, vllm_async_server.py)."""
+    from hpcrl.planning.backends import versions
+
+    facts = versions.capabilities(backend, version).get("vllm", {})
+    return int(facts.get("sleep_level", {}).get("default", 1))

@@ -44,4 +44,9 @@ def test_the_actor_checkpoint_retention_key_is_the_same_at_both_versions():
 
 def test_the_current_version_has_no_unread_feature_or_checkpoint_facts():
     pending = versions.capabilities("verl", CURRENT).get("needs_reading", [])
-    assert [p for p in pending if p.startswith(("features.", "services and checkpoints"))] == []
+    assert [p for p in pending if p.startswith(("features.", "fsdp.", "services and checkpoints"))] == []
+
+
+def test_the_fsdp_master_weights_are_fp32_at_both_versions():
+    # model_dtype: fp32 at engine/fsdp.yaml:33 (both commits); 1dda039b loads in it at transformer_impl.py:239-245
+    assert [versions.capabilities("verl", v)["fsdp"]["master_weights_dtype"]["value"] for v in (PIN, CURRENT)] == ["fp32", "fp32"]

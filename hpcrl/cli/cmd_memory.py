@@ -88,6 +88,7 @@ def plan_memory_cmd(
     from hpcrl.errors import HpcrlError
     from hpcrl.memory.colocated import Colocation
     from hpcrl.planning import memory_question as mq
+    from hpcrl.planning.backends import get_backend
     from hpcrl.planning.node_share import job_profile
     from hpcrl.profiles import resolve_profile
 
@@ -123,8 +124,6 @@ def plan_memory_cmd(
     if question.config is None and (question.colocated if colocated is None else colocated):
         keep = question.grads_resident if keep_grads is None else keep_grads
         offload_all = rollout_offload is RolloutOffload.all
-        from hpcrl.planning.backends import get_backend
-
         colocation = Colocation(param_offload=offload_all, optimizer_offload=rollout_offload is not RolloutOffload.none,
                                 grads_resident=keep and not offload_all,
                                 sleep_level=get_backend(question.backend).sleep_level())

@@ -34,8 +34,12 @@ def known_versions() -> list[str]:
 
 def backend_engine(backend: str) -> dict:
     """The vLLM a backend installs and the scheduler sizes it gives its engines, with the source."""
-    table = _data()["backend_versions"]
-    return table.get(backend, table[_data()["default_backend"]])
+    return _data()["backend_versions"].get(backend) or default_engine()
+
+
+def default_engine() -> dict:
+    """The default backend's vLLM (data/vllm_accounting.json default_backend): a backend with no entry gets it."""
+    return _data()["backend_versions"][_data()["default_backend"]]
 
 
 def measured(key: str) -> dict:

@@ -11,7 +11,8 @@ out and never used by the fit. The fit uses only the training rows:
 * margin_fraction (the verdict's allocator margin): the largest measured / predicted - 1 of peak
   reserved over the training rows, rounded up to a percent;
 * reserved: peak reserved minus the model's basis (its peak, or for FSDP1 with one micro-batch the
-  logits moment plus the gradients), least squares on a + b * T * V, per FSDP version.
+  logits moment plus the gradients), least squares on a + b * (one decoder layer's fp32 bytes), per
+  FSDP version.
 Prints the constants, the per-row table and the errors (peak allocated and reserved) on the
 held-out rows and on the training rows.
 """
@@ -68,14 +69,14 @@ def fit(train: list[dict]) -> dict:
             gres.append(bw - tot["backward end"])
         if r["offload"] != "cpu_policy":
             sres.append(r["phase_peaks_gib"]["step"] * GIB - tot["optimizer step"])
-        rx[s.fsdp_version].append(s.tokens_per_gpu * s.model.vocab_size)
+        rx[s.fsdp_version].append(4.0 * F.layer_numel(s))
         ry[s.fsdp_version].append(r["peak_reserved_gib"] * GIB - b.reserved_bytes)
     a, b = lstsq(lx, ly)
     out = {}
     for v in (1, 2):
         ra, rb = lstsq(rx[v], ry[v])
         out[f"reserved_fixed_gib_fsdp{v}"] = round(ra / GIB, 2)
-        out[f"reserved_per_logits_element_fsdp{v}"] = round(rb, 2)
+        out[f"reserved_per_layer_fp32_fsdp{v}"] = round(rb, 2)
     out |= {
         "logits_fixed_gib": round(a / GIB, 3),
         "logits_per_token_hidden": round(b, 1),

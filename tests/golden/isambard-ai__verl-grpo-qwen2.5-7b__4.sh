@@ -8,7 +8,7 @@
 #   model Qwen/Qwen2.5-7B: 1536 sequences of 5120 tokens per step, ppo_micro_batch_size_per_gpu 8 (40960 tokens)
 #   4 x 4 GH200 (95.58 GiB): all 16 GPUs train and generate (colocated)
 #   trainer.nnodes 4, n_gpus_per_node 4, rollout tensor_model_parallel_size 1 (16 engines), gpu_memory_utilization 0.85, fsdp param_offload false, optimizer_offload false
-#   colocated peak 73.0 GiB/GPU training, 89.6 GiB/GPU rollout of 95.6 usable; KV cache 66.2 GiB per GPU; host peak 49 GiB/node
+#   colocated peak 75.9 GiB/GPU training, 89.6 GiB/GPU rollout of 95.6 usable; KV cache 66.2 GiB per GPU; host peak 49 GiB/node
 #   step ~160 s (generation 66 s, training 95 s), bottleneck training
 #   trainer.save_freq 11: a checkpoint every ~29 min of training (so that at most 30 min is lost); time-limit warning 900 s before the end = one step (~160 s) + one checkpoint write (~43 s, derived) + 60 s to stop
 # Warning: 4 learners per node on isambard-ai, where the profile plans at most 1: more than one learner per GH200 node failed with NCCL "Duplicate GPU detected" in the users' runs (their workaround, a patched NCCL with NCCL_IGNORE_DUPLICATE_GPU=1, is untested at 32B)
@@ -203,7 +203,7 @@ run_directory() {
     "host_peak_gib": 49.1,
     "idle_gpus": 0,
     "learner_gpus": 16,
-    "learner_peak_gib": 71.4,
+    "learner_peak_gib": 74.31,
     "nodes": 4,
     "num_learners_per_node": [
       4,
@@ -214,7 +214,7 @@ run_directory() {
     "reason": "colocated: every GPU trains and generates; step ~160s = generation 66s + training 95s",
     "rollout_peak_gib": 89.59,
     "step_time_s": 160.4,
-    "training_peak_gib": 73.0,
+    "training_peak_gib": 75.91,
     "training_time_s": 94.6,
     "vllm_gpu_memory_utilization": 0.85,
     "vllm_num_engines": 16,
@@ -238,11 +238,11 @@ run_directory() {
       "rollout_fits": true,
       "rollout_gib": 89.593,
       "training_breakdown": {
-        "learner (training peak)": 71.403,
+        "learner (training peak)": 74.309,
         "vLLM asleep (CUDA context, CUDA graphs)": 1.6
       },
       "training_fits": true,
-      "training_gib": 73.003,
+      "training_gib": 75.909,
       "vllm_sleep_level": 2,
       "vllm_sleeps": true
     },
@@ -289,7 +289,7 @@ run_directory() {
       "ram_per_node_gib": 460.0
     },
     "learner": {
-      "allocator_margin_gib": 9.856,
+      "allocator_margin_gib": 8.797,
       "breakdown": {
         "Adam moments (fp32)": 3.546,
         "checkpointed hidden states": 7.656,
@@ -302,7 +302,7 @@ run_directory() {
         "reference root unit (bf16)": 2.03
       },
       "deepspeed_estimate_gib": 10.009,
-      "device_total_gib": 71.403,
+      "device_total_gib": 74.309,
       "fits": true,
       "fsdp_version": 1,
       "gpus": 16,
@@ -317,7 +317,7 @@ run_directory() {
       "offload": "none",
       "peak_allocated_gib": 66.415,
       "peak_phase": "logits",
-      "peak_reserved_gib": 70.403,
+      "peak_reserved_gib": 73.309,
       "phases_gib": {
         "backward end": 17.396,
         "logits": 66.415,
@@ -334,7 +334,7 @@ run_directory() {
       "total_params": 7615616512,
       "trainable_params": 7615616512
     },
-    "verdict": "training fits with 12.7 GiB to spare after a 9.9 GiB allocator margin; rollout fits with 6.0 GiB to spare; engine fits: 241.95x sequences of 5120 tokens fit at once"
+    "verdict": "training fits with 10.9 GiB to spare after a 8.8 GiB allocator margin; rollout fits with 6.0 GiB to spare; engine fits: 241.95x sequences of 5120 tokens fit at once"
   },
   "model": "Qwen/Qwen2.5-7B",
   "nodes": 4,

@@ -127,3 +127,23 @@ def test_without_a_tp_the_plan_picks_an_engine_vllm_starts(h100_profile):
 def test_bad_engine_flags_exit_2_with_one_line(flag, value, needle, h100_profile):
     out = plan_memory("--model", "qwen3-32b", "--cluster-file", str(h100_profile), flag, value)
     assert (out.returncode, out.stderr.count("\n"), needle in out.stderr) == (2, 1, True)
+
+
+# Each framework's vLLM and the scheduler sizes its engines get, read from the framework's source
+# (vllm_accounting.json's history of this data: open-instruct e6c3044 pyproject.toml:36 and
+# vllm_utils.py:1270-1285; verl b178a3cd5 rollout.yaml:62,68; OpenRLHF 3c3be623 setup.py:77).
+@pytest.mark.parametrize("config,expected", [
+    ("grpo-olmo3-32b", {"version": "0.19.1", "max_num_seqs": 128, "max_num_batched_tokens": 2048}),
+    ("verl-grpo-qwen2.5-7b", {"version": "0.24.0", "max_num_seqs": 256, "max_num_batched_tokens": 8192}),
+    ("openrlhf-grpo-qwen2.5-7b", {"version": "0.27.1", "max_num_seqs": 128, "max_num_batched_tokens": 2048}),
+])
+def test_plan_sizes_engines_with_the_runs_own_framework_vllm(config, expected):
+    out = subprocess.run([sys.executable, "-m", "hpcrl", "plan", "--config", config, "--json"],
+                         capture_output=True, text=True, timeout=120)
+    assert json.loads(out.stdout)["layouts"][0]["engine_vllm"] == expected
+
+
+def test_plan_memory_with_a_config_uses_the_same_vllm_as_plan():
+    out = subprocess.run([sys.executable, "-m", "hpcrl", "plan-memory", "--config", "verl-grpo-qwen2.5-7b", "--json"],
+                         capture_output=True, text=True, timeout=120)
+    assert json.loads(out.stdout)["engine"]["vllm_version"] == "0.24.0"

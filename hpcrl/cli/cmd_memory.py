@@ -130,18 +130,16 @@ def plan_memory_cmd(
     elif question.config is not None and colocated is not None and colocated != question.colocated:
         raise HpcrlError(f"--{'colocated' if colocated else 'separate'}: the config's {question.backend} run is "
                          f"{'colocated' if question.colocated else 'separate'}; change the config instead")
-    from hpcrl.memory.vllm_accounting import backend_engine
-
-    engine_facts = backend_engine(question.backend)
-    engine_options = {"max_num_seqs": engine_facts["max_num_seqs"] if vllm_max_num_seqs is None else vllm_max_num_seqs,
-                      "max_num_batched_tokens": engine_facts["max_num_batched_tokens"]
+    engine_facts = question.workload.vllm  # the backend's vLLM and scheduler sizes (its MemoryFacts.vllm)
+    engine_options = {"max_num_seqs": engine_facts.max_num_seqs if vllm_max_num_seqs is None else vllm_max_num_seqs,
+                      "max_num_batched_tokens": engine_facts.max_num_batched_tokens
                       if vllm_max_num_batched_tokens is None else vllm_max_num_batched_tokens,
-                      "enforce_eager": vllm_enforce_eager, "vllm_version": vllm_version or engine_facts["version"],
+                      "enforce_eager": vllm_enforce_eager, "vllm_version": vllm_version or engine_facts.version,
                       "kv_cache_dtype": kv_cache_dtype.value}
     assumed = [f"{name} {engine_options[key]}" for name, key, given in (
         ("vLLM", "vllm_version", vllm_version), ("max_num_seqs", "max_num_seqs", vllm_max_num_seqs),
         ("max_num_batched_tokens", "max_num_batched_tokens", vllm_max_num_batched_tokens)) if given is None]
-    engine_assumption = [f"{', '.join(assumed)}: {engine_facts['source']}"] if assumed else []
+    engine_assumption = [f"{', '.join(assumed)}: {engine_facts.source}"] if assumed else []
     plan, notes = mq.answer(question, profile, learner_gpus=learner_gpus, zero_stage=zero_stage or 3, vllm_tp=vllm_tp,
                             max_seq_len=max_seq_len, colocation=colocation, engine_options=engine_options)
     if not plan.engine.fits:

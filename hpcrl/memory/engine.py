@@ -15,7 +15,7 @@ from hpcrl.memory import constants as C
 from hpcrl.memory import vllm_accounting as va
 from hpcrl.models.spec import ModelSpec
 
-DEFAULT_VLLM_VERSION = va.default_engine()["version"]
+DEFAULT_VLLM_VERSION = va.default_engine().version
 
 
 @dataclass(frozen=True)

@@ -32,14 +32,20 @@ def known_versions() -> list[str]:
     return sorted(_data()["versions"], key=lambda v: tuple(int(x) for x in v.split(".")[:3]))
 
 
-def backend_engine(backend: str) -> dict:
-    """The vLLM a backend installs and the scheduler sizes it gives its engines, with the source."""
-    return _data()["backend_versions"].get(backend) or default_engine()
+@dataclass(frozen=True)
+class VllmEngineFacts:
+    """The vLLM a framework installs and the scheduler sizes it gives its engines, with the source
+    (each backend's MemoryFacts.vllm; planning/backends/facts.py)."""
+
+    version: str
+    max_num_batched_tokens: int
+    max_num_seqs: int
+    source: str
 
 
-def default_engine() -> dict:
-    """The default backend's vLLM (data/vllm_accounting.json default_backend): a backend with no entry gets it."""
-    return _data()["backend_versions"][_data()["default_backend"]]
+def default_engine() -> VllmEngineFacts:
+    """The engine facts a run gets when no backend gives its own (data/vllm_accounting.json default_engine)."""
+    return VllmEngineFacts(**_data()["default_engine"])
 
 
 def measured(key: str) -> dict:

@@ -16,6 +16,7 @@ from hpcrl.memory import constants as C
 from hpcrl.memory.engine import EngineSetup
 from hpcrl.memory.learner import LearnerSetup, sync_modes
 from hpcrl.memory.plan import MemoryPlan, plan_memory
+from hpcrl.memory.vllm_accounting import VllmEngineFacts, default_engine
 from hpcrl.models.spec import ModelSpec
 from hpcrl.profiles import ClusterProfile
 
@@ -60,6 +61,8 @@ class Workload:
     sharding: str = "zero"
     micro_batches: int | None = None
     fsdp_version: int = 1
+    # The vLLM the framework installs and its scheduler sizes (the backend's MemoryFacts.vllm).
+    vllm: VllmEngineFacts = field(default_factory=default_engine)
 
     @property
     def seqs(self) -> int:
@@ -179,6 +182,8 @@ class Layout:
             "learner_peak_gib": round(mem.learner.device_total / g, 2),
             "engine_kv_cache_gib": round(mem.engine.kv_cache / g, 2),
             "engine_concurrent_seqs": mem.engine.concurrent_seqs,
+            "engine_vllm": {"version": mem.engine.vllm_version, "max_num_seqs": mem.engine.max_num_seqs,
+                            "max_num_batched_tokens": mem.engine.batched_tokens},
             "host_peak_gib": round(mem.host.peak / g, 1),
             "gpu_usable_gib": round(mem.usable / g, 2),
             "generation_time_s": round(self.gen_time_s, 1),
@@ -193,6 +198,13 @@ class Layout:
         g = C.GIB
         return {"colocated": True, "training_peak_gib": round(self.memory.training_total / g, 2),
                 "rollout_peak_gib": round(self.memory.rollout_total / g, 2)}
+
+
+def engine_setup(w: Workload, tp: int, util: float) -> EngineSetup:
+    """One engine of the run as its framework's vLLM builds it (version and scheduler sizes from the backend)."""
+    return EngineSetup(model=w.model, tp=tp, gpu_memory_utilization=util, max_seq_len=w.seq_len,
+                       max_num_batched_tokens=w.vllm.max_num_batched_tokens, max_num_seqs=w.vllm.max_num_seqs,
+                       vllm_version=w.vllm.version)
 
 
 def _learner_setup(w: Workload, n: int, weight_sync: str = "none") -> LearnerSetup:
@@ -342,7 +354,7 @@ def enumerate_layouts(profile: ClusterProfile, nodes: int, w: Workload, pins: Pi
                             memo,
                             profile,
                             _learner_setup(w, n_learn, sync),
-                            EngineSetup(model=w.model, tp=tp, gpu_memory_utilization=util, max_seq_len=w.seq_len),
+                            engine_setup(w, tp, util),
                             k,
                             ((g - k) // tp) * tp,
                             margin,

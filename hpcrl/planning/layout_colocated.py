@@ -19,12 +19,12 @@ from hpcrl.planning.layout import (
     Pins,
     Workload,
     _learner_setup,
+    engine_setup,
     generation_time,
     rank,
     training_time,
 )
 from hpcrl.memory.colocated import Colocation, ColocatedPlan, plan_colocated
-from hpcrl.memory.engine import EngineSetup
 from hpcrl.planning.layout_advice import with_margin_note
 from hpcrl.profiles import ClusterProfile
 
@@ -42,7 +42,7 @@ def colocated_memory(profile: ClusterProfile, nodes: int, w: Workload, tp: int, 
                      colocation: Colocation, margin: bool = True) -> ColocatedPlan:
     """The memory plan of one colocated choice."""
     n = nodes * profile.gpu.count_per_node
-    engine = EngineSetup(model=w.model, tp=tp, gpu_memory_utilization=util, max_seq_len=w.seq_len)
+    engine = engine_setup(w, tp, util)
     return plan_colocated(profile, _learner_setup(w, n), engine, colocation, margin)
 
 

@@ -251,7 +251,7 @@ def from_defaults(backend: str, given: Overrides = Overrides()) -> Question:
     w = Workload(model=resolve_model(given.model or "32b"), pack_length=tokens, response_length=max(1, tokens - 1),
                  max_prompt_token_length=1, beta=0.0, logprob_impl=get_backend(backend).default_logprob_impl,
                  logits_copy=facts.logits_copy, weight_sync=facts.weight_sync, sharding=facts.sharding,
-                 fsdp_version=facts.fsdp_version, **values)
+                 fsdp_version=facts.fsdp_version, vllm=facts.vllm, **values)
     w = replace(w, **{k: v for k, v in given.workload_changes().items() if k != "pack_length"})
     util = given.util if given.util is not None else util
     return Question(backend, w, util, facts.colocated, tuple(_assumptions(backend, w, util, None, given)),

@@ -149,6 +149,11 @@ run_directory() {
     "engine_concurrent_seqs": 4,
     "engine_gpus": 1,
     "engine_kv_cache_gib": 0.05,
+    "engine_vllm": {
+      "max_num_batched_tokens": 0,
+      "max_num_seqs": 0,
+      "version": "0.19.1"
+    },
     "generation_time_s": 9.2,
     "gpu_usable_gib": 79.15,
     "host_peak_gib": 6.0,

@@ -183,6 +183,11 @@ run_directory() {
     "engine_concurrent_seqs": 10,
     "engine_gpus": 48,
     "engine_kv_cache_gib": 25.32,
+    "engine_vllm": {
+      "max_num_batched_tokens": 2048,
+      "max_num_seqs": 128,
+      "version": "0.19.1"
+    },
     "gather_whole_model": false,
     "generation_time_s": 303.6,
     "gpu_usable_gib": 95.58,

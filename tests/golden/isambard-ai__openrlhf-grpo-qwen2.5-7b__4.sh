@@ -7,10 +7,10 @@
 # Plan:
 #   model Qwen/Qwen2.5-7B: 1024 sequences of 5120 tokens per step, 5120 tokens per actor GPU micro-batch
 #   4 x 4 GH200 (95.58 GiB): 12 learner GPUs, 4 engine GPUs, 0 idle
-#   actor.num_nodes 3, actor.num_gpus_per_node 4, vllm.num_engines 4, vllm.tensor_parallel_size 1, vllm.gpu_memory_utilization 0.9, ds.zero_stage 3
-#   learner peak 29.4 GiB/GPU of 95.6 usable; engine 14.2 GiB weights + 70.9 GiB KV cache per GPU; host peak 26 GiB/node
-#   step ~124 s (generation 124 s, training 84 s), bottleneck generation
-#   ckpt.save_steps 14: a checkpoint every ~29 min of training (so that at most 30 min is lost); time-limit warning 900 s before the end = one step (~124 s) + one checkpoint write (~43 s, derived) + 60 s to stop
+#   actor.num_nodes 3, actor.num_gpus_per_node 4, vllm.num_engines 2, vllm.tensor_parallel_size 2, vllm.gpu_memory_utilization 0.9, ds.zero_stage 3
+#   learner peak 29.4 GiB/GPU of 95.6 usable; engine 7.1 GiB weights + 75.2 GiB KV cache per GPU; host peak 26 GiB/node
+#   step ~128 s (generation 128 s, training 84 s), bottleneck generation
+#   ckpt.save_steps 14: a checkpoint every ~30 min of training (so that at most 30 min is lost); time-limit warning 900 s before the end = one step (~128 s) + one checkpoint write (~43 s, derived) + 60 s to stop
 # Warning: 4 learners per node on isambard-ai, where the profile plans at most 1: more than one learner per GH200 node failed with NCCL "Duplicate GPU detected" in the users' runs (their workaround, a patched NCCL with NCCL_IGNORE_DUPLICATE_GPU=1, is untested at 32B)
 #
 # Submit with `hpcrl submit`, which creates the run directory first. With plain sbatch,
@@ -182,8 +182,8 @@ run_directory() {
     "ref.num_nodes": 3,
     "train.colocate_actor_ref": true,
     "vllm.gpu_memory_utilization": 0.9,
-    "vllm.num_engines": 4,
-    "vllm.tensor_parallel_size": 1
+    "vllm.num_engines": 2,
+    "vllm.tensor_parallel_size": 2
   },
   "cluster": "isambard-ai",
   "config": "openrlhf-grpo-qwen2.5-7b.yaml",
@@ -193,10 +193,15 @@ run_directory() {
   "layout": {
     "bottleneck": "generation",
     "deepspeed_stage": 3,
-    "engine_concurrent_seqs": 259,
+    "engine_concurrent_seqs": 550,
     "engine_gpus": 4,
-    "engine_kv_cache_gib": 70.94,
-    "generation_time_s": 123.6,
+    "engine_kv_cache_gib": 75.23,
+    "engine_vllm": {
+      "max_num_batched_tokens": 2048,
+      "max_num_seqs": 128,
+      "version": "0.27.1"
+    },
+    "generation_time_s": 128.1,
     "gpu_usable_gib": 95.58,
     "host_peak_gib": 26.0,
     "idle_gpus": 0,
@@ -208,36 +213,36 @@ run_directory() {
       4,
       4
     ],
-    "reason": "no idle GPU; step ~124s set by generation (generation 124s, training 84s)",
-    "step_time_s": 123.6,
+    "reason": "no idle GPU; step ~128s set by generation (generation 128s, training 84s)",
+    "step_time_s": 128.1,
     "training_time_s": 84.1,
     "vllm_gpu_memory_utilization": 0.9,
-    "vllm_num_engines": 4,
-    "vllm_tensor_parallel_size": 1
+    "vllm_num_engines": 2,
+    "vllm_tensor_parallel_size": 2
   },
   "memory": {
     "engine": {
       "activation_peak_gib": 0.7,
-      "concurrency": 259.43,
-      "concurrent_seqs": 259,
+      "concurrency": 550.25,
+      "concurrent_seqs": 550,
       "cuda_graphs_gib": 1.0,
-      "cuda_graphs_in_budget": false,
+      "cuda_graphs_in_budget": true,
       "enforce_eager": false,
       "fits": true,
-      "footprint_gib": 87.022,
+      "footprint_gib": 86.022,
       "gpu_memory_utilization": 0.9,
-      "kv_bytes_per_token": 57344,
+      "kv_bytes_per_token": 28672,
       "kv_cache_dtype": "auto",
-      "kv_cache_gib": 70.937,
-      "kv_tokens": 1328256,
+      "kv_cache_gib": 75.23,
+      "kv_tokens": 2817280,
       "max_num_batched_tokens": 2048,
       "max_num_seqs": 128,
       "max_seq_len": 5120,
-      "non_torch_gib": 0.2,
-      "tp": 1,
-      "vllm_version": "0.19.1",
+      "non_torch_gib": 2.0,
+      "tp": 2,
+      "vllm_version": "0.27.1",
       "warning": null,
-      "weights_gib": 14.185
+      "weights_gib": 7.093
     },
     "fits": true,
     "gpu": {
@@ -301,7 +306,7 @@ run_directory() {
       "total_params": 7615616512,
       "trainable_params": 7615616512
     },
-    "verdict": "learner fits with 63.2 GiB to spare after a 3.0 GiB allocator margin; engine fits: 259.43x sequences of 5120 tokens fit at once"
+    "verdict": "learner fits with 63.2 GiB to spare after a 3.0 GiB allocator margin; engine fits: 550.25x sequences of 5120 tokens fit at once"
   },
   "model": "Qwen/Qwen2.5-7B",
   "nodes": 4,
@@ -1140,8 +1145,8 @@ driver_command() {
         --logger.logging_steps 1
         --actor.num_nodes 3
         --actor.num_gpus_per_node 4
-        --vllm.num_engines 4
-        --vllm.tensor_parallel_size 1
+        --vllm.num_engines 2
+        --vllm.tensor_parallel_size 2
         --vllm.gpu_memory_utilization 0.9
         --ds.zero_stage 3
         --ref.num_nodes 3

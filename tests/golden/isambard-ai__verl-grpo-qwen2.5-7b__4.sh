@@ -8,7 +8,7 @@
 #   model Qwen/Qwen2.5-7B: 1536 sequences of 5120 tokens per step, ppo_micro_batch_size_per_gpu 8 (40960 tokens)
 #   4 x 4 GH200 (95.58 GiB): all 16 GPUs train and generate (colocated)
 #   trainer.nnodes 4, n_gpus_per_node 4, rollout tensor_model_parallel_size 1 (16 engines), gpu_memory_utilization 0.85, fsdp param_offload false, optimizer_offload false
-#   colocated peak 75.9 GiB/GPU training, 89.6 GiB/GPU rollout of 95.6 usable; KV cache 66.2 GiB per GPU; host peak 49 GiB/node
+#   colocated peak 75.9 GiB/GPU training, 89.6 GiB/GPU rollout of 95.6 usable; KV cache 64.5 GiB per GPU; host peak 49 GiB/node
 #   step ~160 s (generation 66 s, training 95 s), bottleneck training
 #   trainer.save_freq 11: a checkpoint every ~29 min of training (so that at most 30 min is lost); time-limit warning 900 s before the end = one step (~160 s) + one checkpoint write (~43 s, derived) + 60 s to stop
 # Warning: 4 learners per node on isambard-ai, where the profile plans at most 1: more than one learner per GH200 node failed with NCCL "Duplicate GPU detected" in the users' runs (their workaround, a patched NCCL with NCCL_IGNORE_DUPLICATE_GPU=1, is untested at 32B)
@@ -195,9 +195,14 @@ run_directory() {
     "bottleneck": "training",
     "colocated": true,
     "deepspeed_stage": 3,
-    "engine_concurrent_seqs": 241,
+    "engine_concurrent_seqs": 235,
     "engine_gpus": 16,
-    "engine_kv_cache_gib": 66.16,
+    "engine_kv_cache_gib": 64.46,
+    "engine_vllm": {
+      "max_num_batched_tokens": 8192,
+      "max_num_seqs": 256,
+      "version": "0.24.0"
+    },
     "generation_time_s": 65.8,
     "gpu_usable_gib": 95.58,
     "host_peak_gib": 49.1,
@@ -247,25 +252,25 @@ run_directory() {
       "vllm_sleeps": true
     },
     "engine": {
-      "activation_peak_gib": 0.7,
-      "concurrency": 241.95,
-      "concurrent_seqs": 241,
+      "activation_peak_gib": 1.399,
+      "concurrency": 235.73,
+      "concurrent_seqs": 235,
       "cuda_graphs_gib": 1.0,
-      "cuda_graphs_in_budget": false,
+      "cuda_graphs_in_budget": true,
       "enforce_eager": false,
       "fits": true,
-      "footprint_gib": 82.243,
+      "footprint_gib": 81.243,
       "gpu_memory_utilization": 0.85,
       "kv_bytes_per_token": 57344,
       "kv_cache_dtype": "auto",
-      "kv_cache_gib": 66.158,
-      "kv_tokens": 1238784,
-      "max_num_batched_tokens": 2048,
-      "max_num_seqs": 128,
+      "kv_cache_gib": 64.459,
+      "kv_tokens": 1206944,
+      "max_num_batched_tokens": 8192,
+      "max_num_seqs": 256,
       "max_seq_len": 5120,
       "non_torch_gib": 0.2,
       "tp": 1,
-      "vllm_version": "0.19.1",
+      "vllm_version": "0.24.0",
       "warning": null,
       "weights_gib": 14.185
     },
@@ -334,7 +339,7 @@ run_directory() {
       "total_params": 7615616512,
       "trainable_params": 7615616512
     },
-    "verdict": "training fits with 10.9 GiB to spare after a 8.8 GiB allocator margin; rollout fits with 6.0 GiB to spare; engine fits: 241.95x sequences of 5120 tokens fit at once"
+    "verdict": "training fits with 10.9 GiB to spare after a 8.8 GiB allocator margin; rollout fits with 6.0 GiB to spare; engine fits: 235.73x sequences of 5120 tokens fit at once"
   },
   "model": "Qwen/Qwen2.5-7B",
   "nodes": 4,

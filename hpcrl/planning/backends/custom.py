@@ -158,6 +158,7 @@ class CustomBackend(Backend):
             logprob_impl="eager",
             hpz_partition_size=1,
             logits_copy=False,
+            vllm=self.memory.vllm,
         )
 
     def pins_from(self, cfg: RunConfig, cli_pins: list[str] | None = None) -> Pins:

@@ -11,6 +11,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from hpcrl.memory.vllm_accounting import VllmEngineFacts, default_engine
+
 if TYPE_CHECKING:
     from hpcrl.planning.disk_budget import Budget, DiskInputs, Fix
     from hpcrl.planning.run_types import RunPlan
@@ -71,6 +73,9 @@ class MemoryFacts:
     micro_batches_origin: str = ""  # what sets the micro-batches per optimizer step in a config
     # plan-memory flags the framework has no setting for: flag -> why (refused with exit 2).
     refused_flags: Mapping[str, str] = field(default_factory=dict)
+    # The vLLM the framework installs and the scheduler sizes it gives each engine (plan, render and
+    # plan-memory size engines with these unless the command line says otherwise).
+    vllm: VllmEngineFacts = field(default_factory=default_engine)
 
 
 __all__ = ["DISK_SETTINGS", "DiskFacts", "MemoryDefault", "MemoryFacts"]

@@ -28,6 +28,7 @@ from hpcrl.planning.backends.base import (
 from hpcrl.errors import ConfigError, HpcrlError, PlanError
 from hpcrl.models import resolve_model
 from hpcrl.planning.backends.log_facts import CommandFacts, CpuAsk, DiagnoseFacts, SmokeFacts
+from hpcrl.memory.vllm_accounting import VllmEngineFacts
 from hpcrl.planning.backends.facts import MemoryDefault, MemoryFacts
 from hpcrl.planning.backends.open_instruct_disk import DISK
 from hpcrl.planning.backends.capabilities import commit, feature, services, setting
@@ -195,7 +196,10 @@ class OpenInstructBackend(Backend):
                   MemoryDefault("load_ref_policy", "load_ref_policy", ("features", "ref_policy")),
                   MemoryDefault("gradient_checkpointing", None, ("features", "gradient_checkpointing")),
                   MemoryDefault("util", "vllm_gpu_memory_utilization", ("vllm", "gpu_memory_utilization"))),
-        logits_copy=True, weight_sync="auto")  # logits / temperature out of place; whole-model or per-param sync
+        logits_copy=True, weight_sync="auto",  # logits / temperature out of place; whole-model or per-param sync
+        vllm=VllmEngineFacts(
+            "0.19.1", max_num_batched_tokens=2048, max_num_seqs=128,
+            source="open-instruct e6c3044 requires vllm>=0.19.1 (pyproject.toml:36; hpcrl models the lowest it allows) and builds each engine with vllm.AsyncLLMEngine.from_engine_args (open_instruct/vllm_utils.py:701), passing no max_num_seqs / max_num_batched_tokens (vllm_utils.py:1270-1285): vLLM's engine-context defaults"))
     plan_shows_layout_args = False
     # grpo_fast.py applies no LoRA (data/capabilities.json): never offered.
     layout_fixes = {
@@ -279,6 +283,7 @@ class OpenInstructBackend(Backend):
             # gather_whole_model (default True) is the planner's unless the config sets it
             weight_sync=("auto" if "gather_whole_model" not in cfg.args
                          else "whole_model" if arg("gather_whole_model") else "per_param"),
+            vllm=self.memory.vllm,
         )
 
     def pins_from(self, cfg: RunConfig, cli_pins: list[str] | None = None) -> Pins:

@@ -36,6 +36,7 @@ from hpcrl.planning.backends.base import (
 from hpcrl.errors import ConfigError, HpcrlError, PlanError, UnknownNameError
 from hpcrl.memory.colocated import Colocation
 from hpcrl.models import resolve_model
+from hpcrl.memory.vllm_accounting import VllmEngineFacts
 from hpcrl.planning.backends.facts import MemoryDefault, MemoryFacts
 from hpcrl.planning.backends import versions
 from hpcrl.planning.backends.flagdata import load_meta, load_table
@@ -170,7 +171,10 @@ class OpenRLHFBackend(Backend):
                   MemoryDefault("load_ref_policy", "algo.kl.init_coef", ("features", "ref_policy")),
                   MemoryDefault("gradient_checkpointing", "actor.gradient_checkpointing_enable",
                                 ("features", "gradient_checkpointing")),
-                  MemoryDefault("util", "vllm.gpu_memory_utilization", ("vllm", "gpu_memory_utilization"))))
+                  MemoryDefault("util", "vllm.gpu_memory_utilization", ("vllm", "gpu_memory_utilization"))),
+        vllm=VllmEngineFacts(
+            "0.27.1", max_num_batched_tokens=2048, max_num_seqs=128,
+            source="OpenRLHF 3c3be623 pins vllm==0.27.1 (setup.py:77) and builds engines with vllm.AsyncLLMEngine.from_engine_args (openrlhf/trainer/ray/vllm_engine.py:64) passing no scheduler sizes (vllm_engine.py:266-281): vLLM's engine-context defaults"))
     value_ranges = {
         "actor.adam.lr": (positive, "a positive learning rate"),
         "ckpt.save_steps": (never_or_positive, "-1 (never) or a positive number of steps"),
@@ -249,6 +253,7 @@ class OpenRLHFBackend(Backend):
             grad_accum_dtype="fp32" if self.arg(cfg, "ds.grad_accum_dtype") == "fp32" else "bf16",
             hpz_partition_size=int(self.arg(cfg, "ds.zpg")),
             logits_copy=False,  # temperature division is in place
+            vllm=self.memory.vllm,
         )
 
     def pins_from(self, cfg: RunConfig, cli_pins: list[str] | None = None) -> Pins:

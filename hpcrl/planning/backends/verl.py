@@ -269,7 +269,7 @@ class VerlBackend(Backend):
             hpz_partition_size=1,
             logits_copy=False,  # verl divides the logits by the temperature in place
             sharding="fsdp",
-            fsdp_version=self.fsdp_version(cfg),
+            fsdp_version=self.fsdp_version(cfg), vllm=self.memory.vllm,
         )
 
     def pins_from(self, cfg: RunConfig, cli_pins: list[str] | None = None) -> Pins:

@@ -7,6 +7,7 @@ refused with the reason.
 
 from __future__ import annotations
 
+from hpcrl.memory.vllm_accounting import VllmEngineFacts
 from hpcrl.planning.backends.facts import MemoryDefault, MemoryFacts
 
 
@@ -34,7 +35,10 @@ def memory_facts(actor: str, rollout: str, micro_key: str, flag_table: str) -> M
             "--offload optimizer": "verl's FSDP has no optimizer-only offload during the update (its "
                                    "param/optimizer offload moves state between phases); FSDP2's "
                                    "CPUOffloadPolicy is --offload params --fsdp-version 2",
-        })
+        },
+        vllm=VllmEngineFacts(
+            "0.24.0", max_num_batched_tokens=8192, max_num_seqs=256,
+            source="verl b178a3cd5 passes rollout.max_num_seqs / max_num_batched_tokens to vLLM (verl/workers/rollout/vllm_rollout/vllm_async_server.py:272-274), 256 / 8192 in verl/trainer/config/rollout/rollout.yaml:62,68; the vLLM 0.24.0 pin is hpcrl issue 25's reading"))
 
 
 def sleep_level(backend: str, version: str | None) -> int:

@@ -10,7 +10,6 @@ MEASURED_UPPER_FACTOR: a margin for step-to-step variation (derived, not fitted)
 
 from __future__ import annotations
 
-from hpcrl.logs.report import read_events
 from hpcrl.logs.step_times import summarize
 from hpcrl.models.spec import ModelSpec
 from hpcrl.planning.cadence import plan_cadence
@@ -57,4 +56,4 @@ def next_cadence(plan: dict, records: list[dict], jobs: list[str]) -> dict:
                     f"{c['max_lost_minutes']:g} min is lost (plan's estimate {c['step_s']:g} s)")}
 
 
-__all__ = ["MEASURED_UPPER_FACTOR", "MIN_STEPS", "chain_before", "next_cadence", "read_events"]
+__all__ = ["MEASURED_UPPER_FACTOR", "MIN_STEPS", "chain_before", "next_cadence"]

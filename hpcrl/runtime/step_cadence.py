@@ -13,7 +13,8 @@ import sys
 from pathlib import Path
 
 from hpcrl.contract import JOBS_TSV, META, PLAN, STEP_TIMES
-from hpcrl.logs.next_cadence import chain_before, next_cadence, read_events
+from hpcrl.logs.next_cadence import chain_before, next_cadence
+from hpcrl.logs.report import read_events
 from hpcrl.logs.step_times import read_records
 
 

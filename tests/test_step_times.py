@@ -171,3 +171,13 @@ def test_the_watchdog_records_every_step_and_write(tmp_path):
     recs = [json.loads(ln) for ln in (tmp_path / "hpcrl" / "step-times.jsonl").read_text().splitlines()]
     assert [(r["kind"], r.get("step_s"), r.get("write_s")) for r in recs] == [("step", 183.2, None)] * 5 + [
         ("checkpoint", None, 4.5)]
+
+
+def test_report_takes_the_interval_the_last_job_ran_with(tmp_path):
+    """Plan: 33 steps; the continuation's script set 8. At a 162 s real step: 8 x 162 / 60 = 21.6 min at risk."""
+    (tmp_path / "hpcrl").mkdir()
+    recs = [_rec("1", i, 0, 162.0) for i in (1, 2, 3)] + [
+        {"kind": "interval", "job": "1", "every_steps": 33}, {"kind": "interval", "job": "2", "every_steps": 8}]
+    (tmp_path / "hpcrl" / "step-times.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    i = timing(tmp_path, _plan(), [], {})["interval"]
+    assert (i["every_steps"], i["real_at_risk_min"]) == (8, 21.6)

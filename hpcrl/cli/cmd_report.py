@@ -136,10 +136,7 @@ def _print_timing(tm: dict) -> None:
     if (step := tm["rows"][0]).get("plan_basis") not in (None, "-"):
         console.print(f"plan band basis: {step['plan_basis']}", soft_wrap=True, highlight=False)
     if (i := tm["interval"]):
-        real = "-" if i["real_at_risk_min"] is None else f"~{i['real_at_risk_min']:g}"
-        console.print(f"checkpoint interval: {i['key']} {i['every_steps']} = ~{i['plan_at_risk_min']:g} min of training "
-                      f"at the planned step, {real} min at the real one (hpcrl.max_lost_minutes "
-                      f"{i['max_lost_minutes']:g})", soft_wrap=True, highlight=False)
+        console.print(rt.interval_text(i), soft_wrap=True, highlight=False)
     console.print(rt.lost_text(tm["last_stop"]), soft_wrap=True, highlight=False)
     for w in tm["warnings"]:
         console.print(f"[yellow]warning:[/] {w}", soft_wrap=True, highlight=False)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from hpcrl.logs.report import NO_PLAN, end_text, fmt_bytes, fmt_duration, gib, pct, where_text
-from hpcrl.logs.report_timing import band_text, lost_text, seconds
+from hpcrl.logs.report_timing import band_text, interval_text, lost_text, seconds
 
 
 def _md_row(cells: list[Any]) -> str:
@@ -74,5 +74,6 @@ def _timing_md(tm: dict) -> list[str]:
                        band_text(x), seconds(x["real_s"]),
                        "-" if x["real_min_s"] is None else f"{x['real_min_s']:,.1f}-{x['real_max_s']:,.1f}", x["n"],
                        "-" if x["ratio"] is None else f"{x['ratio']:.2f}x"] for x in tm["rows"]])
+    out += [f"- {interval_text(tm['interval'])}"] if tm["interval"] else []
     out += [f"- {lost_text(tm['last_stop'])}"] + [f"- **warning:** {w}" for w in tm["warnings"]]
     return out + [""]

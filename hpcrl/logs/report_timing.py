@@ -74,8 +74,12 @@ def timing(run_dir: Path, plan: dict | None, jobs: list[dict], ended: dict[str, 
                         f"{low:g}-{high:g} s ({basis}): the checkpoint interval and the time-limit warning rest on it")
     interval = None
     if cadence:
-        every = int(cadence["every_steps"])
-        interval = {"key": cadence.get("key"), "every_steps": every, "max_lost_minutes": cadence.get("max_lost_minutes"),
+        per_job = [{"job": str(r["job"]), "every_steps": r.get("every_steps"), "why": r.get("why")}
+                   for r in recs if r["kind"] == "interval"]
+        # The interval in force: the last job's, as its script set it, else the plan's.
+        every = int(per_job[-1]["every_steps"] if per_job and per_job[-1]["every_steps"] else cadence["every_steps"])
+        interval = {"key": cadence.get("key"), "planned_every_steps": int(cadence["every_steps"]), "every_steps": every,
+                    "jobs": per_job, "max_lost_minutes": cadence.get("max_lost_minutes"),
                     "plan_at_risk_min": round(every * cadence["step_s"] / 60, 1),
                     "real_at_risk_min": round(every * real / 60, 1) if real is not None else None}
         limit = cadence.get("max_lost_minutes")
@@ -96,6 +100,14 @@ def band_text(row: dict) -> str:
     return "-" if low is None or high is None else f"{low:,.1f}-{high:,.1f}"
 
 
+def interval_text(i: dict) -> str:
+    real = "-" if i["real_at_risk_min"] is None else f"~{i['real_at_risk_min']:g}"
+    jobs = ", ".join(f"job {j['job']} {j['every_steps']}" for j in i["jobs"])
+    return (f"checkpoint interval: {i['key']} {i['every_steps']} (planned {i['planned_every_steps']}"
+            + (f"; {jobs}" if jobs else "") + f") = ~{i['plan_at_risk_min']:g} min of training at the planned step, "
+            f"{real} min at the real one (hpcrl.max_lost_minutes {i['max_lost_minutes']:g})")
+
+
 def lost_text(stop: dict | None) -> str:
     if stop is None:
         return "lost work at the last stop: none (no job stopped before completing, or it recorded no step)"
@@ -106,4 +118,4 @@ def lost_text(stop: dict | None) -> str:
             f"{steps}{stop['lost_s']:,.0f} s {since}")
 
 
-__all__ = ["NO_TIMES", "band_text", "lost_text", "seconds", "timing"]
+__all__ = ["NO_TIMES", "band_text", "interval_text", "lost_text", "seconds", "timing"]

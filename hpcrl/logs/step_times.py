@@ -7,6 +7,9 @@ the driver prints; the clock returns the records it appends to the file, one JSO
    "generation_s": 12.1, "training_s": 17.5}
   {"kind": "checkpoint", "job": "812", "step": 7, "time": 1764190012.6, "write_s": 12.3, "source": "line"}
 
+and the job script's tool adds each job's checkpoint interval before its driver starts
+(hpcrl/runtime/step_cadence.py): {"kind": "interval", "job": "813", "every_steps": 8, "planned": 33, "why": ...}.
+
 `wall_s` is the watchdog's own clock between two step lines of one job (None for a job's first
 step: it includes the start-up); `step_s`, `generation_s`, `training_s` are the framework's own
 timers where its backend names the metric (TimingFacts in hpcrl/planning/backends/log_facts.py),
@@ -82,7 +85,7 @@ def read_records(path: Path) -> list[dict]:
             rec = json.loads(line)
         except ValueError:
             continue
-        if isinstance(rec, dict) and rec.get("kind") in ("step", "checkpoint"):
+        if isinstance(rec, dict) and rec.get("kind") in ("step", "checkpoint", "interval"):
             out.append(rec)
     return out
 

@@ -1,7 +1,8 @@
 """This job's checkpoint interval: `python -m hpcrl.runtime.step_cadence --run-dir D --job J --planned N`.
 
 Prints one number, the interval the driver gets: the plan's N, or the one the earlier jobs of
-this chain measured (hpcrl/logs/next_cadence.py); the reason goes to stderr, for the job log.
+this chain measured (hpcrl/logs/next_cadence.py); the reason goes to stderr, for the job log,
+and both to D/hpcrl/step-times.jsonl as an `interval` record, for `hpcrl report`.
 Anything unreadable leaves N: a job never fails for want of a measurement.
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 from hpcrl.contract import JOBS_TSV, META, PLAN, STEP_TIMES
@@ -43,6 +45,13 @@ def main(argv: list[str] | None = None) -> int:
         every, why = a.planned, f"could not read the measured steps ({type(exc).__name__}: {exc}): the planned interval stays"
     print(every)
     print(f"checkpoint interval: {why}", file=sys.stderr)
+    rec = {"kind": "interval", "job": a.job, "every_steps": every, "planned": a.planned, "why": why,
+           "time": round(time.time(), 3)}
+    try:  # report shows each job's interval; a job never fails for want of the record
+        with open(a.run_dir / META / STEP_TIMES, "a") as f:
+            f.write(json.dumps(rec, sort_keys=True) + "\n")
+    except OSError:
+        pass
     return 0
 
 

@@ -2,6 +2,10 @@
 estimated (plan.json) against what the watchdog measured (hpcrl/step-times.jsonl), and the work the
 last stop lost (pure).
 
+A warning says when the real step is outside the band, when the interval in force risks more
+than `hpcrl.max_lost_minutes` at the real step, and when the time-limit warning's lead is shorter
+than a real step, the longest real write and the stop (hpcrl/planning/cadence.py's margin).
+
 The plan's step band is Layout.to_dict()'s `step_time_low_s`/`step_time_high_s` (with
 `step_time_basis`); a plan without them has its estimate `step_time_s` only, and the real step
 is then compared with that estimate +-MEASURED_UPPER_FACTOR (the margin a continuation's
@@ -15,6 +19,7 @@ from pathlib import Path
 from hpcrl import contract as C
 from hpcrl.logs.next_cadence import MEASURED_UPPER_FACTOR
 from hpcrl.logs.step_times import lost_at_stop, read_records, summarize
+from hpcrl.planning.cadence import STOP_MARGIN_S
 
 NO_TIMES = "no step times recorded (no hpcrl/step-times.jsonl: the watchdog did not run, or predates the record)"
 
@@ -87,6 +92,11 @@ def timing(run_dir: Path, plan: dict | None, jobs: list[dict], ended: dict[str, 
             warnings.append(f"{cadence.get('key')} {every} at the real step is ~{interval['real_at_risk_min']:g} min "
                             f"of training at risk, over hpcrl.max_lost_minutes {limit:g} (a continuation resets it "
                             "from the measured step)")
+    write = rows[3]["real_max_s"]
+    if real is not None and cadence.get("lead_s") and real + (write or 0.0) + STOP_MARGIN_S > cadence["lead_s"]:
+        warnings.append(f"the time-limit warning comes {cadence['lead_s']} s before the end, less than one real step "
+                        f"({real:g} s) + the longest checkpoint write ({write or 0:g} s) + {STOP_MARGIN_S} s to stop: "
+                        "a checkpoint due at the end may be cut off")
     return {"file": f"{C.META}/{C.STEP_TIMES}", "records": len(recs), "note": None if recs else NO_TIMES,
             "rows": rows, "interval": interval, "last_stop": _last_stop(recs, jobs, ended), "warnings": warnings}
 

@@ -124,6 +124,8 @@ RUN_SUBDIRS = (META, LOGS, OUTPUT, CHECKPOINTS)
 # Files in META.
 JOBS_TSV, PLAN, SCRIPT, BREAKER, DRIVER_LOG = "jobs.tsv", "plan.json", "job.sbatch", "breaker.json", "driver.log"
 RESTARTS, FAILURE_RESTARTS, CANCEL, EXCLUDED_NODES = "restarts", "failure-restarts", "cancel", "excluded-nodes"
+# The watchdog's record of every step's and checkpoint write's time (hpcrl/logs/step_times.py).
+STEP_TIMES = "step-times.jsonl"
 # Per job, in META: the nodes blamed for a failure, and the marker that the driver has started.
 BLAME, DRIVER_STARTED = "blame-{job}", "driver-started-{job}"
 # Per job, in LOGS: the job's own log, and Slurm's output when the run dir's path was known at submit.

@@ -118,10 +118,12 @@ def sbatch_options(text: str) -> tuple[list[str], str]:
 
 
 def driver_words(text: str) -> list[str]:
-    """The words of the DRIVER=( ... ) array, parsed independently of the renderer."""
+    """The words of the DRIVER=( ... ) array, parsed independently of the renderer; the checkpoint
+    interval's variable expanded as the first job's shell does (the script's own CKPT_EVERY=N line)."""
     block = re.search(r"^ *DRIVER=\(\n(.*?)^ *\)$", text, re.S | re.M)
     assert block, "no DRIVER=( ... ) block"
-    return shlex.split(block.group(1))
+    every = re.search(r"^CKPT_EVERY=(\d+)$", text, re.M)
+    return [w.replace("$CKPT_EVERY", every.group(1)) if every else w for w in shlex.split(block.group(1))]
 
 
 # --------------------------------------------------------------------------- the local Slurm

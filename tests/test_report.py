@@ -231,7 +231,8 @@ def test_json_schema_is_stable():
     r = json.loads(proc.stdout)
     assert sorted(r) == ["breaker", "checkpoint_bytes", "checkpoints", "cluster", "elapsed_s", "gpu", "jobs",
                          "memory", "metrics", "name", "nodes", "other_jobs_in_run_dir", "plan", "reason", "run_dir",
-                         "run_id", "run_time_s", "schema_version", "state"]
+                         "run_id", "run_time_s", "schema_version", "state", "timing"]
+    assert sorted(r["timing"]) == ["file", "interval", "last_stop", "note", "records", "rows", "warnings"]
     assert r["schema_version"] == 1 and r["run_dir"] == str(CHAIN.resolve()) and r["run_id"] is None
     assert sorted(r["jobs"][0]) == ["duration_s", "end_reason", "ended", "exit_code", "failure", "head_node", "job_id",
                                     "log", "next_job", "queued_s", "ray_logs", "seq", "slurm_state", "started",

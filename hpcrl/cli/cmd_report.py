@@ -113,3 +113,30 @@ def _print(r: dict, rp) -> None:
         console.print(t)
     if r["plan"] is None:
         console.print(rp.NO_PLAN)
+    _print_timing(r["timing"])
+
+
+def _print_timing(tm: dict) -> None:
+    from hpcrl.logs import report_timing as rt
+
+    if tm["note"]:
+        console.print(tm["note"], highlight=False)
+        return
+    t = table(f"Plan vs real, seconds ({tm['file']}, {tm['records']} records)")
+    for col in ("", "plan", "plan band", "real (median)", "real min-max", "n", "real/plan", "real from"):
+        t.add_column(col, overflow="fold")
+    for x in tm["rows"]:
+        src = x.get("source")
+        t.add_row(x["what"], rt.seconds(x["plan_s"]) + (" (derived)" if x.get("plan_basis") == "derived" else ""),
+                  rt.band_text(x), rt.seconds(x["real_s"]),
+                  "-" if x["real_min_s"] is None else f"{x['real_min_s']:,.1f}-{x['real_max_s']:,.1f}", str(x["n"]),
+                  "-" if x["ratio"] is None else f"{x['ratio']:.2f}x",
+                  (", ".join(src) if isinstance(src, list) else src) or "-")
+    console.print(t)
+    if (step := tm["rows"][0]).get("plan_basis") not in (None, "-"):
+        console.print(f"plan band basis: {step['plan_basis']}", soft_wrap=True, highlight=False)
+    if (i := tm["interval"]):
+        console.print(rt.interval_text(i), soft_wrap=True, highlight=False)
+    console.print(rt.lost_text(tm["last_stop"]), soft_wrap=True, highlight=False)
+    for w in tm["warnings"]:
+        console.print(f"[yellow]warning:[/] {w}", soft_wrap=True, highlight=False)

@@ -18,6 +18,7 @@ from typing import NamedTuple
 from hpcrl import contract as C
 from hpcrl.logs.checkpoints import find_checkpoints
 from hpcrl.logs.driver_log import StepParser
+from hpcrl.logs.report_timing import timing
 
 SCHEMA_VERSION = 1
 MIB_PER_GIB = 1024.0
@@ -329,6 +330,8 @@ def build_report(run_dir: Path, run: dict | None = None) -> dict:
                 "earlier_run_samples": gpu["earlier_run_samples"],
                 "note": None if gpu["samples"] else gpu_note(gpu), "per_gpu": gpu["gpus"]},
         "memory": _memory_rows(gpu["gpus"], pred),
+        "timing": timing(run_dir, plan if isinstance(plan, dict) else None, jobs,
+                         {j["job_id"]: t.timestamp() for j in jobs if (t := parse_time(j["ended"]))}),
     }
 
 

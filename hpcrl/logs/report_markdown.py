@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from hpcrl.logs.report import NO_PLAN, end_text, fmt_bytes, fmt_duration, gib, pct, where_text
+from hpcrl.logs.report_timing import band_text, interval_text, lost_text, seconds
 
 
 def _md_row(cells: list[Any]) -> str:
@@ -60,4 +61,19 @@ def to_markdown(r: dict) -> str:
                            m["predicted_as"] or "-", pct(m["ratio"])] for m in r["memory"]])
     if r["plan"] is None:
         out += [NO_PLAN, ""]
+    out += _timing_md(r["timing"])
     return "\n".join(out)
+
+
+def _timing_md(tm: dict) -> list[str]:
+    out = ["## Plan vs real times", ""]
+    if tm["note"]:
+        return out + [tm["note"] + ".", ""]
+    out += _md_table(["", "plan (s)", "plan band (s)", "real median (s)", "real min-max (s)", "n", "real/plan"],
+                     [[x["what"], seconds(x["plan_s"]) + (" (derived)" if x.get("plan_basis") == "derived" else ""),
+                       band_text(x), seconds(x["real_s"]),
+                       "-" if x["real_min_s"] is None else f"{x['real_min_s']:,.1f}-{x['real_max_s']:,.1f}", x["n"],
+                       "-" if x["ratio"] is None else f"{x['ratio']:.2f}x"] for x in tm["rows"]])
+    out += [f"- {interval_text(tm['interval'])}"] if tm["interval"] else []
+    out += [f"- {lost_text(tm['last_stop'])}"] + [f"- **warning:** {w}" for w in tm["warnings"]]
+    return out + [""]

@@ -23,6 +23,7 @@ from hpcrl.planning import walltime
 from hpcrl.planning.backends import stack_expect
 from hpcrl.planning.run_plan import RunPlan
 from hpcrl.profiles import ClusterProfile
+from hpcrl.rendering import driver_cadence
 from hpcrl.rendering.template_cache import bytecode_cache
 from hpcrl.resources import data_dir
 from hpcrl.shell import comment_safe, has_vars, sanitize_name, sbatch_safe, shq, shq_path
@@ -230,9 +231,12 @@ def _gpumon_args(rp: RunPlan) -> str:
     return f" --min-mean-power-w {rule.min_mean_power_w:g} --grace-minutes {rule.grace_minutes:g}"
 
 
-def _driver_lines(rp: RunPlan) -> list[str]:
-    """The backend's driver command, one shell-quoted line per flag or override."""
-    return [" ".join(w.shell() for w in line) for line in rp.backend.driver_command(rp)]
+def _driver_lines(rp: RunPlan) -> tuple[list[str], list[tuple[str, str]], int | None]:
+    """The backend's driver command, one shell-quoted line per flag or override; its environment
+    (name, shell value); and the planned checkpoint interval that "$CKPT_EVERY" carries in them (None: none does)."""
+    lines, in_line = driver_cadence.interval_words(rp, rp.backend.driver_command(rp))
+    env, in_env = driver_cadence.env_words(rp)
+    return lines, env, driver_cadence.adjustable_every(rp) if in_line or in_env else None
 
 
 def _stack_expect(rp: RunPlan, smoke: bool) -> str | None:
@@ -287,6 +291,8 @@ def plan_json(rp: RunPlan, *, smoke: bool = False) -> str:
         "memory": lay.memory.to_dict(),
         "warnings": list(rp.warnings),
     }
+    if (cadence := driver_cadence.cadence_record(rp)) is not None:
+        data["cadence"] = cadence
     if rp.backend.names_itself_in_plan:
         data["backend"] = rp.backend.name
         data["backend_args"] = rp.backend.layout_args(rp)
@@ -306,6 +312,8 @@ def _context(rp: RunPlan, smoke: bool) -> dict:
     backend = rp.backend
     root = run_root(rp)
     node_local = prof.storage.node_local.path
+    driver_lines, driver_env, ckpt_every = _driver_lines(rp)
+    timing = backend.timing_facts
     return {
         "version": __version__,
         "cluster": cluster_label(rp),
@@ -350,9 +358,14 @@ def _context(rp: RunPlan, smoke: bool) -> dict:
         "job_cpus": prof.node.cpu_cores,
         "backend": backend.name,
         "driver_label": backend.label,
-        "driver_env": sorted(backend.env(rp).items()),
+        "driver_env": driver_env,
         "override_style": backend.command_facts.style,
-        "driver_lines": _driver_lines(rp),
+        "driver_lines": driver_lines,
+        "ckpt_every": ckpt_every,
+        "ckpt_var": driver_cadence.VAR,
+        "checkpoint_key": backend.checkpoint_key,
+        "timing_words": [shq(w) for w in timing.words()],
+        "marker_after_step": timing.marker_after_step,
         "stack_expect": _stack_expect(rp, smoke),
         "max_restarts": hp.max_restarts,
         "no_resume": shq(rp.no_resume) if rp.no_resume else "",

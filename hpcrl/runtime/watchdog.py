@@ -23,6 +23,12 @@ whose exact 0 means zero reward variance; --loss-key KEY (repeatable) adds losse
 infinity trips nan_loss. Steps are read from the frameworks' own step lines
 and from JSON metric lines (one object per line).
 
+Every step's time and every checkpoint write's time go to D/hpcrl/step-times.jsonl
+(hpcrl/logs/step_times.py): the watchdog's clock between step lines, and the framework's own timers
+named by --step-time-key, --generation-time-key, --training-time-key, --checkpoint-time-key (metric
+keys), --checkpoint-line (a regex with a group "s": a timer line of a checkpoint write) and
+--checkpoint-marker (a file rewritten right after the step line once a checkpoint is complete).
+
 Otherwise it exits with the driver's own code (128+N when a signal N ended it). SIGTERM,
 SIGINT, SIGHUP, SIGUSR1 and SIGUSR2 sent to the watchdog go to the driver's group, so
 Slurm's pre-timeout signal reaches the driver; a driver still running --kill-grace-seconds
@@ -48,8 +54,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO
 
-from hpcrl.contract import BREAKER, BREAKERS, DRIVER_LOG, META, breaker_exit_code
-from hpcrl.logs.driver_log import StepParser, death_line
+from hpcrl.contract import BREAKER, BREAKERS, DRIVER_LOG, META, STEP_TIMES, breaker_exit_code
+from hpcrl.logs.driver_log import Step, StepParser, death_line
+from hpcrl.logs.step_times import StepClock
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 # Forwarded signals that ask the driver to stop: SIGKILL follows after --kill-grace-seconds.
@@ -85,11 +92,12 @@ class Breaker:
         self.flat: list[int] = []  # consecutive steps with a gradient norm at most the floor
         self.same: list[int] = []  # consecutive steps whose groups all had zero reward variance
         self.death: tuple[float, str, str] | None = None
+        self.new_step: Step | None = None  # the step the last line completed, if any
 
     def line(self, text: str, now: float) -> Trip | None:
         if self.death is None and (kind := death_line(text)):
             self.death = (now, kind, text.strip()[:500])
-        step = self.parser.feed(text)
+        step = self.new_step = self.parser.feed(text)
         if step is None:
             return None
         self.steps, self.last_step, self.last_progress = self.steps + 1, step.number, now
@@ -176,11 +184,51 @@ def write_breaker(path: Path, trip: Trip, **extra: object) -> None:
     tmp.replace(path)
 
 
+class TimeRecorder:
+    """Appends the StepClock's records to step-times.jsonl; watches the checkpoint marker's mtime."""
+
+    def __init__(self, clock: StepClock, path: Path, marker: Path | None = None) -> None:
+        self.clock, self.path, self.marker = clock, path, marker
+        self.marker_mtime = self._mtime()  # a marker from an earlier job is no write of this one
+        self.next_look = 0.0
+
+    def _mtime(self) -> float | None:
+        try:
+            return self.marker.stat().st_mtime if self.marker else None
+        except OSError:
+            return None
+
+    def _append(self, records: list[dict]) -> None:
+        if not records:
+            return
+        try:
+            with open(self.path, "a") as f:
+                f.write("".join(json.dumps(r, sort_keys=True) + "\n" for r in records))
+        except OSError as exc:  # a full disk must not stop the breaker
+            sys.stderr.write(f"hpcrl-watchdog: cannot record step times in {self.path}: {exc.strerror}\n")
+
+    def line(self, text: str, step: Step | None) -> None:
+        now = time.time()
+        recs = self.clock.step(step, now) if step is not None else []
+        self._append(recs + [r for r in [self.clock.line(text, now)] if r])
+
+    def tick(self, mono: float) -> None:
+        if self.marker is None or mono < self.next_look:
+            return
+        self.next_look = mono + 1.0
+        mtime = self._mtime()
+        if mtime is not None and mtime != self.marker_mtime:
+            self.marker_mtime = mtime
+            self._append([r for r in [self.clock.marker(mtime)] if r])
+
+
 def run(cmd: list[str], run_dir: Path, breaker: Breaker, *, log_path: Path | None = None,
-        kill_grace_s: float = 30.0, drain_s: float = 5.0) -> int:
+        kill_grace_s: float = 30.0, drain_s: float = 5.0, clock: StepClock | None = None,
+        marker: Path | None = None) -> int:
     """Run cmd under the breaker; the exit code the watchdog should exit with."""
     hp = run_dir / META
     hp.mkdir(parents=True, exist_ok=True)
+    times = TimeRecorder(clock or StepClock(os.environ.get("SLURM_JOB_ID", "-")), hp / STEP_TIMES, marker)
     breaker_path = hp / BREAKER
     _archive_old_breaker(breaker_path)
     log_path = log_path or hp / DRIVER_LOG
@@ -227,12 +275,15 @@ def run(cmd: list[str], run_dir: Path, breaker: Breaker, *, log_path: Path | Non
                     open_streams -= 1
                 else:
                     tee(dest, raw)
-                    trip = breaker.line(raw.decode("utf-8", "replace"), time.monotonic())
+                    text = raw.decode("utf-8", "replace")
+                    trip = breaker.line(text, time.monotonic())
+                    times.line(text, breaker.new_step)
                     continue
             except queue.Empty:
                 pass
             rc = proc.poll()
             now = time.monotonic()
+            times.tick(now)
             if rc is None and stop_asked_at and now - stop_asked_at[0] > kill_grace_s and not killed:
                 # Asked to stop (TERM/INT/HUP), forwarded, ignored: nothing may outlive the job.
                 sys.stderr.write(f"hpcrl-watchdog: the driver ignored the stop signal for {kill_grace_s:g} s: "
@@ -298,6 +349,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--death-grace-seconds", type=float, default=15.0)
     p.add_argument("--kill-grace-seconds", type=float, default=30.0)
     p.add_argument("--log", type=Path, default=None, help="default: RUN_DIR/hpcrl/driver.log")
+    for what in ("step", "generation", "training", "checkpoint"):
+        p.add_argument(f"--{what}-time-key", action="append", default=[],
+                       help=f"a metric key holding the {what}'s seconds (repeatable)")
+    p.add_argument("--checkpoint-line", default=None, help='a regex whose group "s" is a checkpoint write\'s seconds')
+    p.add_argument("--checkpoint-marker", type=Path, default=None,
+                   help="a file rewritten right after a step line once a checkpoint is complete")
     a = p.parse_args(argv[:split])
     cmd = argv[split + 1:]
     if not cmd or a.zero_reward_steps < 1 or a.hang_minutes <= 0 or min(a.grad_norm_steps, a.zero_variance_steps) < 0 \
@@ -310,7 +367,11 @@ def main(argv: list[str] | None = None) -> int:
                 reward_keys=tuple(a.reward_key), std_keys=tuple(a.reward_std_key), loss_keys=tuple(a.loss_key),
                 grad_norm_steps=a.grad_norm_steps, grad_norm_floor=a.grad_norm_floor,
                 zero_variance_steps=a.zero_variance_steps)
-    return run(cmd, a.run_dir, b, log_path=a.log, kill_grace_s=a.kill_grace_seconds)
+    clock = StepClock(os.environ.get("SLURM_JOB_ID", "-"), step_keys=tuple(a.step_time_key),
+                      generation_keys=tuple(a.generation_time_key), training_keys=tuple(a.training_time_key),
+                      checkpoint_keys=tuple(a.checkpoint_time_key), checkpoint_line=a.checkpoint_line)
+    return run(cmd, a.run_dir, b, log_path=a.log, kill_grace_s=a.kill_grace_seconds, clock=clock,
+               marker=a.checkpoint_marker)
 
 
 if __name__ == "__main__":

@@ -172,6 +172,37 @@ run_directory() {
     if [[ ! -e $HPCRL_DIR/plan.json ]]; then
         cat >"$HPCRL_DIR/plan.json.$SLURM_JOB_ID.tmp" <<'HPCRL_PLAN_JSON'
 {
+  "cadence": {
+    "every_steps": 5,
+    "key": "checkpoint_state_freq",
+    "lead_s": 900,
+    "lora_rank": 0,
+    "max_lost_minutes": 30.0,
+    "model": {
+      "head_dim": 128,
+      "hidden_size": 5120,
+      "intermediate_size": 27648,
+      "max_position_embeddings": 65536,
+      "model_type": "olmo3",
+      "moe_intermediate_size": 0,
+      "name": "allenai/Olmo-3-1125-32B",
+      "num_experts": 0,
+      "num_experts_per_tok": 0,
+      "num_heads": 40,
+      "num_kv_heads": 8,
+      "num_layers": 64,
+      "qk_norm": "full",
+      "qkv_bias": false,
+      "tie_word_embeddings": false,
+      "vocab_size": 100278
+    },
+    "pinned": false,
+    "signal_floor_s": 900,
+    "step_s": 303.636,
+    "write_basis": "derived",
+    "write_gib_s": 2.0,
+    "write_s": 180.119
+  },
   "cluster": "isambard-ai",
   "config": "grpo-olmo3-32b.yaml",
   "config_digest": "8853ba802631",
@@ -1112,6 +1143,9 @@ phase_services() {
 WORKDIR="${HOME}"/open-instruct
 PYTHON=python
 ENTRY_POINT=open_instruct/grpo_fast.py
+# The checkpoint interval (checkpoint_state_freq): the plan's, until phase_driver sets what this
+# chain's earlier jobs measured.
+CKPT_EVERY=5
 
 # DRIVER: the whole command; DRIVER_ARGS: the framework's own arguments, after the entry
 # point (what the stack check parses). Called once $RUN_DIR is known.
@@ -1119,7 +1153,8 @@ driver_command() {
     DRIVER=(
         python3 -m hpcrl.runtime.watchdog --run-dir "$RUN_DIR"
         --zero-reward-steps 10 --hang-minutes 60
-        --grad-norm-steps 20 --zero-variance-steps 20 --
+        --grad-norm-steps 20 --zero-variance-steps 20
+        --step-time-key time/total --generation-time-key time/group_generation_max --training-time-key time/training --checkpoint-line 'Saving checkpoint state: (?P<s>\d+(?:\.\d+)?) seconds' --
         "$PYTHON" "$ENTRY_POINT"
         --model_name_or_path allenai/Olmo-3-1125-32B
         --dataset_mixer_list ai2-adapt-dev/rlvr_gsm8k_zs 1.0
@@ -1153,11 +1188,11 @@ driver_command() {
         --deepspeed_stage 3
         --gather_whole_model False
         --num_nodes 16
-        --checkpoint_state_freq 5
+        --checkpoint_state_freq "$CKPT_EVERY"
         --output_dir "$RUN_DIR/output"
         --checkpoint_state_dir "$RUN_DIR/checkpoints"
     )
-    DRIVER_ARGS=("${DRIVER[@]:16}")
+    DRIVER_ARGS=("${DRIVER[@]:24}")
 }
 
 # The framework's stack (hpcrl.runtime.stack; docs/preflight.md "The stack check"): the installed
@@ -1196,6 +1231,14 @@ phase_driver() {
     if [[ ! -f $ENTRY_POINT ]]; then
         fail crashed "hpcrl.entry_point $ENTRY_POINT does not exist in $WORKDIR (a fork may keep it elsewhere)"
     fi
+    # Steps measured by this chain's earlier jobs replace the plan's step estimate in the interval
+    # (hpcrl/runtime/step_cadence.py; docs/plan.md "Checkpoint cadence"); its reason goes to the log.
+    local every
+    if every=$(python3 -m hpcrl.runtime.step_cadence --run-dir "$RUN_DIR" --job "$SLURM_JOB_ID" --planned 5) &&
+        [[ $every =~ ^[1-9][0-9]*$ ]]; then
+        CKPT_EVERY=$every
+    fi
+    log "checkpoint interval this job: checkpoint_state_freq $CKPT_EVERY"
     driver_command
     printf 'hpcrl: driver:'
     printf ' %q' "${DRIVER[@]}"

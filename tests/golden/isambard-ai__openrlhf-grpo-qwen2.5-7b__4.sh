@@ -185,6 +185,37 @@ run_directory() {
     "vllm.num_engines": 2,
     "vllm.tensor_parallel_size": 2
   },
+  "cadence": {
+    "every_steps": 14,
+    "key": "ckpt.save_steps",
+    "lead_s": 900,
+    "lora_rank": 0,
+    "max_lost_minutes": 30.0,
+    "model": {
+      "head_dim": 128,
+      "hidden_size": 3584,
+      "intermediate_size": 18944,
+      "max_position_embeddings": 131072,
+      "model_type": "qwen2",
+      "moe_intermediate_size": 0,
+      "name": "Qwen/Qwen2.5-7B",
+      "num_experts": 0,
+      "num_experts_per_tok": 0,
+      "num_heads": 28,
+      "num_kv_heads": 4,
+      "num_layers": 28,
+      "qk_norm": "none",
+      "qkv_bias": true,
+      "tie_word_embeddings": false,
+      "vocab_size": 152064
+    },
+    "pinned": false,
+    "signal_floor_s": 900,
+    "step_s": 128.14,
+    "write_basis": "derived",
+    "write_gib_s": 2.0,
+    "write_s": 42.556
+  },
   "cluster": "isambard-ai",
   "config": "openrlhf-grpo-qwen2.5-7b.yaml",
   "config_digest": "204cd19262ad",
@@ -1109,6 +1140,9 @@ phase_services() {
 WORKDIR="${HOME}"/OpenRLHF
 PYTHON=python3
 ENTRY_POINT=openrlhf.cli.train_ppo_ray
+# The checkpoint interval (ckpt.save_steps): the plan's, until phase_driver sets what this
+# chain's earlier jobs measured.
+CKPT_EVERY=14
 
 # DRIVER: the whole command; DRIVER_ARGS: the framework's own arguments, after the entry
 # point (what the stack check parses). Called once $RUN_DIR is known.
@@ -1116,7 +1150,8 @@ driver_command() {
     DRIVER=(
         python3 -m hpcrl.runtime.watchdog --run-dir "$RUN_DIR"
         --zero-reward-steps 10 --hang-minutes 60
-        --grad-norm-steps 20 --zero-variance-steps 20 --
+        --grad-norm-steps 20 --zero-variance-steps 20
+        --step-time-key timing/step_total --generation-time-key timing/generation --training-time-key timing/ppo_train --checkpoint-marker "$RUN_DIR/checkpoints/_actor/latest" --
         "$PYTHON" -m "$ENTRY_POINT"
         --actor.model_name_or_path Qwen/Qwen2.5-7B
         --reward.remote_url reward_func.py
@@ -1153,12 +1188,12 @@ driver_command() {
         --ref.num_gpus_per_node 4
         --train.colocate_actor_ref
         --ckpt.max_num 3
-        --ckpt.save_steps 14
+        --ckpt.save_steps "$CKPT_EVERY"
         --ckpt.path "$RUN_DIR/checkpoints"
         --ckpt.output_dir "$RUN_DIR/output"
         --ckpt.load_enable
     )
-    DRIVER_ARGS=("${DRIVER[@]:17}")
+    DRIVER_ARGS=("${DRIVER[@]:25}")
 }
 
 # The framework's stack (hpcrl.runtime.stack; docs/preflight.md "The stack check"): the installed
@@ -1198,6 +1233,14 @@ phase_driver() {
     if ! "$PYTHON" -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec(sys.argv[1]) is None)' "$ENTRY_POINT"; then
         fail crashed "hpcrl.entry_point $ENTRY_POINT is not a module $PYTHON can import on $HEAD_NODE (install openrlhf in the job's environment)"
     fi
+    # Steps measured by this chain's earlier jobs replace the plan's step estimate in the interval
+    # (hpcrl/runtime/step_cadence.py; docs/plan.md "Checkpoint cadence"); its reason goes to the log.
+    local every
+    if every=$(python3 -m hpcrl.runtime.step_cadence --run-dir "$RUN_DIR" --job "$SLURM_JOB_ID" --planned 14) &&
+        [[ $every =~ ^[1-9][0-9]*$ ]]; then
+        CKPT_EVERY=$every
+    fi
+    log "checkpoint interval this job: ckpt.save_steps $CKPT_EVERY"
     driver_command
     printf 'hpcrl: driver:'
     printf ' %q' "${DRIVER[@]}"

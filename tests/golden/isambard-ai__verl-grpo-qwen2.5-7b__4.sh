@@ -186,6 +186,37 @@ run_directory() {
     "trainer.nnodes": 4,
     "trainer.save_freq": 11
   },
+  "cadence": {
+    "every_steps": 11,
+    "key": "trainer.save_freq",
+    "lead_s": 900,
+    "lora_rank": 0,
+    "max_lost_minutes": 30.0,
+    "model": {
+      "head_dim": 128,
+      "hidden_size": 3584,
+      "intermediate_size": 18944,
+      "max_position_embeddings": 131072,
+      "model_type": "qwen2",
+      "moe_intermediate_size": 0,
+      "name": "Qwen/Qwen2.5-7B",
+      "num_experts": 0,
+      "num_experts_per_tok": 0,
+      "num_heads": 28,
+      "num_kv_heads": 4,
+      "num_layers": 28,
+      "qk_norm": "none",
+      "qkv_bias": true,
+      "tie_word_embeddings": false,
+      "vocab_size": 152064
+    },
+    "pinned": false,
+    "signal_floor_s": 900,
+    "step_s": 160.449,
+    "write_basis": "derived",
+    "write_gib_s": 2.0,
+    "write_s": 42.556
+  },
   "cluster": "isambard-ai",
   "config": "verl-grpo-qwen2.5-7b.yaml",
   "config_digest": "202195203414",
@@ -1142,6 +1173,9 @@ phase_services() {
 WORKDIR="${HOME}"/verl
 PYTHON=python3
 ENTRY_POINT=verl.trainer.main_ppo
+# The checkpoint interval (trainer.save_freq): the plan's, until phase_driver sets what this
+# chain's earlier jobs measured.
+CKPT_EVERY=11
 
 # DRIVER: the whole command; DRIVER_ARGS: the framework's own arguments, after the entry
 # point (what the stack check parses). Called once $RUN_DIR is known.
@@ -1149,7 +1183,8 @@ driver_command() {
     DRIVER=(
         python3 -m hpcrl.runtime.watchdog --run-dir "$RUN_DIR"
         --zero-reward-steps 10 --hang-minutes 60
-        --grad-norm-steps 20 --zero-variance-steps 20 --
+        --grad-norm-steps 20 --zero-variance-steps 20
+        --step-time-key timing_s/step --generation-time-key timing_s/gen --training-time-key timing_s/update_actor --checkpoint-time-key timing_s/save_checkpoint --
         "$PYTHON" -m "$ENTRY_POINT"
         algorithm.adv_estimator=grpo
         algorithm.use_kl_in_reward=false
@@ -1186,12 +1221,12 @@ driver_command() {
         actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8
         actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8
         actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8
-        trainer.save_freq=11
+        "trainer.save_freq=$CKPT_EVERY"
         trainer.max_actor_ckpt_to_keep=2
         "trainer.default_local_dir=$RUN_DIR/checkpoints"
         trainer.resume_mode=auto
     )
-    DRIVER_ARGS=("${DRIVER[@]:17}")
+    DRIVER_ARGS=("${DRIVER[@]:25}")
 }
 
 # The framework's stack (hpcrl.runtime.stack; docs/preflight.md "The stack check"): the installed
@@ -1236,6 +1271,14 @@ phase_driver() {
     if [[ ! $RUN_DIR =~ $HYDRA_SAFE ]]; then
         fail crashed "run directory $RUN_DIR has characters a Hydra override cannot carry; use letters, digits and _ . / @ + : - in hpcrl.run_root and hpcrl.run_name"
     fi
+    # Steps measured by this chain's earlier jobs replace the plan's step estimate in the interval
+    # (hpcrl/runtime/step_cadence.py; docs/plan.md "Checkpoint cadence"); its reason goes to the log.
+    local every
+    if every=$(python3 -m hpcrl.runtime.step_cadence --run-dir "$RUN_DIR" --job "$SLURM_JOB_ID" --planned 11) &&
+        [[ $every =~ ^[1-9][0-9]*$ ]]; then
+        CKPT_EVERY=$every
+    fi
+    log "checkpoint interval this job: trainer.save_freq $CKPT_EVERY"
     export HYDRA_FULL_ERROR=1
     driver_command
     printf 'hpcrl: driver:'

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from hpcrl.errors import ConfigError, HpcrlError, PlanError
 from hpcrl.planning.backends.facts import DiskFacts, MemoryFacts
 from hpcrl.planning.layout import Layout, Pins, Workload
-from hpcrl.planning.backends.log_facts import CommandFacts, CpuAsk, DiagnoseFacts, SmokeFacts
+from hpcrl.planning.backends.log_facts import CommandFacts, CpuAsk, DiagnoseFacts, SmokeFacts, TimingFacts
 from hpcrl.planning.layout_advice import plan_layouts
 from hpcrl.shell import shq
 
@@ -93,6 +93,7 @@ class Backend(ABC):
     # after the time-limit warning.
     checkpoint_key: ClassVar[str]
     checkpoint_marker: ClassVar[str]
+    checkpoint_env: ClassVar[str | None] = None  # the driver's environment variable carrying the interval, if so
     # Config keys that turn on a feature (data/capabilities.json names): a feature the
     # framework's code does not implement is refused when one of its keys is set.
     feature_triggers: ClassVar[dict[str, tuple[str, ...]]] = {}
@@ -249,6 +250,7 @@ class Backend(ABC):
     command_facts: ClassVar[CommandFacts] = CommandFacts()
     diagnose_facts: ClassVar[DiagnoseFacts] = DiagnoseFacts(keys={})
     smoke_facts: ClassVar[SmokeFacts] = SmokeFacts()
+    timing_facts: ClassVar[TimingFacts] = TimingFacts()  # step and checkpoint times in its output
     # plan.json names the backend (a plan.json without the name is the default backend's run).
     names_itself_in_plan: ClassVar[bool] = True
 

@@ -93,6 +93,7 @@ class CustomBackend(Backend):
     # time-limit warning the job waits for it (else it stops the script when only time to stop is left).
     checkpoint_key = "save_steps"
     checkpoint_marker = "checkpoints/latest"
+    checkpoint_env = "HPCRL_SAVE_STEPS"
     value_ranges = {k: (positive, "a positive count") for k in
                     ("lora_rank", "rollout_batch_size", "mini_batch_size", "max_prompt_length", "max_response_length",
                      "samples_per_prompt", "rollout_batches", "gradient_accumulation_steps", "ppo_epochs",
@@ -233,7 +234,7 @@ class CustomBackend(Backend):
         return lines
 
     def env(self, rp: RunPlan) -> dict[str, str]:
-        return {"HPCRL_SAVE_STEPS": str(self.save_steps(rp))}
+        return {self.checkpoint_env: str(self.save_steps(rp))}
 
     def tokens_text(self, rp: RunPlan) -> str:
         return (f"mini_batch_size {self.arg(rp.config, 'mini_batch_size')} ({rp.workload.pack_length} tokens), "

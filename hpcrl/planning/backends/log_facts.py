@@ -79,6 +79,34 @@ class SmokeFacts:
 
 
 @dataclass(frozen=True)
+class TimingFacts:
+    """Where the framework's output says how long a step and a checkpoint write took (the watchdog
+    records them in the run dir, hpcrl/logs/step_times.py). Metric keys are read from the step's
+    metrics; an empty tuple means the framework logs no such time."""
+
+    step: tuple[str, ...] = ()  # the step's own time in seconds (without a checkpoint write)
+    generation: tuple[str, ...] = ()  # rollout generation within the step
+    training: tuple[str, ...] = ()  # the learners' update within the step
+    checkpoint: tuple[str, ...] = ()  # a checkpoint write, as a metric of the step that wrote it
+    # A regex on a log line whose group "s" is a checkpoint write's seconds (a framework's timer line).
+    checkpoint_line: str | None = None
+    # The framework writes its checkpoint right after printing the step's metrics, so a rewrite of the
+    # checkpoint marker times the write (marker's time minus the step line's).
+    marker_after_step: bool = False
+
+    def words(self) -> list[str]:
+        """The watchdog's options that carry these facts (the in-job runtime cannot import a backend)."""
+        out: list[str] = []
+        for flag, keys in (("--step-time-key", self.step), ("--generation-time-key", self.generation),
+                           ("--training-time-key", self.training), ("--checkpoint-time-key", self.checkpoint)):
+            for key in keys:
+                out += [flag, key]
+        if self.checkpoint_line:
+            out += ["--checkpoint-line", self.checkpoint_line]
+        return out
+
+
+@dataclass(frozen=True)
 class CpuAsk:
     """The CPUs the framework itself would ask of Ray for a layout (the smoke's note)."""
 
@@ -98,4 +126,4 @@ def default_backend() -> str:
     return str(HpcrlSection.model_fields["backend"].default)
 
 
-__all__ = ["CommandFacts", "CpuAsk", "DiagnoseFacts", "Placement", "SmokeFacts", "default_backend"]
+__all__ = ["CommandFacts", "CpuAsk", "DiagnoseFacts", "Placement", "SmokeFacts", "TimingFacts", "default_backend"]

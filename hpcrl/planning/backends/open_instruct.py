@@ -27,7 +27,7 @@ from hpcrl.planning.backends.base import (
 )
 from hpcrl.errors import ConfigError, HpcrlError, PlanError
 from hpcrl.models import resolve_model
-from hpcrl.planning.backends.log_facts import CommandFacts, CpuAsk, DiagnoseFacts, SmokeFacts
+from hpcrl.planning.backends.log_facts import CommandFacts, CpuAsk, DiagnoseFacts, SmokeFacts, TimingFacts
 from hpcrl.memory.vllm_accounting import VllmEngineFacts
 from hpcrl.planning.backends.facts import MemoryDefault, MemoryFacts
 from hpcrl.planning.backends.open_instruct_disk import DISK
@@ -183,6 +183,12 @@ class OpenInstructBackend(Backend):
         disk_bound="keep_last_n_checkpoints bounds the states; HF saves are never deleted")
     # grpo_fast passes its whole environment to every Ray actor (e6c3044a grpo_fast.py:2214-2219).
     smoke_facts = SmokeFacts("learner-spread", "place learners and engines as open-instruct does", actor_env=True)
+    # e6c3044a grpo_fast.py: the step's panel holds time/total (:1626, the step without the state save that
+    # follows it), time/training (:1627) and time/group_generation_max (:1599); the state save at :2000 is a
+    # Timer, which logs "<description>: <s> seconds" (rl_utils.py:180).
+    timing_facts = TimingFacts(step=("time/total",), generation=("time/group_generation_max",),
+                               training=("time/training",),
+                               checkpoint_line=r"Saving checkpoint state: (?P<s>\d+(?:\.\d+)?) seconds")
     names_itself_in_plan = False  # plan.json stays as it was before the other backends came
     feature_triggers = {"lora": ("use_peft",), "load_in_4bit": ("load_in_4bit", "load_in_8bit")}
     # DeepSpeed's save_checkpoint writes <dir>/latest last (checkpoint_state_dir = RUN_DIR/checkpoints).

@@ -40,7 +40,7 @@ from hpcrl.memory.vllm_accounting import VllmEngineFacts
 from hpcrl.planning.backends.facts import MemoryDefault, MemoryFacts
 from hpcrl.planning.backends import versions
 from hpcrl.planning.backends.flagdata import load_meta, load_table
-from hpcrl.planning.backends.log_facts import CommandFacts, CpuAsk, DiagnoseFacts, SmokeFacts
+from hpcrl.planning.backends.log_facts import CommandFacts, CpuAsk, DiagnoseFacts, SmokeFacts, TimingFacts
 from hpcrl.planning.backends.openrlhf_ckpt import DISK, checkpoint_flags
 from hpcrl.planning.layout import Pins, Workload
 from hpcrl.planning.layout_advice import plan_layouts
@@ -160,6 +160,11 @@ class OpenRLHFBackend(Backend):
                    "resume); HF saves are never deleted",
         death_note="an OpenRLHF actor, reference or vLLM engine group cannot lose a member")
     smoke_facts = SmokeFacts("pack-groups", "place vLLM then actor bundles in PACK groups as OpenRLHF does")
+    # 3c3be623 ppo_trainer.py: timing/ppo_train (:257), timing/generation (:540) and their sum timing/step_total
+    # (:541) in the "Global step N" line (:547); the checkpoint is written right after it (:556 -> :393) and
+    # logs no time, so the marker's rewrite times it.
+    timing_facts = TimingFacts(step=("timing/step_total",), generation=("timing/generation",),
+                               training=("timing/ppo_train",), marker_after_step=True)
     # DeepSpeed's save_checkpoint writes <ckpt.path>/_actor/latest last.
     checkpoint_key = "ckpt.save_steps"
     checkpoint_marker = "checkpoints/_actor/latest"

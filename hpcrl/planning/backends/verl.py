@@ -1,10 +1,9 @@
 """The verl backend: `python3 -m verl.trainer.main_ppo key=value ...` (Hydra overrides).
 
-Pure. verl's hybrid engine colocates rollout (vLLM) and FSDP training on every GPU, so its
-plan is one colocated layout (hpcrl/planning/layout_colocated.py) whose only choices are the rollout
-TP size and gpu_memory_utilization; hpcrl also picks the per-GPU micro-batch and, only when
-nothing fits without, FSDP parameter/optimizer offload. Every key is checked against
-verl's composed PPO trainer config (hpcrl/planning/backends/data/verl_args.json).
+Pure. verl's hybrid engine colocates rollout (vLLM) and FSDP training on every GPU, so its plan is one
+colocated layout (hpcrl/planning/layout_colocated.py) whose only choices are the rollout TP size and
+gpu_memory_utilization; hpcrl also picks the per-GPU micro-batch and, only when nothing fits without,
+FSDP parameter/optimizer offload. Every key is checked against verl's composed PPO trainer config.
 """
 
 from __future__ import annotations
@@ -35,7 +34,7 @@ from hpcrl.models import resolve_model
 from hpcrl.planning.backends import versions
 from hpcrl.planning.backends.verl_memory import memory_facts, sleep_level
 from hpcrl.planning.backends.log_facts import CommandFacts, CpuAsk, DiagnoseFacts, SmokeFacts
-from hpcrl.planning.backends.verl_disk import DISK
+from hpcrl.planning.backends.verl_disk import DISK, TIMING
 from hpcrl.planning.layout import DEFAULT_MICRO_BATCHES, Pins, Workload
 from hpcrl.planning.layout_colocated import enumerate_colocated, plan_colocated_layouts
 
@@ -161,6 +160,7 @@ class VerlBackend(Backend):
         death_note="verl's WorkerDict holds the actor, rollout and reference of its GPU: one death stops the step")
     smoke_facts = SmokeFacts("node-pools", "place one STRICT_PACK group of per-GPU bundles per node as verl's "
                              "resource pool does")
+    timing_facts = TIMING  # the step's and the checkpoint save's timers (verl_disk.py)
     # verl's trainer writes <default_local_dir>/latest_checkpointed_iteration.txt after each save.
     checkpoint_key = T + "save_freq"
     checkpoint_marker = "checkpoints/latest_checkpointed_iteration.txt"

@@ -11,6 +11,10 @@ tokenizer, and the whole model gathered on rank 0 only when `checkpoint.save_con
 (checkpoint_manager.py:144-172) keeps `trainer.max_actor_ckpt_to_keep`, and with 1 keeps the
 old one until the new one is complete: two at the peak. Rollout dumps
 (`trainer.rollout_data_dir`) are decoded text (trainer/ppo/ray_trainer.py:396-422).
+
+How long a save took is in the step's metrics (TIMING): timing_s/<name> of every marked_timer
+(trainer/ppo/metric_utils.py:262) - the step (ray_trainer.py:1388), generation (:1390), the actor
+update (:1606) and the checkpoint save (:1650), which runs after the step's timer, before its line.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from hpcrl.planning.backends.facts import DiskFacts
+from hpcrl.planning.backends.log_facts import TimingFacts
 from hpcrl.planning.disk import HF_OVERHEAD_BYTES, RANK_OVERHEAD_BYTES
 from hpcrl.planning.disk_budget import (
     TEXT_BYTES_PER_TOKEN, Budget, DiskInputs, Fix, Item, cache_items, interval_values, saves, search, trainable,
@@ -89,5 +94,7 @@ def run_inputs(rp: RunPlan, get: Callable[[str], Any], base: DiskInputs) -> Disk
 
 # keep_default: what hpcrl renders for trainer.max_actor_ckpt_to_keep; -1 on plan-disk's flag keeps all (null).
 DISK = DiskFacts(keys=KEYS, budget=budget, fixes=fixes, run_inputs=run_inputs, keep_default=2, keep_all=-1)
+TIMING = TimingFacts(step=("timing_s/step",), generation=("timing_s/gen",), training=("timing_s/update_actor",),
+                     checkpoint=("timing_s/save_checkpoint",))
 
-__all__ = ["DISK"]
+__all__ = ["DISK", "TIMING"]

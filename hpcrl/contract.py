@@ -135,7 +135,7 @@ BLAME, DRIVER_STARTED = "blame-{job}", "driver-started-{job}"
 # Where a job's events go when the run directory cannot take them: a file in the node-local
 # directory's parent on the head node (kept after the job), and the job's Slurm comment, which
 # `hpcrl status` reads from any login node: END_COMMENT + "<reason>:<exit code>".
-EVENTS_FALLBACK, END_COMMENT = "hpcrl-{job}.jobs.tsv", "hpcrl-end:"
+EVENTS_FALLBACK, END_COMMENT = "hpcrl-ended-{job}/jobs.tsv", "hpcrl-end:"
 # Per job, in LOGS: the job's own log, and Slurm's output when the run dir's path was known at submit.
 JOB_LOG, SLURM_LOG = "job-{job}.log", "slurm-{job}.out"
 

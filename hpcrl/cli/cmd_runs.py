@@ -94,14 +94,14 @@ def _runs_table(runs, title: str):
 def _run_json(r) -> dict:
     from hpcrl.jobs.lifecycle import RunDir
 
-    from hpcrl.jobs.run_dir import read_chain
+    from hpcrl.jobs.run_dir import readable_chain
 
     d = r.to_dict()
     rd = RunDir(r.run_dir)
     d["restarts"] = rd.restart_count() if rd.restarts.exists() else None
     d["failure_restarts"] = rd.failure_restart_count()
     d["excluded_nodes"] = rd.excluded_nodes()
-    chain = read_chain(rd)
+    chain = readable_chain(rd)
     for j in d["jobs"]:
         j["log"] = str(rd.log(j["job_id"]))
         ev = chain.get(j["job_id"])

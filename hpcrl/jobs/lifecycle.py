@@ -19,11 +19,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
-from hpcrl.contract import COMPLETED, CRASHED, SLURM_STATE_REASONS
-from hpcrl.errors import ConfigError, HpcrlError, SlurmError
+from hpcrl.contract import COMPLETED, CRASHED, END_COMMENT, SLURM_STATE_REASONS
+from hpcrl.errors import ConfigError, HpcrlError, RunDirUnreadable, SlurmError
 from hpcrl.jobs import slurm
 from hpcrl.jobs.registry import Job, Registry, Run, dir_identity, now
-from hpcrl.jobs.run_dir import JobEvents, RunDir, read_chain, run_dir_problem
+from hpcrl.jobs.run_dir import JobEvents, RunDir, read_chain, readable_chain, run_dir_problem
 from hpcrl.shell import path_problem
 
 if TYPE_CHECKING:
@@ -222,9 +222,23 @@ def _follow_chain(reg: Registry, run: Run, chain: dict[str, JobEvents]) -> Run:
     return reg.get(run.run_id) if added else run
 
 
+def _comment_end(job_id: str) -> JobEvents:
+    """The end a job put in its Slurm comment when its run directory could not take it."""
+    try:
+        comment = slurm.job_comment(job_id)
+    except SlurmError:
+        return JobEvents()
+    if not comment.startswith(END_COMMENT):
+        return JobEvents()
+    reason, _, code = comment[len(END_COMMENT):].partition(":")
+    return JobEvents(end_reason=reason, exit_code=int(code) if code.lstrip("-").isdigit() else None)
+
+
 def _job_row(job: Job, state: slurm.JobState | None, ev: JobEvents, rd: RunDir | None = None) -> Job:
     new_state = state.state if state else job.state
     terminal = new_state not in slurm.LIVE_STATES
+    if terminal and not ev.end_reason:
+        ev = _comment_end(job.job_id)
     if ev.end_reason:
         reason = ev.end_reason
     elif terminal:
@@ -271,14 +285,14 @@ def refresh(reg: Registry, runs: list[Run]) -> list[Run]:
     live = [r for r in runs if r.live and r.jobs]
     if not live:
         return runs
-    live = [_follow_chain(reg, r, read_chain(RunDir(r.run_dir))) for r in live]
+    live = [_follow_chain(reg, r, readable_chain(RunDir(r.run_dir))) for r in live]
     ids = [j.job_id for r in live for j in r.jobs if j.state in slurm.LIVE_STATES]
     states = slurm.job_states(ids)
     updated: dict[str, Run] = {}
     for run in live:
         rd = RunDir(run.run_dir)
         # Read again after the query: a job that just ended may have written `continue` meanwhile.
-        chain = read_chain(rd)
+        chain = readable_chain(rd)
         rows = [_job_row(j, states.get(j.job_id), chain.get(j.job_id, JobEvents()), rd)
                 for j in run.jobs if j.job_id in states]
         reg.update_jobs(rows)
@@ -304,7 +318,7 @@ def cancel(reg: Registry, run: Run) -> Run:
         rd.cancel.write_text(f"{now()}\n")
     except OSError as exc:
         raise HpcrlError(f"cannot write {rd.cancel}: {exc.strerror}") from None
-    run = _follow_chain(reg, run, read_chain(rd))
+    run = _follow_chain(reg, run, readable_chain(rd))
     cancelled = 0
     for job in run.jobs:
         if job.state in slurm.LIVE_STATES:
@@ -352,7 +366,10 @@ def logs(run: Run) -> Iterator[tuple[str, str]]:
     rd = RunDir(run.run_dir)
     for jid in _chain_ids(run, read_chain(rd)):
         path = rd.any_log(jid)
-        yield jid, path.read_text(errors="replace") if path.exists() else ""
+        try:
+            yield jid, path.read_text(errors="replace") if path.exists() else ""
+        except OSError as exc:  # EIO under the log: the run's reason in one line, not a traceback
+            raise RunDirUnreadable(path, exc) from None
 
 
 def follow(run: Run, *, poll_s: float = 1.0, slurm_every_s: float = 30.0) -> Iterator[tuple[str, str]]:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from hpcrl import contract as C
+from hpcrl.errors import RunDirUnreadable
 from hpcrl.jobs.registry import now
 
 
@@ -106,6 +107,15 @@ def read_chain(run_dir: RunDir) -> dict[str, JobEvents]:
     return out
 
 
+def readable_chain(run_dir: RunDir) -> dict[str, JobEvents]:
+    """read_chain, or no events when the run directory's file system fails (EIO): the jobs' ends
+    then come from Slurm (their comment) and the reason from run_dir_problem."""
+    try:
+        return read_chain(run_dir)
+    except RunDirUnreadable:
+        return {}
+
+
 RAY_LOG_NAMES = ("raylet.out", "raylet.err", "gcs_server.out", "gcs_server.err", "dashboard_agent.log",
                  "runtime_env_agent.log")
 
@@ -137,8 +147,14 @@ def run_dir_problem(rd: RunDir) -> str | None:
     if not rd.path.is_dir():
         return "run-dir-missing"
     if not all(os.access(d, os.W_OK | os.X_OK) for d in (rd.path, rd.meta, rd.path / C.LOGS) if d.exists()):
-        return "run-dir-unwritable"
+        return C.RUN_DIR_UNWRITABLE
+    try:  # a file system that fails (EIO) still answers stat and access: open a file
+        os.close(os.open(rd.jobs_tsv, os.O_RDONLY))
+    except FileNotFoundError:
+        pass
+    except OSError:
+        return C.RUN_DIR_UNWRITABLE
     return None
 
 
-__all__ = ["JobEvents", "RunDir", "kept_ray_logs", "read_chain", "run_dir_problem"]
+__all__ = ["JobEvents", "RunDir", "kept_ray_logs", "read_chain", "readable_chain", "run_dir_problem"]

@@ -105,7 +105,8 @@ def test_a_full_disk_under_a_running_job(slurm, env, loop_root):
     behave(env, sleep=20, exit_code=1)
     run_id, job, rd = start_run(env, "full", loop_root)
     head = read_chain(rd)[job].start
-    subprocess.run(["dd", "if=/dev/zero", f"of={loop_root / 'filler'}", "bs=1M"], capture_output=True)
+    for i, block in enumerate(("1M", "1k")):  # the last free 1 KiB blocks too
+        subprocess.run(["dd", "if=/dev/zero", f"of={loop_root / f'filler{i}'}", f"bs={block}"], capture_output=True)
     assert os.statvfs(loop_root).f_bavail == 0
     final = wait_status(env, run_id, lambda r: r["state"] == "ended", "the job to end", deadline_s=400)
     recorded = read_chain(rd).get(job)

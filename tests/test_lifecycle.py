@@ -114,6 +114,24 @@ def test_unwritable_run_dir_fails_the_run_before_sbatch(env):
     assert not mark.exists() and rows(env, "jobs") == []
 
 
+def test_every_file_submit_writes_is_0600(env):
+    """Under the common umask 022, submit's files (script, plan, restart counter, jobs.tsv) are the
+    owner's alone; sbatch is a fake that accepts the job and runs nothing."""
+    fake_bin = env["tmp"] / "fake-bin"
+    fake_bin.mkdir()
+    (fake_bin / "sbatch").write_text("#!/bin/sh\necho 4242\n")
+    (fake_bin / "sbatch").chmod(0o755)
+    old = os.umask(0o022)
+    try:
+        out = ok_json(hpcrl(env, "submit", "--json", *submit_args(env, "config", "modes"),
+                            path=f"{fake_bin}:{os.environ['PATH']}"))
+    finally:
+        os.umask(old)
+    meta = Path(out["run_dir"]) / "hpcrl"
+    modes = {p.name: oct(p.stat().st_mode & 0o777) for p in meta.iterdir() if p.is_file()}
+    assert modes == {"job.sbatch": "0o600", "plan.json": "0o600", "restarts": "0o600", "jobs.tsv": "0o600"}
+
+
 def test_rendered_script_submitted_as_script(env):
     """A script from the renderer, given back as SCRIPT: RUN_DIR, cluster and max_restarts are read from it."""
     rendered = ok_json(hpcrl(env, "submit", "--dry-run", "--json", *submit_args(env, "config", "again", max_restarts=4)))

@@ -23,7 +23,7 @@ from hpcrl.contract import COMPLETED, CRASHED, END_COMMENT, SLURM_STATE_REASONS
 from hpcrl.errors import ConfigError, HpcrlError, RunDirUnreadable, SlurmError
 from hpcrl.jobs import slurm
 from hpcrl.jobs.registry import Job, Registry, Run, dir_identity, now
-from hpcrl.jobs.run_dir import JobEvents, RunDir, read_chain, readable_chain, run_dir_problem
+from hpcrl.jobs.run_dir import JobEvents, RunDir, read_chain, readable_chain, run_dir_problem, write_private
 from hpcrl.shell import path_problem
 
 if TYPE_CHECKING:
@@ -146,7 +146,7 @@ def submit(reg: Registry, sub: Submission, *, dry_run: bool = False, extra_args:
                                 script_path=str(sub.run_dir.script), run_dir=str(sub.run_dir.path),
                                 state="dry-run", max_restarts=sub.max_restarts, claim_run_dir=True)
         path = out / f"{run_id}.sbatch"
-        path.write_text(sub.script)
+        write_private(path, sub.script)
         return Submitted(run_id, None, path, None, command)
     slurm.require("sbatch")  # before anything is written: no run dir, no registry row
     # The run directory as the filesystem names it: two spellings (a symlink, `..`) are one run dir.
@@ -158,12 +158,12 @@ def submit(reg: Registry, sub: Submission, *, dry_run: bool = False, extra_args:
                             max_restarts=sub.max_restarts, claim_run_dir=True)
     try:
         rd.create(sub.dir_mode)
-        rd.script.write_text(sub.script)
-        rd.script.chmod(0o755)
+        # Every file submit writes is its owner's alone (sbatch reads the script; it needs no x bit).
+        write_private(rd.script, sub.script)
         if sub.plan is not None or not rd.plan.exists():
             plan = sub.plan or {"plan": None, "script": sub.source, "note": "submitted as an already rendered script"}
-            rd.plan.write_text(json.dumps(plan, indent=2, sort_keys=True, default=str) + "\n")
-        rd.restarts.write_text("0\n")  # a new chain gets its full max_restarts
+            write_private(rd.plan, json.dumps(plan, indent=2, sort_keys=True, default=str) + "\n")
+        write_private(rd.restarts, "0\n")  # a new chain gets its full max_restarts
         rd.cancel.unlink(missing_ok=True)  # a marker left by a cancelled earlier run would stop this one
     except OSError as exc:
         reg.set_run(run_id, state="failed", reason=f"run dir: {exc.strerror}")
@@ -315,7 +315,7 @@ def cancel(reg: Registry, run: Run) -> Run:
     rd = RunDir(run.run_dir)
     slurm.require("scancel")
     try:
-        rd.cancel.write_text(f"{now()}\n")
+        write_private(rd.cancel, f"{now()}\n")
     except OSError as exc:
         raise HpcrlError(f"cannot write {rd.cancel}: {exc.strerror}") from None
     run = _follow_chain(reg, run, readable_chain(rd))

@@ -48,8 +48,7 @@ class RunDir:
 
     def append_event(self, job_id: str, event: str, detail: str = "-") -> None:
         # One short write in append mode: lines from the batch script and hpcrl never interleave.
-        with open(self.jobs_tsv, "a") as f:
-            f.write(f"{job_id}\t{event}\t{now()}\t{detail}\n")
+        write_private(self.jobs_tsv, f"{job_id}\t{event}\t{now()}\t{detail}\n", append=True)
 
     def restart_count(self) -> int:
         return self._count(self.restarts)
@@ -70,6 +69,18 @@ class RunDir:
             return int(path.read_text().strip() or 0)
         except (OSError, ValueError):
             return 0
+
+
+def write_private(path: Path, text: str, *, append: bool = False) -> None:
+    """Write (or append) text to a file only its owner can read, whatever the umask: the run dir is
+    0700, but a file that leaves it (a copy, a moved run dir) keeps its own mode."""
+    flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else os.O_TRUNC)
+    fd = os.open(path, flags, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
 
 
 class JobEvents(NamedTuple):
@@ -157,4 +168,4 @@ def run_dir_problem(rd: RunDir) -> str | None:
     return None
 
 
-__all__ = ["JobEvents", "RunDir", "kept_ray_logs", "read_chain", "readable_chain", "run_dir_problem"]
+__all__ = ["JobEvents", "RunDir", "kept_ray_logs", "write_private", "read_chain", "readable_chain", "run_dir_problem"]

@@ -23,7 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from hpcrl.jobs.lifecycle import RunDir, read_chain
+from hpcrl.jobs.lifecycle import JobEvents, RunDir, read_chain
+from hpcrl.jobs.registry import Job
 from lifecycle_harness import (  # noqa: F401 - env is a fixture
     KINDS,
     _has_renderer,
@@ -130,6 +131,18 @@ def test_every_file_submit_writes_is_0600(env):
     meta = Path(out["run_dir"]) / "hpcrl"
     modes = {p.name: oct(p.stat().st_mode & 0o777) for p in meta.iterdir() if p.is_file()}
     assert modes == {"job.sbatch": "0o600", "plan.json": "0o600", "restarts": "0o600", "jobs.tsv": "0o600"}
+
+
+@pytest.mark.parametrize("events", [JobEvents(), JobEvents(end_reason="cancelled", exit_code=143,
+                                                        ended="2026-11-26T22:00:00Z")])
+def test_a_completing_job_has_its_end_time(events):
+    """COMPLETING (Slurm waits for the processes of a cancelled job): the job has ended, with or
+    without its own end line; the line's time wins when it wrote one."""
+    from hpcrl.jobs import lifecycle, slurm
+
+    job = Job("r", 0, "7", "RUNNING", "", None, "2026-11-26T21:00:00Z", None)
+    row = lifecycle._job_row(job, slurm.JobState("7", "COMPLETING", "", None, "squeue"), events)
+    assert row.ended == events.ended if events.ended else row.ended is not None
 
 
 def test_rendered_script_submitted_as_script(env):

@@ -249,7 +249,10 @@ def _job_row(job: Job, state: slurm.JobState | None, ev: JobEvents, rd: RunDir |
     else:
         reason = state.reason if state else job.reason  # Slurm's pending reason (Priority, ...)
     code = ev.exit_code if ev.exit_code is not None else (state.exit_code if state else job.exit_code)
-    ended = job.ended or (ev.ended if ev.ended and terminal else (now() if terminal else None))
+    # COMPLETING: the batch script is over, Slurm waits for its processes (a cancelled job can stay
+    # so for minutes): it has ended. Its own end line, when it wrote one, says when.
+    done = terminal or new_state == "COMPLETING"
+    ended = job.ended or ev.ended or (now() if done else None)
     return job._replace(state=new_state, reason=reason, exit_code=code, ended=ended)
 
 

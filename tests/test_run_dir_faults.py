@@ -107,6 +107,11 @@ def test_a_full_disk_under_a_running_job(slurm, env, loop_root):
     head = read_chain(rd)[job].start
     for i, block in enumerate(("1M", "1k")):  # the last free 1 KiB blocks too
         subprocess.run(["dd", "if=/dev/zero", f"of={loop_root / f'filler{i}'}", f"bs={block}"], capture_output=True)
+    # And the slack of driver.log's last block: the watchdog's next write there meets ENOSPC.
+    with open(rd.meta / "driver.log", "ab", buffering=0) as log:
+        with pytest.raises(OSError, match="No space left"):
+            while True:
+                log.write(b"filler: the test fills the disk\n" * 32)
     assert os.statvfs(loop_root).f_bavail == 0
     final = wait_status(env, run_id, lambda r: r["state"] == "ended", "the job to end", deadline_s=400)
     recorded = read_chain(rd).get(job)

@@ -109,9 +109,10 @@ def test_a_full_disk_under_a_running_job(slurm, env, loop_root):
         subprocess.run(["dd", "if=/dev/zero", f"of={loop_root / f'filler{i}'}", f"bs={block}"], capture_output=True)
     # And the slack of driver.log's last block: the watchdog's next write there meets ENOSPC.
     with open(rd.meta / "driver.log", "ab", buffering=0) as log:
-        with pytest.raises(OSError, match="No space left"):
-            while True:
-                log.write(b"filler: the test fills the disk\n" * 32)
+        for size in (1024, 64, 1):  # ext4 refuses a write larger than the slack left: smaller ones
+            with pytest.raises(OSError, match="No space left"):
+                while True:
+                    log.write(b"f" * (size - 1) + b"\n" if size > 1 else b"\n")
     assert os.statvfs(loop_root).f_bavail == 0
     final = wait_status(env, run_id, lambda r: r["state"] == "ended", "the job to end", deadline_s=400)
     recorded = read_chain(rd).get(job)

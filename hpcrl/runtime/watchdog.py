@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import errno
 import json
 import math
 import os
@@ -56,9 +55,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO
 
-from hpcrl.contract import (BREAKER, BREAKERS, DRIVER_LOG, META, RUN_DIR_ENDS, RUN_DIR_FULL, RUN_DIR_UNWRITABLE,
-                            breaker_exit_code)
+from hpcrl.contract import BREAKER, BREAKERS, DRIVER_LOG, META, RUN_DIR_ENDS, RUN_DIR_FULL, RUN_DIR_UNWRITABLE, \
+    breaker_exit_code
 from hpcrl.logs.driver_log import StepParser, death_line
+from hpcrl.runtime.driver_log_file import DriverLog, say
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 # Forwarded signals that ask the driver to stop: SIGKILL follows after --kill-grace-seconds.
@@ -144,87 +144,6 @@ class Breaker:
         return None
 
 
-# The errors that mean the file system has no room for us: the driver may run on.
-NO_ROOM = (errno.ENOSPC, errno.EDQUOT)
-
-
-class DriverLog:
-    """The driver's log file, which never stops the watchdog: no room drops lines (and retries after
-    retry_s); any other error (EIO, EROFS) leaves `broken` set, and the caller stops the driver."""
-
-    def __init__(self, path: Path, retry_s: float = 10.0):
-        self.path, self.retry_s = path, retry_s
-        self.fd: int | None = None
-        self.full_since: float | None = None  # monotonic time of the first write refused for room
-        self.dropped = 0
-        self.broken: OSError | None = None
-        self._open()
-
-    def _open(self) -> None:
-        try:
-            self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        except OSError as exc:
-            self._failed(exc)
-
-    def _failed(self, exc: OSError) -> None:
-        if exc.errno in NO_ROOM:
-            if self.full_since is None:
-                self.full_since = time.monotonic()
-                _say(f"{self.path}: {exc.strerror}: dropping the driver's log lines until there is room "
-                     "(the console still gets them, the breakers still read them)")
-        elif self.broken is None:
-            self.broken = exc
-            _say(f"{self.path}: {exc.strerror}: the run directory cannot be written; stopping the driver "
-                 f"({RUN_DIR_UNWRITABLE})")
-
-    def write(self, raw: bytes) -> None:
-        if self.broken is not None:
-            return
-        now = time.monotonic()
-        if self.full_since is not None and now - self.full_since < self.retry_s:
-            self.dropped += 1
-            return
-        try:
-            if self.fd is None:
-                self._open()
-                if self.fd is None:
-                    self.dropped += 1
-                    return
-            if self.full_since is not None:  # room again: say what is missing, then go on
-                os.write(self.fd, f"hpcrl-watchdog: {self.dropped} lines dropped while the disk was full\n".encode())
-                self.full_since, self.dropped = None, 0
-            os.write(self.fd, raw)
-        except OSError as exc:
-            self.dropped += 1
-            if exc.errno in NO_ROOM and self.full_since is not None:
-                self.full_since = now  # still full: wait retry_s again
-            self._failed(exc)
-
-    def full(self) -> bool:
-        """Whether its file system has no room now (a write refused, or no block free)."""
-        if self.full_since is not None:
-            return True
-        try:
-            return os.statvfs(self.path.parent).f_bavail == 0
-        except OSError:
-            return False
-
-    def close(self) -> None:
-        if self.fd is not None:
-            try:
-                os.close(self.fd)
-            except OSError:
-                pass
-
-
-def _say(text: str) -> None:
-    try:
-        sys.stderr.write(f"hpcrl-watchdog: {text}\n")
-        sys.stderr.flush()
-    except OSError:
-        pass
-
-
 def _child_setup() -> None:
     """In the driver, before exec: a process group of its own, and SIGKILL when the watchdog dies
     (prctl PR_SET_PDEATHSIG, Linux), so a killed watchdog cannot leave the driver running."""
@@ -251,6 +170,17 @@ def _signal_group(pid: int, sig: int) -> None:
         pass
 
 
+def _stop(proc: subprocess.Popen, kill_grace_s: float) -> None:
+    """SIGTERM to the driver's group, SIGKILL after the grace period; returns once it has exited."""
+    _signal_group(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=kill_grace_s)
+    except subprocess.TimeoutExpired:
+        pass
+    _signal_group(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
 def _archive_old_breaker(path: Path) -> None:
     """A breaker.json from an earlier attempt is kept, renamed, so it cannot be mistaken for this one."""
     try:
@@ -258,7 +188,7 @@ def _archive_old_breaker(path: Path) -> None:
             stamp = datetime.fromtimestamp(path.stat().st_mtime, timezone.utc).strftime("%Y%m%dT%H%M%SZ")
             path.rename(path.with_name(f"breaker-{stamp}.json"))
     except OSError as exc:  # the run dir's own trouble is the driver log's to report
-        _say(f"cannot archive {path}: {exc.strerror}")
+        say(f"cannot archive {path}: {exc.strerror}")
 
 
 def write_breaker(path: Path, trip: Trip, **extra: object) -> None:
@@ -270,7 +200,7 @@ def write_breaker(path: Path, trip: Trip, **extra: object) -> None:
         tmp.write_text(text)
         tmp.replace(path)
     except OSError as exc:  # a full or failed run dir: the record goes to the job's log instead
-        _say(f"cannot write {path} ({exc.strerror}); it would say: {text}")
+        say(f"cannot write {path} ({exc.strerror}); it would say: {text}")
 
 
 def run(cmd: list[str], run_dir: Path, breaker: Breaker, *, log_path: Path | None = None,
@@ -280,7 +210,7 @@ def run(cmd: list[str], run_dir: Path, breaker: Breaker, *, log_path: Path | Non
     try:
         hp.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        _say(f"cannot make {hp}: {exc.strerror}")
+        say(f"cannot make {hp}: {exc.strerror}")
     breaker_path = hp / BREAKER
     _archive_old_breaker(breaker_path)
     log_path = log_path or hp / DRIVER_LOG
@@ -349,24 +279,12 @@ def run(cmd: list[str], run_dir: Path, breaker: Breaker, *, log_path: Path | Non
             trip = breaker.tick(now, rc)
         broken = trip is None and log.broken is not None and proc.poll() is None
         if broken:
-            _signal_group(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=kill_grace_s)
-            except subprocess.TimeoutExpired:
-                pass
-            _signal_group(proc.pid, signal.SIGKILL)
-            proc.wait()
+            _stop(proc, kill_grace_s)
         if trip is not None:
             sys.stderr.write(f"hpcrl-watchdog: tripped ({trip.reason}, exit {trip.exit_code}): {trip.message}; "
                              f"stopping the run (SIGTERM, SIGKILL after {kill_grace_s:g} s)\n")
             sys.stderr.flush()
-            _signal_group(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=kill_grace_s)
-            except subprocess.TimeoutExpired:
-                pass
-            _signal_group(proc.pid, signal.SIGKILL)
-            proc.wait()
+            _stop(proc, kill_grace_s)
             write_breaker(breaker_path, trip, command=cmd, child_pid=proc.pid, log=str(log_path),
                           child_exit=proc.returncode, last_lines=list(tail))
         deadline = time.monotonic() + 1.0
@@ -387,7 +305,7 @@ def run(cmd: list[str], run_dir: Path, breaker: Breaker, *, log_path: Path | Non
     if broken or (rc != 0 and log.broken is not None):
         return RUN_DIR_ENDS[RUN_DIR_UNWRITABLE]
     if rc != 0 and log.full():
-        _say(f"the driver exited with {rc} while {log.path.parent} had no room: {RUN_DIR_FULL}")
+        say(f"the driver exited with {rc} while {log.path.parent} had no room: {RUN_DIR_FULL}")
         return RUN_DIR_ENDS[RUN_DIR_FULL]
     return 128 - rc if rc < 0 else rc
 

@@ -64,9 +64,11 @@ def fallback_end(job: str, head: str) -> tuple[str, str] | None:
 
 def start_run(env, name: str, root: Path) -> tuple[str, str, RunDir]:
     env["root"] = root
-    out = ok_json(hpcrl(env, "submit", "--json", "--config", str(config(env, name, nodes=2))))
+    # A generous time limit and wait: the shared test machine can take minutes to start Ray.
+    out = ok_json(hpcrl(env, "submit", "--json", "--config", str(config(env, name, nodes=2, time_="00:20:00"))))
     rd = RunDir(root / name)
-    wait_status(env, out["run_id"], driver_started(rd, out["job_id"]), "the driver to start on 2 nodes")
+    wait_status(env, out["run_id"], driver_started(rd, out["job_id"]), "the driver to start on 2 nodes",
+                deadline_s=900)
     return out["run_id"], out["job_id"], rd
 
 

@@ -19,11 +19,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
-from hpcrl.contract import COMPLETED, CRASHED, END_COMMENT, SLURM_STATE_REASONS
+from hpcrl.contract import COMPLETED, CRASHED, SLURM_STATE_REASONS
 from hpcrl.errors import ConfigError, HpcrlError, RunDirUnreadable, SlurmError
 from hpcrl.jobs import slurm
 from hpcrl.jobs.registry import Job, Registry, Run, dir_identity, now
-from hpcrl.jobs.run_dir import JobEvents, RunDir, read_chain, readable_chain, run_dir_problem, write_private
+from hpcrl.jobs.run_dir import (JobEvents, RunDir, comment_end, read_chain, readable_chain, run_dir_problem,
+                                write_private)
 from hpcrl.shell import path_problem
 
 if TYPE_CHECKING:
@@ -222,23 +223,11 @@ def _follow_chain(reg: Registry, run: Run, chain: dict[str, JobEvents]) -> Run:
     return reg.get(run.run_id) if added else run
 
 
-def _comment_end(job_id: str) -> JobEvents:
-    """The end a job put in its Slurm comment when its run directory could not take it."""
-    try:
-        comment = slurm.job_comment(job_id)
-    except SlurmError:
-        return JobEvents()
-    if not comment.startswith(END_COMMENT):
-        return JobEvents()
-    reason, _, code = comment[len(END_COMMENT):].partition(":")
-    return JobEvents(end_reason=reason, exit_code=int(code) if code.lstrip("-").isdigit() else None)
-
-
 def _job_row(job: Job, state: slurm.JobState | None, ev: JobEvents, rd: RunDir | None = None) -> Job:
     new_state = state.state if state else job.state
     terminal = new_state not in slurm.LIVE_STATES
     if terminal and not ev.end_reason:
-        ev = _comment_end(job.job_id)
+        ev = comment_end(job.job_id)
     if ev.end_reason:
         reason = ev.end_reason
     elif terminal:
@@ -367,7 +356,11 @@ def missing_log(run: Run, job_id: str) -> str | None:
 def logs(run: Run) -> Iterator[tuple[str, str]]:
     """(job id, log text) of every job of the run, in chain order."""
     rd = RunDir(run.run_dir)
-    for jid in _chain_ids(run, read_chain(rd)):
+    yield from _read_logs(rd, _chain_ids(run, read_chain(rd)))
+
+
+def _read_logs(rd: RunDir, ids: list[str]) -> Iterator[tuple[str, str]]:
+    for jid in ids:
         path = rd.any_log(jid)
         try:
             yield jid, path.read_text(errors="replace") if path.exists() else ""
@@ -383,9 +376,8 @@ def follow(run: Run, *, poll_s: float = 1.0, slurm_every_s: float = 30.0) -> Ite
     """
     rd = RunDir(run.run_dir)
     ids = _chain_ids(run, read_chain(rd))
-    for jid in ids[:-1]:
-        path = rd.any_log(jid)
-        yield jid, path.read_text(errors="replace") if path.exists() else ""
+    for jid, text in _read_logs(rd, ids[:-1]):
+        yield jid, text
     if not ids:
         return
     current, offset, next_ask = ids[-1], 0, 0.0
@@ -394,9 +386,12 @@ def follow(run: Run, *, poll_s: float = 1.0, slurm_every_s: float = 30.0) -> Ite
         path = rd.log(current)
         if not path.exists():
             return b""
-        with open(path, "rb") as f:
-            f.seek(offset)
-            return f.read()
+        try:
+            with open(path, "rb") as f:
+                f.seek(offset)
+                return f.read()
+        except OSError as exc:
+            raise RunDirUnreadable(path, exc) from None
 
     while True:
         data = drain()

@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import NamedTuple
 
 from hpcrl import contract as C
-from hpcrl.errors import RunDirUnreadable
+from hpcrl.errors import RunDirUnreadable, SlurmError
+from hpcrl.jobs import slurm
 from hpcrl.jobs.registry import now
 
 
@@ -127,6 +128,18 @@ def readable_chain(run_dir: RunDir) -> dict[str, JobEvents]:
         return {}
 
 
+def comment_end(job_id: str) -> JobEvents:
+    """The end a job put in its Slurm comment when its run directory could not take it (none: no end)."""
+    try:
+        comment = slurm.job_comment(job_id)
+    except SlurmError:
+        return JobEvents()
+    if not comment.startswith(C.END_COMMENT):
+        return JobEvents()
+    reason, _, code = comment[len(C.END_COMMENT):].partition(":")
+    return JobEvents(end_reason=reason, exit_code=int(code) if code.lstrip("-").isdigit() else None)
+
+
 RAY_LOG_NAMES = ("raylet.out", "raylet.err", "gcs_server.out", "gcs_server.err", "dashboard_agent.log",
                  "runtime_env_agent.log")
 
@@ -168,4 +181,4 @@ def run_dir_problem(rd: RunDir) -> str | None:
     return None
 
 
-__all__ = ["JobEvents", "RunDir", "kept_ray_logs", "write_private", "read_chain", "readable_chain", "run_dir_problem"]
+__all__ = ["JobEvents", "RunDir", "comment_end", "kept_ray_logs", "write_private", "read_chain", "readable_chain", "run_dir_problem"]

@@ -44,10 +44,10 @@ if markers:
     sys.exit(0)
 print(f"fake grpo_fast: job {job} wrote marker-{job}", flush=True)
 code = int(opt("--exit_code", 0))
-if conf.get("setsid_child") == "1":  # a grandchild in a session of its own, as some launchers start
+if conf.get("setsid_child") == "1":  # a daemon in a session of its own (setsid -f: its parent exits at once)
     import subprocess
-    child = subprocess.Popen(["setsid", "sleep", "600"])
-    open(os.path.join(ckpt, f"setsid-{job}"), "w").write(str(child.pid))
+    pid_file = os.path.join(ckpt, f"setsid-{job}")
+    subprocess.run(["setsid", "-f", "sh", "-c", f"echo $$ >{pid_file}.tmp && mv {pid_file}.tmp {pid_file} && exec sleep 600"])
 if conf.get("ignore_term") == "1":  # a driver deaf to SIGTERM: only SIGKILL ends it
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 else:

@@ -300,8 +300,8 @@ def test_deaf_driver_is_gone_after_cancel(slurm, env):
 
 
 def test_a_setsid_grandchild_of_the_driver_is_gone_after_cancel(slurm, env):
-    """The driver starts a grandchild in a session of its own (setsid): cancel leaves nothing,
-    that grandchild included, although it left the driver's session and process group."""
+    """The driver starts a daemon in a session of its own (`setsid -f`: orphaned at once, so Slurm's
+    process tracking without cgroups loses it): cancel leaves nothing, that daemon included."""
     behave(env, sleep=300, setsid_child=True)
     out = submit(env, "config", "setsid", nodes=2)
     rd = RunDir(env["root"] / "setsid")

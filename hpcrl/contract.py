@@ -24,9 +24,15 @@ BREAKERS = {
 RAY_DIED = {"ray-head-died": 94, "worker-died": 95}
 # The job's stack check before Ray starts (hpcrl.runtime.stack.STACK_MISMATCH_EXIT): reason, exit code.
 STACK_MISMATCH = ("stack-mismatch", 98)
+# The run directory's file system failed under the job: full (ENOSPC, a quota) or unusable (EIO,
+# read-only). The watchdog exits with these codes; the batch script records them too when its own
+# probe of the run directory fails. Neither continues: the next job would meet the same disk.
+RUN_DIR_FULL, RUN_DIR_UNWRITABLE = "run-dir-full", "run-dir-unwritable"
+RUN_DIR_ENDS = {RUN_DIR_FULL: 88, RUN_DIR_UNWRITABLE: 89}
 COMPLETED, CRASHED = "completed", "crashed"
 # The driver's exit code -> the end reason; any other code is CRASHED.
-END_REASONS = {0: COMPLETED, **{code: reason for code, reason in BREAKERS.values()}}
+END_REASONS = {0: COMPLETED, **{code: reason for code, reason in BREAKERS.values()},
+               **{code: reason for reason, code in RUN_DIR_ENDS.items()}}
 
 # Reasons that submit a continuation, with the counter file (in the run's hpcrl/ directory) and
 # the setting that bounds it. The time limit and preemption are not the run's fault and cost
@@ -128,6 +134,10 @@ RESTARTS, FAILURE_RESTARTS, CANCEL, EXCLUDED_NODES = "restarts", "failure-restar
 STEP_TIMES = "step-times.jsonl"
 # Per job, in META: the nodes blamed for a failure, and the marker that the driver has started.
 BLAME, DRIVER_STARTED = "blame-{job}", "driver-started-{job}"
+# Where a job's events go when the run directory cannot take them: a file in the node-local
+# directory's parent on the head node (kept after the job), and the job's Slurm comment, which
+# `hpcrl status` reads from any login node: END_COMMENT + "<reason>:<exit code>".
+EVENTS_FALLBACK, END_COMMENT = "hpcrl-ended-{job}/jobs.tsv", "hpcrl-end:"
 # Per job, in LOGS: the job's own log, and Slurm's output when the run dir's path was known at submit.
 JOB_LOG, SLURM_LOG = "job-{job}.log", "slurm-{job}.out"
 
@@ -138,4 +148,5 @@ def run_dir_layout() -> dict[str, str]:
     return {"meta": META, "logs": LOGS, "subdirs": RUN_SUBDIRS, "jobs_tsv": JOBS_TSV, "plan": PLAN, "script": SCRIPT,
             "driver_log": DRIVER_LOG, "cancel": CANCEL, "excluded_nodes": EXCLUDED_NODES,
             "blame": BLAME.format(job=job), "driver_started": DRIVER_STARTED.format(job=job),
-            "job_log": JOB_LOG.format(job=job)}
+            "job_log": JOB_LOG.format(job=job), "events_fallback": EVENTS_FALLBACK.format(job=job),
+            "end_comment": END_COMMENT}

@@ -55,6 +55,14 @@ class PlanError(HpcrlError):
     """A layout or memory plan that cannot work, with what would make it work."""
 
 
+class RunDirUnreadable(HpcrlError):
+    """A run directory whose file system fails under a reader (EIO, ...): the run's reason, in one line."""
+
+    def __init__(self, path: object, exc: OSError):
+        super().__init__(f"cannot read {path}: {exc.strerror or exc} (run-dir-unwritable: the run directory's file "
+                         "system failed; see docs/safety.md)")
+
+
 class SlurmError(HpcrlError):
     """Slurm refused or is missing; the message is Slurm's own where it has one."""
 

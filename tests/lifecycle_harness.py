@@ -44,6 +44,10 @@ if markers:
     sys.exit(0)
 print(f"fake grpo_fast: job {job} wrote marker-{job}", flush=True)
 code = int(opt("--exit_code", 0))
+if conf.get("setsid_child") == "1":  # a daemon in a session of its own (setsid -f: its parent exits at once)
+    import subprocess
+    pid_file = os.path.join(ckpt, f"setsid-{job}")
+    subprocess.run(["setsid", "-f", "sh", "-c", f"echo $$ >{pid_file}.tmp && mv {pid_file}.tmp {pid_file} && exec sleep 600"])
 if conf.get("ignore_term") == "1":  # a driver deaf to SIGTERM: only SIGKILL ends it
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 else:
@@ -140,10 +144,11 @@ def env(tmp_path):
     return {"tmp": tmp_path, "env": e, "workdir": tmp_path / "oi", "root": tmp_path / "runs"}
 
 
-def behave(env, *, sleep: float = 300, exit_code: int = 0, ignore_term: bool = False) -> None:
+def behave(env, *, sleep: float = 300, exit_code: int = 0, ignore_term: bool = False,
+           setsid_child: bool = False) -> None:
     """What the fake grpo_fast.py does when it finds no earlier marker."""
     (env["workdir"] / "fake_behaviour").write_text(
-        f"sleep={sleep} exit_code={exit_code} ignore_term={int(ignore_term)}\n")
+        f"sleep={sleep} exit_code={exit_code} ignore_term={int(ignore_term)} setsid_child={int(setsid_child)}\n")
 
 
 def script(env, name: str, *, partition: str = "debug", time_: str = "00:05:00", extra: str = "",

@@ -234,7 +234,7 @@ def _registry_with_runs(env, n: int = 300) -> Path:
 def _damage(path: Path, how: str) -> int:
     """Damage the registry; return how many of its 300 runs SQLite can still read."""
     data = bytearray(path.read_bytes())
-    readable = 0  # empty, bad header; and a file cut in half: SQLite reads no table of it (sqlite3: "no such table")
+    readable = 0  # empty; and a file cut in half: SQLite reads no table of it (sqlite3: "no such table")
     page = int.from_bytes(data[16:18], "big") or 65536
     if how == "truncated":
         data = data[: len(data) // 2 + 100]
@@ -242,6 +242,7 @@ def _damage(path: Path, how: str) -> int:
         data = bytearray()
     elif how == "bad-header":
         data[:16] = b"NOT A DATABASE!!"
+        readable = 300  # every row is on a page the header does not touch
     elif how == "bad-page":
         # the runs-table leaf holding run old150 (its script path is stored nowhere else), as noise
         victim = data.index(b"/x/old150/job") // page
@@ -296,6 +297,21 @@ def test_deaf_driver_is_gone_after_cancel(slurm, env):
     assert hpcrl(env, "cancel", out["run_id"]).returncode == 0
     wait_status(env, out["run_id"], lambda r: r["state"] == "ended", "the cancel")
     _ended_cleanly(env, rd, out["job_id"], "cancelled")
+
+
+def test_a_setsid_grandchild_of_the_driver_is_gone_after_cancel(slurm, env):
+    """The driver starts a daemon in a session of its own (`setsid -f`: orphaned at once, so Slurm's
+    process tracking without cgroups loses it): cancel leaves nothing, that daemon included."""
+    behave(env, sleep=300, setsid_child=True)
+    out = submit(env, "config", "setsid", nodes=2)
+    rd = RunDir(env["root"] / "setsid")
+    pid_file = rd.path / "checkpoints" / f"setsid-{out['job_id']}"
+    wait_status(env, out["run_id"], lambda _r: pid_file.exists() and pid_file.read_text(), "the grandchild")
+    grandchild = int(pid_file.read_text())
+    assert Path(f"/proc/{grandchild}").exists()
+    assert hpcrl(env, "cancel", out["run_id"]).returncode == 0
+    wait_status(env, out["run_id"], lambda r: r["state"] == "ended", "the cancel")
+    wait_until(lambda: not Path(f"/proc/{grandchild}").exists(), "the setsid grandchild to be gone", KILL_WAIT_S + 5)
 
 
 def _continued_without(env, run_id: str, rd: RunDir, job: str, reason: str, node: str) -> None:
@@ -432,3 +448,17 @@ def test_registry_damage_unit_repair_keeps_readable_rows(tmp_path):
     reg = Registry(path)
     assert len(reg.list_runs()) == done.runs and all(r.state == "ended" for r in reg.list_runs())
     assert json.dumps(reg.list_runs()[0].to_dict())
+
+
+def test_registry_with_only_its_header_damaged_keeps_every_run(tmp_path):
+    """Without Slurm: the whole 100-byte file header zeroed (the pages are intact): all 400 runs kept."""
+    from hpcrl.jobs.registry import Registry
+    from hpcrl.jobs.registry_repair import repair
+
+    env = {"env": {"HPCRL_REGISTRY": str(tmp_path / "runs.db")}}
+    path = _registry_with_runs(env, 400)
+    data = bytearray(path.read_bytes())
+    data[:100] = bytes(100)
+    path.write_bytes(bytes(data))
+    done = repair(path)
+    assert (done.runs, done.jobs, len(Registry(path).list_runs())) == (400, 400, 400)

@@ -23,7 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from hpcrl.jobs.lifecycle import RunDir, read_chain
+from hpcrl.jobs.lifecycle import JobEvents, RunDir, read_chain
+from hpcrl.jobs.registry import Job
 from lifecycle_harness import (  # noqa: F401 - env is a fixture
     KINDS,
     _has_renderer,
@@ -112,6 +113,36 @@ def test_unwritable_run_dir_fails_the_run_before_sbatch(env):
     assert line.endswith(f"(run {run['run_id']} recorded as failed)")
     assert run["state"] == "failed" and run["reason"] == "run dir: Not a directory"
     assert not mark.exists() and rows(env, "jobs") == []
+
+
+def test_every_file_submit_writes_is_0600(env):
+    """Under the common umask 022, submit's files (script, plan, restart counter, jobs.tsv) are the
+    owner's alone; sbatch is a fake that accepts the job and runs nothing."""
+    fake_bin = env["tmp"] / "fake-bin"
+    fake_bin.mkdir()
+    (fake_bin / "sbatch").write_text("#!/bin/sh\necho 4242\n")
+    (fake_bin / "sbatch").chmod(0o755)
+    old = os.umask(0o022)
+    try:
+        out = ok_json(hpcrl(env, "submit", "--json", *submit_args(env, "config", "modes"),
+                            path=f"{fake_bin}:{os.environ['PATH']}"))
+    finally:
+        os.umask(old)
+    meta = Path(out["run_dir"]) / "hpcrl"
+    modes = {p.name: oct(p.stat().st_mode & 0o777) for p in meta.iterdir() if p.is_file()}
+    assert modes == {"job.sbatch": "0o600", "plan.json": "0o600", "restarts": "0o600", "jobs.tsv": "0o600"}
+
+
+@pytest.mark.parametrize("events", [JobEvents(), JobEvents(end_reason="cancelled", exit_code=143,
+                                                        ended="2026-11-26T22:00:00Z")])
+def test_a_completing_job_has_its_end_time(events):
+    """COMPLETING (Slurm waits for the processes of a cancelled job): the job has ended, with or
+    without its own end line; the line's time wins when it wrote one."""
+    from hpcrl.jobs import lifecycle, slurm
+
+    job = Job("r", 0, "7", "RUNNING", "", None, "2026-11-26T21:00:00Z", None)
+    row = lifecycle._job_row(job, slurm.JobState("7", "COMPLETING", "", None, "squeue"), events)
+    assert row.ended == events.ended if events.ended else row.ended is not None
 
 
 def test_rendered_script_submitted_as_script(env):

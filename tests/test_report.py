@@ -235,7 +235,7 @@ def test_json_schema_is_stable():
     assert sorted(r["timing"]) == ["file", "interval", "last_stop", "note", "records", "rows", "warnings"]
     assert r["schema_version"] == 1 and r["run_dir"] == str(CHAIN.resolve()) and r["run_id"] is None
     assert sorted(r["jobs"][0]) == ["duration_s", "end_reason", "ended", "exit_code", "failure", "head_node", "job_id",
-                                    "log", "next_job", "queued_s", "ray_logs", "seq", "slurm_state", "started",
+                                    "log", "next_job", "queued_s", "ray_logs", "ray_logs_missing", "seq", "slurm_state", "started",
                                     "submitted"]
     assert sorted(r["memory"][0]) == ["gpu", "gpus", "measured_peak_gib", "node", "predicted_as", "predicted_gib",
                                       "ratio", "role", "samples", "time"]
@@ -412,3 +412,38 @@ def test_report_on_a_local_slurm_smoke_run(slurm, tmp_path):
     assert "no GPU samples" in (tmp_path / "r.md").read_text()
     text = hpcrl("report", run_id, env=env, cwd=tmp_path)
     assert text.returncode == 0 and "no GPU samples" in text.stdout and "completed" in text.stdout, text.stderr
+
+
+def _failed_chain(tmp_path: Path) -> Path:
+    """A job on n1 (head) and n2 (worker) that died worker-died, recorded its failure continuation,
+    and then wrote no `continue` line (its sbatch failed); only n1's Ray logs were kept."""
+    run = tmp_path / "failed"
+    (run / "hpcrl").mkdir(parents=True)
+    (run / "logs" / "ray" / "301" / "n1").mkdir(parents=True)
+    (run / "logs" / "worker-n2-301.log").write_text("hpcrl: ray on n2 ...\n")
+    (run / "hpcrl" / "jobs.tsv").write_text(
+        "301\tstart\t2026-03-02T09:00:00Z\tn1\n"
+        "301\tfailure\t2026-03-02T09:10:00Z\tworker-died n2\n"
+        "301\tend\t2026-03-02T09:10:00Z\tworker-died:95\n")
+    return run
+
+
+def test_a_continuation_whose_sbatch_failed_is_not_called_continued(tmp_path):
+    job = rp.build_report(_failed_chain(tmp_path))["jobs"][0]
+    assert rp.end_text(job) == "worker-died:95 (the continuation's sbatch failed: resubmit by hand)"
+
+
+def test_the_node_that_kept_no_ray_logs_is_named(tmp_path):
+    proc = hpcrl("report", str(_failed_chain(tmp_path)))
+    assert "job 301: no Ray logs kept from n2 (the node was lost" in proc.stdout, proc.stdout
+
+
+def test_an_unreadable_jobs_tsv_is_one_line(tmp_path):
+    """A stand-in for EIO without root: jobs.tsv is a directory (reading it fails with an OSError
+    other than 'not found'); the report is one line naming run-dir-unwritable, exit 2."""
+    run = _failed_chain(tmp_path)
+    (run / "hpcrl" / "jobs.tsv").unlink()
+    (run / "hpcrl" / "jobs.tsv").mkdir()
+    proc = hpcrl("report", str(run))
+    assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1 and "run-dir-unwritable" in proc.stderr, \
+        proc.stderr

@@ -387,3 +387,26 @@ def test_a_nan_gradient_norm_is_not_a_flat_one():
     b = Breaker(grad_norm_steps=1)
     assert b.line("step:1 - actor/pg_loss:0.1 - actor/grad_norm:nan", 0.0) is None
     assert b.line("step:2 - actor/pg_loss:0.1 - actor/grad_norm:0.0", 1.0).reason == "grad_norm_zero"
+
+
+# ---------------------------------------------------------------- a run directory that fails under the driver
+
+
+def test_a_full_disk_keeps_the_driver_running(tmp_path):
+    """Every driver.log write refused (/dev/full answers ENOSPC): the driver runs to its own end, the
+    console still gets every line, and its exit code passes through."""
+    proc, _run_dir, _ = watch(tmp_path, "grpo_fast_healthy.log", "--log", "/dev/full", after="exit0")
+    lines = (LOGS / "grpo_fast_healthy.log").read_bytes().splitlines()
+    assert (proc.returncode, proc.stdout.splitlines()) == (0, lines), proc.stderr[-2000:]
+
+
+def test_a_driver_that_fails_on_a_full_disk_is_run_dir_full_88(tmp_path):
+    proc, _run_dir, _ = watch(tmp_path, "grpo_fast_healthy.log", "--log", "/dev/full", after="exit3")
+    assert proc.returncode == 88, proc.stderr[-2000:]
+
+
+def test_a_log_that_cannot_be_written_stops_the_driver_run_dir_unwritable_89(tmp_path):
+    """A stand-in for an I/O error (a log whose directory is gone: ENOENT, not ENOSPC): the driver,
+    which would sleep 300 s (past the test's timeout), is stopped and the watchdog exits 89."""
+    proc, _run_dir, _ = watch(tmp_path, "grpo_fast_healthy.log", "--log", str(tmp_path / "gone" / "driver.log"))
+    assert proc.returncode == 89, proc.stderr[-2000:]

@@ -74,6 +74,10 @@ def _print(r: dict, rp) -> None:
                   j["ended"] or "-", rp.fmt_duration(j["queued_s"]), rp.fmt_duration(j["duration_s"]),
                   rp.end_text(j), j["next_job"] or "-")
     console.print(t)
+    for j in r["jobs"]:
+        if j["ray_logs_missing"]:
+            console.print(f"job {j['job_id']}: no Ray logs kept from {', '.join(j['ray_logs_missing'])} (the node was "
+                          "lost, or killed before its cleanup; see its worker log)", soft_wrap=True, highlight=False)
     if r["other_jobs_in_run_dir"]:
         console.print(f"(jobs.tsv also holds earlier runs' jobs: {', '.join(r['other_jobs_in_run_dir'])})")
     nodes = [f"{n['node']}" + (f" (head of {', '.join(n['head_of_jobs'])})" if n["head_of_jobs"] else "")

@@ -94,18 +94,19 @@ def _runs_table(runs, title: str):
 def _run_json(r) -> dict:
     from hpcrl.jobs.lifecycle import RunDir
 
-    from hpcrl.jobs.run_dir import read_chain
+    from hpcrl.jobs.run_dir import readable_chain
 
     d = r.to_dict()
     rd = RunDir(r.run_dir)
     d["restarts"] = rd.restart_count() if rd.restarts.exists() else None
     d["failure_restarts"] = rd.failure_restart_count()
     d["excluded_nodes"] = rd.excluded_nodes()
-    chain = read_chain(rd)
+    chain = readable_chain(rd)
     for j in d["jobs"]:
         j["log"] = str(rd.log(j["job_id"]))
         ev = chain.get(j["job_id"])
-        j["failure"] = ({"reason": ev.failure, "excluded": list(ev.blamed)} if ev and ev.failure else None)
+        j["failure"] = ({"reason": ev.failure, "excluded": list(ev.blamed), "continued": ev.next_job is not None}
+                        if ev and ev.failure else None)
     return d
 
 
@@ -178,9 +179,11 @@ def status_cmd(
     for col in ("#", "job", "state", "reason", "exit", "submitted", "ended", "log"):
         t.add_column(col, overflow="fold")
     for j in d["jobs"]:
-        reason = j["reason"] + (f" -> continued without {', '.join(j['failure']['excluded'])}"
-                                if j["failure"] and j["failure"]["excluded"] else
-                                " -> continued" if j["failure"] else "")
+        f = j["failure"]
+        # No `continue` line yet: sbatch is under way while the job runs, failed once it has ended.
+        sbatch = " -> continuing" if j["state"] in lifecycle.slurm.LIVE_STATES else " -> the continuation's sbatch failed"
+        reason = j["reason"] + ("" if not f else sbatch if not f["continued"] else
+                                f" -> continued without {', '.join(f['excluded'])}" if f["excluded"] else " -> continued")
         t.add_row(str(j["seq"]), j["job_id"], j["state"], reason,
                   "" if j["exit_code"] is None else str(j["exit_code"]), j["submitted"], j["ended"] or "", j["log"])
     console.print(t)

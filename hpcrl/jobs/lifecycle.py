@@ -20,10 +20,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 from hpcrl.contract import COMPLETED, CRASHED, SLURM_STATE_REASONS
-from hpcrl.errors import ConfigError, HpcrlError, SlurmError
+from hpcrl.errors import ConfigError, HpcrlError, RunDirUnreadable, SlurmError
 from hpcrl.jobs import slurm
 from hpcrl.jobs.registry import Job, Registry, Run, dir_identity, now
-from hpcrl.jobs.run_dir import JobEvents, RunDir, read_chain, run_dir_problem
+from hpcrl.jobs.run_dir import (JobEvents, RunDir, comment_end, read_chain, readable_chain, run_dir_problem,
+                                write_private)
 from hpcrl.shell import path_problem
 
 if TYPE_CHECKING:
@@ -146,7 +147,7 @@ def submit(reg: Registry, sub: Submission, *, dry_run: bool = False, extra_args:
                                 script_path=str(sub.run_dir.script), run_dir=str(sub.run_dir.path),
                                 state="dry-run", max_restarts=sub.max_restarts, claim_run_dir=True)
         path = out / f"{run_id}.sbatch"
-        path.write_text(sub.script)
+        write_private(path, sub.script)
         return Submitted(run_id, None, path, None, command)
     slurm.require("sbatch")  # before anything is written: no run dir, no registry row
     # The run directory as the filesystem names it: two spellings (a symlink, `..`) are one run dir.
@@ -158,12 +159,12 @@ def submit(reg: Registry, sub: Submission, *, dry_run: bool = False, extra_args:
                             max_restarts=sub.max_restarts, claim_run_dir=True)
     try:
         rd.create(sub.dir_mode)
-        rd.script.write_text(sub.script)
-        rd.script.chmod(0o755)
+        # Every file submit writes is its owner's alone (sbatch reads the script; it needs no x bit).
+        write_private(rd.script, sub.script)
         if sub.plan is not None or not rd.plan.exists():
             plan = sub.plan or {"plan": None, "script": sub.source, "note": "submitted as an already rendered script"}
-            rd.plan.write_text(json.dumps(plan, indent=2, sort_keys=True, default=str) + "\n")
-        rd.restarts.write_text("0\n")  # a new chain gets its full max_restarts
+            write_private(rd.plan, json.dumps(plan, indent=2, sort_keys=True, default=str) + "\n")
+        write_private(rd.restarts, "0\n")  # a new chain gets its full max_restarts
         rd.cancel.unlink(missing_ok=True)  # a marker left by a cancelled earlier run would stop this one
     except OSError as exc:
         reg.set_run(run_id, state="failed", reason=f"run dir: {exc.strerror}")
@@ -225,6 +226,8 @@ def _follow_chain(reg: Registry, run: Run, chain: dict[str, JobEvents]) -> Run:
 def _job_row(job: Job, state: slurm.JobState | None, ev: JobEvents, rd: RunDir | None = None) -> Job:
     new_state = state.state if state else job.state
     terminal = new_state not in slurm.LIVE_STATES
+    if terminal and not ev.end_reason:
+        ev = comment_end(job.job_id)
     if ev.end_reason:
         reason = ev.end_reason
     elif terminal:
@@ -235,7 +238,10 @@ def _job_row(job: Job, state: slurm.JobState | None, ev: JobEvents, rd: RunDir |
     else:
         reason = state.reason if state else job.reason  # Slurm's pending reason (Priority, ...)
     code = ev.exit_code if ev.exit_code is not None else (state.exit_code if state else job.exit_code)
-    ended = job.ended or (ev.ended if ev.ended and terminal else (now() if terminal else None))
+    # COMPLETING: the batch script is over, Slurm waits for its processes (a cancelled job can stay
+    # so for minutes): it has ended. Its own end line, when it wrote one, says when.
+    done = terminal or new_state == "COMPLETING"
+    ended = job.ended or ev.ended or (now() if done else None)
     return job._replace(state=new_state, reason=reason, exit_code=code, ended=ended)
 
 
@@ -271,14 +277,14 @@ def refresh(reg: Registry, runs: list[Run]) -> list[Run]:
     live = [r for r in runs if r.live and r.jobs]
     if not live:
         return runs
-    live = [_follow_chain(reg, r, read_chain(RunDir(r.run_dir))) for r in live]
+    live = [_follow_chain(reg, r, readable_chain(RunDir(r.run_dir))) for r in live]
     ids = [j.job_id for r in live for j in r.jobs if j.state in slurm.LIVE_STATES]
     states = slurm.job_states(ids)
     updated: dict[str, Run] = {}
     for run in live:
         rd = RunDir(run.run_dir)
         # Read again after the query: a job that just ended may have written `continue` meanwhile.
-        chain = read_chain(rd)
+        chain = readable_chain(rd)
         rows = [_job_row(j, states.get(j.job_id), chain.get(j.job_id, JobEvents()), rd)
                 for j in run.jobs if j.job_id in states]
         reg.update_jobs(rows)
@@ -301,10 +307,10 @@ def cancel(reg: Registry, run: Run) -> Run:
     rd = RunDir(run.run_dir)
     slurm.require("scancel")
     try:
-        rd.cancel.write_text(f"{now()}\n")
+        write_private(rd.cancel, f"{now()}\n")
     except OSError as exc:
         raise HpcrlError(f"cannot write {rd.cancel}: {exc.strerror}") from None
-    run = _follow_chain(reg, run, read_chain(rd))
+    run = _follow_chain(reg, run, readable_chain(rd))
     cancelled = 0
     for job in run.jobs:
         if job.state in slurm.LIVE_STATES:
@@ -350,9 +356,16 @@ def missing_log(run: Run, job_id: str) -> str | None:
 def logs(run: Run) -> Iterator[tuple[str, str]]:
     """(job id, log text) of every job of the run, in chain order."""
     rd = RunDir(run.run_dir)
-    for jid in _chain_ids(run, read_chain(rd)):
+    yield from _read_logs(rd, _chain_ids(run, read_chain(rd)))
+
+
+def _read_logs(rd: RunDir, ids: list[str]) -> Iterator[tuple[str, str]]:
+    for jid in ids:
         path = rd.any_log(jid)
-        yield jid, path.read_text(errors="replace") if path.exists() else ""
+        try:
+            yield jid, path.read_text(errors="replace") if path.exists() else ""
+        except OSError as exc:  # EIO under the log: the run's reason in one line, not a traceback
+            raise RunDirUnreadable(path, exc) from None
 
 
 def follow(run: Run, *, poll_s: float = 1.0, slurm_every_s: float = 30.0) -> Iterator[tuple[str, str]]:
@@ -363,9 +376,8 @@ def follow(run: Run, *, poll_s: float = 1.0, slurm_every_s: float = 30.0) -> Ite
     """
     rd = RunDir(run.run_dir)
     ids = _chain_ids(run, read_chain(rd))
-    for jid in ids[:-1]:
-        path = rd.any_log(jid)
-        yield jid, path.read_text(errors="replace") if path.exists() else ""
+    for jid, text in _read_logs(rd, ids[:-1]):
+        yield jid, text
     if not ids:
         return
     current, offset, next_ask = ids[-1], 0, 0.0
@@ -374,9 +386,12 @@ def follow(run: Run, *, poll_s: float = 1.0, slurm_every_s: float = 30.0) -> Ite
         path = rd.log(current)
         if not path.exists():
             return b""
-        with open(path, "rb") as f:
-            f.seek(offset)
-            return f.read()
+        try:
+            with open(path, "rb") as f:
+                f.seek(offset)
+                return f.read()
+        except OSError as exc:
+            raise RunDirUnreadable(path, exc) from None
 
     while True:
         data = drain()

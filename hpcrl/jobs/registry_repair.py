@@ -2,7 +2,7 @@
 
 A registry can be damaged by a full disk, a copy taken mid-write, or a filesystem fault. The
 repair reads every row it can (the whole table at once, else row by row, skipping what a bad
-page hides), writes them into a fresh registry, moves the damaged file (and its WAL) aside
+page hides; under a damaged file header, through a fresh header of each page size), writes them into a fresh registry, moves the damaged file (and its WAL) aside
 with a time stamp, and puts the new one in its place. Jobs whose run was lost go too: the
 registry cannot name their run directory.
 """
@@ -60,14 +60,50 @@ def _read_table(conn: sqlite3.Connection, table: str, columns: list[str]) -> lis
     return rows
 
 
-def _salvage(path: Path) -> tuple[list[tuple], list[tuple], list[str], list[str]]:
+# SQLite's file header (sqlite.org/fileformat.html): 100 bytes on page 1, the page size at 16..17.
+HEADER, PAGE_SIZES = 100, (4096, 1024, 2048, 8192, 16384, 32768, 65536, 512)
+
+
+def _with_new_header(path: Path, page_size: int, out: Path) -> Path:
+    """A copy of path whose file header is a fresh database's of that page size, with the page
+    count left for SQLite to take from the file's size (a damaged header hides every row)."""
+    blank = out.with_name(out.name + ".blank")
+    conn = sqlite3.connect(blank)
+    conn.execute(f"PRAGMA page_size={page_size}")
+    conn.execute("VACUUM")
+    conn.close()
+    header = bytearray(blank.read_bytes()[:HEADER])
+    blank.unlink()
+    header[28:32] = bytes(4)  # the database size in pages: 0 makes SQLite use the file's size
+    data = path.read_bytes()
+    out.write_bytes(bytes(header) + data[HEADER:])
+    return out
+
+
+def _salvage_header(path: Path) -> tuple[list[tuple], list[tuple], list[str], list[str]]:
+    """When only the header is damaged: the rows under each page size's fresh header, the most found."""
+    best: tuple[list[tuple], list[tuple], list[str], list[str]] = ([], [], [], [])
+    for size in PAGE_SIZES:
+        if path.stat().st_size % size:
+            continue
+        copy = _with_new_header(path, size, path.with_name(f".{path.name}.header-{size}"))
+        try:
+            found = _salvage(copy, header_too=False)
+        finally:
+            copy.unlink(missing_ok=True)
+        if len(found[0]) > len(best[0]):
+            best = found
+    return best
+
+
+def _salvage(path: Path, header_too: bool = True) -> tuple[list[tuple], list[tuple], list[str], list[str]]:
     if not path.exists() or path.stat().st_size == 0:
         return [], [], [], []
     try:
         conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-        conn.execute("SELECT 1").fetchone()
+        conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
     except sqlite3.DatabaseError:
-        return [], [], [], []
+        return _salvage_header(path) if header_too and path.stat().st_size > HEADER else ([], [], [], [])
     try:
         run_cols = _columns(conn, "runs", [])
         job_cols = _columns(conn, "jobs", [])

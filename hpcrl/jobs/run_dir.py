@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import NamedTuple
 
 from hpcrl import contract as C
+from hpcrl.errors import RunDirUnreadable, SlurmError
+from hpcrl.jobs import slurm
 from hpcrl.jobs.registry import now
 
 
@@ -47,8 +49,7 @@ class RunDir:
 
     def append_event(self, job_id: str, event: str, detail: str = "-") -> None:
         # One short write in append mode: lines from the batch script and hpcrl never interleave.
-        with open(self.jobs_tsv, "a") as f:
-            f.write(f"{job_id}\t{event}\t{now()}\t{detail}\n")
+        write_private(self.jobs_tsv, f"{job_id}\t{event}\t{now()}\t{detail}\n", append=True)
 
     def restart_count(self) -> int:
         return self._count(self.restarts)
@@ -69,6 +70,18 @@ class RunDir:
             return int(path.read_text().strip() or 0)
         except (OSError, ValueError):
             return 0
+
+
+def write_private(path: Path, text: str, *, append: bool = False) -> None:
+    """Write (or append) text to a file only its owner can read, whatever the umask: the run dir is
+    0700, but a file that leaves it (a copy, a moved run dir) keeps its own mode."""
+    flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else os.O_TRUNC)
+    fd = os.open(path, flags, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
 
 
 class JobEvents(NamedTuple):
@@ -106,6 +119,27 @@ def read_chain(run_dir: RunDir) -> dict[str, JobEvents]:
     return out
 
 
+def readable_chain(run_dir: RunDir) -> dict[str, JobEvents]:
+    """read_chain, or no events when the run directory's file system fails (EIO): the jobs' ends
+    then come from Slurm (their comment) and the reason from run_dir_problem."""
+    try:
+        return read_chain(run_dir)
+    except RunDirUnreadable:
+        return {}
+
+
+def comment_end(job_id: str) -> JobEvents:
+    """The end a job put in its Slurm comment when its run directory could not take it (none: no end)."""
+    try:
+        comment = slurm.job_comment(job_id)
+    except SlurmError:
+        return JobEvents()
+    if not comment.startswith(C.END_COMMENT):
+        return JobEvents()
+    reason, _, code = comment[len(C.END_COMMENT):].partition(":")
+    return JobEvents(end_reason=reason, exit_code=int(code) if code.lstrip("-").isdigit() else None)
+
+
 RAY_LOG_NAMES = ("raylet.out", "raylet.err", "gcs_server.out", "gcs_server.err", "dashboard_agent.log",
                  "runtime_env_agent.log")
 
@@ -137,8 +171,14 @@ def run_dir_problem(rd: RunDir) -> str | None:
     if not rd.path.is_dir():
         return "run-dir-missing"
     if not all(os.access(d, os.W_OK | os.X_OK) for d in (rd.path, rd.meta, rd.path / C.LOGS) if d.exists()):
-        return "run-dir-unwritable"
+        return C.RUN_DIR_UNWRITABLE
+    try:  # a file system that fails (EIO) still answers stat and access: open a file
+        os.close(os.open(rd.jobs_tsv, os.O_RDONLY))
+    except FileNotFoundError:
+        pass
+    except OSError:
+        return C.RUN_DIR_UNWRITABLE
     return None
 
 
-__all__ = ["JobEvents", "RunDir", "kept_ray_logs", "read_chain", "run_dir_problem"]
+__all__ = ["JobEvents", "RunDir", "comment_end", "kept_ray_logs", "write_private", "read_chain", "readable_chain", "run_dir_problem"]

@@ -193,6 +193,13 @@ def job_states(job_ids: Iterable[str]) -> dict[str, JobState]:
 
 
 
+def job_comment(job_id: str) -> str:
+    """The job's Slurm comment ("" when none, or Slurm no longer knows the job)."""
+    res = _run(["squeue", "-h", "-t", "all", "-j", str(job_id), "-o", "%k"], check=False)
+    comment = res.stdout.strip() if res.returncode == 0 else ""
+    return "" if comment in ("(null)", "N/A") else comment
+
+
 def job_nodes(job_id: str) -> list[str]:
     """The hostnames of a job's nodes in Slurm's order (with one task per node, task i runs on
     the i-th: Slurm's default block distribution). Empty when Slurm no longer knows the job."""
@@ -213,5 +220,5 @@ def job_nodes(job_id: str) -> list[str]:
 
 __all__ = [
     "JobState", "LIVE_STATES", "PENDING_STATES", "RUNNING_STATES", "TERMINAL_STATES", "UNKNOWN",
-    "accounting_enabled", "cancel", "job_nodes", "job_states", "require", "submit",
+    "accounting_enabled", "cancel", "job_comment", "job_nodes", "job_states", "require", "submit",
 ]

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from hpcrl import contract as C
+from hpcrl.errors import RunDirUnreadable
 from hpcrl.logs.checkpoints import find_checkpoints
 from hpcrl.logs.driver_log import StepParser
 from hpcrl.logs.report_timing import timing
@@ -78,6 +79,8 @@ def read_events(path: Path) -> list[Event]:
         rows = [[p.strip() for p in line.split("\t")] for line in path.read_text(errors="replace").splitlines()]
     except FileNotFoundError:
         return []
+    except OSError as exc:  # EIO and the like: the run's file system failed, in one line
+        raise RunDirUnreadable(path, exc) from None
     return [Event(*parts) for parts in rows if len(parts) == 4 and parts[0]]
 
 
@@ -120,11 +123,20 @@ def _job_rows(events: list[Event], ids: list[str], reg_jobs: dict[str, dict], ru
             "end_reason": reason, "exit_code": exit_code,
             "next_job": nxt.detail if nxt else None,
             "failure": _failure(first.get((jid, "failure"))),
-            "ray_logs": sorted(d.name for d in (run_dir / "logs" / "ray" / jid).iterdir())
-            if (run_dir / "logs" / "ray" / jid).is_dir() else [],
+            **_ray_logs(run_dir, jid, start.detail if start else None),
             "log": str(log.relative_to(run_dir)) if log else None,
         })
     return rows
+
+
+def _ray_logs(run_dir: Path, jid: str, head: str | None) -> dict:
+    """The nodes whose Ray logs the job kept (logs/ray/<job>/<node>/), and those it ran on (the head,
+    each worker's log) that kept none: a node lost, or KILLed before its cleanup."""
+    kept_dir = run_dir / C.LOGS / "ray" / jid
+    kept = sorted(d.name for d in kept_dir.iterdir()) if kept_dir.is_dir() else []
+    ran = {head} if head else set()
+    ran |= {p.name[len("worker-"):-len(f"-{jid}.log")] for p in (run_dir / C.LOGS).glob(f"worker-*-{jid}.log")}
+    return {"ray_logs": kept, "ray_logs_missing": sorted(ran - set(kept))}
 
 
 def failure_detail(detail: str) -> tuple[str, list[str]]:
@@ -274,6 +286,13 @@ def read_breaker(hp_dir: Path, since: datetime | None) -> dict | None:
 
 def build_report(run_dir: Path, run: dict | None = None) -> dict:
     """The report of the run in `run_dir`; `run` is its registry row (Run.to_dict()) when known."""
+    try:
+        return _build_report(run_dir, run)
+    except OSError as exc:  # EIO and the like under any of its files: one line, not a traceback
+        raise RunDirUnreadable(exc.filename or run_dir, exc) from None
+
+
+def _build_report(run_dir: Path, run: dict | None) -> dict:
     hp = run_dir / C.META
     events = read_events(hp / C.JOBS_TSV)
     reg_jobs = {j["job_id"]: j for j in (run or {}).get("jobs", [])}
@@ -359,7 +378,9 @@ def end_text(job: dict) -> str:
         return "-"
     text = job["end_reason"] + ("" if job["exit_code"] is None else f":{job['exit_code']}")
     failure = job.get("failure")
-    if failure:
+    if failure and not job.get("next_job"):  # the failure was recorded, the continuation's sbatch then failed
+        text += " (the continuation's sbatch failed: resubmit by hand)"
+    elif failure:
         text += f" (continued without {', '.join(failure['excluded'])})" if failure["excluded"] else " (continued)"
     return text
 

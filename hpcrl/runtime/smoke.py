@@ -257,9 +257,14 @@ def check_actor_env(ray, args: argparse.Namespace) -> str:
     try:
         got = ray.get(probe.size.remote(), timeout=args.timeout)
     except Exception as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        raise SmokeFailure(f"an actor with the driver's environment ({size // 1024} KiB) did not start within "
-                           f"{args.timeout:g} s: {type(exc).__name__} {first[:200]}") from None
+        # Ray's GetTimeoutError is a TimeoutError (ray/exceptions.py); anything else is the actor's own
+        # failure (its runtime env, its process), reported as soon as Ray knows it, with Ray's words.
+        lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+        what = (f"did not start within {args.timeout:g} s" if isinstance(exc, TimeoutError) else "failed to start")
+        cause = next((ln for ln in reversed(lines) if "Error" in ln and ln != lines[0]), "")
+        raise SmokeFailure(f"an actor with the driver's environment ({size // 1024} KiB) {what}: "
+                           f"{type(exc).__name__} {lines[0][:200] if lines else ''}"
+                           + (f" ({cause[:200]})" if cause else "")) from None
     ray.kill(probe)
     return f" actor_env={size // 1024}KiB"
 

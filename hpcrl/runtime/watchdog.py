@@ -29,6 +29,13 @@ named by --step-time-key, --generation-time-key, --training-time-key, --checkpoi
 keys), --checkpoint-line (a regex with a group "s": a timer line of a checkpoint write) and
 --checkpoint-marker (a file rewritten right after the step line once a checkpoint is complete).
 
+The driver's log (--log, default D/hpcrl/driver.log) is a copy: when its file system is full
+(ENOSPC, a quota) the lines are dropped, the console still gets them and the breakers still read
+them, and the driver runs on; writing resumes once there is room again. A driver that fails while
+the disk is full exits as run-dir-full (88), never as a crash. When the log cannot be written at
+all (EIO, a read-only file system), the run directory is gone for the driver's checkpoints too:
+the driver is stopped like a breaker stops it and the watchdog exits run-dir-unwritable (89).
+
 Otherwise it exits with the driver's own code (128+N when a signal N ended it). SIGTERM,
 SIGINT, SIGHUP, SIGUSR1 and SIGUSR2 sent to the watchdog go to the driver's group, so
 Slurm's pre-timeout signal reaches the driver; a driver still running --kill-grace-seconds
@@ -54,9 +61,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO
 
-from hpcrl.contract import BREAKER, BREAKERS, DRIVER_LOG, META, STEP_TIMES, breaker_exit_code
+from hpcrl.contract import BREAKER, BREAKERS, DRIVER_LOG, META, RUN_DIR_ENDS, RUN_DIR_FULL, RUN_DIR_UNWRITABLE, \
+    STEP_TIMES, breaker_exit_code
 from hpcrl.logs.driver_log import Step, StepParser, death_line
 from hpcrl.logs.step_times import StepClock
+from hpcrl.runtime.driver_log_file import DriverLog, say
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 # Forwarded signals that ask the driver to stop: SIGKILL follows after --kill-grace-seconds.
@@ -169,19 +178,37 @@ def _signal_group(pid: int, sig: int) -> None:
         pass
 
 
+def _stop(proc: subprocess.Popen, kill_grace_s: float) -> None:
+    """SIGTERM to the driver's group, SIGKILL after the grace period; returns once it has exited."""
+    _signal_group(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=kill_grace_s)
+    except subprocess.TimeoutExpired:
+        pass
+    _signal_group(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
 def _archive_old_breaker(path: Path) -> None:
     """A breaker.json from an earlier attempt is kept, renamed, so it cannot be mistaken for this one."""
-    if path.exists():
-        stamp = datetime.fromtimestamp(path.stat().st_mtime, timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-        path.rename(path.with_name(f"breaker-{stamp}.json"))
+    try:
+        if path.exists():
+            stamp = datetime.fromtimestamp(path.stat().st_mtime, timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+            path.rename(path.with_name(f"breaker-{stamp}.json"))
+    except OSError as exc:  # the run dir's own trouble is the driver log's to report
+        say(f"cannot archive {path}: {exc.strerror}")
 
 
 def write_breaker(path: Path, trip: Trip, **extra: object) -> None:
     data = {"reason": trip.reason, "exit_code": trip.exit_code, "message": trip.message, "step": trip.step,
             "details": trip.details, "time": datetime.now(timezone.utc).isoformat(timespec="seconds"), **extra}
+    text = json.dumps(data, indent=2, sort_keys=True, default=str, ensure_ascii=False) + "\n"
     tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str, ensure_ascii=False) + "\n")
-    tmp.replace(path)
+    try:
+        tmp.write_text(text)
+        tmp.replace(path)
+    except OSError as exc:  # a full or failed run dir: the record goes to the job's log instead
+        say(f"cannot write {path} ({exc.strerror}); it would say: {text}")
 
 
 class TimeRecorder:
@@ -227,7 +254,10 @@ def run(cmd: list[str], run_dir: Path, breaker: Breaker, *, log_path: Path | Non
         marker: Path | None = None) -> int:
     """Run cmd under the breaker; the exit code the watchdog should exit with."""
     hp = run_dir / META
-    hp.mkdir(parents=True, exist_ok=True)
+    try:
+        hp.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        say(f"cannot make {hp}: {exc.strerror}")
     times = TimeRecorder(clock or StepClock(os.environ.get("SLURM_JOB_ID", "-")), hp / STEP_TIMES, marker)
     breaker_path = hp / BREAKER
     _archive_old_breaker(breaker_path)
@@ -256,7 +286,9 @@ def run(cmd: list[str], run_dir: Path, breaker: Breaker, *, log_path: Path | Non
     tail: collections.deque[str] = collections.deque(maxlen=30)
     open_streams, trip, exited_at, killed = 2, None, None, False
     breaker.last_progress = time.monotonic()
-    with open(log_path, "ab") as log:
+    log = DriverLog(log_path)
+    broken = False  # the run dir failed under the running driver: stopped as a breaker stops it
+    try:
 
         def tee(dest: IO[bytes], raw: bytes) -> None:
             try:
@@ -265,10 +297,9 @@ def run(cmd: list[str], run_dir: Path, breaker: Breaker, *, log_path: Path | Non
             except OSError:  # a closed console must not stop the breaker
                 pass
             log.write(raw)
-            log.flush()
             tail.append(raw.decode("utf-8", "replace").rstrip("\n"))
 
-        while trip is None:
+        while trip is None and log.broken is None:
             try:
                 dest, raw = q.get(timeout=0.1)
                 if raw is None:
@@ -297,17 +328,14 @@ def run(cmd: list[str], run_dir: Path, breaker: Breaker, *, log_path: Path | Non
                     trip = breaker.tick(now, rc)
                     break
             trip = breaker.tick(now, rc)
+        broken = trip is None and log.broken is not None and proc.poll() is None
+        if broken:
+            _stop(proc, kill_grace_s)
         if trip is not None:
             sys.stderr.write(f"hpcrl-watchdog: tripped ({trip.reason}, exit {trip.exit_code}): {trip.message}; "
                              f"stopping the run (SIGTERM, SIGKILL after {kill_grace_s:g} s)\n")
             sys.stderr.flush()
-            _signal_group(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=kill_grace_s)
-            except subprocess.TimeoutExpired:
-                pass
-            _signal_group(proc.pid, signal.SIGKILL)
-            proc.wait()
+            _stop(proc, kill_grace_s)
             write_breaker(breaker_path, trip, command=cmd, child_pid=proc.pid, log=str(log_path),
                           child_exit=proc.returncode, last_lines=list(tail))
         deadline = time.monotonic() + 1.0
@@ -318,11 +346,18 @@ def run(cmd: list[str], run_dir: Path, breaker: Breaker, *, log_path: Path | Non
                 break
             if raw:
                 tee(dest, raw)
+    finally:
+        log.close()
     for sig, handler in previous.items():
         signal.signal(sig, handler)
     if trip is not None:
         return trip.exit_code
     rc = proc.wait()
+    if broken or (rc != 0 and log.broken is not None):
+        return RUN_DIR_ENDS[RUN_DIR_UNWRITABLE]
+    if rc != 0 and log.full():
+        say(f"the driver exited with {rc} while {log.path.parent} had no room: {RUN_DIR_FULL}")
+        return RUN_DIR_ENDS[RUN_DIR_FULL]
     return 128 - rc if rc < 0 else rc
 
 

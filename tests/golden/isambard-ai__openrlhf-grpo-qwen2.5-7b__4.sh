@@ -63,6 +63,7 @@ MON_PID=""
 NODE_DIR=""
 RAY_TMP=""
 TEE_PID=""
+RUN_DIR_FAILED=""  # run-dir-full or run-dir-unwritable once a write into the run directory failed
 SVC_PIDS=()  # services started on this node (hpcrl.code_server)
 
 # ------------------------------------------------------------------ environment
@@ -135,10 +136,13 @@ run_directory() {
     mkdir -p -- "$RUN_DIR/hpcrl" "$RUN_DIR/logs" "$RUN_DIR/output" "$RUN_DIR/checkpoints"
     export HPCRL_RUN_DIR=$RUN_DIR
     # Everything below also goes to logs/job-<id>.log. tee ignores TERM so that the log
-    # survives scancel/preemption (Slurm signals every process) until the final SIGKILL.
+    # survives scancel/preemption (Slurm signals every process) until the final SIGKILL. A run
+    # dir that fails (EIO, full) makes tee drop that file, and exit once Slurm's log fails too:
+    # cat then reads on, so that no write of this script ever meets a closed pipe (SIGPIPE).
     exec > >(
         trap '' TERM INT
-        exec tee -a -- "$RUN_DIR/logs/job-$SLURM_JOB_ID.log"
+        tee -a -- "$RUN_DIR/logs/job-$SLURM_JOB_ID.log" || true
+        exec cat >/dev/null
     ) 2>&1
     TEE_PID=$!
     # Slurm SIGKILLs every process of the job KillWait seconds after its TERM (scancel, preemption,
@@ -369,15 +373,74 @@ INTERNAL_STOP_S=15
 END_STOP_S=60
 
 # jobs.tsv: <job id> <event> <UTC time> <detail>, one line per event (bash's own clock:
-# no process to start while a signal is being handled).
+# no process to start while a signal is being handled). A run directory that cannot take the
+# line never stops the job: it goes to <node-local>/hpcrl-ended-$SLURM_JOB_ID/jobs.tsv on this node and the
+# job's log, and an `end` also to the job's Slurm comment, which `hpcrl status` reads.
 record() {
-    TZ=UTC0 printf '%s\t%s\t%(%Y-%m-%dT%H:%M:%SZ)T\t%s\n' "$SLURM_JOB_ID" "$1" -1 "$2" >>"$HPCRL_DIR/jobs.tsv"
+    local line
+    TZ=UTC0 printf -v line '%s\t%s\t%(%Y-%m-%dT%H:%M:%SZ)T\t%s\n' "$SLURM_JOB_ID" "$1" -1 "$2"
+    if [[ -n $HPCRL_DIR ]] && run_dir_write "$HPCRL_DIR/jobs.tsv" "$line"; then
+        return 0
+    fi
+    local kept=${HPCRL_NODE_LOCAL:-}/hpcrl-ended-$SLURM_JOB_ID/jobs.tsv
+    if [[ -n ${HPCRL_NODE_LOCAL:-} ]] && private_dir "${kept%/*}" 2>/dev/null && { printf '%s' "$line" >>"$kept"; } 2>/dev/null; then
+        log "event kept in $kept on $HEAD_NODE: ${line%$'\n'}"
+    else
+        log "event not recorded anywhere on disk: ${line%$'\n'}"
+    fi
+    if [[ $1 == end ]]; then
+        timeout 10 scontrol update JobId="$SLURM_JOB_ID" Comment="hpcrl-end:$2" >/dev/null 2>&1 || true
+    fi
+}
+
+# run_dir_write FILE TEXT: append TEXT; 1 when the run directory refused it (RUN_DIR_FAILED says why).
+run_dir_write() {
+    local err
+    if { printf '%s' "$2" >>"$1"; } 2>/dev/null; then
+        return 0
+    fi
+    err=$( { printf '%s' "$2" >>"$1"; } 2>&1) && return 0
+    run_dir_failed "${err##*: }"
+    return 1
+}
+
+# run_dir_failed WHY: name the failure (full: the driver may run on; any other: the run dir is gone).
+run_dir_failed() {
+    local reason=run-dir-unwritable
+    case $1 in
+        *"No space left on device"* | *"Disk quota exceeded"*) reason=run-dir-full ;;
+    esac
+    if [[ $RUN_DIR_FAILED != "$reason" && $RUN_DIR_FAILED != run-dir-unwritable ]]; then
+        RUN_DIR_FAILED=$reason
+        log "error: the run directory $RUN_DIR failed: $1 ($reason)"
+    fi
+}
+
+# probe_run_dir: 0 while the run directory takes writes; else 1, RUN_DIR_FAILED saying why (a full
+# one that has room again is forgiven). An append-mode open meets an I/O error or a read-only file
+# system; no free block is a full one.
+probe_run_dir() {
+    local err
+    if [[ $RUN_DIR_FAILED == run-dir-unwritable ]]; then
+        return 1
+    fi
+    if ! { : >>"$HPCRL_DIR/jobs.tsv"; } 2>/dev/null; then
+        err=$( { : >>"$HPCRL_DIR/jobs.tsv"; } 2>&1) || run_dir_failed "${err##*: }"
+    elif [[ $(stat -f -c %a -- "$HPCRL_DIR" 2>/dev/null) == 0 ]]; then
+        run_dir_failed "No space left on device"
+    elif [[ -n $RUN_DIR_FAILED ]]; then
+        RUN_DIR_FAILED=""
+        log "the run directory $RUN_DIR has room again"
+    fi
+    [[ -z $RUN_DIR_FAILED ]]
 }
 
 # Driver exit code -> end reason (hpcrl/contract.py: the watchdog's breakers and the rest).
 reason_of() {
     case $1 in
         0) echo completed ;;
+        88) echo run-dir-full ;;
+        89) echo run-dir-unwritable ;;
         90) echo breaker-zero-reward ;;
         91) echo breaker-nan-loss ;;
         92) echo breaker-hang ;;
@@ -578,6 +641,23 @@ kill_session() {
     done
 }
 
+# kill_tagged: KILL every process of the job still left on this node. All that LEAN_ENV started
+# carries lean_env's JOB_TAG in its environment, so this also finds a grandchild that called setsid:
+# it left the driver's session, and without cgroups Slurm loses it once its parent is gone.
+kill_tagged() {
+    local tag=${JOB_TAG:-} f pid
+    if [[ -z $tag ]]; then
+        return 0
+    fi
+    while IFS= read -r f; do
+        pid=${f#/proc/}
+        pid=${pid%/environ}
+        if [[ $pid =~ ^[0-9]+$ && $pid != "$$" ]]; then
+            kill -KILL "$pid" 2>/dev/null || true
+        fi
+    done < <(grep -lzxF -- "$tag" /proc/[0-9]*/environ 2>/dev/null || true)
+}
+
 # On every exit: record the end first, then stop what still runs, all at once (the driver's
 # session, the head's Ray, the worker step, the GPU monitor), KILL what outlives the budget
 # and remove node-local files. `ray stop` is never used: it would stop every Ray cluster of
@@ -592,6 +672,9 @@ on_exit() {
     trap '' USR1
     trap term_clock TERM INT  # Slurm's clock may start now; the cleanup goes on
     if [[ -z $END_RECORDED ]]; then
+        if [[ -z $END_REASON && -z $STOP_REASON && -n $HPCRL_DIR ]] && ! probe_run_dir; then
+            END_REASON=$RUN_DIR_FAILED  # a write into the run directory ended the script
+        fi
         END_REASON=${END_REASON:-${STOP_REASON:-crashed}}
         record end "$END_REASON:$rc"
         END_RECORDED=1
@@ -622,6 +705,7 @@ on_exit() {
     fi
     kill_session KILL "$DRIVER_PID" "$HEAD_PID" "${SVC_PIDS[@]}"
     kill -KILL "$WORKERS_PID" "$MON_PID" 2>/dev/null
+    kill_tagged
     if [[ -n $WORKERS_PID ]] && ! wait "$WORKERS_PID" 2>/dev/null; then
         sweep_workers  # a worker may have been KILLed before its own cleanup (ray.sh)
     fi
@@ -817,6 +901,10 @@ lean_env() {
     while read -r _ _ fn; do  # exported shell functions (module, ml, ...) travel as BASH_FUNC_<name>%%
         LEAN_ENV+=(-u "BASH_FUNC_${fn}%%")
     done < <(declare -Fx)
+    # The tag marks every process started this way, on this node (kill_tagged ends them all);
+    # env takes its options (-u) before any NAME=VALUE.
+    JOB_TAG="HPCRL_JOB_TAG=$SLURM_JOB_ID.${SLURMD_NODENAME:-$(hostname -s)}"
+    LEAN_ENV+=("$JOB_TAG")
 }
 
 # keep_ray_logs NODE: before the node-local directory goes, this node's Ray session logs
@@ -947,6 +1035,7 @@ ray_retry() {
 hpcrl_worker_cleanup() {
     set +e
     kill_session KILL "$RAY_PID"
+    kill_tagged
     if [[ -n $mon_pid ]]; then
         kill "$mon_pid" 2>/dev/null || true
     fi
@@ -1116,7 +1205,7 @@ phase_workers() {
     # One step for all workers; each asks for its node's GPUs and CPUs in the job's GPU style.
     srun --nodes=3 --ntasks=3 --ntasks-per-node=1 --exclude="$HEAD_NODE" \
         --kill-on-bad-exit=1 --gpus-per-node=4 --cpus-per-task="$SLURM_CPUS_ON_NODE" \
-        bash -c "RAY_START_ATTEMPTS=$RAY_START_ATTEMPTS; $(declare -f node_entry node_ports node_dirs private_dir ray_version_problem kill_session remove_node_dirs lean_env keep_ray_logs blame ray_start ray_retry hpcrl_worker_cleanup hpcrl_worker); hpcrl_worker" &
+        bash -c "RAY_START_ATTEMPTS=$RAY_START_ATTEMPTS; $(declare -f node_entry node_ports node_dirs private_dir ray_version_problem kill_session kill_tagged remove_node_dirs lean_env keep_ray_logs blame ray_start ray_retry hpcrl_worker_cleanup hpcrl_worker); hpcrl_worker" &
     WORKERS_PID=$!
 }
 
@@ -1249,12 +1338,13 @@ phase_driver() {
     # own (the watchdog keeps the driver in it) so that a stop can kill the whole tree at once; in
     # the lean environment (above). The marker tells the workers that a dead Ray is no longer
     # retried: the driver's actors are gone with it.
-    : >"$HPCRL_DIR/driver-started-$SLURM_JOB_ID"
+    run_dir_write "$HPCRL_DIR/driver-started-$SLURM_JOB_ID" "" || true
     "${LEAN_ENV[@]}" setsid "${DRIVER[@]}" &
     DRIVER_PID=$!
     # Ray's own processes are watched like the driver: a dead head (GCS, raylet) or worker step
     # ends the run at once instead of after Ray's own timeouts.
     RAY_DIED=""
+    local probe_at=$((SECONDS + 5))
     while alive "$DRIVER_PID"; do
         if [[ -n $STOP_DEADLINE || -n $RAY_DIED || -n $DRAIN_UNTIL ]]; then
             sleep 0.2 &
@@ -1267,6 +1357,14 @@ phase_driver() {
                 stop_driver "a checkpoint is complete ($CKPT_MARKER rewritten) after the time-limit warning"
             elif ((SECONDS >= DRAIN_UNTIL)); then
                 stop_driver "no checkpoint since the time-limit warning, and only time to stop is left"
+            fi
+        fi
+        # A run directory that fails (EIO, read-only) takes the driver's checkpoints with it: stop
+        # it now. A full one does not: the watchdog keeps the driver running while it can.
+        if ((SECONDS >= probe_at)) && [[ -z $STOP_DEADLINE ]]; then
+            probe_at=$((SECONDS + 5))
+            if ! probe_run_dir && [[ $RUN_DIR_FAILED == run-dir-unwritable ]]; then
+                stop_driver "the run directory cannot be written"
             fi
         fi
         if [[ -n $STOP_DEADLINE ]] && ((SECONDS >= STOP_DEADLINE)); then
@@ -1303,6 +1401,8 @@ phase_stop() {
         finish ray-head-died 94
     elif [[ -n $RAY_DIED ]]; then
         finish worker-died 95
+    elif [[ $RUN_DIR_FAILED == run-dir-unwritable ]] || { [[ $(reason_of "$code") == crashed ]] && ! probe_run_dir; }; then
+        finish "$RUN_DIR_FAILED" "$code"
     elif [[ $(reason_of "$code") == crashed ]] && found=$(python3 -m hpcrl.runtime.classify "$HPCRL_DIR/driver.log" 2>/dev/null) &&
         [[ -n $found ]]; then
         log "the driver's log shows a network failure, not the run's own: $found"

@@ -38,6 +38,10 @@ CONTINUATIONS = {
     "limit": (LIMIT_REASONS, "restarts", "hpcrl.max_restarts"),
     "failure": (FAILURE_REASONS, "failure-restarts", "hpcrl.max_failure_restarts"),
 }
+# The node-local path is another user's or writable by others (the job script's private_dir):
+# not the node's fault, so no node is blamed; not continued either, since a new job meets the same
+# directory until its owner or an admin removes it (docs/safety.md).
+NODE_LOCAL_UNSAFE = "node-local-unsafe"
 # Slurm's terminal state -> end reason, for a job that ended without writing its `end` line.
 SLURM_STATE_REASONS = {"COMPLETED": COMPLETED, "TIMEOUT": "timeout", "CANCELLED": "cancelled",
                        "PREEMPTED": "preempted", "FAILED": CRASHED}

@@ -395,6 +395,7 @@ def _contract_context() -> dict:
         "stack_mismatch": {"reason": c.STACK_MISMATCH[0], "code": c.STACK_MISMATCH[1]},
         "continue_case": c.continue_case(),
         "crashed": c.CRASHED,
+        "node_local_unsafe": c.NODE_LOCAL_UNSAFE,
         "ray_died": c.RAY_DIED,
         "breaker_codes": ", ".join(str(code) for code, _ in sorted(c.BREAKERS.values())),
         "ports": {"base": c.port_base_shell(), "block": c.PORT_BLOCK, "gcs": c.GCS_PORT, "dashboard": c.DASHBOARD_PORT,

@@ -327,6 +327,7 @@ def _context(rp: RunPlan, smoke: bool) -> dict:
         "ray_cpus": prof.ray.num_cpus_per_node,
         "object_store_bytes": int(prof.ray.object_store_gib * C.GIB) if prof.ray.object_store_gib else None,
         "join_timeout_s": prof.ray.join_timeout_s,
+        "ray_ports": prof.ray.ports,
         "signal_before_end_s": prof.slurm.signal_before_end_s,
         "grace_s": max(30, prof.slurm.signal_before_end_s - 120),
         "run_root": root.rstrip("/") or "/",
@@ -398,10 +399,9 @@ def _contract_context() -> dict:
         "node_local_unsafe": c.NODE_LOCAL_UNSAFE,
         "ray_died": c.RAY_DIED,
         "breaker_codes": ", ".join(str(code) for code, _ in sorted(c.BREAKERS.values())),
-        "ports": {"base": c.port_base_shell(), "block": c.PORT_BLOCK, "gcs": c.GCS_PORT, "dashboard": c.DASHBOARD_PORT,
-                  "client": c.CLIENT_PORT, "service": c.SERVICE_PORT, "service_slots": c.SERVICE_SLOTS,
-                  "node": c.NODE_PORTS, "stride": c.NODE_STRIDE, "node_slots": c.NODE_SLOTS,
-                  "node_flags": c.NODE_PORT_FLAGS},
+        "ports": {"base": c.port_base_shell(), "block": c.PORT_BLOCK, "service": c.SERVICE_PORT,
+                  "service_slots": c.SERVICE_SLOTS, "node_slots": c.NODE_SLOTS, "draws": c.PORT_DRAWS,
+                  "head_flags": c.HEAD_PORT_FLAGS, "node_flags": c.NODE_PORT_FLAGS, "metric_vars": c.METRIC_PORT_VARS},
         "layout": c.run_dir_layout(),
     }
 

@@ -36,7 +36,7 @@ def ray_hangs_on(node: str) -> str:
 def test_a_node_whose_ray_start_hangs_is_named_and_left_out(tmp_path, run_sbatch_and_wait, leftovers):
     fault = fault_bin(tmp_path, ray=ray_hangs_on("n3"))
     script, run_dir = render(tmp_path, f'hpcrl.env_setup=["export PATH={fault}:$PATH"]',
-                             "hpcrl.failure_backoff_s=2")
+                             "hpcrl.failure_backoff_s=2", 'hpcrl.time="00:10:00"')  # slow bring-ups under load
     first = run_sbatch_and_wait(script, 600, "--nodelist=n1,n2,n3")
     log = (run_dir / "logs" / f"job-{first.job_id}.log").read_text()
     ev = [e for e in events(run_dir) if e[0] == first.job_id]

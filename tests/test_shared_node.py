@@ -7,8 +7,8 @@ test_lifecycle's environment (private registry, run root, profile and fake open-
 
 from __future__ import annotations
 
-import os
 import pwd
+import re
 import subprocess
 import uuid
 from pathlib import Path
@@ -23,7 +23,7 @@ from lifecycle_harness import (  # noqa: F401 - env is a fixture
     ok_json,
     wait_status,
 )
-from test_hardening import as_other, other_user
+from test_hardening import as_other, driver_started, job_processes, other_user
 from hpcrl.jobs.run_dir import RunDir, read_chain
 
 
@@ -63,3 +63,88 @@ def test_a_node_local_parent_of_another_user_is_refused_without_blaming_the_node
         assert list(foreign.iterdir()) == []
     finally:
         subprocess.run(["rm", "-rf", str(base)], check=False)
+
+
+# Another user's process: listens on every even port of the range, on every address.
+HOLDER = """
+import socket, sys, time
+held = []
+for port in range(int(sys.argv[1]), int(sys.argv[2]) + 1, 2):
+    s = socket.socket()
+    s.bind(("0.0.0.0", port))
+    s.listen()
+    held.append(s)
+print(len(held), flush=True)
+time.sleep(900)
+"""
+PORTS = (30000, 30539)  # past the job-id port blocks (10000-29999) other runs use, below the ephemeral range
+
+
+def hold_even_ports(low: int, high: int) -> subprocess.Popen:
+    user = other_user()
+    proc = subprocess.Popen(["/usr/bin/python3", "-c", HOLDER, str(low), str(high)], user=user,
+                            group=pwd.getpwnam(user).pw_gid, extra_groups=[], stdout=subprocess.PIPE, text=True,
+                            cwd="/")
+    assert proc.stdout.readline().strip() == str((high - low) // 2 + 1)
+    return proc
+
+
+def test_ports_another_user_holds_are_drawn_again_without_blaming_a_node(slurm, env):
+    """Another user's process listens on half the ports of the job's range (ray.ports 30000-30539,
+    every even one): the job meets taken ports (the GCS's own draw included, half the time),
+    draws again, its Ray comes up on free ones and the run completes; no node is blamed."""
+    holder = hold_even_ports(*PORTS)
+    try:
+        path = env["tmp"] / "clusters" / "lc-test.yaml"
+        path.write_text(path.read_text() + f"ray: {{ports: [{PORTS[0]}, {PORTS[1]}]}}\n")
+        behave(env, sleep=0)
+        out = ok_json(hpcrl(env, "submit", "--json", "--config", str(config(env, "squat", nodes=2))))
+        final = wait_status(env, out["run_id"], lambda r: r["state"] == "ended", "the run", deadline_s=400)
+        rd = RunDir(env["root"] / "squat")
+        log = rd.log(out["job_id"]).read_text()
+        assert final["reason"] == "completed", log
+        assert "is taken (another process has it); drawing another" in log, log
+        gcs = int(re.search(r"Ray is up: .*\(GCS 127\.[\d.]+:(\d+)\)", log).group(1))
+        assert PORTS[0] <= gcs <= PORTS[1] and gcs % 2 == 1, gcs
+        assert not list(rd.meta.glob("blame-*")), log
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def listening_ports(job: str) -> set[tuple[str, int]]:
+    """(address, port) of every TCP socket listening in a process of this job (ss as root)."""
+    pids = {str(pid) for pid, _a in job_processes(f"hpcrl-{job}.")}
+    found = set()
+    for line in subprocess.run(["ss", "-Hltnp"], capture_output=True, text=True).stdout.splitlines():
+        cols = line.split()
+        if set(re.findall(r"pid=(\d+)", line)) & pids:
+            addr, _, port = cols[3].rpartition(":")
+            found.add((addr.strip("[]"), int(port)))
+    return found
+
+
+def test_no_metrics_answer_from_any_port_of_a_running_job(slurm, env):
+    """As another user, `GET /metrics` on every port a running 2-node job listens on (each
+    wildcard listener asked at both node addresses): none answers 200."""
+    other_user()
+    behave(env, sleep=300)
+    out = ok_json(hpcrl(env, "submit", "--json", "--config", str(config(env, "metrics", nodes=2))))
+    job = out["job_id"]
+    rd = RunDir(env["root"] / "metrics")
+    try:
+        wait_status(env, out["run_id"], driver_started(rd, job), "the driver to start on 2 nodes")
+        ports = listening_ports(job)
+        ips = sorted(set(re.findall(r"--node_ip_address=(127\.\d+\.\d+\.\d+)",
+                                    " ".join(a for _p, a in job_processes(f"hpcrl-{job}.") if "raylet" in a))))
+        assert len(ips) == 2 and len(ports) >= 10, (ips, ports)
+        asked = {}
+        for addr, port in sorted(ports):
+            for ip in (ips if addr in ("0.0.0.0", "*", "::") else [addr]):
+                res = as_other("curl", "-s", "-m", "5", "-o", "/dev/null", "-w", "%{http_code}",
+                               f"http://{ip}:{port}/metrics")
+                asked[f"{ip}:{port}"] = res.stdout
+        assert [k for k, code in asked.items() if code == "200"] == [], asked
+    finally:
+        hpcrl(env, "cancel", out["run_id"])
+        wait_status(env, out["run_id"], lambda r: r["state"] == "ended", "the cancel")

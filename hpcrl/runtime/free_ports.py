@@ -1,9 +1,9 @@
 """Draw free TCP ports for this node's Ray: `python3 -m hpcrl.runtime.free_ports COUNT --slot S`.
 
-Ports from a fixed block per job id could be bound first by anyone who knows the job id (the
-issue's squatter took the GCS port of every job). Each port here is drawn at random from the
-profile's range and kept only if binding it (on every address) works now; a taken one is drawn
-again, at most --tries times per port, each said on stderr. Nodes of one job that share a host (a
+Ports from a fixed block per job id could be bound first by anyone who knows the job id, on a
+shared node. Each port here is drawn at random from the profile's range and kept only if
+binding it (on every address) works now; a taken one is drawn again, at most --tries times per
+port, each said on stderr. Nodes of one job that share a host (a
 test cluster) pass their slot: they draw from disjoint residues mod --slots, so they cannot pick
 the same port at the same moment. Prints the ports on one line; exit 1 when one cannot be found.
 Standard library only.

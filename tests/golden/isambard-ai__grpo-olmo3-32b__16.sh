@@ -1108,6 +1108,7 @@ ray_wait() {
         sleep 1 &
         wait $! || true
     done
+    code=0  # not the exit code of a head that was retried above
     wait "$POLL_PID" || code=$?
     if [[ -z $STOP_REASON ]] && ((code != 0)); then
         blame_missing

@@ -112,15 +112,25 @@ def test_ports_another_user_holds_are_drawn_again_without_blaming_a_node(slurm, 
         holder.wait()
 
 
-def listening_ports(job: str) -> set[tuple[str, int]]:
-    """(address, port) of every TCP socket listening in a process of this job (ss as root)."""
-    pids = {str(pid) for pid, _a in job_processes(f"hpcrl-{job}.")}
-    found = set()
+def listening_ports(job: str) -> dict[tuple[str, int], str]:
+    """(address, port) -> process name of every TCP socket listening in a process of this job:
+    its `ray start` processes (their arguments name the job's node-local dirs) and all their
+    descendants (GCS, raylets, dashboard, agents, workers), from `ss -ltnp` as root."""
+    table = [line.split(None, 2) for line in
+             subprocess.run(["ps", "-eo", "pid=,ppid=,args="], capture_output=True, text=True).stdout.splitlines()]
+    pids = {pid for pid, _pp, args in table if f"hpcrl-{job}." in args and " start --block" in args}
+    grew = True
+    while grew:
+        more = {pid for pid, ppid, _a in table if ppid in pids} - pids
+        pids |= more
+        grew = bool(more)
+    found = {}
     for line in subprocess.run(["ss", "-Hltnp"], capture_output=True, text=True).stdout.splitlines():
-        cols = line.split()
-        if set(re.findall(r"pid=(\d+)", line)) & pids:
-            addr, _, port = cols[3].rpartition(":")
-            found.add((addr.strip("[]"), int(port)))
+        owners = re.findall(r'\("([^"]+)",pid=(\d+),', line)
+        names = [name for name, pid in owners if pid in pids]
+        if names:
+            addr, _, port = line.split()[3].rpartition(":")
+            found[(addr.strip("[]"), int(port))] = names[0]
     return found
 
 
@@ -135,15 +145,17 @@ def test_no_metrics_answer_from_any_port_of_a_running_job(slurm, env):
     try:
         wait_status(env, out["run_id"], driver_started(rd, job), "the driver to start on 2 nodes")
         ports = listening_ports(job)
-        ips = sorted(set(re.findall(r"--node_ip_address=(127\.\d+\.\d+\.\d+)",
-                                    " ".join(a for _p, a in job_processes(f"hpcrl-{job}.") if "raylet" in a))))
-        assert len(ips) == 2 and len(ports) >= 10, (ips, ports)
+        starts = " ".join(a for _p, a in job_processes(f"hpcrl-{job}.") if " start --block" in a)
+        ips = sorted(set(re.findall(r"--node-ip-address=(127\.\d+\.\d+\.\d+)", starts)))
+        gcs = int(re.search(r"Ray is up: .*\(GCS 127\.[\d.]+:(\d+)\)", rd.log(job).read_text()).group(1))
+        assert len(ips) == 2 and gcs in {port for _a, port in ports}, (ips, ports)
         asked = {}
-        for addr, port in sorted(ports):
+        for (addr, port), name in sorted(ports.items()):
             for ip in (ips if addr in ("0.0.0.0", "*", "::") else [addr]):
                 res = as_other("curl", "-s", "-m", "5", "-o", "/dev/null", "-w", "%{http_code}",
                                f"http://{ip}:{port}/metrics")
-                asked[f"{ip}:{port}"] = res.stdout
+                asked[f"{ip}:{port} {name}"] = res.stdout
+        print("listening, as another user's GET /metrics saw it:", *sorted(asked.items()), sep="\n  ")
         assert [k for k, code in asked.items() if code == "200"] == [], asked
     finally:
         hpcrl(env, "cancel", out["run_id"])

@@ -858,15 +858,17 @@ keep_ray_logs() {
 # did not end cleanly, one more step visits every worker node: sweep_node KILLs what is left of
 # this job's Ray there, keeps its logs and removes its node-local dirs (never another user's).
 sweep_node() {
-    local dir
+    local dir phys
     HPCRL_NODE_LOCAL="${LOCALDIR}"
-    for dir in "$HPCRL_NODE_LOCAL/hpcrl-$SLURM_JOB_ID".* "/tmp/hpcrl-$SLURM_JOB_ID".*; do
+    # node_dirs made them under the physical path, and Ray's command lines name that one.
+    phys=$(cd -P -- "$HPCRL_NODE_LOCAL" 2>/dev/null && pwd) || phys=$HPCRL_NODE_LOCAL
+    for dir in "$phys/hpcrl-$SLURM_JOB_ID".* "/tmp/hpcrl-$SLURM_JOB_ID".*; do
         if [[ ! -d $dir || -L $dir || ! -O $dir ]]; then
             continue
         fi
         pkill -KILL -u "$(id -u)" -f -- "$dir/" 2>/dev/null || true
         NODE_DIR=$dir RAY_TMP=$dir/ray
-        if [[ $dir != "$HPCRL_NODE_LOCAL"/* ]]; then
+        if [[ $dir != "$phys"/* ]]; then
             NODE_DIR="" RAY_TMP=$dir  # node_dirs' short-path fallback for Ray
         fi
         keep_ray_logs "${SLURMD_NODENAME:-$(hostname -s)}"

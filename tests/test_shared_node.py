@@ -117,7 +117,7 @@ def listening_ports(job: str) -> dict[tuple[str, int], str]:
     its `ray start` processes (their arguments name the job's node-local dirs) and all their
     descendants (GCS, raylets, dashboard, agents, workers), from `ss -ltnp` as root."""
     table = [line.split(None, 2) for line in
-             subprocess.run(["ps", "-eo", "pid=,ppid=,args="], capture_output=True, text=True).stdout.splitlines()]
+             subprocess.run(["ps", "-ewwo", "pid=,ppid=,args="], capture_output=True, text=True).stdout.splitlines()]
     pids = {pid for pid, _pp, args in table if f"hpcrl-{job}." in args and " start --block" in args}
     grew = True
     while grew:

@@ -689,6 +689,9 @@ job_ports() {
     # The head's own ports in the same draw as its node ports (no port twice), before the workers
     # start: they get the GCS port from the environment.
     if ! node_ports "$HEAD_SLOT" 3; then
+        if [[ -n $STOP_REASON ]]; then
+            finish "$STOP_REASON" 143  # the draw was stopped, not short of ports
+        fi
         fail ray-start-failed "no free port for Ray on $HEAD_NODE in 10000-32767 (profile ray.ports)"
     fi
     read -r GCS_PORT DASHBOARD_PORT CLIENT_PORT <<<"$EXTRA_PORTS"

@@ -98,7 +98,8 @@ def test_ports_another_user_holds_are_drawn_again_without_blaming_a_node(slurm, 
         path = env["tmp"] / "clusters" / "lc-test.yaml"
         path.write_text(path.read_text() + f"ray: {{ports: [{PORTS[0]}, {PORTS[1]}]}}\n")
         behave(env, sleep=0)
-        out = ok_json(hpcrl(env, "submit", "--json", "--config", str(config(env, "squat", nodes=2, time_="00:10:00"))))
+        cfg = config(env, "squat", nodes=2, time_="00:10:00")
+        out = ok_json(hpcrl(env, "submit", "--json", "--config", str(cfg)))
         final = wait_status(env, out["run_id"], lambda r: r["state"] == "ended", "the run", deadline_s=400)
         rd = RunDir(env["root"] / "squat")
         log = rd.log(out["job_id"]).read_text()
@@ -139,7 +140,8 @@ def test_no_metrics_answer_from_any_port_of_a_running_job(slurm, env):
     wildcard listener asked at both node addresses): none answers 200."""
     other_user()
     behave(env, sleep=300)
-    out = ok_json(hpcrl(env, "submit", "--json", "--config", str(config(env, "metrics", nodes=2, time_="00:10:00"))))
+    cfg = config(env, "metrics", nodes=2, time_="00:10:00")
+    out = ok_json(hpcrl(env, "submit", "--json", "--config", str(cfg)))
     job = out["job_id"]
     rd = RunDir(env["root"] / "metrics")
     try:

@@ -42,7 +42,8 @@ def test_a_level_owned_by_another_user_is_refused(tmp_path, shared, mode):
     level = shared / "nl"
     assert as_other("mkdir", str(level)).returncode == 0 and as_other("chmod", f"{mode:o}", str(level)).returncode == 0
     res = private_dir(tmp_path, level / "n1")
-    assert res.returncode == 3 and f"{level} (in the node-local path {level}/n1) belongs to hpcrl-other" in res.stderr, res
+    why = f"{level} (in the node-local path {level}/n1) belongs to hpcrl-other"
+    assert res.returncode == 3 and why in res.stderr, res
     assert not (level / "n1").exists() or list((level / "n1").iterdir()) == []
 
 

@@ -69,7 +69,8 @@ def wait(want_nodes: int, want_gpus: float, timeout: float, table: str = "", mis
         if time.monotonic() > deadline:
             print(f"hpcrl: Ray nodes after {timeout:g} s: {sorted(n['NodeManagerAddress'] for n in alive)}", flush=True)
             missing = short_nodes(by_ip, alive, want_gpus / max(want_nodes, 1))
-            return report_missing(missing, by_ip, missing_out, f"Ray has {len(alive)} of {want_nodes} nodes after {timeout:g} s")
+            why = f"Ray has {len(alive)} of {want_nodes} nodes after {timeout:g} s"
+            return report_missing(missing, by_ip, missing_out, why)
         time.sleep(2)
 
 

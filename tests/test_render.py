@@ -622,20 +622,19 @@ def test_ray_below_2_52_never_starts(tmp_path, version, ok):
     assert not (stub.out / "sbatch.argv").exists()
 
 
-def test_node_local_dir_taken_by_another_is_refused(tmp_path):
-    """A predictable node-local path that already exists as a link (another user's trap on a
-    shared /tmp): the job refuses it instead of putting Ray's sockets there."""
+def test_node_local_path_others_may_write_is_refused_without_blame(tmp_path):
+    """The node-local path is world-writable without the sticky bit (anyone could rename the
+    job's directory away): the job ends node-local-unsafe naming it, before Ray starts, with no
+    node blamed and no continuation."""
     stub = Stub(tmp_path, nodes=2)
     script = stub.render(smoke=True)
-    elsewhere = tmp_path / "elsewhere"
-    elsewhere.mkdir()
     (tmp_path / "nl").mkdir()
-    (tmp_path / "nl" / f"hpcrl-{stub.job}.0").symlink_to(elsewhere)
+    (tmp_path / "nl").chmod(0o777)
     rc, out = stub.run(script, timeout=60)
-    assert rc == 1 and "is not a directory of" in out and "refusing to use it" in out, out
-    assert not list(elsewhere.iterdir())
-    # A node-specific trap: the job continues once, without that node.
-    failure_continuation(stub, tmp_path / "runs" / "grpo-olmo3-7b", "ray-start-failed", "n1")
+    assert rc == 1 and f"{tmp_path / 'nl'} (in the node-local path" in out and "is mode 777" in out, out
+    events = stub.events(tmp_path / "runs" / "grpo-olmo3-7b")
+    assert [(e[1], e[3]) for e in events[1:]] == [("end", "node-local-unsafe:1")], events
+    assert not (stub.out / "ray-n1.argv").exists() and not list((tmp_path / "nl").iterdir())
 
 
 def test_smoke_in_container(tmp_path):

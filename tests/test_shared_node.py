@@ -34,6 +34,16 @@ def profile_with_node_local(env, base: Path) -> None:
                     "    description: per node, under a directory this test controls\n")
 
 
+def submit_to_the_end(env, cfg: Path, reason: str) -> tuple[dict, RunDir, str]:
+    """Submit the config, wait for the run to end with `reason`; (submit's answer, run dir, job log)."""
+    out = ok_json(hpcrl(env, "submit", "--json", "--config", str(cfg)))
+    final = wait_status(env, out["run_id"], lambda r: r["state"] == "ended", "the run to end", deadline_s=400)
+    rd = RunDir(env["root"] / cfg.stem)
+    log = rd.log(out["job_id"]).read_text()
+    assert final["reason"] == reason, log
+    return out, rd, log
+
+
 @pytest.mark.parametrize("mode,node", [(0o755, "n2"), (0o777, "n2"), (0o777, "n1")])
 def test_a_node_local_parent_of_another_user_is_refused_without_blaming_the_node(slurm, env, mode, node):
     """Another user made the node-local parent of `node` (n1 runs the head, n2 the worker):
@@ -51,11 +61,7 @@ def test_a_node_local_parent_of_another_user_is_refused_without_blaming_the_node
         profile_with_node_local(env, base)
         behave(env, sleep=30)
         cfg = config(env, "foreign", nodes=2, hpcrl_extra="  exclude_nodes: [n3, n4]\n  failure_backoff_s: 2\n")
-        out = ok_json(hpcrl(env, "submit", "--json", "--config", str(cfg)))
-        final = wait_status(env, out["run_id"], lambda r: r["state"] == "ended", "the refusal", deadline_s=300)
-        rd = RunDir(env["root"] / "foreign")
-        log = rd.log(out["job_id"]).read_text()
-        assert final["reason"] == "node-local-unsafe", log
+        out, rd, log = submit_to_the_end(env, cfg, "node-local-unsafe")
         assert f"{foreign} (in the node-local path {foreign}) belongs to {user}, not to root" in log, log
         chain = read_chain(rd)
         assert list(chain) == [out["job_id"]] and chain[out["job_id"]].next_job is None
@@ -99,11 +105,7 @@ def test_ports_another_user_holds_are_drawn_again_without_blaming_a_node(slurm, 
         path.write_text(path.read_text() + f"ray: {{ports: [{PORTS[0]}, {PORTS[1]}]}}\n")
         behave(env, sleep=0)
         cfg = config(env, "squat", nodes=2, time_="00:10:00")
-        out = ok_json(hpcrl(env, "submit", "--json", "--config", str(cfg)))
-        final = wait_status(env, out["run_id"], lambda r: r["state"] == "ended", "the run", deadline_s=400)
-        rd = RunDir(env["root"] / "squat")
-        log = rd.log(out["job_id"]).read_text()
-        assert final["reason"] == "completed", log
+        _out, rd, log = submit_to_the_end(env, cfg, "completed")
         assert "is taken (another process has it); drawing another" in log, log
         gcs = int(re.search(r"Ray is up: .*\(GCS 127\.[\d.]+:(\d+)\)", log).group(1))
         assert PORTS[0] <= gcs <= PORTS[1] and gcs % 2 == 1, gcs

@@ -77,7 +77,10 @@ import socket, sys, time
 held = []
 for port in range(int(sys.argv[1]), int(sys.argv[2]) + 1, 2):
     s = socket.socket()
-    s.bind(("0.0.0.0", port))
+    try:  # a job elsewhere on this machine may have drawn one: hold the rest
+        s.bind(("0.0.0.0", port))
+    except OSError:
+        continue
     s.listen()
     held.append(s)
 print(len(held), flush=True)
@@ -91,7 +94,8 @@ def hold_even_ports(low: int, high: int) -> subprocess.Popen:
     proc = subprocess.Popen(["/usr/bin/python3", "-c", HOLDER, str(low), str(high)], user=user,
                             group=pwd.getpwnam(user).pw_gid, extra_groups=[], stdout=subprocess.PIPE, text=True,
                             cwd="/")
-    assert proc.stdout.readline().strip() == str((high - low) // 2 + 1)
+    held = int(proc.stdout.readline() or 0)
+    assert held > 0.9 * ((high - low) // 2 + 1), held
     return proc
 
 
@@ -108,7 +112,7 @@ def test_ports_another_user_holds_are_drawn_again_without_blaming_a_node(slurm, 
         _out, rd, log = submit_to_the_end(env, cfg, "completed")
         assert "is taken (another process has it); drawing another" in log, log
         gcs = int(re.search(r"Ray is up: .*\(GCS 127\.[\d.]+:(\d+)\)", log).group(1))
-        assert PORTS[0] <= gcs <= PORTS[1] and gcs % 2 == 1, gcs
+        assert PORTS[0] <= gcs <= PORTS[1] and gcs % 2 == 1, gcs  # an even one was held (or briefly taken)
         assert not list(rd.meta.glob("blame-*")), log
     finally:
         holder.kill()

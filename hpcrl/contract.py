@@ -44,6 +44,10 @@ CONTINUATIONS = {
     "limit": (LIMIT_REASONS, "restarts", "hpcrl.max_restarts"),
     "failure": (FAILURE_REASONS, "failure-restarts", "hpcrl.max_failure_restarts"),
 }
+# The node-local path is another user's or writable by others (the job script's private_dir):
+# not the node's fault, so no node is blamed; not continued either, since a new job meets the same
+# directory until its owner or an admin removes it (docs/safety.md).
+NODE_LOCAL_UNSAFE = "node-local-unsafe"
 # Slurm's terminal state -> end reason, for a job that ended without writing its `end` line.
 SLURM_STATE_REASONS = {"COMPLETED": COMPLETED, "TIMEOUT": "timeout", "CANCELLED": "cancelled",
                        "PREEMPTED": "preempted", "FAILED": CRASHED}
@@ -76,17 +80,29 @@ def continue_case(indent: str = "        ") -> str:
 
 # --------------------------------------------------------------------------- ports
 
-# A block of PORT_BLOCK ports per job, from the job id, so two jobs on a shared node (or two runs
-# on the test cluster) never meet on Ray's fixed defaults (6379, 8265, 10001, 52365).
-PORT_FIRST, PORT_JOBS, PORT_BLOCK = 10000, 200, 100
-GCS_PORT, DASHBOARD_PORT, CLIENT_PORT = 0, 1, 2
-# A service on a node listens at +SERVICE_PORT+slot (slots 0..SERVICE_SLOTS-1).
-SERVICE_PORT, SERVICE_SLOTS = 3, 7
-# Each node's own Ray ports: +NODE_PORTS+NODE_STRIDE*slot and up, in this order.
-NODE_PORTS, NODE_STRIDE, NODE_SLOTS = 10, 10, 9
+# Ray's ports are drawn per job and node at random from the profile's ray.ports (default RAY_PORTS),
+# each kept only when it binds now (python3 -m hpcrl.runtime.free_ports), a taken one drawn again at
+# most PORT_DRAWS times: a port known in advance could be bound first by another user on a shared
+# node. RAY_PORTS ends below Linux's default ephemeral range (32768-60999), where the kernel puts
+# Ray's worker processes (--min/max-worker-port=0).
+RAY_PORTS, PORT_DRAWS = (10000, 32767), 20
+# Flags of the head's ports (drawn on the head before the workers start; the workers get the GCS
+# port from the environment), then each node's own, in the order drawn.
+HEAD_PORT_FLAGS = ("port", "dashboard-port", "ray-client-server-port")
 NODE_PORT_FLAGS = ("node-manager-port", "object-manager-port", "metrics-export-port", "dashboard-agent-grpc-port",
                    "dashboard-agent-listen-port", "runtime-env-agent-port")
-# The preflight's collective test (no Ray runs then): past every node's ports.
+# Ray's two Prometheus servers on fixed ports (44217, 44227), on every address and without the token
+# (ray/autoscaler/_private/constants.py:106, dashboard/consts.py:67 in Ray 2.60.0, commit b7f4259e): with ray.metrics
+# they get drawn ports too, in this order (AUTOSCALER_METRIC_PORT, DASHBOARD_METRIC_PORT).
+METRIC_PORT_VARS = ("AUTOSCALER_METRIC_PORT", "DASHBOARD_METRIC_PORT")
+# Nodes of one job on one host (a test cluster) draw from disjoint residues mod NODE_SLOTS.
+NODE_SLOTS = 9
+
+# Services (hpcrl.code_server) and the preflight's collective test use a block of PORT_BLOCK ports
+# per job, from the job id. A service on a node listens at +SERVICE_PORT+slot (slots 0..SERVICE_SLOTS-1).
+PORT_FIRST, PORT_JOBS, PORT_BLOCK = 10000, 200, 100
+SERVICE_PORT, SERVICE_SLOTS = 3, 7
+# The preflight's collective test (no Ray runs then): past the services.
 COLLECTIVE_PORT = 97
 
 

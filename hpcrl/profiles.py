@@ -24,6 +24,7 @@ from pydantic import (
     model_validator,
 )
 
+from hpcrl import contract
 from hpcrl.errors import ProfileError, UnknownNameError
 from hpcrl.resources import data_dir
 from hpcrl.shell import path_problem
@@ -160,8 +161,22 @@ class Ray(_Strict):
     log_keep_mib: int = Field(default=64, gt=0, description="Ray session logs kept per node in the run dir (MiB)")
     metrics: bool = Field(
         default=False,
-        description="Keep Ray's Prometheus metrics port (it answers anyone on the network, without the token)",
+        description="Keep Ray's Prometheus metrics ports (they answer anyone on the network, without the token)",
     )
+    ports: tuple[int, int] = Field(
+        default=contract.RAY_PORTS,
+        description="Ray's ports are drawn from this range (inclusive), per job and node; a firewall may allow fewer",
+    )
+
+    @field_validator("ports")
+    @classmethod
+    def _ports_ok(cls, v: tuple[int, int]) -> tuple[int, int]:
+        low, high = v
+        need = contract.NODE_SLOTS * (len(contract.HEAD_PORT_FLAGS) + len(contract.NODE_PORT_FLAGS)
+                                      + len(contract.METRIC_PORT_VARS))
+        if not 1024 <= low <= high <= 65535 or high - low + 1 < need:
+            raise ValueError(f"[{low}, {high}]: need 1024 <= low <= high <= 65535 and at least {need} ports")
+        return v
 
 
 class Planning(_Strict):

@@ -64,6 +64,7 @@ case "$1 $2" in
         sleep "${STUB_DRIVER_SLEEP:-0}" & wait $!
         exit "${STUB_DRIVER_EXIT:-0}" ;;
     "-m hpcrl.runtime.classify") exec "$STUB_REAL_PYTHON" "$@" ;;  # the real classifier
+    "-m hpcrl.runtime.free_ports") exec "$STUB_REAL_PYTHON" "$@" ;;  # the real draw: it only binds and closes
     "-m hpcrl.runtime.ray_ready"|"- "*)  # the readiness check: ready once every node's `ray start` ran
         [[ $1 == - ]] && cat >/dev/null  # its source, fed to a container's python3
         for _ in $(seq 300); do

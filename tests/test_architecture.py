@@ -38,7 +38,7 @@ FORBIDDEN = {"subprocess", "hpcrl.jobs", "hpcrl.cli", "hpcrl.runtime", "sqlite3"
 HEAVY = {"torch", "ray", "vllm", "deepspeed", "transformers", "matplotlib"}
 # In-job tools the scripts run as `python3 -m hpcrl.runtime.X` where only the standard library may
 # be installed (gpumon needs nvidia-ml-py and says so).
-STDLIB_RUNTIME = ["classify", "preflight_collective", "preflight_gpu", "preflight_link", "preflight_probe",
+STDLIB_RUNTIME = ["classify", "free_ports", "preflight_collective", "preflight_gpu", "preflight_link", "preflight_probe",
                   "ray_ready", "smoke", "stack", "stack_parse", "step_cadence", "wait_http", "watchdog"]
 
 

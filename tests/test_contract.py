@@ -85,7 +85,7 @@ def test_the_rendered_continue_case_continues_the_reasons_the_table_names(tmp_pa
     probe = ('probe() { local reason=$1 kind="" counter=""\n' + case +
              '    echo "$kind ${counter##*/}"; }\nfor r in "$@"; do echo "$(probe "$r")"; done')
     reasons = [*contract.LIMIT_REASONS, *contract.FAILURE_REASONS, "completed", "crashed", "cancelled",
-               "breaker-hang", "setup-failed", "service-failed"]
+               "breaker-hang", "setup-failed", "service-failed", "node-local-unsafe"]
     out = subprocess.run(["bash", "-c", "HPCRL_DIR=/x MAX_RESTARTS=1 MAX_FAILURE_RESTARTS=1\n" + probe, "-", *reasons],
                          capture_output=True, text=True, check=True).stdout.splitlines()
     got = {r: line.strip() for r, line in zip(reasons, out)}

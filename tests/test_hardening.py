@@ -129,22 +129,22 @@ def test_another_user_cannot_touch_a_running_jobs_node_local_dirs_or_metrics(slu
             res = as_other(*cmd)
             assert res.returncode != 0 and "Permission denied" in res.stderr, (cmd, res)
         assert sock.exists() and not (d / "intruder").exists()
-    # Ports: the job's block of 100 (docs/render.md). The GCS listens (so connecting works
-    # here); every node's metrics export port (+12 + 10 * slot) does not, from any address.
-    base = 10000 + int(job) % 200 * 100
+    # Ports: drawn per node (docs/render.md). The GCS listens (so connecting works here); every
+    # node's metrics export port (its `ray start --metrics-export-port`) does not, from any address.
     log = rd.log(job).read_text()
-    head_ip = re.search(r"head \S+ \((127\.\d+\.\d+\.\d+)\)", log).group(1)
-    with socket.create_connection((head_ip, base), timeout=5):
+    head_ip, gcs = re.search(r"Ray is up: .*\(GCS (127\.\d+\.\d+\.\d+):(\d+)\)", log).groups()
+    with socket.create_connection((head_ip, int(gcs)), timeout=5):
         pass
-    node_ips = sorted(set(re.findall(r"--node_ip_address=(127\.\d+\.\d+\.\d+)",
-                                     " ".join(a for _p, a in job_processes(f"hpcrl-{job}.") if "raylet" in a))))
-    assert head_ip in node_ips and len(node_ips) == 2, node_ips
-    for slot in range(2):
+    starts = [a for _p, a in job_processes(f"hpcrl-{job}.") if " start --block" in a]
+    node_ips = sorted(set(re.findall(r"--node-ip-address=(127\.\d+\.\d+\.\d+)", " ".join(starts))))
+    metrics = sorted(set(int(p) for p in re.findall(r"--metrics-export-port=(\d+)", " ".join(starts))))
+    assert head_ip in node_ips and len(node_ips) == 2 and len(metrics) == 2, starts
+    for port in metrics:
         for ip in node_ips:
             s = socket.socket()
             s.settimeout(3)
             s.bind(("127.0.0.1", 0))  # another address than the node's
-            assert s.connect_ex((ip, base + 12 + 10 * slot)) != 0, (ip, slot)
+            assert s.connect_ex((ip, port)) != 0, (ip, port)
             s.close()
     assert hpcrl(env, "cancel", run_id).returncode == 0
     wait_status(env, run_id, lambda r: r["state"] == "ended", "the cancel")

@@ -751,7 +751,7 @@ job_nodes() {
             fail ray-start-failed "cannot resolve NodeAddr '$addr' of node $name to an IPv4 address"
         fi
         if ((slot > 8)); then
-            fail setup-failed "more than 9 nodes of this job share the host of $name; the port block has 9 slots"
+            fail setup-failed "more than 9 nodes of this job share the host of $name; Ray's ports are drawn in 9 disjoint sets per host"
         fi
         NODE_TABLE+="$name $ip $slot;"
     done <<<"$NODE_LINES"
@@ -770,11 +770,14 @@ job_nodes() {
 }
 node_entry() { awk -v RS=';' -v n="$1" '$1 == n { print $2, $3 }' <<<"$HPCRL_NODE_TABLE"; }
 
-# A block of 100 ports per job, from the job id (hpcrl/contract.py): two jobs on a shared
-# node (or two runs on the test cluster) never meet on Ray's fixed defaults (6379, 8265, 10001, 52365).
-#   +0 GCS, +1 dashboard (bound to localhost), +2 Ray client server, +3+slot a service
-#   +10+10*slot and up, one each: node-manager-port, object-manager-port, metrics-export-port,
+# Ray's ports are drawn for this job and node at random from 10000-32767 (profile ray.ports),
+# each kept only when it binds now, a taken one drawn again (hpcrl.runtime.free_ports): ports known
+# in advance (Ray's defaults 6379, 8265, 10001, 52365, or a block from the job id) could be bound
+# first by another user on a shared node.
+#   the head: port, dashboard-port, ray-client-server-port (the dashboard bound to localhost)
+#   every node: node-manager-port, object-manager-port, metrics-export-port,
 #       dashboard-agent-grpc-port, dashboard-agent-listen-port, runtime-env-agent-port
+# Services keep the job id's block of 100 ports: +3+slot from HPCRL_PORT_BASE.
 # Worker processes take ports the kernel assigns (--min/max-worker-port=0): they cannot
 # collide, and a fixed range would have to hold num_cpus prestarted workers plus every actor.
 job_ports() {
@@ -786,25 +789,60 @@ job_ports() {
 # shared node anyone could list, rename or replace them (a renamed raylet socket breaks the
 # job) unless their parent is private. Ray's socket paths must fit in 107 bytes, so a long
 # node-local path falls back to a private directory in /tmp for Ray.
+# Returns 3 when the node-local path is not safe to use (another user's, or writable by others):
+# the job ends node-local-unsafe, blaming no node.
 node_dirs() {
-    NODE_DIR="$HPCRL_NODE_LOCAL/hpcrl-$SLURM_JOB_ID.$1"
-    private_dir "$NODE_DIR" || return 1
+    private_dir "$HPCRL_NODE_LOCAL" "hpcrl-$SLURM_JOB_ID.$1" || return
+    NODE_DIR=$PRIVATE_DIR
     # JIT caches off the shared home (NFS breaks their file locks): Triton, Inductor, vLLM
     # (under XDG_CACHE_HOME), FlashInfer (appends .cache/flashinfer to its base).
     export TRITON_CACHE_DIR="$NODE_DIR/triton" TORCHINDUCTOR_CACHE_DIR="$NODE_DIR/inductor" \
         XDG_CACHE_HOME="$NODE_DIR/cache" FLASHINFER_WORKSPACE_BASE="$NODE_DIR"
 }
 
-# private_dir DIR: DIR as a directory of this user's, mode 0700. Job ids are predictable, so
-# on a shared /tmp another user may have made it first: refuse anything not ours (or a link).
+# private_dir BASE NAME: a new directory BASE/NAME.XXX of this user's, mode 0700, in
+# PRIVATE_DIR. mktemp makes it in one step, mode 0700, and takes another name when one exists:
+# no one can make it first, nor keep the job from making one. Whoever may rename entries of a
+# directory above it could still move it away, so BASE is taken by its physical path (no link
+# left) and every level from / down must be a directory owned by root or this user, writable by
+# no one else unless sticky (as /tmp is).
+# A missing BASE is made (umask 022: this user's). Returns 3 when a level is unsafe, 1 when the
+# directory cannot be made.
 private_dir() {
-    (umask 022 && mkdir -p -- "$(dirname -- "$1")")  # parents may be shared (/tmp/...): not private
-    mkdir -m 700 -- "$1" 2>/dev/null || true
-    if [[ -L $1 || ! -d $1 || ! -O $1 ]]; then
-        echo "hpcrl: error: $1 exists and is not a directory of $(id -un) (another user's, or a link); refusing to use it" >&2
+    local phys level="" part parts uid mode kind me
+    me=$(id -u)
+    if [[ ! -d $1 ]] && ! (umask 022 && mkdir -p -- "$1"); then
+        echo "hpcrl: error: cannot create the node-local directory $1" >&2
         return 1
     fi
-    chmod 700 -- "$1"
+    if ! phys=$(cd -P -- "$1" && pwd); then
+        echo "hpcrl: error: cannot enter the node-local directory $1" >&2
+        return 1
+    fi
+    IFS=/ read -ra parts <<<"${phys#/}"
+    for part in "" "${parts[@]}"; do
+        level+=${part:+/}$part
+        read -r uid mode kind < <(stat -c '%u %a %F' -- "${level:-/}") || true
+        if [[ $kind != directory ]]; then
+            echo "hpcrl: error: ${level:-/} (in the node-local path $1) is a ${kind:-missing file}, not a directory; refusing to use it" >&2
+            return 3
+        elif [[ $uid != 0 && $uid != "$me" ]]; then
+            echo "hpcrl: error: ${level:-/} (in the node-local path $1) belongs to $(id -nu "$uid" 2>/dev/null || echo "uid $uid"), not to $(id -un) or root: its owner could rename or replace this job's files; refusing to use it (remove it, or set storage.node_local to a directory of yours)" >&2
+            return 3
+        elif (( (8#$mode & 8#022) && !(8#$mode & 8#1000) )); then
+            echo "hpcrl: error: ${level:-/} (in the node-local path $1) is mode $mode: other users could rename or replace this job's files; refusing to use it (chmod go-w or +t it, or set storage.node_local elsewhere)" >&2
+            return 3
+        fi
+    done
+    if ! PRIVATE_DIR=$(mktemp -d -- "$phys/$2.XXX"); then
+        echo "hpcrl: error: cannot create a directory in $phys" >&2
+        return 1
+    fi
+    read -r uid mode kind < <(stat -c '%u %a %F' -- "$PRIVATE_DIR") || true
+    if [[ $uid != "$me" || $mode != 700 || $kind != directory ]]; then
+        echo "hpcrl: error: $PRIVATE_DIR is not a 0700 directory of $(id -un) right after mktemp made it; refusing to use it" >&2
+        return 3
+    fi
 }
 
 
@@ -848,8 +886,9 @@ lean_env() {
 }
 
 
-# blame WHY: this node, in the job's blame file (a failure continuation excludes the nodes in it).
-blame() { echo "${SLURMD_NODENAME:-$(hostname -s)} $1" >>"$HPCRL_RUN_DIR/hpcrl/blame-$SLURM_JOB_ID"; }
+# blame WHY [NODE]: this node (or NODE), in the job's blame file (a failure continuation excludes
+# the nodes in it).
+blame() { echo "${2:-${SLURMD_NODENAME:-$(hostname -s)}} $1" >>"$HPCRL_RUN_DIR/hpcrl/blame-$SLURM_JOB_ID"; }
 
 # This node's limits, lean environment and private node-local directories.
 head_node_setup() {
@@ -862,7 +901,11 @@ head_node_setup() {
     fi
 
     export HPCRL_NODE_LOCAL=/scratch/local
-    if ! node_dirs "$HEAD_SLOT"; then
+    local rc=0
+    node_dirs "$HEAD_SLOT" || rc=$?
+    if ((rc == 3)); then  # another user's directory, not this node's fault: no blame, no continuation
+        fail node-local-unsafe "the node-local path on $HEAD_NODE is not safe to use (above)"
+    elif ((rc != 0)); then
         blame ray-start-failed
         fail ray-start-failed "cannot make this job's private node-local directory on $HEAD_NODE"
     fi

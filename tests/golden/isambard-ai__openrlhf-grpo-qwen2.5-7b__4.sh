@@ -771,7 +771,7 @@ job_nodes() {
             fail ray-start-failed "cannot resolve NodeAddr '$addr' of node $name to an IPv4 address"
         fi
         if ((slot > 8)); then
-            fail setup-failed "more than 9 nodes of this job share the host of $name; the port block has 9 slots"
+            fail setup-failed "more than 9 nodes of this job share the host of $name; Ray's ports are drawn in 9 disjoint sets per host"
         fi
         NODE_TABLE+="$name $ip $slot;"
     done <<<"$NODE_LINES"
@@ -790,30 +790,48 @@ job_nodes() {
 }
 node_entry() { awk -v RS=';' -v n="$1" '$1 == n { print $2, $3 }' <<<"$HPCRL_NODE_TABLE"; }
 
-# A block of 100 ports per job, from the job id (hpcrl/contract.py): two jobs on a shared
-# node (or two runs on the test cluster) never meet on Ray's fixed defaults (6379, 8265, 10001, 52365).
-#   +0 GCS, +1 dashboard (bound to localhost), +2 Ray client server, +3+slot a service
-#   +10+10*slot and up, one each: node-manager-port, object-manager-port, metrics-export-port,
+# Ray's ports are drawn for this job and node at random from 10000-32767 (profile ray.ports),
+# each kept only when it binds now, a taken one drawn again (hpcrl.runtime.free_ports): ports known
+# in advance (Ray's defaults 6379, 8265, 10001, 52365, or a block from the job id) could be bound
+# first by another user on a shared node.
+#   the head: port, dashboard-port, ray-client-server-port (the dashboard bound to localhost)
+#   every node: node-manager-port, object-manager-port, metrics-export-port,
 #       dashboard-agent-grpc-port, dashboard-agent-listen-port, runtime-env-agent-port
+# Services keep the job id's block of 100 ports: +3+slot from HPCRL_PORT_BASE.
 # Worker processes take ports the kernel assigns (--min/max-worker-port=0): they cannot
 # collide, and a fixed range would have to hold num_cpus prestarted workers plus every actor.
 job_ports() {
     export HPCRL_PORT_BASE=$((10000 + SLURM_JOB_ID % 200 * 100))
-    GCS_PORT=$((HPCRL_PORT_BASE + 0))
     export HPCRL_RAY_CPUS=64
+    # The head's own ports in the same draw as its node ports (no port twice), before the workers
+    # start: they get the GCS port from the environment.
+    if ! node_ports "$HEAD_SLOT" 3; then
+        if [[ -n $STOP_REASON ]]; then
+            finish "$STOP_REASON" 143  # the draw was stopped, not short of ports
+        fi
+        fail ray-start-failed "no free port for Ray on $HEAD_NODE in 10000-32767 (profile ray.ports)"
+    fi
+    read -r GCS_PORT DASHBOARD_PORT CLIENT_PORT <<<"$EXTRA_PORTS"
+    export HPCRL_GCS_PORT=$GCS_PORT
 }
 
+# node_ports SLOT [N]: this node's Ray ports (NODE_PORT_ARGS), and N more for the head (EXTRA_PORTS).
 node_ports() {
-    local b=$((HPCRL_PORT_BASE + 10 + 10 * $1))
+    local out drawn n=$((6 + ${2:-0}))
+    out=$(python3 -m hpcrl.runtime.free_ports "$n" --range 10000 32767 \
+        --slot "$1" --slots 9 --tries 20) || return 1
+    read -ra drawn <<<"$out"
+    ((${#drawn[@]} == n)) || return 1
     NODE_PORT_ARGS=(
-        "--node-manager-port=$b"
-        "--object-manager-port=$((b + 1))"
-        "--metrics-export-port=$((b + 2))"
-        "--dashboard-agent-grpc-port=$((b + 3))"
-        "--dashboard-agent-listen-port=$((b + 4))"
-        "--runtime-env-agent-port=$((b + 5))"
+        "--node-manager-port=${drawn[0]}"
+        "--object-manager-port=${drawn[1]}"
+        "--metrics-export-port=${drawn[2]}"
+        "--dashboard-agent-grpc-port=${drawn[3]}"
+        "--dashboard-agent-listen-port=${drawn[4]}"
+        "--runtime-env-agent-port=${drawn[5]}"
         --min-worker-port=0 --max-worker-port=0
     )
+    EXTRA_PORTS="${drawn[*]:6}"
 }
 
 # Node-local files of this job on one node (Ray's temp dir, compile caches), in a directory
@@ -821,14 +839,16 @@ node_ports() {
 # shared node anyone could list, rename or replace them (a renamed raylet socket breaks the
 # job) unless their parent is private. Ray's socket paths must fit in 107 bytes, so a long
 # node-local path falls back to a private directory in /tmp for Ray.
+# Returns 3 when the node-local path is not safe to use (another user's, or writable by others):
+# the job ends node-local-unsafe, blaming no node.
 node_dirs() {
-    NODE_DIR="$HPCRL_NODE_LOCAL/hpcrl-$SLURM_JOB_ID.$1"
+    private_dir "$HPCRL_NODE_LOCAL" "hpcrl-$SLURM_JOB_ID.$1" || return
+    NODE_DIR=$PRIVATE_DIR
     RAY_TMP="$NODE_DIR/ray"
-    private_dir "$NODE_DIR" || return 1
     if ((${#RAY_TMP} > 40)); then
-        RAY_TMP="/tmp/hpcrl-$SLURM_JOB_ID.$1"
+        private_dir /tmp "hpcrl-$SLURM_JOB_ID.$1" || return
+        RAY_TMP=$PRIVATE_DIR
         echo "hpcrl: warning: Ray temp dir under $HPCRL_NODE_LOCAL is too long for Ray's sockets; using $RAY_TMP" >&2
-        private_dir "$RAY_TMP" || return 1
     else
         mkdir -p -- "$RAY_TMP"
     fi
@@ -838,16 +858,49 @@ node_dirs() {
         XDG_CACHE_HOME="$NODE_DIR/cache" FLASHINFER_WORKSPACE_BASE="$NODE_DIR"
 }
 
-# private_dir DIR: DIR as a directory of this user's, mode 0700. Job ids are predictable, so
-# on a shared /tmp another user may have made it first: refuse anything not ours (or a link).
+# private_dir BASE NAME: a new directory BASE/NAME.XXX of this user's, mode 0700, in
+# PRIVATE_DIR. mktemp makes it in one step, mode 0700, and takes another name when one exists:
+# no one can make it first, nor keep the job from making one. Whoever may rename entries of a
+# directory above it could still move it away, so BASE is taken by its physical path (no link
+# left) and every level from / down must be a directory owned by root or this user, writable by
+# no one else unless sticky (as /tmp is).
+# A missing BASE is made (umask 022: this user's). Returns 3 when a level is unsafe, 1 when the
+# directory cannot be made.
 private_dir() {
-    (umask 022 && mkdir -p -- "$(dirname -- "$1")")  # parents may be shared (/tmp/...): not private
-    mkdir -m 700 -- "$1" 2>/dev/null || true
-    if [[ -L $1 || ! -d $1 || ! -O $1 ]]; then
-        echo "hpcrl: error: $1 exists and is not a directory of $(id -un) (another user's, or a link); refusing to use it" >&2
+    local phys level="" part parts uid mode kind me
+    me=$(id -u)
+    if [[ ! -d $1 ]] && ! (umask 022 && mkdir -p -- "$1"); then
+        echo "hpcrl: error: cannot create the node-local directory $1" >&2
         return 1
     fi
-    chmod 700 -- "$1"
+    if ! phys=$(cd -P -- "$1" && pwd); then
+        echo "hpcrl: error: cannot enter the node-local directory $1" >&2
+        return 1
+    fi
+    IFS=/ read -ra parts <<<"${phys#/}"
+    for part in "" "${parts[@]}"; do
+        level+=${part:+/}$part
+        read -r uid mode kind < <(stat -c '%u %a %F' -- "${level:-/}") || true
+        if [[ $kind != directory ]]; then
+            echo "hpcrl: error: ${level:-/} (in the node-local path $1) is a ${kind:-missing file}, not a directory; refusing to use it" >&2
+            return 3
+        elif [[ $uid != 0 && $uid != "$me" ]]; then
+            echo "hpcrl: error: ${level:-/} (in the node-local path $1) belongs to $(id -nu "$uid" 2>/dev/null || echo "uid $uid"), not to $(id -un) or root: its owner could rename or replace this job's files; refusing to use it (remove it, or set storage.node_local to a directory of yours)" >&2
+            return 3
+        elif (( (8#$mode & 8#022) && !(8#$mode & 8#1000) )); then
+            echo "hpcrl: error: ${level:-/} (in the node-local path $1) is mode $mode: other users could rename or replace this job's files; refusing to use it (chmod go-w or +t it, or set storage.node_local elsewhere)" >&2
+            return 3
+        fi
+    done
+    if ! PRIVATE_DIR=$(mktemp -d -- "$phys/$2.XXX"); then
+        echo "hpcrl: error: cannot create a directory in $phys" >&2
+        return 1
+    fi
+    read -r uid mode kind < <(stat -c '%u %a %F' -- "$PRIVATE_DIR") || true
+    if [[ $uid != "$me" || $mode != 700 || $kind != directory ]]; then
+        echo "hpcrl: error: $PRIVATE_DIR is not a 0700 directory of $(id -un) right after mktemp made it; refusing to use it" >&2
+        return 3
+    fi
 }
 
 # Ray below 2.52 ignores RAY_AUTH_MODE=token without a word: anyone on the node could use this
@@ -929,15 +982,17 @@ keep_ray_logs() {
 # did not end cleanly, one more step visits every worker node: sweep_node KILLs what is left of
 # this job's Ray there, keeps its logs and removes its node-local dirs (never another user's).
 sweep_node() {
-    local dir
+    local dir phys
     HPCRL_NODE_LOCAL="${LOCALDIR}"
-    for dir in "$HPCRL_NODE_LOCAL/hpcrl-$SLURM_JOB_ID".* "/tmp/hpcrl-$SLURM_JOB_ID".*; do
+    # node_dirs made them under the physical path, and Ray's command lines name that one.
+    phys=$(cd -P -- "$HPCRL_NODE_LOCAL" 2>/dev/null && pwd) || phys=$HPCRL_NODE_LOCAL
+    for dir in "$phys/hpcrl-$SLURM_JOB_ID".* "/tmp/hpcrl-$SLURM_JOB_ID".*; do
         if [[ ! -d $dir || -L $dir || ! -O $dir ]]; then
             continue
         fi
         pkill -KILL -u "$(id -u)" -f -- "$dir/" 2>/dev/null || true
         NODE_DIR=$dir RAY_TMP=$dir/ray
-        if [[ $dir != "$HPCRL_NODE_LOCAL"/* ]]; then
+        if [[ $dir != "$phys"/* ]]; then
             NODE_DIR="" RAY_TMP=$dir  # node_dirs' short-path fallback for Ray
         fi
         keep_ray_logs "${SLURMD_NODENAME:-$(hostname -s)}"
@@ -958,8 +1013,9 @@ sweep_workers() {
         bash -c "$(declare -f sweep_node keep_ray_logs remove_node_dirs); sweep_node" 2>&1 | sed -u 's/^/[sweep] /'
 }
 
-# blame WHY: this node, in the job's blame file (a failure continuation excludes the nodes in it).
-blame() { echo "${SLURMD_NODENAME:-$(hostname -s)} $1" >>"$HPCRL_RUN_DIR/hpcrl/blame-$SLURM_JOB_ID"; }
+# blame WHY [NODE]: this node (or NODE), in the job's blame file (a failure continuation excludes
+# the nodes in it).
+blame() { echo "${2:-${SLURMD_NODENAME:-$(hostname -s)}} $1" >>"$HPCRL_RUN_DIR/hpcrl/blame-$SLURM_JOB_ID"; }
 
 # Per-job Ray token (token authentication): nobody else on a shared node can attach.
 ray_token() {
@@ -973,9 +1029,14 @@ ray_token() {
     # Recent Ray (2.60 here) drains a node for up to 30 s on SIGTERM before it stops; a job has no
     # one to drain for, and Slurm's KillWait (often 30 s) would SIGKILL the job's cleanup.
     export RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S=0
-    # Ray's Prometheus metrics port would answer anyone who can reach the node, without the token,
-    # on all interfaces: nothing scrapes it here, so it is off (profile ray.metrics: true).
-    export RAY_enable_metrics_collection=0
+    # Ray's Prometheus servers would answer anyone who can reach the node, without the token, on
+    # every address: nothing scrapes them here, so they are off (profile ray.metrics: true keeps
+    # them). The node's metrics export port (the agent's) is off with metrics collection. The
+    # autoscaler's and the dashboard's own have no switch in Ray 2.60.0: each reads its port from
+    # the environment (autoscaler/_private/constants.py:106, dashboard/consts.py:67) and logs an
+    # error it survives when that port cannot be bound (autoscaler/_private/monitor.py:194-220,
+    # dashboard/head.py:355-370); -1 cannot be (wheel 2.60.0, commit b7f4259e).
+    export RAY_enable_metrics_collection=0 AUTOSCALER_METRIC_PORT=-1 DASHBOARD_METRIC_PORT=-1
 }
 
 # This node's limits, lean environment and private node-local directories.
@@ -989,7 +1050,11 @@ head_node_setup() {
     fi
 
     export HPCRL_NODE_LOCAL="${LOCALDIR}"
-    if ! node_dirs "$HEAD_SLOT"; then
+    local rc=0
+    node_dirs "$HEAD_SLOT" || rc=$?
+    if ((rc == 3)); then  # another user's directory, not this node's fault: no blame, no continuation
+        fail node-local-unsafe "the node-local path on $HEAD_NODE is not safe to use (above)"
+    elif ((rc != 0)); then
         blame ray-start-failed
         fail ray-start-failed "cannot make this job's private node-local directory on $HEAD_NODE"
     fi
@@ -1005,10 +1070,9 @@ RAY_PID=""
 # --block keeps Ray's processes children of this shell; setsid gives them a session of their
 # own, so that whatever a stop leaves behind can be killed as one.
 ray_start() {
-    local role_args=(--address="$HPCRL_HEAD_IP:$((HPCRL_PORT_BASE + 0))")
+    local role_args=(--address="$HPCRL_HEAD_IP:$HPCRL_GCS_PORT")
     if [[ $1 == head ]]; then
-        role_args=(--head --port="$((HPCRL_PORT_BASE + 0))" --dashboard-port=$((HPCRL_PORT_BASE + 1))
-            --ray-client-server-port=$((HPCRL_PORT_BASE + 2)))
+        role_args=(--head --port="$GCS_PORT" --dashboard-port="$DASHBOARD_PORT" --ray-client-server-port="$CLIENT_PORT")
     fi
     RAY_ATTEMPT=$((RAY_ATTEMPT + 1))
     "${LEAN_ENV[@]}" setsid ray start --block "${role_args[@]}" --node-ip-address="$2" --temp-dir="$RAY_TMP" \
@@ -1068,11 +1132,17 @@ hpcrl_worker() {
     fi
     # The node-local path may name variables that differ per node: expand it here.
     HPCRL_NODE_LOCAL="${LOCALDIR}"
-    if ! node_dirs "$slot"; then
+    local dirs_rc=0
+    node_dirs "$slot" || dirs_rc=$?
+    if ((dirs_rc == 3)); then
+        # Another user's directory: the head ends the job node-local-unsafe, which no
+        # continuation follows, so this line excludes no node.
+        blame node-local-unsafe
+        exit 1
+    elif ((dirs_rc != 0)); then
         blame ray-start-failed
         exit 1
     fi
-    node_ports "$slot"
     local problem
     problem=$(ray_version_problem)
     if [[ -n $problem ]]; then
@@ -1085,6 +1155,11 @@ hpcrl_worker() {
         mon_pid=$!
     fi
     while [[ -z $stopping ]]; do
+        # Drawn again for each attempt: a port can be taken between the draw and Ray's bind.
+        if ! node_ports "$slot"; then
+            echo "hpcrl: error: no free port for Ray on $name in 10000-32767 (profile ray.ports)"
+            exit 1  # no blame: the ports are taken by others, the node is fine
+        fi
         ray_start worker "$ip"
         if [[ -n $stopping ]]; then
             kill -TERM "$RAY_PID" 2>/dev/null || true
@@ -1115,7 +1190,8 @@ hpcrl_worker() {
 # start_poll: the readiness check in the background (POLL_PID), until Ray reports every node
 # and GPU or the join timeout passes.
 start_poll() {
-    python3 -m hpcrl.runtime.ray_ready --nodes 4 --gpus 16 --timeout 900 &
+    python3 -m hpcrl.runtime.ray_ready --nodes 4 --gpus 16 --timeout 900 \
+        --table "$HPCRL_NODE_TABLE" --missing-out "$NODE_DIR/ray-missing" &
     POLL_PID=$!
 }
 # Wait until Ray reports every node and GPU. The head's `ray start` is retried when it dies
@@ -1147,6 +1223,9 @@ ray_wait() {
             if grep -qs ' setup-failed$' "$HPCRL_DIR/blame-$SLURM_JOB_ID"; then
                 fail setup-failed "a worker's environment cannot run this job (above); fix it, then resubmit"
             fi
+            if grep -qs ' node-local-unsafe$' "$HPCRL_DIR/blame-$SLURM_JOB_ID"; then
+                fail node-local-unsafe "the node-local path on $(awk '$2 == "node-local-unsafe" { print $1 }' "$HPCRL_DIR/blame-$SLURM_JOB_ID" | paste -sd, -) is not safe to use (above)"
+            fi
             fail ray-start-failed "the worker step (srun ... ray start on the other nodes) exited with code $code before all nodes joined; see its output above"
         fi
         if ((SECONDS > deadline)); then
@@ -1156,10 +1235,25 @@ ray_wait() {
         sleep 1 &
         wait $! || true
     done
+    code=0  # not the exit code of a head that was retried above
     wait "$POLL_PID" || code=$?
     if [[ -z $STOP_REASON ]] && ((code != 0)); then
-        fail ray-start-failed "Ray did not report 4 nodes and 16 GPUs within 900 s (profile ray.join_timeout_s)"
+        blame_missing
+        fail ray-start-failed "Ray did not report 4 nodes and 16 GPUs within 900 s (profile ray.join_timeout_s); not joined: ${MISSING:-unknown}"
     fi
+}
+# blame_missing: each node the readiness check found missing (a `ray start` that hung or whose
+# raylet never registered) is blamed, so the continuation runs without it; MISSING lists them.
+# Their `ray start` is killed with the worker step when the job ends.
+blame_missing() {
+    local node
+    MISSING=""
+    while read -r node; do
+        if [[ -n $node ]]; then
+            blame ray-start-failed "$node"
+            MISSING+="${MISSING:+, }$node"
+        fi
+    done < <(cat -- "$NODE_DIR/ray-missing" 2>/dev/null || true)
 }
 
 # ------------------------------------------------------------------ phases up to the driver
@@ -1195,7 +1289,6 @@ phase_head() {
     # GPU monitor on every node (exits at once on a machine without GPUs).
     python3 -m hpcrl.runtime.gpumon --out "$HPCRL_DIR/gpu-$HEAD_NODE.csv" --interval 5 --role head --detect-roles &
     MON_PID=$!
-    node_ports "$HEAD_SLOT"
     ray_start head "$HPCRL_HEAD_IP"
     HEAD_PID=$RAY_PID
 }

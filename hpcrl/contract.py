@@ -25,8 +25,10 @@ RAY_DIED = {"ray-head-died": 94, "worker-died": 95}
 # The job's stack check before Ray starts (hpcrl.runtime.stack.STACK_MISMATCH_EXIT): reason, exit code.
 STACK_MISMATCH = ("stack-mismatch", 98)
 COMPLETED, CRASHED = "completed", "crashed"
-# The driver's exit code -> the end reason; any other code is CRASHED.
-END_REASONS = {0: COMPLETED, **{code: reason for code, reason in BREAKERS.values()}}
+# The driver's exit code -> the end reason; any other code is CRASHED. The watchdog exits with
+# worker-died's code when the driver saw a node die and the worker step confirms it.
+END_REASONS = {0: COMPLETED, **{code: reason for code, reason in BREAKERS.values()},
+               RAY_DIED["worker-died"]: "worker-died"}
 
 # Reasons that submit a continuation, with the counter file (in the run's hpcrl/ directory) and
 # the setting that bounds it. The time limit and preemption are not the run's fault and cost
@@ -71,17 +73,19 @@ def continue_case(indent: str = "        ") -> str:
 # --------------------------------------------------------------------------- ports
 
 # A block of PORT_BLOCK ports per job, from the job id, so two jobs on a shared node (or two runs
-# on the test cluster) never meet on Ray's fixed defaults (6379, 8265, 10001, 52365).
-PORT_FIRST, PORT_JOBS, PORT_BLOCK = 10000, 200, 100
+# on the test cluster) never meet on Ray's fixed defaults (6379, 8265, 10001, 52365). 100 blocks of
+# 200 end at 29999, below Linux's ephemeral range (32768).
+PORT_FIRST, PORT_JOBS, PORT_BLOCK = 10000, 100, 200
 GCS_PORT, DASHBOARD_PORT, CLIENT_PORT = 0, 1, 2
 # A service on a node listens at +SERVICE_PORT+slot (slots 0..SERVICE_SLOTS-1).
 SERVICE_PORT, SERVICE_SLOTS = 3, 7
-# Each node's own Ray ports: +NODE_PORTS+NODE_STRIDE*slot and up, in this order.
-NODE_PORTS, NODE_STRIDE, NODE_SLOTS = 10, 10, 9
+# Each node's own Ray ports: +NODE_PORTS+NODE_STRIDE*slot and up, in this order. 18 slots: the
+# 16-node bring-up on one machine (scripts/dev-slurm) has 16 nodes on one host.
+NODE_PORTS, NODE_STRIDE, NODE_SLOTS = 10, 10, 18
 NODE_PORT_FLAGS = ("node-manager-port", "object-manager-port", "metrics-export-port", "dashboard-agent-grpc-port",
                    "dashboard-agent-listen-port", "runtime-env-agent-port")
 # The preflight's collective test (no Ray runs then): past every node's ports.
-COLLECTIVE_PORT = 97
+COLLECTIVE_PORT = 197
 
 
 def port_base(job_id: int) -> int:
@@ -124,6 +128,8 @@ RUN_SUBDIRS = (META, LOGS, OUTPUT, CHECKPOINTS)
 # Files in META.
 JOBS_TSV, PLAN, SCRIPT, BREAKER, DRIVER_LOG = "jobs.tsv", "plan.json", "job.sbatch", "breaker.json", "driver.log"
 RESTARTS, FAILURE_RESTARTS, CANCEL, EXCLUDED_NODES = "restarts", "failure-restarts", "cancel", "excluded-nodes"
+# The chain that owns the run dir: its newest job's id, written under flock (hpcrl/jobs/chain_lock.py).
+CHAIN_LOCK = "chain.lock"
 # Per job, in META: the nodes blamed for a failure, and the marker that the driver has started.
 BLAME, DRIVER_STARTED = "blame-{job}", "driver-started-{job}"
 # Per job, in LOGS: the job's own log, and Slurm's output when the run dir's path was known at submit.
@@ -135,5 +141,6 @@ def run_dir_layout() -> dict[str, str]:
     job = "$SLURM_JOB_ID"
     return {"meta": META, "logs": LOGS, "subdirs": RUN_SUBDIRS, "jobs_tsv": JOBS_TSV, "plan": PLAN, "script": SCRIPT,
             "driver_log": DRIVER_LOG, "cancel": CANCEL, "excluded_nodes": EXCLUDED_NODES,
+            "chain_lock": CHAIN_LOCK, "failure_restarts": FAILURE_RESTARTS,
             "blame": BLAME.format(job=job), "driver_started": DRIVER_STARTED.format(job=job),
             "job_log": JOB_LOG.format(job=job)}

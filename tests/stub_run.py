@@ -76,8 +76,10 @@ esac
 exit 0
 ''',
     "python": "#!/bin/bash\nexit 0\n",
-    # squeue -o %L: the job's time left (the drain after the time-limit warning reads it).
-    "squeue": "#!/bin/bash\necho \"${STUB_TIME_LEFT:-0:05}\"\n",
+    # squeue -o %L: the job's time left (the drain after the time-limit warning reads it); -o %T:
+    # the state of the job the run dir's chain lock names (none: not pending or running).
+    "squeue": "#!/bin/bash\nif [[ \" $* \" == *\" %T \"* ]]; then echo \"${STUB_OWNER_STATE:-}\"; "
+              "else echo \"${STUB_TIME_LEFT:-0:05}\"; fi\n",
     "sbatch": r'''#!/bin/bash
 printf '%s\0' "$@" >"$STUB_OUT/sbatch.argv"
 env -0 >"$STUB_OUT/sbatch.env"

@@ -97,11 +97,11 @@ def test_the_rendered_continue_case_continues_the_reasons_the_table_names(tmp_pa
 
 
 def test_the_port_block_of_a_job(tmp_path):
-    """Job 4242's block starts at 10000 + 42 * 100 (docs/render.md: 100 ports per job, 200 blocks)."""
-    assert contract.port_base(4242) == 14200
+    """Job 4242's block starts at 10000 + 42 * 200 (docs/render.md: 200 ports per job, 100 blocks)."""
+    assert contract.port_base(4242) == 18400
     out = subprocess.run(["bash", "-c", f"SLURM_JOB_ID=4242; echo {contract.port_base_shell()}"],
                          capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "14200"
+    assert out.strip() == "18400"
 
 
 @pytest.mark.parametrize("style,option", [("gpus-per-node", "--gpus-per-node=4"), ("gpus", "--gpus=12"),

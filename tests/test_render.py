@@ -325,9 +325,9 @@ def test_main_lists_the_phases():
 
 def test_stub_run_completes_and_records(tmp_path):
     stub = Stub(tmp_path, nodes=3)
-    # A job id of 117 modulo 200: by docs/render.md's port block (10000 + id % 200 x 100) the
-    # job's ports start at 21700, whichever of these ids it is (random: runs in parallel differ).
-    stub.job = str(200 * random.randint(50, 5000) + 117)
+    # A job id of 17 modulo 100: by docs/render.md's port block (10000 + id % 100 x 200) the
+    # job's ports start at 13400, whichever of these ids it is (random: runs in parallel differ).
+    stub.job = str(100 * random.randint(100, 10000) + 17)
     rc, out = stub.run(stub.render())
     run_dir = tmp_path / "runs" / "grpo-olmo3-7b"
     assert rc == 0, out
@@ -343,18 +343,18 @@ def test_stub_run_completes_and_records(tmp_path):
     # Ray: one head and two workers, per-job ports, Slurm's node addresses, per-node slots on one host.
     # The GCS at the block's start; node managers at +10 + 10 x slot (head slot 0, workers 1 and 2).
     head = stub.argv("ray-n1.argv")
-    assert {"--head", "--block", "--node-ip-address=127.0.0.1", "--port=21700", "--num-gpus=4",
-            "--num-cpus=8", "--node-manager-port=21710"} <= set(head)
-    for i, n, manager in ((2, "n2", 21720), (3, "n3", 21730)):
+    assert {"--head", "--block", "--node-ip-address=127.0.0.1", "--port=13400", "--num-gpus=4",
+            "--num-cpus=8", "--node-manager-port=13410"} <= set(head)
+    for i, n, manager in ((2, "n2", 13420), (3, "n3", 13430)):
         w = stub.argv(f"ray-{n}.argv")
-        assert {"--address=127.0.0.1:21700", f"--node-ip-address=127.0.0.{i}", "--block",
+        assert {"--address=127.0.0.1:13400", f"--node-ip-address=127.0.0.{i}", "--block",
                 f"--node-manager-port={manager}"} <= set(w)
     srun = stub.argv("srun.argv")
     assert {"--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--exclude=n1", "--gpus-per-node=4"} <= set(srun)
     assert stub.argv("srun-last.argv") == srun  # a clean end runs no sweep step
     env = stub.env("driver.env")
     assert env["RAY_AUTH_MODE"] == "token" and env["RAY_AUTH_TOKEN_PATH"] == str(token)
-    assert env["RAY_ADDRESS"] == "127.0.0.1:21700" and env["HF_HUB_OFFLINE"] == "1"
+    assert env["RAY_ADDRESS"] == "127.0.0.1:13400" and env["HF_HUB_OFFLINE"] == "1"
     assert (tmp_path / "stub-out" / "driver.cwd").read_text().strip() == str(tmp_path)
     assert not list((tmp_path / "nl").glob(f"hpcrl-{stub.job}*")) and not list(Path("/tmp").glob(f"hpcrl-{stub.job}.*"))
 

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from hpcrl.contract import COMPLETED, CRASHED, SLURM_STATE_REASONS
 from hpcrl.errors import ConfigError, HpcrlError, SlurmError
-from hpcrl.jobs import slurm
+from hpcrl.jobs import chain_lock, slurm
 from hpcrl.jobs.registry import Job, Registry, Run, dir_identity, now
 from hpcrl.jobs.run_dir import JobEvents, RunDir, read_chain, run_dir_problem
 from hpcrl.shell import path_problem
@@ -132,8 +132,11 @@ def from_script(path: str | os.PathLike, *, run_dir: str | None = None, cluster:
                       dir_mode=_dir_mode(umask))
 
 
-def submit(reg: Registry, sub: Submission, *, dry_run: bool = False, extra_args: list[str] | None = None) -> Submitted:
-    """Write the run dir, sbatch the script, record the run. Dry run: record only, touch no run dir."""
+def submit(reg: Registry, sub: Submission, *, dry_run: bool = False, extra_args: list[str] | None = None,
+           keep_exclusions: bool = False) -> Submitted:
+    """Write the run dir, sbatch the script, record the run. Dry run: record only, touch no run dir.
+    A new chain starts with no continuations counted and no node excluded; with keep_exclusions it
+    keeps the nodes earlier chains excluded (and sbatch excludes them from its first job)."""
     extra = list(extra_args or [])
     command = ["sbatch", "--parsable", *extra, str(sub.run_dir.script)]
     _refresh_holders(reg, sub.run_dir.path)
@@ -158,21 +161,22 @@ def submit(reg: Registry, sub: Submission, *, dry_run: bool = False, extra_args:
                             max_restarts=sub.max_restarts, claim_run_dir=True)
     try:
         rd.create(sub.dir_mode)
-        rd.script.write_text(sub.script)
-        rd.script.chmod(0o755)
-        if sub.plan is not None or not rd.plan.exists():
+        with chain_lock.held(rd) as lock:
+            # Another registry's (or a hand sbatch's) live chain in this run dir: refused before any
+            # of its files is touched.
+            lock.refuse_live_owner()
             plan = sub.plan or {"plan": None, "script": sub.source, "note": "submitted as an already rendered script"}
-            rd.plan.write_text(json.dumps(plan, indent=2, sort_keys=True, default=str) + "\n")
-        rd.restarts.write_text("0\n")  # a new chain gets its full max_restarts
-        rd.cancel.unlink(missing_ok=True)  # a marker left by a cancelled earlier run would stop this one
+            rd.start_chain(sub.script, plan, overwrite_plan=sub.plan is not None, keep_exclusions=keep_exclusions)
+            if keep_exclusions and (excluded := rd.excluded_nodes()):
+                extra = _with_excluded(extra, excluded)
+            job_id = slurm.submit(str(rd.script), extra)
+            lock.set_owner(job_id)
     except OSError as exc:
         reg.set_run(run_id, state="failed", reason=f"run dir: {exc.strerror}")
         raise HpcrlError(f"run dir {rd.path}: {exc.strerror} (run {run_id} recorded as failed)") from None
-    try:
-        job_id = slurm.submit(str(rd.script), extra)
-    except SlurmError as exc:
+    except HpcrlError as exc:
         reg.set_run(run_id, state="failed", reason=str(exc))
-        raise SlurmError(f"{exc} (run {run_id} recorded as failed)") from None
+        raise type(exc)(f"{exc} (run {run_id} recorded as failed)") from None
     # Recorded at once, job and state in one transaction; a job that cannot be recorded is
     # cancelled, so nothing runs that hpcrl does not know about.
     try:
@@ -185,6 +189,17 @@ def submit(reg: Registry, sub: Submission, *, dry_run: bool = False, extra_args:
     except OSError:
         pass  # the job writes its own start line; the registry has the job
     return Submitted(run_id, job_id, rd.script, rd.log(job_id), command)
+
+
+def _with_excluded(extra: list[str], nodes: list[str]) -> list[str]:
+    """sbatch arguments with `nodes` added to their --exclude (or a new one)."""
+    out, given = [], []
+    for arg in extra:
+        if arg.startswith("--exclude="):
+            given += arg.partition("=")[2].split(",")
+        else:
+            out.append(arg)
+    return [*out, "--exclude=" + ",".join(dict.fromkeys(n for n in given + nodes if n))]
 
 
 def _refresh_holders(reg: Registry, run_dir: str | os.PathLike) -> None:

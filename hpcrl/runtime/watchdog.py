@@ -11,7 +11,8 @@ D/hpcrl/breaker.json and exiting with the breaker's code (hpcrl/contract.py; --h
   hang                 no training step completes for M minutes (--hang-minutes; before the first
                        step --startup-minutes, since model loading and engine start-up take long)
   engine_or_node_died  a vLLM engine or Ray node/actor dies (and the driver does not finish cleanly
-                       within --death-grace-seconds)
+                       within --death-grace-seconds); unless the job's worker step shows a node
+                       died (below)
   grad_norm_zero       the gradient norm is at most --grad-norm-floor for N consecutive steps
                        (--grad-norm-steps, default 20; 0 turns it off): the policy no longer changes
   zero_variance        every group of samples had zero reward variance for N consecutive steps
@@ -22,6 +23,11 @@ first of --reward-key KEY (repeatable) when given; --reward-std-key KEY (repeata
 whose exact 0 means zero reward variance; --loss-key KEY (repeatable) adds losses whose NaN or
 infinity trips nan_loss. Steps are read from the frameworks' own step lines
 and from JSON metric lines (one object per line).
+
+A dead node is not the run's fault, however the driver notices it first: before it trips
+engine_or_node_died, the watchdog waits up to --worker-wait-seconds for the worker step to say so
+(its srun, --worker-step-pid, has exited, or a worker wrote a `raylet-died` line into the job's
+blame file) and then exits with worker-died's code (95) instead, writing no breaker.json.
 
 Otherwise it exits with the driver's own code (128+N when a signal N ended it). SIGTERM,
 SIGINT, SIGHUP, SIGUSR1 and SIGUSR2 sent to the watchdog go to the driver's group, so
@@ -48,7 +54,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO
 
-from hpcrl.contract import BREAKER, BREAKERS, DRIVER_LOG, META, breaker_exit_code
+from hpcrl.contract import BLAME, BREAKER, BREAKERS, DRIVER_LOG, META, RAY_DIED, breaker_exit_code
 from hpcrl.logs.driver_log import StepParser, death_line
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
@@ -176,8 +182,38 @@ def write_breaker(path: Path, trip: Trip, **extra: object) -> None:
     tmp.replace(path)
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def worker_step_death(step_pid: int | None, blame: Path, wait_s: float) -> str | None:
+    """How the worker step shows that a node died (its srun exited, or a worker blamed its raylet),
+    waited for up to wait_s; None when it shows nothing."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        if step_pid is not None and not _alive(step_pid):
+            return f"the worker step (srun, pid {step_pid}) has exited"
+        try:
+            died = [ln.split()[0] for ln in blame.read_text(errors="replace").splitlines()
+                    if ln.split()[1:2] == ["raylet-died"]]
+        except OSError:
+            died = []
+        if died:
+            return f"the raylet of {', '.join(dict.fromkeys(died))} died"
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.2)
+
+
 def run(cmd: list[str], run_dir: Path, breaker: Breaker, *, log_path: Path | None = None,
-        kill_grace_s: float = 30.0, drain_s: float = 5.0) -> int:
+        kill_grace_s: float = 30.0, drain_s: float = 5.0, worker_step_pid: int | None = None,
+        worker_wait_s: float = 10.0) -> int:
     """Run cmd under the breaker; the exit code the watchdog should exit with."""
     hp = run_dir / META
     hp.mkdir(parents=True, exist_ok=True)
@@ -246,7 +282,14 @@ def run(cmd: list[str], run_dir: Path, breaker: Breaker, *, log_path: Path | Non
                     trip = breaker.tick(now, rc)
                     break
             trip = breaker.tick(now, rc)
-        if trip is not None:
+        died = None
+        if trip is not None and trip.reason == "engine_or_node_died":
+            blame = hp / BLAME.format(job=os.environ.get("SLURM_JOB_ID", ""))
+            died = worker_step_death(worker_step_pid, blame, worker_wait_s)
+        if died:
+            sys.stderr.write(f"hpcrl-watchdog: a node died ({died}): worker-died, not the run's fault "
+                             f"({trip.message}); stopping the driver\n")
+        elif trip is not None:
             sys.stderr.write(f"hpcrl-watchdog: tripped ({trip.reason}, exit {trip.exit_code}): {trip.message}; "
                              f"stopping the run (SIGTERM, SIGKILL after {kill_grace_s:g} s)\n")
             sys.stderr.flush()
@@ -257,8 +300,9 @@ def run(cmd: list[str], run_dir: Path, breaker: Breaker, *, log_path: Path | Non
                 pass
             _signal_group(proc.pid, signal.SIGKILL)
             proc.wait()
-            write_breaker(breaker_path, trip, command=cmd, child_pid=proc.pid, log=str(log_path),
-                          child_exit=proc.returncode, last_lines=list(tail))
+            if not died:
+                write_breaker(breaker_path, trip, command=cmd, child_pid=proc.pid, log=str(log_path),
+                              child_exit=proc.returncode, last_lines=list(tail))
         deadline = time.monotonic() + 1.0
         while time.monotonic() < deadline:  # what the driver printed while stopping
             try:
@@ -269,6 +313,8 @@ def run(cmd: list[str], run_dir: Path, breaker: Breaker, *, log_path: Path | Non
                 tee(dest, raw)
     for sig, handler in previous.items():
         signal.signal(sig, handler)
+    if died:
+        return RAY_DIED["worker-died"]
     if trip is not None:
         return trip.exit_code
     rc = proc.wait()
@@ -298,6 +344,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--death-grace-seconds", type=float, default=15.0)
     p.add_argument("--kill-grace-seconds", type=float, default=30.0)
     p.add_argument("--log", type=Path, default=None, help="default: RUN_DIR/hpcrl/driver.log")
+    p.add_argument("--worker-step-pid", type=int, default=None, help="the job's worker step (srun) on this node")
+    p.add_argument("--worker-wait-seconds", type=float, default=10.0,
+                   help="how long a node's death may take to show in the worker step before engine_or_node_died trips")
     a = p.parse_args(argv[:split])
     cmd = argv[split + 1:]
     if not cmd or a.zero_reward_steps < 1 or a.hang_minutes <= 0 or min(a.grad_norm_steps, a.zero_variance_steps) < 0 \
@@ -310,7 +359,8 @@ def main(argv: list[str] | None = None) -> int:
                 reward_keys=tuple(a.reward_key), std_keys=tuple(a.reward_std_key), loss_keys=tuple(a.loss_key),
                 grad_norm_steps=a.grad_norm_steps, grad_norm_floor=a.grad_norm_floor,
                 zero_variance_steps=a.zero_variance_steps)
-    return run(cmd, a.run_dir, b, log_path=a.log, kill_grace_s=a.kill_grace_seconds)
+    return run(cmd, a.run_dir, b, log_path=a.log, kill_grace_s=a.kill_grace_seconds,
+               worker_step_pid=a.worker_step_pid, worker_wait_s=a.worker_wait_seconds)
 
 
 if __name__ == "__main__":

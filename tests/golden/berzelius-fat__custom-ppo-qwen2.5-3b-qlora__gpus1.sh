@@ -109,6 +109,8 @@ run_directory() {
     # The file the framework rewrites once a checkpoint is complete.
     CKPT_MARKER=$RUN_DIR/checkpoints/latest
 
+    # Before anything of the run dir is touched: a job of another live chain leaves it alone.
+    claim_run_dir || exit 1
     trap on_exit EXIT
     trap 'on_signal timeout USR1' USR1
     trap 'on_signal term TERM' TERM
@@ -316,6 +318,35 @@ STOP_RESERVE_S=2
 # (generous: a KILLed worker leaves its node-local dirs behind).
 END_STOP_S=60
 
+# One live chain per run dir, whichever registry submitted it (hpcrl/jobs/chain_lock.py): the
+# lock file names the chain's newest job; under its flock, a job that finds another job there
+# that Slurm still has pending or running refuses to run, else it names itself. The flock is
+# held for this check only (a subshell's descriptor), so no process of the job inherits it.
+claim_run_dir() {
+    set_chain_owner "$SLURM_JOB_ID" check
+}
+
+# set_chain_owner JOB [check]: write JOB into the lock file (with check: unless a live other job owns it).
+set_chain_owner() {
+    (
+        if ! flock -w 30 9; then
+            log "error: $HPCRL_DIR/chain.lock stayed locked for 30 s"
+            exit 1
+        fi
+        local owner="" state
+        read -r owner _ <&9 || true
+        if [[ -n ${2:-} && $owner =~ ^[0-9]+$ && $owner != "$SLURM_JOB_ID" ]]; then
+            # squeue lists pending and running jobs only; a finished or forgotten one prints nothing.
+            state=$(squeue -h -j "$owner" -o %T 2>/dev/null) || state=""
+            if [[ -n $state ]]; then
+                log "error: run dir $RUN_DIR belongs to job $owner ($state), the live chain of another submit; this job leaves it alone"
+                exit 1
+            fi
+        fi
+        printf '%s\n' "$1" >"$HPCRL_DIR/chain.lock"
+    ) 9<>"$HPCRL_DIR/chain.lock"
+}
+
 # jobs.tsv: <job id> <event> <UTC time> <detail>, one line per event (bash's own clock:
 # no process to start while a signal is being handled).
 record() {
@@ -330,6 +361,7 @@ reason_of() {
         91) echo breaker-nan-loss ;;
         92) echo breaker-hang ;;
         93) echo breaker-dead-worker ;;
+        95) echo worker-died ;;
         96) echo breaker-grad-norm ;;
         97) echo breaker-zero-variance ;;
         *) echo crashed ;;
@@ -422,6 +454,7 @@ continue_chain() {
         return 0
     fi
     next=${next%%;*}
+    set_chain_owner "$next" || true
     bump_file "$counter"
     record continue "$next"
     log "continuation submitted: job $next ($kind continuation $((done_n + 1)) of at most $limit)"
@@ -630,8 +663,8 @@ job_nodes() {
         if [[ -z $ip ]]; then
             fail ray-start-failed "cannot resolve NodeAddr '$addr' of node $name to an IPv4 address"
         fi
-        if ((slot > 8)); then
-            fail setup-failed "more than 9 nodes of this job share the host of $name; the port block has 9 slots"
+        if ((slot > 17)); then
+            fail setup-failed "more than 18 nodes of this job share the host of $name; the port block has 18 slots"
         fi
         NODE_TABLE+="$name $ip $slot;"
     done <<<"$NODE_LINES"
@@ -650,7 +683,7 @@ job_nodes() {
 }
 node_entry() { awk -v RS=';' -v n="$1" '$1 == n { print $2, $3 }' <<<"$HPCRL_NODE_TABLE"; }
 
-# A block of 100 ports per job, from the job id (hpcrl/contract.py): two jobs on a shared
+# A block of 200 ports per job, from the job id (hpcrl/contract.py): two jobs on a shared
 # node (or two runs on the test cluster) never meet on Ray's fixed defaults (6379, 8265, 10001, 52365).
 #   +0 GCS, +1 dashboard (bound to localhost), +2 Ray client server, +3+slot a service
 #   +10+10*slot and up, one each: node-manager-port, object-manager-port, metrics-export-port,
@@ -658,7 +691,7 @@ node_entry() { awk -v RS=';' -v n="$1" '$1 == n { print $2, $3 }' <<<"$HPCRL_NOD
 # Worker processes take ports the kernel assigns (--min/max-worker-port=0): they cannot
 # collide, and a fixed range would have to hold num_cpus prestarted workers plus every actor.
 job_ports() {
-    export HPCRL_PORT_BASE=$((10000 + SLURM_JOB_ID % 200 * 100))
+    export HPCRL_PORT_BASE=$((10000 + SLURM_JOB_ID % 100 * 200))
 }
 
 # Node-local files of this job on one node (Ray's temp dir, compile caches), in a directory

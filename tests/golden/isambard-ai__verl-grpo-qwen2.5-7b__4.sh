@@ -153,6 +153,8 @@ run_directory() {
     # The file the framework rewrites once a checkpoint is complete.
     CKPT_MARKER=$RUN_DIR/checkpoints/latest_checkpointed_iteration.txt
 
+    # Before anything of the run dir is touched: a job of another live chain leaves it alone.
+    claim_run_dir || exit 1
     trap on_exit EXIT
     trap 'on_signal timeout USR1' USR1
     trap 'on_signal term TERM' TERM
@@ -365,6 +367,35 @@ INTERNAL_STOP_S=15
 # (generous: a KILLed worker leaves its node-local dirs behind).
 END_STOP_S=60
 
+# One live chain per run dir, whichever registry submitted it (hpcrl/jobs/chain_lock.py): the
+# lock file names the chain's newest job; under its flock, a job that finds another job there
+# that Slurm still has pending or running refuses to run, else it names itself. The flock is
+# held for this check only (a subshell's descriptor), so no process of the job inherits it.
+claim_run_dir() {
+    set_chain_owner "$SLURM_JOB_ID" check
+}
+
+# set_chain_owner JOB [check]: write JOB into the lock file (with check: unless a live other job owns it).
+set_chain_owner() {
+    (
+        if ! flock -w 30 9; then
+            log "error: $HPCRL_DIR/chain.lock stayed locked for 30 s"
+            exit 1
+        fi
+        local owner="" state
+        read -r owner _ <&9 || true
+        if [[ -n ${2:-} && $owner =~ ^[0-9]+$ && $owner != "$SLURM_JOB_ID" ]]; then
+            # squeue lists pending and running jobs only; a finished or forgotten one prints nothing.
+            state=$(squeue -h -j "$owner" -o %T 2>/dev/null) || state=""
+            if [[ -n $state ]]; then
+                log "error: run dir $RUN_DIR belongs to job $owner ($state), the live chain of another submit; this job leaves it alone"
+                exit 1
+            fi
+        fi
+        printf '%s\n' "$1" >"$HPCRL_DIR/chain.lock"
+    ) 9<>"$HPCRL_DIR/chain.lock"
+}
+
 # jobs.tsv: <job id> <event> <UTC time> <detail>, one line per event (bash's own clock:
 # no process to start while a signal is being handled).
 record() {
@@ -379,6 +410,7 @@ reason_of() {
         91) echo breaker-nan-loss ;;
         92) echo breaker-hang ;;
         93) echo breaker-dead-worker ;;
+        95) echo worker-died ;;
         96) echo breaker-grad-norm ;;
         97) echo breaker-zero-variance ;;
         *) echo crashed ;;
@@ -471,6 +503,7 @@ continue_chain() {
         return 0
     fi
     next=${next%%;*}
+    set_chain_owner "$next" || true
     bump_file "$counter"
     record continue "$next"
     log "continuation submitted: job $next ($kind continuation $((done_n + 1)) of at most $limit)"
@@ -683,8 +716,8 @@ job_nodes() {
         if [[ -z $ip ]]; then
             fail ray-start-failed "cannot resolve NodeAddr '$addr' of node $name to an IPv4 address"
         fi
-        if ((slot > 8)); then
-            fail setup-failed "more than 9 nodes of this job share the host of $name; the port block has 9 slots"
+        if ((slot > 17)); then
+            fail setup-failed "more than 18 nodes of this job share the host of $name; the port block has 18 slots"
         fi
         NODE_TABLE+="$name $ip $slot;"
     done <<<"$NODE_LINES"
@@ -703,7 +736,7 @@ job_nodes() {
 }
 node_entry() { awk -v RS=';' -v n="$1" '$1 == n { print $2, $3 }' <<<"$HPCRL_NODE_TABLE"; }
 
-# A block of 100 ports per job, from the job id (hpcrl/contract.py): two jobs on a shared
+# A block of 200 ports per job, from the job id (hpcrl/contract.py): two jobs on a shared
 # node (or two runs on the test cluster) never meet on Ray's fixed defaults (6379, 8265, 10001, 52365).
 #   +0 GCS, +1 dashboard (bound to localhost), +2 Ray client server, +3+slot a service
 #   +10+10*slot and up, one each: node-manager-port, object-manager-port, metrics-export-port,
@@ -711,7 +744,7 @@ node_entry() { awk -v RS=';' -v n="$1" '$1 == n { print $2, $3 }' <<<"$HPCRL_NOD
 # Worker processes take ports the kernel assigns (--min/max-worker-port=0): they cannot
 # collide, and a fixed range would have to hold num_cpus prestarted workers plus every actor.
 job_ports() {
-    export HPCRL_PORT_BASE=$((10000 + SLURM_JOB_ID % 200 * 100))
+    export HPCRL_PORT_BASE=$((10000 + SLURM_JOB_ID % 100 * 200))
     GCS_PORT=$((HPCRL_PORT_BASE + 0))
     export HPCRL_RAY_CPUS=64
 }
@@ -1142,7 +1175,7 @@ ENTRY_POINT=verl.trainer.main_ppo
 # point (what the stack check parses). Called once $RUN_DIR is known.
 driver_command() {
     DRIVER=(
-        python3 -m hpcrl.runtime.watchdog --run-dir "$RUN_DIR"
+        python3 -m hpcrl.runtime.watchdog --run-dir "$RUN_DIR" --worker-step-pid "$WORKERS_PID"
         --zero-reward-steps 10 --hang-minutes 60
         --grad-norm-steps 20 --zero-variance-steps 20 --
         "$PYTHON" -m "$ENTRY_POINT"
@@ -1186,7 +1219,7 @@ driver_command() {
         "trainer.default_local_dir=$RUN_DIR/checkpoints"
         trainer.resume_mode=auto
     )
-    DRIVER_ARGS=("${DRIVER[@]:17}")
+    DRIVER_ARGS=("${DRIVER[@]:19}")
 }
 
 # The framework's stack (hpcrl.runtime.stack; docs/preflight.md "The stack check"): the installed

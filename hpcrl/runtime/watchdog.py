@@ -194,8 +194,8 @@ def _alive(pid: int) -> bool:
 
 def worker_step_death(step_pid: int | None, blame: Path, wait_s: float) -> str | None:
     """How the worker step shows that a node died (its srun exited, or a worker blamed its raylet),
-    waited for up to wait_s; None when it shows nothing."""
-    deadline = time.monotonic() + wait_s
+    waited for up to wait_s when there is a worker step; None when it shows nothing."""
+    deadline = time.monotonic() + (wait_s if step_pid is not None else 0.0)
     while True:
         if step_pid is not None and not _alive(step_pid):
             return f"the worker step (srun, pid {step_pid}) has exited"

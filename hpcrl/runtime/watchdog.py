@@ -56,6 +56,7 @@ from typing import IO
 
 from hpcrl.contract import BLAME, BREAKER, BREAKERS, DRIVER_LOG, META, RAY_DIED, breaker_exit_code
 from hpcrl.logs.driver_log import StepParser, death_line
+from hpcrl.runtime.wait_http import pid_alive
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 # Forwarded signals that ask the driver to stop: SIGKILL follows after --kill-grace-seconds.
@@ -182,22 +183,12 @@ def write_breaker(path: Path, trip: Trip, **extra: object) -> None:
     tmp.replace(path)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def worker_step_death(step_pid: int | None, blame: Path, wait_s: float) -> str | None:
     """How the worker step shows that a node died (its srun exited, or a worker blamed its raylet),
     waited for up to wait_s when there is a worker step; None when it shows nothing."""
     deadline = time.monotonic() + (wait_s if step_pid is not None else 0.0)
     while True:
-        if step_pid is not None and not _alive(step_pid):
+        if step_pid is not None and not pid_alive(step_pid):
             return f"the worker step (srun, pid {step_pid}) has exited"
         try:
             died = [ln.split()[0] for ln in blame.read_text(errors="replace").splitlines()

@@ -336,8 +336,9 @@ set_chain_owner() {
         local owner="" state
         read -r owner _ <&9 || true
         if [[ -n ${2:-} && $owner =~ ^[0-9]+$ && $owner != "$SLURM_JOB_ID" ]]; then
-            # squeue lists pending and running jobs only; a finished or forgotten one prints nothing.
-            state=$(squeue -h -j "$owner" -o %T 2>/dev/null) || state=""
+            # Pending or running; a job that ends (COMPLETING: this chain's predecessor, should its
+            # last write have failed), has ended or is forgotten prints nothing.
+            state=$(squeue -h -j "$owner" -t PENDING,CONFIGURING,RUNNING,SUSPENDED -o %T 2>/dev/null) || state=""
             if [[ -n $state ]]; then
                 log "error: run dir $RUN_DIR belongs to job $owner ($state), the live chain of another submit; this job leaves it alone"
                 exit 1

@@ -111,7 +111,11 @@ def one_job(nodes: int, root: Path, env: dict, timeout_s: float) -> dict:
         if fields.get("JobState") not in ("RUNNING", "COMPLETING", "PENDING", None):
             break
         time.sleep(POLL_S)
-    ends = re.findall(rf"^hpcrl: job {job} ends: (\S+)", log.read_text(errors="replace"), re.M) if log.exists() else []
+    text = log.read_text(errors="replace") if log.exists() else ""
+    ends = re.findall(rf"^hpcrl: job {job} ends: (\S+)", text, re.M)
+    if not ends or not ends[-1].startswith("completed"):  # why, before the temp dir goes
+        sys.stderr.write("".join(ln + "\n" for ln in text.splitlines()
+                                 if re.search(r"Ray has|error|attempt \d|timed out", ln))[-4000:])
     return {"nodes": nodes, "job": job, "end": ends[-1] if ends else None, "slurm_state": fields.get("JobState"),
             "start_to_ray_up_s": round(t_ray - t_start, 1) if t_ray and t_start else None,
             "whole_job_s": round(t_end - t_start, 1) if t_end and t_start else None,

@@ -326,7 +326,8 @@ def _context(rp: RunPlan, smoke: bool) -> dict:
                                                           rp.nodes - 1) if rp.nodes > 1 else "",
         "ray_cpus": prof.ray.num_cpus_per_node,
         "object_store_bytes": int(prof.ray.object_store_gib * C.GIB) if prof.ray.object_store_gib else None,
-        "join_timeout_s": prof.ray.join_timeout_s,
+        # The last of nodes sharing one host starts (nodes - 1) staggers late: its wait is added.
+        "join_timeout_s": prof.ray.join_timeout_s + prof.ray.start_stagger_s * (rp.nodes - 1),
         "ray_start_stagger_s": prof.ray.start_stagger_s,
         "signal_before_end_s": prof.slurm.signal_before_end_s,
         "grace_s": max(30, prof.slurm.signal_before_end_s - 120),

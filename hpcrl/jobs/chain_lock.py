@@ -16,7 +16,6 @@ import os
 import time
 from collections.abc import Iterator
 
-from hpcrl import contract as C
 from hpcrl.errors import HpcrlError
 from hpcrl.jobs import slurm
 from hpcrl.jobs.run_dir import RunDir

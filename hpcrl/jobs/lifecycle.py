@@ -8,6 +8,7 @@ what Slurm says; the file is the truth about reasons and continuations.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -170,7 +171,8 @@ def submit(reg: Registry, sub: Submission, *, dry_run: bool = False, extra_args:
             if keep_exclusions and (excluded := rd.excluded_nodes()):
                 extra = _with_excluded(extra, excluded)
             job_id = slurm.submit(str(rd.script), extra)
-            lock.set_owner(job_id)
+            with contextlib.suppress(OSError):  # the job names itself at its start too
+                lock.set_owner(job_id)
     except OSError as exc:
         reg.set_run(run_id, state="failed", reason=f"run dir: {exc.strerror}")
         raise HpcrlError(f"run dir {rd.path}: {exc.strerror} (run {run_id} recorded as failed)") from None

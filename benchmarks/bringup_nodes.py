@@ -13,7 +13,8 @@ act), "Ray is up" is that line of the readiness phase, the end is the script's l
 Without --conf it uses scripts/dev-slurm's private instance 1 (HPCRL_DEVSLURM_INSTANCE=1) with
 as many nodes as the largest count, bringing it up (as root) when it does not answer and stopping
 it at the end if it started it. The machine's cores and its 1-minute load average at each job's
-start are recorded: on the dev cluster every node shares them. One JSON row per job is appended
+start and end, and the profile's ray.start_stagger_s, are recorded: on the dev cluster every
+node shares the cores. One JSON row per job is appended
 to --out (default benchmarks/results/bringup_nodes.jsonl); a table is printed.
 """
 
@@ -34,6 +35,10 @@ REPO = Path(__file__).resolve().parent.parent
 DEV_SLURM = REPO / "scripts" / "dev-slurm"
 INSTANCE = "1"
 POLL_S = 0.2
+sys.path.insert(0, str(REPO))
+from hpcrl.profiles import load_profile  # noqa: E402 - this checkout's hpcrl
+
+STAGGER_S = load_profile("local-dev").ray.start_stagger_s
 
 
 def run(args: list[str], env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -121,6 +126,7 @@ def one_job(nodes: int, root: Path, env: dict, timeout_s: float) -> dict:
             "whole_job_s": round(t_end - t_start, 1) if t_end and t_start else None,
             "slurm_start_to_end_s": slurm_seconds(fields), "cores": os.cpu_count(),
             "load_1min_at_start": round(load, 2) if load is not None else None,
+            "load_1min_at_end": round(os.getloadavg()[0], 2), "start_stagger_s": STAGGER_S,
             "time": datetime.now(timezone.utc).isoformat(timespec="seconds")}
 
 

@@ -38,6 +38,9 @@ RAY_TEMP_MAX = 40
 RAY_TOKEN_MIN = (2, 52)
 # `ray start` tries per node before the job gives up (NeMo-RL's ray.sub retries the head 3 times).
 RAY_START_ATTEMPTS = 3
+# Nodes of one host that start Ray at once before ray.start_stagger_s applies: the local-dev
+# bring-up of 3 and 4 nodes started together passed for many waves; 16 did not.
+STAGGER_FREE_SLOTS = 4
 
 
 @lru_cache(maxsize=1)
@@ -326,9 +329,10 @@ def _context(rp: RunPlan, smoke: bool) -> dict:
                                                           rp.nodes - 1) if rp.nodes > 1 else "",
         "ray_cpus": prof.ray.num_cpus_per_node,
         "object_store_bytes": int(prof.ray.object_store_gib * C.GIB) if prof.ray.object_store_gib else None,
-        # The last of nodes sharing one host starts (nodes - 1) staggers late: its wait is added.
-        "join_timeout_s": prof.ray.join_timeout_s + prof.ray.start_stagger_s * (rp.nodes - 1),
+        # The last of the nodes sharing one host starts this much later: its wait is added.
+        "join_timeout_s": prof.ray.join_timeout_s + prof.ray.start_stagger_s * max(0, rp.nodes - STAGGER_FREE_SLOTS),
         "ray_start_stagger_s": prof.ray.start_stagger_s,
+        "stagger_free_slots": STAGGER_FREE_SLOTS,
         "signal_before_end_s": prof.slurm.signal_before_end_s,
         "grace_s": max(30, prof.slurm.signal_before_end_s - 120),
         "run_root": root.rstrip("/") or "/",

@@ -169,7 +169,7 @@ def submit(reg: Registry, sub: Submission, *, dry_run: bool = False, extra_args:
             plan = sub.plan or {"plan": None, "script": sub.source, "note": "submitted as an already rendered script"}
             rd.start_chain(sub.script, plan, overwrite_plan=sub.plan is not None, keep_exclusions=keep_exclusions)
             if keep_exclusions and (excluded := rd.excluded_nodes()):
-                extra = _with_excluded(extra, excluded)
+                extra = slurm.with_excluded(extra, excluded)
             job_id = slurm.submit(str(rd.script), extra)
             with contextlib.suppress(OSError):  # the job names itself at its start too
                 lock.set_owner(job_id)
@@ -191,17 +191,6 @@ def submit(reg: Registry, sub: Submission, *, dry_run: bool = False, extra_args:
     except OSError:
         pass  # the job writes its own start line; the registry has the job
     return Submitted(run_id, job_id, rd.script, rd.log(job_id), command)
-
-
-def _with_excluded(extra: list[str], nodes: list[str]) -> list[str]:
-    """sbatch arguments with `nodes` added to their --exclude (or a new one)."""
-    out, given = [], []
-    for arg in extra:
-        if arg.startswith("--exclude="):
-            given += arg.partition("=")[2].split(",")
-        else:
-            out.append(arg)
-    return [*out, "--exclude=" + ",".join(dict.fromkeys(n for n in given + nodes if n))]
 
 
 def _refresh_holders(reg: Registry, run_dir: str | os.PathLike) -> None:

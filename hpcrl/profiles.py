@@ -159,7 +159,7 @@ class Ray(_Strict):
     join_timeout_s: int = Field(default=600, gt=0)
     start_stagger_s: int = Field(
         default=0, ge=0,
-        description="Seconds between the `ray start`s of nodes that share one host, beyond its first four",
+        description="Seconds between the `ray start`s of nodes that share one host (slot k waits k times this)",
     )
     log_keep_mib: int = Field(default=64, gt=0, description="Ray session logs kept per node in the run dir (MiB)")
     metrics: bool = Field(

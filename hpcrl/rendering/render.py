@@ -38,9 +38,10 @@ RAY_TEMP_MAX = 40
 RAY_TOKEN_MIN = (2, 52)
 # `ray start` tries per node before the job gives up (NeMo-RL's ray.sub retries the head 3 times).
 RAY_START_ATTEMPTS = 3
-# Nodes of one host that start Ray at once before ray.start_stagger_s applies: the local-dev
-# bring-up of 3 and 4 nodes started together passed for many waves; 16 did not.
-STAGGER_FREE_SLOTS = 4
+# Nodes of one host that start Ray at once before ray.start_stagger_s applies. 1: every node after
+# the head waits. With 4 (the first four at once) the local-dev 8-node bring-up failed under load
+# where staggering every node had passed (benchmarks/results/bringup_nodes.jsonl).
+STAGGER_FREE_SLOTS = 1
 
 
 @lru_cache(maxsize=1)

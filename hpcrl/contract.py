@@ -30,9 +30,11 @@ STACK_MISMATCH = ("stack-mismatch", 98)
 RUN_DIR_FULL, RUN_DIR_UNWRITABLE = "run-dir-full", "run-dir-unwritable"
 RUN_DIR_ENDS = {RUN_DIR_FULL: 88, RUN_DIR_UNWRITABLE: 89}
 COMPLETED, CRASHED = "completed", "crashed"
-# The driver's exit code -> the end reason; any other code is CRASHED.
+# The driver's exit code -> the end reason; any other code is CRASHED. The watchdog exits with
+# worker-died's code when the driver saw a node die and the worker step confirms it.
 END_REASONS = {0: COMPLETED, **{code: reason for code, reason in BREAKERS.values()},
-               **{code: reason for reason, code in RUN_DIR_ENDS.items()}}
+               **{code: reason for reason, code in RUN_DIR_ENDS.items()},
+               RAY_DIED["worker-died"]: "worker-died"}
 
 # Reasons that submit a continuation, with the counter file (in the run's hpcrl/ directory) and
 # the setting that bounds it. The time limit and preemption are not the run's fault and cost
@@ -95,8 +97,9 @@ NODE_PORT_FLAGS = ("node-manager-port", "object-manager-port", "metrics-export-p
 # (ray/autoscaler/_private/constants.py:106, dashboard/consts.py:67 in Ray 2.60.0, commit b7f4259e): with ray.metrics
 # they get drawn ports too, in this order (AUTOSCALER_METRIC_PORT, DASHBOARD_METRIC_PORT).
 METRIC_PORT_VARS = ("AUTOSCALER_METRIC_PORT", "DASHBOARD_METRIC_PORT")
-# Nodes of one job on one host (a test cluster) draw from disjoint residues mod NODE_SLOTS.
-NODE_SLOTS = 9
+# Nodes of one job on one host (a test cluster) draw from disjoint residues mod NODE_SLOTS: 18, so
+# the 16-node bring-up on one machine (scripts/dev-slurm) gives every node its own residue.
+NODE_SLOTS = 18
 
 # Services (hpcrl.code_server) and the preflight's collective test use a block of PORT_BLOCK ports
 # per job, from the job id. A service on a node listens at +SERVICE_PORT+slot (slots 0..SERVICE_SLOTS-1).
@@ -148,6 +151,8 @@ JOBS_TSV, PLAN, SCRIPT, BREAKER, DRIVER_LOG = "jobs.tsv", "plan.json", "job.sbat
 RESTARTS, FAILURE_RESTARTS, CANCEL, EXCLUDED_NODES = "restarts", "failure-restarts", "cancel", "excluded-nodes"
 # The watchdog's record of every step's and checkpoint write's time (hpcrl/logs/step_times.py).
 STEP_TIMES = "step-times.jsonl"
+# The chain that owns the run dir: its newest job's id, written under flock (hpcrl/jobs/chain_lock.py).
+CHAIN_LOCK = "chain.lock"
 # Per job, in META: the nodes blamed for a failure, and the marker that the driver has started.
 BLAME, DRIVER_STARTED = "blame-{job}", "driver-started-{job}"
 # Where a job's events go when the run directory cannot take them: a file in the node-local
@@ -163,6 +168,7 @@ def run_dir_layout() -> dict[str, str]:
     job = "$SLURM_JOB_ID"
     return {"meta": META, "logs": LOGS, "subdirs": RUN_SUBDIRS, "jobs_tsv": JOBS_TSV, "plan": PLAN, "script": SCRIPT,
             "driver_log": DRIVER_LOG, "cancel": CANCEL, "excluded_nodes": EXCLUDED_NODES,
+            "chain_lock": CHAIN_LOCK, "failure_restarts": FAILURE_RESTARTS,
             "blame": BLAME.format(job=job), "driver_started": DRIVER_STARTED.format(job=job),
             "job_log": JOB_LOG.format(job=job), "events_fallback": EVENTS_FALLBACK.format(job=job),
             "end_comment": END_COMMENT}

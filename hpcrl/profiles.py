@@ -158,6 +158,10 @@ class Ray(_Strict):
     object_store_gib: float | None = Field(default=None, gt=0)
     memory_kill_threshold: float = Field(default=0.95, gt=0, le=1)
     join_timeout_s: int = Field(default=600, gt=0)
+    start_stagger_s: int = Field(
+        default=0, ge=0,
+        description="Seconds between the `ray start`s of nodes that share one host (slot k waits k times this)",
+    )
     log_keep_mib: int = Field(default=64, gt=0, description="Ray session logs kept per node in the run dir (MiB)")
     metrics: bool = Field(
         default=False,

@@ -58,7 +58,7 @@ def pytest_collection_modifyitems(items):
     """Every test that needs the local Slurm, through the `slurm` fixture or one built on it, is
     marked `slurm`, so `-m "not slurm"` selects the pure suite."""
     for item in items:
-        if "slurm" in getattr(item, "fixturenames", ()):
+        if {"slurm", "slurm16"} & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slurm)
 
 
@@ -108,6 +108,38 @@ def slurm() -> LocalSlurm:
     if len(cluster.usable) < MIN_NODES:
         _unavailable(f"fewer than {MIN_NODES} usable Slurm nodes: {nodes}; {DEV_SLURM_HINT}")
     return cluster
+
+
+REPO = Path(__file__).resolve().parent.parent
+# The private scripts/dev-slurm instance the 16-node test brings up (its own state, ports, node
+# names c8n1..c8n16 and SLURM_CONF), beside the machine's cluster, which it leaves alone.
+BIG_INSTANCE, BIG_NODES = "8", 16
+
+
+@pytest.fixture(scope="module")
+def slurm16():
+    """SLURM_CONF of a 16-node dev cluster: $HPCRL_SLURM16_CONF when one is up already, else a
+    private scripts/dev-slurm instance started for this module and stopped after it. The tests'
+    Slurm commands (and the jobs they submit) read it from the environment."""
+    conf = os.environ.get("HPCRL_SLURM16_CONF")
+    started = None
+    if not conf:
+        if shutil.which("slurmd") is None or os.geteuid() != 0:
+            _unavailable("a 16-node dev cluster needs root and slurmd (scripts/dev-slurm), or HPCRL_SLURM16_CONF")
+        started = {k: v for k, v in os.environ.items() if k != "HPCRL_DEVSLURM_DIR"}  # the instance's own dir
+        started.update(HPCRL_DEVSLURM_INSTANCE=BIG_INSTANCE, HPCRL_DEVSLURM_NODES=str(BIG_NODES))
+        res = subprocess.run([str(REPO / "scripts" / "dev-slurm"), "up"], env=started, capture_output=True,
+                             text=True, timeout=300)
+        if res.returncode != 0:
+            _unavailable(f"scripts/dev-slurm up of a private 16-node instance failed: {res.stderr.strip()[-500:]}")
+        env = subprocess.run([str(REPO / "scripts" / "dev-slurm"), "env"], env=started, capture_output=True,
+                             text=True, timeout=30).stdout
+        conf = env.strip().rpartition("SLURM_CONF=")[2]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SLURM_CONF", conf)
+        yield conf
+    if started is not None:
+        subprocess.run([str(REPO / "scripts" / "dev-slurm"), "down"], env=started, capture_output=True, timeout=300)
 
 
 # --------------------------------------------------------------------------- jobs

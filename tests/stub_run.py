@@ -77,8 +77,19 @@ esac
 exit 0
 ''',
     "python": "#!/bin/bash\nexit 0\n",
-    # squeue -o %L: the job's time left (the drain after the time-limit warning reads it).
-    "squeue": "#!/bin/bash\necho \"${STUB_TIME_LEFT:-0:05}\"\n",
+    # squeue -o %L: the job's time left (the drain after the time-limit warning reads it); a format
+    # with %T: the state of the job the run dir's chain lock names, $STUB_OWNER_STATE (none: that
+    # job is neither pending nor running).
+    "squeue": r'''#!/bin/bash
+fmt="" job=""
+while (($#)); do case $1 in -o) fmt=$2; shift ;; -j) job=$2; shift ;; esac; shift; done
+if [[ $fmt == *%T* ]]; then
+    if [[ -n ${STUB_OWNER_STATE:-} && $fmt == %T ]]; then echo "$STUB_OWNER_STATE"
+    elif [[ -n ${STUB_OWNER_STATE:-} ]]; then echo "$job|$STUB_OWNER_STATE|None"; fi
+    exit 0
+fi
+echo "${STUB_TIME_LEFT:-0:05}"
+''',
     "sbatch": r'''#!/bin/bash
 printf '%s\0' "$@" >"$STUB_OUT/sbatch.argv"
 env -0 >"$STUB_OUT/sbatch.env"

@@ -104,6 +104,7 @@ def test_the_port_block_of_a_job(tmp_path):
     assert out.strip() == "14200"
 
 
+
 @pytest.mark.parametrize("style,option", [("gpus-per-node", "--gpus-per-node=4"), ("gpus", "--gpus=12"),
                                           ("gres", "--gres=gpu:4")])
 def test_gpu_request_per_style(style, option):

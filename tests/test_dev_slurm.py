@@ -157,3 +157,42 @@ def test_status_reports_the_running_cluster(slurm):
     assert res.returncode == 0, res.stdout + res.stderr
     assert all(f"slurmd n{k} running" in res.stdout for k in range(1, 5))
 
+
+
+def test_a_private_instance_runs_beside_the_machines_cluster(slurm, tmp_path):
+    """HPCRL_DEVSLURM_INSTANCE=7 with 2 nodes: its own controller (SLURM_CONF from `env`) runs a job
+    on c7n1/c7n2 at 127.0.7.11/12 while the machine's cluster still answers with its own nodes;
+    `down` stops it and removes its /etc/hosts lines, and the machine's cluster is still up."""
+    import os
+
+    if os.geteuid() != 0:
+        pytest.skip("scripts/dev-slurm up needs root")
+    env = {k: v for k, v in os.environ.items() if k not in ("HPCRL_DEVSLURM_DIR", "SLURM_CONF")}
+    env.update(HPCRL_DEVSLURM_INSTANCE="7", HPCRL_DEVSLURM_NODES="2")
+    dev = [str(REPO / "scripts" / "dev-slurm")]
+    try:
+        up = subprocess.run([*dev, "up"], env=env, capture_output=True, text=True, timeout=300)
+        assert up.returncode == 0, up.stderr
+        conf = subprocess.run([*dev, "env"], env=env, capture_output=True, text=True).stdout.split("=", 1)[1].strip()
+        script = _script(tmp_path, "private", "#SBATCH --nodes=2", "#SBATCH --time=00:02:00",
+                         "srun --ntasks-per-node=1 bash -c 'echo task node=$SLURMD_NODENAME "
+                         "addr=$(getent hosts $SLURMD_NODENAME | cut -d\" \" -f1)'")
+        private = {**env, "SLURM_CONF": conf}
+        job = subprocess.run(["sbatch", "--parsable", "--wait", str(script)], env=private, capture_output=True,
+                             text=True, timeout=120).stdout.strip()
+        tasks = _fields((tmp_path / f"private-{job}.out").read_text(), "task")
+        assert sorted((t["node"], t["addr"]) for t in tasks) == [("c7n1", "127.0.7.11"), ("c7n2", "127.0.7.12")]
+        assert {"n1", "n2", "n3", "n4"} <= set(slurm_node_names())
+    finally:
+        subprocess.run([*dev, "down"], env=env, capture_output=True, timeout=300)
+    assert "c7n1" not in Path("/etc/hosts").read_text()
+    assert {"n1", "n2", "n3", "n4"} <= set(slurm_node_names())
+
+
+def slurm_node_names() -> list[str]:
+    """The machine's cluster's nodes (its default config, whatever SLURM_CONF says here)."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != "SLURM_CONF"}
+    return subprocess.run(["sinfo", "-h", "-N", "-o", "%N"], env=env, capture_output=True, text=True,
+                          timeout=30).stdout.split()

@@ -130,7 +130,8 @@ def test_every_file_submit_writes_is_0600(env):
         os.umask(old)
     meta = Path(out["run_dir"]) / "hpcrl"
     modes = {p.name: oct(p.stat().st_mode & 0o777) for p in meta.iterdir() if p.is_file()}
-    assert modes == {"job.sbatch": "0o600", "plan.json": "0o600", "restarts": "0o600", "jobs.tsv": "0o600"}
+    assert modes == {"job.sbatch": "0o600", "plan.json": "0o600", "restarts": "0o600", "jobs.tsv": "0o600",
+                     "failure-restarts": "0o600", "chain.lock": "0o600"}
 
 
 @pytest.mark.parametrize("events", [JobEvents(), JobEvents(end_reason="cancelled", exit_code=143,

@@ -340,7 +340,7 @@ def test_stub_run_completes_and_records(tmp_path):
     assert out in (run_dir / "logs" / f"job-{stub.job}.log").read_text() or "completed:0" in out
     # Ray: one head and two workers, Slurm's node addresses, per-node slots on one host, ports drawn
     # per node (docs/render.md): in local-dev's ray.ports 10000-32767, a node's ports = its slot
-    # modulo 9 (head slot 0, workers 1 and 2), none twice; the workers join the head's GCS port.
+    # modulo 18 (head slot 0, workers 1 and 2), none twice; the workers join the head's GCS port.
     head = stub.argv("ray-n1.argv")
     assert {"--head", "--block", "--node-ip-address=127.0.0.1", "--num-gpus=4", "--num-cpus=8"} <= set(head)
     flags = ("--port", "--dashboard-port", "--ray-client-server-port", "--node-manager-port", "--object-manager-port",
@@ -353,7 +353,7 @@ def test_stub_run_completes_and_records(tmp_path):
         assert {f"--address=127.0.0.1:{gcs}", f"--node-ip-address=127.0.0.{i}", "--block"} <= set(w)
         ports[i] = [int(a.split("=")[1]) for a in w if a.split("=")[0] in flags]
     assert [len(p) for p in ports.values()] == [9, 6, 6]
-    assert all(10000 <= p <= 32767 and p % 9 == i - 1 for i, ps in ports.items() for p in ps), ports
+    assert all(10000 <= p <= 32767 and p % 18 == i - 1 for i, ps in ports.items() for p in ps), ports
     assert len({p for ps in ports.values() for p in ps}) == 21
     srun = stub.argv("srun.argv")
     assert {"--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--exclude=n1", "--gpus-per-node=4"} <= set(srun)

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import run_sbatch_and_wait as sbatch_and_wait
+
 pytestmark = pytest.mark.ray  # every job here runs a real Ray on the local Slurm
 
 
@@ -36,12 +38,13 @@ def _ray_installed():
 RUN_NAME = "smoke3"
 
 
-def render(tmp_path: Path, *sets: str, config: str | None = None) -> tuple[Path, Path]:
+def render(tmp_path: Path, *sets: str, config: str | None = None, nodes: int = 3) -> tuple[Path, Path]:
     """`hpcrl render --cluster local-dev --nodes 3 --smoke` (the default 32B config's layout, or
     `config`'s) into tmp_path, with a private run root and no virtualenv to activate; return
-    (script, run dir)."""
+    (script, run dir). More nodes than local-dev's partitions name (4) are allowed over the limit."""
     script = tmp_path / "smoke3.sbatch"
-    args = [sys.executable, "-m", "hpcrl", "render", "--cluster", "local-dev", "--nodes", "3", "--smoke",
+    args = [sys.executable, "-m", "hpcrl", "render", "--cluster", "local-dev", "--nodes", str(nodes), "--smoke",
+            *(["--allow-over-limit"] if nodes > 4 else []),
             *(["--config", config] if config else []),
             "--set", f"hpcrl.run_root={tmp_path / 'runs'}", "--set", f"hpcrl.run_name={RUN_NAME}",
             "--set", 'hpcrl.time="00:05:00"',  # the config's env_setup (a venv this machine lacks) is only warned about
@@ -123,6 +126,22 @@ def test_smoke_job_three_nodes(tmp_path, run_sbatch_and_wait, leftovers):
     token = run_dir / "hpcrl" / f"ray-token-{job.job_id}"
     assert token.stat().st_mode & 0o777 == 0o600
     assert "hpcrl-smoke: ok" in job.output  # Slurm's own --output in the run directory
+    assert leftovers(job.job_id) == []
+
+
+def test_smoke_job_sixteen_nodes(tmp_path, slurm16, leftovers):
+    """The default run's script at 16 nodes (`hpcrl render --nodes 16`, learners spread one group per
+    node, engines on the rest) on a 16-node dev cluster: Ray has every node and declared GPU."""
+    script, run_dir = render(tmp_path, 'hpcrl.time="00:10:00"', nodes=16)
+    job = sbatch_and_wait(script, 900)
+    log = (run_dir / "logs" / f"job-{job.job_id}.log").read_text()
+    assert job.state == "COMPLETED", log[-3000:]
+    assert "hpcrl: Ray is up: 16 nodes, 64 GPUs " in log
+    learners, engines, tp = planned(script)
+    entries = [int(k) for k in learners.split()]
+    # 4 declared GPUs per node (scripts/dev-slurm): 16 x 4 = 64.
+    assert f"hpcrl-smoke: ok nodes=16 gpus=64 cpus=32 learners={entries} learner_nodes={len(entries)} " \
+           f"engines={engines} tp={tp} " in log
     assert leftovers(job.job_id) == []
 
 

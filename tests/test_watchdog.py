@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -164,6 +165,54 @@ def test_engine_or_node_death_trips_with_exit_93(tmp_path, fixture, kind):
     assert_group_stopped(pids)
     b = breaker(run_dir)
     assert b["reason"] == "engine_or_node_died" and b["details"]["kind"] == kind
+
+
+@pytest.fixture
+def worker_step():
+    """`worker_step(s)`: the pid of a stand-in for the job's worker step (srun) that exits after s
+    seconds, reaped at once as the batch shell reaps it; killed at the end of the test."""
+    procs = []
+
+    def start(exits_after: float) -> int:
+        procs.append(subprocess.Popen(["sleep", str(exits_after)]))
+        threading.Thread(target=procs[-1].wait, daemon=True).start()
+        return procs[-1].pid
+
+    yield start
+    for p in procs:
+        p.kill()
+
+
+def test_a_dead_node_the_driver_notices_first_is_worker_died(tmp_path, monkeypatch, worker_step):
+    """The race of issue 28: the driver logs Ray's node death and exits 1 at once, while the worker
+    step's srun is still running (slurmctld slow) and ends 2 s later. Worker-died (95), not the
+    dead-worker breaker (93): the run continues."""
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    step = worker_step(2)
+    proc, run_dir, _ = watch(tmp_path, "ray_node_dead.log", "--worker-step-pid", str(step),
+                             "--worker-wait-seconds", "30", after="exit1")
+    assert proc.returncode == 95, proc.stderr.decode()
+    assert not (run_dir / "hpcrl" / "breaker.json").exists()
+
+
+def test_a_raylet_a_worker_blamed_is_worker_died(tmp_path, monkeypatch, worker_step):
+    """The worker step still runs, but its task on n3 has written `n3 raylet-died` into the job's
+    blame file (ray.sh's blame): 95."""
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    (tmp_path / "run" / "hpcrl").mkdir(parents=True)
+    (tmp_path / "run" / "hpcrl" / "blame-4242").write_text("n3 raylet-died\n")
+    proc, _, _ = watch(tmp_path, "ray_node_dead.log", "--worker-step-pid", str(worker_step(60)),
+                       "--worker-wait-seconds", "30", after="exit1")
+    assert proc.returncode == 95, proc.stderr.decode()
+
+
+def test_an_engine_death_with_every_node_up_is_the_breaker(tmp_path, monkeypatch, worker_step):
+    """A vLLM engine died while the worker step runs on for the whole wait and nobody blamed a raylet:
+    the run's own failure, 93."""
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    proc, run_dir, _ = watch(tmp_path, "vllm_engine_dead.log", "--worker-step-pid", str(worker_step(60)),
+                             "--worker-wait-seconds", "1", after="exit1")
+    assert proc.returncode == 93 and breaker(run_dir)["reason"] == "engine_or_node_died"
 
 
 def test_reward_key_reads_json_metric_lines_exit_90(tmp_path):
@@ -410,3 +459,14 @@ def test_a_log_that_cannot_be_written_stops_the_driver_run_dir_unwritable_89(tmp
     which would sleep 300 s (past the test's timeout), is stopped and the watchdog exits 89."""
     proc, _run_dir, _ = watch(tmp_path, "grpo_fast_healthy.log", "--log", str(tmp_path / "gone" / "driver.log"))
     assert proc.returncode == 89, proc.stderr[-2000:]
+
+
+def test_the_watchdogs_worker_died_exit_ends_the_job_worker_died(tmp_path):
+    """The batch script reads the watchdog's 95 as worker-died (hpcrl/contract.py END_REASONS) and
+    chains a failure continuation; the stub driver stands in for the watchdog."""
+    from stub_run import Stub
+
+    stub = Stub(tmp_path, nodes=2)
+    rc, out = stub.run(stub.render(), timeout=60, STUB_DRIVER_EXIT="95")
+    assert rc == 95 and "continuation submitted" in out, out
+    assert stub.events(tmp_path / "runs" / "grpo-olmo3-7b")[1][3] == "worker-died:95"

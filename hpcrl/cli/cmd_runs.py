@@ -44,6 +44,9 @@ def submit_cmd(
     script: Optional[Path] = typer.Argument(None, help="An already rendered batch script (default: render --config)"),
     run_dir: Optional[str] = typer.Option(None, "--run-dir", help="Run directory of SCRIPT when it names none"),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print what would be submitted; nothing goes to Slurm"),
+    keep_exclusions: bool = typer.Option(False, "--keep-exclusions",
+                                         help="Keep the nodes earlier chains of this run dir excluded (default: a new "
+                                              "chain starts with none and with its failure continuations uncounted)"),
     registry: Optional[Path] = REGISTRY_OPT,
     as_json: bool = JSON_OPT,
 ) -> None:
@@ -62,7 +65,7 @@ def submit_cmd(
 
         sub = lifecycle.from_run_script(build(request))
     reg = _registry(registry, create=True)
-    done = lifecycle.submit(reg, sub, dry_run=dry_run)
+    done = lifecycle.submit(reg, sub, dry_run=dry_run, keep_exclusions=keep_exclusions)
     if as_json:
         print_json({"run_id": done.run_id, "job_id": done.job_id, "dry_run": dry_run,
                     "script": str(done.script_path), "run_dir": str(sub.run_dir.path),

@@ -8,6 +8,7 @@ what Slurm says; the file is the truth about reasons and continuations.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -21,7 +22,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from hpcrl.contract import COMPLETED, CRASHED, SLURM_STATE_REASONS
 from hpcrl.errors import ConfigError, HpcrlError, RunDirUnreadable, SlurmError
-from hpcrl.jobs import slurm
+from hpcrl.jobs import chain_lock, slurm
 from hpcrl.jobs.registry import Job, Registry, Run, dir_identity, now
 from hpcrl.jobs.run_dir import (JobEvents, RunDir, comment_end, read_chain, readable_chain, run_dir_problem,
                                 write_private)
@@ -133,8 +134,11 @@ def from_script(path: str | os.PathLike, *, run_dir: str | None = None, cluster:
                       dir_mode=_dir_mode(umask))
 
 
-def submit(reg: Registry, sub: Submission, *, dry_run: bool = False, extra_args: list[str] | None = None) -> Submitted:
-    """Write the run dir, sbatch the script, record the run. Dry run: record only, touch no run dir."""
+def submit(reg: Registry, sub: Submission, *, dry_run: bool = False, extra_args: list[str] | None = None,
+           keep_exclusions: bool = False) -> Submitted:
+    """Write the run dir, sbatch the script, record the run. Dry run: record only, touch no run dir.
+    A new chain starts with no continuations counted and no node excluded; with keep_exclusions it
+    keeps the nodes earlier chains excluded (and sbatch excludes them from its first job)."""
     extra = list(extra_args or [])
     command = ["sbatch", "--parsable", *extra, str(sub.run_dir.script)]
     _refresh_holders(reg, sub.run_dir.path)
@@ -159,21 +163,23 @@ def submit(reg: Registry, sub: Submission, *, dry_run: bool = False, extra_args:
                             max_restarts=sub.max_restarts, claim_run_dir=True)
     try:
         rd.create(sub.dir_mode)
-        # Every file submit writes is its owner's alone (sbatch reads the script; it needs no x bit).
-        write_private(rd.script, sub.script)
-        if sub.plan is not None or not rd.plan.exists():
+        with chain_lock.held(rd) as lock:
+            # Another registry's (or a hand sbatch's) live chain in this run dir: refused before any
+            # of its files is touched.
+            lock.refuse_live_owner()
             plan = sub.plan or {"plan": None, "script": sub.source, "note": "submitted as an already rendered script"}
-            write_private(rd.plan, json.dumps(plan, indent=2, sort_keys=True, default=str) + "\n")
-        write_private(rd.restarts, "0\n")  # a new chain gets its full max_restarts
-        rd.cancel.unlink(missing_ok=True)  # a marker left by a cancelled earlier run would stop this one
+            rd.start_chain(sub.script, plan, overwrite_plan=sub.plan is not None, keep_exclusions=keep_exclusions)
+            if keep_exclusions and (excluded := rd.excluded_nodes()):
+                extra = slurm.with_excluded(extra, excluded)
+            job_id = slurm.submit(str(rd.script), extra)
+            with contextlib.suppress(OSError):  # the job names itself at its start too
+                lock.set_owner(job_id)
     except OSError as exc:
         reg.set_run(run_id, state="failed", reason=f"run dir: {exc.strerror}")
         raise HpcrlError(f"run dir {rd.path}: {exc.strerror} (run {run_id} recorded as failed)") from None
-    try:
-        job_id = slurm.submit(str(rd.script), extra)
-    except SlurmError as exc:
+    except HpcrlError as exc:
         reg.set_run(run_id, state="failed", reason=str(exc))
-        raise SlurmError(f"{exc} (run {run_id} recorded as failed)") from None
+        raise type(exc)(f"{exc} (run {run_id} recorded as failed)") from None
     # Recorded at once, job and state in one transaction; a job that cannot be recorded is
     # cancelled, so nothing runs that hpcrl does not know about.
     try:

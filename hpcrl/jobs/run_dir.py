@@ -6,6 +6,7 @@ and every command that reads a run.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import NamedTuple
@@ -27,6 +28,9 @@ class RunDir:
         self.jobs_tsv = self.meta / C.JOBS_TSV
         self.restarts = self.meta / C.RESTARTS
         self.cancel = self.meta / C.CANCEL
+        self.failure_restarts = self.meta / C.FAILURE_RESTARTS
+        self.excluded = self.meta / C.EXCLUDED_NODES
+        self.chain_lock = self.meta / C.CHAIN_LOCK
 
     def log(self, job_id: str) -> Path:
         return self.path / C.LOGS / C.JOB_LOG.format(job=job_id)
@@ -47,6 +51,20 @@ class RunDir:
             for d in (self.path, self.meta, self.path / C.LOGS):
                 d.chmod(mode)
 
+    def start_chain(self, script: str, plan: dict, *, overwrite_plan: bool, keep_exclusions: bool) -> None:
+        """The script, the plan (kept when there is one and overwrite_plan is False), and a new
+        chain's own record: no continuation counted, no node excluded (unless kept), no cancel marker."""
+        # Every file submit writes is its owner's alone (sbatch reads the script; it needs no x bit).
+        write_private(self.script, script)
+        if overwrite_plan or not self.plan.exists():
+            write_private(self.plan, json.dumps(plan, indent=2, sort_keys=True, default=str) + "\n")
+        # A new chain gets its full max_restarts and max_failure_restarts.
+        write_private(self.restarts, "0\n")
+        write_private(self.failure_restarts, "0\n")
+        if not keep_exclusions:
+            self.excluded.unlink(missing_ok=True)
+        self.cancel.unlink(missing_ok=True)  # a marker left by a cancelled earlier run would stop this one
+
     def append_event(self, job_id: str, event: str, detail: str = "-") -> None:
         # One short write in append mode: lines from the batch script and hpcrl never interleave.
         write_private(self.jobs_tsv, f"{job_id}\t{event}\t{now()}\t{detail}\n", append=True)
@@ -55,12 +73,12 @@ class RunDir:
         return self._count(self.restarts)
 
     def failure_restart_count(self) -> int:
-        return self._count(self.meta / C.FAILURE_RESTARTS)
+        return self._count(self.failure_restarts)
 
     def excluded_nodes(self) -> list[str]:
         """Nodes failure continuations excluded (hpcrl/excluded-nodes), in order, once each."""
         try:
-            return list(dict.fromkeys(self.meta.joinpath(C.EXCLUDED_NODES).read_text().split()))
+            return list(dict.fromkeys(self.excluded.read_text().split()))
         except OSError:
             return []
 

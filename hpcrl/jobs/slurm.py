@@ -91,6 +91,17 @@ def submit(script_path: str, extra_args: Iterable[str] = ()) -> str:
     return job_id
 
 
+def with_excluded(extra: list[str], nodes: list[str]) -> list[str]:
+    """sbatch arguments with `nodes` added to their --exclude (or a new one)."""
+    out, given = [], []
+    for arg in extra:
+        if arg.startswith("--exclude="):
+            given += arg.partition("=")[2].split(",")
+        else:
+            out.append(arg)
+    return [*out, "--exclude=" + ",".join(dict.fromkeys(n for n in given + nodes if n))]
+
+
 def cancel(job_id: str, signal: str | None = None) -> None:
     """`scancel [--signal=SIG] job`; a job that already ended is not an error."""
     cmd = ["scancel"] + ([f"--signal={signal}"] if signal else []) + [str(job_id)]
@@ -220,5 +231,5 @@ def job_nodes(job_id: str) -> list[str]:
 
 __all__ = [
     "JobState", "LIVE_STATES", "PENDING_STATES", "RUNNING_STATES", "TERMINAL_STATES", "UNKNOWN",
-    "accounting_enabled", "cancel", "job_comment", "job_nodes", "job_states", "require", "submit",
+    "accounting_enabled", "cancel", "job_comment", "job_nodes", "job_states", "require", "submit", "with_excluded",
 ]

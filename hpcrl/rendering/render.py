@@ -39,6 +39,10 @@ RAY_TEMP_MAX = 40
 RAY_TOKEN_MIN = (2, 52)
 # `ray start` tries per node before the job gives up (NeMo-RL's ray.sub retries the head 3 times).
 RAY_START_ATTEMPTS = 3
+# Nodes of one host that start Ray at once before ray.start_stagger_s applies. 1: every node after
+# the head waits. With 4 (the first four at once) the local-dev 8-node bring-up failed under load
+# where staggering every node had passed (benchmarks/results/bringup_nodes.jsonl).
+STAGGER_FREE_SLOTS = 1
 
 
 @lru_cache(maxsize=1)
@@ -334,7 +338,10 @@ def _context(rp: RunPlan, smoke: bool) -> dict:
                                                           rp.nodes - 1) if rp.nodes > 1 else "",
         "ray_cpus": prof.ray.num_cpus_per_node,
         "object_store_bytes": int(prof.ray.object_store_gib * C.GIB) if prof.ray.object_store_gib else None,
-        "join_timeout_s": prof.ray.join_timeout_s,
+        # The last of the nodes sharing one host starts this much later: its wait is added.
+        "join_timeout_s": prof.ray.join_timeout_s + prof.ray.start_stagger_s * max(0, rp.nodes - STAGGER_FREE_SLOTS),
+        "ray_start_stagger_s": prof.ray.start_stagger_s,
+        "stagger_free_slots": STAGGER_FREE_SLOTS,
         "ray_ports": prof.ray.ports,
         "signal_before_end_s": prof.slurm.signal_before_end_s,
         "grace_s": max(30, prof.slurm.signal_before_end_s - 120),

@@ -16,7 +16,8 @@ import urllib.error
 import urllib.request
 
 
-def _alive(pid: int | None) -> bool:
+def pid_alive(pid: int | None) -> bool:
+    """Whether the process runs (None: no process to watch); a zombie counts as gone."""
     if pid is None:
         return True
     try:
@@ -36,7 +37,7 @@ def wait(url: str, timeout: float, pid: int | None = None, name: str = "service"
     deadline = time.monotonic() + timeout
     last = "no answer yet"
     while time.monotonic() < deadline:
-        if not _alive(pid):
+        if not pid_alive(pid):
             print(f"hpcrl: error: {name} exited before it answered {url} ({last})", file=sys.stderr, flush=True)
             return 1
         try:

@@ -11,7 +11,8 @@ D/hpcrl/breaker.json and exiting with the breaker's code (hpcrl/contract.py; --h
   hang                 no training step completes for M minutes (--hang-minutes; before the first
                        step --startup-minutes, since model loading and engine start-up take long)
   engine_or_node_died  a vLLM engine or Ray node/actor dies (and the driver does not finish cleanly
-                       within --death-grace-seconds)
+                       within --death-grace-seconds); unless the job's worker step shows a node
+                       died (below)
   grad_norm_zero       the gradient norm is at most --grad-norm-floor for N consecutive steps
                        (--grad-norm-steps, default 20; 0 turns it off): the policy no longer changes
   zero_variance        every group of samples had zero reward variance for N consecutive steps
@@ -35,6 +36,11 @@ them, and the driver runs on; writing resumes once there is room again. A driver
 the disk is full exits as run-dir-full (88), never as a crash. When the log cannot be written at
 all (EIO, a read-only file system), the run directory is gone for the driver's checkpoints too:
 the driver is stopped like a breaker stops it and the watchdog exits run-dir-unwritable (89).
+
+A dead node is not the run's fault, however the driver notices it first: before it trips
+engine_or_node_died, the watchdog waits up to --worker-wait-seconds for the worker step to say so
+(its srun, --worker-step-pid, has exited, or a worker wrote a `raylet-died` line into the job's
+blame file) and then exits with worker-died's code (95) instead, writing no breaker.json.
 
 Otherwise it exits with the driver's own code (128+N when a signal N ended it). SIGTERM,
 SIGINT, SIGHUP, SIGUSR1 and SIGUSR2 sent to the watchdog go to the driver's group, so
@@ -61,11 +67,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO
 
-from hpcrl.contract import BREAKER, BREAKERS, DRIVER_LOG, META, RUN_DIR_ENDS, RUN_DIR_FULL, RUN_DIR_UNWRITABLE, \
-    STEP_TIMES, breaker_exit_code
+from hpcrl.contract import BLAME, BREAKER, BREAKERS, DRIVER_LOG, META, RAY_DIED, RUN_DIR_ENDS, RUN_DIR_FULL, \
+    RUN_DIR_UNWRITABLE, STEP_TIMES, breaker_exit_code
 from hpcrl.logs.driver_log import Step, StepParser, death_line
 from hpcrl.logs.step_times import StepClock
 from hpcrl.runtime.driver_log_file import DriverLog, say
+from hpcrl.runtime.step_recorder import TimeRecorder
+from hpcrl.runtime.wait_http import pid_alive
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 # Forwarded signals that ask the driver to stop: SIGKILL follows after --kill-grace-seconds.
@@ -211,47 +219,28 @@ def write_breaker(path: Path, trip: Trip, **extra: object) -> None:
         say(f"cannot write {path} ({exc.strerror}); it would say: {text}")
 
 
-class TimeRecorder:
-    """Appends the StepClock's records to step-times.jsonl; watches the checkpoint marker's mtime."""
-
-    def __init__(self, clock: StepClock, path: Path, marker: Path | None = None) -> None:
-        self.clock, self.path, self.marker = clock, path, marker
-        self.marker_mtime = self._mtime()  # a marker from an earlier job is no write of this one
-        self.next_look = 0.0
-
-    def _mtime(self) -> float | None:
+def worker_step_death(step_pid: int | None, blame: Path, wait_s: float) -> str | None:
+    """How the worker step shows that a node died (its srun exited, or a worker blamed its raylet),
+    waited for up to wait_s when there is a worker step; None when it shows nothing."""
+    deadline = time.monotonic() + (wait_s if step_pid is not None else 0.0)
+    while True:
+        if step_pid is not None and not pid_alive(step_pid):
+            return f"the worker step (srun, pid {step_pid}) has exited"
         try:
-            return self.marker.stat().st_mtime if self.marker else None
+            died = [ln.split()[0] for ln in blame.read_text(errors="replace").splitlines()
+                    if ln.split()[1:2] == ["raylet-died"]]
         except OSError:
+            died = []
+        if died:
+            return f"the raylet of {', '.join(dict.fromkeys(died))} died"
+        if time.monotonic() >= deadline:
             return None
-
-    def _append(self, records: list[dict]) -> None:
-        if not records:
-            return
-        try:
-            with open(self.path, "a") as f:
-                f.write("".join(json.dumps(r, sort_keys=True) + "\n" for r in records))
-        except OSError as exc:  # a full disk must not stop the breaker
-            sys.stderr.write(f"hpcrl-watchdog: cannot record step times in {self.path}: {exc.strerror}\n")
-
-    def line(self, text: str, step: Step | None) -> None:
-        now = time.time()
-        recs = self.clock.step(step, now) if step is not None else []
-        self._append(recs + [r for r in [self.clock.line(text, now)] if r])
-
-    def tick(self, mono: float) -> None:
-        if self.marker is None or mono < self.next_look:
-            return
-        self.next_look = mono + 1.0
-        mtime = self._mtime()
-        if mtime is not None and mtime != self.marker_mtime:
-            self.marker_mtime = mtime
-            self._append([r for r in [self.clock.marker(mtime)] if r])
+        time.sleep(0.2)
 
 
 def run(cmd: list[str], run_dir: Path, breaker: Breaker, *, log_path: Path | None = None,
         kill_grace_s: float = 30.0, drain_s: float = 5.0, clock: StepClock | None = None,
-        marker: Path | None = None) -> int:
+        marker: Path | None = None, worker_step_pid: int | None = None, worker_wait_s: float = 10.0) -> int:
     """Run cmd under the breaker; the exit code the watchdog should exit with."""
     hp = run_dir / META
     try:
@@ -288,6 +277,7 @@ def run(cmd: list[str], run_dir: Path, breaker: Breaker, *, log_path: Path | Non
     breaker.last_progress = time.monotonic()
     log = DriverLog(log_path)
     broken = False  # the run dir failed under the running driver: stopped as a breaker stops it
+    died: str | None = None  # how the worker step showed a dead node (worker-died, not a breaker)
     try:
 
         def tee(dest: IO[bytes], raw: bytes) -> None:
@@ -331,13 +321,22 @@ def run(cmd: list[str], run_dir: Path, breaker: Breaker, *, log_path: Path | Non
         broken = trip is None and log.broken is not None and proc.poll() is None
         if broken:
             _stop(proc, kill_grace_s)
+        died = None  # noqa: F841 - reset per loop end
+        if trip is not None and trip.reason == "engine_or_node_died":
+            blame = hp / BLAME.format(job=os.environ.get("SLURM_JOB_ID", ""))
+            died = worker_step_death(worker_step_pid, blame, worker_wait_s)
         if trip is not None:
-            sys.stderr.write(f"hpcrl-watchdog: tripped ({trip.reason}, exit {trip.exit_code}): {trip.message}; "
-                             f"stopping the run (SIGTERM, SIGKILL after {kill_grace_s:g} s)\n")
+            if died:
+                sys.stderr.write(f"hpcrl-watchdog: a node died ({died}): worker-died, not the run's fault "
+                                 f"({trip.message}); stopping the driver\n")
+            else:
+                sys.stderr.write(f"hpcrl-watchdog: tripped ({trip.reason}, exit {trip.exit_code}): {trip.message}; "
+                                 f"stopping the run (SIGTERM, SIGKILL after {kill_grace_s:g} s)\n")
             sys.stderr.flush()
             _stop(proc, kill_grace_s)
-            write_breaker(breaker_path, trip, command=cmd, child_pid=proc.pid, log=str(log_path),
-                          child_exit=proc.returncode, last_lines=list(tail))
+            if not died:
+                write_breaker(breaker_path, trip, command=cmd, child_pid=proc.pid, log=str(log_path),
+                              child_exit=proc.returncode, last_lines=list(tail))
         deadline = time.monotonic() + 1.0
         while time.monotonic() < deadline:  # what the driver printed while stopping
             try:
@@ -350,6 +349,8 @@ def run(cmd: list[str], run_dir: Path, breaker: Breaker, *, log_path: Path | Non
         log.close()
     for sig, handler in previous.items():
         signal.signal(sig, handler)
+    if died:
+        return RAY_DIED["worker-died"]
     if trip is not None:
         return trip.exit_code
     rc = proc.wait()
@@ -390,6 +391,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--checkpoint-line", default=None, help='a regex whose group "s" is a checkpoint write\'s seconds')
     p.add_argument("--checkpoint-marker", type=Path, default=None,
                    help="a file rewritten right after a step line once a checkpoint is complete")
+    p.add_argument("--worker-step-pid", type=int, default=None, help="the job's worker step (srun) on this node")
+    p.add_argument("--worker-wait-seconds", type=float, default=10.0,
+                   help="how long a node's death may take to show in the worker step before engine_or_node_died trips")
     a = p.parse_args(argv[:split])
     cmd = argv[split + 1:]
     if not cmd or a.zero_reward_steps < 1 or a.hang_minutes <= 0 or min(a.grad_norm_steps, a.zero_variance_steps) < 0 \
@@ -406,7 +410,7 @@ def main(argv: list[str] | None = None) -> int:
                       generation_keys=tuple(a.generation_time_key), training_keys=tuple(a.training_time_key),
                       checkpoint_keys=tuple(a.checkpoint_time_key), checkpoint_line=a.checkpoint_line)
     return run(cmd, a.run_dir, b, log_path=a.log, kill_grace_s=a.kill_grace_seconds, clock=clock,
-               marker=a.checkpoint_marker)
+               marker=a.checkpoint_marker, worker_step_pid=a.worker_step_pid, worker_wait_s=a.worker_wait_seconds)
 
 
 if __name__ == "__main__":

@@ -113,6 +113,8 @@ run_directory() {
     # The file the framework rewrites once a checkpoint is complete.
     CKPT_MARKER=$RUN_DIR/checkpoints/latest
 
+    # Before anything of the run dir is touched: a job of another live chain leaves it alone.
+    claim_run_dir || exit 1
     trap on_exit EXIT
     trap 'on_signal timeout USR1' USR1
     trap 'on_signal term TERM' TERM
@@ -356,6 +358,36 @@ STOP_RESERVE_S=2
 # (generous: a KILLed worker leaves its node-local dirs behind).
 END_STOP_S=60
 
+# One live chain per run dir, whichever registry submitted it (hpcrl/jobs/chain_lock.py): the
+# lock file names the chain's newest job; under its flock, a job that finds another job there
+# that Slurm still has pending or running refuses to run, else it names itself. The flock is
+# held for this check only (a subshell's descriptor), so no process of the job inherits it.
+claim_run_dir() {
+    set_chain_owner "$SLURM_JOB_ID" check
+}
+
+# set_chain_owner JOB [check]: write JOB into the lock file (with check: unless a live other job owns it).
+set_chain_owner() {
+    (
+        if ! flock -w 30 9; then
+            log "error: $HPCRL_DIR/chain.lock stayed locked for 30 s"
+            exit 1
+        fi
+        local owner="" state
+        read -r owner _ <&9 || true
+        if [[ -n ${2:-} && $owner =~ ^[0-9]+$ && $owner != "$SLURM_JOB_ID" ]]; then
+            # Pending or running; a job that ends (COMPLETING: this chain's predecessor, should its
+            # last write have failed), has ended or is forgotten prints nothing.
+            state=$(squeue -h -j "$owner" -t PENDING,CONFIGURING,RUNNING,SUSPENDED -o %T 2>/dev/null) || state=""
+            if [[ -n $state ]]; then
+                log "error: run dir $RUN_DIR belongs to job $owner ($state), the live chain of another submit; this job leaves it alone"
+                exit 1
+            fi
+        fi
+        printf '%s\n' "$1" >"$HPCRL_DIR/chain.lock"
+    ) 9<>"$HPCRL_DIR/chain.lock"
+}
+
 # jobs.tsv: <job id> <event> <UTC time> <detail>, one line per event (bash's own clock:
 # no process to start while a signal is being handled). A run directory that cannot take the
 # line never stops the job: it goes to <node-local>/hpcrl-ended-$SLURM_JOB_ID/jobs.tsv on this node and the
@@ -429,6 +461,7 @@ reason_of() {
         91) echo breaker-nan-loss ;;
         92) echo breaker-hang ;;
         93) echo breaker-dead-worker ;;
+        95) echo worker-died ;;
         96) echo breaker-grad-norm ;;
         97) echo breaker-zero-variance ;;
         *) echo crashed ;;
@@ -521,6 +554,7 @@ continue_chain() {
         return 0
     fi
     next=${next%%;*}
+    set_chain_owner "$next" || true
     bump_file "$counter"
     record continue "$next"
     log "continuation submitted: job $next ($kind continuation $((done_n + 1)) of at most $limit)"
@@ -750,8 +784,8 @@ job_nodes() {
         if [[ -z $ip ]]; then
             fail ray-start-failed "cannot resolve NodeAddr '$addr' of node $name to an IPv4 address"
         fi
-        if ((slot > 8)); then
-            fail setup-failed "more than 9 nodes of this job share the host of $name; Ray's ports are drawn in 9 disjoint sets per host"
+        if ((slot > 17)); then
+            fail setup-failed "more than 18 nodes of this job share the host of $name; Ray's ports are drawn in 18 disjoint sets per host"
         fi
         NODE_TABLE+="$name $ip $slot;"
     done <<<"$NODE_LINES"

@@ -157,6 +157,8 @@ run_directory() {
     # The file the framework rewrites once a checkpoint is complete.
     CKPT_MARKER=$RUN_DIR/checkpoints/_actor/latest
 
+    # Before anything of the run dir is touched: a job of another live chain leaves it alone.
+    claim_run_dir || exit 1
     trap on_exit EXIT
     trap 'on_signal timeout USR1' USR1
     trap 'on_signal term TERM' TERM
@@ -372,6 +374,36 @@ INTERNAL_STOP_S=15
 # (generous: a KILLed worker leaves its node-local dirs behind).
 END_STOP_S=60
 
+# One live chain per run dir, whichever registry submitted it (hpcrl/jobs/chain_lock.py): the
+# lock file names the chain's newest job; under its flock, a job that finds another job there
+# that Slurm still has pending or running refuses to run, else it names itself. The flock is
+# held for this check only (a subshell's descriptor), so no process of the job inherits it.
+claim_run_dir() {
+    set_chain_owner "$SLURM_JOB_ID" check
+}
+
+# set_chain_owner JOB [check]: write JOB into the lock file (with check: unless a live other job owns it).
+set_chain_owner() {
+    (
+        if ! flock -w 30 9; then
+            log "error: $HPCRL_DIR/chain.lock stayed locked for 30 s"
+            exit 1
+        fi
+        local owner="" state
+        read -r owner _ <&9 || true
+        if [[ -n ${2:-} && $owner =~ ^[0-9]+$ && $owner != "$SLURM_JOB_ID" ]]; then
+            # Pending or running; a job that ends (COMPLETING: this chain's predecessor, should its
+            # last write have failed), has ended or is forgotten prints nothing.
+            state=$(squeue -h -j "$owner" -t PENDING,CONFIGURING,RUNNING,SUSPENDED -o %T 2>/dev/null) || state=""
+            if [[ -n $state ]]; then
+                log "error: run dir $RUN_DIR belongs to job $owner ($state), the live chain of another submit; this job leaves it alone"
+                exit 1
+            fi
+        fi
+        printf '%s\n' "$1" >"$HPCRL_DIR/chain.lock"
+    ) 9<>"$HPCRL_DIR/chain.lock"
+}
+
 # jobs.tsv: <job id> <event> <UTC time> <detail>, one line per event (bash's own clock:
 # no process to start while a signal is being handled). A run directory that cannot take the
 # line never stops the job: it goes to <node-local>/hpcrl-ended-$SLURM_JOB_ID/jobs.tsv on this node and the
@@ -445,6 +477,7 @@ reason_of() {
         91) echo breaker-nan-loss ;;
         92) echo breaker-hang ;;
         93) echo breaker-dead-worker ;;
+        95) echo worker-died ;;
         96) echo breaker-grad-norm ;;
         97) echo breaker-zero-variance ;;
         *) echo crashed ;;
@@ -537,6 +570,7 @@ continue_chain() {
         return 0
     fi
     next=${next%%;*}
+    set_chain_owner "$next" || true
     bump_file "$counter"
     record continue "$next"
     log "continuation submitted: job $next ($kind continuation $((done_n + 1)) of at most $limit)"
@@ -770,8 +804,8 @@ job_nodes() {
         if [[ -z $ip ]]; then
             fail ray-start-failed "cannot resolve NodeAddr '$addr' of node $name to an IPv4 address"
         fi
-        if ((slot > 8)); then
-            fail setup-failed "more than 9 nodes of this job share the host of $name; Ray's ports are drawn in 9 disjoint sets per host"
+        if ((slot > 17)); then
+            fail setup-failed "more than 18 nodes of this job share the host of $name; Ray's ports are drawn in 18 disjoint sets per host"
         fi
         NODE_TABLE+="$name $ip $slot;"
     done <<<"$NODE_LINES"
@@ -819,7 +853,7 @@ job_ports() {
 node_ports() {
     local out drawn n=$((6 + ${2:-0}))
     out=$(python3 -m hpcrl.runtime.free_ports "$n" --range 10000 32767 \
-        --slot "$1" --slots 9 --tries 20) || return 1
+        --slot "$1" --slots 18 --tries 20) || return 1
     read -ra drawn <<<"$out"
     ((${#drawn[@]} == n)) || return 1
     NODE_PORT_ARGS=(
@@ -1330,7 +1364,7 @@ CKPT_EVERY=14
 # point (what the stack check parses). Called once $RUN_DIR is known.
 driver_command() {
     DRIVER=(
-        python3 -m hpcrl.runtime.watchdog --run-dir "$RUN_DIR"
+        python3 -m hpcrl.runtime.watchdog --run-dir "$RUN_DIR" --worker-step-pid "$WORKERS_PID"
         --zero-reward-steps 10 --hang-minutes 60
         --grad-norm-steps 20 --zero-variance-steps 20
         --step-time-key timing/step_total --generation-time-key timing/generation --training-time-key timing/ppo_train --checkpoint-marker "$RUN_DIR/checkpoints/_actor/latest" --
@@ -1375,7 +1409,7 @@ driver_command() {
         --ckpt.output_dir "$RUN_DIR/output"
         --ckpt.load_enable
     )
-    DRIVER_ARGS=("${DRIVER[@]:25}")
+    DRIVER_ARGS=("${DRIVER[@]:27}")
 }
 
 # The framework's stack (hpcrl.runtime.stack; docs/preflight.md "The stack check"): the installed

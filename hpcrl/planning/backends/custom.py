@@ -196,7 +196,8 @@ class CustomBackend(Backend):
         lay = Layout(nodes=1, gpus_per_node=g, learners_per_node=procs, learner_nodes=1, tp=1, engines=procs,
                      gpu_memory_utilization=0.0, memory=plan, gen_time_s=generation_time(cfg, self, w, plan, profile),
                      train_time_s=training_time(w, profile, procs) * int(self.arg(cfg, "ppo_epochs")),
-                     colocated=True)
+                     colocated=True, gen_basis="derived (uncalibrated): HF generate, bf16 weight + KV reads at "
+                     f"{DECODE_BW_EFFICIENCY:.0%} of HBM peak + {HF_GENERATE_TOKEN_OVERHEAD_S * 1e3:.0f} ms per token")
         return Planned([lay], warnings=tuple(warnings))
 
     # ------------------------------------------------------------------ rendering

@@ -145,11 +145,11 @@ def test_fewer_prompts_than_engines_is_a_warning():
 
 
 def test_berzelius_idle_gpu_rule_risk_is_a_warning():
-    """7B on 2 thin nodes: by the step estimate the learners train 153 s of a 1433 s step (11%),
+    """7B on 1 thin node: by the step estimate (mid) the learners train 385 s of a 15526 s step (2%),
     under the quarter that keeps an A100 above Berzelius's 100 W rule; 32B on 16 nodes does not warn."""
     assert ("warning: berzelius cancels jobs whose GPUs average under 100 W after 60 min: by the step estimate "
-            "the learner GPUs work 11% of each step (training 153 s of 1433 s)") in plan_warnings(
-        "--cluster", "berzelius", "--nodes", "2", "--model", "7b")
+            "the learner GPUs work 2% of each step (training 385 s of 15526 s)") in plan_warnings(
+        "--cluster", "berzelius", "--nodes", "1", "--model", "7b")
     assert "cancels jobs" not in plan_warnings("--cluster", "berzelius", "--nodes", "16")
 
 
@@ -210,13 +210,12 @@ def test_isambard_plans_one_learner_per_node_unless_pinned():
 
 def test_a_much_faster_layout_is_not_ranked_below_one_with_fewer_learners_per_node():
     """4 Berzelius fat nodes, 32B: 3 learners per node leave five GPUs for TP-1 engines holding
-    3 sequences each (a step of ~2800 s by the model); 4 learners per node with TP-4 engines
-    step in ~350 s. Fewer learners per node only breaks near-ties (10%)."""
+    3 sequences each, several times slower than a layout with TP-4/8 engines. Fewer learners per
+    node or idle GPUs only break near-ties (10%): the first layout is within 10% of the fastest."""
     out = hpcrl("plan", "--cluster", "berzelius:fat", "--nodes", "4", "--top", "100", "--json")
     lays = json.loads(out.stdout)["layouts"]
-    fastest = min(lay["step_time_s"] for lay in lays if lay["idle_gpus"] == 0)
-    assert lays[0]["idle_gpus"] == 0 and lays[0]["step_time_s"] <= 1.10 * fastest
-    assert (lays[0]["num_learners_per_node"], lays[0]["vllm_tensor_parallel_size"]) == ([4] * 4, 4)
+    fastest = min(lay["step_time_s"] for lay in lays)
+    assert lays[0]["step_time_s"] <= 1.10 * fastest and lays[0]["vllm_tensor_parallel_size"] >= 4
 
 
 def test_pinned_tp_that_does_not_divide_heads_is_refused():

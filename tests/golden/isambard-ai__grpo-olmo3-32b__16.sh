@@ -9,8 +9,9 @@
 #   16 x 4 GH200 (95.58 GiB): 16 learner GPUs, 48 engine GPUs, 0 idle
 #   num_learners_per_node [1] x 16, vllm_num_engines 48, vllm_tensor_parallel_size 1, vllm_gpu_memory_utilization 0.9, deepspeed_stage 3
 #   learner peak 64.3 GiB/GPU of 95.6 usable; engine 60.0 GiB weights + 25.3 GiB KV cache per GPU; host peak 20 GiB/node
-#   step ~304 s (generation 304 s, training 107 s), bottleneck generation
-#   checkpoint_state_freq 5: a checkpoint every ~25 min of training (so that at most 30 min is lost); time-limit warning 900 s before the end = one step (~304 s) + one checkpoint write (~180 s, derived) + 60 s to stop
+#   step ~206-566 s (mid ~254 s) (generation 254 s, training 235 s), bottleneck generation; the checkpoint cadence and time-limit lead use the upper estimate
+#   step basis: generation: vLLM model fitted on 12 published vLLM rows (batch 1, A100), 6 held out: time off by median 17%, max 2x (benchmarks/vllm_throughput); training: derived (uncalibrated): 6-10 x P x tokens at 40% of bf16 peak, x2.2 (x1.0-5.3) from issue 26's ZeRO-3 steps
+#   checkpoint_state_freq 3: a checkpoint every ~28 min of training at the upper step estimate ~566 s (so that at most 30 min is lost); time-limit warning 900 s before the end = one upper step (~566 s) + one checkpoint write (~180 s, derived) + 60 s to stop
 # Warning: 16 nodes = 64 GPUs exceed QOS 32gpu_qos's default cap of 32 GPUs (8 nodes); fine if your project's limit was raised
 # Warning: num_unique_prompts_rollout 32 is below vllm_num_engines 48: each step's prompts keep at most 32 engines busy (grpo_fast.py looks ahead async_steps steps to fill the rest); raise it to 48 or more, or use fewer engines (--pin engines=N)
 #
@@ -184,7 +185,7 @@ run_directory() {
     "engine_gpus": 48,
     "engine_kv_cache_gib": 25.32,
     "gather_whole_model": false,
-    "generation_time_s": 303.6,
+    "generation_time_s": 253.9,
     "gpu_usable_gib": 95.58,
     "host_peak_gib": 20.0,
     "idle_gpus": 0,
@@ -209,9 +210,12 @@ run_directory() {
       1,
       1
     ],
-    "reason": "no idle GPU; step ~304s set by generation (generation 304s, training 107s)",
-    "step_time_s": 303.6,
-    "training_time_s": 106.8,
+    "reason": "no idle GPU; step ~254s (range 206-566s) set by generation (generation 254s, training 235s)",
+    "step_time_basis": "generation: vLLM model fitted on 12 published vLLM rows (batch 1, A100), 6 held out: time off by median 17%, max 2x (benchmarks/vllm_throughput); training: derived (uncalibrated): 6-10 x P x tokens at 40% of bf16 peak, x2.2 (x1.0-5.3) from issue 26's ZeRO-3 steps",
+    "step_time_high_s": 566.0,
+    "step_time_low_s": 205.7,
+    "step_time_s": 253.9,
+    "training_time_s": 235.0,
     "vllm_gpu_memory_utilization": 0.9,
     "vllm_num_engines": 48,
     "vllm_tensor_parallel_size": 1
@@ -1148,7 +1152,7 @@ driver_command() {
         --deepspeed_stage 3
         --gather_whole_model False
         --num_nodes 16
-        --checkpoint_state_freq 5
+        --checkpoint_state_freq 3
         --output_dir "$RUN_DIR/output"
         --checkpoint_state_dir "$RUN_DIR/checkpoints"
     )

@@ -9,8 +9,9 @@
 #   4 x 4 GH200 (95.58 GiB): 12 learner GPUs, 4 engine GPUs, 0 idle
 #   actor.num_nodes 3, actor.num_gpus_per_node 4, vllm.num_engines 4, vllm.tensor_parallel_size 1, vllm.gpu_memory_utilization 0.9, ds.zero_stage 3
 #   learner peak 29.4 GiB/GPU of 95.6 usable; engine 14.2 GiB weights + 70.9 GiB KV cache per GPU; host peak 26 GiB/node
-#   step ~124 s (generation 124 s, training 84 s), bottleneck generation
-#   ckpt.save_steps 14: a checkpoint every ~29 min of training (so that at most 30 min is lost); time-limit warning 900 s before the end = one step (~124 s) + one checkpoint write (~43 s, derived) + 60 s to stop
+#   step ~94-446 s (mid ~185 s) (generation 116 s, training 185 s), bottleneck training; the checkpoint cadence and time-limit lead use the upper estimate
+#   step basis: generation: vLLM model fitted on 12 published vLLM rows (batch 1, A100), 6 held out: time off by median 17%, max 2x (benchmarks/vllm_throughput); training: derived (uncalibrated): 6-10 x P x tokens at 40% of bf16 peak, x2.2 (x1.0-5.3) from issue 26's ZeRO-3 steps
+#   ckpt.save_steps 4: a checkpoint every ~30 min of training at the upper step estimate ~446 s (so that at most 30 min is lost); time-limit warning 900 s before the end = one upper step (~446 s) + one checkpoint write (~43 s, derived) + 60 s to stop
 # Warning: 4 learners per node on isambard-ai, where the profile plans at most 1: more than one learner per GH200 node failed with NCCL "Duplicate GPU detected" in the users' runs (their workaround, a patched NCCL with NCCL_IGNORE_DUPLICATE_GPU=1, is untested at 32B)
 #
 # Submit with `hpcrl submit`, which creates the run directory first. With plain sbatch,
@@ -176,7 +177,7 @@ run_directory() {
     "actor.num_gpus_per_node": 4,
     "actor.num_nodes": 3,
     "ckpt.max_num": 3,
-    "ckpt.save_steps": 14,
+    "ckpt.save_steps": 4,
     "ds.zero_stage": 3,
     "ref.num_gpus_per_node": 4,
     "ref.num_nodes": 3,
@@ -191,12 +192,12 @@ run_directory() {
   "gpus_per_node": 4,
   "hpcrl_version": "0.1.0",
   "layout": {
-    "bottleneck": "generation",
+    "bottleneck": "training",
     "deepspeed_stage": 3,
     "engine_concurrent_seqs": 259,
     "engine_gpus": 4,
     "engine_kv_cache_gib": 70.94,
-    "generation_time_s": 123.6,
+    "generation_time_s": 116.4,
     "gpu_usable_gib": 95.58,
     "host_peak_gib": 26.0,
     "idle_gpus": 0,
@@ -208,9 +209,12 @@ run_directory() {
       4,
       4
     ],
-    "reason": "no idle GPU; step ~124s set by generation (generation 124s, training 84s)",
-    "step_time_s": 123.6,
-    "training_time_s": 84.1,
+    "reason": "no idle GPU; step ~185s (range 94-446s) set by training (generation 116s, training 185s)",
+    "step_time_basis": "generation: vLLM model fitted on 12 published vLLM rows (batch 1, A100), 6 held out: time off by median 17%, max 2x (benchmarks/vllm_throughput); training: derived (uncalibrated): 6-10 x P x tokens at 40% of bf16 peak, x2.2 (x1.0-5.3) from issue 26's ZeRO-3 steps",
+    "step_time_high_s": 445.8,
+    "step_time_low_s": 94.3,
+    "step_time_s": 185.0,
+    "training_time_s": 185.0,
     "vllm_gpu_memory_utilization": 0.9,
     "vllm_num_engines": 4,
     "vllm_tensor_parallel_size": 1
@@ -1148,7 +1152,7 @@ driver_command() {
         --ref.num_gpus_per_node 4
         --train.colocate_actor_ref
         --ckpt.max_num 3
-        --ckpt.save_steps 14
+        --ckpt.save_steps 4
         --ckpt.path "$RUN_DIR/checkpoints"
         --ckpt.output_dir "$RUN_DIR/output"
         --ckpt.load_enable

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
-if TYPE_CHECKING:
-    from hpcrl.planning.layout import Layout
+Layout = Any  # planning/layout.py's Layout (not imported: layout.py imports this module)
 
 STEP_TIE = 0.10  # mid step estimates closer than this are not told apart (they rest on fitted efficiencies)
 

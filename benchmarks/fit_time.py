@@ -1,0 +1,236 @@
+"""Fit the learner time model's constants (hpcrl/memory/learner_time.py FIT, BAND) and report its error.
+
+    PYTHONPATH=. python benchmarks/fit_time.py           # constants, per-row table, held-out errors
+    PYTHONPATH=. python benchmarks/fit_time.py --write   # and write FIT/BAND/FIT_ROWS into learner_time.py
+    PYTHONPATH=. python benchmarks/fit_time.py --check   # exit 1 if learner_time.py or the split differ
+
+Rows (status ok, the GPU not shared with another launch, as each file records):
+* results/zero3_timing.jsonl: DeepSpeed ZeRO-3 steps as open-instruct configures them, several
+  micro-batches then the optimizer step (micro_batch_s, optimizer_step_s, step_s);
+* results/fsdp_measured.jsonl: verl FSDP actor updates (micro_batch_s per micro-batch, optimizer_step_s);
+* results/zero3_measured.jsonl: single-micro-batch ZeRO-3 steps (the last of three step_s: warm).
+Each row gives observations: one per micro-batch mean and one per optimizer step where the file
+times them apart, else one per whole step (K x micro-batch + step). Every observation is linear in
+FIT (learner_time.time_terms gives each term's count), so the constants come from non-negative least
+squares on relative error, rounded to 2 significant digits.
+
+Split, fixed before any error was looked at: a row (id: file stem + ":" + its tag) is held out when the
+first byte of sha256(id) is below 85 (a third); benchmarks/fit_time_split.txt records it. Errors are
+of the whole step (K x micro_batch_s + optimizer_step_s vs measured). BAND is the min and max of
+measured / predicted step over the held-out rows, rounded outward to 0.05.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import re
+import statistics
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from scipy.optimize import nnls
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from hpcrl.memory import learner_time as LT  # noqa: E402
+from hpcrl.memory.learner import LearnerSetup  # noqa: E402
+from hpcrl.models import resolve_model  # noqa: E402
+from hpcrl.profiles import link_defaults  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "results"
+FILES = ("zero3_timing.jsonl", "fsdp_measured.jsonl", "zero3_measured.jsonl")
+SPLIT_FILE = ROOT / "benchmarks" / "fit_time_split.txt"
+MODULE = ROOT / "hpcrl" / "memory" / "learner_time.py"
+# Datasheet peaks of the GPUs the rows ran on: dense bf16 TFLOP/s, HBM TB/s (NVIDIA H100 SXM and
+# H200 datasheets). Links: hpcrl.profiles.LINK_DEFAULTS.
+GPUS = {"H100": (989.0, 3.35), "H200": (989.0, 4.8)}
+
+
+@dataclass(frozen=True)
+class Obs:
+    """One measured time: micro (a micro-batch), opt (an optimizer step) or step (K micro + opt)."""
+
+    kind: str
+    micro: dict[str, float]
+    step: dict[str, float]
+    k: int
+    measured: float
+
+    def terms(self) -> dict[str, float]:
+        if self.kind == "micro":
+            return dict(self.micro)
+        if self.kind == "opt":
+            return dict(self.step)
+        out = {key: self.k * v for key, v in self.micro.items()}
+        for key, v in self.step.items():
+            out[key] = out.get(key, 0.0) + v
+        return out
+
+
+@dataclass(frozen=True)
+class Row:
+    rid: str
+    label: str
+    setup: LearnerSetup
+    rates: LT.Rates
+    k: int
+    step_s: float
+    obs: tuple[Obs, ...]
+
+
+def rates_of(gpu: str, world: int) -> LT.Rates:
+    family = next(f for f in GPUS if f in gpu)
+    intra, host = link_defaults(gpu)
+    return LT.Rates(*GPUS[family], intra, host, gpu)
+
+
+def _impl(raw: str) -> str:
+    return "eager" if raw.startswith("eager") else "compiled"  # compiled, or verl's fused triton CE
+
+
+def _row(source: str, d: dict) -> Row | None:
+    if d.get("status") != "ok" or d.get("shared_gpu_with"):
+        return None
+    model = resolve_model(d["model"])
+    world, seq = int(d["world"]), int(d["seq"])
+    gc = bool(d.get("gc", 1))
+    if source == "fsdp_measured":
+        offload = {"none": "none", "verl": "none", "cpu_policy": "params"}[d["offload"]]
+        setup = LearnerSetup(model, world, seq, offload=offload, gradient_checkpointing=gc, sharding="fsdp",
+                             micro_batches=int(d["micro_batches"]), fsdp_version=int(d["fsdp"]),
+                             logprob_impl="compiled")  # verl's fused CE; its reference runs outside the update
+        micros = list(d["micro_batch_s"])
+        k, opt = len(micros), float(d["optimizer_step_s"])
+        step = sum(micros) + opt
+    else:
+        setup = LearnerSetup(model, world, seq, offload=d.get("offload", "none"), gradient_checkpointing=gc,
+                             lora_rank=int(d.get("lora_rank") or 0), logprob_impl=_impl(d["logprob_impl"]),  # type: ignore[arg-type]
+                             grad_accum_dtype=d.get("grad_accum_dtype", "bf16"),
+                             reference_policy=bool(d.get("ref", 0)),
+                             micro_batches=int(d.get("micro_batches") or d.get("mb") or 1))
+        if source == "zero3_timing":
+            micros, opt = list(d["micro_batch_s"]), float(d["optimizer_step_s"])
+            k, step = len(micros), float(d.get("step_s") or sum(micros) + opt)
+        else:
+            micros, opt, k, step = [], 0.0, 1, float(d["step_s"][-1])
+    rates = rates_of(d["gpu"], world)
+    micro_t, step_t = LT.time_terms(setup, rates)
+    obs = [Obs("micro", micro_t, step_t, k, statistics.fmean(micros)), Obs("opt", micro_t, step_t, k, opt)] if micros \
+        else [Obs("step", micro_t, step_t, k, step)]
+    label = (f"{source.split('_')[0]} {d['model']} N={world} T={seq} K={k} gc={int(gc)} off={setup.offload}"
+             f"{' lora' if setup.lora_rank else ''} {setup.logprob_impl}"
+             f"{' fsdp' + str(setup.fsdp_version) if setup.sharding == 'fsdp' else ''} {d['gpu'].split()[-1]}")
+    return Row(f"{source}:{d.get('tag')}", label, setup, rates, k, step, tuple(obs))
+
+
+def load_rows() -> list[Row]:
+    rows = []
+    for name in FILES:
+        path = RESULTS / name
+        if not path.exists():
+            continue
+        for line in path.read_text().splitlines():
+            row = _row(path.stem, json.loads(line)) if line.strip() else None
+            if row is not None:
+                rows.append(row)
+    return rows
+
+
+def held_out(rid: str) -> bool:
+    return hashlib.sha256(rid.encode()).digest()[0] < 85
+
+
+def fit(rows: list[Row]) -> dict[str, float]:
+    keys = list(LT.FIT)
+    a, b = [], []
+    for row in rows:
+        for o in row.obs:
+            if o.measured <= 0:
+                continue
+            t = o.terms()
+            fixed = sum(v for key, v in t.items() if key not in LT.FIT)
+            a.append([t.get(key, 0.0) / o.measured for key in keys])
+            b.append(1.0 - fixed / o.measured)
+    coef, _ = nnls(np.array(a), np.array(b))
+    return {key: float(f"{c:.2g}") for key, c in zip(keys, coef)}
+
+
+def predict(row: Row, constants: dict[str, float]) -> tuple[float, float, float]:
+    micro, step = LT.time_terms(row.setup, row.rates)
+    mb = sum(LT.apply_fit(micro, constants).values())
+    opt = sum(LT.apply_fit(step, constants).values())
+    return mb, opt, row.k * mb + opt
+
+
+def errors(rows: list[Row], constants: dict[str, float]) -> list[float]:
+    return [predict(r, constants)[2] / r.step_s - 1 for r in rows]
+
+
+def band(rows: list[Row], constants: dict[str, float]) -> dict[str, float]:
+    ratios = [r.step_s / predict(r, constants)[2] for r in rows]
+    return {"low": int(min(ratios) * 20) / 20, "high": -int(-max(ratios) * 20) / 20}
+
+
+def split_text(rows: list[Row]) -> str:
+    return "".join(f"{r.rid} {'held_out' if held_out(r.rid) else 'fit'}\n" for r in rows)
+
+
+def write_module(constants: dict[str, float], bnd: dict[str, float], fit_rows: str) -> None:
+    text = MODULE.read_text()
+    for key, value in constants.items():
+        text = re.sub(rf'(\n    "{key}": )[^,]+,', rf"\g<1>{value!r},", text, count=1)
+    text = re.sub(r'\nBAND = \{[^}]*\}', f'\nBAND = {{"low": {bnd["low"]!r}, "high": {bnd["high"]!r}}}', text, count=1)
+    text = re.sub(r'\nFIT_ROWS = "[^"]*"', f'\nFIT_ROWS = "{fit_rows}"', text, count=1)
+    MODULE.write_text(text)
+
+
+def report(rows: list[Row], constants: dict[str, float]) -> list[str]:
+    lines = ["| row | split | K | measured step s | predicted micro-batch s | predicted optimizer s | predicted step s | err |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        mb, opt, step = predict(r, constants)
+        lines.append(f"| {r.label} | {'held-out' if held_out(r.rid) else 'fit'} | {r.k} | {r.step_s:.2f} | "
+                     f"{mb:.3f} | {opt:.3f} | {step:.2f} | {step / r.step_s - 1:+.0%} |")
+    for name, part in (("held-out", [r for r in rows if held_out(r.rid)]), ("fit", [r for r in rows if not held_out(r.rid)])):
+        for kind in ("zero3", "fsdp"):
+            sel = [r for r in part if (r.setup.sharding == "fsdp") == (kind == "fsdp")]
+            if sel:
+                errs = [abs(e) for e in errors(sel, constants)]
+                lines.append(f"{name} {kind} rows ({len(sel)}): median |err| {statistics.median(errs):.1%}, "
+                             f"max {max(errs):.1%}")
+    return lines
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--write", action="store_true", help="write the fitted constants into learner_time.py")
+    ap.add_argument("--check", action="store_true", help="exit 1 if learner_time.py or the split file differ")
+    args = ap.parse_args()
+    rows = load_rows()
+    train = [r for r in rows if not held_out(r.rid)]
+    test = [r for r in rows if held_out(r.rid)]
+    constants = fit(train)
+    bnd = band(test, constants)
+    kinds = sorted({r.rid.split(":")[0] for r in train})
+    fit_rows = f"{len(train)} measured rows ({', '.join(kinds)}; H100/H200)"
+    print("FIT =", json.dumps(constants, indent=1))
+    print("BAND =", bnd)
+    print("\n".join(report(rows, constants)))
+    if args.write:
+        write_module(constants, bnd, fit_rows)
+        SPLIT_FILE.write_text(split_text(rows))
+    if args.check:
+        same = constants == LT.FIT and bnd == LT.BAND and SPLIT_FILE.exists() and SPLIT_FILE.read_text() == split_text(rows)
+        if not same:
+            print("learner_time.py or fit_time_split.txt differ from a fresh fit: run fit_time.py --write", file=sys.stderr)
+            return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

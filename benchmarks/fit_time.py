@@ -40,14 +40,14 @@ sys.path.insert(0, str(ROOT))
 from hpcrl.memory import learner_time as LT  # noqa: E402
 from hpcrl.memory.learner import LearnerSetup  # noqa: E402
 from hpcrl.models import resolve_model  # noqa: E402
-from hpcrl.profiles import link_defaults  # noqa: E402
+from hpcrl.memory.gpu_rates import Rates, link_defaults  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 FILES = ("zero3_timing.jsonl", "fsdp_measured.jsonl", "zero3_measured.jsonl")
 SPLIT_FILE = ROOT / "benchmarks" / "fit_time_split.txt"
 MODULE = ROOT / "hpcrl" / "memory" / "learner_time.py"
 # Datasheet peaks of the GPUs the rows ran on: dense bf16 TFLOP/s, HBM TB/s (NVIDIA H100 SXM and
-# H200 datasheets). Links: hpcrl.profiles.LINK_DEFAULTS.
+# H200 datasheets). Links: hpcrl/memory/gpu_rates.py LINK_DEFAULTS.
 GPUS = {"H100": (989.0, 3.35), "H200": (989.0, 4.8)}
 
 
@@ -77,16 +77,16 @@ class Row:
     rid: str
     label: str
     setup: LearnerSetup
-    rates: LT.Rates
+    rates: Rates
     k: int
     step_s: float
     obs: tuple[Obs, ...]
 
 
-def rates_of(gpu: str, world: int) -> LT.Rates:
+def rates_of(gpu: str, world: int) -> Rates:
     family = next(f for f in GPUS if f in gpu)
     intra, host = link_defaults(gpu)
-    return LT.Rates(*GPUS[family], intra, host, gpu)
+    return Rates(*GPUS[family], intra, host, gpu)
 
 
 def _impl(raw: str) -> str:

@@ -45,35 +45,9 @@ class GPU(_Strict):
     hbm_bandwidth_tbs: float = Field(gt=0, description="Peak HBM bandwidth, TB/s")
     bf16_tflops: float = Field(gt=0, description="Dense bf16 peak, TFLOP/s")
     compute_capability: str = "9.0"
-    intra_node_gbs: float | None = Field(
-        default=None, gt=0, description="GPU-to-GPU link inside a node, GB/s per direction per GPU "
-                                        "(NVLink; None: the GPU model's default, link_defaults)")
-    host_link_gbs: float | None = Field(
-        default=None, gt=0, description="GPU-to-host link, GB/s per direction (PCIe or NVLink-C2C; offload copies; "
-                                        "None: the GPU model's default, link_defaults)")
-
-
-# Datasheet link bandwidths per GPU family, GB/s per direction: (GPU-GPU inside a node, GPU-host), used
-# where a profile leaves gpu.intra_node_gbs / gpu.host_link_gbs out, so an older profile still plans.
-# A100 SXM4: NVLink 3 600 GB/s bidirectional, PCIe 4.0 x16; H100/H200 SXM: NVLink 4 900 GB/s
-# bidirectional, PCIe 5.0 x16; GH200: NVLink-C2C 900 GB/s bidirectional to the Grace host, and 6 of its
-# 18 NVLink 4 links to each of the three other superchips of a 4-GPU node (6 x 25 GB/s; inferred).
-LINK_DEFAULTS: dict[str, tuple[float, float]] = {
-    "GH200": (150.0, 450.0),
-    "H200": (450.0, 64.0),
-    "H100": (450.0, 64.0),
-    "A100": (300.0, 32.0),
-}
-# One 200 Gb/s NIC per GPU (Berzelius: 8 HDR per 8 GPUs; Isambard-AI: 4 Slingshot per 4 GPUs).
-INTER_NODE_GBS_PER_GPU = 25.0
-
-
-def link_defaults(model: str) -> tuple[float, float]:
-    """(intra-node, host link) GB/s for a GPU model name; the slowest family when none matches."""
-    for family, links in LINK_DEFAULTS.items():
-        if family.lower() in model.lower():
-            return links
-    return LINK_DEFAULTS["A100"]
+    # None: the GPU model's default (hpcrl/memory/gpu_rates.py LINK_DEFAULTS), so older profiles still plan.
+    intra_node_gbs: float | None = Field(default=None, gt=0, description="GPU-GPU link in a node, GB/s per direction")
+    host_link_gbs: float | None = Field(default=None, gt=0, description="GPU-host link (PCIe, C2C), GB/s per direction")
 
 
 class Node(_Strict):
@@ -81,9 +55,8 @@ class Node(_Strict):
     ram_gib: float = Field(gt=0, description="Host RAM a job can allocate on one node, GiB")
     arch: Literal["x86_64", "aarch64"]
     interconnect: str = ""
-    inter_node_gbs: float | None = Field(
-        default=None, gt=0, description="Network bandwidth of one node, GB/s per direction, all NICs "
-                                        "(None: 25 GB/s per GPU, one 200 Gb/s NIC each)")
+    inter_node_gbs: float | None = Field(default=None, gt=0, description="Network of one node, all NICs, GB/s per "
+                                         "direction (None: 25 per GPU)")
 
 
 class Partition(_Strict):
@@ -257,14 +230,6 @@ class ClusterProfile(_Strict):
     @property
     def gpu_bytes(self) -> float:
         return self.gpu.memory_gib * GIB
-
-    @property
-    def links_gbs(self) -> dict[str, float]:
-        """GB/s per direction per GPU: intra-node, inter-node and host link, with the documented defaults."""
-        intra, host = link_defaults(self.gpu.model)
-        inter = self.node.inter_node_gbs or INTER_NODE_GBS_PER_GPU * self.gpu.count_per_node
-        return {"intra_node": self.gpu.intra_node_gbs or intra, "inter_node": inter / self.gpu.count_per_node,
-                "host": self.gpu.host_link_gbs or host}
 
     @property
     def max_nodes(self) -> int | None:

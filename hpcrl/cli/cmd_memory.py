@@ -194,6 +194,10 @@ def _print_plan(d: dict) -> None:
     if not fsdp:
         t.add_row("DeepSpeed's own estimate", f"{lr['deepspeed_estimate_gib']:.2f}")
     console.print(t)
+    lt = lr["time"]
+    console.print(f"Learner time per GPU: {lt['micro_batch_s']:.2f} s per micro-batch of {lr['tokens_per_gpu']} tokens + "
+                  f"{lt['optimizer_step_s']:.2f} s optimizer step (band x{lt['low']}-x{lt['high']}; {lt['basis']})",
+                  soft_wrap=True)
     e = table(f"Engine GPU: vLLM {en['vllm_version']} TP={en['tp']}, gpu_memory_utilization="
               f"{en['gpu_memory_utilization']}, max_num_seqs {en['max_num_seqs']}, "
               f"max_num_batched_tokens {en['max_num_batched_tokens']}")

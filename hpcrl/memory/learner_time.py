@@ -32,8 +32,8 @@ copied back over the host link.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
+from hpcrl.memory.gpu_rates import Rates, rates_for
 from hpcrl.memory.hf_learner import quantized_params
 from hpcrl.memory.learner import LearnerSetup
 from hpcrl.models.spec import ALL_LINEAR, ModelSpec
@@ -59,24 +59,15 @@ FIT: dict[str, float] = {
 }
 # Band: measured / predicted step on the held-out rows of the fit (min and max, rounded outward).
 BAND = {"low": 0.75, "high": 1.65}
-# Where no row measured a setup's kind, the band widens by these (an assumption, not fitted).
-DERIVED_BAND = {"low": 0.8, "high": 1.5}
+# Where no row measured a setup's kind (derived terms or GPU), the band widens by this factor on both
+# sides: an assumption, not fitted.
+DERIVED_WIDENING = 1.25
 FIT_ROWS = "34 measured rows (fsdp_measured, zero3_measured; H100/H200)"
 # GPUs the fit rows ran on: other GPUs are scaled by peak FLOP/s and bandwidths (derived).
 MEASURED_GPUS = ("H100", "H200")
 # Bytes moved per NF4 weight element per pass when bitsandbytes dequantizes it: read 0.5 + absmax,
 # write bf16 2, read bf16 2 in the matmul. Derived, not measured.
 DEQUANT_BYTES = 0.5 + 4 / 64 + 2.0 + 2.0
-
-
-class Rates(NamedTuple):
-    """What the terms are divided by: the GPU's peaks and the links the learner uses (GB/s)."""
-
-    bf16_tflops: float
-    hbm_tbs: float
-    link_gbs: float  # the learner group's collective bandwidth per GPU
-    host_gbs: float
-    gpu: str = ""
 
 
 @dataclass(frozen=True)
@@ -98,14 +89,6 @@ class LearnerTime:
     def to_dict(self) -> dict:
         return {"micro_batch_s": round(self.micro_batch_s, 3), "optimizer_step_s": round(self.optimizer_step_s, 3),
                 "low": self.low, "high": self.high, "basis": self.basis}
-
-
-def rates_for(profile: ClusterProfile, n_gpus: int, learners_per_node: int | None = None) -> Rates:
-    """The profile's rates for a learner group of n_gpus (spanning nodes when it cannot fit one)."""
-    links = profile.links_gbs
-    per_node = learners_per_node or min(n_gpus, profile.gpu.count_per_node)
-    link = links["intra_node"] if n_gpus <= per_node else min(links["intra_node"], links["inter_node"])
-    return Rates(profile.gpu.bf16_tflops, profile.gpu.hbm_bandwidth_tbs, link, links["host"], profile.gpu.model)
 
 
 def param_tensors(m: ModelSpec, lora_rank: int = 0, lora_targets: tuple[str, ...] = ALL_LINEAR) -> int:
@@ -229,8 +212,8 @@ def learner_time(s: LearnerSetup, profile: ClusterProfile, learners_per_node: in
     micro, step = time_terms(s, r)
     mt, st = apply_fit(micro), apply_fit(step)
     derived = _derived(s, r)
-    band = DERIVED_BAND if derived else BAND
-    low, high = min(BAND["low"], band["low"]), max(BAND["high"], band["high"])
+    widen = DERIVED_WIDENING if derived else 1.0
+    low, high = round(BAND["low"] / widen, 2), round(BAND["high"] * widen, 2)
     basis = f"fitted on {FIT_ROWS}"
     if derived:
         basis += "; derived: " + ", ".join(derived)

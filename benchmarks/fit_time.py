@@ -28,7 +28,7 @@ import json
 import re
 import statistics
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -40,6 +40,7 @@ sys.path.insert(0, str(ROOT))
 from hpcrl.memory import learner_time as LT  # noqa: E402
 from hpcrl.memory.learner import LearnerSetup  # noqa: E402
 from hpcrl.models import resolve_model  # noqa: E402
+from hpcrl.models.spec import ModelSpec  # noqa: E402
 from hpcrl.memory.gpu_rates import Rates, link_defaults  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
@@ -53,23 +54,12 @@ GPUS = {"H100": (989.0, 3.35), "H200": (989.0, 4.8)}
 
 @dataclass(frozen=True)
 class Obs:
-    """One measured time: micro (a micro-batch), opt (an optimizer step) or step (K micro + opt)."""
+    """One measured time (a micro-batch mean, an optimizer step, a whole step or the reference forwards)
+    and the terms that predict it (learner_time.time_terms' counts)."""
 
     kind: str
-    micro: dict[str, float]
-    step: dict[str, float]
-    k: int
+    terms: dict[str, float]
     measured: float
-
-    def terms(self) -> dict[str, float]:
-        if self.kind == "micro":
-            return dict(self.micro)
-        if self.kind == "opt":
-            return dict(self.step)
-        out = {key: self.k * v for key, v in self.micro.items()}
-        for key, v in self.step.items():
-            out[key] = out.get(key, 0.0) + v
-        return out
 
 
 @dataclass(frozen=True)
@@ -83,20 +73,36 @@ class Row:
     obs: tuple[Obs, ...]
 
 
-def rates_of(gpu: str, world: int) -> Rates:
+def rates_of(gpu: str) -> Rates:
     family = next(f for f in GPUS if f in gpu)
     intra, host = link_defaults(gpu)
     return Rates(*GPUS[family], intra, host, gpu)
 
 
-def _impl(raw: str) -> str:
-    return "eager" if raw.startswith("eager") else "compiled"  # compiled, or verl's fused triton CE
+def model_of(name: str) -> ModelSpec:
+    """The harness's own config (benchmarks/configs), else the catalog's."""
+    path = ROOT / "benchmarks" / "configs" / f"{name}.json"
+    return ModelSpec.from_hf_config(json.loads(path.read_text()), name) if path.exists() else resolve_model(name)
+
+
+def _impl(d: dict) -> str:
+    if d.get("harness_mode") == "openrlhf":
+        return "eager"  # OpenRLHF's fp32 log-probs
+    return "eager" if str(d.get("logprob_impl", "")).startswith("eager") else "compiled"
+
+
+def _combine(*parts: tuple[float, dict[str, float]]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for times, terms in parts:
+        for key, v in terms.items():
+            out[key] = out.get(key, 0.0) + times * v
+    return out
 
 
 def _row(source: str, d: dict) -> Row | None:
     if d.get("status") != "ok" or d.get("shared_gpu_with"):
         return None
-    model = resolve_model(d["model"])
+    model = model_of(d["model"])
     world, seq = int(d["world"]), int(d["seq"])
     gc = bool(d.get("gc", 1))
     if source == "fsdp_measured":
@@ -104,26 +110,31 @@ def _row(source: str, d: dict) -> Row | None:
         setup = LearnerSetup(model, world, seq, offload=offload, gradient_checkpointing=gc, sharding="fsdp",
                              micro_batches=int(d["micro_batches"]), fsdp_version=int(d["fsdp"]),
                              logprob_impl="compiled")  # verl's fused CE; its reference runs outside the update
-        micros = list(d["micro_batch_s"])
-        k, opt = len(micros), float(d["optimizer_step_s"])
-        step = sum(micros) + opt
+        micros, opt = list(d["micro_batch_s"]), float(d["optimizer_step_s"])
+        k, step = len(micros), sum(micros) + opt
     else:
+        # The measured micro-batches exclude the reference forwards (timed apart as ref_forward_s).
         setup = LearnerSetup(model, world, seq, offload=d.get("offload", "none"), gradient_checkpointing=gc,
-                             lora_rank=int(d.get("lora_rank") or 0), logprob_impl=_impl(d["logprob_impl"]),  # type: ignore[arg-type]
-                             grad_accum_dtype=d.get("grad_accum_dtype", "bf16"),
-                             reference_policy=bool(d.get("ref", 0)),
-                             micro_batches=int(d.get("micro_batches") or d.get("mb") or 1))
+                             lora_rank=int(d.get("lora_rank") or 0), logprob_impl=_impl(d),  # type: ignore[arg-type]
+                             grad_accum_dtype=d.get("grad_accum_dtype", "bf16"))
         if source == "zero3_timing":
             micros, opt = list(d["micro_batch_s"]), float(d["optimizer_step_s"])
-            k, step = len(micros), float(d.get("step_s") or sum(micros) + opt)
+            steps = d.get("step_s")
+            k, step = len(micros), float(steps[-1] if isinstance(steps, list) else steps or sum(micros) + opt)
         else:
             micros, opt, k, step = [], 0.0, 1, float(d["step_s"][-1])
-    rates = rates_of(d["gpu"], world)
+    rates = rates_of(d["gpu"])
     micro_t, step_t = LT.time_terms(setup, rates)
-    obs = [Obs("micro", micro_t, step_t, k, statistics.fmean(micros)), Obs("opt", micro_t, step_t, k, opt)] if micros \
-        else [Obs("step", micro_t, step_t, k, step)]
-    label = (f"{source.split('_')[0]} {d['model']} N={world} T={seq} K={k} gc={int(gc)} off={setup.offload}"
-             f"{' lora' if setup.lora_rank else ''} {setup.logprob_impl}"
+    if micros:
+        obs = [Obs("micro", micro_t, statistics.fmean(micros)), Obs("opt", step_t, opt)]
+    else:
+        obs = [Obs("step", _combine((k, micro_t), (1, step_t)), step)]
+    if d.get("ref") and d.get("ref_forward_s"):
+        with_ref, _ = LT.time_terms(replace(setup, reference_policy=True), rates)
+        obs.append(Obs("ref", _combine((k, with_ref), (-k, micro_t)), float(d["ref_forward_s"])))
+    mode = d.get("harness_mode", "")
+    label = (f"{source.split('_')[0]}{' ' + mode if mode else ''} {d['model']} N={world} T={seq} K={k} gc={int(gc)} "
+             f"off={setup.offload}{' lora' if setup.lora_rank else ''}{' ref' if d.get('ref') else ''} {setup.logprob_impl}"
              f"{' fsdp' + str(setup.fsdp_version) if setup.sharding == 'fsdp' else ''} {d['gpu'].split()[-1]}")
     return Row(f"{source}:{d.get('tag')}", label, setup, rates, k, step, tuple(obs))
 
@@ -152,7 +163,7 @@ def fit(rows: list[Row]) -> dict[str, float]:
         for o in row.obs:
             if o.measured <= 0:
                 continue
-            t = o.terms()
+            t = o.terms
             fixed = sum(v for key, v in t.items() if key not in LT.FIT)
             a.append([t.get(key, 0.0) / o.measured for key in keys])
             b.append(1.0 - fixed / o.measured)
@@ -197,11 +208,11 @@ def report(rows: list[Row], constants: dict[str, float]) -> list[str]:
         lines.append(f"| {r.label} | {'held-out' if held_out(r.rid) else 'fit'} | {r.k} | {r.step_s:.2f} | "
                      f"{mb:.3f} | {opt:.3f} | {step:.2f} | {step / r.step_s - 1:+.0%} |")
     for name, part in (("held-out", [r for r in rows if held_out(r.rid)]), ("fit", [r for r in rows if not held_out(r.rid)])):
-        for kind in ("zero3", "fsdp"):
-            sel = [r for r in part if (r.setup.sharding == "fsdp") == (kind == "fsdp")]
+        for source in (Path(f).stem for f in FILES):
+            sel = [r for r in part if r.rid.startswith(source + ":")]
             if sel:
                 errs = [abs(e) for e in errors(sel, constants)]
-                lines.append(f"{name} {kind} rows ({len(sel)}): median |err| {statistics.median(errs):.1%}, "
+                lines.append(f"{name} {source} rows ({len(sel)}): median |err| {statistics.median(errs):.1%}, "
                              f"max {max(errs):.1%}")
     return lines
 

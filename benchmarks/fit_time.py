@@ -11,8 +11,8 @@ Rows (status ok, the GPU not shared with another launch, as each file records):
 * results/zero3_measured.jsonl: single-micro-batch ZeRO-3 steps (the last of three step_s: warm).
 Each row gives observations: one per micro-batch mean and one per optimizer step where the file
 times them apart, else one per whole step (K x micro-batch + step). Every observation is linear in
-FIT (learner_time.time_terms gives each term's count), so the constants come from non-negative least
-squares on relative error, rounded to 2 significant digits.
+FIT (learner_time.time_terms gives each term's count), so the constants come from bounded least squares
+on relative error (each constant at or above its physical floor, FLOORS), rounded to 2 significant digits.
 
 Split, fixed before any error was looked at: a row (id: file stem + ":" + its tag) is held out when the
 first byte of sha256(id) is below 85 (a third); benchmarks/fit_time_split.txt records it. Errors are
@@ -32,7 +32,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
-from scipy.optimize import nnls
+from scipy.optimize import lsq_linear
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -50,6 +50,12 @@ MODULE = ROOT / "hpcrl" / "memory" / "learner_time.py"
 # Datasheet peaks of the GPUs the rows ran on: dense bf16 TFLOP/s, HBM TB/s (NVIDIA H100 SXM and
 # H200 datasheets). Links: hpcrl/memory/gpu_rates.py LINK_DEFAULTS.
 GPUS = {"H100": (989.0, 3.35), "H200": (989.0, 4.8)}
+# Physical floors of the constants (the fit may not go below them): no rate beats its peak (1 / efficiency
+# >= 1); a log-prob path reads the bf16 logits and writes their bf16 gradient (4 bytes per element); a
+# fused AdamW step reads the fp32 master, bf16 gradient and both moments and writes master, moments and
+# the bf16 weights (4 + 2 + 8 + 4 + 8 + 2 = 28 bytes per parameter).
+FLOORS = {"matmul": 1.0, "attention": 1.0, "collectives": 1.0, "host_copies": 1.0, "logprob_eager": 4.0,
+          "logprob_compiled": 4.0, "adam_zero": 28.0, "adam_fsdp": 28.0}
 
 
 @dataclass(frozen=True)
@@ -167,8 +173,16 @@ def fit(rows: list[Row]) -> dict[str, float]:
             fixed = sum(v for key, v in t.items() if key not in LT.FIT)
             a.append([t.get(key, 0.0) / o.measured for key in keys])
             b.append(1.0 - fixed / o.measured)
-    coef, _ = nnls(np.array(a), np.array(b))
-    return {key: float(f"{c:.2g}") for key, c in zip(keys, coef)}
+    matrix = np.array(a)
+    # A constant no row exercises (no MoE row, say) cannot be fitted: it stays at its floor, said so.
+    seen = [i for i, key in enumerate(keys) if matrix[:, i].any()]
+    lower = [FLOORS.get(keys[i], 0.0) for i in seen]
+    coef = lsq_linear(matrix[:, seen], np.array(b), bounds=(lower, np.inf)).x
+    fitted = {keys[i]: float(f"{c:.2g}") for i, c in zip(seen, coef)}
+    for key in keys:
+        if key not in fitted:
+            print(f"no fit row exercises {key}: kept at its floor {FLOORS.get(key, 0.0)}")
+    return {key: fitted.get(key, FLOORS.get(key, 0.0)) for key in keys}
 
 
 def predict(row: Row, constants: dict[str, float]) -> tuple[float, float, float]:

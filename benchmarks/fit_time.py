@@ -141,7 +141,7 @@ def _row(source: str, d: dict) -> Row | None:
     mode = d.get("harness_mode", "")
     label = (f"{source.split('_')[0]}{' ' + mode if mode else ''} {d['model']} N={world} T={seq} K={k} gc={int(gc)} "
              f"off={setup.offload}{' lora' if setup.lora_rank else ''}{' ref' if d.get('ref') else ''} {setup.logprob_impl}"
-             f"{' fsdp' + str(setup.fsdp_version) if setup.sharding == 'fsdp' else ''} {d['gpu'].split()[-1]}")
+             f"{' fsdp' + str(setup.fsdp_version) if setup.sharding == 'fsdp' else ''} {next(f for f in GPUS if f in d['gpu'])}")
     return Row(f"{source}:{d.get('tag')}", label, setup, rates, k, step, tuple(obs))
 
 
@@ -214,10 +214,10 @@ def write_module(constants: dict[str, float], bnd: dict[str, float], fit_rows: s
     MODULE.write_text(text)
 
 
-def report(rows: list[Row], constants: dict[str, float]) -> list[str]:
+def report(rows: list[Row], constants: dict[str, float], only_held_out: bool = False) -> list[str]:
     lines = ["| row | split | K | measured step s | predicted micro-batch s | predicted optimizer s | predicted step s | err |",
              "|---|---|---|---|---|---|---|---|"]
-    for r in rows:
+    for r in (r for r in rows if held_out(r.rid) or not only_held_out):
         mb, opt, step = predict(r, constants)
         lines.append(f"| {r.label} | {'held-out' if held_out(r.rid) else 'fit'} | {r.k} | {r.step_s:.2f} | "
                      f"{mb:.3f} | {opt:.3f} | {step:.2f} | {step / r.step_s - 1:+.0%} |")
@@ -235,6 +235,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--write", action="store_true", help="write the fitted constants into learner_time.py")
     ap.add_argument("--check", action="store_true", help="exit 1 if learner_time.py or the split file differ")
+    ap.add_argument("--held-out", action="store_true", help="list only the held-out rows (docs/plan.md's table)")
     args = ap.parse_args()
     rows = load_rows()
     train = [r for r in rows if not held_out(r.rid)]
@@ -245,7 +246,7 @@ def main() -> int:
     fit_rows = f"{len(train)} measured rows ({', '.join(kinds)}; H100/H200)"
     print("FIT =", json.dumps(constants, indent=1))
     print("BAND =", bnd)
-    print("\n".join(report(rows, constants)))
+    print("\n".join(report(rows, constants, args.held_out)))
     if args.write:
         write_module(constants, bnd, fit_rows)
         SPLIT_FILE.write_text(split_text(rows))

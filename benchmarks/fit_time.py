@@ -178,7 +178,8 @@ def fit(rows: list[Row]) -> dict[str, float]:
     seen = [i for i, key in enumerate(keys) if matrix[:, i].any()]
     lower = [FLOORS.get(keys[i], 0.0) for i in seen]
     coef = lsq_linear(matrix[:, seen], np.array(b), bounds=(lower, np.inf)).x
-    fitted = {keys[i]: float(f"{c:.2g}") for i, c in zip(seen, coef)}
+    # Below 1e-15 is a solver's zero (the smallest real constant, cpu_adam, is ~1e-9 s per parameter).
+    fitted = {keys[i]: float(f"{c:.2g}") if c > 1e-15 else 0.0 for i, c in zip(seen, coef)}
     for key in keys:
         if key not in fitted:
             print(f"no fit row exercises {key}: kept at its floor {FLOORS.get(key, 0.0)}")

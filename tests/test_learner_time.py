@@ -73,6 +73,11 @@ def test_fsdp_gathers_forward_and_backward_and_reduces_fp32():
     assert micro["collectives"] == pytest.approx(0.75 * (2 * 2 * TOTAL + 4 * TOTAL) / 100e9)
 
 
+def test_fsdp_launches_three_collectives_per_layer_on_more_than_one_gpu():
+    micro, _ = time_terms(toy(n_gpus=2, sharding="fsdp"), RATES)
+    assert micro["collective_calls"] == 2 * 3
+
+
 def test_optimizer_offload_runs_adam_on_the_host_for_the_rank_s_partition():
     _, step = time_terms(toy(n_gpus=2, offload="optimizer"), RATES)
     assert (step["cpu_adam"], step["host_copies"]) == pytest.approx((TOTAL / 2, 2 * TOTAL / 2 / 10e9))

@@ -51,6 +51,7 @@ FIT: dict[str, float] = {
     "fsdp_units": 0.0039,  # seconds per FSDP unit (decoder layer) per pass
     "moe_experts": 0.0,  # seconds per expert per layer per pass (eager expert loop)
     "collectives": 1.3,  # 1 / fraction of link bandwidth the gathers and reduce-scatters get
+    "collective_calls": 0.0,  # seconds per gather or reduce-scatter call (latency, N > 1)
     "host_copies": 1.0,  # 1 / fraction of host-link bandwidth the offload copies get
     "adam_zero": 28.0,  # bytes per trained parameter (per rank) of DeepSpeed's step over HBM
     "adam_fsdp": 150.0,  # the same, verl FSDP (foreach AdamW, grad-norm clipping)
@@ -152,6 +153,10 @@ def time_terms(s: LearnerSetup, r: Rates) -> tuple[dict[str, float], dict[str, f
     elif s.zero_stage == 2:
         comm = frac * grad_bytes * trainable
     micro["collectives"] = comm / link
+    if n > 1 and stage3:
+        micro["collective_calls"] = micro["zero3_hooks"]  # a gather per tensor fetched; reduce-scatters bucketed
+    elif n > 1 and fsdp:
+        micro["collective_calls"] = m.num_layers * 3.0  # gather forward and backward, reduce-scatter, per unit
 
     off_opt = s.offload in ("optimizer", "params")
     copies = 0.0

@@ -141,3 +141,9 @@ def test_plan_memory_json_reports_the_learner_s_time():
     data = ok_json(run_hpcrl("plan-memory", "--model", "qwen2.5-7b", "--learner-gpus", "2", "--tokens-per-gpu",
                              "8192", "--cluster", "berzelius-hopper", "--json"))
     assert set(data["learner"]["time"]) == {"micro_batch_s", "optimizer_step_s", "low", "high", "basis"}
+
+
+def test_the_users_qlora_script_s_learner_time_says_its_dequantization_is_derived():
+    data = ok_json(run_hpcrl("plan-memory", "--config", "custom-ppo-qwen2.5-3b-qlora", "--cluster", "berzelius:fat",
+                             "--learner-gpus", "1", "--json"))
+    assert "4-bit dequantization" in data["learner"]["time"]["basis"]

@@ -203,7 +203,7 @@ def _derived(s: LearnerSetup, r: Rates) -> list[str]:
     if s.offload == "params":
         why.append("parameter offload")
     if s.sharding != "fsdp" and s.zero_stage != 3:
-        why.append(f"ZeRO stage {s.zero_stage}")
+        why.append("ZeRO stage 2" if s.zero_stage == 2 else "no ZeRO sharding (one process or DDP)")
     if s.sharding == "fsdp" and s.lora_rank:
         why.append("LoRA under FSDP")
     return why

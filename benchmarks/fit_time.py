@@ -206,8 +206,18 @@ def split_text(rows: list[Row]) -> str:
     return "".join(f"{r.rid} {'held_out' if held_out(r.rid) else 'fit'}\n" for r in rows)
 
 
-def write_module(constants: dict[str, float], bnd: dict[str, float], fit_rows: str) -> None:
+def covered(rows: list[Row]) -> tuple[str, ...]:
+    """The kinds of measurement the fit rows hold (learner_time.coverage), the reference's where it was timed."""
+    kinds = {k for r in rows for k, _ in LT.coverage(r.setup)}
+    if any(o.kind == "ref" for r in rows for o in r.obs):
+        kinds.add("reference")
+    return tuple(sorted(kinds))
+
+
+def write_module(constants: dict[str, float], bnd: dict[str, float], fit_rows: str, kinds: tuple[str, ...]) -> None:
     text = MODULE.read_text()
+    listed = "(" + ", ".join(f'"{k}"' for k in kinds) + ("," if len(kinds) == 1 else "") + ")"
+    text = re.sub(r'\nCOVERED = \([^)]*\)', f"\nCOVERED = {listed}", text, count=1)
     for key, value in constants.items():
         text = re.sub(rf'(\n    "{key}": )[^,]+,', rf"\g<1>{value!r},", text, count=1)
     text = re.sub(r'\nBAND = \{[^}]*\}', f'\nBAND = {{"low": {bnd["low"]!r}, "high": {bnd["high"]!r}}}', text, count=1)
@@ -249,10 +259,10 @@ def main() -> int:
     print("BAND =", bnd)
     print("\n".join(report(rows, constants, args.held_out)))
     if args.write:
-        write_module(constants, bnd, fit_rows)
+        write_module(constants, bnd, fit_rows, covered(train))
         SPLIT_FILE.write_text(split_text(rows))
     if args.check:
-        same = constants == LT.FIT and bnd == LT.BAND and SPLIT_FILE.exists() and SPLIT_FILE.read_text() == split_text(rows)
+        same = constants == LT.FIT and bnd == LT.BAND and covered(train) == LT.COVERED and SPLIT_FILE.exists() and SPLIT_FILE.read_text() == split_text(rows)
         if not same:
             print("learner_time.py or fit_time_split.txt differ from a fresh fit: run fit_time.py --write", file=sys.stderr)
             return 1

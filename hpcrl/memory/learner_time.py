@@ -64,6 +64,8 @@ BAND = {"low": 0.75, "high": 1.7}
 # sides: an assumption, not fitted.
 DERIVED_WIDENING = 1.25
 FIT_ROWS = "34 measured rows (fsdp_measured, zero3_measured; H100/H200)"
+# What the fit rows measured (written by the fit): a setup with anything else is marked derived.
+COVERED = ("fsdp", "optimizer_offload", "zero3")
 # GPUs the fit rows ran on: other GPUs are scaled by peak FLOP/s and bandwidths (derived).
 MEASURED_GPUS = ("H100", "H200")
 # Bytes moved per NF4 weight element per pass when bitsandbytes dequantizes it: read 0.5 + absmax,
@@ -197,16 +199,25 @@ def _derived(s: LearnerSetup, r: Rates) -> list[str]:
     if not any(g in r.gpu for g in MEASURED_GPUS):
         why.append(f"{r.gpu or 'this GPU'} scaled from H100/H200 by peak FLOP/s and bandwidths")
     if s.load_in_4bit:
-        why.append("4-bit dequantization")
-    if s.reference_policy:
-        why.append("reference forward")
-    if s.offload == "params":
-        why.append("parameter offload")
+        why.append("4-bit dequantization")  # no row: always derived
+    unmeasured = [what for kind, what in coverage(s) if kind not in COVERED]
     if s.sharding != "fsdp" and s.zero_stage != 3:
-        why.append("ZeRO stage 2" if s.zero_stage == 2 else "no ZeRO sharding (one process or DDP)")
+        unmeasured.append("ZeRO stage 2" if s.zero_stage == 2 else "no ZeRO sharding (one process or DDP)")
     if s.sharding == "fsdp" and s.lora_rank:
-        why.append("LoRA under FSDP")
-    return why
+        unmeasured.append("LoRA under FSDP")
+    return why + unmeasured
+
+
+def coverage(s: LearnerSetup) -> list[tuple[str, str]]:
+    """The kinds of measurement a setup rests on, each with its words for the basis."""
+    kinds = [("fsdp", "FSDP") if s.sharding == "fsdp" else ("zero3", "ZeRO-3")]
+    for on, kind, what in ((s.reference_policy, "reference", "reference forward"),
+                           (s.offload == "optimizer", "optimizer_offload", "optimizer offload"),
+                           (s.offload == "params", "param_offload", "parameter offload"),
+                           (s.lora_rank > 0, "lora", "LoRA"), (s.model.is_moe, "moe", "MoE experts")):
+        if on:
+            kinds.append((kind, what))
+    return kinds
 
 
 def learner_time(s: LearnerSetup, profile: ClusterProfile, learners_per_node: int | None = None) -> LearnerTime:

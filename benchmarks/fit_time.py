@@ -14,7 +14,8 @@ times them apart, else one per whole step (K x micro-batch + step). Every observ
 FIT (learner_time.time_terms gives each term's count), so the constants come from bounded least squares
 on relative error (each constant at or above its physical floor, FLOORS), rounded to 2 significant digits.
 
-Split, fixed before any error was looked at: a row (id: file stem + ":" + its tag) is held out when the
+Split, fixed before any error was looked at: a row (id: file stem + ":" + its tag, + ":T" + its tokens for
+zero3_timing, whose launches run several lengths under one tag) is held out when the
 first byte of sha256(id) is below 85 (a third); benchmarks/fit_time_split.txt records it. Errors are
 of the whole step (K x micro_batch_s + optimizer_step_s vs measured). BAND is the min and max of
 measured / predicted step over the held-out rows, rounded outward to 0.05.
@@ -142,7 +143,9 @@ def _row(source: str, d: dict) -> Row | None:
     label = (f"{source.split('_')[0]}{' ' + mode if mode else ''} {d['model']} N={world} T={seq} K={k} gc={int(gc)} "
              f"off={setup.offload}{' lora' if setup.lora_rank else ''}{' ref' if d.get('ref') else ''} {setup.logprob_impl}"
              f"{' fsdp' + str(setup.fsdp_version) if setup.sharding == 'fsdp' else ''} {next(f for f in GPUS if f in d['gpu'])}")
-    return Row(f"{source}:{d.get('tag')}", label, setup, rates, k, step, tuple(obs))
+    # zero3_timing launches run several lengths on one engine under one tag: the length makes the id unique.
+    rid = f"{source}:{d.get('tag')}" + (f":T{seq}" if source == "zero3_timing" else "")
+    return Row(rid, label, setup, rates, k, step, tuple(obs))
 
 
 def load_rows() -> list[Row]:

@@ -18,11 +18,10 @@ from hpcrl.memory.plan import MemoryPlan, plan_memory
 from hpcrl.models.spec import ModelSpec
 from hpcrl.planning.generation import EngineWork, generation_seconds
 from hpcrl.planning.layout_rank import rank
-from hpcrl.planning.step_time import StepEstimate, combine, generation_band, training_band
+from hpcrl.planning.step_time import Band, StepEstimate, combine, generation_band, training_band
 from hpcrl.profiles import ClusterProfile
 
 # Stated efficiencies of the throughput model (not measured by hpcrl; see docs/plan.md).
-TRAIN_MFU = 0.40  # fraction of bf16 peak a ZeRO-3 learner sustains
 UTILISATIONS = (0.9, 0.85, 0.8, 0.7, 0.6)
 
 
@@ -108,7 +107,7 @@ class Layout:
     gpu_memory_utilization: float
     memory: MemoryPlan
     gen_time_s: float
-    train_time_s: float
+    train_band: Band  # the learners' seconds per RL step (step_time.training_band)
     notes: tuple[str, ...] = field(default=())
     weight_sync: str = "none"  # the learner's weight-sync mode the plan chose (LearnerSetup.weight_sync)
     # Every GPU trains and generates in turn (memory is a ColocatedPlan): no GPU is idle and
@@ -117,9 +116,12 @@ class Layout:
     gen_basis: str = ""  # what the generation time rests on, where not the vLLM model (a custom generate)
 
     @property
+    def train_time_s(self) -> float:
+        return self.train_band.mid_s
+
+    @property
     def step(self) -> StepEstimate:
-        return combine(generation_band(self.gen_time_s, self.gen_basis), training_band(self.train_time_s),
-                       self.colocated)
+        return combine(generation_band(self.gen_time_s, self.gen_basis), self.train_band, self.colocated)
 
     @property
     def learner_gpus(self) -> int:
@@ -235,12 +237,10 @@ def generation_time(w: Workload, plan: MemoryPlan, profile: ClusterProfile, engi
         hbm_tbs=profile.gpu.hbm_bandwidth_tbs, bf16_tflops=profile.gpu.bf16_tflops))
 
 
-def training_time(w: Workload, profile: ClusterProfile, learner_gpus: int) -> float:
-    """Seconds of one training pass: 6*P*tokens (+2*P recompute, +2*P reference forward)."""
-    per_token = 6 + (2 if w.gradient_checkpointing else 0) + (2 if w.load_ref_policy else 0)
-    params = w.model.active_params if not w.lora_rank else w.model.active_params  # LoRA still runs the base
-    flops = per_token * params * w.seqs * w.seq_len
-    return flops / (learner_gpus * profile.gpu.bf16_tflops * 1e12 * TRAIN_MFU)
+def learner_band(w: Workload, plan: MemoryPlan, profile: ClusterProfile, learners_per_node: int,
+                 passes: int = 1) -> Band:
+    """The learners' seconds per RL step: `passes` times the step's tokens through training_band."""
+    return training_band(plan.learner_setup, profile, w.seqs * w.seq_len * passes, learners_per_node)
 
 
 def check_nodes(profile: ClusterProfile, nodes: int, partition: str | None = None, allow_over_limit: bool = False) -> list[str]:
@@ -378,7 +378,7 @@ def enumerate_layouts(profile: ClusterProfile, nodes: int, w: Workload, pins: Pi
                         gpu_memory_utilization=util,
                         memory=plan,
                         gen_time_s=generation_time(w, plan, profile, engines),
-                        train_time_s=training_time(w, profile, n_learn),
+                        train_band=learner_band(w, plan, profile, k),
                         weight_sync=plan.learner_setup.weight_sync,
                     )
                 )

@@ -8,17 +8,13 @@ the time-limit lead use `high_s`, the ranking `mid_s`.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
+from hpcrl.memory.learner import LearnerSetup
+from hpcrl.memory.learner_time import learner_time
 from hpcrl.planning.generation import GENERATION_BASIS, GENERATION_HIGH, GENERATION_LOW
-
-# The training formula (6-10 x P x tokens at 40% of bf16 peak) against real ZeRO-3 steps as
-# open-instruct configures them (issue 26: 1-2 H100, 1.5B-8B, 4k-16k tokens, offload on/off):
-# the formula was too fast on every row, by 2.2x at the median and 5.3x at worst.
-TRAIN_FORMULA_MEDIAN_SLOWDOWN = 2.2
-TRAIN_FORMULA_MAX_SLOWDOWN = 5.3
-TRAINING_BASIS = ("derived (uncalibrated): 6-10 x P x tokens at 40% of bf16 peak, x2.2 (x1.0-5.3) "
-                  "from issue 26's ZeRO-3 steps")
+from hpcrl.profiles import ClusterProfile
 
 
 @dataclass(frozen=True)
@@ -42,10 +38,20 @@ class StepEstimate:
         return f"~{self.low_s:.0f}-{self.high_s:.0f} s (mid ~{self.mid_s:.0f} s)"
 
 
-def training_band(formula_s: float) -> Band:
-    """The learner's seconds per step, from the FLOPs formula and its measured slowdown."""
-    return Band(formula_s, formula_s * TRAIN_FORMULA_MEDIAN_SLOWDOWN, formula_s * TRAIN_FORMULA_MAX_SLOWDOWN,
-                TRAINING_BASIS)
+def micro_batches(step_tokens: int, learner_gpus: int, tokens_per_micro: int) -> int:
+    """Micro-batches each learner GPU runs for one RL step's tokens (packed to tokens_per_micro)."""
+    return max(1, math.ceil(step_tokens / (max(1, learner_gpus) * max(1, tokens_per_micro))))
+
+
+def training_band(setup: LearnerSetup, profile: ClusterProfile, step_tokens: int, learners_per_node: int) -> Band:
+    """The learners' seconds per RL step: K micro-batches then one optimizer step, from the learner
+    time model (hpcrl/memory/learner_time.py) and its band. One optimizer step per RL step is
+    assumed (open-instruct's default num_mini_batches 1)."""
+    lt = learner_time(setup, profile, learners_per_node)
+    k = micro_batches(step_tokens, setup.n_gpus, setup.tokens_per_gpu)
+    mid = lt.step_s(k)
+    return Band(mid * lt.low, mid, mid * lt.high, f"learner {k} x {lt.micro_batch_s:.2f} s + optimizer step "
+                f"{lt.optimizer_step_s:.2f} s, {lt.basis}")
 
 
 def generation_band(model_s: float, basis: str = "") -> Band:
@@ -61,4 +67,4 @@ def combine(gen: Band, train: Band, colocated: bool) -> StepEstimate:
                         basis, gen.mid_s, train.mid_s)
 
 
-__all__ = ["Band", "StepEstimate", "combine", "generation_band", "training_band"]
+__all__ = ["Band", "StepEstimate", "combine", "generation_band", "micro_batches", "training_band"]

@@ -9,9 +9,9 @@
 #   16 x 4 GH200 (95.58 GiB): 16 learner GPUs, 48 engine GPUs, 0 idle
 #   num_learners_per_node [1] x 16, vllm_num_engines 48, vllm_tensor_parallel_size 1, vllm_gpu_memory_utilization 0.9, deepspeed_stage 3
 #   learner peak 64.3 GiB/GPU of 95.6 usable; engine 60.0 GiB weights + 25.3 GiB KV cache per GPU; host peak 20 GiB/node
-#   step ~206-566 s (mid ~254 s) (generation 254 s, training 235 s), bottleneck generation; the checkpoint cadence and time-limit lead use the upper estimate
-#   step basis: generation: vLLM model fitted on 12 published vLLM rows (batch 1, A100), 6 held out: time off by median 17%, max 2x (benchmarks/vllm_throughput); training: derived (uncalibrated): 6-10 x P x tokens at 40% of bf16 peak, x2.2 (x1.0-5.3) from issue 26's ZeRO-3 steps
-#   checkpoint_state_freq 3: a checkpoint every ~28 min of training at the upper step estimate ~566 s (so that at most 30 min is lost); time-limit warning 900 s before the end = one upper step (~566 s) + one checkpoint write (~180 s, derived) + 60 s to stop
+#   step ~240-543 s (mid ~320 s) (generation 254 s, training 320 s), bottleneck training; the checkpoint cadence and time-limit lead use the upper estimate
+#   step basis: generation: vLLM model fitted on 12 published vLLM rows (batch 1, A100), 6 held out: time off by median 17%, max 2x (benchmarks/vllm_throughput); training: learner 16 x 19.93 s + optimizer step 0.67 s, fitted on 34 measured rows (fsdp_measured, zero3_measured; H100/H200)
+#   checkpoint_state_freq 3: a checkpoint every ~27 min of training at the upper step estimate ~543 s (so that at most 30 min is lost); time-limit warning 900 s before the end = one upper step (~543 s) + one checkpoint write (~180 s, derived) + 60 s to stop
 # Warning: 16 nodes = 64 GPUs exceed QOS 32gpu_qos's default cap of 32 GPUs (8 nodes); fine if your project's limit was raised
 # Warning: num_unique_prompts_rollout 32 is below vllm_num_engines 48: each step's prompts keep at most 32 engines busy (grpo_fast.py looks ahead async_steps steps to fill the rest); raise it to 48 or more, or use fewer engines (--pin engines=N)
 #
@@ -179,7 +179,7 @@ run_directory() {
   "gpus_per_node": 4,
   "hpcrl_version": "0.1.0",
   "layout": {
-    "bottleneck": "generation",
+    "bottleneck": "training",
     "deepspeed_stage": 3,
     "engine_concurrent_seqs": 10,
     "engine_gpus": 48,
@@ -210,12 +210,12 @@ run_directory() {
       1,
       1
     ],
-    "reason": "no idle GPU; step ~254s (range 206-566s) set by generation (generation 254s, training 235s)",
-    "step_time_basis": "generation: vLLM model fitted on 12 published vLLM rows (batch 1, A100), 6 held out: time off by median 17%, max 2x (benchmarks/vllm_throughput); training: derived (uncalibrated): 6-10 x P x tokens at 40% of bf16 peak, x2.2 (x1.0-5.3) from issue 26's ZeRO-3 steps",
-    "step_time_high_s": 566.0,
-    "step_time_low_s": 205.7,
-    "step_time_s": 253.9,
-    "training_time_s": 235.0,
+    "reason": "no idle GPU; step ~320s (range 240-543s) set by training (generation 254s, training 320s)",
+    "step_time_basis": "generation: vLLM model fitted on 12 published vLLM rows (batch 1, A100), 6 held out: time off by median 17%, max 2x (benchmarks/vllm_throughput); training: learner 16 x 19.93 s + optimizer step 0.67 s, fitted on 34 measured rows (fsdp_measured, zero3_measured; H100/H200)",
+    "step_time_high_s": 543.2,
+    "step_time_low_s": 239.7,
+    "step_time_s": 319.5,
+    "training_time_s": 319.5,
     "vllm_gpu_memory_utilization": 0.9,
     "vllm_num_engines": 48,
     "vllm_tensor_parallel_size": 1
@@ -296,6 +296,13 @@ run_directory() {
         "optimizer": 47.896,
         "recompute": 53.925,
         "weight sync": 44.221
+      },
+      "time": {
+        "basis": "fitted on 34 measured rows (fsdp_measured, zero3_measured; H100/H200)",
+        "high": 1.7,
+        "low": 0.75,
+        "micro_batch_s": 19.93,
+        "optimizer_step_s": 0.672
       },
       "tokens_per_gpu": 10240,
       "weight_sync": "per_param",

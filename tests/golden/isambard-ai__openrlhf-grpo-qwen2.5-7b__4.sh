@@ -6,12 +6,12 @@
 # Plan assumes openrlhf 3c3be623, the newest hpcrl knows; set hpcrl.framework_version to target another (known: 3c3be623)
 # Plan:
 #   model Qwen/Qwen2.5-7B: 1024 sequences of 5120 tokens per step, 5120 tokens per actor GPU micro-batch
-#   4 x 4 GH200 (95.58 GiB): 12 learner GPUs, 4 engine GPUs, 0 idle
-#   actor.num_nodes 3, actor.num_gpus_per_node 4, vllm.num_engines 4, vllm.tensor_parallel_size 1, vllm.gpu_memory_utilization 0.9, ds.zero_stage 3
-#   learner peak 29.4 GiB/GPU of 95.6 usable; engine 14.2 GiB weights + 70.9 GiB KV cache per GPU; host peak 26 GiB/node
-#   step ~94-446 s (mid ~185 s) (generation 116 s, training 185 s), bottleneck training; the checkpoint cadence and time-limit lead use the upper estimate
-#   step basis: generation: vLLM model fitted on 12 published vLLM rows (batch 1, A100), 6 held out: time off by median 17%, max 2x (benchmarks/vllm_throughput); training: derived (uncalibrated): 6-10 x P x tokens at 40% of bf16 peak, x2.2 (x1.0-5.3) from issue 26's ZeRO-3 steps
-#   ckpt.save_steps 4: a checkpoint every ~30 min of training at the upper step estimate ~446 s (so that at most 30 min is lost); time-limit warning 900 s before the end = one upper step (~446 s) + one checkpoint write (~43 s, derived) + 60 s to stop
+#   4 x 4 GH200 (95.58 GiB): 4 learner GPUs, 12 engine GPUs, 0 idle
+#   actor.num_nodes 1, actor.num_gpus_per_node 4, vllm.num_engines 12, vllm.tensor_parallel_size 1, vllm.gpu_memory_utilization 0.9, ds.zero_stage 3
+#   learner peak 52.1 GiB/GPU of 95.6 usable; engine 14.2 GiB weights + 70.9 GiB KV cache per GPU; host peak 26 GiB/node
+#   step ~177-627 s (mid ~296 s) (generation 65 s, training 296 s), bottleneck training; the checkpoint cadence and time-limit lead use the upper estimate
+#   step basis: generation: vLLM model fitted on 12 published vLLM rows (batch 1, A100), 6 held out: time off by median 17%, max 2x (benchmarks/vllm_throughput); training: learner 256 x 1.15 s + optimizer step 0.33 s, fitted on 34 measured rows (fsdp_measured, zero3_measured; H100/H200); derived: reference forward
+#   ckpt.save_steps 2: a checkpoint every ~21 min of training at the upper step estimate ~627 s (so that at most 30 min is lost); time-limit warning 900 s before the end = one upper step (~627 s) + one checkpoint write (~43 s, derived) + 60 s to stop
 # Warning: 4 learners per node on isambard-ai, where the profile plans at most 1: more than one learner per GH200 node failed with NCCL "Duplicate GPU detected" in the users' runs (their workaround, a patched NCCL with NCCL_IGNORE_DUPLICATE_GPU=1, is untested at 32B)
 #
 # Submit with `hpcrl submit`, which creates the run directory first. With plain sbatch,
@@ -175,15 +175,15 @@ run_directory() {
   "backend": "openrlhf",
   "backend_args": {
     "actor.num_gpus_per_node": 4,
-    "actor.num_nodes": 3,
+    "actor.num_nodes": 1,
     "ckpt.max_num": 3,
-    "ckpt.save_steps": 4,
+    "ckpt.save_steps": 2,
     "ds.zero_stage": 3,
     "ref.num_gpus_per_node": 4,
-    "ref.num_nodes": 3,
+    "ref.num_nodes": 1,
     "train.colocate_actor_ref": true,
     "vllm.gpu_memory_utilization": 0.9,
-    "vllm.num_engines": 4,
+    "vllm.num_engines": 12,
     "vllm.tensor_parallel_size": 1
   },
   "cluster": "isambard-ai",
@@ -195,28 +195,26 @@ run_directory() {
     "bottleneck": "training",
     "deepspeed_stage": 3,
     "engine_concurrent_seqs": 259,
-    "engine_gpus": 4,
+    "engine_gpus": 12,
     "engine_kv_cache_gib": 70.94,
-    "generation_time_s": 116.4,
+    "generation_time_s": 64.7,
     "gpu_usable_gib": 95.58,
     "host_peak_gib": 26.0,
     "idle_gpus": 0,
-    "learner_gpus": 12,
-    "learner_peak_gib": 29.44,
+    "learner_gpus": 4,
+    "learner_peak_gib": 52.1,
     "nodes": 4,
     "num_learners_per_node": [
-      4,
-      4,
       4
     ],
-    "reason": "no idle GPU; step ~185s (range 94-446s) set by training (generation 116s, training 185s)",
-    "step_time_basis": "generation: vLLM model fitted on 12 published vLLM rows (batch 1, A100), 6 held out: time off by median 17%, max 2x (benchmarks/vllm_throughput); training: derived (uncalibrated): 6-10 x P x tokens at 40% of bf16 peak, x2.2 (x1.0-5.3) from issue 26's ZeRO-3 steps",
-    "step_time_high_s": 445.8,
-    "step_time_low_s": 94.3,
-    "step_time_s": 185.0,
-    "training_time_s": 185.0,
+    "reason": "no idle GPU; step ~296s (range 177-627s) set by training (generation 65s, training 296s)",
+    "step_time_basis": "generation: vLLM model fitted on 12 published vLLM rows (batch 1, A100), 6 held out: time off by median 17%, max 2x (benchmarks/vllm_throughput); training: learner 256 x 1.15 s + optimizer step 0.33 s, fitted on 34 measured rows (fsdp_measured, zero3_measured; H100/H200); derived: reference forward",
+    "step_time_high_s": 626.6,
+    "step_time_low_s": 177.3,
+    "step_time_s": 295.6,
+    "training_time_s": 295.6,
     "vllm_gpu_memory_utilization": 0.9,
-    "vllm_num_engines": 4,
+    "vllm_num_engines": 12,
     "vllm_tensor_parallel_size": 1
   },
   "memory": {
@@ -262,23 +260,23 @@ run_directory() {
       "ram_per_node_gib": 460.0
     },
     "learner": {
-      "allocator_margin_gib": 2.957,
+      "allocator_margin_gib": 5.314,
       "breakdown": {
-        "Adam moments (fp32)": 4.728,
+        "Adam moments (fp32)": 14.185,
         "ZeRO-3 gathered lm_head + grad": 2.03,
         "activations (stored)": 1.06,
         "fixed (workspaces, RNG, persistent params)": 0.1,
-        "fp32 master weights": 2.364,
-        "gradients": 1.182,
+        "fp32 master weights": 7.093,
+        "gradients": 3.546,
         "log-prob path (eager)": 8.701,
-        "parameters (bf16)": 1.182,
+        "parameters (bf16)": 3.546,
         "reduce bucket": 0.931,
-        "reference policy (bf16)": 1.182
+        "reference policy (bf16)": 3.546
       },
-      "deepspeed_estimate_gib": 12.669,
-      "device_total_gib": 29.435,
+      "deepspeed_estimate_gib": 33.947,
+      "device_total_gib": 52.096,
       "fits": true,
-      "gpus": 12,
+      "gpus": 4,
       "grad_accum_dtype": "bf16",
       "gradient_checkpointing": true,
       "inside_margin": false,
@@ -287,13 +285,20 @@ run_directory() {
       "lora_rank": 0,
       "non_torch_gib": 1.0,
       "offload": "none",
-      "peak_allocated_gib": 23.461,
+      "peak_allocated_gib": 44.739,
       "peak_phase": "logits",
-      "peak_reserved_gib": 28.435,
+      "peak_reserved_gib": 51.096,
       "phases_gib": {
-        "logits": 23.461,
-        "optimizer": 15.217,
-        "recompute": 14.775
+        "logits": 44.739,
+        "optimizer": 38.536,
+        "recompute": 36.053
+      },
+      "time": {
+        "basis": "fitted on 34 measured rows (fsdp_measured, zero3_measured; H100/H200); derived: reference forward",
+        "high": 2.12,
+        "low": 0.6,
+        "micro_batch_s": 1.153,
+        "optimizer_step_s": 0.329
       },
       "tokens_per_gpu": 5120,
       "weight_sync": "none",
@@ -305,7 +310,7 @@ run_directory() {
       "total_params": 7615616512,
       "trainable_params": 7615616512
     },
-    "verdict": "learner fits with 63.2 GiB to spare after a 3.0 GiB allocator margin; engine fits: 259.43x sequences of 5120 tokens fit at once"
+    "verdict": "learner fits with 38.2 GiB to spare after a 5.3 GiB allocator margin; engine fits: 259.43x sequences of 5120 tokens fit at once"
   },
   "model": "Qwen/Qwen2.5-7B",
   "nodes": 4,
@@ -1142,17 +1147,17 @@ driver_command() {
         --ds.packing_samples
         --vllm.enable_prefix_caching
         --logger.logging_steps 1
-        --actor.num_nodes 3
+        --actor.num_nodes 1
         --actor.num_gpus_per_node 4
-        --vllm.num_engines 4
+        --vllm.num_engines 12
         --vllm.tensor_parallel_size 1
         --vllm.gpu_memory_utilization 0.9
         --ds.zero_stage 3
-        --ref.num_nodes 3
+        --ref.num_nodes 1
         --ref.num_gpus_per_node 4
         --train.colocate_actor_ref
         --ckpt.max_num 3
-        --ckpt.save_steps 4
+        --ckpt.save_steps 2
         --ckpt.path "$RUN_DIR/checkpoints"
         --ckpt.output_dir "$RUN_DIR/output"
         --ckpt.load_enable

@@ -9,9 +9,9 @@
 #   4 x 4 GH200 (95.58 GiB): all 16 GPUs train and generate (colocated)
 #   trainer.nnodes 4, n_gpus_per_node 4, rollout tensor_model_parallel_size 1 (16 engines), gpu_memory_utilization 0.85, fsdp param_offload false, optimizer_offload false
 #   colocated peak 73.0 GiB/GPU training, 89.6 GiB/GPU rollout of 95.6 usable; KV cache 66.2 GiB per GPU; host peak 49 GiB/node
-#   step ~149-637 s (mid ~276 s) (generation 68 s, training 208 s), bottleneck training; the checkpoint cadence and time-limit lead use the upper estimate
-#   step basis: generation: vLLM model fitted on 12 published vLLM rows (batch 1, A100), 6 held out: time off by median 17%, max 2x (benchmarks/vllm_throughput); training: derived (uncalibrated): 6-10 x P x tokens at 40% of bf16 peak, x2.2 (x1.0-5.3) from issue 26's ZeRO-3 steps
-#   trainer.save_freq 2: a checkpoint every ~21 min of training at the upper step estimate ~637 s (so that at most 30 min is lost); time-limit warning 900 s before the end = one upper step (~637 s) + one checkpoint write (~43 s, derived) + 60 s to stop
+#   step ~133-412 s (mid ~198 s) (generation 68 s, training 130 s), bottleneck training; the checkpoint cadence and time-limit lead use the upper estimate
+#   step basis: generation: vLLM model fitted on 12 published vLLM rows (batch 1, A100), 6 held out: time off by median 17%, max 2x (benchmarks/vllm_throughput); training: learner 12 x 10.86 s + optimizer step 0.02 s, fitted on 34 measured rows (fsdp_measured, zero3_measured; H100/H200); derived: reference forward
+#   trainer.save_freq 4: a checkpoint every ~27 min of training at the upper step estimate ~412 s (so that at most 30 min is lost); time-limit warning 900 s before the end = one upper step (~412 s) + one checkpoint write (~43 s, derived) + 60 s to stop
 # Warning: 4 learners per node on isambard-ai, where the profile plans at most 1: more than one learner per GH200 node failed with NCCL "Duplicate GPU detected" in the users' runs (their workaround, a patched NCCL with NCCL_IGNORE_DUPLICATE_GPU=1, is untested at 32B)
 #
 # Submit with `hpcrl submit`, which creates the run directory first. With plain sbatch,
@@ -185,7 +185,7 @@ run_directory() {
     "trainer.max_actor_ckpt_to_keep": 2,
     "trainer.n_gpus_per_node": 4,
     "trainer.nnodes": 4,
-    "trainer.save_freq": 2
+    "trainer.save_freq": 4
   },
   "cluster": "isambard-ai",
   "config": "verl-grpo-qwen2.5-7b.yaml",
@@ -212,14 +212,14 @@ run_directory() {
       4,
       4
     ],
-    "reason": "colocated: every GPU trains and generates; step ~276s = generation 68s + training 208s (range 149-637s)",
+    "reason": "colocated: every GPU trains and generates; step ~198s = generation 68s + training 130s (range 133-412s)",
     "rollout_peak_gib": 89.59,
-    "step_time_basis": "generation: vLLM model fitted on 12 published vLLM rows (batch 1, A100), 6 held out: time off by median 17%, max 2x (benchmarks/vllm_throughput); training: derived (uncalibrated): 6-10 x P x tokens at 40% of bf16 peak, x2.2 (x1.0-5.3) from issue 26's ZeRO-3 steps",
-    "step_time_high_s": 636.9,
-    "step_time_low_s": 149.5,
-    "step_time_s": 275.9,
+    "step_time_basis": "generation: vLLM model fitted on 12 published vLLM rows (batch 1, A100), 6 held out: time off by median 17%, max 2x (benchmarks/vllm_throughput); training: learner 12 x 10.86 s + optimizer step 0.02 s, fitted on 34 measured rows (fsdp_measured, zero3_measured; H100/H200); derived: reference forward",
+    "step_time_high_s": 411.7,
+    "step_time_low_s": 133.0,
+    "step_time_s": 198.0,
     "training_peak_gib": 73.0,
-    "training_time_s": 208.2,
+    "training_time_s": 130.3,
     "vllm_gpu_memory_utilization": 0.85,
     "vllm_num_engines": 16,
     "vllm_tensor_parallel_size": 1
@@ -328,6 +328,13 @@ run_directory() {
         "optimizer step": 10.961
       },
       "sharding": "fsdp",
+      "time": {
+        "basis": "fitted on 34 measured rows (fsdp_measured, zero3_measured; H100/H200); derived: reference forward",
+        "high": 2.12,
+        "low": 0.6,
+        "micro_batch_s": 10.86,
+        "optimizer_step_s": 0.018
+      },
       "tokens_per_gpu": 40960,
       "weight_sync": "none",
       "zero_stage": null
@@ -1185,7 +1192,7 @@ driver_command() {
         actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8
         actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8
         actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8
-        trainer.save_freq=2
+        trainer.save_freq=4
         trainer.max_actor_ckpt_to_keep=2
         "trainer.default_local_dir=$RUN_DIR/checkpoints"
         trainer.resume_mode=auto

@@ -22,7 +22,7 @@ from hpcrl.models.spec import ALL_LINEAR
 from hpcrl.planning.backends.base import Backend, DriverLine, Planned, Word, cli_pins_into, positive
 from hpcrl.planning.backends.log_facts import DiagnoseFacts, SmokeFacts
 from hpcrl.planning.backends.custom_facts import DISK, memory_answer
-from hpcrl.planning.layout import Layout, Pins, Workload, training_time
+from hpcrl.planning.layout import Layout, Pins, Workload, learner_band
 
 if TYPE_CHECKING:
     from hpcrl.planning.run_types import HpcrlSection, RunConfig, RunPlan
@@ -201,7 +201,7 @@ class CustomBackend(Backend):
                             "(launcher torchrun runs one per GPU, or ask --gpus 1)")
         lay = Layout(nodes=1, gpus_per_node=g, learners_per_node=procs, learner_nodes=1, tp=1, engines=procs,
                      gpu_memory_utilization=0.0, memory=plan, gen_time_s=generation_time(cfg, self, w, plan, profile),
-                     train_time_s=training_time(w, profile, procs) * int(self.arg(cfg, "ppo_epochs")),
+                     train_band=learner_band(w, plan, profile, procs, int(self.arg(cfg, "ppo_epochs"))),
                      colocated=True, gen_basis=HF_GENERATE_BASIS)
         return Planned([lay], warnings=tuple(warnings))
 

@@ -269,9 +269,8 @@ def test_unknown_cluster_and_model_name_closest():
 
 def test_idle_gpus_of_the_chosen_layout_are_named():
     """The users' 32B utilisation (0.55) on 16 GH200 nodes: the TP-2 engines of the fastest layout
-    leave one of each learner node's three spare GPUs idle.
-    The warning counts them, says why, and names the layout that idles fewest.
-    among near-equal steps, the one with fewer idle GPUs ranks first."""
+    leave one of each learner node's three spare GPUs idle. The warning counts them, says why, and
+    names the layout that idles fewest."""
     out = subprocess.run([sys.executable, "-m", "hpcrl", "render", "--nodes", "16", "--pin", "util=0.55"],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr

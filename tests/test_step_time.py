@@ -44,3 +44,17 @@ def test_seed_003_step_is_within_25_percent_or_says_why_not():
     rp = make_run_plan("configs/custom-ppo-qwen2.5-3b-qlora.yaml", cluster="berzelius:fat", nodes=1, gpus=1)
     step = rp.layouts[0].step
     assert abs(step.mid_s / 26.6 - 1) <= 0.25 or "not checked against a measured" in step.basis
+
+
+def test_micro_batches_per_learner_gpu():
+    """256 sequences of 10240 tokens over 16 learners packing 10240 tokens each: 16 micro-batches;
+    one more sequence needs a 17th on some GPU."""
+    from hpcrl.planning.step_time import micro_batches
+    assert (micro_batches(256 * 10240, 16, 10240), micro_batches(257 * 10240, 16, 10240)) == (16, 17)
+
+
+def test_colocated_step_adds_generation_and_training_bands():
+    """generation 100 s (band 81-200 s), training 50 s (band 40-80 s): colocated high = 200 + 80."""
+    from hpcrl.planning.step_time import Band, combine
+    step = combine(Band(81, 100, 200, "g"), Band(40, 50, 80, "t"), colocated=True)
+    assert (step.low_s, step.mid_s, step.high_s) == (121, 150, 280)

@@ -58,3 +58,10 @@ def test_colocated_step_adds_generation_and_training_bands():
     from hpcrl.planning.step_time import Band, combine
     step = combine(Band(81, 100, 200, "g"), Band(40, 50, 80, "t"), colocated=True)
     assert (step.low_s, step.mid_s, step.high_s) == (121, 150, 280)
+
+
+def test_on_part_of_a_node_a_layout_using_every_gpu_comes_first():
+    """--gpus N: each idle GPU is one another job could have had, so a slower layout without idle
+    GPUs ranks above a faster one with; on whole nodes the faster one wins."""
+    fast_idle, slow_full = _lay(100, 1), _lay(150, 0)
+    assert (rank([fast_idle, slow_full], exclusive=False)[0], rank([fast_idle, slow_full])[0]) == (slow_full, fast_idle)

@@ -382,4 +382,4 @@ def enumerate_layouts(profile: ClusterProfile, nodes: int, w: Workload, pins: Pi
                         weight_sync=plan.learner_setup.weight_sync,
                     )
                 )
-    return rank(layouts), rejected
+    return rank(layouts, exclusive=profile.job_gpus is None), rejected

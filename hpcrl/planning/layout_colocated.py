@@ -88,7 +88,7 @@ def enumerate_colocated(profile: ClusterProfile, nodes: int, w: Workload, pins: 
                 break
         if why:
             rejected[why] = rejected.get(why, 0) + 1
-    return rank(layouts), rejected
+    return rank(layouts, exclusive=profile.job_gpus is None), rejected
 
 
 def plan_colocated_layouts(profile: ClusterProfile, nodes: int, w: Workload, pins: Pins = Pins(),

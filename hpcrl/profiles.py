@@ -46,6 +46,9 @@ class GPU(_Strict):
     hbm_bandwidth_tbs: float = Field(gt=0, description="Peak HBM bandwidth, TB/s")
     bf16_tflops: float = Field(gt=0, description="Dense bf16 peak, TFLOP/s")
     compute_capability: str = "9.0"
+    # None: the GPU model's default (hpcrl/memory/gpu_rates.py LINK_DEFAULTS), so older profiles still plan.
+    intra_node_gbs: float | None = Field(default=None, gt=0, description="GPU-GPU link in a node, GB/s per direction")
+    host_link_gbs: float | None = Field(default=None, gt=0, description="GPU-host link (PCIe, C2C), GB/s per direction")
 
 
 class Node(_Strict):
@@ -53,6 +56,8 @@ class Node(_Strict):
     ram_gib: float = Field(gt=0, description="Host RAM a job can allocate on one node, GiB")
     arch: Literal["x86_64", "aarch64"]
     interconnect: str = ""
+    inter_node_gbs: float | None = Field(default=None, gt=0, description="Network of one node, all NICs, GB/s per "
+                                         "direction (None: 25 per GPU)")
 
 
 class Partition(_Strict):

@@ -192,6 +192,7 @@ def _print_plan(d: dict) -> None:
     if not fsdp:
         t.add_row("DeepSpeed's own estimate", f"{lr['deepspeed_estimate_gib']:.2f}")
     console.print(t)
+    _print_time(lr["time"], lr["tokens_per_gpu"])
     e = table(f"Engine GPU: vLLM {en['vllm_version']} TP={en['tp']}, gpu_memory_utilization="
               f"{en['gpu_memory_utilization']}, max_num_seqs {en['max_num_seqs']}, "
               f"max_num_batched_tokens {en['max_num_batched_tokens']}")
@@ -216,6 +217,12 @@ def _print_plan(d: dict) -> None:
     )
     style = "green" if d["fits"] else "red"
     console.print(f"[bold {style}]Verdict:[/] {d['verdict']}")
+
+
+def _print_time(lt: dict, tokens: int) -> None:
+    console.print(f"Learner time per GPU: {lt['micro_batch_s']:.2f} s per micro-batch of {tokens} tokens + "
+                  f"{lt['optimizer_step_s']:.2f} s optimizer step (band x{lt['low']}-x{lt['high']}; {lt['basis']})",
+                  soft_wrap=True)
 
 
 def _print_colocated(c: dict, usable: float) -> None:
@@ -253,6 +260,7 @@ def _print_hf(d: dict) -> None:
     t.add_row("[bold]on the GPU[/]", f"[bold]{lr['device_total_gib']:.2f}[/] / {gpu['usable_gib']:.1f}")
     t.add_row("allocator margin kept free (measured spread, DeepSpeed rows)", f"{lr['allocator_margin_gib']:.2f}")
     console.print(t)
+    _print_time(lr["time"], lr["tokens_per_micro_batch"])
     host = d["host"]
     console.print(f"Host RAM: {host['peak_gib']:.0f} GiB of the job's {host['ram_gib']:.0f} GiB")
     style = "green" if d["fits"] else "red"

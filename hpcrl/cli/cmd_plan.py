@@ -57,12 +57,13 @@ def plan_cmd(
         learners = f"[{lay.learners_per_node}] x {lay.learner_nodes}"
         t.add_row(str(i), learners, f"{lay.engines} x {lay.tp}", f"{lay.gpu_memory_utilization:.2f}",
                   str(lay.idle_gpus), f"{d['learner_peak_gib']:.1f}/{d['gpu_usable_gib']:.1f}",
-                  f"{d['engine_kv_cache_gib']:.1f}", f"{lay.gen_time_s:.0f}", f"{lay.train_time_s:.0f}")
+                  f"{d['engine_kv_cache_gib']:.1f}", f"{d['generation_time_s']:.0f}", f"{d['training_time_s']:.0f}")
     console.print(t)
     for i, lay in enumerate(shown, 1):
         console.print(f"  {i}: {lay.reason()}; learner headroom {lay.learner_headroom:.0%}")
     console.print(
-        "Ranked by: no idle GPU, then estimated step time (generation: decode bound by HBM bandwidth; "
-        "training: 6-10 x params x tokens at 40% of bf16 peak), steps within 10% going to fewer learners "
+        "Ranked by estimated step time (mid), steps within 10% going to fewer idle GPUs, then fewer learners "
         "per node, then more headroom; see docs/plan.md."
     )
+    if shown:
+        console.print(f"Step basis: {shown[0].step.basis}")

@@ -15,6 +15,7 @@ from hpcrl.memory.engine import EngineMemory, EngineSetup
 from hpcrl.memory.hf_learner import DERIVED, MEASURED, HfLearnerMemory, HfLearnerSetup, Term, hf_learner_memory
 from hpcrl.memory.host import HostMemory
 from hpcrl.memory.learner import LearnerMemory, LearnerSetup
+from hpcrl.memory.learner_time import learner_time
 from hpcrl.memory.plan import MemoryPlan, allocator_margin
 from hpcrl.profiles import ClusterProfile
 
@@ -99,6 +100,8 @@ class HfPlan(MemoryPlan):
                 "allocator_margin_gib": round(margin / g, 3),
                 "fits": self.learner.device_total + margin <= self.usable,
                 "inside_margin": self.inside_margin,
+                # One training micro-batch of tokens_per_micro_batch and the optimizer step (issue 26).
+                "time": learner_time(self.learner_setup, self.profile).to_dict(),
             },
             "generation": {"kind": "hf-generate", "kv_cache_gib": round(self.engine.kv_cache / g, 3),
                            "kv_bytes_per_token": self.engine.kv_bytes_per_token, "kv_tokens": self.engine.kv_tokens,

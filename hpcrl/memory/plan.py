@@ -8,6 +8,7 @@ from hpcrl.memory import constants as C
 from hpcrl.memory.engine import EngineMemory, EngineSetup, engine_memory
 from hpcrl.memory.host import HostMemory, host_memory
 from hpcrl.memory.learner import LearnerMemory, LearnerSetup, deepspeed_estimate, learner_memory
+from hpcrl.memory.learner_time import learner_time
 from hpcrl.profiles import ClusterProfile
 
 # Headroom kept free on a GPU for spikes no model sees (used where no measured margin applies:
@@ -135,6 +136,8 @@ class MemoryPlan:
                 "allocator_margin_gib": round(allocator_margin(ls, self.learner.peak_reserved) / g, 3),
                 "fits": self.learner_peak + allocator_margin(ls, self.learner.peak_reserved) <= self.usable,
                 "inside_margin": self.inside_margin,
+                # One micro-batch of tokens_per_gpu on one learner GPU and the optimizer step (issue 26).
+                "time": learner_time(ls, self.profile).to_dict(),
             },
             "engine": {
                 "tp": es.tp,

@@ -16,7 +16,7 @@ QKNorm = Literal["none", "per_head", "full"]
 
 # Families whose attention carries a bias on q/k/v, or normalises q and k.
 _QKV_BIAS = {"qwen2", "qwen2_moe"}
-_QK_NORM: dict[str, QKNorm] = {"qwen3": "per_head", "qwen3_moe": "per_head", "olmo2": "full", "olmo3": "full"}
+_QK_NORM: dict[str, QKNorm] = {"qwen3": "per_head", "qwen3_moe": "per_head", "olmo2": "full", "olmo3": "full", "olmoe": "full"}
 
 _REQUIRED = (
     "hidden_size",
@@ -80,7 +80,8 @@ class ModelSpec:
             qk_norm=_QK_NORM.get(model_type, "none"),
             num_experts=experts,
             num_experts_per_tok=int(cfg.get("num_experts_per_tok") or 0),
-            moe_intermediate_size=int(cfg.get("moe_intermediate_size") or 0),
+            # Mixtral and OLMoE give each expert's size as intermediate_size (no moe_intermediate_size).
+            moe_intermediate_size=int(cfg.get("moe_intermediate_size") or (cfg["intermediate_size"] if experts else 0)),
             sources=tuple(sources),
         )
         spec.validate()

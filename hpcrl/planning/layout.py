@@ -1,9 +1,8 @@
 """Layout planner: learners per node, vLLM engines, TP and memory utilisation for N nodes.
 
 Pure: a profile, a node count and a workload in; ranked layouts out. A layout is kept when
-it satisfies open-instruct's placement rules and fits in memory; layouts are ranked by
-idle GPUs first, then by the estimated time of one RL step (generation and training
-overlap in open-instruct's asynchronous loop, so the slower side sets the pace).
+it satisfies open-instruct's placement rules and fits in memory; layouts are ranked by the
+estimated time of one RL step (planning/layout_rank.py).
 """
 
 from __future__ import annotations
@@ -18,14 +17,13 @@ from hpcrl.memory.learner import LearnerSetup, sync_modes
 from hpcrl.memory.plan import MemoryPlan, plan_memory
 from hpcrl.memory.vllm_accounting import VllmEngineFacts, default_engine
 from hpcrl.models.spec import ModelSpec
+from hpcrl.planning.generation import EngineWork, generation_seconds
+from hpcrl.planning.layout_rank import rank
+from hpcrl.planning.step_time import Band, StepEstimate, combine, generation_band, training_band
 from hpcrl.profiles import ClusterProfile
 
 # Stated efficiencies of the throughput model (not measured by hpcrl; see docs/plan.md).
-TRAIN_MFU = 0.40  # fraction of bf16 peak a ZeRO-3 learner sustains
-DECODE_BW_EFFICIENCY = 0.50  # fraction of HBM peak a vLLM decode step sustains
-TP_ALLREDUCE_S = 10e-6  # latency of one intra-node all-reduce; two per layer per step
 UTILISATIONS = (0.9, 0.85, 0.8, 0.7, 0.6)
-STEP_TIE = 0.10  # step-time estimates closer than this are not told apart (they rest on assumed efficiencies)
 
 
 # FSDP micro-batches per optimizer step when nothing says (an assumption plan-memory prints).
@@ -112,12 +110,21 @@ class Layout:
     gpu_memory_utilization: float
     memory: MemoryPlan
     gen_time_s: float
-    train_time_s: float
+    train_band: Band  # the learners' seconds per RL step (step_time.training_band)
     notes: tuple[str, ...] = field(default=())
     weight_sync: str = "none"  # the learner's weight-sync mode the plan chose (LearnerSetup.weight_sync)
     # Every GPU trains and generates in turn (memory is a ColocatedPlan): no GPU is idle and
     # generation and training add up instead of overlapping.
     colocated: bool = False
+    gen_basis: str = ""  # what the generation time rests on, where not the vLLM model (a custom generate)
+
+    @property
+    def train_time_s(self) -> float:
+        return self.train_band.mid_s
+
+    @property
+    def step(self) -> StepEstimate:
+        return combine(generation_band(self.gen_time_s, self.gen_basis), self.train_band, self.colocated)
 
     @property
     def learner_gpus(self) -> int:
@@ -131,13 +138,11 @@ class Layout:
 
     @property
     def step_time_s(self) -> float:
-        if self.colocated:
-            return self.gen_time_s + self.train_time_s
-        return max(self.gen_time_s, self.train_time_s)
+        return self.step.mid_s
 
     @property
     def bottleneck(self) -> str:
-        return "generation" if self.gen_time_s >= self.train_time_s else "training"
+        return "generation" if self.step.generation_s >= self.step.training_s else "training"
 
     @property
     def inside_margin(self) -> bool:
@@ -161,18 +166,18 @@ class Layout:
              if self.weight_sync in ("whole_model", "per_param") else {})
 
     def reason(self) -> str:
+        st = self.step
         if self.colocated:
             return (f"colocated: every GPU trains and generates; step ~{self.step_time_s:.0f}s = generation "
-                    f"{self.gen_time_s:.0f}s + training {self.train_time_s:.0f}s")
+                    f"{st.generation_s:.0f}s + training {st.training_s:.0f}s (range {st.low_s:.0f}-{st.high_s:.0f}s)")
         idle = "no idle GPU" if self.idle_gpus == 0 else f"{self.idle_gpus} idle GPUs"
         return (
-            f"{idle}; step ~{self.step_time_s:.0f}s set by {self.bottleneck} "
-            f"(generation {self.gen_time_s:.0f}s, training {self.train_time_s:.0f}s)"
+            f"{idle}; step ~{self.step_time_s:.0f}s (range {st.low_s:.0f}-{st.high_s:.0f}s) set by {self.bottleneck} "
+            f"(generation {st.generation_s:.0f}s, training {st.training_s:.0f}s)"
         )
 
     def to_dict(self) -> dict:
-        g = C.GIB
-        mem = self.memory
+        g, mem, st = C.GIB, self.memory, self.step
         return {
             **self.open_instruct_fields(),
             "nodes": self.nodes,
@@ -186,9 +191,12 @@ class Layout:
                             "max_num_batched_tokens": mem.engine.batched_tokens},
             "host_peak_gib": round(mem.host.peak / g, 1),
             "gpu_usable_gib": round(mem.usable / g, 2),
-            "generation_time_s": round(self.gen_time_s, 1),
-            "training_time_s": round(self.train_time_s, 1),
-            "step_time_s": round(self.step_time_s, 1),
+            "generation_time_s": round(st.generation_s, 1),
+            "training_time_s": round(st.training_s, 1),
+            "step_time_s": round(st.mid_s, 1),
+            "step_time_low_s": round(st.low_s, 1),
+            "step_time_high_s": round(st.high_s, 1),
+            "step_time_basis": st.basis,
             "bottleneck": self.bottleneck,
             "reason": self.reason(),
         } | (self._colocated_dict() if self.colocated else {})
@@ -230,25 +238,21 @@ def _learner_setup(w: Workload, n: int, weight_sync: str = "none") -> LearnerSet
 
 
 def generation_time(w: Workload, plan: MemoryPlan, profile: ClusterProfile, engines: int) -> float:
-    """Seconds to generate one step's responses: decode steps bound by HBM bandwidth."""
-    eng = plan.engine
+    """Seconds to generate one step's responses on the busiest engine (planning/generation.py)."""
+    eng, m = plan.engine, w.model
     per_engine = math.ceil(w.seqs / engines)
     concurrent = max(1, min(per_engine, eng.concurrent_seqs, C.VLLM_MAX_NUM_SEQS))
-    waves = math.ceil(per_engine / concurrent)
-    ctx = w.max_prompt_token_length + w.response_length / 2
-    bytes_per_step = eng.weights + concurrent * ctx * eng.kv_bytes_per_token
-    bw = profile.gpu.hbm_bandwidth_tbs * 1e12 * DECODE_BW_EFFICIENCY
-    tp = plan.engine_setup.tp
-    step = bytes_per_step / bw + (2 * w.model.num_layers * TP_ALLREDUCE_S if tp > 1 else 0.0)
-    return waves * w.response_length * step
+    return generation_seconds(EngineWork(
+        weights_bytes=eng.weights, kv_bytes_per_token=eng.kv_bytes_per_token, layers=m.num_layers,
+        active_params=m.active_params, q_dim=m.q_dim, tp=plan.engine_setup.tp, seqs=per_engine,
+        concurrent=concurrent, prompt_len=w.max_prompt_token_length, response_len=w.response_length,
+        hbm_tbs=profile.gpu.hbm_bandwidth_tbs, bf16_tflops=profile.gpu.bf16_tflops))
 
 
-def training_time(w: Workload, profile: ClusterProfile, learner_gpus: int) -> float:
-    """Seconds of one training pass: 6*P*tokens (+2*P recompute, +2*P reference forward)."""
-    per_token = 6 + (2 if w.gradient_checkpointing else 0) + (2 if w.load_ref_policy else 0)
-    params = w.model.active_params if not w.lora_rank else w.model.active_params  # LoRA still runs the base
-    flops = per_token * params * w.seqs * w.seq_len
-    return flops / (learner_gpus * profile.gpu.bf16_tflops * 1e12 * TRAIN_MFU)
+def learner_band(w: Workload, plan: MemoryPlan, profile: ClusterProfile, learners_per_node: int,
+                 passes: int = 1) -> Band:
+    """The learners' seconds per RL step: `passes` times the step's tokens through training_band."""
+    return training_band(plan.learner_setup, profile, w.seqs * w.seq_len * passes, learners_per_node)
 
 
 def check_nodes(profile: ClusterProfile, nodes: int, partition: str | None = None, allow_over_limit: bool = False) -> list[str]:
@@ -386,34 +390,8 @@ def enumerate_layouts(profile: ClusterProfile, nodes: int, w: Workload, pins: Pi
                         gpu_memory_utilization=util,
                         memory=plan,
                         gen_time_s=generation_time(w, plan, profile, engines),
-                        train_time_s=training_time(w, profile, n_learn),
+                        train_band=learner_band(w, plan, profile, k),
                         weight_sync=plan.learner_setup.weight_sync,
                     )
                 )
-    return rank(layouts), rejected
-
-
-def rank(layouts: list[Layout]) -> list[Layout]:
-    """Order: no idle GPU; then the fastest estimated step, where steps within STEP_TIE of the
-    fastest left count as equal and go to the layout with the fewest idle GPUs, then the fewest
-    learners per node, then the most learner memory headroom, then the smaller TP.
-
-    Among near-equal steps, spreading learners gives each one a node's NICs, host RAM and CPUs
-    for ZeRO-3 traffic and offload, and avoids several NCCL ranks per node, which failed with
-    "Duplicate GPU detected" on GH200 nodes (the users' notes). It is not worth a slower step:
-    on 4 Berzelius fat nodes, 3 learners per node leave five GPUs for TP-1 engines that hold 3
-    sequences each of a 32B model, a step ~8x slower than 4 learners per node with TP-4 engines.
-    """
-    groups: dict[bool, list[Layout]] = {}
-    for lay in layouts:
-        groups.setdefault(lay.idle_gpus > 0, []).append(lay)
-    ordered: list[Layout] = []
-    for key in sorted(groups):
-        group = sorted(groups[key], key=lambda x: x.step_time_s)
-        while group:
-            best = group[0].step_time_s
-            tied = [x for x in group if x.step_time_s <= best * (1 + STEP_TIE)]
-            tied.sort(key=lambda x: (x.idle_gpus, x.learners_per_node, -round(x.learner_headroom, 3), x.tp))
-            ordered.extend(tied)
-            group = [x for x in group if x not in tied]
-    return ordered
+    return rank(layouts, exclusive=profile.job_gpus is None), rejected

@@ -21,8 +21,8 @@ from hpcrl.planning.layout import (
     _learner_setup,
     engine_setup,
     generation_time,
+    learner_band,
     rank,
-    training_time,
 )
 from hpcrl.memory.colocated import Colocation, ColocatedPlan, plan_colocated
 from hpcrl.planning.layout_advice import with_margin_note
@@ -82,13 +82,13 @@ def enumerate_colocated(profile: ClusterProfile, nodes: int, w: Workload, pins: 
                     nodes=nodes, gpus_per_node=g, learners_per_node=g, learner_nodes=nodes, tp=tp,
                     engines=engines, gpu_memory_utilization=util, memory=plan,
                     gen_time_s=generation_time(w, plan, profile, engines),
-                    train_time_s=training_time(w, profile, nodes * g), colocated=True,
+                    train_band=learner_band(w, plan, profile, g), colocated=True,
                 ))
                 why = None
                 break
         if why:
             rejected[why] = rejected.get(why, 0) + 1
-    return rank(layouts), rejected
+    return rank(layouts, exclusive=profile.job_gpus is None), rejected
 
 
 def plan_colocated_layouts(profile: ClusterProfile, nodes: int, w: Workload, pins: Pins = Pins(),

@@ -44,7 +44,7 @@ def idle_rule_risk(profile: ClusterProfile, lay: Layout) -> list[str]:
     rule = profile.idle_gpu_policy
     if rule is None or lay.colocated or lay.step_time_s <= 0:
         return []
-    busy = {"learner": (lay.train_time_s, "training"), "engine": (lay.gen_time_s, "generation")}
+    busy = {"learner": (lay.step.training_s, "training"), "engine": (lay.step.generation_s, "generation")}
     low = [(role, t, what) for role, (t, what) in busy.items() if t / lay.step_time_s < IDLE_RISK_BUSY_FRACTION]
     if not low:
         return []
@@ -151,14 +151,15 @@ def checkpoint_cadence(backend: Backend, cfg: RunConfig, profile: ClusterProfile
     key, hp = backend.checkpoint_key, cfg.hpcrl
     pinned = cfg.args.get(key)
     bandwidth = profile.storage.run_root.write_gib_s or ASSUMED_WRITE_GIB_S
-    cad = plan_cadence(lay.step_time_s, hp.max_lost_minutes, w.model, bandwidth, profile.slurm.signal_before_end_s,
-                       int(pinned) if isinstance(pinned, int) and pinned > 0 else None, w.lora_rank)
+    step = lay.step
+    cad = plan_cadence(step.mid_s, hp.max_lost_minutes, w.model, bandwidth, profile.slurm.signal_before_end_s,
+                       int(pinned) if isinstance(pinned, int) and pinned > 0 else None, w.lora_rank, step.high_s)
     warnings = risk_warning(cad, key, hp.max_lost_minutes)
     # The warning may take at most half the job (a 5-minute test job would be warned at its start).
     half = walltime.seconds(wall) // 2 if wall else None
     if half is not None and cad.lead_s > half:
         capped = max(half, 30)
-        warnings.append(f"a wall time of {wall} leaves no room for a step (~{cad.step_s:.0f} s) and a checkpoint "
+        warnings.append(f"a wall time of {wall} leaves no room for a step (~{cad.upper_s:.0f} s, upper estimate) and a checkpoint "
                         f"write (~{cad.write_s:.0f} s) before its end: the time-limit warning comes {capped} s "
                         f"before it, not {cad.lead_s}; a longer hpcrl.time saves the last checkpoint")
         cad = replace(cad, lead_s=capped)

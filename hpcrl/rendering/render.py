@@ -273,8 +273,9 @@ def plan_summary(rp: RunPlan) -> list[str]:
          f"({p.gpu.memory_gib:g} GiB): {gpus}"),
         rp.backend.summary(rp),
         mem,
-        f"step ~{lay.step_time_s:.0f} s (generation {lay.gen_time_s:.0f} s, training {lay.train_time_s:.0f} s), "
-        f"bottleneck {lay.bottleneck}",
+        f"step {lay.step.text()} (generation {lay.step.generation_s:.0f} s, training {lay.step.training_s:.0f} s), "
+        f"bottleneck {lay.bottleneck}; the checkpoint cadence and time-limit lead use the upper estimate",
+        f"step basis: {lay.step.basis}",
     ] + ([rp.cadence.summary(rp.backend.checkpoint_key, rp.config.hpcrl.max_lost_minutes)] if rp.cadence else [])
 
 

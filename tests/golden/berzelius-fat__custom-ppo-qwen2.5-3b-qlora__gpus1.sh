@@ -8,10 +8,11 @@
 #   1 A100-SXM4-80GB (79.15 GiB) of one node, not the whole node (--gpus 1): all 1 GPUs train and generate (colocated)
 #   custom: python qwen_gsm8k_ppo_train.py, 1 process(es) on 1 GPU(s); ppo with LoRA r8 on a 4-bit NF4 base, critic value_head, reference shared; HF generate, no vLLM, no Ray
 #   one GPU generates (HF generate, KV cache 0.05 GiB) and trains: peak 9.2 GiB of 79.2 usable at training (derived); host 6 GiB of 250 GiB
-#   step ~10 s (generation 9 s, training 1 s), bottleneck generation
-#   save_steps 200: a checkpoint every ~33 min of training (pinned in the config); time-limit warning 900 s before the end = one step (~10 s) + one checkpoint write (~3 s, derived) + 60 s to stop
+#   step ~8-19 s (mid ~10 s) (generation 9 s, training 0 s), bottleneck generation; the checkpoint cadence and time-limit lead use the upper estimate
+#   step basis: generation: derived (uncalibrated): HF generate, bf16 weight + KV reads at 50% of HBM peak + 30 ms per token; not checked against a measured HF-generate step (4-bit dequantization per token, PPO's extra forwards and Python overheads are not modelled), a real step may take 2-3x the estimate; training: learner 2 x 0.15 s + optimizer step 0.00 s, fitted on 34 measured rows (fsdp_measured, zero3_measured; H100/H200); derived: A100-SXM4-80GB scaled from H100/H200 by peak FLOP/s and bandwidths, 4-bit dequantization, LoRA, no ZeRO sharding (one process or DDP)
+#   save_steps 200: a checkpoint every ~64 min of training at the upper step estimate ~19 s (pinned in the config); time-limit warning 900 s before the end = one upper step (~19 s) + one checkpoint write (~3 s, derived) + 60 s to stop
 # Warning: berzelius: the script uses unconfirmed profile facts: --partition=berzelius (hpcrl.partition); the run root /proj/$SLURM_JOB_ACCOUNT/users/$USER/hpcrl-runs (hpcrl.run_root); check them (hpcrl clusters show berzelius) or set what is in brackets
-# Warning: save_steps 200 (pinned) risks ~33 min of training at each job's end or fault, over hpcrl.max_lost_minutes 30: remove it and hpcrl sets 180
+# Warning: save_steps 200 (pinned) risks ~64 min of training at each job's end or fault, over hpcrl.max_lost_minutes 30: remove it and hpcrl sets 94
 #
 # Submit with `hpcrl submit`, which creates the run directory first. With plain sbatch,
 # create <run dir>/logs first when --output points there: Slurm opens it before this runs.
@@ -201,11 +202,14 @@ run_directory() {
     "num_learners_per_node": [
       1
     ],
-    "reason": "colocated: every GPU trains and generates; step ~10s = generation 9s + training 1s",
+    "reason": "colocated: every GPU trains and generates; step ~10s = generation 9s + training 0s (range 8-19s)",
     "rollout_peak_gib": 7.36,
-    "step_time_s": 10.0,
+    "step_time_basis": "generation: derived (uncalibrated): HF generate, bf16 weight + KV reads at 50% of HBM peak + 30 ms per token; not checked against a measured HF-generate step (4-bit dequantization per token, PPO's extra forwards and Python overheads are not modelled), a real step may take 2-3x the estimate; training: learner 2 x 0.15 s + optimizer step 0.00 s, fitted on 34 measured rows (fsdp_measured, zero3_measured; H100/H200); derived: A100-SXM4-80GB scaled from H100/H200 by peak FLOP/s and bandwidths, 4-bit dequantization, LoRA, no ZeRO sharding (one process or DDP)",
+    "step_time_high_s": 19.1,
+    "step_time_low_s": 7.7,
+    "step_time_s": 9.5,
     "training_peak_gib": 9.18,
-    "training_time_s": 0.8,
+    "training_time_s": 0.3,
     "vllm_gpu_memory_utilization": 0.0,
     "vllm_num_engines": 1,
     "vllm_tensor_parallel_size": 1
@@ -317,6 +321,13 @@ run_directory() {
       "response_len": 256,
       "rollout_seqs": 4,
       "seq_len": 384,
+      "time": {
+        "basis": "fitted on 34 measured rows (fsdp_measured, zero3_measured; H100/H200); derived: A100-SXM4-80GB scaled from H100/H200 by peak FLOP/s and bandwidths, 4-bit dequantization, LoRA, no ZeRO sharding (one process or DDP)",
+        "high": 2.12,
+        "low": 0.6,
+        "micro_batch_s": 0.152,
+        "optimizer_step_s": 0.0
+      },
       "tokens_per_micro_batch": 1536,
       "weights": "4-bit NF4"
     },
@@ -336,7 +347,7 @@ run_directory() {
   "smoke": false,
   "warnings": [
     "berzelius: the script uses unconfirmed profile facts: --partition=berzelius (hpcrl.partition); the run root /proj/$SLURM_JOB_ACCOUNT/users/$USER/hpcrl-runs (hpcrl.run_root); check them (hpcrl clusters show berzelius) or set what is in brackets",
-    "save_steps 200 (pinned) risks ~33 min of training at each job's end or fault, over hpcrl.max_lost_minutes 30: remove it and hpcrl sets 180"
+    "save_steps 200 (pinned) risks ~64 min of training at each job's end or fault, over hpcrl.max_lost_minutes 30: remove it and hpcrl sets 94"
   ]
 }
 HPCRL_PLAN_JSON

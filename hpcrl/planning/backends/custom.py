@@ -22,7 +22,7 @@ from hpcrl.models.spec import ALL_LINEAR
 from hpcrl.planning.backends.base import Backend, DriverLine, Planned, Word, cli_pins_into, positive
 from hpcrl.planning.backends.log_facts import DiagnoseFacts, SmokeFacts
 from hpcrl.planning.backends.custom_facts import DISK, memory_answer
-from hpcrl.planning.layout import Layout, Pins, Workload, training_time
+from hpcrl.planning.layout import Layout, Pins, Workload, learner_band
 
 if TYPE_CHECKING:
     from hpcrl.planning.run_types import HpcrlSection, RunConfig, RunPlan
@@ -67,6 +67,12 @@ _TYPES = {"str": (str,), "int": (int,), "float": (int, float), "bool": (bool,), 
 # bandwidth-bound decode (an estimate for the step time only; not measured by hpcrl).
 HF_GENERATE_TOKEN_OVERHEAD_S = 0.03
 DECODE_BW_EFFICIENCY = 0.5
+# Why this estimate can miss by more than its band: users measured a 3B QLoRA PPO step at 26.6 s on
+# one A100 (seeds/003), about 2.4x this model's mid estimate.
+HF_GENERATE_BASIS = (f"derived (uncalibrated): HF generate, bf16 weight + KV reads at {DECODE_BW_EFFICIENCY:.0%} of "
+                     f"HBM peak + {HF_GENERATE_TOKEN_OVERHEAD_S * 1e3:.0f} ms per token; not checked against a "
+                     "measured HF-generate step (4-bit dequantization per token, PPO's extra forwards and Python "
+                     "overheads are not modelled), a real step may take 2-3x the estimate")
 RUN_DIR_PLACEHOLDER = "{run_dir}"
 
 
@@ -197,8 +203,8 @@ class CustomBackend(Backend):
                             "(launcher torchrun runs one per GPU, or ask --gpus 1)")
         lay = Layout(nodes=1, gpus_per_node=g, learners_per_node=procs, learner_nodes=1, tp=1, engines=procs,
                      gpu_memory_utilization=0.0, memory=plan, gen_time_s=generation_time(cfg, self, w, plan, profile),
-                     train_time_s=training_time(w, profile, procs) * int(self.arg(cfg, "ppo_epochs")),
-                     colocated=True)
+                     train_band=learner_band(w, plan, profile, procs, int(self.arg(cfg, "ppo_epochs"))),
+                     colocated=True, gen_basis=HF_GENERATE_BASIS)
         return Planned([lay], warnings=tuple(warnings))
 
     # ------------------------------------------------------------------ rendering

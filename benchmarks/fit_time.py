@@ -1,0 +1,276 @@
+"""Fit the learner time model's constants (hpcrl/memory/learner_time.py FIT, BAND) and report its error.
+
+    PYTHONPATH=. python benchmarks/fit_time.py           # constants, per-row table, held-out errors
+    PYTHONPATH=. python benchmarks/fit_time.py --write   # and write FIT/BAND/FIT_ROWS into learner_time.py
+    PYTHONPATH=. python benchmarks/fit_time.py --check   # exit 1 if learner_time.py or the split differ
+
+Rows (status ok, the GPU not shared with another launch, as each file records):
+* results/zero3_timing.jsonl: DeepSpeed ZeRO-3 steps as open-instruct configures them, several
+  micro-batches then the optimizer step (micro_batch_s, optimizer_step_s, step_s);
+* results/fsdp_measured.jsonl: verl FSDP actor updates (micro_batch_s per micro-batch, optimizer_step_s);
+* results/zero3_measured.jsonl: single-micro-batch ZeRO-3 steps (the last of three step_s: warm).
+Each row gives observations: one per micro-batch mean and one per optimizer step where the file
+times them apart, else one per whole step (K x micro-batch + step). Every observation is linear in
+FIT (learner_time.time_terms gives each term's count), so the constants come from bounded least squares
+on relative error (each constant at or above its physical floor, FLOORS), rounded to 2 significant digits.
+
+Split, fixed before any error was looked at: a row (id: file stem + ":" + its tag, + ":T" + its tokens for
+zero3_timing, whose launches run several lengths under one tag) is held out when the
+first byte of sha256(id) is below 85 (a third); benchmarks/fit_time_split.txt records it. Errors are
+of the whole step (K x micro_batch_s + optimizer_step_s vs measured). BAND is the min and max of
+measured / predicted step over the held-out rows, rounded outward to 0.05.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import re
+import statistics
+import sys
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+from scipy.optimize import lsq_linear
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from hpcrl.memory import learner_time as LT  # noqa: E402
+from hpcrl.memory.learner import LearnerSetup  # noqa: E402
+from hpcrl.models import resolve_model  # noqa: E402
+from hpcrl.models.spec import ModelSpec  # noqa: E402
+from hpcrl.memory.gpu_rates import Rates, link_defaults  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "results"
+FILES = ("zero3_timing.jsonl", "fsdp_measured.jsonl", "zero3_measured.jsonl")
+SPLIT_FILE = ROOT / "benchmarks" / "fit_time_split.txt"
+MODULE = ROOT / "hpcrl" / "memory" / "learner_time.py"
+# Datasheet peaks of the GPUs the rows ran on: dense bf16 TFLOP/s, HBM TB/s (NVIDIA H100 SXM and
+# H200 datasheets). Links: hpcrl/memory/gpu_rates.py LINK_DEFAULTS.
+GPUS = {"H100": (989.0, 3.35), "H200": (989.0, 4.8)}
+# Physical floors of the constants (the fit may not go below them): no rate beats its peak (1 / efficiency
+# >= 1); a log-prob path reads the bf16 logits and writes their bf16 gradient (4 bytes per element); a
+# fused AdamW step reads the fp32 master, bf16 gradient and both moments and writes master, moments and
+# the bf16 weights (4 + 2 + 8 + 4 + 8 + 2 = 28 bytes per parameter).
+FLOORS = {"matmul": 1.0, "attention": 1.0, "collectives": 1.0, "host_copies": 1.0, "logprob_eager": 4.0,
+          "logprob_compiled": 4.0, "adam_zero": 28.0, "adam_fsdp": 28.0}
+
+
+@dataclass(frozen=True)
+class Obs:
+    """One measured time (a micro-batch mean, an optimizer step, a whole step or the reference forwards)
+    and the terms that predict it (learner_time.time_terms' counts)."""
+
+    kind: str
+    terms: dict[str, float]
+    measured: float
+
+
+@dataclass(frozen=True)
+class Row:
+    rid: str
+    label: str
+    setup: LearnerSetup
+    rates: Rates
+    k: int
+    step_s: float
+    obs: tuple[Obs, ...]
+
+
+def rates_of(gpu: str) -> Rates:
+    family = next(f for f in GPUS if f in gpu)
+    intra, host = link_defaults(gpu)
+    return Rates(*GPUS[family], intra, host, gpu)
+
+
+def model_of(name: str) -> ModelSpec:
+    """The harness's own config (benchmarks/configs), else the catalog's."""
+    path = ROOT / "benchmarks" / "configs" / f"{name}.json"
+    return ModelSpec.from_hf_config(json.loads(path.read_text()), name) if path.exists() else resolve_model(name)
+
+
+def _impl(d: dict) -> str:
+    if d.get("harness_mode") == "openrlhf":
+        return "eager"  # OpenRLHF's fp32 log-probs
+    return "eager" if str(d.get("logprob_impl", "")).startswith("eager") else "compiled"
+
+
+def _combine(*parts: tuple[float, dict[str, float]]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for times, terms in parts:
+        for key, v in terms.items():
+            out[key] = out.get(key, 0.0) + times * v
+    return out
+
+
+def _row(source: str, d: dict) -> Row | None:
+    if d.get("status") != "ok" or d.get("shared_gpu_with"):
+        return None
+    model = model_of(d["model"])
+    world, seq = int(d["world"]), int(d["seq"])
+    gc = bool(d.get("gc", 1))
+    if source == "fsdp_measured":
+        offload = {"none": "none", "verl": "none", "cpu_policy": "params"}[d["offload"]]
+        setup = LearnerSetup(model, world, seq, offload=offload, gradient_checkpointing=gc, sharding="fsdp",
+                             micro_batches=int(d["micro_batches"]), fsdp_version=int(d["fsdp"]),
+                             logprob_impl="compiled")  # verl's fused CE; its reference runs outside the update
+        micros, opt = list(d["micro_batch_s"]), float(d["optimizer_step_s"])
+        k, step = len(micros), sum(micros) + opt
+    else:
+        # The measured micro-batches exclude the reference forwards (timed apart as ref_forward_s).
+        setup = LearnerSetup(model, world, seq, offload=d.get("offload", "none"), gradient_checkpointing=gc,
+                             lora_rank=int(d.get("lora_rank") or 0), logprob_impl=_impl(d),  # type: ignore[arg-type]
+                             grad_accum_dtype=d.get("grad_accum_dtype", "bf16"))
+        if source == "zero3_timing":
+            micros, opt = list(d["micro_batch_s"]), float(d["optimizer_step_s"])
+            steps = d.get("step_s")
+            k, step = len(micros), float(steps[-1] if isinstance(steps, list) else steps or sum(micros) + opt)
+        else:
+            micros, opt, k, step = [], 0.0, 1, float(d["step_s"][-1])
+    rates = rates_of(d["gpu"])
+    micro_t, step_t = LT.time_terms(setup, rates)
+    if micros:
+        obs = [Obs("micro", micro_t, statistics.fmean(micros)), Obs("opt", step_t, opt)]
+    else:
+        obs = [Obs("step", _combine((k, micro_t), (1, step_t)), step)]
+    if d.get("ref") and d.get("ref_forward_s"):
+        with_ref, _ = LT.time_terms(replace(setup, reference_policy=True), rates)
+        obs.append(Obs("ref", _combine((k, with_ref), (-k, micro_t)), float(d["ref_forward_s"])))
+    mode = d.get("harness_mode", "")
+    label = (f"{source.split('_')[0]}{' ' + mode if mode else ''} {d['model']} N={world} T={seq} K={k} gc={int(gc)} "
+             f"off={setup.offload}{' lora' if setup.lora_rank else ''}{' ref' if d.get('ref') else ''} {setup.logprob_impl}"
+             f"{' fsdp' + str(setup.fsdp_version) if setup.sharding == 'fsdp' else ''} {next(f for f in GPUS if f in d['gpu'])}")
+    # zero3_timing launches run several lengths on one engine under one tag: the length makes the id unique.
+    rid = f"{source}:{d.get('tag')}" + (f":T{seq}" if source == "zero3_timing" else "")
+    return Row(rid, label, setup, rates, k, step, tuple(obs))
+
+
+def load_rows() -> list[Row]:
+    rows = []
+    for name in FILES:
+        path = RESULTS / name
+        if not path.exists():
+            continue
+        for line in path.read_text().splitlines():
+            row = _row(path.stem, json.loads(line)) if line.strip() else None
+            if row is not None:
+                rows.append(row)
+    return rows
+
+
+def held_out(rid: str) -> bool:
+    return hashlib.sha256(rid.encode()).digest()[0] < 85
+
+
+def fit(rows: list[Row]) -> dict[str, float]:
+    keys = list(LT.FIT)
+    a, b = [], []
+    for row in rows:
+        for o in row.obs:
+            if o.measured <= 0:
+                continue
+            t = o.terms
+            fixed = sum(v for key, v in t.items() if key not in LT.FIT)
+            a.append([t.get(key, 0.0) / o.measured for key in keys])
+            b.append(1.0 - fixed / o.measured)
+    matrix = np.array(a)
+    # A constant no row exercises (no MoE row, say) cannot be fitted: it stays at its floor, said so.
+    seen = [i for i, key in enumerate(keys) if matrix[:, i].any()]
+    lower = [FLOORS.get(keys[i], 0.0) for i in seen]
+    coef = lsq_linear(matrix[:, seen], np.array(b), bounds=(lower, np.inf)).x
+    # Below 1e-15 is a solver's zero (the smallest real constant, cpu_adam, is ~1e-9 s per parameter).
+    fitted = {keys[i]: float(f"{c:.2g}") if c > 1e-15 else 0.0 for i, c in zip(seen, coef)}
+    for key in keys:
+        if key not in fitted:
+            print(f"no fit row exercises {key}: kept at its floor {FLOORS.get(key, 0.0)}")
+    return {key: fitted.get(key, FLOORS.get(key, 0.0)) for key in keys}
+
+
+def predict(row: Row, constants: dict[str, float]) -> tuple[float, float, float]:
+    micro, step = LT.time_terms(row.setup, row.rates)
+    mb = sum(LT.apply_fit(micro, constants).values())
+    opt = sum(LT.apply_fit(step, constants).values())
+    return mb, opt, row.k * mb + opt
+
+
+def errors(rows: list[Row], constants: dict[str, float]) -> list[float]:
+    return [predict(r, constants)[2] / r.step_s - 1 for r in rows]
+
+
+def band(rows: list[Row], constants: dict[str, float]) -> dict[str, float]:
+    ratios = [r.step_s / predict(r, constants)[2] for r in rows]
+    return {"low": int(min(ratios) * 20) / 20, "high": -int(-max(ratios) * 20) / 20}
+
+
+def split_text(rows: list[Row]) -> str:
+    return "".join(f"{r.rid} {'held_out' if held_out(r.rid) else 'fit'}\n" for r in rows)
+
+
+def covered(rows: list[Row]) -> tuple[str, ...]:
+    """The kinds of measurement the fit rows hold (learner_time.coverage), the reference's where it was timed."""
+    kinds = {k for r in rows for k, _ in LT.coverage(r.setup)}
+    if any(o.kind == "ref" for r in rows for o in r.obs):
+        kinds.add("reference")
+    return tuple(sorted(kinds))
+
+
+def write_module(constants: dict[str, float], bnd: dict[str, float], fit_rows: str, kinds: tuple[str, ...]) -> None:
+    text = MODULE.read_text()
+    listed = "(" + ", ".join(f'"{k}"' for k in kinds) + ("," if len(kinds) == 1 else "") + ")"
+    text = re.sub(r'\nCOVERED = \([^)]*\)', f"\nCOVERED = {listed}", text, count=1)
+    for key, value in constants.items():
+        text = re.sub(rf'(\n    "{key}": )[^,]+,', rf"\g<1>{value!r},", text, count=1)
+    text = re.sub(r'\nBAND = \{[^}]*\}', f'\nBAND = {{"low": {bnd["low"]!r}, "high": {bnd["high"]!r}}}', text, count=1)
+    text = re.sub(r'\nFIT_ROWS = "[^"]*"', f'\nFIT_ROWS = "{fit_rows}"', text, count=1)
+    MODULE.write_text(text)
+
+
+def report(rows: list[Row], constants: dict[str, float], only_held_out: bool = False) -> list[str]:
+    lines = ["| row | split | K | measured step s | predicted micro-batch s | predicted optimizer s | predicted step s | err |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in (r for r in rows if held_out(r.rid) or not only_held_out):
+        mb, opt, step = predict(r, constants)
+        lines.append(f"| {r.label} | {'held-out' if held_out(r.rid) else 'fit'} | {r.k} | {r.step_s:.2f} | "
+                     f"{mb:.3f} | {opt:.3f} | {step:.2f} | {step / r.step_s - 1:+.0%} |")
+    for name, part in (("held-out", [r for r in rows if held_out(r.rid)]), ("fit", [r for r in rows if not held_out(r.rid)])):
+        for source in (Path(f).stem for f in FILES):
+            sel = [r for r in part if r.rid.startswith(source + ":")]
+            if sel:
+                errs = [abs(e) for e in errors(sel, constants)]
+                lines.append(f"{name} {source} rows ({len(sel)}): median |err| {statistics.median(errs):.1%}, "
+                             f"max {max(errs):.1%}")
+    return lines
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--write", action="store_true", help="write the fitted constants into learner_time.py")
+    ap.add_argument("--check", action="store_true", help="exit 1 if learner_time.py or the split file differ")
+    ap.add_argument("--held-out", action="store_true", help="list only the held-out rows (docs/plan.md's table)")
+    args = ap.parse_args()
+    rows = load_rows()
+    train = [r for r in rows if not held_out(r.rid)]
+    test = [r for r in rows if held_out(r.rid)]
+    constants = fit(train)
+    bnd = band(test, constants)
+    kinds = sorted({r.rid.split(":")[0] for r in train})
+    fit_rows = f"{len(train)} measured rows ({', '.join(kinds)}; H100/H200)"
+    print("FIT =", json.dumps(constants, indent=1))
+    print("BAND =", bnd)
+    print("\n".join(report(rows, constants, args.held_out)))
+    if args.write:
+        write_module(constants, bnd, fit_rows, covered(train))
+        SPLIT_FILE.write_text(split_text(rows))
+    if args.check:
+        same = constants == LT.FIT and bnd == LT.BAND and covered(train) == LT.COVERED and SPLIT_FILE.exists() and SPLIT_FILE.read_text() == split_text(rows)
+        if not same:
+            print("learner_time.py or fit_time_split.txt differ from a fresh fit: run fit_time.py --write", file=sys.stderr)
+            return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,56 @@
+"""The rates a learner's time divides by: the GPU's peaks and its links, from the profile or defaults."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from hpcrl.profiles import ClusterProfile
+
+# Datasheet link bandwidths per GPU family, GB/s per direction: (GPU-GPU inside a node, GPU-host), used
+# where a profile leaves gpu.intra_node_gbs / gpu.host_link_gbs out, so an older profile still plans.
+# A100 SXM4: NVLink 3 600 GB/s bidirectional, PCIe 4.0 x16; H100/H200 SXM: NVLink 4 900 GB/s
+# bidirectional, PCIe 5.0 x16; GH200: NVLink-C2C 900 GB/s bidirectional to the Grace host, and 6 of its
+# 18 NVLink 4 links to each of the three other superchips of a 4-GPU node (6 x 25 GB/s; inferred).
+# GH200 comes first: its name contains "H200".
+LINK_DEFAULTS: dict[str, tuple[float, float]] = {
+    "GH200": (150.0, 450.0),
+    "H200": (450.0, 64.0),
+    "H100": (450.0, 64.0),
+    "A100": (300.0, 32.0),
+}
+# One 200 Gb/s NIC per GPU (Berzelius: 8 HDR per 8 GPUs; Isambard-AI: 4 Slingshot per 4 GPUs).
+INTER_NODE_GBS_PER_GPU = 25.0
+
+
+class Rates(NamedTuple):
+    """What the time terms divide by: the GPU's peaks and the links the learner uses (GB/s)."""
+
+    bf16_tflops: float
+    hbm_tbs: float
+    link_gbs: float  # the learner group's collective bandwidth per GPU
+    host_gbs: float
+    gpu: str = ""
+
+
+def link_defaults(model: str) -> tuple[float, float]:
+    """(intra-node, host link) GB/s for a GPU model name; the slowest family's when none matches."""
+    for family, links in LINK_DEFAULTS.items():
+        if family.lower() in model.lower():
+            return links
+    return LINK_DEFAULTS["A100"]
+
+
+def links_gbs(profile: ClusterProfile) -> dict[str, float]:
+    """GB/s per direction per GPU inside a node, across nodes and to the host: the profile's or the defaults."""
+    gpu, g = profile.gpu, profile.gpu.count_per_node
+    intra, host = link_defaults(gpu.model)
+    network = profile.node.inter_node_gbs or INTER_NODE_GBS_PER_GPU * g
+    return {"intra_node": gpu.intra_node_gbs or intra, "inter_node": network / g, "host": gpu.host_link_gbs or host}
+
+
+def rates_for(profile: ClusterProfile, n_gpus: int, learners_per_node: int | None = None) -> Rates:
+    """The profile's rates for a learner group of n_gpus (spanning nodes when it cannot fit one)."""
+    links = links_gbs(profile)
+    per_node = learners_per_node or min(n_gpus, profile.gpu.count_per_node)
+    link = links["intra_node"] if n_gpus <= per_node else min(links["intra_node"], links["inter_node"])
+    return Rates(profile.gpu.bf16_tflops, profile.gpu.hbm_bandwidth_tbs, link, links["host"], profile.gpu.model)

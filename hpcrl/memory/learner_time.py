@@ -1,0 +1,240 @@
+"""Seconds of one learner micro-batch and one optimizer step (pure arithmetic, no torch).
+
+Each term is a count hpcrl derives from the setup (FLOPs, bytes, hooks) divided by a rate of the
+GPU or link (the profile's bf16 peak, HBM, NVLink, host link), times an efficiency constant in FIT
+fitted on measured steps by benchmarks/fit_time.py (rows in benchmarks/results/; held-out error
+printed there and in docs/plan.md). Per micro-batch of T tokens on one learner GPU:
+
+* matmul: forward 2P FLOPs per token over the active matmul weights (lm_head included); backward
+  2P for the input gradients, 2P more for trained weights (LoRA/frozen bases: input gradients and
+  the adapters only); gradient checkpointing adds the decoder's forward again.
+* attention: the causal T^2 term of one packed sequence (an upper bound for several documents):
+  2 T^2 q_dim FLOPs per layer forward, twice that backward, once more with recompute.
+* log-prob path: T x V elements through the framework's path (eager fp32 or compiled), as bytes
+  over HBM bandwidth.
+* ZeRO-3's fixed cost: DeepSpeed's hooks fetch and release every parameter tensor in each pass
+  (forward, recompute, backward); FSDP's per wrapped layer. Seconds per tensor (or layer) per pass:
+  CPU-side work, taken as the same on every GPU (derived where not measured).
+* collectives: ZeRO-3 all-gathers bf16 weights in each pass and reduce-scatters the gradients, FSDP
+  (verl) gathers forward and backward and reduce-scatters fp32: bytes x (N-1)/N over the intra-node
+  link, or the network when the learners span nodes.
+* offload: gradients down and weights up over the host link; parameter offload fetches the weights
+  from the host in each pass.
+* 4-bit bases (QLoRA): each pass dequantizes the NF4 weights to bf16 (DERIVED, not measured).
+* reference forward (a KL term's frozen copy): a forward pass of the same model (DERIVED).
+
+The optimizer step: GPU Adam as bytes per trained parameter over HBM (DeepSpeed's fused AdamW and
+FSDP's foreach AdamW fitted apart), DeepSpeed ZeRO-3's per-tensor step overhead, and with optimizer
+offload the CPU Adam rate of the measuring host (DERIVED for any other CPU) plus the bf16 weights
+copied back over the host link.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hpcrl.memory.gpu_rates import Rates, rates_for
+from hpcrl.memory.hf_learner import quantized_params
+from hpcrl.memory.learner import LearnerSetup
+from hpcrl.models.spec import ALL_LINEAR, ModelSpec
+from hpcrl.profiles import ClusterProfile
+
+# Fitted by benchmarks/fit_time.py from the rows it names (FIT_ROWS); `python benchmarks/fit_time.py
+# --check` fails when these differ from a fresh fit. Units: each term's count times its constant is
+# seconds (see time_terms).
+FIT: dict[str, float] = {
+    "matmul": 1.3,  # 1 / fraction of bf16 peak sustained by the matmuls
+    "attention": 2.3,  # 1 / fraction of bf16 peak sustained by SDPA's causal attention
+    "logprob_eager": 67.0,  # bytes moved per T x V element, forward and backward, eager fp32 path
+    "logprob_compiled": 4.0,  # the same, compiled (or fused) log_softmax + gather
+    "zero3_hooks": 8.2e-05,  # seconds per parameter tensor per pass (DeepSpeed ZeRO-3 fetch/release)
+    "fsdp_units": 0.0039,  # seconds per FSDP unit (decoder layer) per pass
+    "moe_experts": 0.0,  # seconds per expert per layer per pass (eager expert loop)
+    "collectives": 1.3,  # 1 / fraction of link bandwidth the gathers and reduce-scatters get
+    "collective_calls": 0.0,  # seconds per gather or reduce-scatter call (latency, N > 1)
+    "host_copies": 1.0,  # 1 / fraction of host-link bandwidth the offload copies get
+    "adam_zero": 28.0,  # bytes per trained parameter (per rank) of DeepSpeed's step over HBM
+    "adam_fsdp": 150.0,  # the same, verl FSDP (foreach AdamW, grad-norm clipping)
+    "zero3_step_tensors": 0.00093,  # seconds per parameter tensor of a DeepSpeed ZeRO-3 step
+    "cpu_adam": 1.2e-09,  # seconds per trained parameter (per rank) of Adam on the host CPU
+}
+# Band: measured / predicted step on the held-out rows of the fit (min and max, rounded outward).
+BAND = {"low": 0.75, "high": 1.7}
+# Where no row measured a setup's kind (derived terms or GPU), the band widens by this factor on both
+# sides: an assumption, not fitted.
+DERIVED_WIDENING = 1.25
+FIT_ROWS = "34 measured rows (fsdp_measured, zero3_measured; H100/H200)"
+# What the fit rows measured (written by the fit): a setup with anything else is marked derived.
+COVERED = ("fsdp", "optimizer_offload", "zero3")
+# GPUs the fit rows ran on: other GPUs are scaled by peak FLOP/s and bandwidths (derived).
+MEASURED_GPUS = ("H100", "H200")
+# Bytes moved per NF4 weight element per pass when bitsandbytes dequantizes it: read 0.5 + absmax,
+# write bf16 2, read bf16 2 in the matmul. Derived, not measured.
+DEQUANT_BYTES = 0.5 + 4 / 64 + 2.0 + 2.0
+
+
+@dataclass(frozen=True)
+class LearnerTime:
+    """One learner GPU's micro-batch and optimizer step; low/high are factors on the step."""
+
+    micro_batch_s: float
+    optimizer_step_s: float
+    low: float
+    high: float
+    basis: str
+    micro_terms: dict[str, float] = field(default_factory=dict)
+    step_terms: dict[str, float] = field(default_factory=dict)
+
+    def step_s(self, micro_batches: int) -> float:
+        """Seconds of one optimizer step's training: K micro-batches then the step."""
+        return micro_batches * self.micro_batch_s + self.optimizer_step_s
+
+    def to_dict(self) -> dict:
+        return {"micro_batch_s": round(self.micro_batch_s, 3), "optimizer_step_s": round(self.optimizer_step_s, 3),
+                "low": self.low, "high": self.high, "basis": self.basis}
+
+
+def param_tensors(m: ModelSpec, lora_rank: int = 0, lora_targets: tuple[str, ...] = ALL_LINEAR) -> int:
+    """Parameter tensors DeepSpeed fetches: per layer the projections, biases, norms (and a MoE layer's
+    router and fused expert weights, as transformers 5 stores them), plus embedding, final norm, lm_head."""
+    per_layer = 4 + (3 if m.qkv_bias else 0) + 2 + (2 if m.qk_norm != "none" else 0)
+    per_layer += 3  # gate, up, down; or a MoE layer's router, fused gate_up and down
+    if lora_rank:
+        per_layer += 2 * len(lora_targets)  # lora_A and lora_B
+    return m.num_layers * per_layer + 2 + (0 if m.tie_word_embeddings else 1)
+
+
+def _matmul_params(m: ModelSpec) -> tuple[float, float]:
+    """(decoder-layer active matmul weights, lm_head weights)."""
+    decoder = m.active_params - m.embedding_params - m.lm_head_params - m.hidden_size
+    return float(decoder), float(m.vocab_size * m.hidden_size)
+
+
+def time_terms(s: LearnerSetup, r: Rates) -> tuple[dict[str, float], dict[str, float]]:
+    """(micro-batch, step) terms before FIT: each is seconds at a constant of 1 (a count for the CPU-side
+    terms). Keys are FIT's; a term absent from FIT ("dequant_4bit") is derived and counts as is."""
+    m, n, t = s.model, s.n_gpus, float(s.tokens_per_gpu)
+    peak, hbm = r.bf16_tflops * 1e12, r.hbm_tbs * 1e12
+    link, host = r.link_gbs * 1e9, r.host_gbs * 1e9
+    lora = s.lora_rank > 0
+    decoder, head = _matmul_params(m)
+    adapters = float(m.lora_params(s.lora_rank, s.lora_targets)) if lora else 0.0
+    trainable = adapters if lora else float(m.total_params)
+    gc = s.gradient_checkpointing
+    ref = 1.0 if s.reference_policy else 0.0
+
+    flops = 2 * (decoder + head) * t * (1 + ref)  # forward (and the reference's)
+    flops += 2 * (decoder + head) * t  # input gradients
+    flops += 0.0 if lora else 2 * (decoder + head) * t  # weight gradients
+    flops += 2 * decoder * t if gc else 0.0
+    flops += 6 * adapters * t
+    attn_passes = 1 + 2 + (1 if gc else 0) + ref
+    attention = 2 * t * t * m.q_dim * m.num_layers * attn_passes
+    passes = 2 + (1 if gc else 0)
+    micro: dict[str, float] = {"matmul": flops / peak, "attention": attention / peak}
+    lp = t * m.vocab_size / hbm
+    micro[f"logprob_{s.logprob_impl}"] = lp * (1 + ref / 3)  # a forward is about a third of fwd + bwd
+
+    fsdp = s.sharding == "fsdp"
+    stage3 = not fsdp and s.zero_stage == 3
+    if stage3:
+        tensors = param_tensors(m, s.lora_rank, s.lora_targets)
+        micro["zero3_hooks"] = tensors * passes + (param_tensors(m) if ref else 0)
+    if fsdp:
+        micro["fsdp_units"] = m.num_layers * 2.0
+    if m.is_moe:
+        micro["moe_experts"] = m.num_layers * m.num_experts * (passes + ref)
+    frac = (n - 1) / n
+    weights = 2.0 * m.total_params
+    grad_bytes = 4.0 if (fsdp or s.grad_accum_dtype == "fp32") else 2.0
+    comm = 0.0
+    if fsdp:
+        comm = frac * (2 * weights + grad_bytes * trainable)
+    elif stage3:
+        comm = frac * (weights * (passes + ref) + grad_bytes * trainable)
+    elif s.zero_stage == 2:
+        comm = frac * grad_bytes * trainable
+    micro["collectives"] = comm / link
+    if n > 1 and stage3:
+        micro["collective_calls"] = micro["zero3_hooks"]  # a gather per tensor fetched; reduce-scatters bucketed
+    elif n > 1 and fsdp:
+        micro["collective_calls"] = m.num_layers * 3.0  # gather forward and backward, reduce-scatter, per unit
+
+    off_opt = s.offload in ("optimizer", "params")
+    copies = 0.0
+    if off_opt:
+        copies += 2.0 * trainable / n  # the gradient partition down, every micro-batch
+    if s.offload == "params":
+        # Parameter offload fetches each pass's weights from the host (ZeRO-3) or the fp32 shards (FSDP2).
+        copies += (4.0 if fsdp else 2.0) * m.total_params / n * (2 if fsdp else passes + ref)
+    micro["host_copies"] = copies / host
+    if s.load_in_4bit:
+        micro["dequant_4bit"] = quantized_params(m) * DEQUANT_BYTES * (passes + ref) / hbm
+
+    step: dict[str, float] = {}
+    per_rank = trainable / (n if (fsdp or s.zero_stage in (2, 3)) else 1)
+    if off_opt:
+        step["cpu_adam"] = per_rank
+        step["host_copies"] = 2.0 * per_rank / host  # the updated bf16 weights back up
+    else:
+        step["adam_fsdp" if fsdp else "adam_zero"] = per_rank / hbm
+    if stage3:
+        step["zero3_step_tensors"] = float(param_tensors(m, s.lora_rank, s.lora_targets))
+    if not fsdp and s.zero_stage == 0 and n > 1:
+        step["collectives"] = 2 * frac * grad_bytes * trainable / link  # DDP all-reduce at the boundary
+    if not fsdp and s.zero_stage == 2 and n > 1:
+        step["collectives"] = frac * weights / link  # the updated weights all-gathered
+    return micro, step
+
+
+def apply_fit(terms: dict[str, float], fit: dict[str, float] | None = None) -> dict[str, float]:
+    """Seconds per term: each count times its fitted constant (derived terms as they are)."""
+    fit = FIT if fit is None else fit
+    return {k: v * fit.get(k, 1.0) for k, v in terms.items() if v}
+
+
+def _derived(s: LearnerSetup, r: Rates) -> list[str]:
+    """What in this setup no measured row covers (the basis names it and the band widens)."""
+    why = []
+    if not any(g in r.gpu for g in MEASURED_GPUS):
+        why.append(f"{r.gpu or 'this GPU'} scaled from H100/H200 by peak FLOP/s and bandwidths")
+    if s.load_in_4bit:
+        why.append("4-bit dequantization")  # no row: always derived
+    unmeasured = [what for kind, what in coverage(s) if kind not in COVERED]
+    if s.sharding != "fsdp" and s.zero_stage != 3:
+        unmeasured.append("ZeRO stage 2" if s.zero_stage == 2 else "no ZeRO sharding (one process or DDP)")
+    if s.sharding == "fsdp" and s.lora_rank:
+        unmeasured.append("LoRA under FSDP")
+    return why + unmeasured
+
+
+def coverage(s: LearnerSetup) -> list[tuple[str, str]]:
+    """The kinds of measurement a setup rests on, each with its words for the basis."""
+    kinds = [("fsdp", "FSDP") if s.sharding == "fsdp" else ("zero3", "ZeRO-3")]
+    for on, kind, what in ((s.reference_policy, "reference", "reference forward"),
+                           (s.offload == "optimizer", "optimizer_offload", "optimizer offload"),
+                           (s.offload == "params", "param_offload", "parameter offload"),
+                           (s.lora_rank > 0, "lora", "LoRA"), (s.model.is_moe, "moe", "MoE experts")):
+        if on:
+            kinds.append((kind, what))
+    return kinds
+
+
+def learner_time(s: LearnerSetup, profile: ClusterProfile, learners_per_node: int | None = None) -> LearnerTime:
+    """The micro-batch and optimizer step of setup `s` on the profile's GPUs, with its band and basis."""
+    if s.sharding != "fsdp":
+        s.check()
+    r = rates_for(profile, s.n_gpus, learners_per_node)
+    micro, step = time_terms(s, r)
+    mt, st = apply_fit(micro), apply_fit(step)
+    derived = _derived(s, r)
+    widen = DERIVED_WIDENING if derived else 1.0
+    low, high = round(BAND["low"] / widen, 2), round(BAND["high"] * widen, 2)
+    basis = f"fitted on {FIT_ROWS}"
+    if derived:
+        basis += "; derived: " + ", ".join(derived)
+    return LearnerTime(sum(mt.values()), sum(st.values()), low, high, basis, mt, st)
+
+
+__all__ = ["BAND", "FIT", "LearnerTime", "Rates", "apply_fit", "learner_time", "param_tensors",
+           "rates_for", "time_terms"]

@@ -9,6 +9,7 @@ the config, a command-line flag, or the framework's code (file and line).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -269,10 +270,12 @@ def choose_memory_plan(
     max_seq_len: int | None,
     colocation: Colocation | None = None,
     engine_options: dict | None = None,
+    learner_fixed: Mapping[str, Any] | None = None,
 ) -> tuple[MemoryPlan, list[str]]:
     """The plan for workload `w`, choosing learner GPUs and TP where not given. The learner is
     built as the layout planner builds it (hpcrl.planning.layout._learner_setup), so for the same count
-    plan-memory and plan give the same learner figure.
+    plan-memory and plan give the same learner figure; `learner_fixed` are the LearnerSetup fields the
+    framework fixes (its MemoryFacts.learner).
 
     With `colocation`, every learner GPU also runs a vLLM engine (hpcrl/memory/colocated.py):
     the learner GPUs are all the GPUs, and both phases must fit."""
@@ -301,7 +304,7 @@ def choose_memory_plan(
         engine = EngineSetup(**{**engine.__dict__, "tp": tp})
 
     def setup(n: int, sync: str) -> LearnerSetup:
-        s = _learner_setup(w, n, sync)
+        s = replace(_learner_setup(w, n, sync), **(learner_fixed or {}))
         return s if zero_stage == s.zero_stage else replace(s, zero_stage=zero_stage)  # type: ignore[arg-type]
 
     def fits(plan: MemoryPlan) -> bool:
@@ -352,7 +355,7 @@ def answer(q: Question, profile: ClusterProfile, *, learner_gpus: int | None, ze
                               vllm_tp=vllm_tp, vllm_gpu_memory_utilization=q.util,
                               max_seq_len=max_seq_len or q.workload.seq_len,
                               colocation=colocation if q.colocated or colocation else None,
-                              engine_options=engine_options)
+                              engine_options=engine_options, learner_fixed=get_backend(q.backend).memory.learner)
 
 
 def _colocated_run(q: Question, profile: ClusterProfile, learner_gpus: int | None) -> tuple[MemoryPlan, list[str]]:

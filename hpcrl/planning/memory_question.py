@@ -9,7 +9,6 @@ the config, a command-line flag, or the framework's code (file and line).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -252,7 +251,7 @@ def from_defaults(backend: str, given: Overrides = Overrides()) -> Question:
     w = Workload(model=resolve_model(given.model or "32b"), pack_length=tokens, response_length=max(1, tokens - 1),
                  max_prompt_token_length=1, beta=0.0, logprob_impl=get_backend(backend).default_logprob_impl,
                  logits_copy=facts.logits_copy, weight_sync=facts.weight_sync, sharding=facts.sharding,
-                 fsdp_version=facts.fsdp_version, **values)
+                 fsdp_version=facts.fsdp_version, learner_fixed=tuple(facts.learner.items()), **values)
     w = replace(w, **{k: v for k, v in given.workload_changes().items() if k != "pack_length"})
     util = given.util if given.util is not None else util
     return Question(backend, w, util, facts.colocated, tuple(_assumptions(backend, w, util, None, given)),
@@ -270,12 +269,10 @@ def choose_memory_plan(
     max_seq_len: int | None,
     colocation: Colocation | None = None,
     engine_options: dict | None = None,
-    learner_fixed: Mapping[str, Any] | None = None,
 ) -> tuple[MemoryPlan, list[str]]:
     """The plan for workload `w`, choosing learner GPUs and TP where not given. The learner is
     built as the layout planner builds it (hpcrl.planning.layout._learner_setup), so for the same count
-    plan-memory and plan give the same learner figure; `learner_fixed` are the LearnerSetup fields the
-    framework fixes (its MemoryFacts.learner).
+    plan-memory and plan give the same learner figure.
 
     With `colocation`, every learner GPU also runs a vLLM engine (hpcrl/memory/colocated.py):
     the learner GPUs are all the GPUs, and both phases must fit."""
@@ -304,7 +301,7 @@ def choose_memory_plan(
         engine = EngineSetup(**{**engine.__dict__, "tp": tp})
 
     def setup(n: int, sync: str) -> LearnerSetup:
-        s = replace(_learner_setup(w, n, sync), **(learner_fixed or {}))
+        s = _learner_setup(w, n, sync)
         return s if zero_stage == s.zero_stage else replace(s, zero_stage=zero_stage)  # type: ignore[arg-type]
 
     def fits(plan: MemoryPlan) -> bool:
@@ -355,7 +352,7 @@ def answer(q: Question, profile: ClusterProfile, *, learner_gpus: int | None, ze
                               vllm_tp=vllm_tp, vllm_gpu_memory_utilization=q.util,
                               max_seq_len=max_seq_len or q.workload.seq_len,
                               colocation=colocation if q.colocated or colocation else None,
-                              engine_options=engine_options, learner_fixed=get_backend(q.backend).memory.learner)
+                              engine_options=engine_options)
 
 
 def _colocated_run(q: Question, profile: ClusterProfile, learner_gpus: int | None) -> tuple[MemoryPlan, list[str]]:

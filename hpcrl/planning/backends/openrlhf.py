@@ -254,6 +254,7 @@ class OpenRLHFBackend(Backend):
             grad_accum_dtype="fp32" if self.arg(cfg, "ds.grad_accum_dtype") == "fp32" else "bf16",
             hpz_partition_size=int(self.arg(cfg, "ds.zpg")),
             logits_copy=False,  # temperature division is in place
+            learner_fixed=tuple(self.memory.learner.items()),
         )
 
     def pins_from(self, cfg: RunConfig, cli_pins: list[str] | None = None) -> Pins:

@@ -61,6 +61,10 @@ class LearnerSetup:
     # backward and the optimizer step (the log-prob path then holds FP32_LOGITS_PATH_BYTES).
     logits_fp32: bool = False
     adapter_bytes: float = 2.0  # bytes per LoRA adapter weight (bf16 2; peft's fp32 default 4)
+    # With optimizer offload the full bf16 lm_head gradient is still on the GPU at the logits moment
+    # (N > 1). Measured in the adam-offload rows at N=2 of benchmarks/results/openrlhf_measured.jsonl;
+    # the open-instruct model keeps its earlier assumption (no rows there at N > 1 with offload).
+    offload_lm_grad: bool = False
     # ZeRO++ hierarchical partitioning (zero_hpz_partition_size): a secondary bf16 copy of
     # the weights sharded over groups of this many ranks. DeepSpeed's default 1 is off;
     # open-instruct passes --deepspeed_zpg (default 8). Derived, not measured.
@@ -183,9 +187,7 @@ def learner_memory(s: LearnerSetup) -> LearnerMemory:
         # A tied matrix serves the first and the last module: it stays gathered from the
         # embedding lookup while the lm_head holds its own gathered copy (measured at N=2).
         gathered_lm += 2.0 * lm_head
-    # The full bf16 lm_head gradient exists before its reduce-scatter, offloaded optimizer or not
-    # (the offload-optimizer rows at N=2, benchmarks/results/openrlhf_measured.jsonl).
-    lm_grad = 2.0 * lm_head if (gathers and lm_head_trainable) else 0.0
+    lm_grad = 2.0 * lm_head if (gathers and lm_head_trainable and (s.offload_lm_grad or not off_opt)) else 0.0
     layer_params = m.per_layer_params
     prefetch = 2.0 * s.zero.prefetch_bucket_size if stage3 else 0.0
 

@@ -156,6 +156,8 @@ def _text(name: str, value: Any, w: Workload) -> str:
     if name == "hpz_partition_size":
         return (f"ZeRO++ secondary bf16 weight copy over groups of {value} GPUs (zpg {value})" if int(value) > 1
                 else "no ZeRO++ secondary weight copy (zpg 1)")
+    if name == "load_ref_policy" and value and dict(w.learner_fixed).get("reference_process"):
+        return "a reference policy in its own process on every learner GPU (bf16 ZeRO-3 weights, its own CUDA context)"
     if name == "load_ref_policy":
         return "a reference policy (frozen bf16 copy) on every learner" if value else "no reference policy"
     if name == "gradient_checkpointing":

@@ -278,6 +278,7 @@ run_directory() {
       "gradient_checkpointing": true,
       "inside_margin": false,
       "load_in_4bit": false,
+      "logits_fp32": true,
       "logprob_impl": "eager",
       "lora_rank": 0,
       "non_torch_gib": 3.182,
@@ -290,6 +291,7 @@ run_directory() {
         "optimizer": 16.935,
         "recompute": 13.593
       },
+      "reference_process_gib": 2.182,
       "tokens_per_gpu": 5120,
       "weight_sync": "none",
       "zero_stage": 3

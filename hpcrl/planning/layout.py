@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 from hpcrl.errors import HpcrlError, PlanError
 from hpcrl.memory import constants as C
@@ -60,6 +61,8 @@ class Workload:
     sharding: str = "zero"
     micro_batches: int | None = None
     fsdp_version: int = 1
+    # LearnerSetup fields the framework's learner fixes (its backend's MemoryFacts.learner), as pairs.
+    learner_fixed: tuple[tuple[str, Any], ...] = ()
 
     @property
     def seqs(self) -> int:
@@ -214,6 +217,7 @@ def _learner_setup(w: Workload, n: int, weight_sync: str = "none") -> LearnerSet
         sharding=w.sharding,  # type: ignore[arg-type]
         micro_batches=w.micro_batches or DEFAULT_MICRO_BATCHES,
         fsdp_version=w.fsdp_version,  # type: ignore[arg-type]
+        **dict(w.learner_fixed),
     )
 
 

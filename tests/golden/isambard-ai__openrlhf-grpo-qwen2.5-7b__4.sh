@@ -8,7 +8,7 @@
 #   model Qwen/Qwen2.5-7B: 1024 sequences of 5120 tokens per step, 5120 tokens per actor GPU micro-batch
 #   4 x 4 GH200 (95.58 GiB): 12 learner GPUs, 4 engine GPUs, 0 idle
 #   actor.num_nodes 3, actor.num_gpus_per_node 4, vllm.num_engines 4, vllm.tensor_parallel_size 1, vllm.gpu_memory_utilization 0.9, ds.zero_stage 3
-#   learner peak 29.4 GiB/GPU of 95.6 usable; engine 14.2 GiB weights + 70.9 GiB KV cache per GPU; host peak 26 GiB/node
+#   learner peak 28.8 GiB/GPU of 95.6 usable; engine 14.2 GiB weights + 70.9 GiB KV cache per GPU; host peak 26 GiB/node
 #   step ~124 s (generation 124 s, training 84 s), bottleneck generation
 #   ckpt.save_steps 14: a checkpoint every ~29 min of training (so that at most 30 min is lost); time-limit warning 900 s before the end = one step (~124 s) + one checkpoint write (~43 s, derived) + 60 s to stop
 # Warning: 4 learners per node on isambard-ai, where the profile plans at most 1: more than one learner per GH200 node failed with NCCL "Duplicate GPU detected" in the users' runs (their workaround, a patched NCCL with NCCL_IGNORE_DUPLICATE_GPU=1, is untested at 32B)
@@ -201,7 +201,7 @@ run_directory() {
     "host_peak_gib": 26.0,
     "idle_gpus": 0,
     "learner_gpus": 12,
-    "learner_peak_gib": 29.44,
+    "learner_peak_gib": 28.81,
     "nodes": 4,
     "num_learners_per_node": [
       4,
@@ -258,7 +258,7 @@ run_directory() {
       "ram_per_node_gib": 460.0
     },
     "learner": {
-      "allocator_margin_gib": 2.957,
+      "allocator_margin_gib": 2.666,
       "breakdown": {
         "Adam moments (fp32)": 4.728,
         "ZeRO-3 gathered lm_head + grad": 2.03,
@@ -266,31 +266,32 @@ run_directory() {
         "fixed (workspaces, RNG, persistent params)": 0.1,
         "fp32 master weights": 2.364,
         "gradients": 1.182,
-        "log-prob path (eager)": 8.701,
+        "log-prob path (fp32 logits)": 7.251,
         "parameters (bf16)": 1.182,
-        "reduce bucket": 0.931,
-        "reference policy (bf16)": 1.182
+        "reduce bucket": 0.931
       },
       "deepspeed_estimate_gib": 12.669,
-      "device_total_gib": 29.435,
+      "device_total_gib": 28.814,
       "fits": true,
       "gpus": 12,
       "grad_accum_dtype": "bf16",
       "gradient_checkpointing": true,
       "inside_margin": false,
       "load_in_4bit": false,
+      "logits_fp32": true,
       "logprob_impl": "eager",
       "lora_rank": 0,
-      "non_torch_gib": 1.0,
+      "non_torch_gib": 3.182,
       "offload": "none",
-      "peak_allocated_gib": 23.461,
+      "peak_allocated_gib": 20.829,
       "peak_phase": "logits",
-      "peak_reserved_gib": 28.435,
+      "peak_reserved_gib": 25.632,
       "phases_gib": {
-        "logits": 23.461,
-        "optimizer": 15.217,
-        "recompute": 14.775
+        "logits": 20.829,
+        "optimizer": 16.935,
+        "recompute": 13.593
       },
+      "reference_process_gib": 2.182,
       "tokens_per_gpu": 5120,
       "weight_sync": "none",
       "zero_stage": 3
@@ -301,7 +302,7 @@ run_directory() {
       "total_params": 7615616512,
       "trainable_params": 7615616512
     },
-    "verdict": "learner fits with 63.2 GiB to spare after a 3.0 GiB allocator margin; engine fits: 259.43x sequences of 5120 tokens fit at once"
+    "verdict": "learner fits with 64.1 GiB to spare after a 2.7 GiB allocator margin; engine fits: 259.43x sequences of 5120 tokens fit at once"
   },
   "model": "Qwen/Qwen2.5-7B",
   "nodes": 4,

@@ -170,7 +170,13 @@ class OpenRLHFBackend(Backend):
                   MemoryDefault("load_ref_policy", "algo.kl.init_coef", ("features", "ref_policy")),
                   MemoryDefault("gradient_checkpointing", "actor.gradient_checkpointing_enable",
                                 ("features", "gradient_checkpointing")),
-                  MemoryDefault("util", "vllm.gpu_memory_utilization", ("vllm", "gpu_memory_utilization"))))
+                  MemoryDefault("util", "vllm.gpu_memory_utilization", ("vllm", "gpu_memory_utilization"))),
+        # OpenRLHF 3c3be623: the reference is its own Ray actor on the GPU (cli/train_ppo_ray.py:41-50,
+        # 89-101); models/actor.py:267 replaces the logits by an fp32 copy that the output keeps until
+        # training_step returns (trainer/ray/ppo_actor.py:294, 354-359); get_peft_model without
+        # autocast_adapter_dtype=False keeps adapters fp32 (models/actor.py:188).
+        # The lm_head gradient is on the GPU with adam offload too (measured, openrlhf_measured.jsonl).
+        learner={"reference_process": True, "logits_fp32": True, "adapter_bytes": 4.0, "offload_lm_grad": True})
     value_ranges = {
         "actor.adam.lr": (positive, "a positive learning rate"),
         "ckpt.save_steps": (never_or_positive, "-1 (never) or a positive number of steps"),
@@ -249,6 +255,7 @@ class OpenRLHFBackend(Backend):
             grad_accum_dtype="fp32" if self.arg(cfg, "ds.grad_accum_dtype") == "fp32" else "bf16",
             hpz_partition_size=int(self.arg(cfg, "ds.zpg")),
             logits_copy=False,  # temperature division is in place
+            learner_fixed=tuple(self.memory.learner.items()),
         )
 
     def pins_from(self, cfg: RunConfig, cli_pins: list[str] | None = None) -> Pins:

@@ -4,9 +4,10 @@
     PYTHONPATH=. python benchmarks/fit_time.py --write   # and write FIT/BAND/FIT_ROWS into learner_time.py
     PYTHONPATH=. python benchmarks/fit_time.py --check   # exit 1 if learner_time.py or the split differ
 
-Rows (status ok, the GPU not shared with another launch, as each file records):
-* results/zero3_timing.jsonl: DeepSpeed ZeRO-3 steps as open-instruct configures them, several
-  micro-batches then the optimizer step (micro_batch_s, optimizer_step_s, step_s);
+Rows (status ok, the GPU not shared with another launch and the timing not disturbed, as each file records):
+* results/zero3_timing.jsonl, results/openrlhf_measured.jsonl: DeepSpeed ZeRO-3 steps as open-instruct
+  and OpenRLHF configure them, K micro-batches then the optimizer step (micro_batch_s, optimizer_step_s,
+  step_s; the reference's forwards apart as ref_forward_s);
 * results/fsdp_measured.jsonl: verl FSDP actor updates (micro_batch_s per micro-batch, optimizer_step_s);
 * results/zero3_measured.jsonl: single-micro-batch ZeRO-3 steps (the last of three step_s: warm).
 Each row gives observations: one per micro-batch mean and one per optimizer step where the file
@@ -45,7 +46,8 @@ from hpcrl.models.spec import ModelSpec  # noqa: E402
 from hpcrl.memory.gpu_rates import Rates, link_defaults  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
-FILES = ("zero3_timing.jsonl", "fsdp_measured.jsonl", "zero3_measured.jsonl")
+FILES = ("zero3_timing.jsonl", "openrlhf_measured.jsonl", "fsdp_measured.jsonl", "zero3_measured.jsonl")
+STEP_FILES = ("zero3_timing", "openrlhf_measured")  # K micro-batches and the step timed apart
 SPLIT_FILE = ROOT / "benchmarks" / "fit_time_split.txt"
 MODULE = ROOT / "hpcrl" / "memory" / "learner_time.py"
 # Datasheet peaks of the GPUs the rows ran on: dense bf16 TFLOP/s, HBM TB/s (NVIDIA H100 SXM and
@@ -107,7 +109,7 @@ def _combine(*parts: tuple[float, dict[str, float]]) -> dict[str, float]:
 
 
 def _row(source: str, d: dict) -> Row | None:
-    if d.get("status") != "ok" or d.get("shared_gpu_with"):
+    if d.get("status") != "ok" or d.get("shared_gpu_with") or d.get("timing_disturbed"):
         return None
     model = model_of(d["model"])
     world, seq = int(d["world"]), int(d["seq"])
@@ -124,7 +126,7 @@ def _row(source: str, d: dict) -> Row | None:
         setup = LearnerSetup(model, world, seq, offload=d.get("offload", "none"), gradient_checkpointing=gc,
                              lora_rank=int(d.get("lora_rank") or 0), logprob_impl=_impl(d),  # type: ignore[arg-type]
                              grad_accum_dtype=d.get("grad_accum_dtype", "bf16"))
-        if source == "zero3_timing":
+        if source in STEP_FILES:
             micros, opt = list(d["micro_batch_s"]), float(d["optimizer_step_s"])
             steps = d.get("step_s")
             k, step = len(micros), float(steps[-1] if isinstance(steps, list) else steps or sum(micros) + opt)
@@ -143,8 +145,8 @@ def _row(source: str, d: dict) -> Row | None:
     label = (f"{source.split('_')[0]}{' ' + mode if mode else ''} {d['model']} N={world} T={seq} K={k} gc={int(gc)} "
              f"off={setup.offload}{' lora' if setup.lora_rank else ''}{' ref' if d.get('ref') else ''} {setup.logprob_impl}"
              f"{' fsdp' + str(setup.fsdp_version) if setup.sharding == 'fsdp' else ''} {next(f for f in GPUS if f in d['gpu'])}")
-    # zero3_timing launches run several lengths on one engine under one tag: the length makes the id unique.
-    rid = f"{source}:{d.get('tag')}" + (f":T{seq}" if source == "zero3_timing" else "")
+    # A step-harness launch runs several lengths on one engine under one tag: the length makes the id unique.
+    rid = f"{source}:{d.get('tag')}" + (f":T{seq}" if source in STEP_FILES else "")
     return Row(rid, label, setup, rates, k, step, tuple(obs))
 
 

@@ -146,8 +146,10 @@ def time_terms(s: LearnerSetup, r: Rates) -> tuple[dict[str, float], dict[str, f
         tensors = param_tensors(m, s.lora_rank, s.lora_targets)
         micro["zero3_hooks"] = tensors * passes
         micro["zero3_grad_tensors"] = 2.0 * len(s.lora_targets) * m.num_layers if lora else param_tensors(m)
-    if lora:
-        micro["lora_modules"] = m.num_layers * len(s.lora_targets) * passes
+        if lora:
+            # Measured under ZeRO-3 only, where every adapter is a fetched parameter too; without ZeRO-3
+            # PEFT's few extra kernels per module are not modelled.
+            micro["lora_modules"] = m.num_layers * len(s.lora_targets) * passes
     if fsdp:
         micro["fsdp_units"] = m.num_layers * 2.0
     if m.is_moe:

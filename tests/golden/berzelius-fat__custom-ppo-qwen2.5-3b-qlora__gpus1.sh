@@ -275,6 +275,13 @@ run_directory() {
       "response_len": 256,
       "rollout_seqs": 4,
       "seq_len": 384,
+      "time": {
+        "basis": "fitted on 40 measured rows (fsdp_measured, openrlhf_measured, zero3_timing; H100/H200); derived: A100-SXM4-80GB scaled from H100/H200 by peak FLOP/s and bandwidths, 4-bit dequantization, no ZeRO sharding (one process or DDP)",
+        "high": 1.38,
+        "low": 0.56,
+        "micro_batch_s": 0.261,
+        "optimizer_step_s": 0.001
+      },
       "tokens_per_micro_batch": 1536,
       "weights": "4-bit NF4"
     },

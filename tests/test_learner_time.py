@@ -156,3 +156,8 @@ def test_the_reference_forward_is_one_forward_of_the_base():
 def test_a_micro_batch_takes_the_larger_of_its_cpu_and_gpu_sides():
     # 0.5 s of ZeRO-3 hooks and 0.1 s of collective calls (CPU side) against 0.4 s of matmuls and 0.05 s of log-probs
     assert overlapped({"zero3_hooks": 0.5, "collective_calls": 0.1, "matmul": 0.4, "logprob_eager": 0.05}) == 0.6
+
+
+def test_a_gh200_is_derived_not_taken_for_a_measured_h200():
+    s = LearnerSetup(model=resolve_model("qwen2.5-3b"), tokens_per_gpu=8192)
+    assert "derived: GH200" in learner_time(s, resolve_profile("isambard-ai", None)).basis

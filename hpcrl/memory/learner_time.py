@@ -232,7 +232,8 @@ def apply_fit(terms: dict[str, float], fit: dict[str, float] | None = None) -> d
 def _derived(s: LearnerSetup, r: Rates) -> list[str]:
     """What in this setup no measured row covers (the basis names it and the band widens)."""
     why = []
-    if not any(g in r.gpu for g in MEASURED_GPUS):
+    # "GH200" contains "H200": match the measured names as whole words.
+    if not any(g in r.gpu.replace("-", " ").split() or r.gpu == g for g in MEASURED_GPUS):
         why.append(f"{r.gpu or 'this GPU'} scaled from H100/H200 by peak FLOP/s and bandwidths")
     if s.load_in_4bit:
         why.append("4-bit dequantization")  # no row: always derived

@@ -292,6 +292,13 @@ run_directory() {
         "recompute": 13.593
       },
       "reference_process_gib": 2.182,
+      "time": {
+        "basis": "fitted on 40 measured rows (fsdp_measured, openrlhf_measured, zero3_timing; H100/H200); derived: GH200 scaled from H100/H200 by peak FLOP/s and bandwidths",
+        "high": 1.38,
+        "low": 0.56,
+        "micro_batch_s": 7.589,
+        "optimizer_step_s": 0.043
+      },
       "tokens_per_gpu": 5120,
       "weight_sync": "none",
       "zero_stage": 3

@@ -52,6 +52,8 @@ def line(model, seq, gc=1, offload="none", impl="eager", lora=0, world=1, hold=0
     if host:
         parts.append(f"host={host:.0f}")
     parts += ["--model", model, "--seq", str(seq), "--gc", str(gc), "--logprob-impl", impl]
+    # these lists were measured before the harness took K micro-batches: one per step, three steps
+    parts += ["--micro-batches", "1", "--steps", "3", "--empty-cache", "0"]
     if offload != "none":
         parts += ["--offload", offload]
     if lora:

@@ -82,9 +82,9 @@ def arg_value(argv: list[str], flag: str, default: str = "") -> str:
     return argv[argv.index(flag) + 1] if flag in argv else default
 
 
-def config_row(argv: list[str], nproc: int) -> dict:
+def config_row(argv: list[str], nproc: int, harness: str) -> dict:
     """The identifying keys of a row, for launches that wrote none."""
-    if "--micro-batches" in argv or "--fsdp" in argv:
+    if harness == "fsdp_memory.py":
         return {
             "harness": "fsdp_memory",
             "model": arg_value(argv, "--model"),
@@ -99,9 +99,13 @@ def config_row(argv: list[str], nproc: int) -> dict:
         }
     impl = arg_value(argv, "--logprob-impl", "eager")
     return {
+        "harness": "zero3_memory",
+        "harness_mode": arg_value(argv, "--mode", "open-instruct"),
         "model": arg_value(argv, "--model"),
-        "seq": int(arg_value(argv, "--seq", "0")),
+        "seq": seq if "," in (seq := arg_value(argv, "--seq", "0")) else int(seq),
         "mb": 1,
+        "micro_batches": int(arg_value(argv, "--micro-batches", "4")),
+        "ref": int(arg_value(argv, "--ref", "0")),
         "gc": int(arg_value(argv, "--gc", "1")),
         "offload": arg_value(argv, "--offload", "none"),
         "world": nproc,
@@ -207,26 +211,35 @@ class Scheduler:
         with open(self.out.with_suffix(".logs.txt"), "a") as f:
             lines = run.log.read_text(errors="replace").splitlines()
             f.write(f"==== #{run.item.index} rc={rc} {' '.join(run.item.argv)}\n" + "\n".join(lines[-60:]) + "\n")
-        if rc != 0 or not rows or rows[0].get("status") != "ok":
+        # rank 0 writes one row per sequence length; another rank's row only says how a length failed
+        out = [r for r in rows if r.get("rank", 0) == 0]
+        seen = {r.get("seq") for r in out}
+        for r in rows:
+            if r.get("rank", 0) != 0 and r.get("status") != "ok" and r.get("seq") not in seen:
+                out.append(r)
+                seen.add(r.get("seq"))
+        if rc != 0 and all(r.get("status") == "ok" for r in out):
+            row = config_row(run.item.argv, run.item.nproc, self.args.harness)
+            row.update(status="timeout" if rc == "timeout" else "killed", rc=str(rc), wall_s=wall, tag=run.tag)
+            out.append(row)
+        if rc != 0 or any(r.get("status") != "ok" for r in out):
             tail = run.log.read_text(errors="replace").splitlines()[-30:]
             with open(self.failures, "a") as f:
                 f.write(f"==== #{run.item.index} rc={rc} {' '.join(run.item.argv)}\n" + "\n".join(tail) + "\n")
-        if rows:
-            row = rows[0]
-        else:
-            row = config_row(run.item.argv, run.item.nproc)
-            row.update(status="timeout" if rc == "timeout" else "killed", rc=str(rc), wall_s=wall, tag=run.tag)
-        row["shared_gpu_with"] = len(run.shared_with)
-        row["launch_wall_s"] = wall
-        if row.get("status") == "oom" and run.shared_with and not run.item.solo:
-            row["status"] = "oom_while_shared"
+        for row in out:
+            row["shared_gpu_with"] = len(run.shared_with)
+            row["launch_wall_s"] = wall
+        oom = [r for r in out if r.get("status") == "oom"]
+        if oom and run.shared_with and not run.item.solo:
+            oom[0]["status"] = "oom_while_shared"
             again = Item(run.item.index, run.item.nproc, run.item.est_s, run.item.est_gib, run.item.host_gib,
                          run.item.argv, solo=True)  # fmt: skip
             self.pending.insert(0, again)
         with open(self.out, "a") as f:
-            f.write(json.dumps(row) + "\n")
-        self.say(f"end   #{run.item.index} rc={rc} {wall:.0f}s status={row.get('status')} "
-                 f"peak={row.get('peak_alloc_gib')}")  # fmt: skip
+            for row in out:
+                f.write(json.dumps(row) + "\n")
+        self.say(f"end   #{run.item.index} rc={rc} {wall:.0f}s " + " ".join(
+            f"{r.get('seq')}:{r.get('status')}:{r.get('peak_alloc_gib') or 0:.1f}" for r in out))  # fmt: skip
 
     def step(self) -> None:
         left = self.deadline - time.time()

@@ -1,15 +1,23 @@
-"""Measure GPU memory of DeepSpeed ZeRO-3 RL training steps (one configuration per launch).
+"""Measure GPU memory and time of DeepSpeed ZeRO-3 RL training steps (one configuration per launch).
 
 Launch one process per GPU, e.g.
     torchrun --nproc_per_node 2 benchmarks/zero3_memory.py --model qwen2.5-1.5b --seq 4096 \
-        --gc 1 --logprob-impl eager --out rows.jsonl
+        --micro-batches 4 --gc 1 --logprob-impl eager --out rows.jsonl
 
 Method (shared/DESIGN.md, "Memory: what the measurements say"): the model is built from a
-Qwen2.5 config with random bf16 weights under deepspeed.zero.Init; a client
-torch.optim.AdamW(fused=True) goes to deepspeed.initialize, as open-instruct's grpo_fast does;
-one micro-batch of T tokens runs forward -> logits -> per-token log-probs of the next token ->
-policy-gradient loss -> engine.backward -> engine.step, three times. Rank 0 appends one JSON row
-to --out; a rank that runs out of memory appends a row with status "oom" and ends the launch.
+config in benchmarks/configs with random bf16 weights under deepspeed.zero.Init. A step is K
+micro-batches of T tokens, each forward -> logits -> per-token log-probs of the next token ->
+policy-gradient loss -> engine.backward, then one optimizer step (--steps steps; the last is
+timed and its phase peaks recorded).
+
+--mode open-instruct (open-instruct e6c3044a, open_instruct/grpo_fast.py): client
+torch.optim.AdamW(fused=True); DeepSpeed gradient_accumulation_steps 1 (:341) with
+set_gradient_accumulation_boundary, empty_cache before each backward and engine.step() at the
+boundary only (:726-733); the reference policy (--ref 1) is a second ZeRO-3 engine in the same
+process whose K log-prob forwards run before the training loop (:610-615).
+--mode openrlhf: see zero3_openrlhf.py.
+Rank 0 appends one JSON row to --out; a rank that runs out of memory appends a row with status
+"oom" and ends the launch.
 """
 
 from __future__ import annotations
@@ -23,20 +31,35 @@ import time
 import traceback
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-GIB = float(1 << 30)
-LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+import zero3_openrlhf
+from zero3_setup import GIB, Peaks, add_lora, build_logprob_fns, build_model, ds_config, ds_numel, eval_ds_config, make_batches
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", required=True, help="name of a file in benchmarks/configs, e.g. qwen2.5-1.5b")
-    p.add_argument("--seq", type=int, required=True, help="packed tokens in the one micro-batch (T)")
+    p.add_argument(
+        "--seq", required=True,
+        help="packed tokens per micro-batch (T); a comma list runs each in turn on the same engine, one row each",
+    )  # fmt: skip
     p.add_argument("--gc", type=int, choices=[0, 1], default=1, help="gradient checkpointing")
     p.add_argument("--offload", choices=["none", "optimizer", "params"], default="none")
     p.add_argument("--logprob-impl", choices=["eager", "compiled"], default="eager")
     p.add_argument("--lora-rank", type=int, default=0, help="0 = full fine-tuning")
-    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--steps", type=int, default=2, help="optimizer steps; the last is timed")
+    p.add_argument("--micro-batches", type=int, default=4, help="forward+backward passes per optimizer step (K)")
+    p.add_argument("--mode", choices=["open-instruct", "openrlhf"], default="open-instruct")
+    p.add_argument("--ref", type=int, choices=[0, 1], default=0, help="colocated reference policy forward")
+    p.add_argument(
+        "--empty-cache", type=int, choices=[0, 1], default=1,
+        help="open-instruct: torch.cuda.empty_cache() before each backward (grpo_fast.py:726)",
+    )  # fmt: skip
+    p.add_argument(
+        "--ds-torch-adam", type=int, choices=[0, 1], default=0,
+        help="openrlhf: torch_adam in DeepSpeed's optimizer section (where FusedAdam/CPUAdam cannot be built)",
+    )  # fmt: skip
+    p.add_argument("--role", choices=["actor", "ref"], default="actor", help=argparse.SUPPRESS)
+    p.add_argument("--handshake", default="", help=argparse.SUPPRESS)
     p.add_argument("--docs", type=int, default=1, help="documents packed in the micro-batch (position_ids restart)")
     p.add_argument("--attn", default="auto", help="auto = flash_attention_2 if installed, else sdpa")
     p.add_argument(
@@ -58,118 +81,137 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def ds_config(args: argparse.Namespace) -> dict:
-    """The DeepSpeed config: ZeRO-3 with DeepSpeed's own defaults for every bucket and threshold."""
-    zero: dict = {"stage": 3}
-    if args.offload in ("optimizer", "params"):
-        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
-    if args.offload == "params":
-        zero["offload_param"] = {"device": "cpu", "pin_memory": True}
-    cfg = {
-        "train_micro_batch_size_per_gpu": 1,
-        "gradient_accumulation_steps": 1,
-        "gradient_clipping": 1.0,
-        "bf16": {"enabled": True},
-        "zero_optimization": zero,
-        "steps_per_print": 10**9,
-        "wall_clock_breakdown": False,
-    }
-    if args.offload != "none" and args.offload_optimizer_impl == "torch_adamw":
-        # DeepSpeed refuses a client optimizer other than DeepSpeedCPUAdam with offload unless told.
-        cfg["zero_force_ds_cpu_optimizer"] = False
-    return cfg
+def seq_list(text: str) -> list[int]:
+    """`--seq 4096,8192`: ascending, so a length that runs out of memory ends the launch last."""
+    return sorted(int(x) for x in str(text).split(",") if x.strip())
 
 
-def load_model_config(name: str):
-    from transformers import AutoConfig
-
-    raw = json.loads((HERE / "configs" / f"{name}.json").read_text())
-    expected = raw.pop("_reference_total_params", None)
-    model_type = raw.pop("model_type")
-    raw.pop("architectures", None)
-    raw.pop("torch_dtype", None)
-    cfg = AutoConfig.for_model(model_type, **raw)
-    cfg.use_cache = False
-    return cfg, expected
-
-
-def pick_attn(requested: str) -> str:
-    if requested != "auto":
-        return requested
-    try:
-        from transformers.utils import is_flash_attn_2_available
-
-        if is_flash_attn_2_available():
-            return "flash_attention_2"
-    except ImportError:
-        pass
-    return "sdpa"
-
-
-def build_logprob_fns():
-    """Both log-prob paths. `compiled` mirrors open-instruct: compiled log_softmax+gather in the logits' dtype."""
+def run_step(args, step, si, engine, ref_engine, ref_proc, batches, row, phase_end, logprob_fn, cross_entropy):
+    """One optimizer step: the reference forward, then K micro-batches; the last step is recorded."""
     import torch
 
-    def eager_fp32(logits, input_ids):
-        labels = input_ids[:, 1:]
-        logprobs = torch.log_softmax(logits[:, :-1].float(), dim=-1)
-        return torch.gather(logprobs, dim=-1, index=labels.unsqueeze(-1)).squeeze(-1)
-
-    @torch.compile(dynamic=True)
-    def log_softmax_and_gather(logits, index):
-        logprobs = logits.log_softmax(dim=-1)
-        return torch.gather(logprobs, dim=-1, index=index.unsqueeze(-1)).squeeze(-1)
-
-    def compiled(logits, input_ids, temperature: float = 1.0):
-        logits = logits / temperature
-        logits = logits[:, :-1]
-        labels = input_ids[:, 1:].clone()
-        return log_softmax_and_gather(logits, labels)
-
-    return {"eager": eager_fp32, "compiled": compiled}
-
-
-class Peaks:
-    """Peak memory over the whole run, surviving the per-phase resets of torch's peak counters."""
-
-    def __init__(self, torch_mod):
-        self.torch = torch_mod
-        self.alloc = 0
-        self.reserved = 0
-
-    def fold(self) -> tuple[float, float]:
-        cuda = self.torch.cuda
-        a, r = cuda.max_memory_allocated(), cuda.max_memory_reserved()
-        self.alloc, self.reserved = max(self.alloc, a), max(self.reserved, r)
-        return a / GIB, r / GIB
-
-    def phase_start(self) -> None:
-        self.fold()
-        self.torch.cuda.reset_peak_memory_stats()
-
-
-def ds_numel(p) -> int:
-    return int(getattr(p, "ds_numel", p.numel()))
+    orl = args.mode == "openrlhf"
+    last = step == args.steps - 1
+    K = len(batches)
+    if orl:
+        torch.cuda.empty_cache()  # OpenRLHF ppo_actor.py:599, before fit
+    if ref_proc is not None:
+        row["phase"] = f"step{step}.ref_process"
+        ref_proc.signal(f"go{si}_{step}")
+        done = ref_proc.wait_for(f"done{si}_{step}")
+        if last:
+            row["ref_process"]["forward"] = done
+            row["ref_forward_s"] = done["forward_s"]
+    phase_end("idle", False)
+    if ref_engine is not None:
+        row["phase"] = f"step{step}.ref_forward"
+        t0 = time.time()
+        with torch.no_grad():
+            for b in batches:
+                out = ref_engine(input_ids=b["input_ids"], position_ids=b["position_ids"], use_cache=False)
+                logprob_fn(out.logits, b["input_ids"])
+                del out
+        phase_end("ref_forward", last)
+        if last:
+            row["ref_forward_s"] = time.time() - t0
+    mb_s = []
+    t_step = time.time()
+    for k, b in enumerate(batches):
+        boundary = k == K - 1
+        t0 = time.time()
+        row["phase"] = f"step{step}.mb{k}.forward"
+        out = engine(input_ids=b["input_ids"], position_ids=b["position_ids"], use_cache=False)
+        if last and k == 0:
+            row["logits_dtype"] = str(out.logits.dtype).replace("torch.", "")
+        phase_end("forward", last)
+        row["phase"] = f"step{step}.mb{k}.logprob"
+        held = None
+        if orl:
+            logprobs = zero3_openrlhf.fp32_logprobs(out, b["input_ids"], cross_entropy)
+            aux = getattr(out, "aux_loss", None)
+            held = out  # OpenRLHF ppo_actor.py:294: `output` lives until training_step returns
+        else:
+            logits = out.logits
+            del out
+            logprobs = logprob_fn(logits, b["input_ids"])
+            if args.hold_logits:
+                held = logits
+            del logits  # open-instruct's forward_for_logprobs drops the logits on return
+            aux = None
+        loss = -(logprobs.float() * b["advantages"]).mean()
+        if aux is not None:
+            loss = loss + 0.001 * aux
+        del logprobs, aux
+        phase_end("logprob", last)
+        row["phase"] = f"step{step}.mb{k}.backward"
+        if not orl:
+            if args.empty_cache:
+                torch.cuda.empty_cache()
+            engine.set_gradient_accumulation_boundary(boundary)
+        engine.backward(loss)
+        if not orl:
+            held = None
+        if orl and not boundary:
+            engine.step()  # not a boundary: DeepSpeed only counts the micro-step
+        phase_end("backward", last)
+        mb_s.append(time.time() - t0)
+        if boundary:
+            row["phase"] = f"step{step}.optimizer_step"
+            t1 = time.time()
+            engine.step()
+            phase_end("step", last)
+            if last:
+                row["optimizer_step_s"] = time.time() - t1
+        del held
+        row["loss"] = float(loss.detach())
+        del loss
+    torch.cuda.synchronize()
+    row["step_s"].append(time.time() - t_step)
+    if last:
+        row["micro_batch_s"] = mb_s
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
+    from fsdp_memory import load_cross_entropy
+
+    if args.mode == "openrlhf" and not args.ds_torch_adam:
+        args.ds_torch_adam = int(not zero3_openrlhf.ds_ops_ready())
+
+    if args.role == "ref":
+        cross_entropy = load_cross_entropy()
+        return zero3_openrlhf.ref_main(
+            args,
+            seq_list(args.seq),
+            lambda cfg: build_model(args, cfg)[:2],
+            lambda model_cfg, seq, device: make_batches(args, seq, model_cfg.vocab_size, device,
+                                                        int(os.environ.get("RANK", 0))),  # fmt: skip
+            eval_ds_config,
+            cross_entropy,
+        )
     rank = int(os.environ.get("RANK", 0))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     world = int(os.environ.get("WORLD_SIZE", 1))
     t_start = time.time()
+    orl = args.mode == "openrlhf"
+    K = args.micro_batches
 
     import torch
 
     torch.cuda.set_device(local_rank)
     peaks = Peaks(torch)
     row: dict = {
+        "harness": "zero3_memory",
+        "harness_mode": args.mode,
         "model": args.model,
         "params": None,
-        "seq": args.seq,
+        "seq": args.seq if "," in args.seq else int(args.seq),
         "mb": 1,
+        "micro_batches": K,
         "gc": args.gc,
         "offload": args.offload,
+        "ref": args.ref,
         "world": world,
         "rank": rank,
         "status": "error",
@@ -179,26 +221,32 @@ def main(argv: list[str] | None = None) -> int:
         "peak_alloc_gib": None,
         "peak_reserved_gib": None,
         "step_s": [],
+        "micro_batch_s": [],
+        "optimizer_step_s": None,
+        "ref_forward_s": None,
         "torch": torch.__version__,
         "deepspeed": None,
-        "logprob_impl": "eager_fp32" if args.logprob_impl == "eager" else "compiled",
+        "logprob_impl": None,
         "lora_rank": args.lora_rank,
         "trainable_params": None,
         "zero_stage": 3,
         "phase_peaks_gib": {},
         "phase_peaks_reserved_gib": {},
+        "device_used_max_gib": 0.0,
         "attn_impl": None,
         "optimizer": None,
         "ds_config": None,
         "vocab_size": None,
         "docs": args.docs,
         "hold_logits": args.hold_logits,
+        "empty_cache_before_backward": int(args.empty_cache and not orl),
         "steps": args.steps,
         "phase": "setup",
         "tag": args.tag,
         "visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "concurrent_on_gpu": int(os.environ.get("ZERO3_CONCURRENT_ON_GPU", "1")),
     }
+    ref_proc = None
 
     def write_row() -> None:
         peaks.fold()
@@ -209,11 +257,25 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.out, "a") as f:
             f.write(json.dumps(row) + "\n")
 
+    def phase_end(name: str, record: bool) -> None:
+        """Fold the peak since the last phase into `name` (max over micro-batches), then reset."""
+        torch.cuda.synchronize()
+        a, r = peaks.fold()
+        if record:
+            pk, pr = row["phase_peaks_gib"], row["phase_peaks_reserved_gib"]
+            pk[name], pr[name] = max(pk.get(name, 0.0), a), max(pr.get(name, 0.0), r)
+            used = zero3_openrlhf.device_used_gib(torch)
+            row["device_used_max_gib"] = max(row["device_used_max_gib"], used)
+        torch.cuda.reset_peak_memory_stats()
+
     try:
+        if orl and args.ref:
+            # spawned first so both processes build their models at once, as OpenRLHF's groups do
+            hs = Path(args.out).resolve().parent / f"refhs_{os.environ.get('MASTER_PORT', '0')}"
+            ref_proc = zero3_openrlhf.RefProcess(str(Path(__file__).resolve()), argv, rank, hs)
         import deepspeed
         import torch.distributed as dist
         import transformers
-        from transformers import AutoModelForCausalLM
 
         row["deepspeed"] = deepspeed.__version__
         row["transformers"] = transformers.__version__
@@ -223,69 +285,41 @@ def main(argv: list[str] | None = None) -> int:
         deepspeed.init_distributed()
 
         config = ds_config(args)
-        try:
-            from transformers.integrations import HfDeepSpeedConfig
-        except ImportError:
-            from transformers.deepspeed import HfDeepSpeedConfig
-        # keep a reference: transformers looks it up through a weakref to activate zero.Init
-        dschf = HfDeepSpeedConfig(config)  # noqa: F841
-
-        model_cfg, expected = load_model_config(args.model)
+        model, model_cfg, keep = build_model(args, config)
         row["vocab_size"] = model_cfg.vocab_size
-        attn = pick_attn(args.attn)
-        row["attn_impl"] = attn
-        model = AutoModelForCausalLM.from_config(model_cfg, dtype=torch.bfloat16, attn_implementation=attn)
-        if not all(hasattr(p, "ds_id") for p in model.parameters()):
-            raise RuntimeError("model was not partitioned by deepspeed.zero.Init")
         row["zero_init"] = "transformers.from_config+HfDeepSpeedConfig"
-        row["attn_impl"] = getattr(model.config, "_attn_implementation", attn)
+        row["attn_impl"] = getattr(model.config, "_attn_implementation", None)
         row["params"] = sum(ds_numel(p) for p in model.parameters())
-        if expected is not None and row["params"] != expected:
-            row["params_mismatch_reference"] = expected
-        row["rope_theta"] = (getattr(model.config, "rope_parameters", None) or {}).get(
-            "rope_theta", getattr(model.config, "rope_theta", None)
-        )
-        model.config.use_cache = False
-
-        if args.gc:
+        if keep["expected"] is not None and row["params"] != keep["expected"]:
+            row["params_mismatch_reference"] = keep["expected"]
+        if args.gc and orl:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        elif args.gc:
             # no kwargs, as open-instruct; transformers 5 then uses use_reentrant=False
             model.gradient_checkpointing_enable()
-            row["gc_use_reentrant"] = False
+        row["gc_use_reentrant"] = False if args.gc else None
+        row["ds_torch_adam"] = args.ds_torch_adam
         if args.lora_rank > 0:
-            from peft import LoraConfig, get_peft_model
-
-            lcfg = LoraConfig(
-                r=args.lora_rank,
-                lora_alpha=2 * args.lora_rank,
-                lora_dropout=0.0,
-                target_modules=LORA_TARGETS,
-                bias="none",
-                task_type="CAUSAL_LM",
-            )
-            # base weights are already ZeRO-3 partitioned; the new adapter weights are ordinary
-            # tensors that deepspeed.initialize converts to ZeRO parameters. Keep them bf16 so the
-            # engine's bf16 check passes (peft would otherwise upcast adapters to fp32).
-            model = get_peft_model(model, lcfg, autocast_adapter_dtype=False)
-            for p in model.parameters():
-                if p.requires_grad and p.dtype != torch.bfloat16:
-                    p.data = p.data.to(torch.bfloat16)
-            import peft
-
-            row["peft"] = peft.__version__
+            model = add_lora(model, args, row)
         trainable = [p for p in model.parameters() if p.requires_grad]
         row["trainable_params"] = sum(ds_numel(p) for p in trainable)
 
-        if args.offload != "none" and args.offload_optimizer_impl == "ds_cpu_adam":
+        optimizer = None
+        if orl:
+            row["optimizer"] = "ds_config:AdamW"
+        elif args.offload != "none" and args.offload_optimizer_impl == "ds_cpu_adam":
             from deepspeed.ops.adam import DeepSpeedCPUAdam
 
             optimizer = DeepSpeedCPUAdam(trainable, lr=1e-6, adamw_mode=True)
         else:
             optimizer = torch.optim.AdamW(trainable, lr=1e-6, fused=True)
-        row["optimizer"] = type(optimizer).__name__
+        if optimizer is not None:
+            row["optimizer"] = type(optimizer).__name__
         row["phase"] = "deepspeed.initialize"
         engine, optimizer, _, _ = deepspeed.initialize(
-            model=model, optimizer=optimizer, config=config, dist_init_required=False
-        )
+            model=model, optimizer=optimizer, model_parameters=trainable if orl else None,
+            config=config, dist_init_required=False,
+        )  # fmt: skip
         torch.cuda.synchronize()
         row["after_init_gib"] = torch.cuda.memory_allocated() / GIB
         row["after_init_reserved_gib"] = torch.cuda.memory_reserved() / GIB
@@ -299,61 +333,49 @@ def main(argv: list[str] | None = None) -> int:
             "gradient_accumulation_steps": engine.gradient_accumulation_steps(),
         }
         row["ds_optimizer"] = type(engine.optimizer).__name__
+        row["ds_inner_optimizer"] = type(getattr(engine.optimizer, "optimizer", None)).__name__
+
+        ref_engine = None
+        if args.ref and not orl:
+            row["phase"] = "reference.initialize"
+            ref_cfg = eval_ds_config()
+            ref_model, _, ref_keep = build_model(args, ref_cfg)
+            ref_engine, *_ = deepspeed.initialize(model=ref_model, config=ref_cfg, dist_init_required=False)
+            ref_engine.eval()
+            torch.cuda.synchronize()
+            row["after_ref_init_gib"] = torch.cuda.memory_allocated() / GIB
+        if ref_proc is not None:
+            row["ref_process"] = {"ready": ref_proc.wait_for("ready")}
+        row["device_used_after_init_gib"] = zero3_openrlhf.device_used_gib(torch)
 
         device = torch.device("cuda", local_rank)
-        gen = torch.Generator(device=device).manual_seed(1234 + rank)
-        T = args.seq
-        input_ids = torch.randint(0, model_cfg.vocab_size, (1, T), device=device, generator=gen)
-        doc_len = -(-T // max(1, args.docs))
-        position_ids = (torch.arange(T, device=device) % doc_len).unsqueeze(0)
-        advantages = torch.randn(1, T - 1, device=device, generator=gen)
+        cross_entropy = load_cross_entropy() if orl else None
+        if orl:
+            row["logprob_impl"] = "fp32_flash_attn_triton_ce" if cross_entropy else "fp32_chunked_logsumexp"
+        else:
+            row["logprob_impl"] = "eager_fp32" if args.logprob_impl == "eager" else "compiled"
         logprob_fn = build_logprob_fns()[args.logprob_impl]
-
         engine.train()
-        for step in range(args.steps):
-            last = step == args.steps - 1
-            torch.cuda.synchronize()
-            t0 = time.time()
-            row["phase"] = f"step{step}.forward"
-            if last:
-                peaks.phase_start()
-            out = engine(input_ids=input_ids, position_ids=position_ids, use_cache=False)
-            logits = out.logits
-            del out
-            if last:
-                row["logits_dtype"] = str(logits.dtype).replace("torch.", "")
-                torch.cuda.synchronize()
-                row["phase_peaks_gib"]["forward"], row["phase_peaks_reserved_gib"]["forward"] = peaks.fold()
-                peaks.phase_start()
-            row["phase"] = f"step{step}.logprob"
-            logprobs = logprob_fn(logits, input_ids)
-            held = logits if args.hold_logits else None
-            del logits  # open-instruct's forward_for_logprobs drops the logits on return
-            loss = -(logprobs.float() * advantages).mean()
-            del logprobs
-            if last:
-                torch.cuda.synchronize()
-                row["phase_peaks_gib"]["logprob"], row["phase_peaks_reserved_gib"]["logprob"] = peaks.fold()
-                peaks.phase_start()
-            row["phase"] = f"step{step}.backward"
-            engine.backward(loss)
-            del held
-            if last:
-                torch.cuda.synchronize()
-                row["phase_peaks_gib"]["backward"], row["phase_peaks_reserved_gib"]["backward"] = peaks.fold()
-                peaks.phase_start()
-            row["phase"] = f"step{step}.step"
-            engine.step()
-            torch.cuda.synchronize()
-            if last:
-                row["phase_peaks_gib"]["step"], row["phase_peaks_reserved_gib"]["step"] = peaks.fold()
-            row["step_s"].append(time.time() - t0)
-            row["loss"] = float(loss.detach())
-            del loss
-        row["phase"] = "done"
-        row["status"] = "ok"
-        if rank == 0:
-            write_row()
+        base = dict(row)
+        for si, seq in enumerate(seq_list(args.seq)):
+            # each length is its own row: peaks and times start afresh; the cache is emptied between
+            torch.cuda.empty_cache()
+            peaks.alloc = peaks.reserved = 0
+            row.clear()
+            row.update(json.loads(json.dumps(base)), seq=seq, seq_index=si, tag=f"{args.tag}:s{seq}")
+            t_seq = time.time()
+            batches = make_batches(args, seq, model_cfg.vocab_size, device, rank)
+            for step in range(args.steps):
+                run_step(args, step, si, engine, ref_engine, ref_proc, batches, row, phase_end, logprob_fn,
+                         cross_entropy)  # fmt: skip
+            del batches
+            row["phase"] = "done"
+            row["status"] = "ok"
+            row["seq_wall_s"] = time.time() - t_seq
+            if rank == 0:
+                write_row()
+        if ref_proc is not None:
+            ref_proc.close()
         dist.barrier()
         dist.destroy_process_group()
         return 0
@@ -367,6 +389,8 @@ def main(argv: list[str] | None = None) -> int:
         write_row()
         sys.stdout.flush()
         sys.stderr.write(f"[rank {rank}] {row['status']} in {row['phase']}: {msg[:500]}\n")
+        if ref_proc is not None:
+            ref_proc.proc.kill()
         # leave at once: the other ranks would otherwise wait in a collective forever
         os._exit(3)
 

@@ -13,7 +13,7 @@ import pytest
 
 from hpcrl.memory.gpu_rates import Rates, link_defaults, links_gbs, rates_for
 from hpcrl.memory.learner import LearnerSetup
-from hpcrl.memory.learner_time import learner_time, param_tensors, time_terms
+from hpcrl.memory.learner_time import learner_time, overlapped, param_tensors, reference_terms, time_terms
 from hpcrl.models import resolve_model
 from hpcrl.models.spec import ModelSpec
 from hpcrl.profiles import resolve_profile
@@ -147,3 +147,17 @@ def test_the_users_qlora_script_s_learner_time_says_its_dequantization_is_derive
     data = ok_json(run_hpcrl("plan-memory", "--config", "custom-ppo-qwen2.5-3b-qlora", "--cluster", "berzelius:fat",
                              "--learner-gpus", "1", "--json"))
     assert "4-bit dequantization" in data["learner"]["time"]["basis"]
+
+
+def test_the_reference_forward_is_one_forward_of_the_base():
+    assert reference_terms(toy(), RATES)["matmul"] == pytest.approx(2 * 34_582_528 * 1000 / 1e15)
+
+
+def test_a_micro_batch_takes_the_larger_of_its_cpu_and_gpu_sides():
+    # 0.5 s of ZeRO-3 hooks and 0.1 s of collective calls (CPU side) against 0.4 s of matmuls and 0.05 s of log-probs
+    assert overlapped({"zero3_hooks": 0.5, "collective_calls": 0.1, "matmul": 0.4, "logprob_eager": 0.05}) == 0.6
+
+
+def test_a_gh200_is_derived_not_taken_for_a_measured_h200():
+    s = LearnerSetup(model=resolve_model("qwen2.5-3b"), tokens_per_gpu=8192)
+    assert "derived: GH200" in learner_time(s, resolve_profile("isambard-ai", None)).basis

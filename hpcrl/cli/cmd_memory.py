@@ -178,14 +178,15 @@ def _print_plan(d: dict) -> None:
                   f"micro-batch, {lr['micro_batches']} micro-batch(es) per step, peak at {lr['peak_phase']}")
     else:
         t = table(f"Learner GPU: ZeRO-{lr['zero_stage']} over {lr['gpus']} GPUs, {lr['tokens_per_gpu']} tokens, "
-                  f"log-prob {lr['logprob_impl']}, peak at {lr['peak_phase']}")
+                  f"log-prob {'fp32 logits' if lr.get('logits_fp32') else lr['logprob_impl']}, peak at {lr['peak_phase']}")
     t.add_column("term")
     t.add_column("GiB", justify="right")
     for term, gib in lr["breakdown"].items():
         t.add_row(term, f"{gib:.2f}")
     t.add_row("[bold]peak allocated[/]", f"[bold]{lr['peak_allocated_gib']:.2f}[/]")
     t.add_row("peak reserved (allocator)", f"{lr['peak_reserved_gib']:.2f}")
-    t.add_row("CUDA context + NCCL", f"{lr['non_torch_gib']:.2f}")
+    t.add_row("CUDA context + NCCL" + (" + the reference's process" if lr.get("reference_process_gib") else ""),
+              f"{lr['non_torch_gib']:.2f}")
     t.add_row("[bold]on the GPU[/]", f"[bold]{lr['device_total_gib']:.2f}[/] / {gpu['usable_gib']:.1f}")
     t.add_row("allocator margin kept free (measured spread" + (", FSDP rows)" if fsdp else ")"),
               f"{lr['allocator_margin_gib']:.2f}")

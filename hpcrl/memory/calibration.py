@@ -14,6 +14,7 @@ from hpcrl.models import resolve_model
 # Rows measured by hpcrl's harness (benchmarks/zero3_memory.py) and the reference rows
 # measured by the same method elsewhere (shared/reference/zero3_calibration_given.jsonl).
 RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
+CALIBRATION_FILES = ("zero3_measured.jsonl", "zero3_reference_given.jsonl")
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,9 @@ class Row:
 
 def load_rows(directory: Path = RESULTS) -> list[Row]:
     rows = []
-    for path in sorted(directory.glob("zero3_*.jsonl")):  # the ZeRO-3 rows (fsdp_*.jsonl: benchmarks/fit_fsdp.py)
+    # The single-micro-batch ZeRO-3 rows the constants were fitted on; the K-micro-batch step rows
+    # (zero3_timing.jsonl, openrlhf_measured.jsonl) have their own checks, fsdp_*.jsonl fit_fsdp.py.
+    for path in sorted(directory / name for name in CALIBRATION_FILES):
         for line in path.read_text().splitlines():
             if line.strip():
                 rows.append(Row(str(path), json.loads(line)))

@@ -36,6 +36,16 @@ LOGITS_HELD_BYTES = 2.0
 LOGITS_COPY_BYTES = 2.0
 LOGITS_BYTES_PER_ELEMENT = {"eager": 10.0, "compiled": 2.0}
 
+# A log-prob path that casts the logits to fp32 in place of the bf16 ones (the bf16 tensor is freed)
+# and takes log-probs with flash-attn's Triton cross-entropy: at the start of backward it holds the
+# fp32 logits (4), the kernel's new fp32 gradient (4, cross_entropy.py:262 at flash-attn v2.8.3) and
+# the bf16 gradient of the cast (2).  *derived* from OpenRLHF 3c3be623 models/actor.py:267 and
+# models/utils.py:143-150; checked against benchmarks/results/openrlhf_measured.jsonl.
+# FP32_LOGITS_BYTES: the fp32 logits the step's output object keeps until the step returns
+# (trainer/ray/ppo_actor.py:294, 354-359), so they are alive at the optimizer step.  *derived*
+FP32_LOGITS_PATH_BYTES = 10.0
+FP32_LOGITS_BYTES = 4.0
+
 # Activation bytes one token leaves per decoder layer without checkpointing, as
 #   a_h * hidden + a_f * intermediate + a_q * q_dim + a_kv * kv_dim
 # Derived from what HF's RMSNorm (fp32 upcast), rotary, SDPA and SwiGLU save for

@@ -54,6 +54,17 @@ class LearnerSetup:
     # the log-prob path: one more bf16 [tokens x vocab] tensor at the peak.
     logits_copy: bool = True
     reference_policy: bool = False  # a frozen bf16 copy for the KL term (ZeRO-3 sharded)
+    # The reference policy runs in a process of its own on the same GPU: none of it is in this
+    # process's allocator; its weights, context and NCCL buffers count outside it (non_torch).
+    reference_process: bool = False
+    # The model output's bf16 logits are replaced by an fp32 copy that the output keeps alive through
+    # backward and the optimizer step (the log-prob path then holds FP32_LOGITS_PATH_BYTES).
+    logits_fp32: bool = False
+    adapter_bytes: float = 2.0  # bytes per LoRA adapter weight (bf16 2; peft's fp32 default 4)
+    # With optimizer offload the full bf16 lm_head gradient is still on the GPU at the logits moment
+    # (N > 1). Measured in the adam-offload rows at N=2 of benchmarks/results/openrlhf_measured.jsonl;
+    # the open-instruct model keeps its earlier assumption (no rows there at N > 1 with offload).
+    offload_lm_grad: bool = False
     # ZeRO++ hierarchical partitioning (zero_hpz_partition_size): a secondary bf16 copy of
     # the weights sharded over groups of this many ranks. DeepSpeed's default 1 is off;
     # open-instruct passes --deepspeed_zpg (default 8). Derived, not measured.
@@ -134,7 +145,7 @@ def learner_memory(s: LearnerSetup) -> LearnerMemory:
     off_par = s.offload == "params"
 
     terms: dict[str, float] = {}
-    weights = _weights_bytes(s) + (2.0 * trainable if lora else 0.0)
+    weights = _weights_bytes(s) + (s.adapter_bytes * trainable if lora else 0.0)
     terms[parameter_term(s)] = 0.0 if off_par else weights / shard
     if s.zero_stage == 0:
         # DeepSpeed's bf16 optimizer without ZeRO keeps bf16 grads and an fp32 accumulator.
@@ -147,8 +158,9 @@ def learner_memory(s: LearnerSetup) -> LearnerMemory:
     if stage3 and s.hpz_partition_size > 1 and n > 1:
         group = min(s.hpz_partition_size, n)
         terms["ZeRO++ secondary weights (hpZ)"] = 0.0 if off_par else weights / group
-    if s.reference_policy:
-        terms["reference policy (bf16)"] = 0.0 if off_par else 2.0 * m.total_params / shard
+    reference = 0.0 if off_par else 2.0 * m.total_params / shard
+    if s.reference_policy and not s.reference_process:
+        terms["reference policy (bf16)"] = reference
     # The bucket is allocated at its configured size whatever the trainable count (LoRA too).
     bucket = 2.0 * s.zero.reduce_bucket_size if s.zero_stage in (2, 3) else 0.0
     terms["reduce bucket"] = bucket
@@ -175,16 +187,21 @@ def learner_memory(s: LearnerSetup) -> LearnerMemory:
         # A tied matrix serves the first and the last module: it stays gathered from the
         # embedding lookup while the lm_head holds its own gathered copy (measured at N=2).
         gathered_lm += 2.0 * lm_head
-    lm_grad = 2.0 * lm_head if (gathers and lm_head_trainable and not off_opt) else 0.0
+    lm_grad = 2.0 * lm_head if (gathers and lm_head_trainable and (s.offload_lm_grad or not off_opt)) else 0.0
     layer_params = m.per_layer_params
     prefetch = 2.0 * s.zero.prefetch_bucket_size if stage3 else 0.0
 
-    per_element = (
-        C.LOGITS_HELD_BYTES
-        + (C.LOGITS_COPY_BYTES if s.logits_copy else 0.0)
-        + C.LOGITS_BYTES_PER_ELEMENT[s.logprob_impl]
-    )
+    if s.logits_fp32:
+        per_element = C.FP32_LOGITS_PATH_BYTES
+    else:
+        per_element = (
+            C.LOGITS_HELD_BYTES
+            + (C.LOGITS_COPY_BYTES if s.logits_copy else 0.0)
+            + C.LOGITS_BYTES_PER_ELEMENT[s.logprob_impl]
+        )
     logits = per_element * t * m.vocab_size
+    # what the optimizer-step moment still holds of the log-prob path (the output's fp32 logits)
+    step_logits = C.FP32_LOGITS_BYTES * t * m.vocab_size if s.logits_fp32 else 0.0
     phases = {
         "logits": stored + final_norm + gathered_lm + lm_grad + logits,
         "recompute": stored
@@ -192,7 +209,8 @@ def learner_memory(s: LearnerSetup) -> LearnerMemory:
         + (4.0 * layer_params + prefetch if gathers else 0.0)
         + 4.0 * t * h,
         # fp32 copy of a sub-group's gradients plus the fused AdamW's working buffer
-        "optimizer": 0.0 if off_opt else C.STEP_BYTES_PER_ELEMENT * min(trainable / opt_shard, s.zero.sub_group_size),
+        "optimizer": (0.0 if off_opt else C.STEP_BYTES_PER_ELEMENT * min(trainable / opt_shard, s.zero.sub_group_size))
+        + step_logits,
     }
     sync_gathered = sync_copy = 0.0
     if s.weight_sync != "none":
@@ -206,7 +224,7 @@ def learner_memory(s: LearnerSetup) -> LearnerMemory:
     if phase == "logits":
         terms["activations (stored)"] = stored + final_norm
         terms["ZeRO-3 gathered lm_head + grad"] = gathered_lm + lm_grad
-        terms[f"log-prob path ({s.logprob_impl})"] = logits
+        terms["log-prob path (fp32 logits)" if s.logits_fp32 else f"log-prob path ({s.logprob_impl})"] = logits
     elif phase == "recompute":
         terms["activations (stored)"] = stored
         terms["recomputed layer + gathered weights"] = transient - stored
@@ -214,7 +232,9 @@ def learner_memory(s: LearnerSetup) -> LearnerMemory:
         terms["weight sync: gathered weights"] = sync_gathered
         terms["weight sync: rank 0's copy to send"] = sync_copy
     else:
-        terms["optimizer step (fp32 grad sub-group)"] = transient
+        terms["optimizer step (fp32 grad sub-group)"] = transient - step_logits
+        if step_logits:
+            terms["fp32 logits the step output still holds"] = step_logits
     terms["fixed (workspaces, RNG, persistent params)"] = C.FIXED_ALLOC_GIB * C.GIB
     peak_alloc = states + transient + C.FIXED_ALLOC_GIB * C.GIB
     largest_logits = (4.0 if s.logprob_impl == "eager" else 2.0) * t * m.vocab_size
@@ -222,6 +242,9 @@ def learner_memory(s: LearnerSetup) -> LearnerMemory:
         peak_alloc * (1 + C.RESERVE_FRACTION) + C.RESERVE_FIXED_GIB * C.GIB + C.RESERVE_LOGITS * largest_logits
     )
     non_torch = non_torch_bytes(n)
+    if s.reference_policy and s.reference_process:
+        # the reference's own process: its weights (reserved after its empty_cache) and its context
+        non_torch += reference + non_torch_bytes(n)
 
     host = 0.0
     if off_opt:
@@ -238,6 +261,7 @@ def learner_memory(s: LearnerSetup) -> LearnerMemory:
         non_torch=non_torch,
         trainable_params=trainable,
         host_offload_bytes=host,
+        reference_process_bytes=(reference + non_torch_bytes(n)) if s.reference_policy and s.reference_process else 0.0,
     )
 
 

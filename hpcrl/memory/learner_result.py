@@ -20,6 +20,8 @@ class LearnerMemory:
     trainable_params: int
     host_offload_bytes: float
     reference_host_bytes: float = 0.0  # a reference copy the framework always keeps in host RAM
+    # a reference policy in its own process on this GPU (already inside non_torch): weights + context
+    reference_process_bytes: float = 0.0
 
     @property
     def device_total(self) -> float:

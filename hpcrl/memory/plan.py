@@ -116,6 +116,10 @@ class MemoryPlan:
                 "gpus": ls.n_gpus,
                 "tokens_per_gpu": ls.tokens_per_gpu,
                 "zero_stage": ls.zero_stage if ls.sharding == "zero" else None,
+                # only where the framework's learner has them (the other backends' JSON is unchanged)
+                **({"logits_fp32": True} if ls.logits_fp32 else {}),
+                **({"reference_process_gib": round(self.learner.reference_process_bytes / g, 3)}
+                   if self.learner.reference_process_bytes else {}),
                 **({"sharding": "fsdp", "fsdp_version": ls.fsdp_version, "micro_batches": ls.micro_batches}
                    if ls.sharding == "fsdp" else {}),
                 "offload": ls.offload,

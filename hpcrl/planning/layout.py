@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 from hpcrl.errors import HpcrlError, PlanError
 from hpcrl.memory import constants as C
@@ -61,6 +62,8 @@ class Workload:
     fsdp_version: int = 1
     # The vLLM the framework installs and its scheduler sizes (the backend's MemoryFacts.vllm).
     vllm: VllmEngineFacts = field(default_factory=default_engine)
+    # LearnerSetup fields the framework's learner fixes (its backend's MemoryFacts.learner), as pairs.
+    learner_fixed: tuple[tuple[str, Any], ...] = ()
 
     @property
     def seqs(self) -> int:
@@ -234,6 +237,7 @@ def _learner_setup(w: Workload, n: int, weight_sync: str = "none") -> LearnerSet
         sharding=w.sharding,  # type: ignore[arg-type]
         micro_batches=w.micro_batches or DEFAULT_MICRO_BATCHES,
         fsdp_version=w.fsdp_version,  # type: ignore[arg-type]
+        **dict(w.learner_fixed),
     )
 
 

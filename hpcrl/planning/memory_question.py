@@ -156,6 +156,8 @@ def _text(name: str, value: Any, w: Workload) -> str:
     if name == "hpz_partition_size":
         return (f"ZeRO++ secondary bf16 weight copy over groups of {value} GPUs (zpg {value})" if int(value) > 1
                 else "no ZeRO++ secondary weight copy (zpg 1)")
+    if name == "load_ref_policy" and value and dict(w.learner_fixed).get("reference_process"):
+        return "a reference policy in its own process on every learner GPU (bf16 ZeRO-3 weights, its own CUDA context)"
     if name == "load_ref_policy":
         return "a reference policy (frozen bf16 copy) on every learner" if value else "no reference policy"
     if name == "gradient_checkpointing":
@@ -251,7 +253,8 @@ def from_defaults(backend: str, given: Overrides = Overrides()) -> Question:
     w = Workload(model=resolve_model(given.model or "32b"), pack_length=tokens, response_length=max(1, tokens - 1),
                  max_prompt_token_length=1, beta=0.0, logprob_impl=get_backend(backend).default_logprob_impl,
                  logits_copy=facts.logits_copy, weight_sync=facts.weight_sync, sharding=facts.sharding,
-                 fsdp_version=facts.fsdp_version, vllm=facts.vllm, **values)
+                 fsdp_version=facts.fsdp_version, vllm=facts.vllm,
+                 learner_fixed=tuple(facts.learner.items()), **values)
     w = replace(w, **{k: v for k, v in given.workload_changes().items() if k != "pack_length"})
     util = given.util if given.util is not None else util
     return Question(backend, w, util, facts.colocated, tuple(_assumptions(backend, w, util, None, given)),

@@ -335,6 +335,13 @@ run_directory() {
         "recompute": 53.925,
         "weight sync": 44.221
       },
+      "time": {
+        "basis": "fitted on 40 measured rows (fsdp_measured, openrlhf_measured, zero3_timing; H100/H200); derived: GH200 scaled from H100/H200 by peak FLOP/s and bandwidths",
+        "high": 1.38,
+        "low": 0.56,
+        "micro_batch_s": 34.654,
+        "optimizer_step_s": 0.108
+      },
       "tokens_per_gpu": 10240,
       "weight_sync": "per_param",
       "zero_stage": 3

@@ -366,6 +366,13 @@ run_directory() {
         "optimizer step": 10.961
       },
       "sharding": "fsdp",
+      "time": {
+        "basis": "fitted on 40 measured rows (fsdp_measured, openrlhf_measured, zero3_timing; H100/H200); derived: GH200 scaled from H100/H200 by peak FLOP/s and bandwidths",
+        "high": 1.38,
+        "low": 0.56,
+        "micro_batch_s": 13.915,
+        "optimizer_step_s": 0.018
+      },
       "tokens_per_gpu": 40960,
       "weight_sync": "none",
       "zero_stage": null

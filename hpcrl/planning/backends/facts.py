@@ -71,6 +71,9 @@ class MemoryFacts:
     fsdp_version_origin: str = ""
     fsdp_version_key: str | None = None  # the config key that sets the version
     micro_batches_origin: str = ""  # what sets the micro-batches per optimizer step in a config
+    # LearnerSetup fields (hpcrl/memory/learner.py) the framework's learner fixes whatever the config:
+    # where the reference runs, the log-prob path's dtype, the adapters' dtype.
+    learner: Mapping[str, Any] = field(default_factory=dict)
     # plan-memory flags the framework has no setting for: flag -> why (refused with exit 2).
     refused_flags: Mapping[str, str] = field(default_factory=dict)
     # The vLLM the framework installs and the scheduler sizes it gives each engine (plan, render and

@@ -179,7 +179,13 @@ class OpenRLHFBackend(Backend):
                   MemoryDefault("util", "vllm.gpu_memory_utilization", ("vllm", "gpu_memory_utilization"))),
         vllm=VllmEngineFacts(
             "0.27.1", max_num_batched_tokens=2048, max_num_seqs=128,
-            source="OpenRLHF 3c3be623 pins vllm==0.27.1 (setup.py:77) and builds engines with vllm.AsyncLLMEngine.from_engine_args (openrlhf/trainer/ray/vllm_engine.py:64) passing no scheduler sizes (vllm_engine.py:266-281): vLLM's engine-context defaults"))
+            source="OpenRLHF 3c3be623 pins vllm==0.27.1 (setup.py:77) and builds engines with vllm.AsyncLLMEngine.from_engine_args (openrlhf/trainer/ray/vllm_engine.py:64) passing no scheduler sizes (vllm_engine.py:266-281): vLLM's engine-context defaults"),
+        # OpenRLHF 3c3be623: the reference is its own Ray actor on the GPU (cli/train_ppo_ray.py:41-50,
+        # 89-101); models/actor.py:267 replaces the logits by an fp32 copy that the output keeps until
+        # training_step returns (trainer/ray/ppo_actor.py:294, 354-359); get_peft_model without
+        # autocast_adapter_dtype=False keeps adapters fp32 (models/actor.py:188).
+        # The lm_head gradient is on the GPU with adam offload too (measured, openrlhf_measured.jsonl).
+        learner={"reference_process": True, "logits_fp32": True, "adapter_bytes": 4.0, "offload_lm_grad": True})
     value_ranges = {
         "actor.adam.lr": (positive, "a positive learning rate"),
         "ckpt.save_steps": (never_or_positive, "-1 (never) or a positive number of steps"),
@@ -259,6 +265,7 @@ class OpenRLHFBackend(Backend):
             hpz_partition_size=int(self.arg(cfg, "ds.zpg")),
             logits_copy=False,  # temperature division is in place
             vllm=self.memory.vllm,
+            learner_fixed=tuple(self.memory.learner.items()),
         )
 
     def pins_from(self, cfg: RunConfig, cli_pins: list[str] | None = None) -> Pins:

@@ -294,6 +294,8 @@ def plan_json(rp: RunPlan, *, smoke: bool = False) -> str:
         data["reward_keys"] = list(rp.config.hpcrl.reward_keys)
     if rp.config.hpcrl.loss_keys:
         data["loss_keys"] = list(rp.config.hpcrl.loss_keys)
+    if "zero_reward_steps" in rp.config.hpcrl.model_fields_set:  # the report's "reward key never seen" window
+        data["zero_reward_steps"] = rp.config.hpcrl.zero_reward_steps
     if rp.profile.job_gpus is not None:  # a job with part of a node (--gpus N)
         data["job_gpus"] = rp.profile.job_gpus
     return json.dumps(data, indent=2, sort_keys=True, default=str) + "\n"

@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import IO
 
 from hpcrl.contract import BREAKER, BREAKERS, DRIVER_LOG, META, breaker_exit_code
-from hpcrl.logs.driver_log import StepParser, death_line
+from hpcrl.logs.driver_log import StepParser, death_line, reward_unseen
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 # Forwarded signals that ask the driver to stop: SIGKILL follows after --kill-grace-seconds.
@@ -85,6 +85,7 @@ class Breaker:
         self.flat: list[int] = []  # consecutive steps with a gradient norm at most the floor
         self.same: list[int] = []  # consecutive steps whose groups all had zero reward variance
         self.death: tuple[float, str, str] | None = None
+        self.notes: list[str] = []  # warnings for the log (run() writes them), not trips
 
     def line(self, text: str, now: float) -> Trip | None:
         if self.death is None and (kind := death_line(text)):
@@ -93,6 +94,8 @@ class Breaker:
         if step is None:
             return None
         self.steps, self.last_step, self.last_progress = self.steps + 1, step.number, now
+        if self.steps == self.k and (note := reward_unseen(self.parser, self.steps, self.k)):
+            self.notes.append(note)
         if (bad := step.bad_losses()):
             return Trip("nan_loss", f"loss is {', '.join(f'{k}={v}' for k, v in bad.items())} at step {step.number}",
                         step.number, {"losses": {k: str(v) for k, v in bad.items()}})
@@ -228,6 +231,8 @@ def run(cmd: list[str], run_dir: Path, breaker: Breaker, *, log_path: Path | Non
                 else:
                     tee(dest, raw)
                     trip = breaker.line(raw.decode("utf-8", "replace"), time.monotonic())
+                    while breaker.notes:
+                        tee(sys.stderr.buffer, f"hpcrl-watchdog: warning: {breaker.notes.pop(0)}\n".encode())
                     continue
             except queue.Empty:
                 pass

@@ -1,7 +1,7 @@
 #!/bin/bash
 # Rendered by hpcrl 0.1.0: re-render (hpcrl render) rather than edit by hand.
 # hpcrl cluster: berzelius:fat
-# hpcrl config: custom-ppo-qwen2.5-3b-qlora.yaml (digest fc34a2e9ea29)
+# hpcrl config: custom-ppo-qwen2.5-3b-qlora.yaml (digest 108c5ebd311f)
 #
 # Plan:
 #   model Qwen/Qwen2.5-3B: 4 sequences of 384 tokens per step, mini_batch_size 4 (1536 tokens), generate 4 sequences at once
@@ -12,6 +12,7 @@
 #   save_steps 200: a checkpoint every ~33 min of training (pinned in the config); time-limit warning 900 s before the end = one step (~10 s) + one checkpoint write (~3 s, derived) + 60 s to stop
 # Warning: berzelius: the script uses unconfirmed profile facts: --partition=berzelius (hpcrl.partition); the run root /proj/$SLURM_JOB_ACCOUNT/users/$USER/hpcrl-runs (hpcrl.run_root); check them (hpcrl clusters show berzelius) or set what is in brackets
 # Warning: save_steps 200 (pinned) risks ~33 min of training at each job's end or fault, over hpcrl.max_lost_minutes 30: remove it and hpcrl sets 180
+# Warning: resume none: the script declares no way to resume (set resume: marker or own if it does), so a job that reaches its time limit does not continue the chain (a new job would train from scratch); give the run a wall time it can finish in, or save its state
 #
 # Submit with `hpcrl submit`, which creates the run directory first. With plain sbatch,
 # create <run dir>/logs first when --output points there: Slurm opens it before this runs.
@@ -138,7 +139,7 @@ run_directory() {
   },
   "cluster": "berzelius:fat",
   "config": "custom-ppo-qwen2.5-3b-qlora.yaml",
-  "config_digest": "fc34a2e9ea29",
+  "config_digest": "108c5ebd311f",
   "gpus_per_node": 1,
   "hpcrl_version": "0.1.0",
   "job_gpus": 1,
@@ -294,7 +295,8 @@ run_directory() {
   "smoke": false,
   "warnings": [
     "berzelius: the script uses unconfirmed profile facts: --partition=berzelius (hpcrl.partition); the run root /proj/$SLURM_JOB_ACCOUNT/users/$USER/hpcrl-runs (hpcrl.run_root); check them (hpcrl clusters show berzelius) or set what is in brackets",
-    "save_steps 200 (pinned) risks ~33 min of training at each job's end or fault, over hpcrl.max_lost_minutes 30: remove it and hpcrl sets 180"
+    "save_steps 200 (pinned) risks ~33 min of training at each job's end or fault, over hpcrl.max_lost_minutes 30: remove it and hpcrl sets 180",
+    "resume none: the script declares no way to resume (set resume: marker or own if it does), so a job that reaches its time limit does not continue the chain (a new job would train from scratch); give the run a wall time it can finish in, or save its state"
   ]
 }
 HPCRL_PLAN_JSON
@@ -398,6 +400,11 @@ continue_chain() {
         ray-start-failed | ray-head-died | worker-died | network-error) kind=failure counter=$HPCRL_DIR/failure-restarts limit=$MAX_FAILURE_RESTARTS setting=hpcrl.max_failure_restarts ;;
         *) return 0 ;;
     esac
+    # Nothing to resume from (hpcrl/planning/resume.py): a new job would train from scratch.
+    if [[ $kind == limit ]]; then
+        log "not continuing after $reason: "'resume none: the script declares no way to resume (set resume: marker or own if it does)'
+        return 0
+    fi
     if [[ -n $CONTINUED ]] || [[ -e $HPCRL_DIR/cancel ]]; then
         return 0
     fi

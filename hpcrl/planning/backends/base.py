@@ -182,6 +182,11 @@ class Backend(ABC):
         return Planned(plan_layouts(profile, nodes, w, pins, variants, self.layout_fixes))
 
     # ------------------------------------------------------------------ rendering
+    def declared_resume(self, cfg: RunConfig) -> str | None:
+        """Why a new job cannot resume this run, as its config declares ("" when it can); None: the
+        framework's checkpoint settings decide (hpcrl/planning/resume.py)."""
+        return None
+
     @abstractmethod
     def layout_args(self, rp: RunPlan) -> dict[str, Any]:
         """The plan as the framework's own layout flags or keys (name -> value)."""

@@ -58,10 +58,14 @@ KEYS: dict[str, tuple[str, Any, str]] = {
     "total_steps": ("int", None, "training steps of the whole run (disk plan)"),
     "save_steps": ("int", None, "steps between checkpoints (exported as HPCRL_SAVE_STEPS; planned when unset)"),
     "keep_checkpoints": ("int", None, "checkpoints the script keeps (HF save_total_limit; unset: all)"),
+    "resume": ("str", "none", "how a new job of the chain resumes the script: none (it cannot: no continuation at "
+                              "the time limit), marker (it resumes from its newest checkpoint and writes "
+                              "$HPCRL_RUN_DIR/checkpoints/latest once one is complete) or own (it finds its own "
+                              "state when started again, e.g. AReaL's recover.mode=auto)"),
 }
 REQUIRED = ("model", "lora_rank", "rollout_batch_size", "mini_batch_size", "max_prompt_length", "max_response_length")
 CHOICES = {"launcher": ("python", "torchrun"), "algorithm": ("ppo", "grpo"), "critic": ("value_head", "model", "none"),
-           "reference": ("shared", "copy", "none"), "generation": ("hf",)}
+           "reference": ("shared", "copy", "none"), "generation": ("hf",), "resume": ("none", "marker", "own")}
 _TYPES = {"str": (str,), "int": (int,), "float": (int, float), "bool": (bool,), "list": (list,)}
 # HF generate runs one Python step per token: an assumed per-token overhead on top of the
 # bandwidth-bound decode (an estimate for the step time only; not measured by hpcrl).
@@ -136,6 +140,11 @@ class CustomBackend(Backend):
         if key == "critic" and value is None:
             return "value_head" if self.arg(cfg, "algorithm") == "ppo" else "none"
         return value
+
+    def declared_resume(self, cfg: RunConfig) -> str:
+        if self.arg(cfg, "resume") != "none":
+            return ""
+        return "resume none: the script declares no way to resume (set resume: marker or own if it does)"
 
     # ------------------------------------------------------------------ planning
     def colocated(self, cfg: RunConfig) -> bool:

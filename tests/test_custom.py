@@ -266,3 +266,19 @@ def test_custom_smoke_sees_the_gpus_it_asked_for(tmp_path, run_sbatch_and_wait, 
     assert job.state == "COMPLETED", log
     assert re.search(r"hpcrl-smoke: ok nodes=1 gpus=2 cpus=2 framework=custom ray=none visible_gpus=\d,\d", log), log
     assert leftovers(job.job_id) == []
+
+
+def test_custom_job_runs_a_module_entry_point(tmp_path, run_sbatch_and_wait, leftovers):
+    """`hpcrl.entry_point: custom_ppo_standin` (no .py): the job runs `python -m custom_ppo_standin` in the
+    workdir, as the user would, and it completes with its checkpoints."""
+    script, run_dir = render_local(tmp_path, ARGS, "hpcrl.entry_point=custom_ppo_standin", "resume=marker")
+    job = run_sbatch_and_wait(script, 300)
+    log = (run_dir / "logs" / f"job-{job.job_id}.log").read_text()
+    assert job.state == "COMPLETED" and "standin: done" in log, log
+    assert (run_dir / "checkpoints" / "latest").read_text() == "4\n"
+    assert leftovers(job.job_id) == []
+
+
+def test_an_entry_point_neither_script_nor_module_is_one_line():
+    res = hpcrl("render", "--config", CONFIG, "--set", "hpcrl.entry_point=finellama/ppo", cwd=REPO)
+    assert res.returncode == 2 and res.stderr.count("\n") == 1 and "'finellama/ppo'" in res.stderr, res.stderr

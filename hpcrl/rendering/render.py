@@ -344,7 +344,9 @@ def _context(rp: RunPlan, smoke: bool) -> dict:
         "workdir": hp.workdir,
         "python": hp.python,
         "entry_point": hp.entry_point,
-        "entry_module": backend.entry_is_module,
+        "entry_module": backend.runs_module(hp),
+        # A framework's own entry module, else a user's module (the custom backend's `python -m`).
+        "module_owner": backend.name if backend.entry_is_module else "its package",
         "launcher": "".join(shq(w) + " " for w in backend.launcher_words(rp)),
         "ray": backend.uses_ray,
         "launcher_module": "torch.distributed.run" if "torch.distributed.run" in backend.launcher_words(rp) else "",

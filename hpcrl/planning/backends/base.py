@@ -182,6 +182,10 @@ class Backend(ABC):
         return Planned(plan_layouts(profile, nodes, w, pins, variants, self.layout_fixes))
 
     # ------------------------------------------------------------------ rendering
+    def runs_module(self, section: HpcrlSection) -> bool:
+        """`python -m <entry point>` (else `python <entry point>`, a script path)."""
+        return self.entry_is_module
+
     def declared_resume(self, cfg: RunConfig) -> str | None:
         """Why a new job cannot resume this run, as its config declares ("" when it can); None: the
         framework's checkpoint settings decide (hpcrl/planning/resume.py)."""

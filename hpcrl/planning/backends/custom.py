@@ -19,6 +19,7 @@ from hpcrl.memory.hf_learner import HfLearnerSetup
 from hpcrl.memory.hf_plan import HfPlan, hf_memory_plan
 from hpcrl.models import resolve_model
 from hpcrl.models.spec import ALL_LINEAR
+from hpcrl.planning.backends.base import _MODULE as MODULE_NAME
 from hpcrl.planning.backends.base import Backend, DriverLine, Planned, Word, cli_pins_into, positive
 from hpcrl.planning.backends.log_facts import DiagnoseFacts, SmokeFacts
 from hpcrl.planning.backends.custom_facts import DISK, memory_answer
@@ -131,9 +132,12 @@ class CustomBackend(Backend):
 
     def check_section(self, section: HpcrlSection) -> None:
         super().check_section(section)
-        if not section.entry_point.endswith(".py"):
+        if not section.entry_point.endswith(".py") and not self.runs_module(section):
             raise ConfigError(f"hpcrl.entry_point {section.entry_point!r}: the custom backend runs a script path "
-                              "(relative to hpcrl.workdir), e.g. train.py")
+                              "(relative to hpcrl.workdir, e.g. train.py) or a module (python -m, e.g. mypkg.train)")
+
+    def runs_module(self, section: HpcrlSection) -> bool:
+        return not section.entry_point.endswith(".py") and bool(MODULE_NAME.match(section.entry_point))
 
     def arg(self, cfg: RunConfig, key: str) -> Any:
         value = cfg.args.get(key, KEYS[key][1])

@@ -190,6 +190,29 @@ def test_plan_memory_of_the_example_by_hand():
         assert term.endswith(("(derived)", "(fitted)", "(measured)")), term
 
 
+def test_plan_memory_of_full_fine_tuning_by_hand():
+    """lora_rank 0 on a bf16 base: every weight trains; gradients bf16 and torch AdamW's two moments like the
+    weights (bf16); the reference is a second bf16 copy; the checkpoint is the weights and the moments."""
+    res = hpcrl("plan-memory", "--config", CONFIG, "--cluster", "berzelius", "--learner-gpus", "1", "--json",
+                "--set", "lora_rank=0", "--set", "load_in_4bit=false", "--set", "reference=copy")
+    assert res.returncode == 0, res.stderr
+    r = json.loads(res.stdout)["learner"]["resident"]
+    got = [r[k] for k in ("policy base weights, bf16 (derived)", "policy gradients, bf16 (full fine-tuning) (derived)",
+                          "policy AdamW moments, bf16 like the weights (full fine-tuning) (derived)",
+                          "reference copy: base weights, bf16 (derived)")]
+    assert got == pytest.approx([2 * PARAMS / GIB, 2 * PARAMS / GIB, 4 * PARAMS / GIB, 2 * PARAMS / GIB], abs=6e-4)
+
+
+@pytest.mark.parametrize("sets, message", [
+    (("lora_rank=0",), "lora_rank 0 (full fine-tuning) trains the base weights, which a 4-bit base cannot"),
+    (("lora_rank=0", "load_in_4bit=false"), "reference shared is the base with the adapters off"),
+    (("lora_rank=-1",), "lora_rank -1: valid: a positive LoRA rank, or 0 for full fine-tuning"),
+])
+def test_full_fine_tuning_mistakes_are_one_line(sets, message):
+    res = hpcrl("plan-memory", "--config", CONFIG, *(w for s in sets for w in ("--set", s)))
+    assert res.returncode == 2 and message in res.stderr and res.stderr.count("\n") == 1, res.stderr
+
+
 def test_plan_memory_refuses_the_users_first_attempts():
     """The notes' first settings (batch 64, 512 tokens) ran out of memory on an 80 GB GPU: so does the plan."""
     res = hpcrl("plan-memory", "--config", CONFIG, "--cluster", "berzelius:fat", "--json", "--set",

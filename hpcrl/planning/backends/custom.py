@@ -36,7 +36,7 @@ KEYS: dict[str, tuple[str, Any, str]] = {
     "script_args": ("list", [], "the script's own arguments; {run_dir} becomes the run directory"),
     "model": ("str", None, "the policy model (catalog name, HF repo id or config.json)"),
     "algorithm": ("str", "ppo", "ppo or grpo"),
-    "lora_rank": ("int", None, "LoRA rank (the memory model covers LoRA and QLoRA)"),
+    "lora_rank": ("int", None, "LoRA rank; 0: full fine-tuning (every weight trains; a bf16 base)"),
     "lora_alpha": ("int", None, "LoRA alpha (recorded; no effect on memory)"),
     "lora_dropout": ("float", 0.0, "LoRA dropout (above 0 the adapters keep dropout copies of their inputs)"),
     "lora_targets": ("list", list(ALL_LINEAR), "modules with adapters"),
@@ -98,8 +98,9 @@ class CustomBackend(Backend):
     # time-limit warning the job waits for it (else it stops the script when only time to stop is left).
     checkpoint_key = "save_steps"
     checkpoint_marker = "checkpoints/latest"
-    value_ranges = {k: (positive, "a positive count") for k in
-                    ("lora_rank", "rollout_batch_size", "mini_batch_size", "max_prompt_length", "max_response_length",
+    value_ranges = {"lora_rank": (lambda v: v >= 0, "a positive LoRA rank, or 0 for full fine-tuning")} | {
+        k: (positive, "a positive count") for k in
+                    ("rollout_batch_size", "mini_batch_size", "max_prompt_length", "max_response_length",
                      "samples_per_prompt", "rollout_batches", "gradient_accumulation_steps", "ppo_epochs",
                      "total_steps", "save_steps", "keep_checkpoints")}
     list_order = 3
@@ -254,8 +255,9 @@ class CustomBackend(Backend):
     def summary(self, rp: RunPlan) -> str:
         cfg, g = rp.config, rp.profile.gpu.count_per_node
         base = "a 4-bit NF4 base" if rp.workload.load_in_4bit else "a bf16 base"
+        tuning = f"LoRA r{rp.workload.lora_rank}" if rp.workload.lora_rank else "full fine-tuning"
         return (f"custom: {self.arg(cfg, 'launcher')} {cfg.hpcrl.entry_point}, {rp.layout.learners_per_node} "
-                f"process(es) on {g} GPU(s); {self.arg(cfg, 'algorithm')} with LoRA r{rp.workload.lora_rank} on {base}, "
+                f"process(es) on {g} GPU(s); {self.arg(cfg, 'algorithm')} with {tuning} on {base}, "
                 f"critic {self.arg(cfg, 'critic')}, reference {self.arg(cfg, 'reference')}; HF generate, no vLLM, no Ray")
 
 

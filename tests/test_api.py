@@ -49,3 +49,8 @@ def test_a_misspelt_argument_is_one_line():
 
     with pytest.raises(HpcrlError, match="unknown argument 'tokens_per_gpus'"):
         plan_memory(model="32b", tokens_per_gpus=4096)
+
+
+def test_render_json_carries_the_script_render_prints():
+    d = json.loads(cli("render", "--config", "grpo-olmo3-7b", "--nodes", "3", "--json"))
+    assert d["script"] == cli("render", "--config", "grpo-olmo3-7b", "--nodes", "3")

@@ -26,3 +26,11 @@ def test_no_assumption_names_a_utilisation_the_answer_does_not_use():
     used = d["engine"]["gpu_memory_utilization"]
     named = [a for a in d["assumptions"] if a.startswith("vLLM gpu_memory_utilization")]
     assert named == [named[0]] and (f"utilization {used:g}:" in named[0] or "layout planner" in named[0]), named
+
+
+def test_a_learner_cap_the_framework_cannot_keep_says_why():
+    """Isambard-AI plans at most 1 learner per node; OpenRLHF packs its actor's one-GPU bundles (Ray PACK,
+    cli/train_ppo_ray.py:48-49 at 3c3be623), so hpcrl cannot plan fewer, and the warning says so."""
+    proc = subprocess.run([sys.executable, "-m", "hpcrl", "plan", "--config", "openrlhf-grpo-qwen2.5-7b"],
+                          capture_output=True, text=True, timeout=120)
+    assert "OpenRLHF places its actor's one-GPU bundles with PACK" in proc.stderr, proc.stderr

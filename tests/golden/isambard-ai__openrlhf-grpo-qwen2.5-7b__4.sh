@@ -11,7 +11,7 @@
 #   learner peak 29.4 GiB/GPU of 95.6 usable; engine 14.2 GiB weights + 70.9 GiB KV cache per GPU; host peak 26 GiB/node
 #   step ~124 s (generation 124 s, training 84 s), bottleneck generation
 #   ckpt.save_steps 14: a checkpoint every ~29 min of training (so that at most 30 min is lost); time-limit warning 900 s before the end = one step (~124 s) + one checkpoint write (~43 s, derived) + 60 s to stop
-# Warning: 4 learners per node on isambard-ai, where the profile plans at most 1: more than one learner per GH200 node failed with NCCL "Duplicate GPU detected" in the users' runs (their workaround, a patched NCCL with NCCL_IGNORE_DUPLICATE_GPU=1, is untested at 32B)
+# Warning: 4 learners per node on isambard-ai, where the profile plans at most 1: more than one learner per GH200 node failed with NCCL "Duplicate GPU detected" in the users' runs (their workaround, a patched NCCL with NCCL_IGNORE_DUPLICATE_GPU=1, is untested at 32B); OpenRLHF places its actor's one-GPU bundles with PACK (cli/train_ppo_ray.py:48-49 at 3c3be623), so Ray fills each node's GPUs before the next: hpcrl cannot plan fewer
 #
 # Submit with `hpcrl submit`, which creates the run directory first. With plain sbatch,
 # create <run dir>/logs first when --output points there: Slurm opens it before this runs.
@@ -308,7 +308,7 @@ run_directory() {
   "run_name": "openrlhf-grpo-qwen2.5-7b",
   "smoke": false,
   "warnings": [
-    "4 learners per node on isambard-ai, where the profile plans at most 1: more than one learner per GH200 node failed with NCCL \"Duplicate GPU detected\" in the users' runs (their workaround, a patched NCCL with NCCL_IGNORE_DUPLICATE_GPU=1, is untested at 32B)"
+    "4 learners per node on isambard-ai, where the profile plans at most 1: more than one learner per GH200 node failed with NCCL \"Duplicate GPU detected\" in the users' runs (their workaround, a patched NCCL with NCCL_IGNORE_DUPLICATE_GPU=1, is untested at 32B); OpenRLHF places its actor's one-GPU bundles with PACK (cli/train_ppo_ray.py:48-49 at 3c3be623), so Ray fills each node's GPUs before the next: hpcrl cannot plan fewer"
   ]
 }
 HPCRL_PLAN_JSON

@@ -260,6 +260,9 @@ class Backend(ABC):
     smoke_facts: ClassVar[SmokeFacts] = SmokeFacts()
     # plan.json names the backend (a plan.json without the name is the default backend's run).
     names_itself_in_plan: ClassVar[bool] = True
+    # Why the framework's own placement puts every GPU of a learner node to training, so a profile's cap on
+    # learners per node cannot be planned ("": the layout search keeps to the cap).
+    fills_learner_nodes: ClassVar[str] = ""
 
     def read_renamed(self, args: dict[str, Any]) -> tuple[dict[str, Any], tuple[str, ...]]:
         """A logged command's arguments under the framework's current names, and what was renamed."""

@@ -26,6 +26,7 @@ MAY_IMPORT = {
     "runtime": {"logs"},  # in the job: the standard library and the driver-log parser
     "jobs": {"models", "memory", "planning", "rendering", "logs", "runtime"},  # Slurm, registry, submit, preflight
     "cli": {"models", "memory", "planning", "rendering", "logs", "runtime", "jobs"},
+    "api": {"models", "memory", "planning", "rendering", "logs", "runtime", "jobs"},  # the CLI's results as objects
     "__main__": {"cli"},
 }
 

@@ -137,3 +137,20 @@ def test_cli_errors_are_one_line(run_dir, tmp_path):
     empty.mkdir()
     proc = hpcrl("prune", str(empty), "--keep", "1")
     assert proc.returncode == 0 and "nothing to prune" in proc.stdout
+
+
+def test_cli_lists_areals_saves_and_recovery_state(tmp_path):
+    """`hpcrl checkpoints list` on an AReaL run whose fileroot is the run directory (seed 002's layout):
+    HF saves epoch0epochstep{S}globalstep{G} at console steps G+1 (no completion mark), and the recovery
+    state, complete once recover_info/step_info.json is written after it (global_step 9: step 10)."""
+    trial = tmp_path / "run" / "checkpoints" / "root" / "gsm8k-grpo" / "trial0"
+    for g in (4, 9):
+        _file(trial / "default" / f"epoch0epochstep{g}globalstep{g}" / "model.safetensors", 100)
+    _file(trial / "default" / "recover_checkpoint" / "__0_0.distcp", 300)
+    _age(tmp_path / "run")
+    (trial / "recover_info").mkdir()
+    (trial / "recover_info" / "step_info.json").write_text(json.dumps(
+        {"epoch": 0, "epoch_step": 9, "global_step": 9, "steps_per_epoch": 100}))
+    proc = hpcrl("list", str(tmp_path / "run"), "--json")
+    assert [(r["kind"], r["step"], r["complete"]) for r in json.loads(proc.stdout)["checkpoints"]] == \
+        [("hf", 5, False), ("hf", 10, False), ("state", 10, True)], proc.stderr

@@ -39,7 +39,7 @@ TREE = _tree()
 def test_the_walk_finds_every_command_and_the_options_the_issue_named():
     paths = {" ".join(p) for p, _ in TREE}
     assert {"render", "plan-memory", "clusters show", "checkpoints prune", "report", "diagnose"} <= paths
-    assert len(paths) == 18  # with `clusters exclude`
+    assert len(paths) == 19  # with `clusters exclude` and `init`
     memory = dict((" ".join(p), o) for p, o in TREE)["plan-memory"]
     assert {"--no-gradient-checkpointing", "--vllm-gpu-memory-utilization", "--no-ref-policy"} <= set(memory)
 
@@ -103,3 +103,15 @@ def test_startup_benchmark_runs_and_reports_a_ratio():
     assert set(r["median_cpu_ms"]) == {"libraries", "import pydantic, jinja2, yaml", "hpcrl render --nodes 16",
                                        "hpcrl --help"}
     assert r["ratio"] > 0 and r["repeat"] == 1
+
+
+def test_nodes_is_dash_capital_n_in_plan_disk_as_in_plan():
+    """`-N` is --nodes everywhere (docs/cli.md); `-n` is runs' --limit only."""
+    import json as _json
+    import subprocess as _sp
+    import sys as _sys
+
+    run = [_sys.executable, "-m", "hpcrl", "plan-disk", "--config", "grpo-olmo3-7b", "--json"]
+    short = _sp.run(run + ["-N", "4"], capture_output=True, text=True, timeout=120)
+    long = _sp.run(run + ["--nodes", "4"], capture_output=True, text=True, timeout=120)
+    assert short.returncode == 0 and _json.loads(short.stdout) == _json.loads(long.stdout), short.stderr

@@ -190,6 +190,29 @@ def test_plan_memory_of_the_example_by_hand():
         assert term.endswith(("(derived)", "(fitted)", "(measured)")), term
 
 
+def test_plan_memory_of_full_fine_tuning_by_hand():
+    """lora_rank 0 on a bf16 base: every weight trains; gradients bf16 and torch AdamW's two moments like the
+    weights (bf16); the reference is a second bf16 copy; the checkpoint is the weights and the moments."""
+    res = hpcrl("plan-memory", "--config", CONFIG, "--cluster", "berzelius", "--learner-gpus", "1", "--json",
+                "--set", "lora_rank=0", "--set", "load_in_4bit=false", "--set", "reference=copy")
+    assert res.returncode == 0, res.stderr
+    r = json.loads(res.stdout)["learner"]["resident"]
+    got = [r[k] for k in ("policy base weights, bf16 (derived)", "policy gradients, bf16 (full fine-tuning) (derived)",
+                          "policy AdamW moments, bf16 like the weights (full fine-tuning) (derived)",
+                          "reference copy: base weights, bf16 (derived)")]
+    assert got == pytest.approx([2 * PARAMS / GIB, 2 * PARAMS / GIB, 4 * PARAMS / GIB, 2 * PARAMS / GIB], abs=6e-4)
+
+
+@pytest.mark.parametrize("sets, message", [
+    (("lora_rank=0",), "lora_rank 0 (full fine-tuning) trains the base weights, which a 4-bit base cannot"),
+    (("lora_rank=0", "load_in_4bit=false"), "reference shared is the base with the adapters off"),
+    (("lora_rank=-1",), "lora_rank -1: valid: a positive LoRA rank, or 0 for full fine-tuning"),
+])
+def test_full_fine_tuning_mistakes_are_one_line(sets, message):
+    res = hpcrl("plan-memory", "--config", CONFIG, *(w for s in sets for w in ("--set", s)))
+    assert res.returncode == 2 and message in res.stderr and res.stderr.count("\n") == 1, res.stderr
+
+
 def test_plan_memory_refuses_the_users_first_attempts():
     """The notes' first settings (batch 64, 512 tokens) ran out of memory on an 80 GB GPU: so does the plan."""
     res = hpcrl("plan-memory", "--config", CONFIG, "--cluster", "berzelius:fat", "--json", "--set",
@@ -266,3 +289,19 @@ def test_custom_smoke_sees_the_gpus_it_asked_for(tmp_path, run_sbatch_and_wait, 
     assert job.state == "COMPLETED", log
     assert re.search(r"hpcrl-smoke: ok nodes=1 gpus=2 cpus=2 framework=custom ray=none visible_gpus=\d,\d", log), log
     assert leftovers(job.job_id) == []
+
+
+def test_custom_job_runs_a_module_entry_point(tmp_path, run_sbatch_and_wait, leftovers):
+    """`hpcrl.entry_point: custom_ppo_standin` (no .py): the job runs `python -m custom_ppo_standin` in the
+    workdir, as the user would, and it completes with its checkpoints."""
+    script, run_dir = render_local(tmp_path, ARGS, "hpcrl.entry_point=custom_ppo_standin", "resume=marker")
+    job = run_sbatch_and_wait(script, 300)
+    log = (run_dir / "logs" / f"job-{job.job_id}.log").read_text()
+    assert job.state == "COMPLETED" and "standin: done" in log, log
+    assert (run_dir / "checkpoints" / "latest").read_text() == "4\n"
+    assert leftovers(job.job_id) == []
+
+
+def test_an_entry_point_neither_script_nor_module_is_one_line():
+    res = hpcrl("render", "--config", CONFIG, "--set", "hpcrl.entry_point=finellama/ppo", cwd=REPO)
+    assert res.returncode == 2 and res.stderr.count("\n") == 1 and "'finellama/ppo'" in res.stderr, res.stderr

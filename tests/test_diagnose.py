@@ -345,3 +345,10 @@ def test_cli_bad_backend_is_one_line():
 def test_stalled_learning_in_the_steps(name, kind, first, steps):
     f = run(name).findings[0]
     assert (f.kind, f.details) == (kind, {"first_step": first, "steps": steps})
+
+
+def test_diagnose_reads_areals_console_stats():
+    """`hpcrl diagnose` on seed 002's AReaL console log (StatsLogger's tables): zero reward from step 4."""
+    proc = cli(str(LOGS / "areal_console_zero_reward.log"))
+    assert "The mean reward (grpo_actor/task_reward/avg) was exactly 0 for 25 consecutive steps from step 4" \
+        in proc.stdout, proc.stdout + proc.stderr

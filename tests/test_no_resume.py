@@ -67,3 +67,22 @@ def test_hpcrl_turning_deepspeed_state_off_to_fit_a_quota_stops_the_chain_too():
     assert out.returncode == 0, out.stderr
     assert "--ckpt.disable_ds" in out.stdout and "does not continue the chain" in out.stderr
     assert "sbatch called" not in chain(out.stdout, "timeout")
+
+
+# A user's script (seed 003) on one GPU of local-dev: it chains at a time limit only when its config says how it resumes.
+CUSTOM = ("render", "--config", "custom-ppo-qwen2.5-3b-qlora", "--cluster", "local-dev", "--gpus", "1",
+          "--set", "hpcrl.partition=short", "--set", "hpcrl.time=\"00:02:00\"")
+
+
+def test_a_custom_script_without_a_declared_resume_does_not_chain():
+    out = hpcrl(*CUSTOM)
+    assert out.returncode == 0, out.stderr
+    assert "log: not continuing after timeout: resume none: the script declares no way to resume" in \
+        chain(out.stdout, "timeout")
+
+
+@pytest.mark.parametrize("how", ["marker", "own"])
+def test_a_custom_script_that_declares_its_resume_chains(how):
+    out = hpcrl(*CUSTOM, "--set", f"resume={how}")
+    assert out.returncode == 0 and "does not continue the chain" not in out.stderr
+    assert "sbatch called" in chain(out.stdout, "timeout")

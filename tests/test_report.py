@@ -107,10 +107,20 @@ def test_report_reads_the_runs_own_reward_keys(tmp_path):
     """A plan.json naming the watchdog's reward keys (hpcrl.reward_keys): the report reads the reward by them."""
     (tmp_path / "hpcrl").mkdir()
     shutil.copy(Path(__file__).parent / "data" / "logs" / "areal_json_zero_reward.log", tmp_path / "hpcrl" / "driver.log")
-    assert rp.build_report(tmp_path)["metrics"]["reward_key"] is None
-    (tmp_path / "hpcrl" / "plan.json").write_text(json.dumps({"reward_keys": ["grpo_actor/task_reward/avg"]}))
+    assert rp.build_report(tmp_path)["metrics"]["reward_key"] == "grpo_actor/task_reward/avg"  # a known key
+    (tmp_path / "hpcrl" / "plan.json").write_text(json.dumps({"reward_keys": ["grpo_actor/task_reward/max"]}))
     m = rp.build_report(tmp_path)["metrics"]
-    assert (m["step"], m["reward_key"], m["grad_norm_key"]) == (28, "grpo_actor/task_reward/avg", "grpo_actor/update/grad_norm")
+    assert (m["step"], m["reward_key"], m["grad_norm_key"]) == (28, "grpo_actor/task_reward/max", "grpo_actor/update/grad_norm")
+
+
+def test_report_says_a_reward_key_was_never_seen(tmp_path):
+    """`hpcrl report` on an AReaL run whose hpcrl.reward_keys names a key AReaL never logs: a warning line."""
+    (tmp_path / "hpcrl").mkdir()
+    shutil.copy(Path(__file__).parent / "data" / "logs" / "areal_console_zero_reward.log",
+                tmp_path / "hpcrl" / "driver.log")
+    (tmp_path / "hpcrl" / "plan.json").write_text(json.dumps({"reward_keys": ["task_reward"]}))
+    proc = hpcrl("report", str(tmp_path))
+    assert "warning: 28 training steps and the reward key task_reward in none of them" in proc.stdout, proc.stdout
 
 
 def test_gpu_peaks_per_role_next_to_the_plan():

@@ -216,16 +216,45 @@ def test_an_engine_death_with_every_node_up_is_the_breaker(tmp_path, monkeypatch
 
 
 def test_reward_key_reads_json_metric_lines_exit_90(tmp_path):
-    """AReaL's reward key (the users' circuit breaker, seed 002) on JSON metric lines: without
-    --reward-key the 25 zero-reward steps are not a reward hpcrl knows and the run ends 0."""
-    proc, run_dir, _ = watch(tmp_path, "areal_json_zero_reward.log", after="exit0")
-    assert proc.returncode == 0, proc.stderr.decode()
+    """AReaL's reward key (the users' circuit breaker, seed 002) on JSON metric lines, named by --reward-key."""
     proc, run_dir, pids = watch(tmp_path, "areal_json_zero_reward.log", "--reward-key", "grpo_actor/task_reward/avg")
     assert proc.returncode == 90, proc.stderr.decode()
     assert_group_stopped(pids)
     b = breaker(run_dir)
     assert b["reason"] == "zero_reward" and b["details"]["reward_key"] == "grpo_actor/task_reward/avg"
     assert b["details"]["steps"] == list(range(4, 14)) and b["step"] == 13  # steps 1-3 earn 0.63-0.65
+
+
+@pytest.mark.parametrize("fixture, key, steps", [
+    # Seed 002's AReaL (9af34d2b): three steps with reward, then exactly 0 ("0.0000e+00") from step 4.
+    ("areal_console_zero_reward.log", "grpo_actor/task_reward/avg", list(range(4, 14))),
+    # AReaL 4aef98d8 ("(AReaL)" header in colour, "ppo_actor" scope): two steps with reward, zeros from step 3.
+    ("areal_console_4aef98d8_zero_reward.log", "ppo_actor/task_reward/avg", list(range(3, 13))),
+])
+def test_areal_console_stats_table_trips_exit_90(tmp_path, fixture, key, steps):
+    """AReaL's own console output (StatsLogger's tables), no --reward-key: the zero reward trips the breaker."""
+    proc, run_dir, pids = watch(tmp_path, fixture)
+    assert proc.returncode == 90, proc.stderr.decode()
+    assert (breaker(run_dir)["details"]["reward_key"], breaker(run_dir)["details"]["steps"]) == (key, steps)
+
+
+def test_a_reward_key_never_seen_is_a_warning_in_the_log(tmp_path):
+    """--reward-key names a key AReaL does not log (its key ends in /avg): after --zero-reward-steps steps the
+    watchdog says so, on stderr and in driver.log, and the run goes on (exit 0)."""
+    proc, run_dir, _ = watch(tmp_path, "areal_console_zero_reward.log", "--reward-key", "grpo_actor/task_reward/mean",
+                             "--zero-reward-steps", "5", after="exit0")
+    warning = ("hpcrl-watchdog: warning: 5 training steps and the reward key grpo_actor/task_reward/mean in none of "
+               "them")
+    assert proc.returncode == 0 and warning in proc.stderr.decode()
+    assert warning in (run_dir / "hpcrl" / "driver.log").read_text()
+
+
+def test_verl_numpy2_values_are_read():
+    """verl 1dda039b (numpy>=2) prints np.mean results as pprint.pformat does: `actor/grad_norm:np.float64(0.0)`."""
+    b = Breaker(grad_norm_steps=2)
+    assert b.line("(TaskRunner pid=7) step:1 - critic/score/mean:0.5 - actor/grad_norm:np.float64(0.0)", 0.0) is None
+    assert b.line("(TaskRunner pid=7) step:2 - critic/score/mean:0.5 - actor/grad_norm:np.float64(0.0)", 1.0).reason \
+        == "grad_norm_zero"
 
 
 @pytest.mark.parametrize("fixture, opts, code, reason, steps", [

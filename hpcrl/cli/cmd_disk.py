@@ -20,7 +20,7 @@ def plan_disk_cmd(
     backend: Optional[str] = typer.Option(None, "--backend", "-b", help="Backend whose checkpoints to plan (default: hpcrl.backend's; docs/plan-disk.md)"),
     config: Optional[str] = typer.Option(None, "--config", help="A run config: its backend, model and checkpoint "
                                          "settings, planned as render plans them"),
-    nodes: Optional[int] = typer.Option(None, "--nodes", "-n", help="With --config: nodes (default hpcrl.nodes)"),
+    nodes: Optional[int] = typer.Option(None, "--nodes", "-N", help="With --config: nodes (default hpcrl.nodes)"),
     sets: Optional[list[str]] = typer.Option(None, "--set", help="With --config: override key=value (repeatable)"),
     model: Optional[str] = typer.Option(None, "--model", "-m", help="Catalog name, alias, config.json path or cached "
                                         "HF repo id (default 32b)"),

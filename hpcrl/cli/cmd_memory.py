@@ -85,17 +85,9 @@ def plan_memory_cmd(
     plot: Optional[Path] = typer.Option(None, "--plot", help="Write a stacked bar chart (PNG)"),
 ) -> None:
     """Will it fit? Per-GPU memory of a learner and an engine, and host RAM, for a run config or a framework's defaults."""
-    from hpcrl.errors import HpcrlError
-    from hpcrl.memory.colocated import Colocation
     from hpcrl.planning import memory_question as mq
-    from hpcrl.planning.backends import get_backend
-    from hpcrl.planning.node_share import job_profile
-    from hpcrl.profiles import resolve_profile
+    from hpcrl.planning.memory_answer import EngineOptions, MemoryRequest, plan_memory_data
 
-    if sets and not config:
-        raise HpcrlError("--set changes a run config: give --config NAME|FILE as well")
-    if config and backend is not None:
-        raise HpcrlError("--backend is the config's hpcrl.backend when --config is given; drop one of them")
     given = mq.Overrides(
         model=model, tokens_per_gpu=tokens_per_gpu, ref_policy=ref_policy, zpg=zpg,
         offload=offload.value if offload else None, lora_rank=lora_rank, load_in_4bit=load_in_4bit,
@@ -103,53 +95,15 @@ def plan_memory_cmd(
         grad_accum_dtype=grad_dtype.value if grad_dtype else None, gradient_checkpointing=False if no_gc else None,
         util=vllm_util, weight_sync=weight_sync.value.replace("-", "_") if weight_sync else None,
         micro_batches=micro_batches, fsdp_version=fsdp_version, zero_stage=zero_stage)
-    if config:
-        from hpcrl.planning.config import load_run_config
-
-        cfg = load_run_config(config, sets)
-        profile = job_profile(resolve_profile(cluster or cfg.hpcrl.cluster, cluster_file),
-                              gpus if gpus is not None else cfg.hpcrl.gpus)
-        own = mq.own_answer(cfg, profile, given, learner_gpus)
-        if own is not None:  # the backend's own memory model (the custom script's HF learner)
-            print_json(own) if as_json else _print_hf(own)
-            return
-        question = mq.from_config(cfg, given)
-    else:
-        from hpcrl.planning.backends import DEFAULT_BACKEND
-
-        question = mq.from_defaults(backend or DEFAULT_BACKEND, given)
-        profile = job_profile(resolve_profile(cluster, cluster_file), gpus)
-    question.check_features()
-    colocation = None
-    if question.config is None and (question.colocated if colocated is None else colocated):
-        keep = question.grads_resident if keep_grads is None else keep_grads
-        offload_all = rollout_offload is RolloutOffload.all
-        colocation = Colocation(param_offload=offload_all, optimizer_offload=rollout_offload is not RolloutOffload.none,
-                                grads_resident=keep and not offload_all,
-                                sleep_level=get_backend(question.backend).sleep_level())
-    elif question.config is not None and colocated is not None and colocated != question.colocated:
-        raise HpcrlError(f"--{'colocated' if colocated else 'separate'}: the config's {question.backend} run is "
-                         f"{'colocated' if question.colocated else 'separate'}; change the config instead")
-    engine_facts = question.workload.vllm  # the backend's vLLM and scheduler sizes (its MemoryFacts.vllm)
-    engine_options = {"max_num_seqs": engine_facts.max_num_seqs if vllm_max_num_seqs is None else vllm_max_num_seqs,
-                      "max_num_batched_tokens": engine_facts.max_num_batched_tokens
-                      if vllm_max_num_batched_tokens is None else vllm_max_num_batched_tokens,
-                      "enforce_eager": vllm_enforce_eager, "vllm_version": vllm_version or engine_facts.version,
-                      "kv_cache_dtype": kv_cache_dtype.value}
-    assumed = [f"{name} {engine_options[key]}" for name, key, given in (
-        ("vLLM", "vllm_version", vllm_version), ("max_num_seqs", "max_num_seqs", vllm_max_num_seqs),
-        ("max_num_batched_tokens", "max_num_batched_tokens", vllm_max_num_batched_tokens)) if given is None]
-    engine_assumption = [f"{', '.join(assumed)}: {engine_facts.source}"] if assumed else []
-    plan, notes = mq.answer(question, profile, learner_gpus=learner_gpus, zero_stage=zero_stage or 3, vllm_tp=vllm_tp,
-                            max_seq_len=max_seq_len, colocation=colocation, engine_options=engine_options)
-    if not plan.engine.fits:
-        raise HpcrlError(f"the vLLM engine does not fit (TP={plan.engine_setup.tp}, vLLM "
-                         f"{plan.engine.vllm_version}): {plan.engine.reason}")
-    data = plan.to_dict()
-    data["notes"] = notes
-    data["assumptions"] = list(question.assumptions) + engine_assumption
-    data["backend"] = question.backend
-    data["config"] = question.config.source if question.config else None
+    data = plan_memory_data(MemoryRequest(
+        config=config, sets=tuple(sets), cluster=cluster, cluster_file=cluster_file, gpus=gpus,
+        learner_gpus=learner_gpus, backend=backend, colocated=colocated, rollout_offload=rollout_offload.value,
+        keep_grads=keep_grads, vllm_tp=vllm_tp, max_seq_len=max_seq_len, given=given,
+        engine=EngineOptions(vllm_max_num_seqs, vllm_max_num_batched_tokens, vllm_enforce_eager, vllm_version,
+                             kv_cache_dtype.value)))
+    if data.get("learner", {}).get("kind") == "hf-trl":  # the backend's own memory model (a custom script's)
+        print_json(data) if as_json else _print_hf(data)
+        return
     if plot is not None:
         from hpcrl.logs.plots import plot_memory
 

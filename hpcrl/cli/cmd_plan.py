@@ -26,17 +26,9 @@ def plan_cmd(
     rp = plan(replace(request, model=model))
     shown = rp.layouts[:top]
     if as_json:
-        print_json({
-            "cluster": rp.profile.name if not rp.profile.variant else f"{rp.profile.name}:{rp.profile.variant}",
-            "nodes": rp.nodes,
-            "model": rp.workload.model.name,
-            "gpus_per_node": rp.profile.gpu.count_per_node,
-            "warnings": list(rp.warnings),
-            "assumptions": list(rp.assumptions),
-            "layouts_considered": len(rp.layouts),
-            "layouts": [dict(rank=i + 1, **lay.to_dict()) for i, lay in enumerate(shown)],
-        } | ({"backend": rp.backend.name, "backend_args": rp.backend.layout_args(rp)}
-             if rp.backend.plan_shows_layout_args else {}))
+        from hpcrl.planning.request import plan_data
+
+        print_json(plan_data(rp, top))
         return
     for a in rp.assumptions:
         assumed(a)

@@ -103,6 +103,8 @@ def _print(r: dict, rp) -> None:
         console.print(t)
         if (more := len(m["values"]) - len(rp.headline(m))) > 0:
             console.print(f"({more} more metrics in --json and --markdown)")
+        if m.get("reward_note"):
+            console.print(f"warning: {m['reward_note']}", highlight=False)
     else:
         console.print("last metrics: no training step in the job logs")
     if r["gpu"]["note"]:

@@ -228,12 +228,16 @@ def logs_cmd(
 def cancel_cmd(
     run: str = typer.Argument(..., help="Run id (or a unique prefix, or one of its job ids)"),
     registry: Optional[Path] = REGISTRY_OPT,
+    as_json: bool = JSON_OPT,
 ) -> None:
     """Stop a run: write its cancel marker (no continuation), then scancel its live jobs."""
     from hpcrl.jobs import lifecycle
 
     reg = _registry(registry)
     r = lifecycle.cancel(reg, reg.find(run))
+    if as_json:
+        print_json({"cancel_requested": True, **_run_json(r)})
+        return
     jobs = ", ".join(j.job_id for j in r.jobs)
     typer.echo(f"run {r.run_id}: cancel requested (jobs {jobs}); now {r.state}")
 

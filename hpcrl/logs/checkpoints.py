@@ -8,6 +8,15 @@ What open-instruct's grpo_fast.py writes (allenai/open-instruct e6c3044a):
   (holding the tag, e.g. "global_step600") beside them after every rank's files are saved, so
   a global_step directory newer than `latest` names is still being written.
 
+What AReaL writes (inclusionAI/AReaL 4aef98d8; 9af34d2b the same), under
+`{fileroot}/checkpoints/{user}/{experiment}/{trial}/`:
+* HF saves `default/epoch{E}epochstep{S}globalstep{G}/` (utils/saver.py:73), G the 0-based global
+  step, so the step its console prints is G + 1 (utils/stats_logger.py:141). No completion mark:
+  listed as incomplete, never pruned.
+* The recovery state `default/recover_checkpoint/`, rewritten in place (utils/recover.py:342-359),
+  then `recover_info/step_info.json` beside `default/` (recover.py:71,168-176, 256-270): the state
+  is complete when that file is newer than everything in it; its step is global_step + 1.
+
 A prune never deletes: the newest checkpoint of each series, one without its completion
 mark, one modified within the last `recent_s` seconds, or anything but `step_N` and
 `global_stepN` directories.
@@ -15,6 +24,7 @@ mark, one modified within the last `recent_s` seconds, or anything but `step_N` 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -25,9 +35,12 @@ from typing import Callable
 from hpcrl.errors import HpcrlError
 
 HF_MARKER = ".checkpoint_complete"
-SERIES = {"hf": re.compile(r"^step_(\d+)$"), "state": re.compile(r"^global_step(\d+)$")}
+# (kind, directory name, what is added to its number to make the step the console shows)
+SERIES = (("hf", re.compile(r"^step_(\d+)$"), 0), ("state", re.compile(r"^global_step(\d+)$"), 0),
+          ("hf", re.compile(r"^epoch\d+epochstep\d+globalstep(\d+)$"), 1), ("state", re.compile(r"^recover_checkpoint$"), 1))
+RECOVER_INFO = Path("..", "..", "recover_info", "step_info.json")  # from AReaL's recover_checkpoint
 RECENT_S = 600.0
-MAX_DEPTH = 4
+MAX_DEPTH = 6  # AReaL's saves lie six levels down when its fileroot is the run directory
 
 
 @dataclass(frozen=True)
@@ -72,12 +85,26 @@ def _checkpoint(path: Path, kind: str, step: int) -> Checkpoint:
     if kind == "hf":
         complete = (path / HF_MARKER).exists()
         why = "" if complete else f"no {HF_MARKER} (being written, failed, or written by a version without the marker)"
+    elif path.name == "recover_checkpoint":
+        info = path / RECOVER_INFO
+        complete = info.is_file() and info.stat().st_mtime >= modified
+        why = "" if complete else (f"no {info.resolve()}" if not info.is_file() else
+                                   "rewritten after its step_info.json: being written")
     else:
         latest = _latest_state_step(path.parent)
         complete = latest is not None and step <= latest
         why = "" if complete else ("no `latest` file beside it" if latest is None else
                                    f"newer than `latest` (global_step{latest}): being written")
     return Checkpoint(path, kind, step, size, modified, complete, why)
+
+
+def _step(path: Path, m: re.Match) -> int:
+    if m.groups():
+        return int(m.group(1))
+    try:  # AReaL's recovery state: its step is in step_info.json
+        return int(json.loads((path / RECOVER_INFO).read_text())["global_step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return -1
 
 
 def find_checkpoints(run_dir: Path, max_depth: int = MAX_DEPTH) -> list[Checkpoint]:
@@ -92,9 +119,9 @@ def find_checkpoints(run_dir: Path, max_depth: int = MAX_DEPTH) -> list[Checkpoi
         for e in entries:
             if not e.is_dir(follow_symlinks=False):
                 continue
-            for kind, pattern in SERIES.items():
+            for kind, pattern, add in SERIES:
                 if (m := pattern.match(e.name)):
-                    found.append(_checkpoint(Path(e.path), kind, int(m.group(1))))
+                    found.append(_checkpoint(Path(e.path), kind, _step(Path(e.path), m) + add))
                     break
             else:
                 if depth < max_depth:

@@ -5,9 +5,11 @@ lines that mean a Ray node, actor or vLLM engine died. Pure; the watchdog (in th
 grpo_fast prints each step as a Rich panel titled "Metrics" (open-instruct e6c3044a, model_utils
 .print_rich_single_line_metrics): a row per key prefix ("other" without "/"), "name: value"
 items joined by " | ", wrapped; floats as .2e when |v| < 1e-5 else .2f, so an exact 0.0 is
-"0.00e+00" and a tiny non-zero mean "0.00". verl and OpenRLHF print one line per step. Other
-frameworks' loggers (AReaL's stats, a fork's own) are read from JSON metric lines: one object
-per line, nested objects joined with "/". docs/safety.md lists every key read and its source.
+"0.00e+00" and a tiny non-zero mean "0.00". verl and OpenRLHF print one line per step. AReaL's
+StatsLogger prints a "Train step N/M done." line, then one tabulate "fancy_grid" table per stats
+item of key/value cell pairs (floats as .4e, so an exact 0 is "0.0000e+00"). Other loggers are
+read from JSON metric lines: one object per line, nested objects joined with "/". docs/safety.md
+lists every key read and its source.
 """
 
 from __future__ import annotations
@@ -18,12 +20,18 @@ import re
 from dataclasses import dataclass
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
-_PAIR = re.compile(r"['\"]?([A-Za-z_][\w/.\-]*)['\"]?\s*[:=]\s*(-?(?:nan|inf|\d+(?:\.\d*)?(?:e[-+]?\d+)?))", re.I)
+# A value may be a numpy scalar's repr: verl 1dda039b needs numpy>=2 (setup.py:32), whose repr is
+# "np.float64(0.5)", and prints np.mean results through pprint.pformat (utils/logger/aggregate_logger.py:26-31).
+_PAIR = re.compile(r"['\"]?([A-Za-z_][\w/.\-]*)['\"]?\s*[:=]\s*(?:np\.\w+\()?(-?(?:nan|inf|\d+(?:\.\d*)?(?:e[-+]?\d+)?))",
+                   re.I)
 # "scores": grpo_fast (data_loader.py:1547); "objective/scores": the older *_vllm_thread_ray_gtrl.py;
 # "critic/score/mean": verl (trainer/ppo/metric_utils.py:162); "reward", "rollout/reward_mean": OpenRLHF
 # (trainer/ray/ppo_actor.py:384-388, trainer/ppo_trainer.py:421).
+# AReaL's GRPO examples log the reward under their actor's scope: "grpo_actor" until 274fab4b
+# (9af34d2b examples/math/gsm8k_grpo.py:189, engine/ppo/actor.py:235), "ppo_actor" since (4aef98d8
+# trainer/ppo/actor.py:252,302); stats_tracker adds "/avg" (utils/stats_tracker.py:190-193).
 REWARD_KEYS = ("scores", "objective/scores", "objective/verifiable_reward", "reward", "rewards/mean", "critic/score/mean",
-               "rollout/reward_mean")
+               "rollout/reward_mean", "ppo_actor/task_reward/avg", "grpo_actor/task_reward/avg")
 LOSS_KEYS = ("loss/total_avg", "loss/policy_avg", "train/loss", "loss", "actor/pg_loss", "policy_loss")
 # verl actor/dp_actor.py:666; open-instruct grpo_fast.py:754; OpenRLHF trainer/ray/ppo_actor.py:380. Any other
 # key ending in "/grad_norm" (a namespaced logger's) counts too.
@@ -36,6 +44,10 @@ REWARD_STD_KEYS = ("group_reward_std",)
 ADVANTAGE_RANGES = (("critic/advantages/min", "critic/advantages/max"), ("val/advantages_min", "val/advantages_max"))
 _STEP_LINE = re.compile(r"(?:^|\s)step:(\d+) - |Global step (\d+): \{")  # verl b178a3cd; OpenRLHF 3c3be623
 _JSON_STEP_KEYS = ("training_step", "global_step", "step", "_step")
+# AReaL StatsLogger.commit (4aef98d8 utils/stats_logger.py:141,150,162; 9af34d2b :134,140,150): the step line, then
+# "Stats (i/n):" before each of the n tables (areal/utils/printing.py:6-21) that make up the step.
+_TRAIN_STEP = re.compile(r"\bTrain step (\d+)/\d+ done\.")
+_STATS_PART = re.compile(r"\bStats \((\d+)/(\d+)\):")
 
 
 @dataclass
@@ -128,17 +140,30 @@ class StepParser:
     def __init__(self, reward_keys: tuple[str, ...] | list[str] = (), std_keys: tuple[str, ...] | list[str] = (),
                  loss_keys: tuple[str, ...] | list[str] = ()) -> None:
         self._panel: list[str] | None = None
+        self._grid: list[tuple[str, str]] | None = None  # a stats table's (key, value) cells so far
+        self._parts: list[tuple[str, str]] = []  # the cells of this step's earlier tables
+        self._part, self._grid_step = (1, 1), None
         self._count = 0
+        self.reward_seen = False  # a step so far logged one of the reward keys
         self.reward_keys = tuple(reward_keys) or REWARD_KEYS
         self.std_keys = tuple(std_keys) + REWARD_STD_KEYS
         self.loss_keys = tuple(loss_keys)
 
     def feed(self, raw: str) -> Step | None:
         line = ANSI.sub("", raw.rstrip("\r\n"))
+        if self._grid is not None:
+            return self._grid_line(line)
         if self._panel is None:
             top = line.find("╭")
             if top >= 0 and "Metrics" in line[top:]:
                 self._panel = []
+            elif line.lstrip().startswith("╒"):
+                self._grid = []
+            elif (m := _TRAIN_STEP.search(line)) or (m := _STATS_PART.search(line)):
+                if m.re is _TRAIN_STEP:
+                    self._grid_step, self._parts, self._part = int(m.group(1)), [], (1, 1)
+                else:
+                    self._part = (int(m.group(1)), int(m.group(2)))
             elif (values := json_metrics(line)) is not None:
                 number = next((int(values[k]) for k in _JSON_STEP_KEYS if k in values), None)
                 return self._make([(k, repr(v)) for k, v in values.items()], number)
@@ -165,7 +190,22 @@ class StepParser:
             return None
         self._count += 1
         number = number if number is not None else int(values.get("training_step", self._count))
-        return Step(number, values, text, self.reward_keys, self.std_keys, self.loss_keys)
+        step = Step(number, values, text, self.reward_keys, self.std_keys, self.loss_keys)
+        self.reward_seen = self.reward_seen or step.reward_key is not None
+        return step
+
+    def _grid_line(self, line: str) -> Step | None:
+        """A line inside a stats table: `│ key │ value │ key │ value │` rows between ╞/├ rules, ╘ ends it."""
+        text = line.strip()
+        if text.startswith("│"):
+            cells = [c.strip() for c in text.strip("│").split("│")]
+            self._grid += [(k, v) for k, v in zip(cells[::2], cells[1::2]) if k]
+        elif text.startswith("╘"):
+            self._parts, self._grid = self._parts + self._grid, None
+            if self._part[0] >= self._part[1]:  # the step's last table: one step of all its tables' cells
+                pairs, self._parts = self._parts, []
+                return self._make(pairs, self._grid_step)
+        return None  # a rule, or a line from another process
 
     def _from_panel(self, rows: list[str]) -> Step | None:
         rows = [r for r in rows if r.strip()]
@@ -182,6 +222,17 @@ class StepParser:
                 if sep and name.strip():
                     pairs.append((name.strip() if cat == "other" else f"{cat}/{name.strip()}", val.strip()))
         return self._make(pairs)
+
+
+def reward_unseen(parser: StepParser, steps: int, within: int) -> str | None:
+    """The warning once `steps` (at least `within`) steps were read and none logged a reward key, else None:
+    the zero-reward breaker cannot see a reward it cannot find."""
+    if parser.reward_seen or steps < within:
+        return None
+    keys = "the reward key " + ", ".join(parser.reward_keys) if parser.reward_keys != REWARD_KEYS else \
+        "none of the known reward keys"
+    return (f"{steps} training steps and {keys} in none of them: the zero-reward breaker cannot see the reward; "
+            "name the key the run logs in hpcrl.reward_keys (the watchdog's --reward-key)")
 
 
 def parse_steps(lines: list[str], reward_keys: tuple[str, ...] | list[str] = ()) -> list[Step]:

@@ -18,8 +18,9 @@ from typing import NamedTuple
 from hpcrl import contract as C
 from hpcrl.errors import RunDirUnreadable
 from hpcrl.logs.checkpoints import find_checkpoints
-from hpcrl.logs.driver_log import StepParser
+from hpcrl.logs.driver_log import StepParser, reward_unseen
 from hpcrl.logs.report_timing import timing
+from hpcrl.planning.run_types import HpcrlSection
 
 SCHEMA_VERSION = 1
 MIB_PER_GIB = 1024.0
@@ -252,9 +253,15 @@ def _memory_rows(gpus: list[dict], pred: dict | None) -> list[dict]:
     return out
 
 
-def last_metrics(run_dir: Path, logs: list[str], reward_keys: list[str] | None = None) -> dict | None:
+# The watchdog's --zero-reward-steps when the plan does not record it (the run config's default).
+WATCHDOG_STEPS = HpcrlSection.model_fields["zero_reward_steps"].default
+
+
+def last_metrics(run_dir: Path, logs: list[str], reward_keys: list[str] | None = None,
+                 within: int | None = None) -> dict | None:
     """The last training step of the newest job log that has one (then hpcrl/driver.log), read as the
-    watchdog reads it (with the run's own reward keys, when its plan names them)."""
+    watchdog reads it (with the run's own reward keys, when its plan names them); `reward_note` says,
+    as the watchdog warns, that `within` steps passed without a reward key."""
     candidates = [run_dir / p for p in reversed(logs)] + [run_dir / C.META / C.DRIVER_LOG]
     for path in candidates:
         if not path.is_file():
@@ -268,6 +275,7 @@ def last_metrics(run_dir: Path, logs: list[str], reward_keys: list[str] | None =
             return {"log": str(path.relative_to(run_dir)), "step": last.number, "steps_in_log": count,
                     "reward_key": last.reward_key, "loss_key": last.loss_key,
                     "grad_norm_key": (last.grad_norm() or (None,))[0],
+                    "reward_note": reward_unseen(parser, count, within or WATCHDOG_STEPS),
                     "values": dict(last.values), "text": dict(last.text)}
     return None
 
@@ -343,7 +351,8 @@ def _build_report(run_dir: Path, run: dict | None) -> dict:
         "checkpoints": checkpoints,
         "checkpoint_bytes": sum(c["bytes"] for c in checkpoints),
         "metrics": last_metrics(run_dir, [j["log"] for j in jobs if j["log"]],
-                                (plan or {}).get("reward_keys") if isinstance(plan, dict) else None),
+                                *((plan.get("reward_keys"), plan.get("zero_reward_steps"))
+                                  if isinstance(plan, dict) else ())),
         "plan": pred,
         "gpu": {"samples": gpu["samples"], "files": gpu["files"], "no_gpu_nodes": gpu["no_gpu_nodes"],
                 "earlier_run_samples": gpu["earlier_run_samples"],

@@ -49,6 +49,7 @@ def to_markdown(r: dict) -> str:
     m = r["metrics"]
     if m:
         out += [f"Step {m['step']} from `{m['log']}` ({m['steps_in_log']} steps in that log).", ""]
+        out += [f"Warning: {m['reward_note']}.", ""] if m.get("reward_note") else []
         out += _md_table(["metric", "value"], [[k, m["text"][k]] for k in sorted(m["text"])])
     else:
         out += ["No training step in the job logs.", ""]

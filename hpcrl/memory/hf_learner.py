@@ -1,4 +1,4 @@
-"""Per-GPU memory of an HF-Trainer/TRL-style PPO or GRPO learner with LoRA or QLoRA (pure arithmetic).
+"""Per-GPU memory of an HF-Trainer/TRL-style PPO or GRPO learner: LoRA, QLoRA or full fine-tuning (pure arithmetic).
 
 The users' own training scripts (hpcrl backend `custom`) run one process per GPU (python, or
 torchrun with DDP), each holding the whole policy: it generates its rollouts with HF `generate`
@@ -84,6 +84,11 @@ class HfLearnerSetup:
         return self.prompt_len + self.response_len
 
     @property
+    def full(self) -> bool:
+        """Full fine-tuning (lora_rank 0): every weight trains."""
+        return self.lora_rank == 0
+
+    @property
     def train_tokens(self) -> int:
         return self.micro_seqs * self.seq_len
 
@@ -91,9 +96,14 @@ class HfLearnerSetup:
         for name in ("n_gpus", "rollout_seqs", "micro_seqs", "prompt_len", "response_len"):
             if getattr(self, name) < 1:
                 raise HpcrlError(f"{name} must be at least 1, got {getattr(self, name)}")
-        if self.lora_rank < 1:
-            raise HpcrlError(f"lora_rank {self.lora_rank}: the custom learner model covers LoRA and QLoRA; "
-                             "give a positive rank (full fine-tuning: a backend with a DeepSpeed or FSDP learner)")
+        if self.lora_rank < 0:
+            raise HpcrlError(f"lora_rank {self.lora_rank}: valid: a positive LoRA rank, or 0 for full fine-tuning")
+        if self.full and self.load_in_4bit:
+            raise HpcrlError("lora_rank 0 (full fine-tuning) trains the base weights, which a 4-bit base cannot: "
+                             "set load_in_4bit false, or give a LoRA rank")
+        if self.full and self.reference == "shared":
+            raise HpcrlError("reference shared is the base with the adapters off, and lora_rank 0 (full fine-tuning) "
+                             "has none: valid: copy or none")
         if not 0 <= self.lora_dropout < 1:
             raise HpcrlError(f"lora_dropout {self.lora_dropout}: valid: 0 <= p < 1")
         if self.algorithm == "ppo" and self.critic == "none":
@@ -173,6 +183,13 @@ def base_terms(s: HfLearnerSetup, what: str) -> list[Term]:
             Term(f"{what} 4-bit quantization constants, {how}", consts, DERIVED)]
 
 
+def full_terms(params: int, what: str) -> list[Term]:
+    """Full fine-tuning of a bf16 base (its weights are in base_terms): gradients in the weights' dtype, and
+    torch.optim.AdamW's two moments, which it allocates like the parameter (torch/optim/adamw.py, zeros_like)."""
+    return [Term(f"{what} gradients, bf16 (full fine-tuning)", 2.0 * params, DERIVED),
+            Term(f"{what} AdamW moments, bf16 like the weights (full fine-tuning)", 4.0 * params, DERIVED)]
+
+
 def _layer_activation_bytes(s: HfLearnerSetup) -> float:
     """Bytes one token leaves in one decoder layer for backward (constants.ACT_COEFF), plus the LoRA
     branches' dropout copies of their inputs (bf16 + a bool mask) when lora_dropout > 0."""
@@ -189,17 +206,26 @@ def hf_learner_memory(s: HfLearnerSetup) -> HfLearnerMemory:
     """Resident and per-moment transient bytes of one GPU of setup `s`."""
     s.check()
     m = s.model
-    lora = m.lora_params(s.lora_rank, s.lora_targets)
     value_head = m.hidden_size + 1
     resident = base_terms(s, "policy")
-    resident += [Term("LoRA adapters, fp32", ADAPTER_BYTES * lora, DERIVED),
-                 Term("adapter gradients, fp32", 4.0 * lora, DERIVED),
-                 Term("AdamW moments, fp32, trainable parameters only", 8.0 * lora, DERIVED)]
+    if s.full:
+        lora = m.total_params  # what "adapters" stands for below: the trained weights
+        resident += full_terms(lora, "policy")
+    else:
+        lora = m.lora_params(s.lora_rank, s.lora_targets)
+        resident += [Term("LoRA adapters, fp32", ADAPTER_BYTES * lora, DERIVED),
+                     Term("adapter gradients, fp32", 4.0 * lora, DERIVED),
+                     Term("AdamW moments, fp32, trainable parameters only", 8.0 * lora, DERIVED)]
     trainable = lora
     if s.critic == "value_head":
         resident.append(Term("value head, fp32 with its gradient and AdamW moments", TRAINABLE_BYTES * value_head,
                              DERIVED))
         trainable += value_head
+    elif s.critic == "model" and s.full:
+        resident += base_terms(s, "critic") + full_terms(lora, "critic")
+        resident.append(Term("critic value head, fp32 with its gradient and AdamW moments", TRAINABLE_BYTES * value_head,
+                             DERIVED))
+        trainable += lora + value_head
     elif s.critic == "model":
         resident += base_terms(s, "critic")
         resident.append(Term("critic adapters and value head, fp32 with gradients and AdamW moments",
@@ -210,7 +236,10 @@ def hf_learner_memory(s: HfLearnerSetup) -> HfLearnerMemory:
     elif s.reference == "copy":
         resident += base_terms(s, "reference copy:")
     if s.n_gpus > 1:
-        resident.append(Term("DDP gradient buckets, an fp32 copy of the trainable gradients", 4.0 * trainable, DERIVED))
+        # DDP's buckets hold the gradients in their dtype: fp32 adapters, bf16 weights under full fine-tuning.
+        width, dtype = (2.0, "bf16") if s.full else (4.0, "fp32")
+        resident.append(Term(f"DDP gradient buckets, a {dtype} copy of the trainable gradients", width * trainable,
+                             DERIVED))
 
     # A 4-bit layer dequantizes its weight to bf16 for each matmul: the largest one at a time.
     shapes = m.linear_shapes()

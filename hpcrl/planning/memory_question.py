@@ -167,7 +167,8 @@ def _text(name: str, value: Any, w: Workload) -> str:
     return f"{name} {value}"
 
 
-def _assumptions(backend: str, w: Workload, util: float, cfg: RunConfig | None, given: Overrides) -> list[str]:
+def _assumptions(backend: str, w: Workload, util: float | None, cfg: RunConfig | None, given: Overrides) -> list[str]:
+    """What the answer assumes and where each value came from; util None: the layout planner chooses it."""
     flags = {"hpz_partition_size": given.zpg, "load_ref_policy": given.ref_policy,
              "grad_accum_dtype": given.grad_accum_dtype, "gradient_checkpointing": given.gradient_checkpointing,
              "util": given.util}
@@ -175,6 +176,10 @@ def _assumptions(backend: str, w: Workload, util: float, cfg: RunConfig | None, 
     for name, key, where in ((d.name, d.key, d.fact) for d in facts.defaults):
         value = util if name == "util" else getattr(w, name)
         fact = _fact(backend, where)
+        if name == "util" and value is None:
+            out.append("vLLM gpu_memory_utilization: chosen by hpcrl's layout planner, as `plan` chooses it (the "
+                       f"Engine GPU line; {key} in the config or --vllm-gpu-memory-utilization fixes it)")
+            continue
         if flags.get(name) is not None:
             origin = f"{_FLAGS[name]} on the command line"
         elif cfg is not None and key and key in cfg.args:
@@ -226,7 +231,10 @@ def from_config(cfg: RunConfig, given: Overrides = Overrides()) -> Question:
     pinned = util_key in cfg.args if util_key else False
     util = (given.util if given.util is not None else float(cfg.args[util_key]) if pinned
             else float(_fact(backend.name, ("vllm", "gpu_memory_utilization")).value))
-    return Question(backend.name, w, util, backend.colocated(cfg), tuple(_assumptions(backend.name, w, util, cfg, given)),
+    # A colocated config is answered by the backend's planner (_colocated_run), which picks what is not fixed.
+    planned = backend.colocated(cfg) and not pinned and given.util is None
+    return Question(backend.name, w, util, backend.colocated(cfg),
+                    tuple(_assumptions(backend.name, w, None if planned else util, cfg, given)),
                     cfg, pinned or given.util is not None)
 
 
@@ -369,7 +377,8 @@ def _colocated_run(q: Question, profile: ClusterProfile, learner_gpus: int | Non
         raise HpcrlError(f"--learner-gpus {n}: in a colocated run every GPU of the job trains, so give a multiple "
                          f"of the {g} GPUs of a {profile.name} node")
     try:
-        planned = backend.plan(q.config, profile, n // g, q.workload, Pins(), [])
+        pins = Pins(gpu_memory_utilization=q.util if q.util_pinned else None)  # the flag or the config's value
+        planned = backend.plan(q.config, profile, n // g, q.workload, pins, [])
     except PlanError as exc:
         raise PlanError(f"{exc} (plan-memory asks the backend's planner for a colocated run of {n} GPUs)") from None
     lay = planned.layouts[0]

@@ -52,4 +52,19 @@ def plan_request(req: RunRequest) -> RunPlan:
     return rp
 
 
-__all__ = ["RunRequest", "plan_request"]
+def plan_data(rp: RunPlan, top: int = 5) -> dict:
+    """What `hpcrl plan --json` prints: the ranked layouts (the best `top`) and what the plan assumed."""
+    return {
+        "cluster": rp.profile.name if not rp.profile.variant else f"{rp.profile.name}:{rp.profile.variant}",
+        "nodes": rp.nodes,
+        "model": rp.workload.model.name,
+        "gpus_per_node": rp.profile.gpu.count_per_node,
+        "warnings": list(rp.warnings),
+        "assumptions": list(rp.assumptions),
+        "layouts_considered": len(rp.layouts),
+        "layouts": [dict(rank=i + 1, **lay.to_dict()) for i, lay in enumerate(rp.layouts[:top])],
+    } | ({"backend": rp.backend.name, "backend_args": rp.backend.layout_args(rp)}
+         if rp.backend.plan_shows_layout_args else {})
+
+
+__all__ = ["RunRequest", "plan_data", "plan_request"]

@@ -14,7 +14,9 @@ from hpcrl.planning.run_types import RunPlan
 
 def no_resume_reason(rp: RunPlan) -> str:
     """The setting that leaves a continuation nothing to resume from, in the backend's key; "" when it can."""
-    if rp.backend.disk.keep_default is None:  # no disk facts (a custom script): its resume is its own
+    if (declared := rp.backend.declared_resume(rp.config)) is not None:  # a user's script says how it resumes
+        return declared
+    if rp.backend.disk.keep_default is None:
         return ""
     s, keys = run_inputs(rp), rp.backend.disk.keys
     if s.disable_ds and keys.get("disable_ds"):

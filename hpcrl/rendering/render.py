@@ -305,6 +305,8 @@ def plan_json(rp: RunPlan, *, smoke: bool = False) -> str:
         data["reward_keys"] = list(rp.config.hpcrl.reward_keys)
     if rp.config.hpcrl.loss_keys:
         data["loss_keys"] = list(rp.config.hpcrl.loss_keys)
+    if "zero_reward_steps" in rp.config.hpcrl.model_fields_set:  # the report's "reward key never seen" window
+        data["zero_reward_steps"] = rp.config.hpcrl.zero_reward_steps
     if rp.profile.job_gpus is not None:  # a job with part of a node (--gpus N)
         data["job_gpus"] = rp.profile.job_gpus
     return json.dumps(data, indent=2, sort_keys=True, default=str) + "\n"
@@ -359,7 +361,9 @@ def _context(rp: RunPlan, smoke: bool) -> dict:
         "workdir": hp.workdir,
         "python": hp.python,
         "entry_point": hp.entry_point,
-        "entry_module": backend.entry_is_module,
+        "entry_module": backend.runs_module(hp),
+        # A framework's own entry module, else a user's module (the custom backend's `python -m`).
+        "module_owner": backend.name if backend.entry_is_module else "its package",
         "launcher": "".join(shq(w) + " " for w in backend.launcher_words(rp)),
         "ray": backend.uses_ray,
         "launcher_module": "torch.distributed.run" if "torch.distributed.run" in backend.launcher_words(rp) else "",

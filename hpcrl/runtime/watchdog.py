@@ -69,7 +69,7 @@ from typing import IO
 
 from hpcrl.contract import BLAME, BREAKER, BREAKERS, DRIVER_LOG, META, RAY_DIED, RUN_DIR_ENDS, RUN_DIR_FULL, \
     RUN_DIR_UNWRITABLE, STEP_TIMES, breaker_exit_code
-from hpcrl.logs.driver_log import Step, StepParser, death_line
+from hpcrl.logs.driver_log import Step, StepParser, death_line, reward_unseen
 from hpcrl.logs.step_times import StepClock
 from hpcrl.runtime.driver_log_file import DriverLog, say
 from hpcrl.runtime.step_recorder import TimeRecorder
@@ -110,6 +110,7 @@ class Breaker:
         self.same: list[int] = []  # consecutive steps whose groups all had zero reward variance
         self.death: tuple[float, str, str] | None = None
         self.new_step: Step | None = None  # the step the last line completed, if any
+        self.notes: list[str] = []  # warnings for the log (run() writes them), not trips
 
     def line(self, text: str, now: float) -> Trip | None:
         if self.death is None and (kind := death_line(text)):
@@ -118,6 +119,8 @@ class Breaker:
         if step is None:
             return None
         self.steps, self.last_step, self.last_progress = self.steps + 1, step.number, now
+        if self.steps == self.k and (note := reward_unseen(self.parser, self.steps, self.k)):
+            self.notes.append(note)
         if (bad := step.bad_losses()):
             return Trip("nan_loss", f"loss is {', '.join(f'{k}={v}' for k, v in bad.items())} at step {step.number}",
                         step.number, {"losses": {k: str(v) for k, v in bad.items()}})
@@ -299,6 +302,9 @@ def run(cmd: list[str], run_dir: Path, breaker: Breaker, *, log_path: Path | Non
                     text = raw.decode("utf-8", "replace")
                     trip = breaker.line(text, time.monotonic())
                     times.line(text, breaker.new_step)
+                    trip = breaker.line(raw.decode("utf-8", "replace"), time.monotonic())
+                    while breaker.notes:
+                        tee(sys.stderr.buffer, f"hpcrl-watchdog: warning: {breaker.notes.pop(0)}\n".encode())
                     continue
             except queue.Empty:
                 pass

@@ -11,7 +11,7 @@
 #   colocated peak 75.9 GiB/GPU training, 89.6 GiB/GPU rollout of 95.6 usable; KV cache 64.5 GiB per GPU; host peak 49 GiB/node
 #   step ~160 s (generation 66 s, training 95 s), bottleneck training
 #   trainer.save_freq 11: a checkpoint every ~29 min of training (so that at most 30 min is lost); time-limit warning 900 s before the end = one step (~160 s) + one checkpoint write (~43 s, derived) + 60 s to stop
-# Warning: 4 learners per node on isambard-ai, where the profile plans at most 1: more than one learner per GH200 node failed with NCCL "Duplicate GPU detected" in the users' runs (their workaround, a patched NCCL with NCCL_IGNORE_DUPLICATE_GPU=1, is untested at 32B)
+# Warning: 4 learners per node on isambard-ai, where the profile plans at most 1: more than one learner per GH200 node failed with NCCL "Duplicate GPU detected" in the users' runs (their workaround, a patched NCCL with NCCL_IGNORE_DUPLICATE_GPU=1, is untested at 32B); verl's resource pool takes trainer.n_gpus_per_node on every node (main_ppo.py:204 at b178a3cd, ppo/v1/trainer_base.py:760 at 1dda039b), and its colocated workers all train: hpcrl cannot plan fewer
 #
 # Submit with `hpcrl submit`, which creates the run directory first. With plain sbatch,
 # create <run dir>/logs first when --output points there: Slurm opens it before this runs.
@@ -390,7 +390,7 @@ run_directory() {
   "run_name": "verl-grpo-qwen2.5-7b",
   "smoke": false,
   "warnings": [
-    "4 learners per node on isambard-ai, where the profile plans at most 1: more than one learner per GH200 node failed with NCCL \"Duplicate GPU detected\" in the users' runs (their workaround, a patched NCCL with NCCL_IGNORE_DUPLICATE_GPU=1, is untested at 32B)"
+    "4 learners per node on isambard-ai, where the profile plans at most 1: more than one learner per GH200 node failed with NCCL \"Duplicate GPU detected\" in the users' runs (their workaround, a patched NCCL with NCCL_IGNORE_DUPLICATE_GPU=1, is untested at 32B); verl's resource pool takes trainer.n_gpus_per_node on every node (main_ppo.py:204 at b178a3cd, ppo/v1/trainer_base.py:760 at 1dda039b), and its colocated workers all train: hpcrl cannot plan fewer"
   ]
 }
 HPCRL_PLAN_JSON

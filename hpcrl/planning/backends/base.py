@@ -183,6 +183,15 @@ class Backend(ABC):
         return Planned(plan_layouts(profile, nodes, w, pins, variants, self.layout_fixes))
 
     # ------------------------------------------------------------------ rendering
+    def runs_module(self, section: HpcrlSection) -> bool:
+        """`python -m <entry point>` (else `python <entry point>`, a script path)."""
+        return self.entry_is_module
+
+    def declared_resume(self, cfg: RunConfig) -> str | None:
+        """Why a new job cannot resume this run, as its config declares ("" when it can); None: the
+        framework's checkpoint settings decide (hpcrl/planning/resume.py)."""
+        return None
+
     @abstractmethod
     def layout_args(self, rp: RunPlan) -> dict[str, Any]:
         """The plan as the framework's own layout flags or keys (name -> value)."""
@@ -253,6 +262,9 @@ class Backend(ABC):
     timing_facts: ClassVar[TimingFacts] = TimingFacts()  # step and checkpoint times in its output
     # plan.json names the backend (a plan.json without the name is the default backend's run).
     names_itself_in_plan: ClassVar[bool] = True
+    # Why the framework's own placement puts every GPU of a learner node to training, so a profile's cap on
+    # learners per node cannot be planned ("": the layout search keeps to the cap).
+    fills_learner_nodes: ClassVar[str] = ""
 
     def read_renamed(self, args: dict[str, Any]) -> tuple[dict[str, Any], tuple[str, ...]]:
         """A logged command's arguments under the framework's current names, and what was renamed."""

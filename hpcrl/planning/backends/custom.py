@@ -19,6 +19,7 @@ from hpcrl.memory.hf_learner import HfLearnerSetup
 from hpcrl.memory.hf_plan import HfPlan, hf_memory_plan
 from hpcrl.models import resolve_model
 from hpcrl.models.spec import ALL_LINEAR
+from hpcrl.planning.backends.base import _MODULE as MODULE_NAME
 from hpcrl.planning.backends.base import Backend, DriverLine, Planned, Word, cli_pins_into, positive
 from hpcrl.planning.backends.log_facts import DiagnoseFacts, SmokeFacts
 from hpcrl.planning.backends.custom_facts import DISK, memory_answer
@@ -35,7 +36,7 @@ KEYS: dict[str, tuple[str, Any, str]] = {
     "script_args": ("list", [], "the script's own arguments; {run_dir} becomes the run directory"),
     "model": ("str", None, "the policy model (catalog name, HF repo id or config.json)"),
     "algorithm": ("str", "ppo", "ppo or grpo"),
-    "lora_rank": ("int", None, "LoRA rank (the memory model covers LoRA and QLoRA)"),
+    "lora_rank": ("int", None, "LoRA rank; 0: full fine-tuning (every weight trains; a bf16 base)"),
     "lora_alpha": ("int", None, "LoRA alpha (recorded; no effect on memory)"),
     "lora_dropout": ("float", 0.0, "LoRA dropout (above 0 the adapters keep dropout copies of their inputs)"),
     "lora_targets": ("list", list(ALL_LINEAR), "modules with adapters"),
@@ -58,10 +59,14 @@ KEYS: dict[str, tuple[str, Any, str]] = {
     "total_steps": ("int", None, "training steps of the whole run (disk plan)"),
     "save_steps": ("int", None, "steps between checkpoints (exported as HPCRL_SAVE_STEPS; planned when unset)"),
     "keep_checkpoints": ("int", None, "checkpoints the script keeps (HF save_total_limit; unset: all)"),
+    "resume": ("str", "none", "how a new job of the chain resumes the script: none (it cannot: no continuation at "
+                              "the time limit), marker (it resumes from its newest checkpoint and writes "
+                              "$HPCRL_RUN_DIR/checkpoints/latest once one is complete) or own (it finds its own "
+                              "state when started again, e.g. AReaL's recover.mode=auto)"),
 }
 REQUIRED = ("model", "lora_rank", "rollout_batch_size", "mini_batch_size", "max_prompt_length", "max_response_length")
 CHOICES = {"launcher": ("python", "torchrun"), "algorithm": ("ppo", "grpo"), "critic": ("value_head", "model", "none"),
-           "reference": ("shared", "copy", "none"), "generation": ("hf",)}
+           "reference": ("shared", "copy", "none"), "generation": ("hf",), "resume": ("none", "marker", "own")}
 _TYPES = {"str": (str,), "int": (int,), "float": (int, float), "bool": (bool,), "list": (list,)}
 # HF generate runs one Python step per token: an assumed per-token overhead on top of the
 # bandwidth-bound decode (an estimate for the step time only; not measured by hpcrl).
@@ -100,8 +105,9 @@ class CustomBackend(Backend):
     checkpoint_key = "save_steps"
     checkpoint_marker = "checkpoints/latest"
     checkpoint_env = "HPCRL_SAVE_STEPS"
-    value_ranges = {k: (positive, "a positive count") for k in
-                    ("lora_rank", "rollout_batch_size", "mini_batch_size", "max_prompt_length", "max_response_length",
+    value_ranges = {"lora_rank": (lambda v: v >= 0, "a positive LoRA rank, or 0 for full fine-tuning")} | {
+        k: (positive, "a positive count") for k in
+                    ("rollout_batch_size", "mini_batch_size", "max_prompt_length", "max_response_length",
                      "samples_per_prompt", "rollout_batches", "gradient_accumulation_steps", "ppo_epochs",
                      "total_steps", "save_steps", "keep_checkpoints")}
     list_order = 3
@@ -134,15 +140,23 @@ class CustomBackend(Backend):
 
     def check_section(self, section: HpcrlSection) -> None:
         super().check_section(section)
-        if not section.entry_point.endswith(".py"):
+        if not section.entry_point.endswith(".py") and not self.runs_module(section):
             raise ConfigError(f"hpcrl.entry_point {section.entry_point!r}: the custom backend runs a script path "
-                              "(relative to hpcrl.workdir), e.g. train.py")
+                              "(relative to hpcrl.workdir, e.g. train.py) or a module (python -m, e.g. mypkg.train)")
+
+    def runs_module(self, section: HpcrlSection) -> bool:
+        return not section.entry_point.endswith(".py") and bool(MODULE_NAME.match(section.entry_point))
 
     def arg(self, cfg: RunConfig, key: str) -> Any:
         value = cfg.args.get(key, KEYS[key][1])
         if key == "critic" and value is None:
             return "value_head" if self.arg(cfg, "algorithm") == "ppo" else "none"
         return value
+
+    def declared_resume(self, cfg: RunConfig) -> str:
+        if self.arg(cfg, "resume") != "none":
+            return ""
+        return "resume none: the script declares no way to resume (set resume: marker or own if it does)"
 
     # ------------------------------------------------------------------ planning
     def colocated(self, cfg: RunConfig) -> bool:
@@ -249,8 +263,9 @@ class CustomBackend(Backend):
     def summary(self, rp: RunPlan) -> str:
         cfg, g = rp.config, rp.profile.gpu.count_per_node
         base = "a 4-bit NF4 base" if rp.workload.load_in_4bit else "a bf16 base"
+        tuning = f"LoRA r{rp.workload.lora_rank}" if rp.workload.lora_rank else "full fine-tuning"
         return (f"custom: {self.arg(cfg, 'launcher')} {cfg.hpcrl.entry_point}, {rp.layout.learners_per_node} "
-                f"process(es) on {g} GPU(s); {self.arg(cfg, 'algorithm')} with LoRA r{rp.workload.lora_rank} on {base}, "
+                f"process(es) on {g} GPU(s); {self.arg(cfg, 'algorithm')} with {tuning} on {base}, "
                 f"critic {self.arg(cfg, 'critic')}, reference {self.arg(cfg, 'reference')}; HF generate, no vLLM, no Ray")
 
 

@@ -25,18 +25,22 @@ KEYS = {"ckpt_every": "save_steps", "keep": "keep_checkpoints", "hf_every": None
 
 
 def budget(s: DiskInputs) -> Budget:
-    """A user's script: an HF Trainer-style LoRA checkpoint (the adapter in fp32 and the optimizer's two fp32
-    moments) every save_steps; how many it keeps is the script's (keep_checkpoints, HF save_total_limit).
+    """A user's script: an HF Trainer-style checkpoint (LoRA: the adapter in fp32 and the optimizer's two fp32
+    moments; full fine-tuning: the bf16 weights and two bf16 moments) every save_steps; how many it keeps is the script's (keep_checkpoints, HF save_total_limit).
     An assumption about the script, derived from what HF Trainer and PEFT write, not read from it."""
     t = trainable(s)
-    terms = {"adapter (fp32)": 4.0 * t, "optimizer state (AdamW moments, fp32)": 8.0 * t,
-             "config, tokenizer, trainer state": float(HF_OVERHEAD_BYTES)}
+    if s.lora_rank:
+        terms = {"adapter (fp32)": 4.0 * t, "optimizer state (AdamW moments, fp32)": 8.0 * t}
+    else:  # full fine-tuning of a bf16 model: the weights, and AdamW's moments in the weights' dtype
+        terms = {"model weights (bf16)": 2.0 * t, "optimizer state (AdamW moments, bf16)": 4.0 * t}
+    terms["config, tokenizer, trainer state"] = float(HF_OVERHEAD_BYTES)
     n = saves(s.ckpt_every, s.total_steps)
     keep = None if s.keep is None or s.keep <= 0 else s.keep
     at_peak = (keep or 1) if n is None else n if keep is None else min(n, keep + 1)
-    notes = ["the custom backend's checkpoint is assumed to be an HF Trainer-style LoRA checkpoint (derived)"]
+    notes = [f"the custom backend's checkpoint is assumed to be an HF Trainer-style "
+             f"{'LoRA' if s.lora_rank else 'full-model'} checkpoint (derived)"]
     items = [Item("adapter_checkpoint", f"script checkpoint (every {s.ckpt_every}, keep {keep or 'all'})",
-                  sum(terms.values()), n, at_peak, "assumed: HF Trainer/PEFT LoRA checkpoint (derived)", terms)]
+                  sum(terms.values()), n, at_peak, f"assumed: HF Trainer{'/PEFT LoRA' if s.lora_rank else ' full-model'} checkpoint (derived)", terms)]
     extra, more = cache_items(s, s.total_steps is not None, None)
     settings = {"save_steps": s.ckpt_every, "keep_checkpoints": keep, "lora_rank": s.lora_rank,
                 "total_steps": s.total_steps}

@@ -129,6 +129,8 @@ def format_flag(name: str, value: Any, meta: dict) -> tuple[str, ...] | None:
 
 class OpenRLHFBackend(Backend):
     """OpenRLHF's Ray PPO trainer (DeepSpeed actor, vLLM engines)."""
+    fills_learner_nodes = ("OpenRLHF places its actor's one-GPU bundles with PACK (cli/train_ppo_ray.py:48-49 at "
+                           "3c3be623), so Ray fills each node's GPUs before the next")
 
     name = "openrlhf"
     label = "OpenRLHF's train_ppo_ray"

@@ -32,7 +32,7 @@ from hpcrl.memory.colocated import Colocation
 from hpcrl.memory.fsdp_learner import FsdpSetup
 from hpcrl.models import resolve_model
 from hpcrl.planning.backends import versions
-from hpcrl.planning.backends.verl_memory import memory_facts, sleep_level
+from hpcrl.planning.backends.verl_memory import FILLS_NODES, memory_facts, sleep_level
 from hpcrl.planning.backends.log_facts import CommandFacts, CpuAsk, DiagnoseFacts, SmokeFacts
 from hpcrl.planning.backends.verl_disk import DISK, TIMING
 from hpcrl.planning.layout import DEFAULT_MICRO_BATCHES, Pins, Workload
@@ -164,7 +164,7 @@ class VerlBackend(Backend):
     # verl's trainer writes <default_local_dir>/latest_checkpointed_iteration.txt after each save.
     checkpoint_key = T + "save_freq"
     checkpoint_marker = "checkpoints/latest_checkpointed_iteration.txt"
-    list_order = 1
+    list_order, fills_learner_nodes = 1, FILLS_NODES
     disk = DISK
     memory = memory_facts(A, R, MICRO_KEY, flag_table)
     value_ranges = {

@@ -10,6 +10,10 @@ from __future__ import annotations
 from hpcrl.memory.vllm_accounting import VllmEngineFacts
 from hpcrl.planning.backends.facts import MemoryDefault, MemoryFacts
 
+# Why every GPU of a verl node trains (Backend.fills_learner_nodes): the pool and the colocated workers.
+FILLS_NODES = ("verl's resource pool takes trainer.n_gpus_per_node on every node (main_ppo.py:204 at b178a3cd, "
+               "ppo/v1/trainer_base.py:760 at 1dda039b), and its colocated workers all train")
+
 
 def memory_facts(actor: str, rollout: str, micro_key: str, flag_table: str) -> MemoryFacts:
     """verl's MemoryFacts, in its keys (verl.py's actor and rollout key prefixes, micro-batch key, key table)."""

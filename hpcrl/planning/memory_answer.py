@@ -1,0 +1,111 @@
+"""plan-memory's whole answer as the data `--json` prints: the question, the plan, notes and assumptions (pure).
+
+The CLI (hpcrl/cli/cmd_memory.py) and the Python API (hpcrl/api) both call `plan_memory_data`, so the
+two cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hpcrl.errors import HpcrlError
+from hpcrl.memory.colocated import Colocation
+from hpcrl.planning import memory_question as mq
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """vLLM's own engine arguments that change how it sizes its KV pool (None: the backend's vLLM's)."""
+
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    enforce_eager: bool = False
+    vllm_version: str | None = None
+    kv_cache_dtype: str = "auto"
+
+
+@dataclass(frozen=True)
+class MemoryRequest:
+    """What plan-memory is asked: a config (with --set words) or a backend's defaults, where, and the flags."""
+
+    config: str | None = None
+    sets: tuple[str, ...] = ()
+    cluster: str | None = None
+    cluster_file: Path | None = None
+    gpus: int | None = None
+    learner_gpus: int | None = None
+    backend: str | None = None
+    colocated: bool | None = None
+    rollout_offload: str = "none"  # none, optimizer or all (colocated, without a config)
+    keep_grads: bool | None = None
+    vllm_tp: int | None = None
+    max_seq_len: int | None = None
+    given: mq.Overrides = field(default_factory=mq.Overrides)
+    engine: EngineOptions = field(default_factory=EngineOptions)
+
+
+def plan_memory_data(r: MemoryRequest) -> dict:
+    """The answer `hpcrl plan-memory --json` prints for request `r`."""
+    from hpcrl.planning.backends import get_backend
+    from hpcrl.planning.node_share import job_profile
+    from hpcrl.profiles import resolve_profile
+
+    if r.sets and not r.config:
+        raise HpcrlError("--set changes a run config: give --config NAME|FILE as well")
+    if r.config and r.backend is not None:
+        raise HpcrlError("--backend is the config's hpcrl.backend when --config is given; drop one of them")
+    if r.rollout_offload not in ("none", "optimizer", "all"):
+        raise HpcrlError(f"rollout_offload {r.rollout_offload!r}: valid: none, optimizer, all")
+    given = r.given
+    if r.config:
+        from hpcrl.planning.config import load_run_config
+
+        cfg = load_run_config(r.config, list(r.sets))
+        profile = job_profile(resolve_profile(r.cluster or cfg.hpcrl.cluster, r.cluster_file),
+                              r.gpus if r.gpus is not None else cfg.hpcrl.gpus)
+        own = mq.own_answer(cfg, profile, given, r.learner_gpus)
+        if own is not None:  # the backend's own memory model (the custom script's HF learner)
+            return own
+        question = mq.from_config(cfg, given)
+    else:
+        from hpcrl.planning.backends import DEFAULT_BACKEND
+
+        question = mq.from_defaults(r.backend or DEFAULT_BACKEND, given)
+        profile = job_profile(resolve_profile(r.cluster, r.cluster_file), r.gpus)
+    question.check_features()
+    colocation = None
+    if question.config is None and (question.colocated if r.colocated is None else r.colocated):
+        keep = question.grads_resident if r.keep_grads is None else r.keep_grads
+        offload_all = r.rollout_offload == "all"
+        colocation = Colocation(param_offload=offload_all, optimizer_offload=r.rollout_offload != "none",
+                                grads_resident=keep and not offload_all,
+                                sleep_level=get_backend(question.backend).sleep_level())
+    elif question.config is not None and r.colocated is not None and r.colocated != question.colocated:
+        raise HpcrlError(f"--{'colocated' if r.colocated else 'separate'}: the config's {question.backend} run is "
+                         f"{'colocated' if question.colocated else 'separate'}; change the config instead")
+    facts, e = question.workload.vllm, r.engine  # the backend's vLLM and scheduler sizes (its MemoryFacts.vllm)
+    engine_options = {"max_num_seqs": facts.max_num_seqs if e.max_num_seqs is None else e.max_num_seqs,
+                      "max_num_batched_tokens": facts.max_num_batched_tokens
+                      if e.max_num_batched_tokens is None else e.max_num_batched_tokens,
+                      "enforce_eager": e.enforce_eager, "vllm_version": e.vllm_version or facts.version,
+                      "kv_cache_dtype": e.kv_cache_dtype}
+    assumed = [f"{name} {engine_options[key]}" for name, key, value in (
+        ("vLLM", "vllm_version", e.vllm_version), ("max_num_seqs", "max_num_seqs", e.max_num_seqs),
+        ("max_num_batched_tokens", "max_num_batched_tokens", e.max_num_batched_tokens)) if value is None]
+    engine_assumption = [f"{', '.join(assumed)}: {facts.source}"] if assumed else []
+    plan, notes = mq.answer(question, profile, learner_gpus=r.learner_gpus, zero_stage=given.zero_stage or 3,
+                            vllm_tp=r.vllm_tp, max_seq_len=r.max_seq_len, colocation=colocation,
+                            engine_options=engine_options)
+    if not plan.engine.fits:
+        raise HpcrlError(f"the vLLM engine does not fit (TP={plan.engine_setup.tp}, vLLM "
+                         f"{plan.engine.vllm_version}): {plan.engine.reason}")
+    data = plan.to_dict()
+    data["notes"] = notes
+    data["assumptions"] = list(question.assumptions) + engine_assumption
+    data["backend"] = question.backend
+    data["config"] = question.config.source if question.config else None
+    return data
+
+
+__all__ = ["EngineOptions", "MemoryRequest", "plan_memory_data"]

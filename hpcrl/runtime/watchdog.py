@@ -302,7 +302,6 @@ def run(cmd: list[str], run_dir: Path, breaker: Breaker, *, log_path: Path | Non
                     text = raw.decode("utf-8", "replace")
                     trip = breaker.line(text, time.monotonic())
                     times.line(text, breaker.new_step)
-                    trip = breaker.line(raw.decode("utf-8", "replace"), time.monotonic())
                     while breaker.notes:
                         tee(sys.stderr.buffer, f"hpcrl-watchdog: warning: {breaker.notes.pop(0)}\n".encode())
                     continue
@@ -327,7 +326,6 @@ def run(cmd: list[str], run_dir: Path, breaker: Breaker, *, log_path: Path | Non
         broken = trip is None and log.broken is not None and proc.poll() is None
         if broken:
             _stop(proc, kill_grace_s)
-        died = None  # noqa: F841 - reset per loop end
         if trip is not None and trip.reason == "engine_or_node_died":
             blame = hp / BLAME.format(job=os.environ.get("SLURM_JOB_ID", ""))
             died = worker_step_death(worker_step_pid, blame, worker_wait_s)

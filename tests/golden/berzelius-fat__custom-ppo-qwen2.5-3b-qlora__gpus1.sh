@@ -1,18 +1,19 @@
 #!/bin/bash
 # Rendered by hpcrl 0.1.0: re-render (hpcrl render) rather than edit by hand.
 # hpcrl cluster: berzelius:fat
-# hpcrl config: custom-ppo-qwen2.5-3b-qlora.yaml (digest fc34a2e9ea29)
+# hpcrl config: custom-ppo-qwen2.5-3b-qlora.yaml (digest 108c5ebd311f)
 #
 # Plan:
 #   model Qwen/Qwen2.5-3B: 4 sequences of 384 tokens per step, mini_batch_size 4 (1536 tokens), generate 4 sequences at once
 #   1 A100-SXM4-80GB (79.15 GiB) of one node, not the whole node (--gpus 1): all 1 GPUs train and generate (colocated)
 #   custom: python qwen_gsm8k_ppo_train.py, 1 process(es) on 1 GPU(s); ppo with LoRA r8 on a 4-bit NF4 base, critic value_head, reference shared; HF generate, no vLLM, no Ray
 #   one GPU generates (HF generate, KV cache 0.05 GiB) and trains: peak 9.2 GiB of 79.2 usable at training (derived); host 6 GiB of 250 GiB
-#   step ~8-19 s (mid ~10 s) (generation 9 s, training 0 s), bottleneck generation; the checkpoint cadence and time-limit lead use the upper estimate
-#   step basis: generation: derived (uncalibrated): HF generate, bf16 weight + KV reads at 50% of HBM peak + 30 ms per token; not checked against a measured HF-generate step (4-bit dequantization per token, PPO's extra forwards and Python overheads are not modelled), a real step may take 2-3x the estimate; training: learner 2 x 0.15 s + optimizer step 0.00 s, fitted on 34 measured rows (fsdp_measured, zero3_measured; H100/H200); derived: A100-SXM4-80GB scaled from H100/H200 by peak FLOP/s and bandwidths, 4-bit dequantization, LoRA, no ZeRO sharding (one process or DDP)
+#   step ~8-19 s (mid ~10 s) (generation 9 s, training 1 s), bottleneck generation; the checkpoint cadence and time-limit lead use the upper estimate
+#   step basis: generation: derived (uncalibrated): HF generate, bf16 weight + KV reads at 50% of HBM peak + 30 ms per token; not checked against a measured HF-generate step (4-bit dequantization per token, PPO's extra forwards and Python overheads are not modelled), a real step may take 2-3x the estimate; training: learner 2 x 0.26 s + optimizer step 0.00 s, fitted on 40 measured rows (fsdp_measured, openrlhf_measured, zero3_timing; H100/H200); derived: A100-SXM4-80GB scaled from H100/H200 by peak FLOP/s and bandwidths, 4-bit dequantization, no ZeRO sharding (one process or DDP)
 #   save_steps 200: a checkpoint every ~64 min of training at the upper step estimate ~19 s (pinned in the config); time-limit warning 900 s before the end = one upper step (~19 s) + one checkpoint write (~3 s, derived) + 60 s to stop
 # Warning: berzelius: the script uses unconfirmed profile facts: --partition=berzelius (hpcrl.partition); the run root /proj/$SLURM_JOB_ACCOUNT/users/$USER/hpcrl-runs (hpcrl.run_root); check them (hpcrl clusters show berzelius) or set what is in brackets
-# Warning: save_steps 200 (pinned) risks ~64 min of training at each job's end or fault, over hpcrl.max_lost_minutes 30: remove it and hpcrl sets 94
+# Warning: save_steps 200 (pinned) risks ~64 min of training at each job's end or fault, over hpcrl.max_lost_minutes 30: remove it and hpcrl sets 93
+# Warning: resume none: the script declares no way to resume (set resume: marker or own if it does), so a job that reaches its time limit does not continue the chain (a new job would train from scratch); give the run a wall time it can finish in, or save its state
 #
 # Submit with `hpcrl submit`, which creates the run directory first. With plain sbatch,
 # create <run dir>/logs first when --output points there: Slurm opens it before this runs.
@@ -169,14 +170,14 @@ run_directory() {
     },
     "pinned": true,
     "signal_floor_s": 900,
-    "step_s": 9.999,
+    "step_s": 9.761,
     "write_basis": "derived",
     "write_gib_s": 2.0,
     "write_s": 2.958
   },
   "cluster": "berzelius:fat",
   "config": "custom-ppo-qwen2.5-3b-qlora.yaml",
-  "config_digest": "fc34a2e9ea29",
+  "config_digest": "108c5ebd311f",
   "gpus_per_node": 1,
   "hpcrl_version": "0.1.0",
   "job_gpus": 1,
@@ -202,14 +203,14 @@ run_directory() {
     "num_learners_per_node": [
       1
     ],
-    "reason": "colocated: every GPU trains and generates; step ~10s = generation 9s + training 0s (range 8-19s)",
+    "reason": "colocated: every GPU trains and generates; step ~10s = generation 9s + training 1s (range 8-19s)",
     "rollout_peak_gib": 7.36,
-    "step_time_basis": "generation: derived (uncalibrated): HF generate, bf16 weight + KV reads at 50% of HBM peak + 30 ms per token; not checked against a measured HF-generate step (4-bit dequantization per token, PPO's extra forwards and Python overheads are not modelled), a real step may take 2-3x the estimate; training: learner 2 x 0.15 s + optimizer step 0.00 s, fitted on 34 measured rows (fsdp_measured, zero3_measured; H100/H200); derived: A100-SXM4-80GB scaled from H100/H200 by peak FLOP/s and bandwidths, 4-bit dequantization, LoRA, no ZeRO sharding (one process or DDP)",
-    "step_time_high_s": 19.1,
-    "step_time_low_s": 7.7,
-    "step_time_s": 9.5,
+    "step_time_basis": "generation: derived (uncalibrated): HF generate, bf16 weight + KV reads at 50% of HBM peak + 30 ms per token; not checked against a measured HF-generate step (4-bit dequantization per token, PPO's extra forwards and Python overheads are not modelled), a real step may take 2-3x the estimate; training: learner 2 x 0.26 s + optimizer step 0.00 s, fitted on 40 measured rows (fsdp_measured, openrlhf_measured, zero3_timing; H100/H200); derived: A100-SXM4-80GB scaled from H100/H200 by peak FLOP/s and bandwidths, 4-bit dequantization, no ZeRO sharding (one process or DDP)",
+    "step_time_high_s": 19.2,
+    "step_time_low_s": 7.8,
+    "step_time_s": 9.8,
     "training_peak_gib": 9.18,
-    "training_time_s": 0.3,
+    "training_time_s": 0.5,
     "vllm_gpu_memory_utilization": 0.0,
     "vllm_num_engines": 1,
     "vllm_tensor_parallel_size": 1
@@ -322,11 +323,11 @@ run_directory() {
       "rollout_seqs": 4,
       "seq_len": 384,
       "time": {
-        "basis": "fitted on 34 measured rows (fsdp_measured, zero3_measured; H100/H200); derived: A100-SXM4-80GB scaled from H100/H200 by peak FLOP/s and bandwidths, 4-bit dequantization, LoRA, no ZeRO sharding (one process or DDP)",
-        "high": 2.12,
-        "low": 0.6,
-        "micro_batch_s": 0.152,
-        "optimizer_step_s": 0.0
+        "basis": "fitted on 40 measured rows (fsdp_measured, openrlhf_measured, zero3_timing; H100/H200); derived: A100-SXM4-80GB scaled from H100/H200 by peak FLOP/s and bandwidths, 4-bit dequantization, no ZeRO sharding (one process or DDP)",
+        "high": 1.38,
+        "low": 0.56,
+        "micro_batch_s": 0.261,
+        "optimizer_step_s": 0.001
       },
       "tokens_per_micro_batch": 1536,
       "weights": "4-bit NF4"
@@ -347,7 +348,8 @@ run_directory() {
   "smoke": false,
   "warnings": [
     "berzelius: the script uses unconfirmed profile facts: --partition=berzelius (hpcrl.partition); the run root /proj/$SLURM_JOB_ACCOUNT/users/$USER/hpcrl-runs (hpcrl.run_root); check them (hpcrl clusters show berzelius) or set what is in brackets",
-    "save_steps 200 (pinned) risks ~64 min of training at each job's end or fault, over hpcrl.max_lost_minutes 30: remove it and hpcrl sets 94"
+    "save_steps 200 (pinned) risks ~64 min of training at each job's end or fault, over hpcrl.max_lost_minutes 30: remove it and hpcrl sets 93",
+    "resume none: the script declares no way to resume (set resume: marker or own if it does), so a job that reaches its time limit does not continue the chain (a new job would train from scratch); give the run a wall time it can finish in, or save its state"
   ]
 }
 HPCRL_PLAN_JSON
@@ -541,6 +543,11 @@ continue_chain() {
         ray-start-failed | ray-head-died | worker-died | network-error) kind=failure counter=$HPCRL_DIR/failure-restarts limit=$MAX_FAILURE_RESTARTS setting=hpcrl.max_failure_restarts ;;
         *) return 0 ;;
     esac
+    # Nothing to resume from (hpcrl/planning/resume.py): a new job would train from scratch.
+    if [[ $kind == limit ]]; then
+        log "not continuing after $reason: "'resume none: the script declares no way to resume (set resume: marker or own if it does)'
+        return 0
+    fi
     if [[ -n $CONTINUED ]] || [[ -e $HPCRL_DIR/cancel ]]; then
         return 0
     fi

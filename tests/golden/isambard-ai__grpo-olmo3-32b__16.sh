@@ -9,8 +9,9 @@
 #   16 x 4 GH200 (95.58 GiB): 16 learner GPUs, 48 engine GPUs, 0 idle
 #   num_learners_per_node [1] x 16, vllm_num_engines 48, vllm_tensor_parallel_size 1, vllm_gpu_memory_utilization 0.9, deepspeed_stage 3
 #   learner peak 64.3 GiB/GPU of 95.6 usable; engine 60.0 GiB weights + 25.3 GiB KV cache per GPU; host peak 20 GiB/node
-#   step ~304 s (generation 304 s, training 107 s), bottleneck generation
-#   checkpoint_state_freq 5: a checkpoint every ~25 min of training (so that at most 30 min is lost); time-limit warning 900 s before the end = one step (~304 s) + one checkpoint write (~180 s, derived) + 60 s to stop
+#   step ~311-765 s (mid ~555 s) (generation 254 s, training 555 s), bottleneck training; the checkpoint cadence and time-limit lead use the upper estimate
+#   step basis: generation: vLLM model fitted on 12 published vLLM rows (batch 1, A100), 6 held out: time off by median 17%, max 2x (benchmarks/vllm_throughput); training: learner 16 x 34.65 s + optimizer step 0.11 s, fitted on 40 measured rows (fsdp_measured, openrlhf_measured, zero3_timing; H100/H200); derived: GH200 scaled from H100/H200 by peak FLOP/s and bandwidths
+#   checkpoint_state_freq 2: a checkpoint every ~26 min of training at the upper step estimate ~765 s (so that at most 30 min is lost); time-limit warning 1020 s before the end = one upper step (~765 s) + one checkpoint write (~180 s, derived) + 60 s to stop
 # Warning: 16 nodes = 64 GPUs exceed QOS 32gpu_qos's default cap of 32 GPUs (8 nodes); fine if your project's limit was raised
 # Warning: num_unique_prompts_rollout 32 is below vllm_num_engines 48: each step's prompts keep at most 32 engines busy (grpo_fast.py looks ahead async_steps steps to fill the rest); raise it to 48 or more, or use fewer engines (--pin engines=N)
 #
@@ -27,7 +28,7 @@
 #SBATCH --partition=workq
 #SBATCH --output=hpcrl-grpo-olmo3-32b-%j.out
 #SBATCH --open-mode=append
-#SBATCH --signal=B:USR1@900
+#SBATCH --signal=B:USR1@1020
 #SBATCH --no-requeue
 
 set -euo pipefail
@@ -179,9 +180,9 @@ run_directory() {
         cat >"$HPCRL_DIR/plan.json.$SLURM_JOB_ID.tmp" <<'HPCRL_PLAN_JSON'
 {
   "cadence": {
-    "every_steps": 5,
+    "every_steps": 2,
     "key": "checkpoint_state_freq",
-    "lead_s": 900,
+    "lead_s": 1020,
     "lora_rank": 0,
     "max_lost_minutes": 30.0,
     "model": {
@@ -204,7 +205,7 @@ run_directory() {
     },
     "pinned": false,
     "signal_floor_s": 900,
-    "step_s": 303.636,
+    "step_s": 554.576,
     "write_basis": "derived",
     "write_gib_s": 2.0,
     "write_s": 180.119
@@ -215,7 +216,7 @@ run_directory() {
   "gpus_per_node": 4,
   "hpcrl_version": "0.1.0",
   "layout": {
-    "bottleneck": "generation",
+    "bottleneck": "training",
     "deepspeed_stage": 3,
     "engine_concurrent_seqs": 10,
     "engine_gpus": 48,
@@ -226,7 +227,7 @@ run_directory() {
       "version": "0.19.1"
     },
     "gather_whole_model": false,
-    "generation_time_s": 303.6,
+    "generation_time_s": 253.9,
     "gpu_usable_gib": 95.58,
     "host_peak_gib": 20.0,
     "idle_gpus": 0,
@@ -251,9 +252,12 @@ run_directory() {
       1,
       1
     ],
-    "reason": "no idle GPU; step ~304s set by generation (generation 304s, training 107s)",
-    "step_time_s": 303.6,
-    "training_time_s": 106.8,
+    "reason": "no idle GPU; step ~555s (range 311-765s) set by training (generation 254s, training 555s)",
+    "step_time_basis": "generation: vLLM model fitted on 12 published vLLM rows (batch 1, A100), 6 held out: time off by median 17%, max 2x (benchmarks/vllm_throughput); training: learner 16 x 34.65 s + optimizer step 0.11 s, fitted on 40 measured rows (fsdp_measured, openrlhf_measured, zero3_timing; H100/H200); derived: GH200 scaled from H100/H200 by peak FLOP/s and bandwidths",
+    "step_time_high_s": 765.3,
+    "step_time_low_s": 310.6,
+    "step_time_s": 554.6,
+    "training_time_s": 554.6,
     "vllm_gpu_memory_utilization": 0.9,
     "vllm_num_engines": 48,
     "vllm_tensor_parallel_size": 1
@@ -373,7 +377,7 @@ MAX_FAILURE_RESTARTS=3
 FAILURE_BACKOFF_S=60
 GRACE_S=780
 # The --signal lead time.
-SIGNAL_LEAD_S=900
+SIGNAL_LEAD_S=1020
 # Nodes the rendered script excludes; a continuation after a node's failure adds that node.
 RENDERED_EXCLUDE=''
 # Reserved at the end of Slurm's KillWait (run_directory reads it) for the last record and cleanup.
@@ -1368,7 +1372,7 @@ PYTHON=python
 ENTRY_POINT=open_instruct/grpo_fast.py
 # The checkpoint interval (checkpoint_state_freq): the plan's, until phase_driver sets what this
 # chain's earlier jobs measured.
-CKPT_EVERY=5
+CKPT_EVERY=2
 
 # DRIVER: the whole command; DRIVER_ARGS: the framework's own arguments, after the entry
 # point (what the stack check parses). Called once $RUN_DIR is known.
@@ -1457,7 +1461,7 @@ phase_driver() {
     # Steps measured by this chain's earlier jobs replace the plan's step estimate in the interval
     # (hpcrl/runtime/step_cadence.py; docs/plan.md "Checkpoint cadence"); its reason goes to the log.
     local every
-    if every=$(python3 -m hpcrl.runtime.step_cadence --run-dir "$RUN_DIR" --job "$SLURM_JOB_ID" --planned 5) &&
+    if every=$(python3 -m hpcrl.runtime.step_cadence --run-dir "$RUN_DIR" --job "$SLURM_JOB_ID" --planned 2) &&
         [[ $every =~ ^[1-9][0-9]*$ ]]; then
         CKPT_EVERY=$every
     fi

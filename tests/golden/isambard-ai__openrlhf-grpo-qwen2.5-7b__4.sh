@@ -6,12 +6,13 @@
 # Plan assumes openrlhf 3c3be623, the newest hpcrl knows; set hpcrl.framework_version to target another (known: 3c3be623)
 # Plan:
 #   model Qwen/Qwen2.5-7B: 1024 sequences of 5120 tokens per step, 5120 tokens per actor GPU micro-batch
-#   4 x 4 GH200 (95.58 GiB): 12 learner GPUs, 4 engine GPUs, 0 idle
-#   actor.num_nodes 3, actor.num_gpus_per_node 4, vllm.num_engines 2, vllm.tensor_parallel_size 2, vllm.gpu_memory_utilization 0.9, ds.zero_stage 3
-#   learner peak 29.4 GiB/GPU of 95.6 usable; engine 7.1 GiB weights + 75.2 GiB KV cache per GPU; host peak 26 GiB/node
-#   step ~128 s (generation 128 s, training 84 s), bottleneck generation
-#   ckpt.save_steps 14: a checkpoint every ~30 min of training (so that at most 30 min is lost); time-limit warning 900 s before the end = one step (~128 s) + one checkpoint write (~43 s, derived) + 60 s to stop
-# Warning: 4 learners per node on isambard-ai, where the profile plans at most 1: more than one learner per GH200 node failed with NCCL "Duplicate GPU detected" in the users' runs (their workaround, a patched NCCL with NCCL_IGNORE_DUPLICATE_GPU=1, is untested at 32B)
+#   4 x 4 GH200 (95.58 GiB): 4 learner GPUs, 12 engine GPUs, 0 idle
+#   actor.num_nodes 1, actor.num_gpus_per_node 4, vllm.num_engines 12, vllm.tensor_parallel_size 1, vllm.gpu_memory_utilization 0.9, ds.zero_stage 3
+#   learner peak 51.3 GiB/GPU of 95.6 usable; engine 14.2 GiB weights + 69.9 GiB KV cache per GPU; host peak 26 GiB/node
+#   step ~259-638 s (mid ~462 s) (generation 65 s, training 462 s), bottleneck training; the checkpoint cadence and time-limit lead use the upper estimate
+#   step basis: generation: vLLM model fitted on 12 published vLLM rows (batch 1, A100), 6 held out: time off by median 17%, max 2x (benchmarks/vllm_throughput); training: learner 256 x 1.81 s + optimizer step 0.08 s, fitted on 40 measured rows (fsdp_measured, openrlhf_measured, zero3_timing; H100/H200); derived: GH200 scaled from H100/H200 by peak FLOP/s and bandwidths
+#   ckpt.save_steps 2: a checkpoint every ~21 min of training at the upper step estimate ~638 s (so that at most 30 min is lost); time-limit warning 900 s before the end = one upper step (~638 s) + one checkpoint write (~43 s, derived) + 60 s to stop
+# Warning: 4 learners per node on isambard-ai, where the profile plans at most 1: more than one learner per GH200 node failed with NCCL "Duplicate GPU detected" in the users' runs (their workaround, a patched NCCL with NCCL_IGNORE_DUPLICATE_GPU=1, is untested at 32B); OpenRLHF places its actor's one-GPU bundles with PACK (cli/train_ppo_ray.py:48-49 at 3c3be623), so Ray fills each node's GPUs before the next: hpcrl cannot plan fewer
 #
 # Submit with `hpcrl submit`, which creates the run directory first. With plain sbatch,
 # create <run dir>/logs first when --output points there: Slurm opens it before this runs.
@@ -180,19 +181,19 @@ run_directory() {
   "backend": "openrlhf",
   "backend_args": {
     "actor.num_gpus_per_node": 4,
-    "actor.num_nodes": 3,
+    "actor.num_nodes": 1,
     "ckpt.max_num": 3,
-    "ckpt.save_steps": 14,
+    "ckpt.save_steps": 2,
     "ds.zero_stage": 3,
     "ref.num_gpus_per_node": 4,
-    "ref.num_nodes": 3,
+    "ref.num_nodes": 1,
     "train.colocate_actor_ref": true,
     "vllm.gpu_memory_utilization": 0.9,
-    "vllm.num_engines": 2,
-    "vllm.tensor_parallel_size": 2
+    "vllm.num_engines": 12,
+    "vllm.tensor_parallel_size": 1
   },
   "cadence": {
-    "every_steps": 14,
+    "every_steps": 2,
     "key": "ckpt.save_steps",
     "lead_s": 900,
     "lora_rank": 0,
@@ -217,7 +218,7 @@ run_directory() {
     },
     "pinned": false,
     "signal_floor_s": 900,
-    "step_s": 128.14,
+    "step_s": 462.188,
     "write_basis": "derived",
     "write_gib_s": 2.0,
     "write_s": 42.556
@@ -228,58 +229,59 @@ run_directory() {
   "gpus_per_node": 4,
   "hpcrl_version": "0.1.0",
   "layout": {
-    "bottleneck": "generation",
+    "bottleneck": "training",
     "deepspeed_stage": 3,
-    "engine_concurrent_seqs": 550,
-    "engine_gpus": 4,
-    "engine_kv_cache_gib": 75.23,
+    "engine_concurrent_seqs": 255,
+    "engine_gpus": 12,
+    "engine_kv_cache_gib": 69.94,
     "engine_vllm": {
       "max_num_batched_tokens": 2048,
       "max_num_seqs": 128,
       "version": "0.27.1"
     },
-    "generation_time_s": 128.1,
+    "generation_time_s": 64.7,
     "gpu_usable_gib": 95.58,
     "host_peak_gib": 26.0,
     "idle_gpus": 0,
-    "learner_gpus": 12,
-    "learner_peak_gib": 29.44,
+    "learner_gpus": 4,
+    "learner_peak_gib": 51.32,
     "nodes": 4,
     "num_learners_per_node": [
-      4,
-      4,
       4
     ],
-    "reason": "no idle GPU; step ~128s set by generation (generation 128s, training 84s)",
-    "step_time_s": 128.1,
-    "training_time_s": 84.1,
+    "reason": "no idle GPU; step ~462s (range 259-638s) set by training (generation 65s, training 462s)",
+    "step_time_basis": "generation: vLLM model fitted on 12 published vLLM rows (batch 1, A100), 6 held out: time off by median 17%, max 2x (benchmarks/vllm_throughput); training: learner 256 x 1.81 s + optimizer step 0.08 s, fitted on 40 measured rows (fsdp_measured, openrlhf_measured, zero3_timing; H100/H200); derived: GH200 scaled from H100/H200 by peak FLOP/s and bandwidths",
+    "step_time_high_s": 637.8,
+    "step_time_low_s": 258.8,
+    "step_time_s": 462.2,
+    "training_time_s": 462.2,
     "vllm_gpu_memory_utilization": 0.9,
-    "vllm_num_engines": 2,
-    "vllm_tensor_parallel_size": 2
+    "vllm_num_engines": 12,
+    "vllm_tensor_parallel_size": 1
   },
   "memory": {
     "engine": {
       "activation_peak_gib": 0.7,
-      "concurrency": 550.25,
-      "concurrent_seqs": 550,
+      "concurrency": 255.77,
+      "concurrent_seqs": 255,
       "cuda_graphs_gib": 1.0,
       "cuda_graphs_in_budget": true,
       "enforce_eager": false,
       "fits": true,
       "footprint_gib": 86.022,
       "gpu_memory_utilization": 0.9,
-      "kv_bytes_per_token": 28672,
+      "kv_bytes_per_token": 57344,
       "kv_cache_dtype": "auto",
-      "kv_cache_gib": 75.23,
-      "kv_tokens": 2817280,
+      "kv_cache_gib": 69.937,
+      "kv_tokens": 1309536,
       "max_num_batched_tokens": 2048,
       "max_num_seqs": 128,
       "max_seq_len": 5120,
-      "non_torch_gib": 2.0,
-      "tp": 2,
+      "non_torch_gib": 0.2,
+      "tp": 1,
       "vllm_version": "0.27.1",
       "warning": null,
-      "weights_gib": 7.093
+      "weights_gib": 14.185
     },
     "fits": true,
     "gpu": {
@@ -300,38 +302,46 @@ run_directory() {
       "ram_per_node_gib": 460.0
     },
     "learner": {
-      "allocator_margin_gib": 2.957,
+      "allocator_margin_gib": 4.761,
       "breakdown": {
-        "Adam moments (fp32)": 4.728,
+        "Adam moments (fp32)": 14.185,
         "ZeRO-3 gathered lm_head + grad": 2.03,
         "activations (stored)": 1.06,
         "fixed (workspaces, RNG, persistent params)": 0.1,
-        "fp32 master weights": 2.364,
-        "gradients": 1.182,
-        "log-prob path (eager)": 8.701,
-        "parameters (bf16)": 1.182,
-        "reduce bucket": 0.931,
-        "reference policy (bf16)": 1.182
+        "fp32 master weights": 7.093,
+        "gradients": 3.546,
+        "log-prob path (fp32 logits)": 7.251,
+        "parameters (bf16)": 3.546,
+        "reduce bucket": 0.931
       },
-      "deepspeed_estimate_gib": 12.669,
-      "device_total_gib": 29.435,
+      "deepspeed_estimate_gib": 33.947,
+      "device_total_gib": 51.321,
       "fits": true,
-      "gpus": 12,
+      "gpus": 4,
       "grad_accum_dtype": "bf16",
       "gradient_checkpointing": true,
       "inside_margin": false,
       "load_in_4bit": false,
+      "logits_fp32": true,
       "logprob_impl": "eager",
       "lora_rank": 0,
-      "non_torch_gib": 1.0,
+      "non_torch_gib": 5.546,
       "offload": "none",
-      "peak_allocated_gib": 23.461,
+      "peak_allocated_gib": 39.743,
       "peak_phase": "logits",
-      "peak_reserved_gib": 28.435,
+      "peak_reserved_gib": 45.775,
       "phases_gib": {
-        "logits": 23.461,
-        "optimizer": 15.217,
-        "recompute": 14.775
+        "logits": 39.743,
+        "optimizer": 37.89,
+        "recompute": 32.507
+      },
+      "reference_process_gib": 4.546,
+      "time": {
+        "basis": "fitted on 40 measured rows (fsdp_measured, openrlhf_measured, zero3_timing; H100/H200); derived: GH200 scaled from H100/H200 by peak FLOP/s and bandwidths",
+        "high": 1.38,
+        "low": 0.56,
+        "micro_batch_s": 1.805,
+        "optimizer_step_s": 0.075
       },
       "tokens_per_gpu": 5120,
       "weight_sync": "none",
@@ -343,14 +353,14 @@ run_directory() {
       "total_params": 7615616512,
       "trainable_params": 7615616512
     },
-    "verdict": "learner fits with 63.2 GiB to spare after a 3.0 GiB allocator margin; engine fits: 550.25x sequences of 5120 tokens fit at once"
+    "verdict": "learner fits with 39.5 GiB to spare after a 4.8 GiB allocator margin; engine fits: 255.77x sequences of 5120 tokens fit at once"
   },
   "model": "Qwen/Qwen2.5-7B",
   "nodes": 4,
   "run_name": "openrlhf-grpo-qwen2.5-7b",
   "smoke": false,
   "warnings": [
-    "4 learners per node on isambard-ai, where the profile plans at most 1: more than one learner per GH200 node failed with NCCL \"Duplicate GPU detected\" in the users' runs (their workaround, a patched NCCL with NCCL_IGNORE_DUPLICATE_GPU=1, is untested at 32B)"
+    "4 learners per node on isambard-ai, where the profile plans at most 1: more than one learner per GH200 node failed with NCCL \"Duplicate GPU detected\" in the users' runs (their workaround, a patched NCCL with NCCL_IGNORE_DUPLICATE_GPU=1, is untested at 32B); OpenRLHF places its actor's one-GPU bundles with PACK (cli/train_ppo_ray.py:48-49 at 3c3be623), so Ray fills each node's GPUs before the next: hpcrl cannot plan fewer"
   ]
 }
 HPCRL_PLAN_JSON
@@ -1358,7 +1368,7 @@ PYTHON=python3
 ENTRY_POINT=openrlhf.cli.train_ppo_ray
 # The checkpoint interval (ckpt.save_steps): the plan's, until phase_driver sets what this
 # chain's earlier jobs measured.
-CKPT_EVERY=14
+CKPT_EVERY=2
 
 # DRIVER: the whole command; DRIVER_ARGS: the framework's own arguments, after the entry
 # point (what the stack check parses). Called once $RUN_DIR is known.
@@ -1394,13 +1404,13 @@ driver_command() {
         --ds.packing_samples
         --vllm.enable_prefix_caching
         --logger.logging_steps 1
-        --actor.num_nodes 3
+        --actor.num_nodes 1
         --actor.num_gpus_per_node 4
-        --vllm.num_engines 2
-        --vllm.tensor_parallel_size 2
+        --vllm.num_engines 12
+        --vllm.tensor_parallel_size 1
         --vllm.gpu_memory_utilization 0.9
         --ds.zero_stage 3
-        --ref.num_nodes 3
+        --ref.num_nodes 1
         --ref.num_gpus_per_node 4
         --train.colocate_actor_ref
         --ckpt.max_num 3
@@ -1452,7 +1462,7 @@ phase_driver() {
     # Steps measured by this chain's earlier jobs replace the plan's step estimate in the interval
     # (hpcrl/runtime/step_cadence.py; docs/plan.md "Checkpoint cadence"); its reason goes to the log.
     local every
-    if every=$(python3 -m hpcrl.runtime.step_cadence --run-dir "$RUN_DIR" --job "$SLURM_JOB_ID" --planned 14) &&
+    if every=$(python3 -m hpcrl.runtime.step_cadence --run-dir "$RUN_DIR" --job "$SLURM_JOB_ID" --planned 2) &&
         [[ $every =~ ^[1-9][0-9]*$ ]]; then
         CKPT_EVERY=$every
     fi

@@ -9,8 +9,9 @@
 #   4 x 4 GH200 (95.58 GiB): all 16 GPUs train and generate (colocated)
 #   trainer.nnodes 4, n_gpus_per_node 4, rollout tensor_model_parallel_size 1 (16 engines), gpu_memory_utilization 0.85, fsdp param_offload false, optimizer_offload false
 #   colocated peak 75.9 GiB/GPU training, 89.6 GiB/GPU rollout of 95.6 usable; KV cache 64.5 GiB per GPU; host peak 49 GiB/node
-#   step ~160 s (generation 66 s, training 95 s), bottleneck training
-#   trainer.save_freq 11: a checkpoint every ~29 min of training (so that at most 30 min is lost); time-limit warning 900 s before the end = one step (~160 s) + one checkpoint write (~43 s, derived) + 60 s to stop
+#   step ~148-366 s (mid ~235 s) (generation 68 s, training 167 s), bottleneck training; the checkpoint cadence and time-limit lead use the upper estimate
+#   step basis: generation: vLLM model fitted on 12 published vLLM rows (batch 1, A100), 6 held out: time off by median 17%, max 2x (benchmarks/vllm_throughput); training: learner 12 x 13.92 s + optimizer step 0.02 s, fitted on 40 measured rows (fsdp_measured, openrlhf_measured, zero3_timing; H100/H200); derived: GH200 scaled from H100/H200 by peak FLOP/s and bandwidths
+#   trainer.save_freq 4: a checkpoint every ~24 min of training at the upper step estimate ~366 s (so that at most 30 min is lost); time-limit warning 900 s before the end = one upper step (~366 s) + one checkpoint write (~43 s, derived) + 60 s to stop
 # Warning: 4 learners per node on isambard-ai, where the profile plans at most 1: more than one learner per GH200 node failed with NCCL "Duplicate GPU detected" in the users' runs (their workaround, a patched NCCL with NCCL_IGNORE_DUPLICATE_GPU=1, is untested at 32B); verl's resource pool takes trainer.n_gpus_per_node on every node (main_ppo.py:204 at b178a3cd, ppo/v1/trainer_base.py:760 at 1dda039b), and its colocated workers all train: hpcrl cannot plan fewer
 #
 # Submit with `hpcrl submit`, which creates the run directory first. With plain sbatch,
@@ -190,10 +191,10 @@ run_directory() {
     "trainer.max_actor_ckpt_to_keep": 2,
     "trainer.n_gpus_per_node": 4,
     "trainer.nnodes": 4,
-    "trainer.save_freq": 11
+    "trainer.save_freq": 4
   },
   "cadence": {
-    "every_steps": 11,
+    "every_steps": 4,
     "key": "trainer.save_freq",
     "lead_s": 900,
     "lora_rank": 0,
@@ -218,7 +219,7 @@ run_directory() {
     },
     "pinned": false,
     "signal_floor_s": 900,
-    "step_s": 160.449,
+    "step_s": 234.701,
     "write_basis": "derived",
     "write_gib_s": 2.0,
     "write_s": 42.556
@@ -240,7 +241,7 @@ run_directory() {
       "max_num_seqs": 256,
       "version": "0.24.0"
     },
-    "generation_time_s": 65.8,
+    "generation_time_s": 67.7,
     "gpu_usable_gib": 95.58,
     "host_peak_gib": 49.1,
     "idle_gpus": 0,
@@ -253,11 +254,14 @@ run_directory() {
       4,
       4
     ],
-    "reason": "colocated: every GPU trains and generates; step ~160s = generation 66s + training 95s",
+    "reason": "colocated: every GPU trains and generates; step ~235s = generation 68s + training 167s (range 148-366s)",
     "rollout_peak_gib": 89.59,
-    "step_time_s": 160.4,
+    "step_time_basis": "generation: vLLM model fitted on 12 published vLLM rows (batch 1, A100), 6 held out: time off by median 17%, max 2x (benchmarks/vllm_throughput); training: learner 12 x 13.92 s + optimizer step 0.02 s, fitted on 40 measured rows (fsdp_measured, openrlhf_measured, zero3_timing; H100/H200); derived: GH200 scaled from H100/H200 by peak FLOP/s and bandwidths",
+    "step_time_high_s": 365.9,
+    "step_time_low_s": 148.4,
+    "step_time_s": 234.7,
     "training_peak_gib": 75.91,
-    "training_time_s": 94.6,
+    "training_time_s": 167.0,
     "vllm_gpu_memory_utilization": 0.85,
     "vllm_num_engines": 16,
     "vllm_tensor_parallel_size": 1
@@ -1398,7 +1402,7 @@ PYTHON=python3
 ENTRY_POINT=verl.trainer.main_ppo
 # The checkpoint interval (trainer.save_freq): the plan's, until phase_driver sets what this
 # chain's earlier jobs measured.
-CKPT_EVERY=11
+CKPT_EVERY=4
 
 # DRIVER: the whole command; DRIVER_ARGS: the framework's own arguments, after the entry
 # point (what the stack check parses). Called once $RUN_DIR is known.
@@ -1497,7 +1501,7 @@ phase_driver() {
     # Steps measured by this chain's earlier jobs replace the plan's step estimate in the interval
     # (hpcrl/runtime/step_cadence.py; docs/plan.md "Checkpoint cadence"); its reason goes to the log.
     local every
-    if every=$(python3 -m hpcrl.runtime.step_cadence --run-dir "$RUN_DIR" --job "$SLURM_JOB_ID" --planned 11) &&
+    if every=$(python3 -m hpcrl.runtime.step_cadence --run-dir "$RUN_DIR" --job "$SLURM_JOB_ID" --planned 4) &&
         [[ $every =~ ^[1-9][0-9]*$ ]]; then
         CKPT_EVERY=$every
     fi

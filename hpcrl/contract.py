@@ -24,6 +24,8 @@ BREAKERS = {
 RAY_DIED = {"ray-head-died": 94, "worker-died": 95}
 # The job's stack check before Ray starts (hpcrl.runtime.stack.STACK_MISMATCH_EXIT): reason, exit code.
 STACK_MISMATCH = ("stack-mismatch", 98)
+# Steps of exactly zero reward that trip the watchdog unless the run config says (hpcrl.zero_reward_steps).
+ZERO_REWARD_STEPS = 10
 # The run directory's file system failed under the job: full (ENOSPC, a quota) or unusable (EIO,
 # read-only). The watchdog exits with these codes; the batch script records them too when its own
 # probe of the run directory fails. Neither continues: the next job would meet the same disk.

@@ -14,15 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from platformdirs import user_config_dir
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    ValidationError,
-    ValidationInfo,
-    field_validator,
-    model_validator,
-)
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from hpcrl import contract
 from hpcrl.errors import ProfileError, UnknownNameError

@@ -20,7 +20,6 @@ from hpcrl.errors import RunDirUnreadable
 from hpcrl.logs.checkpoints import find_checkpoints
 from hpcrl.logs.driver_log import StepParser, reward_unseen
 from hpcrl.logs.report_timing import timing
-from hpcrl.planning.run_types import HpcrlSection
 
 SCHEMA_VERSION = 1
 MIB_PER_GIB = 1024.0
@@ -254,7 +253,7 @@ def _memory_rows(gpus: list[dict], pred: dict | None) -> list[dict]:
 
 
 # The watchdog's --zero-reward-steps when the plan does not record it (the run config's default).
-WATCHDOG_STEPS = HpcrlSection.model_fields["zero_reward_steps"].default
+WATCHDOG_STEPS = C.ZERO_REWARD_STEPS
 
 
 def last_metrics(run_dir: Path, logs: list[str], reward_keys: list[str] | None = None,

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from hpcrl.contract import ZERO_REWARD_STEPS
 from hpcrl.planning.backends import DEFAULT_BACKEND, get_backend
 from hpcrl.planning.backends.oi_args import ArgLayout
 from hpcrl.shell import path_problem
@@ -63,7 +64,7 @@ class HpcrlSection(BaseModel):
     failure_backoff_s: int = Field(default=60, ge=0, description="Wait before a failure continuation (x its number)")
     max_lost_minutes: float = Field(default=30.0, gt=0, description="Training a job may lose: sets the checkpoint cadence")
     logprob_impl: Literal["eager", "compiled"] = "compiled"  # the backend's default (see _backend_defaults)
-    zero_reward_steps: int = Field(default=10, gt=0)
+    zero_reward_steps: int = Field(default=ZERO_REWARD_STEPS, gt=0)
     hang_minutes: float = Field(default=60.0, gt=0)
     # The watchdog's other breakers (docs/safety.md): 0 turns one off.
     grad_norm_steps: int = Field(default=20, ge=0, description="Steps of a ~0 gradient norm that stop the run (96)")

@@ -40,7 +40,7 @@ HEAVY = {"torch", "ray", "vllm", "deepspeed", "transformers", "matplotlib"}
 # In-job tools the scripts run as `python3 -m hpcrl.runtime.X` where only the standard library may
 # be installed (gpumon needs nvidia-ml-py and says so).
 STDLIB_RUNTIME = ["classify", "free_ports", "preflight_collective", "preflight_gpu", "preflight_link", "preflight_probe",
-                  "ray_ready", "smoke", "stack", "stack_parse", "step_cadence", "step_recorder", "wait_http", "watchdog"]
+                  "ray_ready", "smoke", "stack", "stack_parse", "step_cadence", "wait_http", "watchdog"]
 
 
 def _modules(entry: str) -> list[Path]:

@@ -71,8 +71,8 @@ from hpcrl.contract import BLAME, BREAKER, BREAKERS, DRIVER_LOG, META, RAY_DIED,
     RUN_DIR_UNWRITABLE, STEP_TIMES, breaker_exit_code
 from hpcrl.logs.driver_log import Step, StepParser, death_line, reward_unseen
 from hpcrl.logs.step_times import StepClock
-from hpcrl.runtime.driver_log_file import DriverLog, say
-from hpcrl.runtime.step_recorder import TimeRecorder
+from hpcrl.runtime.watchdog_io.driver_log_file import DriverLog, say
+from hpcrl.runtime.watchdog_io.step_recorder import TimeRecorder
 from hpcrl.runtime.wait_http import pid_alive
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)

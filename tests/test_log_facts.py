@@ -84,9 +84,10 @@ def test_open_instruct_cpu_ask_is_grpo_fasts():
     # grpo_fast: 10 CPUs per learner GPU (LEARNER_PLACEMENT_GROUP_CPU_PER_GPU), tp per engine, and
     # 3 for DataPreparationActor (2) and ActorManager (1).
     w = _smoke_words("grpo-olmo3-32b")
-    assert (_after(w, "--learners"), _after(w, "--engines"), _after(w, "--tp")) == (["2 2 2"], ["3"], ["2"])
-    # 6 learner GPUs x 10 + 3 engines x 2 + 3 = 69; a learner node asks 2 x 10 = 20.
-    assert _after(w, "--cpu-ask", 4) == ["grpo_fast.py", "69", "20", "learner node"]
+    # local-dev, 3 nodes: the plan (ranked by step time) trains on 2 nodes of 4 and generates on one.
+    assert (_after(w, "--learners"), _after(w, "--engines"), _after(w, "--tp")) == (["4 4"], ["4"], ["1"])
+    # 8 learner GPUs x 10 + 4 engines x 1 + 3 = 87; a learner node asks 4 x 10 = 40.
+    assert _after(w, "--cpu-ask", 4) == ["grpo_fast.py", "87", "40", "learner node"]
 
 
 def test_verl_cpu_ask_is_its_resource_pools():
@@ -98,8 +99,8 @@ def test_verl_cpu_ask_is_its_resource_pools():
 
 def test_openrlhf_cpu_ask_is_one_per_gpu_bundle():
     w = _smoke_words("openrlhf-grpo-qwen2.5-7b")
-    assert (_after(w, "--learners"), _after(w, "--engines"), _after(w, "--tp")) == (["4 4"], ["4"], ["1"])
-    # 8 actor bundles + 4 engines x tp 1 = 12 one-GPU bundles of one CPU; a node of 4 GPUs asks 4.
+    assert (_after(w, "--learners"), _after(w, "--engines"), _after(w, "--tp")) == (["4"], ["8"], ["1"])
+    # 4 actor bundles + 8 engines x tp 1 = 12 one-GPU bundles of one CPU; a node of 4 GPUs asks 4.
     assert _after(w, "--cpu-ask", 4) == ["OpenRLHF", "12", "4", "node"]
 
 
@@ -117,14 +118,14 @@ def ray_cluster():
     cluster.shutdown()
 
 
-# The rendered placement on 3 nodes x 4 GPUs, by hand: open-instruct's 3 learner entries of 2 GPUs
-# STRICT_SPREAD land on 3 nodes, its 3 engines of TP 2 in a PACK group; verl's one STRICT_PACK pool
-# of 4 one-GPU bundles per node makes 3 pools of 12 workers; OpenRLHF's 4 one-GPU engine bundles
-# PACK onto one node, then its 8 actor bundles onto 2.
+# The rendered placement on 3 nodes x 4 GPUs, by hand: open-instruct's 2 learner entries of 4 GPUs
+# STRICT_SPREAD land on 2 nodes, its 4 engines of TP 1 in a PACK group on the third; verl's one
+# STRICT_PACK pool of 4 one-GPU bundles per node makes 3 pools of 12 workers; OpenRLHF's 8 one-GPU
+# engine bundles PACK onto two nodes, then its 4 actor bundles onto the third.
 PLACED = {
-    "grpo-olmo3-32b": "learners=[2, 2, 2] learner_nodes=3 engines=3 tp=2 ",
+    "grpo-olmo3-32b": "learners=[4, 4] learner_nodes=2 engines=4 tp=1 engine_nodes=1",
     "verl-grpo-qwen2.5-7b": "framework=verl colocated=true workers=12 pools=3 engines=12 tp=1",
-    "openrlhf-grpo-qwen2.5-7b": "framework=openrlhf actor_gpus=8 actor_nodes=2 engines=4 tp=1 engine_nodes=1",
+    "openrlhf-grpo-qwen2.5-7b": "framework=openrlhf actor_gpus=4 actor_nodes=1 engines=8 tp=1 engine_nodes=2",
 }
 
 

@@ -99,8 +99,8 @@ NODE_PORT_FLAGS = ("node-manager-port", "object-manager-port", "metrics-export-p
 # (ray/autoscaler/_private/constants.py:106, dashboard/consts.py:67 in Ray 2.60.0, commit b7f4259e): with ray.metrics
 # they get drawn ports too, in this order (AUTOSCALER_METRIC_PORT, DASHBOARD_METRIC_PORT).
 METRIC_PORT_VARS = ("AUTOSCALER_METRIC_PORT", "DASHBOARD_METRIC_PORT")
-# Nodes of one job on one host (a test cluster) draw from disjoint residues mod NODE_SLOTS: 18, so
-# the 16-node bring-up on one machine (scripts/dev-slurm) gives every node its own residue.
+# Nodes of one job on one host (a test cluster) draw from disjoint contiguous blocks (the range cut in
+# NODE_SLOTS: 18), so the 16-node bring-up on one machine (scripts/dev-slurm) gives every node its own.
 NODE_SLOTS = 18
 
 # Services (hpcrl.code_server) and the preflight's collective test use a block of PORT_BLOCK ports
@@ -157,10 +157,11 @@ STEP_TIMES = "step-times.jsonl"
 CHAIN_LOCK = "chain.lock"
 # Per job, in META: the nodes blamed for a failure, and the marker that the driver has started.
 BLAME, DRIVER_STARTED = "blame-{job}", "driver-started-{job}"
-# Where a job's events go when the run directory cannot take them: a file in the node-local
-# directory's parent on the head node (kept after the job), and the job's Slurm comment, which
-# `hpcrl status` reads from any login node: END_COMMENT + "<reason>:<exit code>".
-EVENTS_FALLBACK, END_COMMENT = "hpcrl-ended-{job}/jobs.tsv", "hpcrl-end:"
+# Where a job's events go when the run directory cannot take them: JOBS_TSV in a private directory
+# <node-local>/EVENTS_FALLBACK.XXX (mktemp, 0700, kept after the job) on the node that records them,
+# and the job's Slurm comment, which `hpcrl status` reads from any login node:
+# END_COMMENT + "<reason>:<exit code>".
+EVENTS_FALLBACK, END_COMMENT = "hpcrl-ended-{job}", "hpcrl-end:"
 # Per job, in LOGS: the job's own log, and Slurm's output when the run dir's path was known at submit.
 JOB_LOG, SLURM_LOG = "job-{job}.log", "slurm-{job}.out"
 

@@ -117,10 +117,9 @@ BIG_INSTANCE, BIG_NODES = "8", 16
 
 
 @pytest.fixture(scope="module")
-def slurm16():
+def slurm16_conf():
     """SLURM_CONF of a 16-node dev cluster: $HPCRL_SLURM16_CONF when one is up already, else a
-    private scripts/dev-slurm instance started for this module and stopped after it. The tests'
-    Slurm commands (and the jobs they submit) read it from the environment."""
+    private scripts/dev-slurm instance started for this module and stopped after it."""
     conf = os.environ.get("HPCRL_SLURM16_CONF")
     started = None
     if not conf:
@@ -135,11 +134,18 @@ def slurm16():
         env = subprocess.run([str(REPO / "scripts" / "dev-slurm"), "env"], env=started, capture_output=True,
                              text=True, timeout=30).stdout
         conf = env.strip().rpartition("SLURM_CONF=")[2]
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("SLURM_CONF", conf)
-        yield conf
+    yield conf
     if started is not None:
         subprocess.run([str(REPO / "scripts" / "dev-slurm"), "down"], env=started, capture_output=True, timeout=300)
+
+
+@pytest.fixture
+def slurm16(slurm16_conf, monkeypatch):
+    """The 16-node cluster's SLURM_CONF, set in the environment for this one test only (the
+    tests' Slurm commands and the jobs they submit read it there); the module's other tests keep
+    the machine's cluster."""
+    monkeypatch.setenv("SLURM_CONF", slurm16_conf)
+    return slurm16_conf
 
 
 # --------------------------------------------------------------------------- jobs

@@ -339,8 +339,9 @@ def test_stub_run_completes_and_records(tmp_path):
     assert token.stat().st_mode & 0o777 == 0o600 and len(token.read_text()) == 64
     assert out in (run_dir / "logs" / f"job-{stub.job}.log").read_text() or "completed:0" in out
     # Ray: one head and two workers, Slurm's node addresses, per-node slots on one host, ports drawn
-    # per node (docs/render.md): in local-dev's ray.ports 10000-32767, a node's ports = its slot
-    # modulo 18 (head slot 0, workers 1 and 2), none twice; the workers join the head's GCS port.
+    # per node (docs/render.md): local-dev's ray.ports 10000-32767 cut in 18 blocks of 1264 ports, a
+    # node's ports in its slot's block (head slot 0: 10000-11263, workers 11264-12527 and 12528-13791),
+    # none twice; the workers join the head's GCS port.
     head = stub.argv("ray-n1.argv")
     assert {"--head", "--block", "--node-ip-address=127.0.0.1", "--num-gpus=4", "--num-cpus=8"} <= set(head)
     flags = ("--port", "--dashboard-port", "--ray-client-server-port", "--node-manager-port", "--object-manager-port",
@@ -353,7 +354,8 @@ def test_stub_run_completes_and_records(tmp_path):
         assert {f"--address=127.0.0.1:{gcs}", f"--node-ip-address=127.0.0.{i}", "--block"} <= set(w)
         ports[i] = [int(a.split("=")[1]) for a in w if a.split("=")[0] in flags]
     assert [len(p) for p in ports.values()] == [9, 6, 6]
-    assert all(10000 <= p <= 32767 and p % 18 == i - 1 for i, ps in ports.items() for p in ps), ports
+    blocks = {1: (10000, 11263), 2: (11264, 12527), 3: (12528, 13791)}
+    assert all(blocks[i][0] <= p <= blocks[i][1] for i, ps in ports.items() for p in ps), ports
     assert len({p for ps in ports.values() for p in ps}) == 21
     srun = stub.argv("srun.argv")
     assert {"--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--exclude=n1", "--gpus-per-node=4"} <= set(srun)

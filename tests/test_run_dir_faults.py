@@ -52,12 +52,12 @@ def loop_root(tmp_path):
 
 
 def fallback_end(job: str, head: str) -> tuple[str, str] | None:
-    """(reason, exit code) of the job's end line in its node-local fallback on the head node."""
-    kept = Path("/tmp/hpcrl-local") / head / f"hpcrl-ended-{job}" / "jobs.tsv"
-    try:
-        lines = kept.read_text().splitlines()
-    except OSError:
-        return None
+    """(reason, exit code) of the job's end line in its node-local fallback on the head node (a
+    private hpcrl-ended-<job>.XXX directory, docs/run-dir.md)."""
+    lines = []
+    for kept in (Path("/tmp/hpcrl-local") / head).glob(f"hpcrl-ended-{job}.*/jobs.tsv"):
+        assert kept.parent.stat().st_mode & 0o777 == 0o700, kept
+        lines += kept.read_text().splitlines()
     ends = [ln.split("\t")[3] for ln in lines if ln.split("\t")[1:2] == ["end"]]
     return tuple(ends[-1].split(":")) if ends else None
 

@@ -80,9 +80,12 @@ def _check(env, run_id: str, run_dir: Path) -> None:
     second = ids[at + 1]
 
     plan = json.loads((run_dir / "hpcrl" / "plan.json").read_text())
-    step, minutes = plan["layout"]["step_time_s"], plan["cadence"]["max_lost_minutes"]
-    # By hand: floor(max_lost_minutes x 60 / step), the step at least 1 s; measured = 3 x the estimate, x 1.25.
-    planned = max(1, math.floor(minutes * 60 / max(step, 1.0)))
+    step, high = plan["layout"]["step_time_s"], plan["layout"]["step_time_high_s"]
+    minutes = plan["cadence"]["max_lost_minutes"]
+    # By hand (docs/plan.md "Checkpoint cadence"): the plan's interval rests on the upper step estimate,
+    # floor(max_lost_minutes x 60 / upper step), the step at least 1 s; the continuation's on the
+    # measured step (3 x the middle estimate, the fake's), x 1.25.
+    planned = max(1, math.floor(minutes * 60 / max(high, 1.0)))
     measured = max(1, math.floor(minutes * 60 / max(SLOWER * step * FACTOR, 1.0)))
     got = (int((run_dir / f"freq-{first}").read_text()), int((run_dir / f"freq-{second}").read_text()))
     assert got == (planned, measured) and measured < planned, (got, planned, measured, step)

@@ -4,8 +4,9 @@ Ports from a fixed block per job id could be bound first by anyone who knows the
 shared node. Each port here is drawn at random from the profile's range and kept only if
 binding it (on every address) works now; a taken one is drawn again, at most --tries times per
 port, each said on stderr. Nodes of one job that share a host (a
-test cluster) pass their slot: they draw from disjoint residues mod --slots, so they cannot pick
-the same port at the same moment. Prints the ports on one line; exit 1 when one cannot be found.
+test cluster) pass their slot: each draws from its own contiguous share of the range (one of
+--slots equal blocks), so they cannot pick the same port at the same moment, and a pattern of
+taken ports (say every even one) leaves free ones in every share. Prints the ports on one line; exit 1 when one cannot be found.
 Standard library only.
 """
 
@@ -28,8 +29,10 @@ def is_free(port: int) -> bool:
 
 
 def draw(count: int, low: int, high: int, slot: int, slots: int, tries: int, rng: random.Random) -> list[int] | None:
-    """count distinct free ports p in [low, high] with p % slots == slot; None when tries run out for one."""
-    pool = [p for p in range(low, high + 1) if p % slots == slot]
+    """count distinct free ports from slot's block of [low, high] (the range cut in `slots` equal
+    contiguous blocks); None when tries run out for one."""
+    block = (high - low + 1) // slots
+    pool = list(range(low + slot * block, low + (slot + 1) * block))
     got: list[int] = []
     for _ in range(count):
         for _attempt in range(tries):

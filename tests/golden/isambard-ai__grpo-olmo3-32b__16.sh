@@ -420,17 +420,21 @@ set_chain_owner() {
 
 # jobs.tsv: <job id> <event> <UTC time> <detail>, one line per event (bash's own clock:
 # no process to start while a signal is being handled). A run directory that cannot take the
-# line never stops the job: it goes to <node-local>/hpcrl-ended-$SLURM_JOB_ID/jobs.tsv on this node and the
-# job's log, and an `end` also to the job's Slurm comment, which `hpcrl status` reads.
+# line never stops the job: it goes to <node-local>/hpcrl-ended-$SLURM_JOB_ID.XXX/jobs.tsv on
+# this node (a private directory made once per job, in EVENTS_KEPT) and the job's log, and an `end`
+# also to the job's Slurm comment, which `hpcrl status` reads.
 record() {
     local line
     TZ=UTC0 printf -v line '%s\t%s\t%(%Y-%m-%dT%H:%M:%SZ)T\t%s\n' "$SLURM_JOB_ID" "$1" -1 "$2"
     if [[ -n $HPCRL_DIR ]] && run_dir_write "$HPCRL_DIR/jobs.tsv" "$line"; then
         return 0
     fi
-    local kept=${HPCRL_NODE_LOCAL:-}/hpcrl-ended-$SLURM_JOB_ID/jobs.tsv
-    if [[ -n ${HPCRL_NODE_LOCAL:-} ]] && private_dir "${kept%/*}" 2>/dev/null && { printf '%s' "$line" >>"$kept"; } 2>/dev/null; then
-        log "event kept in $kept on $HEAD_NODE: ${line%$'\n'}"
+    if [[ -z ${EVENTS_KEPT:-} && -n ${HPCRL_NODE_LOCAL:-} ]] \
+        && private_dir "$HPCRL_NODE_LOCAL" "hpcrl-ended-$SLURM_JOB_ID" 2>/dev/null; then
+        EVENTS_KEPT=$PRIVATE_DIR/jobs.tsv
+    fi
+    if [[ -n ${EVENTS_KEPT:-} ]] && { printf '%s' "$line" >>"$EVENTS_KEPT"; } 2>/dev/null; then
+        log "event kept in $EVENTS_KEPT on ${SLURMD_NODENAME:-$(hostname -s)}: ${line%$'\n'}"
     else
         log "event not recorded anywhere on disk: ${line%$'\n'}"
     fi

@@ -192,3 +192,22 @@ def test_report_warns_when_the_lead_is_shorter_than_a_real_step_and_write(tmp_pa
     assert sum("time-limit warning" in w for w in timing(tmp_path, _plan(), [], {})["warnings"]) == 1
     path.write_text("".join(json.dumps(r) + "\n" for r in [_rec("1", 1, 0, 50.0), write]))
     assert sum("time-limit warning" in w for w in timing(tmp_path, _plan(), [], {})["warnings"]) == 0
+
+
+def test_a_step_times_file_that_cannot_be_written_is_said_once_then_its_recovery(tmp_path, capsys):
+    """A run dir whose hpcrl/ is gone (as after ENOENT or a full disk): three checkpoint lines give
+    one complaint on the watchdog's stderr, not three; once the directory is back, one line says
+    so and the next record lands in the file."""
+    from hpcrl.runtime.watchdog_io.step_recorder import TimeRecorder
+
+    clock = StepClock("7", checkpoint_line=r"Saving checkpoint state: (?P<s>[0-9.]+) seconds")
+    path = tmp_path / "gone" / "step-times.jsonl"
+    rec = TimeRecorder(clock, path)
+    for _ in range(3):
+        rec.line("[Main Thread] Saving checkpoint state: 2.500 seconds", None)
+    err = capsys.readouterr().err.splitlines()
+    assert err == [f"hpcrl-watchdog: cannot record step times in {path}: No such file or directory"]
+    path.parent.mkdir()
+    rec.line("[Main Thread] Saving checkpoint state: 1.250 seconds", None)
+    assert capsys.readouterr().err.splitlines() == [f"hpcrl-watchdog: recording step times in {path} again"]
+    assert [json.loads(ln)["write_s"] for ln in path.read_text().splitlines()] == [1.25]

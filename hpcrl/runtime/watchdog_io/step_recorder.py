@@ -7,12 +7,12 @@ watches the checkpoint marker's mtime. A write that fails (a full disk) is repor
 from __future__ import annotations
 
 import json
-import sys
 import time
 from pathlib import Path
 
 from hpcrl.logs.driver_log import Step
 from hpcrl.logs.step_times import StepClock
+from hpcrl.runtime.watchdog_io.driver_log_file import say
 
 
 class TimeRecorder:
@@ -22,6 +22,7 @@ class TimeRecorder:
         self.clock, self.path, self.marker = clock, path, marker
         self.marker_mtime = self._mtime()  # a marker from an earlier job is no write of this one
         self.next_look = 0.0
+        self.failed: str | None = None  # the last error said, so a full disk is said once, not per line
 
     def _mtime(self) -> float | None:
         try:
@@ -36,7 +37,13 @@ class TimeRecorder:
             with open(self.path, "a") as f:
                 f.write("".join(json.dumps(r, sort_keys=True) + "\n" for r in records))
         except OSError as exc:  # a full disk must not stop the breaker
-            sys.stderr.write(f"hpcrl-watchdog: cannot record step times in {self.path}: {exc.strerror}\n")
+            if exc.strerror != self.failed:
+                say(f"cannot record step times in {self.path}: {exc.strerror}")
+            self.failed = exc.strerror
+            return
+        if self.failed:
+            say(f"recording step times in {self.path} again")
+            self.failed = None
 
     def line(self, text: str, step: Step | None) -> None:
         now = time.time()

@@ -28,7 +28,8 @@ FEEDER = r"""
 import os, subprocess, sys, time, signal
 fixture, pace, after, pidfile = sys.argv[1], float(sys.argv[2]), sys.argv[3], sys.argv[4]
 grandchild = subprocess.Popen(["sleep", "300"])
-open(pidfile, "w").write(f"{os.getpid()} {grandchild.pid}")
+open(pidfile + ".tmp", "w").write(f"{os.getpid()} {grandchild.pid}")
+os.replace(pidfile + ".tmp", pidfile)  # whole or absent: the test polls for it
 if after == "deaf":  # ignores SIGTERM, like a driver stuck in a collective
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 if after == "usr1":

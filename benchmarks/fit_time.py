@@ -60,7 +60,7 @@ GPUS = {"H100": (989.0, 3.35), "H200": (989.0, 4.8)}
 # >= 1); a log-prob path reads the bf16 logits and writes their bf16 gradient (4 bytes per element); a
 # fused AdamW step reads the fp32 master, bf16 gradient and both moments and writes master, moments and
 # the bf16 weights (4 + 2 + 8 + 4 + 8 + 2 = 28 bytes per parameter).
-FLOORS = {"matmul": 1.0, "attention": 1.0, "collectives": 1.0, "host_copies": 1.0, "logprob_eager": 4.0,
+FLOORS = {"matmul": 1.0, "attention": 1.0, "lora_path": 1.0, "collectives": 1.0, "host_copies": 1.0, "logprob_eager": 4.0,
           "logprob_compiled": 4.0, "adam_zero": 28.0, "adam_fsdp": 28.0}
 
 
@@ -141,7 +141,8 @@ def _row(source: str, d: dict) -> Row | None:
         # The measured micro-batches exclude the reference forwards (timed apart as ref_forward_s).
         setup = LearnerSetup(model, world, seq, offload=d.get("offload", "none"), gradient_checkpointing=gc,
                              lora_rank=int(d.get("lora_rank") or 0), logprob_impl=_impl(d),  # type: ignore[arg-type]
-                             grad_accum_dtype=d.get("grad_accum_dtype", "bf16"))
+                             grad_accum_dtype=d.get("grad_accum_dtype", "bf16"),
+                             adapter_bytes=4.0 if d.get("adapter_dtype") == "float32" else 2.0)
         if source in STEP_FILES:
             micros, opt = list(d["micro_batch_s"]), float(d["optimizer_step_s"])
             steps = d.get("step_s")

@@ -10,6 +10,10 @@ printed there and in docs/plan.md). Per micro-batch of T tokens on one learner G
   the adapters only); gradient checkpointing adds the decoder's forward again.
 * attention: the causal T^2 term of one packed sequence (an upper bound for several documents):
   2 T^2 q_dim FLOPs per layer forward, twice that backward, once more with recompute.
+* LoRA adapter path (peft's Linear.forward): per wrapped linear and token the rank-r matmuls (2 r (in + out)
+  FLOPs a pass, at the fp32 peak for fp32 adapters, peft's default that OpenRLHF keeps) and the
+  elementwise traffic around them (input cast to the adapters' dtype, scaling, add, cast back) over HBM;
+  passes as attention's. The frozen base's matmuls stay in "matmul".
 * log-prob path: T x V elements through the framework's path (eager fp32 or compiled), as bytes
   over HBM bandwidth.
 * ZeRO-3's fixed cost: DeepSpeed's hooks fetch and release every parameter tensor in each pass
@@ -33,10 +37,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from hpcrl.memory.gpu_rates import Rates, rates_for
+from hpcrl.memory.gpu_rates import Rates, fp32_tflops, rates_for
 from hpcrl.memory.hf_learner import quantized_params
 from hpcrl.memory.learner import LearnerSetup
-from hpcrl.models.spec import ALL_LINEAR, ModelSpec
+from hpcrl.models.spec import ALL_LINEAR, MLP_MODULES, ModelSpec
 from hpcrl.profiles import ClusterProfile
 
 # Fitted by benchmarks/fit_time.py from the rows it names (FIT_ROWS); `python benchmarks/fit_time.py
@@ -49,6 +53,7 @@ FIT: dict[str, float] = {
     "logprob_compiled": 300.0,  # the same, compiled (or fused) log_softmax + gather
     "zero3_hooks": 0.00059,  # seconds per parameter tensor per pass (DeepSpeed ZeRO-3 fetch/release)
     "zero3_grad_tensors": 0.00059,  # seconds per trained tensor per micro-batch (ZeRO-3 gradient partitioning)
+    "lora_path": 1.0,  # 1 / fraction of the fp32 (or bf16) peak and HBM the adapter path sustains
     "lora_modules": 0.0016,  # seconds per LoRA-wrapped linear per pass (PEFT's small kernels)
     "fsdp_units": 0.0055,  # seconds per FSDP unit (decoder layer) per pass
     "moe_experts": 6.3e-05,  # seconds per expert per layer per pass (eager expert loop)
@@ -110,6 +115,22 @@ def param_tensors(m: ModelSpec, lora_rank: int = 0, lora_targets: tuple[str, ...
     return m.num_layers * per_layer + 2 + (0 if m.tie_word_embeddings else 1)
 
 
+def lora_path_per_token(m: ModelSpec, rank: int, targets: tuple[str, ...], adapter_bytes: float) -> tuple[float, float]:
+    """(FLOPs, HBM bytes) per token of one forward through the adapters, from peft's Linear.forward
+    (peft v0.20.0 src/peft/tuners/lora/layer.py:1030-1071, a5526d27): x cast to the adapters' dtype, lora_A
+    reads it, lora_B writes `out` values, times scaling (read, write), added to the bf16 base output (the sum
+    in the wider dtype), cast back to bf16. Casts are free when the adapters are bf16 (2 bytes)."""
+    b = adapter_bytes
+    cast_in, cast_out = (2 + b, b + 2) if b != 2 else (0.0, 0.0)
+    flops = traffic = 0.0
+    for name in targets:
+        fan_in, fan_out = m.linear_shapes()[name]
+        copies = m.num_experts_per_tok if (m.is_moe and name in MLP_MODULES) else 1
+        flops += copies * 2 * rank * (fan_in + fan_out)
+        traffic += copies * (fan_in * (cast_in + b) + fan_out * (b + 2 * b + 2 + 2 * b + cast_out))
+    return m.num_layers * flops, m.num_layers * traffic
+
+
 def _matmul_params(m: ModelSpec) -> tuple[float, float]:
     """(decoder-layer active matmul weights, lm_head weights)."""
     decoder = m.active_params - m.embedding_params - m.lm_head_params - m.hidden_size
@@ -132,11 +153,15 @@ def time_terms(s: LearnerSetup, r: Rates) -> tuple[dict[str, float], dict[str, f
     flops += 2 * (decoder + head) * t  # input gradients
     flops += 0.0 if lora else 2 * (decoder + head) * t  # weight gradients
     flops += 2 * decoder * t if gc else 0.0
-    flops += 6 * adapters * t
     attn_passes = 1 + 2 + (1 if gc else 0)
     attention = 2 * t * t * m.q_dim * m.num_layers * attn_passes
     passes = 2 + (1 if gc else 0)
     micro: dict[str, float] = {"matmul": flops / peak, "attention": attention / peak}
+    if lora:
+        # Backward about twice a forward's work (input and weight gradients), as attention's passes.
+        lf, lb = lora_path_per_token(m, s.lora_rank, s.lora_targets, s.adapter_bytes)
+        rate = fp32_tflops(r) * 1e12 if s.adapter_bytes == 4 else peak
+        micro["lora_path"] = attn_passes * t * (lf / rate + lb / hbm)
     lp = t * m.vocab_size / hbm
     micro[f"logprob_{s.logprob_impl}"] = lp
 
@@ -278,5 +303,5 @@ def learner_time(s: LearnerSetup, profile: ClusterProfile, learners_per_node: in
     return LearnerTime(micro_s, sum(st.values()), low, high, basis, mt, st)
 
 
-__all__ = ["BAND", "FIT", "LearnerTime", "Rates", "apply_fit", "learner_time", "overlapped", "param_tensors",
+__all__ = ["BAND", "FIT", "LearnerTime", "Rates", "apply_fit", "learner_time", "lora_path_per_token", "overlapped", "param_tensors",
            "rates_for", "reference_terms", "time_terms"]

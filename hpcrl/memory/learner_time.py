@@ -110,8 +110,9 @@ class LearnerTime:
 
 
 def param_tensors(m: ModelSpec, lora_rank: int = 0, lora_targets: tuple[str, ...] = ALL_LINEAR) -> int:
-    """Parameter tensors DeepSpeed fetches: per layer the projections, biases, norms (and a MoE layer's
-    router and fused expert weights, as transformers 5 stores them), plus embedding, final norm, lm_head."""
+    """Named parameter tensors (each trained one's gradient partitioned, each stepped): per layer the
+    projections, biases, norms (and a MoE layer's router and fused expert weights, as transformers 5 stores
+    them), plus embedding, final norm, lm_head."""
     per_layer = 4 + (3 if m.qkv_bias else 0) + 2 + (2 if m.qk_norm != "none" else 0)
     per_layer += 3  # gate, up, down; or a MoE layer's router, fused gate_up and down
     if lora_rank:
@@ -323,5 +324,5 @@ def learner_time(s: LearnerSetup, profile: ClusterProfile, learners_per_node: in
     return LearnerTime(micro_s, sum(st.values()), low, high, basis, mt, st)
 
 
-__all__ = ["BAND", "FIT", "LearnerTime", "Rates", "apply_fit", "learner_time", "lora_path_per_token", "overlapped", "param_tensors",
-           "rates_for", "reference_terms", "time_terms"]
+__all__ = ["BAND", "FIT", "LearnerTime", "Rates", "apply_fit", "fetched_tensors", "learner_time", "lora_path_per_token",
+           "overlapped", "param_tensors", "rates_for", "reference_terms", "time_terms"]

@@ -73,6 +73,11 @@ def test_bf16_adapters_skip_the_casts_and_run_at_the_bf16_peak():
     assert micro["lora_path"] == pytest.approx(3 * 1000 * (753_664 / 1e15 + 360_448 / 2e12))
 
 
+def test_bf16_adapters_are_derived_from_the_fp32_adapter_rows():
+    s = LearnerSetup(model=resolve_model("qwen2.5-3b"), tokens_per_gpu=8192, lora_rank=16)
+    assert "bf16 LoRA adapters" in learner_time(s, resolve_profile("berzelius-hopper", None)).basis
+
+
 def test_an_h100_s_fp32_peak_is_its_datasheet_67_tflops():
     assert fp32_tflops(Rates(989.0, 3.35, 450.0, 64.0, "NVIDIA H100 80GB HBM3")) == pytest.approx(67.0)
 

@@ -288,6 +288,8 @@ def _derived(s: LearnerSetup, r: Rates) -> list[str]:
         unmeasured.append("ZeRO stage 2" if s.zero_stage == 2 else "no ZeRO sharding (one process or DDP)")
     if s.sharding == "fsdp" and s.lora_rank:
         unmeasured.append("LoRA under FSDP")
+    if s.lora_rank and s.adapter_bytes != 4:
+        unmeasured.append("bf16 LoRA adapters (the rows' are peft's fp32)")
     return why + unmeasured
 
 

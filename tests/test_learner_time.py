@@ -11,9 +11,10 @@ import sys
 
 import pytest
 
-from hpcrl.memory.gpu_rates import Rates, link_defaults, links_gbs, rates_for
+from hpcrl.memory.gpu_rates import Rates, fp32_tflops, link_defaults, links_gbs, rates_for
 from hpcrl.memory.learner import LearnerSetup
-from hpcrl.memory.learner_time import learner_time, overlapped, param_tensors, reference_terms, time_terms
+from hpcrl.memory.learner_time import (fetched_tensors, learner_time, overlapped, param_tensors, reference_terms,
+                                      time_terms)
 from hpcrl.models import resolve_model
 from hpcrl.models.spec import ModelSpec
 from hpcrl.profiles import resolve_profile
@@ -45,10 +46,40 @@ def test_gradient_checkpointing_adds_the_decoder_forward_again():
     assert micro["matmul"] == pytest.approx((6 * 34_582_528 + 2 * 33_558_528) * 1000 / 1e15)
 
 
-def test_lora_skips_the_frozen_weight_gradients_and_trains_the_adapters():
-    # Adapters r8 on all 7 projections: per layer 4 x 8 x 2048 + 3 x 8 x 5120 = 188,416; 2 layers 376,832.
+def test_lora_s_frozen_base_runs_forward_and_input_gradients_only():
+    # The adapters' own matmuls are the adapter path's (next tests), not the base's.
     micro, _ = time_terms(toy(lora_rank=8), RATES)
-    assert micro["matmul"] == pytest.approx((4 * 34_582_528 + 6 * 376_832) * 1000 / 1e15)
+    assert micro["matmul"] == pytest.approx(4 * 34_582_528 * 1000 / 1e15)
+
+
+# TOY per layer: in-features q, k, v, o 1024 each, gate, up 1024, down 4096 (sum 10,240); out-features
+# q, k, v, o 1024 each, gate, up 4096, down 1024 (sum 13,312); r8 adapters: 2 x 8 x (10,240 + 13,312) =
+# 376,832 FLOPs per token per layer, 753,664 for 2 layers.
+
+
+def test_fp32_adapters_run_their_matmuls_at_the_fp32_peak_and_cast_around_them():
+    # Bytes per token per layer, peft's Linear.forward with fp32 adapters: per in-feature cast 2 read + 4
+    # written, lora_A reads 4 (10); per out-feature lora_B writes 4, scaling 4 + 4, add 2 + 4 read 4
+    # written, cast back 4 + 2 (28): 10 x 10,240 + 28 x 13,312 = 475,136, 950,272 for 2 layers. No GPU
+    # family matches "toy GPU": the A100's fp32 / bf16 ratio 19.5 / 312, so 62.5 TFLOP/s. 3 passes.
+    micro, _ = time_terms(toy(lora_rank=8, adapter_bytes=4.0), RATES)
+    assert micro["lora_path"] == pytest.approx(3 * 1000 * (753_664 / 62.5e12 + 950_272 / 2e12))
+
+
+def test_bf16_adapters_skip_the_casts_and_run_at_the_bf16_peak():
+    # Per in-feature lora_A reads 2; per out-feature lora_B writes 2, scaling 2 + 2, add 2 + 2 read 2
+    # written (12): 2 x 10,240 + 12 x 13,312 = 180,224 bytes per layer, 360,448 for 2 layers.
+    micro, _ = time_terms(toy(lora_rank=8), RATES)
+    assert micro["lora_path"] == pytest.approx(3 * 1000 * (753_664 / 1e15 + 360_448 / 2e12))
+
+
+def test_bf16_adapters_are_derived_from_the_fp32_adapter_rows():
+    s = LearnerSetup(model=resolve_model("qwen2.5-3b"), tokens_per_gpu=8192, lora_rank=16)
+    assert "bf16 LoRA adapters" in learner_time(s, resolve_profile("berzelius-hopper", None)).basis
+
+
+def test_an_h100_s_fp32_peak_is_its_datasheet_67_tflops():
+    assert fp32_tflops(Rates(989.0, 3.35, 450.0, 64.0, "NVIDIA H100 80GB HBM3")) == pytest.approx(67.0)
 
 
 def test_attention_is_quadratic_in_the_packed_tokens():
@@ -98,6 +129,18 @@ def test_deepspeed_fetches_every_named_parameter_of_qwen2_5_1_5b():
     # Qwen2ForCausalLM: 28 layers x (q, k, v weights and biases, o, gate, up, down, 2 norms) + embed + norm
     # (the lm_head is tied): 338 named parameters.
     assert param_tensors(resolve_model("qwen2.5-1.5b")) == 338
+
+
+def test_deepspeed_gathers_only_qwen2_5_1_5b_s_tensors_above_its_persistence_threshold():
+    # 28 layers x q (1536 x 1536), k and v (1536 x 256 = 393,216), o, gate, up, down (1536 x 8960): 7 above
+    # 100,000 elements; biases and norms below; the tied embedding (151,936 x 1536): 28 x 7 + 1 = 197.
+    assert fetched_tensors(resolve_model("qwen2.5-1.5b")) == 197
+
+
+def test_lora_r16_adds_only_qwen2_5_1_5b_s_adapters_above_the_threshold():
+    # r16: lora_A 16 x in, lora_B out x 16; above 100,000 only gate's and up's B (8960 x 16 = 143,360) and
+    # down's A (16 x 8960): 3 per layer, 197 + 28 x 3 = 281.
+    assert fetched_tensors(resolve_model("qwen2.5-1.5b"), lora_rank=16) == 281
 
 
 def test_a_gh200_is_not_taken_for_an_h200():

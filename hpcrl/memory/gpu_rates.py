@@ -18,6 +18,10 @@ LINK_DEFAULTS: dict[str, tuple[float, float]] = {
     "H100": (450.0, 64.0),
     "A100": (300.0, 32.0),
 }
+# Dense fp32 FLOP/s (CUDA cores) per dense bf16 tensor-core FLOP/s, datasheets: H100/H200/GH200 SXM 67 / 989,
+# A100 SXM4 19.5 / 312. An fp32 x fp32 matmul runs there unless TF32 is allowed, which torch does not do by
+# default (torch.backends.cuda.matmul.allow_tf32 False); the A100's ratio, the lowest, for any other GPU.
+FP32_PER_BF16: dict[str, float] = {"GH200": 67 / 989, "H200": 67 / 989, "H100": 67 / 989, "A100": 19.5 / 312}
 # One 200 Gb/s NIC per GPU (Berzelius: 8 HDR per 8 GPUs; Isambard-AI: 4 Slingshot per 4 GPUs).
 INTER_NODE_GBS_PER_GPU = 25.0
 
@@ -38,6 +42,12 @@ def link_defaults(model: str) -> tuple[float, float]:
         if family.lower() in model.lower():
             return links
     return LINK_DEFAULTS["A100"]
+
+
+def fp32_tflops(r: Rates) -> float:
+    """The GPU's dense fp32 peak (no TF32), from its bf16 peak and its family's datasheet ratio."""
+    ratio = next((v for family, v in FP32_PER_BF16.items() if family.lower() in r.gpu.lower()), FP32_PER_BF16["A100"])
+    return r.bf16_tflops * ratio
 
 
 def links_gbs(profile: ClusterProfile) -> dict[str, float]:

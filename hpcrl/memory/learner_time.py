@@ -10,6 +10,10 @@ printed there and in docs/plan.md). Per micro-batch of T tokens on one learner G
   the adapters only); gradient checkpointing adds the decoder's forward again.
 * attention: the causal T^2 term of one packed sequence (an upper bound for several documents):
   2 T^2 q_dim FLOPs per layer forward, twice that backward, once more with recompute.
+* LoRA adapter path (peft's Linear.forward): per wrapped linear and token the rank-r matmuls (2 r (in + out)
+  FLOPs a pass, at the fp32 peak for fp32 adapters, peft's default that OpenRLHF keeps) and the
+  elementwise traffic around them (input cast to the adapters' dtype, scaling, add, cast back) over HBM;
+  passes as attention's. The frozen base's matmuls stay in "matmul".
 * log-prob path: T x V elements through the framework's path (eager fp32 or compiled), as bytes
   over HBM bandwidth.
 * ZeRO-3's fixed cost: DeepSpeed's hooks fetch and release every parameter tensor in each pass
@@ -33,10 +37,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from hpcrl.memory.gpu_rates import Rates, rates_for
+from hpcrl.memory.gpu_rates import Rates, fp32_tflops, rates_for
 from hpcrl.memory.hf_learner import quantized_params
 from hpcrl.memory.learner import LearnerSetup
-from hpcrl.models.spec import ALL_LINEAR, ModelSpec
+from hpcrl.models.spec import ALL_LINEAR, MLP_MODULES, ModelSpec
 from hpcrl.profiles import ClusterProfile
 
 # Fitted by benchmarks/fit_time.py from the rows it names (FIT_ROWS); `python benchmarks/fit_time.py
@@ -44,24 +48,25 @@ from hpcrl.profiles import ClusterProfile
 # seconds (see time_terms).
 FIT: dict[str, float] = {
     "matmul": 2.0,  # 1 / fraction of bf16 peak sustained by the matmuls
-    "attention": 1.2,  # 1 / fraction of bf16 peak sustained by SDPA's causal attention
-    "logprob_eager": 520.0,  # effective bytes per T x V element, forward and backward, eager fp32 path
-    "logprob_compiled": 300.0,  # the same, compiled (or fused) log_softmax + gather
-    "zero3_hooks": 0.00059,  # seconds per parameter tensor per pass (DeepSpeed ZeRO-3 fetch/release)
-    "zero3_grad_tensors": 0.00059,  # seconds per trained tensor per micro-batch (ZeRO-3 gradient partitioning)
-    "lora_modules": 0.0016,  # seconds per LoRA-wrapped linear per pass (PEFT's small kernels)
-    "fsdp_units": 0.0055,  # seconds per FSDP unit (decoder layer) per pass
-    "moe_experts": 6.3e-05,  # seconds per expert per layer per pass (eager expert loop)
-    "collectives": 2.4,  # 1 / fraction of link bandwidth the gathers and reduce-scatters get
-    "collective_calls": 0.00051,  # seconds per gather or reduce-scatter call (latency, N > 1)
-    "host_copies": 1.0,  # 1 / fraction of host-link bandwidth the offload copies get
+    "attention": 1.0,  # 1 / fraction of bf16 peak sustained by SDPA's causal attention
+    "logprob_eager": 620.0,  # effective bytes per T x V element, forward and backward, eager fp32 path
+    "logprob_compiled": 320.0,  # the same, compiled (or fused) log_softmax + gather
+    "zero3_hooks": 0.001,  # seconds per parameter tensor per pass (DeepSpeed ZeRO-3 fetch/release)
+    "zero3_grad_tensors": 0.00056,  # seconds per trained tensor per micro-batch (ZeRO-3 gradient partitioning)
+    "lora_path": 1.2,  # 1 / fraction of the fp32 (or bf16) peak and HBM the adapter path sustains
+    "lora_modules": 0.00058,  # seconds per LoRA-wrapped linear per pass (PEFT's small kernels)
+    "fsdp_units": 0.0052,  # seconds per FSDP unit (decoder layer) per pass
+    "moe_experts": 6.5e-05,  # seconds per expert per layer per pass (eager expert loop)
+    "collectives": 2.5,  # 1 / fraction of link bandwidth the gathers and reduce-scatters get
+    "collective_calls": 0.00074,  # seconds per gather or reduce-scatter call (latency, N > 1)
+    "host_copies": 1.9,  # 1 / fraction of host-link bandwidth the offload copies get
     "adam_zero": 100.0,  # bytes per trained parameter (per rank) of DeepSpeed's step over HBM
     "adam_fsdp": 150.0,  # the same, verl FSDP (foreach AdamW, grad-norm clipping)
     "zero3_step_tensors": 8.1e-05,  # seconds per parameter tensor of a DeepSpeed ZeRO-3 step
-    "cpu_adam": 8.9e-10,  # seconds per trained parameter (per rank) of Adam on the host CPU
+    "cpu_adam": 8.6e-10,  # seconds per trained parameter (per rank) of Adam on the host CPU
 }
 # Band: measured / predicted step on the held-out rows of the fit (min and max, rounded outward).
-BAND = {"low": 0.7, "high": 1.1}
+BAND = {"low": 0.75, "high": 1.25}
 # Where no row measured a setup's kind (derived terms or GPU), the band widens by this factor on both
 # sides: an assumption, not fitted.
 DERIVED_WIDENING = 1.25
@@ -74,6 +79,10 @@ CPU_TERMS = ("zero3_hooks", "zero3_grad_tensors", "lora_modules", "fsdp_units", 
 COVERED = ("fsdp", "lora", "moe", "optimizer_offload", "reference", "zero3")
 # GPUs the fit rows ran on: other GPUs are scaled by peak FLOP/s and bandwidths (derived).
 MEASURED_GPUS = ("H100", "H200")
+# DeepSpeed's default stage3_param_persistence_threshold (elements): parameters no larger stay whole on
+# every rank (deepspeed/runtime/zero/parameter_offload.py:311-321 at edaa7221, mark_persistent_parameters);
+# OpenRLHF's "auto" and open-instruct's config leave it (the rows' ds_config: 100000).
+PERSISTENCE_THRESHOLD = 100_000
 # Bytes moved per NF4 weight element per pass when bitsandbytes dequantizes it: read 0.5 + absmax,
 # write bf16 2, read bf16 2 in the matmul. Derived, not measured.
 DEQUANT_BYTES = 0.5 + 4 / 64 + 2.0 + 2.0
@@ -101,13 +110,46 @@ class LearnerTime:
 
 
 def param_tensors(m: ModelSpec, lora_rank: int = 0, lora_targets: tuple[str, ...] = ALL_LINEAR) -> int:
-    """Parameter tensors DeepSpeed fetches: per layer the projections, biases, norms (and a MoE layer's
-    router and fused expert weights, as transformers 5 stores them), plus embedding, final norm, lm_head."""
+    """Named parameter tensors (each trained one's gradient partitioned, each stepped): per layer the
+    projections, biases, norms (and a MoE layer's router and fused expert weights, as transformers 5 stores
+    them), plus embedding, final norm, lm_head."""
     per_layer = 4 + (3 if m.qkv_bias else 0) + 2 + (2 if m.qk_norm != "none" else 0)
     per_layer += 3  # gate, up, down; or a MoE layer's router, fused gate_up and down
     if lora_rank:
         per_layer += 2 * len(lora_targets)  # lora_A and lora_B
     return m.num_layers * per_layer + 2 + (0 if m.tie_word_embeddings else 1)
+
+
+def lora_path_per_token(m: ModelSpec, rank: int, targets: tuple[str, ...], adapter_bytes: float) -> tuple[float, float]:
+    """(FLOPs, HBM bytes) per token of one forward through the adapters, from peft's Linear.forward
+    (peft v0.20.0 src/peft/tuners/lora/layer.py:1030-1071, a5526d27): x cast to the adapters' dtype, lora_A
+    reads it, lora_B writes `out` values, times scaling (read, write), added to the bf16 base output (the sum
+    in the wider dtype), cast back to bf16. Casts are free when the adapters are bf16 (2 bytes)."""
+    b = adapter_bytes
+    cast_in, cast_out = (2 + b, b + 2) if b != 2 else (0.0, 0.0)
+    flops = traffic = 0.0
+    for name in targets:
+        fan_in, fan_out = m.linear_shapes()[name]
+        copies = m.num_experts_per_tok if (m.is_moe and name in MLP_MODULES) else 1
+        flops += copies * 2 * rank * (fan_in + fan_out)
+        traffic += copies * (fan_in * (cast_in + b) + fan_out * (b + 2 * b + 2 + 2 * b + cast_out))
+    return m.num_layers * flops, m.num_layers * traffic
+
+
+def fetched_tensors(m: ModelSpec, lora_rank: int = 0, lora_targets: tuple[str, ...] = ALL_LINEAR,
+                    persistence: int = PERSISTENCE_THRESHOLD) -> int:
+    """Parameter tensors ZeRO-3 partitions and so gathers and releases in each pass: those above the
+    persistence threshold (DeepSpeed keeps smaller ones whole on every rank, never fetched)."""
+    h, shapes = m.hidden_size, m.linear_shapes()
+    sizes = [i * o for name, (i, o) in shapes.items() if not (m.is_moe and name in MLP_MODULES)]
+    if m.is_moe:  # transformers 5's fused experts and the router
+        f = m.moe_intermediate_size
+        sizes += [m.num_experts * 2 * f * h, m.num_experts * f * h, m.num_experts * h]
+    if lora_rank:
+        sizes += [lora_rank * n for name in lora_targets for n in shapes[name]]
+    per_layer = sum(1 for n in sizes if n > persistence)  # biases and norms are far below it
+    big = m.vocab_size * h > persistence
+    return m.num_layers * per_layer + (1 + (0 if m.tie_word_embeddings else 1) if big else 0)
 
 
 def _matmul_params(m: ModelSpec) -> tuple[float, float]:
@@ -132,18 +174,22 @@ def time_terms(s: LearnerSetup, r: Rates) -> tuple[dict[str, float], dict[str, f
     flops += 2 * (decoder + head) * t  # input gradients
     flops += 0.0 if lora else 2 * (decoder + head) * t  # weight gradients
     flops += 2 * decoder * t if gc else 0.0
-    flops += 6 * adapters * t
     attn_passes = 1 + 2 + (1 if gc else 0)
     attention = 2 * t * t * m.q_dim * m.num_layers * attn_passes
     passes = 2 + (1 if gc else 0)
     micro: dict[str, float] = {"matmul": flops / peak, "attention": attention / peak}
+    if lora:
+        # Backward about twice a forward's work (input and weight gradients), as attention's passes.
+        lf, lb = lora_path_per_token(m, s.lora_rank, s.lora_targets, s.adapter_bytes)
+        rate = fp32_tflops(r) * 1e12 if s.adapter_bytes == 4 else peak
+        micro["lora_path"] = attn_passes * t * (lf / rate + lb / hbm)
     lp = t * m.vocab_size / hbm
     micro[f"logprob_{s.logprob_impl}"] = lp
 
     fsdp = s.sharding == "fsdp"
     stage3 = not fsdp and s.zero_stage == 3
     if stage3:
-        tensors = param_tensors(m, s.lora_rank, s.lora_targets)
+        tensors = fetched_tensors(m, s.lora_rank, s.lora_targets)
         micro["zero3_hooks"] = tensors * passes
         micro["zero3_grad_tensors"] = 2.0 * len(s.lora_targets) * m.num_layers if lora else param_tensors(m)
         if lora:
@@ -206,9 +252,9 @@ def reference_terms(s: LearnerSetup, r: Rates) -> dict[str, float]:
              f"logprob_{s.logprob_impl}": t * m.vocab_size / hbm / 3}  # a forward: about a third of fwd + bwd
     fsdp = s.sharding == "fsdp"
     if not fsdp and s.zero_stage == 3:
-        terms["zero3_hooks"] = float(param_tensors(m))
+        terms["zero3_hooks"] = float(fetched_tensors(m))
         if n > 1:
-            terms["collective_calls"] = float(param_tensors(m))
+            terms["collective_calls"] = float(fetched_tensors(m))
             terms["collectives"] = (n - 1) / n * 2.0 * m.total_params / (r.link_gbs * 1e9)
     if m.is_moe:
         terms["moe_experts"] = float(m.num_layers * m.num_experts)
@@ -242,6 +288,8 @@ def _derived(s: LearnerSetup, r: Rates) -> list[str]:
         unmeasured.append("ZeRO stage 2" if s.zero_stage == 2 else "no ZeRO sharding (one process or DDP)")
     if s.sharding == "fsdp" and s.lora_rank:
         unmeasured.append("LoRA under FSDP")
+    if s.lora_rank and s.adapter_bytes != 4:
+        unmeasured.append("bf16 LoRA adapters (the rows' are peft's fp32)")
     return why + unmeasured
 
 
@@ -278,5 +326,5 @@ def learner_time(s: LearnerSetup, profile: ClusterProfile, learners_per_node: in
     return LearnerTime(micro_s, sum(st.values()), low, high, basis, mt, st)
 
 
-__all__ = ["BAND", "FIT", "LearnerTime", "Rates", "apply_fit", "learner_time", "overlapped", "param_tensors",
-           "rates_for", "reference_terms", "time_terms"]
+__all__ = ["BAND", "FIT", "LearnerTime", "Rates", "apply_fit", "fetched_tensors", "learner_time", "lora_path_per_token",
+           "overlapped", "param_tensors", "rates_for", "reference_terms", "time_terms"]

@@ -30,13 +30,22 @@ from hpcrl.memory.constants import GIB
 from hpcrl.models.spec import ModelSpec
 
 HERE = Path(__file__).resolve().parent
+# Rows measured after the fit, never read by it: (file in results/, heading of its table)
+LATER = (
+    ("fsdp_post_fit.jsonl", "rows measured after the fit (fsdp_post_fit.jsonl; the 3B ref row showed the reference root term at every moment)"),
+    ("fsdp_heldout2.jsonl", "rows measured after the fit, new architectures, LoRA and 32k tokens (fsdp_heldout2.jsonl: Qwen3, Llama-3.2, "
+                            "verl's fp32 LoRA adapters)"),
+)
 
 
 def setup_of(row: dict) -> F.FsdpSetup:
     raw = json.loads((HERE / "configs" / f"{row['model']}.json").read_text())
     spec = ModelSpec.from_hf_config(raw, row["model"])
     offload = {"none": "none", "verl": "param_optimizer", "cpu_policy": "cpu_policy"}[row["offload"]]
-    return F.FsdpSetup(spec, row["world"], row["seq"], row["micro_batches"], row["fsdp"], bool(row["ref"]), offload)
+    # verl's LoRA targets all-linear (fsdp_memory.py --lora-rank): every projection ModelSpec knows
+    adapters = spec.lora_params(row["lora_rank"]) if row.get("lora_rank") else 0
+    return F.FsdpSetup(spec, row["world"], row["seq"], row["micro_batches"], row["fsdp"], bool(row["ref"]), offload,
+                       adapters)  # fmt: skip
 
 
 def load(path: Path) -> tuple[list[dict], list[dict]]:
@@ -91,8 +100,8 @@ def fit(train: list[dict]) -> dict:
 
 def errors(rows: list[dict], label: str) -> None:
     print(f"\n{label}: {len(rows)} rows (GiB; error = predicted / measured - 1)")
-    print("| model | N | T | K | FSDP | ref | offload | measured peak | predicted | err | moment | measured reserved | predicted | err | GPU |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| model | N | T | K | FSDP | ref | offload | LoRA | measured peak | predicted | err | moment | measured reserved | predicted | err | GPU |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     pe, re_ = [], []
     for r in rows:
         b = F.fsdp_learner_memory(setup_of(r))
@@ -100,7 +109,7 @@ def errors(rows: list[dict], label: str) -> None:
         pe.append(abs(e))
         re_.append(abs(er))
         print(f"| {r['model']} | {r['world']} | {r['seq']} | {r['micro_batches']} | {r['fsdp']} | {r['ref']} | "
-              f"{r['offload']} | {r['peak_alloc_gib']:.2f} | {b.peak_gib:.2f} | {e:+.2%} | {b.peak_moment} | "
+              f"{r['offload']} | {r.get('lora_rank') or 0} | {r['peak_alloc_gib']:.2f} | {b.peak_gib:.2f} | {e:+.2%} | {b.peak_moment} | "
               f"{r['peak_reserved_gib']:.2f} | {b.reserved_gib:.2f} | {er:+.1%} | {r['gpu']} |")  # fmt: skip
     under = sum(r["peak_reserved_gib"] > F.fsdp_learner_memory(setup_of(r)).reserved_gib * (1 + F.FIT["margin_fraction"])
                 for r in rows)
@@ -122,10 +131,10 @@ def main() -> None:
         print("NOTE: hpcrl/memory/fsdp_learner.py FIT differs:", json.dumps(shipped))
     errors(held, "held-out rows (never fitted)")
     errors(train, "training rows")
-    post = HERE / "results" / "fsdp_post_fit.jsonl"
-    if post.exists():
-        rows = [r for r in map(json.loads, post.read_text().splitlines()) if r.get("status") == "ok"]
-        errors(rows, "rows measured after the fit (fsdp_post_fit.jsonl; the 3B ref row showed the reference root term at every moment)")
+    for name, label in LATER:
+        path = HERE / "results" / name
+        if path.exists():
+            errors([r for r in map(json.loads, path.read_text().splitlines()) if r.get("status") == "ok"], label)
 
 
 if __name__ == "__main__":

@@ -10,9 +10,10 @@ out and never used by the fit. The fit uses only the training rows:
   its phase;
 * margin_fraction (the verdict's allocator margin): the largest measured / predicted - 1 of peak
   reserved over the training rows, rounded up to a percent;
-* reserved: peak reserved minus the model's basis (its peak, or for FSDP1 with one micro-batch the
-  logits moment plus the gradients), least squares on a + b * (one decoder layer's fp32 bytes), per
-  FSDP version.
+* reserved: over the rows with expandable segments (verl's setting), peak reserved minus the model's
+  basis (its peak, or with one micro-batch the logits moment plus the gradients), least squares on
+  a + b * (the root unit's fp32 gradient bytes, 0 under LoRA), per FSDP version; the margin over the
+  same rows.
 Prints the constants, the per-row table and the errors (peak allocated and reserved) on the
 held-out rows and on the training rows.
 """
@@ -66,6 +67,7 @@ def fit(train: list[dict]) -> dict:
     lx, ly, gres, sres = [], [], [], []
     rx: dict[int, list] = {1: [], 2: []}
     ry: dict[int, list] = {1: [], 2: []}
+    rbase: dict[int, list] = {1: [], 2: []}
     for r in train:
         s = setup_of(r)
         b = F.fsdp_learner_memory(s)
@@ -78,24 +80,35 @@ def fit(train: list[dict]) -> dict:
             gres.append(bw - tot["backward end"])
         if r["offload"] != "cpu_policy":
             sres.append(r["phase_peaks_gib"]["step"] * GIB - tot["optimizer step"])
-        rx[s.fsdp_version].append(4.0 * F.layer_numel(s))
-        ry[s.fsdp_version].append(r["peak_reserved_gib"] * GIB - b.reserved_bytes)
+        if r["expandable"]:  # the reserved model is expandable segments' (verl leaves them on)
+            rx[s.fsdp_version].append(F.root_grad_bytes(s))
+            ry[s.fsdp_version].append(r["peak_reserved_gib"] * GIB - b.reserved_bytes)
+            rbase[s.fsdp_version].append(b.reserved_bytes)  # the basis: FIT's reserved terms are zero here
     a, b = lstsq(lx, ly)
     out = {}
     for v in (1, 2):
         ra, rb = lstsq(rx[v], ry[v])
         out[f"reserved_fixed_gib_fsdp{v}"] = round(ra / GIB, 2)
-        out[f"reserved_per_layer_fp32_fsdp{v}"] = round(rb, 2)
+        out[f"reserved_per_root_grad_fsdp{v}"] = round(rb, 2)
     out |= {
         "logits_fixed_gib": round(a / GIB, 3),
         "logits_per_token_hidden": round(b, 1),
         "grads_done_fixed_gib": round(statistics.median(gres) / GIB, 3) if gres else 0.0,
         "step_fixed_gib": round(statistics.median(sres) / GIB, 3),
     }
-    # The verdict's allocator margin: the largest under-prediction of reserved on these rows, rounded up.
     F.FIT.update(out)
-    worst = max(r["peak_reserved_gib"] * GIB / F.fsdp_learner_memory(setup_of(r)).reserved_bytes - 1 for r in train)
-    return out | {"margin_fraction": math.ceil(worst * 100) / 100}
+    return out | {"margin_fraction": loo_margin(rx, ry, rbase)}
+
+
+def loo_margin(rx: dict[int, list], ry: dict[int, list], rbase: dict[int, list]) -> float:
+    """The verdict's allocator margin: the largest under-prediction of reserved when each row is left out
+    of the reserved fit (what a row the fit has not seen can need), rounded up to a percent."""
+    worst = 0.0
+    for v in (1, 2):
+        for i, (x, y) in enumerate(zip(rx[v], ry[v])):
+            ra, rb = lstsq(rx[v][:i] + rx[v][i + 1:], ry[v][:i] + ry[v][i + 1:])
+            worst = max(worst, (y - ra - rb * x) / (rbase[v][i] + ra + rb * x))
+    return math.ceil(worst * 100) / 100
 
 
 def errors(rows: list[dict], label: str) -> None:

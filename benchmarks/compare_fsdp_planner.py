@@ -1,7 +1,10 @@
 """Peak allocated of the old ZeRO-formula answer for verl (what `plan-memory --backend verl` gave before
 issue 24: hpcrl/memory/learner.py with fp32 gradients, the in-place temperature divide, the compiled
 log-prob path and the no-config ZeRO++ copy of zpg 8) and of today's `hpcrl plan-memory --backend
-verl` (the FSDP model, with the row's --micro-batches and --fsdp-version) against the measured rows.
+verl` (the FSDP model, with the row's --micro-batches and --fsdp-version) against the measured rows;
+then `plan-memory --backend verl` alone, peak allocated and reserved, against the held-out rows of
+fsdp_heldout2.jsonl (Qwen3, Llama-3.2, LoRA, 32k: models the catalog lacks are given as the
+config.json the row was measured with, LoRA as --lora-rank).
 
     PYTHONPATH=. python benchmarks/compare_fsdp_planner.py
 """
@@ -34,13 +37,39 @@ def zero_formula_peak(row: dict) -> float:
     return learner_memory(old).peak_allocated / GIB
 
 
-def planner_peak(row: dict) -> float:
-    cmd = [sys.executable, "-m", "hpcrl", "plan-memory", "--backend", "verl", "--model", HF[row["model"]],
+def planner_learner(row: dict) -> dict:
+    """`plan-memory --backend verl --json`'s learner for the row's setup."""
+    model = HF.get(row["model"]) or str(HERE / "configs" / f"{row['model']}.json")
+    cmd = [sys.executable, "-m", "hpcrl", "plan-memory", "--backend", "verl", "--model", model,
            "--learner-gpus", str(row["world"]), "--tokens-per-gpu", str(row["seq"]),
            "--micro-batches", str(row["micro_batches"]), "--fsdp-version", str(row["fsdp"]),
+           "--lora-rank", str(row.get("lora_rank") or 0),
            "--ref-policy" if row["ref"] else "--no-ref-policy", "--json"]  # fmt: skip
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
-    return json.loads(out)["learner"]["peak_allocated_gib"]
+    return json.loads(out)["learner"]
+
+
+def planner_peak(row: dict) -> float:
+    return planner_learner(row)["peak_allocated_gib"]
+
+
+def heldout2() -> None:
+    rows = [r for r in map(json.loads, (HERE / "results" / "fsdp_heldout2.jsonl").read_text().splitlines())
+            if r.get("status") == "ok" and r["offload"] == "none"]  # fmt: skip
+    print("\nHeld-out rows measured after the fit (fsdp_heldout2.jsonl), plan-memory --backend verl:")
+    print("| model | N | T | K | FSDP | LoRA | measured peak | planned | err | measured reserved | planned | err | GPU |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    pe, re_ = [], []
+    for r in rows:
+        d = planner_learner(r)
+        pe.append(d["peak_allocated_gib"] / r["peak_alloc_gib"] - 1)
+        re_.append(d["peak_reserved_gib"] / r["peak_reserved_gib"] - 1)
+        print(f"| {r['model']} | {r['world']} | {r['seq']} | {r['micro_batches']} | {r['fsdp']} | {r.get('lora_rank') or 0} | "
+              f"{r['peak_alloc_gib']:.2f} | {d['peak_allocated_gib']:.2f} | {pe[-1]:+.2%} | {r['peak_reserved_gib']:.2f} | "
+              f"{d['peak_reserved_gib']:.2f} | {re_[-1]:+.1%} | {r['gpu']} |")  # fmt: skip
+    for label, e in (("peak allocated", pe), ("peak reserved", re_)):
+        a = [abs(x) for x in e]
+        print(f"{label}: median |err| {statistics.median(a):.2%}, max {max(a):.2%} over {len(a)} rows")
 
 
 def main() -> None:
@@ -62,6 +91,7 @@ def main() -> None:
     for label, e in (("old ZeRO formula", old), ("plan-memory --backend verl", new)):
         a = [abs(x) for x in e]
         print(f"{label}: median |err| {statistics.median(a):.1%}, max {max(a):.1%} over {len(a)} rows")
+    heldout2()
 
 
 if __name__ == "__main__":

@@ -30,6 +30,13 @@ What verl b178a3cd does, and what this harness does the same way (file:line at b
 * `--offload verl`: actor param_offload + optimizer_offload: the flat shards and Adam states go to
   the CPU after the update and come back before it (fsdp_workers.py:893-898, 928-932;
   fsdp_utils.py:144-225).
+* `--lora-rank R`: enable_input_require_grads, then peft get_peft_model(LoraConfig(task_type
+  CAUSAL_LM, r=R, lora_alpha 16, target_modules all-linear, bias none)) on the fp32 model
+  (fsdp_workers.py:442-471; defaults from verl/trainer/config/_generated_ppo_trainer.yaml:307-310), so the
+  adapters are fp32; FSDP1 wraps each trainable leaf (lora_A/lora_B) as its own unit besides the
+  decoder layers, use_orig_params false (fsdp_utils.py:106-138, fsdp_workers.py:505-509, 539); FSDP2
+  wraps as without LoRA (fsdp_utils.py:507-537); the optimizer gets every parameter and steps only
+  those with gradients (fsdp_workers.py:577).
 * expandable segments on (verl's weight sync leaves them on: fsdp_workers.py:756; verl/utils/device.py:142).
 
 Rank 0 appends one JSON row to --out: after-init memory, per-phase peaks (allocated and reserved) of
@@ -64,6 +71,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--entropy", type=int, choices=[0, 1], default=0, help="entropy_coeff != 0")
     p.add_argument("--gc", type=int, choices=[0, 1], default=1)
     p.add_argument("--expandable", type=int, choices=[0, 1], default=1)
+    p.add_argument("--lora-rank", type=int, default=0, help="verl's model.lora_rank (0: full fine-tuning)")
     p.add_argument("--steps", type=int, default=2, help="updates; the last one is measured")
     p.add_argument("--out", required=True)
     p.add_argument("--tag", default="")
@@ -138,18 +146,33 @@ def build_fsdp(cfg, args, device, offload_params: bool):
     if args.gc:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     layer_cls = set(model._no_split_modules or [])
+    if args.lora_rank:
+        from peft import LoraConfig, TaskType, get_peft_model
+
+        model.enable_input_require_grads()
+        model = get_peft_model(model, LoraConfig(task_type=TaskType.CAUSAL_LM, r=args.lora_rank, lora_alpha=16,
+                                                 target_modules="all-linear", bias="none"))  # fmt: skip
+        args.trainable_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
     if args.fsdp == 1:
         import functools
 
         from torch.distributed.fsdp import CPUOffload, FullyShardedDataParallel as FSDP, MixedPrecision, ShardingStrategy
-        from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
+        from torch.distributed.fsdp.wrap import _or_policy, lambda_auto_wrap_policy, transformer_auto_wrap_policy
 
         classes = {type(m) for m in model.modules() if type(m).__name__ in layer_cls}
+        policies = [functools.partial(transformer_auto_wrap_policy, transformer_layer_cls=classes)]
+        if args.lora_rank:
+            # a trainable leaf (a LoRA matrix) gets its own unit: a flat parameter must not mix frozen and trainable
+            def trainable_leaf(m) -> bool:
+                w = getattr(m, "weight", None)
+                return not list(m.children()) and w is not None and w.requires_grad
+
+            policies.insert(0, functools.partial(lambda_auto_wrap_policy, lambda_fn=trainable_leaf))
         wrapped = FSDP(
             model,
             cpu_offload=CPUOffload(offload_params=True) if offload_params else None,
             param_init_fn=lambda m: init_params(m, device),
-            auto_wrap_policy=functools.partial(transformer_auto_wrap_policy, transformer_layer_cls=classes),
+            auto_wrap_policy=functools.partial(_or_policy, policies=policies),
             device_id=device,
             sharding_strategy=ShardingStrategy.FULL_SHARD,
             mixed_precision=MixedPrecision(torch.bfloat16, torch.float32, torch.float32),
@@ -248,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
         "torch": torch.__version__, "after_init_gib": None, "after_init_reserved_gib": None,
         "peak_alloc_gib": None, "peak_reserved_gib": None, "phase_peaks_gib": {}, "phase_peaks_reserved_gib": {},
         "micro_batch_s": [], "optimizer_step_s": None, "update_s": [], "phase": "setup", "tag": args.tag,
-        "steps": args.steps,
+        "steps": args.steps, "lora_rank": args.lora_rank,
     }
 
     def write_row() -> None:
@@ -274,7 +297,15 @@ def main(argv: list[str] | None = None) -> int:
         if args.offload == "cpu_policy" and args.fsdp != 2:
             raise ValueError("cpu_policy is FSDP2's CPUOffloadPolicy; FSDP1 actors have no CPU offload in verl")
         actor, row["params"] = build_fsdp(cfg, args, device, offload_params=args.offload == "cpu_policy")
+        if args.lora_rank:
+            import peft
+
+            row["peft"] = peft.__version__
+            row["trainable_params"] = args.trainable_params
+            row["adapter_dtypes"] = sorted({str(p.dtype) for n, p in actor.named_parameters() if p.requires_grad})
         optimizer = torch.optim.AdamW(actor.parameters(), lr=1e-6, weight_decay=0.01, betas=(0.9, 0.999))
+        if args.ref and args.lora_rank:
+            raise ValueError("with LoRA verl's reference is the actor with its adapters disabled (fsdp_workers.py:1042-1044): give --ref 0")
         ref = build_fsdp(cfg, args, device, offload_params=True)[0] if args.ref else None
         torch.cuda.synchronize()
         row["after_init_gib"] = torch.cuda.memory_allocated() / GIB

@@ -94,6 +94,7 @@ def config_row(argv: list[str], nproc: int, harness: str) -> dict:
             "ref": int(arg_value(argv, "--ref", "0")),
             "offload": arg_value(argv, "--offload", "none"),
             "entropy": int(arg_value(argv, "--entropy", "0")),
+            "lora_rank": int(arg_value(argv, "--lora-rank", "0")),
             "world": nproc,
             "rank": 0,
         }

@@ -51,7 +51,8 @@ def fsdp_table(rows: list[dict]) -> str:
         last = [ph.get("old_logprob"), (ph.get("forward") or [None])[-1], (ph.get("backward") or [None])[-1], ph.get("step")]
         mb = r.get("micro_batch_s") or []
         out.append(
-            f"| {r['model']} | {r['world']} | {r['seq']} | {r['micro_batches']} | {r['fsdp']} | {r['ref']} | "
+            f"| {r['model']}{f' LoRA r{lr}' if (lr := r.get('lora_rank')) else ''} | {r['world']} | {r['seq']} | "
+            f"{r['micro_batches']} | {r['fsdp']} | {r['ref']} | "
             f"{r['offload']} | {r.get('entropy', 0)} | {r.get('expandable', 1)} | {r['status']} | "
             f"{fmt(r.get('after_init_gib'))} | {fmt(r.get('peak_alloc_gib'))} | {fmt(r.get('peak_reserved_gib'))} | "
             f"{' / '.join(fmt(v) for v in last)} | {' '.join(f'{t:.2f}' for t in mb) or '-'} | "

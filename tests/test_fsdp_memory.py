@@ -1,5 +1,6 @@
 """verl FSDP learner memory (hpcrl/memory/fsdp_learner.py) against hand-computed terms and the
-measured rows in benchmarks/results/fsdp_measured.jsonl and fsdp_post_fit.jsonl (benchmarks/fsdp_memory.py)."""
+measured rows in benchmarks/results/fsdp_measured.jsonl, fsdp_post_fit.jsonl and fsdp_heldout2.jsonl
+(benchmarks/fsdp_memory.py)."""
 
 from __future__ import annotations
 
@@ -9,12 +10,14 @@ from pathlib import Path
 import pytest
 
 from hpcrl.errors import HpcrlError
-from hpcrl.memory.fsdp_learner import FsdpSetup, flat_numel, fsdp_learner_memory
+from hpcrl.memory.fsdp_learner import FsdpSetup, flat_numel, fsdp_learner_memory, root_grad_bytes
 from hpcrl.models.spec import ModelSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 ROWS = ROOT / "benchmarks" / "results" / "fsdp_measured.jsonl"
 POST_FIT = ROOT / "benchmarks" / "results" / "fsdp_post_fit.jsonl"
+# measured after the fit, never fitted: Qwen3, Llama-3.2, LoRA r32, 32k tokens (2x H200)
+HELDOUT2 = ROOT / "benchmarks" / "results" / "fsdp_heldout2.jsonl"
 OFFLOAD = {"none": "none", "verl": "param_optimizer", "cpu_policy": "cpu_policy"}
 
 
@@ -24,12 +27,15 @@ def spec(name: str) -> ModelSpec:
 
 
 def setup_of(row: dict) -> FsdpSetup:
-    return FsdpSetup(spec(row["model"]), row["world"], row["seq"], row["micro_batches"], row["fsdp"],
-                     bool(row["ref"]), OFFLOAD[row["offload"]])  # fmt: skip
+    m = spec(row["model"])
+    # the row's own count of trainable parameters (peft's, on the GPU machine), not ModelSpec's
+    adapters = row["trainable_params"] if row.get("lora_rank") else 0
+    return FsdpSetup(m, row["world"], row["seq"], row["micro_batches"], row["fsdp"],
+                     bool(row["ref"]), OFFLOAD[row["offload"]], adapters)  # fmt: skip
 
 
-def rows(status: str = "ok") -> list[dict]:
-    lines = ROWS.read_text().splitlines() + POST_FIT.read_text().splitlines()
+def rows(status: str = "ok", paths: tuple[Path, ...] = (ROWS, POST_FIT, HELDOUT2)) -> list[dict]:
+    lines = [line for p in paths for line in p.read_text().splitlines()]
     return [r for r in map(json.loads, lines) if r.get("status") == status]
 
 
@@ -60,7 +66,7 @@ def test_seven_b_on_two_gpus_at_8k_peaks_at_the_optimizer_step():
 
 
 def test_every_measured_row_peak_allocated_within_five_percent():
-    errs = {(r["model"], r["world"], r["seq"], r["micro_batches"], r["fsdp"], r["ref"], r["offload"]):
+    errs = {(r["model"], r["world"], r["seq"], r["micro_batches"], r["fsdp"], r["ref"], r["offload"], r.get("lora_rank")):
             fsdp_learner_memory(setup_of(r)).peak_gib / r["peak_alloc_gib"] - 1 for r in rows()}  # fmt: skip
     print("\n".join(f"{k}: {e:+.2%}" for k, e in errs.items()))
     assert max(abs(e) for e in errs.values()) < 0.05
@@ -101,7 +107,7 @@ def test_allocator_margin_covers_every_measured_reserved_peak():
     assert not over
 
 
-def test_lora_under_fsdp_trains_only_the_adapters_and_says_derived():
+def test_lora_under_fsdp_trains_only_the_adapters():
     """LoRA r16 on Qwen2.5-7B, 2 GPUs: hand count. Adapters on q,k,v,o,gate,up,down of 28 layers:
     r x (in + out) per projection = 16 x (3584+3584 + 3584+512 + 3584+512 + 3584+3584 + 3584+18944
     + 3584+18944 + 18944+3584) = 16 x 90,112 = 1,441,792 per layer, x 28 = 40,370,176 parameters.
@@ -112,5 +118,45 @@ def test_lora_under_fsdp_trains_only_the_adapters_and_says_derived():
     adapters = 40_370_176
     b = fsdp_learner_memory(FsdpSetup(resolve_model("Qwen/Qwen2.5-7B"), n_gpus=2, adapter_params=adapters))
     step = b.moments["optimizer step"]
-    assert step["Adam moments (fp32) of LoRA adapters (derived)"] == 8.0 * adapters / 2
-    assert step["foreach AdamW temporary of LoRA adapters (derived)"] == 4.0 * adapters / 2
+    assert (step["Adam moments (fp32) of LoRA adapters"], step["foreach AdamW temporary of LoRA adapters"]) == (
+        8.0 * adapters / 2, 4.0 * adapters / 2)
+
+
+def test_modelspec_counts_the_measured_qwen3_and_llama32_parameters():
+    """The GPU machine's transformers built each config (Qwen3's q/k norms, Llama-3.2's tied embedding)
+    and counted its parameters into the row; ModelSpec must agree."""
+    got = {r["model"]: spec(r["model"]).total_params for r in rows(paths=(HELDOUT2,))}
+    assert got == {r["model"]: r["params"] for r in rows(paths=(HELDOUT2,))}
+
+
+def test_lora_rank_32_adapters_counted_as_peft_counted_them():
+    # Qwen2.5-1.5B, all-linear r32, 28 layers: 32 x (1536+1536 + 1536+256 + 1536+256 + 1536+1536
+    # + 1536+8960 + 1536+8960 + 8960+1536) = 32 x 41,216 = 1,318,912 per layer, x 28 = 36,929,536
+    row = next(r for r in rows(paths=(HELDOUT2,)) if r["model"] == "qwen2.5-1.5b" and r.get("lora_rank"))
+    assert (row["trainable_params"], spec("qwen2.5-1.5b").lora_params(32)) == (36_929_536, 36_929_536)
+
+
+def test_a_frozen_root_unit_adds_no_cached_gradient_blocks():
+    """Qwen2.5-1.5B, FSDP1: the root unit flattens the tied embedding twice, 2 x 151,936 x 1,536 =
+    466,747,392 elements, 1,866,989,568 fp32 gradient bytes; under LoRA the root is frozen: none."""
+    full = FsdpSetup(spec("qwen2.5-1.5b"), fsdp_version=1)
+    lora = FsdpSetup(spec("qwen2.5-1.5b"), fsdp_version=1, adapter_params=36_929_536)
+    assert (root_grad_bytes(full), root_grad_bytes(lora)) == (1_866_989_568, 0.0)
+
+
+def test_one_micro_batch_reserves_the_gradients_beside_the_log_prob_blocks_under_fsdp2():
+    """FSDP2, one micro-batch (Qwen2.5-1.5B, 16k, logits moment the peak): reserved is the logits moment
+    plus the gradients 4 x 1,543,714,304 B (zero_grad freed them; backward allocates them after the
+    log-prob blocks are cached) plus FIT's fixed 0.52 GiB and 1.03 x the root's 4 x 151,936 x 1,536 B."""
+    b = fsdp_learner_memory(FsdpSetup(spec("qwen2.5-1.5b"), tokens_per_gpu=16384, micro_batches=1, fsdp_version=2))
+    assert b.peak_moment == "logits"
+    assert b.reserved_bytes - b.peak_bytes == pytest.approx(6_174_857_216 + 0.52 * 2**30 + 1.03 * 933_494_784)
+
+
+def test_new_architectures_lora_and_32k_held_out_reserved_within_eight_percent():
+    """fsdp_heldout2.jsonl was measured after the fit and never fitted (the issue's reserved target: 8%)."""
+    errs = {(r["model"], r["world"], r["seq"], r["fsdp"], r.get("lora_rank")):
+            fsdp_learner_memory(setup_of(r)).reserved_gib / r["peak_reserved_gib"] - 1
+            for r in rows(paths=(HELDOUT2,))}  # fmt: skip
+    print("\n".join(f"{k}: {e:+.1%}" for k, e in errs.items()))
+    assert len(errs) == 12 and max(abs(e) for e in errs.values()) < 0.08

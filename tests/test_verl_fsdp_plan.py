@@ -109,10 +109,13 @@ def test_offload_params_is_fsdp2s_cpu_offload_policy():
     assert d["learner"]["peak_allocated_gib"] == pytest.approx(10.09, rel=0.01)
 
 
-def test_diagnose_replans_with_the_runs_micro_batches_per_step():
+def test_diagnose_training_figure_keeps_the_gradient_blocks_whatever_the_micro_batches():
     """Seed 004's OOM after verl's command line, with FSDP2 and a smaller mini-batch: mini x rollout.n 4 /
     4 GPUs over micro 32 is 2 micro-batches at 64 (the first one's fp32 gradients, 4 P/N, alive at the
-    logits) and 1 at 32 (zero_grad freed them: dp_actor.py:560). The training figure differs by 4 P/N."""
+    logits) and 1 at 32 (zero_grad freed them: dp_actor.py:560, so backward allocates them after the
+    log-prob blocks are cached). The training figure is reserved memory, the same for both: measured
+    FSDP1 pairs, 0.5B 16k 30.63 / 30.38 GiB and 1.5B 16k 51.44 / 50.84 GiB for 2 / 1 micro-batches
+    (fsdp_measured.jsonl); FSDP2 rows with one were 9-11% under before the gradients were counted."""
     from hpcrl.logs.diagnose import diagnose
     from hpcrl.logs.diagnose_context import Context
     from hpcrl.profiles import load_profile
@@ -122,5 +125,4 @@ def test_diagnose_replans_with_the_runs_micro_batches_per_step():
     def training(m: int) -> float:
         text = log.replace("ppo_mini_batch_size=256", f"ppo_mini_batch_size={m} actor_rollout_ref.actor.strategy=fsdp2", 1)
         return diagnose(text, Context(load_profile("berzelius:fat"), {})).findings[0].details["predicted_training_gib"]
-    # Qwen2.5-7B: 7,615,616,512 parameters over 4 GPUs, 4 bytes each
-    assert training(64) - training(32) == pytest.approx(4 * 7_615_616_512 / 4 / 2**30, abs=0.02)
+    assert training(64) == pytest.approx(training(32), abs=0.02)

@@ -23,6 +23,11 @@ parameters, N the ranks, T the packed tokens of one micro-batch, V the vocabular
   (measured: +2 B x root elements at the 7B step and at the 3B logits moment).
 * verl's param/optimizer offload (fsdp_workers.py:893-932) moves state only between updates: the
   update peak is unchanged. FSDP2's CPUOffloadPolicy keeps shards, gradients and Adam on the host.
+* LoRA (fsdp_workers.py:442-471): peft adapters on the fp32 model are fp32; the frozen base keeps its
+  fp32 shards, only the adapters get gradients, Adam state and the foreach temporary (checked on the
+  held-out rows of benchmarks/results/fsdp_heldout2.jsonl: peak allocated within 0.4%).
+* reserved (expandable segments): the basis plus cached blocks, a fixed part and a multiple of the root
+  unit's fp32 gradient (the largest gradient blocks); none of the latter when LoRA freezes the root.
 """
 
 from __future__ import annotations
@@ -46,15 +51,16 @@ FIT = {
     "logits_per_token_hidden": 8.3,  # fitted: bytes per token per hidden unit besides checkpoints
     "grads_done_fixed_gib": 0.152,  # fitted
     "step_fixed_gib": 0.065,  # fitted
-    # Cache the allocator keeps beyond the basis: a fixed part plus a multiple of one decoder layer's
-    # fp32 bytes (the unit FSDP gathers and frees per layer; blocks of that size stay cached).
-    "reserved_fixed_gib_fsdp1": 3.16,  # fitted
-    "reserved_per_layer_fp32_fsdp1": 4.3,  # fitted: multiples of one decoder layer's fp32 bytes
-    "reserved_fixed_gib_fsdp2": 0.72,  # fitted
-    "reserved_per_layer_fp32_fsdp2": 6.9,  # fitted
-    # The allocator margin a plan keeps free: the largest under-prediction of peak reserved on the
-    # training rows (measured / predicted - 1), rounded up; the verdict's margin for verl.
-    "margin_fraction": 0.12,  # fitted
+    # Cache the allocator keeps beyond the basis (expandable segments, as verl runs): a fixed part plus a
+    # multiple of the root unit's fp32 gradient (embedding / lm_head: the largest gradient blocks, made
+    # whole before the reduce and cached; none when the root is frozen under LoRA).
+    "reserved_fixed_gib_fsdp1": 1.56,  # fitted
+    "reserved_per_root_grad_fsdp1": 1.35,  # fitted: multiples of the root unit's fp32 gradient bytes
+    "reserved_fixed_gib_fsdp2": 0.52,  # fitted
+    "reserved_per_root_grad_fsdp2": 1.03,  # fitted
+    # The allocator margin a plan keeps free: the largest under-prediction of peak reserved (measured /
+    # predicted - 1) of a training row left out of the reserved fit, rounded up; the verdict's margin for verl.
+    "margin_fraction": 0.09,  # fitted
 }
 
 
@@ -69,8 +75,8 @@ class FsdpSetup:
     fsdp_version: Literal[1, 2] = 1
     reference_policy: bool = False
     offload: FsdpOffload = "none"
-    # LoRA adapters' parameters (0: full fine-tuning). DERIVED, not measured: no LoRA row exists under
-    # FSDP; the frozen base keeps its fp32 shards, only the adapters get gradients and Adam state.
+    # LoRA adapters' parameters (0: full fine-tuning): the frozen base keeps its fp32 shards, only the
+    # adapters get gradients and Adam state (measured: fsdp_heldout2.jsonl, rank 32, FSDP1 and FSDP2).
     adapter_params: int = 0
 
     def check(self) -> None:
@@ -113,18 +119,16 @@ def flat_numel(setup: FsdpSetup) -> int:
     return m.total_params + (m.vocab_size * m.hidden_size if tied_twice else 0)
 
 
-def layer_numel(setup: FsdpSetup) -> float:
-    """Elements of one decoder layer (an FSDP unit): the parameters outside embedding and lm_head, per layer."""
-    m = setup.model
-    vh = m.vocab_size * m.hidden_size * (1 if m.tie_word_embeddings else 2)
-    return (m.total_params - vh) / m.num_layers
-
-
 def root_numel(setup: FsdpSetup) -> int:
     """Elements of the root unit: FSDP1 flattens embedding and lm_head there; FSDP2 wraps an
     untied embedding on its own (fsdp_utils.py:523-524), leaving one V x h matrix in the root."""
     vh = setup.model.vocab_size * setup.model.hidden_size
     return 2 * vh if setup.fsdp_version == 1 else vh
+
+
+def root_grad_bytes(setup: FsdpSetup) -> float:
+    """fp32 gradient bytes of the whole root unit (before its reduce-scatter); 0 when LoRA freezes it."""
+    return 0.0 if setup.adapter_params else 4.0 * root_numel(setup)
 
 
 def fsdp_learner_memory(setup: FsdpSetup) -> FsdpBreakdown:
@@ -137,8 +141,7 @@ def fsdp_learner_memory(setup: FsdpSetup) -> FsdpBreakdown:
     shards = 4.0 * flat + (4.0 * trained if setup.adapter_params else 0.0) if on_gpu else 0.0
     adam = 8.0 * trained if on_gpu else 0.0
     grads = 4.0 * trained if on_gpu else 0.0
-    # LoRA's terms are derived (no measured row): said in the term names the output prints.
-    of = " of LoRA adapters (derived)" if setup.adapter_params else ""
+    of = " of LoRA adapters" if setup.adapter_params else ""
     T, V, h, L = setup.tokens_per_gpu, m.vocab_size, m.hidden_size, m.num_layers
     root = root_numel(setup)
     gathered_root = 2.0 * root if (setup.fsdp_version == 1 and n > 1) else 0.0
@@ -174,12 +177,13 @@ def fsdp_learner_memory(setup: FsdpSetup) -> FsdpBreakdown:
     totals = {k: sum(v.values()) for k, v in moments.items()}
     peak_moment = max(totals, key=totals.get)
     peak = totals[peak_moment]
-    # FSDP1, one micro-batch: the gradients are allocated after the log-prob blocks were cached, so
-    # the cache holds both (measured: reserved tracks the logits moment plus the gradients).
-    late_grads = grads if (setup.micro_batches == 1 and setup.fsdp_version == 1) else 0.0
+    # One micro-batch: zero_grad freed the gradients, so backward allocates them after the log-prob blocks
+    # were cached, and the cache holds both (measured: reserved tracks the logits moment plus the
+    # gradients, FSDP1 and FSDP2 alike).
+    late_grads = grads if setup.micro_batches == 1 else 0.0
     basis = max(peak, totals["logits"] + late_grads)
     v = setup.fsdp_version
-    reserved = basis + FIT[f"reserved_fixed_gib_fsdp{v}"] * GIB + FIT[f"reserved_per_layer_fp32_fsdp{v}"] * 4.0 * layer_numel(setup)
+    reserved = basis + FIT[f"reserved_fixed_gib_fsdp{v}"] * GIB + FIT[f"reserved_per_root_grad_fsdp{v}"] * root_grad_bytes(setup)
     return FsdpBreakdown(moments=moments, peak_moment=peak_moment, peak_bytes=peak, reserved_bytes=reserved)
 
 

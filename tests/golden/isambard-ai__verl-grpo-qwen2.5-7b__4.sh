@@ -8,7 +8,7 @@
 #   model Qwen/Qwen2.5-7B: 1536 sequences of 5120 tokens per step, ppo_micro_batch_size_per_gpu 8 (40960 tokens)
 #   4 x 4 GH200 (95.58 GiB): all 16 GPUs train and generate (colocated)
 #   trainer.nnodes 4, n_gpus_per_node 4, rollout tensor_model_parallel_size 1 (16 engines), gpu_memory_utilization 0.85, fsdp param_offload false, optimizer_offload false
-#   colocated peak 75.9 GiB/GPU training, 89.6 GiB/GPU rollout of 95.6 usable; KV cache 64.5 GiB per GPU; host peak 49 GiB/node
+#   colocated peak 76.1 GiB/GPU training, 89.6 GiB/GPU rollout of 95.6 usable; KV cache 64.5 GiB per GPU; host peak 49 GiB/node
 #   step ~148-366 s (mid ~235 s) (generation 68 s, training 167 s), bottleneck training; the checkpoint cadence and time-limit lead use the upper estimate
 #   step basis: generation: vLLM model fitted on 12 published vLLM rows (batch 1, A100), 6 held out: time off by median 17%, max 2x (benchmarks/vllm_throughput); training: learner 12 x 13.92 s + optimizer step 0.02 s, fitted on 40 measured rows (fsdp_measured, openrlhf_measured, zero3_timing; H100/H200); derived: GH200 scaled from H100/H200 by peak FLOP/s and bandwidths
 #   trainer.save_freq 4: a checkpoint every ~24 min of training at the upper step estimate ~366 s (so that at most 30 min is lost); time-limit warning 900 s before the end = one upper step (~366 s) + one checkpoint write (~43 s, derived) + 60 s to stop
@@ -246,7 +246,7 @@ run_directory() {
     "host_peak_gib": 49.1,
     "idle_gpus": 0,
     "learner_gpus": 16,
-    "learner_peak_gib": 74.31,
+    "learner_peak_gib": 74.46,
     "nodes": 4,
     "num_learners_per_node": [
       4,
@@ -260,7 +260,7 @@ run_directory() {
     "step_time_high_s": 365.9,
     "step_time_low_s": 148.4,
     "step_time_s": 234.7,
-    "training_peak_gib": 75.91,
+    "training_peak_gib": 76.06,
     "training_time_s": 167.0,
     "vllm_gpu_memory_utilization": 0.85,
     "vllm_num_engines": 16,
@@ -284,11 +284,11 @@ run_directory() {
       "rollout_fits": true,
       "rollout_gib": 89.593,
       "training_breakdown": {
-        "learner (training peak)": 74.309,
+        "learner (training peak)": 74.457,
         "vLLM asleep (CUDA context, CUDA graphs)": 1.6
       },
       "training_fits": true,
-      "training_gib": 75.909,
+      "training_gib": 76.057,
       "vllm_sleep_level": 2,
       "vllm_sleeps": true
     },
@@ -335,7 +335,7 @@ run_directory() {
       "ram_per_node_gib": 460.0
     },
     "learner": {
-      "allocator_margin_gib": 8.797,
+      "allocator_margin_gib": 6.611,
       "breakdown": {
         "Adam moments (fp32)": 3.546,
         "checkpointed hidden states": 7.656,
@@ -348,7 +348,7 @@ run_directory() {
         "reference root unit (bf16)": 2.03
       },
       "deepspeed_estimate_gib": 10.009,
-      "device_total_gib": 74.309,
+      "device_total_gib": 74.457,
       "fits": true,
       "fsdp_version": 1,
       "gpus": 16,
@@ -363,7 +363,7 @@ run_directory() {
       "offload": "none",
       "peak_allocated_gib": 66.415,
       "peak_phase": "logits",
-      "peak_reserved_gib": 73.309,
+      "peak_reserved_gib": 73.457,
       "phases_gib": {
         "backward end": 17.396,
         "logits": 66.415,
@@ -387,7 +387,7 @@ run_directory() {
       "total_params": 7615616512,
       "trainable_params": 7615616512
     },
-    "verdict": "training fits with 10.9 GiB to spare after a 8.8 GiB allocator margin; rollout fits with 6.0 GiB to spare; engine fits: 235.73x sequences of 5120 tokens fit at once"
+    "verdict": "training fits with 12.9 GiB to spare after a 6.6 GiB allocator margin; rollout fits with 6.0 GiB to spare; engine fits: 235.73x sequences of 5120 tokens fit at once"
   },
   "model": "Qwen/Qwen2.5-7B",
   "nodes": 4,

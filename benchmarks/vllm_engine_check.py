@@ -35,7 +35,8 @@ def predict(c: dict):
         model=resolve_model(c["model"]), tp=c["tp"], gpu_memory_utilization=c["gpu_memory_utilization"],
         gpu_total_bytes=c["gpu_total_gib"] * GIB, max_seq_len=c["max_model_len"],
         max_num_batched_tokens=c["max_num_batched_tokens"], max_num_seqs=c["max_num_seqs"],
-        enforce_eager=c["enforce_eager"], vllm_version=c["vllm_version"]))
+        enforce_eager=c["enforce_eager"], vllm_version=c["vllm_version"],
+        kv_cache_dtype=c.get("kv_cache_dtype", "auto")))
 
 
 def kv_error(c: dict) -> float:

@@ -72,7 +72,7 @@ def test_0_19_sampler_warm_up_peak_is_the_hand_count_from_its_source():
     # 1024 rows x 128256 x (2 bf16 logits + 4 fp32 copy + 4 probs + 4 noise) = 1,838,678,016 B
     # + Triton buffer 132 x 128256 x 4 = 67,719,168 B + hidden states 2 x 4096 x (8192 + 2 x 1024)
     # = 83,886,080 B (gpu_model_runner.py:5569-5572,5782-5789; sampler.py:90; topk_topp_sampler.py:106-113,
-    # 334-345; topk_topp_triton.py:1011-1019). vLLM 0.19.0 logged a 1.89 GiB torch peak for this engine.
+    # 334-346; topk_topp_triton.py:1011-1019). vLLM 0.19.0 logged a 1.89 GiB torch peak for this engine.
     llama = EngineSetup(model=resolve_model("meta-llama/Llama-3.1-8B"), gpu_total_bytes=79.19 * GIB,
                         gpu_memory_utilization=0.95, max_num_batched_tokens=8192, max_num_seqs=1024)
     assert engine_memory(llama).activation_peak == 1_838_678_016 + 67_719_168 + 83_886_080

@@ -65,6 +65,8 @@ class Accounting:
     default_max_num_batched_tokens: int = 2048
     chunked_prefill_default_above_len: int | None = None
     chunked_prefill_batched_tokens: int | None = None
+    sampler_bytes_per_logit: float | None = None  # derived from this version's sampler; None: the fitted figure
+    sampler_buffer_rows: int = 0
 
     def batched_tokens(self, max_model_len: int) -> int:
         """vLLM's default tokens in the profiling forward: V0 without chunked prefill profiles a whole
@@ -91,7 +93,9 @@ def accounting(version: str) -> Accounting:
                       default_max_num_seqs=v["default_max_num_seqs"],
                       default_max_num_batched_tokens=v.get("default_max_num_batched_tokens", 2048),
                       chunked_prefill_default_above_len=v.get("chunked_prefill_default_above_len"),
-                      chunked_prefill_batched_tokens=v.get("chunked_prefill_batched_tokens"))
+                      chunked_prefill_batched_tokens=v.get("chunked_prefill_batched_tokens"),
+                      sampler_bytes_per_logit=v.get("sampler_warmup", {}).get("bytes_per_logit"),
+                      sampler_buffer_rows=v.get("sampler_warmup", {}).get("buffer_rows", 0))
 
 
 def forward_peak(m: ModelSpec, tp: int, tokens: int) -> float:
@@ -102,10 +106,20 @@ def forward_peak(m: ModelSpec, tp: int, tokens: int) -> float:
     return tokens * 2 * (3 * m.hidden_size + 3 * f / tp)
 
 
-def sampler_peak(m: ModelSpec, rows: int) -> float:
-    """Torch peak of the sampler warm-up: rows x the full vocabulary (gathered on every TP rank),
-    times the bytes per logit measured from start-up logs (fitted by benchmarks/vllm_engine_check.py)."""
-    return rows * m.vocab_size * measured("sampler_bytes_per_logit")["value"]
+def sampler_peak(m: ModelSpec, rows: int, acc: Accounting, batched_tokens: int) -> float:
+    """Torch peak of the sampler warm-up over `rows` x the full vocabulary (gathered on every TP rank).
+
+    Where the version's sampler was read (data file 'sampler_warmup'), derived: the bf16 logits, their
+    fp32 copy, the softmax probabilities and the exponential noise per logit, the top-k/top-p kernel's
+    cached fp32 buffer of up to `buffer_rows` rows, and the forward's hidden states still held (all
+    tokens, plus the sampled rows and their random stand-in). Elsewhere rows x vocab x the bytes per
+    logit fitted by benchmarks/vllm_engine_check.py."""
+    if acc.sampler_bytes_per_logit is None:
+        return rows * m.vocab_size * measured("sampler_bytes_per_logit")["value"]
+    logits = rows * m.vocab_size * acc.sampler_bytes_per_logit
+    kernel_buffer = min(rows, acc.sampler_buffer_rows) * m.vocab_size * 4
+    hidden = 2 * m.hidden_size * (batched_tokens + 2 * rows)
+    return logits + kernel_buffer + hidden
 
 
 def cuda_graph_pool() -> float:

@@ -150,3 +150,10 @@ def test_runs_is_runs_json(home):
     _ended_chain(home)
     api = python("import json, hpcrl.api as h; print(json.dumps(h.runs().to_dict()))")
     assert json.loads(api) == json.loads(cli("runs", "--json"))
+
+
+def test_logs_json_does_not_follow(home):
+    from helpers import assert_user_error, run_hpcrl
+
+    rid = _ended_chain(home)
+    assert_user_error(run_hpcrl("logs", rid, "--json", "--follow"), "--follow")

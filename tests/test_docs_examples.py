@@ -8,13 +8,16 @@ import shutil
 import subprocess
 import sys
 from importlib.machinery import SourceFileLoader
+from importlib.util import module_from_spec, spec_from_loader
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "docs-examples"
-docs_examples = SourceFileLoader("docs_examples", str(SCRIPT)).load_module()
+_spec = spec_from_loader("docs_examples", SourceFileLoader("docs_examples", str(SCRIPT)))
+docs_examples = module_from_spec(_spec)
+_spec.loader.exec_module(docs_examples)
 
 EXAMPLES = [ex for page in sorted((ROOT / "docs").rglob("*.md")) for ex in docs_examples.examples(page)]
 

@@ -22,6 +22,11 @@ def cli(*args: str) -> str:
     return proc.stdout
 
 
+def api_json(call: str) -> dict:
+    """What `hpcrl.api.<call>` returns, as the dict its --json would print."""
+    return json.loads(python(f"import json, hpcrl.api as h; print(json.dumps(h.{call}.to_dict()))"))
+
+
 def test_plan_memory_prints_what_plan_memory_json_prints():
     """The issue's must-show, with a learner flag on top."""
     api = python("import hpcrl.api as h; print(h.plan_memory(model='32b', tokens_per_gpu=4096)"
@@ -31,10 +36,8 @@ def test_plan_memory_prints_what_plan_memory_json_prints():
 
 
 def test_plan_is_plan_json():
-    api = python("import json, hpcrl.api as h; "
-                 "print(json.dumps(h.plan(config='verl-grpo-qwen2.5-7b', nodes=4, top=2).to_dict()))")
-    assert json.loads(api) == json.loads(cli("plan", "--config", "verl-grpo-qwen2.5-7b", "--nodes", "4", "--top", "2",
-                                             "--json"))
+    assert api_json("plan(config='verl-grpo-qwen2.5-7b', nodes=4, top=2)") == json.loads(cli(
+        "plan", "--config", "verl-grpo-qwen2.5-7b", "--nodes", "4", "--top", "2", "--json"))
 
 
 def test_render_is_the_script_render_prints():
@@ -57,17 +60,15 @@ def test_render_json_carries_the_script_render_prints():
 
 
 def test_plan_disk_is_plan_disk_json():
-    api = python("import json, hpcrl.api as h; print(json.dumps(h.plan_disk(model='32b', learners=16, "
-                 "checkpoint_state_freq=50, quota_gib=1500).to_dict()))")
-    assert json.loads(api) == json.loads(cli("plan-disk", "--model", "32b", "--learners", "16",
-                                             "--checkpoint-state-freq", "50", "--quota-gib", "1500", "--json"))
+    assert api_json("plan_disk(model='32b', learners=16, checkpoint_state_freq=50, quota_gib=1500)") == json.loads(cli(
+        "plan-disk", "--model", "32b", "--learners", "16", "--checkpoint-state-freq", "50", "--quota-gib", "1500",
+        "--json"))
 
 
 def test_plan_disk_of_a_config_is_plan_disk_json():
-    api = python("import json, hpcrl.api as h; print(json.dumps(h.plan_disk(config='openrlhf-grpo-qwen2.5-7b', "
-                 "sets=['ckpt.save_hf=true'], quota_gib=900).to_dict()))")
-    assert json.loads(api) == json.loads(cli("plan-disk", "--config", "openrlhf-grpo-qwen2.5-7b", "--set",
-                                             "ckpt.save_hf=true", "--quota-gib", "900", "--json"))
+    assert api_json("plan_disk(config='openrlhf-grpo-qwen2.5-7b', sets=['ckpt.save_hf=true'], quota_gib=900)") == \
+        json.loads(cli("plan-disk", "--config", "openrlhf-grpo-qwen2.5-7b", "--set", "ckpt.save_hf=true", "--quota-gib",
+                       "900", "--json"))
 
 
 @pytest.fixture
@@ -80,8 +81,7 @@ def home(tmp_path, monkeypatch):
 
 def test_submit_dry_run_is_submit_json(home):
     """Two dry runs of one request: the same record but for the run id each draws."""
-    api = json.loads(python("import json, hpcrl.api as h; print(json.dumps(h.submit(config='grpo-olmo3-7b', "
-                            "nodes=3, dry_run=True).to_dict()))"))
+    api = api_json("submit(config='grpo-olmo3-7b', nodes=3, dry_run=True)")
     shown = json.loads(cli("submit", "--config", "grpo-olmo3-7b", "--nodes", "3", "--dry-run", "--json"))
     assert json.loads(json.dumps(api).replace(api["run_id"], "RUN")) == \
         json.loads(json.dumps(shown).replace(shown["run_id"], "RUN"))
@@ -103,8 +103,9 @@ def _ended_chain(home) -> str:
     (run_dir / "logs" / "job-101.log").write_text("step 1\nstep 2\n")
     (run_dir / "logs" / "job-102.log").write_text("resumed at step 2\nstep 3\n")
     reg = Registry(home / "runs.db")
-    rid = reg.create_run(name="chain", cluster="local-dev", config_hash="0", script_path=str(run_dir / "hpcrl/job.sbatch"),
-                         run_dir=str(run_dir), state="pending", max_restarts=2)
+    rid = reg.create_run(name="chain", cluster="local-dev", config_hash="0",
+                         script_path=str(run_dir / "hpcrl/job.sbatch"), run_dir=str(run_dir), state="pending",
+                         max_restarts=2)
     reg.add_job(rid, "101", state="TIMEOUT", submitted="2026-11-27T00:59:00Z")
     reg.add_job(rid, "102", state="COMPLETED", submitted="2026-11-27T02:00:01Z")
     reg.set_run(rid, state="ended", reason="completed")
@@ -113,8 +114,7 @@ def _ended_chain(home) -> str:
 
 def test_status_is_status_json(home):
     rid = _ended_chain(home)
-    api = python(f"import json, hpcrl.api as h; print(json.dumps(h.status({rid!r}).to_dict()))")
-    assert json.loads(api) == json.loads(cli("status", rid, "--json"))
+    assert api_json(f"status({rid!r})") == json.loads(cli("status", rid, "--json"))
 
 
 def test_status_reads_the_chain(home):
@@ -131,8 +131,7 @@ def test_logs_json_holds_what_logs_prints(home):
 
 def test_logs_is_logs_json(home):
     rid = _ended_chain(home)
-    api = python(f"import json, hpcrl.api as h; print(json.dumps(h.logs({rid!r}).to_dict()))")
-    assert json.loads(api) == json.loads(cli("logs", rid, "--json"))
+    assert api_json(f"logs({rid!r})") == json.loads(cli("logs", rid, "--json"))
 
 
 def test_cancel_of_an_ended_run_is_the_commands_error(home):
@@ -148,8 +147,7 @@ def test_cancel_of_an_ended_run_is_the_commands_error(home):
 
 def test_runs_is_runs_json(home):
     _ended_chain(home)
-    api = python("import json, hpcrl.api as h; print(json.dumps(h.runs().to_dict()))")
-    assert json.loads(api) == json.loads(cli("runs", "--json"))
+    assert api_json("runs()") == json.loads(cli("runs", "--json"))
 
 
 def test_logs_json_does_not_follow(home):

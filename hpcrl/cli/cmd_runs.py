@@ -146,7 +146,8 @@ def logs_cmd(
     follow: bool = typer.Option(False, "--follow", "-f", help="Follow the newest log, across continuations"),
     poll: float = typer.Option(1.0, "--poll", help="Seconds between reads of the log while following"),
     registry: Optional[Path] = REGISTRY_OPT,
-    as_json: bool = typer.Option(False, "--json", help="Print each job's log path and text as JSON (not with --follow)"),
+    as_json: bool = typer.Option(False, "--json",
+                                 help="Print each job's log path and text as JSON (not with --follow)"),
 ) -> None:
     """Print the log of every job of the run in order (job headers go to stderr)."""
     from hpcrl.errors import HpcrlError

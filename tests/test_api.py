@@ -22,6 +22,11 @@ def cli(*args: str) -> str:
     return proc.stdout
 
 
+def api_json(call: str) -> dict:
+    """What `hpcrl.api.<call>` returns, as the dict its --json would print."""
+    return json.loads(python(f"import json, hpcrl.api as h; print(json.dumps(h.{call}.to_dict()))"))
+
+
 def test_plan_memory_prints_what_plan_memory_json_prints():
     """The issue's must-show, with a learner flag on top."""
     api = python("import hpcrl.api as h; print(h.plan_memory(model='32b', tokens_per_gpu=4096)"
@@ -31,10 +36,8 @@ def test_plan_memory_prints_what_plan_memory_json_prints():
 
 
 def test_plan_is_plan_json():
-    api = python("import json, hpcrl.api as h; "
-                 "print(json.dumps(h.plan(config='verl-grpo-qwen2.5-7b', nodes=4, top=2).to_dict()))")
-    assert json.loads(api) == json.loads(cli("plan", "--config", "verl-grpo-qwen2.5-7b", "--nodes", "4", "--top", "2",
-                                             "--json"))
+    assert api_json("plan(config='verl-grpo-qwen2.5-7b', nodes=4, top=2)") == json.loads(cli(
+        "plan", "--config", "verl-grpo-qwen2.5-7b", "--nodes", "4", "--top", "2", "--json"))
 
 
 def test_render_is_the_script_render_prints():
@@ -54,3 +57,101 @@ def test_a_misspelt_argument_is_one_line():
 def test_render_json_carries_the_script_render_prints():
     d = json.loads(cli("render", "--config", "grpo-olmo3-7b", "--nodes", "3", "--json"))
     assert d["script"] == cli("render", "--config", "grpo-olmo3-7b", "--nodes", "3")
+
+
+def test_plan_disk_is_plan_disk_json():
+    assert api_json("plan_disk(model='32b', learners=16, checkpoint_state_freq=50, quota_gib=1500)") == json.loads(cli(
+        "plan-disk", "--model", "32b", "--learners", "16", "--checkpoint-state-freq", "50", "--quota-gib", "1500",
+        "--json"))
+
+
+def test_plan_disk_of_a_config_is_plan_disk_json():
+    assert api_json("plan_disk(config='openrlhf-grpo-qwen2.5-7b', sets=['ckpt.save_hf=true'], quota_gib=900)") == \
+        json.loads(cli("plan-disk", "--config", "openrlhf-grpo-qwen2.5-7b", "--set", "ckpt.save_hf=true", "--quota-gib",
+                       "900", "--json"))
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    """A user with a project dir (the shipped configs' run root) and a registry of their own."""
+    monkeypatch.setenv("PROJECTDIR", str(tmp_path))
+    monkeypatch.setenv("HPCRL_REGISTRY", str(tmp_path / "runs.db"))
+    return tmp_path
+
+
+def test_submit_dry_run_is_submit_json(home):
+    """Two dry runs of one request: the same record but for the run id each draws."""
+    api = api_json("submit(config='grpo-olmo3-7b', nodes=3, dry_run=True)")
+    shown = json.loads(cli("submit", "--config", "grpo-olmo3-7b", "--nodes", "3", "--dry-run", "--json"))
+    assert json.loads(json.dumps(api).replace(api["run_id"], "RUN")) == \
+        json.loads(json.dumps(shown).replace(shown["run_id"], "RUN"))
+
+
+def _ended_chain(home) -> str:
+    """A run of two jobs that Slurm has forgotten: job 101 hit its time limit and continued as 102, which
+    completed; written as the job script writes jobs.tsv and the logs (docs/run-dir.md)."""
+    from hpcrl.jobs.registry import Registry
+
+    run_dir = home / "hpcrl-runs" / "chain"
+    (run_dir / "hpcrl").mkdir(parents=True)
+    (run_dir / "logs").mkdir()
+    (run_dir / "hpcrl" / "jobs.tsv").write_text(
+        "101\tstart\t2026-11-27T01:00:00Z\tn1\n101\tend\t2026-11-27T02:00:00Z\ttimeout:0\n"
+        "101\tcontinue\t2026-11-27T02:00:01Z\t102\n102\tstart\t2026-11-27T02:01:00Z\tn2\n"
+        "102\tend\t2026-11-27T02:30:00Z\tcompleted:0\n")
+    (run_dir / "hpcrl" / "restarts").write_text("1\n")
+    (run_dir / "logs" / "job-101.log").write_text("step 1\nstep 2\n")
+    (run_dir / "logs" / "job-102.log").write_text("resumed at step 2\nstep 3\n")
+    reg = Registry(home / "runs.db")
+    rid = reg.create_run(name="chain", cluster="local-dev", config_hash="0",
+                         script_path=str(run_dir / "hpcrl/job.sbatch"), run_dir=str(run_dir), state="pending",
+                         max_restarts=2)
+    reg.add_job(rid, "101", state="TIMEOUT", submitted="2026-11-27T00:59:00Z")
+    reg.add_job(rid, "102", state="COMPLETED", submitted="2026-11-27T02:00:01Z")
+    reg.set_run(rid, state="ended", reason="completed")
+    return rid
+
+
+def test_status_is_status_json(home):
+    rid = _ended_chain(home)
+    assert api_json(f"status({rid!r})") == json.loads(cli("status", rid, "--json"))
+
+
+def test_status_reads_the_chain(home):
+    rid = _ended_chain(home)
+    api = python(f"import hpcrl.api as h; r = h.status({rid!r}).runs[0]; print(r.restarts, [j.job_id for j in r.jobs])")
+    assert api.split(None, 1) == ["1", "['101', '102']\n"]
+
+
+def test_logs_json_holds_what_logs_prints(home):
+    rid = _ended_chain(home)
+    d = json.loads(cli("logs", rid, "--json"))
+    assert "".join(j["text"] for j in d["jobs"]) == cli("logs", rid)
+
+
+def test_logs_is_logs_json(home):
+    rid = _ended_chain(home)
+    assert api_json(f"logs({rid!r})") == json.loads(cli("logs", rid, "--json"))
+
+
+def test_cancel_of_an_ended_run_is_the_commands_error(home):
+    from hpcrl.api import cancel
+    from hpcrl.errors import HpcrlError
+
+    rid = _ended_chain(home)
+    proc = subprocess.run([sys.executable, "-m", "hpcrl", "cancel", rid], capture_output=True, text=True, timeout=120)
+    with pytest.raises(HpcrlError) as raised:
+        cancel(rid)
+    assert proc.stderr == f"hpcrl: error: {raised.value}\n"
+
+
+def test_runs_is_runs_json(home):
+    _ended_chain(home)
+    assert api_json("runs()") == json.loads(cli("runs", "--json"))
+
+
+def test_logs_json_does_not_follow(home):
+    from helpers import assert_user_error, run_hpcrl
+
+    rid = _ended_chain(home)
+    assert_user_error(run_hpcrl("logs", rid, "--json", "--follow"), "--follow")

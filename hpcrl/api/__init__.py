@@ -9,6 +9,9 @@ Errors a user can cause raise hpcrl.errors.HpcrlError subclasses, with the CLI's
     for nodes in (4, 8, 16):
         best = h.plan(config="grpo-olmo3-32b", nodes=nodes).layouts[0]
         print(nodes, best.step_time_s)
+
+`submit`, `status`, `runs`, `cancel` and `logs` take `registry=` (default $HPCRL_REGISTRY, else the user
+data dir) as the commands' `--registry` does.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Result", "plan", "plan_memory", "render"]
+__all__ = ["Result", "cancel", "logs", "plan", "plan_disk", "plan_memory", "render", "runs", "status", "submit"]
 
 
 class Result:
@@ -118,3 +121,68 @@ def render(*, config: str | None = None, nodes: int | None = None, cluster: str 
     return build(_request(config=config, nodes=nodes, cluster=cluster, cluster_file=cluster_file, gpus=gpus,
                           sets=sets, pins=pins, quota_gib=quota_gib, allow_over_limit=allow_over_limit,
                           smoke=smoke)).text
+
+
+def plan_disk(*, config: str | None = None, nodes: int | None = None, sets: list[str] | tuple[str, ...] = (),
+              backend: str | None = None, cluster: str | None = None, cluster_file: str | Path | None = None,
+              quota_gib: float | None = None, hf_cache: bool | None = None, dataset_gib: float = 0.0,
+              rollout_tokens_per_step: int = 0, **run: Any) -> Result:
+    """`hpcrl plan-disk`: what the run writes under its quota, at peak, and the verdict. `run` takes the
+    run's settings by flag name when no config is given: model, learners, lora_rank, zero_stage, save_freq,
+    checkpoint_state_freq, keep_last_n_checkpoints, total_steps, save_hf, disable_ds, lora_hf_save."""
+    from hpcrl.errors import HpcrlError
+    from hpcrl.planning.disk_answer import DiskRequest, plan_disk as budget, plan_disk_data
+
+    known = {f.name for f in fields(DiskRequest)}
+    if unknown := sorted(set(run) - known):
+        raise HpcrlError(f"plan_disk: unknown argument {unknown[0]!r}; valid: {', '.join(sorted(known))}")
+    b, quota_from = budget(DiskRequest(
+        config=config, nodes=nodes, sets=tuple(sets), backend=backend, cluster=cluster,
+        cluster_file=None if cluster_file is None else str(cluster_file), quota_gib=quota_gib, hf_cache=hf_cache,
+        dataset_gib=dataset_gib, rollout_tokens_per_step=rollout_tokens_per_step, **run))
+    return Result(plan_disk_data(b, quota_from))
+
+
+def submit(*, config: str | None = None, nodes: int | None = None, cluster: str | None = None,
+           cluster_file: str | Path | None = None, gpus: int | None = None, sets: list[str] | tuple[str, ...] = (),
+           pins: list[str] | tuple[str, ...] = (), quota_gib: float | None = None, allow_over_limit: bool = False,
+           smoke: bool = False, script: str | Path | None = None, run_dir: str | None = None, dry_run: bool = False,
+           keep_exclusions: bool = False, registry: str | Path | None = None) -> Result:
+    """`hpcrl submit`: render as `render` does (or take a rendered `script`), write the run dir, sbatch it,
+    record the run; `dry_run` records it and writes the script beside the registry, nothing goes to Slurm."""
+    from hpcrl.jobs import run_results
+
+    req = _request(config=config, nodes=nodes, cluster=cluster, cluster_file=cluster_file, gpus=gpus, sets=sets,
+                   pins=pins, quota_gib=quota_gib, allow_over_limit=allow_over_limit, smoke=smoke)
+    return Result(run_results.submit(req, script=script, run_dir=run_dir, dry_run=dry_run,
+                                     keep_exclusions=keep_exclusions, registry=registry,
+                                     given=req.given(but=("cluster",))))
+
+
+def status(run: str | None = None, *, all_runs: bool = False, registry: str | Path | None = None) -> Result:
+    """`hpcrl status`: refresh the states of `run` (an id, a unique prefix or a job id), else of the live
+    runs (`all_runs`: ended ones too), from one Slurm query, and return them."""
+    from hpcrl.jobs import run_results
+
+    return Result(run_results.status(run, all_runs=all_runs, registry=registry))
+
+
+def runs(*, limit: int = 20, registry: str | Path | None = None) -> Result:
+    """`hpcrl runs`: the recorded runs, newest first (`limit` 0: all), as recorded (no Slurm query)."""
+    from hpcrl.jobs import run_results
+
+    return Result(run_results.runs(limit=limit, registry=registry))
+
+
+def cancel(run: str, *, registry: str | Path | None = None) -> Result:
+    """`hpcrl cancel`: write the run's cancel marker (no continuation), then scancel its live jobs."""
+    from hpcrl.jobs import run_results
+
+    return Result(run_results.cancel(run, registry=registry))
+
+
+def logs(run: str, *, registry: str | Path | None = None) -> Result:
+    """`hpcrl logs`: each job's log path and text, in chain order (`missing`: why a job has none)."""
+    from hpcrl.jobs import run_results
+
+    return Result(run_results.logs(run, registry=registry))

@@ -9,10 +9,6 @@ import typer
 
 from hpcrl.cli.app import app
 from hpcrl.cli.output import console, print_json, table
-from hpcrl.errors import HpcrlError
-
-_RUN_ONLY = ("--model", "--learners", "--lora-rank", "--zero-stage", "--save-freq", "--checkpoint-state-freq",
-             "--keep-last-n-checkpoints", "--total-steps", "--save-hf", "--disable-ds", "--lora-hf-save")
 
 
 @app.command("plan-disk")
@@ -51,54 +47,15 @@ def plan_disk_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON"),
 ) -> None:
     """Will the checkpoints fit? Each kind a backend writes, the caches beside them, at peak, against the quota."""
-    from hpcrl.planning.disk import GIB
-    from hpcrl.planning.disk_backends import budget
+    from hpcrl.planning.disk_answer import DiskRequest, plan_disk
 
-    given = dict(zip(_RUN_ONLY, (model, learners, lora_rank, zero_stage, save_freq, state_freq, keep, total_steps,
-                                 save_hf, disable_ds, lora_hf_save)))
-    extra = {"dataset_bytes": dataset_gib * GIB, "rollout_tokens_per_step": rollout_tokens}
-    if config is not None:
-        from hpcrl.planning.disk_check import config_inputs
-        from hpcrl.planning.run_plan import make_run_plan
-
-        if (bad := next((k for k, v in given.items() if v is not None), None)) or backend:
-            raise HpcrlError(f"{bad or '--backend'}: with --config the run's own settings count; change them with "
-                             "--set KEY=VALUE")
-        rp = make_run_plan(config, nodes=nodes, cluster=cluster, cluster_file=_str(cluster_file), sets=sets)
-        name, (s, quota_from) = rp.backend.name, config_inputs(rp, quota_gib, hf_cache, **extra)
-    else:
-        from hpcrl.planning.disk_backends import flag_inputs
-        from hpcrl.profiles import resolve_profile
-
-        if nodes is not None or sets:
-            raise HpcrlError("--nodes and --set go with --config")
-        from hpcrl.planning.backends import DEFAULT_BACKEND
-
-        name = backend or DEFAULT_BACKEND
-        s, quota_from = flag_inputs(name, {k.lstrip("-").replace("-", "_"): v for k, v in given.items()},
-                                    resolve_profile(cluster, _str(cluster_file)), quota_gib, hf_cache, **extra)
-    b = budget(name, s)
+    b, quota_from = plan_disk(DiskRequest(
+        backend=backend, config=config, nodes=nodes, sets=tuple(sets or ()), model=model, learners=learners,
+        lora_rank=lora_rank, zero_stage=zero_stage, save_freq=save_freq, checkpoint_state_freq=state_freq,
+        keep_last_n_checkpoints=keep, total_steps=total_steps, save_hf=save_hf, disable_ds=disable_ds,
+        lora_hf_save=lora_hf_save, hf_cache=hf_cache, dataset_gib=dataset_gib, rollout_tokens_per_step=rollout_tokens,
+        cluster=cluster, cluster_file=None if cluster_file is None else str(cluster_file), quota_gib=quota_gib))
     _show(b, quota_from, as_json)
-
-
-def _str(path: Optional[Path]) -> Optional[str]:
-    return None if path is None else str(path)
-
-
-def _legacy(b) -> dict:
-    """The state and HF save of the plan under the keys `plan-disk --json` has always had."""
-    out = {}
-    state = b.item("deepspeed_state") or b.item("fsdp_state")
-    hf = b.item("hf_save") or b.item("final_save")
-    if state:
-        out["state_checkpoint"] = {"bytes": round(state.one_bytes), "gib": round(state.one_bytes / 2**30, 2),
-                                   "per_rank_bytes": round(state.one_bytes / b.inputs.learners),
-                                   "terms_gib": {k: round(v / 2**30, 3) for k, v in state.terms.items()},
-                                   "saves": state.written, "at_peak": state.at_peak}
-    if hf:
-        out["hf_save"] = {"kind": hf.what, "bytes": round(hf.one_bytes), "gib": round(hf.one_bytes / 2**30, 2),
-                          "saves": hf.written, "at_peak": hf.at_peak}
-    return out
 
 
 def _show(b, quota_from: str, as_json: bool) -> None:
@@ -106,7 +63,9 @@ def _show(b, quota_from: str, as_json: bool) -> None:
     from hpcrl.planning.disk_backends import settings_text
 
     if as_json:
-        print_json({**b.to_dict(), **_legacy(b), "quota_from": quota_from})
+        from hpcrl.planning.disk_answer import plan_disk_data
+
+        print_json(plan_disk_data(b, quota_from))
         return
     s = b.inputs
     steps = f"{s.total_steps} steps" if s.total_steps else "steps unknown"

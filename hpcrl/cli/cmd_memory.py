@@ -154,7 +154,7 @@ def _print_plan(d: dict) -> None:
     e.add_column("term (derived / measured from vLLM logs)")
     e.add_column("GiB", justify="right")
     e.add_row("weights (derived)", f"{en['weights_gib']:.2f}")
-    e.add_row("profiling peak: forward or sampler warm-up (derived; sampler bytes fitted to logs)",
+    e.add_row("profiling peak: forward or sampler warm-up (derived; sampler bytes fitted to logs where unread)",
               f"{en['activation_peak_gib']:.2f}")
     e.add_row("non-torch growth over vLLM's start snapshot (measured from logs)", f"{en['non_torch_gib']:.2f}")
     e.add_row("CUDA graph pool (measured from logs), " + ("inside the budget" if en["cuda_graphs_in_budget"]

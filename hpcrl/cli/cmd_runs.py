@@ -16,24 +16,11 @@ REGISTRY_OPT = typer.Option(None, "--registry", help="Registry file (default $HP
 JSON_OPT = typer.Option(False, "--json", help="Print JSON (stable schema) instead of a table")
 
 
-def _registry(path: Optional[Path], create: bool = False):
-    """The registry; only submit creates it (reading commands create nothing)."""
-    from hpcrl.jobs.registry import Registry
-
-    return Registry(path, create=create)
-
-
-def _none_yet(path: Optional[Path], as_json: bool) -> bool:
-    """Say there are no runs when no registry exists yet (without making one); False if one exists."""
-    from hpcrl.jobs.registry import default_path
-
-    where = default_path(path)
-    if where.exists():
+def _none_yet(d: dict) -> bool:
+    """Say there are no runs when no registry exists yet (none was made); False if one exists."""
+    if Path(d["registry"]).exists():
         return False
-    if as_json:
-        print_json({"registry": str(where), "runs": []})
-    else:
-        typer.echo(f"0 runs: no registry at {where} yet (hpcrl submit records runs)")
+    typer.echo(f"0 runs: no registry at {d['registry']} yet (hpcrl submit records runs)")
     return True
 
 
@@ -51,66 +38,33 @@ def submit_cmd(
     as_json: bool = JSON_OPT,
 ) -> None:
     """Render as `render` does with the same options (or take SCRIPT), write the run dir, sbatch it, record the run."""
-    from hpcrl.jobs import lifecycle
+    from hpcrl.jobs import run_results
 
-    if script is not None:
-        # --cluster names the cluster a rendered script was made for; every other option would render one.
-        if given := option_names(request, but=("cluster",)):
-            from hpcrl.errors import HpcrlError
-
-            raise HpcrlError(f"give either a rendered SCRIPT or {', '.join(given)}, not both")
-        sub = lifecycle.from_script(script, run_dir=run_dir, cluster=request.cluster)
-    else:
-        from hpcrl.jobs.run_script import build
-
-        sub = lifecycle.from_run_script(build(request))
-    reg = _registry(registry, create=True)
-    done = lifecycle.submit(reg, sub, dry_run=dry_run, keep_exclusions=keep_exclusions)
+    d = run_results.submit(request, script=script, run_dir=run_dir, dry_run=dry_run, keep_exclusions=keep_exclusions,
+                           registry=registry, given=option_names(request, but=("cluster",)))
     if as_json:
-        print_json({"run_id": done.run_id, "job_id": done.job_id, "dry_run": dry_run,
-                    "script": str(done.script_path), "run_dir": str(sub.run_dir.path),
-                    "log": str(done.log_path) if done.log_path else None, "command": done.command,
-                    "registry": str(reg.path), "warnings": list(sub.warnings)})
+        print_json(d)
         return
-    for w in sub.warnings:
+    for w in d["warnings"]:
         warn(w)
     if dry_run:
-        typer.echo(f"dry run {done.run_id}: would run  {' '.join(done.command)}")
-        typer.echo(f"script: {done.script_path}")
-        typer.echo(f"run dir: {sub.run_dir.path} (not written)")
+        typer.echo(f"dry run {d['run_id']}: would run  {' '.join(d['command'])}")
+        typer.echo(f"script: {d['script']}")
+        typer.echo(f"run dir: {d['run_dir']} (not written)")
         return
-    typer.echo(f"run {done.run_id}: job {done.job_id}")
-    typer.echo(f"log: {done.log_path}")
+    typer.echo(f"run {d['run_id']}: job {d['job_id']}")
+    typer.echo(f"log: {d['log']}")
 
 
-def _runs_table(runs, title: str):
+def _runs_table(runs: list[dict], title: str):
     t = table(title)
     for col in ("run", "state", "reason", "cluster", "jobs", "latest job", "created", "run dir"):
         t.add_column(col, overflow="fold")
     for r in runs:
-        last = r.last_job
-        t.add_row(r.run_id, r.state, r.reason, r.cluster, str(len(r.jobs)),
-                  f"{last.job_id} {last.state}" if last else "-", r.created, r.run_dir)
+        last = r["jobs"][-1] if r["jobs"] else None
+        t.add_row(r["run_id"], r["state"], r["reason"], r["cluster"], str(len(r["jobs"])),
+                  f"{last['job_id']} {last['state']}" if last else "-", r["created"], r["run_dir"])
     return t
-
-
-def _run_json(r) -> dict:
-    from hpcrl.jobs.lifecycle import RunDir
-
-    from hpcrl.jobs.run_dir import readable_chain
-
-    d = r.to_dict()
-    rd = RunDir(r.run_dir)
-    d["restarts"] = rd.restart_count() if rd.restarts.exists() else None
-    d["failure_restarts"] = rd.failure_restart_count()
-    d["excluded_nodes"] = rd.excluded_nodes()
-    chain = readable_chain(rd)
-    for j in d["jobs"]:
-        j["log"] = str(rd.log(j["job_id"]))
-        ev = chain.get(j["job_id"])
-        j["failure"] = ({"reason": ev.failure, "excluded": list(ev.blamed), "continued": ev.next_job is not None}
-                        if ev and ev.failure else None)
-    return d
 
 
 @app.command("runs")
@@ -133,18 +87,13 @@ def runs_cmd(
         dropped = f" ({done.jobs_dropped} jobs of lost runs dropped)" if done.jobs_dropped else ""
         typer.echo(f"registry {done.path}: kept {done.runs} runs and {done.jobs} jobs{dropped}{moved}")
         return
-    if limit < 0:
-        from hpcrl.errors import HpcrlError
+    from hpcrl.jobs import run_results
 
-        raise HpcrlError(f"--limit {limit}: give 0 (all runs) or a positive number")
-    if _none_yet(registry, as_json):
-        return
-    reg = _registry(registry)
-    runs = reg.list_runs(limit or None)
+    d = run_results.runs(limit=limit, registry=registry)
     if as_json:
-        print_json({"registry": str(reg.path), "runs": [_run_json(r) for r in runs]})
-        return
-    console.print(_runs_table(runs, f"{len(runs)} runs in {reg.path}"))
+        print_json(d)
+    elif not _none_yet(d):
+        console.print(_runs_table(d["runs"], f"{len(d['runs'])} runs in {d['registry']}"))
 
 
 @app.command("status")
@@ -155,36 +104,35 @@ def status_cmd(
     as_json: bool = JSON_OPT,
 ) -> None:
     """Refresh run states (one batched Slurm query, following the job chain) and show them."""
-    from hpcrl.jobs import lifecycle
+    from hpcrl.jobs import run_results, slurm
 
-    if not run and _none_yet(registry, as_json):
-        return
-    reg = _registry(registry)
-    runs = [reg.find(run)] if run else reg.list_runs(None if all_runs else 50, live_only=not all_runs)
-    runs = lifecycle.refresh(reg, runs)
+    d = run_results.status(run, all_runs=all_runs, registry=registry)
     if as_json:
-        print_json({"registry": str(reg.path), "runs": [_run_json(r) for r in runs]})
+        print_json(d)
         return
     if not run:
+        if _none_yet(d):
+            return
         # Without --all: the runs that were live before this refresh (some may have ended now).
-        title = f"{len(runs)} run{'' if len(runs) == 1 else 's'}" + ("" if all_runs else " live before this refresh")
-        console.print(_runs_table(runs, title))
+        n = len(d["runs"])
+        title = f"{n} run{'' if n == 1 else 's'}" + ("" if all_runs else " live before this refresh")
+        console.print(_runs_table(d["runs"], title))
         return
-    r = runs[0]
-    d = _run_json(r)
-    restarts = f", restarts {d['restarts']}/{r.max_restarts}" if d["restarts"] is not None else ""
-    if d["failure_restarts"]:
-        restarts += f", after failures {d['failure_restarts']}" + (
-            f" (excluded {', '.join(d['excluded_nodes'])})" if d["excluded_nodes"] else "")
-    console.print(f"[bold]{r.run_id}[/] {r.state}" + (f" ({r.reason})" if r.reason else "") + restarts, soft_wrap=True)
-    typer.echo(f"run dir: {r.run_dir}")
+    r = d["runs"][0]
+    restarts = f", restarts {r['restarts']}/{r['max_restarts']}" if r["restarts"] is not None else ""
+    if r["failure_restarts"]:
+        restarts += f", after failures {r['failure_restarts']}" + (
+            f" (excluded {', '.join(r['excluded_nodes'])})" if r["excluded_nodes"] else "")
+    console.print(f"[bold]{r['run_id']}[/] {r['state']}" + (f" ({r['reason']})" if r["reason"] else "") + restarts,
+                  soft_wrap=True)
+    typer.echo(f"run dir: {r['run_dir']}")
     t = table()
     for col in ("#", "job", "state", "reason", "exit", "submitted", "ended", "log"):
         t.add_column(col, overflow="fold")
-    for j in d["jobs"]:
+    for j in r["jobs"]:
         f = j["failure"]
         # No `continue` line yet: sbatch is under way while the job runs, failed once it has ended.
-        sbatch = " -> continuing" if j["state"] in lifecycle.slurm.LIVE_STATES else " -> the continuation's sbatch failed"
+        sbatch = " -> continuing" if j["state"] in slurm.LIVE_STATES else " -> the continuation's sbatch failed"
         reason = j["reason"] + ("" if not f else sbatch if not f["continued"] else
                                 f" -> continued without {', '.join(f['excluded'])}" if f["excluded"] else " -> continued")
         t.add_row(str(j["seq"]), j["job_id"], j["state"], reason,
@@ -198,16 +146,19 @@ def logs_cmd(
     follow: bool = typer.Option(False, "--follow", "-f", help="Follow the newest log, across continuations"),
     poll: float = typer.Option(1.0, "--poll", help="Seconds between reads of the log while following"),
     registry: Optional[Path] = REGISTRY_OPT,
+    as_json: bool = typer.Option(False, "--json",
+                                 help="Print each job's log path and text as JSON (not with --follow)"),
 ) -> None:
     """Print the log of every job of the run in order (job headers go to stderr)."""
-    from hpcrl.jobs import lifecycle
-
     from hpcrl.errors import HpcrlError
+    from hpcrl.jobs import lifecycle, run_results
 
-    reg = _registry(registry)
-    r = reg.find(run)
-    if not r.jobs:
-        raise HpcrlError(f"run {r.run_id} has no Slurm jobs ({r.state}" + (f": {r.reason})" if r.reason else ")"))
+    if as_json:
+        if follow:
+            raise HpcrlError("--json prints the logs as they are now; --follow streams them: give one of the two")
+        print_json(run_results.logs(run, registry=registry))
+        return
+    r = run_results.with_jobs(run, registry)
     shown = None
     chunks = lifecycle.follow(r, poll_s=poll) if follow else lifecycle.logs(r)
     try:
@@ -231,15 +182,14 @@ def cancel_cmd(
     as_json: bool = JSON_OPT,
 ) -> None:
     """Stop a run: write its cancel marker (no continuation), then scancel its live jobs."""
-    from hpcrl.jobs import lifecycle
+    from hpcrl.jobs import run_results
 
-    reg = _registry(registry)
-    r = lifecycle.cancel(reg, reg.find(run))
+    d = run_results.cancel(run, registry=registry)
     if as_json:
-        print_json({"cancel_requested": True, **_run_json(r)})
+        print_json(d)
         return
-    jobs = ", ".join(j.job_id for j in r.jobs)
-    typer.echo(f"run {r.run_id}: cancel requested (jobs {jobs}); now {r.state}")
+    jobs = ", ".join(j["job_id"] for j in d["jobs"])
+    typer.echo(f"run {d['run_id']}: cancel requested (jobs {jobs}); now {d['state']}")
 
 
 _STYLE = {"ok": "green", "warn": "yellow", "fail": "red", "info": "dim"}

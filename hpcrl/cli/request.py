@@ -42,9 +42,8 @@ def _field_value(name: str, value: Any) -> Any:
 
 def option_names(request: RunRequest, *, but: tuple[str, ...] = ()) -> list[str]:
     """The options given (not left at their defaults) that made request, as the user typed them."""
-    default = RunRequest()
-    return [opt.param_decls[0] for name, _, opt in (*_SHARED, _SMOKE)
-            if name not in but and getattr(request, name) != getattr(default, name)]
+    given = request.given(but=but)
+    return [opt.param_decls[0] for name, _, opt in (*_SHARED, _SMOKE) if name in given]
 
 
 def run_request_options(*, smoke: bool) -> Callable[[Callable[..., Any]], Callable[..., Any]]:

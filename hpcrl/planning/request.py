@@ -7,7 +7,7 @@ takes it on to the script. A refusal raised here is raised for all three command
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -30,6 +30,11 @@ class RunRequest:
     smoke: bool = False  # the script runs hpcrl's Ray smoke test instead of training
     # Only `plan --model` asks this: a what-if on another model than the config's, never rendered.
     model: str | None = None
+
+    def given(self, *, but: tuple[str, ...] = ()) -> list[str]:
+        """The fields set to other than their defaults (but those named), in declaration order."""
+        default = RunRequest()
+        return [f.name for f in fields(self) if f.name not in but and getattr(self, f.name) != getattr(default, f.name)]
 
 
 def plan_request(req: RunRequest) -> RunPlan:

@@ -9,10 +9,10 @@
 #   custom: python qwen_gsm8k_ppo_train.py, 1 process(es) on 1 GPU(s); ppo with LoRA r8 on a 4-bit NF4 base, critic value_head, reference shared; HF generate, no vLLM, no Ray
 #   one GPU generates (HF generate, KV cache 0.05 GiB) and trains: peak 9.2 GiB of 79.2 usable at training (derived); host 6 GiB of 250 GiB
 #   step ~8-19 s (mid ~10 s) (generation 9 s, training 1 s), bottleneck generation; the checkpoint cadence and time-limit lead use the upper estimate
-#   step basis: generation: derived (uncalibrated): HF generate, bf16 weight + KV reads at 50% of HBM peak + 30 ms per token; not checked against a measured HF-generate step (4-bit dequantization per token, PPO's extra forwards and Python overheads are not modelled), a real step may take 2-3x the estimate; training: learner 2 x 0.26 s + optimizer step 0.00 s, fitted on 40 measured rows (fsdp_measured, openrlhf_measured, zero3_timing; H100/H200); derived: A100-SXM4-80GB scaled from H100/H200 by peak FLOP/s and bandwidths, 4-bit dequantization, no ZeRO sharding (one process or DDP)
-#   save_steps 200: a checkpoint every ~64 min of training at the upper step estimate ~19 s (pinned in the config); time-limit warning 900 s before the end = one upper step (~19 s) + one checkpoint write (~3 s, derived) + 60 s to stop
+#   step basis: generation: derived (uncalibrated): HF generate, bf16 weight + KV reads at 50% of HBM peak + 30 ms per token; not checked against a measured HF-generate step (4-bit dequantization per token, PPO's extra forwards and Python overheads are not modelled), a real step may take 2-3x the estimate; training: learner 2 x 0.32 s + optimizer step 0.00 s, fitted on 40 measured rows (fsdp_measured, openrlhf_measured, zero3_timing; H100/H200); derived: A100-SXM4-80GB scaled from H100/H200 by peak FLOP/s and bandwidths, 4-bit dequantization, no ZeRO sharding (one process or DDP), bf16 LoRA adapters (the rows' are peft's fp32)
+#   save_steps 200: a checkpoint every ~65 min of training at the upper step estimate ~19 s (pinned in the config); time-limit warning 900 s before the end = one upper step (~19 s) + one checkpoint write (~3 s, derived) + 60 s to stop
 # Warning: berzelius: the script uses unconfirmed profile facts: --partition=berzelius (hpcrl.partition); the run root /proj/$SLURM_JOB_ACCOUNT/users/$USER/hpcrl-runs (hpcrl.run_root); check them (hpcrl clusters show berzelius) or set what is in brackets
-# Warning: save_steps 200 (pinned) risks ~64 min of training at each job's end or fault, over hpcrl.max_lost_minutes 30: remove it and hpcrl sets 93
+# Warning: save_steps 200 (pinned) risks ~65 min of training at each job's end or fault, over hpcrl.max_lost_minutes 30: remove it and hpcrl sets 92
 # Warning: resume none: the script declares no way to resume (set resume: marker or own if it does), so a job that reaches its time limit does not continue the chain (a new job would train from scratch); give the run a wall time it can finish in, or save its state
 #
 # Submit with `hpcrl submit`, which creates the run directory first. With plain sbatch,
@@ -170,7 +170,7 @@ run_directory() {
     },
     "pinned": true,
     "signal_floor_s": 900,
-    "step_s": 9.761,
+    "step_s": 9.884,
     "write_basis": "derived",
     "write_gib_s": 2.0,
     "write_s": 2.958
@@ -205,12 +205,12 @@ run_directory() {
     ],
     "reason": "colocated: every GPU trains and generates; step ~10s = generation 9s + training 1s (range 8-19s)",
     "rollout_peak_gib": 7.36,
-    "step_time_basis": "generation: derived (uncalibrated): HF generate, bf16 weight + KV reads at 50% of HBM peak + 30 ms per token; not checked against a measured HF-generate step (4-bit dequantization per token, PPO's extra forwards and Python overheads are not modelled), a real step may take 2-3x the estimate; training: learner 2 x 0.26 s + optimizer step 0.00 s, fitted on 40 measured rows (fsdp_measured, openrlhf_measured, zero3_timing; H100/H200); derived: A100-SXM4-80GB scaled from H100/H200 by peak FLOP/s and bandwidths, 4-bit dequantization, no ZeRO sharding (one process or DDP)",
-    "step_time_high_s": 19.2,
-    "step_time_low_s": 7.8,
-    "step_time_s": 9.8,
+    "step_time_basis": "generation: derived (uncalibrated): HF generate, bf16 weight + KV reads at 50% of HBM peak + 30 ms per token; not checked against a measured HF-generate step (4-bit dequantization per token, PPO's extra forwards and Python overheads are not modelled), a real step may take 2-3x the estimate; training: learner 2 x 0.32 s + optimizer step 0.00 s, fitted on 40 measured rows (fsdp_measured, openrlhf_measured, zero3_timing; H100/H200); derived: A100-SXM4-80GB scaled from H100/H200 by peak FLOP/s and bandwidths, 4-bit dequantization, no ZeRO sharding (one process or DDP), bf16 LoRA adapters (the rows' are peft's fp32)",
+    "step_time_high_s": 19.5,
+    "step_time_low_s": 7.9,
+    "step_time_s": 9.9,
     "training_peak_gib": 9.18,
-    "training_time_s": 0.5,
+    "training_time_s": 0.6,
     "vllm_gpu_memory_utilization": 0.0,
     "vllm_num_engines": 1,
     "vllm_tensor_parallel_size": 1
@@ -323,10 +323,10 @@ run_directory() {
       "rollout_seqs": 4,
       "seq_len": 384,
       "time": {
-        "basis": "fitted on 40 measured rows (fsdp_measured, openrlhf_measured, zero3_timing; H100/H200); derived: A100-SXM4-80GB scaled from H100/H200 by peak FLOP/s and bandwidths, 4-bit dequantization, no ZeRO sharding (one process or DDP)",
-        "high": 1.38,
-        "low": 0.56,
-        "micro_batch_s": 0.261,
+        "basis": "fitted on 40 measured rows (fsdp_measured, openrlhf_measured, zero3_timing; H100/H200); derived: A100-SXM4-80GB scaled from H100/H200 by peak FLOP/s and bandwidths, 4-bit dequantization, no ZeRO sharding (one process or DDP), bf16 LoRA adapters (the rows' are peft's fp32)",
+        "high": 1.56,
+        "low": 0.6,
+        "micro_batch_s": 0.322,
         "optimizer_step_s": 0.001
       },
       "tokens_per_micro_batch": 1536,
@@ -348,7 +348,7 @@ run_directory() {
   "smoke": false,
   "warnings": [
     "berzelius: the script uses unconfirmed profile facts: --partition=berzelius (hpcrl.partition); the run root /proj/$SLURM_JOB_ACCOUNT/users/$USER/hpcrl-runs (hpcrl.run_root); check them (hpcrl clusters show berzelius) or set what is in brackets",
-    "save_steps 200 (pinned) risks ~64 min of training at each job's end or fault, over hpcrl.max_lost_minutes 30: remove it and hpcrl sets 93",
+    "save_steps 200 (pinned) risks ~65 min of training at each job's end or fault, over hpcrl.max_lost_minutes 30: remove it and hpcrl sets 92",
     "resume none: the script declares no way to resume (set resume: marker or own if it does), so a job that reaches its time limit does not continue the chain (a new job would train from scratch); give the run a wall time it can finish in, or save its state"
   ]
 }

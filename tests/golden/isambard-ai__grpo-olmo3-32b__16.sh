@@ -8,10 +8,10 @@
 #   model allenai/Olmo-3-1125-32B: 256 sequences of 10240 tokens per step, pack_length 10240
 #   16 x 4 GH200 (95.58 GiB): 16 learner GPUs, 48 engine GPUs, 0 idle
 #   num_learners_per_node [1] x 16, vllm_num_engines 48, vllm_tensor_parallel_size 1, vllm_gpu_memory_utilization 0.9, deepspeed_stage 3
-#   learner peak 64.3 GiB/GPU of 95.6 usable; engine 60.0 GiB weights + 25.3 GiB KV cache per GPU; host peak 20 GiB/node
-#   step ~311-765 s (mid ~555 s) (generation 254 s, training 555 s), bottleneck training; the checkpoint cadence and time-limit lead use the upper estimate
-#   step basis: generation: vLLM model fitted on 12 published vLLM rows (batch 1, A100), 6 held out: time off by median 17%, max 2x (benchmarks/vllm_throughput); training: learner 16 x 34.65 s + optimizer step 0.11 s, fitted on 40 measured rows (fsdp_measured, openrlhf_measured, zero3_timing; H100/H200); derived: GH200 scaled from H100/H200 by peak FLOP/s and bandwidths
-#   checkpoint_state_freq 2: a checkpoint every ~26 min of training at the upper step estimate ~765 s (so that at most 30 min is lost); time-limit warning 1020 s before the end = one upper step (~765 s) + one checkpoint write (~180 s, derived) + 60 s to stop
+#   learner peak 64.3 GiB/GPU of 95.6 usable; engine 60.0 GiB weights + 25.4 GiB KV cache per GPU; host peak 20 GiB/node
+#   step ~344-894 s (mid ~573 s) (generation 254 s, training 573 s), bottleneck training; the checkpoint cadence and time-limit lead use the upper estimate
+#   step basis: generation: vLLM model fitted on 12 published vLLM rows (batch 1, A100), 6 held out: time off by median 17%, max 2x (benchmarks/vllm_throughput); training: learner 16 x 35.81 s + optimizer step 0.11 s, fitted on 40 measured rows (fsdp_measured, openrlhf_measured, zero3_timing; H100/H200); derived: GH200 scaled from H100/H200 by peak FLOP/s and bandwidths
+#   checkpoint_state_freq 2: a checkpoint every ~30 min of training at the upper step estimate ~894 s (so that at most 30 min is lost); time-limit warning 1140 s before the end = one upper step (~894 s) + one checkpoint write (~180 s, derived) + 60 s to stop
 # Warning: 16 nodes = 64 GPUs exceed QOS 32gpu_qos's default cap of 32 GPUs (8 nodes); fine if your project's limit was raised
 # Warning: num_unique_prompts_rollout 32 is below vllm_num_engines 48: each step's prompts keep at most 32 engines busy (grpo_fast.py looks ahead async_steps steps to fill the rest); raise it to 48 or more, or use fewer engines (--pin engines=N)
 #
@@ -28,7 +28,7 @@
 #SBATCH --partition=workq
 #SBATCH --output=hpcrl-grpo-olmo3-32b-%j.out
 #SBATCH --open-mode=append
-#SBATCH --signal=B:USR1@1020
+#SBATCH --signal=B:USR1@1140
 #SBATCH --no-requeue
 
 set -euo pipefail
@@ -182,7 +182,7 @@ run_directory() {
   "cadence": {
     "every_steps": 2,
     "key": "checkpoint_state_freq",
-    "lead_s": 1020,
+    "lead_s": 1140,
     "lora_rank": 0,
     "max_lost_minutes": 30.0,
     "model": {
@@ -205,7 +205,7 @@ run_directory() {
     },
     "pinned": false,
     "signal_floor_s": 900,
-    "step_s": 554.576,
+    "step_s": 573.109,
     "write_basis": "derived",
     "write_gib_s": 2.0,
     "write_s": 180.119
@@ -220,7 +220,7 @@ run_directory() {
     "deepspeed_stage": 3,
     "engine_concurrent_seqs": 10,
     "engine_gpus": 48,
-    "engine_kv_cache_gib": 25.32,
+    "engine_kv_cache_gib": 25.41,
     "engine_vllm": {
       "max_num_batched_tokens": 2048,
       "max_num_seqs": 128,
@@ -252,20 +252,20 @@ run_directory() {
       1,
       1
     ],
-    "reason": "no idle GPU; step ~555s (range 311-765s) set by training (generation 254s, training 555s)",
-    "step_time_basis": "generation: vLLM model fitted on 12 published vLLM rows (batch 1, A100), 6 held out: time off by median 17%, max 2x (benchmarks/vllm_throughput); training: learner 16 x 34.65 s + optimizer step 0.11 s, fitted on 40 measured rows (fsdp_measured, openrlhf_measured, zero3_timing; H100/H200); derived: GH200 scaled from H100/H200 by peak FLOP/s and bandwidths",
-    "step_time_high_s": 765.3,
-    "step_time_low_s": 310.6,
-    "step_time_s": 554.6,
-    "training_time_s": 554.6,
+    "reason": "no idle GPU; step ~573s (range 344-894s) set by training (generation 254s, training 573s)",
+    "step_time_basis": "generation: vLLM model fitted on 12 published vLLM rows (batch 1, A100), 6 held out: time off by median 17%, max 2x (benchmarks/vllm_throughput); training: learner 16 x 35.81 s + optimizer step 0.11 s, fitted on 40 measured rows (fsdp_measured, openrlhf_measured, zero3_timing; H100/H200); derived: GH200 scaled from H100/H200 by peak FLOP/s and bandwidths",
+    "step_time_high_s": 894.0,
+    "step_time_low_s": 343.9,
+    "step_time_s": 573.1,
+    "training_time_s": 573.1,
     "vllm_gpu_memory_utilization": 0.9,
     "vllm_num_engines": 48,
     "vllm_tensor_parallel_size": 1
   },
   "memory": {
     "engine": {
-      "activation_peak_gib": 0.461,
-      "concurrency": 10.13,
+      "activation_peak_gib": 0.375,
+      "concurrency": 10.16,
       "concurrent_seqs": 10,
       "cuda_graphs_gib": 1.0,
       "cuda_graphs_in_budget": false,
@@ -275,8 +275,8 @@ run_directory() {
       "gpu_memory_utilization": 0.9,
       "kv_bytes_per_token": 262144,
       "kv_cache_dtype": "auto",
-      "kv_cache_gib": 25.322,
-      "kv_tokens": 103712,
+      "kv_cache_gib": 25.408,
+      "kv_tokens": 104064,
       "max_num_batched_tokens": 2048,
       "max_num_seqs": 128,
       "max_seq_len": 10240,
@@ -341,9 +341,9 @@ run_directory() {
       },
       "time": {
         "basis": "fitted on 40 measured rows (fsdp_measured, openrlhf_measured, zero3_timing; H100/H200); derived: GH200 scaled from H100/H200 by peak FLOP/s and bandwidths",
-        "high": 1.38,
-        "low": 0.56,
-        "micro_batch_s": 34.654,
+        "high": 1.56,
+        "low": 0.6,
+        "micro_batch_s": 35.813,
         "optimizer_step_s": 0.108
       },
       "tokens_per_gpu": 10240,
@@ -356,7 +356,7 @@ run_directory() {
       "total_params": 32233522176,
       "trainable_params": 32233522176
     },
-    "verdict": "learner fits with 27.4 GiB to spare after a 3.9 GiB allocator margin; engine fits: 10.13x sequences of 10240 tokens fit at once"
+    "verdict": "learner fits with 27.4 GiB to spare after a 3.9 GiB allocator margin; engine fits: 10.16x sequences of 10240 tokens fit at once"
   },
   "model": "allenai/Olmo-3-1125-32B",
   "nodes": 16,
@@ -377,7 +377,7 @@ MAX_FAILURE_RESTARTS=3
 FAILURE_BACKOFF_S=60
 GRACE_S=780
 # The --signal lead time.
-SIGNAL_LEAD_S=1020
+SIGNAL_LEAD_S=1140
 # Nodes the rendered script excludes; a continuation after a node's failure adds that node.
 RENDERED_EXCLUDE=''
 # Reserved at the end of Slurm's KillWait (run_directory reads it) for the last record and cleanup.

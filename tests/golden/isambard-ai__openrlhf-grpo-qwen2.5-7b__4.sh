@@ -9,9 +9,9 @@
 #   4 x 4 GH200 (95.58 GiB): 4 learner GPUs, 12 engine GPUs, 0 idle
 #   actor.num_nodes 1, actor.num_gpus_per_node 4, vllm.num_engines 12, vllm.tensor_parallel_size 1, vllm.gpu_memory_utilization 0.9, ds.zero_stage 3
 #   learner peak 51.3 GiB/GPU of 95.6 usable; engine 14.2 GiB weights + 69.9 GiB KV cache per GPU; host peak 26 GiB/node
-#   step ~259-638 s (mid ~462 s) (generation 65 s, training 462 s), bottleneck training; the checkpoint cadence and time-limit lead use the upper estimate
-#   step basis: generation: vLLM model fitted on 12 published vLLM rows (batch 1, A100), 6 held out: time off by median 17%, max 2x (benchmarks/vllm_throughput); training: learner 256 x 1.81 s + optimizer step 0.08 s, fitted on 40 measured rows (fsdp_measured, openrlhf_measured, zero3_timing; H100/H200); derived: GH200 scaled from H100/H200 by peak FLOP/s and bandwidths
-#   ckpt.save_steps 2: a checkpoint every ~21 min of training at the upper step estimate ~638 s (so that at most 30 min is lost); time-limit warning 900 s before the end = one upper step (~638 s) + one checkpoint write (~43 s, derived) + 60 s to stop
+#   step ~286-743 s (mid ~476 s) (generation 65 s, training 476 s), bottleneck training; the checkpoint cadence and time-limit lead use the upper estimate
+#   step basis: generation: vLLM model fitted on 12 published vLLM rows (batch 1, A100), 6 held out: time off by median 17%, max 2x (benchmarks/vllm_throughput); training: learner 256 x 1.86 s + optimizer step 0.08 s, fitted on 40 measured rows (fsdp_measured, openrlhf_measured, zero3_timing; H100/H200); derived: GH200 scaled from H100/H200 by peak FLOP/s and bandwidths
+#   ckpt.save_steps 2: a checkpoint every ~25 min of training at the upper step estimate ~743 s (so that at most 30 min is lost); time-limit warning 900 s before the end = one upper step (~743 s) + one checkpoint write (~43 s, derived) + 60 s to stop
 # Warning: 4 learners per node on isambard-ai, where the profile plans at most 1: more than one learner per GH200 node failed with NCCL "Duplicate GPU detected" in the users' runs (their workaround, a patched NCCL with NCCL_IGNORE_DUPLICATE_GPU=1, is untested at 32B); OpenRLHF places its actor's one-GPU bundles with PACK (cli/train_ppo_ray.py:48-49 at 3c3be623), so Ray fills each node's GPUs before the next: hpcrl cannot plan fewer
 #
 # Submit with `hpcrl submit`, which creates the run directory first. With plain sbatch,
@@ -218,7 +218,7 @@ run_directory() {
     },
     "pinned": false,
     "signal_floor_s": 900,
-    "step_s": 462.188,
+    "step_s": 476.3,
     "write_basis": "derived",
     "write_gib_s": 2.0,
     "write_s": 42.556
@@ -249,12 +249,12 @@ run_directory() {
     "num_learners_per_node": [
       4
     ],
-    "reason": "no idle GPU; step ~462s (range 259-638s) set by training (generation 65s, training 462s)",
-    "step_time_basis": "generation: vLLM model fitted on 12 published vLLM rows (batch 1, A100), 6 held out: time off by median 17%, max 2x (benchmarks/vllm_throughput); training: learner 256 x 1.81 s + optimizer step 0.08 s, fitted on 40 measured rows (fsdp_measured, openrlhf_measured, zero3_timing; H100/H200); derived: GH200 scaled from H100/H200 by peak FLOP/s and bandwidths",
-    "step_time_high_s": 637.8,
-    "step_time_low_s": 258.8,
-    "step_time_s": 462.2,
-    "training_time_s": 462.2,
+    "reason": "no idle GPU; step ~476s (range 286-743s) set by training (generation 65s, training 476s)",
+    "step_time_basis": "generation: vLLM model fitted on 12 published vLLM rows (batch 1, A100), 6 held out: time off by median 17%, max 2x (benchmarks/vllm_throughput); training: learner 256 x 1.86 s + optimizer step 0.08 s, fitted on 40 measured rows (fsdp_measured, openrlhf_measured, zero3_timing; H100/H200); derived: GH200 scaled from H100/H200 by peak FLOP/s and bandwidths",
+    "step_time_high_s": 743.0,
+    "step_time_low_s": 285.8,
+    "step_time_s": 476.3,
+    "training_time_s": 476.3,
     "vllm_gpu_memory_utilization": 0.9,
     "vllm_num_engines": 12,
     "vllm_tensor_parallel_size": 1
@@ -338,9 +338,9 @@ run_directory() {
       "reference_process_gib": 4.546,
       "time": {
         "basis": "fitted on 40 measured rows (fsdp_measured, openrlhf_measured, zero3_timing; H100/H200); derived: GH200 scaled from H100/H200 by peak FLOP/s and bandwidths",
-        "high": 1.38,
-        "low": 0.56,
-        "micro_batch_s": 1.805,
+        "high": 1.56,
+        "low": 0.6,
+        "micro_batch_s": 1.86,
         "optimizer_step_s": 0.075
       },
       "tokens_per_gpu": 5120,

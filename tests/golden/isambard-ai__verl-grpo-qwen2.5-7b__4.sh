@@ -9,9 +9,9 @@
 #   4 x 4 GH200 (95.58 GiB): all 16 GPUs train and generate (colocated)
 #   trainer.nnodes 4, n_gpus_per_node 4, rollout tensor_model_parallel_size 1 (16 engines), gpu_memory_utilization 0.85, fsdp param_offload false, optimizer_offload false
 #   colocated peak 76.1 GiB/GPU training, 89.6 GiB/GPU rollout of 95.6 usable; KV cache 64.5 GiB per GPU; host peak 49 GiB/node
-#   step ~148-366 s (mid ~235 s) (generation 68 s, training 167 s), bottleneck training; the checkpoint cadence and time-limit lead use the upper estimate
-#   step basis: generation: vLLM model fitted on 12 published vLLM rows (batch 1, A100), 6 held out: time off by median 17%, max 2x (benchmarks/vllm_throughput); training: learner 12 x 13.92 s + optimizer step 0.02 s, fitted on 40 measured rows (fsdp_measured, openrlhf_measured, zero3_timing; H100/H200); derived: GH200 scaled from H100/H200 by peak FLOP/s and bandwidths
-#   trainer.save_freq 4: a checkpoint every ~24 min of training at the upper step estimate ~366 s (so that at most 30 min is lost); time-limit warning 900 s before the end = one upper step (~366 s) + one checkpoint write (~43 s, derived) + 60 s to stop
+#   step ~155-395 s (mid ~234 s) (generation 68 s, training 166 s), bottleneck training; the checkpoint cadence and time-limit lead use the upper estimate
+#   step basis: generation: vLLM model fitted on 12 published vLLM rows (batch 1, A100), 6 held out: time off by median 17%, max 2x (benchmarks/vllm_throughput); training: learner 12 x 13.84 s + optimizer step 0.02 s, fitted on 40 measured rows (fsdp_measured, openrlhf_measured, zero3_timing; H100/H200); derived: GH200 scaled from H100/H200 by peak FLOP/s and bandwidths
+#   trainer.save_freq 4: a checkpoint every ~26 min of training at the upper step estimate ~395 s (so that at most 30 min is lost); time-limit warning 900 s before the end = one upper step (~395 s) + one checkpoint write (~43 s, derived) + 60 s to stop
 # Warning: 4 learners per node on isambard-ai, where the profile plans at most 1: more than one learner per GH200 node failed with NCCL "Duplicate GPU detected" in the users' runs (their workaround, a patched NCCL with NCCL_IGNORE_DUPLICATE_GPU=1, is untested at 32B); verl's resource pool takes trainer.n_gpus_per_node on every node (main_ppo.py:204 at b178a3cd, ppo/v1/trainer_base.py:760 at 1dda039b), and its colocated workers all train: hpcrl cannot plan fewer
 #
 # Submit with `hpcrl submit`, which creates the run directory first. With plain sbatch,
@@ -219,7 +219,7 @@ run_directory() {
     },
     "pinned": false,
     "signal_floor_s": 900,
-    "step_s": 234.701,
+    "step_s": 233.855,
     "write_basis": "derived",
     "write_gib_s": 2.0,
     "write_s": 42.556
@@ -254,14 +254,14 @@ run_directory() {
       4,
       4
     ],
-    "reason": "colocated: every GPU trains and generates; step ~235s = generation 68s + training 167s (range 148-366s)",
+    "reason": "colocated: every GPU trains and generates; step ~234s = generation 68s + training 166s (range 155-395s)",
     "rollout_peak_gib": 89.59,
-    "step_time_basis": "generation: vLLM model fitted on 12 published vLLM rows (batch 1, A100), 6 held out: time off by median 17%, max 2x (benchmarks/vllm_throughput); training: learner 12 x 13.92 s + optimizer step 0.02 s, fitted on 40 measured rows (fsdp_measured, openrlhf_measured, zero3_timing; H100/H200); derived: GH200 scaled from H100/H200 by peak FLOP/s and bandwidths",
-    "step_time_high_s": 365.9,
-    "step_time_low_s": 148.4,
-    "step_time_s": 234.7,
+    "step_time_basis": "generation: vLLM model fitted on 12 published vLLM rows (batch 1, A100), 6 held out: time off by median 17%, max 2x (benchmarks/vllm_throughput); training: learner 12 x 13.84 s + optimizer step 0.02 s, fitted on 40 measured rows (fsdp_measured, openrlhf_measured, zero3_timing; H100/H200); derived: GH200 scaled from H100/H200 by peak FLOP/s and bandwidths",
+    "step_time_high_s": 394.6,
+    "step_time_low_s": 154.5,
+    "step_time_s": 233.9,
     "training_peak_gib": 76.06,
-    "training_time_s": 167.0,
+    "training_time_s": 166.2,
     "vllm_gpu_memory_utilization": 0.85,
     "vllm_num_engines": 16,
     "vllm_tensor_parallel_size": 1
@@ -372,9 +372,9 @@ run_directory() {
       "sharding": "fsdp",
       "time": {
         "basis": "fitted on 40 measured rows (fsdp_measured, openrlhf_measured, zero3_timing; H100/H200); derived: GH200 scaled from H100/H200 by peak FLOP/s and bandwidths",
-        "high": 1.38,
-        "low": 0.56,
-        "micro_batch_s": 13.915,
+        "high": 1.56,
+        "low": 0.6,
+        "micro_batch_s": 13.845,
         "optimizer_step_s": 0.018
       },
       "tokens_per_gpu": 40960,

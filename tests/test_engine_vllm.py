@@ -104,13 +104,25 @@ def test_v0_refusal_at_29k_is_a_refusal():
     assert not em.fits and "refuses to start" in em.reason
 
 
-@pytest.mark.xfail(strict=True, reason="qwen2.5-72b-h100-tp2-0.95-8k (vLLM 0.19.0 log): 3.26 GiB predicted vs 3.04 "
-                   "logged (7.1%); weights and non-torch growth are each ~0.09 GiB under that log")
+# Held-out cases still outside 5%, each with its own strict xfail below, so that every other case
+# keeps its check: a regression elsewhere fails the test at once.
+OFF_BY_MORE = {"qwen2.5-72b-h100-tp2-0.95-8k"}
+
+
 def test_committed_start_ups_held_out_within_5_percent_and_no_refusal_called_a_fit():
     cases = check.load_cases()
-    bad = [c["id"] for c in cases if (c["role"] == "holdout" and check.kv_error(c) > 0.05)
-           or (c["refused"] and check.predict(c).fits)]
+    assert OFF_BY_MORE <= {c["id"] for c in cases}
+    held = [c for c in cases if c["role"] == "holdout" and c["id"] not in OFF_BY_MORE]
+    bad = [c["id"] for c in held if check.kv_error(c) > 0.05] + [c["id"] for c in cases if c["refused"]
+                                                                  and check.predict(c).fits]
     assert bad == []
+
+
+@pytest.mark.xfail(strict=True, reason="qwen2.5-72b-h100-tp2-0.95-8k (vLLM 0.19.0 log): 3.26 GiB predicted vs 3.04 "
+                   "logged (7.1%); weights and non-torch growth are each ~0.09 GiB under that log")
+def test_the_tight_72b_tp2_start_up_within_5_percent():
+    case = next(c for c in check.load_cases() if c["id"] == "qwen2.5-72b-h100-tp2-0.95-8k")
+    assert check.kv_error(case) <= 0.05
 
 
 @pytest.mark.xfail(strict=True, reason="the 4.45 GiB row has no recovered log; 0.19.1's sampler warm-up derived from "

@@ -14,7 +14,7 @@ from dataclasses import replace
 from hpcrl.errors import PlanError
 from hpcrl.memory import constants as C
 from hpcrl.memory.plan import allocator_margin
-from hpcrl.planning.layout import Layout, PlanMemo, Pins, Workload, enumerate_layouts
+from hpcrl.planning.layout import Layout, PlanMemo, Pins, Workload, any_layout, enumerate_layouts
 from hpcrl.profiles import ClusterProfile
 
 
@@ -31,14 +31,14 @@ def suggest(profile: ClusterProfile, nodes: int, w: Workload, pins: Pins, varian
     found: list[tuple[int, str]] = []  # (rank, fix)
     memo: PlanMemo = {}
 
-    def layouts(prof: ClusterProfile, n: int, wc: Workload, p: Pins, margin: bool = True):
-        return enumerate_layouts(prof, n, wc, p, margin=margin, memo=memo)
+    def fits(prof: ClusterProfile, n: int, wc: Workload, p: Pins, margin: bool = True) -> bool:
+        return any_layout(prof, n, wc, p, margin=margin, memo=memo)
 
     def add(text: str, prof: ClusterProfile, n: int, p: Pins, **change) -> bool:
         wc = replace(w, **change) if change else w
-        if layouts(prof, n, wc, p)[0]:
+        if fits(prof, n, wc, p):
             tight = False
-        elif layouts(prof, n, wc, p, margin=False)[0]:
+        elif fits(prof, n, wc, p, margin=False):
             tight = True
         else:
             return False
@@ -60,7 +60,7 @@ def suggest(profile: ClusterProfile, nodes: int, w: Workload, pins: Pins, varian
     lo, hi, best = w.seq_len, w.pack_length - 1, None
     while lo <= hi and w.pack_length > w.seq_len and fixes.get("tokens"):
         mid = (lo + hi) // 2
-        if layouts(profile, nodes, replace(w, pack_length=mid), pins)[0]:
+        if fits(profile, nodes, replace(w, pack_length=mid), pins):
             best, lo = mid, mid + 1
         else:
             hi = mid - 1
@@ -79,11 +79,11 @@ def suggest(profile: ClusterProfile, nodes: int, w: Workload, pins: Pins, varian
         """The fewest nodes in lo..limit where a layout fits. A layout that fits on n nodes fits on n + 1 (the
         same learners, more engine GPUs), so a bisection finds it: log2 of the range of plans, not the range."""
         hi = limit
-        if lo > hi or not layouts(prof, hi, wc, pins)[0]:
+        if lo > hi or not fits(prof, hi, wc, pins):
             return None
         while lo < hi:
             mid = (lo + hi) // 2
-            lo, hi = (lo, mid) if layouts(prof, mid, wc, pins)[0] else (mid + 1, hi)
+            lo, hi = (lo, mid) if fits(prof, mid, wc, pins) else (mid + 1, hi)
         return lo
 
     if (n := fewest_nodes(profile, nodes + 1, w)) is not None:

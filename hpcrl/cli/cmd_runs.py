@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 
 from hpcrl.cli.app import app
-from hpcrl.cli.output import console, err_console, print_json, table, warn
+from hpcrl.cli.output import console, err_console, print_json, progress, table, warn
 from hpcrl.cli.request import RunRequest, option_names, run_request_options
 
 REGISTRY_OPT = typer.Option(None, "--registry", help="Registry file (default $HPCRL_REGISTRY, else the user data dir)")
@@ -63,6 +63,7 @@ def submit_cmd(
     else:
         from hpcrl.jobs.run_script import build
 
+        progress(not as_json)
         sub = lifecycle.from_run_script(build(request))
     reg = _registry(registry, create=True)
     done = lifecycle.submit(reg, sub, dry_run=dry_run, keep_exclusions=keep_exclusions)

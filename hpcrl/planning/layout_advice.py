@@ -8,14 +8,21 @@ allocator margin, carrying the warning.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from dataclasses import replace
 
 from hpcrl.errors import PlanError
 from hpcrl.memory import constants as C
 from hpcrl.memory.plan import allocator_margin
-from hpcrl.planning.layout import Layout, PlanMemo, Pins, Workload, any_layout, enumerate_layouts
+from hpcrl.planning.layout import Layout, PlanMemo, Pins, Workload, any_layout, enumerate_layouts, search_size
 from hpcrl.profiles import ClusterProfile
+
+# Where a long search says it has begun; the CLI shows it on a terminal (hpcrl/cli/output.py progress).
+PROGRESS = logging.getLogger("hpcrl.progress")
+# Candidate layouts from which a plan may take over ~2 s: 32,000 took 1.7 s and 64,000 took 4.5 s of CPU
+# (benchmarks/plan_speed.py --large, results/plan_speed_after.txt); a refusal's fixes add up to half again.
+SLOW_SEARCH = 30_000
 
 
 # The suggestions' wording comes from the backend (its `layout_fixes`: fix -> its words, with
@@ -142,6 +149,8 @@ def plan_layouts(
     fixes: Fixes | None = None,
 ) -> list[Layout]:
     """Ranked layouts; PlanError with computed suggestions when none fits."""
+    if (size := search_size(profile, nodes, w, pins)) >= SLOW_SEARCH:
+        PROGRESS.info(f"planning {nodes:,} nodes: {size:,} candidate layouts...")
     layouts, rejected = enumerate_layouts(profile, nodes, w, pins)
     if layouts:
         return layouts
@@ -155,4 +164,4 @@ def plan_layouts(
     raise PlanError(f"no layout of {w.model.name} fits on {where} ({why}){fix}")
 
 
-__all__ = ["Fixes", "idle_gpus_warning", "plan_layouts", "suggest", "with_margin_note"]
+__all__ = ["PROGRESS", "SLOW_SEARCH", "Fixes", "idle_gpus_warning", "plan_layouts", "suggest", "with_margin_note"]

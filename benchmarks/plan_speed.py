@@ -16,7 +16,11 @@ A profile with neither (berzelius-hopper: nothing documented) goes to NO_LIMIT_N
 reference of local-dev (4 nodes) is planned with --allow-over-limit; so is every count, which
 changes no layout (the limit check runs before the planner).
 
-    python benchmarks/plan_speed.py [--repeat N] [--config NAME] [--cluster NAME] [--json]
+--large times searches past every shipped limit (berzelius-hopper has none documented; berzelius with
+--allow-over-limit) beside their candidate layouts (planning/layout.py search_size): the figures behind
+the progress line's threshold (planning/layout_advice.py SLOW_SEARCH).
+
+    python benchmarks/plan_speed.py [--repeat N] [--config NAME] [--cluster NAME] [--extra] [--large] [--json]
 """
 
 from __future__ import annotations
@@ -79,14 +83,37 @@ def time_one(req: RunRequest, repeat: int) -> tuple[float, str]:
     return best, outcome
 
 
+LARGE = [("grpo-olmo3-7b", "berzelius-hopper", n, None) for n in (250, 500, 1000, 2000)] + \
+        [(None, "berzelius", n, "72b") for n in (250, 500, 1000)]
+
+
+def large(repeat: int) -> None:
+    """CPU seconds against candidate layouts, for searches larger than any shipped limit allows."""
+    from hpcrl.planning.config import load_run_config
+    from hpcrl.planning.layout import search_size
+    from hpcrl.planning.run_plan import workload_from_config
+    from hpcrl.profiles import resolve_profile
+
+    for config, cluster, n, model in LARGE:
+        size = search_size(resolve_profile(cluster), n, workload_from_config(load_run_config(config, []), model))
+        s, outcome = time_one(RunRequest(config=config, cluster=cluster, nodes=n, model=model, allow_over_limit=True),
+                              repeat)
+        print(f"{config or '--model ' + model:34} {cluster:18} {n:5d} {size:7,d} candidates {s:7.3f} s "
+              f"{1e6 * s / size:5.0f} us/candidate  {outcome[:40]}", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--config", action="append", help="only these configs (default: configs/*.yaml)")
     ap.add_argument("--cluster", action="append", help="only these clusters (default: clusters/*.yaml and variants)")
     ap.add_argument("--extra", action="store_true", help="add `plan --model 72b --cluster berzelius --nodes 1/16`")
+    ap.add_argument("--large", action="store_true", help="only the searches past the shipped limits (--large's table)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+    if args.large:
+        time_one(RunRequest(config="grpo-olmo3-7b", nodes=2, allow_over_limit=True), 1)
+        return large(args.repeat)
     configs = args.config or [p.stem for p in sorted((ROOT / "configs").glob("*.yaml"))]
     rows = []
     time_one(RunRequest(config=configs[0], nodes=2, allow_over_limit=True), 1)  # warm-up: imports, profile cache

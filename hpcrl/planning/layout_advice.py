@@ -20,8 +20,8 @@ from hpcrl.profiles import ClusterProfile
 
 # Where a long search says it has begun; the CLI shows it on a terminal (hpcrl/cli/output.py progress).
 PROGRESS = logging.getLogger("hpcrl.progress")
-# Candidate layouts from which a plan may take over ~2 s: 32,000 took 1.7 s and 64,000 took 4.5 s of CPU
-# (benchmarks/plan_speed.py --large, results/plan_speed_after.txt); a refusal's fixes add up to half again.
+# Candidate layouts from which a plan may take over ~2 s: about 50 us of CPU each on the development
+# machine (32,000: 1.65 s; 64,000: 3.45 s; benchmarks/plan_speed.py --large, results/plan_speed_large.txt).
 SLOW_SEARCH = 30_000
 
 

@@ -300,11 +300,12 @@ class OpenRLHFBackend(Backend):
 
     def plan(self, cfg: RunConfig, profile: ClusterProfile, nodes: int, w: Workload, pins: Pins,
              variants: list[ClusterProfile]) -> Planned:
+        capped = ""
         if self.colocated(cfg):
             hint = None if self.arg(cfg, "ds.enable_sleep") else "--set ds.enable_sleep=true --set vllm.enable_sleep=true"
             layouts = plan_colocated_layouts(profile, nodes, w, pins, self.colocation(cfg), hint)
         else:
-            layouts, capped = within_cap(profile, nodes, w, pins), ""
+            layouts = within_cap(profile, nodes, w, pins)
             if not layouts:
                 capped = cap_note(profile, nodes, w, pins, FIXES, self.fills_learner_nodes)
                 if pins.learners_per_node is None:

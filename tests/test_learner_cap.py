@@ -66,3 +66,17 @@ def test_custom_torchrun_runs_as_many_processes_as_the_cap_allows(capped):
 def test_a_pin_overrides_the_cap_for_custom(capped):
     args = planned(capped, "custom-ppo-qwen2.5-3b-qlora", 1, sets=CUSTOM, pins=("learners=4",))["backend_args"]
     assert args["processes"] == 4
+
+
+def test_verls_node_fix_past_the_qos_says_so():
+    """Isambard-AI's 32gpu_qos holds 32 GPUs = 8 of its 4-GPU nodes (clusters/isambard-ai.yaml): a colocated
+    fix of more nodes is marked as open-instruct's are (hpcrl at f9257de offered it unmarked)."""
+    import re
+    import subprocess
+    import sys
+
+    err = subprocess.run([sys.executable, "-m", "hpcrl", "plan", "--config", "verl-grpo-qwen2.5-7b", "--model", "72b",
+                          "--nodes", "1", "--set", "data.max_response_length=8192"],
+                         capture_output=True, text=True, timeout=120).stderr
+    over = re.search(r"--nodes (\d+) \(over the partition/QOS node limit\)", err)
+    assert over and int(over.group(1)) > 32 // 4

@@ -21,6 +21,7 @@ changes no layout (the limit check runs before the planner).
 the progress line's threshold (planning/layout_advice.py SLOW_SEARCH).
 
     python benchmarks/plan_speed.py [--repeat N] [--config NAME] [--cluster NAME] [--extra] [--large] [--json]
+    python benchmarks/plan_speed.py --compare results/plan_speed_before.txt results/plan_speed_after.txt
 """
 
 from __future__ import annotations
@@ -102,6 +103,34 @@ def large(repeat: int) -> None:
               f"{1e6 * s / size:5.0f} us/candidate  {outcome[:40]}", flush=True)
 
 
+def read_table(path: str) -> dict[tuple[str, str, int], tuple[float, float]]:
+    """(config, cluster, nodes) -> (CPU s, ratio to 16 nodes) from this script's printed table."""
+    rows = {}
+    for line in Path(path).read_text().splitlines():
+        if line.startswith("slowest") or " s  x" not in line:
+            continue
+        head, rest = line.split(" s  x", 1)
+        words = head.split()
+        config, cluster, nodes, secs = " ".join(words[:-3]), words[-3], int(words[-2]), float(words[-1])
+        rows[(config, cluster, nodes)] = (secs, float(rest.split()[0]))
+    return rows
+
+
+def compare(before: str, after: str) -> None:
+    """A markdown table of the slowest plan of each (config, cluster) before and after, and of every
+    plan the issue names (72B on Berzelius), with their ratios to the 16-node plan."""
+    b, a = read_table(before), read_table(after)
+    print("| config | cluster | nodes | before s | before x16 | after s | after x16 |\n|---|---|---|---|---|---|---|")
+    pairs = sorted({(c, cl) for c, cl, _ in b})
+    for c, cl in pairs:
+        n = max((k for k in b if k[:2] == (c, cl)), key=lambda k: b[k][0])[2]
+        shown = {n} | ({1, 16, max(k[2] for k in b if k[:2] == (c, cl))} if "72b" in c else set())
+        for m in sorted(shown):
+            (bs, bx), (as_, ax) = b[(c, cl, m)], a[(c, cl, m)]
+            print(f"| {c} | {cl} | {m} | {bs:.3f} | {bx:.2f} | {as_:.3f} | {ax:.2f} |")
+    print(f"\nslowest before: {max(v[0] for v in b.values()):.3f} s; after: {max(v[0] for v in a.values()):.3f} s")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--repeat", type=int, default=1)
@@ -110,7 +139,10 @@ def main() -> None:
     ap.add_argument("--extra", action="store_true", help="add `plan --model 72b --cluster berzelius --nodes 1/16`")
     ap.add_argument("--large", action="store_true", help="only the searches past the shipped limits (--large's table)")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--compare", nargs=2, metavar=("BEFORE", "AFTER"), help="tabulate two saved outputs of this script")
     args = ap.parse_args()
+    if args.compare:
+        return compare(*args.compare)
     if args.large:
         time_one(RunRequest(config="grpo-olmo3-7b", nodes=2, allow_over_limit=True), 1)
         return large(args.repeat)

@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 
 from hpcrl.cli.app import app
-from hpcrl.cli.output import assumed, console, print_json, table, warn
+from hpcrl.cli.output import assumed, console, print_json, progress, table, warn
 from hpcrl.cli.request import RunRequest, run_request_options
 
 
@@ -23,6 +23,7 @@ def plan_cmd(
     """Rank the layouts of N nodes: learners per node, vLLM engines, TP, memory use."""
     from hpcrl.jobs.run_script import plan
 
+    progress(not as_json)
     rp = plan(replace(request, model=model))
     shown = rp.layouts[:top]
     if as_json:

@@ -11,7 +11,7 @@ from typing import Optional
 import typer
 
 from hpcrl.cli.app import app
-from hpcrl.cli.output import assumed, warn
+from hpcrl.cli.output import assumed, progress, warn
 from hpcrl.cli.request import RunRequest, run_request_options
 from hpcrl.errors import HpcrlError
 
@@ -43,6 +43,7 @@ def render_cmd(
     """Render the sbatch script: Ray across the job's nodes, then grpo_fast.py (or --smoke)."""
     from hpcrl.jobs.run_script import build
 
+    progress(not as_json)
     built = build(request)
     if as_json:
         from hpcrl.cli.output import print_json

@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 
 from hpcrl.cli.app import app
-from hpcrl.cli.output import console, err_console, print_json, table, warn
+from hpcrl.cli.output import console, err_console, print_json, progress, table, warn
 from hpcrl.cli.request import RunRequest, option_names, run_request_options
 
 REGISTRY_OPT = typer.Option(None, "--registry", help="Registry file (default $HPCRL_REGISTRY, else the user data dir)")
@@ -40,6 +40,7 @@ def submit_cmd(
     """Render as `render` does with the same options (or take SCRIPT), write the run dir, sbatch it, record the run."""
     from hpcrl.jobs import run_results
 
+    progress(not as_json and script is None)
     d = run_results.submit(request, script=script, run_dir=run_dir, dry_run=dry_run, keep_exclusions=keep_exclusions,
                            registry=registry, given=option_names(request, but=("cluster",)))
     if as_json:

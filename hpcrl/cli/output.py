@@ -43,6 +43,20 @@ def table(title: str | None = None, **kwargs: Any) -> Any:
     return Table(title=title, **kwargs)
 
 
+def progress(shown: bool = True) -> None:
+    """Show the planner's progress lines (`hpcrl: planning N nodes: ...`) on stderr, where a person
+    watches it: on a terminal, and not beside --json (a script reads those runs)."""
+    import logging
+
+    log = logging.getLogger("hpcrl.progress")
+    if shown and sys.stderr.isatty() and not log.handlers:
+        log.propagate = False
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("hpcrl: %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+
+
 def warn(message: str) -> None:
     """The one warning style of every command: `hpcrl: warning: ...` on stderr."""
     sys.stderr.write(f"hpcrl: warning: {message}\n")

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from hpcrl.memory import constants as C
 from hpcrl.memory.engine import EngineMemory, EngineSetup, engine_memory
@@ -185,13 +187,15 @@ def plan_memory(
     learners_per_node: int = 1,
     engine_gpus_per_node: int | None = None,
     margin: bool = True,
+    parts: dict | None = None,
 ) -> MemoryPlan:
     """Evaluate learner, engine and host memory for one layout on `profile`; with margin, the
-    learner must leave the allocator margin free to fit."""
+    learner must leave the allocator margin free to fit. `parts` keeps each learner's and engine's
+    memory across calls (a layout search meets the same learner and engine in many layouts)."""
     engine.check(profile.gpu.count_per_node)
     engine = EngineSetup(**{**engine.__dict__, "gpu_total_bytes": profile.gpu_bytes})
-    lm = learner_memory(learner)
-    em = engine_memory(engine)
+    lm = _part(parts, learner, learner_memory)
+    em = _part(parts, engine, engine_memory)
     if engine_gpus_per_node is None:
         engine_gpus_per_node = profile.gpu.count_per_node - learners_per_node
     hm = host_memory(
@@ -202,3 +206,18 @@ def plan_memory(
         profile.ray.memory_kill_threshold,
     )
     return MemoryPlan(profile, learner, engine, lm, em, hm, allocator_margin(learner, lm.peak_reserved) if margin else 0.0)
+
+
+def learner_fits(profile: ClusterProfile, learner: LearnerSetup, margin: bool = True, parts: dict | None = None) -> bool:
+    """What MemoryPlan.learner_fits says of every plan of this learner on `profile`, whatever its engine."""
+    lm = _part(parts, learner, learner_memory)
+    return lm.device_total + (allocator_margin(learner, lm.peak_reserved) if margin else 0.0) <= profile.gpu_bytes
+
+
+def _part(parts: dict | None, setup: Any, model: Callable[[Any], Any]) -> Any:
+    # Setups are frozen and hold all their model reads (the engine its GPU's bytes), so the setup is the key.
+    if parts is None:
+        return model(setup)
+    if setup not in parts:
+        parts[setup] = model(setup)
+    return parts[setup]

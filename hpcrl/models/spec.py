@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Literal
 
 from hpcrl.errors import ModelSpecError
@@ -29,7 +30,8 @@ _REQUIRED = (
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """What the planner needs to know of a model; counts are derived, never stored."""
+    """What the planner needs to know of a model; counts are derived, never stored (the costly ones
+    are cached on the instance: a layout search reads them tens of thousands of times)."""
 
     name: str
     model_type: str
@@ -126,7 +128,7 @@ class ModelSpec:
             "down_proj": (f, h),
         }
 
-    @property
+    @cached_property
     def attn_params_per_layer(self) -> int:
         s = self.linear_shapes()
         n = sum(s[m][0] * s[m][1] for m in ATTN_MODULES)
@@ -145,11 +147,11 @@ class ModelSpec:
             return per
         return experts * per + self.hidden_size * self.num_experts  # router
 
-    @property
+    @cached_property
     def mlp_params_per_layer(self) -> int:
         return self._mlp_params(self.num_experts)
 
-    @property
+    @cached_property
     def per_layer_params(self) -> int:
         return self.attn_params_per_layer + self.mlp_params_per_layer + 2 * self.hidden_size
 
@@ -161,7 +163,7 @@ class ModelSpec:
     def lm_head_params(self) -> int:
         return 0 if self.tie_word_embeddings else self.vocab_size * self.hidden_size
 
-    @property
+    @cached_property
     def total_params(self) -> int:
         return (
             self.num_layers * self.per_layer_params
@@ -170,7 +172,7 @@ class ModelSpec:
             + self.hidden_size  # final norm
         )
 
-    @property
+    @cached_property
     def active_params(self) -> int:
         """Parameters touched per token (MoE: only the routed experts)."""
         if not self.is_moe:

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from collections.abc import Iterator
 from typing import Any
 
 from hpcrl.errors import HpcrlError, PlanError
 from hpcrl.memory import constants as C
 from hpcrl.memory.engine import EngineSetup
 from hpcrl.memory.learner import LearnerSetup, sync_modes
-from hpcrl.memory.plan import MemoryPlan, plan_memory
+from hpcrl.memory.plan import MemoryPlan, learner_fits, plan_memory
 from hpcrl.memory.vllm_accounting import VllmEngineFacts, default_engine
 from hpcrl.models.spec import ModelSpec
 from hpcrl.planning.generation import EngineWork, generation_seconds
@@ -288,27 +289,48 @@ def check_nodes(profile: ClusterProfile, nodes: int, partition: str | None = Non
     return problems
 
 
-# Memory plans already made, by everything plan_memory reads; the profile is held beside its plan so
-# that its id stays its own while the memo lives.
+# What a search has planned, shared by the searches of one request (planning/layout_advice.py's suggest
+# makes dozens): whole memory plans by everything plan_memory reads, each learner's and engine's memory
+# (plan_memory's `parts`), whether a learner fits, and the learners' time. A profile is held beside
+# what was planned on it, so that its id stays its own while the memo lives.
 PlanMemo = dict
 
 
-def _memory(memo: PlanMemo | None, profile: ClusterProfile, learner: LearnerSetup, engine: EngineSetup, k: int,
-            engine_gpus: int, margin: bool) -> MemoryPlan:
-    if memo is None:
-        return plan_memory(profile, learner, engine, learners_per_node=k, engine_gpus_per_node=engine_gpus,
-                           margin=margin)
-    # Whether a learner fits depends on the learner alone (and the GPU): once it does not, any plan of
-    # it answers, since enumerate_layouts then reads only learner_fits and rejects the layout.
-    unfit = memo.get((id(profile), learner, margin))
-    if unfit is not None:
-        return unfit[1]
-    key = (id(profile), learner, engine, k, engine_gpus, margin)
+def _memo(memo: PlanMemo, key: tuple, profile: ClusterProfile, make: Any) -> Any:
     if key not in memo:
-        memo[key] = (profile, _memory(None, profile, learner, engine, k, engine_gpus, margin))
-        if not memo[key][1].learner_fits:
-            memo[(id(profile), learner, margin)] = memo[key]
+        memo[key] = (profile, make())
     return memo[key][1]
+
+
+def _memory(memo: PlanMemo, profile: ClusterProfile, learner: LearnerSetup, engine: EngineSetup, k: int,
+            engine_gpus: int, margin: bool) -> MemoryPlan:
+    parts = memo.setdefault("parts", {})
+    return _memo(memo, (id(profile), learner, engine, k, engine_gpus, margin), profile,
+                 lambda: plan_memory(profile, learner, engine, learners_per_node=k, engine_gpus_per_node=engine_gpus,
+                                     margin=margin, parts=parts))
+
+
+def _fitting_learner(memo: PlanMemo, profile: ClusterProfile, w: Workload, n: int, margin: bool) -> LearnerSetup | None:
+    """The learner of n GPUs in the first weight-sync mode that fits, or None. Whether a learner fits
+    depends on it alone (and the GPU), not on the engine or the node: asked once per learner count,
+    not once per (learners per node, TP, utilisation) that gives the same count."""
+    parts = memo.setdefault("parts", {})
+    for sync in sync_modes(w.weight_sync):
+        learner = _learner_setup(w, n, sync)
+        if _memo(memo, ("fits", id(profile), learner, margin), profile,
+                 lambda: learner_fits(profile, learner, margin, parts)):
+            return learner
+    return None
+
+
+def search_size(profile: ClusterProfile, nodes: int, w: Workload, pins: Pins = Pins()) -> int:
+    """Candidate layouts (learners per node x learner nodes x TP) enumerate_layouts weighs for this
+    request: the work of one search, each candidate up to len(UTILISATIONS) memory plans."""
+    g = profile.gpu.count_per_node
+    ks = 1 if pins.learners_per_node else min(g, profile.planning.max_learners_per_node or g)
+    ms = 1 if pins.learner_nodes else nodes
+    tps = 1 if pins.tp is not None else len(w.model.tp_sizes(g))
+    return ks * ms * tps
 
 
 def enumerate_layouts(profile: ClusterProfile, nodes: int, w: Workload, pins: Pins = Pins(),
@@ -317,9 +339,24 @@ def enumerate_layouts(profile: ClusterProfile, nodes: int, w: Workload, pins: Pi
     Without margin, a learner may use the allocator margin (plan_layouts' last resort). A search
     over node counts passes one `memo`: a layout's memory does not depend on the job's node count,
     so each (learners, learner nodes, TP, utilisation) is planned once, not once per count."""
+    rejected: dict[str, int] = {}
+    layouts = list(_layouts(profile, nodes, w, pins, margin, {} if memo is None else memo, rejected))
+    return rank(layouts, exclusive=profile.job_gpus is None), rejected
+
+
+def any_layout(profile: ClusterProfile, nodes: int, w: Workload, pins: Pins = Pins(), margin: bool = True,
+               memo: PlanMemo | None = None) -> bool:
+    """Whether some layout fits: enumerate_layouts' answer is non-empty, found without planning the rest.
+    The most learner nodes are tried first, where a learner's shard is smallest."""
+    found = _layouts(profile, nodes, w, pins, margin, {} if memo is None else memo, {}, most_learners_first=True)
+    return next(found, None) is not None
+
+
+def _layouts(profile: ClusterProfile, nodes: int, w: Workload, pins: Pins, margin: bool, memo: PlanMemo,
+             rejected: dict[str, int], most_learners_first: bool = False) -> Iterator[Layout]:
+    """The layouts that fit, in search order, counting each rejection's reason in `rejected`."""
     w.check()
     g = profile.gpu.count_per_node
-    rejected: dict[str, int] = {}
 
     def reject(why: str) -> None:
         rejected[why] = rejected.get(why, 0) + 1
@@ -341,10 +378,10 @@ def enumerate_layouts(profile: ClusterProfile, nodes: int, w: Workload, pins: Pi
             "the learners take one entry per node (a STRICT_SPREAD placement group)"
         )
     utils = [pins.gpu_memory_utilization] if pins.gpu_memory_utilization else list(UTILISATIONS)
-    layouts: list[Layout] = []
+    tokens = w.seqs * w.seq_len
     for k in ks:
-        for m in ms:
-            n_learn = k * m
+        for m in (reversed(ms) if most_learners_first else ms):
+            learner = _fitting_learner(memo, profile, w, k * m, margin)
             for tp in tps:
                 engines = m * ((g - k) // tp) + (nodes - m) * (g // tp)
                 if pins.engines is not None:
@@ -355,23 +392,12 @@ def enumerate_layouts(profile: ClusterProfile, nodes: int, w: Workload, pins: Pi
                 if engines < 1:
                     reject("no GPU left for a vLLM engine")
                     continue
+                if learner is None:
+                    reject("learner does not fit in GPU memory")
+                    continue
                 chosen = None
                 for util in utils:
-                    for sync in sync_modes(w.weight_sync):
-                        plan = _memory(
-                            memo,
-                            profile,
-                            _learner_setup(w, n_learn, sync),
-                            engine_setup(w, tp, util),
-                            k,
-                            ((g - k) // tp) * tp,
-                            margin,
-                        )
-                        if plan.learner_fits:
-                            break
-                    if not plan.learner_fits:
-                        reject("learner does not fit in GPU memory")
-                        break
+                    plan = _memory(memo, profile, learner, engine_setup(w, tp, util), k, ((g - k) // tp) * tp, margin)
                     if not plan.host.fits:
                         reject("host RAM over Ray's kill threshold")
                         break
@@ -379,23 +405,14 @@ def enumerate_layouts(profile: ClusterProfile, nodes: int, w: Workload, pins: Pi
                         chosen = (util, plan)
                         break
                 if chosen is None:
-                    if plan.learner_fits and plan.host.fits:
+                    if plan.host.fits:
                         reject("vLLM engine does not fit (weights + KV for one sequence)")
                     continue
                 util, plan = chosen
-                layouts.append(
-                    Layout(
-                        nodes=nodes,
-                        gpus_per_node=g,
-                        learners_per_node=k,
-                        learner_nodes=m,
-                        tp=tp,
-                        engines=engines,
-                        gpu_memory_utilization=util,
-                        memory=plan,
-                        gen_time_s=generation_time(w, plan, profile, engines),
-                        train_band=learner_band(w, plan, profile, k),
-                        weight_sync=plan.learner_setup.weight_sync,
-                    )
-                )
-    return rank(layouts, exclusive=profile.job_gpus is None), rejected
+                band = _memo(memo, ("band", id(profile), learner, k, tokens), profile,
+                             lambda: training_band(learner, profile, tokens, k))
+                yield Layout(
+                    nodes=nodes, gpus_per_node=g, learners_per_node=k, learner_nodes=m, tp=tp, engines=engines,
+                    gpu_memory_utilization=util, memory=plan,
+                    gen_time_s=generation_time(w, plan, profile, engines), train_band=band,
+                    weight_sync=learner.weight_sync)

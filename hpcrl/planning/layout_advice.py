@@ -8,14 +8,21 @@ allocator margin, carrying the warning.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from dataclasses import replace
 
 from hpcrl.errors import PlanError
 from hpcrl.memory import constants as C
 from hpcrl.memory.plan import allocator_margin
-from hpcrl.planning.layout import Layout, PlanMemo, Pins, Workload, enumerate_layouts
+from hpcrl.planning.layout import Layout, PlanMemo, Pins, Workload, any_layout, enumerate_layouts, search_size
 from hpcrl.profiles import ClusterProfile
+
+# Where a long search says it has begun; the CLI shows it on a terminal (hpcrl/cli/output.py progress).
+PROGRESS = logging.getLogger("hpcrl.progress")
+# Candidate layouts from which a plan may take over ~2 s: about 50 us of CPU each on the development
+# machine (32,000: 1.65 s; 64,000: 3.45 s; benchmarks/plan_speed.py --large, results/plan_speed_large.txt).
+SLOW_SEARCH = 30_000
 
 
 # The suggestions' wording comes from the backend (its `layout_fixes`: fix -> its words, with
@@ -31,14 +38,14 @@ def suggest(profile: ClusterProfile, nodes: int, w: Workload, pins: Pins, varian
     found: list[tuple[int, str]] = []  # (rank, fix)
     memo: PlanMemo = {}
 
-    def layouts(prof: ClusterProfile, n: int, wc: Workload, p: Pins, margin: bool = True):
-        return enumerate_layouts(prof, n, wc, p, margin=margin, memo=memo)
+    def fits(prof: ClusterProfile, n: int, wc: Workload, p: Pins, margin: bool = True) -> bool:
+        return any_layout(prof, n, wc, p, margin=margin, memo=memo)
 
     def add(text: str, prof: ClusterProfile, n: int, p: Pins, **change) -> bool:
         wc = replace(w, **change) if change else w
-        if layouts(prof, n, wc, p)[0]:
+        if fits(prof, n, wc, p):
             tight = False
-        elif layouts(prof, n, wc, p, margin=False)[0]:
+        elif fits(prof, n, wc, p, margin=False):
             tight = True
         else:
             return False
@@ -60,7 +67,7 @@ def suggest(profile: ClusterProfile, nodes: int, w: Workload, pins: Pins, varian
     lo, hi, best = w.seq_len, w.pack_length - 1, None
     while lo <= hi and w.pack_length > w.seq_len and fixes.get("tokens"):
         mid = (lo + hi) // 2
-        if layouts(profile, nodes, replace(w, pack_length=mid), pins)[0]:
+        if fits(profile, nodes, replace(w, pack_length=mid), pins):
             best, lo = mid, mid + 1
         else:
             hi = mid - 1
@@ -79,11 +86,11 @@ def suggest(profile: ClusterProfile, nodes: int, w: Workload, pins: Pins, varian
         """The fewest nodes in lo..limit where a layout fits. A layout that fits on n nodes fits on n + 1 (the
         same learners, more engine GPUs), so a bisection finds it: log2 of the range of plans, not the range."""
         hi = limit
-        if lo > hi or not layouts(prof, hi, wc, pins)[0]:
+        if lo > hi or not fits(prof, hi, wc, pins):
             return None
         while lo < hi:
             mid = (lo + hi) // 2
-            lo, hi = (lo, mid) if layouts(prof, mid, wc, pins)[0] else (mid + 1, hi)
+            lo, hi = (lo, mid) if fits(prof, mid, wc, pins) else (mid + 1, hi)
         return lo
 
     if (n := fewest_nodes(profile, nodes + 1, w)) is not None:
@@ -142,6 +149,8 @@ def plan_layouts(
     fixes: Fixes | None = None,
 ) -> list[Layout]:
     """Ranked layouts; PlanError with computed suggestions when none fits."""
+    if (size := search_size(profile, nodes, w, pins)) >= SLOW_SEARCH:
+        PROGRESS.info(f"planning {nodes:,} nodes: {size:,} candidate layouts...")
     layouts, rejected = enumerate_layouts(profile, nodes, w, pins)
     if layouts:
         return layouts
@@ -155,4 +164,4 @@ def plan_layouts(
     raise PlanError(f"no layout of {w.model.name} fits on {where} ({why}){fix}")
 
 
-__all__ = ["Fixes", "idle_gpus_warning", "plan_layouts", "suggest", "with_margin_note"]
+__all__ = ["PROGRESS", "SLOW_SEARCH", "Fixes", "idle_gpus_warning", "plan_layouts", "suggest", "with_margin_note"]

@@ -102,7 +102,9 @@ def plan_colocated_layouts(profile: ClusterProfile, nodes: int, w: Workload, pin
     fixes = []
     for n in range(nodes + 1, max(nodes * 2, 64) + 1):
         if enumerate_colocated(profile, n, w, pins, colocation)[0]:
-            fixes.append(f"--nodes {n}")
+            # The same words as the separate layouts' fixes (layout_advice.suggest) for a job past the limits.
+            over = profile.max_nodes is not None and n > profile.max_nodes
+            fixes.append(f"--nodes {n}" + (" (over the partition/QOS node limit)" if over else ""))
             break
     offloaded = replace(colocation, param_offload=True, optimizer_offload=True)
     if offload_hint and offloaded != colocation and enumerate_colocated(profile, nodes, w, pins, offloaded)[0]:

@@ -128,7 +128,8 @@ def make_run_plan(
         warnings.append(f"{profile.name}: {profile.container.multi_node_note}")
     cap = profile.planning.max_learners_per_node
     if cap and planned.layouts and planned.layouts[0].learners_per_node > cap:
-        placed = f"; {backend.fills_learner_nodes}: hpcrl cannot plan fewer" if backend.fills_learner_nodes else ""
+        placed = (f"; {planned.cap_note}" if planned.cap_note else
+                  f"; {backend.fills_learner_nodes}: hpcrl cannot plan fewer" if backend.fills_learner_nodes else "")
         warnings.append(f"{planned.layouts[0].learners_per_node} learners per node on {profile.name}, where the profile "
                         f"plans at most {cap}: {profile.planning.why or 'see the profile'}{placed}")
     choices = dict(planned.choices)

@@ -12,7 +12,7 @@
 #   step ~286-743 s (mid ~476 s) (generation 65 s, training 476 s), bottleneck training; the checkpoint cadence and time-limit lead use the upper estimate
 #   step basis: generation: vLLM model fitted on 12 published vLLM rows (batch 1, A100), 6 held out: time off by median 17%, max 2x (benchmarks/vllm_throughput); training: learner 256 x 1.86 s + optimizer step 0.08 s, fitted on 40 measured rows (fsdp_measured, openrlhf_measured, zero3_timing; H100/H200); derived: GH200 scaled from H100/H200 by peak FLOP/s and bandwidths
 #   ckpt.save_steps 2: a checkpoint every ~25 min of training at the upper step estimate ~743 s (so that at most 30 min is lost); time-limit warning 900 s before the end = one upper step (~743 s) + one checkpoint write (~43 s, derived) + 60 s to stop
-# Warning: 4 learners per node on isambard-ai, where the profile plans at most 1: more than one learner per GH200 node failed with NCCL "Duplicate GPU detected" in the users' runs (their workaround, a patched NCCL with NCCL_IGNORE_DUPLICATE_GPU=1, is untested at 32B); OpenRLHF places its actor's one-GPU bundles with PACK (cli/train_ppo_ray.py:48-49 at 3c3be623), so Ray fills each node's GPUs before the next: hpcrl cannot plan fewer
+# Warning: 4 learners per node on isambard-ai, where the profile plans at most 1: more than one learner per GH200 node failed with NCCL "Duplicate GPU detected" in the users' runs (their workaround, a patched NCCL with NCCL_IGNORE_DUPLICATE_GPU=1, is untested at 32B); OpenRLHF places its actor's one-GPU bundles with PACK (cli/train_ppo_ray.py:48-49 at 3c3be623), so Ray fills each node's GPUs before the next: only a learner group of at most 1 GPU in all keeps the cap, and none fits; would fit inside it: --set ds.adam_offload=true (optimizer state in host RAM) | --set deepspeed_offload_param=true (parameters in host RAM too) | --set ds.lora.rank=16 (LoRA: far less optimizer state)
 #
 # Submit with `hpcrl submit`, which creates the run directory first. With plain sbatch,
 # create <run dir>/logs first when --output points there: Slurm opens it before this runs.
@@ -360,7 +360,7 @@ run_directory() {
   "run_name": "openrlhf-grpo-qwen2.5-7b",
   "smoke": false,
   "warnings": [
-    "4 learners per node on isambard-ai, where the profile plans at most 1: more than one learner per GH200 node failed with NCCL \"Duplicate GPU detected\" in the users' runs (their workaround, a patched NCCL with NCCL_IGNORE_DUPLICATE_GPU=1, is untested at 32B); OpenRLHF places its actor's one-GPU bundles with PACK (cli/train_ppo_ray.py:48-49 at 3c3be623), so Ray fills each node's GPUs before the next: hpcrl cannot plan fewer"
+    "4 learners per node on isambard-ai, where the profile plans at most 1: more than one learner per GH200 node failed with NCCL \"Duplicate GPU detected\" in the users' runs (their workaround, a patched NCCL with NCCL_IGNORE_DUPLICATE_GPU=1, is untested at 32B); OpenRLHF places its actor's one-GPU bundles with PACK (cli/train_ppo_ray.py:48-49 at 3c3be623), so Ray fills each node's GPUs before the next: only a learner group of at most 1 GPU in all keeps the cap, and none fits; would fit inside it: --set ds.adam_offload=true (optimizer state in host RAM) | --set deepspeed_offload_param=true (parameters in host RAM too) | --set ds.lora.rank=16 (LoRA: far less optimizer state)"
   ]
 }
 HPCRL_PLAN_JSON

@@ -71,6 +71,9 @@ class Planned:
     choices: dict[str, Any] = field(default_factory=dict)
     warnings: tuple[str, ...] = ()
     workload: Workload | None = None  # the workload the layouts were planned for, where the plan changed it
+    # Why the layout has more learners per node than the profile's cap, where the backend tried the cap
+    # (the cap warning's second half; else the backend's fills_learner_nodes).
+    cap_note: str = ""
 
 
 class Backend(ABC):

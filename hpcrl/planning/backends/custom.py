@@ -183,11 +183,31 @@ class CustomBackend(Backend):
         )
 
     def pins_from(self, cfg: RunConfig, cli_pins: list[str] | None = None) -> Pins:
-        return cli_pins_into({}, cli_pins, allowed=())
+        # learners: torchrun's processes on the node, past the profile's cap (flags override the profile).
+        return cli_pins_into({}, cli_pins, allowed=("learners",))
 
     def processes(self, cfg: RunConfig, gpus: int) -> int:
         """Training processes on the node: one per GPU under torchrun, one with python."""
         return gpus if self.arg(cfg, "launcher") == "torchrun" else 1
+
+    def placed_processes(self, cfg: RunConfig, profile: ClusterProfile, pins: Pins) -> tuple[int, str]:
+        """Training processes on the node: pinned, else the launcher's, at most the profile's learners per
+        node; and why some GPUs stay idle under that cap ("" where it took none)."""
+        g, cap = profile.gpu.count_per_node, profile.planning.max_learners_per_node
+        if pins.learners_per_node is not None:
+            if self.arg(cfg, "launcher") != "torchrun" and pins.learners_per_node != 1:
+                raise PlanError(f"--pin learners={pins.learners_per_node}: launcher python runs one process; "
+                                "valid: learners=1, or launcher torchrun")
+            if pins.learners_per_node > g:
+                raise PlanError(f"--pin learners={pins.learners_per_node}: the job has {g} GPU{'s' if g > 1 else ''}; "
+                                f"valid: 1 to {g}")
+            return pins.learners_per_node, ""
+        procs = self.processes(cfg, g)
+        if not cap or procs <= cap:
+            return procs, ""
+        return cap, (f"torchrun runs {cap} process{'es' if cap > 1 else ''}, not one per GPU: {profile.name} plans "
+                     f"at most {cap} learner{'s' if cap > 1 else ''} per node ({profile.planning.why or 'see the profile'}); "
+                     f"{g - cap} of the job's {g} GPUs stay idle; --pin learners={g} runs one per GPU")
 
     def learner_setup(self, cfg: RunConfig, w: Workload, n_gpus: int) -> HfLearnerSetup:
         """The script's learner as the memory model sees it."""
@@ -206,13 +226,15 @@ class CustomBackend(Backend):
             raise PlanError(f"the custom backend runs one node (torchrun --standalone), got {nodes} nodes; "
                             "use --nodes 1 (and --gpus N for part of a node)")
         g = profile.gpu.count_per_node
-        procs = self.processes(cfg, g)
+        procs, capped = self.placed_processes(cfg, profile, pins)
         plan = hf_memory_plan(profile, self.learner_setup(cfg, w, procs))
         if not plan.fits:
             raise PlanError(f"{plan.verdict()} (custom learner, {g} GPU{'s' if g > 1 else ''} of {profile.name}; "
                             "smaller mini_batch_size, max_response_length or rollout_batch_size, or load_in_4bit)")
         warnings = []
-        if procs < g:
+        if capped:
+            warnings.append(capped)
+        elif procs < g:
             warnings.append(f"launcher python runs one process: {g - procs} of the job's {g} GPUs stay idle "
                             "(launcher torchrun runs one per GPU, or ask --gpus 1)")
         lay = Layout(nodes=1, gpus_per_node=g, learners_per_node=procs, learner_nodes=1, tp=1, engines=procs,

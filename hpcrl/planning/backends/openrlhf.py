@@ -44,6 +44,7 @@ from hpcrl.planning.backends.log_facts import CommandFacts, CpuAsk, DiagnoseFact
 from hpcrl.planning.backends.openrlhf_ckpt import DISK, checkpoint_flags
 from hpcrl.planning.layout import Pins, Workload
 from hpcrl.planning.layout_advice import plan_layouts
+from hpcrl.planning.learner_cap import cap_note, within_cap
 from hpcrl.planning.layout_colocated import plan_colocated_layouts
 
 if TYPE_CHECKING:
@@ -299,14 +300,18 @@ class OpenRLHFBackend(Backend):
 
     def plan(self, cfg: RunConfig, profile: ClusterProfile, nodes: int, w: Workload, pins: Pins,
              variants: list[ClusterProfile]) -> Planned:
+        capped = ""
         if self.colocated(cfg):
             hint = None if self.arg(cfg, "ds.enable_sleep") else "--set ds.enable_sleep=true --set vllm.enable_sleep=true"
             layouts = plan_colocated_layouts(profile, nodes, w, pins, self.colocation(cfg), hint)
         else:
-            if pins.learners_per_node is None:
-                # Ray PACK fills whole nodes with the actor's one-GPU bundles: plan it that way.
-                pins = Pins(**{**pins.__dict__, "learners_per_node": profile.gpu.count_per_node})
-            layouts = plan_layouts(profile, nodes, w, pins, variants, FIXES)
+            layouts = within_cap(profile, nodes, w, pins)
+            if not layouts:
+                capped = cap_note(profile, nodes, w, pins, FIXES, self.fills_learner_nodes)
+                if pins.learners_per_node is None:
+                    # Ray PACK fills whole nodes with the actor's one-GPU bundles: plan it that way.
+                    pins = Pins(**{**pins.__dict__, "learners_per_node": profile.gpu.count_per_node})
+                layouts = plan_layouts(profile, nodes, w, pins, variants, FIXES)
         lay = layouts[0]
         samples = int(self.arg(cfg, "rollout.batch_size")) * int(self.arg(cfg, "rollout.n_samples_per_prompt"))
         if samples // int(self.arg(cfg, "rollout.micro_batch_size")) < lay.learner_gpus:
@@ -317,7 +322,7 @@ class OpenRLHFBackend(Backend):
         if not self.arg(cfg, "rollout.max_new_tokens"):
             warnings.append(f"rollout.max_new_tokens is unset: the plan assumes responses of {w.response_length} "
                             f"tokens (half of data.max_len); set it for a better generation estimate")
-        return Planned(layouts, dict(flags), tuple(warnings))
+        return Planned(layouts, dict(flags), tuple(warnings), cap_note=capped)
 
     # ------------------------------------------------------------------ rendering
     def layout_args(self, rp: RunPlan) -> dict[str, Any]:

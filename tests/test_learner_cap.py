@@ -76,7 +76,7 @@ def test_verls_node_fix_past_the_qos_says_so():
     import sys
 
     err = subprocess.run([sys.executable, "-m", "hpcrl", "plan", "--config", "verl-grpo-qwen2.5-7b", "--model", "72b",
-                          "--nodes", "1", "--set", "data.max_response_length=8192"],
+                          "--nodes", "1", "--set", "data.max_response_length=16384"],
                          capture_output=True, text=True, timeout=120).stderr
     over = re.search(r"--nodes (\d+) \(over the partition/QOS node limit\)", err)
     assert over and int(over.group(1)) > 32 // 4

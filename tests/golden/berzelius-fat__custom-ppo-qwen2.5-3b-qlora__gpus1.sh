@@ -959,7 +959,6 @@ head_node_setup() {
     fi
 
     export HPCRL_NODE_LOCAL=/scratch/local
-    sweep_left_start
     local rc=0
     node_dirs "$HEAD_SLOT" || rc=$?
     if ((rc == 3)); then  # another user's directory, not this node's fault: no blame, no continuation
@@ -968,6 +967,8 @@ head_node_setup() {
         blame ray-start-failed
         fail ray-start-failed "cannot make this job's private node-local directory on $HEAD_NODE"
     fi
+    # Once node_dirs has found the node-local path safe: what dead jobs of this user left in it.
+    sweep_left_start
 }
 
 # ------------------------------------------------------------------ phases up to the driver

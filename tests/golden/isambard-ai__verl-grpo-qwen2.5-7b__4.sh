@@ -1105,7 +1105,6 @@ head_node_setup() {
     fi
 
     export HPCRL_NODE_LOCAL="${LOCALDIR}"
-    sweep_left_start
     local rc=0
     node_dirs "$HEAD_SLOT" || rc=$?
     if ((rc == 3)); then  # another user's directory, not this node's fault: no blame, no continuation
@@ -1114,6 +1113,8 @@ head_node_setup() {
         blame ray-start-failed
         fail ray-start-failed "cannot make this job's private node-local directory on $HEAD_NODE"
     fi
+    # Once node_dirs has found the node-local path safe: what dead jobs of this user left in it.
+    sweep_left_start
 }
 
 # ------------------------------------------------------------------ Ray on every node
@@ -1188,7 +1189,6 @@ hpcrl_worker() {
     fi
     # The node-local path may name variables that differ per node: expand it here.
     HPCRL_NODE_LOCAL="${LOCALDIR}"
-    sweep_left_start
     local dirs_rc=0
     node_dirs "$slot" || dirs_rc=$?
     if ((dirs_rc == 3)); then
@@ -1200,6 +1200,7 @@ hpcrl_worker() {
         blame ray-start-failed
         exit 1
     fi
+    sweep_left_start  # as on the head
     local problem
     problem=$(ray_version_problem)
     if [[ -n $problem ]]; then

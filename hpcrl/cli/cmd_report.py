@@ -79,10 +79,11 @@ def _print(r: dict, rp) -> None:
             console.print(f"job {j['job_id']}: Ray logs of {rec['node']} recovered later, by job {rec['by_job']}"
                           f"{' at ' + rec['time'] if rec['time'] else ''} (the node was lost, or killed before its "
                           "cleanup)", soft_wrap=True, highlight=False)
-        if j["ray_logs_missing"]:
-            console.print(f"job {j['job_id']}: no Ray logs kept from {', '.join(j['ray_logs_missing'])} (the node was "
+        if (missing := j["ray_logs_missing"]):
+            console.print(f"job {j['job_id']}: no Ray logs kept from {', '.join(missing)} (the node was "
                           "lost, or killed before its cleanup; see its worker log); still missing: the next job of "
-                          "yours on that node recovers them", soft_wrap=True, highlight=False)
+                          f"yours on {'that node' if len(missing) == 1 else 'each'} recovers them", soft_wrap=True,
+                          highlight=False)
     if r["other_jobs_in_run_dir"]:
         console.print(f"(jobs.tsv also holds earlier runs' jobs: {', '.join(r['other_jobs_in_run_dir'])})")
     nodes = [f"{n['node']}" + (f" (head of {', '.join(n['head_of_jobs'])})" if n["head_of_jobs"] else "")

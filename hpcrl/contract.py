@@ -164,6 +164,10 @@ BLAME, DRIVER_STARTED = "blame-{job}", "driver-started-{job}"
 EVENTS_FALLBACK, END_COMMENT = "hpcrl-ended-{job}", "hpcrl-end:"
 # Per job, in LOGS: the job's own log, and Slurm's output when the run dir's path was known at submit.
 JOB_LOG, SLURM_LOG = "job-{job}.log", "slurm-{job}.out"
+# In each node-local directory of a job: its node and run dir (two lines), for the later job of the
+# user that finds it left behind (its job died without its cleanup) and keeps its Ray logs in
+# LOGS/ray/<job>/<node>/; there, RAY_LOGS_RECOVERED says that they were kept later: "<job> <UTC time>".
+NODE_OWNER, RAY_LOGS_RECOVERED = "hpcrl-owner", "hpcrl-recovered"
 
 
 def run_dir_layout() -> dict[str, str]:
@@ -174,4 +178,4 @@ def run_dir_layout() -> dict[str, str]:
             "chain_lock": CHAIN_LOCK, "failure_restarts": FAILURE_RESTARTS,
             "blame": BLAME.format(job=job), "driver_started": DRIVER_STARTED.format(job=job),
             "job_log": JOB_LOG.format(job=job), "events_fallback": EVENTS_FALLBACK.format(job=job),
-            "end_comment": END_COMMENT}
+            "end_comment": END_COMMENT, "node_owner": NODE_OWNER, "ray_logs_recovered": RAY_LOGS_RECOVERED}

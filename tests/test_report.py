@@ -245,7 +245,8 @@ def test_json_schema_is_stable():
     assert sorted(r["timing"]) == ["file", "interval", "last_stop", "note", "records", "rows", "warnings"]
     assert r["schema_version"] == 1 and r["run_dir"] == str(CHAIN.resolve()) and r["run_id"] is None
     assert sorted(r["jobs"][0]) == ["duration_s", "end_reason", "ended", "exit_code", "failure", "head_node", "job_id",
-                                    "log", "next_job", "queued_s", "ray_logs", "ray_logs_missing", "seq", "slurm_state", "started",
+                                    "log", "next_job", "queued_s", "ray_logs", "ray_logs_missing", "ray_logs_recovered", "seq",
+                                    "slurm_state", "started",
                                     "submitted"]
     assert sorted(r["memory"][0]) == ["gpu", "gpus", "measured_peak_gib", "node", "predicted_as", "predicted_gib",
                                       "ratio", "role", "samples", "time"]
@@ -446,6 +447,18 @@ def test_a_continuation_whose_sbatch_failed_is_not_called_continued(tmp_path):
 def test_the_node_that_kept_no_ray_logs_is_named(tmp_path):
     proc = hpcrl("report", str(_failed_chain(tmp_path)))
     assert "job 301: no Ray logs kept from n2 (the node was lost" in proc.stdout, proc.stdout
+    assert "still missing: the next job of yours on that node recovers them" in proc.stdout, proc.stdout
+
+
+def test_ray_logs_a_later_job_recovered_are_named_with_that_job(tmp_path):
+    """n2's Ray logs of job 301, copied by job 305's sweep of n2 (its mark, as the job script writes
+    it: "<job> <UTC time>"): the report names the recovery, and n2 no longer as missing."""
+    run = _failed_chain(tmp_path)
+    (run / "logs" / "ray" / "301" / "n2").mkdir()
+    (run / "logs" / "ray" / "301" / "n2" / "hpcrl-recovered").write_text("305 2026-03-02T10:00:04Z\n")
+    proc = hpcrl("report", str(run))
+    assert "job 301: Ray logs of n2 recovered later, by job 305 at 2026-03-02T10:00:04Z" in proc.stdout, proc.stdout
+    assert "no Ray logs kept" not in proc.stdout, proc.stdout
 
 
 def test_an_unreadable_jobs_tsv_is_one_line(tmp_path):

@@ -75,9 +75,15 @@ def _print(r: dict, rp) -> None:
                   rp.end_text(j), j["next_job"] or "-")
     console.print(t)
     for j in r["jobs"]:
-        if j["ray_logs_missing"]:
-            console.print(f"job {j['job_id']}: no Ray logs kept from {', '.join(j['ray_logs_missing'])} (the node was "
-                          "lost, or killed before its cleanup; see its worker log)", soft_wrap=True, highlight=False)
+        for rec in j["ray_logs_recovered"]:
+            console.print(f"job {j['job_id']}: Ray logs of {rec['node']} recovered later, by job {rec['by_job']}"
+                          f"{' at ' + rec['time'] if rec['time'] else ''} (the node was lost, or killed before its "
+                          "cleanup)", soft_wrap=True, highlight=False)
+        if (missing := j["ray_logs_missing"]):
+            console.print(f"job {j['job_id']}: no Ray logs kept from {', '.join(missing)} (the node was "
+                          "lost, or killed before its cleanup; see its worker log); still missing: the next job of "
+                          f"yours on {'that node' if len(missing) == 1 else 'each'} recovers them", soft_wrap=True,
+                          highlight=False)
     if r["other_jobs_in_run_dir"]:
         console.print(f"(jobs.tsv also holds earlier runs' jobs: {', '.join(r['other_jobs_in_run_dir'])})")
     nodes = [f"{n['node']}" + (f" (head of {', '.join(n['head_of_jobs'])})" if n["head_of_jobs"] else "")

@@ -130,13 +130,20 @@ def _job_rows(events: list[Event], ids: list[str], reg_jobs: dict[str, dict], ru
 
 
 def _ray_logs(run_dir: Path, jid: str, head: str | None) -> dict:
-    """The nodes whose Ray logs the job kept (logs/ray/<job>/<node>/), and those it ran on (the head,
+    """The nodes whose Ray logs the job kept (logs/ray/<job>/<node>/), those a later job of the user
+    recovered there (its sweep of the node-local dirs a dead job left), and those it ran on (the head,
     each worker's log) that kept none: a node lost, or KILLed before its cleanup."""
     kept_dir = run_dir / C.LOGS / "ray" / jid
     kept = sorted(d.name for d in kept_dir.iterdir()) if kept_dir.is_dir() else []
+    recovered = []
+    for node in kept:
+        mark = kept_dir / node / C.RAY_LOGS_RECOVERED
+        by, _, when = (mark.read_text(errors="replace").strip() if mark.is_file() else "").partition(" ")
+        if by:
+            recovered.append({"node": node, "by_job": by, "time": when or None})
     ran = {head} if head else set()
     ran |= {p.name[len("worker-"):-len(f"-{jid}.log")] for p in (run_dir / C.LOGS).glob(f"worker-*-{jid}.log")}
-    return {"ray_logs": kept, "ray_logs_missing": sorted(ran - set(kept))}
+    return {"ray_logs": kept, "ray_logs_missing": sorted(ran - set(kept)), "ray_logs_recovered": recovered}
 
 
 def failure_detail(detail: str) -> tuple[str, list[str]]:

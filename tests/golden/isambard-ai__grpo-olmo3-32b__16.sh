@@ -896,10 +896,13 @@ node_ports() {
 node_dirs() {
     private_dir "$HPCRL_NODE_LOCAL" "hpcrl-$SLURM_JOB_ID.$1" || return
     NODE_DIR=$PRIVATE_DIR
+    # Whose it is, for a later job's sweep (sweep_left) should this one die without its cleanup.
+    printf '%s\n%s\n' "${SLURMD_NODENAME:-$(hostname -s)}" "$HPCRL_RUN_DIR" >"$NODE_DIR/hpcrl-owner" || return
     RAY_TMP="$NODE_DIR/ray"
     if ((${#RAY_TMP} > 40)); then
         private_dir /tmp "hpcrl-$SLURM_JOB_ID.$1" || return
         RAY_TMP=$PRIVATE_DIR
+        cp -- "$NODE_DIR/hpcrl-owner" "$RAY_TMP/" || return
         echo "hpcrl: warning: Ray temp dir under $HPCRL_NODE_LOCAL is too long for Ray's sockets; using $RAY_TMP" >&2
     else
         mkdir -p -- "$RAY_TMP"
@@ -1012,45 +1015,15 @@ lean_env() {
     LEAN_ENV+=("$JOB_TAG")
 }
 
-# keep_ray_logs NODE: before the node-local directory goes, this node's Ray session logs
-# (raylet.out, gcs_server.out, the workers' error files) into logs/ray/<job>/<node>/ of the
-# run directory, newest first up to the profile's ray.log_keep_mib.
-keep_ray_logs() {
-    local src=$RAY_TMP/session_latest/logs dest=$HPCRL_RUN_DIR/logs/ray/$SLURM_JOB_ID/$1
-    mkdir -p -- "$dest" 2>/dev/null || return 0
-    if [[ -z $RAY_TMP || ! -d $src ]]; then
-        return 0
-    fi
-    # One cp for all the files: a Ray session has hundreds, a process each is slow on a busy node.
-    find "$src/" -type f -printf '%T@\t%s\t%P\n' 2>/dev/null | sort -rn |
-        awk -F '\t' -v cap=$((64 * 1048576)) '{ s += $2; if (s <= cap) print $3 }' |
-        (cd -- "$src" && xargs -r -d '\n' cp -p --parents -t "$dest" -- 2>/dev/null)
-    return 0
-}
 
 # A worker cleans up after itself unless it is SIGKILLed: srun --kill-on-bad-exit ends the
 # whole step with SIGKILL when one worker fails ("srun: error: n3: task 1: Killed" on
 # local-dev, while n3 was still starting Ray), as can the OOM killer. So when the worker step
 # did not end cleanly, one more step visits every worker node: sweep_node KILLs what is left of
-# this job's Ray there, keeps its logs and removes its node-local dirs (never another user's).
+# this job's Ray there, keeps its logs and removes its node-local dirs (never another user's;
+# sweep_left in leftovers.sh.j2).
 sweep_node() {
-    local dir phys
-    HPCRL_NODE_LOCAL="${LOCALDIR}"
-    # node_dirs made them under the physical path, and Ray's command lines name that one.
-    phys=$(cd -P -- "$HPCRL_NODE_LOCAL" 2>/dev/null && pwd) || phys=$HPCRL_NODE_LOCAL
-    for dir in "$phys/hpcrl-$SLURM_JOB_ID".* "/tmp/hpcrl-$SLURM_JOB_ID".*; do
-        if [[ ! -d $dir || -L $dir || ! -O $dir ]]; then
-            continue
-        fi
-        pkill -KILL -u "$(id -u)" -f -- "$dir/" 2>/dev/null || true
-        NODE_DIR=$dir RAY_TMP=$dir/ray
-        if [[ $dir != "$phys"/* ]]; then
-            NODE_DIR="" RAY_TMP=$dir  # node_dirs' short-path fallback for Ray
-        fi
-        keep_ray_logs "${SLURMD_NODENAME:-$(hostname -s)}"
-        remove_node_dirs
-        echo "hpcrl: removed $dir, left by a worker that could not clean up"
-    done
+    sweep_left "${LOCALDIR}" "$SLURM_JOB_ID"
 }
 sweep_workers() {
     local budget=20
@@ -1062,7 +1035,7 @@ sweep_workers() {
     fi
     timeout -k 2 "$budget" srun --overlap --nodes=15 --ntasks=15 --ntasks-per-node=1 \
         --exclude="$HEAD_NODE" --kill-on-bad-exit=0 \
-        bash -c "$(declare -f sweep_node keep_ray_logs remove_node_dirs); sweep_node" 2>&1 | sed -u 's/^/[sweep] /'
+        bash -c "$(declare -f sweep_node sweep_left job_ended keep_ray_logs); sweep_node" 2>&1 | sed -u 's/^/[sweep] /'
 }
 
 # blame WHY [NODE]: this node (or NODE), in the job's blame file (a failure continuation excludes
@@ -1110,6 +1083,8 @@ head_node_setup() {
         blame ray-start-failed
         fail ray-start-failed "cannot make this job's private node-local directory on $HEAD_NODE"
     fi
+    # Once node_dirs has found the node-local path safe: what dead jobs of this user left in it.
+    sweep_left_start
 }
 
 # ------------------------------------------------------------------ Ray on every node
@@ -1195,6 +1170,7 @@ hpcrl_worker() {
         blame ray-start-failed
         exit 1
     fi
+    sweep_left_start  # as on the head
     local problem
     problem=$(ray_version_problem)
     if [[ -n $problem ]]; then
@@ -1350,7 +1326,7 @@ phase_workers() {
     # One step for all workers; each asks for its node's GPUs and CPUs in the job's GPU style.
     srun --nodes=15 --ntasks=15 --ntasks-per-node=1 --exclude="$HEAD_NODE" \
         --kill-on-bad-exit=1 --gpus-per-node=4 --cpus-per-task="$SLURM_CPUS_ON_NODE" \
-        bash -c "RAY_START_ATTEMPTS=$RAY_START_ATTEMPTS; $(declare -f node_entry node_ports node_dirs private_dir ray_version_problem kill_session kill_tagged remove_node_dirs lean_env keep_ray_logs blame ray_start ray_retry hpcrl_worker_cleanup hpcrl_worker); hpcrl_worker" &
+        bash -c "RAY_START_ATTEMPTS=$RAY_START_ATTEMPTS; $(declare -f node_entry node_ports node_dirs private_dir ray_version_problem kill_session kill_tagged remove_node_dirs lean_env keep_ray_logs job_ended sweep_left sweep_left_start blame ray_start ray_retry hpcrl_worker_cleanup hpcrl_worker); hpcrl_worker" &
     WORKERS_PID=$!
 }
 
@@ -1367,6 +1343,101 @@ phase_readiness() {
 phase_services() {
     phase services
     # None in this job.
+}
+
+# ------------------------------------------------------------------ what jobs leave on a node
+# keep_ray_logs NODE [JOB]: before the node-local directory goes, this node's Ray session logs
+# (raylet.out, gcs_server.out, the workers' error files) into logs/ray/<job>/<node>/ of the
+# run directory (this job's, or JOB's), newest first up to the profile's ray.log_keep_mib.
+keep_ray_logs() {
+    local src=$RAY_TMP/session_latest/logs dest=$HPCRL_RUN_DIR/logs/ray/${2:-$SLURM_JOB_ID}/$1
+    mkdir -p -- "$dest" 2>/dev/null || return 0
+    if [[ -z $RAY_TMP || ! -d $src ]]; then
+        return 0
+    fi
+    # One cp for all the files: a Ray session has hundreds, a process each is slow on a busy node.
+    find "$src/" -type f -printf '%T@\t%s\t%P\n' 2>/dev/null | sort -rn |
+        awk -F '\t' -v cap=$((64 * 1048576)) '{ s += $2; if (s <= cap) print $3 }' |
+        (cd -- "$src" && xargs -r -d '\n' cp -p --parents -t "$dest" -- 2>/dev/null)
+    return 0
+}
+
+# A job that dies without its cleanup (its node lost with its slurmd: Slurm ends the job and
+# nothing runs there any more) leaves its node-local directories, and the Ray logs in them, on
+# the node. The next job of the same user on that node sweeps them at its start: a directory
+# of this user that names a job Slurm no longer runs, and this node in its hpcrl-owner file (on a
+# host that several Slurm nodes share, each sweeps its own), has its Ray logs kept in the run
+# dir the file names (marked hpcrl-recovered, which `hpcrl report` reads) and is removed.
+# A job Slurm still has in any state but an end, another user's directory, or one without that
+# file is left alone, as is everything while Slurm does not answer.
+# It runs in the background, so no job waits for it, for 60 s at most (what is left then, the
+# next job finds).
+sweep_left_start() {
+    timeout -k 2 60 bash -c "$(declare -f job_ended keep_ray_logs sweep_left); sweep_left \"\$1\"" \
+        sweep_left "$HPCRL_NODE_LOCAL" &
+}
+
+# job_ended JOB: prints how Slurm says JOB ended (its end state, or "no longer known to Slurm");
+# 1 while it may still run, or when Slurm does not answer.
+job_ended() {
+    local out
+    if out=$(squeue -h -j "$1" -t all -o %T 2>&1); then
+        case $out in
+            BOOT_FAIL | CANCELLED | COMPLETED | DEADLINE | FAILED | NODE_FAIL | OUT_OF_MEMORY | PREEMPTED | TIMEOUT)
+                echo "$out" ;;
+            *) return 1 ;;
+        esac
+    elif [[ $out == *"Invalid job id"* ]]; then
+        echo "no longer known to Slurm"
+    else
+        return 1
+    fi
+}
+
+# sweep_left NODE_LOCAL [JOB]: the sweep above, on this node's NODE_LOCAL and /tmp (Ray's
+# short-path fallback). With JOB (this job, whose worker step ended without its cleanup: sweep_node),
+# that job's directories only, and no question to Slurm.
+sweep_left() {
+    local phys dir job why node rdir tmp kept here=${SLURMD_NODENAME:-$(hostname -s)}
+    # node_dirs made them under the physical path, and Ray's command lines name that one.
+    phys=$(cd -P -- "$1" 2>/dev/null && pwd) || phys=$1
+    for dir in "$phys"/hpcrl-* /tmp/hpcrl-*; do
+        if [[ ! ${dir##*/} =~ ^hpcrl-([0-9]+)\.[0-9]+(\.[[:alnum:]]+)?$ || ! -d $dir || -L $dir || ! -O $dir ]]; then
+            continue
+        fi
+        job=${BASH_REMATCH[1]} node="" rdir=""
+        { IFS= read -r node && IFS= read -r rdir; } <"$dir/hpcrl-owner" 2>/dev/null || true
+        if [[ -n ${2:-} ]]; then
+            [[ $job == "$2" ]] || continue
+            why="a worker that could not clean up" node=${node:-$here} rdir=${rdir:-$HPCRL_RUN_DIR}
+        elif [[ $job == "$SLURM_JOB_ID" || $node != "$here" ]] || ! why=$(job_ended "$job"); then
+            continue
+        else
+            why="job $job ($why), which ended without its cleanup"
+        fi
+        (
+            exec 9<"$dir"
+            flock -n 9 || exit 0  # another job's sweep on this node has it
+            pkill -KILL -u "$(id -u)" -f -- "$dir/" 2>/dev/null || true
+            tmp=$dir/ray
+            [[ -d $tmp ]] || tmp=$dir  # node_dirs' short-path fallback for Ray
+            kept=""
+            if [[ -n ${2:-} ]]; then
+                (RAY_TMP=$tmp HPCRL_RUN_DIR=$rdir && keep_ray_logs "$node")
+            elif [[ -d $tmp/session_latest/logs ]]; then
+                kept="its run dir $rdir cannot take its Ray logs"
+                if [[ -d $rdir/logs && -w $rdir/logs ]]; then
+                    (RAY_TMP=$tmp HPCRL_RUN_DIR=$rdir && keep_ray_logs "$node" "$job")
+                    TZ=UTC0 printf '%s %(%Y-%m-%dT%H:%M:%SZ)T\n' "$SLURM_JOB_ID" -1 \
+                        >"$rdir/logs/ray/$job/$node/hpcrl-recovered" 2>/dev/null &&
+                        kept="its Ray logs kept in $rdir/logs/ray/$job/$node/"
+                fi
+            fi
+            rm -rf -- "$dir" 2>/dev/null || rm -rf -- "$dir"
+            echo "hpcrl: removed $dir, left by $why${kept:+: $kept}"
+        )
+    done
+    return 0
 }
 
 # ------------------------------------------------------------------ driver

@@ -155,6 +155,15 @@ def test_the_next_job_on_a_lost_node_keeps_its_ray_logs_and_removes_its_dirs(tmp
             time.sleep(1)
         lose_node(lost, node)
         assert wait_for_state(lost, TERMINAL_JOB_STATES, 600)["JobState"] == "NODE_FAIL"
+        # The head's TERM came from the lost node, not a preemption: worker-died, blamed on that node
+        # (the continuation, off here, would exclude it). The script may still be writing its end.
+        deadline, ends = time.monotonic() + 120, []
+        while not ends and time.monotonic() < deadline:
+            rows = [ln.split("\t") for ln in (lost_run / "hpcrl" / "jobs.tsv").read_text().splitlines()]
+            ends = [r[3] for r in rows if r[:2] == [lost, "end"]]
+            time.sleep(1)
+        assert ends and ends[0].startswith("worker-died:"), ends
+        assert f"{node} slurm-node-down" in (lost_run / "hpcrl" / f"blame-{lost}").read_text().splitlines()
         left = dirs_of(lost, node)
         assert left, "the lost node kept no directory of its job"
         report = run_hpcrl("report", "--json", str(lost_run))

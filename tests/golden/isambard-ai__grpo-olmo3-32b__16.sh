@@ -613,6 +613,13 @@ time_left_s() {
 
 marker_stamp() { stat -c '%Y %s' -- "$CKPT_MARKER" 2>/dev/null || echo none; }
 
+# The job's nodes Slurm now counts down, failed or not responding, comma-separated: a TERM then comes
+# from a lost node (slurmctld ends the job NODE_FAIL and signals the rest), not from a preemption,
+# and the node is blamed so the continuation runs without it. Nothing when sinfo does not answer.
+lost_job_nodes() {
+    timeout 5 sinfo -h -N -n "$SLURM_JOB_NODELIST" -t down,fail,no_respond -o %N 2>/dev/null | sort -u | paste -sd, -
+}
+
 # USR1 (--signal, before the time limit) or TERM/INT (scancel, preemption, the limit itself):
 # chain at once (the job may be killed soon), then stop the driver. The first signal decides
 # the reason; a TERM also starts Slurm's KillWait clock, which shortens any stop under way.
@@ -637,6 +644,14 @@ on_signal() {
     fi
     if [[ -n $STOP_REASON ]]; then
         return 0
+    fi
+    local lost n
+    if [[ $reason == preempted ]] && lost=$(lost_job_nodes) && [[ -n $lost ]]; then
+        reason=worker-died
+        for n in ${lost//,/ }; do
+            blame slurm-node-down "$n"
+        done
+        log "Slurm counts $lost of this job down (a lost node: the job ends NODE_FAIL), not a preemption"
     fi
     STOP_REASON=$reason
     log "received SIG$2: stopping ($reason)"

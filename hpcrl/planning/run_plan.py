@@ -13,7 +13,8 @@ from hpcrl.planning.backends import get_backend
 from hpcrl.planning.backends.base import Backend
 from hpcrl.planning.cadence import ASSUMED_WRITE_GIB_S, Cadence, plan_cadence, risk_warning
 from hpcrl.planning.config import load_run_config
-from hpcrl.planning.layout import Layout, Pins, Workload, check_nodes, enumerate_layouts
+from hpcrl.planning.layout import Layout, Pins, Workload, enumerate_layouts
+from hpcrl.planning.node_limits import check_nodes
 from hpcrl.planning.layout_advice import idle_gpus_warning
 from hpcrl.planning.node_share import job_profile
 from hpcrl.planning.resume import no_resume_reason, no_resume_warning

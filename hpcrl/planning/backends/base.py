@@ -320,6 +320,17 @@ def is_number(text: str) -> bool:
     return True
 
 
+def parse_number(raw: str) -> Any:
+    """An int or float where the text reads as one; else the text."""
+    try:
+        return int(raw)
+    except ValueError:
+        try:
+            return float(raw)
+        except ValueError:
+            return raw
+
+
 def merge_planned(user: dict[str, Any], planned: dict[str, Any]) -> dict[str, Any]:
     """The user's arguments in their order with the plan's values for planned keys, then
     the planned keys the user did not set (pinned values were already checked by the plan)."""

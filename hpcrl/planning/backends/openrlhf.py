@@ -29,6 +29,7 @@ from hpcrl.planning.backends.base import (
     cli_pins_into,
     flatten,
     is_number,
+    parse_number,
     merge_planned,
     never_or_positive,
     positive,
@@ -82,13 +83,8 @@ def _default(meta: dict) -> Any:
     raw = meta["default"]
     if raw in ("None", "True", "False"):
         return {"None": None, "True": True, "False": False}[raw]
-    try:
-        return int(raw)
-    except ValueError:
-        try:
-            return float(raw)
-        except ValueError:
-            return raw.strip('"')
+    value = parse_number(raw)
+    return value.strip('"') if isinstance(value, str) else value
 
 
 def format_flag(name: str, value: Any, meta: dict) -> tuple[str, ...] | None:

@@ -9,7 +9,6 @@ FSDP parameter/optimizer offload. Every key is checked against verl's composed P
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import replace
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
@@ -21,9 +20,9 @@ from hpcrl.planning.backends.base import (
     Word,
     cli_pins_into,
     flatten,
-    is_number,
     merge_planned,
     never_or_positive,
+    parse_number,
     positive,
     require_job_match,
 )
@@ -35,6 +34,7 @@ from hpcrl.planning.backends import versions
 from hpcrl.planning.backends.verl_memory import FILLS_NODES, memory_facts, sleep_level
 from hpcrl.planning.backends.log_facts import CommandFacts, CpuAsk, DiagnoseFacts, SmokeFacts
 from hpcrl.planning.backends.verl_disk import DISK, TIMING
+from hpcrl.planning.backends.verl_hydra import expected_kind, hydra_value, is_interpolation, type_ok
 from hpcrl.planning.layout import DEFAULT_MICRO_BATCHES, Pins, Workload
 from hpcrl.planning.layout_colocated import enumerate_colocated, plan_colocated_layouts
 
@@ -57,8 +57,6 @@ OFFLOAD_OPTIONS = ((False, False), (False, True), (True, True))
 # the old one until the new one is complete when keeping 1: two exist at the peak either way.
 KEEP_CHECKPOINTS = 2
 REQUIRED = ("actor_rollout_ref.model.path", "data.train_files", "data.val_files")
-_PLAIN = re.compile(r"^[A-Za-z_/][A-Za-z0-9_./@+-]*$")
-_HYDRA_WORDS = {"true", "false", "null", "nan", "inf", "none"}
 
 
 # A GPU reward model, under its key at each version: reward_model.enable at b178a3cd; reward.reward_model.enable
@@ -71,66 +69,6 @@ LORA_KEYS = ("actor_rollout_ref.model.lora.rank", "actor_rollout_ref.model.lora_
 def verl_table(version: str | None = None) -> dict[str, dict[str, Any]]:
     """verl's keys at `version` (hpcrl.framework_version; None: the newest hpcrl knows)."""
     return versions.table("verl", version)
-
-
-def hydra_value(value: Any) -> str:
-    """A value in Hydra's override grammar (quoted where a bare word would parse otherwise)."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if value is None:
-        return "null"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        return repr(value) if math.isfinite(value) else ("nan" if math.isnan(value) else ("inf" if value > 0 else "-inf"))
-    if isinstance(value, (list, tuple)):
-        return "[" + ",".join(hydra_value(v) for v in value) + "]"
-    if isinstance(value, dict):
-        return "{" + ",".join(f"{hydra_key(k)}:{hydra_value(v)}" for k, v in value.items()) + "}"
-    text = str(value)
-    if (_PLAIN.match(text) and text.lower() not in _HYDRA_WORDS and not is_number(text)) or _is_interpolation(text):
-        return text
-    # Quoted: a backslash run that precedes a quote (or the closing quote) is doubled.
-    body = re.sub(r"(\\*)'", lambda m: m.group(1) * 2 + "\\'", text)
-    body = re.sub(r"(\\+)$", lambda m: m.group(1) * 2, body)
-    return f"'{body}'"
-
-
-def hydra_key(key: Any) -> str:
-    text = str(key)
-    if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", text):
-        raise ConfigError(f"{text!r}: a dict key in a verl override must be a plain name")
-    return text
-
-
-def _is_interpolation(text: str) -> bool:
-    return text.startswith("${") and text.endswith("}") and "\n" not in text
-
-
-def _expected(meta: dict) -> str:
-    """bool | int | float | str | list | dict | any, from the annotation or the default's type."""
-    ann = str(meta.get("annotation") or "").replace(" ", "")
-    for kind in ("bool", "int", "float", "str"):
-        if ann in (kind, f"Optional[{kind}]", f"{kind}|None"):
-            return kind
-    if ann.startswith(("list", "List", "Optional[list", "Optional[List")):
-        return "list"
-    if ann.startswith(("dict", "Dict", "Optional[dict", "Optional[Dict")):
-        return "dict"
-    return meta.get("type") if meta.get("type") in ("bool", "int", "float", "str", "list", "dict") else "any"
-
-
-def _type_ok(kind: str, value: Any) -> bool:
-    if value is None or (isinstance(value, str) and _is_interpolation(value)):
-        return True
-    return {
-        "bool": isinstance(value, bool),
-        "int": isinstance(value, int) and not isinstance(value, bool),
-        "float": isinstance(value, (int, float)) and not isinstance(value, bool),
-        "str": isinstance(value, str),
-        "list": isinstance(value, (list, tuple)),
-        "dict": isinstance(value, dict),
-    }.get(kind, True)
 
 
 class VerlBackend(Backend):
@@ -194,8 +132,8 @@ class VerlBackend(Backend):
             if key not in table:
                 versions.check_key(self.name, section.framework_version, key)  # only other versions have it
                 raise UnknownNameError("verl key", key, table)
-            kind = _expected(table[key])
-            if not _type_ok(kind, value):
+            kind = expected_kind(table[key])
+            if not type_ok(kind, value):
                 raise ConfigError(f"verl key {key}: expected {kind}, got {value!r}")
         name = args.get(R + "name")
         if name not in (None, "vllm"):
@@ -213,13 +151,13 @@ class VerlBackend(Backend):
         meta = self.arg_table(cfg.hpcrl)[key]
         if key in cfg.args:
             value = cfg.args[key]
-            if isinstance(value, str) and _is_interpolation(value) and _expected(meta) in ("int", "float", "bool"):
+            if isinstance(value, str) and is_interpolation(value) and expected_kind(meta) in ("int", "float", "bool"):
                 raise ConfigError(f"verl key {key}: hpcrl plans with its value, so give a literal here, not {value!r}")
             return value
         if "resolved" in meta:
             return meta["resolved"]
         raw = meta["default"]
-        return {"true": True, "false": False, "null": None}.get(raw, _number(raw))
+        return {"true": True, "false": False, "null": None}.get(raw, parse_number(raw))
 
     def uses_reference(self, cfg: RunConfig) -> bool:
         return bool(self.arg(cfg, A + "use_kl_loss") or self.arg(cfg, "algorithm.use_kl_in_reward"))
@@ -433,16 +371,6 @@ class VerlBackend(Backend):
             return max(1, math.ceil(per_gpu * seq_len / int(self.arg(cfg, A + "ppo_max_token_len_per_gpu"))))
         micro = micro or cfg.args.get(MICRO_KEY)
         return max(1, per_gpu // int(micro)) if micro else DEFAULT_MICRO_BATCHES
-
-
-def _number(raw: str) -> Any:
-    try:
-        return int(raw)
-    except ValueError:
-        try:
-            return float(raw)
-        except ValueError:
-            return raw
 
 
 BACKEND = VerlBackend

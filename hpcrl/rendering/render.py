@@ -8,7 +8,6 @@ text emitted verbatim is shell the user wrote as shell (`hpcrl.env_setup`, profi
 from __future__ import annotations
 
 import json
-import math
 import re
 import shlex
 from functools import lru_cache
@@ -19,18 +18,15 @@ import jinja2
 from hpcrl import __version__, contract
 from hpcrl.errors import ConfigError
 from hpcrl.memory import constants as C
-from hpcrl.planning import walltime
 from hpcrl.planning.backends import stack_expect
 from hpcrl.planning.run_plan import RunPlan
-from hpcrl.profiles import ClusterProfile
 from hpcrl.rendering import driver_cadence
+from hpcrl.rendering.sbatch_options import check_run_name, cluster_label, exclude_nodes, run_root, sbatch_options
 from hpcrl.rendering.template_cache import bytecode_cache
 from hpcrl.resources import data_dir
-from hpcrl.shell import comment_safe, has_vars, sanitize_name, sbatch_safe, shq, shq_path
+from hpcrl.shell import comment_safe, shq, shq_path
 
 TEMPLATE = "sbatch.sh.j2"
-_CONSTRAINT = re.compile(r"^[A-Za-z0-9_.,:@&|*()\[\]!-]+$")
-_OUTPUT_PATH = re.compile(r"^[A-Za-z0-9_.,:@+=/-]+$")
 CONTAINER_RUNTIMES = ("apptainer", "singularity")
 # Ray's socket paths must stay under 107 bytes: <temp>/session_<date>_<time>_<pid>/sockets/plasma_store
 # adds up to 64 characters to Ray's temp dir; the script falls back to /tmp past this length.
@@ -64,127 +60,6 @@ def _environment() -> jinja2.Environment:
     env.filters["comment"] = comment_safe
     env.filters["word_count"] = lambda text: len(shlex.split(text))  # shell words, as bash will split them
     return env
-
-
-def cluster_label(rp: RunPlan) -> str:
-    p = rp.profile
-    return f"{p.name}:{p.variant}" if p.variant else p.name
-
-
-def run_root(rp: RunPlan) -> str:
-    """The run root as written (config hpcrl.run_root, else the profile's)."""
-    return rp.config.hpcrl.run_root or rp.profile.storage.run_root.path
-
-
-def _check_run_name(name: str) -> str:
-    if not name or name in (".", "..") or "/" in name or "\0" in name:
-        raise ConfigError(f"hpcrl.run_name {name!r}: must be a directory name (no '/', not '.' or '..')")
-    return name
-
-
-def _sbatch_value(field: str, value: str, pattern: re.Pattern | None = None) -> str:
-    ok = pattern.match(value) if pattern else sbatch_safe(value)
-    if not ok:
-        raise ConfigError(
-            f"{field} {value!r}: not a valid Slurm value (letters, digits and _ . , : @ - [ ] only)"
-        )
-    return value
-
-
-def _wall_time(rp: RunPlan, partition: str | None) -> str | None:
-    cfg_time = rp.config.hpcrl.time
-    if cfg_time is not None:
-        walltime.seconds(str(cfg_time))  # one line naming the value when it is not Slurm's format
-        return str(cfg_time)
-    part = rp.profile.slurm.partitions.get(partition) if partition else None
-    return part.max_time if part else None
-
-
-def _account(rp: RunPlan) -> str | None:
-    slurm = rp.profile.slurm
-    account = rp.config.hpcrl.account
-    if account is None:
-        if slurm.account_required:
-            example = f", e.g. --set hpcrl.account={slurm.account_example}" if slurm.account_example else ""
-            raise ConfigError(f"cluster {rp.profile.name} needs a Slurm account: set hpcrl.account{example}")
-        return None
-    _sbatch_value("hpcrl.account", account)
-    if slurm.account_pattern and not re.match(slurm.account_pattern, account):
-        example = f" (e.g. {slurm.account_example})" if slurm.account_example else ""
-        raise ConfigError(
-            f"hpcrl.account {account!r} does not match {rp.profile.name}'s account pattern "
-            f"{slurm.account_pattern}{example}"
-        )
-    return account
-
-
-def output_path(rp: RunPlan) -> str:
-    """Slurm's --output: in the run directory when its path is known at submit time."""
-    root, name = run_root(rp), rp.config.hpcrl.run_name
-    path = f"{root.rstrip('/')}/{name}/{contract.LOGS}/{contract.SLURM_LOG.format(job='%j')}"
-    if has_vars(root) or not _OUTPUT_PATH.match(f"{root}/{name}"):
-        return f"hpcrl-{sanitize_name(name)}-%j.out"
-    return path
-
-
-def exclude_nodes(rp: RunPlan) -> list[str]:
-    """The profile's, the config's and the user's exclude list's nodes, validated, in order, once each."""
-    exclude: list[str] = []
-    for node in [*rp.profile.slurm.exclude_nodes, *rp.config.hpcrl.exclude_nodes, *rp.user_exclude]:
-        if node not in exclude:
-            exclude.append(_sbatch_value("exclude node", str(node)))
-    return exclude
-
-
-def partial_node_options(profile: ClusterProfile) -> list[str]:
-    """Cores and memory of a job with part of a node, as the profile says the site shares one
-    (slurm.node_sharing): a proportional site gives both with the GPUs, so only the cores are asked."""
-    share = profile.slurm.node_sharing
-    cpus = profile.node.cpu_cores // profile.gpu.count_per_node
-    opts = [f"--cpus-per-gpu={cpus}"]
-    if share is None or share.mode == "per-gpu":
-        opts.append(f"--mem-per-gpu={math.floor(profile.node.ram_gib / profile.gpu.count_per_node)}G")
-    return opts
-
-
-def sbatch_options(rp: RunPlan) -> list[str]:
-    """The #SBATCH options, validated: one `--name=value` string each."""
-    hp, slurm, g = rp.config.hpcrl, rp.profile.slurm, rp.profile.gpu.count_per_node
-    n = rp.nodes
-    opts = [f"--job-name=hpcrl-{sanitize_name(hp.run_name)}", f"--nodes={n}", "--ntasks-per-node=1"]
-    opts.append(contract.gpu_request_option(slurm.gpu_request, g, n))
-    if rp.profile.job_gpus:
-        opts += partial_node_options(rp.profile)
-    elif slurm.exclusive:
-        opts.append("--exclusive")
-    elif slurm.cpus_per_gpu:
-        opts.append(f"--cpus-per-gpu={slurm.cpus_per_gpu}")
-    if slurm.mem is not None:
-        opts.append(f"--mem={_sbatch_value('slurm.mem', slurm.mem)}")
-    partition = hp.partition or slurm.default_partition
-    time = _wall_time(rp, partition)
-    if time:
-        opts.append(f"--time={time}")
-    if partition:
-        opts.append(f"--partition={_sbatch_value('partition', partition)}")
-    account = _account(rp)
-    if account:
-        opts.append(f"--account={account}")
-    if hp.qos:
-        opts.append(f"--qos={_sbatch_value('hpcrl.qos', hp.qos)}")
-    if slurm.constraint:
-        opts.append(f"--constraint={_sbatch_value('slurm.constraint', slurm.constraint, _CONSTRAINT)}")
-    exclude = exclude_nodes(rp)
-    if exclude:
-        opts.append(f"--exclude={','.join(exclude)}")
-    opts += [
-        f"--output={output_path(rp)}",
-        "--open-mode=append",
-        f"--signal=B:USR1@{rp.cadence.lead_s if rp.cadence else slurm.signal_before_end_s}",
-        # The script chains its own continuation; a Slurm requeue would run a second copy.
-        "--no-requeue",
-    ]
-    return opts
 
 
 def _container(rp: RunPlan) -> list[str] | None:
@@ -315,7 +190,7 @@ def plan_json(rp: RunPlan, *, smoke: bool = False) -> str:
 def _context(rp: RunPlan, smoke: bool) -> dict:
     hp, prof = rp.config.hpcrl, rp.profile
     lay = rp.layout
-    run_name = _check_run_name(hp.run_name)
+    run_name = check_run_name(hp.run_name)
     backend = rp.backend
     root = run_root(rp)
     node_local = prof.storage.node_local.path

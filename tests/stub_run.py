@@ -90,6 +90,12 @@ if [[ $fmt == *%T* ]]; then
 fi
 echo "${STUB_TIME_LEFT:-0:05}"
 ''',
+    # sinfo -t down: the job's nodes Slurm counts down ($STUB_DOWN_NODES, one per line; none by
+    # default), so no stub run asks the machine's real cluster.
+    "sinfo": r'''#!/bin/bash
+[[ -n ${STUB_DOWN_NODES:-} ]] && tr ',' '\n' <<<"$STUB_DOWN_NODES"
+exit 0
+''',
     "sbatch": r'''#!/bin/bash
 printf '%s\0' "$@" >"$STUB_OUT/sbatch.argv"
 env -0 >"$STUB_OUT/sbatch.env"

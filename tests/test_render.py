@@ -461,6 +461,24 @@ def test_signals_chain_per_run_dir_contract(tmp_path, signal_name, marker, reaso
         assert not (stub.out / "sbatch.argv").exists() and all(e[1] != "continue" for e in events)
 
 
+def test_a_term_with_a_node_slurm_counts_down_is_a_lost_node_not_a_preemption(tmp_path):
+    """TERM while `sinfo -t down` lists n2 (as when slurmctld ends a job NODE_FAIL): the end is
+    worker-died, n2 is blamed (slurm-node-down) and the failure continuation excludes it."""
+    import signal as sig
+
+    stub = Stub(tmp_path)
+    script = stub.render()
+    run_dir = tmp_path / "runs" / "grpo-olmo3-7b"
+    proc = stub.start(script, STUB_DRIVER_SLEEP="120", STUB_DOWN_NODES="n2")
+    wait_for(stub.out / "driver.argv")
+    os.kill(proc.pid, sig.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    events = stub.events(run_dir)
+    assert [e[3] for e in events if e[1] == "end"] == ["worker-died:0"], out
+    assert (run_dir / "hpcrl" / f"blame-{stub.job}").read_text().split() == ["n2", "slurm-node-down"]
+    assert [a for a in stub.argv("sbatch.argv") if a.startswith("--exclude")] == ["--exclude=n2"]
+
+
 def test_no_continuation_past_max_restarts(tmp_path):
     import signal as sig
 

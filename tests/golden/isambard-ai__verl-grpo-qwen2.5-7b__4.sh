@@ -643,11 +643,12 @@ time_left_s() {
 
 marker_stamp() { stat -c '%Y %s' -- "$CKPT_MARKER" 2>/dev/null || echo none; }
 
-# The job's nodes Slurm now counts down, failed or not responding, comma-separated: a TERM then comes
-# from a lost node (slurmctld ends the job NODE_FAIL and signals the rest), not from a preemption,
-# and the node is blamed so the continuation runs without it. Nothing when sinfo does not answer.
+# The job's nodes Slurm now counts DOWN, comma-separated: a TERM then comes from a lost node
+# (slurmctld ends the job NODE_FAIL and signals the rest), not from a preemption, and the node is
+# blamed so the continuation runs without it. A node only slow to answer (`idle*`, NO_RESPOND) or
+# drained is no proof: Slurm sets DOWN once it gives the node up. Nothing when sinfo does not answer.
 lost_job_nodes() {
-    timeout 5 sinfo -h -N -n "$SLURM_JOB_NODELIST" -t down,fail,no_respond -o %N 2>/dev/null | sort -u | paste -sd, -
+    timeout 5 sinfo -h -N -n "$SLURM_JOB_NODELIST" -t down -o %N 2>/dev/null | sort -u | paste -sd, -
 }
 
 # USR1 (--signal, before the time limit) or TERM/INT (scancel, preemption, the limit itself):

@@ -9,47 +9,25 @@ what Slurm says; the file is the truth about reasons and continuations.
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 import os
-import re
-import shlex
 import time
 from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 from hpcrl.contract import COMPLETED, CRASHED, SLURM_STATE_REASONS
-from hpcrl.errors import ConfigError, HpcrlError, RunDirUnreadable, SlurmError
+from hpcrl.errors import HpcrlError, RunDirUnreadable, SlurmError
 from hpcrl.jobs import chain_lock, slurm
 from hpcrl.jobs.registry import Job, Registry, Run, dir_identity, now
 from hpcrl.jobs.run_dir import (JobEvents, RunDir, comment_end, read_chain, readable_chain, run_dir_problem,
                                 write_private)
-from hpcrl.shell import path_problem
-
-if TYPE_CHECKING:
-    from hpcrl.jobs.run_script import RunScript
+from hpcrl.jobs.submission import Submission
 
 SUBMIT_STALE_S = 600  # a run still `submitting` after this long lost its submitting process
 
 
 # --------------------------------------------------------------------------- submission
-
-
-class Submission(NamedTuple):
-    """Everything `submit` needs, prepared (and validated) before anything is written."""
-
-    script: str
-    run_dir: RunDir
-    name: str
-    cluster: str
-    config_hash: str
-    max_restarts: int | None
-    plan: dict | None
-    source: str = ""  # the run config or the rendered script it came from
-    warnings: tuple[str, ...] = ()
-    dir_mode: int | None = None  # the run directory's mode (0700, or 0750 when the group shares runs)
 
 
 class Submitted(NamedTuple):
@@ -58,80 +36,6 @@ class Submitted(NamedTuple):
     script_path: Path
     log_path: Path | None
     command: list[str]
-
-
-def expand_path(raw: str, what: str, extra: dict[str, str] | None = None) -> Path:
-    """Expand ~ and $VARS as the login node sees them (plus `extra`); an unset variable is a user error."""
-    def var(m: re.Match) -> str:
-        name = m.group(1) or m.group(2)
-        return (extra or {}).get(name) or os.environ.get(name) or m.group(0)
-
-    if problem := path_problem(raw):
-        raise ConfigError(f"{what} {raw!r}: {problem}")
-    path = re.sub(r"\$\{(\w+)\}|\$(\w+)", var, os.path.expanduser(raw))
-    if "$" in path:
-        missing = ", ".join(sorted(set(re.findall(r"\$\{?(\w+)", path))))
-        raise ConfigError(f"{what} {raw!r} uses {missing}, not set here; set hpcrl.run_root or export {missing}")
-    return Path(path)
-
-
-def from_run_script(built: RunScript) -> Submission:
-    """A Submission of a script built from a request (jobs/run_script.py: the path render takes too)."""
-    from hpcrl.rendering import render
-
-    rp, smoke = built.plan, built.request.smoke
-    cfg, profile = rp.config, rp.profile
-    # The job's own $SLURM_JOB_ACCOUNT is the account it is submitted under (Berzelius' /proj/<account>).
-    known = {"SLURM_JOB_ACCOUNT": cfg.hpcrl.account} if cfg.hpcrl.account else {}
-    root = expand_path(cfg.hpcrl.run_root or profile.storage.run_root.path, "run_root", known)
-    plan = json.loads(render.plan_json(rp, smoke=smoke))
-    return Submission(built.text, RunDir(root / cfg.hpcrl.run_name), cfg.hpcrl.run_name, render.cluster_label(rp),
-                      cfg.digest(), cfg.hpcrl.max_restarts, plan, cfg.source, tuple(rp.warnings),
-                      _dir_mode(render.umask(rp)))
-
-
-def _dir_mode(umask: str | None) -> int | None:
-    """A directory mode from the script's umask (077 -> 0700); None leaves the user's umask."""
-    return None if umask is None else 0o777 & ~int(umask, 8)
-
-
-_RUN_DIR_LINE = re.compile(r"^\s*(?:export\s+|readonly\s+|declare\s+(?:-\w+\s+)*)?RUN_DIR=(\S.*)$")
-_MAX_RESTARTS_LINE = re.compile(r"^\s*(?:export\s+|readonly\s+)?MAX_RESTARTS=['\"]?(\d+)")
-_UMASK_LINE = re.compile(r"^umask\s+(0?[0-7]{3})\s*$")
-# "# cluster isambard-ai; config ..." as hpcrl render writes it, or "# hpcrl-cluster: NAME".
-_CLUSTER_LINE = re.compile(r"^#\s*(?:hpcrl[ -]cluster:\s*|cluster\s+)([\w.:-]+)", re.IGNORECASE)
-
-
-def _shell_word(rhs: str) -> str | None:
-    """The first shell word of an assignment's right side, quotes removed ("${X}"'/a' -> ${X}/a)."""
-    try:
-        words = shlex.split(rhs, comments=True)
-    except ValueError:
-        return None
-    return words[0] if words else None
-
-
-def from_script(path: str | os.PathLike, *, run_dir: str | None = None, cluster: str | None = None) -> Submission:
-    """A Submission from an already rendered script; RUN_DIR is read from it unless given."""
-    src = Path(path)
-    try:
-        text = src.read_text()
-    except OSError as exc:
-        raise HpcrlError(f"{src}: cannot read the script ({exc.strerror})") from None
-    if not text.startswith("#!"):
-        raise HpcrlError(f"{src}: not a batch script (no #! line); give a script rendered by hpcrl render")
-    lines = text.splitlines()
-    found = next((_shell_word(m.group(1)) for ln in lines if (m := _RUN_DIR_LINE.match(ln))), None)
-    raw = run_dir or found
-    if not raw:
-        raise HpcrlError(f"{src}: no RUN_DIR=... line in the script; pass --run-dir DIR")
-    rd = RunDir(expand_path(raw, "RUN_DIR"))
-    restarts = next((int(m.group(1)) for ln in lines if (m := _MAX_RESTARTS_LINE.match(ln))), None)
-    cluster = cluster or next((m.group(1) for ln in lines if (m := _CLUSTER_LINE.match(ln))), None) or "-"
-    digest = hashlib.sha256(text.encode()).hexdigest()[:12]
-    umask = next((m.group(1) for ln in lines if (m := _UMASK_LINE.match(ln))), None)
-    return Submission(text, rd, rd.path.name, cluster, digest, restarts, None, str(src.resolve()),
-                      dir_mode=_dir_mode(umask))
 
 
 def submit(reg: Registry, sub: Submission, *, dry_run: bool = False, extra_args: list[str] | None = None,
@@ -421,5 +325,4 @@ def follow(run: Run, *, poll_s: float = 1.0, slurm_every_s: float = 30.0) -> Ite
         time.sleep(poll_s)
 
 
-__all__ = ["JobEvents", "RunDir", "Submission", "Submitted", "cancel", "follow", "from_run_script", "from_script",
-           "logs", "missing_log", "read_chain", "refresh", "run_dir_problem", "submit"]
+__all__ = ["JobEvents", "RunDir", "Submitted", "cancel", "follow", "logs", "missing_log", "read_chain", "refresh", "run_dir_problem", "submit"]

@@ -10,7 +10,7 @@ import os
 from typing import Sequence
 
 from hpcrl.errors import HpcrlError
-from hpcrl.jobs import lifecycle
+from hpcrl.jobs import lifecycle, submission
 from hpcrl.jobs.registry import Registry, Run, default_path
 from hpcrl.jobs.run_dir import readable_chain
 from hpcrl.planning.request import RunRequest
@@ -26,11 +26,11 @@ def submit(request: RunRequest, *, script: Where = None, run_dir: str | None = N
         # --cluster names the cluster a rendered script was made for; every other option would render one.
         if given:
             raise HpcrlError(f"give either a rendered SCRIPT or {', '.join(given)}, not both")
-        sub = lifecycle.from_script(script, run_dir=run_dir, cluster=request.cluster)
+        sub = submission.from_script(script, run_dir=run_dir, cluster=request.cluster)
     else:
         from hpcrl.jobs.run_script import build
 
-        sub = lifecycle.from_run_script(build(request))
+        sub = submission.from_run_script(build(request))
     reg = Registry(registry, create=True)
     done = lifecycle.submit(reg, sub, dry_run=dry_run, keep_exclusions=keep_exclusions)
     return {"run_id": done.run_id, "job_id": done.job_id, "dry_run": dry_run, "script": str(done.script_path),

@@ -52,6 +52,12 @@ CONTINUATIONS = {
 # not the node's fault, so no node is blamed; not continued either, since a new job meets the same
 # directory until its owner or an admin removes it (docs/safety.md).
 NODE_LOCAL_UNSAFE = "node-local-unsafe"
+# Slurm's job states a job does not leave: `status` stops asking about it, and a later job's sweep
+# (templates/leftovers.sh.j2) may clear the node-local directories it left (squeue -o %T prints these).
+SLURM_END_STATES = frozenset({
+    "COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "PREEMPTED", "NODE_FAIL", "OUT_OF_MEMORY",
+    "BOOT_FAIL", "DEADLINE", "REVOKED", "SPECIAL_EXIT",
+})
 # Slurm's terminal state -> end reason, for a job that ended without writing its `end` line.
 SLURM_STATE_REASONS = {"COMPLETED": COMPLETED, "TIMEOUT": "timeout", "CANCELLED": "cancelled",
                        "PREEMPTED": "preempted", "FAILED": CRASHED}
@@ -70,6 +76,11 @@ def reason_case(indent: str = "        ") -> str:
     """Bash `case` arms: the driver's exit code ($1) -> its end reason, echoed."""
     arms = [f"{code}) echo {reason} ;;" for code, reason in sorted(END_REASONS.items())]
     return "\n".join(indent + arm for arm in [*arms, f"*) echo {CRASHED} ;;"])
+
+
+def slurm_end_pattern() -> str:
+    """A bash `case` pattern matching every Slurm end state (SLURM_END_STATES)."""
+    return " | ".join(sorted(SLURM_END_STATES))
 
 
 def continue_case(indent: str = "        ") -> str:

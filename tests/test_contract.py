@@ -147,3 +147,33 @@ def test_the_stack_check_runs_before_the_first_ray_start():
     first = _bash_function(script, "phase_stack_check")
     assert (main.index("phase_stack_check") < main.index("phase_head"), "    stack_check\n" in first,
             "ray_start" in first) == (True, True, False)
+
+
+# squeue(1)'s JOB STATE CODES, read by hand from Slurm's man page (an independent source): the states
+# a job does not leave, and those it may still leave (pending, running, held or requeued).
+SQUEUE_ENDED = ("BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL", "OUT_OF_MEMORY",
+                "PREEMPTED", "REVOKED", "SPECIAL_EXIT", "TIMEOUT")
+SQUEUE_LIVE = ("CONFIGURING", "COMPLETING", "PENDING", "RESV_DEL_HOLD", "REQUEUE_FED", "REQUEUE_HOLD",
+               "REQUEUED", "RESIZING", "RUNNING", "SIGNALING", "STAGE_OUT", "STOPPED", "SUSPENDED")
+
+
+def test_the_rendered_job_ended_knows_every_slurm_end_state(tmp_path):
+    """The sweep's job_ended (templates/leftovers.sh.j2) answers from the contract's end states;
+    squeue is a stub printing the state (no Slurm job can be put in each state here)."""
+    fn = _bash_function(_script(tmp_path), "job_ended")
+    (tmp_path / "squeue").write_text('#!/bin/bash\necho "$FAKE_STATE"\n')
+    (tmp_path / "squeue").chmod(0o755)
+    answers = {}
+    for state in SQUEUE_ENDED + SQUEUE_LIVE:
+        out = subprocess.run(["bash", "-c", fn + 'job_ended 7 || echo "still may run"'], capture_output=True,
+                             text=True, env={"PATH": f"{tmp_path}:/usr/bin:/bin", "FAKE_STATE": state})
+        answers[state] = out.stdout.strip()
+    assert answers == {**{s: s for s in SQUEUE_ENDED}, **{s: "still may run" for s in SQUEUE_LIVE}}
+
+
+@pytest.mark.parametrize("path", TEMPLATES, ids=lambda p: p.name)
+def test_no_template_lists_slurm_end_states(path):
+    """Prose may name one state; a line naming three is a copy of the contract's list."""
+    lists = [line for line in path.read_text().splitlines()
+             if len(set(re.findall(r"\b[A-Z_]+\b", line)) & set(SQUEUE_ENDED)) >= 3]
+    assert lists == [], path.name

@@ -13,6 +13,7 @@ import subprocess
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
+from hpcrl.contract import SLURM_END_STATES
 from hpcrl.errors import SlurmError
 
 NO_SLURM = (
@@ -22,10 +23,7 @@ NO_SLURM = (
 
 PENDING_STATES = frozenset({"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD"})
 RUNNING_STATES = frozenset({"RUNNING", "COMPLETING", "SUSPENDED", "STOPPED", "SIGNALING", "STAGE_OUT", "RESIZING"})
-TERMINAL_STATES = frozenset({
-    "COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "PREEMPTED", "NODE_FAIL", "OUT_OF_MEMORY",
-    "BOOT_FAIL", "DEADLINE", "REVOKED", "SPECIAL_EXIT",
-})
+TERMINAL_STATES = SLURM_END_STATES
 # Not a Slurm state: the job is no longer known to slurmctld (past MinJobAge) and there is
 # no accounting to ask. Treated as terminal so it is never queried again.
 UNKNOWN = "UNKNOWN"

@@ -295,6 +295,7 @@ def _contract_context() -> dict:
         "reason_case": c.reason_case(),
         "stack_mismatch": {"reason": c.STACK_MISMATCH[0], "code": c.STACK_MISMATCH[1]},
         "continue_case": c.continue_case(),
+        "slurm_end_pattern": c.slurm_end_pattern(),
         "crashed": c.CRASHED,
         "run_dir_ends": {"full": c.RUN_DIR_FULL, "unwritable": c.RUN_DIR_UNWRITABLE},
         "node_local_unsafe": c.NODE_LOCAL_UNSAFE,

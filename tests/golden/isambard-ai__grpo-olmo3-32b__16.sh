@@ -1399,7 +1399,7 @@ job_ended() {
     local out
     if out=$(squeue -h -j "$1" -t all -o %T 2>&1); then
         case $out in
-            BOOT_FAIL | CANCELLED | COMPLETED | DEADLINE | FAILED | NODE_FAIL | OUT_OF_MEMORY | PREEMPTED | TIMEOUT)
+            BOOT_FAIL | CANCELLED | COMPLETED | DEADLINE | FAILED | NODE_FAIL | OUT_OF_MEMORY | PREEMPTED | REVOKED | SPECIAL_EXIT | TIMEOUT)
                 echo "$out" ;;
             *) return 1 ;;
         esac

@@ -155,3 +155,29 @@ def test_logs_json_does_not_follow(home):
 
     rid = _ended_chain(home)
     assert_user_error(run_hpcrl("logs", rid, "--json", "--follow"), "--follow")
+
+
+def test_repair_runs_is_runs_repair_json(tmp_path):
+    """Two copies of one registry with a page of noise: the API's repair and the command's keep the same
+    runs and jobs (the damaged copy each moves aside is named by its own time stamp)."""
+    from hpcrl.jobs.registry import Registry
+
+    reg = Registry(tmp_path / "a" / "runs.db")
+    for i in range(300):
+        rid = reg.create_run(name=f"old{i}", cluster="local-dev", config_hash="h" * 12,
+                             script_path=f"/x/old{i}/job", run_dir=f"/x/old{i}", state="ended", max_restarts=2)
+        reg.add_job(rid, str(900000 + i))
+    reg.close()
+    data = bytearray((tmp_path / "a" / "runs.db").read_bytes())
+    page = int.from_bytes(data[16:18], "big")
+    victim = data.index(b"/x/old150/job") // page
+    data[victim * page: (victim + 1) * page] = b"\xff" * page
+    (tmp_path / "b").mkdir()
+    for d in "ab":
+        (tmp_path / d / "runs.db").write_bytes(bytes(data))
+    api = api_json(f"repair_runs(registry={str(tmp_path / 'a' / 'runs.db')!r})")
+    cmd = json.loads(cli("runs", "--repair", "--json", "--registry", str(tmp_path / "b" / "runs.db")))
+    for d, got in (("a", api), ("b", cmd)):
+        assert got.pop("moved_to").startswith(str(tmp_path / d / "runs.db.damaged-"))
+        assert got.pop("registry") == str(tmp_path / d / "runs.db")
+    assert api == cmd and 0 < api["runs"] < 300

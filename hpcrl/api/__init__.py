@@ -10,7 +10,7 @@ Errors a user can cause raise hpcrl.errors.HpcrlError subclasses, with the CLI's
         best = h.plan(config="grpo-olmo3-32b", nodes=nodes).layouts[0]
         print(nodes, best.step_time_s)
 
-`submit`, `status`, `runs`, `cancel` and `logs` take `registry=` (default $HPCRL_REGISTRY, else the user
+`submit`, `status`, `runs`, `repair_runs`, `cancel` and `logs` take `registry=` (default $HPCRL_REGISTRY, else the user
 data dir) as the commands' `--registry` does.
 """
 
@@ -20,7 +20,8 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Result", "cancel", "logs", "plan", "plan_disk", "plan_memory", "render", "runs", "status", "submit"]
+__all__ = ["Result", "cancel", "logs", "plan", "plan_disk", "plan_memory", "render", "repair_runs", "runs", "status",
+           "submit"]
 
 
 class Result:
@@ -172,6 +173,14 @@ def runs(*, limit: int = 20, registry: str | Path | None = None) -> Result:
     from hpcrl.jobs import run_results
 
     return Result(run_results.runs(limit=limit, registry=registry))
+
+
+def repair_runs(*, registry: str | Path | None = None) -> Result:
+    """`hpcrl runs --repair`: rebuild a damaged registry from what can be read (the damaged file kept,
+    renamed: `moved_to`) and say how many runs and jobs were kept."""
+    from hpcrl.jobs import run_results
+
+    return Result(run_results.repair(registry=registry))
 
 
 def cancel(run: str, *, registry: str | Path | None = None) -> Result:

@@ -76,19 +76,17 @@ def runs_cmd(
     as_json: bool = JSON_OPT,
 ) -> None:
     """List recorded runs from the registry (no Slurm query; `hpcrl status` refreshes)."""
-    if repair:
-        from hpcrl.jobs.registry_repair import repair as repair_registry
-
-        done = repair_registry(registry)
-        if as_json:
-            print_json({"registry": str(done.path), "moved_to": str(done.moved_to) if done.moved_to else None,
-                        "runs": done.runs, "jobs": done.jobs, "jobs_dropped": done.jobs_dropped})
-            return
-        moved = f"; the damaged file is now {done.moved_to}" if done.moved_to else ""
-        dropped = f" ({done.jobs_dropped} jobs of lost runs dropped)" if done.jobs_dropped else ""
-        typer.echo(f"registry {done.path}: kept {done.runs} runs and {done.jobs} jobs{dropped}{moved}")
-        return
     from hpcrl.jobs import run_results
+
+    if repair:
+        done = run_results.repair(registry=registry)
+        if as_json:
+            print_json(done)
+            return
+        moved = f"; the damaged file is now {done['moved_to']}" if done["moved_to"] else ""
+        dropped = f" ({done['jobs_dropped']} jobs of lost runs dropped)" if done["jobs_dropped"] else ""
+        typer.echo(f"registry {done['registry']}: kept {done['runs']} runs and {done['jobs']} jobs{dropped}{moved}")
+        return
 
     d = run_results.runs(limit=limit, registry=registry)
     if as_json:

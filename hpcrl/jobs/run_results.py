@@ -68,6 +68,15 @@ def runs(*, limit: int = 20, registry: Where = None) -> dict:
     return {"registry": str(default_path(registry)), "runs": [run_data(r) for r in listed]}
 
 
+def repair(*, registry: Where = None) -> dict:
+    """Rebuild a damaged registry from what can be read; the damaged file is kept beside it, renamed."""
+    from hpcrl.jobs.registry_repair import repair as repair_registry
+
+    done = repair_registry(registry)
+    return {"registry": str(done.path), "moved_to": str(done.moved_to) if done.moved_to else None,
+            "runs": done.runs, "jobs": done.jobs, "jobs_dropped": done.jobs_dropped}
+
+
 def status(run: str | None = None, *, all_runs: bool = False, registry: Where = None) -> dict:
     """Refresh run states (one batched Slurm query, following the job chain): `run` (an id, a unique prefix
     or one of its job ids), else the live runs (`all_runs`: the ended ones too)."""

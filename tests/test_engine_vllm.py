@@ -213,3 +213,14 @@ def test_plan_memory_with_a_config_uses_the_same_vllm_as_plan():
     out = subprocess.run([sys.executable, "-m", "hpcrl", "plan-memory", "--config", "verl-grpo-qwen2.5-7b", "--json"],
                          capture_output=True, text=True, timeout=120)
     assert json.loads(out.stdout)["engine"]["vllm_version"] == "0.24.0"
+
+
+def test_a_pool_within_the_measured_spread_of_one_sequence_is_a_warning_not_a_silent_fit(h100_profile):
+    # Qwen3-32B at vLLM 0.19.1 on the H100 profile: a 7.89 GiB pool (the tune row's 0.19.1 figure in
+    # docs/memory.md), one 30,000-token sequence 30,000 x 262,144 B = 7.32 GiB, 0.56 GiB apart: inside the
+    # 1.49 GiB held-out spread, so vLLM may well refuse where hpcrl's pool still holds the sequence.
+    out = plan_memory("--model", "qwen3-32b", "--vllm-tp", "1", "--vllm-gpu-memory-utilization", "0.9",
+                      "--max-seq-len", "30000", "--vllm-max-num-seqs", "1024", "--cluster-file", str(h100_profile),
+                      "--json")
+    engine = json.loads(out.stdout)["engine"]
+    assert (engine["fits"], "measured spread" in (engine["warning"] or "")) == (True, True)

@@ -104,6 +104,7 @@ def engine_memory(e: EngineSetup) -> EngineMemory:
     seqs = acc.default_max_num_seqs if e.max_num_seqs is None else e.max_num_seqs
     # The forward's activations are freed before the sampler warm-up runs: the peak is the larger.
     act = max(va.forward_peak(m, tp, tokens), va.sampler_peak(m, min(tokens, seqs), acc, tokens))
+    act += va.cublas_workspace(acc)
     graphs = 0.0 if e.enforce_eager else va.cuda_graph_pool()
     non_torch = acc.non_torch(tp)
     budget = va.requested_bytes(e.gpu_total_bytes, e.gpu_memory_utilization)

@@ -133,6 +133,12 @@ def sampler_peak(m: ModelSpec, rows: int, acc: Accounting, batched_tokens: int) 
     return logits + kernel_buffer + hidden
 
 
+def cublas_workspace(acc: Accounting) -> float:
+    """PyTorch's cuBLAS (32 MiB on Hopper) and cuBLASLt (1 MiB) workspaces, taken from the caching allocator
+    at the first GEMM on the profiling stream, so inside V1's torch peak increase (derived; data file 'torch')."""
+    return float(_data()["torch"]["cublas_workspace_bytes"]) if acc.engine == "v1" else 0.0
+
+
 def rope_cache_bytes(m: ModelSpec) -> float:
     """The rotary cos/sin cache vLLM builds while loading (derived): one buffer of max_position_embeddings x
     head_dim in the model dtype (bf16), shared by every layer, inside 'Model loading took'."""

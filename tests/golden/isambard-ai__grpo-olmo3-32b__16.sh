@@ -220,7 +220,7 @@ run_directory() {
     "deepspeed_stage": 3,
     "engine_concurrent_seqs": 10,
     "engine_gpus": 48,
-    "engine_kv_cache_gib": 25.39,
+    "engine_kv_cache_gib": 25.36,
     "engine_vllm": {
       "max_num_batched_tokens": 2048,
       "max_num_seqs": 128,
@@ -264,8 +264,8 @@ run_directory() {
   },
   "memory": {
     "engine": {
-      "activation_peak_gib": 0.375,
-      "concurrency": 10.16,
+      "activation_peak_gib": 0.407,
+      "concurrency": 10.14,
       "concurrent_seqs": 10,
       "cuda_graphs_gib": 1.0,
       "cuda_graphs_in_budget": false,
@@ -275,8 +275,8 @@ run_directory() {
       "gpu_memory_utilization": 0.9,
       "kv_bytes_per_token": 262144,
       "kv_cache_dtype": "auto",
-      "kv_cache_gib": 25.392,
-      "kv_tokens": 104000,
+      "kv_cache_gib": 25.36,
+      "kv_tokens": 103872,
       "max_num_batched_tokens": 2048,
       "max_num_seqs": 128,
       "max_seq_len": 10240,
@@ -356,7 +356,7 @@ run_directory() {
       "total_params": 32233522176,
       "trainable_params": 32233522176
     },
-    "verdict": "learner fits with 27.4 GiB to spare after a 3.9 GiB allocator margin; engine fits: 10.16x sequences of 10240 tokens fit at once"
+    "verdict": "learner fits with 27.4 GiB to spare after a 3.9 GiB allocator margin; engine fits: 10.14x sequences of 10240 tokens fit at once"
   },
   "model": "allenai/Olmo-3-1125-32B",
   "nodes": 16,

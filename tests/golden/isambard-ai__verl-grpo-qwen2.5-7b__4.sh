@@ -235,7 +235,7 @@ run_directory() {
     "deepspeed_stage": 3,
     "engine_concurrent_seqs": 235,
     "engine_gpus": 16,
-    "engine_kv_cache_gib": 64.43,
+    "engine_kv_cache_gib": 64.4,
     "engine_vllm": {
       "max_num_batched_tokens": 8192,
       "max_num_seqs": 256,
@@ -293,8 +293,8 @@ run_directory() {
       "vllm_sleeps": true
     },
     "engine": {
-      "activation_peak_gib": 1.399,
-      "concurrency": 235.62,
+      "activation_peak_gib": 1.432,
+      "concurrency": 235.5,
       "concurrent_seqs": 235,
       "cuda_graphs_gib": 1.0,
       "cuda_graphs_in_budget": true,
@@ -304,8 +304,8 @@ run_directory() {
       "gpu_memory_utilization": 0.85,
       "kv_bytes_per_token": 57344,
       "kv_cache_dtype": "auto",
-      "kv_cache_gib": 64.427,
-      "kv_tokens": 1206368,
+      "kv_cache_gib": 64.395,
+      "kv_tokens": 1205760,
       "max_num_batched_tokens": 8192,
       "max_num_seqs": 256,
       "max_seq_len": 5120,
@@ -387,7 +387,7 @@ run_directory() {
       "total_params": 7615616512,
       "trainable_params": 7615616512
     },
-    "verdict": "training fits with 12.9 GiB to spare after a 6.6 GiB allocator margin; rollout fits with 6.0 GiB to spare; engine fits: 235.62x sequences of 5120 tokens fit at once"
+    "verdict": "training fits with 12.9 GiB to spare after a 6.6 GiB allocator margin; rollout fits with 6.0 GiB to spare; engine fits: 235.50x sequences of 5120 tokens fit at once"
   },
   "model": "Qwen/Qwen2.5-7B",
   "nodes": 4,

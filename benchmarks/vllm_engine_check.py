@@ -13,6 +13,7 @@ import argparse
 import json
 import statistics
 import sys
+from dataclasses import replace
 from pathlib import Path
 from unittest import mock
 
@@ -31,8 +32,11 @@ def load_cases() -> list[dict]:
 
 
 def predict(c: dict):
+    model = resolve_model(c["model"])
+    if "max_position_embeddings" in c:  # the logged checkpoint's own (an Instruct variant of the catalog's model)
+        model = replace(model, max_position_embeddings=c["max_position_embeddings"])
     return engine_memory(EngineSetup(
-        model=resolve_model(c["model"]), tp=c["tp"], gpu_memory_utilization=c["gpu_memory_utilization"],
+        model=model, tp=c["tp"], gpu_memory_utilization=c["gpu_memory_utilization"],
         gpu_total_bytes=c["gpu_total_gib"] * GIB, max_seq_len=c["max_model_len"],
         max_num_batched_tokens=c["max_num_batched_tokens"], max_num_seqs=c["max_num_seqs"],
         enforce_eager=c["enforce_eager"], vllm_version=c["vllm_version"],

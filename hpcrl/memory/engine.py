@@ -99,11 +99,12 @@ def engine_weights_bytes(m: ModelSpec, tp: int) -> float:
 def engine_memory(e: EngineSetup) -> EngineMemory:
     """KV pool, concurrency and verdict for one engine GPU, as vLLM `e.vllm_version` accounts them."""
     m, tp, acc = e.model, e.tp, va.accounting(e.vllm_version)
-    weights = engine_weights_bytes(m, tp)
+    weights = engine_weights_bytes(m, tp) + va.rope_cache_bytes(m)
     tokens = acc.batched_tokens(e.max_seq_len) if e.max_num_batched_tokens is None else e.max_num_batched_tokens
     seqs = acc.default_max_num_seqs if e.max_num_seqs is None else e.max_num_seqs
     # The forward's activations are freed before the sampler warm-up runs: the peak is the larger.
     act = max(va.forward_peak(m, tp, tokens), va.sampler_peak(m, min(tokens, seqs), acc, tokens))
+    act += va.cublas_workspace(acc)
     graphs = 0.0 if e.enforce_eager else va.cuda_graph_pool()
     non_torch = acc.non_torch(tp)
     budget = va.requested_bytes(e.gpu_total_bytes, e.gpu_memory_utilization)
@@ -111,7 +112,7 @@ def engine_memory(e: EngineSetup) -> EngineMemory:
     per_token = m.kv_bytes_per_token(tp, va.KV_DTYPE_BYTES[e.kv_cache_dtype])
     blocks = va.kv_blocks(kv, per_token, acc.block_size)
     kv_tokens = blocks * acc.block_size
-    conc = va.concurrency(blocks, e.max_seq_len, acc.block_size)
+    conc = va.concurrency(blocks, e.max_seq_len, acc.block_size, acc.concurrency_rule)
     footprint = budget + (0.0 if acc.graphs_in_budget else graphs)
     one_seq = -(-e.max_seq_len // acc.block_size) * acc.block_size * per_token
     warning = None

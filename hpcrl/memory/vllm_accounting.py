@@ -1,10 +1,11 @@
 """How one vLLM version sizes its KV pool (pure arithmetic over data/vllm_accounting.json).
 
-vLLM charges `ceil(total * gpu_memory_utilization)` with the weights, the torch peak of one
-profiling run, the non-torch memory (V1: its growth over a snapshot taken after NCCL starts;
-V0: everything outside torch) and, from 0.21 on, an estimate of the CUDA-graph pool; what is
-left, cut to whole blocks, is the KV pool. Every rule here is cited per version in the data
-file; the few figures no source gives are read from start-up logs and labelled "measured".
+vLLM charges `total * gpu_memory_utilization` (0.19 on: its ceiling) with the weights, the torch peak
+of one profiling run, the non-torch memory (from 0.11: its growth over a snapshot taken after NCCL
+starts; 0.9-0.10: a snapshot taken before NCCL starts; V0 and V1 0.8.5: everything outside torch)
+and, from 0.21 on, an estimate of the CUDA-graph pool; what is left, cut to whole blocks, is the KV
+pool. Every rule here is cited per version in the data file; the few figures no source gives are
+read from start-up logs and labelled "measured".
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ class Accounting:
     version: str
     engine: str  # "v0" or "v1"
     graphs_in_budget: bool
-    non_torch_baseline: str  # "snapshot" (growth since worker start) or "process" (all non-torch)
+    non_torch_baseline: str  # "snapshot" (growth since worker start, after NCCL), "snapshot_before_nccl", "process"
     block_size: int
     default_max_num_seqs: int
     default_max_num_batched_tokens: int = 2048
@@ -67,6 +68,8 @@ class Accounting:
     chunked_prefill_batched_tokens: int | None = None
     sampler_bytes_per_logit: float | None = None  # derived from this version's sampler; None: the fitted figure
     sampler_buffer_rows: int = 0
+    sampler_holds_forward: bool = True  # profile_run keeps the forward's hidden states through the warm-up
+    concurrency_rule: str = "blocks"  # "blocks": blocks / blocks per request; "tokens": tokens / max_model_len
 
     def batched_tokens(self, max_model_len: int) -> int:
         """vLLM's default tokens in the profiling forward: V0 without chunked prefill profiles a whole
@@ -77,9 +80,13 @@ class Accounting:
         return self.default_max_num_batched_tokens
 
     def non_torch(self, tp: int) -> float:
-        """Non-torch bytes vLLM charges (measured from start-up logs, not derived)."""
-        m = measured("non_torch_growth_gib")[self.non_torch_baseline]
-        return (m["tp1"] if tp == 1 else m["tp_gt1"]) * C.GIB
+        """Non-torch bytes vLLM charges (measured from start-up logs, not derived). A snapshot taken before
+        NCCL starts also charges NCCL's set-up at TP > 1 (hpcrl's NCCL figure, not measured at that version)."""
+        before_nccl = self.non_torch_baseline == "snapshot_before_nccl"
+        m = measured("non_torch_growth_gib")["snapshot" if before_nccl else self.non_torch_baseline]
+        if tp == 1:
+            return m["tp1"] * C.GIB
+        return (m["tp_gt1"] + (C.NCCL_BUFFERS_GIB if before_nccl else 0.0)) * C.GIB
 
 
 def accounting(version: str) -> Accounting:
@@ -95,7 +102,9 @@ def accounting(version: str) -> Accounting:
                       chunked_prefill_default_above_len=v.get("chunked_prefill_default_above_len"),
                       chunked_prefill_batched_tokens=v.get("chunked_prefill_batched_tokens"),
                       sampler_bytes_per_logit=v.get("sampler_warmup", {}).get("bytes_per_logit"),
-                      sampler_buffer_rows=v.get("sampler_warmup", {}).get("buffer_rows", 0))
+                      sampler_buffer_rows=v.get("sampler_warmup", {}).get("buffer_rows", 0),
+                      sampler_holds_forward=v.get("sampler_warmup", {}).get("holds_forward_hidden_states", True),
+                      concurrency_rule=v.get("concurrency_rule", "blocks"))
 
 
 def forward_peak(m: ModelSpec, tp: int, tokens: int) -> float:
@@ -109,17 +118,31 @@ def forward_peak(m: ModelSpec, tp: int, tokens: int) -> float:
 def sampler_peak(m: ModelSpec, rows: int, acc: Accounting, batched_tokens: int) -> float:
     """Torch peak of the sampler warm-up over `rows` x the full vocabulary (gathered on every TP rank).
 
-    Where the version's sampler was read (data file 'sampler_warmup'), derived: the bf16 logits, their
-    fp32 copy, the softmax probabilities and the exponential noise per logit, the top-k/top-p kernel's
-    cached fp32 buffer of up to `buffer_rows` rows, and the forward's hidden states still held (all
-    tokens, plus the sampled rows and their random stand-in). Elsewhere rows x vocab x the bytes per
-    logit fitted by benchmarks/vllm_engine_check.py."""
+    Where the version's sampler was read (data file 'sampler_warmup'), derived: the bytes per logit
+    live at the warm-up's peak (0.19.1, Triton top-k/top-p: bf16 logits, fp32 copy, probabilities and
+    noise; 0.8.5-0.11, top-k/top-p by sorting the vocabulary: the sort's values, indices and scratch
+    beside the logits), the Triton kernel's cached fp32 buffer of up to `buffer_rows` rows, and the
+    hidden states still held (from 0.9 all the forward's tokens plus the sampled rows and their
+    random stand-in; 0.8.5 the sampled rows only). Elsewhere rows x vocab x the bytes per logit
+    fitted by benchmarks/vllm_engine_check.py."""
     if acc.sampler_bytes_per_logit is None:
         return rows * m.vocab_size * measured("sampler_bytes_per_logit")["value"]
     logits = rows * m.vocab_size * acc.sampler_bytes_per_logit
     kernel_buffer = min(rows, acc.sampler_buffer_rows) * m.vocab_size * 4
-    hidden = 2 * m.hidden_size * (batched_tokens + 2 * rows)
+    hidden = 2 * m.hidden_size * ((batched_tokens + 2 * rows) if acc.sampler_holds_forward else rows)
     return logits + kernel_buffer + hidden
+
+
+def cublas_workspace(acc: Accounting) -> float:
+    """PyTorch's cuBLAS (32 MiB on Hopper) and cuBLASLt (1 MiB) workspaces, taken from the caching allocator
+    at the first GEMM on the profiling stream, so inside V1's torch peak increase (derived; data file 'torch')."""
+    return float(_data()["torch"]["cublas_workspace_bytes"]) if acc.engine == "v1" else 0.0
+
+
+def rope_cache_bytes(m: ModelSpec) -> float:
+    """The rotary cos/sin cache vLLM builds while loading (derived): one buffer of max_position_embeddings x
+    head_dim in the model dtype (bf16), shared by every layer, inside 'Model loading took'."""
+    return m.max_position_embeddings * m.head_dim * 2.0
 
 
 def cuda_graph_pool() -> float:
@@ -136,8 +159,11 @@ def kv_blocks(kv_bytes: float, per_token: int, block_size: int) -> int:
     return max(0, int(kv_bytes // (per_token * block_size)))
 
 
-def concurrency(blocks: int, max_model_len: int, block_size: int) -> float:
-    """vLLM's 'Maximum concurrency': blocks over the blocks one max_model_len request needs."""
+def concurrency(blocks: int, max_model_len: int, block_size: int, rule: str = "blocks") -> float:
+    """vLLM's 'Maximum concurrency': blocks over the blocks one max_model_len request needs (0.8.5: the
+    pool's tokens over max_model_len)."""
+    if rule == "tokens":
+        return blocks * block_size / max_model_len
     return blocks / -(-max_model_len // block_size)
 
 

@@ -233,7 +233,7 @@ run_directory() {
     "deepspeed_stage": 3,
     "engine_concurrent_seqs": 255,
     "engine_gpus": 12,
-    "engine_kv_cache_gib": 69.94,
+    "engine_kv_cache_gib": 69.87,
     "engine_vllm": {
       "max_num_batched_tokens": 2048,
       "max_num_seqs": 128,
@@ -261,8 +261,8 @@ run_directory() {
   },
   "memory": {
     "engine": {
-      "activation_peak_gib": 0.7,
-      "concurrency": 255.77,
+      "activation_peak_gib": 0.732,
+      "concurrency": 255.54,
       "concurrent_seqs": 255,
       "cuda_graphs_gib": 1.0,
       "cuda_graphs_in_budget": true,
@@ -272,8 +272,8 @@ run_directory() {
       "gpu_memory_utilization": 0.9,
       "kv_bytes_per_token": 57344,
       "kv_cache_dtype": "auto",
-      "kv_cache_gib": 69.937,
-      "kv_tokens": 1309536,
+      "kv_cache_gib": 69.874,
+      "kv_tokens": 1308352,
       "max_num_batched_tokens": 2048,
       "max_num_seqs": 128,
       "max_seq_len": 5120,
@@ -281,7 +281,7 @@ run_directory() {
       "tp": 1,
       "vllm_version": "0.27.1",
       "warning": null,
-      "weights_gib": 14.185
+      "weights_gib": 14.216
     },
     "fits": true,
     "gpu": {
@@ -353,7 +353,7 @@ run_directory() {
       "total_params": 7615616512,
       "trainable_params": 7615616512
     },
-    "verdict": "learner fits with 39.5 GiB to spare after a 4.8 GiB allocator margin; engine fits: 255.77x sequences of 5120 tokens fit at once"
+    "verdict": "learner fits with 39.5 GiB to spare after a 4.8 GiB allocator margin; engine fits: 255.54x sequences of 5120 tokens fit at once"
   },
   "model": "Qwen/Qwen2.5-7B",
   "nodes": 4,

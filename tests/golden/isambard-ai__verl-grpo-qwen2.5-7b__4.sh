@@ -8,7 +8,7 @@
 #   model Qwen/Qwen2.5-7B: 1536 sequences of 5120 tokens per step, ppo_micro_batch_size_per_gpu 8 (40960 tokens)
 #   4 x 4 GH200 (95.58 GiB): all 16 GPUs train and generate (colocated)
 #   trainer.nnodes 4, n_gpus_per_node 4, rollout tensor_model_parallel_size 1 (16 engines), gpu_memory_utilization 0.85, fsdp param_offload false, optimizer_offload false
-#   colocated peak 76.1 GiB/GPU training, 89.6 GiB/GPU rollout of 95.6 usable; KV cache 64.5 GiB per GPU; host peak 49 GiB/node
+#   colocated peak 76.1 GiB/GPU training, 89.6 GiB/GPU rollout of 95.6 usable; KV cache 64.4 GiB per GPU; host peak 49 GiB/node
 #   step ~155-395 s (mid ~234 s) (generation 68 s, training 166 s), bottleneck training; the checkpoint cadence and time-limit lead use the upper estimate
 #   step basis: generation: vLLM model fitted on 12 published vLLM rows (batch 1, A100), 6 held out: time off by median 17%, max 2x (benchmarks/vllm_throughput); training: learner 12 x 13.84 s + optimizer step 0.02 s, fitted on 40 measured rows (fsdp_measured, openrlhf_measured, zero3_timing; H100/H200); derived: GH200 scaled from H100/H200 by peak FLOP/s and bandwidths
 #   trainer.save_freq 4: a checkpoint every ~26 min of training at the upper step estimate ~395 s (so that at most 30 min is lost); time-limit warning 900 s before the end = one upper step (~395 s) + one checkpoint write (~43 s, derived) + 60 s to stop
@@ -219,7 +219,7 @@ run_directory() {
     },
     "pinned": false,
     "signal_floor_s": 900,
-    "step_s": 233.855,
+    "step_s": 233.905,
     "write_basis": "derived",
     "write_gib_s": 2.0,
     "write_s": 42.556
@@ -235,7 +235,7 @@ run_directory() {
     "deepspeed_stage": 3,
     "engine_concurrent_seqs": 235,
     "engine_gpus": 16,
-    "engine_kv_cache_gib": 64.46,
+    "engine_kv_cache_gib": 64.4,
     "engine_vllm": {
       "max_num_batched_tokens": 8192,
       "max_num_seqs": 256,
@@ -257,8 +257,8 @@ run_directory() {
     "reason": "colocated: every GPU trains and generates; step ~234s = generation 68s + training 166s (range 155-395s)",
     "rollout_peak_gib": 89.59,
     "step_time_basis": "generation: vLLM model fitted on 12 published vLLM rows (batch 1, A100), 6 held out: time off by median 17%, max 2x (benchmarks/vllm_throughput); training: learner 12 x 13.84 s + optimizer step 0.02 s, fitted on 40 measured rows (fsdp_measured, openrlhf_measured, zero3_timing; H100/H200); derived: GH200 scaled from H100/H200 by peak FLOP/s and bandwidths",
-    "step_time_high_s": 394.6,
-    "step_time_low_s": 154.5,
+    "step_time_high_s": 394.7,
+    "step_time_low_s": 154.6,
     "step_time_s": 233.9,
     "training_peak_gib": 76.06,
     "training_time_s": 166.2,
@@ -293,8 +293,8 @@ run_directory() {
       "vllm_sleeps": true
     },
     "engine": {
-      "activation_peak_gib": 1.399,
-      "concurrency": 235.73,
+      "activation_peak_gib": 1.432,
+      "concurrency": 235.5,
       "concurrent_seqs": 235,
       "cuda_graphs_gib": 1.0,
       "cuda_graphs_in_budget": true,
@@ -304,8 +304,8 @@ run_directory() {
       "gpu_memory_utilization": 0.85,
       "kv_bytes_per_token": 57344,
       "kv_cache_dtype": "auto",
-      "kv_cache_gib": 64.459,
-      "kv_tokens": 1206944,
+      "kv_cache_gib": 64.395,
+      "kv_tokens": 1205760,
       "max_num_batched_tokens": 8192,
       "max_num_seqs": 256,
       "max_seq_len": 5120,
@@ -313,7 +313,7 @@ run_directory() {
       "tp": 1,
       "vllm_version": "0.24.0",
       "warning": null,
-      "weights_gib": 14.185
+      "weights_gib": 14.216
     },
     "fits": true,
     "gpu": {
@@ -387,7 +387,7 @@ run_directory() {
       "total_params": 7615616512,
       "trainable_params": 7615616512
     },
-    "verdict": "training fits with 12.9 GiB to spare after a 6.6 GiB allocator margin; rollout fits with 6.0 GiB to spare; engine fits: 235.73x sequences of 5120 tokens fit at once"
+    "verdict": "training fits with 12.9 GiB to spare after a 6.6 GiB allocator margin; rollout fits with 6.0 GiB to spare; engine fits: 235.50x sequences of 5120 tokens fit at once"
   },
   "model": "Qwen/Qwen2.5-7B",
   "nodes": 4,

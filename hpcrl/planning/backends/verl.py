@@ -31,7 +31,7 @@ from hpcrl.memory.colocated import Colocation
 from hpcrl.memory.fsdp_learner import FsdpSetup
 from hpcrl.models import resolve_model
 from hpcrl.planning.backends import versions
-from hpcrl.planning.backends.verl_memory import FILLS_NODES, memory_facts, sleep_level
+from hpcrl.planning.backends.verl_memory import FILLS_NODES, memory_facts, sleep_level, vllm_facts
 from hpcrl.planning.backends.log_facts import CommandFacts, CpuAsk, DiagnoseFacts, SmokeFacts
 from hpcrl.planning.backends.verl_disk import DISK, TIMING
 from hpcrl.planning.backends.verl_hydra import expected_kind, hydra_value, is_interpolation, type_ok
@@ -207,7 +207,7 @@ class VerlBackend(Backend):
             hpz_partition_size=1,
             logits_copy=False,  # verl divides the logits by the temperature in place
             sharding="fsdp",
-            fsdp_version=self.fsdp_version(cfg), vllm=self.memory.vllm,
+            fsdp_version=self.fsdp_version(cfg), vllm=vllm_facts(cfg.hpcrl.framework_version),
         )
 
     def pins_from(self, cfg: RunConfig, cli_pins: list[str] | None = None) -> Pins:

@@ -40,9 +40,30 @@ def memory_facts(actor: str, rollout: str, micro_key: str, flag_table: str) -> M
                                    "param/optimizer offload moves state between phases); FSDP2's "
                                    "CPUOffloadPolicy is --offload params --fsdp-version 2",
         },
-        vllm=VllmEngineFacts(
-            "0.24.0", max_num_batched_tokens=8192, max_num_seqs=256,
-            source="verl b178a3cd5 passes rollout.max_num_seqs / max_num_batched_tokens to vLLM (verl/workers/rollout/vllm_rollout/vllm_async_server.py:272-274), 256 / 8192 in verl/trainer/config/rollout/rollout.yaml:62,68; the vLLM 0.24.0 pin is hpcrl issue 25's reading"))
+        vllm=vllm_facts(None))
+
+
+# The vLLM each verl version installs, read at its commit.
+_VLLM_PINS = {
+    "b178a3cd56f58b2d502255daba591e92833930a7": (
+        "0.11.0", "verl 0.8.0.dev (b178a3cd) allows vllm>=0.8.5,<=0.12.0 (setup.py:52) and installs vllm==0.11.0 "
+                  "(scripts/install_vllm_sglang_mcore.sh:12; its images are verlai/verl:vllm011, docs/start/install.rst:60)"),
+    "1dda039b9c6311889a9c9a26040677e1254814f9": (
+        "0.24.0", "verl 0.10.0.dev (1dda039b) pins vllm==0.24.0 (pyproject.toml:95)"),
+}
+
+
+def vllm_facts(version: str | None) -> VllmEngineFacts:
+    """The vLLM a run of verl `version` (hpcrl.framework_version; None: the newest hpcrl knows) gets, with
+    the scheduler sizes verl's rollout passes to it."""
+    from hpcrl.planning.backends import versions
+
+    pin, why = _VLLM_PINS[versions.resolve("verl", version).commit]
+    return VllmEngineFacts(
+        pin, max_num_batched_tokens=8192, max_num_seqs=256,
+        source=f"{why}; verl passes rollout.max_num_seqs / max_num_batched_tokens to vLLM "
+               "(verl/workers/rollout/vllm_rollout/vllm_async_server.py:272-274 at b178a3cd), 256 / 8192 by default "
+               "(rollout.yaml:62,68 at b178a3cd; the same in hpcrl's 1dda039b key table)")
 
 
 def sleep_level(backend: str, version: str | None) -> int:

@@ -2,8 +2,9 @@
 
 Prints, per case, hpcrl's weights, KV pool, KV tokens and concurrency beside what vLLM logged,
 then the median and max KV-pool error over the held-out rows and over all rows, and every
-refusal hpcrl calls a fit. `--fit` re-derives the one fitted figure (sampler bytes per logit)
-from the 'tune' rows only and prints it; hpcrl reads it from hpcrl/memory/data/vllm_accounting.json.
+refusal hpcrl calls a fit. `--fit` re-derives, from the 'tune' rows only, the fitted figure (sampler
+bytes per logit) and the measured non-torch growth per TP (the median of the tune logs' non-torch
+line), and prints them; hpcrl reads both from hpcrl/memory/data/vllm_accounting.json.
 No GPU here runs vLLM: the rows are public logs, each with its source.
 """
 
@@ -65,6 +66,17 @@ def fit(cases: list[dict]) -> float | None:
     return best[1]
 
 
+def non_torch_by_tp(cases: list[dict]) -> dict[str, float]:
+    """The non-torch growth per TP that the tune logs print (GiB, median per TP), for versions charging
+    the growth over their start snapshot."""
+    by_tp: dict[str, list[float]] = {}
+    for c in cases:
+        if (c["role"] == "tune" and c.get("logged_non_torch_gib") is not None
+                and va.accounting(c["vllm_version"]).non_torch_baseline == "snapshot"):
+            by_tp.setdefault(str(c["tp"]), []).append(c["logged_non_torch_gib"])
+    return {tp: round(statistics.median(v), 2) for tp, v in sorted(by_tp.items(), key=lambda kv: int(kv[0]))}
+
+
 def _fmt(x, spec: str) -> str:
     return "-" if x is None else format(x, spec)
 
@@ -102,11 +114,12 @@ def report(cases: list[dict]) -> int:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--fit", action="store_true", help="re-derive the sampler bytes per logit from the tune rows")
+    ap.add_argument("--fit", action="store_true", help="re-derive the sampler bytes per logit and the non-torch growth per TP from the tune rows")
     args = ap.parse_args()
     cases = load_cases()
     if args.fit:
         value = fit(cases)
+        print(f"non-torch growth over the start snapshot per TP (GiB, tune logs): {non_torch_by_tp(cases)}")
         print("no tune row uses the fitted sampler figure (their vLLM derives its sampler from source)" if value is None
               else f"sampler_bytes_per_logit (fitted on the tune rows): {value}")
         return 0

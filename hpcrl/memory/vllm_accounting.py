@@ -80,13 +80,13 @@ class Accounting:
         return self.default_max_num_batched_tokens
 
     def non_torch(self, tp: int) -> float:
-        """Non-torch bytes vLLM charges (measured from start-up logs, not derived). A snapshot taken before
-        NCCL starts also charges NCCL's set-up at TP > 1 (hpcrl's NCCL figure, not measured at that version)."""
+        """Non-torch bytes vLLM charges (measured from start-up logs per TP, not derived; a TP with no log takes
+        the largest logged TP below it). A snapshot taken before NCCL starts also charges NCCL's set-up at
+        TP > 1 (hpcrl's NCCL figure, not measured at that version)."""
         before_nccl = self.non_torch_baseline == "snapshot_before_nccl"
-        m = measured("non_torch_growth_gib")["snapshot" if before_nccl else self.non_torch_baseline]
-        if tp == 1:
-            return m["tp1"] * C.GIB
-        return (m["tp_gt1"] + (C.NCCL_BUFFERS_GIB if before_nccl else 0.0)) * C.GIB
+        by_tp = measured("non_torch_growth_gib")["snapshot" if before_nccl else self.non_torch_baseline]["by_tp"]
+        gib = by_tp[str(max(t for t in map(int, by_tp) if t <= tp))]
+        return (gib + (C.NCCL_BUFFERS_GIB if before_nccl and tp > 1 else 0.0)) * C.GIB
 
 
 def accounting(version: str) -> Accounting:

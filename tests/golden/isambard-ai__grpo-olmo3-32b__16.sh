@@ -8,7 +8,7 @@
 #   model allenai/Olmo-3-1125-32B: 256 sequences of 10240 tokens per step, pack_length 10240
 #   16 x 4 GH200 (95.58 GiB): 16 learner GPUs, 48 engine GPUs, 0 idle
 #   num_learners_per_node [1] x 16, vllm_num_engines 48, vllm_tensor_parallel_size 1, vllm_gpu_memory_utilization 0.9, deepspeed_stage 3
-#   learner peak 64.3 GiB/GPU of 95.6 usable; engine 60.1 GiB weights + 25.4 GiB KV cache per GPU; host peak 20 GiB/node
+#   learner peak 64.3 GiB/GPU of 95.6 usable; engine 60.1 GiB weights + 25.3 GiB KV cache per GPU; host peak 20 GiB/node
 #   step ~344-894 s (mid ~573 s) (generation 254 s, training 573 s), bottleneck training; the checkpoint cadence and time-limit lead use the upper estimate
 #   step basis: generation: vLLM model fitted on 12 published vLLM rows (batch 1, A100), 6 held out: time off by median 17%, max 2x (benchmarks/vllm_throughput); training: learner 16 x 35.81 s + optimizer step 0.11 s, fitted on 40 measured rows (fsdp_measured, openrlhf_measured, zero3_timing; H100/H200); derived: GH200 scaled from H100/H200 by peak FLOP/s and bandwidths
 #   checkpoint_state_freq 2: a checkpoint every ~30 min of training at the upper step estimate ~894 s (so that at most 30 min is lost); time-limit warning 1140 s before the end = one upper step (~894 s) + one checkpoint write (~180 s, derived) + 60 s to stop
@@ -220,7 +220,7 @@ run_directory() {
     "deepspeed_stage": 3,
     "engine_concurrent_seqs": 10,
     "engine_gpus": 48,
-    "engine_kv_cache_gib": 25.36,
+    "engine_kv_cache_gib": 25.31,
     "engine_vllm": {
       "max_num_batched_tokens": 2048,
       "max_num_seqs": 128,
@@ -265,7 +265,7 @@ run_directory() {
   "memory": {
     "engine": {
       "activation_peak_gib": 0.407,
-      "concurrency": 10.14,
+      "concurrency": 10.12,
       "concurrent_seqs": 10,
       "cuda_graphs_gib": 1.0,
       "cuda_graphs_in_budget": false,
@@ -275,12 +275,12 @@ run_directory() {
       "gpu_memory_utilization": 0.9,
       "kv_bytes_per_token": 262144,
       "kv_cache_dtype": "auto",
-      "kv_cache_gib": 25.36,
-      "kv_tokens": 103872,
+      "kv_cache_gib": 25.31,
+      "kv_tokens": 103664,
       "max_num_batched_tokens": 2048,
       "max_num_seqs": 128,
       "max_seq_len": 10240,
-      "non_torch_gib": 0.2,
+      "non_torch_gib": 0.25,
       "tp": 1,
       "vllm_version": "0.19.1",
       "warning": null,
@@ -356,7 +356,7 @@ run_directory() {
       "total_params": 32233522176,
       "trainable_params": 32233522176
     },
-    "verdict": "learner fits with 27.4 GiB to spare after a 3.9 GiB allocator margin; engine fits: 10.14x sequences of 10240 tokens fit at once"
+    "verdict": "learner fits with 27.4 GiB to spare after a 3.9 GiB allocator margin; engine fits: 10.12x sequences of 10240 tokens fit at once"
   },
   "model": "allenai/Olmo-3-1125-32B",
   "nodes": 16,

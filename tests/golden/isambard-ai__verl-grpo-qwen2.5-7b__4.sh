@@ -8,7 +8,7 @@
 #   model Qwen/Qwen2.5-7B: 1536 sequences of 5120 tokens per step, ppo_micro_batch_size_per_gpu 8 (40960 tokens)
 #   4 x 4 GH200 (95.58 GiB): all 16 GPUs train and generate (colocated)
 #   trainer.nnodes 4, n_gpus_per_node 4, rollout tensor_model_parallel_size 1 (16 engines), gpu_memory_utilization 0.85, fsdp param_offload false, optimizer_offload false
-#   colocated peak 76.1 GiB/GPU training, 89.6 GiB/GPU rollout of 95.6 usable; KV cache 64.4 GiB per GPU; host peak 49 GiB/node
+#   colocated peak 76.1 GiB/GPU training, 89.6 GiB/GPU rollout of 95.6 usable; KV cache 64.3 GiB per GPU; host peak 49 GiB/node
 #   step ~155-395 s (mid ~234 s) (generation 68 s, training 166 s), bottleneck training; the checkpoint cadence and time-limit lead use the upper estimate
 #   step basis: generation: vLLM model fitted on 12 published vLLM rows (batch 1, A100), 6 held out: time off by median 17%, max 2x (benchmarks/vllm_throughput); training: learner 12 x 13.84 s + optimizer step 0.02 s, fitted on 40 measured rows (fsdp_measured, openrlhf_measured, zero3_timing; H100/H200); derived: GH200 scaled from H100/H200 by peak FLOP/s and bandwidths
 #   trainer.save_freq 4: a checkpoint every ~26 min of training at the upper step estimate ~395 s (so that at most 30 min is lost); time-limit warning 900 s before the end = one upper step (~395 s) + one checkpoint write (~43 s, derived) + 60 s to stop
@@ -235,7 +235,7 @@ run_directory() {
     "deepspeed_stage": 3,
     "engine_concurrent_seqs": 235,
     "engine_gpus": 16,
-    "engine_kv_cache_gib": 64.4,
+    "engine_kv_cache_gib": 64.35,
     "engine_vllm": {
       "max_num_batched_tokens": 8192,
       "max_num_seqs": 256,
@@ -294,7 +294,7 @@ run_directory() {
     },
     "engine": {
       "activation_peak_gib": 1.432,
-      "concurrency": 235.5,
+      "concurrency": 235.32,
       "concurrent_seqs": 235,
       "cuda_graphs_gib": 1.0,
       "cuda_graphs_in_budget": true,
@@ -304,12 +304,12 @@ run_directory() {
       "gpu_memory_utilization": 0.85,
       "kv_bytes_per_token": 57344,
       "kv_cache_dtype": "auto",
-      "kv_cache_gib": 64.395,
-      "kv_tokens": 1205760,
+      "kv_cache_gib": 64.345,
+      "kv_tokens": 1204832,
       "max_num_batched_tokens": 8192,
       "max_num_seqs": 256,
       "max_seq_len": 5120,
-      "non_torch_gib": 0.2,
+      "non_torch_gib": 0.25,
       "tp": 1,
       "vllm_version": "0.24.0",
       "warning": null,
@@ -387,7 +387,7 @@ run_directory() {
       "total_params": 7615616512,
       "trainable_params": 7615616512
     },
-    "verdict": "training fits with 12.9 GiB to spare after a 6.6 GiB allocator margin; rollout fits with 6.0 GiB to spare; engine fits: 235.50x sequences of 5120 tokens fit at once"
+    "verdict": "training fits with 12.9 GiB to spare after a 6.6 GiB allocator margin; rollout fits with 6.0 GiB to spare; engine fits: 235.32x sequences of 5120 tokens fit at once"
   },
   "model": "Qwen/Qwen2.5-7B",
   "nodes": 4,

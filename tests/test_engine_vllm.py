@@ -240,3 +240,22 @@ def test_a_pool_within_the_measured_spread_of_one_sequence_is_a_warning_not_a_si
                       "--json")
     engine = json.loads(out.stdout)["engine"]
     assert (engine["fits"], "measured spread" in (engine["warning"] or "")) == (True, True)
+
+
+def test_the_tight_engine_says_what_a_qwen3_era_vllm_would_give_when_the_version_is_assumed(h100_profile):
+    # Issue 25's must-show command, no --vllm-version: the default (0.19.1) answers, and a note names the
+    # other versions' pools, 0.10.1.1's being the hand count above (4.40 GiB; vLLM logged 4.45).
+    out = plan_memory("--model", "qwen3-32b", "--vllm-tp", "1", "--vllm-gpu-memory-utilization", "0.9",
+                      "--max-seq-len", "16000", "--vllm-max-num-seqs", "1024", "--cluster-file", str(h100_profile))
+    note = [line for line in out.stdout.splitlines() if "rests on the vLLM version" in line]
+    assert len(note) == 1 and "assumed 0.19.1" in note[0] and "0.10.1.1 4.40" in note[0]
+
+
+def test_no_version_note_where_the_versions_agree_or_the_version_is_given(h100_profile):
+    # Llama-3.1-8B at TP 2 and 0.95 (a 64 GiB pool): the versions differ by a few percent at most.
+    quiet = plan_memory("--model", "llama-3.1-8b", "--vllm-tp", "2", "--vllm-gpu-memory-utilization", "0.95",
+                        "--cluster-file", str(h100_profile))
+    given = plan_memory("--model", "qwen3-32b", "--vllm-tp", "1", "--vllm-gpu-memory-utilization", "0.9",
+                        "--max-seq-len", "16000", "--vllm-max-num-seqs", "1024", "--vllm-version", "0.19.1",
+                        "--cluster-file", str(h100_profile))
+    assert [("rests on the vLLM version" in p.stdout, p.returncode) for p in (quiet, given)] == [(False, 0), (False, 0)]

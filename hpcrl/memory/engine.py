@@ -8,7 +8,7 @@ public vLLM start-up logs (benchmarks/vllm_engine_check.py); no GPU here runs vL
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from hpcrl.errors import HpcrlError
 from hpcrl.memory import constants as C
@@ -150,3 +150,9 @@ def engine_memory(e: EngineSetup) -> EngineMemory:
         max_num_seqs=seqs,
         process_non_torch=(C.CUDA_CONTEXT_GIB + (C.NCCL_BUFFERS_GIB if tp > 1 else 0.0)) * C.GIB,
     )
+
+
+def kv_by_version(e: EngineSetup) -> dict[str, float]:
+    """The KV pool (bytes) this engine gets under each vLLM version hpcrl has read, with the same scheduler
+    sizes: how much the answer rests on the version."""
+    return {v: engine_memory(replace(e, vllm_version=v)).kv_cache for v in va.known_versions()}

@@ -11,6 +11,8 @@ from pathlib import Path
 
 from hpcrl.errors import HpcrlError
 from hpcrl.memory.colocated import Colocation
+from hpcrl.memory.constants import GIB
+from hpcrl.memory.engine import kv_by_version
 from hpcrl.planning import memory_question as mq
 
 
@@ -43,6 +45,18 @@ class MemoryRequest:
     max_seq_len: int | None = None
     given: mq.Overrides = field(default_factory=mq.Overrides)
     engine: EngineOptions = field(default_factory=EngineOptions)
+
+
+# A KV pool that moves by more than this fraction across the vLLM versions hpcrl has read gets a note
+# when the version was assumed (a choice of how loud to be, not a measurement).
+VERSION_SPREAD = 0.10
+
+
+def _spread(by_version: dict[str, float]) -> float:
+    """How far apart the versions' pools are, as a fraction of the largest (a version where the engine
+    cannot start counts 0: the widest spread)."""
+    top = max(by_version.values())
+    return (top - min(by_version.values())) / top if top > 0 else 0.0
 
 
 def plan_memory_data(r: MemoryRequest) -> dict:
@@ -101,6 +115,12 @@ def plan_memory_data(r: MemoryRequest) -> dict:
         raise HpcrlError(f"the vLLM engine does not fit (TP={plan.engine_setup.tp}, vLLM "
                          f"{plan.engine.vllm_version}): {plan.engine.reason}")
     data = plan.to_dict()
+    by_version = {v: round(kv / GIB, 2) for v, kv in kv_by_version(plan.engine_setup).items()}
+    data["kv_cache_gib_by_vllm_version"] = by_version
+    if e.vllm_version is None and _spread(by_version) > VERSION_SPREAD:
+        notes = [*notes, f"the KV pool rests on the vLLM version, assumed {plan.engine.vllm_version}: "
+                 + ", ".join(f"{v} {gib:.2f}" for v, gib in by_version.items())
+                 + " GiB with these scheduler sizes; --vllm-version names yours"]
     data["notes"] = notes
     data["assumptions"] = list(question.assumptions) + engine_assumption
     data["backend"] = question.backend

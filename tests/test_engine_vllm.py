@@ -259,3 +259,24 @@ def test_no_version_note_where_the_versions_agree_or_the_version_is_given(h100_p
                         "--max-seq-len", "16000", "--vllm-max-num-seqs", "1024", "--vllm-version", "0.19.1",
                         "--cluster-file", str(h100_profile))
     assert [("rests on the vLLM version" in p.stdout, p.returncode) for p in (quiet, given)] == [(False, 0), (False, 0)]
+
+
+@pytest.mark.parametrize("config, key, value, field, want", [
+    # verl passes rollout.max_num_seqs / enforce_eager to vLLM (vllm_async_server.py:272-278 at b178a3cd)
+    ("verl-grpo-qwen2.5-7b", "actor_rollout_ref.rollout.max_num_seqs", "1024", "max_num_seqs", 1024),
+    ("verl-grpo-qwen2.5-7b", "actor_rollout_ref.rollout.enforce_eager", "true", "cuda_graphs_gib", 0.0),
+    # open-instruct passes vllm_enforce_eager (vllm_utils.py:1277 at e6c3044a), OpenRLHF vllm.enforce_eager
+    # (vllm_engine.py:268 at 3c3be623): no CUDA graphs, so no graph pool.
+    ("grpo-olmo3-7b", "vllm_enforce_eager", "true", "cuda_graphs_gib", 0.0),
+    ("openrlhf-grpo-qwen2.5-7b", "vllm.enforce_eager", "true", "cuda_graphs_gib", 0.0),
+])
+def test_a_configs_own_vllm_keys_reach_the_engine(config, key, value, field, want):
+    out = plan_memory("--config", config, "--set", f"{key}={value}", "--json")
+    assert json.loads(out.stdout)["engine"][field] == want
+
+
+def test_plan_sizes_engines_with_the_configs_max_num_seqs():
+    out = subprocess.run([sys.executable, "-m", "hpcrl", "plan", "--config", "verl-grpo-qwen2.5-7b", "--nodes", "2",
+                          "--set", "actor_rollout_ref.rollout.max_num_seqs=1024", "--json"], capture_output=True,
+                         text=True, timeout=120, cwd=ROOT)
+    assert json.loads(out.stdout)["layouts"][0]["engine_vllm"]["max_num_seqs"] == 1024

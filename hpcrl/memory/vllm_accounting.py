@@ -42,6 +42,7 @@ class VllmEngineFacts:
     max_num_batched_tokens: int
     max_num_seqs: int
     source: str
+    enforce_eager: bool = False  # the run's own setting, where its framework passes one to vLLM
 
 
 def default_engine() -> VllmEngineFacts:

@@ -289,7 +289,8 @@ class OpenInstructBackend(Backend):
             # gather_whole_model (default True) is the planner's unless the config sets it
             weight_sync=("auto" if "gather_whole_model" not in cfg.args
                          else "whole_model" if arg("gather_whole_model") else "per_param"),
-            vllm=self.memory.vllm,
+            # passed to vLLM's engine arguments (open_instruct/vllm_utils.py:1277 at e6c3044a)
+            vllm=replace(self.memory.vllm, enforce_eager=bool(arg("vllm_enforce_eager"))),
         )
 
     def pins_from(self, cfg: RunConfig, cli_pins: list[str] | None = None) -> Pins:

@@ -18,6 +18,7 @@ Checkpoint flags come from the disk plan (hpcrl/planning/backends/openrlhf_ckpt.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
@@ -263,7 +264,8 @@ class OpenRLHFBackend(Backend):
             grad_accum_dtype="fp32" if self.arg(cfg, "ds.grad_accum_dtype") == "fp32" else "bf16",
             hpz_partition_size=int(self.arg(cfg, "ds.zpg")),
             logits_copy=False,  # temperature division is in place
-            vllm=self.memory.vllm,
+            # passed to vLLM's engine arguments (openrlhf/trainer/ray/vllm_engine.py:268 at 3c3be623)
+            vllm=replace(self.memory.vllm, enforce_eager=bool(self.arg(cfg, "vllm.enforce_eager"))),
             learner_fixed=tuple(self.memory.learner.items()),
         )
 

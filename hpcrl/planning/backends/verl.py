@@ -207,7 +207,10 @@ class VerlBackend(Backend):
             hpz_partition_size=1,
             logits_copy=False,  # verl divides the logits by the temperature in place
             sharding="fsdp",
-            fsdp_version=self.fsdp_version(cfg), vllm=vllm_facts(cfg.hpcrl.framework_version),
+            fsdp_version=self.fsdp_version(cfg),
+            vllm=vllm_facts(cfg.hpcrl.framework_version, max_num_seqs=int(self.arg(cfg, R + "max_num_seqs")),
+                            max_num_batched_tokens=int(self.arg(cfg, R + "max_num_batched_tokens")),
+                            enforce_eager=bool(self.arg(cfg, R + "enforce_eager"))),
         )
 
     def pins_from(self, cfg: RunConfig, cli_pins: list[str] | None = None) -> Pins:

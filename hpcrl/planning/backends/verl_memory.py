@@ -53,17 +53,18 @@ _VLLM_PINS = {
 }
 
 
-def vllm_facts(version: str | None) -> VllmEngineFacts:
+def vllm_facts(version: str | None, max_num_seqs: int = 256, max_num_batched_tokens: int = 8192,
+               enforce_eager: bool = False) -> VllmEngineFacts:
     """The vLLM a run of verl `version` (hpcrl.framework_version; None: the newest hpcrl knows) gets, with
-    the scheduler sizes verl's rollout passes to it."""
+    the scheduler sizes and enforce_eager its rollout passes (the run's keys; verl's defaults without a config)."""
     from hpcrl.planning.backends import versions
 
     pin, why = _VLLM_PINS[versions.resolve("verl", version).commit]
     return VllmEngineFacts(
-        pin, max_num_batched_tokens=8192, max_num_seqs=256,
-        source=f"{why}; verl passes rollout.max_num_seqs / max_num_batched_tokens to vLLM "
-               "(verl/workers/rollout/vllm_rollout/vllm_async_server.py:272-274 at b178a3cd), 256 / 8192 by default "
-               "(rollout.yaml:62,68 at b178a3cd; the same in hpcrl's 1dda039b key table)")
+        pin, max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs, enforce_eager=enforce_eager,
+        source=f"{why}; verl passes rollout.max_num_seqs / max_num_batched_tokens / enforce_eager to vLLM "
+               "(verl/workers/rollout/vllm_rollout/vllm_async_server.py:272-278 at b178a3cd, :310-316 at 1dda039b), "
+               "256 / 8192 / false by default (rollout.yaml:62,68 at b178a3cd; the same in hpcrl's 1dda039b key table)")
 
 
 def sleep_level(backend: str, version: str | None) -> int:

@@ -229,8 +229,11 @@ def fsdp_learner_memory(setup: FsdpSetup) -> FsdpBreakdown:
     peak = totals[peak_moment]
     # One micro-batch: zero_grad freed the gradients, so backward allocates them after the log-prob blocks
     # were cached, and the cache holds both (measured: reserved tracks the logits moment plus the
-    # gradients, FSDP1 and FSDP2 alike).
-    late_grads = grads if setup.micro_batches == 1 else 0.0
+    # gradients, FSDP1 and FSDP2 alike). Under no_sync (1dda039b) the sharded gradients are first made in
+    # the last backward too, whatever the micro-batch count (derived from the same mechanism; checked on
+    # fsdp_current_verl.jsonl).
+    late = setup.micro_batches == 1 or setup.update.grad_sync == "last_micro_batch"
+    late_grads = grads if late else 0.0
     basis = max(peak, totals["logits"] + late_grads)
     v = setup.fsdp_version
     reserved = basis + FIT[f"reserved_fixed_gib_fsdp{v}"] * GIB + FIT[f"reserved_per_root_grad_fsdp{v}"] * root_grad_bytes(setup)
@@ -251,7 +254,7 @@ def setup_from(s: Any) -> FsdpSetup:
     offload: FsdpOffload = "cpu_policy" if s.offload == "params" else "none"
     adapters = s.model.lora_params(s.lora_rank, s.lora_targets) if s.lora_rank else 0
     return FsdpSetup(s.model, s.n_gpus, s.tokens_per_gpu, s.micro_batches, s.fsdp_version,  # type: ignore[arg-type]
-                     s.reference_policy, offload, adapters)
+                     s.reference_policy, offload, adapters, s.fsdp_update or VerlUpdate())
 
 
 def fsdp_as_learner_memory(s: Any) -> LearnerMemory:

@@ -31,7 +31,7 @@ from hpcrl.memory.colocated import Colocation
 from hpcrl.memory.fsdp_learner import FsdpSetup
 from hpcrl.models import resolve_model
 from hpcrl.planning.backends import versions
-from hpcrl.planning.backends.verl_memory import FILLS_NODES, memory_facts, sleep_level
+from hpcrl.planning.backends.verl_memory import FILLS_NODES, fsdp_update, memory_facts, sleep_level
 from hpcrl.planning.backends.log_facts import CommandFacts, CpuAsk, DiagnoseFacts, SmokeFacts
 from hpcrl.planning.backends.verl_disk import DISK, TIMING
 from hpcrl.planning.backends.verl_hydra import expected_kind, hydra_value, is_interpolation, type_ok
@@ -208,6 +208,7 @@ class VerlBackend(Backend):
             logits_copy=False,  # verl divides the logits by the temperature in place
             sharding="fsdp",
             fsdp_version=self.fsdp_version(cfg), vllm=self.memory.vllm,
+            learner_fixed=self.learner_fixed(cfg.hpcrl.framework_version),
         )
 
     def pins_from(self, cfg: RunConfig, cli_pins: list[str] | None = None) -> Pins:
@@ -225,6 +226,11 @@ class VerlBackend(Backend):
 
     def sleep_level(self, version: str | None = None) -> int:
         return sleep_level(self.name, version)
+
+    memory_by_version = True  # the actor update moved to the engine workers (fsdp_learner.VerlUpdate)
+
+    def learner_fixed(self, version: str | None = None) -> tuple[tuple[str, Any], ...]:
+        return (*super().learner_fixed(version), ("fsdp_update", fsdp_update(self.name, version)))
 
     def plan(self, cfg: RunConfig, profile: ClusterProfile, nodes: int, w: Workload, pins: Pins,
              variants: list[ClusterProfile]) -> Planned:
@@ -361,7 +367,8 @@ class VerlBackend(Backend):
             offload = "param_optimizer"
         else:
             offload = "none"
-        return FsdpSetup(w.model, n_gpus, w.pack_length, micro_batches, fsdp_version, w.load_ref_policy, offload)
+        return FsdpSetup(w.model, n_gpus, w.pack_length, micro_batches, fsdp_version, w.load_ref_policy, offload,
+                         update=fsdp_update(self.name, cfg.hpcrl.framework_version))
 
     def micro_batch_count(self, cfg: RunConfig, world: int, seq_len: int, micro: int | None = None) -> int:
         """Micro-batches per optimizer step on one GPU (dp_actor.py:551-559 at b178a3cd): the mini-batch's

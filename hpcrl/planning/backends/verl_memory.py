@@ -7,6 +7,7 @@ refused with the reason.
 
 from __future__ import annotations
 
+from hpcrl.memory.fsdp_learner import VerlUpdate
 from hpcrl.memory.vllm_accounting import VllmEngineFacts
 from hpcrl.planning.backends.facts import MemoryDefault, MemoryFacts
 
@@ -52,3 +53,15 @@ def sleep_level(backend: str, version: str | None) -> int:
 
     facts = versions.capabilities(backend, version).get("vllm", {})
     return int(facts.get("sleep_level", {}).get("default", 1))
+
+
+def fsdp_update(backend: str, version: str | None) -> VerlUpdate:
+    """What the actor update does at the run's verl version (capabilities fsdp.update_*: b178a3cd's
+    dp_actor.py, 1dda039b's engine workers), for hpcrl/memory/fsdp_learner.py."""
+    from hpcrl.planning.backends import versions
+
+    v = versions.resolve(backend, version)
+    facts = versions.capabilities(backend, v.name).get("fsdp", {})
+    return VerlUpdate(version=v.name, temperature_divide=facts["update_temperature_divide"]["value"],
+                      grad_sync=facts["update_grad_sync"]["value"],
+                      lm_head_own_unit_fsdp2="lm_head (untied)" in facts["update_fsdp2_units"]["value"])

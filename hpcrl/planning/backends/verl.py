@@ -86,6 +86,8 @@ class VerlBackend(Backend):
     command_facts = CommandFacts(entry=r"verl\.trainer\.main_ppo|verl/trainer/main_ppo\.py", style="hydra",
                                  framework="verl", package="verl")
     diagnose_facts = DiagnoseFacts(
+        # the legacy workers, gone at 1dda039b (its engine workers run the update): a b178a3cd-era run
+        version_marks=(("verl/workers/actor/dp_actor.py", "0.8.0.dev"), ("verl/workers/fsdp_workers.py", "0.8.0.dev")),
         keys={"model": "actor_rollout_ref.model.path", "micro": MICRO_KEY, "mini": A + "ppo_mini_batch_size",
               "samples": R + "n", "nodes": T + "nnodes", "gpus": T + "n_gpus_per_node", "tp": TP_KEY,
               "util": UTIL_KEY, "offload": OPT_OFFLOAD_KEY, "param_offload": PARAM_OFFLOAD_KEY,

@@ -275,8 +275,9 @@ def from_defaults(backend: str, given: Overrides = Overrides()) -> Question:
                  learner_fixed=get_backend(backend).learner_fixed(version.name if version else None), **values)
     w = replace(w, **{k: v for k, v in given.workload_changes().items() if k != "pack_length"})
     util = given.util if given.util is not None else util
-    said = [version_assumed.replace("set hpcrl.framework_version", "give --framework-version")] \
-        if version_assumed and get_backend(backend).memory_by_version else []
+    said = []
+    if version_assumed and get_backend(backend).memory_by_version:
+        said = [version_assumed.removeprefix("assumes ").replace("set hpcrl.framework_version", "give --framework-version")]
     return Question(backend, w, util, facts.colocated, tuple(said + _assumptions(backend, w, util, None, given)),
                     util_pinned=given.util is not None)
 

@@ -207,7 +207,7 @@ class VerlBackend(Backend):
             logprob_impl=cfg.hpcrl.logprob_impl,
             grad_accum_dtype="fp32",  # verl's FSDP mixed precision reduces gradients in fp32
             hpz_partition_size=1,
-            logits_copy=False,  # verl divides the logits by the temperature in place
+            logits_copy=False,  # the ZeRO model's field; the FSDP model's log-prob path is per version (VerlUpdate)
             sharding="fsdp",
             fsdp_version=self.fsdp_version(cfg), vllm=self.memory.vllm,
             learner_fixed=self.learner_fixed(cfg.hpcrl.framework_version),

@@ -35,8 +35,9 @@ def memory_facts(actor: str, rollout: str, micro_key: str, flag_table: str) -> M
             "--zero-stage": "verl's actor is FSDP (FULL_SHARD), not DeepSpeed ZeRO; say --fsdp-version 1|2",
             "--grad-accum-dtype": "verl's FSDP reduces gradients in fp32 (MixedPrecision reduce_dtype, "
                                   "fsdp_workers.py:496 at b178a3cd)",
-            "--logprob-impl": "verl's log-prob path is its own (in-place temperature divide and cross-entropy, "
-                              "dp_actor.py:258-269 at b178a3cd), which hpcrl models",
+            "--logprob-impl": "verl's log-prob path is its own (flash-attn's in-place cross-entropy after a "
+                              "temperature divide in place at b178a3cd, dp_actor.py:259, out of place at 1dda039b, "
+                              "transformer_impl.py:1357), which hpcrl models per verl version",
             "--offload optimizer": "verl's FSDP has no optimizer-only offload during the update (its "
                                    "param/optimizer offload moves state between phases); FSDP2's "
                                    "CPUOffloadPolicy is --offload params --fsdp-version 2",

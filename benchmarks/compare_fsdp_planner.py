@@ -4,7 +4,9 @@ log-prob path and the no-config ZeRO++ copy of zpg 8) and of today's `hpcrl plan
 verl` (the FSDP model, with the row's --micro-batches and --fsdp-version) against the measured rows;
 then `plan-memory --backend verl` alone, peak allocated and reserved, against the held-out rows of
 fsdp_heldout2.jsonl (Qwen3, Llama-3.2, LoRA, 32k: models the catalog lacks are given as the
-config.json the row was measured with, LoRA as --lora-rank).
+config.json the row was measured with, LoRA as --lora-rank); then, per verl version, the held-out rows of
+fsdp_current_verl.jsonl: the 1dda039b rows against plan-memory's default version (0.10.0.dev), the
+b178a3cd rows against --framework-version b178a3cd.
 
     PYTHONPATH=. python benchmarks/compare_fsdp_planner.py
 """
@@ -37,13 +39,18 @@ def zero_formula_peak(row: dict) -> float:
     return learner_memory(old).peak_allocated / GIB
 
 
-def planner_learner(row: dict) -> dict:
-    """`plan-memory --backend verl --json`'s learner for the row's setup."""
+# the harness's --offload as plan-memory says it (verl's param/optimizer offload moves state between updates only)
+OFFLOAD = {"none": [], "verl": [], "cpu_policy": ["--offload", "params"]}
+
+
+def planner_learner(row: dict, version: str | None = "b178a3cd") -> dict:
+    """`plan-memory --backend verl --json`'s learner for the row's setup (version None: plan-memory's default)."""
     model = HF.get(row["model"]) or str(HERE / "configs" / f"{row['model']}.json")
     cmd = [sys.executable, "-m", "hpcrl", "plan-memory", "--backend", "verl", "--model", model,
            "--learner-gpus", str(row["world"]), "--tokens-per-gpu", str(row["seq"]),
            "--micro-batches", str(row["micro_batches"]), "--fsdp-version", str(row["fsdp"]),
-           "--lora-rank", str(row.get("lora_rank") or 0),
+           "--lora-rank", str(row.get("lora_rank") or 0), *OFFLOAD[row["offload"]],
+           *(["--framework-version", version] if version else []),
            "--ref-policy" if row["ref"] else "--no-ref-policy", "--json"]  # fmt: skip
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     return json.loads(out)["learner"]
@@ -53,23 +60,44 @@ def planner_peak(row: dict) -> float:
     return planner_learner(row)["peak_allocated_gib"]
 
 
-def heldout2() -> None:
-    rows = [r for r in map(json.loads, (HERE / "results" / "fsdp_heldout2.jsonl").read_text().splitlines())
-            if r.get("status") == "ok" and r["offload"] == "none"]  # fmt: skip
-    print("\nHeld-out rows measured after the fit (fsdp_heldout2.jsonl), plan-memory --backend verl:")
-    print("| model | N | T | K | FSDP | LoRA | measured peak | planned | err | measured reserved | planned | err | GPU |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+def held_out_table(rows: list[dict], title: str, version: str | None) -> None:
+    """plan-memory --backend verl against held-out rows: peak allocated and reserved, with their errors."""
+    print(f"\n{title}:")
+    print("| model | N | T | K | FSDP | ref | offload | LoRA | measured peak | planned | err | phase | "
+          "measured reserved | planned | err | GPU |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     pe, re_ = [], []
     for r in rows:
-        d = planner_learner(r)
+        d = planner_learner(r, version)
         pe.append(d["peak_allocated_gib"] / r["peak_alloc_gib"] - 1)
         re_.append(d["peak_reserved_gib"] / r["peak_reserved_gib"] - 1)
-        print(f"| {r['model']} | {r['world']} | {r['seq']} | {r['micro_batches']} | {r['fsdp']} | {r.get('lora_rank') or 0} | "
-              f"{r['peak_alloc_gib']:.2f} | {d['peak_allocated_gib']:.2f} | {pe[-1]:+.2%} | {r['peak_reserved_gib']:.2f} | "
-              f"{d['peak_reserved_gib']:.2f} | {re_[-1]:+.1%} | {r['gpu']} |")  # fmt: skip
+        print(f"| {r['model']} | {r['world']} | {r['seq']} | {r['micro_batches']} | {r['fsdp']} | {r['ref']} | {r['offload']} | "
+              f"{r.get('lora_rank') or 0} | {r['peak_alloc_gib']:.2f} | {d['peak_allocated_gib']:.2f} | {pe[-1]:+.2%} | "
+              f"{d['peak_phase']} | {r['peak_reserved_gib']:.2f} | {d['peak_reserved_gib']:.2f} | {re_[-1]:+.1%} | {r['gpu']} |")  # fmt: skip
     for label, e in (("peak allocated", pe), ("peak reserved", re_)):
         a = [abs(x) for x in e]
         print(f"{label}: median |err| {statistics.median(a):.2%}, max {max(a):.2%} over {len(a)} rows")
+
+
+def ok_rows(name: str) -> list[dict]:
+    return [r for r in map(json.loads, (HERE / "results" / name).read_text().splitlines()) if r.get("status") == "ok"]
+
+
+def heldout2() -> None:
+    held_out_table([r for r in ok_rows("fsdp_heldout2.jsonl") if r["offload"] == "none"],
+                   "Held-out rows measured after the fit (fsdp_heldout2.jsonl), plan-memory --backend verl "
+                   "--framework-version b178a3cd", "b178a3cd")
+
+
+def current_verl() -> None:
+    """fsdp_current_verl.jsonl, every row held out (fit_split_current_verl.py), per verl version."""
+    rows = ok_rows("fsdp_current_verl.jsonl")
+    held_out_table([r for r in rows if r.get("verl") == "1dda039b"],
+                   "verl 1dda039b (0.10.0.dev) rows (fsdp_current_verl.jsonl, held out), plan-memory --backend verl "
+                   "at its default version", None)
+    held_out_table([r for r in rows if r.get("verl") == "b178a3cd"],
+                   "verl b178a3cd (0.8.0.dev) rows of fsdp_current_verl.jsonl (held out), plan-memory --backend verl "
+                   "--framework-version b178a3cd", "b178a3cd")
 
 
 def main() -> None:
@@ -92,6 +120,7 @@ def main() -> None:
         a = [abs(x) for x in e]
         print(f"{label}: median |err| {statistics.median(a):.1%}, max {max(a):.1%} over {len(a)} rows")
     heldout2()
+    current_verl()
 
 
 if __name__ == "__main__":

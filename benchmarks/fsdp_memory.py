@@ -39,6 +39,28 @@ What verl b178a3cd does, and what this harness does the same way (file:line at b
   those with gradients (fsdp_workers.py:577).
 * expandable segments on (verl's weight sync leaves them on: fsdp_workers.py:756; verl/utils/device.py:142).
 
+`--verl 1dda039b` (verl-project/verl main, 0.10.0.dev, the engine-based workers of the v1 trainer)
+does what that commit does where it differs (file:line at 1dda039b); everything above holds there too
+(fp32 actor: engine/fsdp.yaml:33, transformer_impl.py:239-245; MixedPrecision bf16/fp32/fp32:
+transformer_impl.py:377-382; FULL_SHARD: :401; gradient checkpointing use_reentrant False: :317;
+foreach AdamW(weight_decay 0.01): workers/config/optimizer.py:298-351, optim/fsdp.yaml:5-30; flash-attn
+cross-entropy, inplace_backward unless entropy: transformer_impl.py:1390-1399, torch_functional.py:73-133;
+clip 1.0 then step: transformer_impl.py:764-803; zero_grad before the micro-batches and on leaving
+train mode: engine/base.py:126, transformer_impl.py:1115; the reference an fp32 forward-only engine with
+CPUOffload(offload_params) / CPUOffloadPolicy: ref/dp_ref.yaml:20, transformer_impl.py:413-414, 440-444;
+expandable segments back on after the weight sync: engine_workers.py:820). What differs:
+* temperature divided out of place by a per-token fp32 temperature cast to the logits dtype
+  (transformer_impl.py:1357; b178a3cd divided a squeezed view in place).
+* gradient accumulation under no_sync: every micro-batch but the last runs inside FSDP1 `no_sync()` /
+  FSDP2 `set_requires_gradient_sync(False)` (transformer_impl.py:672-698, 725-730), so gradients stay
+  unsharded until the last backward (b178a3cd reduce-scattered after every micro-batch).
+* FSDP2 with untied embeddings wraps `embed_tokens` and `lm_head` as their own units
+  (verl/utils/fsdp_utils.py:549-570, 589-595; b178a3cd wrapped the embedding only).
+* the actor's no-grad old-log-prob pass computes entropy (v1/trainer_base.py:1546-1553), so its
+  cross-entropy runs without inplace_backward there (transformer_impl.py:1392-1394).
+* with LoRA the reference is the actor with its adapter disabled (v1/trainer_base.py:316-324,
+  engine_workers.py:424): no separate module (not measured here: give --ref 0 with LoRA).
+
 Rank 0 appends one JSON row to --out: after-init memory, per-phase peaks (allocated and reserved) of
 the last update, per-micro-batch forward+backward time and the optimizer-step time.
 """
@@ -72,6 +94,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--gc", type=int, choices=[0, 1], default=1)
     p.add_argument("--expandable", type=int, choices=[0, 1], default=1)
     p.add_argument("--lora-rank", type=int, default=0, help="verl's model.lora_rank (0: full fine-tuning)")
+    p.add_argument("--verl", choices=["b178a3cd", "1dda039b"], default="b178a3cd", help="the verl commit to follow")
     p.add_argument("--steps", type=int, default=2, help="updates; the last one is measured")
     p.add_argument("--out", required=True)
     p.add_argument("--tag", default="")
@@ -190,8 +213,11 @@ def build_fsdp(cfg, args, device, offload_params: bool):
     }
     if offload_params:
         kw["offload_policy"] = CPUOffloadPolicy(pin_memory=True)
-    for m in model.modules():
-        if type(m).__name__ in layer_cls or (isinstance(m, torch.nn.Embedding) and not cfg.tie_word_embeddings):
+    # 1dda039b also wraps an untied lm_head on its own (fsdp_utils.py:558-569); b178a3cd the embedding only
+    own_unit = {"embed_tokens", "lm_head"} if args.verl == "1dda039b" and not cfg.tie_word_embeddings else set()
+    for name, m in model.named_modules():
+        if (type(m).__name__ in layer_cls or (isinstance(m, torch.nn.Embedding) and not cfg.tie_word_embeddings)
+                or (name.rsplit(".", 1)[-1] in own_unit and hasattr(m, "weight"))):
             fully_shard(m, **kw)
     fully_shard(model, **kw)
     home = torch.device("cpu") if offload_params else device
@@ -271,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
         "torch": torch.__version__, "after_init_gib": None, "after_init_reserved_gib": None,
         "peak_alloc_gib": None, "peak_reserved_gib": None, "phase_peaks_gib": {}, "phase_peaks_reserved_gib": {},
         "micro_batch_s": [], "optimizer_step_s": None, "update_s": [], "phase": "setup", "tag": args.tag,
-        "steps": args.steps, "lora_rank": args.lora_rank,
+        "steps": args.steps, "lora_rank": args.lora_rank, "verl": args.verl,
     }
 
     def write_row() -> None:
@@ -321,8 +347,9 @@ def main(argv: list[str] | None = None) -> int:
                 "labels": torch.roll(ids, shifts=-1, dims=1).squeeze(0),
                 "advantages": torch.randn(T, device=device, generator=gen),
             })  # fmt: skip
+        current = args.verl == "1dda039b"
         entropy_fn = None
-        if args.entropy:
+        if args.entropy or current:
             def entropy_from_logits(logits):
                 pd = torch.nn.functional.softmax(logits, dim=-1)
                 return torch.logsumexp(logits, dim=-1) - torch.sum(pd * logits, dim=-1)
@@ -333,7 +360,10 @@ def main(argv: list[str] | None = None) -> int:
             with torch.autocast(device_type="cuda", dtype=torch.bfloat16):
                 out = module(input_ids=mb["input_ids"], attention_mask=None, position_ids=mb["position_ids"], use_cache=False)
                 logits = out.logits.squeeze(0)
-                logits.div_(1.0)  # temperature, in place as dp_actor.py:259
+                if current:  # a new tensor, divided by a per-token temperature (transformer_impl.py:1357)
+                    logits = logits / temperature.clamp(min=1e-8).unsqueeze(-1).to(logits.dtype)
+                else:
+                    logits.div_(1.0)  # temperature, in place as dp_actor.py:259
                 if ce is not None:
                     losses, _ = ce(logits, mb["labels"], inplace_backward=not calculate_entropy)
                     logp = -losses
@@ -343,9 +373,30 @@ def main(argv: list[str] | None = None) -> int:
                 ent = entropy_fn(logits) if calculate_entropy else None
             return logp, ent
 
-        def no_grad_logprobs(module):
+        temperature = torch.ones(T, dtype=torch.float32, device=device)
+
+        def no_grad_logprobs(module, calculate_entropy: bool = False):
             with torch.no_grad():
-                return [forward_logprobs(module, mb, False)[0] for mb in batches]
+                return [forward_logprobs(module, mb, calculate_entropy)[0] for mb in batches]
+
+        def sync_context(i: int):
+            """1dda039b: no gradient reduce until the last micro-batch (transformer_impl.py:672-698, 725-730)."""
+            import contextlib
+
+            if not current or i == K - 1:
+                return contextlib.nullcontext()
+            if args.fsdp == 1:
+                return actor.no_sync()
+
+            @contextlib.contextmanager
+            def fsdp2_no_sync():
+                actor.set_requires_gradient_sync(False)
+                try:
+                    yield
+                finally:
+                    actor.set_requires_gradient_sync(True)
+
+            return fsdp2_no_sync()
 
         last_step = args.steps - 1
         for step in range(args.steps):
@@ -366,7 +417,7 @@ def main(argv: list[str] | None = None) -> int:
             row["phase"] = f"step{step}.old_logprob"
             if last:
                 peaks.start()
-            old_logp = no_grad_logprobs(actor)
+            old_logp = no_grad_logprobs(actor, calculate_entropy=current)  # entropy: v1/trainer_base.py:1548
             if last:
                 torch.cuda.synchronize()
                 row["phase_peaks_gib"]["old_logprob"], row["phase_peaks_reserved_gib"]["old_logprob"] = peaks.fold()
@@ -378,6 +429,8 @@ def main(argv: list[str] | None = None) -> int:
                 row["phase"] = f"step{step}.mb{i}.forward"
                 if last:
                     peaks.start()
+                no_sync = sync_context(i)  # entered around forward and backward, as verl's `with` (:736)
+                no_sync.__enter__()
                 logp, ent = forward_logprobs(actor, mb, bool(args.entropy))
                 ratio = torch.exp(logp - old_logp[i])
                 adv = mb["advantages"]
@@ -395,6 +448,7 @@ def main(argv: list[str] | None = None) -> int:
                 row["phase"] = f"step{step}.mb{i}.backward"
                 loss.backward()
                 del loss
+                no_sync.__exit__(None, None, None)
                 torch.cuda.synchronize()
                 if last:
                     a, r = peaks.fold()

@@ -241,10 +241,11 @@ def test_openrlhf_colocate_all_is_planned_colocated():
 # --------------------------------------------------------------------------- colocated memory by hand
 
 def test_colocated_plan_memory_equals_hand_computed_terms():
-    """verl on Isambard-AI: 16 GPUs each train and generate, Qwen2.5-7B, TP 2, utilisation 0.6."""
+    """verl b178a3cd on Isambard-AI: 16 GPUs each train and generate, Qwen2.5-7B, TP 2, utilisation 0.6."""
     out = hpcrl("plan-memory", "--backend", "verl", "--model", "qwen2.5-7b", "--cluster", "isambard-ai",
                 "--learner-gpus", "16", "--tokens-per-gpu", "8192", "--vllm-tp", "2",
-                "--vllm-gpu-memory-utilization", "0.6", "--max-seq-len", "5120", "--json")
+                "--vllm-gpu-memory-utilization", "0.6", "--max-seq-len", "5120", "--framework-version", "b178a3cd",
+                "--json")
     assert out.returncode == 0, out.stderr
     d = json.loads(out.stdout)
     p, n = 7_615_616_512, 16  # Qwen2.5-7B parameters (config.json shapes), GPUs

@@ -144,8 +144,11 @@ def test_verl_plan_memory_without_config_equals_the_plans_learner(cluster, nodes
                          micro_batches=s.micro_batches)
     plan, _ = mq.answer(mq.from_defaults("verl", given), resolve_profile(cluster), learner_gpus=s.n_gpus)
     mine, theirs = plan.learner, lay.memory.learner
-    assert (mine.peak_allocated, mine.peak_reserved, plan.margin) == (theirs.peak_allocated, theirs.peak_reserved,
-                                                                     lay.memory.margin)
+    # where no layout fits with the allocator margin the plan falls back to one without it (margin 0, said in
+    # its notes: layout_colocated.py); plan-memory still reports the margin it would keep
+    kept = lay.memory.margin > 0
+    assert (mine.peak_allocated, mine.peak_reserved, plan.margin if kept else 0.0) == (
+        theirs.peak_allocated, theirs.peak_reserved, lay.memory.margin)
 
 
 def test_verl_three_commands_give_one_learner_figure():

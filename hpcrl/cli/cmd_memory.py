@@ -71,6 +71,7 @@ def plan_memory_cmd(
     vllm_util: Optional[float] = typer.Option(None, "--vllm-gpu-memory-utilization", help="Default: the config's, else the framework's (shown under 'assumes')"),
     max_seq_len: Optional[int] = typer.Option(None, "--max-seq-len", help="Engine sequence length (default: prompt + response)"),
     backend: Optional[str] = typer.Option(None, "--backend", help="Framework whose learner to model, without --config (default: hpcrl.backend's default)"),
+    framework_version: Optional[str] = typer.Option(None, "--framework-version", help="Without --config: the framework version whose learner to model (name or commit; default the newest hpcrl knows)"),
     colocated: Optional[bool] = typer.Option(None, "--colocated/--separate", help="Learner and engine share every GPU (default: the framework's)"),
     rollout_offload: RolloutOffload = typer.Option(RolloutOffload.none, "--rollout-offload", help="Colocated, without --config: training state in host RAM while vLLM generates"),
     keep_grads: Optional[bool] = typer.Option(None, "--keep-grads/--free-grads", help="Colocated, without --config: gradients stay on the GPU between steps (DeepSpeed yes, FSDP no)"),
@@ -94,7 +95,8 @@ def plan_memory_cmd(
         logprob_impl=logprob_impl.value if logprob_impl else None,
         grad_accum_dtype=grad_dtype.value if grad_dtype else None, gradient_checkpointing=False if no_gc else None,
         util=vllm_util, weight_sync=weight_sync.value.replace("-", "_") if weight_sync else None,
-        micro_batches=micro_batches, fsdp_version=fsdp_version, zero_stage=zero_stage)
+        micro_batches=micro_batches, fsdp_version=fsdp_version, zero_stage=zero_stage,
+        framework_version=framework_version)
     data = plan_memory_data(MemoryRequest(
         config=config, sets=tuple(sets), cluster=cluster, cluster_file=cluster_file, gpus=gpus,
         learner_gpus=learner_gpus, backend=backend, colocated=colocated, rollout_offload=rollout_offload.value,

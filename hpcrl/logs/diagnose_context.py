@@ -184,7 +184,10 @@ class Context:
                 self.note(f"{est}={f.critic_free[1]} (not in the log; a critic-free run assumed)")
             if f.reward_stand_in and not any(args.get(k) for k in f.reward_sources):
                 args[f.reward_stand_in[0]] = f.reward_stand_in[1]  # a reward function: no reward-model GPUs to plan
-            self._config = RunConfig(hpcrl=HpcrlSection(backend=self.fix_backend), args=args)
+            version = next((v for path, v in f.version_marks if path in self.text), None)
+            if version is not None:
+                self.note(f"{self.fix_backend} {version}: the log's traceback runs through a file only that version has")
+            self._config = RunConfig(hpcrl=HpcrlSection(backend=self.fix_backend, framework_version=version), args=args)
         return self._config
 
     def workload(self):  # noqa: ANN201 - Workload | None

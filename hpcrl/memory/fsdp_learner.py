@@ -1,4 +1,6 @@
-"""Per-GPU memory of verl's FSDP actor update (pure arithmetic), as verl b178a3cd runs it.
+"""Per-GPU memory of verl's FSDP actor update (pure arithmetic), as verl b178a3cd runs it, and where
+verl 1dda039b (0.10.0.dev, the engine workers) differs (`VerlUpdate`, read from each version's
+capabilities fsdp.update facts by hpcrl/planning/backends/verl_memory.py).
 
 Terms are read from verl's code (verl/workers/fsdp_workers.py, verl/workers/actor/dp_actor.py,
 verl/utils/fsdp_utils.py, verl/workers/config/optimizer.py at b178a3cd) and checked on the rows in
@@ -28,6 +30,18 @@ parameters, N the ranks, T the packed tokens of one micro-batch, V the vocabular
   held-out rows of benchmarks/results/fsdp_heldout2.jsonl: peak allocated within 0.4%).
 * reserved (expandable segments): the basis plus cached blocks, a fixed part and a multiple of the root
   unit's fp32 gradient (the largest gradient blocks); none of the latter when LoRA freezes the root.
+
+At 1dda039b (transformer_impl.py, fsdp_utils.py at that commit; checked on the held-out rows of
+benchmarks/results/fsdp_current_verl.jsonl):
+* the temperature divide makes a new tensor (transformer_impl.py:1357): the cross-entropy keeps the
+  divided logits and the divide's backward makes one more T x V gradient: 4 bytes per logits element
+  (derived; measured 4.00 on every one-micro-batch row against 8 at b178a3cd).
+* gradients are reduced on the last micro-batch only (no_sync, transformer_impl.py:672-698, 725-730): the
+  earlier micro-batches leave them unsharded, FSDP1 in the bf16 param dtype (its post-backward hook
+  returns before the fp32 cast under no_sync), FSDP2 upcast to fp32 (reduce_dtype), CPUOffloadPolicy
+  or not: 2 B x flat elements (FSDP1) or 4 B x P (FSDP2) per GPU, not 4 B x P/N.
+* FSDP2 wraps an untied lm_head as its own unit (fsdp_utils.py:549-570): its gathered bf16 weight is
+  freed after its backward instead of staying with the root.
 """
 
 from __future__ import annotations
@@ -42,9 +56,26 @@ from hpcrl.models.spec import ModelSpec
 
 FsdpOffload = Literal["none", "param_optimizer", "cpu_policy"]
 
+
+@dataclass(frozen=True)
+class VerlUpdate:
+    """What a verl version's actor update does that moves memory (each version's capabilities fsdp.update);
+    the defaults are b178a3cd's, on which FIT was fitted."""
+
+    version: str = "0.8.0.dev"
+    temperature_divide: Literal["in_place", "out_of_place"] = "in_place"
+    grad_sync: Literal["every_micro_batch", "last_micro_batch"] = "every_micro_batch"
+    lm_head_own_unit_fsdp2: bool = False  # an untied lm_head wrapped as its own FSDP2 unit
+
+
+# Bytes per T x V logits element the log-prob path holds at the start of backward, by temperature divide.
+LOGPROB_BYTES = {
+    "in_place": 8.0,  # measured (b178a3cd: the divide on a squeezed view keeps extra buffers; issue 24 item 4)
+    "out_of_place": 4.0,  # derived: divided logits kept by the cross-entropy + the divide's gradient; measured 4.00
+}
+
 # Fitted by benchmarks/fit_fsdp.py on the training rows of benchmarks/results/fsdp_measured.jsonl
 # (held-out error printed there). Bytes unless named GiB.
-LOGITS_BYTES_PER_ELEMENT = 8.0  # measured slope over T x V (issue 24 item 4; these rows agree)
 CHECKPOINT_BYTES_PER_TOKEN_HIDDEN = 2.0  # one bf16 hidden state per layer (use_reentrant=False)
 FIT = {
     "logits_fixed_gib": 0.065,  # fitted
@@ -78,6 +109,7 @@ class FsdpSetup:
     # LoRA adapters' parameters (0: full fine-tuning): the frozen base keeps its fp32 shards, only the
     # adapters get gradients and Adam state (measured: fsdp_heldout2.jsonl, rank 32, FSDP1 and FSDP2).
     adapter_params: int = 0
+    update: VerlUpdate = VerlUpdate()
 
     def check(self) -> None:
         if self.n_gpus < 1:
@@ -131,6 +163,19 @@ def root_grad_bytes(setup: FsdpSetup) -> float:
     return 0.0 if setup.adapter_params else 4.0 * root_numel(setup)
 
 
+def earlier_grads(setup: FsdpSetup, sharded: float) -> tuple[str, float]:
+    """(label, bytes) of the gradients the earlier micro-batches leave at the last one's logits moment:
+    none with one micro-batch; the fp32 shards (`sharded`) when each micro-batch reduces; under no_sync
+    unsharded, FSDP1 bf16 over its flat elements, FSDP2 fp32 over P, even under CPUOffloadPolicy."""
+    of = " of LoRA adapters" if setup.adapter_params else ""
+    if setup.update.grad_sync == "every_micro_batch":
+        return f"gradients of earlier micro-batches{of}", sharded if setup.micro_batches > 1 else 0.0
+    whole = setup.adapter_params or flat_numel(setup)
+    dtype, size = ("bf16", 2.0) if setup.fsdp_version == 1 else ("fp32", 4.0)
+    return (f"unsharded {dtype} gradients of earlier micro-batches{of} (no_sync)",
+            size * whole if setup.micro_batches > 1 else 0.0)
+
+
 def fsdp_learner_memory(setup: FsdpSetup) -> FsdpBreakdown:
     """Per-GPU bytes at the logits, end-of-backward and optimizer-step moments of one update."""
     setup.check()
@@ -146,11 +191,16 @@ def fsdp_learner_memory(setup: FsdpSetup) -> FsdpBreakdown:
     root = root_numel(setup)
     gathered_root = 2.0 * root if (setup.fsdp_version == 1 and n > 1) else 0.0
     ref_root = gathered_root if setup.reference_policy else 0.0
+    earlier_label, earlier = earlier_grads(setup, grads)
+    logprob_bytes = LOGPROB_BYTES[setup.update.temperature_divide]
+    # An untied lm_head in its own FSDP2 unit (1dda039b) reshards after its backward: 2 B x V x h fewer.
+    own_lm_head = setup.fsdp_version == 2 and setup.update.lm_head_own_unit_fsdp2 and not m.tie_word_embeddings
+    root_after_backward = (6.0 if own_lm_head else 8.0) if n > 1 else 4.0
     logits = {
         "fp32 parameter shards": shards,
         f"Adam moments (fp32){of}": adam,
-        f"gradients of earlier micro-batches{of}": grads if setup.micro_batches > 1 else 0.0,
-        "log-prob path (8 B x T x V)": LOGITS_BYTES_PER_ELEMENT * T * V,
+        earlier_label: earlier,
+        f"log-prob path ({logprob_bytes:g} B x T x V)": logprob_bytes * T * V,
         "checkpointed hidden states": CHECKPOINT_BYTES_PER_TOKEN_HIDDEN * L * T * h,
         "gathered root unit (bf16)": gathered_root,
         "reference root unit (bf16)": ref_root,
@@ -161,7 +211,7 @@ def fsdp_learner_memory(setup: FsdpSetup) -> FsdpBreakdown:
         "fp32 parameter shards": shards,
         f"Adam moments (fp32){of}": adam,
         f"gradients{of}": grads,
-        "root unit params, grads and fp32 reduce copy": (8.0 if n > 1 else 4.0) * root,
+        "root unit params, grads and fp32 reduce copy": root_after_backward * root,
         "reference root unit (bf16)": ref_root,
         "fixed (fitted)": FIT["grads_done_fixed_gib"] * GIB,
     }
@@ -179,8 +229,11 @@ def fsdp_learner_memory(setup: FsdpSetup) -> FsdpBreakdown:
     peak = totals[peak_moment]
     # One micro-batch: zero_grad freed the gradients, so backward allocates them after the log-prob blocks
     # were cached, and the cache holds both (measured: reserved tracks the logits moment plus the
-    # gradients, FSDP1 and FSDP2 alike).
-    late_grads = grads if setup.micro_batches == 1 else 0.0
+    # gradients, FSDP1 and FSDP2 alike). Under no_sync (1dda039b) the sharded gradients are first made in
+    # the last backward too, whatever the micro-batch count (derived from the same mechanism; checked on
+    # fsdp_current_verl.jsonl).
+    late = setup.micro_batches == 1 or setup.update.grad_sync == "last_micro_batch"
+    late_grads = grads if late else 0.0
     basis = max(peak, totals["logits"] + late_grads)
     v = setup.fsdp_version
     reserved = basis + FIT[f"reserved_fixed_gib_fsdp{v}"] * GIB + FIT[f"reserved_per_root_grad_fsdp{v}"] * root_grad_bytes(setup)
@@ -201,7 +254,7 @@ def setup_from(s: Any) -> FsdpSetup:
     offload: FsdpOffload = "cpu_policy" if s.offload == "params" else "none"
     adapters = s.model.lora_params(s.lora_rank, s.lora_targets) if s.lora_rank else 0
     return FsdpSetup(s.model, s.n_gpus, s.tokens_per_gpu, s.micro_batches, s.fsdp_version,  # type: ignore[arg-type]
-                     s.reference_policy, offload, adapters)
+                     s.reference_policy, offload, adapters, s.fsdp_update or VerlUpdate())
 
 
 def fsdp_as_learner_memory(s: Any) -> LearnerMemory:

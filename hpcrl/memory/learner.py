@@ -21,7 +21,7 @@ alive at all three, sharded by N under ZeRO-3, on the CPU when offloaded.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from hpcrl.errors import HpcrlError
 from hpcrl.memory import constants as C
@@ -77,6 +77,9 @@ class LearnerSetup:
     sharding: Literal["zero", "fsdp"] = "zero"
     micro_batches: int = 2  # per optimizer step on one GPU
     fsdp_version: Literal[1, 2] = 1
+    # What the framework version's FSDP update does (fsdp_learner.VerlUpdate, from its capabilities);
+    # None: b178a3cd's, on which the FSDP model was fitted.
+    fsdp_update: Any = None
     zero: C.ZeroDefaults = field(default_factory=C.ZeroDefaults)
 
     def check(self) -> None:

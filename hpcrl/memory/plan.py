@@ -124,6 +124,7 @@ class MemoryPlan:
                    if self.learner.reference_process_bytes else {}),
                 **({"sharding": "fsdp", "fsdp_version": ls.fsdp_version, "micro_batches": ls.micro_batches}
                    if ls.sharding == "fsdp" else {}),
+                **({"framework_version": ls.fsdp_update.version} if ls.sharding == "fsdp" and ls.fsdp_update else {}),
                 "offload": ls.offload,
                 "gradient_checkpointing": ls.gradient_checkpointing,
                 "lora_rank": ls.lora_rank,

@@ -49,6 +49,7 @@ class Overrides:
     micro_batches: int | None = None
     fsdp_version: int | None = None
     zero_stage: int | None = None
+    framework_version: str | None = None  # without a config: the framework version to follow
 
     def workload_changes(self) -> dict[str, Any]:
         pairs = {"pack_length": self.tokens_per_gpu, "load_ref_policy": self.ref_policy,
@@ -220,6 +221,9 @@ def from_config(cfg: RunConfig, given: Overrides = Overrides()) -> Question:
     """The run's own workload (the backend's reading of the config), with the flags on top."""
     backend = get_backend(cfg.hpcrl.backend)
     refuse_flags(backend.name, given)
+    if given.framework_version is not None:
+        raise HpcrlError(f"--framework-version {given.framework_version}: with --config the run's version is its "
+                         "hpcrl.framework_version (--set hpcrl.framework_version=NAME)")
     if given.tokens_per_gpu is not None and given.tokens_per_gpu <= 0:
         raise HpcrlError(f"--tokens-per-gpu must be a positive integer, got {given.tokens_per_gpu}")
     w = backend.workload_from_config(cfg, given.model)
@@ -249,6 +253,12 @@ def from_defaults(backend: str, given: Overrides = Overrides()) -> Question:
         raise HpcrlError(f"--backend {backend!r}: without --config, valid: {', '.join(defaults_backends())} "
                          "(give --config for another backend)")
     refuse_flags(backend, given)
+    from hpcrl.planning.backends import versions
+
+    if given.framework_version is not None and not versions.known(backend):
+        raise HpcrlError(f"--framework-version: hpcrl keeps no versions of backend {backend}; remove it")
+    version, version_assumed = versions.targeted(backend, given.framework_version) if versions.known(backend) \
+        else (None, None)
     facts = get_backend(backend).memory
     values: dict[str, Any] = {}
     for d in facts.defaults:
@@ -262,10 +272,13 @@ def from_defaults(backend: str, given: Overrides = Overrides()) -> Question:
                  max_prompt_token_length=1, beta=0.0, logprob_impl=get_backend(backend).default_logprob_impl,
                  logits_copy=facts.logits_copy, weight_sync=facts.weight_sync, sharding=facts.sharding,
                  fsdp_version=facts.fsdp_version, vllm=facts.vllm,
-                 learner_fixed=tuple(facts.learner.items()), **values)
+                 learner_fixed=get_backend(backend).learner_fixed(version.name if version else None), **values)
     w = replace(w, **{k: v for k, v in given.workload_changes().items() if k != "pack_length"})
     util = given.util if given.util is not None else util
-    return Question(backend, w, util, facts.colocated, tuple(_assumptions(backend, w, util, None, given)),
+    said = []
+    if version_assumed and get_backend(backend).memory_by_version:
+        said = [version_assumed.removeprefix("assumes ").replace("set hpcrl.framework_version", "give --framework-version")]
+    return Question(backend, w, util, facts.colocated, tuple(said + _assumptions(backend, w, util, None, given)),
                     util_pinned=given.util is not None)
 
 

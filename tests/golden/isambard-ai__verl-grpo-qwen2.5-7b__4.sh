@@ -5,13 +5,13 @@
 #
 # Plan assumes verl 0.10.0.dev (1dda039b), the newest hpcrl knows; set hpcrl.framework_version to target another (known: 0.8.0.dev (b178a3cd), 0.10.0.dev (1dda039b))
 # Plan:
-#   model Qwen/Qwen2.5-7B: 1536 sequences of 5120 tokens per step, ppo_micro_batch_size_per_gpu 8 (40960 tokens)
+#   model Qwen/Qwen2.5-7B: 1536 sequences of 5120 tokens per step, ppo_micro_batch_size_per_gpu 12 (61440 tokens)
 #   4 x 4 GH200 (95.58 GiB): all 16 GPUs train and generate (colocated)
 #   trainer.nnodes 4, n_gpus_per_node 4, rollout tensor_model_parallel_size 1 (16 engines), gpu_memory_utilization 0.85, fsdp param_offload false, optimizer_offload false
-#   colocated peak 76.1 GiB/GPU training, 89.6 GiB/GPU rollout of 95.6 usable; KV cache 64.3 GiB per GPU; host peak 49 GiB/node
-#   step ~155-395 s (mid ~234 s) (generation 68 s, training 166 s), bottleneck training; the checkpoint cadence and time-limit lead use the upper estimate
-#   step basis: generation: vLLM model fitted on 12 published vLLM rows (batch 1, A100), 6 held out: time off by median 17%, max 2x (benchmarks/vllm_throughput); training: learner 12 x 13.84 s + optimizer step 0.02 s, fitted on 40 measured rows (fsdp_measured, openrlhf_measured, zero3_timing; H100/H200); derived: GH200 scaled from H100/H200 by peak FLOP/s and bandwidths
-#   trainer.save_freq 4: a checkpoint every ~26 min of training at the upper step estimate ~395 s (so that at most 30 min is lost); time-limit warning 900 s before the end = one upper step (~395 s) + one checkpoint write (~43 s, derived) + 60 s to stop
+#   colocated peak 83.0 GiB/GPU training, 89.6 GiB/GPU rollout of 95.6 usable; KV cache 64.3 GiB per GPU; host peak 49 GiB/node
+#   step ~147-375 s (mid ~221 s) (generation 68 s, training 154 s), bottleneck training; the checkpoint cadence and time-limit lead use the upper estimate
+#   step basis: generation: vLLM model fitted on 12 published vLLM rows (batch 1, A100), 6 held out: time off by median 17%, max 2x (benchmarks/vllm_throughput); training: learner 8 x 19.19 s + optimizer step 0.02 s, fitted on 40 measured rows (fsdp_measured, openrlhf_measured, zero3_timing; H100/H200); derived: GH200 scaled from H100/H200 by peak FLOP/s and bandwidths
+#   trainer.save_freq 4: a checkpoint every ~25 min of training at the upper step estimate ~375 s (so that at most 30 min is lost); time-limit warning 900 s before the end = one upper step (~375 s) + one checkpoint write (~43 s, derived) + 60 s to stop
 # Warning: 4 learners per node on isambard-ai, where the profile plans at most 1: more than one learner per GH200 node failed with NCCL "Duplicate GPU detected" in the users' runs (their workaround, a patched NCCL with NCCL_IGNORE_DUPLICATE_GPU=1, is untested at 32B); verl's resource pool takes trainer.n_gpus_per_node on every node (main_ppo.py:204 at b178a3cd, ppo/v1/trainer_base.py:760 at 1dda039b), and its colocated workers all train: hpcrl cannot plan fewer
 #
 # Submit with `hpcrl submit`, which creates the run directory first. With plain sbatch,
@@ -182,10 +182,10 @@ run_directory() {
   "backend_args": {
     "actor_rollout_ref.actor.fsdp_config.optimizer_offload": false,
     "actor_rollout_ref.actor.fsdp_config.param_offload": false,
-    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 8,
-    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": 8,
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 12,
+    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": 12,
     "actor_rollout_ref.rollout.gpu_memory_utilization": 0.85,
-    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 8,
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 12,
     "actor_rollout_ref.rollout.name": "vllm",
     "actor_rollout_ref.rollout.tensor_model_parallel_size": 1,
     "trainer.max_actor_ckpt_to_keep": 2,
@@ -219,7 +219,7 @@ run_directory() {
     },
     "pinned": false,
     "signal_floor_s": 900,
-    "step_s": 233.905,
+    "step_s": 221.273,
     "write_basis": "derived",
     "write_gib_s": 2.0,
     "write_s": 42.556
@@ -246,7 +246,7 @@ run_directory() {
     "host_peak_gib": 49.1,
     "idle_gpus": 0,
     "learner_gpus": 16,
-    "learner_peak_gib": 74.46,
+    "learner_peak_gib": 81.44,
     "nodes": 4,
     "num_learners_per_node": [
       4,
@@ -254,14 +254,14 @@ run_directory() {
       4,
       4
     ],
-    "reason": "colocated: every GPU trains and generates; step ~234s = generation 68s + training 166s (range 155-395s)",
+    "reason": "colocated: every GPU trains and generates; step ~221s = generation 68s + training 154s (range 147-375s)",
     "rollout_peak_gib": 89.59,
-    "step_time_basis": "generation: vLLM model fitted on 12 published vLLM rows (batch 1, A100), 6 held out: time off by median 17%, max 2x (benchmarks/vllm_throughput); training: learner 12 x 13.84 s + optimizer step 0.02 s, fitted on 40 measured rows (fsdp_measured, openrlhf_measured, zero3_timing; H100/H200); derived: GH200 scaled from H100/H200 by peak FLOP/s and bandwidths",
-    "step_time_high_s": 394.7,
-    "step_time_low_s": 154.6,
-    "step_time_s": 233.9,
-    "training_peak_gib": 76.06,
-    "training_time_s": 166.2,
+    "step_time_basis": "generation: vLLM model fitted on 12 published vLLM rows (batch 1, A100), 6 held out: time off by median 17%, max 2x (benchmarks/vllm_throughput); training: learner 8 x 19.19 s + optimizer step 0.02 s, fitted on 40 measured rows (fsdp_measured, openrlhf_measured, zero3_timing; H100/H200); derived: GH200 scaled from H100/H200 by peak FLOP/s and bandwidths",
+    "step_time_high_s": 375.0,
+    "step_time_low_s": 147.0,
+    "step_time_s": 221.3,
+    "training_peak_gib": 83.04,
+    "training_time_s": 153.5,
     "vllm_gpu_memory_utilization": 0.85,
     "vllm_num_engines": 16,
     "vllm_tensor_parallel_size": 1
@@ -284,11 +284,11 @@ run_directory() {
       "rollout_fits": true,
       "rollout_gib": 89.593,
       "training_breakdown": {
-        "learner (training peak)": 74.457,
+        "learner (training peak)": 81.436,
         "vLLM asleep (CUDA context, CUDA graphs)": 1.6
       },
       "training_fits": true,
-      "training_gib": 76.057,
+      "training_gib": 83.036,
       "vllm_sleep_level": 2,
       "vllm_sleeps": true
     },
@@ -335,21 +335,22 @@ run_directory() {
       "ram_per_node_gib": 460.0
     },
     "learner": {
-      "allocator_margin_gib": 6.611,
+      "allocator_margin_gib": 7.239,
       "breakdown": {
         "Adam moments (fp32)": 3.546,
-        "checkpointed hidden states": 7.656,
+        "checkpointed hidden states": 11.484,
         "fixed (fitted)": 0.065,
         "fp32 parameter shards": 1.773,
         "gathered root unit (bf16)": 2.03,
-        "gradients of earlier micro-batches": 1.773,
-        "log-prob path (8 B x T x V)": 46.406,
-        "per-token working set (fitted)": 1.135,
-        "reference root unit (bf16)": 2.03
+        "log-prob path (4 B x T x V)": 34.805,
+        "per-token working set (fitted)": 1.702,
+        "reference root unit (bf16)": 2.03,
+        "unsharded bf16 gradients of earlier micro-batches (no_sync)": 14.185
       },
       "deepspeed_estimate_gib": 10.009,
-      "device_total_gib": 74.457,
+      "device_total_gib": 81.436,
       "fits": true,
+      "framework_version": "0.10.0.dev",
       "fsdp_version": 1,
       "gpus": 16,
       "grad_accum_dtype": "fp32",
@@ -358,15 +359,15 @@ run_directory() {
       "load_in_4bit": false,
       "logprob_impl": "compiled",
       "lora_rank": 0,
-      "micro_batches": 3,
+      "micro_batches": 2,
       "non_torch_gib": 1.0,
       "offload": "none",
-      "peak_allocated_gib": 66.415,
+      "peak_allocated_gib": 71.621,
       "peak_phase": "logits",
-      "peak_reserved_gib": 73.457,
+      "peak_reserved_gib": 80.436,
       "phases_gib": {
         "backward end": 17.396,
-        "logits": 66.415,
+        "logits": 71.621,
         "optimizer step": 10.961
       },
       "sharding": "fsdp",
@@ -374,10 +375,10 @@ run_directory() {
         "basis": "fitted on 40 measured rows (fsdp_measured, openrlhf_measured, zero3_timing; H100/H200); derived: GH200 scaled from H100/H200 by peak FLOP/s and bandwidths",
         "high": 1.56,
         "low": 0.6,
-        "micro_batch_s": 13.845,
+        "micro_batch_s": 19.188,
         "optimizer_step_s": 0.018
       },
-      "tokens_per_gpu": 40960,
+      "tokens_per_gpu": 61440,
       "weight_sync": "none",
       "zero_stage": null
     },
@@ -387,7 +388,7 @@ run_directory() {
       "total_params": 7615616512,
       "trainable_params": 7615616512
     },
-    "verdict": "training fits with 12.9 GiB to spare after a 6.6 GiB allocator margin; rollout fits with 6.0 GiB to spare; engine fits: 235.32x sequences of 5120 tokens fit at once"
+    "verdict": "training fits with 5.3 GiB to spare after a 7.2 GiB allocator margin; rollout fits with 6.0 GiB to spare; engine fits: 235.32x sequences of 5120 tokens fit at once"
   },
   "model": "Qwen/Qwen2.5-7B",
   "nodes": 4,
@@ -1536,9 +1537,9 @@ driver_command() {
         actor_rollout_ref.rollout.gpu_memory_utilization=0.85
         actor_rollout_ref.actor.fsdp_config.param_offload=false
         actor_rollout_ref.actor.fsdp_config.optimizer_offload=false
-        actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8
-        actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8
-        actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8
+        actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=12
+        actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=12
+        actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=12
         "trainer.save_freq=$CKPT_EVERY"
         trainer.max_actor_ckpt_to_keep=2
         "trainer.default_local_dir=$RUN_DIR/checkpoints"

@@ -231,6 +231,13 @@ class Backend(ABC):
         """The vLLM sleep level of a colocated engine (1: weights kept in host RAM; 2: discarded)."""
         return 1
 
+    # Whether the memory model's learner terms depend on the framework version (plan-memory then says which).
+    memory_by_version: ClassVar[bool] = False
+
+    def learner_fixed(self, version: str | None = None) -> tuple[tuple[str, Any], ...]:
+        """LearnerSetup fields the framework at `version` fixes whatever the config (Workload.learner_fixed)."""
+        return tuple(self.memory.learner.items())
+
     # (disk budget kinds, memory-model choice, plan-memory questions)
     list_order: ClassVar[int] = 100  # where lists of backends show it (the default backend first)
     disk: ClassVar[DiskFacts]  # its checkpoints and dumps against the run root's quota (facts.py)

@@ -57,6 +57,8 @@ class DiagnoseFacts:
     timeout_raise: bool = False  # the collective timeout (key "timeout") is worth raising for slow ranks
     timeout_note: str = ""  # said of the collective timeout otherwise
     broadcast_fix: str = ""  # for a timed-out broadcast to the engines (the weight sync), keys in braces
+    # (a source path a traceback may show, the framework version it proves): files only older versions have.
+    version_marks: tuple[tuple[str, str], ...] = ()
     # DiskInputs fields read from the run's keys (lora_rank, keep, save_hf, disable_ds).
     disk_reads: tuple[str, ...] = ()
     disk_bound: str = ""  # which settings bound the checkpoints on disk, in words

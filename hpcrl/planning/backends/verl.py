@@ -31,7 +31,7 @@ from hpcrl.memory.colocated import Colocation
 from hpcrl.memory.fsdp_learner import FsdpSetup
 from hpcrl.models import resolve_model
 from hpcrl.planning.backends import versions
-from hpcrl.planning.backends.verl_memory import FILLS_NODES, memory_facts, sleep_level, vllm_facts
+from hpcrl.planning.backends.verl_memory import FILLS_NODES, fsdp_update, memory_facts, sleep_level, vllm_facts
 from hpcrl.planning.backends.log_facts import CommandFacts, CpuAsk, DiagnoseFacts, SmokeFacts
 from hpcrl.planning.backends.verl_disk import DISK, TIMING
 from hpcrl.planning.backends.verl_hydra import expected_kind, hydra_value, is_interpolation, type_ok
@@ -86,6 +86,8 @@ class VerlBackend(Backend):
     command_facts = CommandFacts(entry=r"verl\.trainer\.main_ppo|verl/trainer/main_ppo\.py", style="hydra",
                                  framework="verl", package="verl")
     diagnose_facts = DiagnoseFacts(
+        # the legacy workers, gone at 1dda039b (its engine workers run the update): a b178a3cd-era run
+        version_marks=(("verl/workers/actor/dp_actor.py", "0.8.0.dev"), ("verl/workers/fsdp_workers.py", "0.8.0.dev")),
         keys={"model": "actor_rollout_ref.model.path", "micro": MICRO_KEY, "mini": A + "ppo_mini_batch_size",
               "samples": R + "n", "nodes": T + "nnodes", "gpus": T + "n_gpus_per_node", "tp": TP_KEY,
               "util": UTIL_KEY, "offload": OPT_OFFLOAD_KEY, "param_offload": PARAM_OFFLOAD_KEY,
@@ -205,12 +207,13 @@ class VerlBackend(Backend):
             logprob_impl=cfg.hpcrl.logprob_impl,
             grad_accum_dtype="fp32",  # verl's FSDP mixed precision reduces gradients in fp32
             hpz_partition_size=1,
-            logits_copy=False,  # verl divides the logits by the temperature in place
+            logits_copy=False,  # the ZeRO model's field; the FSDP model's log-prob path is per version (VerlUpdate)
             sharding="fsdp",
             fsdp_version=self.fsdp_version(cfg),
             vllm=vllm_facts(cfg.hpcrl.framework_version, max_num_seqs=int(self.arg(cfg, R + "max_num_seqs")),
                             max_num_batched_tokens=int(self.arg(cfg, R + "max_num_batched_tokens")),
                             enforce_eager=bool(self.arg(cfg, R + "enforce_eager"))),
+            learner_fixed=self.learner_fixed(cfg.hpcrl.framework_version),
         )
 
     def pins_from(self, cfg: RunConfig, cli_pins: list[str] | None = None) -> Pins:
@@ -228,6 +231,11 @@ class VerlBackend(Backend):
 
     def sleep_level(self, version: str | None = None) -> int:
         return sleep_level(self.name, version)
+
+    memory_by_version = True  # the actor update moved to the engine workers (fsdp_learner.VerlUpdate)
+
+    def learner_fixed(self, version: str | None = None) -> tuple[tuple[str, Any], ...]:
+        return (*super().learner_fixed(version), ("fsdp_update", fsdp_update(self.name, version)))
 
     def plan(self, cfg: RunConfig, profile: ClusterProfile, nodes: int, w: Workload, pins: Pins,
              variants: list[ClusterProfile]) -> Planned:
@@ -364,7 +372,8 @@ class VerlBackend(Backend):
             offload = "param_optimizer"
         else:
             offload = "none"
-        return FsdpSetup(w.model, n_gpus, w.pack_length, micro_batches, fsdp_version, w.load_ref_policy, offload)
+        return FsdpSetup(w.model, n_gpus, w.pack_length, micro_batches, fsdp_version, w.load_ref_policy, offload,
+                         update=fsdp_update(self.name, cfg.hpcrl.framework_version))
 
     def micro_batch_count(self, cfg: RunConfig, world: int, seq_len: int, micro: int | None = None) -> int:
         """Micro-batches per optimizer step on one GPU (dp_actor.py:551-559 at b178a3cd): the mini-batch's

@@ -7,6 +7,7 @@ refused with the reason.
 
 from __future__ import annotations
 
+from hpcrl.memory.fsdp_learner import VerlUpdate
 from hpcrl.memory.vllm_accounting import VllmEngineFacts
 from hpcrl.planning.backends.facts import MemoryDefault, MemoryFacts
 
@@ -34,8 +35,9 @@ def memory_facts(actor: str, rollout: str, micro_key: str, flag_table: str) -> M
             "--zero-stage": "verl's actor is FSDP (FULL_SHARD), not DeepSpeed ZeRO; say --fsdp-version 1|2",
             "--grad-accum-dtype": "verl's FSDP reduces gradients in fp32 (MixedPrecision reduce_dtype, "
                                   "fsdp_workers.py:496 at b178a3cd)",
-            "--logprob-impl": "verl's log-prob path is its own (in-place temperature divide and cross-entropy, "
-                              "dp_actor.py:258-269 at b178a3cd), which hpcrl models",
+            "--logprob-impl": "verl's log-prob path is its own (flash-attn's in-place cross-entropy after a "
+                              "temperature divide in place at b178a3cd, dp_actor.py:259, out of place at 1dda039b, "
+                              "transformer_impl.py:1357), which hpcrl models per verl version",
             "--offload optimizer": "verl's FSDP has no optimizer-only offload during the update (its "
                                    "param/optimizer offload moves state between phases); FSDP2's "
                                    "CPUOffloadPolicy is --offload params --fsdp-version 2",
@@ -74,3 +76,15 @@ def sleep_level(backend: str, version: str | None) -> int:
 
     facts = versions.capabilities(backend, version).get("vllm", {})
     return int(facts.get("sleep_level", {}).get("default", 1))
+
+
+def fsdp_update(backend: str, version: str | None) -> VerlUpdate:
+    """What the actor update does at the run's verl version (capabilities fsdp.update_*: b178a3cd's
+    dp_actor.py, 1dda039b's engine workers), for hpcrl/memory/fsdp_learner.py."""
+    from hpcrl.planning.backends import versions
+
+    v = versions.resolve(backend, version)
+    facts = versions.capabilities(backend, v.name).get("fsdp", {})
+    return VerlUpdate(version=v.name, temperature_divide=facts["update_temperature_divide"]["value"],
+                      grad_sync=facts["update_grad_sync"]["value"],
+                      lm_head_own_unit_fsdp2="lm_head (untied)" in facts["update_fsdp2_units"]["value"])

@@ -143,3 +143,16 @@ def test_diagnose_models_the_verl_version_the_traceback_proves(traceback, versio
     ctx = Context(load_profile("berzelius:fat"), {"backend": "verl"})
     ctx.learn("python3 -m verl.trainer.main_ppo trainer.nnodes=1\n" + traceback)
     assert ctx.config().hpcrl.framework_version == version
+
+
+@pytest.mark.parametrize("args, cited", [
+    # verl's mixed precision, read at each commit (data/verl/1dda039b/capabilities.json, capabilities.json)
+    ((), "verl/workers/engine/fsdp/transformer_impl.py:382 at 1dda039b"),
+    (("--framework-version", "b178a3cd"), "verl/workers/fsdp_workers.py:499 at b178a3cd"),
+    (("--config", "verl-grpo-qwen2.5-7b"), "verl/workers/engine/fsdp/transformer_impl.py:382 at 1dda039b"),
+])
+def test_the_assumptions_cite_the_verl_version_the_run_targets(args, cited):
+    model = () if "--config" in args else ("--backend", "verl", "--model", "qwen2.5-1.5b", "--learner-gpus", "1")
+    out = hpcrl("plan-memory", *model, *args)
+    grads = [line for line in out.stdout.splitlines() if "assumes: gradients reduced in fp32" in line]
+    assert len(grads) == 1 and cited in grads[0], out.stdout + out.stderr

@@ -129,9 +129,10 @@ def config_label(cfg: RunConfig) -> str:
     return path.stem if path.parent.resolve() == data_dir("configs").resolve() else str(path)
 
 
-def _fact(backend: str, where: tuple[str, ...]) -> Fact:
+def _fact(backend: str, where: tuple[str, ...], version: str | None = None) -> Fact:
+    """The fact as read at the run's framework version (None: hpcrl's table)."""
     section, name = where
-    return feature(backend, name) if section == "features" else setting(backend, section, name)
+    return feature(backend, name, version) if section == "features" else setting(backend, section, name, version)
 
 
 def _default_value(facts: MemoryFacts, name: str, fact: Fact) -> Any:
@@ -168,15 +169,24 @@ def _text(name: str, value: Any, w: Workload) -> str:
     return f"{name} {value}"
 
 
-def _assumptions(backend: str, w: Workload, util: float | None, cfg: RunConfig | None, given: Overrides) -> list[str]:
-    """What the answer assumes and where each value came from; util None: the layout planner chooses it."""
+def _version_name(backend: str, name: str | None) -> str | None:
+    """The framework version a run targets (its own, else the newest hpcrl knows); None without versions."""
+    from hpcrl.planning.backends import versions
+
+    return versions.resolve(backend, name).name if versions.known(backend) else None
+
+
+def _assumptions(backend: str, w: Workload, util: float | None, cfg: RunConfig | None, given: Overrides,
+                 version: str | None = None) -> list[str]:
+    """What the answer assumes and where each value came from (cited at the run's framework `version`);
+    util None: the layout planner chooses it."""
     flags = {"hpz_partition_size": given.zpg, "load_ref_policy": given.ref_policy,
              "grad_accum_dtype": given.grad_accum_dtype, "gradient_checkpointing": given.gradient_checkpointing,
              "util": given.util}
     out, facts = [], get_backend(backend).memory
     for name, key, where in ((d.name, d.key, d.fact) for d in facts.defaults):
         value = util if name == "util" else getattr(w, name)
-        fact = _fact(backend, where)
+        fact = _fact(backend, where, version)
         if name == "util" and value is None:
             out.append("vLLM gpu_memory_utilization: chosen by hpcrl's layout planner, as `plan` chooses it (the "
                        f"Engine GPU line; {key} in the config or --vllm-gpu-memory-utilization fixes it)")
@@ -238,7 +248,8 @@ def from_config(cfg: RunConfig, given: Overrides = Overrides()) -> Question:
     # A colocated config is answered by the backend's planner (_colocated_run), which picks what is not fixed.
     planned = backend.colocated(cfg) and not pinned and given.util is None
     return Question(backend.name, w, util, backend.colocated(cfg),
-                    tuple(_assumptions(backend.name, w, None if planned else util, cfg, given)),
+                    tuple(_assumptions(backend.name, w, None if planned else util, cfg, given,
+                                       _version_name(backend.name, cfg.hpcrl.framework_version))),
                     cfg, pinned or given.util is not None)
 
 
@@ -262,7 +273,7 @@ def from_defaults(backend: str, given: Overrides = Overrides()) -> Question:
     facts = get_backend(backend).memory
     values: dict[str, Any] = {}
     for d in facts.defaults:
-        values[d.name] = _default_value(facts, d.name, _fact(backend, d.fact))
+        values[d.name] = _default_value(facts, d.name, _fact(backend, d.fact, version.name if version else None))
     util = float(values.pop("util"))
     tokens = DEFAULT_TOKENS if given.tokens_per_gpu is None else given.tokens_per_gpu
     if tokens <= 0:
@@ -278,7 +289,8 @@ def from_defaults(backend: str, given: Overrides = Overrides()) -> Question:
     said = []
     if version_assumed and get_backend(backend).memory_by_version:
         said = [version_assumed.removeprefix("assumes ").replace("set hpcrl.framework_version", "give --framework-version")]
-    return Question(backend, w, util, facts.colocated, tuple(said + _assumptions(backend, w, util, None, given)),
+    return Question(backend, w, util, facts.colocated, tuple(said + _assumptions(backend, w, util, None, given,
+                                                                           version.name if version else None)),
                     util_pinned=given.util is not None)
 
 

@@ -60,17 +60,29 @@ def commit(backend: str) -> str:
     return str(_table()[backend]["commit"])
 
 
-def feature(backend: str, name: str) -> Fact:
+def _read_at(backend: str, section: str, name: str, version: str | None) -> tuple[str, dict[str, Any]]:
+    """(commit, entry) of one fact: as read at `version` (hpcrl.framework_version) where that version's table
+    holds it, else as read at the table's own commit. None: the table's commit."""
+    if version is not None:
+        from hpcrl.planning.backends import versions
+
+        at = versions.capabilities(backend, version)
+        if name in at.get(section, {}):
+            return str(at.get("commit") or versions.resolve(backend, version).commit), at[section][name]
+    return commit(backend), _table()[backend][section][name]
+
+
+def feature(backend: str, name: str, version: str | None = None) -> Fact:
     """A feature of `backend` (lora, load_in_4bit, ref_policy, save_on_signal, ...)."""
-    raw = _table()[backend]["features"][name]
-    return Fact(backend, name, commit(backend), raw["source"], supported=raw.get("supported"),
+    at, raw = _read_at(backend, "features", name, version)
+    return Fact(backend, name, at, raw["source"], supported=raw.get("supported"),
                 keys=tuple(raw.get("keys") or ()), value=raw.get("default"), note=raw.get("note", ""))
 
 
-def setting(backend: str, section: str, name: str) -> Fact:
+def setting(backend: str, section: str, name: str, version: str | None = None) -> Fact:
     """A setting the backend passes on: section is deepspeed, fsdp or vllm."""
-    raw = _table()[backend][section][name]
-    return Fact(backend, name, commit(backend), raw["source"], value=raw.get("value", raw.get("default")),
+    at, raw = _read_at(backend, section, name, version)
+    return Fact(backend, name, at, raw["source"], value=raw.get("value", raw.get("default")),
                 key=raw.get("key"), note=raw.get("note", ""))
 
 

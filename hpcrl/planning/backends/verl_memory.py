@@ -29,12 +29,13 @@ def memory_facts(actor: str, rollout: str, micro_key: str, flag_table: str) -> M
         sharding="fsdp", fsdp_version=1,
         fsdp_version_origin=f"verl's default {actor}strategy fsdp (its FSDPActorConfig, {flag_table})",
         fsdp_version_key=actor + "strategy",
-        micro_batches_origin=f"{actor}ppo_mini_batch_size x {rollout}n / GPUs / {micro_key} (dp_actor.py:551-559 at b178a3cd)",
+        micro_batches_origin=f"{actor}ppo_mini_batch_size x {rollout}n / GPUs / {micro_key} (dp_actor.py:551-559 at b178a3cd; "
+                             "the mini-batch at ppo/v1/trainer_base.py:1724-1725 at 1dda039b)",
         refused_flags={
             "--zpg": "verl's actor is FSDP, which keeps no ZeRO++ secondary weight copy",
             "--zero-stage": "verl's actor is FSDP (FULL_SHARD), not DeepSpeed ZeRO; say --fsdp-version 1|2",
             "--grad-accum-dtype": "verl's FSDP reduces gradients in fp32 (MixedPrecision reduce_dtype, "
-                                  "fsdp_workers.py:496 at b178a3cd)",
+                                  "fsdp_workers.py:496 at b178a3cd, engine/fsdp/transformer_impl.py:378-382 at 1dda039b)",
             "--logprob-impl": "verl's log-prob path is its own (flash-attn's in-place cross-entropy after a "
                               "temperature divide in place at b178a3cd, dp_actor.py:259, out of place at 1dda039b, "
                               "transformer_impl.py:1357), which hpcrl models per verl version",

@@ -98,6 +98,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=2, help="updates; the last one is measured")
     p.add_argument("--out", required=True)
     p.add_argument("--tag", default="")
+    p.add_argument("--segments", type=int, choices=[0, 1], default=0,
+                   help="record the reserved memory after every phase of every update and, after each update, the "
+                        "allocator's segments per CUDA stream (torch.cuda.memory._snapshot): where reserved grows")
     return p.parse_args(argv)
 
 
@@ -258,6 +261,17 @@ def offload_actor(model, optimizer, fsdp: int, to_gpu: bool, device) -> None:
         torch.cuda.empty_cache()
 
 
+def segments_by_stream(torch_mod) -> dict[str, list[float]]:
+    """The caching allocator's segments per CUDA stream: [reserved GiB, allocated GiB, segments]."""
+    out: dict[str, list[float]] = {}
+    for seg in torch_mod.cuda.memory._snapshot()["segments"]:
+        entry = out.setdefault(str(seg["stream"]), [0.0, 0.0, 0])
+        entry[0] += seg["total_size"] / GIB
+        entry[1] += seg["allocated_size"] / GIB
+        entry[2] += 1
+    return out
+
+
 class Peaks:
     def __init__(self, torch_mod):
         self.torch = torch_mod
@@ -336,6 +350,8 @@ def main(argv: list[str] | None = None) -> int:
         torch.cuda.synchronize()
         row["after_init_gib"] = torch.cuda.memory_allocated() / GIB
         row["after_init_reserved_gib"] = torch.cuda.memory_reserved() / GIB
+        if args.segments:
+            row["segments"] = {"init": segments_by_stream(torch)}
 
         T = args.seq
         gen = torch.Generator(device=device).manual_seed(1234 + rank)
@@ -445,11 +461,17 @@ def main(argv: list[str] | None = None) -> int:
                     row["phase_peaks_gib"].setdefault("forward", []).append(a)
                     row["phase_peaks_reserved_gib"].setdefault("forward", []).append(r)
                     peaks.start()
+                if args.segments:
+                    row.setdefault("reserved_trace", []).append([f"step{step}.mb{i}.forward",
+                                                                 torch.cuda.memory_reserved() / GIB])
                 row["phase"] = f"step{step}.mb{i}.backward"
                 loss.backward()
                 del loss
                 no_sync.__exit__(None, None, None)
                 torch.cuda.synchronize()
+                if args.segments:
+                    row.setdefault("reserved_trace", []).append([f"step{step}.mb{i}.backward",
+                                                                 torch.cuda.memory_reserved() / GIB])
                 if last:
                     a, r = peaks.fold()
                     row["phase_peaks_gib"].setdefault("backward", []).append(a)
@@ -474,6 +496,10 @@ def main(argv: list[str] | None = None) -> int:
             if last:
                 row["optimizer_step_s"] = time.time() - t0
                 row["phase_peaks_gib"]["step"], row["phase_peaks_reserved_gib"]["step"] = peaks.fold()
+            if args.segments:
+                torch.cuda.synchronize()
+                row.setdefault("reserved_trace", []).append([f"step{step}.optimizer", torch.cuda.memory_reserved() / GIB])
+                row.setdefault("segments", {})[f"step{step}"] = segments_by_stream(torch)
             optimizer.zero_grad()
             row["update_s"].append(time.time() - t_update)
             if args.offload == "verl":

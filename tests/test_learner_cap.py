@@ -70,13 +70,15 @@ def test_a_pin_overrides_the_cap_for_custom(capped):
 
 def test_verls_node_fix_past_the_qos_says_so():
     """Isambard-AI's 32gpu_qos holds 32 GPUs = 8 of its 4-GPU nodes (clusters/isambard-ai.yaml): a colocated
-    fix of more nodes is marked as open-instruct's are (hpcrl at f9257de offered it unmarked)."""
+    fix of more nodes is marked as open-instruct's are (hpcrl at f9257de offered it unmarked). At verl b178a3cd:
+    at 1dda039b no node count fits this run (its unsharded gradients under accumulation, below)."""
     import re
     import subprocess
     import sys
 
     err = subprocess.run([sys.executable, "-m", "hpcrl", "plan", "--config", "verl-grpo-qwen2.5-7b", "--model", "72b",
-                          "--nodes", "1", "--set", "data.max_response_length=16384"],
+                          "--nodes", "1", "--set", "data.max_response_length=16384",
+                          "--set", "hpcrl.framework_version=b178a3cd"],
                          capture_output=True, text=True, timeout=120).stderr
     over = re.search(r"--nodes (\d+) \(over the partition/QOS node limit\)", err)
     assert over and int(over.group(1)) > 32 // 4

@@ -86,12 +86,13 @@ def test_32b_on_isambard_plan_memory_equals_plan_at_16_nodes_and_refuses_8():
 
 
 def test_verl_utilisation_is_verls_default():
-    """verl's rollout asks for 0.5 of the GPU (rollout.yaml:32), not 0.9: a 7B run fits on few GPUs."""
+    """verl's rollout asks for 0.5 of the GPU (rollout.yaml:46 at 1dda039b, the default version; :32 at b178a3cd),
+    not 0.9: a 7B run fits on few GPUs."""
     out = hpcrl("plan-memory", "--backend", "verl", "--model", "7b", "--json")
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
     assert data["engine"]["gpu_memory_utilization"] == 0.5 and data["learner"]["gpus"] <= 8
-    assert any("verl/trainer/config/rollout/rollout.yaml:32" in a for a in data["assumptions"])
+    assert any("verl/trainer/config/rollout/rollout.yaml:46 at 1dda039b" in a for a in data["assumptions"])
 
 
 def test_reference_policy_and_zpg_flags_move_the_number():

@@ -156,3 +156,13 @@ def test_the_assumptions_cite_the_verl_version_the_run_targets(args, cited):
     out = hpcrl("plan-memory", *model, *args)
     grads = [line for line in out.stdout.splitlines() if "assumes: gradients reduced in fp32" in line]
     assert len(grads) == 1 and cited in grads[0], out.stdout + out.stderr
+
+
+def test_a_plan_no_node_count_fits_says_the_unsharded_gradients_are_why():
+    # verl 1dda039b keeps unsharded gradients until the last micro-batch (transformer_impl.py:672-698): FSDP1's are
+    # bf16 over the model's 72,706,203,648 parameters (Qwen2.5-72B, config.json shapes) = 135.4 GiB on every GPU.
+    out = hpcrl("plan", "--config", "verl-grpo-qwen2.5-7b", "--model", "72b", "--nodes", "1",
+                "--set", "data.max_response_length=16384")
+    line = out.stderr.strip()
+    assert (out.returncode, line.count("\n"), "(135 GiB per GPU at any GPU count" in line,
+            "hpcrl.framework_version=b178a3cd" in line) == (2, 0, True, True)

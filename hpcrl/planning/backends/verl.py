@@ -28,7 +28,8 @@ from hpcrl.planning.backends.base import (
 )
 from hpcrl.errors import ConfigError, HpcrlError, PlanError, UnknownNameError
 from hpcrl.memory.colocated import Colocation
-from hpcrl.memory.fsdp_learner import FsdpSetup
+from hpcrl.memory.constants import GIB
+from hpcrl.memory.fsdp_learner import FsdpSetup, earlier_grads
 from hpcrl.models import resolve_model
 from hpcrl.planning.backends import versions
 from hpcrl.planning.backends.verl_memory import FILLS_NODES, fsdp_update, memory_facts, sleep_level, vllm_facts
@@ -259,9 +260,23 @@ class VerlBackend(Backend):
         wm = self.learner_workload(cfg, w, nodes * g, micros[-1])
         hint = None if offloads[-1] == (True, True) else f"--set {PARAM_OFFLOAD_KEY}=true --set {OPT_OFFLOAD_KEY}=true"
         # Raises with suggestions, or returns layouts that fit only inside the allocator margin (with a note).
-        layouts = plan_colocated_layouts(profile, nodes, wm, pins, self.colocation(cfg, po, oo), hint)
+        try:
+            layouts = plan_colocated_layouts(profile, nodes, wm, pins, self.colocation(cfg, po, oo), hint)
+        except PlanError as err:
+            raise PlanError(f"{err}{self._unsharded_grads_note(cfg, wm, nodes * g)}") from None
         choices = {PARAM_OFFLOAD_KEY: po, OPT_OFFLOAD_KEY: oo} | ({MICRO_KEY: micros[-1]} if micros[-1] else {})
         return Planned(layouts, choices, workload=wm)
+
+    def _unsharded_grads_note(self, cfg: RunConfig, w: Workload, world: int) -> str:
+        """Why no node count helps where the verl version keeps unsharded gradients across micro-batches."""
+        setup = self.fsdp_setup(cfg, w, world, w.micro_batches)
+        label, grads = earlier_grads(setup, 0.0)
+        if "no_sync" not in label or not grads:
+            return ""
+        return (f"; verl {setup.update.version} keeps the whole model's {label.split(' gradients')[0]} gradients "
+                f"through the {setup.micro_batches} micro-batches of a step ({grads / GIB:.0f} GiB per GPU at any GPU "
+                f"count: engine/fsdp/transformer_impl.py:672-698 at 1dda039b): one micro-batch per step "
+                f"({MICRO_KEY} = {A}ppo_mini_batch_size x {R}n / GPUs) or hpcrl.framework_version=b178a3cd avoids it")
 
     def _micro_batches(self, cfg: RunConfig, world: int) -> list[int]:
         """Sequences per GPU micro-batch to try, largest first ([0]: tokens are fixed already)."""

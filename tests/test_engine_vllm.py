@@ -232,11 +232,12 @@ def test_plan_memory_with_a_config_uses_the_same_vllm_as_plan():
 
 
 def test_a_pool_within_the_measured_spread_of_one_sequence_is_a_warning_not_a_silent_fit(h100_profile):
-    # Qwen3-32B at vLLM 0.19.1 on the H100 profile: a 7.85 GiB pool (the tune row's 0.19.1 figure in
-    # docs/memory.md), one 30,000-token sequence 30,000 x 262,144 B = 7.32 GiB, 0.53 GiB apart: inside the
-    # 1.49 GiB held-out spread, so vLLM may well refuse where hpcrl's pool still holds the sequence.
+    # Qwen3-32B at vLLM 0.19.1 on the H100 profile, as open-instruct builds it (processed_logprobs): a 7.22 GiB
+    # pool (the 7.85 GiB of raw_logprobs less the fp32 log-softmax, 1024 x 151,936 x 4 B), one 28,000-token
+    # sequence 28,000 x 262,144 B = 6.84 GiB, 0.38 GiB apart: inside the 1.49 GiB held-out spread, so vLLM may
+    # well refuse where hpcrl's pool still holds the sequence.
     out = plan_memory("--model", "qwen3-32b", "--vllm-tp", "1", "--vllm-gpu-memory-utilization", "0.9",
-                      "--max-seq-len", "30000", "--vllm-max-num-seqs", "1024", "--cluster-file", str(h100_profile),
+                      "--max-seq-len", "28000", "--vllm-max-num-seqs", "1024", "--cluster-file", str(h100_profile),
                       "--json")
     engine = json.loads(out.stdout)["engine"]
     assert (engine["fits"], "measured spread" in (engine["warning"] or "")) == (True, True)

@@ -51,7 +51,7 @@ def kv_error(c: dict) -> float:
 def fit(cases: list[dict]) -> float | None:
     """The sampler bytes per logit that minimise the worst KV error on the tune rows whose vLLM has no
     sampler derived from source (grid, 0.1 B); None when no tune row depends on the figure."""
-    tune = [c for c in cases if c["role"] == "tune" and va.accounting(c["vllm_version"]).sampler_bytes_per_logit is None]
+    tune = [c for c in cases if c["role"] == "tune" and va.accounting(c["vllm_version"]).sampler is None]
     if not tune:
         return None
     best = None

@@ -20,6 +20,8 @@ from hpcrl.memory import vllm_accounting as va
 from hpcrl.memory.constants import GIB
 from hpcrl.memory.engine import EngineSetup, engine_memory
 from hpcrl.models.catalog import resolve_model
+from hpcrl.planning.backends import get_backend
+from hpcrl.planning.config import load_run_config
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -232,11 +234,12 @@ def test_plan_memory_with_a_config_uses_the_same_vllm_as_plan():
 
 
 def test_a_pool_within_the_measured_spread_of_one_sequence_is_a_warning_not_a_silent_fit(h100_profile):
-    # Qwen3-32B at vLLM 0.19.1 on the H100 profile: a 7.85 GiB pool (the tune row's 0.19.1 figure in
-    # docs/memory.md), one 30,000-token sequence 30,000 x 262,144 B = 7.32 GiB, 0.53 GiB apart: inside the
-    # 1.49 GiB held-out spread, so vLLM may well refuse where hpcrl's pool still holds the sequence.
+    # Qwen3-32B at vLLM 0.19.1 on the H100 profile, as open-instruct builds it (processed_logprobs): a 7.22 GiB
+    # pool (the 7.85 GiB of raw_logprobs less the fp32 log-softmax, 1024 x 151,936 x 4 B), one 28,000-token
+    # sequence 28,000 x 262,144 B = 6.84 GiB, 0.38 GiB apart: inside the 1.49 GiB held-out spread, so vLLM may
+    # well refuse where hpcrl's pool still holds the sequence.
     out = plan_memory("--model", "qwen3-32b", "--vllm-tp", "1", "--vllm-gpu-memory-utilization", "0.9",
-                      "--max-seq-len", "30000", "--vllm-max-num-seqs", "1024", "--cluster-file", str(h100_profile),
+                      "--max-seq-len", "28000", "--vllm-max-num-seqs", "1024", "--cluster-file", str(h100_profile),
                       "--json")
     engine = json.loads(out.stdout)["engine"]
     assert (engine["fits"], "measured spread" in (engine["warning"] or "")) == (True, True)
@@ -280,3 +283,69 @@ def test_plan_sizes_engines_with_the_configs_max_num_seqs():
                           "--set", "actor_rollout_ref.rollout.max_num_seqs=1024", "--json"], capture_output=True,
                          text=True, timeout=120, cwd=ROOT)
     assert json.loads(out.stdout)["layouts"][0]["engine_vllm"]["max_num_seqs"] == 1024
+
+
+QWEN25_7B = EngineSetup(model=resolve_model("Qwen/Qwen2.5-7B"), gpu_total_bytes=79.18 * GIB,
+                        max_num_batched_tokens=2048, max_num_seqs=1024)
+LLAMA_8B = replace(QWEN25_7B, model=resolve_model("meta-llama/Llama-3.1-8B"))
+
+
+@pytest.mark.parametrize("engine, want", [
+    # 0.24.0, Qwen2.5-7B (Qwen2ForCausalLM: not a default-V2 architecture, config/vllm.py:68-77), raw_logprobs:
+    # the FlashInfer pass (14 B) then the native pass, the peak: 1024 rows x 152,064 x (2 bf16 logits + 4 fp32
+    # copy + 4 probs + 4 noise) = 2,179,989,504 B + the Triton buffer 132 x 152,064 x 4 = 80,289,792 B
+    # (topk_topp_triton.py:906-915) + hidden states 2 x 3584 x (2048 + 2 x 1024) = 29,360,128 B
+    # (gpu_model_runner.py:6058,6299-6306) + 34,603,008 B of cuBLAS workspaces.
+    (replace(QWEN25_7B, vllm_version="0.24.0"), 2_179_989_504 + 80_289_792 + 29_360_128 + 34_603_008),
+    # The same under processed_logprobs: one native pass that also keeps the fp32 log-softmax
+    # (topk_topp_sampler.py:140-141): 18 B per logit = 2,802,843,648 B.
+    (replace(QWEN25_7B, vllm_version="0.24.0", logprobs_mode="processed_logprobs"),
+     2_802_843_648 + 80_289_792 + 29_360_128 + 34_603_008),
+    # 0.24.0, Llama-3.1-8B (LlamaForCausalLM: the V2 runner): no top-k/top-p or logprobs in its dummy batch
+    # (sample/states.py:30-34, 94-101), so the bf16 logits and their fp32 copy (sample/sampler.py:157):
+    # 1024 x 128,256 x 6 = 788,004,864 B + hidden states 2 x 4096 x (2048 + 1024) = 25,165,824 B
+    # (gpu/model_runner.py:629-661), above the forward's 226,492,416 B.
+    (replace(LLAMA_8B, vllm_version="0.24.0"), 788_004_864 + 25_165_824 + 34_603_008),
+    # Llama-3.1-8B at 0.24.0 with processed_logits: V2 refuses that mode (config/vllm.py:2074-2080), so the V1
+    # runner's single native pass: 1024 x 128,256 x 14 + 132 x 128,256 x 4 + 2 x 4096 x (2048 + 2048) B.
+    (replace(LLAMA_8B, vllm_version="0.24.0", logprobs_mode="processed_logits"),
+     1_838_678_016 + 67_719_168 + 33_554_432 + 34_603_008),
+    # 0.27.1, Qwen2.5-7B (dense: the V2 runner, config/vllm.py:637-658): nothing asks for processing, so the bf16
+    # logits alone (sample/sampler.py:155-156): 1024 x 152,064 x 2 = 311,427,072 B + 2 x 3584 x (2048 + 1024) =
+    # 22,020,096 B, above the forward's 276,824,064 B.
+    (replace(QWEN25_7B, vllm_version="0.27.1"), 311_427_072 + 22_020_096 + 34_603_008),
+    # 0.27.1, Qwen3-30B-A3B (Qwen3MoeForCausalLM: MoE, not listed, so V1): 1024 x 151,936 x 14 + 132 x 151,936
+    # x 4 + 2 x 2048 x (2048 + 2048) B, above the forward's 100,663,296 B.
+    (replace(QWEN25_7B, model=resolve_model("Qwen/Qwen3-30B-A3B"), vllm_version="0.27.1"),
+     2_178_154_496 + 80_222_208 + 16_777_216 + 34_603_008),
+    # 0.19.1 under processed_logprobs (open-instruct's, vllm_utils.py:1284 at e6c3044): the fp32 log-softmax
+    # beside probs and noise (topk_topp_sampler.py:110-113): Qwen3-32B, 1024 x 151,936 x 18 + 132 x 151,936 x 4
+    # + 2 x 5120 x (2048 + 2048) B.
+    (replace(QWEN3_32B_H100, logprobs_mode="processed_logprobs"), 2_800_484_352 + 80_222_208 + 41_943_040 + 34_603_008),
+])
+def test_sampler_warm_up_peak_per_runner_and_logprobs_mode_is_the_hand_count_from_its_source(engine, want):
+    assert engine_memory(engine).activation_peak == want
+
+
+@pytest.mark.parametrize("config, overrides, want", [
+    # OpenRLHF 3c3be623 passes processed_logprobs only with IS correction (cli/train_ppo_ray.py:78,
+    # trainer/ray/vllm_engine.py:295-296); otherwise no logprobs_mode, so vLLM's raw_logprobs.
+    ("openrlhf-grpo-qwen2.5-7b", [], "raw_logprobs"),
+    ("openrlhf-grpo-qwen2.5-7b", ["algo.advantage.is_correction_enable=true"], "processed_logprobs"),
+    # verl 1dda039b: rollout.logprobs_mode, processed_logprobs by default (workers/config/rollout.py:197),
+    # passed to vLLM (vllm_async_server.py:315).
+    ("verl-grpo-qwen2.5-7b", [], "processed_logprobs"),
+    ("verl-grpo-qwen2.5-7b", ["actor_rollout_ref.rollout.logprobs_mode=raw_logprobs"], "raw_logprobs"),
+])
+def test_a_configs_logprobs_mode_is_what_its_framework_passes_to_vllm(config, overrides, want):
+    cfg = load_run_config(config, overrides)
+    assert get_backend(cfg.hpcrl.backend).workload_from_config(cfg).vllm.logprobs_mode == want
+
+
+def test_verls_logprobs_mode_reaches_the_engines_profiling_peak():
+    # verl's Qwen2.5-7B at vLLM 0.24.0 (V1 runner), 8192 batched tokens, 1024 sequences, raw_logprobs:
+    # 1024 x 152,064 x 14 + 132 x 152,064 x 4 + 2 x 3584 x (8192 + 2048) + 34,603,008 B = 2.206 GiB
+    # (processed_logprobs, verl's default, would be 2.786 GiB).
+    out = plan_memory("--config", "verl-grpo-qwen2.5-7b", "--set", "actor_rollout_ref.rollout.max_num_seqs=1024",
+                      "--set", "actor_rollout_ref.rollout.logprobs_mode=raw_logprobs", "--json")
+    assert json.loads(out.stdout)["engine"]["activation_peak_gib"] == 2.206

@@ -30,6 +30,7 @@ class EngineSetup:
     enforce_eager: bool = False
     vllm_version: str = DEFAULT_VLLM_VERSION
     kv_cache_dtype: str = "auto"
+    logprobs_mode: str = "raw_logprobs"  # the framework's (its VllmEngineFacts); vLLM's own default otherwise
 
     def check(self, gpus_per_node: int | None = None) -> None:
         m = self.model
@@ -50,6 +51,8 @@ class EngineSetup:
                             ("--vllm-max-num-batched-tokens", self.max_num_batched_tokens)):
             if value is not None and value < 1:
                 raise HpcrlError(f"{flag} must be a positive integer, got {value}")
+        if self.logprobs_mode not in va.LOGPROBS_MODES:
+            raise HpcrlError(f"vLLM logprobs_mode {self.logprobs_mode!r}; valid: {', '.join(va.LOGPROBS_MODES)}")
         if self.kv_cache_dtype not in va.KV_DTYPE_BYTES:
             raise HpcrlError(f"--kv-cache-dtype {self.kv_cache_dtype!r}; valid: {', '.join(va.KV_DTYPE_BYTES)}")
         va.accounting(self.vllm_version)
@@ -103,7 +106,8 @@ def engine_memory(e: EngineSetup) -> EngineMemory:
     tokens = acc.batched_tokens(e.max_seq_len) if e.max_num_batched_tokens is None else e.max_num_batched_tokens
     seqs = acc.default_max_num_seqs if e.max_num_seqs is None else e.max_num_seqs
     # The forward's activations are freed before the sampler warm-up runs: the peak is the larger.
-    act = max(va.forward_peak(m, tp, tokens), va.sampler_peak(m, min(tokens, seqs), acc, tokens))
+    act = max(va.forward_peak(m, tp, tokens),
+              va.sampler_peak(m, min(tokens, seqs), acc, tokens, e.logprobs_mode))
     act += va.cublas_workspace(acc)
     graphs = 0.0 if e.enforce_eager else va.cuda_graph_pool()
     non_torch = acc.non_torch(tp)

@@ -22,6 +22,8 @@ from hpcrl.models.spec import ModelSpec
 
 _DATA = Path(__file__).with_name("data") / "vllm_accounting.json"
 KV_DTYPE_BYTES = {"auto": 2, "fp8": 1}
+# vLLM's LogprobsMode (0.24.0 vllm/config/model.py:82); raw_logprobs is its default (:221).
+LOGPROBS_MODES = ("raw_logprobs", "raw_logits", "processed_logprobs", "processed_logits")
 
 
 @lru_cache(maxsize=1)
@@ -43,6 +45,7 @@ class VllmEngineFacts:
     max_num_seqs: int
     source: str
     enforce_eager: bool = False  # the run's own setting, where its framework passes one to vLLM
+    logprobs_mode: str = "raw_logprobs"  # what the framework passes; vLLM's own default otherwise (ModelConfig)
 
 
 def default_engine() -> VllmEngineFacts:
@@ -52,6 +55,29 @@ def default_engine() -> VllmEngineFacts:
 
 def measured(key: str) -> dict:
     return _data()["measured"][key]
+
+
+@dataclass(frozen=True)
+class SamplerWarmup:
+    """What one model runner of one version holds at its sampler warm-up's peak (data file 'sampler_warmup', derived)."""
+
+    bytes_per_logit: float  # under vLLM's default logprobs_mode (raw_logprobs)
+    buffer_rows: int = 0  # rows of the Triton top-k/top-p kernel's cached fp32 buffer (an H100's SMs at most)
+    holds_forward: bool = True  # profile_run keeps the forward's hidden states through the warm-up
+    sampled_copies: int = 2  # bf16 hidden-state copies of the sampled rows (V1: the rows and their random stand-in)
+    by_logprobs_mode: tuple[tuple[str, float], ...] = ()  # modes whose warm-up holds another number of bytes
+
+    def bytes_for(self, logprobs_mode: str) -> float:
+        return dict(self.by_logprobs_mode).get(logprobs_mode, self.bytes_per_logit)
+
+    @staticmethod
+    def read(d: dict | None) -> SamplerWarmup | None:
+        if d is None:
+            return None
+        forward = d.get("holds_forward_hidden_states", True)
+        return SamplerWarmup(bytes_per_logit=d["bytes_per_logit"], buffer_rows=d.get("buffer_rows", 0),
+                             holds_forward=forward, sampled_copies=d.get("sampled_hidden_copies", 2 if forward else 1),
+                             by_logprobs_mode=tuple(d.get("bytes_per_logit_by_logprobs_mode", {}).items()))
 
 
 @dataclass(frozen=True)
@@ -67,10 +93,18 @@ class Accounting:
     default_max_num_batched_tokens: int = 2048
     chunked_prefill_default_above_len: int | None = None
     chunked_prefill_batched_tokens: int | None = None
-    sampler_bytes_per_logit: float | None = None  # derived from this version's sampler; None: the fitted figure
-    sampler_buffer_rows: int = 0
-    sampler_holds_forward: bool = True  # profile_run keeps the forward's hidden states through the warm-up
+    sampler: SamplerWarmup | None = None  # the V1 model runner's; None: not read, the fitted figure
+    sampler_v2: SamplerWarmup | None = None  # the V2 model runner's, where the version defaults some models to it
+    v2_model_types: tuple[str, ...] = ()  # HF model types of the architectures defaulting to the V2 runner
+    v2_dense_models: bool = False  # every dense model defaults to the V2 runner too
+    v2_not_with_logprobs_modes: tuple[str, ...] = ()  # modes the V2 runner refuses (vLLM falls back to V1)
     concurrency_rule: str = "blocks"  # "blocks": blocks / blocks per request; "tokens": tokens / max_model_len
+
+    def warmup(self, m: ModelSpec, logprobs_mode: str) -> SamplerWarmup | None:
+        """The sampler warm-up of the model runner this version picks for `m` (config/vllm.py use_v2_model_runner)."""
+        v2 = self.sampler_v2 is not None and logprobs_mode not in self.v2_not_with_logprobs_modes and (
+            m.model_type in self.v2_model_types or (self.v2_dense_models and not m.is_moe))
+        return self.sampler_v2 if v2 else self.sampler
 
     def batched_tokens(self, max_model_len: int) -> int:
         """vLLM's default tokens in the profiling forward: V0 without chunked prefill profiles a whole
@@ -96,15 +130,17 @@ def accounting(version: str) -> Accounting:
     if v is None:
         raise HpcrlError(f"--vllm-version {version!r}: hpcrl has not read that vLLM's memory accounting; "
                          f"valid: {', '.join(known_versions())}")
+    v2 = v.get("model_runner_v2", {})
     return Accounting(version=version, engine=v["engine"], graphs_in_budget=v["graphs_in_budget"],
                       non_torch_baseline=v["non_torch_baseline"], block_size=v["block_size"],
                       default_max_num_seqs=v["default_max_num_seqs"],
                       default_max_num_batched_tokens=v.get("default_max_num_batched_tokens", 2048),
                       chunked_prefill_default_above_len=v.get("chunked_prefill_default_above_len"),
                       chunked_prefill_batched_tokens=v.get("chunked_prefill_batched_tokens"),
-                      sampler_bytes_per_logit=v.get("sampler_warmup", {}).get("bytes_per_logit"),
-                      sampler_buffer_rows=v.get("sampler_warmup", {}).get("buffer_rows", 0),
-                      sampler_holds_forward=v.get("sampler_warmup", {}).get("holds_forward_hidden_states", True),
+                      sampler=SamplerWarmup.read(v.get("sampler_warmup")),
+                      sampler_v2=SamplerWarmup.read(v2.get("sampler_warmup")),
+                      v2_model_types=tuple(v2.get("model_types", ())), v2_dense_models=v2.get("dense_models", False),
+                      v2_not_with_logprobs_modes=tuple(v2.get("not_with_logprobs_modes", ())),
                       concurrency_rule=v.get("concurrency_rule", "blocks"))
 
 
@@ -116,21 +152,24 @@ def forward_peak(m: ModelSpec, tp: int, tokens: int) -> float:
     return tokens * 2 * (3 * m.hidden_size + 3 * f / tp)
 
 
-def sampler_peak(m: ModelSpec, rows: int, acc: Accounting, batched_tokens: int) -> float:
+def sampler_peak(m: ModelSpec, rows: int, acc: Accounting, batched_tokens: int,
+                 logprobs_mode: str = "raw_logprobs") -> float:
     """Torch peak of the sampler warm-up over `rows` x the full vocabulary (gathered on every TP rank).
 
-    Where the version's sampler was read (data file 'sampler_warmup'), derived: the bytes per logit
-    live at the warm-up's peak (0.19.1, Triton top-k/top-p: bf16 logits, fp32 copy, probabilities and
-    noise; 0.8.5-0.11, top-k/top-p by sorting the vocabulary: the sort's values, indices and scratch
-    beside the logits), the Triton kernel's cached fp32 buffer of up to `buffer_rows` rows, and the
-    hidden states still held (from 0.9 all the forward's tokens plus the sampled rows and their
-    random stand-in; 0.8.5 the sampled rows only). Elsewhere rows x vocab x the bytes per logit
-    fitted by benchmarks/vllm_engine_check.py."""
-    if acc.sampler_bytes_per_logit is None:
+    Where the version's sampler was read (data file 'sampler_warmup', per model runner), derived: the
+    bytes per logit live at the warm-up's peak under `logprobs_mode` (e.g. 0.19.1-0.27.1's V1 runner,
+    Triton top-k/top-p: bf16 logits, fp32 copy, probabilities and noise, and the fp32 log-softmax
+    under processed_logprobs; 0.8.5-0.11, the vocabulary sort; 0.24.0's V2 runner, the logits and
+    their fp32 copy; 0.27.1's, the logits alone), the Triton kernel's cached fp32 buffer of up to
+    `buffer_rows` rows, and the bf16 hidden states still held (the forward's tokens where kept, and
+    the sampled rows). Elsewhere rows x vocab x the bytes per logit fitted by
+    benchmarks/vllm_engine_check.py."""
+    w = acc.warmup(m, logprobs_mode)
+    if w is None:
         return rows * m.vocab_size * measured("sampler_bytes_per_logit")["value"]
-    logits = rows * m.vocab_size * acc.sampler_bytes_per_logit
-    kernel_buffer = min(rows, acc.sampler_buffer_rows) * m.vocab_size * 4
-    hidden = 2 * m.hidden_size * ((batched_tokens + 2 * rows) if acc.sampler_holds_forward else rows)
+    logits = rows * m.vocab_size * w.bytes_for(logprobs_mode)
+    kernel_buffer = min(rows, w.buffer_rows) * m.vocab_size * 4
+    hidden = 2 * m.hidden_size * ((batched_tokens if w.holds_forward else 0) + w.sampled_copies * rows)
     return logits + kernel_buffer + hidden
 
 

@@ -216,7 +216,8 @@ def engine_setup(w: Workload, tp: int, util: float) -> EngineSetup:
     """One engine of the run as its framework's vLLM builds it (version and scheduler sizes from the backend)."""
     return EngineSetup(model=w.model, tp=tp, gpu_memory_utilization=util, max_seq_len=w.seq_len,
                        max_num_batched_tokens=w.vllm.max_num_batched_tokens, max_num_seqs=w.vllm.max_num_seqs,
-                       enforce_eager=w.vllm.enforce_eager, vllm_version=w.vllm.version)
+                       enforce_eager=w.vllm.enforce_eager, vllm_version=w.vllm.version,
+                       logprobs_mode=w.vllm.logprobs_mode)
 
 
 def _learner_setup(w: Workload, n: int, weight_sync: str = "none") -> LearnerSetup:

@@ -103,7 +103,7 @@ def plan_memory_data(r: MemoryRequest) -> dict:
                       "max_num_batched_tokens": facts.max_num_batched_tokens
                       if e.max_num_batched_tokens is None else e.max_num_batched_tokens,
                       "enforce_eager": e.enforce_eager or facts.enforce_eager, "vllm_version": e.vllm_version or facts.version,
-                      "kv_cache_dtype": e.kv_cache_dtype}
+                      "kv_cache_dtype": e.kv_cache_dtype, "logprobs_mode": facts.logprobs_mode}
     assumed = [f"{name} {engine_options[key]}" for name, key, value in (
         ("vLLM", "vllm_version", e.vllm_version), ("max_num_seqs", "max_num_seqs", e.max_num_seqs),
         ("max_num_batched_tokens", "max_num_batched_tokens", e.max_num_batched_tokens)) if value is None]

@@ -8,7 +8,7 @@
 #   model Qwen/Qwen2.5-7B: 1024 sequences of 5120 tokens per step, 5120 tokens per actor GPU micro-batch
 #   4 x 4 GH200 (95.58 GiB): 4 learner GPUs, 12 engine GPUs, 0 idle
 #   actor.num_nodes 1, actor.num_gpus_per_node 4, vllm.num_engines 12, vllm.tensor_parallel_size 1, vllm.gpu_memory_utilization 0.9, ds.zero_stage 3
-#   learner peak 51.3 GiB/GPU of 95.6 usable; engine 14.2 GiB weights + 69.8 GiB KV cache per GPU; host peak 26 GiB/node
+#   learner peak 51.3 GiB/GPU of 95.6 usable; engine 14.2 GiB weights + 70.3 GiB KV cache per GPU; host peak 26 GiB/node
 #   step ~286-743 s (mid ~476 s) (generation 65 s, training 476 s), bottleneck training; the checkpoint cadence and time-limit lead use the upper estimate
 #   step basis: generation: vLLM model fitted on 12 published vLLM rows (batch 1, A100), 6 held out: time off by median 17%, max 2x (benchmarks/vllm_throughput); training: learner 256 x 1.86 s + optimizer step 0.08 s, fitted on 40 measured rows (fsdp_measured, openrlhf_measured, zero3_timing; H100/H200); derived: GH200 scaled from H100/H200 by peak FLOP/s and bandwidths
 #   ckpt.save_steps 2: a checkpoint every ~25 min of training at the upper step estimate ~743 s (so that at most 30 min is lost); time-limit warning 900 s before the end = one upper step (~743 s) + one checkpoint write (~43 s, derived) + 60 s to stop
@@ -231,9 +231,9 @@ run_directory() {
   "layout": {
     "bottleneck": "training",
     "deepspeed_stage": 3,
-    "engine_concurrent_seqs": 255,
+    "engine_concurrent_seqs": 256,
     "engine_gpus": 12,
-    "engine_kv_cache_gib": 69.82,
+    "engine_kv_cache_gib": 70.27,
     "engine_vllm": {
       "max_num_batched_tokens": 2048,
       "max_num_seqs": 128,
@@ -261,9 +261,9 @@ run_directory() {
   },
   "memory": {
     "engine": {
-      "activation_peak_gib": 0.732,
-      "concurrency": 255.35,
-      "concurrent_seqs": 255,
+      "activation_peak_gib": 0.29,
+      "concurrency": 256.97,
+      "concurrent_seqs": 256,
       "cuda_graphs_gib": 1.0,
       "cuda_graphs_in_budget": true,
       "enforce_eager": false,
@@ -272,8 +272,8 @@ run_directory() {
       "gpu_memory_utilization": 0.9,
       "kv_bytes_per_token": 57344,
       "kv_cache_dtype": "auto",
-      "kv_cache_gib": 69.824,
-      "kv_tokens": 1307408,
+      "kv_cache_gib": 70.266,
+      "kv_tokens": 1315696,
       "max_num_batched_tokens": 2048,
       "max_num_seqs": 128,
       "max_seq_len": 5120,
@@ -353,7 +353,7 @@ run_directory() {
       "total_params": 7615616512,
       "trainable_params": 7615616512
     },
-    "verdict": "learner fits with 39.5 GiB to spare after a 4.8 GiB allocator margin; engine fits: 255.35x sequences of 5120 tokens fit at once"
+    "verdict": "learner fits with 39.5 GiB to spare after a 4.8 GiB allocator margin; engine fits: 256.97x sequences of 5120 tokens fit at once"
   },
   "model": "Qwen/Qwen2.5-7B",
   "nodes": 4,

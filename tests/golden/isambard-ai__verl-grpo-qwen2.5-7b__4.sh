@@ -8,7 +8,7 @@
 #   model Qwen/Qwen2.5-7B: 1536 sequences of 5120 tokens per step, ppo_micro_batch_size_per_gpu 12 (61440 tokens)
 #   4 x 4 GH200 (95.58 GiB): all 16 GPUs train and generate (colocated)
 #   trainer.nnodes 4, n_gpus_per_node 4, rollout tensor_model_parallel_size 1 (16 engines), gpu_memory_utilization 0.85, fsdp param_offload false, optimizer_offload false
-#   colocated peak 83.0 GiB/GPU training, 89.6 GiB/GPU rollout of 95.6 usable; KV cache 64.3 GiB per GPU; host peak 49 GiB/node
+#   colocated peak 83.0 GiB/GPU training, 89.6 GiB/GPU rollout of 95.6 usable; KV cache 64.7 GiB per GPU; host peak 49 GiB/node
 #   step ~147-375 s (mid ~221 s) (generation 68 s, training 154 s), bottleneck training; the checkpoint cadence and time-limit lead use the upper estimate
 #   step basis: generation: vLLM model fitted on 12 published vLLM rows (batch 1, A100), 6 held out: time off by median 17%, max 2x (benchmarks/vllm_throughput); training: learner 8 x 19.19 s + optimizer step 0.02 s, fitted on 40 measured rows (fsdp_measured, openrlhf_measured, zero3_timing; H100/H200); derived: GH200 scaled from H100/H200 by peak FLOP/s and bandwidths
 #   trainer.save_freq 4: a checkpoint every ~25 min of training at the upper step estimate ~375 s (so that at most 30 min is lost); time-limit warning 900 s before the end = one upper step (~375 s) + one checkpoint write (~43 s, derived) + 60 s to stop
@@ -233,9 +233,9 @@ run_directory() {
     "bottleneck": "training",
     "colocated": true,
     "deepspeed_stage": 3,
-    "engine_concurrent_seqs": 235,
+    "engine_concurrent_seqs": 236,
     "engine_gpus": 16,
-    "engine_kv_cache_gib": 64.35,
+    "engine_kv_cache_gib": 64.71,
     "engine_vllm": {
       "max_num_batched_tokens": 8192,
       "max_num_seqs": 256,
@@ -293,9 +293,9 @@ run_directory() {
       "vllm_sleeps": true
     },
     "engine": {
-      "activation_peak_gib": 1.432,
-      "concurrency": 235.32,
-      "concurrent_seqs": 235,
+      "activation_peak_gib": 1.063,
+      "concurrency": 236.67,
+      "concurrent_seqs": 236,
       "cuda_graphs_gib": 1.0,
       "cuda_graphs_in_budget": true,
       "enforce_eager": false,
@@ -304,8 +304,8 @@ run_directory() {
       "gpu_memory_utilization": 0.85,
       "kv_bytes_per_token": 57344,
       "kv_cache_dtype": "auto",
-      "kv_cache_gib": 64.345,
-      "kv_tokens": 1204832,
+      "kv_cache_gib": 64.713,
+      "kv_tokens": 1211728,
       "max_num_batched_tokens": 8192,
       "max_num_seqs": 256,
       "max_seq_len": 5120,
@@ -388,7 +388,7 @@ run_directory() {
       "total_params": 7615616512,
       "trainable_params": 7615616512
     },
-    "verdict": "training fits with 5.3 GiB to spare after a 7.2 GiB allocator margin; rollout fits with 6.0 GiB to spare; engine fits: 235.32x sequences of 5120 tokens fit at once"
+    "verdict": "training fits with 5.3 GiB to spare after a 7.2 GiB allocator margin; rollout fits with 6.0 GiB to spare; engine fits: 236.67x sequences of 5120 tokens fit at once"
   },
   "model": "Qwen/Qwen2.5-7B",
   "nodes": 4,

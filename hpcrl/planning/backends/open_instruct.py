@@ -204,8 +204,8 @@ class OpenInstructBackend(Backend):
                   MemoryDefault("util", "vllm_gpu_memory_utilization", ("vllm", "gpu_memory_utilization"))),
         logits_copy=True, weight_sync="auto",  # logits / temperature out of place; whole-model or per-param sync
         vllm=VllmEngineFacts(
-            "0.19.1", max_num_batched_tokens=2048, max_num_seqs=128,
-            source="open-instruct e6c3044 requires vllm>=0.19.1 (pyproject.toml:36; hpcrl models the lowest it allows) and builds each engine with vllm.AsyncLLMEngine.from_engine_args (open_instruct/vllm_utils.py:701), passing no max_num_seqs / max_num_batched_tokens (vllm_utils.py:1270-1285): vLLM's engine-context defaults"))
+            "0.19.1", max_num_batched_tokens=2048, max_num_seqs=128, logprobs_mode="processed_logprobs",
+            source="open-instruct e6c3044 requires vllm>=0.19.1 (pyproject.toml:36; hpcrl models the lowest it allows) and builds each engine with vllm.AsyncLLMEngine.from_engine_args (open_instruct/vllm_utils.py:701), passing no max_num_seqs / max_num_batched_tokens (vllm_utils.py:1270-1285): vLLM's engine-context defaults; it passes logprobs_mode processed_logprobs (vllm_utils.py:1284)"))
     plan_shows_layout_args = False
     # grpo_fast.py applies no LoRA (data/capabilities.json): never offered.
     layout_fixes = {

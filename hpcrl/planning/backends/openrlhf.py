@@ -59,6 +59,9 @@ LAYOUT_KEYS = ("actor.num_nodes", "actor.num_gpus_per_node", "ref.num_nodes", "r
                "vllm.num_engines", "vllm.tensor_parallel_size", "vllm.gpu_memory_utilization", "ds.zero_stage",
                "train.colocate_actor_ref")
 RUN_DIR_KEYS = {"ckpt.path": "checkpoints", "ckpt.output_dir": "output"}
+# With vLLM importance-sampling correction OpenRLHF asks vLLM for processed logprobs (cli/train_ppo_ray.py:78 at
+# 3c3be623); without it, it passes no logprobs_mode (vllm_engine.py:295-296) and vLLM's raw_logprobs applies.
+IS_CORRECTION, IS_CORRECTION_LOGPROBS = "algo.advantage.is_correction_enable", "processed_logprobs"
 # offload_params, learners and per_param_sync keep the words the planner offered OpenRLHF runs
 # when this table extended open-instruct's (its flags, not OpenRLHF's: unchanged here, issue 22).
 FIXES = {"no_hpz": "--set ds.zpg=1 (no ZeRO++ secondary weight copy)",
@@ -179,7 +182,7 @@ class OpenRLHFBackend(Backend):
                   MemoryDefault("util", "vllm.gpu_memory_utilization", ("vllm", "gpu_memory_utilization"))),
         vllm=VllmEngineFacts(
             "0.27.1", max_num_batched_tokens=2048, max_num_seqs=128,
-            source="OpenRLHF 3c3be623 pins vllm==0.27.1 (setup.py:77) and builds engines with vllm.AsyncLLMEngine.from_engine_args (openrlhf/trainer/ray/vllm_engine.py:64) passing no scheduler sizes (vllm_engine.py:266-281): vLLM's engine-context defaults"),
+            source="OpenRLHF 3c3be623 pins vllm==0.27.1 (setup.py:77) and builds engines with vllm.AsyncLLMEngine.from_engine_args (openrlhf/trainer/ray/vllm_engine.py:64) passing no scheduler sizes (vllm_engine.py:266-281): vLLM's engine-context defaults; logprobs_mode only with algo.advantage.is_correction_enable (processed_logprobs: cli/train_ppo_ray.py:78, vllm_engine.py:295-296), else vLLM's raw_logprobs"),
         # OpenRLHF 3c3be623: the reference is its own Ray actor on the GPU (cli/train_ppo_ray.py:41-50,
         # 89-101); models/actor.py:267 replaces the logits by an fp32 copy that the output keeps until
         # training_step returns (trainer/ray/ppo_actor.py:294, 354-359); get_peft_model without
@@ -265,7 +268,8 @@ class OpenRLHFBackend(Backend):
             hpz_partition_size=int(self.arg(cfg, "ds.zpg")),
             logits_copy=False,  # temperature division is in place
             # passed to vLLM's engine arguments (openrlhf/trainer/ray/vllm_engine.py:268 at 3c3be623)
-            vllm=replace(self.memory.vllm, enforce_eager=bool(self.arg(cfg, "vllm.enforce_eager"))),
+            vllm=replace(self.memory.vllm, enforce_eager=bool(self.arg(cfg, "vllm.enforce_eager")),
+                         logprobs_mode=IS_CORRECTION_LOGPROBS if self.arg(cfg, IS_CORRECTION) else "raw_logprobs"),
             learner_fixed=tuple(self.memory.learner.items()),
         )
 

@@ -213,7 +213,8 @@ class VerlBackend(Backend):
             fsdp_version=self.fsdp_version(cfg),
             vllm=vllm_facts(cfg.hpcrl.framework_version, max_num_seqs=int(self.arg(cfg, R + "max_num_seqs")),
                             max_num_batched_tokens=int(self.arg(cfg, R + "max_num_batched_tokens")),
-                            enforce_eager=bool(self.arg(cfg, R + "enforce_eager"))),
+                            enforce_eager=bool(self.arg(cfg, R + "enforce_eager")),
+                            logprobs_mode=str(self.arg(cfg, R + "logprobs_mode") or "raw_logprobs")),
             learner_fixed=self.learner_fixed(cfg.hpcrl.framework_version),
         )
 

@@ -57,7 +57,7 @@ _VLLM_PINS = {
 
 
 def vllm_facts(version: str | None, max_num_seqs: int = 256, max_num_batched_tokens: int = 8192,
-               enforce_eager: bool = False) -> VllmEngineFacts:
+               enforce_eager: bool = False, logprobs_mode: str = "processed_logprobs") -> VllmEngineFacts:
     """The vLLM a run of verl `version` (hpcrl.framework_version; None: the newest hpcrl knows) gets, with
     the scheduler sizes and enforce_eager its rollout passes (the run's keys; verl's defaults without a config)."""
     from hpcrl.planning.backends import versions
@@ -65,9 +65,11 @@ def vllm_facts(version: str | None, max_num_seqs: int = 256, max_num_batched_tok
     pin, why = _VLLM_PINS[versions.resolve("verl", version).commit]
     return VllmEngineFacts(
         pin, max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs, enforce_eager=enforce_eager,
-        source=f"{why}; verl passes rollout.max_num_seqs / max_num_batched_tokens / enforce_eager to vLLM "
-               "(verl/workers/rollout/vllm_rollout/vllm_async_server.py:272-278 at b178a3cd, :310-316 at 1dda039b), "
-               "256 / 8192 / false by default (rollout.yaml:62,68 at b178a3cd; the same in hpcrl's 1dda039b key table)")
+        logprobs_mode=logprobs_mode,
+        source=f"{why}; verl passes rollout.max_num_seqs / max_num_batched_tokens / enforce_eager / logprobs_mode to "
+               "vLLM (verl/workers/rollout/vllm_rollout/vllm_async_server.py:272-278 at b178a3cd, :310-316 at "
+               "1dda039b), 256 / 8192 / false / processed_logprobs by default (rollout.yaml:62,68 and "
+               "workers/config/rollout.py:167 at b178a3cd; rollout.py:197 at 1dda039b)")
 
 
 def sleep_level(backend: str, version: str | None) -> int:

@@ -166,3 +166,14 @@ def test_a_plan_no_node_count_fits_says_the_unsharded_gradients_are_why():
     line = out.stderr.strip()
     assert (out.returncode, line.count("\n"), "(135 GiB per GPU at any GPU count" in line,
             "hpcrl.framework_version=b178a3cd" in line) == (2, 0, True, True)
+
+
+@pytest.mark.parametrize("update", [VerlUpdate(), CURRENT])
+def test_under_lora_the_reference_is_the_actor_with_its_adapter_disabled(update):
+    # ref_in_actor (ray_trainer.py:298-302 at b178a3cd, ppo/v1/trainer_base.py:316-322 at 1dda039b): no second
+    # module, so no reference root unit on the GPU. Without LoRA, FSDP1 on 2 GPUs keeps the reference's
+    # gathered root (embedding + lm_head of Qwen2.5-1.5B, tied but flattened twice): 2 B x 2 x 151,936 x 1,536.
+    base = FsdpSetup(spec("qwen2.5-1.5b"), 2, 8192, 2, 1, True, update=update)
+    with_ref = fsdp_learner_memory(base).moments["logits"]["reference root unit (bf16)"]
+    lora = fsdp_learner_memory(replace(base, adapter_params=18_464_768)).moments["logits"]["reference root unit (bf16)"]
+    assert (with_ref, lora) == (2 * 2 * 151_936 * 1_536, 0.0)

@@ -144,6 +144,14 @@ class FsdpBreakdown:
         return self.reserved_bytes / GIB
 
 
+def separate_reference(setup: FsdpSetup) -> bool:
+    """A reference policy of its own: under LoRA verl's reference is the actor with its adapter disabled
+    (ref_in_actor: verl/trainer/ppo/ray_trainer.py:298-302 at b178a3cd, ppo/v1/trainer_base.py:316-322 and
+    workers/engine_workers.py:424 at 1dda039b), so no second module, root unit or host copy. Derived (no
+    row measures LoRA with a reference)."""
+    return setup.reference_policy and not setup.adapter_params
+
+
 def flat_numel(setup: FsdpSetup) -> int:
     """Elements in the FSDP flat parameters (FSDP1 counts a tied embedding twice; measured)."""
     m = setup.model
@@ -190,7 +198,7 @@ def fsdp_learner_memory(setup: FsdpSetup) -> FsdpBreakdown:
     T, V, h, L = setup.tokens_per_gpu, m.vocab_size, m.hidden_size, m.num_layers
     root = root_numel(setup)
     gathered_root = 2.0 * root if (setup.fsdp_version == 1 and n > 1) else 0.0
-    ref_root = gathered_root if setup.reference_policy else 0.0
+    ref_root = gathered_root if separate_reference(setup) else 0.0
     earlier_label, earlier = earlier_grads(setup, grads)
     logprob_bytes = LOGPROB_BYTES[setup.update.temperature_divide]
     # An untied lm_head in its own FSDP2 unit (1dda039b) reshards after its backward: 2 B x V x h fewer.
@@ -274,7 +282,7 @@ def fsdp_as_learner_memory(s: Any) -> LearnerMemory:
         host_offload_bytes=(4.0 * flat + 16.0 * (f.adapter_params / f.n_gpus if f.adapter_params else flat))
         if f.offload == "cpu_policy" else 0.0,
         # The reference policy's fp32 shards, CPU-offloaded by verl's worker (fsdp_workers.py:526). Derived.
-        reference_host_bytes=4.0 * flat if f.reference_policy else 0.0,
+        reference_host_bytes=4.0 * flat if separate_reference(f) else 0.0,
     )
 
 

@@ -151,7 +151,7 @@ def _default_value(facts: MemoryFacts, name: str, fact: Fact) -> Any:
 def _text(name: str, value: Any, w: Workload) -> str:
     if w.sharding == "fsdp" and name in ("grad_accum_dtype", "load_ref_policy"):
         return (f"gradients reduced in {value}" if name == "grad_accum_dtype" else
-                ("a reference policy: the actor with its LoRA adapter disabled (verl's ref_in_actor)" if w.lora_rank
+                ("a reference policy: the actor with its LoRA adapter disabled (ref_in_actor)" if w.lora_rank
                  else "a reference policy (fp32 shards in host RAM; on the GPU only FSDP1's gathered root unit)")
                 if value else "no reference policy")
     if name == "grad_accum_dtype":

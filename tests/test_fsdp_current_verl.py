@@ -177,3 +177,16 @@ def test_under_lora_the_reference_is_the_actor_with_its_adapter_disabled(update)
     with_ref = fsdp_learner_memory(base).moments["logits"]["reference root unit (bf16)"]
     lora = fsdp_learner_memory(replace(base, adapter_params=18_464_768)).moments["logits"]["reference root unit (bf16)"]
     assert (with_ref, lora) == (2 * 2 * 151_936 * 1_536, 0.0)
+
+
+@pytest.mark.parametrize("args, vllm", [
+    # verl b178a3cd installs vllm==0.11.0 (scripts/install_vllm_sglang_mcore.sh:12); 1dda039b pins 0.24.0
+    # (pyproject.toml:95): the engine follows the version the learner follows, with or without a config.
+    (("--backend", "verl", "--model", "qwen2.5-1.5b", "--learner-gpus", "1", "--framework-version", "b178a3cd"),
+     "0.11.0"),
+    (("--config", "verl-grpo-qwen2.5-7b", "--set", "hpcrl.framework_version=b178a3cd"), "0.11.0"),
+    (("--backend", "verl", "--model", "qwen2.5-1.5b", "--learner-gpus", "1"), "0.24.0"),
+])
+def test_the_engine_follows_the_verl_version(args, vllm):
+    out = hpcrl("plan-memory", *args, "--json")
+    assert json.loads(out.stdout)["engine"]["vllm_version"] == vllm, out.stderr

@@ -271,27 +271,27 @@ def from_defaults(backend: str, given: Overrides = Overrides()) -> Question:
         raise HpcrlError(f"--framework-version: hpcrl keeps no versions of backend {backend}; remove it")
     version, version_assumed = versions.targeted(backend, given.framework_version) if versions.known(backend) \
         else (None, None)
-    facts = get_backend(backend).memory
+    b = get_backend(backend)
+    facts, vname = b.memory, version.name if version else None
     values: dict[str, Any] = {}
     for d in facts.defaults:
-        values[d.name] = _default_value(facts, d.name, _fact(backend, d.fact, version.name if version else None))
+        values[d.name] = _default_value(facts, d.name, _fact(backend, d.fact, vname))
     util = float(values.pop("util"))
     tokens = DEFAULT_TOKENS if given.tokens_per_gpu is None else given.tokens_per_gpu
     if tokens <= 0:
         raise HpcrlError(f"--tokens-per-gpu must be a positive integer, got {tokens}")
     # No config: the engine's sequence is the learner's micro-batch (prompt + response = tokens).
     w = Workload(model=resolve_model(given.model or "32b"), pack_length=tokens, response_length=max(1, tokens - 1),
-                 max_prompt_token_length=1, beta=0.0, logprob_impl=get_backend(backend).default_logprob_impl,
+                 max_prompt_token_length=1, beta=0.0, logprob_impl=b.default_logprob_impl,
                  logits_copy=facts.logits_copy, weight_sync=facts.weight_sync, sharding=facts.sharding,
-                 fsdp_version=facts.fsdp_version, vllm=facts.vllm,
-                 learner_fixed=get_backend(backend).learner_fixed(version.name if version else None), **values)
+                 fsdp_version=facts.fsdp_version, vllm=b.engine_facts(vname), learner_fixed=b.learner_fixed(vname),
+                 **values)
     w = replace(w, **{k: v for k, v in given.workload_changes().items() if k != "pack_length"})
     util = given.util if given.util is not None else util
     said = []
-    if version_assumed and get_backend(backend).memory_by_version:
+    if version_assumed and b.memory_by_version:
         said = [version_assumed.removeprefix("assumes ").replace("set hpcrl.framework_version", "give --framework-version")]
-    return Question(backend, w, util, facts.colocated, tuple(said + _assumptions(backend, w, util, None, given,
-                                                                           version.name if version else None)),
+    return Question(backend, w, util, facts.colocated, tuple(said + _assumptions(backend, w, util, None, given, vname)),
                     util_pinned=given.util is not None)
 
 

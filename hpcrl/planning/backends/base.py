@@ -24,6 +24,7 @@ from hpcrl.shell import shq
 
 if TYPE_CHECKING:
     from hpcrl.planning.run_types import HpcrlSection, RunConfig, RunPlan
+    from hpcrl.memory.vllm_accounting import VllmEngineFacts
     from hpcrl.profiles import ClusterProfile
 
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
@@ -237,6 +238,10 @@ class Backend(ABC):
     def learner_fixed(self, version: str | None = None) -> tuple[tuple[str, Any], ...]:
         """LearnerSetup fields the framework at `version` fixes whatever the config (Workload.learner_fixed)."""
         return tuple(self.memory.learner.items())
+
+    def engine_facts(self, version: str | None = None) -> VllmEngineFacts:
+        """The vLLM the framework at `version` installs, with its default scheduler sizes (Workload.vllm)."""
+        return self.memory.vllm
 
     # (disk budget kinds, memory-model choice, plan-memory questions)
     list_order: ClassVar[int] = 100  # where lists of backends show it (the default backend first)

@@ -30,6 +30,7 @@ from hpcrl.errors import ConfigError, HpcrlError, PlanError, UnknownNameError
 from hpcrl.memory.colocated import Colocation
 from hpcrl.memory.constants import GIB
 from hpcrl.memory.fsdp_learner import FsdpSetup, earlier_grads
+from hpcrl.memory.vllm_accounting import VllmEngineFacts
 from hpcrl.models import resolve_model
 from hpcrl.planning.backends import versions
 from hpcrl.planning.backends.verl_memory import FILLS_NODES, fsdp_update, memory_facts, sleep_level, vllm_facts
@@ -239,6 +240,9 @@ class VerlBackend(Backend):
     def learner_fixed(self, version: str | None = None) -> tuple[tuple[str, Any], ...]:
         return (*super().learner_fixed(version), ("fsdp_update", fsdp_update(self.name, version)))
 
+    def engine_facts(self, version: str | None = None) -> VllmEngineFacts:
+        return vllm_facts(version)  # b178a3cd installs vLLM 0.11.0, 1dda039b 0.24.0
+
     def plan(self, cfg: RunConfig, profile: ClusterProfile, nodes: int, w: Workload, pins: Pins,
              variants: list[ClusterProfile]) -> Planned:
         g = profile.gpu.count_per_node
@@ -271,10 +275,11 @@ class VerlBackend(Backend):
     def _unsharded_grads_note(self, cfg: RunConfig, w: Workload, world: int) -> str:
         """Why no node count helps where the verl version keeps unsharded gradients across micro-batches."""
         setup = self.fsdp_setup(cfg, w, world, w.micro_batches)
-        label, grads = earlier_grads(setup, 0.0)
-        if "no_sync" not in label or not grads:
+        grads = earlier_grads(setup, 0.0)[1]
+        if setup.update.grad_sync != "last_micro_batch" or not grads:
             return ""
-        return (f"; verl {setup.update.version} keeps the whole model's {label.split(' gradients')[0]} gradients "
+        dtype = "bf16" if setup.fsdp_version == 1 else "fp32"  # as earlier_grads counts them
+        return (f"; verl {setup.update.version} keeps the whole model's unsharded {dtype} gradients "
                 f"through the {setup.micro_batches} micro-batches of a step ({grads / GIB:.0f} GiB per GPU at any GPU "
                 f"count: engine/fsdp/transformer_impl.py:672-698 at 1dda039b): one micro-batch per step "
                 f"({MICRO_KEY} = {A}ppo_mini_batch_size x {R}n / GPUs) or hpcrl.framework_version=b178a3cd avoids it")

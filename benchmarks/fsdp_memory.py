@@ -100,7 +100,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tag", default="")
     p.add_argument("--segments", type=int, choices=[0, 1], default=0,
                    help="record the reserved memory after every phase of every update and, after each update, the "
-                        "allocator's segments per CUDA stream (torch.cuda.memory._snapshot): where reserved grows")
+                        "allocator's segments per CUDA stream (torch.cuda.memory._snapshot): where reserved grows; "
+                        "stream_trace: after every phase, per named stream (default, actor.<FSDP stream>, ref.<...>)")
     return p.parse_args(argv)
 
 
@@ -272,6 +273,38 @@ def segments_by_stream(torch_mod) -> dict[str, list[float]]:
     return out
 
 
+def stream_names(torch_mod, modules: dict) -> dict[str, str]:
+    """CUDA stream handle -> a name: "default", or "<module>.<attribute>" for each stream an FSDP root
+    holds (FSDP1: the FullyShardedDataParallel root's _unshard_stream, _post_backward_stream, ...; FSDP2:
+    the root state's comm context: all_gather_copy_in_stream, reduce_scatter_stream, ...). Roots create
+    them lazily, so ask after a forward."""
+    names = {"0": "default", str(torch_mod.cuda.current_stream().cuda_stream): "default"}
+    for prefix, mod in modules.items():
+        if mod is None:
+            continue
+        objs = [mod]
+        get_state = getattr(mod, "_get_fsdp_state", None)
+        if get_state is not None:
+            state = get_state()
+            objs += [state, getattr(state, "_comm_ctx", None)]
+        for obj in objs:
+            for attr, value in (vars(obj).items() if obj is not None else ()):
+                if isinstance(value, torch_mod.cuda.Stream):
+                    names.setdefault(str(value.cuda_stream), f"{prefix}.{attr.lstrip('_')}")
+    return names
+
+
+def by_stream_name(segments: dict[str, list[float]], names: dict[str, str]) -> dict[str, list[float]]:
+    """segments_by_stream keyed by stream name (an unnamed stream keeps its handle)."""
+    out: dict[str, list[float]] = {}
+    for handle, (reserved, allocated, count) in segments.items():
+        entry = out.setdefault(names.get(handle, handle), [0.0, 0.0, 0])
+        entry[0] += reserved
+        entry[1] += allocated
+        entry[2] += count
+    return out
+
+
 class Peaks:
     def __init__(self, torch_mod):
         self.torch = torch_mod
@@ -353,6 +386,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.segments:
             row["segments"] = {"init": segments_by_stream(torch)}
 
+        def trace_streams(phase: str) -> None:
+            """Per named stream [reserved GiB, allocated GiB, segments] after a phase (streams named anew each
+            time: FSDP roots create theirs at their first forward)."""
+            names = stream_names(torch, {"actor": actor, "ref": ref})
+            row["stream_names"] = names
+            row.setdefault("stream_trace", []).append([phase, by_stream_name(segments_by_stream(torch), names)])
+
         T = args.seq
         gen = torch.Generator(device=device).manual_seed(1234 + rank)
         batches = []
@@ -430,6 +470,9 @@ def main(argv: list[str] | None = None) -> int:
                 offload_actor(actor, optimizer, args.fsdp, True, device)
                 torch.cuda.synchronize()
                 row["load_s"] = time.time() - t0
+            if args.segments and ref is not None:
+                torch.cuda.synchronize()
+                trace_streams(f"step{step}.ref")
             row["phase"] = f"step{step}.old_logprob"
             if last:
                 peaks.start()
@@ -438,6 +481,8 @@ def main(argv: list[str] | None = None) -> int:
                 torch.cuda.synchronize()
                 row["phase_peaks_gib"]["old_logprob"], row["phase_peaks_reserved_gib"]["old_logprob"] = peaks.fold()
             torch.cuda.synchronize()
+            if args.segments:
+                trace_streams(f"step{step}.old_logprob")
             t_update = time.time()
             optimizer.zero_grad()
             for i, mb in enumerate(batches):
@@ -464,6 +509,7 @@ def main(argv: list[str] | None = None) -> int:
                 if args.segments:
                     row.setdefault("reserved_trace", []).append([f"step{step}.mb{i}.forward",
                                                                  torch.cuda.memory_reserved() / GIB])
+                    trace_streams(f"step{step}.mb{i}.forward")
                 row["phase"] = f"step{step}.mb{i}.backward"
                 loss.backward()
                 del loss
@@ -472,6 +518,7 @@ def main(argv: list[str] | None = None) -> int:
                 if args.segments:
                     row.setdefault("reserved_trace", []).append([f"step{step}.mb{i}.backward",
                                                                  torch.cuda.memory_reserved() / GIB])
+                    trace_streams(f"step{step}.mb{i}.backward")
                 if last:
                     a, r = peaks.fold()
                     row["phase_peaks_gib"].setdefault("backward", []).append(a)
@@ -500,6 +547,7 @@ def main(argv: list[str] | None = None) -> int:
                 torch.cuda.synchronize()
                 row.setdefault("reserved_trace", []).append([f"step{step}.optimizer", torch.cuda.memory_reserved() / GIB])
                 row.setdefault("segments", {})[f"step{step}"] = segments_by_stream(torch)
+                trace_streams(f"step{step}.optimizer")
             optimizer.zero_grad()
             row["update_s"].append(time.time() - t_update)
             if args.offload == "verl":

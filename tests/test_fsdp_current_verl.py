@@ -92,11 +92,13 @@ def test_current_verl_rows_peak_allocated_within_five_percent_median_two():
     assert len(errs) == 19 and max(map(abs, errs.values())) < 0.05 and statistics.median(map(abs, errs.values())) < 0.02
 
 
-def test_current_verl_rows_reserved_within_ten_percent():
-    """The issue's reserved target is 8%; three held-out rows miss it by under 2 points (docs/memory.md says
-    which and why): FSDP2 CPUOffloadPolicy with two micro-batches (-9.9%) and 7B FSDP1 with two (-9.4%)."""
-    errs = [fsdp_learner_memory(setup_of(r)).reserved_gib / r["peak_reserved_gib"] - 1 for r in rows("1dda039b")]
-    assert max(map(abs, errs)) < 0.10 and statistics.median(map(abs, errs)) < 0.05
+def test_current_verl_rows_reserved_within_eight_percent():
+    """The issue's reserved target, 8%, on every held-out row of both versions, with reserved a sum over CUDA
+    streams (the single-pool model missed it: -9.9% FSDP2 CPUOffloadPolicy, -9.4% 7B FSDP1 no_sync,
+    -9.0% Qwen3-1.7B FSDP1 with a reference)."""
+    for version in ("1dda039b", "b178a3cd"):
+        errs = [fsdp_learner_memory(setup_of(r)).reserved_gib / r["peak_reserved_gib"] - 1 for r in rows(version)]
+        assert max(map(abs, errs)) < 0.08 and statistics.median(map(abs, errs)) < 0.05
 
 
 def test_the_b178a3cd_rows_measured_beside_them_keep_the_old_terms():

@@ -140,7 +140,9 @@ def _print_plan(d: dict) -> None:
     for term, gib in lr["breakdown"].items():
         t.add_row(term, f"{gib:.2f}")
     t.add_row("[bold]peak allocated[/]", f"[bold]{lr['peak_allocated_gib']:.2f}[/]")
-    t.add_row("peak reserved (allocator)", f"{lr['peak_reserved_gib']:.2f}")
+    t.add_row("peak reserved (allocator)" + (", sum over CUDA streams" if fsdp else ""), f"{lr['peak_reserved_gib']:.2f}")
+    if lr.get("reserved_need_gib", lr["peak_reserved_gib"]) < lr["peak_reserved_gib"] - 0.005:
+        t.add_row("reserved the update needs (the allocator gives cache back)", f"{lr['reserved_need_gib']:.2f}")
     t.add_row("CUDA context + NCCL" + (" + the reference's process" if lr.get("reference_process_gib") else ""),
               f"{lr['non_torch_gib']:.2f}")
     t.add_row("[bold]on the GPU[/]", f"[bold]{lr['device_total_gib']:.2f}[/] / {gpu['usable_gib']:.1f}")

@@ -28,8 +28,11 @@ parameters, N the ranks, T the packed tokens of one micro-batch, V the vocabular
 * LoRA (fsdp_workers.py:442-471): peft adapters on the fp32 model are fp32; the frozen base keeps its
   fp32 shards, only the adapters get gradients, Adam state and the foreach temporary (checked on the
   held-out rows of benchmarks/results/fsdp_heldout2.jsonl: peak allocated within 0.4%).
-* reserved (expandable segments): the basis plus cached blocks, a fixed part and a multiple of the root
-  unit's fp32 gradient (the largest gradient blocks); none of the latter when LoRA freezes the root.
+* reserved (expandable segments): a sum over CUDA streams, each stream's own high-water (stream_reserved:
+  FSDP's side streams counted from the unit sizes, the default stream's largest live moment plus a fitted
+  cache; benchmarks/results/fsdp_streams.jsonl). The verdict uses the smaller of that sum and the update's
+  largest live moment plus the default stream's cache: where the card is smaller, the allocator gives
+  cached blocks back and retries (derived; the 7B FSDP1 rows on 80 GB H100s ran so).
 
 At 1dda039b (transformer_impl.py, fsdp_utils.py at that commit; checked on the held-out rows of
 benchmarks/results/fsdp_current_verl.jsonl):
@@ -82,17 +85,20 @@ FIT = {
     "logits_per_token_hidden": 8.3,  # fitted: bytes per token per hidden unit besides checkpoints
     "grads_done_fixed_gib": 0.152,  # fitted
     "step_fixed_gib": 0.065,  # fitted
-    # Cache the allocator keeps beyond the basis (expandable segments, as verl runs): a fixed part plus a
-    # multiple of the root unit's fp32 gradient (embedding / lm_head: the largest gradient blocks, made
-    # whole before the reduce and cached; none when the root is frozen under LoRA).
-    "reserved_fixed_gib_fsdp1": 1.56,  # fitted
-    "reserved_per_root_grad_fsdp1": 1.35,  # fitted: multiples of the root unit's fp32 gradient bytes
-    "reserved_fixed_gib_fsdp2": 0.52,  # fitted
-    "reserved_per_root_grad_fsdp2": 1.03,  # fitted
+    # Reserved memory is a sum over CUDA streams (stream_reserved). What the default stream caches above
+    # its own largest live moment: a fixed part, and under FSDP2 a multiple of the root unit's fp32
+    # gradient (its reduce-scatter input is made on the default stream; none when LoRA freezes the root).
+    "default_slack_gib_fsdp1": 0.06,  # fitted
+    "default_slack_gib_fsdp2": 0.18,  # fitted
+    "default_slack_per_root_grad_fsdp2": 0.45,  # fitted: multiples of the fp32 root-unit gradient bytes
     # The allocator margin a plan keeps free: the largest under-prediction of peak reserved (measured /
-    # predicted - 1) of a training row left out of the reserved fit, rounded up; the verdict's margin for verl.
-    "margin_fraction": 0.09,  # fitted
+    # predicted - 1) of a training row left out of the fit, rounded up; the verdict's margin for verl.
+    "margin_fraction": 0.14,  # fitted
 }
+# Decoder layers whose bf16 parameters FSDP1's unshard stream holds at once beside the root unit (forward
+# prefetch, the recompute of a checkpointed layer and the backward prefetch): counted on the per-stream rows
+# (benchmarks/results/fsdp_streams.jsonl: 5.80 GiB = 2 x the 7B root unit in bf16 + 4 x 0.435 GiB layers).
+UNSHARD_LAYERS = 4
 
 
 @dataclass(frozen=True)
@@ -134,6 +140,10 @@ class FsdpBreakdown:
     peak_moment: str
     peak_bytes: float
     reserved_bytes: float
+    streams: dict[str, float]  # each CUDA stream's reserved high-water; reserved_bytes is their sum
+    # where the card is smaller than reserved_bytes the allocator gives cached blocks back and retries: the
+    # update then needs its largest live moment plus the default stream's own cache (derived)
+    floor_bytes: float
 
     @property
     def peak_gib(self) -> float:
@@ -150,6 +160,13 @@ def separate_reference(setup: FsdpSetup) -> bool:
     workers/engine_workers.py:424 at 1dda039b), so no second module, root unit or host copy. Derived (no
     row measures LoRA with a reference)."""
     return setup.reference_policy and not setup.adapter_params
+
+
+def layer_numel(setup: FsdpSetup) -> float:
+    """Elements of one decoder layer (the model less its embedding and lm_head matrices, per layer)."""
+    m = setup.model
+    vh = m.vocab_size * m.hidden_size
+    return max(0.0, (m.total_params - vh * (1 if m.tie_word_embeddings else 2)) / m.num_layers)
 
 
 def flat_numel(setup: FsdpSetup) -> int:
@@ -234,18 +251,80 @@ def fsdp_learner_memory(setup: FsdpSetup) -> FsdpBreakdown:
     moments = {"logits": logits, "backward end": grads_done, "optimizer step": step}
     totals = {k: sum(v.values()) for k, v in moments.items()}
     peak_moment = max(totals, key=totals.get)
-    peak = totals[peak_moment]
-    # One micro-batch: zero_grad freed the gradients, so backward allocates them after the log-prob blocks
-    # were cached, and the cache holds both (measured: reserved tracks the logits moment plus the
-    # gradients, FSDP1 and FSDP2 alike). Under no_sync (1dda039b) the sharded gradients are first made in
-    # the last backward too, whatever the micro-batch count (derived from the same mechanism; checked on
-    # fsdp_current_verl.jsonl).
-    late = setup.micro_batches == 1 or setup.update.grad_sync == "last_micro_batch"
-    late_grads = grads if late else 0.0
-    basis = max(peak, totals["logits"] + late_grads)
-    v = setup.fsdp_version
-    reserved = basis + FIT[f"reserved_fixed_gib_fsdp{v}"] * GIB + FIT[f"reserved_per_root_grad_fsdp{v}"] * root_grad_bytes(setup)
-    return FsdpBreakdown(moments=moments, peak_moment=peak_moment, peak_bytes=peak, reserved_bytes=reserved)
+    streams = stream_reserved(setup, moments)
+    floor = totals[peak_moment] + default_cache(setup)
+    return FsdpBreakdown(moments=moments, peak_moment=peak_moment, peak_bytes=totals[peak_moment],
+                         reserved_bytes=sum(streams.values()), streams=streams, floor_bytes=floor)
+
+
+def default_cache(setup: FsdpSetup) -> float:
+    """What the default stream caches above its largest live moment (FIT, benchmarks/fit_fsdp.py): FSDP1 a
+    fixed part; FSDP2 also a multiple of the root unit's fp32 gradient, made whole on that stream for the
+    reduce-scatter (none when LoRA freezes the root; under CPUOffloadPolicy too)."""
+    if setup.fsdp_version == 1:
+        return FIT["default_slack_gib_fsdp1"] * GIB
+    vh = setup.model.vocab_size * setup.model.hidden_size
+    root_grad = 0.0 if setup.adapter_params else 4.0 * vh
+    return FIT["default_slack_gib_fsdp2"] * GIB + FIT["default_slack_per_root_grad_fsdp2"] * root_grad
+
+
+# Terms of the moments that live on FSDP's own CUDA streams, not the default one (by label prefix):
+# FSDP1 gathers parameters on its unshard stream and makes gradient shards on its post-backward stream;
+# FSDP2 makes gradient shards on its reduce-scatter stream, while its no_sync gradients and the root
+# unit's backward stay on the default stream.
+SIDE_STREAM_TERMS = {
+    1: ("gathered root unit", "reference root unit", "gradients", "unsharded", "root unit params"),
+    2: ("reference root unit", "gradients"),
+}
+
+
+def stream_reserved(setup: FsdpSetup, moments: dict[str, dict[str, float]]) -> dict[str, float]:
+    """Reserved bytes per CUDA stream. PyTorch's caching allocator keeps a pool per stream and a block
+    freed on one is not reused by another, so reserved memory is the sum of each stream's high-water,
+    reached at different moments (benchmarks/results/fsdp_streams.jsonl records them by stream name;
+    torch 2.11, expandable segments). Each side stream's high-water is counted from what FSDP places
+    there (measured on those rows, derived from the unit sizes); the default stream's is its largest
+    live moment plus a fitted cache."""
+    m, n, v = setup.model, setup.n_gpus, setup.fsdp_version
+    on_gpu = setup.offload != "cpu_policy"
+    trained = setup.adapter_params or flat_numel(setup)
+    grads = 4.0 * trained / n if on_gpu else 0.0
+    root_trained = not setup.adapter_params
+    reduces = setup.micro_batches if setup.update.grad_sync == "every_micro_batch" else 1
+    no_sync_grads = setup.update.grad_sync == "last_micro_batch" and setup.micro_batches > 1
+    layer = layer_numel(setup)
+    side = SIDE_STREAM_TERMS[v]
+    default_live = max(sum(b for k, b in terms.items() if not k.startswith(side)) for terms in moments.values())
+    out: dict[str, float] = {}
+    if v == 1:
+        root = root_numel(setup)
+        out["default"] = default_live + default_cache(setup)
+        # post-backward: the gradient shards; with N > 1 also the fp32 copy of the root unit and of a layer
+        # made whole for the reduce-scatter, and one more root shard when several reduces accumulate.
+        reduce = (4.0 * root + 4.0 * layer + (4.0 * root / n if reduces > 1 else 0.0)) if n > 1 and root_trained else 0.0
+        out["post_backward"] = grads + reduce
+        # unshard: the gathered bf16 root unit (N > 1) and layers, and the unsharded bf16 gradients:
+        # under no_sync every earlier micro-batch's, else the root unit's while it is reduced.
+        held_grads = 2.0 * trained if no_sync_grads else (2.0 * root if root_trained else 0.0)
+        out["unshard"] = (2.0 * root if n > 1 else 0.0) + held_grads + 2.0 * UNSHARD_LAYERS * layer
+        # pre-unshard: the bf16 cast of the largest shard (N = 1: FSDP1 runs NO_SHARD, the whole bf16 copy).
+        out["pre_unshard"] = 2.0 * (root / n if n > 1 else flat_numel(setup))
+        if separate_reference(setup):  # its own FSDP root, own streams; CPU-offloaded parameters
+            out["reference unshard"] = (2.0 * root + 4.0 * layer) if n > 1 else 0.0
+            out["reference pre_unshard"] = 6.0 * root / n  # fp32 copied in + its bf16 cast
+    else:
+        vh = m.vocab_size * m.hidden_size
+        out["default"] = default_live + default_cache(setup)
+        if on_gpu:
+            out["reduce_scatter"] = grads + (4.0 * vh / n if reduces > 1 and root_trained else 0.0)
+        else:  # CPUOffloadPolicy: shards go to the host; one root-unit shard at a time here
+            out["reduce_scatter"] = 4.0 * vh / n
+        if n > 1:  # all-gather output and input (CPUOffloadPolicy: the fp32 shard copied in too)
+            gathered = 2.0 * vh * (1 if m.tie_word_embeddings else 2)
+            out["all_gather"] = gathered + (6.0 if not on_gpu else 2.0) * vh / n
+        if separate_reference(setup):
+            out["reference all_gather"] = 2.0 * vh + 6.0 * vh / n
+    return out
 
 
 def setup_from(s: Any) -> FsdpSetup:
@@ -276,6 +355,7 @@ def fsdp_as_learner_memory(s: Any) -> LearnerMemory:
         phases={k: sum(v.values()) for k, v in b.moments.items()},
         peak_allocated=b.peak_bytes,
         peak_reserved=b.reserved_bytes,
+        reserved_floor=b.floor_bytes,
         non_torch=non_torch_bytes(f.n_gpus),
         trainable_params=f.adapter_params or f.model.total_params,
         # CPUOffloadPolicy: fp32 shards, gradients and Adam moments in host memory.

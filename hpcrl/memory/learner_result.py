@@ -22,11 +22,21 @@ class LearnerMemory:
     reference_host_bytes: float = 0.0  # a reference copy the framework always keeps in host RAM
     # a reference policy in its own process on this GPU (already inside non_torch): weights + context
     reference_process_bytes: float = 0.0
+    # The reserve the step needs where the card is smaller than peak_reserved: PyTorch's allocator gives
+    # cached blocks of every stream back when an allocation fails and retries (FSDP: peak_reserved is a sum
+    # of per-stream high-waters reached at different moments). None: peak_reserved itself.
+    reserved_floor: float | None = None
+
+    @property
+    def reserved_need(self) -> float:
+        """Reserved bytes the step needs on the GPU (peak_reserved, or its floor where that is lower)."""
+        return self.peak_reserved if self.reserved_floor is None else min(self.peak_reserved, self.reserved_floor)
 
     @property
     def device_total(self) -> float:
-        """What nvidia-smi would show: reserved plus CUDA context and NCCL buffers."""
-        return self.peak_reserved + self.non_torch
+        """What the step needs on the GPU: reserved (at most the floor the allocator can give cache back to)
+        plus CUDA context and NCCL buffers; on a card with room nvidia-smi shows peak_reserved + non_torch."""
+        return self.reserved_need + self.non_torch
 
 
 def non_torch_bytes(n_gpus: int) -> float:

@@ -135,6 +135,7 @@ class MemoryPlan:
                 "phases_gib": {k: round(v / g, 3) for k, v in self.learner.phases.items()},
                 "peak_allocated_gib": round(self.learner.peak_allocated / g, 3),
                 "peak_reserved_gib": round(self.learner.peak_reserved / g, 3),
+                "reserved_need_gib": round(self.learner.reserved_need / g, 3),
                 "non_torch_gib": round(self.learner.non_torch / g, 3),
                 "device_total_gib": round(self.learner.device_total / g, 3),
                 "peak_phase": self.learner.phase,

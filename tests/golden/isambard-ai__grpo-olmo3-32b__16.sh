@@ -339,6 +339,7 @@ run_directory() {
         "recompute": 53.925,
         "weight sync": 44.221
       },
+      "reserved_need_gib": 63.318,
       "time": {
         "basis": "fitted on 40 measured rows (fsdp_measured, openrlhf_measured, zero3_timing; H100/H200); derived: GH200 scaled from H100/H200 by peak FLOP/s and bandwidths",
         "high": 1.56,

@@ -336,6 +336,7 @@ run_directory() {
         "recompute": 32.507
       },
       "reference_process_gib": 4.546,
+      "reserved_need_gib": 45.775,
       "time": {
         "basis": "fitted on 40 measured rows (fsdp_measured, openrlhf_measured, zero3_timing; H100/H200); derived: GH200 scaled from H100/H200 by peak FLOP/s and bandwidths",
         "high": 1.56,

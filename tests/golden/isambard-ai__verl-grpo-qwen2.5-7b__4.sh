@@ -8,7 +8,7 @@
 #   model Qwen/Qwen2.5-7B: 1536 sequences of 5120 tokens per step, ppo_micro_batch_size_per_gpu 12 (61440 tokens)
 #   4 x 4 GH200 (95.58 GiB): all 16 GPUs train and generate (colocated)
 #   trainer.nnodes 4, n_gpus_per_node 4, rollout tensor_model_parallel_size 1 (16 engines), gpu_memory_utilization 0.85, fsdp param_offload false, optimizer_offload false
-#   colocated peak 83.0 GiB/GPU training, 89.6 GiB/GPU rollout of 95.6 usable; KV cache 64.7 GiB per GPU; host peak 49 GiB/node
+#   colocated peak 74.3 GiB/GPU training, 89.6 GiB/GPU rollout of 95.6 usable; KV cache 64.7 GiB per GPU; host peak 49 GiB/node
 #   step ~147-375 s (mid ~221 s) (generation 68 s, training 154 s), bottleneck training; the checkpoint cadence and time-limit lead use the upper estimate
 #   step basis: generation: vLLM model fitted on 12 published vLLM rows (batch 1, A100), 6 held out: time off by median 17%, max 2x (benchmarks/vllm_throughput); training: learner 8 x 19.19 s + optimizer step 0.02 s, fitted on 40 measured rows (fsdp_measured, openrlhf_measured, zero3_timing; H100/H200); derived: GH200 scaled from H100/H200 by peak FLOP/s and bandwidths
 #   trainer.save_freq 4: a checkpoint every ~25 min of training at the upper step estimate ~375 s (so that at most 30 min is lost); time-limit warning 900 s before the end = one upper step (~375 s) + one checkpoint write (~43 s, derived) + 60 s to stop
@@ -246,7 +246,7 @@ run_directory() {
     "host_peak_gib": 49.1,
     "idle_gpus": 0,
     "learner_gpus": 16,
-    "learner_peak_gib": 81.44,
+    "learner_peak_gib": 72.68,
     "nodes": 4,
     "num_learners_per_node": [
       4,
@@ -260,7 +260,7 @@ run_directory() {
     "step_time_high_s": 375.0,
     "step_time_low_s": 147.0,
     "step_time_s": 221.3,
-    "training_peak_gib": 83.04,
+    "training_peak_gib": 74.28,
     "training_time_s": 153.5,
     "vllm_gpu_memory_utilization": 0.85,
     "vllm_num_engines": 16,
@@ -284,11 +284,11 @@ run_directory() {
       "rollout_fits": true,
       "rollout_gib": 89.593,
       "training_breakdown": {
-        "learner (training peak)": 81.436,
+        "learner (training peak)": 72.681,
         "vLLM asleep (CUDA context, CUDA graphs)": 1.6
       },
       "training_fits": true,
-      "training_gib": 83.036,
+      "training_gib": 74.281,
       "vllm_sleep_level": 2,
       "vllm_sleeps": true
     },
@@ -335,7 +335,7 @@ run_directory() {
       "ram_per_node_gib": 460.0
     },
     "learner": {
-      "allocator_margin_gib": 7.239,
+      "allocator_margin_gib": 11.409,
       "breakdown": {
         "Adam moments (fp32)": 3.546,
         "checkpointed hidden states": 11.484,
@@ -348,7 +348,7 @@ run_directory() {
         "unsharded bf16 gradients of earlier micro-batches (no_sync)": 14.185
       },
       "deepspeed_estimate_gib": 10.009,
-      "device_total_gib": 81.436,
+      "device_total_gib": 72.681,
       "fits": true,
       "framework_version": "0.10.0.dev",
       "fsdp_version": 1,
@@ -364,12 +364,13 @@ run_directory() {
       "offload": "none",
       "peak_allocated_gib": 71.621,
       "peak_phase": "logits",
-      "peak_reserved_gib": 80.436,
+      "peak_reserved_gib": 81.495,
       "phases_gib": {
         "backward end": 17.396,
         "logits": 71.621,
         "optimizer step": 10.961
       },
+      "reserved_need_gib": 71.681,
       "sharding": "fsdp",
       "time": {
         "basis": "fitted on 40 measured rows (fsdp_measured, openrlhf_measured, zero3_timing; H100/H200); derived: GH200 scaled from H100/H200 by peak FLOP/s and bandwidths",
@@ -388,7 +389,7 @@ run_directory() {
       "total_params": 7615616512,
       "trainable_params": 7615616512
     },
-    "verdict": "training fits with 5.3 GiB to spare after a 7.2 GiB allocator margin; rollout fits with 6.0 GiB to spare; engine fits: 236.67x sequences of 5120 tokens fit at once"
+    "verdict": "training fits with 9.9 GiB to spare after a 11.4 GiB allocator margin; rollout fits with 6.0 GiB to spare; engine fits: 236.67x sequences of 5120 tokens fit at once"
   },
   "model": "Qwen/Qwen2.5-7B",
   "nodes": 4,

@@ -84,11 +84,6 @@ def reserved_on_card_gib(b: F.FsdpBreakdown, row: dict) -> float:
     return min(b.reserved_gib, card_bound_gib(row))
 
 
-def root_grad_x(s: F.FsdpSetup) -> float:
-    """The FSDP2 default stream's cache regressor: the root unit's fp32 gradient (V x h), 0 under LoRA."""
-    return 0.0 if s.adapter_params else 4.0 * s.model.vocab_size * s.model.hidden_size
-
-
 def fit(train: list[dict], stream_rows: list[dict]) -> dict:
     zero = {k: 0.0 for k in F.FIT}
     F.FIT.update(zero)
@@ -121,12 +116,13 @@ def fit(train: list[dict], stream_rows: list[dict]) -> dict:
     for r in [r for r in train + stream_rows if r["expandable"] and not at_card(r)]:
         s = setup_of(r)
         base = F.fsdp_learner_memory(s).reserved_bytes  # the stream sum with no default-stream cache
-        rx[s.fsdp_version].append(root_grad_x(s))
+        rx[s.fsdp_version].append(F.root_grad_bytes(s))  # FSDP2: the fp32 V x h root gradient
         ry[s.fsdp_version].append(r["peak_reserved_gib"] * GIB - base)
         rbase[s.fsdp_version].append(base)
-    ra2, rb2 = lstsq(rx[2], ry[2])
+    ra1, _ = slack_fit(1, rx[1], ry[1])
+    ra2, rb2 = slack_fit(2, rx[2], ry[2])
     out |= {
-        "default_slack_gib_fsdp1": round(statistics.median(ry[1]) / GIB, 2),
+        "default_slack_gib_fsdp1": round(ra1 / GIB, 2),
         "default_slack_gib_fsdp2": round(ra2 / GIB, 2),
         "default_slack_per_root_grad_fsdp2": round(rb2, 2),
     }

@@ -263,9 +263,7 @@ def default_cache(setup: FsdpSetup) -> float:
     reduce-scatter (none when LoRA freezes the root; under CPUOffloadPolicy too)."""
     if setup.fsdp_version == 1:
         return FIT["default_slack_gib_fsdp1"] * GIB
-    vh = setup.model.vocab_size * setup.model.hidden_size
-    root_grad = 0.0 if setup.adapter_params else 4.0 * vh
-    return FIT["default_slack_gib_fsdp2"] * GIB + FIT["default_slack_per_root_grad_fsdp2"] * root_grad
+    return FIT["default_slack_gib_fsdp2"] * GIB + FIT["default_slack_per_root_grad_fsdp2"] * root_grad_bytes(setup)
 
 
 # Terms of the moments that live on FSDP's own CUDA streams, not the default one (by label prefix):
@@ -295,10 +293,9 @@ def stream_reserved(setup: FsdpSetup, moments: dict[str, dict[str, float]]) -> d
     layer = layer_numel(setup)
     side = SIDE_STREAM_TERMS[v]
     default_live = max(sum(b for k, b in terms.items() if not k.startswith(side)) for terms in moments.values())
-    out: dict[str, float] = {}
+    out = {"default": default_live + default_cache(setup)}
     if v == 1:
         root = root_numel(setup)
-        out["default"] = default_live + default_cache(setup)
         # post-backward: the gradient shards; with N > 1 also the fp32 copy of the root unit and of a layer
         # made whole for the reduce-scatter, and one more root shard when several reduces accumulate.
         reduce = (4.0 * root + 4.0 * layer + (4.0 * root / n if reduces > 1 else 0.0)) if n > 1 and root_trained else 0.0
@@ -314,7 +311,6 @@ def stream_reserved(setup: FsdpSetup, moments: dict[str, dict[str, float]]) -> d
             out["reference pre_unshard"] = 6.0 * root / n  # fp32 copied in + its bf16 cast
     else:
         vh = m.vocab_size * m.hidden_size
-        out["default"] = default_live + default_cache(setup)
         if on_gpu:
             out["reduce_scatter"] = grads + (4.0 * vh / n if reduces > 1 and root_trained else 0.0)
         else:  # CPUOffloadPolicy: shards go to the host; one root-unit shard at a time here

@@ -93,6 +93,14 @@ def continue_case(indent: str = "        ") -> str:
     return "\n".join(indent + arm for arm in [*arms, "*) return 0 ;;"])
 
 
+# --------------------------------------------------------------------------- Ray
+
+# The first Ray that honours RAY_AUTH_MODE=token; older ones ignore it silently (DESIGN.md). The job script
+# refuses to start an older one, preflight checks it, and pyproject.toml's `ray` extra asks at least this
+# (tests/test_job_spec.py holds the three together).
+RAY_TOKEN_MIN = (2, 52)
+
+
 # --------------------------------------------------------------------------- ports
 
 # Ray's ports are drawn per job and node at random from the profile's ray.ports (default RAY_PORTS),

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from hpcrl.planning.run_plan import make_run_plan
+from hpcrl.planning.describe import describe_job
 from hpcrl.rendering.render import render_script
 
 # The whole script runs under bash with stand-ins on PATH: scontrol (two or three nodes),
@@ -161,7 +162,7 @@ class Stub:
         rp = make_run_plan(str(config), nodes=self.nodes, cluster_file=str(self.profile),
                            sets=["hpcrl.env_setup=[]", f"hpcrl.workdir={yq(str(workdir))}", *sets])
         path = self.tmp / "job.sh"
-        path.write_text(render_script(rp, smoke=smoke))
+        path.write_text(render_script(describe_job(rp, smoke=smoke)))
         real = Path(str(workdir).replace("$HOME", str(self.tmp)))  # HOME is self.tmp in the run
         (real / "open_instruct").mkdir(parents=True, exist_ok=True)
         (real / "open_instruct" / "grpo_fast.py").write_text("")

@@ -63,18 +63,20 @@ def test_the_disk_check_uses_the_toys_checkpoint_rule(toy_plan):
 
 
 def test_the_rendered_script_runs_the_toys_driver(toy_plan, tmp_path):
+    from hpcrl.planning.describe import describe_job
     from hpcrl.rendering.render import render_script
 
     script = tmp_path / "job.sbatch"
-    script.write_text(render_script(toy_plan))
+    script.write_text(render_script(describe_job(toy_plan)))
     assert "ENTRY_POINT=toy.train" in [line.strip() for line in script.read_text().splitlines()]
 
 
 def test_the_rendered_script_parses(toy_plan, tmp_path):
+    from hpcrl.planning.describe import describe_job
     from hpcrl.rendering.render import render_script
 
     script = tmp_path / "job.sbatch"
-    script.write_text(render_script(toy_plan))
+    script.write_text(render_script(describe_job(toy_plan)))
     assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
 
 

@@ -12,6 +12,7 @@ import pytest
 
 from hpcrl import contract
 from hpcrl.planning.run_plan import make_run_plan
+from hpcrl.planning.describe import describe_job
 from hpcrl.rendering.render import render_script
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -61,7 +62,7 @@ def test_the_scan_sees_a_planted_copy(tmp_path):
 
 def _script(tmp_path: Path, **kw) -> str:
     rp = make_run_plan("grpo-olmo3-7b", nodes=3, cluster="local-dev", **kw)
-    return render_script(rp)
+    return render_script(describe_job(rp))
 
 
 def _bash_function(script: str, name: str) -> str:
@@ -132,7 +133,7 @@ def test_the_job_ends_on_a_stack_mismatch_only_and_goes_on_when_the_check_cannot
     """The rendered stack_check with its check answering `code`: 98 ends the job as the contract says;
     any other failure of the check itself is a warning and the job goes on."""
     rp = make_run_plan("verl-grpo-qwen2.5-7b", nodes=4, cluster="isambard-ai")
-    fn = _bash_function(render_script(rp), "stack_check")
+    fn = _bash_function(render_script(describe_job(rp)), "stack_check")
     stubs = ('log() { echo "$*"; }\nfinish() { echo "FINISH $*"; exit "$2"; }\n'
              "driver_command() { DRIVER_ARGS=(a=1); }\n"
              f'python3() {{ echo "stack: answer"; return {code}; }}\nWORKDIR=/ PYTHON=python3 ENTRY_POINT=m STACK_EXPECT={{}}\n')
@@ -142,7 +143,7 @@ def test_the_job_ends_on_a_stack_mismatch_only_and_goes_on_when_the_check_cannot
 
 
 def test_the_stack_check_runs_before_the_first_ray_start():
-    script = render_script(make_run_plan("verl-grpo-qwen2.5-7b", nodes=4, cluster="isambard-ai"))
+    script = render_script(describe_job(make_run_plan("verl-grpo-qwen2.5-7b", nodes=4, cluster="isambard-ai")))
     main = _bash_function(script, "main")
     first = _bash_function(script, "phase_stack_check")
     assert (main.index("phase_stack_check") < main.index("phase_head"), "    stack_check\n" in first,

@@ -20,6 +20,7 @@ import pytest
 
 from hpcrl.planning.backends import BACKENDS
 from hpcrl.planning.run_plan import make_run_plan
+from hpcrl.planning.describe import describe_job
 from hpcrl.rendering.render import render_script
 
 REPO = Path(__file__).resolve().parents[1]
@@ -68,7 +69,7 @@ def test_logs_runtime_rendering_and_templates_name_no_backend_in_code():
 
 def _smoke_words(config: str) -> list[str]:
     rp = make_run_plan(config, nodes=3, cluster="local-dev", sets=list(SMOKE_SETS))
-    text = render_script(rp, smoke=True)
+    text = render_script(describe_job(rp, smoke=True))
     block = re.search(r"^ *DRIVER=\(\n(.*?)^ *\)$", text, re.S | re.M)
     assert block, "no smoke command in the script"
     words = shlex.split(block.group(1).replace('"$HPCRL_RAY_CPUS"', "4"))
@@ -152,7 +153,7 @@ def test_a_users_own_script_is_not_read_as_a_framework_command():
     from hpcrl.logs.driver_cmdline import from_script
 
     # The custom backend's driver is the user's script: its words (--config, --output_dir) are its own.
-    script = render_script(make_run_plan("custom-ppo-qwen2.5-3b-qlora", nodes=1, cluster="berzelius:fat"))
+    script = render_script(describe_job(make_run_plan("custom-ppo-qwen2.5-3b-qlora", nodes=1, cluster="berzelius:fat")))
     assert "--output_dir" in script  # the script's own flags are there to be misread
     assert from_script(script, "custom") is None
 

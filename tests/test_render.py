@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from hpcrl.planning.run_plan import make_run_plan
+from hpcrl.planning.describe import describe_job
 from hpcrl.rendering.render import render_script
 from helpers import GOLDEN, assert_golden, driver_words, expected_sbatch, lint, sbatch_options
 from stub_run import Stub, wait_for, yq
@@ -49,7 +50,7 @@ def _shipped_profiles_only(monkeypatch, tmp_path):
 def render(cluster: str, config: str, nodes: int, *, smoke: bool = False, sets=(), pins=(), cluster_file=None) -> str:
     rp = make_run_plan(config, nodes=nodes, cluster=cluster, cluster_file=cluster_file, sets=list(sets),
                        pins=list(pins))
-    return render_script(rp, smoke=smoke)
+    return render_script(describe_job(rp, smoke=smoke))
 
 
 def golden_name(cluster: str, config: str, nodes: int) -> str:
@@ -199,7 +200,7 @@ def test_pins_are_kept():
     """Pinned values reach the driver unchanged; the rest is the planner's choice."""
     rp = make_run_plan("grpo-olmo3-32b", nodes=16, cluster="isambard-ai", pins=["tp=2", "learners=1"],
                        sets=["vllm_gpu_memory_utilization=0.8"])
-    ns = oi_parser("current").parse_args(grpo_args(render_script(rp)))
+    ns = oi_parser("current").parse_args(grpo_args(render_script(describe_job(rp))))
     assert (ns.vllm_tensor_parallel_size, ns.vllm_gpu_memory_utilization) == (2, 0.8)
     assert ns.num_learners_per_node == ["1"] * rp.layout.learner_nodes
     assert ns.vllm_num_engines == rp.layout.engines
@@ -681,7 +682,7 @@ def test_code_server_follows_the_config(sets, started):
     the server when the datasets look like code verifiers or the URL is on localhost, never when
     the URL points elsewhere or hpcrl.code_server is off."""
     rp = make_run_plan("grpo-olmo3-7b", nodes=4, sets=sets)
-    text = render_script(rp)
+    text = render_script(describe_job(rp))
     assert ("start_code_server" in text) == started
     if started:
         fixed = any("code_api_url=" in s for s in sets)

@@ -119,9 +119,10 @@ def test_sbatch_rejection_is_slurms_message(slurm, tmp_path):
 def _time_left_function() -> str:
     """The rendered script's time_left_s (templates/rundir.sh.j2), cut out of a real render."""
     from hpcrl.planning.run_plan import make_run_plan
+    from hpcrl.planning.describe import describe_job
     from hpcrl.rendering.render import render_script
 
-    text = render_script(make_run_plan("grpo-olmo3-7b", nodes=3, cluster="local-dev"))
+    text = render_script(describe_job(make_run_plan("grpo-olmo3-7b", nodes=3, cluster="local-dev")))
     start = text.index("time_left_s() {")
     return text[start:text.index("\n}\n", start) + 3]
 

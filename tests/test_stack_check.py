@@ -19,7 +19,7 @@ import pytest
 from helpers import scontrol_job
 
 from hpcrl.planning.backends import stack_expect, versions
-from hpcrl.rendering.render import RAY_TOKEN_MIN
+from hpcrl.contract import RAY_TOKEN_MIN
 from hpcrl.runtime.stack import PARSE_REJECTED, STACK_MISMATCH_EXIT, satisfies, verdict
 
 ROOT = Path(__file__).resolve().parents[1]

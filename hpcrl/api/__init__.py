@@ -18,9 +18,12 @@ from __future__ import annotations
 
 from dataclasses import fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["Result", "cancel", "logs", "plan", "plan_disk", "plan_memory", "render", "repair_runs", "runs", "status",
+if TYPE_CHECKING:
+    from hpcrl.planning.job_spec import JobSpec
+
+__all__ = ["Result", "cancel", "describe", "logs", "plan", "plan_disk", "plan_memory", "render", "repair_runs", "runs", "status",
            "submit"]
 
 
@@ -107,9 +110,10 @@ def plan(*, config: str | None = None, nodes: int | None = None, cluster: str | 
     from hpcrl.jobs.run_script import plan as make_plan
     from hpcrl.planning.request import plan_data
 
-    rp = make_plan(_request(config=config, nodes=nodes, cluster=cluster, cluster_file=cluster_file, gpus=gpus,
-                            sets=sets, pins=pins, quota_gib=quota_gib, allow_over_limit=allow_over_limit, model=model))
-    return Result(plan_data(rp, top))
+    planned = make_plan(_request(config=config, nodes=nodes, cluster=cluster, cluster_file=cluster_file, gpus=gpus,
+                                 sets=sets, pins=pins, quota_gib=quota_gib, allow_over_limit=allow_over_limit,
+                                 model=model))
+    return Result(plan_data(planned.plan, top, planned.job))
 
 
 def render(*, config: str | None = None, nodes: int | None = None, cluster: str | None = None,
@@ -122,6 +126,18 @@ def render(*, config: str | None = None, nodes: int | None = None, cluster: str 
     return build(_request(config=config, nodes=nodes, cluster=cluster, cluster_file=cluster_file, gpus=gpus,
                           sets=sets, pins=pins, quota_gib=quota_gib, allow_over_limit=allow_over_limit,
                           smoke=smoke)).text
+
+
+def describe(*, config: str | None = None, nodes: int | None = None, cluster: str | None = None,
+             cluster_file: str | Path | None = None, gpus: int | None = None, sets: list[str] | tuple[str, ...] = (),
+             pins: list[str] | tuple[str, ...] = (), quota_gib: float | None = None, allow_over_limit: bool = False,
+             smoke: bool = False) -> JobSpec:
+    """The job description `render` formats (hpcrl/planning/job_spec.py): what the job will do, typed."""
+    from hpcrl.jobs.run_script import build
+
+    return build(_request(config=config, nodes=nodes, cluster=cluster, cluster_file=cluster_file, gpus=gpus,
+                          sets=sets, pins=pins, quota_gib=quota_gib, allow_over_limit=allow_over_limit,
+                          smoke=smoke)).job
 
 
 def plan_disk(*, config: str | None = None, nodes: int | None = None, sets: list[str] | tuple[str, ...] = (),

@@ -24,12 +24,13 @@ def plan_cmd(
     from hpcrl.jobs.run_script import plan
 
     progress(not as_json)
-    rp = plan(replace(request, model=model))
+    planned = plan(replace(request, model=model))
+    rp = planned.plan
     shown = rp.layouts[:top]
     if as_json:
         from hpcrl.planning.request import plan_data
 
-        print_json(plan_data(rp, top))
+        print_json(plan_data(rp, top, planned.job))
         return
     for a in rp.assumptions:
         assumed(a)

@@ -38,7 +38,7 @@ def write_atomically(path: Path, text: str, mode: int = 0o755) -> None:
 def render_cmd(
     request: RunRequest,
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the script here (mode 0755) instead of stdout"),
-    as_json: bool = typer.Option(False, "--json", help="Print the script, its warnings and assumptions as JSON"),
+    as_json: bool = typer.Option(False, "--json", help="Print the script, its warnings and assumptions and its job description as JSON"),
 ) -> None:
     """Render the sbatch script: Ray across the job's nodes, then grpo_fast.py (or --smoke)."""
     from hpcrl.jobs.run_script import build
@@ -51,7 +51,8 @@ def render_cmd(
         if output is not None:
             write_atomically(output, built.text)
         print_json({"script": None if output else built.text, "written": str(output) if output else None,
-                    "warnings": list(built.plan.warnings), "assumptions": list(built.plan.assumptions)})
+                    "warnings": list(built.plan.warnings), "assumptions": list(built.plan.assumptions),
+                    "job": built.job.to_json()})
         return
     for a in built.plan.assumptions:
         assumed(a)

@@ -31,25 +31,14 @@ COLLECTIVE_ARGS = {"sizes": SIZES, "iters": 5, "timeout_s": 300, "gemm_n": 8192,
 
 
 def _disk_need_gib(rp: Any) -> float | None:
-    """Peak checkpoint GiB of the plan (hpcrl.planning.disk), or None where it cannot be worked out."""
+    """The run's peak disk need in GiB, as `plan-disk --config` and the render/submit disk check count it
+    (hpcrl/planning/disk_check.py: the run's own backend's budget), or None where it cannot be worked out."""
+    from hpcrl.planning.disk import GIB
+    from hpcrl.planning.disk_check import run_budget
+
     try:
-        from hpcrl.planning import disk
-        from hpcrl.planning.backends.oi_args import default
-
-        cfg = rp.config
-
-        def arg(name: str):
-            return cfg.args[name] if name in cfg.args else default(name, cfg.hpcrl.arg_layout)
-
-        per_step = max(1, int(arg("num_unique_prompts_rollout")) * int(arg("num_samples_per_prompt_rollout")))
-        plan = disk.plan_disk(
-            rp.workload.model, n_learners=rp.layout.learner_gpus, lora_rank=rp.workload.lora_rank,
-            save_freq=int(arg("save_freq")), checkpoint_state_freq=int(arg("checkpoint_state_freq")),
-            keep_last_n_checkpoints=int(arg("keep_last_n_checkpoints")),
-            total_steps=max(1, int(arg("total_episodes")) // per_step),
-        )
-        return plan.peak_bytes / disk.GIB
-    except (ImportError, HpcrlError, KeyError, ValueError):  # preflight still reports free space
+        return run_budget(rp).peak_bytes / GIB
+    except HpcrlError:  # preflight still reports free space
         return None
 
 
@@ -110,7 +99,7 @@ def stack_spec(cfg: Any, rp: Any, arch: str, run_root: str) -> dict[str, Any]:
     backend: the expectation, the check's source files, the driver's arguments where a plan was made
     (their run directory a stand-in: the dry parse writes nothing), and the modules to import."""
     from hpcrl.planning.backends import get_backend, stack_expect
-    from hpcrl.rendering.render import RAY_TOKEN_MIN
+    from hpcrl.contract import RAY_TOKEN_MIN
     from hpcrl.runtime import stack, stack_parse
 
     backend = get_backend(cfg.hpcrl.backend)

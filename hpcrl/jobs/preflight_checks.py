@@ -66,7 +66,7 @@ def cuda_check(torch_cuda: str | None, driver_cuda: str | None) -> Check | None:
 
 def ray_check(version: str) -> Check:
     """Ray's version: below 2.52 it ignores RAY_AUTH_MODE=token, and the job script refuses to start it."""
-    from hpcrl.rendering.render import RAY_TOKEN_MIN
+    from hpcrl.contract import RAY_TOKEN_MIN
 
     got = _major_minor(version)
     need = ".".join(map(str, RAY_TOKEN_MIN))

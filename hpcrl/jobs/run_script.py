@@ -1,10 +1,11 @@
 """The one path from a run request to its sbatch script, taken by `plan`, `render` and `submit`.
 
-`plan` takes it too and shows the plan without rendering the text, but the script's own checks
-(Slurm values, the account, the run name, the container runtime) refuse there as they would at
-render, so `plan` never approves what `render` refuses. `plan --model` (a model other than the
-config's, which render cannot take) plans that model's layouts only. The user's exclude list is
-read here, which makes this a jobs module: it is a file in the user's data dir.
+A request is planned (hpcrl/planning/request.py), the user's exclude list is added (it is a file in
+the user's data dir, which makes this a jobs module), the plan is described as a job
+(hpcrl/planning/describe.py: every check of the script's values happens there) and the description
+is rendered. `plan` stops after the description, so it never approves what `render` refuses;
+`plan --model` (a model other than the config's, which render cannot take) plans that model's
+layouts only.
 """
 
 from __future__ import annotations
@@ -12,17 +13,27 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from hpcrl.jobs import node_excludes
+from hpcrl.planning.describe import describe_job
+from hpcrl.planning.job_spec import JobSpec
 from hpcrl.planning.request import RunRequest, plan_request
 from hpcrl.planning.run_types import RunPlan
-from hpcrl.rendering.render import check_script, render_script
+from hpcrl.rendering.render import render_script
 
 
 class RunScript(NamedTuple):
-    """A request, its checked plan (with the cluster's exclude list) and the script rendered from it."""
+    """A request, its checked plan (with the cluster's exclude list), its job description and the script."""
 
     request: RunRequest
     plan: RunPlan
+    job: JobSpec
     text: str
+
+
+class PlannedJob(NamedTuple):
+    """`hpcrl plan`'s answer: the plan, and its job description (None for a what-if on another model)."""
+
+    plan: RunPlan
+    job: JobSpec | None
 
 
 def _planned(req: RunRequest) -> RunPlan:
@@ -30,19 +41,19 @@ def _planned(req: RunRequest) -> RunPlan:
 
 
 def build(req: RunRequest) -> RunScript:
-    """Plan the request, add the user's exclude list, render; raises what any of them refuses."""
+    """Plan the request, add the user's exclude list, describe and render; raises what any of them refuses."""
     rp = _planned(req)
-    return RunScript(req, rp, render_script(rp, smoke=req.smoke))
+    job = describe_job(rp, smoke=req.smoke)
+    return RunScript(req, rp, job, render_script(job))
 
 
-def plan(req: RunRequest) -> RunPlan:
-    """`hpcrl plan`'s plan: planned as for render, with every check of the script; a what-if on
-    another model (`plan --model`) has no script to check, so it is planned alone."""
+def plan(req: RunRequest) -> PlannedJob:
+    """`hpcrl plan`'s plan: planned and described as for render, with every check of the script; a
+    what-if on another model (`plan --model`) has no script, so it is planned alone."""
     if req.model is not None:
-        return plan_request(req)
+        return PlannedJob(plan_request(req), None)
     rp = _planned(req)
-    check_script(rp, smoke=req.smoke)
-    return rp
+    return PlannedJob(rp, describe_job(rp, smoke=req.smoke))
 
 
-__all__ = ["RunRequest", "RunScript", "build", "plan"]
+__all__ = ["PlannedJob", "RunRequest", "RunScript", "build", "plan"]

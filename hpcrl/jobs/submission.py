@@ -51,18 +51,15 @@ def expand_path(raw: str, what: str, extra: dict[str, str] | None = None) -> Pat
 
 
 def from_run_script(built: RunScript) -> Submission:
-    """A Submission of a script built from a request (jobs/run_script.py: the path render takes too)."""
-    from hpcrl.rendering import render
-
-    rp, smoke = built.plan, built.request.smoke
-    cfg, profile = rp.config, rp.profile
+    """A Submission of a script built from a request (jobs/run_script.py: the path render takes too): the
+    run directory, cluster, plan and directory mode come from its job description."""
+    job = built.job
     # The job's own $SLURM_JOB_ACCOUNT is the account it is submitted under (Berzelius' /proj/<account>).
-    known = {"SLURM_JOB_ACCOUNT": cfg.hpcrl.account} if cfg.hpcrl.account else {}
-    root = expand_path(cfg.hpcrl.run_root or profile.storage.run_root.path, "run_root", known)
-    plan = json.loads(render.plan_json(rp, smoke=smoke))
-    return Submission(built.text, RunDir(root / cfg.hpcrl.run_name), cfg.hpcrl.run_name, render.cluster_label(rp),
-                      cfg.digest(), cfg.hpcrl.max_restarts, plan, cfg.source, tuple(rp.warnings),
-                      _dir_mode(render.umask(rp)))
+    known = {"SLURM_JOB_ACCOUNT": job.slurm.account} if job.slurm.account else {}
+    root = expand_path(job.run_dir.root, "run_root", known)
+    return Submission(built.text, RunDir(root / job.run_dir.name), job.run_dir.name, job.header.cluster,
+                      job.header.config_digest, job.chain.max_restarts, dict(job.plan), built.plan.config.source,
+                      job.header.warnings, _dir_mode(job.environment.umask))
 
 
 def _dir_mode(umask: str | None) -> int | None:

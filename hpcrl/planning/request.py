@@ -11,6 +11,7 @@ from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from hpcrl.planning.job_spec import JobSpec
     from hpcrl.planning.run_types import RunPlan
 
 
@@ -57,8 +58,9 @@ def plan_request(req: RunRequest) -> RunPlan:
     return rp
 
 
-def plan_data(rp: RunPlan, top: int = 5) -> dict:
-    """What `hpcrl plan --json` prints: the ranked layouts (the best `top`) and what the plan assumed."""
+def plan_data(rp: RunPlan, top: int = 5, job: JobSpec | None = None) -> dict:
+    """What `hpcrl plan --json` prints: the ranked layouts (the best `top`), what the plan assumed, and the
+    job description of the first layout (`job`; null for a what-if on another model)."""
     return {
         "cluster": rp.profile.name if not rp.profile.variant else f"{rp.profile.name}:{rp.profile.variant}",
         "nodes": rp.nodes,
@@ -68,6 +70,7 @@ def plan_data(rp: RunPlan, top: int = 5) -> dict:
         "assumptions": list(rp.assumptions),
         "layouts_considered": len(rp.layouts),
         "layouts": [dict(rank=i + 1, **lay.to_dict()) for i, lay in enumerate(rp.layouts[:top])],
+        "job": job.to_json() if job is not None else None,
     } | ({"backend": rp.backend.name, "backend_args": rp.backend.layout_args(rp)}
          if rp.backend.plan_shows_layout_args else {})
 

@@ -842,13 +842,6 @@ job_nodes() {
 }
 node_entry() { awk -v RS=';' -v n="$1" '$1 == n { print $2, $3 }' <<<"$HPCRL_NODE_TABLE"; }
 
-# Ray's ports are drawn for this job and node at random from 10000-32767 (profile ray.ports),
-# each kept only when it binds now, a taken one drawn again (hpcrl.runtime.free_ports): ports known
-# in advance (Ray's defaults 6379, 8265, 10001, 52365, or a block from the job id) could be bound
-# first by another user on a shared node.
-#   the head: port, dashboard-port, ray-client-server-port (the dashboard bound to localhost)
-#   every node: node-manager-port, object-manager-port, metrics-export-port,
-#       dashboard-agent-grpc-port, dashboard-agent-listen-port, runtime-env-agent-port
 # Services keep the job id's block of 100 ports: +3+slot from HPCRL_PORT_BASE.
 # Worker processes take ports the kernel assigns (--min/max-worker-port=0): they cannot
 # collide, and a fixed range would have to hold num_cpus prestarted workers plus every actor.

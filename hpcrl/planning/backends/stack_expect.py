@@ -82,7 +82,7 @@ def run_version(cfg: RunConfig) -> str | None:
 
 def run_expectation(cfg: RunConfig, arch: str, ray_min: tuple[int, ...] | None) -> dict[str, Any] | None:
     """The expectation for a run config on a node of `arch`; ray_min: the lowest Ray the job script
-    accepts (rendering's RAY_TOKEN_MIN) where the backend brings up Ray, else None."""
+    accepts (hpcrl/contract.py's RAY_TOKEN_MIN) where the backend brings up Ray, else None."""
     need = ".".join(map(str, ray_min)) if ray_min else None
     return expectation(cfg.hpcrl.backend, run_version(cfg), arch=arch, ray_min=need,
                        ray_min_why=f"hpcrl: Ray below {need} ignores RAY_AUTH_MODE=token")

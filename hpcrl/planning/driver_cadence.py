@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
-from hpcrl.planning.backends.base import DriverLine
+from hpcrl.planning.backends.base import DriverLine, Word
 from hpcrl.planning.cadence import ASSUMED_WRITE_GIB_S
+from hpcrl.planning.job_spec import ShellWord
 from hpcrl.planning.run_types import RunPlan
-from hpcrl.shell import shq
 
 VAR = "CKPT_EVERY"
 
@@ -25,35 +25,40 @@ def adjustable_every(rp: RunPlan) -> int | None:
     return c.every_steps if c is not None and not c.pinned else None
 
 
-def interval_words(rp: RunPlan, lines: list[DriverLine]) -> tuple[list[str], bool]:
-    """The driver's lines as shell text with the planned interval as "$CKPT_EVERY", and whether one was."""
+def shell_word(word: Word) -> ShellWord:
+    """A driver word as the job description holds it, checked to be one the script can carry."""
+    word.shell()  # raises on a run-dir word with characters a double-quoted word cannot carry
+    return ShellWord(text=word.text, expand=word.run_dir)
+
+
+def interval_words(rp: RunPlan, lines: list[DriverLine]) -> tuple[tuple[tuple[ShellWord, ...], ...], bool]:
+    """The driver's lines with the planned interval as "$CKPT_EVERY", and whether one was."""
     every, key, found = adjustable_every(rp), rp.backend.checkpoint_key, False
     hydra = rp.backend.command_facts.style == "hydra"
     out = []
     for line in lines:
-        words = [w.shell() for w in line]
+        words = [shell_word(w) for w in line]
         texts = [w.text for w in line]
         if every is not None and not found:
             if not hydra and texts == [f"--{key}", str(every)]:
-                words[1], found = f'"${VAR}"', True
+                words[1], found = ShellWord(text=f"${VAR}", expand=True), True
             elif hydra and texts == [f"{key}={every}"]:
-                words[0], found = f'"{key}=${VAR}"', True
-        out.append(" ".join(words))
-    return out, found
+                words[0], found = ShellWord(text=f"{key}=${VAR}", expand=True), True
+        out.append(tuple(words))
+    return tuple(out), found
 
 
-def env_words(rp: RunPlan) -> tuple[list[tuple[str, str]], bool]:
-    """The driver's environment as (name, shell value), the interval's variable as "$CKPT_EVERY"; and
-    whether it was."""
+def env_words(rp: RunPlan) -> tuple[tuple[tuple[str, ShellWord], ...], bool]:
+    """The driver's environment, the interval's variable as "$CKPT_EVERY"; and whether it was."""
     every, name = adjustable_every(rp), rp.backend.checkpoint_env
     out, found = [], False
     for k, v in sorted(rp.backend.env(rp).items()):
         if every is not None and k == name and v == str(every):
-            out.append((k, f'"${VAR}"'))
+            out.append((k, ShellWord(text=f"${VAR}", expand=True)))
             found = True
         else:
-            out.append((k, shq(v)))
-    return out, found
+            out.append((k, ShellWord(text=v)))
+    return tuple(out), found
 
 
 def cadence_record(rp: RunPlan) -> dict | None:
@@ -70,4 +75,4 @@ def cadence_record(rp: RunPlan) -> dict | None:
             "model": model}
 
 
-__all__ = ["VAR", "adjustable_every", "cadence_record", "env_words", "interval_words"]
+__all__ = ["VAR", "adjustable_every", "cadence_record", "env_words", "interval_words", "shell_word"]

@@ -1,4 +1,4 @@
-"""The #SBATCH options of a run plan, each value checked as Slurm reads it (pure)."""
+"""What a run plan asks of Slurm (the job description's SlurmRequest), each value checked as Slurm reads it (pure)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import re
 from hpcrl import contract
 from hpcrl.errors import ConfigError
 from hpcrl.planning import walltime
-from hpcrl.planning.run_plan import RunPlan
+from hpcrl.planning.job_spec import SlurmRequest
+from hpcrl.planning.run_types import RunPlan
 from hpcrl.profiles import ClusterProfile
 from hpcrl.shell import has_vars, sanitize_name, sbatch_safe
 
@@ -97,41 +98,29 @@ def partial_node_options(profile: ClusterProfile) -> list[str]:
     return opts
 
 
-def sbatch_options(rp: RunPlan) -> list[str]:
-    """The #SBATCH options, validated: one `--name=value` string each."""
+def slurm_request(rp: RunPlan) -> SlurmRequest:
+    """The job's Slurm request, validated."""
     hp, slurm, g = rp.config.hpcrl, rp.profile.slurm, rp.profile.gpu.count_per_node
-    n = rp.nodes
-    opts = [f"--job-name=hpcrl-{sanitize_name(hp.run_name)}", f"--nodes={n}", "--ntasks-per-node=1"]
-    opts.append(contract.gpu_request_option(slurm.gpu_request, g, n))
+    share: list[str] = []
     if rp.profile.job_gpus:
-        opts += partial_node_options(rp.profile)
+        share = partial_node_options(rp.profile)
     elif slurm.exclusive:
-        opts.append("--exclusive")
+        share = ["--exclusive"]
     elif slurm.cpus_per_gpu:
-        opts.append(f"--cpus-per-gpu={slurm.cpus_per_gpu}")
-    if slurm.mem is not None:
-        opts.append(f"--mem={_sbatch_value('slurm.mem', slurm.mem)}")
+        share = [f"--cpus-per-gpu={slurm.cpus_per_gpu}"]
     partition = hp.partition or slurm.default_partition
-    time = _wall_time(rp, partition)
-    if time:
-        opts.append(f"--time={time}")
-    if partition:
-        opts.append(f"--partition={_sbatch_value('partition', partition)}")
-    account = _account(rp)
-    if account:
-        opts.append(f"--account={account}")
-    if hp.qos:
-        opts.append(f"--qos={_sbatch_value('hpcrl.qos', hp.qos)}")
-    if slurm.constraint:
-        opts.append(f"--constraint={_sbatch_value('slurm.constraint', slurm.constraint, _CONSTRAINT)}")
-    exclude = exclude_nodes(rp)
-    if exclude:
-        opts.append(f"--exclude={','.join(exclude)}")
-    opts += [
-        f"--output={output_path(rp)}",
-        "--open-mode=append",
-        f"--signal=B:USR1@{rp.cadence.lead_s if rp.cadence else slurm.signal_before_end_s}",
-        # The script chains its own continuation; a Slurm requeue would run a second copy.
-        "--no-requeue",
-    ]
-    return opts
+    return SlurmRequest(
+        job_name=f"hpcrl-{sanitize_name(hp.run_name)}",
+        nodes=rp.nodes,
+        gpu_request=contract.gpu_request_option(slurm.gpu_request, g, rp.nodes),
+        share=tuple(share),
+        mem=_sbatch_value("slurm.mem", slurm.mem) if slurm.mem is not None else None,
+        time=_wall_time(rp, partition),
+        partition=_sbatch_value("partition", partition) if partition else None,
+        account=_account(rp),
+        qos=_sbatch_value("hpcrl.qos", hp.qos) if hp.qos else None,
+        constraint=_sbatch_value("slurm.constraint", slurm.constraint, _CONSTRAINT) if slurm.constraint else None,
+        exclude=tuple(exclude_nodes(rp)),
+        output=output_path(rp),
+        signal_lead_s=rp.cadence.lead_s if rp.cadence else slurm.signal_before_end_s,
+    )

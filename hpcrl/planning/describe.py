@@ -1,0 +1,262 @@
+"""From a checked run plan to its job description (hpcrl/planning/job_spec.py): pure.
+
+Every question to the backend and every check the script's values need (Slurm values, the account,
+the run name, the container runtime, the driver's words) happens here, once; the renderer only
+formats what this returns. `hpcrl plan` builds it too, so it never approves what `render` refuses.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from hpcrl import __version__, contract
+from hpcrl.errors import ConfigError
+from hpcrl.memory import constants as C
+from hpcrl.planning import driver_cadence
+from hpcrl.planning.backends import stack_expect
+from hpcrl.planning.job_spec import (Chain, Checkpoints, Container, Driver, Environment, GpuMonitor, Header, JobSpec,
+                                     NodeRole, Phase, RaySpec, RunDirectory, Service, Smoke, Watchdog)
+from hpcrl.planning.run_types import RunPlan
+from hpcrl.planning.slurm_request import check_run_name, cluster_label, run_root, slurm_request
+
+CONTAINER_RUNTIMES = ("apptainer", "singularity")
+# Host paths bound into a container, by the variables that name them in the script.
+CONTAINER_BINDS = ("HPCRL_RUN_DIR", "HPCRL_NODE_LOCAL", "HF_HOME")
+# Ray's socket paths must stay under 107 bytes: <temp>/session_<date>_<time>_<pid>/sockets/plasma_store
+# adds up to 64 characters to Ray's temp dir; the script falls back to /tmp past this length.
+RAY_TEMP_MAX = 40
+# `ray start` tries per node before the job gives up (NeMo-RL's ray.sub retries the head 3 times).
+RAY_START_ATTEMPTS = 3
+# Nodes of one host that start Ray at once before ray.start_stagger_s applies. 1: every node after
+# the head waits. With 4 (the first four at once) the local-dev 8-node bring-up failed under load
+# where staggering every node had passed (benchmarks/results/bringup_nodes.jsonl).
+STAGGER_FREE_SLOTS = 1
+# The module torchrun is (a launcher the script checks is importable before the driver starts).
+TORCHRUN_MODULE = "torch.distributed.run"
+
+
+def umask(rp: RunPlan) -> str:
+    """The script's umask: the job's files are the user's alone unless the group shares runs."""
+    return "027" if rp.profile.storage.share_runs_with_group else "077"
+
+
+def plan_summary(rp: RunPlan) -> list[str]:
+    """The plan in a few comment lines: layout, per-GPU memory, step estimate."""
+    lay, w, p = rp.layout, rp.workload, rp.profile
+    d = lay.to_dict()
+    eng = lay.memory.engine
+    if lay.colocated:
+        gpus = f"all {lay.learner_gpus} GPUs train and generate (colocated)"
+        mem = lay.memory.colocated_summary()
+    else:
+        gpus = f"{lay.learner_gpus} learner GPUs, {lay.engines * lay.tp} engine GPUs, {lay.idle_gpus} idle"
+        mem = (f"learner peak {d['learner_peak_gib']:.1f} GiB/GPU of {d['gpu_usable_gib']:.1f} usable; "
+               f"engine {eng.weights / C.GIB:.1f} GiB weights + {d['engine_kv_cache_gib']:.1f} GiB KV cache per GPU; "
+               f"host peak {d['host_peak_gib']:.0f} GiB/node")
+    return [
+        f"model {w.model.name}: {w.seqs} sequences of {w.seq_len} tokens per step, {rp.backend.tokens_text(rp)}",
+        (f"{p.job_gpus} {p.gpu.model} ({p.gpu.memory_gib:g} GiB) of one node, not the whole node (--gpus "
+         f"{p.job_gpus}): {gpus}" if p.job_gpus else f"{rp.nodes} x {p.gpu.count_per_node} {p.gpu.model} "
+         f"({p.gpu.memory_gib:g} GiB): {gpus}"),
+        rp.backend.summary(rp),
+        mem,
+        f"step {lay.step.text()} (generation {lay.step.generation_s:.0f} s, training {lay.step.training_s:.0f} s), "
+        f"bottleneck {lay.bottleneck}; the checkpoint cadence and time-limit lead use the upper estimate",
+        f"step basis: {lay.step.basis}",
+    ] + ([rp.cadence.summary(rp.backend.checkpoint_key, rp.config.hpcrl.max_lost_minutes)] if rp.cadence else [])
+
+
+def plan_record(rp: RunPlan, *, smoke: bool = False) -> dict[str, Any]:
+    """hpcrl/plan.json: what the script was rendered from (plain JSON values)."""
+    lay = rp.layout
+    data: dict[str, Any] = {
+        "hpcrl_version": __version__,
+        "cluster": cluster_label(rp),
+        "config": Path(rp.config.source).name if rp.config.source else None,
+        "config_digest": rp.config.digest(),
+        "run_name": rp.config.hpcrl.run_name,
+        "nodes": rp.nodes,
+        "gpus_per_node": rp.profile.gpu.count_per_node,
+        "model": rp.workload.model.name,
+        "smoke": smoke,
+        "layout": lay.to_dict(),
+        "memory": lay.memory.to_dict(),
+        "warnings": list(rp.warnings),
+    }
+    if (cadence := driver_cadence.cadence_record(rp)) is not None:
+        data["cadence"] = cadence
+    if rp.backend.names_itself_in_plan:
+        data["backend"] = rp.backend.name
+        data["backend_args"] = rp.backend.layout_args(rp)
+    if rp.config.hpcrl.reward_keys:  # the watchdog's reward keys: `hpcrl report` reads the metrics with them
+        data["reward_keys"] = list(rp.config.hpcrl.reward_keys)
+    if rp.config.hpcrl.loss_keys:
+        data["loss_keys"] = list(rp.config.hpcrl.loss_keys)
+    if "zero_reward_steps" in rp.config.hpcrl.model_fields_set:  # the report's "reward key never seen" window
+        data["zero_reward_steps"] = rp.config.hpcrl.zero_reward_steps
+    if rp.profile.job_gpus is not None:  # a job with part of a node (--gpus N)
+        data["job_gpus"] = rp.profile.job_gpus
+    return json.loads(json.dumps(data, default=str))  # plain JSON: it round-trips with the description
+
+
+def _container(rp: RunPlan) -> Container | None:
+    image = rp.config.hpcrl.container
+    if not image:
+        return None
+    runtime = rp.profile.container.runtime
+    if runtime not in CONTAINER_RUNTIMES:
+        raise ConfigError(
+            f"hpcrl.container is set but cluster {rp.profile.name}'s container runtime is {runtime!r}; "
+            f"render supports {', '.join(CONTAINER_RUNTIMES)} (or start your container in hpcrl.env_setup)"
+        )
+    return Container(runtime=runtime, flags=tuple(rp.profile.container.flags), image=image, binds=CONTAINER_BINDS)
+
+
+def _environment(rp: RunPlan) -> Environment:
+    prof, hp = rp.profile, rp.config.hpcrl
+    return Environment(modules=tuple(prof.modules), profile_env=tuple(prof.env.items()),
+                       profile_setup=tuple(prof.setup), env_setup=tuple(hp.env_setup), hf_home=prof.storage.hf_home,
+                       umask=umask(rp), shared_with_group=prof.storage.share_runs_with_group,
+                       container=_container(rp))
+
+
+def _ray(rp: RunPlan) -> RaySpec | None:
+    if not rp.backend.uses_ray:
+        return None
+    prof = rp.profile
+    return RaySpec(
+        cpus_per_node=prof.ray.num_cpus_per_node,
+        object_store_bytes=int(prof.ray.object_store_gib * C.GIB) if prof.ray.object_store_gib else None,
+        # The last of the nodes sharing one host starts this much later: its wait is added.
+        join_timeout_s=prof.ray.join_timeout_s + prof.ray.start_stagger_s * max(0, rp.nodes - STAGGER_FREE_SLOTS),
+        start_stagger_s=prof.ray.start_stagger_s,
+        stagger_free_slots=STAGGER_FREE_SLOTS,
+        ports=tuple(prof.ray.ports),
+        metrics=prof.ray.metrics,
+        start_attempts=RAY_START_ATTEMPTS,
+        temp_max=RAY_TEMP_MAX,
+        min_version=contract.RAY_TOKEN_MIN,
+        # The worker step asks for the GPUs of every node but the head.
+        worker_gpu_request=contract.gpu_request_option(prof.slurm.gpu_request, prof.gpu.count_per_node,
+                                                       rp.nodes - 1) if rp.nodes > 1 else "",
+    )
+
+
+def _services(rp: RunPlan) -> tuple[Service, ...]:
+    timeout = rp.config.hpcrl.code_server_timeout_s
+    return tuple(Service(name=s.name, command=tuple(s.command), health_path=s.health_path, port=s.port,
+                         env=tuple(s.env), why=s.why, timeout_s=timeout)
+                 for s in rp.backend.services(rp.config))
+
+
+def _driver(rp: RunPlan) -> tuple[Driver, int | None]:
+    """The driver, and the planned checkpoint interval that "$CKPT_EVERY" carries in it (None: none does)."""
+    hp, backend = rp.config.hpcrl, rp.backend
+    args, in_args = driver_cadence.interval_words(rp, backend.driver_command(rp))
+    env, in_env = driver_cadence.env_words(rp)
+    launcher = tuple(backend.launcher_words(rp))
+    driver = Driver(
+        backend=backend.name, label=backend.label, workdir=hp.workdir, python=hp.python,
+        entry_point=hp.entry_point, entry_module=backend.runs_module(hp),
+        # A framework's own entry module, else a user's module (the custom backend's `python -m`).
+        module_owner=backend.name if backend.entry_is_module else "its package",
+        launcher=launcher, launcher_module=TORCHRUN_MODULE if TORCHRUN_MODULE in launcher else "",
+        args=args, env=env, override_style=backend.command_facts.style)
+    return driver, driver_cadence.adjustable_every(rp) if in_args or in_env else None
+
+
+def _smoke(rp: RunPlan) -> Smoke:
+    backend, lay = rp.backend, rp.layout
+    return Smoke(backend=backend.name, placement=backend.smoke_facts.comment,
+                 words=tuple(backend.smoke_words(rp)) if backend.uses_ray else (),
+                 learners=" ".join([str(lay.learners_per_node)] * lay.learner_nodes), engines=lay.engines, tp=lay.tp)
+
+
+def _stack(rp: RunPlan, smoke: bool) -> dict[str, Any] | None:
+    """The job's stack check expectation; None for a smoke test (its driver is hpcrl's), hpcrl.stack_check
+    off, or a backend without install facts (custom scripts)."""
+    if smoke or rp.config.hpcrl.stack_check == "off":
+        return None
+    ray_min = contract.RAY_TOKEN_MIN if rp.backend.uses_ray else None
+    return stack_expect.run_expectation(rp.config, rp.profile.node.arch, ray_min) or None
+
+
+def _roles(rp: RunPlan, ray: bool, services: bool) -> tuple[NodeRole, ...]:
+    on_every = ("services, " if services else "") + ("Ray and " if ray else "") + "the GPU monitor"
+    roles = [NodeRole(role="head", count=1, does=f"the batch script: the driver under the watchdog, {on_every}")]
+    if rp.nodes > 1 and ray:  # without Ray the other nodes are the framework's own to use (no step of hpcrl's)
+        roles.append(NodeRole(role="worker", count=rp.nodes - 1, does=f"one srun step: {on_every}"))
+    return tuple(roles)
+
+
+def _phases(rp: RunPlan, ray: bool, smoke: bool, label: str) -> tuple[Phase, ...]:
+    phases = [
+        Phase(name="environment", does="the profile's and the config's environment, the run directory and job log, "
+                                       "nodes, ports"),
+        Phase(name="stack_check", does="what the job's environment must provide before anything starts"),
+        Phase(name="head", does="this node: GPU monitor, services" + (", Ray's head" if ray else "")),
+    ]
+    if ray:
+        phases += [
+            Phase(name="workers", does="one srun step: services and Ray on every other node" if rp.nodes > 1
+                  else "none: one node"),
+            Phase(name="readiness", does="Ray reports every node and GPU"),
+        ]
+    phases += [
+        Phase(name="services", does="every service answers"),
+        Phase(name="driver", does=("the smoke test" if smoke else f"{label} under the watchdog") + ", until it exits"),
+        Phase(name="stop", does="its exit code -> the end reason; record it, continue the chain when the reason "
+                                "allows"),
+    ]
+    return tuple(phases)
+
+
+def describe_job(rp: RunPlan, *, smoke: bool = False) -> JobSpec:
+    """The job description of a checked plan; raises ConfigError/HpcrlError on any value the script cannot carry."""
+    hp, prof, backend = rp.config.hpcrl, rp.profile, rp.backend
+    run_name = check_run_name(hp.run_name)
+    ray = _ray(rp)
+    services = _services(rp)
+    driver, ckpt_every = _driver(rp)
+    rule = prof.idle_gpu_policy
+    return JobSpec(
+        header=Header(hpcrl_version=__version__, cluster=cluster_label(rp),
+                      config_name=Path(rp.config.source).name if rp.config.source else "-",
+                      config_digest=rp.config.digest(), framework=backend.target_version(hp)[0],
+                      summary=tuple(plan_summary(rp)), assumptions=tuple(rp.assumptions), warnings=tuple(rp.warnings),
+                      user_exclude=tuple(rp.user_exclude), user_exclude_file=rp.user_exclude_file, smoke=smoke),
+        slurm=slurm_request(rp),
+        gpus_per_node=prof.gpu.count_per_node,
+        cpus_per_node=prof.node.cpu_cores,
+        roles=_roles(rp, ray is not None, bool(services)),
+        phases=_phases(rp, ray is not None, smoke, backend.label),
+        environment=_environment(rp),
+        run_dir=RunDirectory(root=run_root(rp).rstrip("/") or "/", name=run_name, node_local=prof.storage.node_local.path,
+                             ray_log_keep_mib=prof.ray.log_keep_mib),
+        ray=ray,
+        services=services,
+        driver=None if smoke else driver,
+        smoke=_smoke(rp) if smoke else None,
+        watchdog=Watchdog(zero_reward_steps=hp.zero_reward_steps, hang_minutes=hp.hang_minutes,
+                          grad_norm_steps=hp.grad_norm_steps, zero_variance_steps=hp.zero_variance_steps,
+                          reward_keys=tuple(hp.reward_keys), loss_keys=tuple(hp.loss_keys),
+                          timing_words=tuple(backend.timing_facts.words()),
+                          marker_after_step=backend.timing_facts.marker_after_step),
+        checkpoints=Checkpoints(key=backend.checkpoint_key, marker=backend.checkpoint_marker,
+                                every=None if smoke else ckpt_every, variable=driver_cadence.VAR,
+                                signal_lead_s=rp.cadence.lead_s if rp.cadence else prof.slurm.signal_before_end_s),
+        chain=Chain(max_restarts=hp.max_restarts, max_failure_restarts=hp.max_failure_restarts,
+                    failure_backoff_s=hp.failure_backoff_s, no_resume=rp.no_resume),
+        stack=_stack(rp, smoke),
+        gpu_monitor=GpuMonitor(min_mean_power_w=rule.min_mean_power_w, grace_minutes=rule.grace_minutes)
+        if rule is not None else GpuMonitor(),
+        kill_wait_s=prof.slurm.kill_wait_s,
+        signal_before_end_s=prof.slurm.signal_before_end_s,
+        grace_s=max(30, prof.slurm.signal_before_end_s - 120),
+        plan=plan_record(rp, smoke=smoke),
+    )
+
+
+__all__ = ["describe_job", "plan_record", "plan_summary", "umask"]

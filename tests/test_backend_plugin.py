@@ -92,3 +92,20 @@ def test_a_config_imports_only_the_backend_it_names():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=HERE.parent, env={**os.environ, "PYTHONPATH": str(HERE.parent)})
     assert out.stdout.split() == ["['verl']"]
+
+
+def test_a_backend_that_leaves_a_fact_to_the_base_class_is_refused(toy, tmp_path, monkeypatch):
+    """A backend that does not say its smoke placement would be placed as open-instruct is: refused, by name."""
+    source = (TOY_DIR / "toy.py").read_text()
+    (tmp_path / "halfdone.py").write_text(
+        source.replace('    smoke_facts = SmokeFacts(placement="learner-spread", comment="place learners and engines apart")\n',
+                       "").replace('name = "toy"', 'name = "halfdone"'))
+    monkeypatch.setattr(registry, "__path__", [*registry.__path__, str(tmp_path)])
+    registry.get_backend.cache_clear()
+    try:
+        with pytest.raises(TypeError, match="HalfdoneBackend|ToyBackend") as caught:
+            registry.get_backend("halfdone")
+        assert "does not declare smoke_facts;" in str(caught.value)
+    finally:
+        sys.modules.pop(f"{registry.__name__}.halfdone", None)
+        registry.get_backend.cache_clear()

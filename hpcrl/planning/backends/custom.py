@@ -12,6 +12,7 @@ PPO or GRPO learner with LoRA or QLoRA that generates with HF `generate` (hpcrl/
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from hpcrl.errors import ConfigError, PlanError, UnknownNameError
@@ -21,7 +22,8 @@ from hpcrl.models import resolve_model
 from hpcrl.models.spec import ALL_LINEAR
 from hpcrl.planning.backends.base import _MODULE as MODULE_NAME
 from hpcrl.planning.backends.base import Backend, DriverLine, Planned, Word, cli_pins_into, positive
-from hpcrl.planning.backends.log_facts import DiagnoseFacts, SmokeFacts
+from hpcrl.planning.backends.facts import MemoryFacts
+from hpcrl.planning.backends.log_facts import CommandFacts, DiagnoseFacts, SmokeFacts, TimingFacts
 from hpcrl.planning.backends.custom_facts import DISK, memory_answer
 from hpcrl.planning.layout import Layout, Pins, Workload, learner_band
 
@@ -100,6 +102,12 @@ class CustomBackend(Backend):
     diagnose_facts = DiagnoseFacts(keys={"model": "model"}, learner_fixes="planned", engines=False,
                                    disk_reads=("lora_rank", "keep"), disk_bound="keep_checkpoints bounds them")
     smoke_facts = SmokeFacts(comment="check the job's GPUs and cores without Ray")
+    command_facts = CommandFacts()  # a user's script: no entry point a log shows to recognise, no package
+    timing_facts = TimingFacts()  # no step or checkpoint timer hpcrl knows of in a user's output
+    # plan-memory answers from this backend's own HF learner model (memory_answer below), never the shared
+    # DeepSpeed learner + vLLM question these facts feed.
+    memory = MemoryFacts()
+    layout_fixes: Mapping[str, str | None] = {}  # one node, planned by its own HF planner (plan below)
     # The script should write $HPCRL_RUN_DIR/checkpoints/latest once a checkpoint is complete: after the
     # time-limit warning the job waits for it (else it stops the script when only time to stop is left).
     checkpoint_key = "save_steps"

@@ -169,6 +169,7 @@ class OpenInstructBackend(Backend):
     run_dir_keys = RUN_DIR_FIELDS
     flag_table = "hpcrl/planning/backends/data/open_instruct_args_{layout}.json"
     entry_is_module = False
+    uses_ray = True  # grpo_fast.py places learners and vLLM engines on the job's Ray cluster
     command_facts = CommandFacts(entry=r"grpo_fast\.py|open_instruct\.grpo_fast|grpo_vllm_thread_ray_gtrl\.py",
                                  framework="open-instruct", package="open_instruct")
     diagnose_facts = DiagnoseFacts(

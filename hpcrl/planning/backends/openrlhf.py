@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from functools import lru_cache
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from hpcrl.planning.backends.base import (
@@ -144,6 +145,9 @@ class OpenRLHFBackend(Backend):
     layout_keys = LAYOUT_KEYS
     run_dir_keys = (*RUN_DIR_KEYS, "ckpt.load_enable")
     flag_table = "hpcrl/planning/backends/data/openrlhf_args.json"
+    layout_fixes: Mapping[str, str | None] = FIXES  # the separate-engine planner's fixes, in OpenRLHF's flags
+    entry_is_module = True  # python -m <entry point>
+    uses_ray = True  # train_ppo_ray places actor, reference and vLLM engines on the job's Ray cluster
     command_facts = CommandFacts(entry=r"openrlhf\.cli\.train_ppo_ray|openrlhf/cli/train_ppo_ray\.py",
                                  framework="OpenRLHF", package="openrlhf")
     diagnose_facts = DiagnoseFacts(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 from functools import lru_cache
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from hpcrl.planning.backends.base import (
@@ -85,6 +86,10 @@ class VerlBackend(Backend):
     layout_keys = (T + "nnodes", T + "n_gpus_per_node", TP_KEY, UTIL_KEY, MICRO_KEY, PARAM_OFFLOAD_KEY, OPT_OFFLOAD_KEY)
     run_dir_keys = (T + "default_local_dir", T + "resume_mode")
     flag_table = "hpcrl/planning/backends/data/verl_args.json"
+    # verl's plan is its own colocated planner: the separate-engine planner's fixes never apply.
+    layout_fixes: Mapping[str, str | None] = {}
+    entry_is_module = True  # python -m <entry point>
+    uses_ray = True  # main_ppo runs its workers on the job's Ray cluster (ray.init in trainer/main_ppo.py)
     command_facts = CommandFacts(entry=r"verl\.trainer\.main_ppo|verl/trainer/main_ppo\.py", style="hydra",
                                  framework="verl", package="verl")
     diagnose_facts = DiagnoseFacts(

@@ -7,8 +7,10 @@ from typing import Any
 
 from hpcrl.errors import UnknownNameError
 from hpcrl.models import resolve_model
-from hpcrl.planning.backends.base import Backend, Word, cli_pins_into
-from hpcrl.planning.backends.facts import DiskFacts
+from hpcrl.planning.backends.base import Backend, Planned, Word, cli_pins_into
+from hpcrl.planning.backends.facts import DiskFacts, MemoryFacts
+from hpcrl.planning.backends.log_facts import CommandFacts, DiagnoseFacts, SmokeFacts, TimingFacts
+from hpcrl.planning.layout_advice import plan_layouts
 from hpcrl.planning.disk_budget import Budget, DiskInputs, Item, cache_items, saves, trainable
 from hpcrl.planning.layout import Workload
 
@@ -40,6 +42,19 @@ class ToyBackend(Backend):
     checkpoint_key = "save_every"
     checkpoint_marker = "checkpoints/latest"
     disk = DiskFacts(keys={"ckpt_every": "save_every"}, budget=budget, fixes=lambda b: [], run_inputs=run_inputs)
+    # What every backend declares for itself (docs/backends.md, "Adding a backend").
+    uses_ray = True
+    entry_is_module = True
+    memory = MemoryFacts()  # a DeepSpeed ZeRO learner, as the memory model's defaults describe
+    layout_fixes = {"learners": "--pin learners={k}"}
+    command_facts = CommandFacts(entry=r"toy\.train", package="toy")
+    diagnose_facts = DiagnoseFacts(keys={"model": "model"})
+    smoke_facts = SmokeFacts(placement="learner-spread", comment="place learners and engines apart")
+    timing_facts = TimingFacts()  # the toy prints no timers
+
+    def plan(self, cfg, profile, nodes, w, pins, variants) -> Planned:
+        """Learners beside vLLM engines, as the shared planner lays them out."""
+        return Planned(plan_layouts(profile, nodes, w, pins, variants, self.layout_fixes))
 
     def arg_table(self, section=None) -> dict[str, dict[str, Any]]:
         return {k: {"help": v} for k, v in KEYS.items()}

@@ -183,3 +183,19 @@ def test_preflight_asks_the_disk_plan_disk_plans(config):
 
     want = ok_json(run_hpcrl("plan-disk", "--config", config, "--json"))["peak_gib"]
     assert target(config=config).disk_need_gib == pytest.approx(want, abs=0.05)
+
+
+def test_the_plan_uses_the_inputs_it_is_given():
+    """Inputs are resolved once and handed down: a plan made from resolved inputs whose profile was changed
+    by hand plans on that profile, not on one looked up again by name."""
+    from dataclasses import replace
+
+    from hpcrl.planning.inputs import resolve_inputs
+    from hpcrl.planning.run_plan import plan_run
+
+    inputs = resolve_inputs("grpo-olmo3-7b", nodes=3, cluster="local-dev")
+    bigger = inputs.profile.model_copy(update={"gpu": inputs.profile.gpu.model_copy(update={"count_per_node": 8})})
+    rp = plan_run(replace(inputs, profile=bigger))
+    assert rp.profile is bigger
+    assert rp.layout.learner_gpus + rp.layout.engines * rp.layout.tp + rp.layout.idle_gpus == 3 * 8
+    assert describe_job(rp).gpus_per_node == 8

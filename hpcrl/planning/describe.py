@@ -224,7 +224,7 @@ def describe_job(rp: RunPlan, *, smoke: bool = False) -> JobSpec:
     return JobSpec(
         header=Header(hpcrl_version=__version__, cluster=cluster_label(rp),
                       config_name=Path(rp.config.source).name if rp.config.source else "-",
-                      config_digest=rp.config.digest(), framework=backend.target_version(hp)[0],
+                      config_digest=rp.config.digest(), framework=rp.framework,
                       summary=tuple(plan_summary(rp)), assumptions=tuple(rp.assumptions), warnings=tuple(rp.warnings),
                       user_exclude=tuple(rp.user_exclude), user_exclude_file=rp.user_exclude_file, smoke=smoke),
         slurm=slurm_request(rp),

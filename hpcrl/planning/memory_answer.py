@@ -73,11 +73,9 @@ def plan_memory_data(r: MemoryRequest) -> dict:
         raise HpcrlError(f"rollout_offload {r.rollout_offload!r}: valid: none, optimizer, all")
     given = r.given
     if r.config:
-        from hpcrl.planning.config import load_run_config
+        from hpcrl.planning.inputs import resolve_config_profile
 
-        cfg = load_run_config(r.config, list(r.sets))
-        profile = job_profile(resolve_profile(r.cluster or cfg.hpcrl.cluster, r.cluster_file),
-                              r.gpus if r.gpus is not None else cfg.hpcrl.gpus)
+        cfg, profile = resolve_config_profile(r.config, list(r.sets), r.cluster, r.cluster_file, r.gpus)
         own = mq.own_answer(cfg, profile, given, r.learner_gpus)
         if own is not None:  # the backend's own memory model (the custom script's HF learner)
             return own

@@ -7,20 +7,16 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from hpcrl.errors import HpcrlError
 from hpcrl.planning import walltime
 from hpcrl.planning.backends import get_backend
 from hpcrl.planning.backends.base import Backend
 from hpcrl.planning.cadence import ASSUMED_WRITE_GIB_S, Cadence, plan_cadence, risk_warning
-from hpcrl.planning.config import load_run_config
 from hpcrl.planning.layout import Layout, Pins, Workload, enumerate_layouts
-from hpcrl.planning.node_limits import check_nodes
+from hpcrl.planning.inputs import RunInputs, resolve_inputs
 from hpcrl.planning.layout_advice import idle_gpus_warning
-from hpcrl.planning.node_share import job_profile
 from hpcrl.planning.resume import no_resume_reason, no_resume_warning
 from hpcrl.planning.run_types import HpcrlSection, RunConfig, RunPlan
-from hpcrl.planning.walltime import check_time
-from hpcrl.profiles import ClusterProfile, resolve_profile
+from hpcrl.profiles import ClusterProfile
 
 
 def workload_from_config(cfg: RunConfig, model: str | None = None) -> Workload:
@@ -90,30 +86,18 @@ def make_run_plan(
     gpus: int | None = None,
 ) -> RunPlan:
     """Load the config, resolve the cluster and plan layouts, raising on anything that won't work."""
-    cfg = load_run_config(config, sets)
-    profile = resolve_profile(cluster or cfg.hpcrl.cluster, cluster_file)
-    job_gpus = gpus if gpus is not None else cfg.hpcrl.gpus
-    n = nodes if nodes is not None else cfg.hpcrl.nodes if cfg.hpcrl.nodes is not None or job_gpus is None else 1
-    if n is None:
-        raise HpcrlError("number of nodes not given: pass --nodes N or set hpcrl.nodes in the config")
-    if n < 1:
-        raise HpcrlError(f"--nodes must be at least 1, got {n}")  # the config's own is checked on load
-    allow = allow_over_limit or cfg.hpcrl.allow_over_limit
-    warnings = check_nodes(profile, n, cfg.hpcrl.partition, allow)
-    profile = job_profile(profile, job_gpus, n)
-    part_name = cfg.hpcrl.partition or profile.slurm.default_partition
-    part = profile.slurm.partitions.get(part_name) if part_name else None
-    warnings += check_time(cfg.hpcrl.time, part_name, part.max_time if part else None, allow)
-    backend = get_backend(cfg.hpcrl.backend)
+    inputs = resolve_inputs(config, nodes=nodes, cluster=cluster, cluster_file=cluster_file, sets=sets, gpus=gpus,
+                            allow_over_limit=allow_over_limit)
+    return plan_run(inputs, model=model, pins=pins)
+
+
+def plan_run(inputs: RunInputs, *, model: str | None = None, pins: list[str] | None = None) -> RunPlan:
+    """The checked plan of resolved inputs (`model`: a what-if on another model than the config's)."""
+    cfg, profile, backend, n = inputs.config, inputs.profile, inputs.backend, inputs.nodes
+    warnings = list(inputs.warnings)
     w = backend.workload_from_config(cfg, model)
     p = backend.pins_from(cfg, pins)
-    variants = []
-    if profile.variants:
-        for v in profile.variants:
-            if v != profile.variant:
-                other = resolve_profile(cluster or cfg.hpcrl.cluster, cluster_file, variant=v)
-                variants.append(job_profile(other, job_gpus, n))
-    planned = backend.plan(cfg, profile, n, w, p, variants)
+    planned = backend.plan(cfg, profile, n, w, p, list(inputs.other_node_types))
     warnings += unconfirmed_in_script(profile, cfg.hpcrl)
     if planned.layouts:
         warnings += list(planned.layouts[0].notes)
@@ -134,14 +118,13 @@ def make_run_plan(
         warnings.append(f"{planned.layouts[0].learners_per_node} learners per node on {profile.name}, where the profile "
                         f"plans at most {cap}: {profile.planning.why or 'see the profile'}{placed}")
     choices = dict(planned.choices)
-    wall = cfg.hpcrl.time or (part.max_time if part else None)
-    cad, cad_warnings = checkpoint_cadence(backend, cfg, profile, planned.workload or w, planned.layouts[0], wall)
+    cad, cad_warnings = checkpoint_cadence(backend, cfg, profile, planned.workload or w, planned.layouts[0],
+                                           inputs.wall_time)
     if not cad.pinned:
         choices[backend.checkpoint_key] = cad.every_steps
-    assumed = backend.target_version(cfg.hpcrl)[1]
     rp = RunPlan(cfg, profile, n, planned.workload or w, p, planned.layouts,
                  tuple(warnings) + planned.warnings + tuple(cad_warnings), tuple(choices.items()), cad,
-                 assumptions=(assumed,) if assumed else ())
+                 assumptions=(inputs.assumed,) if inputs.assumed else (), framework=inputs.framework)
     reason = no_resume_reason(rp)
     return replace(rp, warnings=rp.warnings + (no_resume_warning(reason),), no_resume=reason) if reason else rp
 
@@ -170,4 +153,4 @@ def checkpoint_cadence(backend: Backend, cfg: RunConfig, profile: ClusterProfile
 
 
 
-__all__ = ["RunPlan", "enumerate_layouts", "make_run_plan", "pins_from", "workload_from_config"]
+__all__ = ["RunPlan", "enumerate_layouts", "make_run_plan", "pins_from", "plan_run", "workload_from_config"]

@@ -165,6 +165,8 @@ class RunPlan:
     user_exclude_file: str | None = None
     # What the plan assumed that the config did not say (e.g. the framework version), printed as such.
     assumptions: tuple[str, ...] = ()
+    # The framework version the run targets, as resolved once with the request's inputs ("verl 0.9.1").
+    framework: str | None = None
 
     @property
     def layout(self) -> Layout:

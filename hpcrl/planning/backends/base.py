@@ -80,15 +80,9 @@ class Planned:
 # What every backend declares for itself, in its own class (or a helper base of its own): the Backend
 # defaults of these would make a new framework behave like the default backend without a word (DeepSpeed
 # ZeRO learners beside vLLM engines, open-instruct's Ray placement and log reading). The registry refuses
-# a backend class that leaves one to them (docs/backends.md "Adding a backend").
+# a backend class that leaves one to them (Backend.undeclared; docs/backends.md "Adding a backend").
 MUST_DECLARE = ("uses_ray", "entry_is_module", "plan", "memory", "disk", "layout_fixes", "command_facts",
                 "diagnose_facts", "smoke_facts", "timing_facts")
-
-
-def undeclared(cls: type) -> list[str]:
-    """The MUST_DECLARE members a backend class takes from Backend itself."""
-    own = [c for c in cls.__mro__ if c is not Backend and isinstance(c, type) and issubclass(c, Backend)]
-    return [m for m in MUST_DECLARE if not any(m in c.__dict__ for c in own)]
 
 
 class Backend(ABC):
@@ -118,6 +112,12 @@ class Backend(ABC):
     # Keys whose values must lie in a range the framework accepts: key -> (test, what is valid,
     # in words). A number that fails the test is refused before anything is planned.
     value_ranges: ClassVar[dict[str, tuple[Callable[[float], bool], str]]] = {}
+
+    @classmethod
+    def undeclared(cls) -> list[str]:
+        """The MUST_DECLARE members this class takes from Backend itself."""
+        own = [c for c in cls.__mro__ if c is not Backend and isinstance(c, type) and issubclass(c, Backend)]
+        return [m for m in MUST_DECLARE if not any(m in c.__dict__ for c in own)]
 
     @classmethod
     def section_defaults(cls) -> dict[str, str]:

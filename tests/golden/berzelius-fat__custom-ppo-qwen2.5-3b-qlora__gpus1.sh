@@ -46,6 +46,30 @@ phase() { log "phase $1"; }
 on_err() { printf 'hpcrl: error: exit code %s at line %s: %s\n' "$1" "$2" "$3" >&2; }
 trap 'on_err "$?" "$LINENO" "$BASH_COMMAND"' ERR
 
+# functions_of NAME...: the definitions (declare -f) of NAME and of every function of this script that
+# their bodies name, transitively. A `bash -c` in a step of its own needs them (srun and timeout pass
+# the exported environment, not shell functions), and a list kept by hand misses the next one added.
+# A name that only appears in a body's text is shipped too, which is harmless.
+functions_of() {
+    local -A seen=()
+    local -a queue=("$@") all
+    local fn other body
+    mapfile -t all < <(compgen -A function)
+    while ((${#queue[@]})); do
+        fn=${queue[0]}
+        queue=("${queue[@]:1}")
+        [[ -z ${seen[$fn]:-} ]] || continue
+        seen[$fn]=1
+        body=$(declare -f -- "$fn")
+        for other in "${all[@]}"; do
+            if [[ -z ${seen[$other]:-} && $body =~ (^|[^A-Za-z0-9_])"$other"([^A-Za-z0-9_]|$) ]]; then
+                queue+=("$other")
+            fi
+        done
+    done
+    declare -f -- "${!seen[@]}"
+}
+
 # State read by the traps below.
 END_REASON=""
 END_RECORDED=""
@@ -1036,7 +1060,7 @@ keep_ray_logs() {
 # It runs in the background, so no job waits for it, for 60 s at most (what is left then, the
 # next job finds).
 sweep_left_start() {
-    timeout -k 2 60 bash -c "$(declare -f job_ended keep_ray_logs sweep_left); sweep_left \"\$1\"" \
+    timeout -k 2 60 bash -c "$(functions_of sweep_left); sweep_left \"\$1\"" \
         sweep_left "$HPCRL_NODE_LOCAL" &
 }
 

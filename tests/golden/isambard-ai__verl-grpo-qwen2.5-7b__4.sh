@@ -45,6 +45,30 @@ phase() { log "phase $1"; }
 on_err() { printf 'hpcrl: error: exit code %s at line %s: %s\n' "$1" "$2" "$3" >&2; }
 trap 'on_err "$?" "$LINENO" "$BASH_COMMAND"' ERR
 
+# functions_of NAME...: the definitions (declare -f) of NAME and of every function of this script that
+# their bodies name, transitively. A `bash -c` in a step of its own needs them (srun and timeout pass
+# the exported environment, not shell functions), and a list kept by hand misses the next one added.
+# A name that only appears in a body's text is shipped too, which is harmless.
+functions_of() {
+    local -A seen=()
+    local -a queue=("$@") all
+    local fn other body
+    mapfile -t all < <(compgen -A function)
+    while ((${#queue[@]})); do
+        fn=${queue[0]}
+        queue=("${queue[@]:1}")
+        [[ -z ${seen[$fn]:-} ]] || continue
+        seen[$fn]=1
+        body=$(declare -f -- "$fn")
+        for other in "${all[@]}"; do
+            if [[ -z ${seen[$other]:-} && $body =~ (^|[^A-Za-z0-9_])"$other"([^A-Za-z0-9_]|$) ]]; then
+                queue+=("$other")
+            fi
+        done
+    done
+    declare -f -- "${!seen[@]}"
+}
+
 # State read by the traps below.
 END_REASON=""
 END_RECORDED=""
@@ -1083,7 +1107,7 @@ sweep_workers() {
     fi
     timeout -k 2 "$budget" srun --overlap --nodes=3 --ntasks=3 --ntasks-per-node=1 \
         --exclude="$HEAD_NODE" --kill-on-bad-exit=0 \
-        bash -c "$(declare -f sweep_node sweep_left job_ended keep_ray_logs); sweep_node" 2>&1 | sed -u 's/^/[sweep] /'
+        bash -c "$(functions_of sweep_node); sweep_node" 2>&1 | sed -u 's/^/[sweep] /'
 }
 
 # blame WHY [NODE]: this node (or NODE), in the job's blame file (a failure continuation excludes
@@ -1167,7 +1191,7 @@ ray_retry() {
     sleep "$((2 * RAY_ATTEMPT))"
 }
 
-# Runs on every other node, in one srun step; shipped with `declare -f` (srun passes the
+# Runs on every other node, in one srun step; shipped with functions_of (srun passes the
 # exported environment, not shell functions). The traps come first: when another worker
 # fails, srun's --kill-on-bad-exit sends TERM (KILL after the cluster's KillWait) at any
 # moment, and the node-local directories must go even then.
@@ -1374,7 +1398,7 @@ phase_workers() {
     # One step for all workers; each asks for its node's GPUs and CPUs in the job's GPU style.
     srun --nodes=3 --ntasks=3 --ntasks-per-node=1 --exclude="$HEAD_NODE" \
         --kill-on-bad-exit=1 --gpus-per-node=4 --cpus-per-task="$SLURM_CPUS_ON_NODE" \
-        bash -c "RAY_START_ATTEMPTS=$RAY_START_ATTEMPTS; $(declare -f node_entry node_ports node_dirs private_dir ray_version_problem kill_session kill_tagged remove_node_dirs lean_env keep_ray_logs job_ended sweep_left sweep_left_start blame ray_start ray_retry hpcrl_worker_cleanup hpcrl_worker); hpcrl_worker" &
+        bash -c "RAY_START_ATTEMPTS=$RAY_START_ATTEMPTS; $(functions_of hpcrl_worker); hpcrl_worker" &
     WORKERS_PID=$!
 }
 
@@ -1421,7 +1445,7 @@ keep_ray_logs() {
 # It runs in the background, so no job waits for it, for 60 s at most (what is left then, the
 # next job finds).
 sweep_left_start() {
-    timeout -k 2 60 bash -c "$(declare -f job_ended keep_ray_logs sweep_left); sweep_left \"\$1\"" \
+    timeout -k 2 60 bash -c "$(functions_of sweep_left); sweep_left \"\$1\"" \
         sweep_left "$HPCRL_NODE_LOCAL" &
 }
 

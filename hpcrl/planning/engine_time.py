@@ -39,7 +39,7 @@ def time_dict(t: GenerationTime, e: EngineWork) -> dict:
         "basis": GENERATION_BASIS,
         "concurrency": t.concurrency, "concurrency_limited_by": t.limited_by,
         "kv_concurrency": e.kv_concurrency, "max_num_seqs": e.max_num_seqs,
-        "decode_s": round(t.total_s and t.decode_s, 1), "decode_steps": t.decode_steps, "decode_bound": t.decode_bound,
+        "decode_s": round(t.decode_s, 1), "decode_steps": t.decode_steps, "decode_bound": t.decode_bound,
         "prefill_s": round(t.prefill_s, 1), "prefill_passes": t.prefill_passes,
         "max_num_batched_tokens": e.max_num_batched_tokens,
         "output_tokens_per_s": round(e.seqs * e.response_len / t.total_s, 1) if t.total_s else None,

@@ -32,8 +32,9 @@ STEP_OVERHEAD_S = 0.93e-3  # fixed cost of one forward pass on the V1 engine (sc
 # Band on the generation time: published / predicted on the held-out rows (fit.py prints them).
 GENERATION_LOW = 0.65
 GENERATION_HIGH = 1.75
-GENERATION_BASIS = ("fitted on 14 published vLLM rows (12 batch-1 A100 V0, 2 large-batch H100 V1), 7 held out: "
-                    "time off by median 24%, max 48% (the large-batch one 8%) (benchmarks/vllm_throughput)")
+GENERATION_BASIS = ("fitted on 14 of 21 published vLLM rows (18 batch-1 A100 vLLM 0.4.2, 3 large-batch H100 vLLM "
+                    "0.8.5-0.11.0); 7 held out: time off by median 24%, max 48%, the large-batch one 8% "
+                    "(benchmarks/vllm_throughput)")
 TP_ALLREDUCE_S = 10e-6  # latency of one intra-node all-reduce; two per layer per forward pass (assumed)
 
 

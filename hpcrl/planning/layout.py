@@ -128,8 +128,13 @@ class Layout:
         return self.train_band.mid_s
 
     @property
+    def generation(self) -> Band:
+        """The engines' seconds per step with the vLLM model's held-out band (planning/generation.py)."""
+        return generation_band(self.gen_time_s, self.gen_basis)
+
+    @property
     def step(self) -> StepEstimate:
-        return combine(generation_band(self.gen_time_s, self.gen_basis), self.train_band, self.colocated)
+        return combine(self.generation, self.train_band, self.colocated)
 
     @property
     def learner_gpus(self) -> int:
@@ -197,6 +202,9 @@ class Layout:
             "host_peak_gib": round(mem.host.peak / g, 1),
             "gpu_usable_gib": round(mem.usable / g, 2),
             "generation_time_s": round(st.generation_s, 1),
+            "generation_time_low_s": round(self.generation.low_s, 1),
+            "generation_time_high_s": round(self.generation.high_s, 1),
+            "generation_time_basis": self.generation.basis,
             "training_time_s": round(st.training_s, 1),
             "step_time_s": round(st.mid_s, 1),
             "step_time_low_s": round(st.low_s, 1),

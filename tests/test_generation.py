@@ -89,6 +89,18 @@ def test_plan_memory_refuses_an_incomplete_or_bad_batch(args, message):
     assert (out.returncode, out.stderr) == (2, message)
 
 
+def test_plan_memory_refuses_a_batch_longer_than_the_configs_engine_or_a_custom_script():
+    """grpo-olmo3-32b's engine holds 2048 + 8192 = 10240 tokens per sequence; the custom backend has no vLLM."""
+    out = hpcrl("plan-memory", "--config", "grpo-olmo3-32b", "--learner-gpus", "16", "--sequences", "256",
+                "--prompt-len", "2048", "--response-len", "9000")
+    assert (out.returncode, out.stderr) == (2, "hpcrl: error: --prompt-len 2048 + --response-len 9000 exceed the "
+                                               "engine's max_model_len 10240; valid: at most that, or a larger "
+                                               "--max-seq-len\n")
+    out = hpcrl("plan-memory", "--config", "custom-ppo-qwen2.5-3b-qlora", "--cluster", "berzelius:fat", "--gpus", "1",
+                "--sequences", "4", "--prompt-len", "10", "--response-len", "10")
+    assert out.returncode == 2 and out.stderr.startswith("hpcrl: error: --sequences: the custom config generates")
+
+
 def test_docs_report_the_held_out_error_the_fit_prints():
     """docs/plan.md states the held-out median and max error that fit.py prints for the held-out rows."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}

@@ -118,6 +118,9 @@ def plan_memory_data(r: MemoryRequest) -> dict:
                               r.gpus if r.gpus is not None else cfg.hpcrl.gpus)
         own = mq.own_answer(cfg, profile, given, r.learner_gpus)
         if own is not None:  # the backend's own memory model (the custom script's HF learner)
+            if r.generation is not None:
+                raise HpcrlError(f"--sequences: the {cfg.hpcrl.backend} config generates with its own script, not "
+                                 "a vLLM engine; valid with a config of a vLLM backend or without --config")
             return own
         question = mq.from_config(cfg, given)
     else:
@@ -147,8 +150,9 @@ def plan_memory_data(r: MemoryRequest) -> dict:
         ("max_num_batched_tokens", "max_num_batched_tokens", e.max_num_batched_tokens)) if value is None]
     engine_assumption = [f"{', '.join(assumed)}: {facts.source}"] if assumed else []
     ask = r.generation
-    # Asked for a batch, the engine is sized for its sequences (prompt + response) unless --max-seq-len says.
-    max_seq_len = r.max_seq_len or (ask.prompt_len + ask.response_len if ask else None)
+    # Asked for a batch without a config, the engine is sized for its sequences (prompt + response) unless
+    # --max-seq-len says; a config's engine stays the run's.
+    max_seq_len = r.max_seq_len or (ask.prompt_len + ask.response_len if ask and not r.config else None)
     plan, notes = mq.answer(question, profile, learner_gpus=r.learner_gpus, zero_stage=given.zero_stage or 3,
                             vllm_tp=r.vllm_tp, max_seq_len=max_seq_len, colocation=colocation,
                             engine_options=engine_options)
@@ -157,6 +161,10 @@ def plan_memory_data(r: MemoryRequest) -> dict:
                          f"{plan.engine.vllm_version}): {plan.engine.reason}")
     data = plan.to_dict()
     if ask is not None:
+        if ask.prompt_len + ask.response_len > plan.engine_setup.max_seq_len:
+            raise HpcrlError(f"--prompt-len {ask.prompt_len} + --response-len {ask.response_len} exceed the engine's "
+                             f"max_model_len {plan.engine_setup.max_seq_len}; valid: at most that, or a larger "
+                             "--max-seq-len")
         data["engine"]["time"] = engine_generation(plan, question.workload.model, profile, ask)
     by_version = {v: round(kv / GIB, 2) for v, kv in kv_by_version(plan.engine_setup).items()}
     data["kv_cache_gib_by_vllm_version"] = by_version

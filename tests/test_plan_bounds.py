@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import subprocess
 import sys
 
@@ -40,7 +42,9 @@ def test_the_suggested_node_count_is_the_fewest_that_fits_with_the_allocator_mar
     fat = SEVENTY_TWO[:-1] + ("berzelius:fat",)
     nine, eight = hpcrl(*fat, "--nodes", "9"), hpcrl(*fat, "--nodes", "8")
     assert nine.returncode == 0 and "allocator margin" not in nine.stderr
-    assert eight.returncode == 0 and "inside the 4.7 GiB allocator margin" in eight.stderr
+    # Which 8-node layout ranks first follows the step estimate (the generation model, issue 40): the margin's
+    # size is that layout's learner's; the claim is that it fits only inside one.
+    assert eight.returncode == 0 and re.search(r"inside the \d+\.\d GiB allocator margin", eight.stderr)
 
 
 def test_the_search_plans_each_layouts_memory_once(monkeypatch):

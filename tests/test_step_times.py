@@ -153,6 +153,23 @@ def test_report_warns_when_the_real_step_is_outside_the_band(tmp_path):
     assert not any("band" in w for w in timing(tmp_path, plan, [], {})["warnings"])
 
 
+def test_report_shows_generation_against_its_planned_band(tmp_path):
+    """The driver logged generation 30, 50 and 70 s (median 50): against a plan of 35 s with the band
+    22.8-61.2 s it is inside (no warning), ratio 50 / 35 = 1.429; a band of 22.8-45 s warns once."""
+    (tmp_path / "hpcrl").mkdir()
+    recs = [{**_rec("1", i, 0, 60.0), "generation_s": g} for i, g in enumerate((30.0, 50.0, 70.0), 1)]
+    (tmp_path / "hpcrl" / "step-times.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    plan = _plan()
+    plan["layout"].update(generation_time_low_s=22.8, generation_time_high_s=61.2, generation_time_basis="vLLM")
+    tm = timing(tmp_path, plan, [], {})
+    gen = tm["rows"][1]
+    assert (gen["what"], gen["real_s"], gen["ratio"], gen["plan_low_s"], gen["plan_high_s"]) == (
+        "generation", 50.0, 1.429, 22.8, 61.2)
+    assert not any("real generation" in w for w in tm["warnings"])
+    plan["layout"].update(generation_time_high_s=45.0)
+    assert sum("real generation" in w for w in timing(tmp_path, plan, [], {})["warnings"]) == 1
+
+
 def test_a_plan_without_a_band_is_compared_with_its_estimate_and_the_factor(tmp_path):
     (tmp_path / "hpcrl").mkdir()
     (tmp_path / "hpcrl" / "step-times.jsonl").write_text(json.dumps(_rec("1", 1, 0, 60.0)) + "\n")

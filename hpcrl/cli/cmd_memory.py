@@ -82,12 +82,15 @@ def plan_memory_cmd(
     vllm_enforce_eager: bool = typer.Option(False, "--vllm-enforce-eager", help="No CUDA graphs (vLLM enforce_eager)"),
     vllm_version: Optional[str] = typer.Option(None, "--vllm-version", help="vLLM whose memory accounting to follow (default: the backend's pinned or required vLLM)"),
     kv_cache_dtype: KvCacheDtype = typer.Option(KvCacheDtype.auto, "--kv-cache-dtype", help="vLLM kv_cache_dtype: auto (the model's bf16) or fp8"),
+    sequences: Optional[int] = typer.Option(None, "--sequences", help="Also the engine's generation time for N sequences (with --prompt-len and --response-len)"),
+    prompt_len: Optional[int] = typer.Option(None, "--prompt-len", help="Prompt tokens of each of the --sequences"),
+    response_len: Optional[int] = typer.Option(None, "--response-len", help="Generated tokens of each of the --sequences"),
     as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON"),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Write a stacked bar chart (PNG)"),
 ) -> None:
     """Will it fit? Per-GPU memory of a learner and an engine, and host RAM, for a run config or a framework's defaults."""
     from hpcrl.planning import memory_question as mq
-    from hpcrl.planning.memory_answer import EngineOptions, MemoryRequest, plan_memory_data
+    from hpcrl.planning.memory_answer import EngineOptions, GenerationAsk, MemoryRequest, plan_memory_data
 
     given = mq.Overrides(
         model=model, tokens_per_gpu=tokens_per_gpu, ref_policy=ref_policy, zpg=zpg,
@@ -102,7 +105,8 @@ def plan_memory_cmd(
         learner_gpus=learner_gpus, backend=backend, colocated=colocated, rollout_offload=rollout_offload.value,
         keep_grads=keep_grads, vllm_tp=vllm_tp, max_seq_len=max_seq_len, given=given,
         engine=EngineOptions(vllm_max_num_seqs, vllm_max_num_batched_tokens, vllm_enforce_eager, vllm_version,
-                             kv_cache_dtype.value)))
+                             kv_cache_dtype.value),
+        generation=GenerationAsk.read(sequences, prompt_len, response_len)))
     if data.get("learner", {}).get("kind") == "hf-trl":  # the backend's own memory model (a custom script's)
         print_json(data) if as_json else _print_hf(data)
         return
@@ -168,6 +172,8 @@ def _print_plan(d: dict) -> None:
     e.add_row(f"maximum concurrency for {en['max_seq_len']} tokens per request", f"{en['concurrency']:.2f}x")
     e.add_row("engine's real footprint (budget + outside it)", f"{en['footprint_gib']:.2f}")
     console.print(e)
+    if "time" in en:
+        _print_generation(en["time"])
     if "colocated" in d:
         _print_colocated(d["colocated"], gpu["usable_gib"])
     console.print(
@@ -176,6 +182,14 @@ def _print_plan(d: dict) -> None:
     )
     style = "green" if d["fits"] else "red"
     console.print(f"[bold {style}]Verdict:[/] {d['verdict']}")
+
+
+def _print_generation(t: dict) -> None:
+    console.print(f"Engine generation time for {t['sequences']} sequences of {t['prompt_len']} + {t['response_len']} "
+                  f"tokens: {t['generation_s']:,.1f} s (band {t['generation_low_s']:,.1f}-{t['generation_high_s']:,.1f} s; "
+                  f"{t['concurrency']} at once, limited by {t['concurrency_limited_by']}; decode {t['decode_s']:,.1f} s "
+                  f"over {t['decode_steps']:,} steps, {t['decode_bound']}-bound; prefill {t['prefill_s']:,.1f} s in "
+                  f"{t['prefill_passes']:,} chunks of {t['max_num_batched_tokens']:,} tokens; {t['basis']})", soft_wrap=True)
 
 
 def _print_time(lt: dict, tokens: int) -> None:

@@ -6,7 +6,9 @@ A warning says when the real step is outside the band, when the interval in forc
 than `hpcrl.max_lost_minutes` at the real step, and when the time-limit warning's lead is shorter
 than a real step, the longest real write and the stop (hpcrl/planning/cadence.py's margin).
 
-The plan's step band is Layout.to_dict()'s `step_time_low_s`/`step_time_high_s` (with
+The generation row carries the plan's generation band (`generation_time_low_s`/`high_s`, the vLLM
+model's held-out range) where plan.json has it, and a warning when the driver's logged generation
+time falls outside it. The plan's step band is Layout.to_dict()'s `step_time_low_s`/`step_time_high_s` (with
 `step_time_basis`); a plan without them has its estimate `step_time_s` only, and the real step
 is then compared with that estimate +-MEASURED_UPPER_FACTOR (the margin a continuation's
 interval takes, hpcrl/logs/next_cadence.py).
@@ -67,8 +69,11 @@ def timing(run_dir: Path, plan: dict | None, jobs: list[dict], ended: dict[str, 
     low, high, basis = _band(layout)
     step = _row("step", layout.get("step_time_s"), s["step_s"], plan_low_s=low, plan_high_s=high, plan_basis=basis,
                 source=s["step_source"])
+    gen = _row("generation", layout.get("generation_time_s"), s["generation_s"],
+               plan_low_s=layout.get("generation_time_low_s"), plan_high_s=layout.get("generation_time_high_s"),
+               plan_basis=layout.get("generation_time_basis") or "-")
     rows = [step,
-            _row("generation", layout.get("generation_time_s"), s["generation_s"]),
+            gen,
             _row("training", layout.get("training_time_s"), s["training_s"]),
             _row("checkpoint write", cadence.get("write_s"), s["checkpoint_write_s"],
                  plan_basis="derived" if cadence.get("write_s") is not None else "-", source=s["checkpoint_sources"])]
@@ -77,6 +82,11 @@ def timing(run_dir: Path, plan: dict | None, jobs: list[dict], ended: dict[str, 
     if real is not None and low is not None and high is not None and not low <= real <= high:
         warnings.append(f"the real step ({real:g} s, median of {step['n']}) is outside the plan's band "
                         f"{low:g}-{high:g} s ({basis}): the checkpoint interval and the time-limit warning rest on it")
+    g_real, g_low, g_high = gen["real_s"], gen["plan_low_s"], gen["plan_high_s"]
+    if g_real is not None and g_low is not None and g_high is not None and not g_low <= g_real <= g_high:
+        warnings.append(f"the real generation ({g_real:g} s, median of {gen['n']}) is outside the plan's band "
+                        f"{g_low:g}-{g_high:g} s (the vLLM model, docs/plan.md): the layout's split of GPUs between "
+                        "engines and learners rests on it")
     interval = None
     if cadence:
         per_job = [{"job": str(r["job"]), "every_steps": r.get("every_steps"), "why": r.get("why")}

@@ -88,7 +88,6 @@ NCCL_BUFFERS_GIB = 0.4
 # before any offloaded state.
 HOST_PROCESS_GIB = 6.0
 
-# vLLM defaults (V1 engine) used by the engine model.
-VLLM_MAX_NUM_BATCHED_TOKENS = 8192
-VLLM_MAX_NUM_SEQS = 256
+# vLLM's scheduler sizes (max_num_seqs, max_num_batched_tokens) are per version and framework: each
+# backend's VllmEngineFacts and hpcrl/memory/data/vllm_accounting.json carry them, with sources.
 VLLM_CUDA_GRAPH_GIB = 1.0  # captured graphs' private pool, typical for 7B-70B at TP 1-4

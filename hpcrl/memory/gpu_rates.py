@@ -64,3 +64,22 @@ def rates_for(profile: ClusterProfile, n_gpus: int, learners_per_node: int | Non
     per_node = learners_per_node or min(n_gpus, profile.gpu.count_per_node)
     link = links["intra_node"] if n_gpus <= per_node else min(links["intra_node"], links["inter_node"])
     return Rates(profile.gpu.bf16_tflops, profile.gpu.hbm_bandwidth_tbs, link, links["host"], profile.gpu.model)
+
+
+class GpuPeaks(NamedTuple):
+    """A GPU's datasheet peaks and the memory the CUDA runtime reports, for rows measured off the profiles."""
+
+    hbm_tbs: float
+    bf16_tflops: float  # dense (no sparsity)
+    memory_gib: float
+    source: str
+
+
+# GPUs of the published vLLM rows (benchmarks/vllm_throughput): peaks from NVIDIA's datasheets; memory as
+# torch reports it (nvidia-smi's total less ~0.6 GiB of CUDA runtime, as clusters/isambard-ai.yaml notes).
+GPU_PEAKS: dict[str, GpuPeaks] = {
+    "A100-SXM4-80GB": GpuPeaks(2.039, 312.0, 79.15, "NVIDIA A100 datasheet (80GB SXM: 2,039 GB/s, 312 TFLOPS bf16 "
+                               "dense); nvidia-smi 81920 MiB"),
+    "H100-SXM-80GB": GpuPeaks(3.35, 989.0, 79.1, "NVIDIA H100 datasheet (SXM5: 3.35 TB/s, 989 TFLOPS bf16 dense); "
+                              "nvidia-smi 81559 MiB"),
+}

@@ -19,7 +19,8 @@ from hpcrl.memory.learner import LearnerSetup, sync_modes
 from hpcrl.memory.plan import MemoryPlan, learner_fits, plan_memory
 from hpcrl.memory.vllm_accounting import VllmEngineFacts, default_engine
 from hpcrl.models.spec import ModelSpec
-from hpcrl.planning.generation import EngineWork, generation_seconds
+from hpcrl.planning.engine_time import engine_work
+from hpcrl.planning.generation import generation_seconds
 from hpcrl.planning.layout_rank import rank
 from hpcrl.planning.step_time import Band, StepEstimate, combine, generation_band, training_band
 from hpcrl.profiles import ClusterProfile
@@ -127,8 +128,13 @@ class Layout:
         return self.train_band.mid_s
 
     @property
+    def generation(self) -> Band:
+        """The engines' seconds per step with the vLLM model's held-out band (planning/generation.py)."""
+        return generation_band(self.gen_time_s, self.gen_basis)
+
+    @property
     def step(self) -> StepEstimate:
-        return combine(generation_band(self.gen_time_s, self.gen_basis), self.train_band, self.colocated)
+        return combine(self.generation, self.train_band, self.colocated)
 
     @property
     def learner_gpus(self) -> int:
@@ -196,6 +202,9 @@ class Layout:
             "host_peak_gib": round(mem.host.peak / g, 1),
             "gpu_usable_gib": round(mem.usable / g, 2),
             "generation_time_s": round(st.generation_s, 1),
+            "generation_time_low_s": round(self.generation.low_s, 1),
+            "generation_time_high_s": round(self.generation.high_s, 1),
+            "generation_time_basis": self.generation.basis,
             "training_time_s": round(st.training_s, 1),
             "step_time_s": round(st.mid_s, 1),
             "step_time_low_s": round(st.low_s, 1),
@@ -244,15 +253,11 @@ def _learner_setup(w: Workload, n: int, weight_sync: str = "none") -> LearnerSet
 
 
 def generation_time(w: Workload, plan: MemoryPlan, profile: ClusterProfile, engines: int) -> float:
-    """Seconds to generate one step's responses on the busiest engine (planning/generation.py)."""
-    eng, m = plan.engine, w.model
-    per_engine = math.ceil(w.seqs / engines)
-    concurrent = max(1, min(per_engine, eng.concurrent_seqs, C.VLLM_MAX_NUM_SEQS))
-    return generation_seconds(EngineWork(
-        weights_bytes=eng.weights, kv_bytes_per_token=eng.kv_bytes_per_token, layers=m.num_layers,
-        active_params=m.active_params, q_dim=m.q_dim, tp=plan.engine_setup.tp, seqs=per_engine,
-        concurrent=concurrent, prompt_len=w.max_prompt_token_length, response_len=w.response_length,
-        hbm_tbs=profile.gpu.hbm_bandwidth_tbs, bf16_tflops=profile.gpu.bf16_tflops))
+    """Seconds to generate one step's responses on the busiest engine (planning/generation.py), its
+    concurrency from the engine's own limits: its vLLM's max_num_seqs and its KV pool."""
+    return generation_seconds(engine_work(plan.engine, w.model, plan.engine_setup.tp, math.ceil(w.seqs / engines),
+                                          w.max_prompt_token_length, w.response_length,
+                                          profile.gpu.hbm_bandwidth_tbs, profile.gpu.bf16_tflops))
 
 
 def learner_band(w: Workload, plan: MemoryPlan, profile: ClusterProfile, learners_per_node: int,

@@ -13,7 +13,12 @@ from hpcrl.errors import HpcrlError
 from hpcrl.memory.colocated import Colocation
 from hpcrl.memory.constants import GIB
 from hpcrl.memory.engine import kv_by_version
+from hpcrl.memory.plan import MemoryPlan
+from hpcrl.models.spec import ModelSpec
 from hpcrl.planning import memory_question as mq
+from hpcrl.planning.engine_time import engine_work, time_dict
+from hpcrl.planning.generation import generation_time
+from hpcrl.profiles import ClusterProfile
 
 
 @dataclass(frozen=True)
@@ -25,6 +30,31 @@ class EngineOptions:
     enforce_eager: bool = False
     vllm_version: str | None = None
     kv_cache_dtype: str = "auto"
+
+
+@dataclass(frozen=True)
+class GenerationAsk:
+    """`--sequences N --prompt-len P --response-len R`: the engine's generation time for that batch."""
+
+    sequences: int
+    prompt_len: int
+    response_len: int
+
+    @staticmethod
+    def read(sequences: int | None, prompt_len: int | None, response_len: int | None) -> GenerationAsk | None:
+        """The three flags together, or none (None); anything else is refused."""
+        given = {"--sequences": sequences, "--prompt-len": prompt_len, "--response-len": response_len}
+        if all(v is None for v in given.values()):
+            return None
+        missing = [k for k, v in given.items() if v is None]
+        if missing:
+            raise HpcrlError(f"{', '.join(missing)} missing: the generation time needs --sequences N --prompt-len P "
+                             "--response-len R together")
+        for flag, value in given.items():
+            if value is not None and value < (0 if flag == "--prompt-len" else 1):
+                what = "a whole number, 0 or more" if flag == "--prompt-len" else "a positive whole number"
+                raise HpcrlError(f"{flag} {value}: valid: {what}")
+        return GenerationAsk(int(sequences), int(prompt_len), int(response_len))  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)
@@ -45,6 +75,7 @@ class MemoryRequest:
     max_seq_len: int | None = None
     given: mq.Overrides = field(default_factory=mq.Overrides)
     engine: EngineOptions = field(default_factory=EngineOptions)
+    generation: GenerationAsk | None = None  # also ask the engine's generation time for this batch
 
 
 # A KV pool that moves by more than this fraction across the vLLM versions hpcrl has read gets a note
@@ -57,6 +88,13 @@ def _spread(by_version: dict[str, float]) -> float:
     cannot start counts 0: the widest spread)."""
     top = max(by_version.values())
     return (top - min(by_version.values())) / top if top > 0 else 0.0
+
+
+def engine_generation(plan: MemoryPlan, model: ModelSpec, profile: ClusterProfile, ask: GenerationAsk) -> dict:
+    """`engine.time`: the sized engine's seconds for the asked batch (hpcrl/planning/generation.py)."""
+    w = engine_work(plan.engine, model, plan.engine_setup.tp, ask.sequences, ask.prompt_len, ask.response_len,
+                    profile.gpu.hbm_bandwidth_tbs, profile.gpu.bf16_tflops)
+    return time_dict(generation_time(w), w)
 
 
 def plan_memory_data(r: MemoryRequest) -> dict:
@@ -78,6 +116,9 @@ def plan_memory_data(r: MemoryRequest) -> dict:
         cfg, profile = resolve_config_profile(r.config, list(r.sets), r.cluster, r.cluster_file, r.gpus)
         own = mq.own_answer(cfg, profile, given, r.learner_gpus)
         if own is not None:  # the backend's own memory model (the custom script's HF learner)
+            if r.generation is not None:
+                raise HpcrlError(f"--sequences: the {cfg.hpcrl.backend} config generates with its own script, not "
+                                 "a vLLM engine; valid with a config of a vLLM backend or without --config")
             return own
         question = mq.from_config(cfg, given)
     else:
@@ -106,13 +147,23 @@ def plan_memory_data(r: MemoryRequest) -> dict:
         ("vLLM", "vllm_version", e.vllm_version), ("max_num_seqs", "max_num_seqs", e.max_num_seqs),
         ("max_num_batched_tokens", "max_num_batched_tokens", e.max_num_batched_tokens)) if value is None]
     engine_assumption = [f"{', '.join(assumed)}: {facts.source}"] if assumed else []
+    ask = r.generation
+    # Asked for a batch without a config, the engine is sized for its sequences (prompt + response) unless
+    # --max-seq-len says; a config's engine stays the run's.
+    max_seq_len = r.max_seq_len or (ask.prompt_len + ask.response_len if ask and not r.config else None)
     plan, notes = mq.answer(question, profile, learner_gpus=r.learner_gpus, zero_stage=given.zero_stage or 3,
-                            vllm_tp=r.vllm_tp, max_seq_len=r.max_seq_len, colocation=colocation,
+                            vllm_tp=r.vllm_tp, max_seq_len=max_seq_len, colocation=colocation,
                             engine_options=engine_options)
     if not plan.engine.fits:
         raise HpcrlError(f"the vLLM engine does not fit (TP={plan.engine_setup.tp}, vLLM "
                          f"{plan.engine.vllm_version}): {plan.engine.reason}")
     data = plan.to_dict()
+    if ask is not None:
+        if ask.prompt_len + ask.response_len > plan.engine_setup.max_seq_len:
+            raise HpcrlError(f"--prompt-len {ask.prompt_len} + --response-len {ask.response_len} exceed the engine's "
+                             f"max_model_len {plan.engine_setup.max_seq_len}; valid: at most that, or a larger "
+                             "--max-seq-len")
+        data["engine"]["time"] = engine_generation(plan, question.workload.model, profile, ask)
     by_version = {v: round(kv / GIB, 2) for v, kv in kv_by_version(plan.engine_setup).items()}
     data["kv_cache_gib_by_vllm_version"] = by_version
     if e.vllm_version is None and _spread(by_version) > VERSION_SPREAD:
@@ -126,4 +177,4 @@ def plan_memory_data(r: MemoryRequest) -> dict:
     return data
 
 
-__all__ = ["EngineOptions", "MemoryRequest", "plan_memory_data"]
+__all__ = ["EngineOptions", "GenerationAsk", "MemoryRequest", "engine_generation", "plan_memory_data"]

@@ -8,11 +8,11 @@
 #   1 A100-SXM4-80GB (79.15 GiB) of one node, not the whole node (--gpus 1): all 1 GPUs train and generate (colocated)
 #   custom: python qwen_gsm8k_ppo_train.py, 1 process(es) on 1 GPU(s); ppo with LoRA r8 on a 4-bit NF4 base, critic value_head, reference shared; HF generate, no vLLM, no Ray
 #   one GPU generates (HF generate, KV cache 0.05 GiB) and trains: peak 9.2 GiB of 79.2 usable at training (derived); host 6 GiB of 250 GiB
-#   step ~8-19 s (mid ~10 s) (generation 9 s, training 1 s), bottleneck generation; the checkpoint cadence and time-limit lead use the upper estimate
+#   step ~6-17 s (mid ~10 s) (generation 9 s, training 1 s), bottleneck generation; the checkpoint cadence and time-limit lead use the upper estimate
 #   step basis: generation: derived (uncalibrated): HF generate, bf16 weight + KV reads at 50% of HBM peak + 30 ms per token; not checked against a measured HF-generate step (4-bit dequantization per token, PPO's extra forwards and Python overheads are not modelled), a real step may take 2-3x the estimate; training: learner 2 x 0.32 s + optimizer step 0.00 s, fitted on 40 measured rows (fsdp_measured, openrlhf_measured, zero3_timing; H100/H200); derived: A100-SXM4-80GB scaled from H100/H200 by peak FLOP/s and bandwidths, 4-bit dequantization, no ZeRO sharding (one process or DDP), bf16 LoRA adapters (the rows' are peft's fp32)
-#   save_steps 200: a checkpoint every ~65 min of training at the upper step estimate ~19 s (pinned in the config); time-limit warning 900 s before the end = one upper step (~19 s) + one checkpoint write (~3 s, derived) + 60 s to stop
+#   save_steps 200: a checkpoint every ~57 min of training at the upper step estimate ~17 s (pinned in the config); time-limit warning 900 s before the end = one upper step (~17 s) + one checkpoint write (~3 s, derived) + 60 s to stop
 # Warning: berzelius: the script uses unconfirmed profile facts: --partition=berzelius (hpcrl.partition); the run root /proj/$SLURM_JOB_ACCOUNT/users/$USER/hpcrl-runs (hpcrl.run_root); check them (hpcrl clusters show berzelius) or set what is in brackets
-# Warning: save_steps 200 (pinned) risks ~65 min of training at each job's end or fault, over hpcrl.max_lost_minutes 30: remove it and hpcrl sets 92
+# Warning: save_steps 200 (pinned) risks ~57 min of training at each job's end or fault, over hpcrl.max_lost_minutes 30: remove it and hpcrl sets 104
 # Warning: resume none: the script declares no way to resume (set resume: marker or own if it does), so a job that reaches its time limit does not continue the chain (a new job would train from scratch); give the run a wall time it can finish in, or save its state
 #
 # Submit with `hpcrl submit`, which creates the run directory first. With plain sbatch,
@@ -217,6 +217,9 @@ run_directory() {
       "max_num_seqs": 0,
       "version": "0.19.1"
     },
+    "generation_time_basis": "derived (uncalibrated): HF generate, bf16 weight + KV reads at 50% of HBM peak + 30 ms per token; not checked against a measured HF-generate step (4-bit dequantization per token, PPO's extra forwards and Python overheads are not modelled), a real step may take 2-3x the estimate",
+    "generation_time_high_s": 16.2,
+    "generation_time_low_s": 6.0,
     "generation_time_s": 9.2,
     "gpu_usable_gib": 79.15,
     "host_peak_gib": 6.0,
@@ -227,11 +230,11 @@ run_directory() {
     "num_learners_per_node": [
       1
     ],
-    "reason": "colocated: every GPU trains and generates; step ~10s = generation 9s + training 1s (range 8-19s)",
+    "reason": "colocated: every GPU trains and generates; step ~10s = generation 9s + training 1s (range 6-17s)",
     "rollout_peak_gib": 7.36,
     "step_time_basis": "generation: derived (uncalibrated): HF generate, bf16 weight + KV reads at 50% of HBM peak + 30 ms per token; not checked against a measured HF-generate step (4-bit dequantization per token, PPO's extra forwards and Python overheads are not modelled), a real step may take 2-3x the estimate; training: learner 2 x 0.32 s + optimizer step 0.00 s, fitted on 40 measured rows (fsdp_measured, openrlhf_measured, zero3_timing; H100/H200); derived: A100-SXM4-80GB scaled from H100/H200 by peak FLOP/s and bandwidths, 4-bit dequantization, no ZeRO sharding (one process or DDP), bf16 LoRA adapters (the rows' are peft's fp32)",
-    "step_time_high_s": 19.5,
-    "step_time_low_s": 7.9,
+    "step_time_high_s": 17.2,
+    "step_time_low_s": 6.4,
     "step_time_s": 9.9,
     "training_peak_gib": 9.18,
     "training_time_s": 0.6,
@@ -372,7 +375,7 @@ run_directory() {
   "smoke": false,
   "warnings": [
     "berzelius: the script uses unconfirmed profile facts: --partition=berzelius (hpcrl.partition); the run root /proj/$SLURM_JOB_ACCOUNT/users/$USER/hpcrl-runs (hpcrl.run_root); check them (hpcrl clusters show berzelius) or set what is in brackets",
-    "save_steps 200 (pinned) risks ~65 min of training at each job's end or fault, over hpcrl.max_lost_minutes 30: remove it and hpcrl sets 92",
+    "save_steps 200 (pinned) risks ~57 min of training at each job's end or fault, over hpcrl.max_lost_minutes 30: remove it and hpcrl sets 104",
     "resume none: the script declares no way to resume (set resume: marker or own if it does), so a job that reaches its time limit does not continue the chain (a new job would train from scratch); give the run a wall time it can finish in, or save its state"
   ]
 }

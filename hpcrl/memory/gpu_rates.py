@@ -82,4 +82,9 @@ GPU_PEAKS: dict[str, GpuPeaks] = {
                                "dense); nvidia-smi 81920 MiB"),
     "H100-SXM-80GB": GpuPeaks(3.35, 989.0, 79.1, "NVIDIA H100 datasheet (SXM5: 3.35 TB/s, 989 TFLOPS bf16 dense); "
                               "nvidia-smi 81559 MiB"),
+    "H200-SXM-141GB": GpuPeaks(4.8, 989.0, 139.8, "NVIDIA H200 datasheet (SXM: 4.8 TB/s HBM3e, 989 TFLOPS bf16 "
+                               "dense); torch total_memory 139.80 GiB measured (clusters/berzelius-hopper.yaml)"),
+    "GB200": GpuPeaks(8.0, 2500.0, 184.4, "NVIDIA GB200 NVL72 datasheet, per GPU of the 72 (derived): 576 TB/s HBM3e "
+                      "/ 72 = 8 TB/s, 360 PFLOPS FP16/BF16 with sparsity / 72 / 2 = 2,500 TFLOPS dense; nvidia-smi "
+                      "189471 MiB (185.0 GiB) less ~0.6 GiB of CUDA runtime"),
 }

@@ -23,7 +23,7 @@ def small(**changes) -> EngineWork:
     return EngineWork(**{**base, **changes})
 
 
-K = Constants(bw_efficiency=0.5, mfu=0.5, step_overhead_s=1e-3)
+K = Constants(bw_efficiency=0.5, mfu=0.5, step_overhead_s=1e-3, seq_step_s=0.0)
 
 
 def test_generation_time_by_hand_for_a_small_case():
@@ -43,6 +43,14 @@ def test_a_large_batch_step_is_bound_by_its_matmuls():
     each max(20 ms, 1000 x (100 x 2e9 + 2 x 2 x 64 x 100^2) / 391 / 0.5e14 = 10.23 ms) + 1 ms = 8.211 s."""
     e = small(seqs=1000, max_num_seqs=1000, kv_tokens=10**7, kv_bytes_per_token=10e3)
     assert generation_seconds(e, K) == pytest.approx(50 * 0.04100128 + 391 * 0.021, rel=1e-6)
+
+
+def test_each_running_sequence_adds_its_cost_to_every_decode_step():
+    """The small case with 10 us per sequence per decode step: steps of 4 cost 4 x 10 us = 40 us more and
+    steps of 2 cost 20 us more; 100 steps of 4 and 50 of 2 add 4 ms + 1 ms = 5 ms to the 3246.5 ms. Prefill
+    passes carry no per-sequence cost."""
+    k = Constants(bw_efficiency=0.5, mfu=0.5, step_overhead_s=1e-3, seq_step_s=10e-6)
+    assert generation_seconds(small(), k) == pytest.approx(3.2515, rel=1e-6)
 
 
 def test_concurrency_comes_from_the_engines_own_limits_not_a_fixed_cap():
@@ -102,7 +110,8 @@ def test_plan_memory_refuses_a_batch_longer_than_the_configs_engine_or_a_custom_
 
 
 def test_docs_report_the_held_out_error_the_fit_prints():
-    """docs/plan.md states the held-out median and max error that fit.py prints for the held-out rows."""
+    """docs/plan.md states the held-out median and max error that fit.py prints, all together, for the large-batch
+    rows and for the batch-1 rows."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "vllm_throughput" / "fit.py")],
                          capture_output=True, text=True, env=env, cwd=ROOT)
@@ -110,5 +119,7 @@ def test_docs_report_the_held_out_error_the_fit_prints():
     median, worst = re.search(r"all \(\d+\): median \|error\| (\d+%), max (\d+%)", held).groups()
     v1 = re.search(r"v1 rows \(\d+\): median \|error\| (\d+%), max (\d+%)", held).groups()
     doc = (ROOT / "docs" / "plan.md").read_text()
+    v0 = re.search(r"v0 rows \(\d+\): median \|error\| (\d+%), max (\d+%)", held).groups()
     assert f"held out: median {median}, max {worst}" in doc
     assert f"large-batch held out: median {v1[0]}, max {v1[1]}" in doc
+    assert f"batch-1 held out: median {v0[0]}, max {v0[1]}" in doc

@@ -6,14 +6,16 @@
 Rows, each with its source and every input it assumed: cases.jsonl (Qwen's batch-1 speed benchmark of
 Qwen2 on vLLM 0.4.2, the V0 engine) and large_batch.jsonl (large-batch runs of the V1 engine). The split
 was fixed before any fit was run (split.txt): in cases.jsonl every third row by file order, starting
-with the first (the rule of the earlier batch-1 fit); in large_batch.jsonl the newer vLLM of a workload
-published on two versions. The fit never sees a held-out row.
+with the first (the rule of the earlier batch-1 fit); in large_batch.jsonl the newer vLLM of the first
+workload published on two versions, and every third of the rows added after it, by file order, starting
+with the first. The fit never sees a held-out row.
 
 The fit (least squares on log(published / predicted time), bounded) gives the HBM efficiency and the
-matmul MFU that both engines share, the V1 engine's fixed cost per forward pass (the one the planner
-uses) and V0's (a CPU cost the V1 engine removed: fitted so that the batch-1 rows do not bias the shared
-constants, never used by the planner). The band is the range of published / predicted time on the
-held-out rows, rounded outward to 0.05.
+matmul MFU that both engines share, the V1 engine's fixed cost per forward pass and its cost per sequence
+per decode step (the two the planner uses), and V0's cost per pass (a CPU cost the V1 engine removed: fitted
+so that the batch-1 rows do not bias the shared constants, never used by the planner). A row whose client
+sent its requests at a rate adds the arrival span (arrival_span_s). The band is the range of published /
+predicted time on the held-out rows, rounded outward to 0.05.
 """
 
 from __future__ import annotations
@@ -86,29 +88,42 @@ def published_s(row: dict) -> float:
 
 
 def constants(x: np.ndarray, row: dict) -> Constants:
-    """x = (HBM efficiency, matmul MFU, V1 per-pass cost, V0 per-pass cost)."""
-    return Constants(float(x[0]), float(x[1]), float(x[3] if row["engine"] == "v0" else x[2]))
+    """x = (HBM efficiency, matmul MFU, V1 per-pass cost, V0 per-pass cost, V1 cost per sequence per decode step).
+    The batch-1 rows cannot tell a per-sequence cost from a per-pass one: V0 gets its per-pass cost only."""
+    if row["engine"] == "v0":
+        return Constants(float(x[0]), float(x[1]), float(x[3]), 0.0)
+    return Constants(float(x[0]), float(x[1]), float(x[2]), float(x[4]))
+
+
+def arrival_span_s(row: dict) -> float:
+    """A client that sends at a request rate sends its last request (n - 1) / rate after its first (the Poisson
+    arrivals' expected time). The run is taken as that span plus the engine's time for all n at once (derived: exact
+    when the decode steps are bound by the weight reads, as the long-output rows are; an upper bound otherwise)."""
+    rate = row.get("request_rate")
+    return (int(row["num_prompts"]) - 1) / float(rate) if rate else 0.0
 
 
 def predicted_s(x: np.ndarray, row: dict) -> float:
-    return generation_seconds(work(row), constants(x, row))
+    return generation_seconds(work(row), constants(x, row)) + arrival_span_s(row)
 
 
 def fit(rows: list[dict]) -> np.ndarray:
-    """(HBM efficiency, MFU, V1 per-pass s, V0 per-pass s) minimising the log error of the time."""
+    """(HBM efficiency, MFU, V1 per-pass s, V0 per-pass s, V1 per-sequence s) minimising the log error of the time."""
     works = {r["id"]: work(r) for r in rows}
 
     def residuals(x: np.ndarray) -> np.ndarray:
-        return np.array([math.log(generation_seconds(works[r["id"]], constants(x, r)) / published_s(r)) for r in rows])
+        return np.array([math.log((generation_seconds(works[r["id"]], constants(x, r)) + arrival_span_s(r))
+                                  / published_s(r)) for r in rows])
 
-    res = least_squares(residuals, x0=np.array([0.7, 0.4, 1e-3, 4e-3]),
-                        bounds=([0.05, 0.05, 0.0, 0.0], [1.0, 1.0, 0.02, 0.02]))
+    res = least_squares(residuals, x0=np.array([0.7, 0.4, 1e-3, 4e-3, 1e-6]),
+                        bounds=([0.05, 0.05, 0.0, 0.0, 0.0], [1.0, 1.0, 0.02, 0.02, 1e-3]))
     return res.x
 
 
-def rounded(x: np.ndarray) -> tuple[float, float, float, float]:
-    """The constants as generation.py carries them."""
-    return round(float(x[0]), 2), round(float(x[1]), 2), round(float(x[2]) * 1e3, 2), round(float(x[3]) * 1e3, 2)
+def rounded(x: np.ndarray) -> tuple[float, float, float, float, float]:
+    """The constants as generation.py carries them (per-pass costs in ms, the per-sequence cost in us)."""
+    return (round(float(x[0]), 2), round(float(x[1]), 2), round(float(x[2]) * 1e3, 2), round(float(x[3]) * 1e3, 2),
+            round(float(x[4]) * 1e6, 1))
 
 
 def band(x: np.ndarray, held: list[dict]) -> tuple[float, float]:
@@ -118,13 +133,13 @@ def band(x: np.ndarray, held: list[dict]) -> tuple[float, float]:
 
 def table(x: np.ndarray, rows: list[dict]) -> list[float]:
     errs = []
-    print(f"  {'row':<46} {'eng':>3} {'tp':>2} {'seqs':>5} {'conc':>5} {'in':>6} {'out':>5} {'pub s':>8} "
+    print(f"  {'row':<48} {'eng':>3} {'tp':>2} {'seqs':>5} {'conc':>5} {'in':>6} {'out':>5} {'pub s':>8} "
           f"{'pred s':>8} {'error':>6}")
     for r in rows:
         w = work(r)
         pred, pub = predicted_s(x, r), published_s(r)
         errs.append(pred / pub - 1)
-        print(f"  {r['id']:<46} {r['engine']:>3} {r['tp']:>2} {w.seqs:>5} {w.concurrency:>5} {w.prompt_len:>6} "
+        print(f"  {r['id']:<48} {r['engine']:>3} {r['tp']:>2} {w.seqs:>5} {w.concurrency:>5} {w.prompt_len:>6} "
               f"{w.response_len:>5} {pub:>8.1f} {pred:>8.1f} {pred / pub - 1:>+6.0%}")
     return errs
 
@@ -134,23 +149,25 @@ def summary(name: str, errs: list[float]) -> str:
     return f"{name} ({len(a)}): median |error| {statistics.median(a):.0%}, max {max(a):.0%}"
 
 
-def carried() -> tuple[float, float, float]:
-    return g.DECODE_BW_EFFICIENCY, g.MATMUL_MFU, round(g.STEP_OVERHEAD_S * 1e3, 2)
+def carried() -> tuple[float, float, float, float]:
+    return g.DECODE_BW_EFFICIENCY, g.MATMUL_MFU, round(g.STEP_OVERHEAD_S * 1e3, 2), round(g.SEQ_STEP_S * 1e6, 1)
 
 
 def main(argv: list[str]) -> int:
     rows = load()
     train, held = split(rows)
     x = fit(train)
-    eff, mfu, o1, o0 = rounded(x)
+    eff, mfu, o1, o0, seq = rounded(x)
     low, high = band(x, held)
     if "--check" in argv:
-        ok = (eff, mfu, o1) == carried() and (round(low, 2), round(high, 2)) == (g.GENERATION_LOW, g.GENERATION_HIGH)
+        ok = (eff, mfu, o1, seq) == carried() and ((round(low, 2), round(high, 2))
+                                                    == (g.GENERATION_LOW, g.GENERATION_HIGH))
         print("generation.py carries this fit" if ok else f"generation.py {carried()} band "
-              f"{(g.GENERATION_LOW, g.GENERATION_HIGH)}; the fit gives {(eff, mfu, o1)} band {(low, high)}")
+              f"{(g.GENERATION_LOW, g.GENERATION_HIGH)}; the fit gives {(eff, mfu, o1, seq)} band {(low, high)}")
         return 0 if ok else 1
-    print(f"fit on {len(train)} rows: HBM efficiency {eff:.2f}, matmul MFU {mfu:.2f}, per-pass cost V1 {o1:.2f} ms "
-          f"(V0 {o0:.2f} ms, the batch-1 rows' engine; not used by the planner)")
+    print(f"fit on {len(train)} rows: HBM efficiency {eff:.2f}, matmul MFU {mfu:.2f}, V1 cost per pass {o1:.2f} ms "
+          f"and per sequence per decode step {seq:.1f} us")
+    print(f"(V0: {o0:.2f} ms per pass, the batch-1 rows' engine; not used by the planner)")
     print("error = predicted / published time - 1 (positive: the model predicts too long a time)")
     for name, part in (("fit rows", train), ("held-out rows", held)):
         print(f"{name}:")
@@ -168,4 +185,4 @@ if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
 
 
-__all__ = ["band", "fit", "load", "published_s", "rounded", "split", "work"]
+__all__ = ["arrival_span_s", "band", "fit", "load", "published_s", "rounded", "split", "work"]

@@ -10,8 +10,10 @@ tokens. Its terms, each with its reason:
 - **Decode step** at batch b and mean context c: a forward pass is bound by the slower of reading one
   GPU's weights and the batch's KV cache (b x c x KV bytes/token) from HBM, and its matmul FLOPs
   (2 x matmul params + attention's 4 x layers x q_dim x c per sequence, over TP): a roofline,
-  max(bytes / (efficiency x HBM peak), FLOPs / (MFU x bf16 peak)); plus a fixed cost per step and,
-  under TP, two all-reduces per layer. The compute side is the per-sequence cost that large batches show.
+  max(bytes / (efficiency x HBM peak), FLOPs / (MFU x bf16 peak)); plus a fixed cost per step, a cost per
+  sequence in the step (the engine's CPU work per request per step: scheduling, inputs, outputs; fitted: it is
+  what the runs at hundreds of concurrent sequences show beyond the roofline) and, under TP, two all-reduces
+  per layer.
 - **Prefill** in chunks of max_num_batched_tokens: each chunk is one more forward pass, bound the same
   way (the weights read once, the chunk's FLOPs with attention's T^2 term).
 
@@ -26,15 +28,16 @@ import math
 from dataclasses import dataclass
 
 # Fitted by benchmarks/vllm_throughput/fit.py (its output, rounded); see docs/plan.md.
-DECODE_BW_EFFICIENCY = 0.69  # fraction of HBM peak a forward pass's weight and KV reads sustain
-MATMUL_MFU = 0.35  # fraction of bf16 peak the matmuls sustain (prefill chunks and large decode batches)
-STEP_OVERHEAD_S = 0.93e-3  # fixed cost of one forward pass on the V1 engine (scheduling, launches, sampling)
+DECODE_BW_EFFICIENCY = 0.75  # fraction of HBM peak a forward pass's weight and KV reads sustain
+MATMUL_MFU = 0.45  # fraction of bf16 peak the matmuls sustain (prefill chunks and large decode batches)
+STEP_OVERHEAD_S = 0.78e-3  # fixed cost of one forward pass on the V1 engine (scheduling, launches, sampling)
+SEQ_STEP_S = 47.1e-6  # cost per sequence per decode step on the V1 engine (its CPU work for each running request)
 # Band on the generation time: published / predicted on the held-out rows (fit.py prints them).
-GENERATION_LOW = 0.65
+GENERATION_LOW = 0.60
 GENERATION_HIGH = 1.75
-GENERATION_BASIS = ("fitted on 14 of 21 published vLLM rows (18 batch-1 A100 vLLM 0.4.2, 3 large-batch H100 vLLM "
-                    "0.8.5-0.11.0); 7 held out: time off by median 24%, max 48%, the large-batch one 8% "
-                    "(benchmarks/vllm_throughput)")
+GENERATION_BASIS = ("fitted on 28 of 43 published vLLM rows (18 batch-1 A100 vLLM 0.4.2, 25 large-batch on A100, "
+                    "H100, H200 and GB200, vLLM 0.8.2-0.11.0, TP 1-2); 15 held out: time off by median 23%, max 54%; "
+                    "the 9 large-batch ones median 23%, max 45% (benchmarks/vllm_throughput)")
 TP_ALLREDUCE_S = 10e-6  # latency of one intra-node all-reduce; two per layer per forward pass (assumed)
 
 
@@ -45,6 +48,7 @@ class Constants:
     bw_efficiency: float = DECODE_BW_EFFICIENCY
     mfu: float = MATMUL_MFU
     step_overhead_s: float = STEP_OVERHEAD_S
+    seq_step_s: float = SEQ_STEP_S
 
 
 @dataclass(frozen=True)
@@ -129,7 +133,8 @@ def decode_step_s(e: EngineWork, batch: int, k: Constants = Constants()) -> tupl
     ctx = e.mean_context
     read = e.weights_bytes + batch * ctx * e.kv_bytes_per_token
     flops = batch * (e.matmul_flops_per_token + 4.0 * e.layers * e.q_dim * ctx) / e.tp
-    return _pass_s(read, flops, e, k)
+    seconds, bound = _pass_s(read, flops, e, k)
+    return seconds + batch * k.seq_step_s, bound
 
 
 def generation_time(e: EngineWork, k: Constants = Constants()) -> GenerationTime:
@@ -152,5 +157,5 @@ def generation_seconds(e: EngineWork, k: Constants = Constants()) -> float:
 
 
 __all__ = ["Constants", "DECODE_BW_EFFICIENCY", "EngineWork", "GENERATION_BASIS", "GENERATION_HIGH",
-           "GENERATION_LOW", "GenerationTime", "MATMUL_MFU", "STEP_OVERHEAD_S", "decode_step_s",
+           "GENERATION_LOW", "GenerationTime", "MATMUL_MFU", "SEQ_STEP_S", "STEP_OVERHEAD_S", "decode_step_s",
            "generation_seconds", "generation_time"]

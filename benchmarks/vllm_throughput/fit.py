@@ -2,6 +2,8 @@
 
     python benchmarks/vllm_throughput/fit.py            # fit, then predicted vs published on every row
     python benchmarks/vllm_throughput/fit.py --check    # exit 1 unless generation.py carries this fit
+    python benchmarks/vllm_throughput/fit.py --loo      # leave-one-out on the large-batch fit rows, with and
+                                                        # without the cost per sequence per decode step
 
 Rows, each with its source and every input it assumed: cases.jsonl (Qwen's batch-1 speed benchmark of
 Qwen2 on vLLM 0.4.2, the V0 engine) and large_batch.jsonl (large-batch runs of the V1 engine). The split
@@ -107,17 +109,38 @@ def predicted_s(x: np.ndarray, row: dict) -> float:
     return generation_seconds(work(row), constants(x, row)) + arrival_span_s(row)
 
 
-def fit(rows: list[dict]) -> np.ndarray:
-    """(HBM efficiency, MFU, V1 per-pass s, V0 per-pass s, V1 per-sequence s) minimising the log error of the time."""
+def fit(rows: list[dict], per_sequence: bool = True) -> np.ndarray:
+    """(HBM efficiency, MFU, V1 per-pass s, V0 per-pass s, V1 per-sequence s) minimising the log error of the time;
+    per_sequence=False holds the per-sequence cost at 0 (the model without that term, for --loo)."""
     works = {r["id"]: work(r) for r in rows}
 
+    def full(x: np.ndarray) -> np.ndarray:
+        return x if per_sequence else np.append(x, 0.0)
+
     def residuals(x: np.ndarray) -> np.ndarray:
-        return np.array([math.log((generation_seconds(works[r["id"]], constants(x, r)) + arrival_span_s(r))
+        return np.array([math.log((generation_seconds(works[r["id"]], constants(full(x), r)) + arrival_span_s(r))
                                   / published_s(r)) for r in rows])
 
-    res = least_squares(residuals, x0=np.array([0.7, 0.4, 1e-3, 4e-3, 1e-6]),
-                        bounds=([0.05, 0.05, 0.0, 0.0, 0.0], [1.0, 1.0, 0.02, 0.02, 1e-3]))
-    return res.x
+    x0, low, high = [0.7, 0.4, 1e-3, 4e-3, 1e-6], [0.05, 0.05, 0.0, 0.0, 0.0], [1.0, 1.0, 0.02, 0.02, 1e-3]
+    k = 5 if per_sequence else 4
+    res = least_squares(residuals, x0=np.array(x0[:k]), bounds=(low[:k], high[:k]))
+    return full(res.x)
+
+
+def leave_one_out(train: list[dict]) -> None:
+    """Each large-batch fit row predicted by a fit on the other fit rows, with and without the per-sequence cost:
+    the evidence for that term, from the fit rows alone."""
+    v1 = [r for r in train if r["engine"] == "v1"]
+    print("leave-one-out on the large-batch fit rows (error of each row predicted by a fit on the others):")
+    print(f"  {'row':<48} {'with':>6} {'without':>8}  (the cost per sequence per decode step)")
+    errs: dict[bool, list[float]] = {True: [], False: []}
+    for out in v1:
+        rest = [r for r in train if r is not out]
+        for flag in (True, False):
+            errs[flag].append(predicted_s(fit(rest, flag), out) / published_s(out) - 1)
+        print(f"  {out['id']:<48} {errs[True][-1]:>+6.0%} {errs[False][-1]:>+8.0%}")
+    for flag, name in ((True, "with the term"), (False, "without it")):
+        print("  " + summary(name, errs[flag]) + f", mean {statistics.mean(abs(e) for e in errs[flag]):.0%}")
 
 
 def rounded(x: np.ndarray) -> tuple[float, float, float, float, float]:
@@ -156,6 +179,9 @@ def carried() -> tuple[float, float, float, float]:
 def main(argv: list[str]) -> int:
     rows = load()
     train, held = split(rows)
+    if "--loo" in argv:
+        leave_one_out(train)
+        return 0
     x = fit(train)
     eff, mfu, o1, o0, seq = rounded(x)
     low, high = band(x, held)
@@ -185,4 +211,4 @@ if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
 
 
-__all__ = ["arrival_span_s", "band", "fit", "load", "published_s", "rounded", "split", "work"]
+__all__ = ["arrival_span_s", "band", "fit", "leave_one_out", "load", "published_s", "rounded", "split", "work"]

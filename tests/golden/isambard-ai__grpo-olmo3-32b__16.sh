@@ -9,8 +9,8 @@
 #   16 x 4 GH200 (95.58 GiB): 16 learner GPUs, 48 engine GPUs, 0 idle
 #   num_learners_per_node [1] x 16, vllm_num_engines 48, vllm_tensor_parallel_size 1, vllm_gpu_memory_utilization 0.9, deepspeed_stage 3
 #   learner peak 64.3 GiB/GPU of 95.6 usable; engine 60.1 GiB weights + 25.3 GiB KV cache per GPU; host peak 20 GiB/node
-#   step ~344-894 s (mid ~573 s) (generation 230 s, training 573 s), bottleneck training; the checkpoint cadence and time-limit lead use the upper estimate
-#   step basis: generation: vLLM model fitted on 14 of 21 published vLLM rows (18 batch-1 A100 vLLM 0.4.2, 3 large-batch H100 vLLM 0.8.5-0.11.0); 7 held out: time off by median 24%, max 48%, the large-batch one 8% (benchmarks/vllm_throughput); training: learner 16 x 35.81 s + optimizer step 0.11 s, fitted on 40 measured rows (fsdp_measured, openrlhf_measured, zero3_timing; H100/H200); derived: GH200 scaled from H100/H200 by peak FLOP/s and bandwidths
+#   step ~344-894 s (mid ~573 s) (generation 213 s, training 573 s), bottleneck training; the checkpoint cadence and time-limit lead use the upper estimate
+#   step basis: generation: vLLM model fitted on 28 of 43 published vLLM rows (18 batch-1 A100 vLLM 0.4.2, 25 large-batch on A100, H100, H200 and GB200, vLLM 0.8.2-0.11.0, TP 1-2); 15 held out: time off by median 23%, max 54%; the 9 large-batch ones median 23%, max 45% (benchmarks/vllm_throughput); training: learner 16 x 35.81 s + optimizer step 0.11 s, fitted on 40 measured rows (fsdp_measured, openrlhf_measured, zero3_timing; H100/H200); derived: GH200 scaled from H100/H200 by peak FLOP/s and bandwidths
 #   checkpoint_state_freq 2: a checkpoint every ~30 min of training at the upper step estimate ~894 s (so that at most 30 min is lost); time-limit warning 1140 s before the end = one upper step (~894 s) + one checkpoint write (~180 s, derived) + 60 s to stop
 # Warning: 16 nodes = 64 GPUs exceed QOS 32gpu_qos's default cap of 32 GPUs (8 nodes); fine if your project's limit was raised
 # Warning: num_unique_prompts_rollout 32 is below vllm_num_engines 48: each step's prompts keep at most 32 engines busy (grpo_fast.py looks ahead async_steps steps to fill the rest); raise it to 48 or more, or use fewer engines (--pin engines=N)
@@ -251,10 +251,10 @@ run_directory() {
       "version": "0.19.1"
     },
     "gather_whole_model": false,
-    "generation_time_basis": "vLLM model fitted on 14 of 21 published vLLM rows (18 batch-1 A100 vLLM 0.4.2, 3 large-batch H100 vLLM 0.8.5-0.11.0); 7 held out: time off by median 24%, max 48%, the large-batch one 8% (benchmarks/vllm_throughput)",
-    "generation_time_high_s": 402.5,
-    "generation_time_low_s": 149.5,
-    "generation_time_s": 230.0,
+    "generation_time_basis": "vLLM model fitted on 28 of 43 published vLLM rows (18 batch-1 A100 vLLM 0.4.2, 25 large-batch on A100, H100, H200 and GB200, vLLM 0.8.2-0.11.0, TP 1-2); 15 held out: time off by median 23%, max 54%; the 9 large-batch ones median 23%, max 45% (benchmarks/vllm_throughput)",
+    "generation_time_high_s": 372.7,
+    "generation_time_low_s": 127.8,
+    "generation_time_s": 213.0,
     "gpu_usable_gib": 95.58,
     "host_peak_gib": 20.0,
     "idle_gpus": 0,
@@ -279,8 +279,8 @@ run_directory() {
       1,
       1
     ],
-    "reason": "no idle GPU; step ~573s (range 344-894s) set by training (generation 230s, training 573s)",
-    "step_time_basis": "generation: vLLM model fitted on 14 of 21 published vLLM rows (18 batch-1 A100 vLLM 0.4.2, 3 large-batch H100 vLLM 0.8.5-0.11.0); 7 held out: time off by median 24%, max 48%, the large-batch one 8% (benchmarks/vllm_throughput); training: learner 16 x 35.81 s + optimizer step 0.11 s, fitted on 40 measured rows (fsdp_measured, openrlhf_measured, zero3_timing; H100/H200); derived: GH200 scaled from H100/H200 by peak FLOP/s and bandwidths",
+    "reason": "no idle GPU; step ~573s (range 344-894s) set by training (generation 213s, training 573s)",
+    "step_time_basis": "generation: vLLM model fitted on 28 of 43 published vLLM rows (18 batch-1 A100 vLLM 0.4.2, 25 large-batch on A100, H100, H200 and GB200, vLLM 0.8.2-0.11.0, TP 1-2); 15 held out: time off by median 23%, max 54%; the 9 large-batch ones median 23%, max 45% (benchmarks/vllm_throughput); training: learner 16 x 35.81 s + optimizer step 0.11 s, fitted on 40 measured rows (fsdp_measured, openrlhf_measured, zero3_timing; H100/H200); derived: GH200 scaled from H100/H200 by peak FLOP/s and bandwidths",
     "step_time_high_s": 894.0,
     "step_time_low_s": 343.9,
     "step_time_s": 573.1,

@@ -9,8 +9,8 @@
 #   4 x 4 GH200 (95.58 GiB): 4 learner GPUs, 12 engine GPUs, 0 idle
 #   actor.num_nodes 1, actor.num_gpus_per_node 4, vllm.num_engines 12, vllm.tensor_parallel_size 1, vllm.gpu_memory_utilization 0.9, ds.zero_stage 3
 #   learner peak 51.3 GiB/GPU of 95.6 usable; engine 14.2 GiB weights + 70.3 GiB KV cache per GPU; host peak 26 GiB/node
-#   step ~286-743 s (mid ~476 s) (generation 53 s, training 476 s), bottleneck training; the checkpoint cadence and time-limit lead use the upper estimate
-#   step basis: generation: vLLM model fitted on 14 of 21 published vLLM rows (18 batch-1 A100 vLLM 0.4.2, 3 large-batch H100 vLLM 0.8.5-0.11.0); 7 held out: time off by median 24%, max 48%, the large-batch one 8% (benchmarks/vllm_throughput); training: learner 256 x 1.86 s + optimizer step 0.08 s, fitted on 40 measured rows (fsdp_measured, openrlhf_measured, zero3_timing; H100/H200); derived: GH200 scaled from H100/H200 by peak FLOP/s and bandwidths
+#   step ~286-743 s (mid ~476 s) (generation 64 s, training 476 s), bottleneck training; the checkpoint cadence and time-limit lead use the upper estimate
+#   step basis: generation: vLLM model fitted on 28 of 43 published vLLM rows (18 batch-1 A100 vLLM 0.4.2, 25 large-batch on A100, H100, H200 and GB200, vLLM 0.8.2-0.11.0, TP 1-2); 15 held out: time off by median 23%, max 54%; the 9 large-batch ones median 23%, max 45% (benchmarks/vllm_throughput); training: learner 256 x 1.86 s + optimizer step 0.08 s, fitted on 40 measured rows (fsdp_measured, openrlhf_measured, zero3_timing; H100/H200); derived: GH200 scaled from H100/H200 by peak FLOP/s and bandwidths
 #   ckpt.save_steps 2: a checkpoint every ~25 min of training at the upper step estimate ~743 s (so that at most 30 min is lost); time-limit warning 900 s before the end = one upper step (~743 s) + one checkpoint write (~43 s, derived) + 60 s to stop
 # Warning: 4 learners per node on isambard-ai, where the profile plans at most 1: more than one learner per GH200 node failed with NCCL "Duplicate GPU detected" in the users' runs (their workaround, a patched NCCL with NCCL_IGNORE_DUPLICATE_GPU=1, is untested at 32B); OpenRLHF places its actor's one-GPU bundles with PACK (cli/train_ppo_ray.py:48-49 at 3c3be623), so Ray fills each node's GPUs before the next: only a learner group of at most 1 GPU in all keeps the cap, and none fits; would fit inside it: --set ds.adam_offload=true (optimizer state in host RAM) | --set deepspeed_offload_param=true (parameters in host RAM too) | --set ds.lora.rank=16 (LoRA: far less optimizer state)
 #
@@ -263,10 +263,10 @@ run_directory() {
       "max_num_seqs": 128,
       "version": "0.27.1"
     },
-    "generation_time_basis": "vLLM model fitted on 14 of 21 published vLLM rows (18 batch-1 A100 vLLM 0.4.2, 3 large-batch H100 vLLM 0.8.5-0.11.0); 7 held out: time off by median 24%, max 48%, the large-batch one 8% (benchmarks/vllm_throughput)",
-    "generation_time_high_s": 92.1,
-    "generation_time_low_s": 34.2,
-    "generation_time_s": 52.6,
+    "generation_time_basis": "vLLM model fitted on 28 of 43 published vLLM rows (18 batch-1 A100 vLLM 0.4.2, 25 large-batch on A100, H100, H200 and GB200, vLLM 0.8.2-0.11.0, TP 1-2); 15 held out: time off by median 23%, max 54%; the 9 large-batch ones median 23%, max 45% (benchmarks/vllm_throughput)",
+    "generation_time_high_s": 112.3,
+    "generation_time_low_s": 38.5,
+    "generation_time_s": 64.2,
     "gpu_usable_gib": 95.58,
     "host_peak_gib": 26.0,
     "idle_gpus": 0,
@@ -276,8 +276,8 @@ run_directory() {
     "num_learners_per_node": [
       4
     ],
-    "reason": "no idle GPU; step ~476s (range 286-743s) set by training (generation 53s, training 476s)",
-    "step_time_basis": "generation: vLLM model fitted on 14 of 21 published vLLM rows (18 batch-1 A100 vLLM 0.4.2, 3 large-batch H100 vLLM 0.8.5-0.11.0); 7 held out: time off by median 24%, max 48%, the large-batch one 8% (benchmarks/vllm_throughput); training: learner 256 x 1.86 s + optimizer step 0.08 s, fitted on 40 measured rows (fsdp_measured, openrlhf_measured, zero3_timing; H100/H200); derived: GH200 scaled from H100/H200 by peak FLOP/s and bandwidths",
+    "reason": "no idle GPU; step ~476s (range 286-743s) set by training (generation 64s, training 476s)",
+    "step_time_basis": "generation: vLLM model fitted on 28 of 43 published vLLM rows (18 batch-1 A100 vLLM 0.4.2, 25 large-batch on A100, H100, H200 and GB200, vLLM 0.8.2-0.11.0, TP 1-2); 15 held out: time off by median 23%, max 54%; the 9 large-batch ones median 23%, max 45% (benchmarks/vllm_throughput); training: learner 256 x 1.86 s + optimizer step 0.08 s, fitted on 40 measured rows (fsdp_measured, openrlhf_measured, zero3_timing; H100/H200); derived: GH200 scaled from H100/H200 by peak FLOP/s and bandwidths",
     "step_time_high_s": 743.0,
     "step_time_low_s": 285.8,
     "step_time_s": 476.3,

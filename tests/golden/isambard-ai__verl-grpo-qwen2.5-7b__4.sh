@@ -9,9 +9,9 @@
 #   4 x 4 GH200 (95.58 GiB): all 16 GPUs train and generate (colocated)
 #   trainer.nnodes 4, n_gpus_per_node 4, rollout tensor_model_parallel_size 1 (16 engines), gpu_memory_utilization 0.85, fsdp param_offload false, optimizer_offload false
 #   colocated peak 74.3 GiB/GPU training, 89.6 GiB/GPU rollout of 95.6 usable; KV cache 64.7 GiB per GPU; host peak 49 GiB/node
-#   step ~128-337 s (mid ~209 s) (generation 56 s, training 154 s), bottleneck training; the checkpoint cadence and time-limit lead use the upper estimate
-#   step basis: generation: vLLM model fitted on 14 of 21 published vLLM rows (18 batch-1 A100 vLLM 0.4.2, 3 large-batch H100 vLLM 0.8.5-0.11.0); 7 held out: time off by median 24%, max 48%, the large-batch one 8% (benchmarks/vllm_throughput); training: learner 8 x 19.19 s + optimizer step 0.02 s, fitted on 40 measured rows (fsdp_measured, openrlhf_measured, zero3_timing; H100/H200); derived: GH200 scaled from H100/H200 by peak FLOP/s and bandwidths
-#   trainer.save_freq 5: a checkpoint every ~28 min of training at the upper step estimate ~337 s (so that at most 30 min is lost); time-limit warning 900 s before the end = one upper step (~337 s) + one checkpoint write (~43 s, derived) + 60 s to stop
+#   step ~133-360 s (mid ~222 s) (generation 69 s, training 154 s), bottleneck training; the checkpoint cadence and time-limit lead use the upper estimate
+#   step basis: generation: vLLM model fitted on 28 of 43 published vLLM rows (18 batch-1 A100 vLLM 0.4.2, 25 large-batch on A100, H100, H200 and GB200, vLLM 0.8.2-0.11.0, TP 1-2); 15 held out: time off by median 23%, max 54%; the 9 large-batch ones median 23%, max 45% (benchmarks/vllm_throughput); training: learner 8 x 19.19 s + optimizer step 0.02 s, fitted on 40 measured rows (fsdp_measured, openrlhf_measured, zero3_timing; H100/H200); derived: GH200 scaled from H100/H200 by peak FLOP/s and bandwidths
+#   trainer.save_freq 5: a checkpoint every ~30 min of training at the upper step estimate ~360 s (so that at most 30 min is lost); time-limit warning 900 s before the end = one upper step (~360 s) + one checkpoint write (~43 s, derived) + 60 s to stop
 # Warning: 4 learners per node on isambard-ai, where the profile plans at most 1: more than one learner per GH200 node failed with NCCL "Duplicate GPU detected" in the users' runs (their workaround, a patched NCCL with NCCL_IGNORE_DUPLICATE_GPU=1, is untested at 32B); verl's resource pool takes trainer.n_gpus_per_node on every node (main_ppo.py:204 at b178a3cd, ppo/v1/trainer_base.py:760 at 1dda039b), and its colocated workers all train: hpcrl cannot plan fewer
 #
 # Submit with `hpcrl submit`, which creates the run directory first. With plain sbatch,
@@ -243,7 +243,7 @@ run_directory() {
     },
     "pinned": false,
     "signal_floor_s": 900,
-    "step_s": 209.169,
+    "step_s": 222.348,
     "write_basis": "derived",
     "write_gib_s": 2.0,
     "write_s": 42.556
@@ -265,10 +265,10 @@ run_directory() {
       "max_num_seqs": 256,
       "version": "0.24.0"
     },
-    "generation_time_basis": "vLLM model fitted on 14 of 21 published vLLM rows (18 batch-1 A100 vLLM 0.4.2, 3 large-batch H100 vLLM 0.8.5-0.11.0); 7 held out: time off by median 24%, max 48%, the large-batch one 8% (benchmarks/vllm_throughput)",
-    "generation_time_high_s": 97.4,
-    "generation_time_low_s": 36.2,
-    "generation_time_s": 55.6,
+    "generation_time_basis": "vLLM model fitted on 28 of 43 published vLLM rows (18 batch-1 A100 vLLM 0.4.2, 25 large-batch on A100, H100, H200 and GB200, vLLM 0.8.2-0.11.0, TP 1-2); 15 held out: time off by median 23%, max 54%; the 9 large-batch ones median 23%, max 45% (benchmarks/vllm_throughput)",
+    "generation_time_high_s": 120.4,
+    "generation_time_low_s": 41.3,
+    "generation_time_s": 68.8,
     "gpu_usable_gib": 95.58,
     "host_peak_gib": 49.1,
     "idle_gpus": 0,
@@ -281,12 +281,12 @@ run_directory() {
       4,
       4
     ],
-    "reason": "colocated: every GPU trains and generates; step ~209s = generation 56s + training 154s (range 128-337s)",
+    "reason": "colocated: every GPU trains and generates; step ~222s = generation 69s + training 154s (range 133-360s)",
     "rollout_peak_gib": 89.59,
-    "step_time_basis": "generation: vLLM model fitted on 14 of 21 published vLLM rows (18 batch-1 A100 vLLM 0.4.2, 3 large-batch H100 vLLM 0.8.5-0.11.0); 7 held out: time off by median 24%, max 48%, the large-batch one 8% (benchmarks/vllm_throughput); training: learner 8 x 19.19 s + optimizer step 0.02 s, fitted on 40 measured rows (fsdp_measured, openrlhf_measured, zero3_timing; H100/H200); derived: GH200 scaled from H100/H200 by peak FLOP/s and bandwidths",
-    "step_time_high_s": 336.9,
-    "step_time_low_s": 128.3,
-    "step_time_s": 209.2,
+    "step_time_basis": "generation: vLLM model fitted on 28 of 43 published vLLM rows (18 batch-1 A100 vLLM 0.4.2, 25 large-batch on A100, H100, H200 and GB200, vLLM 0.8.2-0.11.0, TP 1-2); 15 held out: time off by median 23%, max 54%; the 9 large-batch ones median 23%, max 45% (benchmarks/vllm_throughput); training: learner 8 x 19.19 s + optimizer step 0.02 s, fitted on 40 measured rows (fsdp_measured, openrlhf_measured, zero3_timing; H100/H200); derived: GH200 scaled from H100/H200 by peak FLOP/s and bandwidths",
+    "step_time_high_s": 359.9,
+    "step_time_low_s": 133.4,
+    "step_time_s": 222.3,
     "training_peak_gib": 74.28,
     "training_time_s": 153.5,
     "vllm_gpu_memory_utilization": 0.85,

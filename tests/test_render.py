@@ -234,8 +234,8 @@ def test_unconfirmed_profile_facts_in_the_header_are_named():
 def test_sbatch_header_per_gpu_request_style():
     isam = sbatch_lines(render("isambard-ai", "grpo-olmo3-7b", 4))
     assert "--gpus-per-node=4" in isam and "--mem=0" in isam and "--time=24:00:00" in isam
-    # The warning covers one step at the upper estimate (~794 s for 7B on 4 nodes, generation-bound) + one
-    # checkpoint write (~41 s) + 60 s to stop, in whole minutes: 895 s -> 900 s, the profile's floor too.
+    # The warning covers one step at the upper estimate (~743 s for 7B on 4 nodes, generation-bound) + one
+    # checkpoint write (~41 s) + 60 s to stop, in whole minutes: 844 s -> 900 s, the profile's floor too.
     assert "--signal=B:USR1@900" in isam and "--partition=workq" in isam and "--exclusive" in isam
     berz = sbatch_lines(render("berzelius", "grpo-olmo3-7b", 4, sets=['hpcrl.exclude_nodes=["node017"]']))
     assert "--gpus=32" in berz and "--constraint=thin" in berz and "--exclude=node017" in berz

@@ -11,9 +11,9 @@ tokens. Its terms, each with its reason:
   GPU's weights and the batch's KV cache (b x c x KV bytes/token) from HBM, and its matmul FLOPs
   (2 x matmul params + attention's 4 x layers x q_dim x c per sequence, over TP): a roofline,
   max(bytes / (efficiency x HBM peak), FLOPs / (MFU x bf16 peak)); plus a fixed cost per step, a cost per
-  sequence in the step (the engine's CPU work per request per step: scheduling, inputs, outputs; fitted: it is
-  what the runs at hundreds of concurrent sequences show beyond the roofline) and, under TP, two all-reduces
-  per layer.
+  sequence in the step (the engine's CPU work per request per step: scheduling, inputs, outputs; added to the
+  GPU's time, not overlapped with it: assumed; its size fitted, it is what the runs at hundreds of concurrent
+  sequences show beyond the roofline) and, under TP, two all-reduces per layer.
 - **Prefill** in chunks of max_num_batched_tokens: each chunk is one more forward pass, bound the same
   way (the weights read once, the chunk's FLOPs with attention's T^2 term).
 

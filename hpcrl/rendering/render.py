@@ -176,6 +176,8 @@ def plan_json(rp: RunPlan, *, smoke: bool = False) -> str:
     if rp.backend.names_itself_in_plan:
         data["backend"] = rp.backend.name
         data["backend_args"] = rp.backend.layout_args(rp)
+    if not smoke and (disk := _disk_record(rp)) is not None:
+        data["disk"] = disk
     if rp.config.hpcrl.reward_keys:  # the watchdog's reward keys: `hpcrl report` reads the metrics with them
         data["reward_keys"] = list(rp.config.hpcrl.reward_keys)
     if rp.config.hpcrl.loss_keys:
@@ -185,6 +187,28 @@ def plan_json(rp: RunPlan, *, smoke: bool = False) -> str:
     if rp.profile.job_gpus is not None:  # a job with part of a node (--gpus N)
         data["job_gpus"] = rp.profile.job_gpus
     return json.dumps(data, indent=2, sort_keys=True, default=str) + "\n"
+
+
+# Disk budget items that lie outside the run directory (on the same quota): the HF caches.
+_OUTSIDE_RUN_DIR = ("model_cache", "dataset_cache")
+
+
+def _disk_record(rp: RunPlan) -> dict | None:
+    """plan.json's `disk`: the disk plan's peak (all of it, and the run directory's part), the run root's quota
+    and the run's training steps where known; `hpcrl watch` sets the run directory's size against it."""
+    from hpcrl.errors import HpcrlError
+    from hpcrl.planning.disk import GIB
+    from hpcrl.planning.disk_check import run_budget
+
+    try:
+        b = run_budget(rp)
+    except HpcrlError:  # nothing to plan the disk from (render refuses such a run before this, unless forced)
+        return None
+    inside = sum(i.peak_bytes for i in b.items if i.kind not in _OUTSIDE_RUN_DIR)
+    quota = b.inputs.quota_bytes
+    return {"peak_gib": round(b.peak_bytes / GIB, 1), "run_dir_peak_gib": round(inside / GIB, 1),
+            "quota_gib": None if quota is None else round(quota / GIB, 1), "total_steps": b.inputs.total_steps,
+            "fits": b.fits}
 
 
 def _context(rp: RunPlan, smoke: bool) -> dict:

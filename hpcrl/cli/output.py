@@ -16,6 +16,10 @@ class _LazyConsole:
         self._console = None
 
     def __getattr__(self, name: str) -> Any:
+        return getattr(self._get(), name)
+
+    def _get(self) -> Any:
+        """The Console itself (made now if not yet)."""
         if self._console is None:
             from rich.console import Console
 
@@ -24,7 +28,7 @@ class _LazyConsole:
             stream = sys.stderr if self._stderr else sys.stdout
             width = None if stream.isatty() or os.environ.get("COLUMNS") else 160
             self._console = Console(width=width, stderr=self._stderr)
-        return getattr(self._console, name)
+        return self._console
 
 
 console = _LazyConsole(stderr=False)

@@ -106,7 +106,8 @@ class RunReader:
                                next_job=nxt.detail if nxt and nxt.detail.isdigit() else None))
         return rows
 
-    def _state(self, rows: list[JobRow], view: SlurmView | None, slurm_note: str | None) -> tuple[str, str | None, bool]:
+    def _state(self, rows: list[JobRow], view: SlurmView | None) -> tuple[str, str | None, bool]:
+        """(state, reason, ended): Slurm's word on the newest job where it answered, else what jobs.tsv says."""
         if not rows:
             state = (self.run or {}).get("state")
             if state in ("pending", "submitting", "running"):
@@ -114,7 +115,7 @@ class RunReader:
             return "not-started", (self.run or {}).get("reason") or "no job recorded in hpcrl/jobs.tsv", True
         last = rows[-1]
         done_by_slurm = view is not None and view.phase in ("completing", "ended")
-        if last.end_reason and not last.next_job and (done_by_slurm or (view is None and slurm_note is None)):
+        if last.end_reason and not last.next_job and (done_by_slurm or view is None):
             reason = last.end_reason
         elif view is not None and view.phase == "ended":
             reason = last.end_reason or "unknown"
@@ -260,7 +261,7 @@ class RunReader:
         rows = self._rows(ids, views)
         last = rows[-1] if rows else None
         view = views.get(last.job_id) if last else None
-        state, reason, ended = self._state(rows, view, slurm_note)
+        state, reason, ended = self._state(rows, view)
         missing = [] if slurm_note is None else [f"Slurm: {slurm_note} (states from hpcrl/jobs.tsv alone)"]
         if not (self.hp / C.JOBS_TSV).exists():
             missing.append(f"{C.META}/{C.JOBS_TSV}: no job recorded yet")

@@ -18,8 +18,8 @@ import pytest
 
 from helpers import assert_user_error
 from lifecycle_harness import config, env, hpcrl, ok_json, wait_status  # noqa: F401 - env is a fixture
-from watch_harness import (counting_slurm, dead_slurm, fake_open_instruct, frame_step, registry_rows, reward_text,
-                           tree)
+from watch_harness import (FETCHES, Page, counting_slurm, dead_slurm, fake_open_instruct, frame_step, registry_rows,
+                           reward_text, tree)
 
 DATA = Path(__file__).parent / "data" / "runs"
 CHAIN, BREAKER = DATA / "chain", DATA / "breaker"
@@ -129,6 +129,22 @@ def test_watch_and_report_html_of_an_ended_chain_change_nothing(slurm, env):
     assert snap["checkpoint"]["last_step"] == 2
     assert f"run {run_id} ended: completed" in once.stdout
     assert by_dir["jobs"] == snap["jobs"] and by_dir["progress"] == snap["progress"]
+
+    # Its page: reward over steps 1-6 (a step the continuation repeated shows once, its later value); each job's
+    # step times (its four steps each: eight), against the plan.
+    page_file = env["tmp"] / "chain.html"
+    proc = hpcrl(env, "report", run_id, "--html", str(page_file))
+    assert proc.returncode == 0, proc.stderr
+    text = page_file.read_text()
+    assert FETCHES.search(text) is None
+    page = Page()
+    page.feed(text)
+    assert page.drawn(page.chart("Reward over steps")) == {"reward (scores)": 6}
+    times = page.chart("Step times over steps")
+    assert page.drawn(times) == {"step": 8, "generation": 8, "training": 8}
+    plan = json.loads((run_dir / "hpcrl" / "plan.json").read_text())
+    assert f"plan {plan['layout']['step_time_s']:,.1f} s" in text
+    assert tree(run_dir) == before  # the report wrote nothing there either
 
 
 # --------------------------------------------------------------------------- a job that died at start

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import re
 import sqlite3
+from html.parser import HTMLParser
 from pathlib import Path
 
 FAKE_GRPO = r'''
@@ -140,3 +141,67 @@ def counting_slurm(tmp: Path) -> tuple[str, Path]:
         p.write_text(f'#!/bin/sh\necho {name} >>"{log}"\nexec "{real}" "$@"\n')
         p.chmod(0o755)
     return f"{bindir}:{os.environ['PATH']}", log
+
+
+# Anything that makes a browser fetch: a URL, or an element or attribute that loads one.
+FETCHES = re.compile(r"https?://|//[a-z0-9.-]+\.[a-z]{2,}/|<script|<link|<iframe|<img|\bsrc\s*=|url\(", re.I)
+
+
+class Page(HTMLParser):
+    """The page's tags, and each chart (svg) with the marks of each named line: path vertices and dots."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tags: list[str] = []
+        self.charts: list[dict] = []
+        self._title: list[str] | None = None
+        self._path: str | None = None
+        self._stroke = ""
+        self.cells: list[str] = []
+        self._cell = False
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        self.tags.append(tag)
+        if tag == "svg":
+            self.charts.append({"title": None, "lines": {}, "dots": []})
+        elif tag == "title" and self.charts:
+            self._title = []
+        elif tag == "path" and self.charts:
+            self._path, self._stroke = a["d"], a["stroke"]
+        elif tag == "circle" and self.charts:
+            self.charts[-1]["dots"].append(a["fill"])
+        elif tag == "td":
+            self._cell = True
+            self.cells.append("")
+
+    def handle_endtag(self, tag):
+        if tag == "title" and self._title is not None and self.charts:
+            text = "".join(self._title)
+            if self._path is not None:  # a line: the points of each of its segments, and its colour
+                segs = [seg.count("L") + 1 for seg in self._path.split("M") if seg.strip()]
+                self.charts[-1]["lines"][text] = (segs, self._stroke)
+            elif self.charts[-1]["title"] is None:
+                self.charts[-1]["title"] = text
+            self._title = None
+        elif tag == "path":
+            self._path = None
+        elif tag == "td":
+            self._cell = False
+
+    def handle_data(self, data):
+        if self._title is not None:
+            self._title.append(data)
+        if self._cell:
+            self.cells[-1] += data
+
+    @staticmethod
+    def drawn(chart: dict) -> dict[str, int]:
+        """Per line, the points a reader sees: those on segments of two or more, and its dots (lone samples)."""
+        return {name: sum(n for n in segs if n >= 2) + chart["dots"].count(stroke)
+                for name, (segs, stroke) in chart["lines"].items()}
+
+    def chart(self, prefix: str) -> dict:
+        found = [c for c in self.charts if (c["title"] or "").startswith(prefix)]
+        assert len(found) == 1, [c["title"] for c in self.charts]
+        return found[0]

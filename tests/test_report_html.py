@@ -12,7 +12,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from helpers import assert_user_error
 from watch_harness import FETCHES, Page
 
@@ -66,7 +65,7 @@ def test_a_run_that_was_stopped_by_the_breaker_and_has_no_gpu(tmp_path):
 def test_a_run_directory_that_never_started(tmp_path):
     run_dir = tmp_path / "never"
     (run_dir / "hpcrl").mkdir(parents=True)
-    text, page = page_of(run_dir, tmp_path)
+    text, _ = page_of(run_dir, tmp_path)
     assert "No job recorded in hpcrl/jobs.tsv: the run never started." in text
     assert "No training step in the job logs (no job log)" in text
     assert FETCHES.search(text) is None
@@ -76,7 +75,7 @@ def test_headless_chromium_draws_the_page(tmp_path):
     browser = next((b for b in ("chromium", "chromium-browser", "google-chrome") if shutil.which(b)), None)
     if browser is None:
         pytest.skip("no Chromium here (CI installs only what .ci/run installs; apt-get install chromium)")
-    _, _ = page_of(CHAIN, tmp_path)
+    page_of(CHAIN, tmp_path)
     shot = tmp_path / "report.png"
     proc = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
                            "--disable-background-networking", "--disable-component-update", "--disable-sync",
@@ -93,8 +92,9 @@ def test_headless_chromium_draws_the_page(tmp_path):
 # --------------------------------------------------------------------------- where the page goes
 
 
-@pytest.mark.parametrize("target, says", [("dir", "is a directory"), ("/dev/null", "is a device"),
-                                          ("fifo", "is a FIFO"), ("missing/report.html", "its directory does not exist")])
+@pytest.mark.parametrize("target, says", [
+    ("dir", "is a directory"), ("/dev/null", "is a device"), ("fifo", "is a FIFO"),
+    ("missing/report.html", "its directory does not exist")])
 def test_a_target_that_is_no_regular_file_is_refused(tmp_path, target, says):
     (tmp_path / "dir").mkdir()
     os.mkfifo(tmp_path / "fifo")

@@ -15,9 +15,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from helpers import assert_user_error
-from lifecycle_harness import config, env, hpcrl, ok_json, wait_status  # noqa: F401 - env is a fixture
+from lifecycle_harness import config, env, hpcrl, ok_json, wait_status
 from watch_harness import (FETCHES, Page, counting_slurm, dead_slurm, fake_open_instruct, frame_step, registry_rows,
                            reward_text, tree)
 

@@ -12,8 +12,7 @@ import sys
 import time
 
 import pytest
-
-from lifecycle_harness import config, env, hpcrl, ok_json  # noqa: F401 - env is a fixture
+from lifecycle_harness import config, env, hpcrl, ok_json
 from watch_harness import fake_open_instruct, frame_step
 
 WIDTH, HEIGHT = 120, 45
@@ -43,7 +42,8 @@ def test_watch_in_a_terminal_follows_the_job_and_names_the_end(slurm, env):
     sock = f"hpcrl-watch-{os.getpid()}"
     # The terminal's own size, as a user's: no COLUMNS from the harness.
     given = {k: v for k, v in env["env"].items() if k not in ("COLUMNS", "LINES")}
-    command = " ".join(shlex.quote(w) for w in ["env", "-u", "COLUMNS", "-u", "LINES", *(f"{k}={v}" for k, v in given.items()),
+    command = " ".join(shlex.quote(w) for w in ["env", "-u", "COLUMNS", "-u", "LINES",
+                                                *(f"{k}={v}" for k, v in given.items()),
                                                 sys.executable, "-m", "hpcrl", "watch", run_id, "--every", "2"])
     try:
         _tmux(sock, "new-session", "-d", "-s", "watch", "-x", str(WIDTH), "-y", str(HEIGHT),

@@ -9,7 +9,8 @@ import importlib
 COMMANDS = {
     "init": "init", "clusters": "clusters", "plan": "plan", "plan-memory": "memory", "plan-disk": "disk", "render": "render",
     "submit": "runs", "runs": "runs", "status": "runs", "logs": "runs", "cancel": "runs", "preflight": "runs",
-    "diagnose": "safety", "checkpoints": "safety", "report": "report", "watch": "watch",
+    "diagnose": "safety", "checkpoints": "safety", "report": "report",
+    "watch": "watch",
 }
 
 

@@ -111,8 +111,8 @@ def _metrics(s: Snapshot) -> list[str]:
         if role == "reward" and (std := m.values.get("reward_std")) is not None:
             text += f" ± {std.text} ({std.key})"
         spark = [x[1] for x in m.recent.get(role, [])]
-        if len(spark) > 1:
-            text += f"  {sparkline(spark)}  (steps {int(m.recent[role][0][0])}-{int(m.recent[role][-1][0])})"
+        if len(spark) > 1:  # in log order: a continuation's steps after the ones it repeats
+            text += f"  {sparkline(spark)}  (the last {len(spark)} steps logged)"
         lines.append(text)
     extra = [f"{role.replace('_', ' ')} ({v.key}) {v.text}" for role in ("kl", "grad_norm")
              if (v := m.values.get(role)) is not None]
@@ -132,7 +132,7 @@ def _gpu(s: Snapshot, table: Any) -> Any:
         peak = f"[red]{_gib(n.peak_gib)}[/]" if over else _gib(n.peak_gib)
         t.add_row(n.node, ",".join(n.roles), str(n.gpus), _gib(n.now_gib), peak, _gib(n.plan_gib), _gib(n.total_gib),
                   "-" if n.util_pct is None else f"{n.util_pct:.0f}%",
-                  "-" if n.age_s is None else f"{fmt_duration(n.age_s)} ago")
+                  (n.sampled or "-") if s.ended or n.age_s is None else f"{fmt_duration(n.age_s)} ago")
     return t
 
 
@@ -141,7 +141,8 @@ def _disk(s: Snapshot) -> str:
     used = "-" if d.used_bytes is None else fmt_bytes(d.used_bytes)
     text = f"disk: {used} in the run directory"
     if d.run_dir_peak_gib is not None:
-        share = f", {d.used_bytes / 2**30 / d.run_dir_peak_gib:.0%} of" if d.used_bytes and d.run_dir_peak_gib else " of"
+        share = (f", {d.used_bytes / 2**30 / d.run_dir_peak_gib:.0%} of" if d.used_bytes and d.run_dir_peak_gib
+                 else " of")
         text += f"{share} the plan's {d.run_dir_peak_gib:,.1f} GiB at peak"
     if d.quota_gib is not None:
         text += f"; quota {d.quota_gib:,.0f} GiB"

@@ -219,7 +219,7 @@ class JobView(NamedTuple):
 
 
 def slurm_seconds(text: str) -> float | None:
-    """squeue's %L/%l time ([days-]hours:minutes:seconds, minutes:seconds) in seconds; None for UNLIMITED and the like."""
+    """squeue's %L/%l ([days-]hours:minutes:seconds, minutes:seconds) in seconds; None for UNLIMITED and the like."""
     days, _, clock = text.strip().rpartition("-")
     parts = clock.split(":")
     if not all(p.isdigit() for p in parts) or not 1 <= len(parts) <= 3 or (days and not days.isdigit()):
@@ -290,5 +290,6 @@ def job_nodes(job_id: str) -> list[str]:
 
 __all__ = [
     "JobState", "JobView", "LIVE_STATES", "PENDING_STATES", "RUNNING_STATES", "TERMINAL_STATES", "UNKNOWN",
-    "accounting_enabled", "cancel", "job_comment", "job_nodes", "job_states", "job_views", "require", "submit", "with_excluded",
+    "accounting_enabled", "cancel", "job_comment", "job_nodes", "job_states", "job_views", "require", "submit",
+    "with_excluded",
 ]

@@ -29,7 +29,10 @@ def metric_keys(plan: dict | None) -> dict[str, tuple[str, ...]]:
         facts = get_backend(backend_name(plan)).metric_facts
     except HpcrlError:  # a plan.json naming a backend this hpcrl does not have
         facts = MetricFacts()
-    own = lambda key: tuple(str(k) for k in plan.get(key) or ())  # noqa: E731 - the plan's own key list
+
+    def own(key: str) -> tuple[str, ...]:  # the plan's own key list
+        return tuple(str(k) for k in plan.get(key) or ())
+
     keys = {"reward": own("reward_keys") + facts.reward + REWARD_KEYS,
             "reward_std": facts.reward_std + REWARD_STD_KEYS,
             "kl": facts.kl,

@@ -118,8 +118,13 @@ def render(chart: Chart, width: int = 760, height: int = 260) -> str:
         x0, x1 = x0 - 1, x1 + 1
     yt = nice_ticks(min(ys), max(ys))
     y0, y1 = yt[0], yt[-1]
-    sx = lambda x: left + (x - x0) / (x1 - x0) * pw  # noqa: E731 - the two scales
-    sy = lambda y: top + ph - (y - y0) / (y1 - y0) * ph  # noqa: E731
+
+    def sx(x: float) -> float:
+        return left + (x - x0) / (x1 - x0) * pw
+
+    def sy(y: float) -> float:
+        return top + ph - (y - y0) / (y1 - y0) * ph
+
     out.append(f'<rect x="{left}" y="{top}" width="{pw}" height="{ph}" fill="none" stroke="#bbb"/>')
     for t in yt:
         y = sy(t)
@@ -160,4 +165,4 @@ def render(chart: Chart, width: int = 760, height: int = 260) -> str:
     return "\n".join(out + ["</svg>"])
 
 
-__all__ = ["Chart", "Level", "Line", "PALETTE", "nice_ticks", "render", "thin", "time_ticks"]
+__all__ = ["PALETTE", "Chart", "Level", "Line", "nice_ticks", "render", "thin", "time_ticks"]

@@ -25,7 +25,6 @@ from hpcrl.logs.watch_model import (SCHEMA_VERSION, Allocation, Breaker, Checkpo
                                     Metrics, Progress, SlurmView, Snapshot, StepTime)
 from hpcrl.logs.watch_sources import GpuTails, dir_bytes, fs_space
 
-GIB = 1024.0 ** 3
 LOG_START_BYTES = 8 << 20  # a log first seen larger is read from its last 8 MiB
 RECENT_STEPS = 60  # the reward and loss history the live view's sparklines draw
 WATCHDOG_LINES = 4
@@ -70,7 +69,8 @@ class RunReader:
         return plan if isinstance(plan, dict) else None
 
     def chain(self) -> tuple[list[str], set[str]]:
-        """The chain's job ids in order (the registry's, then the continuations jobs.tsv names) and those with an end line."""
+        """The chain's job ids in order (the registry's, then the continuations jobs.tsv names), and those that wrote
+        an end line."""
         try:
             self.events = read_events(self.hp / C.JOBS_TSV)
         except OSError as exc:
@@ -216,7 +216,8 @@ class RunReader:
             self._disk_at = (now, dir_bytes(self.run_dir))
         plan = (self.plan or {}).get("disk") or {}
         free, total = fs_space(self.run_dir)
-        return Disk(used_bytes=self._disk_at[1], measured=iso(self._disk_at[0]), run_dir_peak_gib=plan.get("run_dir_peak_gib"),
+        return Disk(used_bytes=self._disk_at[1], measured=iso(self._disk_at[0]),
+                    run_dir_peak_gib=plan.get("run_dir_peak_gib"),
                     peak_gib=plan.get("peak_gib"), quota_gib=plan.get("quota_gib"), fs_free_bytes=free,
                     fs_total_bytes=total)
 
@@ -296,7 +297,8 @@ class RunReader:
         return Snapshot(
             schema_version=SCHEMA_VERSION, time=iso(now) or "", run_id=(self.run or {}).get("run_id"),
             name=(self.run or {}).get("name") or self.run_dir.name, run_dir=str(self.run_dir),
-            cluster=(self.run or {}).get("cluster") or (self.plan or {}).get("cluster"), backend=backend_name(self.plan),
+            cluster=(self.run or {}).get("cluster") or (self.plan or {}).get("cluster"),
+            backend=backend_name(self.plan),
             state=state, reason=reason, ended=ended, job=job, jobs=rows, progress=progress, step_time=step_time,
             metrics=self._metrics(),
             gpu=Gpu(nodes=self.gpu.nodes(predictions(self.plan), now), note=self.gpu.note(),

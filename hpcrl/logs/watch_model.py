@@ -178,5 +178,19 @@ class Snapshot:
         return asdict(self)
 
 
-__all__ = ["Allocation", "Breaker", "CheckpointTime", "Disk", "Gpu", "JobRow", "Metric", "Metrics", "NodeGpu",
-           "Progress", "SCHEMA_VERSION", "SlurmView", "Snapshot", "StepTime"]
+__all__ = [
+    "SCHEMA_VERSION",
+    "Allocation",
+    "Breaker",
+    "CheckpointTime",
+    "Disk",
+    "Gpu",
+    "JobRow",
+    "Metric",
+    "Metrics",
+    "NodeGpu",
+    "Progress",
+    "SlurmView",
+    "Snapshot",
+    "StepTime",
+]

@@ -149,4 +149,4 @@ def fs_space(path: Path) -> tuple[int | None, int | None]:
     return st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
 
 
-__all__ = ["GpuTails", "START_BYTES", "dir_bytes", "fs_space"]
+__all__ = ["START_BYTES", "GpuTails", "dir_bytes", "fs_space"]

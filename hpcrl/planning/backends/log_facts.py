@@ -141,4 +141,5 @@ def default_backend() -> str:
     return str(HpcrlSection.model_fields["backend"].default)
 
 
-__all__ = ["CommandFacts", "CpuAsk", "DiagnoseFacts", "MetricFacts", "Placement", "SmokeFacts", "TimingFacts", "default_backend"]
+__all__ = ["CommandFacts", "CpuAsk", "DiagnoseFacts", "MetricFacts", "Placement", "SmokeFacts", "TimingFacts",
+           "default_backend"]

@@ -188,6 +188,42 @@ def test_chain_fixture_snapshot_is_what_its_files_say(env):
                      "n2": (["engine"], 2, round(70656 / 1024, 2), 68.0)}
 
 
+# Each backend's step line (tests/data/logs/README.md), the run's plan.json naming the backend: the keys watch
+# and report --html show are that backend's (its MetricFacts), the values those of the log's last step.
+BACKEND_LOGS = {
+    "verl": ("verl_grad_norm_zero.log", 26, {"reward": ("critic/score/mean", "0.4140625"),
+                                             "loss": ("actor/pg_loss", "-0.0095"),
+                                             "grad_norm": ("actor/grad_norm", "0.0"), "kl": None, "reward_std": None}),
+    "openrlhf": ("openrlhf_zero_variance.log", 27, {"reward": ("reward", "1.0"), "loss": ("policy_loss", "0.0"),
+                                                    "grad_norm": ("actor_grad_norm", "0.0031"), "kl": ("kl", "0.0004"),
+                                                    "reward_std": ("group_reward_std", "0.0")}),
+}
+
+
+@pytest.mark.parametrize("backend", sorted(BACKEND_LOGS))
+def test_each_backend_shows_its_own_metric_keys(env, tmp_path, backend):
+    log, last, want = BACKEND_LOGS[backend]
+    run_dir = tmp_path / backend
+    (run_dir / "hpcrl").mkdir(parents=True)
+    (run_dir / "logs").mkdir()
+    (run_dir / "hpcrl" / "plan.json").write_text(json.dumps({"backend": backend}))
+    (run_dir / "hpcrl" / "jobs.tsv").write_text("7\tstart\t2026-03-02T11:00:00Z\tn1\n"
+                                                "7\tend\t2026-03-02T11:30:00Z\tcompleted:0\n")
+    (run_dir / "logs" / "job-7.log").write_text((DATA.parent / "logs" / log).read_text())
+    snap = _watch_json(env, str(run_dir), path=dead_slurm(env["tmp"]))
+    assert (snap["backend"], snap["metrics"]["step"]) == (backend, last)
+    got = {role: (v["key"], v["text"]) if v else None for role, v in snap["metrics"]["values"].items()}
+    assert got == want
+    page = Page()
+    out = tmp_path / "page.html"
+    proc = hpcrl(env, "report", str(run_dir), "--html", str(out))
+    assert proc.returncode == 0, proc.stderr
+    page.feed(out.read_text())
+    assert set(page.drawn(page.chart("Reward over steps"))) == {
+        f"{name} ({want[role][0]})" for role, name in (("reward", "reward"), ("reward_std", "reward spread"))
+        if want[role]}
+
+
 def test_a_run_directory_that_never_started_says_what_is_missing(env, tmp_path):
     run_dir = tmp_path / "never"
     (run_dir / "hpcrl").mkdir(parents=True)

@@ -1,4 +1,4 @@
-"""Reading commands (report, runs, status, diagnose, plan, plan-memory, plan-disk) create nothing:
+"""Reading commands (report, runs, status, diagnose, plan, plan-memory, plan-disk, watch) create nothing:
 no registry database, no data, cache or config directories, no file in the working directory."""
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ READ_ONLY = [
     ["runs"], ["runs", "--json"], ["status"], ["report", "some-run"], ["report", "{run_dir}"],
     ["diagnose", "{log}"], ["diagnose", "{run_dir}"], ["plan", "--nodes", "16"], ["plan", "--nodes", "16", "--json"],
     ["plan-memory"], ["plan-memory", "--config", "grpo-olmo3-7b"], ["plan-disk"],
-    ["plan-disk", "--config", "grpo-olmo3-7b"], ["clusters", "list"],
+    ["plan-disk", "--config", "grpo-olmo3-7b"], ["clusters", "list"], ["watch", "{run_dir}", "--once"],
+    ["watch", "{run_dir}", "--json"], ["watch", "--once"],
 ]
 
 

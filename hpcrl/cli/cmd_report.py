@@ -25,6 +25,8 @@ def report_cmd(
     run: str = typer.Argument(..., help="Run id (or a unique prefix, or one of its job ids), or a run directory"),
     markdown: Optional[Path] = typer.Option(None, "--markdown", help="Also write the report as Markdown to this file"),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Write GPU memory over time to this PNG (matplotlib)"),
+    html: Optional[Path] = typer.Option(None, "--html", help="Also write the report as one self-contained HTML page "
+                                                             "with its plots inline (SVG) to this file"),
     registry: Optional[Path] = typer.Option(None, "--registry", help="Registry file (default $HPCRL_REGISTRY)"),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON (stable schema)"),
 ) -> None:
@@ -34,9 +36,16 @@ def report_cmd(
 
     run_dir, row = _resolve(run, registry)
     r = rp.build_report(run_dir, row)
-    for target in (markdown, plot):
+    for target in (markdown, plot, html):
         if target is not None and not target.expanduser().resolve().parent.is_dir():
             raise HpcrlError(f"{target}: its directory does not exist")
+    if html is not None:
+        from datetime import datetime, timezone
+
+        from hpcrl.cli.output import write_file
+        from hpcrl.logs import report_html
+
+        write_file(html, report_html.to_html(r, report_html.series(run_dir, r), datetime.now(timezone.utc)))
     if plot is not None:
         from hpcrl.logs.report_plot import plot_gpu_memory
 
@@ -50,7 +59,7 @@ def report_cmd(
     else:
         _print(r, rp)
     out = err_console if as_json else console
-    for what, target in (("markdown", markdown), ("plot", plot)):
+    for what, target in (("markdown", markdown), ("plot", plot), ("html", html)):
         if target is not None:
             out.print(f"{what}: {target}", soft_wrap=True, highlight=False)
 

@@ -10,6 +10,7 @@ COMMANDS = {
     "init": "init", "clusters": "clusters", "plan": "plan", "plan-memory": "memory", "plan-disk": "disk", "render": "render",
     "submit": "runs", "runs": "runs", "status": "runs", "logs": "runs", "cancel": "runs", "preflight": "runs",
     "diagnose": "safety", "checkpoints": "safety", "report": "report",
+    "watch": "watch",
 }
 
 

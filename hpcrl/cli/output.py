@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -16,6 +17,10 @@ class _LazyConsole:
         self._console = None
 
     def __getattr__(self, name: str) -> Any:
+        return getattr(self._get(), name)
+
+    def _get(self) -> Any:
+        """The Console itself (made now if not yet)."""
         if self._console is None:
             from rich.console import Console
 
@@ -24,7 +29,7 @@ class _LazyConsole:
             stream = sys.stderr if self._stderr else sys.stdout
             width = None if stream.isatty() or os.environ.get("COLUMNS") else 160
             self._console = Console(width=width, stderr=self._stderr)
-        return getattr(self._console, name)
+        return self._console
 
 
 console = _LazyConsole(stderr=False)
@@ -65,3 +70,43 @@ def warn(message: str) -> None:
 def assumed(message: str) -> None:
     """What a plan assumed that the config did not say: `hpcrl: assumes ...` on stderr."""
     sys.stderr.write(f"hpcrl: {message}\n")
+
+
+def write_file(target: Any, text: str) -> None:
+    """Write `text` to the regular file `target`, whole or not at all: a temporary file beside it, renamed over it.
+    A target that is a directory, a device or a FIFO, or whose directory does not exist, is refused in one line."""
+    import stat
+    import tempfile
+    from pathlib import Path
+
+    from hpcrl.errors import HpcrlError
+
+    path = Path(target).expanduser()
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        mode = None
+    except OSError as exc:
+        raise HpcrlError(f"{target}: cannot write it ({exc.strerror})") from None
+    if mode is not None and not stat.S_ISREG(mode):
+        kind = "a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else \
+            "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a regular file"
+        raise HpcrlError(f"{target}: is {kind}; give the path of a file to write")
+    path = path.resolve()  # a symlink to a file: the file it names is replaced, the link stays
+    if not path.parent.is_dir():
+        raise HpcrlError(f"{target}: its directory does not exist")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    except OSError as exc:
+        raise HpcrlError(f"{target}: cannot write in {path.parent} ({exc.strerror})") from None
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, (mode & 0o777) if mode is not None else 0o666 & ~umask)
+        os.replace(tmp, path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise HpcrlError(f"{target}: cannot write it ({exc.strerror})") from None

@@ -9,8 +9,10 @@ from hpcrl.jobs import lifecycle
 from hpcrl.jobs.registry import Registry, Run, default_path
 
 
-def find_run_dir(run: str, registry: Path | None = None, require_hpcrl: bool = True) -> tuple[Path, Run | None]:
-    """(run directory, registry row or None) for a run id, id prefix, job id or run directory path."""
+def find_run_dir(run: str, registry: Path | None = None, require_hpcrl: bool = True,
+                 refresh: bool = True) -> tuple[Path, Run | None]:
+    """(run directory, registry row or None) for a run id, id prefix, job id or run directory path; a live
+    row is brought up to date from Slurm first unless `refresh` is False (a reader that writes nothing)."""
 
     path = Path(run).expanduser()
     row, reg = None, None
@@ -36,7 +38,7 @@ def find_run_dir(run: str, registry: Path | None = None, require_hpcrl: bool = T
         path = Path(row.run_dir)
         if not path.is_dir():
             raise HpcrlError(f"run {row.run_id}: its run directory {path} does not exist (moved or deleted?)")
-    if row is not None and reg is not None and row.live:
+    if refresh and row is not None and reg is not None and row.live:
         try:
             row = lifecycle.refresh(reg, [row])[0]
         except SlurmError:
@@ -44,3 +46,15 @@ def find_run_dir(run: str, registry: Path | None = None, require_hpcrl: bool = T
     if require_hpcrl and not (path / "hpcrl").is_dir():
         raise HpcrlError(f"{path}: not an hpcrl run directory (no hpcrl/ inside; docs/run-dir.md)")
     return path, row
+
+
+def newest_live_run(registry: Path | None = None) -> str:
+    """The id of the newest run the registry holds as live (as last recorded: no Slurm query, nothing written)."""
+    path = default_path(registry)
+    if not path.exists():
+        raise RegistryError(f"no registry at {path}, so no runs yet (hpcrl submit records runs); give RUN: "
+                            "a run id or a run directory")
+    live = Registry(registry, create=False).list_runs(1, live_only=True)
+    if not live:
+        raise HpcrlError(f"no live run in {path} (hpcrl runs lists them all); give RUN: a run id or a run directory")
+    return live[0].run_id

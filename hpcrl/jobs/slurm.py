@@ -201,6 +201,67 @@ def job_states(job_ids: Iterable[str]) -> dict[str, JobState]:
     return {j: found[j] for j in ids}
 
 
+class JobView(NamedTuple):
+    """A job as `hpcrl watch` shows it: its state, and while it runs its nodes and time left."""
+
+    job_id: str
+    state: str
+    reason: str
+    time_left_s: float | None  # None: not running, or no limit
+    time_limit_s: float | None
+    node_count: int | None
+    nodes: str  # Slurm's node list as it prints it ("c2n[1-2]"), "" before the job has nodes
+    comment: str
+
+    @property
+    def terminal(self) -> bool:
+        return self.state not in LIVE_STATES
+
+
+def slurm_seconds(text: str) -> float | None:
+    """squeue's %L/%l ([days-]hours:minutes:seconds, minutes:seconds) in seconds; None for UNLIMITED and the like."""
+    days, _, clock = text.strip().rpartition("-")
+    parts = clock.split(":")
+    if not all(p.isdigit() for p in parts) or not 1 <= len(parts) <= 3 or (days and not days.isdigit()):
+        return None
+    secs = 0
+    for p in parts:
+        secs = secs * 60 + int(p)
+    if len(parts) == 1:  # a bare number is minutes
+        secs *= 60
+    return float(secs + int(days or 0) * 86400)
+
+
+def parse_views(text: str) -> dict[str, JobView]:
+    """`squeue -h -o '%i|%T|%r|%L|%l|%D|%N|%k'` lines -> views (the comment last: it may hold '|')."""
+    out: dict[str, JobView] = {}
+    for line in text.splitlines():
+        parts = line.strip().split("|", 7)
+        if len(parts) < 8 or not parts[0]:
+            continue
+        jid, state, reason, left, limit, count, nodes, comment = (p.strip() for p in parts)
+        comment = "" if comment in ("(null)", "N/A") else comment
+        out[jid] = JobView(jid, _state_word(state), "" if reason == "None" else reason, slurm_seconds(left),
+                           slurm_seconds(limit), int(count) if count.isdigit() else None,
+                           "" if nodes in ("(null)", "None assigned") else nodes, comment)
+    return out
+
+
+def job_views(job_ids: Iterable[str]) -> dict[str, JobView]:
+    """Views of many jobs with one `squeue -t all` (its time left, nodes and comment); a job squeue no longer
+    lists is asked as job_states asks (sacct, else scontrol), without the time left."""
+    ids = list(dict.fromkeys(str(j) for j in job_ids))
+    if not ids:
+        return {}
+    res = _run(["squeue", "-h", "-t", "all", "-j", ",".join(ids), "-o", "%i|%T|%r|%L|%l|%D|%N|%k"], check=False)
+    if res.returncode != 0 and "Invalid job id" not in res.stderr:
+        raise SlurmError(slurm_message(res, "squeue"))
+    found = {k: v for k, v in parse_views(res.stdout).items() if k in ids}
+    if (missing := [j for j in ids if j not in found]):
+        for jid, st in job_states(missing).items():
+            found[jid] = JobView(jid, st.state, st.reason, None, None, None, "", "")
+    return {j: found[j] for j in ids}
+
 
 def job_comment(job_id: str) -> str:
     """The job's Slurm comment ("" when none, or Slurm no longer knows the job)."""
@@ -228,6 +289,7 @@ def job_nodes(job_id: str) -> list[str]:
 
 
 __all__ = [
-    "JobState", "LIVE_STATES", "PENDING_STATES", "RUNNING_STATES", "TERMINAL_STATES", "UNKNOWN",
-    "accounting_enabled", "cancel", "job_comment", "job_nodes", "job_states", "require", "submit", "with_excluded",
+    "JobState", "JobView", "LIVE_STATES", "PENDING_STATES", "RUNNING_STATES", "TERMINAL_STATES", "UNKNOWN",
+    "accounting_enabled", "cancel", "job_comment", "job_nodes", "job_states", "job_views", "require", "submit",
+    "with_excluded",
 ]

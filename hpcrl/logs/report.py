@@ -225,7 +225,8 @@ def predictions(plan: dict | None) -> dict | None:
     }
 
 
-def _predicted_for(role: str, pred: dict | None) -> tuple[float | None, str]:
+def predicted_for(role: str, pred: dict | None) -> tuple[float | None, str]:
+    """The plan's per-GPU figure for a GPU of `role`, and what it is."""
     if not pred:
         return None, ""
     learner, engine = pred.get("learner_peak_gib"), pred.get("engine_reserved_gib")
@@ -250,7 +251,7 @@ def _memory_rows(gpus: list[dict], pred: dict | None) -> list[dict]:
         p["gpus"], p["samples"] = p.get("gpus", 0) + 1, p.get("samples", 0) + g["samples"]
     out = []
     for role in sorted(rows, key=lambda r: list(ROLE_COLORS).index(r) if r in ROLE_COLORS else len(ROLE_COLORS)):
-        p, (predicted, basis) = rows[role], _predicted_for(role, pred)
+        p, (predicted, basis) = rows[role], predicted_for(role, pred)
         measured = p.get("measured_peak_gib")
         out.append({"role": role, "measured_peak_gib": measured, "predicted_gib": predicted, "predicted_as": basis,
                     "ratio": round(measured / predicted, 3) if measured is not None and predicted else None,

@@ -37,7 +37,7 @@ def _row(what: str, plan_s: float | None, spread: dict | None, **extra: object) 
             "ratio": _ratio(real, plan_s), **extra}
 
 
-def _band(layout: dict) -> tuple[float | None, float | None, str]:
+def step_band(layout: dict) -> tuple[float | None, float | None, str]:
     """The plan's step band (low, high) and its basis; the estimate +-the factor when the plan has no band."""
     mid, low, high = layout.get("step_time_s"), layout.get("step_time_low_s"), layout.get("step_time_high_s")
     if low is not None and high is not None:
@@ -66,7 +66,7 @@ def timing(run_dir: Path, plan: dict | None, jobs: list[dict], ended: dict[str, 
     layout = (plan or {}).get("layout") or {}
     cadence = (plan or {}).get("cadence") or {}
     s = summarize(recs)
-    low, high, basis = _band(layout)
+    low, high, basis = step_band(layout)
     step = _row("step", layout.get("step_time_s"), s["step_s"], plan_low_s=low, plan_high_s=high, plan_basis=basis,
                 source=s["step_source"])
     gen = _row("generation", layout.get("generation_time_s"), s["generation_s"],
@@ -138,4 +138,4 @@ def lost_text(stop: dict | None) -> str:
             f"{steps}{stop['lost_s']:,.0f} s {since}")
 
 
-__all__ = ["NO_TIMES", "band_text", "interval_text", "lost_text", "seconds", "timing"]
+__all__ = ["NO_TIMES", "band_text", "interval_text", "lost_text", "seconds", "step_band", "timing"]

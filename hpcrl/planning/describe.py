@@ -12,10 +12,12 @@ from pathlib import Path
 from typing import Any
 
 from hpcrl import __version__, contract
-from hpcrl.errors import ConfigError
+from hpcrl.errors import ConfigError, HpcrlError
 from hpcrl.memory import constants as C
 from hpcrl.planning import driver_cadence
 from hpcrl.planning.backends import stack_expect
+from hpcrl.planning.disk import GIB
+from hpcrl.planning.disk_check import run_budget
 from hpcrl.planning.job_spec import (Chain, Checkpoints, Container, Driver, Environment, GpuMonitor, Header, JobSpec,
                                      NodeRole, Phase, RaySpec, RunDirectory, Service, Smoke, Watchdog)
 from hpcrl.planning.run_types import RunPlan
@@ -90,6 +92,8 @@ def plan_record(rp: RunPlan, *, smoke: bool = False) -> dict[str, Any]:
     if rp.backend.names_itself_in_plan:
         data["backend"] = rp.backend.name
         data["backend_args"] = rp.backend.layout_args(rp)
+    if not smoke and (disk := _disk_record(rp)) is not None:
+        data["disk"] = disk
     if rp.config.hpcrl.reward_keys:  # the watchdog's reward keys: `hpcrl report` reads the metrics with them
         data["reward_keys"] = list(rp.config.hpcrl.reward_keys)
     if rp.config.hpcrl.loss_keys:
@@ -99,6 +103,24 @@ def plan_record(rp: RunPlan, *, smoke: bool = False) -> dict[str, Any]:
     if rp.profile.job_gpus is not None:  # a job with part of a node (--gpus N)
         data["job_gpus"] = rp.profile.job_gpus
     return json.loads(json.dumps(data, default=str))  # plain JSON: it round-trips with the description
+
+
+# Disk budget items that lie outside the run directory (on the same quota): the HF caches.
+_OUTSIDE_RUN_DIR = ("model_cache", "dataset_cache")
+
+
+def _disk_record(rp: RunPlan) -> dict[str, Any] | None:
+    """plan.json's `disk`: the disk plan's peak (all of it, and the run directory's part), the run root's quota
+    and the run's training steps where known; `hpcrl watch` sets the run directory's size against it."""
+    try:
+        b = run_budget(rp)
+    except HpcrlError:  # nothing to plan the disk from (render refuses such a run before this, unless forced)
+        return None
+    inside = sum(i.peak_bytes for i in b.items if i.kind not in _OUTSIDE_RUN_DIR)
+    quota = b.inputs.quota_bytes
+    return {"peak_gib": round(b.peak_bytes / GIB, 1), "run_dir_peak_gib": round(inside / GIB, 1),
+            "quota_gib": None if quota is None else round(quota / GIB, 1), "total_steps": b.inputs.total_steps,
+            "fits": b.fits}
 
 
 def _container(rp: RunPlan) -> Container | None:

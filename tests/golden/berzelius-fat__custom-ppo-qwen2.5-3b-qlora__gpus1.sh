@@ -202,6 +202,13 @@ run_directory() {
   "cluster": "berzelius:fat",
   "config": "custom-ppo-qwen2.5-3b-qlora.yaml",
   "config_digest": "108c5ebd311f",
+  "disk": {
+    "fits": true,
+    "peak_gib": 10.4,
+    "quota_gib": 2000.0,
+    "run_dir_peak_gib": 4.7,
+    "total_steps": 5000
+  },
   "gpus_per_node": 1,
   "hpcrl_version": "0.1.0",
   "job_gpus": 1,

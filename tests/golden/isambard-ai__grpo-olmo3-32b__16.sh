@@ -237,6 +237,13 @@ run_directory() {
   "cluster": "isambard-ai",
   "config": "grpo-olmo3-32b.yaml",
   "config_digest": "8853ba802631",
+  "disk": {
+    "fits": true,
+    "peak_gib": 1861.7,
+    "quota_gib": 204800.0,
+    "run_dir_peak_gib": 1801.7,
+    "total_steps": 1000
+  },
   "gpus_per_node": 4,
   "hpcrl_version": "0.1.0",
   "layout": {

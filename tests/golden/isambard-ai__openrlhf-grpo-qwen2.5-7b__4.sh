@@ -250,6 +250,13 @@ run_directory() {
   "cluster": "isambard-ai",
   "config": "openrlhf-grpo-qwen2.5-7b.yaml",
   "config_digest": "204cd19262ad",
+  "disk": {
+    "fits": true,
+    "peak_gib": 283.8,
+    "quota_gib": 204800.0,
+    "run_dir_peak_gib": 269.6,
+    "total_steps": null
+  },
   "gpus_per_node": 4,
   "hpcrl_version": "0.1.0",
   "layout": {

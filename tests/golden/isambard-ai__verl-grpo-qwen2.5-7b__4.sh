@@ -251,6 +251,13 @@ run_directory() {
   "cluster": "isambard-ai",
   "config": "verl-grpo-qwen2.5-7b.yaml",
   "config_digest": "202195203414",
+  "disk": {
+    "fits": true,
+    "peak_gib": 184.6,
+    "quota_gib": 204800.0,
+    "run_dir_peak_gib": 170.4,
+    "total_steps": null
+  },
   "gpus_per_node": 4,
   "hpcrl_version": "0.1.0",
   "layout": {

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from hpcrl.errors import ConfigError, HpcrlError, PlanError
 from hpcrl.planning.backends.facts import DiskFacts, MemoryFacts
 from hpcrl.planning.layout import Layout, Pins, Workload
-from hpcrl.planning.backends.log_facts import CommandFacts, CpuAsk, DiagnoseFacts, SmokeFacts, TimingFacts
+from hpcrl.planning.backends.log_facts import CommandFacts, CpuAsk, DiagnoseFacts, MetricFacts, SmokeFacts, TimingFacts
 from hpcrl.planning.layout_advice import plan_layouts
 from hpcrl.shell import shq
 
@@ -289,6 +289,7 @@ class Backend(ABC):
     diagnose_facts: ClassVar[DiagnoseFacts] = DiagnoseFacts(keys={})
     smoke_facts: ClassVar[SmokeFacts] = SmokeFacts()
     timing_facts: ClassVar[TimingFacts] = TimingFacts()  # step and checkpoint times in its output
+    metric_facts: ClassVar[MetricFacts] = MetricFacts()  # the metrics watch and report --html show
     # plan.json names the backend (a plan.json without the name is the default backend's run).
     names_itself_in_plan: ClassVar[bool] = True
     # Why the framework's own placement puts every GPU of a learner node to training, so a profile's cap on

@@ -109,6 +109,19 @@ class TimingFacts:
 
 
 @dataclass(frozen=True)
+class MetricFacts:
+    """The step metrics `hpcrl watch` and `hpcrl report --html` show, under the framework's own keys, each in
+    order of preference (the first a step logs is shown). An empty reward or loss means the keys the watchdog
+    knows (hpcrl.logs.driver_log); the run's hpcrl.reward_keys and hpcrl.loss_keys come first either way."""
+
+    reward: tuple[str, ...] = ()
+    reward_std: tuple[str, ...] = ()  # the spread of the step's rewards
+    kl: tuple[str, ...] = ()  # the policy's distance from its reference (a KL term or estimate)
+    loss: tuple[str, ...] = ()
+    grad_norm: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class CpuAsk:
     """The CPUs the framework itself would ask of Ray for a layout (the smoke's note)."""
 
@@ -128,4 +141,5 @@ def default_backend() -> str:
     return str(HpcrlSection.model_fields["backend"].default)
 
 
-__all__ = ["CommandFacts", "CpuAsk", "DiagnoseFacts", "Placement", "SmokeFacts", "TimingFacts", "default_backend"]
+__all__ = ["CommandFacts", "CpuAsk", "DiagnoseFacts", "MetricFacts", "Placement", "SmokeFacts", "TimingFacts",
+           "default_backend"]

@@ -27,7 +27,7 @@ from hpcrl.planning.backends.base import (
 )
 from hpcrl.errors import ConfigError, HpcrlError, PlanError
 from hpcrl.models import resolve_model
-from hpcrl.planning.backends.log_facts import CommandFacts, CpuAsk, DiagnoseFacts, SmokeFacts, TimingFacts
+from hpcrl.planning.backends.log_facts import CommandFacts, CpuAsk, DiagnoseFacts, MetricFacts, SmokeFacts, TimingFacts
 from hpcrl.memory.vllm_accounting import VllmEngineFacts
 from hpcrl.planning.backends.facts import MemoryDefault, MemoryFacts
 from hpcrl.planning.backends.open_instruct_disk import DISK
@@ -190,6 +190,13 @@ class OpenInstructBackend(Backend):
     timing_facts = TimingFacts(step=("time/total",), generation=("time/group_generation_max",),
                                training=("time/training",),
                                checkpoint_line=r"Saving checkpoint state: (?P<s>\d+(?:\.\d+)?) seconds")
+    # The step's metrics (e6c3044a): `scores` (data_loader.py:1547; the older `objective/verifiable_reward`), the KL
+    # term `loss/kl_avg` and the estimators `objective/kl0_avg` (`objective/kl_avg` before), logged with a reference
+    # policy (load_ref_policy), the losses `loss/total_avg` and `loss/policy_avg`, `optim/grad_norm` (:754). It logs
+    # no spread of the rewards.
+    metric_facts = MetricFacts(reward=("scores", "objective/verifiable_reward"),
+                               kl=("loss/kl_avg", "objective/kl0_avg", "objective/kl_avg"),
+                               loss=("loss/total_avg", "loss/policy_avg"), grad_norm=("optim/grad_norm",))
     names_itself_in_plan = False  # plan.json stays as it was before the other backends came
     feature_triggers = {"lora": ("use_peft",), "load_in_4bit": ("load_in_4bit", "load_in_8bit")}
     # DeepSpeed's save_checkpoint writes <dir>/latest last (checkpoint_state_dir = RUN_DIR/checkpoints).

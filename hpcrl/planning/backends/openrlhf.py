@@ -43,7 +43,7 @@ from hpcrl.memory.vllm_accounting import VllmEngineFacts
 from hpcrl.planning.backends.facts import MemoryDefault, MemoryFacts
 from hpcrl.planning.backends import versions
 from hpcrl.planning.backends.flagdata import load_meta, load_table
-from hpcrl.planning.backends.log_facts import CommandFacts, CpuAsk, DiagnoseFacts, SmokeFacts, TimingFacts
+from hpcrl.planning.backends.log_facts import CommandFacts, CpuAsk, DiagnoseFacts, MetricFacts, SmokeFacts, TimingFacts
 from hpcrl.planning.backends.openrlhf_ckpt import DISK, checkpoint_flags
 from hpcrl.planning.layout import Pins, Workload
 from hpcrl.planning.layout_advice import plan_layouts
@@ -172,6 +172,13 @@ class OpenRLHFBackend(Backend):
     # logs no time, so the marker's rewrite times it.
     timing_facts = TimingFacts(step=("timing/step_total",), generation=("timing/generation",),
                                training=("timing/ppo_train",), marker_after_step=True)
+    # 3c3be623: `reward` (trainer/ray/ppo_actor.py:384-388), `rollout/reward_mean` (trainer/ppo_trainer.py:421),
+    # `group_reward_std` (trainer/ppo_utils/experience_maker.py:255-262), `policy_loss` and `actor_grad_norm`
+    # (trainer/ray/ppo_actor.py:380); `kl` and `rollout/reward_std` as the step line of
+    # tests/data/logs/openrlhf_zero_variance.log carries them (their source lines not checked).
+    metric_facts = MetricFacts(reward=("reward", "rollout/reward_mean"),
+                               reward_std=("group_reward_std", "rollout/reward_std"), kl=("kl",),
+                               loss=("policy_loss",), grad_norm=("actor_grad_norm",))
     # DeepSpeed's save_checkpoint writes <ckpt.path>/_actor/latest last.
     checkpoint_key = "ckpt.save_steps"
     checkpoint_marker = "checkpoints/_actor/latest"

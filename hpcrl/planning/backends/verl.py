@@ -35,7 +35,7 @@ from hpcrl.memory.vllm_accounting import VllmEngineFacts
 from hpcrl.models import resolve_model
 from hpcrl.planning.backends import versions
 from hpcrl.planning.backends.verl_memory import FILLS_NODES, fsdp_update, memory_facts, sleep_level, vllm_facts
-from hpcrl.planning.backends.log_facts import CommandFacts, CpuAsk, DiagnoseFacts, SmokeFacts
+from hpcrl.planning.backends.log_facts import CommandFacts, CpuAsk, DiagnoseFacts, MetricFacts, SmokeFacts
 from hpcrl.planning.backends.verl_disk import DISK, TIMING
 from hpcrl.planning.backends.verl_hydra import expected_kind, hydra_value, is_interpolation, type_ok
 from hpcrl.planning.layout import DEFAULT_MICRO_BATCHES, Pins, Workload
@@ -108,6 +108,11 @@ class VerlBackend(Backend):
     smoke_facts = SmokeFacts("node-pools", "place one STRICT_PACK group of per-GPU bundles per node as verl's "
                              "resource pool does")
     timing_facts = TIMING  # the step's and the checkpoint save's timers (verl_disk.py)
+    # b178a3cd: `critic/score/mean` (trainer/ppo/metric_utils.py:162), `actor/pg_loss`, `actor/grad_norm`
+    # (workers/actor/dp_actor.py:666), the KL loss `actor/kl_loss` (with actor.use_kl_loss) and the PPO KL
+    # estimate `actor/ppo_kl` (dp_actor.py); the scores' spread is not logged (their min and max are).
+    metric_facts = MetricFacts(reward=("critic/score/mean",), kl=("actor/kl_loss", "actor/ppo_kl"),
+                               loss=("actor/pg_loss",), grad_norm=("actor/grad_norm",))
     # verl's trainer writes <default_local_dir>/latest_checkpointed_iteration.txt after each save.
     checkpoint_key = T + "save_freq"
     checkpoint_marker = "checkpoints/latest_checkpointed_iteration.txt"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from hpcrl.errors import HpcrlError
 from hpcrl.jobs import node_excludes
 from hpcrl.planning.request import RunRequest, plan_request
 from hpcrl.planning.run_types import RunPlan
@@ -32,6 +33,8 @@ def _planned(req: RunRequest) -> RunPlan:
 def build(req: RunRequest) -> RunScript:
     """Plan the request, add the user's exclude list, render; raises what any of them refuses."""
     rp = _planned(req)
+    if rp.backend.not_rendered:
+        raise HpcrlError(f"backend {rp.backend.name}: {rp.backend.not_rendered}")
     return RunScript(req, rp, render_script(rp, smoke=req.smoke))
 
 
@@ -41,7 +44,8 @@ def plan(req: RunRequest) -> RunPlan:
     if req.model is not None:
         return plan_request(req)
     rp = _planned(req)
-    check_script(rp, smoke=req.smoke)
+    if not rp.backend.not_rendered:  # a backend without a script yet has no script checks to make
+        check_script(rp, smoke=req.smoke)
     return rp
 
 

@@ -92,6 +92,9 @@ class Backend(ABC):
     flag_table: ClassVar[str]  # the data file the flags are checked against
     entry_is_module: ClassVar[bool] = True  # `python -m <entry point>` (else a script path)
     uses_ray: ClassVar[bool] = True  # the script brings up Ray across the job's nodes first
+    # Whether hpcrl renders a job script for this backend yet ("" : it does; else why not, one line): a backend
+    # whose processes are planned as data before the job description can format them (TRL, trl_launch.py).
+    not_rendered: ClassVar[str] = ""
     # The key that sets how often the resume state is written, and the file (relative to the run
     # directory) the framework rewrites once a checkpoint is complete: the job script watches it
     # after the time-limit warning.

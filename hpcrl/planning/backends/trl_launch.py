@@ -95,6 +95,21 @@ class HealthCheck:
 
 
 @dataclass(frozen=True)
+class ResumeRule:
+    """How a continuation resumes: `flag DIR/<newest match of pattern holding complete_file>`, left out when none."""
+
+    flag: str
+    directory: str
+    pattern: str
+    complete_file: str
+    source: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"flag": self.flag, "directory": self.directory, "pattern": self.pattern,
+                "complete_file": self.complete_file, "source": self.source}
+
+
+@dataclass(frozen=True)
 class Process:
     """One process of the job: its words (`{node_rank}` and `{head}` filled in per node), environment,
     the nodes it runs on (indices into the job's node list) and what it waits for first."""
@@ -106,12 +121,15 @@ class Process:
     gpus_per_node: int = 0
     health: HealthCheck | None = None  # what answers once this process is up (a service)
     waits_for: tuple[str, ...] = ()  # roles whose health check must pass before it starts
-    files: tuple[tuple[str, str], ...] = ()  # (path under the run dir, JSON text) written before it starts
+    # (path under the run dir, content) written before it starts: the accelerate config (YAML) and DeepSpeed JSON
+    files: tuple[tuple[str, dict[str, Any]], ...] = ()
+    resume: ResumeRule | None = None  # what a continuation adds to argv
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"role": self.role, "argv": list(self.argv), "env": dict(self.env),
                                "nodes": list(self.nodes), "gpus_per_node": self.gpus_per_node,
-                               "waits_for": list(self.waits_for), "files": dict(self.files)}
+                               "waits_for": list(self.waits_for), "files": dict(self.files),
+                               "resume": self.resume.to_dict() if self.resume else None}
         if self.health:
             out["health"] = {"path": self.health.path, "port": self.health.port, "timeout_s": self.health.timeout_s,
                              "source": self.health.source}
@@ -133,4 +151,5 @@ class TrlJob:
 
 
 __all__ = ["ACCELERATE_CONFIG", "DEEPSPEED_CONFIG", "GRPO_MODULE", "GROUP_PORT", "HEALTH_PATH", "HealthCheck",
-           "MAIN_PROCESS_PORT", "Process", "SERVER_PORT", "TrlJob", "accelerate_config", "deepspeed_config"]
+           "MAIN_PROCESS_PORT", "Process", "ResumeRule", "SERVER_PORT", "TrlJob", "accelerate_config",
+           "deepspeed_config"]

@@ -58,8 +58,9 @@ OWNED = {"output_dir": "the run directory's checkpoints/, so that a continuation
          "vllm_server_base_url": "the server node of the job", "deepspeed": "the ZeRO-3 JSON hpcrl writes",
          "use_vllm": "true: hpcrl plans vLLM generation (TRL's default, false, generates with transformers)"}
 SERVE_OWNED = {"model": "model_name_or_path", "host": "0.0.0.0 on the server node", "port": "the job's server port"}
-FIXES = {"no_hpz": None, "offload_optimizer": "DeepSpeed optimizer offload (hpcrl writes it into the ZeRO-3 JSON)",
-         "offload_params": "DeepSpeed parameter offload (hpcrl writes it into the ZeRO-3 JSON)",
+FIXES = {"no_hpz": None,
+         "offload_optimizer": "--set hpcrl.deepspeed_offload=optimizer (optimizer state in host RAM; the ZeRO-3 JSON)",
+         "offload_params": "--set hpcrl.deepspeed_offload=params (parameters in host RAM too)",
          "tokens": "{tokens} tokens per GPU (per_device_train_batch_size x (prompt + max_completion_length))",
          "learners": "--pin learners={k} (learners per node)", "lora": "--set use_peft=true (LoRA)",
          "per_param_sync": None}
@@ -134,6 +135,7 @@ class TrlBackend(Backend):
     uses_ray = False
     entry_is_module = True  # trl.scripts.grpo; a user's script path (.py) is run as a file (runs_module)
     layout_fixes = FIXES
+    writes_deepspeed_config = True
     not_rendered = ("TRL job scripts are not rendered yet: the job description will format the planned "
                     "processes (trl vllm-serve, accelerate launch); hpcrl plan, plan-memory and plan-disk answer")
     # transformers' Trainer writes trainer_state.json last in each checkpoint-N (trainer.py:3265 at 5.17.0).
@@ -302,6 +304,7 @@ class TrlBackend(Backend):
             gradient_checkpointing=bool(self.arg(cfg, "gradient_checkpointing")),
             lora_rank=int(self.arg(cfg, "lora_r")) if peft else 0,
             load_in_4bit=bool(self.arg(cfg, "load_in_4bit")),
+            offload=cfg.hpcrl.deepspeed_offload,
             logprob_impl="fused_head",
             grad_accum_dtype="bf16",
             hpz_partition_size=1,
@@ -345,27 +348,14 @@ class TrlBackend(Backend):
         if "vllm_mode" not in cfg.args:
             warnings.append("vllm_mode is unset: TRL 1.16.0 defaults to colocate (trl/trainer/grpo_config.py:594), so "
                             "the plan is colocated; set vllm_mode: server for trl vllm-serve on a node of its own")
-        offload = w.offload
-        layouts = None
-        for offload in (("none", "optimizer", "params") if w.offload == "none" else (w.offload,)):
-            wo = replace(w, offload=offload)
-            try:
-                layouts = self._layouts(cfg, profile, nodes, wo, pins, batch, per_gen, generations)
-                break
-            except PlanError:
-                if offload == "params" or w.offload != "none":
-                    raise
-        assert layouts is not None
-        if offload != "none":
-            warnings.append(f"no layout fits without DeepSpeed {offload} offload: hpcrl writes it into the ZeRO-3 "
-                            "JSON (host RAM holds the offloaded state; each step copies it)")
+        layouts = self._layouts(cfg, profile, nodes, w, pins, batch, per_gen, generations)
         lay = layouts[0]
         choices: dict[str, Any] = {}
         if "logging_steps" not in cfg.args:
             choices["logging_steps"] = 1  # the watchdog reads every step (TRL's default logs every 10th)
         if "save_total_limit" not in cfg.args:
             choices["save_total_limit"] = KEEP_DEFAULT
-        ws = replace(w, offload=offload, unique_prompts=batch * lay.learner_gpus * per_gen // generations)
+        ws = replace(w, unique_prompts=batch * lay.learner_gpus * per_gen // generations)
         return Planned(layouts, choices, tuple(warnings), workload=ws)
 
     def _layouts(self, cfg: RunConfig, profile: ClusterProfile, nodes: int, w: Workload, pins: Pins, batch: int,

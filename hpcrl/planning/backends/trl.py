@@ -200,6 +200,20 @@ class TrlBackend(Backend):
     def runs_module(self, section: HpcrlSection) -> bool:
         return not section.entry_point.endswith(".py")
 
+    def normalize_args(self, args: dict[str, Any], section: HpcrlSection) -> dict[str, Any]:
+        """`vllm_serve.KEY` (a --set) into the `vllm_serve` mapping; the other keys as they are."""
+        out: dict[str, Any] = {}
+        for key, value in args.items():
+            head, dot, rest = str(key).partition(".")
+            if head == SERVE_SECTION and dot:
+                serve = out.setdefault(SERVE_SECTION, dict(args.get(SERVE_SECTION) or {}))
+                serve[rest] = value
+            elif key == SERVE_SECTION and isinstance(value, dict):
+                out[SERVE_SECTION] = {**value, **out.get(SERVE_SECTION, {})}
+            else:
+                out[key] = value
+        return out
+
     def check_args(self, args: dict[str, Any], section: HpcrlSection) -> None:
         table, serve = self.arg_table(section), self.serve_table(section)
         release = self.release(section)

@@ -127,9 +127,8 @@ def _flatten(obj: dict, prefix: str = "") -> dict:
 
 def dict_metrics(line: str) -> list[tuple[str, str]] | None:
     """The (key, printed value) pairs of a Python dict literal ending a line (transformers' Trainer log), or None.
-    A progress bar redrawn with carriage returns may share the line: only the text after its last one counts,
-    from the dict's opening brace."""
-    text = line.rsplit("\r", 1)[-1].strip()
+    A progress bar redrawn with carriage returns may share the line: the dict is read from its opening brace."""
+    text = line.strip()
     start = text.find("{'")
     if start < 0 or not text.endswith("}"):
         return None

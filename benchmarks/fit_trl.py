@@ -17,7 +17,6 @@ import json
 import math
 import statistics
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 from hpcrl.memory import constants as C

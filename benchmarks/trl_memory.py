@@ -147,7 +147,8 @@ def main(argv: list[str] | None = None) -> int:
                 torch.cuda.synchronize()
                 free, total = torch.cuda.mem_get_info()
                 row.update(peak_alloc_gib=torch.cuda.max_memory_allocated() / GIB,
-                           peak_reserved_gib=torch.cuda.max_memory_reserved() / GIB, device_used_gib=(total - free) / GIB)
+                           peak_reserved_gib=torch.cuda.max_memory_reserved() / GIB,
+                           device_used_gib=(total - free) / GIB)
             rows.append(row)
 
     trainer.add_callback(Peaks())

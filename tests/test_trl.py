@@ -18,7 +18,6 @@ import pytest
 
 from hpcrl.errors import ConfigError, PlanError
 from hpcrl.models import resolve_model
-from hpcrl.planning.backends import get_backend
 from hpcrl.planning.backends.trl_disk import budget
 from hpcrl.planning.backends.trl_launch import deepspeed_config
 from hpcrl.planning.config import load_run_config
@@ -129,7 +128,8 @@ def test_one_node_server_mode_splits_the_gpus():
 
 
 def test_deepspeed_json_offload_sections():
-    assert deepspeed_config("none")["zero_optimization"] == {"stage": 3, "stage3_gather_16bit_weights_on_model_save": True}
+    zero = deepspeed_config("none")["zero_optimization"]
+    assert zero == {"stage": 3, "stage3_gather_16bit_weights_on_model_save": True}
     opt = deepspeed_config("optimizer")
     assert opt["zero_optimization"]["offload_optimizer"] == {"device": "cpu", "pin_memory": True}
     assert "offload_param" not in opt["zero_optimization"] and opt["optimizer"]["type"] == "AdamW"

@@ -19,22 +19,20 @@ processes are plain data (`job`, trl_launch.py) for the job description; the scr
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
-from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
-from hpcrl.errors import ConfigError, HpcrlError, PlanError, UnknownNameError
+from hpcrl.errors import HpcrlError, PlanError
 from hpcrl.memory.vllm_accounting import VllmEngineFacts
 from hpcrl.models import resolve_model
 from hpcrl.planning.backends import versions
 from hpcrl.planning.backends.base import Backend, DriverLine, Planned, Word, cli_pins_into, never_or_positive, positive
 from hpcrl.planning.backends.facts import MemoryDefault, MemoryFacts
-from hpcrl.planning.backends.flagdata import DATA
 from hpcrl.planning.backends.log_facts import CommandFacts, DiagnoseFacts, SmokeFacts, TimingFacts
 from hpcrl.planning.backends.trl_disk import DISK, KEEP_DEFAULT
+from hpcrl.planning.backends.trl_keys import MODES, SERVE_SECTION, check_args, default_of, flag_words, normalize, tables
 from hpcrl.planning.backends.trl_launch import (
-    ACCELERATE_CONFIG, DEEPSPEED_CONFIG, GROUP_PORT, HEALTH_PATH, MAIN_PROCESS_PORT, SERVER_PORT, HealthCheck,
+    ACCELERATE_CONFIG, DEEPSPEED_CONFIG, HEALTH_PATH, MAIN_PROCESS_PORT, SERVER_PORT, HealthCheck,
     Process, ResumeRule, TrlJob, accelerate_config, deepspeed_config)
 from hpcrl.planning.backends.trl_plan import plan_colocate, plan_server_layouts
 from hpcrl.planning.layout import Pins, Workload
@@ -43,21 +41,12 @@ if TYPE_CHECKING:
     from hpcrl.planning.run_types import HpcrlSection, RunConfig, RunPlan
     from hpcrl.profiles import ClusterProfile
 
-SERVE_SECTION = "vllm_serve"
-MODES = ("server", "colocate")
 # Prompt tokens assumed when nothing bounds them: TRL 1.16 truncates no prompt (max_prompt_length is gone from
 # GRPOConfig), so only vllm_max_model_length / vllm_serve.max_model_len bound prompt + completion.
 ASSUMED_PROMPT_TOKENS = 512
 # How long the job waits for the server's /health before it gives up (a 32B model's load and CUDA-graph
 # capture take minutes; TRL's own trainer waits vllm_server_timeout, 240 s, grpo_config.py:640).
 SERVER_START_S = 1800.0
-# Keys hpcrl sets from the plan or the job (refused in a config, with why).
-OWNED = {"output_dir": "the run directory's checkpoints/, so that a continuation finds them",
-         "resume_from_checkpoint": "the newest complete checkpoint-N when a continuation starts",
-         "vllm_server_host": "the server node of the job", "vllm_server_port": "the job's server port",
-         "vllm_server_base_url": "the server node of the job", "deepspeed": "the ZeRO-3 JSON hpcrl writes",
-         "use_vllm": "true: hpcrl plans vLLM generation (TRL's default, false, generates with transformers)"}
-SERVE_OWNED = {"model": "model_name_or_path", "host": "0.0.0.0 on the server node", "port": "the job's server port"}
 FIXES = {"no_hpz": None,
          "offload_optimizer": "--set hpcrl.deepspeed_offload=optimizer (optimizer state in host RAM; the ZeRO-3 JSON)",
          "offload_params": "--set hpcrl.deepspeed_offload=params (parameters in host RAM too)",
@@ -65,58 +54,6 @@ FIXES = {"no_hpz": None,
          "learners": "--pin learners={k} (learners per node)", "lora": "--set use_peft=true (LoRA)",
          "per_param_sync": None}
 VLLM_VERSION = "0.24.0"
-
-
-@lru_cache(maxsize=None)
-def _tables(release: str) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
-    v = versions.resolve("trl", release)
-    grpo = json.loads((DATA / v.args_file).read_text())
-    serve = json.loads((DATA / v.args_file.replace("grpo_args.json", "vllm_serve_args.json")).read_text())
-    return ({k: x for k, x in grpo.items() if not k.startswith("_")}, {k: x for k, x in serve.items() if not k.startswith("_")})
-
-
-def default_of(meta: dict[str, Any]) -> Any:
-    """A key's default as the table writes it (JSON text for plain values, repr text otherwise)."""
-    try:
-        return json.loads(meta["default"])
-    except ValueError:
-        return meta["default"]
-
-
-def _accepts(kind: str, value: Any) -> bool:
-    """Whether a YAML value has a type the parser's field declares (unions accept any member)."""
-    if value is None:
-        return "None" in kind or "Optional" in kind
-    parts = {p.strip() for p in kind.replace("Optional[", "").rstrip("]").split("|")}
-    ok = []
-    for p in parts:
-        base = p.split("[", 1)[0]
-        if base == "bool":
-            ok.append(isinstance(value, bool))
-        elif base == "int":
-            ok.append(isinstance(value, int) and not isinstance(value, bool))
-        elif base == "float":
-            ok.append(isinstance(value, (int, float)) and not isinstance(value, bool))
-        elif base == "str":
-            ok.append(isinstance(value, (str, int, float)) and not isinstance(value, bool))
-        elif base == "list":
-            ok.append(isinstance(value, list))
-        elif base in ("dict", "Any"):
-            ok.append(isinstance(value, dict) or base == "Any")
-        elif base != "None":  # an enum or a class of transformers': its value is text on the command line
-            ok.append(isinstance(value, str))
-    return any(ok)
-
-
-def flag_words(key: str, value: Any) -> tuple[str, ...]:
-    """`--key value` as HfArgumentParser reads it: booleans true/false, lists as several words, dicts as JSON."""
-    if isinstance(value, bool):
-        return (f"--{key}", "true" if value else "false")
-    if isinstance(value, list):
-        return (f"--{key}", *(str(v) for v in value))
-    if isinstance(value, dict):
-        return (f"--{key}", json.dumps(value, separators=(",", ":")))
-    return (f"--{key}", repr(value) if isinstance(value, float) else str(value))
 
 
 class TrlBackend(Backend):
@@ -189,10 +126,10 @@ class TrlBackend(Backend):
         return versions.resolve(self.name, section.framework_version if section else None).name
 
     def arg_table(self, section: HpcrlSection | None = None) -> dict[str, dict[str, Any]]:
-        return _tables(self.release(section))[0]
+        return tables(self.release(section))[0]
 
     def serve_table(self, section: HpcrlSection | None = None) -> dict[str, dict[str, Any]]:
-        return _tables(self.release(section))[1]
+        return tables(self.release(section))[1]
 
     def check_section(self, section: HpcrlSection) -> None:
         super().check_section(section)
@@ -201,63 +138,10 @@ class TrlBackend(Backend):
         return not section.entry_point.endswith(".py")
 
     def normalize_args(self, args: dict[str, Any], section: HpcrlSection) -> dict[str, Any]:
-        """`vllm_serve.KEY` (a --set) into the `vllm_serve` mapping; the other keys as they are."""
-        out: dict[str, Any] = {}
-        for key, value in args.items():
-            head, dot, rest = str(key).partition(".")
-            if head == SERVE_SECTION and dot:
-                serve = out.setdefault(SERVE_SECTION, dict(args.get(SERVE_SECTION) or {}))
-                serve[rest] = value
-            elif key == SERVE_SECTION and isinstance(value, dict):
-                out[SERVE_SECTION] = {**value, **out.get(SERVE_SECTION, {})}
-            else:
-                out[key] = value
-        return out
+        return normalize(args)
 
     def check_args(self, args: dict[str, Any], section: HpcrlSection) -> None:
-        table, serve = self.arg_table(section), self.serve_table(section)
-        release = self.release(section)
-        for key, value in args.items():
-            if key == SERVE_SECTION:
-                self._check_serve(value, serve, release)
-                continue
-            if key not in table:
-                raise UnknownNameError(f"trl grpo key (TRL {release})", key, table)
-            if key in OWNED:
-                raise ConfigError(f"{key} is set by hpcrl: {OWNED[key]}; remove it")
-            if not _accepts(table[key]["type"], value):
-                raise ConfigError(f"{key}: expected {table[key]['type']} ({table[key]['source']} in TRL {release}), "
-                                  f"got {value!r}")
-        if not args.get(self.model_key):
-            raise ConfigError("trl grpo needs model_name_or_path")
-        if not (args.get("dataset_name") or args.get("datasets")):
-            raise ConfigError("trl grpo needs dataset_name (or datasets): trl/scripts/grpo.py:121-135 refuses neither")
-        if args.get("reward_model_name_or_path"):
-            raise ConfigError("reward_model_name_or_path: a reward model runs on every learner GPU, which hpcrl does "
-                              "not plan; use reward_funcs (a function, or a dotted import path)")
-        if not args.get("reward_funcs"):
-            raise ConfigError("trl grpo needs reward_funcs (accuracy_reward, ... or a dotted import path)")
-        mode = args.get("vllm_mode", default_of(table["vllm_mode"]))
-        if mode not in MODES:
-            raise ConfigError(f"vllm_mode {mode!r}: valid: {', '.join(MODES)} (trl/trainer/grpo_config.py:594)")
-        if args.get("generation_batch_size") is not None:
-            raise ConfigError("generation_batch_size: hpcrl plans the step's batch through steps_per_generation "
-                              "(GRPOConfig allows one of the two, grpo_config.py:1110-1128); give steps_per_generation")
-        if args.get("load_in_4bit") and not args.get("use_peft"):
-            raise ConfigError("load_in_4bit trains adapters only: set use_peft: true as well (QLoRA)")
-
-    def _check_serve(self, value: Any, serve: dict[str, dict[str, Any]], release: str) -> None:
-        if not isinstance(value, dict):
-            raise ConfigError(f"{SERVE_SECTION}: a mapping of trl vllm-serve keys, got {value!r}")
-        for key, v in value.items():
-            if key not in serve:
-                raise UnknownNameError(f"trl vllm-serve key (TRL {release})", f"{SERVE_SECTION}.{key}",
-                                       [f"{SERVE_SECTION}.{k}" for k in serve])
-            if key in SERVE_OWNED:
-                raise ConfigError(f"{SERVE_SECTION}.{key} is set by hpcrl: {SERVE_OWNED[key]}; remove it")
-            if not _accepts(serve[key]["type"], v):
-                raise ConfigError(f"{SERVE_SECTION}.{key}: expected {serve[key]['type']} ({serve[key]['source']}), "
-                                  f"got {v!r}")
+        check_args(args, self.arg_table(section), self.serve_table(section), self.release(section))
 
     def arg(self, cfg: RunConfig, key: str) -> Any:
         if key in cfg.args:
@@ -358,7 +242,8 @@ class TrlBackend(Backend):
             warnings.append(f"TRL 1.16 truncates no prompt: the plan assumes prompts of at most {prompt} tokens; set "
                             f"{bound} (prompt + completion) to bound them")
         if SERVE_SECTION in cfg.args and self.colocated(cfg):
-            warnings.append(f"{SERVE_SECTION} is server mode's: vllm_mode colocate runs no trl vllm-serve and ignores it")
+            warnings.append(f"{SERVE_SECTION} is server mode's: vllm_mode colocate runs no trl vllm-serve and "
+                            "ignores it")
         if "vllm_mode" not in cfg.args:
             warnings.append("vllm_mode is unset: TRL 1.16.0 defaults to colocate (trl/trainer/grpo_config.py:594), so "
                             "the plan is colocated; set vllm_mode: server for trl vllm-serve on a node of its own")
@@ -401,7 +286,8 @@ class TrlBackend(Backend):
         """`trl vllm-serve`'s keys for the plan: the config's, then the planned TP, DP, utilisation, length."""
         lay, cfg = rp.layout, rp.config
         out = dict(cfg.args.get(SERVE_SECTION) or {})
-        out.update({"model": cfg.args[self.model_key], "tensor_parallel_size": lay.tp, "data_parallel_size": lay.engines,
+        out.update({"model": cfg.args[self.model_key], "tensor_parallel_size": lay.tp,
+                    "data_parallel_size": lay.engines,
                     "host": "0.0.0.0", "port": SERVER_PORT, "gpu_memory_utilization": lay.gpu_memory_utilization})
         out.setdefault("max_model_len", rp.workload.seq_len)
         return out
@@ -427,7 +313,8 @@ class TrlBackend(Backend):
         files = {DEEPSPEED_CONFIG: deepspeed_config(rp.workload.offload)}
         resume = ResumeRule(flag="--resume_from_checkpoint", directory="$RUN_DIR/checkpoints", pattern="checkpoint-*",
                             complete_file="trainer_state.json",
-                            source="trl/scripts/grpo.py:150; transformers 5.17.0 trainer.py:1509 (reads trainer_state.json)")
+                            source="trl/scripts/grpo.py:150; transformers 5.17.0 trainer.py:1509 (reads "
+                                   "trainer_state.json)")
         if lay.colocated:
             machines, per = lay.nodes, g
             files[ACCELERATE_CONFIG] = accelerate_config(machines, machines * per, f"$RUN_DIR/{DEEPSPEED_CONFIG}")
@@ -449,9 +336,10 @@ class TrlBackend(Backend):
                                                      f"$RUN_DIR/{DEEPSPEED_CONFIG}")
         trainer_env = (("CUDA_VISIBLE_DEVICES", ",".join(map(str, range(gpus, gpus + k)))),) if single else (
             (("CUDA_VISIBLE_DEVICES", ",".join(map(str, range(k)))),) if k < g else ())
-        trainer = Process("trainer", self._launch(len(trainer_nodes), k, run, trainer_words), trainer_env, trainer_nodes,
-                          k, waits_for=("vllm-server",), files=tuple(files.items()), resume=resume)
-        roles = ((0, "vllm-server+trainer"),) if single else ((0, "vllm-server"), *((i, "trainer") for i in trainer_nodes))
+        trainer = Process("trainer", self._launch(len(trainer_nodes), k, run, trainer_words), trainer_env,
+                          trainer_nodes, k, waits_for=("vllm-server",), files=tuple(files.items()), resume=resume)
+        roles = (((0, "vllm-server+trainer"),) if single else
+                 ((0, "vllm-server"), *((i, "trainer") for i in trainer_nodes)))
         return TrlJob("server", lay.nodes, roles, (server, trainer))
 
     @staticmethod
@@ -479,4 +367,4 @@ class TrlBackend(Backend):
 
 BACKEND = TrlBackend
 
-__all__ = ["BACKEND", "MODES", "SERVE_SECTION", "TrlBackend", "default_of", "flag_words"]
+__all__ = ["BACKEND", "MODES", "SERVE_SECTION", "TrlBackend"]

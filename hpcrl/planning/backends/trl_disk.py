@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 from hpcrl.planning.backends.facts import DiskFacts
 from hpcrl.planning.disk import HF_OVERHEAD_BYTES, DiskSetup, state_checkpoint_terms
-from hpcrl.planning.disk_budget import Budget, DiskInputs, Fix, Item, cache_items, interval_values, saves, search, trainable
+from hpcrl.planning.disk_budget import (Budget, DiskInputs, Fix, Item, cache_items, interval_values, saves, search,
+                                        trainable)
 
 if TYPE_CHECKING:
     from hpcrl.planning.run_types import RunPlan
@@ -33,7 +34,8 @@ def budget(s: DiskInputs) -> Budget:
     terms = {("LoRA adapter (bf16)" if s.lora_rank else "model weights (bf16, gathered from ZeRO-3)"): model,
              "config, tokenizer, trainer state, scheduler": float(HF_OVERHEAD_BYTES)}
     if not s.disable_ds:
-        state = state_checkpoint_terms(DiskSetup(s.model, zero_stage=3, n_learners=s.learners, lora_rank=s.lora_rank), t)
+        setup = DiskSetup(s.model, zero_stage=3, n_learners=s.learners, lora_rank=s.lora_rank)
+        state = state_checkpoint_terms(setup, t)
         terms.update({f"DeepSpeed state: {k}": v for k, v in state.items()})
     n = saves(s.ckpt_every, s.total_steps)
     keep = None if s.keep is None or s.keep <= 0 else s.keep

@@ -34,7 +34,7 @@ from hpcrl.profiles import ClusterProfile
 
 
 def step_workload(w: Workload, learners: int, batch: int, per_generation: int, generations: int) -> Workload:
-    """The workload of one optimizer step with `learners` processes: TRL's generation batch, checked as TRL checks it."""
+    """One optimizer step's workload with `learners` processes: TRL's generation batch, checked as TRL checks it."""
     total = batch * learners * per_generation
     if total % generations:
         raise PlanError(f"per_device_train_batch_size {batch} x {learners} learner processes x steps_per_generation "
@@ -49,7 +49,8 @@ def server_tps(w: Workload, g: int, pinned: int | None, dp: int) -> list[int]:
     tps = [t for t in w.model.tp_sizes(g) if t * dp <= g]
     if pinned is not None:
         if pinned not in tps:
-            why = w.model.tp_problem(pinned) or f"tensor_parallel_size x data_parallel_size must fit one node of {g} GPUs"
+            why = (w.model.tp_problem(pinned)
+                   or f"tensor_parallel_size x data_parallel_size must fit one node of {g} GPUs")
             raise PlanError(f"vllm_serve.tensor_parallel_size {pinned} cannot work: {why}; valid: {tps}")
         return [pinned]
     return tps
@@ -81,7 +82,8 @@ def plan_server(profile: ClusterProfile, nodes: int, w: Workload, pins: Pins, ba
                 plan = plan_memory(profile, learner, engine_setup(ws, tp, util), learners_per_node=k,
                                    engine_gpus_per_node=tp * dp if single else 0, margin=margin)
                 if not plan.learner_fits:
-                    rejected["learner does not fit in GPU memory"] = rejected.get("learner does not fit in GPU memory", 0) + 1
+                    why = "learner does not fit in GPU memory"
+                    rejected[why] = rejected.get(why, 0) + 1
                     break
                 if not plan.host.fits:
                     rejected["host RAM over the node's limit"] = rejected.get("host RAM over the node's limit", 0) + 1
@@ -106,11 +108,12 @@ def plan_server_layouts(profile: ClusterProfile, nodes: int, w: Workload, pins: 
         return layouts
     why = max(rejected, key=lambda k: rejected[k]) if rejected else "no candidate layout"
     found = []
-    for text, change in ((fixes["offload_optimizer"], {"offload": "optimizer"}), (fixes["offload_params"], {"offload": "params"})):
-        if w.offload == "none" or (change["offload"] == "params" and w.offload == "optimizer"):
-            if plan_server(profile, nodes, replace(w, **change), pins, batch, per_generation, generations, dp, passes)[0]:
-                found.append(text)
-                break
+    for text, offload in ((fixes["offload_optimizer"], "optimizer"), (fixes["offload_params"], "params")):
+        more = w.offload == "none" or (offload == "params" and w.offload == "optimizer")
+        if more and plan_server(profile, nodes, replace(w, offload=offload), pins, batch, per_generation, generations,
+                                dp, passes)[0]:
+            found.append(text)
+            break
     for n in range(nodes + 1, max(2 * nodes, nodes + 8) + 1):
         if plan_server(profile, n, w, pins, batch, per_generation, generations, dp, passes)[0]:
             found.append(f"--nodes {n}")

@@ -45,11 +45,12 @@ def main(argv: list[str] | None = None) -> int:
             self.end_headers()
             self.wfile.write(data)
 
-        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
-            routes = {"/health": {}, "/v1/models": {"data": [{"id": a.model}]}, "/get_world_size": {"world_size": world}}
+        def do_GET(self) -> None:  # http.server's method name
+            routes = {"/health": {}, "/v1/models": {"data": [{"id": a.model}]},
+                      "/get_world_size": {"world_size": world}}
             self._send(200, routes[self.path]) if self.path in routes else self._send(404, {"error": self.path})
 
-        def do_POST(self) -> None:  # noqa: N802
+        def do_POST(self) -> None:
             n = int(self.headers.get("Content-Length") or 0)
             body = json.loads(self.rfile.read(n) or b"{}")
             prompts = body.get("prompt") or [""]

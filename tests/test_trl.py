@@ -198,3 +198,25 @@ def test_checkpoint_budget_by_hand():
     assert 14 * p < item.one_bytes < 14 * p + 64 * 2**20
     only = budget(DiskInputs(model=m, learners=4, total_steps=100, ckpt_every=25, keep=2, disable_ds=True))
     assert 2 * p < only.items[0].one_bytes < 2 * p + 64 * 2**20
+
+
+def test_stack_check_expects_the_releases_pins():
+    from hpcrl.planning.backends.stack_expect import expectation
+
+    e = expectation("trl")
+    specs = {p["name"]: p["spec"] for p in e["packages"]}
+    # trl-1.16.0.dist-info/METADATA:19, 22, 23, 32 and 35, 34 (the deepspeed extra), 61 (the vllm extra)
+    assert e["python"]["spec"] == ">=3.11" and specs == {
+        "trl": "", "accelerate": ">=1.10.1", "transformers": ">=4.56.2,!=5.1.0", "deepspeed": ">=0.18.6",
+        "datasets": ">=4.7.0", "vllm": ">=0.22.0,<=0.31.0"}
+    assert e["parser"]["entry"] == "trl.scripts.grpo"
+
+
+def test_init_writes_the_trl_starter_and_plan_memory_answers_without_a_config(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "hpcrl", "init", "--backend", "trl", "-o", str(tmp_path / "r.yaml")],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and load_run_config(str(tmp_path / "r.yaml")).hpcrl.backend == "trl"
+    mem = subprocess.run([sys.executable, "-m", "hpcrl", "plan-memory", "--backend", "trl", "--model", "32b", "--json"],
+                         capture_output=True, text=True, timeout=120)
+    learner = json.loads(mem.stdout)["learner"]
+    assert mem.returncode == 0 and learner["logprob_impl"] == "fused_head" and learner["grad_accum_dtype"] == "bf16"

@@ -82,7 +82,7 @@ def main(argv: list[str]) -> int:
         print(f"\n{which} rows ({len(e)}): peak allocated median |error| {statistics.median(e) * 100:.2f}%, "
               f"max {max(e) * 100:.2f}%")
     if "--check" in argv:
-        now = (C.PADDED_ATTENTION_BYTES, C.FUSED_TIED_COPIES, C.ALLOCATOR_MARGIN["fused_head"][0])
+        now = (C.PADDED_ATTENTION_BYTES, C.FUSED_TIED_COPIES, C.FUSED_HEAD_MARGIN[0])
         if not all(math.isclose(a, b) for a, b in zip(now, (k, c, margin))):
             print(f"constants.py differs from the fit: {now} != {(k, c, margin)}")
             return 1

@@ -83,6 +83,8 @@ def test_the_shipped_config_loads_and_plans_server_mode_on_5_isambard_nodes():
     server, trainer = job.processes
     assert server.argv[1:4] == ("-m", "trl.cli.main", "vllm-serve") and server.health.path == "/health"
     assert trainer.waits_for == ("vllm-server",) and "ray" not in " ".join(server.argv + trainer.argv).lower()
+    assert any("each learner node runs 1 of its 4 GPUs because isambard-ai plans at most 1 learner per node" in w
+               for w in rp.warnings)
 
 
 def test_the_server_gets_the_planned_tp_and_the_models_length():

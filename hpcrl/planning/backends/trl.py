@@ -249,6 +249,14 @@ class TrlBackend(Backend):
                             "the plan is colocated; set vllm_mode: server for trl vllm-serve on a node of its own")
         layouts = self._layouts(cfg, profile, nodes, w, pins, batch, per_gen, generations)
         lay = layouts[0]
+        g = profile.gpu.count_per_node
+        if not lay.colocated and lay.nodes > 1 and lay.learners_per_node < g:
+            cap = profile.planning.max_learners_per_node
+            why = (f"{profile.name} plans at most {cap} learner{'s' if cap != 1 else ''} per node "
+                   f"({profile.planning.why or 'its profile'})" if cap and lay.learners_per_node == cap
+                   else "more learners per node did not shorten the estimated step")
+            warnings.append(f"trl vllm-serve takes node 0 whole; each learner node runs {lay.learners_per_node} of "
+                            f"its {g} GPUs because {why}; --pin learners={g} runs one learner per GPU")
         choices: dict[str, Any] = {}
         if "logging_steps" not in cfg.args:
             choices["logging_steps"] = 1  # the watchdog reads every step (TRL's default logs every 10th)

@@ -15,7 +15,7 @@ PKG = ROOT / "hpcrl"
 BACKENDS_DIR = PKG / "planning" / "backends"
 # The names as a user or a config writes them (the registry's own list would hide a backend
 # whose module went missing), and the spelling of their modules.
-NAMES = ("open-instruct", "verl", "openrlhf", "custom")
+NAMES = ("open-instruct", "verl", "openrlhf", "custom", "trl")
 SPELLINGS = tuple(sorted({n for name in NAMES for n in (name, name.replace("-", "_"))}))
 # Names that are also ordinary words count only as a whole literal ("a custom run" is English).
 WORDS = {"custom"}

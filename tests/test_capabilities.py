@@ -22,7 +22,7 @@ CITE = re.compile(r"^[\w./-]+\.(py|yaml|sh|json|toml):\d+$")
 
 def test_every_fact_cites_a_file_and_line_at_the_pinned_commit():
     flags = {"open-instruct": "open_instruct_args_current.json", "verl": "verl_args.json",
-             "openrlhf": "openrlhf_args.json"}
+             "openrlhf": "openrlhf_args.json", "trl": "trl/1.16.0/grpo_args.json"}
     for b in BACKENDS:
         meta = json.loads((ROOT / "hpcrl" / "planning" / "backends" / "data" / flags[b]).read_text())["_meta"]
         assert commit(b) == meta["commit"], f"{b}: capabilities and flag table read at different commits"
@@ -47,6 +47,11 @@ def test_every_fact_cites_a_file_and_line_at_the_pinned_commit():
     ("openrlhf", "load_in_4bit", True, "openrlhf/models/actor.py:115"),
     ("openrlhf", "offload_params", False, "openrlhf/utils/deepspeed/deepspeed.py:438"),
     ("openrlhf", "save_on_signal", False, "openrlhf/utils/math_utils.py:298"),
+    ("trl", "lora", True, "trl/trainer/model_config.py:103"),
+    ("trl", "ref_policy", True, "trl/trainer/grpo_trainer.py:983"),
+    ("trl", "sequence_parallel", False, "trl/trainer/grpo_config.py:1068"),
+    ("trl", "save_on_signal", False, "transformers/trainer.py:3215"),
+    ("trl", "resume", True, "trl/scripts/grpo.py:150"),
 ])
 def test_feature_facts(backend, name, supported, source):
     f = feature(backend, name)
@@ -73,10 +78,11 @@ def test_code_server_fact():
 
 
 def test_lora_supporters_and_refusal():
-    assert supporters("lora") == ["verl", "openrlhf"] and supporters("load_in_4bit") == ["openrlhf"]
+    assert supporters("lora") == ["verl", "openrlhf", "trl"] and supporters("load_in_4bit") == ["openrlhf", "trl"]
     with pytest.raises(ConfigError, match=r"use_peft=true: open-instruct does not implement LoRA "
                                           r"\(open_instruct/grpo_fast.py:353 at e6c3044a\); backends that do: "
-                                          r"verl \(actor_rollout_ref.model.lora_rank\), openrlhf \(--ds.lora.rank\)"):
+                                          r"verl \(actor_rollout_ref.model.lora_rank\), openrlhf \(--ds.lora.rank\), "
+                                          r"trl \(use_peft\)"):
         load_run_config("grpo-olmo3-7b", ["use_peft=true", "lora_r=16"])
     with pytest.raises(ConfigError, match="load_in_8bit=true: open-instruct does not implement 4-bit"):
         load_run_config("grpo-olmo3-7b", ["load_in_8bit=true"])

@@ -337,7 +337,7 @@ def test_run_directory_uses_its_plan_and_job_script(tmp_path):
 def test_cli_bad_backend_is_one_line():
     proc = cli(str(LOGS / "seed004_cuda_oom.log"), "--backend", "megatron")
     assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
-        "hpcrl: error: --backend 'megatron': valid: open-instruct, verl, openrlhf, custom"]
+        "hpcrl: error: --backend 'megatron': valid: open-instruct, verl, openrlhf, custom, trl"]
 
 
 @pytest.mark.parametrize("name, kind, first, steps", [("verl_grad_norm_zero.log", "grad_norm_zero", 3, 24),

@@ -67,8 +67,8 @@ def test_logs_runtime_rendering_and_templates_name_no_backend_in_code():
     assert _names_in_code() == []
 
 
-def _smoke_words(config: str) -> list[str]:
-    rp = make_run_plan(config, nodes=3, cluster="local-dev", sets=list(SMOKE_SETS))
+def _smoke_words(config: str, pins: tuple[str, ...] = ()) -> list[str]:
+    rp = make_run_plan(config, nodes=3, cluster="local-dev", sets=list(SMOKE_SETS), pins=list(pins))
     text = render_script(describe_job(rp, smoke=True))
     block = re.search(r"^ *DRIVER=\(\n(.*?)^ *\)$", text, re.S | re.M)
     assert block, "no smoke command in the script"
@@ -81,11 +81,15 @@ def _after(words: list[str], flag: str, n: int = 1) -> list[str]:
     return words[i + 1:i + 1 + n]
 
 
+# The separate-engine layout pinned where the ranking (which moves with the step-time model) would choose it.
+PINS = {"grpo-olmo3-32b": ("learners=4", "learner_nodes=2", "engines=4", "tp=1")}
+
 def test_open_instruct_cpu_ask_is_grpo_fasts():
     # grpo_fast: 10 CPUs per learner GPU (LEARNER_PLACEMENT_GROUP_CPU_PER_GPU), tp per engine, and
     # 3 for DataPreparationActor (2) and ActorManager (1).
-    w = _smoke_words("grpo-olmo3-32b")
-    # local-dev, 3 nodes: the plan (ranked by step time) trains on 2 nodes of 4 and generates on one.
+    # local-dev, 3 nodes, the layout pinned (the ranking moves with the step-time model): 2 learner nodes of 4,
+    # one node of 4 engines.
+    w = _smoke_words("grpo-olmo3-32b", PINS["grpo-olmo3-32b"])
     assert (_after(w, "--learners"), _after(w, "--engines"), _after(w, "--tp")) == (["4 4"], ["4"], ["1"])
     # 8 learner GPUs x 10 + 4 engines x 1 + 3 = 87; a learner node asks 4 x 10 = 40.
     assert _after(w, "--cpu-ask", 4) == ["grpo_fast.py", "87", "40", "learner node"]
@@ -136,7 +140,7 @@ def test_smoke_places_bundles_as_its_rendered_line_says(ray_cluster, config):
 
     out = io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
-        rc = smoke.main([*_smoke_words(config), "--address", ray_cluster])
+        rc = smoke.main([*_smoke_words(config, PINS.get(config, ())), "--address", ray_cluster])
     assert (rc, PLACED[config] in out.getvalue()) == (0, True), out.getvalue()
 
 

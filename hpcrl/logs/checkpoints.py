@@ -17,9 +17,15 @@ What AReaL writes (inclusionAI/AReaL 4aef98d8; 9af34d2b the same), under
   then `recover_info/step_info.json` beside `default/` (recover.py:71,168-176, 256-270): the state
   is complete when that file is newer than everything in it; its step is global_step + 1.
 
+What transformers' Trainer writes (5.17.0 trainer.py:3215-3275), for the trainers built on it: each save is
+`{output_dir}/checkpoint-N/` (PREFIX_CHECKPOINT_DIR, N the global step): the model, then the optimizer (under
+DeepSpeed its `global_stepN/` state inside), scheduler and RNG state, and `trainer_state.json` last
+(TRAINER_STATE_NAME, trainer.py:245), which `train(resume_from_checkpoint=...)` reads first (:1509): the
+checkpoint is complete once that file exists. `save_total_limit` rotates the older ones (:3270-3275).
+
 A prune never deletes: the newest checkpoint of each series, one without its completion
-mark, one modified within the last `recent_s` seconds, or anything but `step_N` and
-`global_stepN` directories.
+mark, one modified within the last `recent_s` seconds, or anything but `step_N`,
+`global_stepN` and `checkpoint-N` directories.
 """
 
 from __future__ import annotations
@@ -35,9 +41,11 @@ from typing import Callable
 from hpcrl.errors import HpcrlError
 
 HF_MARKER = ".checkpoint_complete"
+TRAINER_STATE = "trainer_state.json"
 # (kind, directory name, what is added to its number to make the step the console shows)
 SERIES = (("hf", re.compile(r"^step_(\d+)$"), 0), ("state", re.compile(r"^global_step(\d+)$"), 0),
-          ("hf", re.compile(r"^epoch\d+epochstep\d+globalstep(\d+)$"), 1), ("state", re.compile(r"^recover_checkpoint$"), 1))
+          ("hf", re.compile(r"^epoch\d+epochstep\d+globalstep(\d+)$"), 1), ("state", re.compile(r"^recover_checkpoint$"), 1),
+          ("trainer", re.compile(r"^checkpoint-(\d+)$"), 0))
 RECOVER_INFO = Path("..", "..", "recover_info", "step_info.json")  # from AReaL's recover_checkpoint
 RECENT_S = 600.0
 MAX_DEPTH = 6  # AReaL's saves lie six levels down when its fileroot is the run directory
@@ -82,7 +90,10 @@ def _latest_state_step(parent: Path) -> int | None:
 
 def _checkpoint(path: Path, kind: str, step: int) -> Checkpoint:
     size, modified = _size_and_mtime(path)
-    if kind == "hf":
+    if kind == "trainer":
+        complete = (path / TRAINER_STATE).is_file()
+        why = "" if complete else f"no {TRAINER_STATE} (being written, or the save failed)"
+    elif kind == "hf":
         complete = (path / HF_MARKER).exists()
         why = "" if complete else f"no {HF_MARKER} (being written, failed, or written by a version without the marker)"
     elif path.name == "recover_checkpoint":
@@ -108,7 +119,7 @@ def _step(path: Path, m: re.Match) -> int:
 
 
 def find_checkpoints(run_dir: Path, max_depth: int = MAX_DEPTH) -> list[Checkpoint]:
-    """Every step_N / global_stepN directory under run_dir (not inside one another), oldest first."""
+    """Every step_N / global_stepN / checkpoint-N directory under run_dir (not inside one another), oldest first."""
     found: list[Checkpoint] = []
 
     def walk(d: Path, depth: int) -> None:

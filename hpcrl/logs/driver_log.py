@@ -8,12 +8,16 @@ items joined by " | ", wrapped; floats as .2e when |v| < 1e-5 else .2f, so an ex
 "0.00e+00" and a tiny non-zero mean "0.00". verl and OpenRLHF print one line per step. AReaL's
 StatsLogger prints a "Train step N/M done." line, then one tabulate "fancy_grid" table per stats
 item of key/value cell pairs (floats as .4e, so an exact 0 is "0.0000e+00"). Other loggers are
-read from JSON metric lines: one object per line, nested objects joined with "/". docs/safety.md
-lists every key read and its source.
+read from JSON metric lines: one object per line, nested objects joined with "/". transformers' Trainer
+prints each logged step as a Python dict on a line of its own, every float formatted ".4g" as a string
+(5.17.0 trainer_callback.py:673-690 ProgressCallback, :703-708 PrinterCallback): `{'loss': '0.01', 'reward':
+'0', ...}`; ".4g" prints an exact 0.0 as "0" and any other value with its digits ("1e-09"), so "0" is an
+exact zero. docs/safety.md lists every key read and its source.
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import math
 import re
@@ -39,6 +43,9 @@ GRAD_NORM_KEYS = ("actor/grad_norm", "optim/grad_norm", "actor_grad_norm", "grad
 # Exactly 0 when every prompt's group of samples got the same reward: OpenRLHF's mean of the per-group
 # std (trainer/ppo_utils/experience_maker.py:255-262).
 REWARD_STD_KEYS = ("group_reward_std",)
+# The fraction of prompt groups whose rewards all agree: exactly 1 when every group has zero variance (TRL 1.16
+# grpo_trainer.py:2830 `frac_reward_zero_std`).
+ZERO_STD_FRACTION_KEYS = ("frac_reward_zero_std",)
 # GRPO advantages are the reward minus its group mean: all exactly 0 when every group has zero variance.
 # verl trainer/ppo/metric_utils.py:170-172; open-instruct data_loader.py:1566-1567.
 ADVANTAGE_RANGES = (("critic/advantages/min", "critic/advantages/max"), ("val/advantages_min", "val/advantages_max"))
@@ -89,6 +96,9 @@ class Step:
 
     def zero_variance(self) -> tuple[bool, str] | None:
         """(every group had zero reward variance, the evidence), or None when the step does not say."""
+        for k in ZERO_STD_FRACTION_KEYS:
+            if k in self.values:
+                return self.values[k] == 1.0, f"{k}={self.text[k]}"
         for k in self.std_keys:
             if k in self.values:
                 return self.exactly_zero(k), f"{k}={self.text[k]}"
@@ -113,6 +123,24 @@ def _flatten(obj: dict, prefix: str = "") -> dict:
         else:
             out[name] = v
     return out
+
+
+def dict_metrics(line: str) -> list[tuple[str, str]] | None:
+    """The (key, printed value) pairs of a Python dict literal ending a line (transformers' Trainer log), or None.
+    A progress bar redrawn with carriage returns may share the line: the dict is read from its opening brace."""
+    text = line.strip()
+    start = text.find("{'")
+    if start < 0 or not text.endswith("}"):
+        return None
+    text = text[start:]
+    try:
+        obj = ast.literal_eval(text)
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return None
+    if not isinstance(obj, dict):
+        return None
+    return [(str(k), v if isinstance(v, str) else repr(v)) for k, v in obj.items()
+            if isinstance(v, (str, int, float)) and not isinstance(v, bool)]
 
 
 def json_metrics(line: str) -> dict[str, float] | None:
@@ -164,6 +192,8 @@ class StepParser:
                     self._grid_step, self._parts, self._part = int(m.group(1)), [], (1, 1)
                 else:
                     self._part = (int(m.group(1)), int(m.group(2)))
+            elif (pairs := dict_metrics(line)) is not None:
+                return self._make(pairs)
             elif (values := json_metrics(line)) is not None:
                 number = next((int(values[k]) for k in _JSON_STEP_KEYS if k in values), None)
                 return self._make([(k, repr(v)) for k, v in values.items()], number)
@@ -185,7 +215,7 @@ class StepParser:
                 values[key], text[key] = float(val), val
             except ValueError:
                 continue
-        known = (*self.reward_keys, *LOSS_KEYS, *self.loss_keys, *GRAD_NORM_KEYS, *self.std_keys)
+        known = (*self.reward_keys, *LOSS_KEYS, *self.loss_keys, *GRAD_NORM_KEYS, *self.std_keys, *ZERO_STD_FRACTION_KEYS)
         if not any(k in known or k.startswith("loss/") or k.endswith("/grad_norm") for k in values):
             return None
         self._count += 1

@@ -46,6 +46,21 @@ LOGITS_BYTES_PER_ELEMENT = {"eager": 10.0, "compiled": 2.0}
 FP32_LOGITS_PATH_BYTES = 10.0
 FP32_LOGITS_BYTES = 4.0
 
+# TRL's fused LM head projects [TOKEN_CHUNK_SIZE x chunk_size] bf16 tiles: 4096 tokens
+# (kernels/chunked_logprob.py:30 at TRL 1.16.0) by 32768 vocabulary columns (_CHUNKED_LOGPROB_CHUNK_SIZE,
+# trl/trainer/utils.py:1506).  *derived*
+FUSED_TILE_BYTES = 2.0 * 4096 * 32768
+
+# TRL's batches are padded sequences with an attention mask (no packing): at the logits and recompute
+# moments a [rows x heads x seq x seq] term appears, PADDED_ATTENTION_BYTES per element; with tied
+# embeddings gathered at N > 1 the fused head holds FUSED_TIED_COPIES more bf16 copies of the shared
+# [vocab x hidden] matrix. Both *fitted* (benchmarks/fit_trl.py, the fit rows of
+# benchmarks/results/trl_measured.jsonl; the tied term rests on two fit rows and no held-out one). Not traced
+# to a tensor: the masked SDPA path (transformers falls back from GQA kernels with a mask,
+# integrations/sdpa_attention.py:27-36) is the likely owner of the first.
+PADDED_ATTENTION_BYTES = 0.8
+FUSED_TIED_COPIES = 3.5
+
 # Activation bytes one token leaves per decoder layer without checkpointing, as
 #   a_h * hidden + a_f * intermediate + a_q * q_dim + a_kv * kv_dim
 # Derived from what HF's RMSNorm (fp32 upcast), rotary, SDPA and SwiGLU save for
@@ -73,6 +88,9 @@ RESERVE_LOGITS = 0.31
 # and 0.16 GiB), rounded up. tests/test_memory.py checks the held-out rows lie inside it.
 # *measured spread*, not a model of fragmentation: 5.8 GiB on a 95 GiB compiled peak.
 ALLOCATOR_MARGIN = {"compiled": (0.061, 3.1), "eager": (0.104, 0.2)}  # (fraction, floor GiB)
+# TRL's fused head, from the fit rows of trl_measured.jsonl (benchmarks/fit_trl.py, which checks it): 13.5% at
+# Qwen2.5-3B on 2 GPUs; no smaller fit row reserved more than its fit.  *measured spread*
+FUSED_HEAD_MARGIN = (0.14, 0.2)
 
 # Fixed allocations not proportional to model size (RNG state, cuBLAS workspaces, small
 # persistent parameters, communication scratch).  *fitted* (to 0.05 GiB)

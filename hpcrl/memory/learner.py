@@ -29,7 +29,7 @@ from hpcrl.memory.learner_result import LearnerMemory, non_torch_bytes
 from hpcrl.models.spec import ALL_LINEAR, MLP_MODULES, ModelSpec
 
 Offload = Literal["none", "optimizer", "params"]
-LogprobImpl = Literal["eager", "compiled"]
+LogprobImpl = Literal["eager", "compiled", "fused_head"]
 
 
 @dataclass(frozen=True)
@@ -47,6 +47,11 @@ class LearnerSetup:
     lora_targets: tuple[str, ...] = ALL_LINEAR
     load_in_4bit: bool = False
     logprob_impl: LogprobImpl = "compiled"
+    # Positions the log-prob path scores ("fused_head": only the completion tokens; 0: every token).
+    logprob_tokens: int = 0
+    # Sequences of a micro-batch padded to one length, each with its attention mask (TRL's batches); 0: one
+    # packed sequence (no mask).
+    padded_rows: int = 0
     # DeepSpeed keeps ZeRO gradient partitions in the model dtype unless the config's
     # data_types.grad_accum_dtype says otherwise; open-instruct sets it to fp32.
     grad_accum_dtype: Literal["bf16", "fp32"] = "bf16"
@@ -97,8 +102,8 @@ class LearnerSetup:
             raise HpcrlError("--load-in-4bit trains adapters only: give --lora-rank R as well (QLoRA)")
         if self.grad_accum_dtype not in ("bf16", "fp32"):
             raise HpcrlError(f"gradient dtype {self.grad_accum_dtype!r} is not known; valid: bf16, fp32")
-        if self.logprob_impl not in ("eager", "compiled"):
-            raise HpcrlError(f"log-prob path {self.logprob_impl!r} is not known; valid: eager, compiled")
+        if self.logprob_impl not in ("eager", "compiled", "fused_head"):
+            raise HpcrlError(f"log-prob path {self.logprob_impl!r} is not known; valid: eager, compiled, fused_head")
         if self.weight_sync not in ("none", "whole_model", "per_param"):
             raise HpcrlError(f"weight sync {self.weight_sync!r} is not known; valid: none, whole_model, per_param")
 
@@ -194,7 +199,12 @@ def learner_memory(s: LearnerSetup) -> LearnerMemory:
     layer_params = m.per_layer_params
     prefetch = 2.0 * s.zero.prefetch_bucket_size if stage3 else 0.0
 
-    if s.logits_fp32:
+    fused = s.logprob_impl == "fused_head"
+    if fused:
+        # No [tokens x vocab] logits: the head's backward holds its own weight gradient (it replaces lm_grad).
+        lm_grad = 0.0
+        per_element = 0.0
+    elif s.logits_fp32:
         per_element = C.FP32_LOGITS_PATH_BYTES
     else:
         per_element = (
@@ -202,12 +212,20 @@ def learner_memory(s: LearnerSetup) -> LearnerMemory:
             + (C.LOGITS_COPY_BYTES if s.logits_copy else 0.0)
             + C.LOGITS_BYTES_PER_ELEMENT[s.logprob_impl]
         )
-    logits = per_element * t * m.vocab_size
+    logits = fused_head_bytes(m, s.logprob_tokens or t) if fused else per_element * t * m.vocab_size
     # what the optimizer-step moment still holds of the log-prob path (the output's fp32 logits)
     step_logits = C.FP32_LOGITS_BYTES * t * m.vocab_size if s.logits_fp32 else 0.0
+    # A padded batch's masked attention and, for tied embeddings gathered at N > 1, the fused head's extra
+    # copies of the shared matrix (both *fitted* on benchmarks/results/trl_measured.jsonl).
+    padded = 0.0
+    if s.padded_rows:
+        seq = t / s.padded_rows
+        padded = C.PADDED_ATTENTION_BYTES * s.padded_rows * m.num_heads * seq * seq
+    if fused and gathers and m.tie_word_embeddings:
+        padded += C.FUSED_TIED_COPIES * 2.0 * lm_head
     phases = {
-        "logits": stored + final_norm + gathered_lm + lm_grad + logits,
-        "recompute": stored
+        "logits": stored + final_norm + gathered_lm + lm_grad + logits + padded,
+        "recompute": stored + padded
         + t * per_token_layer
         + (4.0 * layer_params + prefetch if gathers else 0.0)
         + 4.0 * t * h,
@@ -227,10 +245,15 @@ def learner_memory(s: LearnerSetup) -> LearnerMemory:
     if phase == "logits":
         terms["activations (stored)"] = stored + final_norm
         terms["ZeRO-3 gathered lm_head + grad"] = gathered_lm + lm_grad
-        terms["log-prob path (fp32 logits)" if s.logits_fp32 else f"log-prob path ({s.logprob_impl})"] = logits
+        terms["log-prob path (fp32 logits)" if s.logits_fp32 else
+              "fused LM head backward (derived)" if fused else f"log-prob path ({s.logprob_impl})"] = logits
+        if padded:
+            terms["padded-batch attention (fitted)"] = padded
     elif phase == "recompute":
         terms["activations (stored)"] = stored
-        terms["recomputed layer + gathered weights"] = transient - stored
+        if padded:
+            terms["padded-batch attention (fitted)"] = padded
+        terms["recomputed layer + gathered weights"] = transient - stored - padded
     elif phase == "weight sync":
         terms["weight sync: gathered weights"] = sync_gathered
         terms["weight sync: rank 0's copy to send"] = sync_copy
@@ -240,7 +263,7 @@ def learner_memory(s: LearnerSetup) -> LearnerMemory:
             terms["fp32 logits the step output still holds"] = step_logits
     terms["fixed (workspaces, RNG, persistent params)"] = C.FIXED_ALLOC_GIB * C.GIB
     peak_alloc = states + transient + C.FIXED_ALLOC_GIB * C.GIB
-    largest_logits = (4.0 if s.logprob_impl == "eager" else 2.0) * t * m.vocab_size
+    largest_logits = (C.FUSED_TILE_BYTES if fused else (4.0 if s.logprob_impl == "eager" else 2.0) * t * m.vocab_size)
     peak_reserved = (
         peak_alloc * (1 + C.RESERVE_FRACTION) + C.RESERVE_FIXED_GIB * C.GIB + C.RESERVE_LOGITS * largest_logits
     )
@@ -268,6 +291,15 @@ def learner_memory(s: LearnerSetup) -> LearnerMemory:
     )
 
 
+def fused_head_bytes(m: ModelSpec, scored: int) -> float:
+    """The fused LM head's backward at its largest (TRL 1.16 kernels/chunked_logprob.py:398-463, *derived*): the
+    weight gradient accumulated in fp32 and its bf16 copy at return (6 x vocab x hidden), the hidden-state
+    gradient in fp32 and bf16 (6 per scored position x hidden), the scored positions' hidden states saved by the
+    forward (2 x hidden each: `hidden_states[mask]`, trl/trainer/utils.py:1645) and one bf16 projection tile."""
+    h = m.hidden_size
+    return 6.0 * m.vocab_size * h + 8.0 * scored * h + C.FUSED_TILE_BYTES
+
+
 def deepspeed_estimate(model: ModelSpec, n_gpus: int) -> float:
     """DeepSpeed's own ZeRO-3 estimate (`largest_layer + 18 P / N`, bytes), for comparison."""
     largest_layer = 4.0 * model.largest_param_tensor
@@ -275,4 +307,5 @@ def deepspeed_estimate(model: ModelSpec, n_gpus: int) -> float:
 
 
 # Keep the MLP module names importable for LoRA docs/tests without a second definition.
-__all__ = ["LearnerMemory", "LearnerSetup", "MLP_MODULES", "deepspeed_estimate", "learner_memory", "sync_modes"]
+__all__ = ["LearnerMemory", "LearnerSetup", "MLP_MODULES", "deepspeed_estimate", "fused_head_bytes", "learner_memory",
+           "sync_modes"]

@@ -183,8 +183,11 @@ def time_terms(s: LearnerSetup, r: Rates) -> tuple[dict[str, float], dict[str, f
         lf, lb = lora_path_per_token(m, s.lora_rank, s.lora_targets, s.adapter_bytes)
         rate = fp32_tflops(r) * 1e12 if s.adapter_bytes == 4 else peak
         micro["lora_path"] = attn_passes * t * (lf / rate + lb / hbm)
-    lp = t * m.vocab_size / hbm
-    micro[f"logprob_{s.logprob_impl}"] = lp
+    if s.logprob_impl == "fused_head":
+        # The head's projection runs once more in the backward, over the scored positions only (derived).
+        micro["logprob_fused_head"] = 2 * m.vocab_size * m.hidden_size * (s.logprob_tokens or t) / peak
+    else:
+        micro[f"logprob_{s.logprob_impl}"] = t * m.vocab_size / hbm
 
     fsdp = s.sharding == "fsdp"
     stage3 = not fsdp and s.zero_stage == 3
@@ -299,7 +302,8 @@ def coverage(s: LearnerSetup) -> list[tuple[str, str]]:
     for on, kind, what in ((s.reference_policy, "reference", "reference forward"),
                            (s.offload == "optimizer", "optimizer_offload", "optimizer offload"),
                            (s.offload == "params", "param_offload", "parameter offload"),
-                           (s.lora_rank > 0, "lora", "LoRA"), (s.model.is_moe, "moe", "MoE experts")):
+                           (s.lora_rank > 0, "lora", "LoRA"), (s.model.is_moe, "moe", "MoE experts"),
+                           (s.logprob_impl == "fused_head", "fused_head", "a fused LM head (no timed row)")):
         if on:
             kinds.append((kind, what))
     return kinds

@@ -30,7 +30,7 @@ def allocator_margin(setup: LearnerSetup, peak_reserved: float) -> float:
 
 def margin_bytes(logprob_impl: str, peak_reserved: float) -> float:
     """The allocator margin for a log-prob path ("compiled" or "eager") at a peak reserve."""
-    fraction, floor_gib = C.ALLOCATOR_MARGIN[logprob_impl]
+    fraction, floor_gib = C.FUSED_HEAD_MARGIN if logprob_impl == "fused_head" else C.ALLOCATOR_MARGIN[logprob_impl]
     return max(floor_gib * C.GIB, fraction * peak_reserved)
 
 

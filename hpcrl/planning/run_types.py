@@ -26,7 +26,8 @@ if TYPE_CHECKING:
     from hpcrl.profiles import ClusterProfile
 
 # hpcrl-section fields added after configs were first hashed, with their unset values.
-NEWER_FIELDS = {"gpus": None, "loss_keys": [], "framework_version": None, "stack_check": "on", "quota_gib": None}
+NEWER_FIELDS = {"gpus": None, "loss_keys": [], "framework_version": None, "stack_check": "on", "quota_gib": None,
+                "deepspeed_offload": "none"}
 
 
 class HpcrlSection(BaseModel):
@@ -63,7 +64,10 @@ class HpcrlSection(BaseModel):
     max_failure_restarts: int = Field(default=3, ge=0, description="Continuations after failures not the run's fault")
     failure_backoff_s: int = Field(default=60, ge=0, description="Wait before a failure continuation (x its number)")
     max_lost_minutes: float = Field(default=30.0, gt=0, description="Training a job may lose: sets the checkpoint cadence")
-    logprob_impl: Literal["eager", "compiled"] = "compiled"  # the backend's default (see _backend_defaults)
+    logprob_impl: Literal["eager", "compiled", "fused_head"] = "compiled"  # the backend's default (see _backend_defaults)
+    # Offload in the DeepSpeed config hpcrl writes itself (a backend whose framework takes its DeepSpeed
+    # config from a file: Backend.writes_deepspeed_config); the others have a key of their own.
+    deepspeed_offload: Literal["none", "optimizer", "params"] = "none"
     zero_reward_steps: int = Field(default=ZERO_REWARD_STEPS, gt=0)
     hang_minutes: float = Field(default=60.0, gt=0)
     # The watchdog's other breakers (docs/safety.md): 0 turns one off.

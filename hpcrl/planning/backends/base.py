@@ -100,6 +100,11 @@ class Backend(ABC):
     flag_table: ClassVar[str]  # the data file the flags are checked against
     entry_is_module: ClassVar[bool] = True  # `python -m <entry point>` (else a script path)
     uses_ray: ClassVar[bool] = True  # the script brings up Ray across the job's nodes first
+    # Whether hpcrl renders a job script for this backend yet ("" : it does; else why not, one line): a backend
+    # whose processes are planned as data before the job description can format them (TRL, trl_launch.py).
+    not_rendered: ClassVar[str] = ""
+    # hpcrl writes the framework's DeepSpeed config (so hpcrl.deepspeed_offload means something for it).
+    writes_deepspeed_config: ClassVar[bool] = False
     # The key that sets how often the resume state is written, and the file (relative to the run
     # directory) the framework rewrites once a checkpoint is complete: the job script watches it
     # after the time-limit warning.
@@ -153,6 +158,9 @@ class Backend(ABC):
         if section.arg_layout != "current":
             raise ConfigError(f"hpcrl.arg_layout is open-instruct's; remove it for backend {self.name}")
         self.check_version(section)
+        if section.deepspeed_offload != "none" and not self.writes_deepspeed_config:
+            raise ConfigError(f"hpcrl.deepspeed_offload is for a DeepSpeed config hpcrl writes; backend {self.name} "
+                              "sets offload with a key of its own (hpcrl plan suggests it); remove it")
         if section.lora_hf_save != "adapter" and self.name != "openrlhf":
             raise ConfigError(f"hpcrl.lora_hf_save is OpenRLHF's; remove it for backend {self.name}")
         if self.entry_is_module and (not _MODULE.match(section.entry_point) or section.entry_point.endswith(".py")):

@@ -1,0 +1,155 @@
+"""What a TRL job runs, as plain data: the DeepSpeed ZeRO-3 JSON and accelerate config hpcrl writes,
+the `trl vllm-serve` server process, the `accelerate launch` trainer processes, and which nodes run
+which (pure; the job description will format these, hpcrl/rendering does not read them yet).
+
+Facts from TRL 1.16.0 (the release wheel; lines in data/trl/1.16.0/capabilities.json) and accelerate
+1.15.0:
+
+* `trl vllm-serve` parses its ScriptArguments (trl/scripts/vllm_serve.py:27-192, `--model`,
+  `--tensor_parallel_size`, `--data_parallel_size`, `--host`, `--port`, `--gpu_memory_utilization`,
+  `--max_model_len`, ...) and execs vLLM's own `vllm serve` with TRL's weight-transfer settings
+  (vllm_serve.py:226-276, 293). Data parallelism above 1 is for MoE models only (vllm_serve.py:39-40).
+* The trainer reaches it through `vllm_server_host`/`vllm_server_port` (trl/trainer/grpo_config.py:632,
+  636; or `vllm_server_base_url`, :625) and first polls `GET {base_url}/health` until it answers, for
+  at most `vllm_server_timeout` seconds (trl/generation/vllm_client.py:267-290; default 240 s,
+  grpo_config.py:640-641). Then `init_communicator` opens an NCCL group on `vllm_group_port` (:647).
+* The DeepSpeed JSON mirrors what accelerate 1.15 builds from TRL's own recipe
+  (trl/accelerate_configs/zero3.yaml:1-22 -> accelerate/utils/dataclasses.py:1302-1326): ZeRO-3,
+  DeepSpeed's own bucket and threshold defaults, the 16-bit weights gathered on save, "auto" batch
+  sizes, gradient accumulation and clipping that transformers fills from GRPOConfig
+  (transformers/integrations/deepspeed.py `trainer_config_process`). With optimizer offload hpcrl adds
+  an `optimizer` section so that DeepSpeed builds its CPU Adam: transformers hands DeepSpeed its own
+  torch AdamW otherwise (integrations/deepspeed.py:547-559), which DeepSpeed 0.19 refuses under
+  offload unless `zero_force_ds_cpu_optimizer` is false.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+# The trainer's module: `trl grpo` is trl/scripts/grpo.py run through accelerate launch
+# (trl/cli/commands/training.py:39-72, trl/cli/accelerate_launcher.py:21-47).
+GRPO_MODULE = "trl.scripts.grpo"
+# The health path the trainer polls before it starts (trl/generation/vllm_client.py:278).
+HEALTH_PATH = "/health"
+SERVER_PORT = 8000  # trl/scripts/vllm_serve.py:107-108; grpo_config.py:636 (vllm_server_port)
+GROUP_PORT = 51216  # grpo_config.py:647 (vllm_group_port): the NCCL weight-sync group
+MAIN_PROCESS_PORT = 29500  # accelerate launch's default --main_process_port
+# What the run dir holds for the launch (relative to $RUN_DIR).
+ACCELERATE_CONFIG = "trl/accelerate.yaml"
+DEEPSPEED_CONFIG = "trl/ds_zero3.json"
+
+
+def deepspeed_config(offload: str = "none") -> dict[str, Any]:
+    """The DeepSpeed ZeRO-3 JSON hpcrl writes ("none", "optimizer" or "params" offload to host RAM)."""
+    zero: dict[str, Any] = {"stage": 3, "stage3_gather_16bit_weights_on_model_save": True}
+    if offload in ("optimizer", "params"):
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+    if offload == "params":
+        zero["offload_param"] = {"device": "cpu", "pin_memory": True}
+    cfg: dict[str, Any] = {
+        "train_batch_size": "auto",
+        "train_micro_batch_size_per_gpu": "auto",
+        "gradient_accumulation_steps": "auto",
+        "gradient_clipping": "auto",
+        "bf16": {"enabled": "auto"},
+        "zero_optimization": zero,
+        "steps_per_print": 1_000_000_000,
+    }
+    if offload != "none":
+        cfg["optimizer"] = {"type": "AdamW",
+                            "params": {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"}}
+    return cfg
+
+
+def accelerate_config(num_machines: int, num_processes: int, deepspeed_file: str) -> dict[str, Any]:
+    """The accelerate config hpcrl writes: TRL's zero3.yaml keys, with the DeepSpeed settings in a file.
+    `machine_rank`, `main_process_ip` and `main_process_port` come on each node's command line. No
+    `mixed_precision`: beside a `deepspeed_config_file` accelerate 1.15 refuses it (utils/dataclasses.py:1506-1530,
+    seen on the GPU: benchmarks/results/trl_logs/); the DeepSpeed JSON's bf16 "auto" takes GRPOConfig's bf16."""
+    return {
+        "compute_environment": "LOCAL_MACHINE",
+        "distributed_type": "DEEPSPEED",
+        "deepspeed_config": {"deepspeed_config_file": deepspeed_file, "deepspeed_multinode_launcher": "standard",
+                             "zero3_init_flag": True},
+        "num_machines": num_machines,
+        "num_processes": num_processes,
+        "machine_rank": 0,
+        "main_training_function": "main",
+        "rdzv_backend": "static",
+        "same_network": True,
+        "use_cpu": False,
+        "downcast_bf16": "no",
+    }
+
+
+@dataclass(frozen=True)
+class HealthCheck:
+    """An HTTP GET that answers 200 once a service is up, and how long to wait for it."""
+
+    path: str
+    port: int
+    timeout_s: float
+    source: str
+
+
+@dataclass(frozen=True)
+class ResumeRule:
+    """How a continuation resumes: `flag DIR/<newest match of pattern holding complete_file>`, left out when none."""
+
+    flag: str
+    directory: str
+    pattern: str
+    complete_file: str
+    source: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"flag": self.flag, "directory": self.directory, "pattern": self.pattern,
+                "complete_file": self.complete_file, "source": self.source}
+
+
+@dataclass(frozen=True)
+class Process:
+    """One process of the job: its words (`{node_rank}` and `{head}` filled in per node), environment,
+    the nodes it runs on (indices into the job's node list) and what it waits for first."""
+
+    role: str  # "vllm-server" | "trainer"
+    argv: tuple[str, ...]
+    env: tuple[tuple[str, str], ...] = ()
+    nodes: tuple[int, ...] = ()
+    gpus_per_node: int = 0
+    health: HealthCheck | None = None  # what answers once this process is up (a service)
+    waits_for: tuple[str, ...] = ()  # roles whose health check must pass before it starts
+    # (path under the run dir, content) written before it starts: the accelerate config (YAML) and DeepSpeed JSON
+    files: tuple[tuple[str, dict[str, Any]], ...] = ()
+    resume: ResumeRule | None = None  # what a continuation adds to argv
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"role": self.role, "argv": list(self.argv), "env": dict(self.env),
+                               "nodes": list(self.nodes), "gpus_per_node": self.gpus_per_node,
+                               "waits_for": list(self.waits_for), "files": dict(self.files),
+                               "resume": self.resume.to_dict() if self.resume else None}
+        if self.health:
+            out["health"] = {"path": self.health.path, "port": self.health.port, "timeout_s": self.health.timeout_s,
+                             "source": self.health.source}
+        return out
+
+
+@dataclass(frozen=True)
+class TrlJob:
+    """A TRL job's nodes and processes: no Ray. Node 0 is the first node of the allocation."""
+
+    mode: str  # "server" | "colocate"
+    nodes: int
+    roles: tuple[tuple[int, str], ...]  # node index -> role
+    processes: tuple[Process, ...] = field(default=())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"mode": self.mode, "nodes": self.nodes, "roles": {str(i): r for i, r in self.roles},
+                "processes": [p.to_dict() for p in self.processes], "ray": False}
+
+
+__all__ = ["ACCELERATE_CONFIG", "DEEPSPEED_CONFIG", "GRPO_MODULE", "GROUP_PORT", "HEALTH_PATH", "HealthCheck",
+           "MAIN_PROCESS_PORT", "Process", "ResumeRule", "SERVER_PORT", "TrlJob", "accelerate_config",
+           "deepspeed_config"]

@@ -51,7 +51,7 @@ def _hand_built(**over) -> JobSpec:
                 Phase(name="driver", does="the trainer"), Phase(name="stop", does="record the end")),
         environment=Environment(hf_home="/scratch/hf", umask="077"),
         run_dir=RunDirectory(root="/scratch/runs", name="hand made", node_local="/tmp/local", ray_log_keep_mib=8),
-        ray=None,
+        ray=None, port_range=(20000, 21000),
         driver=Driver(backend="handmade", label="a hand-made trainer", workdir="$HOME/work", python="python3",
                       entry_point="mytrainer.main", entry_module=True, module_owner="its package",
                       args=((ShellWord(text="--lr"), ShellWord(text="0.5")),

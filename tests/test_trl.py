@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers import lint
+
 from hpcrl.errors import ConfigError, PlanError
 from hpcrl.models import resolve_model
 from hpcrl.planning.backends.trl_disk import budget
@@ -92,9 +94,10 @@ def test_the_server_gets_the_planned_tp_and_the_models_length():
     argv = rp.backend.job(rp).processes[0].argv
     words = dict(zip(argv[4::2], argv[5::2]))
     # TP 4 fills the server node's 4 GPUs (Qwen2.5-7B's 28 heads / 4 KV heads divide by 4); 5120 is the config's
-    # vllm_serve.max_model_len; 8000 is trl vllm-serve's default port (vllm_serve.py:107).
+    # vllm_serve.max_model_len; the port is one drawn for the job on the server node, not trl vllm-serve's fixed
+    # default 8000 (vllm_serve.py:107), which another job of a shared node may hold.
     assert (words["--tensor_parallel_size"], words["--data_parallel_size"], words["--port"],
-            words["--max_model_len"], words["--model"]) == ("4", "1", "8000", "5120", "Qwen/Qwen2.5-7B")
+            words["--max_model_len"], words["--model"]) == ("4", "1", "{port:server}", "5120", "Qwen/Qwen2.5-7B")
 
 
 def test_the_trainer_is_an_accelerate_launch_over_the_learner_nodes():
@@ -104,10 +107,12 @@ def test_the_trainer_is_an_accelerate_launch_over_the_learner_nodes():
     assert a[1:3] == ("-m", "accelerate.commands.launch")
     opts = dict(zip(a[3:15:2], a[4:16:2]))
     assert opts == {"--config_file": "$RUN_DIR/trl/accelerate.yaml", "--num_machines": "4", "--num_processes": "4",
-                    "--machine_rank": "{node_rank}", "--main_process_ip": "{head}", "--main_process_port": "29500"}
+                    "--machine_rank": "{node_rank}", "--main_process_ip": "{host:trainer}",
+                    "--main_process_port": "{port:main}"}
     assert a[15:17] == ("--module", "trl.scripts.grpo")
     i = a.index("--vllm_server_host")
-    assert a[i + 1] == "{server_host}" and a[a.index("--use_vllm") + 1] == "true"
+    assert a[i + 1] == "{host:vllm-server}" and a[a.index("--use_vllm") + 1] == "true"
+    assert a[a.index("--vllm_server_port") + 1] == "{port:server}" and a[a.index("--vllm_group_port") + 1] == "{port:group}"
     assert trainer.nodes == (1, 2, 3, 4)
 
 
@@ -142,7 +147,7 @@ def test_resume_rule_names_the_complete_checkpoint():
     rp = make_run_plan(CONFIG, nodes=5)
     r = rp.backend.job(rp).processes[1].resume
     assert (r.flag, r.directory, r.pattern, r.complete_file) == (
-        "--resume_from_checkpoint", "$RUN_DIR/checkpoints", "checkpoint-*", "trainer_state.json")
+        "--resume_from_checkpoint", "checkpoints", "checkpoint-*", "trainer_state.json")
 
 
 @pytest.mark.parametrize("sets,needle", [
@@ -169,12 +174,21 @@ def test_a_batch_trl_would_refuse_is_refused_with_its_numbers():
         make_run_plan(CONFIG, nodes=5, sets=["per_device_train_batch_size=3", "num_generations=5"])
 
 
-def test_render_refuses_trl_in_one_line(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "hpcrl", "render", "--config", CONFIG, "--nodes", "5", "-o",
-                          str(tmp_path / "s.sh")], capture_output=True, text=True, timeout=120)
-    lines = out.stderr.strip().splitlines()
-    assert out.returncode == 2 and len(lines) == 1 and "TRL job scripts are not rendered yet" in lines[0]
-    assert not (tmp_path / "s.sh").exists()
+@pytest.mark.parametrize("nodes,sets,cluster", [(5, [], "isambard-ai"), (3, [], "isambard-ai"),
+                                                (4, ["vllm_mode=colocate"], "isambard-ai"), (1, [], "berzelius"),
+                                                (2, ["vllm_mode=colocate"], "berzelius")])
+def test_both_modes_render_clean_scripts_without_ray(tmp_path, shellcheck, nodes, sets, cluster):
+    out = subprocess.run([sys.executable, "-m", "hpcrl", "render", "--config", CONFIG, "--nodes", str(nodes),
+                          "--cluster", cluster, *(a for s in sets for a in ("--set", s)), "-o", str(tmp_path / "s.sh")],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    text = (tmp_path / "s.sh").read_text()
+    lint(text, tmp_path, shellcheck)
+    assert "ray start" not in text and "phase_readiness" not in text
+    main = text[text.index("\nmain() {"):]
+    server = "vllm_mode=colocate" not in sets
+    assert ("phase_vllm_server" in main) == server and ("trl.cli.main" in text) == server
+    assert "accelerate.commands.launch" in text and "trl.scripts.grpo" in text
 
 
 def test_deepspeed_offload_is_refused_for_a_backend_with_its_own_key():

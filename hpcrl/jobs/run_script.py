@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from hpcrl.errors import HpcrlError
 from hpcrl.jobs import node_excludes
 from hpcrl.planning.describe import describe_job
 from hpcrl.planning.job_spec import JobSpec
@@ -44,8 +43,6 @@ def _planned(req: RunRequest) -> RunPlan:
 def build(req: RunRequest) -> RunScript:
     """Plan the request, add the user's exclude list, describe and render; raises what any of them refuses."""
     rp = _planned(req)
-    if rp.backend.not_rendered:
-        raise HpcrlError(f"backend {rp.backend.name}: {rp.backend.not_rendered}")
     job = describe_job(rp, smoke=req.smoke)
     return RunScript(req, rp, job, render_script(job))
 
@@ -56,8 +53,6 @@ def plan(req: RunRequest) -> PlannedJob:
     if req.model is not None:
         return PlannedJob(plan_request(req), None)
     rp = _planned(req)
-    if rp.backend.not_rendered:  # a backend without a script yet has no job to describe
-        return PlannedJob(rp, None)
     return PlannedJob(rp, describe_job(rp, smoke=req.smoke))
 
 

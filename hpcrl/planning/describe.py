@@ -8,6 +8,7 @@ formats what this returns. `hpcrl plan` builds it too, so it never approves what
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +19,10 @@ from hpcrl.planning import driver_cadence
 from hpcrl.planning.backends import stack_expect
 from hpcrl.planning.disk import GIB
 from hpcrl.planning.disk_check import run_budget
-from hpcrl.planning.job_spec import (Chain, Checkpoints, Container, Driver, Environment, GpuMonitor, Header, JobSpec,
-                                     NodeRole, Phase, RaySpec, RunDirectory, Service, Smoke, Watchdog)
+from hpcrl.planning.backends.processes import PLACEHOLDER, Process
+from hpcrl.planning.job_spec import (Chain, Checkpoints, Container, Driver, Environment, GpuMonitor, Header, Health,
+                                     JobSpec, NodeRole, Phase, RaySpec, Resume, RunDirectory, RunFile, Service,
+                                     ShellWord, Smoke, Step, Watchdog)
 from hpcrl.planning.run_types import RunPlan
 from hpcrl.planning.slurm_request import check_run_name, cluster_label, run_root, slurm_request
 
@@ -155,7 +158,6 @@ def _ray(rp: RunPlan) -> RaySpec | None:
         join_timeout_s=prof.ray.join_timeout_s + prof.ray.start_stagger_s * max(0, rp.nodes - STAGGER_FREE_SLOTS),
         start_stagger_s=prof.ray.start_stagger_s,
         stagger_free_slots=STAGGER_FREE_SLOTS,
-        ports=tuple(prof.ray.ports),
         metrics=prof.ray.metrics,
         start_attempts=RAY_START_ATTEMPTS,
         temp_max=RAY_TEMP_MAX,
@@ -177,6 +179,9 @@ def _driver(rp: RunPlan) -> tuple[Driver, int | None]:
     """The driver, and the planned checkpoint interval that "$CKPT_EVERY" carries in it (None: none does)."""
     hp, backend = rp.config.hpcrl, rp.backend
     args, in_args = driver_cadence.interval_words(rp, backend.driver_command(rp))
+    # Placeholders of a job with steps (backends/processes.py) read as the job's variables here too: the stack
+    # check parses these words.
+    args = tuple(tuple(_step_word(w.text) if PLACEHOLDER.search(w.text) else w for w in line) for line in args)
     env, in_env = driver_cadence.env_words(rp)
     launcher = tuple(backend.launcher_words(rp))
     driver = Driver(
@@ -205,6 +210,71 @@ def _stack(rp: RunPlan, smoke: bool) -> dict[str, Any] | None:
     return stack_expect.run_expectation(rp.config, rp.profile.node.arch, ray_min) or None
 
 
+def role_variable(kind: str, name: str) -> str:
+    """The shell variable a step's `{host:ROLE}` or `{port:NAME}` becomes: HPCRL_VLLM_SERVER_HOST, HPCRL_MAIN_PORT."""
+    return f"HPCRL_{re.sub(r'[^A-Za-z0-9]', '_', name).upper()}_{kind.upper()}"
+
+
+# What an expanded step word may hold besides the variables the job sets: no quote, backslash or command
+# substitution (the renderer double-quotes it).
+_EXPANDED = re.compile(r"^[A-Za-z0-9_.=/@+:,%{}-]*$")
+_JOB_VARS = re.compile(r"\$(?:RUN_DIR|PYTHON|CKPT_EVERY|HPCRL_[A-Z0-9_]+_(?:HOST|PORT))(?![A-Za-z0-9_])")
+
+
+def _step_word(text: str) -> ShellWord:
+    """A process word as the job holds it: placeholders as the job's variables (`{node_rank}` stays, for each
+    node to fill), expanded when it names one."""
+    def var(m: re.Match[str]) -> str:
+        token = m.group(1)
+        if token == "python":
+            return "$PYTHON"
+        if token == "node_rank":
+            return "{node_rank}"
+        kind, _, name = token.partition(":")
+        return "$" + role_variable(kind, name)
+
+    out = PLACEHOLDER.sub(var, text)
+    if "$" not in out:
+        return ShellWord(text=out)
+    if not _EXPANDED.match(_JOB_VARS.sub("", out)):
+        raise ConfigError(f"{text!r}: a word the job expands may hold only letters, digits and _ . = / @ + : , % - "
+                          "besides the job's own variables")
+    return ShellWord(text=out, expand=True)
+
+
+def _cadence_words(rp: RunPlan, words: list[ShellWord]) -> tuple[list[ShellWord], bool]:
+    """The step's words with the planned checkpoint interval as "$CKPT_EVERY", and whether one was."""
+    every, key = driver_cadence.adjustable_every(rp), rp.backend.checkpoint_key
+    for i in range(len(words) - 1):
+        if every is not None and words[i].text == f"--{key}" and words[i + 1].text == str(every):
+            return [*words[:i + 1], ShellWord(text=f"${driver_cadence.VAR}", expand=True), *words[i + 2:]], True
+    return words, False
+
+
+def _steps(rp: RunPlan, processes: tuple[Process, ...]) -> tuple[tuple[Step, ...], bool]:
+    """The backend's processes as steps (env words before the command), and whether the driver's words carry
+    the planned checkpoint interval."""
+    steps, in_words = [], False
+    for p in processes:
+        words = [ShellWord(text="env"), *(_step_word(f"{k}={v}") for k, v in p.env)] if p.env else []
+        words += [_step_word(w) for w in p.argv]
+        if p.driver:
+            words, in_words = _cadence_words(rp, words)
+        steps.append(Step(role=p.role, nodes=p.nodes, gpus_per_node=p.gpus_per_node, command=tuple(words),
+                          ports=p.ports, health=Health(path=p.health.path, port=p.health.port,
+                                                       timeout_s=p.health.timeout_s) if p.health else None,
+                          waits_for=p.waits_for, driver=p.driver,
+                          resume=Resume(flag=p.resume.flag, directory=p.resume.directory, pattern=p.resume.pattern,
+                                        complete_file=p.resume.complete_file) if p.resume else None))
+    taken = {"environment", "stack_check", "head", "files", "services", "driver", "stop"}
+    if clash := [s.role for s in steps if _fn(s.role) in taken]:
+        raise ValueError(f"backend {rp.backend.name}: a step role may not be named as a phase: {clash}")
+    drivers = [s for s in steps if s.driver]
+    if len(drivers) != 1 or len(steps) > 2 or steps[-1] is not drivers[0]:
+        raise ValueError(f"backend {rp.backend.name}: the job takes one driver step, last, after at most one other")
+    return tuple(steps), in_words
+
+
 def _roles(rp: RunPlan, ray: bool, services: bool) -> tuple[NodeRole, ...]:
     on_every = ("services, " if services else "") + ("Ray and " if ray else "") + "the GPU monitor"
     roles = [NodeRole(role="head", count=1, does=f"the batch script: the driver under the watchdog, {on_every}")]
@@ -213,7 +283,21 @@ def _roles(rp: RunPlan, ray: bool, services: bool) -> tuple[NodeRole, ...]:
     return tuple(roles)
 
 
-def _phases(rp: RunPlan, ray: bool, smoke: bool, label: str) -> tuple[Phase, ...]:
+def _step_roles(rp: RunPlan, steps: tuple[Step, ...]) -> tuple[NodeRole, ...]:
+    by_node: dict[int, list[str]] = {}
+    for st in steps:
+        for i in st.nodes:
+            by_node.setdefault(i, []).append(st.role)
+    roles: dict[str, int] = {}
+    for i in range(rp.nodes):
+        name = "+".join(by_node.get(i, [])) or "idle"
+        roles[name] = roles.get(name, 0) + 1
+    return tuple(NodeRole(role=name, count=n, does="one srun step each: " + name.replace("+", ", then ")
+                          if name != "idle" else "nothing the plan needs") for name, n in roles.items())
+
+
+def _phases(rp: RunPlan, ray: bool, smoke: bool, label: str,
+            steps: tuple[Step, ...] = ()) -> tuple[Phase, ...]:
     phases = [
         Phase(name="environment", does="the profile's and the config's environment, the run directory and job log, "
                                        "nodes, ports"),
@@ -226,6 +310,12 @@ def _phases(rp: RunPlan, ray: bool, smoke: bool, label: str) -> tuple[Phase, ...
                   else "none: one node"),
             Phase(name="readiness", does="Ray reports every node and GPU"),
         ]
+    if steps:
+        phases.append(Phase(name="files", does="the configs the job's steps read, into the run directory"))
+        for st in steps[:-1]:
+            phases.append(Phase(name=_fn(st.role),
+                                does=f"{st.role} on {len(st.nodes)} node(s), until it answers {st.health.path}"
+                                if st.health else f"{st.role} on {len(st.nodes)} node(s)"))
     phases += [
         Phase(name="services", does="every service answers"),
         Phase(name="driver", does=("the smoke test" if smoke else f"{label} under the watchdog") + ", until it exits"),
@@ -235,6 +325,10 @@ def _phases(rp: RunPlan, ray: bool, smoke: bool, label: str) -> tuple[Phase, ...
     return tuple(phases)
 
 
+def _fn(role: str) -> str:
+    return re.sub(r"[^A-Za-z0-9]", "_", role)
+
+
 def describe_job(rp: RunPlan, *, smoke: bool = False) -> JobSpec:
     """The job description of a checked plan; raises ConfigError/HpcrlError on any value the script cannot carry."""
     hp, prof, backend = rp.config.hpcrl, rp.profile, rp.backend
@@ -242,6 +336,11 @@ def describe_job(rp: RunPlan, *, smoke: bool = False) -> JobSpec:
     ray = _ray(rp)
     services = _services(rp)
     driver, ckpt_every = _driver(rp)
+    processes = () if smoke else backend.job_processes(rp)
+    steps: tuple[Step, ...] = ()
+    if processes:
+        steps, in_words = _steps(rp, processes)
+        ckpt_every = driver_cadence.adjustable_every(rp) if in_words or ckpt_every is not None else None
     rule = prof.idle_gpu_policy
     return JobSpec(
         header=Header(hpcrl_version=__version__, cluster=cluster_label(rp),
@@ -252,13 +351,16 @@ def describe_job(rp: RunPlan, *, smoke: bool = False) -> JobSpec:
         slurm=slurm_request(rp),
         gpus_per_node=prof.gpu.count_per_node,
         cpus_per_node=prof.node.cpu_cores,
-        roles=_roles(rp, ray is not None, bool(services)),
-        phases=_phases(rp, ray is not None, smoke, backend.label),
+        roles=_step_roles(rp, steps) if steps else _roles(rp, ray is not None, bool(services)),
+        phases=_phases(rp, ray is not None, smoke, backend.label, steps),
         environment=_environment(rp),
         run_dir=RunDirectory(root=run_root(rp).rstrip("/") or "/", name=run_name, node_local=prof.storage.node_local.path,
                              ray_log_keep_mib=prof.ray.log_keep_mib),
         ray=ray,
         services=services,
+        steps=steps,
+        files=tuple(RunFile(path=f.path, text=f.text) for f in backend.run_files(rp)) if steps else (),
+        port_range=tuple(prof.ray.ports),
         driver=None if smoke else driver,
         smoke=_smoke(rp) if smoke else None,
         watchdog=Watchdog(zero_reward_steps=hp.zero_reward_steps, hang_minutes=hp.hang_minutes,

@@ -137,7 +137,6 @@ class RaySpec(_Record):
     join_timeout_s: int  # the last node's wait included
     start_stagger_s: int
     stagger_free_slots: int
-    ports: tuple[int, int]
     metrics: bool
     start_attempts: int
     temp_max: int  # Ray's temp dir path length before the /tmp fallback
@@ -155,6 +154,47 @@ class Service(_Record):
     env: tuple[tuple[str, str], ...] = ()  # for the driver; "{port}" likewise
     why: str = ""
     timeout_s: int
+
+
+class Health(_Record):
+    """An HTTP GET on the process's first node that answers 200 once it is up."""
+
+    path: str
+    port: str  # the name of one of the step's drawn ports
+    timeout_s: int
+
+
+class Resume(_Record):
+    """What a continuation adds to a step's command: `flag <run dir>/directory/<newest match of pattern that
+    holds complete_file>`, nothing when there is none yet."""
+
+    flag: str
+    directory: str  # under the run directory
+    pattern: str
+    complete_file: str
+
+
+class Step(_Record):
+    """A process on some of the job's nodes, one task per node in an srun step of its own (a job without Ray).
+    The driver step runs under the watchdog; the others start first, in order, each answering its health check
+    before the next starts."""
+
+    role: str
+    nodes: tuple[int, ...]  # indices into the job's nodes (0: the first of the allocation)
+    gpus_per_node: int
+    command: tuple[ShellWord, ...]  # `{node_rank}` in a word is filled on each node with its rank in the step
+    ports: tuple[str, ...] = ()  # drawn on the step's first node before it starts: $HPCRL_<NAME>_PORT
+    health: Health | None = None
+    waits_for: tuple[str, ...] = ()
+    resume: Resume | None = None
+    driver: bool = False
+
+
+class RunFile(_Record):
+    """A file the job writes under the run directory before its steps start (mode 0600)."""
+
+    path: str
+    text: str  # `{run_dir}` in it is the run directory's path, filled when the job writes it
 
 
 class Driver(_Record):
@@ -238,6 +278,9 @@ class JobSpec(_Record):
     run_dir: RunDirectory
     ray: RaySpec | None
     services: tuple[Service, ...] = ()
+    steps: tuple[Step, ...] = ()  # a job's processes when they are not one driver on the head (and Ray)
+    files: tuple[RunFile, ...] = ()
+    port_range: tuple[int, int]  # ports drawn for the job (Ray's, the steps') come from here (profile ray.ports)
     driver: Driver | None  # None for a smoke test
     smoke: Smoke | None = None
     watchdog: Watchdog
@@ -262,6 +305,6 @@ class JobSpec(_Record):
         return cls.model_validate_json(data) if isinstance(data, str) else cls.model_validate(data)
 
 
-__all__ = ["Chain", "Checkpoints", "Container", "Driver", "Environment", "GpuMonitor", "Header", "JobSpec",
-           "NodeRole", "Phase", "RaySpec", "RunDirectory", "SCHEMA_VERSION", "Service", "ShellWord", "SlurmRequest",
-           "Smoke", "Watchdog"]
+__all__ = ["Chain", "Checkpoints", "Container", "Driver", "Environment", "GpuMonitor", "Header", "Health", "JobSpec",
+           "NodeRole", "Phase", "RaySpec", "Resume", "RunDirectory", "RunFile", "SCHEMA_VERSION", "Service",
+           "ShellWord", "SlurmRequest", "Smoke", "Step", "Watchdog"]

@@ -18,7 +18,7 @@ from functools import lru_cache
 import jinja2
 
 from hpcrl import contract
-from hpcrl.planning.job_spec import Container, JobSpec, Service, ShellWord
+from hpcrl.planning.job_spec import Container, JobSpec, Service, ShellWord, Step
 from hpcrl.rendering.template_cache import bytecode_cache
 from hpcrl.resources import data_dir
 from hpcrl.shell import comment_safe, shq, shq_path
@@ -48,8 +48,11 @@ def _environment() -> jinja2.Environment:
 
 
 def word(w: ShellWord) -> str:
-    """A command word as the script writes it: quoted, or double-quoted where the shell expands it."""
-    return f'"{w.text}"' if w.expand else shq(w.text)
+    """A command word as the script writes it: quoted, or double-quoted where the shell expands it. A word with a
+    comma is quoted too (CUDA_VISIBLE_DEVICES=0,1 in an array reads to a reader, and shellcheck, as a slip)."""
+    if w.expand:
+        return f'"{w.text}"'
+    return shq(w.text) if "," not in w.text else "'" + w.text.replace("'", "'\"'\"'") + "'"
 
 
 def _container(c: Container | None) -> list[str] | None:
@@ -81,6 +84,39 @@ def _services(services: tuple[Service, ...]) -> list[dict]:
     return out
 
 
+def _variable(kind: str, name: str) -> str:
+    """The shell variable of a step's host or port (the job description's `$HPCRL_<NAME>_<KIND>` words)."""
+    return f"HPCRL_{re.sub(r'[^A-Za-z0-9]', '_', name).upper()}_{kind.upper()}"
+
+
+def _step_lines(words: tuple[ShellWord, ...]) -> list[str]:
+    """A step's command as the script writes it: a line per flag and its values."""
+    lines: list[list[str]] = []
+    for w in words:
+        if not lines or w.text.startswith("--"):
+            lines.append([])
+        lines[-1].append(word(w))
+    return [" ".join(line) for line in lines]
+
+
+def _steps(steps: tuple[Step, ...]) -> list[dict]:
+    """The job's steps as the template needs them."""
+    out = []
+    for st in steps:
+        fn = re.sub(r"[^A-Za-z0-9]", "_", st.role)
+        out.append({
+            "role": st.role, "fn": fn, "nodes": list(st.nodes), "driver": st.driver, "health": st.health,
+            "gpus_per_node": st.gpus_per_node,
+            "node_names": "node" + ("s " if len(st.nodes) > 1 else " ") + ", ".join(map(str, st.nodes)),
+            "node_list": ",".join(f"$(job_node {i})" for i in st.nodes),
+            "host_var": _variable("host", st.role),
+            "ports": [{"name": p, "var": _variable("port", p)} for p in st.ports],
+            "health_var": _variable("port", st.health.port) if st.health else "",
+            "lines": _step_lines(st.command), "resume": st.resume,
+        })
+    return out
+
+
 def _gpumon_args(job: JobSpec) -> str:
     rule = job.gpu_monitor
     if rule.min_mean_power_w is None:
@@ -98,6 +134,7 @@ def _context(job: JobSpec) -> dict:
     h, env, ray, drv, smoke = job.header, job.environment, job.ray, job.driver, job.smoke
     ckpt, wd = job.checkpoints, job.watchdog
     launcher = drv.launcher if drv else ()
+    steps = _steps(job.steps)
     return {
         "version": h.hpcrl_version,
         "cluster": h.cluster,
@@ -120,7 +157,8 @@ def _context(job: JobSpec) -> dict:
         "join_timeout_s": ray.join_timeout_s if ray else 0,
         "ray_start_stagger_s": ray.start_stagger_s if ray else 0,
         "stagger_free_slots": ray.stagger_free_slots if ray else 1,
-        "ray_ports": list(ray.ports) if ray else [0, 0],
+        "ray_ports": list(job.port_range),
+        "port_range": list(job.port_range),
         "signal_before_end_s": job.signal_before_end_s,
         "grace_s": job.grace_s,
         "run_root": job.run_dir.root,
@@ -176,6 +214,12 @@ def _context(job: JobSpec) -> dict:
         "ray_min_minor": ray.min_version[1] if ray else contract.RAY_TOKEN_MIN[1],
         "ray_metrics": ray.metrics if ray else False,
         "services": _services(job.services),
+        "steps": steps,
+        "driver_step": next((st for st in steps if st["driver"]), None),
+        "step_background": next((st["role"] for st in steps if not st["driver"]), ""),
+        "files": list(job.files),
+        "step_nodes": sorted({i for st in job.steps for i in st.nodes}),
+        "step_node_list": ",".join(f"$(job_node {i})" for i in sorted({i for st in job.steps for i in st.nodes})),
         "max_failure_restarts": job.chain.max_failure_restarts,
         "failure_backoff_s": job.chain.failure_backoff_s,
         "checkpoint_marker": ckpt.marker,

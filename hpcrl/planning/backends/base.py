@@ -19,6 +19,7 @@ from hpcrl.errors import ConfigError, HpcrlError, PlanError
 from hpcrl.planning.backends.facts import DiskFacts, MemoryFacts
 from hpcrl.planning.layout import Layout, Pins, Workload
 from hpcrl.planning.backends.log_facts import CommandFacts, CpuAsk, DiagnoseFacts, MetricFacts, SmokeFacts, TimingFacts
+from hpcrl.planning.backends.processes import Process, RunFile
 from hpcrl.planning.layout_advice import plan_layouts
 from hpcrl.shell import shq
 
@@ -100,9 +101,6 @@ class Backend(ABC):
     flag_table: ClassVar[str]  # the data file the flags are checked against
     entry_is_module: ClassVar[bool] = True  # `python -m <entry point>` (else a script path)
     uses_ray: ClassVar[bool] = True  # the script brings up Ray across the job's nodes first
-    # Whether hpcrl renders a job script for this backend yet ("" : it does; else why not, one line): a backend
-    # whose processes are planned as data before the job description can format them (TRL, trl_launch.py).
-    not_rendered: ClassVar[str] = ""
     # hpcrl writes the framework's DeepSpeed config (so hpcrl.deepspeed_offload means something for it).
     writes_deepspeed_config: ClassVar[bool] = False
     # The key that sets how often the resume state is written, and the file (relative to the run
@@ -233,6 +231,15 @@ class Backend(ABC):
     def launcher_words(self, rp: RunPlan) -> list[str]:
         """Words between "$PYTHON" and the entry point (a launcher module such as torchrun's)."""
         return []
+
+    def job_processes(self, rp: RunPlan) -> tuple[Process, ...]:
+        """The job's processes when it is not one driver on the head (and Ray's nodes): each in an srun step of
+        its own on its nodes, one of them the driver (backends/processes.py). (): the driver alone."""
+        return ()
+
+    def run_files(self, rp: RunPlan) -> tuple[RunFile, ...]:
+        """Files the job writes under the run directory before its processes start (configs hpcrl writes)."""
+        return ()
 
     def services(self, cfg: RunConfig) -> list[Service]:
         """Servers the script starts on every node for this run (none unless the framework calls one)."""

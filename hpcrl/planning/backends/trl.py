@@ -31,9 +31,10 @@ from hpcrl.planning.backends.facts import MemoryDefault, MemoryFacts
 from hpcrl.planning.backends.log_facts import CommandFacts, DiagnoseFacts, SmokeFacts, TimingFacts
 from hpcrl.planning.backends.trl_disk import DISK, KEEP_DEFAULT
 from hpcrl.planning.backends.trl_keys import MODES, SERVE_SECTION, check_args, default_of, flag_words, normalize, tables
+from hpcrl.planning.backends.processes import HealthCheck, Process, ResumeRule, RunFile
 from hpcrl.planning.backends.trl_launch import (
-    ACCELERATE_CONFIG, DEEPSPEED_CONFIG, HEALTH_PATH, MAIN_PROCESS_PORT, SERVER_PORT, HealthCheck,
-    Process, ResumeRule, TrlJob, accelerate_config, deepspeed_config)
+    ACCELERATE_CONFIG, DEEPSPEED_CONFIG, GROUP_PORT, HEALTH_PATH, MAIN_PROCESS_PORT, SERVER_PORT, TrlJob,
+    accelerate_config, config_files, deepspeed_config)
 from hpcrl.planning.backends.trl_plan import plan_colocate, plan_server_layouts
 from hpcrl.planning.layout import Pins, Workload
 
@@ -73,8 +74,6 @@ class TrlBackend(Backend):
     entry_is_module = True  # trl.scripts.grpo; a user's script path (.py) is run as a file (runs_module)
     layout_fixes = FIXES
     writes_deepspeed_config = True
-    not_rendered = ("TRL job scripts are not rendered yet: the job description will format the planned "
-                    "processes (trl vllm-serve, accelerate launch); hpcrl plan, plan-memory and plan-disk answer")
     # transformers' Trainer writes trainer_state.json last in each checkpoint-N (trainer.py:3265 at 5.17.0).
     checkpoint_key = "save_steps"
     checkpoint_marker = "checkpoints/checkpoint-*/trainer_state.json"
@@ -286,7 +285,8 @@ class TrlBackend(Backend):
             out.update({"vllm_tensor_parallel_size": lay.tp, "vllm_gpu_memory_utilization": lay.gpu_memory_utilization,
                         "vllm_max_model_length": int(self.arg(cfg, "vllm_max_model_length") or rp.workload.seq_len)})
         else:
-            out.update({"vllm_server_host": "{server_host}", "vllm_server_port": SERVER_PORT})
+            out.update({"vllm_server_host": "{host:vllm-server}", "vllm_server_port": SERVER_PORT,
+                        "vllm_group_port": GROUP_PORT})
         out.update(dict(rp.choices))
         return out
 
@@ -311,51 +311,56 @@ class TrlBackend(Backend):
 
     def job(self, rp: RunPlan) -> TrlJob:
         """Which node runs what, each process's words and environment, the configs it needs: plain data for the job
-        description. Words in braces are filled per node: {python}, {node_rank} (the trainer's machine rank),
-        {head} (the first trainer node's address), {server_host} (the server node's address)."""
+        description (placeholders: processes.py)."""
         lay, cfg = rp.layout, rp.config
         g = rp.profile.gpu.count_per_node
         entry = cfg.hpcrl.entry_point
         run = ["--module", entry] if self.runs_module(cfg.hpcrl) else [entry]
         trainer_words = tuple(w.text for line in self.driver_command(rp) for w in line)
-        files = {DEEPSPEED_CONFIG: deepspeed_config(rp.workload.offload)}
-        resume = ResumeRule(flag="--resume_from_checkpoint", directory="$RUN_DIR/checkpoints", pattern="checkpoint-*",
+        ds = deepspeed_config(rp.workload.offload)
+        resume = ResumeRule(flag="--resume_from_checkpoint", directory="checkpoints", pattern="checkpoint-*",
                             complete_file="trainer_state.json",
                             source="trl/scripts/grpo.py:150; transformers 5.17.0 trainer.py:1509 (reads "
                                    "trainer_state.json)")
         if lay.colocated:
             machines, per = lay.nodes, g
-            files[ACCELERATE_CONFIG] = accelerate_config(machines, machines * per, f"$RUN_DIR/{DEEPSPEED_CONFIG}")
-            trainer = Process("trainer", self._launch(machines, per, run, trainer_words), nodes=tuple(range(lay.nodes)),
-                              gpus_per_node=g, files=tuple(files.items()), resume=resume)
-            return TrlJob("colocate", lay.nodes, tuple((i, "trainer") for i in range(lay.nodes)), (trainer,))
+            files = config_files(ds, accelerate_config(machines, machines * per, f"{{run_dir}}/{DEEPSPEED_CONFIG}"))
+            trainer = Process("trainer", self._launch(machines, per, run, trainer_words), tuple(range(lay.nodes)), g,
+                              ports=("main",), resume=resume, driver=True)
+            return TrlJob("colocate", lay.nodes, tuple((i, "trainer") for i in range(lay.nodes)), (trainer,), files)
         serve = self.serve_args(rp)
         serve_words = ("{python}", "-m", "trl.cli.main", "vllm-serve",
                        *(w for k, v in serve.items() for w in flag_words(k, v)))
         gpus = lay.tp * lay.engines
         single = lay.nodes == 1
-        health = HealthCheck(HEALTH_PATH, SERVER_PORT, SERVER_START_S,
+        health = HealthCheck(HEALTH_PATH, "server", int(SERVER_START_S),
                              "trl/generation/vllm_client.py:278 (TRL 1.16.0): GET {base_url}/health")
         server_env = (("CUDA_VISIBLE_DEVICES", ",".join(map(str, range(gpus)))),) if single else ()
-        server = Process("vllm-server", serve_words, server_env, (0,), gpus, health)
+        server = Process("vllm-server", serve_words, (0,), gpus, server_env, ports=("server", "group"), health=health)
         trainer_nodes = (0,) if single else tuple(range(1, lay.nodes))
         k = lay.learners_per_node
-        files[ACCELERATE_CONFIG] = accelerate_config(len(trainer_nodes), len(trainer_nodes) * k,
-                                                     f"$RUN_DIR/{DEEPSPEED_CONFIG}")
+        files = config_files(ds, accelerate_config(len(trainer_nodes), len(trainer_nodes) * k,
+                                                   f"{{run_dir}}/{DEEPSPEED_CONFIG}"))
         trainer_env = (("CUDA_VISIBLE_DEVICES", ",".join(map(str, range(gpus, gpus + k)))),) if single else (
             (("CUDA_VISIBLE_DEVICES", ",".join(map(str, range(k)))),) if k < g else ())
-        trainer = Process("trainer", self._launch(len(trainer_nodes), k, run, trainer_words), trainer_env,
-                          trainer_nodes, k, waits_for=("vllm-server",), files=tuple(files.items()), resume=resume)
+        trainer = Process("trainer", self._launch(len(trainer_nodes), k, run, trainer_words), trainer_nodes, k,
+                          trainer_env, ports=("main",), waits_for=("vllm-server",), resume=resume, driver=True)
         roles = (((0, "vllm-server+trainer"),) if single else
                  ((0, "vllm-server"), *((i, "trainer") for i in trainer_nodes)))
-        return TrlJob("server", lay.nodes, roles, (server, trainer))
+        return TrlJob("server", lay.nodes, roles, (server, trainer), files)
+
+    def job_processes(self, rp: RunPlan) -> tuple[Process, ...]:
+        return self.job(rp).processes
+
+    def run_files(self, rp: RunPlan) -> tuple[RunFile, ...]:
+        return self.job(rp).files
 
     @staticmethod
     def _launch(machines: int, per_node: int, run: list[str], words: tuple[str, ...]) -> tuple[str, ...]:
         return ("{python}", "-m", "accelerate.commands.launch", "--config_file", f"$RUN_DIR/{ACCELERATE_CONFIG}",
                 "--num_machines", str(machines), "--num_processes", str(machines * per_node),
-                "--machine_rank", "{node_rank}", "--main_process_ip", "{head}", "--main_process_port",
-                str(MAIN_PROCESS_PORT), *run, *words)
+                "--machine_rank", "{node_rank}", "--main_process_ip", "{host:trainer}", "--main_process_port",
+                MAIN_PROCESS_PORT, *run, *words)
 
     def summary(self, rp: RunPlan) -> str:
         lay = rp.layout

@@ -22,6 +22,7 @@ MODEL_KEY = "model_name_or_path"
 OWNED = {"output_dir": "the run directory's checkpoints/, so that a continuation finds them",
          "resume_from_checkpoint": "the newest complete checkpoint-N when a continuation starts",
          "vllm_server_host": "the server node of the job", "vllm_server_port": "the job's server port",
+         "vllm_group_port": "a port drawn for the job on the server node (the weight-sync NCCL group)",
          "vllm_server_base_url": "the server node of the job", "deepspeed": "the ZeRO-3 JSON hpcrl writes",
          "use_vllm": "true: hpcrl plans vLLM generation (TRL's default, false, generates with transformers)"}
 SERVE_OWNED = {"model": "model_name_or_path", "host": "0.0.0.0 on the server node", "port": "the job's server port"}

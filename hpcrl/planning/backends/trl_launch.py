@@ -25,17 +25,25 @@ Facts from TRL 1.16.0 (the release wheel; lines in data/trl/1.16.0/capabilities.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import json
+from dataclasses import asdict, dataclass, field
 from typing import Any
+
+import yaml
+
+from hpcrl.planning.backends.processes import HealthCheck, Process, ResumeRule, RunFile
 
 # The trainer's module: `trl grpo` is trl/scripts/grpo.py run through accelerate launch
 # (trl/cli/commands/training.py:39-72, trl/cli/accelerate_launcher.py:21-47).
 GRPO_MODULE = "trl.scripts.grpo"
 # The health path the trainer polls before it starts (trl/generation/vllm_client.py:278).
 HEALTH_PATH = "/health"
-SERVER_PORT = 8000  # trl/scripts/vllm_serve.py:107-108; grpo_config.py:636 (vllm_server_port)
-GROUP_PORT = 51216  # grpo_config.py:647 (vllm_group_port): the NCCL weight-sync group
-MAIN_PROCESS_PORT = 29500  # accelerate launch's default --main_process_port
+# The ports TRL and accelerate default to, fixed for every job of every user (trl/scripts/vllm_serve.py:107-108
+# and grpo_config.py:636 vllm_server_port 8000; grpo_config.py:647 vllm_group_port 51216, the NCCL weight-sync
+# group; accelerate launch's --main_process_port 29500): on a shared node another job or user may hold them.
+# hpcrl draws the job's own instead (processes.py `{port:NAME}`): the server's and the group's on the server
+# node, the trainers' rendezvous on the first trainer node.
+SERVER_PORT, GROUP_PORT, MAIN_PROCESS_PORT = "{port:server}", "{port:group}", "{port:main}"
 # What the run dir holds for the launch (relative to $RUN_DIR).
 ACCELERATE_CONFIG = "trl/accelerate.yaml"
 DEEPSPEED_CONFIG = "trl/ds_zero3.json"
@@ -85,71 +93,27 @@ def accelerate_config(num_machines: int, num_processes: int, deepspeed_file: str
 
 
 @dataclass(frozen=True)
-class HealthCheck:
-    """An HTTP GET that answers 200 once a service is up, and how long to wait for it."""
-
-    path: str
-    port: int
-    timeout_s: float
-    source: str
-
-
-@dataclass(frozen=True)
-class ResumeRule:
-    """How a continuation resumes: `flag DIR/<newest match of pattern holding complete_file>`, left out when none."""
-
-    flag: str
-    directory: str
-    pattern: str
-    complete_file: str
-    source: str
-
-    def to_dict(self) -> dict[str, str]:
-        return {"flag": self.flag, "directory": self.directory, "pattern": self.pattern,
-                "complete_file": self.complete_file, "source": self.source}
-
-
-@dataclass(frozen=True)
-class Process:
-    """One process of the job: its words (`{node_rank}` and `{head}` filled in per node), environment,
-    the nodes it runs on (indices into the job's node list) and what it waits for first."""
-
-    role: str  # "vllm-server" | "trainer"
-    argv: tuple[str, ...]
-    env: tuple[tuple[str, str], ...] = ()
-    nodes: tuple[int, ...] = ()
-    gpus_per_node: int = 0
-    health: HealthCheck | None = None  # what answers once this process is up (a service)
-    waits_for: tuple[str, ...] = ()  # roles whose health check must pass before it starts
-    # (path under the run dir, content) written before it starts: the accelerate config (YAML) and DeepSpeed JSON
-    files: tuple[tuple[str, dict[str, Any]], ...] = ()
-    resume: ResumeRule | None = None  # what a continuation adds to argv
-
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"role": self.role, "argv": list(self.argv), "env": dict(self.env),
-                               "nodes": list(self.nodes), "gpus_per_node": self.gpus_per_node,
-                               "waits_for": list(self.waits_for), "files": dict(self.files),
-                               "resume": self.resume.to_dict() if self.resume else None}
-        if self.health:
-            out["health"] = {"path": self.health.path, "port": self.health.port, "timeout_s": self.health.timeout_s,
-                             "source": self.health.source}
-        return out
-
-
-@dataclass(frozen=True)
 class TrlJob:
-    """A TRL job's nodes and processes: no Ray. Node 0 is the first node of the allocation."""
+    """A TRL job's nodes, processes and the files they read: no Ray. Node 0 is the first node of the allocation."""
 
     mode: str  # "server" | "colocate"
     nodes: int
     roles: tuple[tuple[int, str], ...]  # node index -> role
     processes: tuple[Process, ...] = field(default=())
+    files: tuple[RunFile, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {"mode": self.mode, "nodes": self.nodes, "roles": {str(i): r for i, r in self.roles},
-                "processes": [p.to_dict() for p in self.processes], "ray": False}
+                "processes": [asdict(p) for p in self.processes], "files": [f.path for f in self.files],
+                "ray": False}
+
+
+def config_files(deepspeed: dict[str, Any], accelerate: dict[str, Any]) -> tuple[RunFile, ...]:
+    """The DeepSpeed JSON and the accelerate YAML as the files the job writes."""
+    return (RunFile(DEEPSPEED_CONFIG, json.dumps(deepspeed, indent=2, sort_keys=True) + "\n"),
+            RunFile(ACCELERATE_CONFIG, yaml.safe_dump(accelerate, sort_keys=True)))
 
 
 __all__ = ["ACCELERATE_CONFIG", "DEEPSPEED_CONFIG", "GRPO_MODULE", "GROUP_PORT", "HEALTH_PATH", "HealthCheck",
-           "MAIN_PROCESS_PORT", "Process", "ResumeRule", "SERVER_PORT", "TrlJob", "accelerate_config",
-           "deepspeed_config"]
+           "MAIN_PROCESS_PORT", "Process", "ResumeRule", "RunFile", "SERVER_PORT", "TrlJob", "accelerate_config",
+           "config_files", "deepspeed_config"]

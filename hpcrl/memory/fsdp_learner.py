@@ -69,6 +69,7 @@ class VerlUpdate:
     temperature_divide: Literal["in_place", "out_of_place"] = "in_place"
     grad_sync: Literal["every_micro_batch", "last_micro_batch"] = "every_micro_batch"
     lm_head_own_unit_fsdp2: bool = False  # an untied lm_head wrapped as its own FSDP2 unit
+    grad_sync_why: str = ""  # where the version's gradient sync was read (and the key that switches it)
 
 
 # Bytes per T x V logits element the log-prob path holds at the start of backward, by temperature divide.

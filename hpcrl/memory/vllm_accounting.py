@@ -43,6 +43,11 @@ def known_versions() -> list[str]:
     return sorted(_data()["versions"], key=_key)
 
 
+def read_from(version: str) -> str:
+    """What a read release's accounting was read from (its sdist at the release, unless the data file says)."""
+    return _data()["versions"][version].get("read_from", f"vllm-{version} sdist (PyPI), files matching tag v{version}")
+
+
 def read_release(version: str) -> tuple[str, str | None]:
     """(the release whose accounting `version` gets, the note saying so): itself where hpcrl read it; a patch
     release of a minor hpcrl read gets the nearest read release of that minor (the older on a tie). A minor

@@ -138,7 +138,8 @@ def release_line(framework: str, installed: str, table: dict, how: str, target: 
     render = (f"; the plan targets {framework} {target}: render with hpcrl.framework_version={table['name']} "
               f"to plan for {label}") if label != target else ""
     if how == "exact":
-        return f"{framework} {installed} installed, read as {label}{render}" if label != target else None
+        return f"{framework} {installed} installed, a release hpcrl has read ({label}){render}" \
+            if label != target else None
     if how == "same-minor":
         return f"{framework} {installed} installed, a patch release hpcrl has not read: checked against {label}, " \
                f"the nearest of the same minor release{render}"

@@ -217,7 +217,8 @@ class VerlBackend(Backend):
                             max_num_batched_tokens=int(self.arg(cfg, R + "max_num_batched_tokens")),
                             enforce_eager=bool(self.arg(cfg, R + "enforce_eager")),
                             logprobs_mode=str(self.arg(cfg, R + "logprobs_mode") or "raw_logprobs")),
-            learner_fixed=self.learner_fixed(cfg.hpcrl.framework_version, self.no_sync(cfg)),
+            learner_fixed=self.learner_fixed(cfg.hpcrl.framework_version, self.no_sync(cfg),
+                                             float(self.arg(cfg, R + "temperature"))),
         )
 
     def pins_from(self, cfg: RunConfig, cli_pins: list[str] | None = None) -> Pins:
@@ -238,8 +239,9 @@ class VerlBackend(Backend):
 
     memory_by_version = True  # the actor update moved to the engine workers (fsdp_learner.VerlUpdate)
 
-    def learner_fixed(self, version: str | None = None, no_sync: bool | None = None) -> tuple[tuple[str, Any], ...]:
-        return (*super().learner_fixed(version), ("fsdp_update", fsdp_update(self.name, version, no_sync)))
+    def learner_fixed(self, version: str | None = None, no_sync: bool | None = None,
+                      temperature: float = 1.0) -> tuple[tuple[str, Any], ...]:
+        return (*super().learner_fixed(version), ("fsdp_update", fsdp_update(self.name, version, no_sync, temperature)))
 
     def no_sync(self, cfg: RunConfig) -> bool | None:
         """The run's value of the key that switches its version's gradient sync (0.9.1's
@@ -404,7 +406,8 @@ class VerlBackend(Backend):
         else:
             offload = "none"
         return FsdpSetup(w.model, n_gpus, w.pack_length, micro_batches, fsdp_version, w.load_ref_policy, offload,
-                         update=fsdp_update(self.name, cfg.hpcrl.framework_version, self.no_sync(cfg)))
+                         update=fsdp_update(self.name, cfg.hpcrl.framework_version, self.no_sync(cfg),
+                                            float(self.arg(cfg, R + "temperature"))))
 
     def micro_batch_count(self, cfg: RunConfig, world: int, seq_len: int, micro: int | None = None) -> int:
         """Micro-batches per optimizer step on one GPU (dp_actor.py:551-559 at b178a3cd): the mini-batch's

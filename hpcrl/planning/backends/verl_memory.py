@@ -91,10 +91,12 @@ def grad_sync_key(backend: str, version: str | None) -> str | None:
     return fact.get("key") if "when_true" in fact else None
 
 
-def fsdp_update(backend: str, version: str | None, no_sync: bool | None = None) -> VerlUpdate:
+def fsdp_update(backend: str, version: str | None, no_sync: bool | None = None,
+                temperature: float = 1.0) -> VerlUpdate:
     """What the actor update does at the run's verl version (capabilities fsdp.update_*: b178a3cd's
     dp_actor.py, 1dda039b's engine workers, 0.9.1's engine with its no_sync switch), for
-    hpcrl/memory/fsdp_learner.py. no_sync: the run's grad_sync_key value (None: the version's default)."""
+    hpcrl/memory/fsdp_learner.py. no_sync: the run's grad_sync_key value (None: the version's default);
+    temperature: the run's rollout.temperature (0.9.1 skips the divide at exactly 1)."""
     from hpcrl.planning.backends import versions
 
     v = versions.resolve(backend, version)
@@ -106,7 +108,10 @@ def fsdp_update(backend: str, version: str | None, no_sync: bool | None = None) 
         why = f"{sync['key']} {said} ({sync['source']} {v.at()})"
     else:
         why = f"{sync['source']} {v.at()}"
-    return VerlUpdate(version=v.label(), temperature_divide=facts["update_temperature_divide"]["value"],
+    divide = facts["update_temperature_divide"]
+    skipped = divide.get("at_unit_temperature") == "skipped" and float(temperature) == 1.0
+    return VerlUpdate(version=v.name, temperature_divide="none" if skipped else divide["value"],
                       grad_sync=grad_sync,
                       lm_head_own_unit_fsdp2="lm_head (untied)" in facts["update_fsdp2_units"]["value"],
-                      grad_sync_why=why)
+                      grad_sync_why=why,
+                      tied_once=facts.get("update_flat_tied", {}).get("value") == "once")

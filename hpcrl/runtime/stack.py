@@ -41,8 +41,8 @@ STACK_MISMATCH_EXIT = 98
 # The check could not run (the training Python did not answer the probe): the job goes on without it.
 STACK_UNCHECKED_EXIT = 99
 # How long the training Python may take to answer the probe (a cold shared file system can take tens of
-# seconds to start a Python); --probe-timeout changes it.
-PROBE_TIMEOUT_S = 60.0
+# seconds to start a Python): 60 s, or HPCRL_STACK_PROBE_TIMEOUT in the job's environment; --probe-timeout wins.
+PROBE_TIMEOUT_S = float(os.environ.get("HPCRL_STACK_PROBE_TIMEOUT") or 60.0)
 PARSE_REJECTED = 10  # stack_parse.py's exit code when the framework rejects the arguments
 # The probe's answer is the line after this marker: a Python that prints around it (a sitecustomize,
 # a module's banner) does not hide it.

@@ -230,7 +230,7 @@ def _fsdp_assumptions(facts: MemoryFacts, w: Workload, cfg: RunConfig | None, gi
     if update is not None and getattr(update, "grad_sync_why", ""):
         how = ("gradients held unsharded until the last micro-batch (no_sync)" if update.grad_sync == "last_micro_batch"
                else "gradients reduce-scattered into the fp32 shards after every micro-batch (no no_sync)")
-        out.append(f"{how}: verl {update.version}, {update.grad_sync_why}")
+        out.append(f"{how}: {update.grad_sync_why}")
     return out
 
 

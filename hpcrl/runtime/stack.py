@@ -13,15 +13,13 @@ was built for (torch/version.py read as text) against the newest CUDA the node's
 with a note); then, unless --no-parse, the driver's command line parsed by the installed framework
 itself (hpcrl/runtime/stack_parse.py, in the training Python, with the expectation's timeout).
 
-The installed release picks the table it is checked against: its own where hpcrl read it; else the
-nearest of the same minor release, else the nearest older one hpcrl read, with a warning naming it.
-It stops (exit STACK_MISMATCH_EXIT, one line `stack: ...`) only for what would stop the job: a
-package the framework imports is missing, the installed framework rejects the driver's arguments,
-the node's CUDA driver cannot run the installed torch, or hpcrl's own floor (Ray's token
-authentication) is not met. A framework's pin the installed packages do not meet is a warning with
-the package (the framework's own import decides). A training Python that cannot be probed (no answer
-within --probe-timeout, a crash, no probe answer in its output) is "the check could not run"
-(exit STACK_UNCHECKED_EXIT), never a mismatch. Standard library only and no hpcrl import:
+The installed release picks its table: its own, else the nearest of its minor, else the nearest older one,
+with a warning naming it. It stops (exit STACK_MISMATCH_EXIT, one line `stack: ...`) only for what would stop
+the job: a package the framework imports is missing, the framework rejects the driver's arguments, the CUDA
+driver cannot run the installed torch, or hpcrl's own floor (Ray's token authentication) is not met. A
+framework's pin the environment misses is a warning (the framework's own import decides). A Python that
+cannot be probed (no answer within --probe-timeout, a crash, no probe answer in its output) is "the check
+could not run" (exit STACK_UNCHECKED_EXIT), never a mismatch. Standard library only, no hpcrl import:
 `hpcrl preflight` and `hpcrl check-stack` run this file's text where hpcrl may be missing.
 """
 
@@ -106,10 +104,6 @@ def satisfies(version: str, spec: str) -> bool | None:
 
 # ---- which of hpcrl's tables the installed release is checked against --------------------------------
 
-def _final(key: tuple) -> bool:
-    return key[1] == (4, 0)
-
-
 def pick_table(tables: list[dict], installed: str | None) -> tuple[dict | None, str]:
     """(the table of `tables` (each with `version`, the release its framework declares) that an installed
     `installed` is read with, how): 'exact', 'same-minor' (the nearest patch), 'older' (the nearest older
@@ -119,7 +113,7 @@ def pick_table(tables: list[dict], installed: str | None) -> tuple[dict | None, 
     if have is None or not keyed:
         return None, "unknown"
     for key, t in keyed:
-        if key[0][:3] == have[0][:3] and _final(key) == _final(have):
+        if key[0][:3] == have[0][:3] and (key[1] == (4, 0)) == (have[1] == (4, 0)):
             return t, "exact"
     same = [(key, t) for key, t in keyed if key[0][:2] == have[0][:2]]
     if same:  # the nearest patch; on a tie the older table
@@ -138,8 +132,7 @@ def release_line(framework: str, installed: str, table: dict, how: str, target: 
     render = (f"; the plan targets {framework} {target}: render with hpcrl.framework_version={table['name']} "
               f"to plan for {label}") if label != target else ""
     if how == "exact":
-        return f"{framework} {installed} installed, a release hpcrl has read ({label}){render}" \
-            if label != target else None
+        return f"{framework} {installed} installed, a release hpcrl has read ({label}){render}" if render else None
     if how == "same-minor":
         return f"{framework} {installed} installed, a patch release hpcrl has not read: checked against {label}, " \
                f"the nearest of the same minor release{render}"
@@ -369,10 +362,6 @@ def _tail(text: str) -> str:
     return " ".join((text.strip().splitlines() or ["no output"])[-1].split())[:300]
 
 
-def _words(python: list[str]) -> str:
-    return " ".join(python)
-
-
 def check(expect: dict, python: list[str], argv: list[str], *, entry: str | None = None, parse: bool = True,
           probe_timeout: float = PROBE_TIMEOUT_S, out=print) -> int:
     """Run the whole check; print its lines; the exit code."""
@@ -383,7 +372,7 @@ def check(expect: dict, python: list[str], argv: list[str], *, entry: str | None
     if found is None:
         why = (f"no answer within {probe_timeout:g} s" if rc is None else f"exit {rc}: {_tail(stderr)}" if rc
                else f"no {PROBE_MARKER.strip()} line in its output: {_tail(stdout)}")
-        out(f"stack: unchecked: the training Python {_words(python)} could not be probed ({why}); "
+        out(f"stack: unchecked: the training Python {' '.join(python)} could not be probed ({why}); "
             "the check could not run, the job goes on without it")
         return STACK_UNCHECKED_EXIT
     driver, how = driver_cuda()
@@ -392,9 +381,8 @@ def check(expect: dict, python: list[str], argv: list[str], *, entry: str | None
     parser = table.get("parser") or expect.get("parser")
     if not bad and parse and parser:
         timeout = float(parser.get("timeout_s", 120))
-        cmd = [*python, os.path.join(here, "stack_parse.py"), json.dumps(dict(parser, entry=entry or parser.get("entry"))),
-               "--", *argv]
-        rc, stdout, stderr = run_python(cmd, timeout)
+        rc, stdout, stderr = run_python([*python, os.path.join(here, "stack_parse.py"),
+                                         json.dumps(dict(parser, entry=entry or parser.get("entry"))), "--", *argv], timeout)
         fw = expect.get("framework") or ""
         who = f"{expect.get('backend')} {(found['packages'].get(fw) or {}).get('version') or ''}"
         if rc is None:

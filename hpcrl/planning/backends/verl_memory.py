@@ -105,9 +105,9 @@ def fsdp_update(backend: str, version: str | None, no_sync: bool | None = None,
     grad_sync = sync["when_true"] if (no_sync and "when_true" in sync) else sync["value"]
     if "when_true" in sync:
         said = "true" if no_sync else "false" if no_sync is not None else "false, its default"
-        why = f"{sync['key']} {said} ({sync['source']} {v.at()})"
+        why = f"{backend} {v.name}, {sync['key']} {said} ({sync['source']} {v.at()})"
     else:
-        why = f"{sync['source']} {v.at()}"
+        why = f"{backend} {v.label()}, {sync['source']} {v.at()}"
     divide = facts["update_temperature_divide"]
     skipped = divide.get("at_unit_temperature") == "skipped" and float(temperature) == 1.0
     return VerlUpdate(version=v.name, temperature_divide="none" if skipped else divide["value"],

@@ -11,6 +11,7 @@ a side effect on this machine, so it lives here in jobs/ and the CLI only prints
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -53,9 +54,12 @@ def check_stack(req: RunRequest, python: str | None = None,
 
     if probe_timeout <= 0:
         raise HpcrlError(f"--probe-timeout {probe_timeout:g}: give a positive number of seconds")
-    if python is not None and not Path(python).expanduser().exists():
-        raise HpcrlError(f"--python {python}: no such file; give the training environment's python "
-                         "(e.g. ENV/bin/python)")
+    if python is not None:
+        found = Path(python).expanduser() if "/" in python else Path(shutil.which(python) or python)
+        if not found.exists():
+            raise HpcrlError(f"--python {python}: no such file; give the training environment's python "
+                             "(e.g. ENV/bin/python)")
+        python = str(found)
     rp = _planned(req)
     cfg, backend, profile = rp.config, rp.backend, rp.profile
     expect = stack_expect.run_expectation(cfg, profile.node.arch, RAY_TOKEN_MIN if backend.uses_ray else None)
@@ -66,7 +70,7 @@ def check_stack(req: RunRequest, python: str | None = None,
     hp = cfg.hpcrl
     if python is not None:
         setup: list[str] = []
-        words = shq(str(Path(python).expanduser()))
+        words = shq(python)
     else:
         setup = [*profile.setup, *(f"module load {m} 2>/dev/null || true" for m in profile.modules), *hp.env_setup]
         words = shq_path(hp.python)

@@ -87,3 +87,16 @@ def test_the_stack_event_reaches_report_and_the_chain(tmp_path):
     chain = read_chain(RunDir(run))
     assert (jobs["101"], jobs["102"].startswith("unchecked: the training Python /x/python"),
             chain["102"].stack == jobs["102"], chain["101"].stack) == (None, True, True, None)
+
+
+def test_preflight_runs_the_check_with_a_python_under_a_path_with_a_space(tmp_path):
+    """`hpcrl preflight --config` ships stack.py to the node and runs it with the training Python."""
+    from hpcrl.planning.backends import stack_expect
+    from hpcrl.runtime import preflight_probe, stack, stack_parse
+
+    python = environment(tmp_path, "my env")
+    spec = {"stack_files": {Path(m.__file__).name: Path(m.__file__).read_text() for m in (stack, stack_parse)},
+            "stack_expect": stack_expect.expectation("verl", "0.9.1", ray_min="2.52"), "stack_argv": [],
+            "python": str(python), "env_setup": [], "workdir": str(tmp_path)}
+    got = preflight_probe.stack_check(spec, 60)
+    assert (got["rc"], got["lines"][0].startswith("stack: ok: ")) == (0, True), got

@@ -25,6 +25,7 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 
 GIB = float(1 << 30)
 
@@ -35,7 +36,7 @@ def openrlhf_args(argv: list[str]):
     import importlib.util
 
     path = os.path.join(os.path.dirname(importlib.util.find_spec("openrlhf").origin), "cli", "train_ppo_ray.py")
-    tree = ast.parse(open(path).read())
+    tree = ast.parse(Path(path).read_text())
     block = next(n for n in tree.body if isinstance(n, ast.If) and "__main__" in ast.unparse(n.test))
     body = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom)) and not getattr(n, "level", 0)
             and all((x.name if isinstance(n, ast.Import) else n.module or "").split(".")[0] in sys.stdlib_module_names
@@ -91,7 +92,7 @@ def measure(a: argparse.Namespace) -> dict:
                          is_correction_threshold=adv.is_correction_threshold)
     torch.cuda.synchronize()
     after_init = torch.cuda.memory_allocated() / GIB
-    vocab = json.loads(open(os.path.join(a.model_dir, "config.json")).read())["vocab_size"]
+    vocab = json.loads((Path(a.model_dir) / "config.json").read_text())["vocab_size"]
     g = torch.Generator().manual_seed(rank)
     peaks, times = [], []
     dev = torch.cuda.current_device()

@@ -132,7 +132,12 @@ def measure(a: argparse.Namespace) -> dict:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     from verl.trainer.config import CheckpointConfig
     from verl.utils import tensordict_utils as tu
-    from verl.workers.config import ActorConfig, FSDPEngineConfig, FSDPOptimizerConfig, HFModelConfig
+    from verl.workers.config import (
+        ActorConfig,
+        FSDPEngineConfig,
+        FSDPOptimizerConfig,
+        HFModelConfig,
+    )
     from verl.workers.engine_workers import TrainingWorker, TrainingWorkerConfig
     from verl.workers.utils.losses import ppo_loss
 

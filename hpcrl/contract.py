@@ -24,6 +24,11 @@ BREAKERS = {
 RAY_DIED = {"ray-head-died": 94, "worker-died": 95}
 # The job's stack check before Ray starts (hpcrl.runtime.stack.STACK_MISMATCH_EXIT): reason, exit code.
 STACK_MISMATCH = ("stack-mismatch", 98)
+# The stack check could not run (the training Python did not answer its probe: hpcrl.runtime.stack
+# STACK_UNCHECKED_EXIT): not an end; the job goes on and records a `stack` event in jobs.tsv whose
+# detail starts with this word, which `status` and `report` show.
+STACK_UNCHECKED = ("unchecked", 99)
+STACK_EVENT = "stack"
 # Steps of exactly zero reward that trip the watchdog unless the run config says (hpcrl.zero_reward_steps).
 ZERO_REWARD_STEPS = 10
 # The run directory's file system failed under the job: full (ENOSPC, a quota) or unusable (EIO,

@@ -39,7 +39,7 @@ TREE = _tree()
 def test_the_walk_finds_every_command_and_the_options_the_issue_named():
     paths = {" ".join(p) for p, _ in TREE}
     assert {"render", "plan-memory", "clusters show", "checkpoints prune", "report", "diagnose"} <= paths
-    assert len(paths) == 20  # with `clusters exclude`, `init` and `watch`
+    assert len(paths) == 22  # with `clusters exclude`, `init`, `watch`, `check-stack` and `versions`
     memory = dict((" ".join(p), o) for p, o in TREE)["plan-memory"]
     assert {"--no-gradient-checkpointing", "--vllm-gpu-memory-utilization", "--no-ref-policy"} <= set(memory)
 

@@ -58,9 +58,19 @@ def test_colocated_vllm_sleeps_at_level_2_at_both_versions(version, level, sourc
 
 
 @pytest.mark.parametrize("backend,version", [(b, v.commit) for b in ("open-instruct", "verl", "openrlhf")
-                                             for v in versions.known(b)])
+                                             for v in versions.known(b) if v.commit])
 def test_each_version_s_key_table_was_read_at_its_commit(backend, version):
     assert versions.meta(backend, version)["commit"] == version
+
+
+@pytest.mark.parametrize("backend,release,wheel", [
+    ("verl", "0.9.1", "verl-0.9.1-py3-none-any.whl"),
+    ("openrlhf", "0.11.1", "openrlhf-0.11.1-cp311-cp311-manylinux1_x86_64.whl"),
+    ("openrlhf", "0.11.2", "openrlhf-0.11.2-cp311-cp311-manylinux1_x86_64.whl"),
+])
+def test_each_release_s_key_table_was_read_from_its_wheel(backend, release, wheel):
+    meta = versions.meta(backend, release)
+    assert (meta["release"], meta["source"].split(",")[0]) == (release, wheel)
 
 
 def test_every_fact_of_the_current_verl_cites_a_file_and_line():

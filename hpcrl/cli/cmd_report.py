@@ -84,6 +84,8 @@ def _print(r: dict, rp) -> None:
                   rp.end_text(j), j["next_job"] or "-")
     console.print(t)
     for j in r["jobs"]:
+        if j.get("stack_check"):
+            console.print(f"job {j['job_id']}: stack check: {j['stack_check']}", soft_wrap=True, highlight=False)
         for rec in j["ray_logs_recovered"]:
             console.print(f"job {j['job_id']}: Ray logs of {rec['node']} recovered later, by job {rec['by_job']}"
                           f"{' at ' + rec['time'] if rec['time'] else ''} (the node was lost, or killed before its "

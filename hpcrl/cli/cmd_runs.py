@@ -137,6 +137,9 @@ def status_cmd(
         t.add_row(str(j["seq"]), j["job_id"], j["state"], reason,
                   "" if j["exit_code"] is None else str(j["exit_code"]), j["submitted"], j["ended"] or "", j["log"])
     console.print(t)
+    for j in r["jobs"]:
+        if j.get("stack_check"):
+            typer.echo(f"job {j['job_id']}: stack check: {j['stack_check']}")
 
 
 @app.command("logs")

@@ -9,6 +9,7 @@ import importlib
 COMMANDS = {
     "init": "init", "clusters": "clusters", "plan": "plan", "plan-memory": "memory", "plan-disk": "disk", "render": "render",
     "submit": "runs", "runs": "runs", "status": "runs", "logs": "runs", "cancel": "runs", "preflight": "runs",
+    "check-stack": "stack", "versions": "stack",
     "diagnose": "safety", "checkpoints": "safety", "report": "report",
     "watch": "watch",
 }

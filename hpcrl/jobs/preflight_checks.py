@@ -131,9 +131,11 @@ def stack_rows(result: dict | None) -> list[Check]:
         return []
     from hpcrl.runtime.stack import STACK_MISMATCH_EXIT
 
-    first, *notes = [line.removeprefix("stack: ") for line in result["lines"]]
+    first, *rest = [line.removeprefix("stack: ") for line in result["lines"]]
     status = "ok" if result["rc"] == 0 else "fail" if result["rc"] == STACK_MISMATCH_EXIT else "warn"
-    return [Check("stack check", status, first), *(Check("note", "info", f"stack check: {n}") for n in notes)]
+    return [Check("stack check", status, first),
+            *(Check("stack check", "warn", n.removeprefix("warning: ")) if n.startswith("warning: ")
+              else Check("note", "info", f"stack check: {n.removeprefix('note: ')}") for n in rest)]
 
 
 def evaluate(report: dict, t: Target) -> list[Check]:

@@ -113,6 +113,7 @@ class JobEvents(NamedTuple):
     next_submitted: str | None = None  # when this job submitted its continuation
     failure: str | None = None  # a failure continuation's reason (ray-start-failed, worker-died, ...)
     blamed: tuple[str, ...] = ()  # the nodes that continuation excludes
+    stack: str | None = None  # the stack check's `stack` event: it could not run, or warned (contract.STACK_EVENT)
 
 
 def read_chain(run_dir: RunDir) -> dict[str, JobEvents]:
@@ -133,6 +134,8 @@ def read_chain(run_dir: RunDir) -> dict[str, JobEvents]:
         elif event == "failure":
             why, nodes = failure_detail(detail)
             ev = ev._replace(failure=why, blamed=tuple(nodes))
+        elif event == C.STACK_EVENT and ev.stack is None:
+            ev = ev._replace(stack=detail)
         out[job] = ev
     return out
 

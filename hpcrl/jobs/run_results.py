@@ -51,6 +51,7 @@ def run_data(r: Run) -> dict:
         ev = chain.get(j["job_id"])
         j["failure"] = ({"reason": ev.failure, "excluded": list(ev.blamed), "continued": ev.next_job is not None}
                         if ev and ev.failure else None)
+        j["stack_check"] = ev.stack if ev else None  # the job's stack check could not run, or warned
     return d
 
 

@@ -123,6 +123,7 @@ def _job_rows(events: list[Event], ids: list[str], reg_jobs: dict[str, dict], ru
             "end_reason": reason, "exit_code": exit_code,
             "next_job": nxt.detail if nxt else None,
             "failure": _failure(first.get((jid, "failure"))),
+            "stack_check": (lambda e: e.detail if e else None)(first.get((jid, C.STACK_EVENT))),
             **_ray_logs(run_dir, jid, start.detail if start else None),
             "log": str(log.relative_to(run_dir)) if log else None,
         })

@@ -33,6 +33,9 @@ def to_markdown(r: dict) -> str:
                      [[j["seq"], j["job_id"], j["head_node"], j["submitted"], j["started"], j["ended"],
                        fmt_duration(j["queued_s"]), fmt_duration(j["duration_s"]), end_text(j), j["next_job"]]
                       for j in r["jobs"]])
+    out += [f"- job {j['job_id']}: stack check: {j['stack_check']}" for j in r["jobs"] if j.get("stack_check")]
+    if any(j.get("stack_check") for j in r["jobs"]):
+        out.append("")
     out += ["## Nodes", ""]
     out += _md_table(["node", "head of jobs", "roles", "GPUs"],
                      [[n["node"], ", ".join(n["head_of_jobs"]), ", ".join(n["roles"]) or "-",

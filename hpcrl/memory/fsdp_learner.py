@@ -34,6 +34,13 @@ parameters, N the ranks, T the packed tokens of one micro-batch, V the vocabular
   largest live moment plus the default stream's cache: where the card is smaller, the allocator gives
   cached blocks back and retries (derived; the 7B FSDP1 rows on 80 GB H100s ran so).
 
+At 0.9.1 (the release's wheel; checked with verl's own engine, benchmarks/results/verl_release_engine.jsonl):
+* gradients reduce-scatter after every micro-batch unless fsdp_config.use_no_sync_for_gradient_accumulation is
+  true (default false, engine/fsdp.yaml:61); with it, no_sync as at 1dda039b (measured: +1.44 GiB = 2P - 4P/N).
+* at temperature 1 the divide is skipped (transformer_impl.py:98-103): the cross-entropy's in-place backward
+  writes into the logits it keeps, 2 bytes per logits element (derived).
+* FSDP1 holds a tied embedding/lm_head weight once (measured after init: 4P/N).
+
 At 1dda039b (transformer_impl.py, fsdp_utils.py at that commit; checked on the held-out rows of
 benchmarks/results/fsdp_current_verl.jsonl):
 * the temperature divide makes a new tensor (transformer_impl.py:1357): the cross-entropy keeps the
@@ -66,15 +73,20 @@ class VerlUpdate:
     the defaults are b178a3cd's, on which FIT was fitted."""
 
     version: str = "0.8.0.dev"
-    temperature_divide: Literal["in_place", "out_of_place"] = "in_place"
+    temperature_divide: Literal["in_place", "out_of_place", "none"] = "in_place"
     grad_sync: Literal["every_micro_batch", "last_micro_batch"] = "every_micro_batch"
     lm_head_own_unit_fsdp2: bool = False  # an untied lm_head wrapped as its own FSDP2 unit
+    grad_sync_why: str = ""  # where the version's gradient sync was read (and the key that switches it)
+    tied_once: bool = False  # FSDP1 flat parameters hold a tied embedding/lm_head once (0.9.1's engine: measured)
 
 
 # Bytes per T x V logits element the log-prob path holds at the start of backward, by temperature divide.
 LOGPROB_BYTES = {
     "in_place": 8.0,  # measured (b178a3cd: the divide on a squeezed view keeps extra buffers; issue 24 item 4)
     "out_of_place": 4.0,  # derived: divided logits kept by the cross-entropy + the divide's gradient; measured 4.00
+    # derived: no divide (0.9.1 at temperature 1): the cross-entropy's in-place backward writes its gradient into
+    # the logits it keeps (benchmarks/results/verl_release_engine.jsonl, verl 0.9.1's own engine)
+    "none": 2.0,
 }
 
 # Fitted by benchmarks/fit_fsdp.py on the training rows of benchmarks/results/fsdp_measured.jsonl
@@ -170,9 +182,10 @@ def layer_numel(setup: FsdpSetup) -> float:
 
 
 def flat_numel(setup: FsdpSetup) -> int:
-    """Elements in the FSDP flat parameters (FSDP1 counts a tied embedding twice; measured)."""
+    """Elements in the FSDP flat parameters (FSDP1 counts a tied embedding twice, except in verl 0.9.1's engine;
+    measured both ways)."""
     m = setup.model
-    tied_twice = m.tie_word_embeddings and setup.fsdp_version == 1
+    tied_twice = m.tie_word_embeddings and setup.fsdp_version == 1 and not setup.update.tied_once
     return m.total_params + (m.vocab_size * m.hidden_size if tied_twice else 0)
 
 
@@ -180,7 +193,8 @@ def root_numel(setup: FsdpSetup) -> int:
     """Elements of the root unit: FSDP1 flattens embedding and lm_head there; FSDP2 wraps an
     untied embedding on its own (fsdp_utils.py:523-524), leaving one V x h matrix in the root."""
     vh = setup.model.vocab_size * setup.model.hidden_size
-    return 2 * vh if setup.fsdp_version == 1 else vh
+    tied_once = setup.update.tied_once and setup.model.tie_word_embeddings
+    return 2 * vh if setup.fsdp_version == 1 and not tied_once else vh
 
 
 def root_grad_bytes(setup: FsdpSetup) -> float:
@@ -225,7 +239,8 @@ def fsdp_learner_memory(setup: FsdpSetup) -> FsdpBreakdown:
         "fp32 parameter shards": shards,
         f"Adam moments (fp32){of}": adam,
         earlier_label: earlier,
-        f"log-prob path ({logprob_bytes:g} B x T x V)": logprob_bytes * T * V,
+        f"log-prob path ({logprob_bytes:g} B x T x V{', derived' if setup.update.temperature_divide == 'none' else ''})":
+            logprob_bytes * T * V,
         "checkpointed hidden states": CHECKPOINT_BYTES_PER_TOKEN_HIDDEN * L * T * h,
         "gathered root unit (bf16)": gathered_root,
         "reference root unit (bf16)": ref_root,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -31,8 +32,45 @@ def _data() -> dict:
     return json.loads(_DATA.read_text())
 
 
+def _key(version: str) -> tuple[int, ...]:
+    """A release as numbers: 0.10.1.1 -> (0, 10, 1, 1), 0.8.5.post1 -> (0, 8, 5, 0, 1)."""
+    head, _, post = version.lower().partition(".post")
+    nums = [int(x) for x in re.findall(r"\d+", head)]
+    return tuple(nums + [0] * (4 - len(nums))) + ((int(post or 0),) if _ else (0,))
+
+
 def known_versions() -> list[str]:
-    return sorted(_data()["versions"], key=lambda v: tuple(int(x) for x in v.split(".")[:3]))
+    return sorted(_data()["versions"], key=_key)
+
+
+def read_from(version: str) -> str:
+    """What a read release's accounting was read from (its sdist at the release, unless the data file says)."""
+    return _data()["versions"][version].get("read_from", f"vllm-{version} sdist (PyPI), files matching tag v{version}")
+
+
+def read_release(version: str) -> tuple[str, str | None]:
+    """(the release whose accounting `version` gets, the note saying so): itself where hpcrl read it; a patch
+    release of a minor hpcrl read gets the nearest read release of that minor (the older on a tie). A minor
+    hpcrl has not read is refused, naming those it has."""
+    text = str(version).strip()
+    if text in _data()["versions"]:
+        return text, None
+    if not re.fullmatch(r"\d+\.\d+(\.\d+)*(\.post\d+)?", text):
+        raise HpcrlError(f"--vllm-version {version!r}: not a vLLM release number; valid: {', '.join(known_versions())} "
+                         "or another patch release of their minor versions")
+    want = _key(text)
+    same = [v for v in known_versions() if _key(v)[:2] == want[:2]]
+    if not same:
+        raise HpcrlError(f"--vllm-version {version!r}: hpcrl has not read that vLLM's memory accounting (no release "
+                         f"of {want[0]}.{want[1]}); valid: {', '.join(known_versions())}, or another patch release of "
+                         "their minor versions")
+
+    def distance(v: str) -> tuple:
+        diff = [abs(a - b) for a, b in zip(_key(v)[2:], want[2:])]
+        return diff, _key(v) > want
+    near = min(same, key=distance)
+    return near, (f"vLLM {text}: hpcrl read {near} of the same minor release, not {text}; its memory accounting is "
+                  f"used for {text} (a patch release: derived, not read)")
 
 
 @dataclass(frozen=True)
@@ -97,13 +135,14 @@ class Accounting:
     sampler_v2: SamplerWarmup | None = None  # the V2 model runner's, where the version defaults some models to it
     v2_model_types: tuple[str, ...] = ()  # HF model types of the architectures defaulting to the V2 runner
     v2_dense_models: bool = False  # every dense model defaults to the V2 runner too
+    v2_all_models: bool = False  # every model defaults to the V2 runner (0.29: the architecture list is gone)
     v2_not_with_logprobs_modes: tuple[str, ...] = ()  # modes the V2 runner refuses (vLLM falls back to V1)
     concurrency_rule: str = "blocks"  # "blocks": blocks / blocks per request; "tokens": tokens / max_model_len
 
     def warmup(self, m: ModelSpec, logprobs_mode: str) -> SamplerWarmup | None:
         """The sampler warm-up of the model runner this version picks for `m` (config/vllm.py use_v2_model_runner)."""
         v2 = self.sampler_v2 is not None and logprobs_mode not in self.v2_not_with_logprobs_modes and (
-            m.model_type in self.v2_model_types or (self.v2_dense_models and not m.is_moe))
+            self.v2_all_models or m.model_type in self.v2_model_types or (self.v2_dense_models and not m.is_moe))
         return self.sampler_v2 if v2 else self.sampler
 
     def batched_tokens(self, max_model_len: int) -> int:
@@ -125,11 +164,10 @@ class Accounting:
 
 
 def accounting(version: str) -> Accounting:
-    """The accounting of `version`; a version not read from source is refused, naming those that were."""
-    v = _data()["versions"].get(version)
-    if v is None:
-        raise HpcrlError(f"--vllm-version {version!r}: hpcrl has not read that vLLM's memory accounting; "
-                         f"valid: {', '.join(known_versions())}")
+    """The accounting of `version` (a patch release of a read minor: the nearest read release's, read_release);
+    a minor not read from source is refused, naming those that were."""
+    version, _ = read_release(version)
+    v = _data()["versions"][version]
     v2 = v.get("model_runner_v2", {})
     return Accounting(version=version, engine=v["engine"], graphs_in_budget=v["graphs_in_budget"],
                       non_torch_baseline=v["non_torch_baseline"], block_size=v["block_size"],
@@ -140,6 +178,7 @@ def accounting(version: str) -> Accounting:
                       sampler=SamplerWarmup.read(v.get("sampler_warmup")),
                       sampler_v2=SamplerWarmup.read(v2.get("sampler_warmup")),
                       v2_model_types=tuple(v2.get("model_types", ())), v2_dense_models=v2.get("dense_models", False),
+                      v2_all_models=v2.get("all_models", False),
                       v2_not_with_logprobs_modes=tuple(v2.get("not_with_logprobs_modes", ())),
                       concurrency_rule=v.get("concurrency_rule", "blocks"))
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from hpcrl.errors import HpcrlError
 from hpcrl.memory.colocated import Colocation
 from hpcrl.memory.constants import GIB
+from hpcrl.memory import vllm_accounting as va
 from hpcrl.memory.engine import kv_by_version
 from hpcrl.memory.plan import MemoryPlan
 from hpcrl.models.spec import ModelSpec
@@ -170,6 +171,9 @@ def plan_memory_data(r: MemoryRequest) -> dict:
         notes = [*notes, f"the KV pool rests on the vLLM version, assumed {plan.engine.vllm_version}: "
                  + ", ".join(f"{v} {gib:.2f}" for v, gib in by_version.items())
                  + " GiB with these scheduler sizes; --vllm-version names yours"]
+    read_as = va.read_release(str(engine_options["vllm_version"]))[1]
+    if read_as:
+        notes = [*notes, read_as]
     data["notes"] = notes
     data["assumptions"] = list(question.assumptions) + engine_assumption
     data["backend"] = question.backend

@@ -225,7 +225,13 @@ def _fsdp_assumptions(facts: MemoryFacts, w: Workload, cfg: RunConfig | None, gi
     else:
         micro = (f"{DEFAULT_MICRO_BATCHES} micro-batches per optimizer step on one GPU: ASSUMED (--micro-batches N; "
                  f"in a config {facts.micro_batches_origin})")
-    return [f"FSDP{w.fsdp_version} actor update (hpcrl/memory/fsdp_learner.py): {version}", micro]
+    out = [f"FSDP{w.fsdp_version} actor update (hpcrl/memory/fsdp_learner.py): {version}", micro]
+    update = dict(w.learner_fixed).get("fsdp_update")
+    if update is not None and getattr(update, "grad_sync_why", ""):
+        how = ("gradients held unsharded until the last micro-batch (no_sync)" if update.grad_sync == "last_micro_batch"
+               else "gradients reduce-scattered into the fp32 shards after every micro-batch (no no_sync)")
+        out.append(f"{how}: {update.grad_sync_why}")
+    return out
 
 
 def from_config(cfg: RunConfig, given: Overrides = Overrides()) -> Question:

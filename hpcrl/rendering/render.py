@@ -237,6 +237,7 @@ def _contract_context() -> dict:
     return {
         "reason_case": c.reason_case(),
         "stack_mismatch": {"reason": c.STACK_MISMATCH[0], "code": c.STACK_MISMATCH[1]},
+        "stack_unchecked": {"event": c.STACK_UNCHECKED[0], "code": c.STACK_UNCHECKED[1], "name": c.STACK_EVENT},
         "continue_case": c.continue_case(),
         "slurm_end_pattern": c.slurm_end_pattern(),
         "crashed": c.CRASHED,

@@ -122,7 +122,10 @@ def stack_check(spec: dict, timeout: float) -> dict | None:
             lines.append(f"cd {spec['workdir']} 2>/dev/null || true")
         words = [os.path.join(tmp, "stack.py"), "--expect", json.dumps(spec["stack_expect"]), "--",
                  *spec.get("stack_argv", [])]
-        lines.append(f"exec {spec.get('python') or 'python'} {' '.join(map(shlex.quote, words))}")
+        python = spec.get("python") or "python"
+        # One word, spaces and quotes kept; a path naming $VAR or ~ is left for the shell to expand.
+        python = python if ("$" in python or python.startswith("~")) else shlex.quote(python)
+        lines.append(f"exec {python} {' '.join(map(shlex.quote, words))}")
         try:
             proc = subprocess.run(["bash", "-c", "\n".join(lines)], capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired:

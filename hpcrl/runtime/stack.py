@@ -1,8 +1,10 @@
-"""The job's stack check: does the training environment hold what the plan's framework version needs?
+"""The job's stack check: can the training environment run the plan's framework?
 
-    python3 -m hpcrl.runtime.stack --expect EXPECT [--python CMD] [--entry ENTRY] [--no-parse] [-- DRIVER ARGS...]
+    python3 -m hpcrl.runtime.stack --expect EXPECT [--python WORD ...] [--entry ENTRY] [--no-parse]
+                                   [--probe-timeout S] [-- DRIVER ARGS...]
 
-EXPECT is the JSON (inline, or a file) hpcrl.planning.backends.stack_expect writes for the run.
+EXPECT is the JSON (inline, or a file) hpcrl.planning.backends.stack_expect writes for the run: the
+release the plan targets and the install facts of every release hpcrl has read of that framework.
 In seconds and before Ray starts: the versions of the framework and its stack, read from the
 training Python's installed metadata (importlib.metadata and find_spec, in a subprocess of that
 Python: nothing is imported, so a broken torch cannot hang the check); the CUDA the installed torch
@@ -11,9 +13,14 @@ was built for (torch/version.py read as text) against the newest CUDA the node's
 with a note); then, unless --no-parse, the driver's command line parsed by the installed framework
 itself (hpcrl/runtime/stack_parse.py, in the training Python, with the expectation's timeout).
 
-A mismatch prints ONE line, `stack: <package> <found>; <what the plan expected> (<source>)`, and
-exits STACK_MISMATCH_EXIT; all good prints `stack: ok: ...` and exits 0. Standard library only
-and no hpcrl import: `hpcrl preflight` ships this file's text to nodes that lack hpcrl.
+The installed release picks its table: its own, else the nearest of its minor, else the nearest older one,
+with a warning naming it. It stops (exit STACK_MISMATCH_EXIT, one line `stack: ...`) only for what would stop
+the job: a package the framework imports is missing, the framework rejects the driver's arguments, the CUDA
+driver cannot run the installed torch, or hpcrl's own floor (Ray's token authentication) is not met. A
+framework's pin the environment misses is a warning (the framework's own import decides). A Python that
+cannot be probed (no answer within --probe-timeout, a crash, no probe answer in its output) is "the check
+could not run" (exit STACK_UNCHECKED_EXIT), never a mismatch. Standard library only, no hpcrl import:
+`hpcrl preflight` and `hpcrl check-stack` run this file's text where hpcrl may be missing.
 """
 
 from __future__ import annotations
@@ -21,15 +28,23 @@ from __future__ import annotations
 import json
 import os
 import re
-import shlex
+import signal
 import subprocess
 import sys
+import tempfile
 
 # The job's end reason `stack-mismatch`: never continued (the environment will not fix itself).
 # 90-97 are the watchdog's breakers and the script's Ray ends, 127 a missing command.
 STACK_MISMATCH_EXIT = 98
-PROBE_TIMEOUT_S = 60
+# The check could not run (the training Python did not answer the probe): the job goes on without it.
+STACK_UNCHECKED_EXIT = 99
+# How long the training Python may take to answer the probe (a cold shared file system can take tens of
+# seconds to start a Python): 60 s, or HPCRL_STACK_PROBE_TIMEOUT in the job's environment; --probe-timeout wins.
+PROBE_TIMEOUT_S = float(os.environ.get("HPCRL_STACK_PROBE_TIMEOUT") or 60.0)
 PARSE_REJECTED = 10  # stack_parse.py's exit code when the framework rejects the arguments
+# The probe's answer is the line after this marker: a Python that prints around it (a sitecustomize,
+# a module's banner) does not hide it.
+PROBE_MARKER = "HPCRL-STACK-PROBE "
 
 _VERSION = re.compile(r"^\s*v?(\d+(?:\.\d+)*)(?:[-_.]?(a|b|c|rc|alpha|beta|pre|preview)[-_.]?(\d*))?"
                       r"(?:[-_.]?(post|rev|r)[-_.]?(\d*))?(?:[-_.]?(dev)[-_.]?(\d*))?(?:\+(\S*))?\s*$", re.I)
@@ -85,6 +100,47 @@ def satisfies(version: str, spec: str) -> bool | None:
         if not op_ok:
             return False
     return True
+
+
+# ---- which of hpcrl's tables the installed release is checked against --------------------------------
+
+def pick_table(tables: list[dict], installed: str | None) -> tuple[dict | None, str]:
+    """(the table of `tables` (each with `version`, the release its framework declares) that an installed
+    `installed` is read with, how): 'exact', 'same-minor' (the nearest patch), 'older' (the nearest older
+    release), 'oldest' (older than all hpcrl read), or 'unknown' (no readable version: None)."""
+    have = parse_version(installed) if installed else None
+    keyed = [(parse_version(t["version"]), t) for t in tables if t.get("version") and parse_version(t["version"])]
+    if have is None or not keyed:
+        return None, "unknown"
+    for key, t in keyed:
+        if key[0][:3] == have[0][:3] and (key[1] == (4, 0)) == (have[1] == (4, 0)):
+            return t, "exact"
+    same = [(key, t) for key, t in keyed if key[0][:2] == have[0][:2]]
+    if same:  # the nearest patch; on a tie the older table
+        def distance(kt: tuple) -> tuple:
+            return abs(kt[0][0][2] - have[0][2]), kt[0] > have
+        return min(same, key=distance)[1], "same-minor"
+    older = [(key, t) for key, t in keyed if key <= have]
+    if older:
+        return max(older, key=lambda kt: kt[0])[1], "older"
+    return min(keyed, key=lambda kt: kt[0])[1], "oldest"
+
+
+def release_line(framework: str, installed: str, table: dict, how: str, target: str) -> str | None:
+    """The warning a release other than the plan's target earns (None: it is the target's)."""
+    label = table["label"]
+    render = (f"; the plan targets {framework} {target}: render with hpcrl.framework_version={table['name']} "
+              f"to plan for {label}") if label != target else ""
+    if how == "exact":
+        return f"{framework} {installed} installed, a release hpcrl has read ({label}){render}" if render else None
+    if how == "same-minor":
+        return f"{framework} {installed} installed, a patch release hpcrl has not read: checked against {label}, " \
+               f"the nearest of the same minor release{render}"
+    if how == "older":
+        return f"{framework} {installed} installed, a release hpcrl has not read: checked against {label}, " \
+               f"the nearest older one it has{render}"
+    return f"{framework} {installed} installed, older than every release hpcrl has read: checked against " \
+           f"{label}, the oldest{render}"
 
 
 # ---- what the training Python has (run there: `python stack.py --probe JSON`) -----------------------
@@ -187,15 +243,46 @@ def _found(name: str, got: dict) -> str:
     return f"{name} {ver}" + (f" ({got['commit'][:8]})" if got.get("commit") else "")
 
 
-def verdict(expect: dict, found: dict, driver: str | None, argv: list[str] = ()) -> tuple[list[str], list[str]]:
-    """(mismatches, notes): each mismatch one line naming the package, what was found and what the
-    plan expected, with the expectation's source."""
-    bad, notes = [], []
-    who = f"{expect.get('backend')} {expect.get('version')}"
-    py = expect.get("python")
+def all_packages(expect: dict) -> list[dict]:
+    """Every package any table of the expectation names (what the probe reads), hpcrl's own last."""
+    seen: dict[str, dict] = {}
+    for table in [expect, *expect.get("tables", [])]:
+        for pkg in table.get("packages", []):
+            seen.setdefault(pkg["name"], pkg)
+    for pkg in expect.get("hpcrl_packages", []):
+        seen.setdefault(pkg["name"], pkg)
+    return list(seen.values())
+
+
+def chosen_table(expect: dict, found: dict) -> tuple[dict, str | None]:
+    """The table the installed framework is checked against (the plan's target where its release cannot be
+    read or no table declares one) and the warning that choice earns."""
+    framework = expect.get("framework") or ""
+    installed = ((found.get("packages") or {}).get(framework) or {}).get("version")
+    target = expect.get("version") or ""
+    table, how = pick_table(expect.get("tables", []), installed)
+    if table is None:
+        return expect, None
+    return table, release_line(framework, installed or "", table, how, target)
+
+
+def verdict(expect: dict, found: dict, driver: str | None,
+            argv: list[str] = ()) -> tuple[list[str], list[str], list[str]]:
+    """(stops, warnings, notes): each a line naming the package, what was found and what was asked, with
+    the source. Stops are what would stop the job; warnings what may not (the framework's own import and
+    parse decide)."""
+    bad: list[str] = []
+    warn: list[str] = []
+    notes: list[str] = []
+    table, release = chosen_table(expect, found)
+    if release:
+        warn.append(release)
+    who = f"{expect.get('backend')} {table.get('label') or expect.get('version')}"
+    py = table.get("python")
     if py and satisfies(found["python"], py["spec"]) is False:
-        bad.append(f"python {found['python']} ({found.get('executable')}); {who} needs python{py['spec']} ({py['source']})")
-    for pkg in expect.get("packages", []):
+        warn.append(f"python {found['python']} ({found.get('executable')}); {who} asks for python{py['spec']} "
+                    f"({py['source']})")
+    for pkg in [*table.get("packages", []), *expect.get("hpcrl_packages", [])]:
         if not _needed(pkg, list(argv)):
             notes.append(f"{pkg['name']} not needed: {pkg['when']['key']} is not {pkg['when']['is']!r}")
             continue
@@ -212,14 +299,16 @@ def verdict(expect: dict, found: dict, driver: str | None, argv: list[str] = ())
         ok = satisfies(got["version"], pkg["spec"])
         if ok is None:
             notes.append(f"{_found(pkg['name'], got)}: version not readable, not checked against {pkg['spec']}")
+        elif not ok and pkg.get("by") == "hpcrl":  # hpcrl's own floor: the job script refuses it too
+            bad.append(f"{_found(pkg['name'], got)} installed; hpcrl needs {pkg['name']}{pkg['spec']} ({pkg['source']})")
         elif not ok:
-            bad.append(f"{_found(pkg['name'], got)} installed; {pkg.get('by') or who} needs "
-                       f"{pkg['name']}{pkg['spec']} ({pkg['source']})")
+            warn.append(f"{_found(pkg['name'], got)} installed; {who} pins {pkg['name']}{pkg['spec']} "
+                        f"({pkg['source']})")
     built = found.get("torch_cuda")
     if driver is None:
         notes.append("CUDA driver not checked: no NVIDIA driver on this node")
     elif built:
-        plan = expect.get("torch_cuda") or {}
+        plan = table.get("torch_cuda") or {}
         planned = f"; {who} installs a CUDA {plan['version']} torch ({plan['source']})" if plan.get("version") else ""
         if _major_minor(built)[0] > _major_minor(driver)[0]:
             torch_ver = (found["packages"].get("torch") or {}).get("version")
@@ -228,19 +317,45 @@ def verdict(expect: dict, found: dict, driver: str | None, argv: list[str] = ())
         elif _major_minor(built) > _major_minor(driver):
             notes.append(f"torch built for CUDA {built} on a CUDA {driver} driver: minor-version compatibility; "
                          "kernels JIT-compiled from PTX may fail")
-    return bad, notes
+    return bad, warn, notes
 
 
-# ---- the check -------------------------------------------------------------------------------------
+# ---- running the training Python ----------------------------------------------------------------------
 
-def _run_python(cmd: list[str], timeout: float) -> tuple[int | None, str, str]:
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired:
-        return None, "", ""
-    except OSError as exc:
-        return 127, "", str(exc)
-    return proc.returncode, proc.stdout, proc.stderr
+def run_python(cmd: list[str], timeout: float) -> tuple[int | None, str, str]:
+    """(exit code, stdout, stderr) of `cmd`; None for no exit within `timeout` s (its process group is
+    killed). Output goes to files, not pipes: a helper the command leaves running with its stdout open
+    cannot hold the check past the command's own exit."""
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        try:
+            proc = subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL, text=True,
+                                    start_new_session=True)
+        except OSError as exc:
+            return 127, "", str(exc)
+        try:
+            rc: int | None = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            rc = None
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except OSError:
+                pass
+            proc.wait()
+        out.seek(0)
+        err.seek(0)
+        return rc, out.read(), err.read()
+
+
+def probe_answer(stdout: str) -> dict | None:
+    """The probe's JSON: the last line that starts with PROBE_MARKER (None when there is none or it does not read)."""
+    for line in reversed(stdout.splitlines()):
+        if line.startswith(PROBE_MARKER):
+            try:
+                answer = json.loads(line[len(PROBE_MARKER):])
+            except ValueError:
+                return None
+            return answer if isinstance(answer, dict) else None
+    return None
 
 
 def _tail(text: str) -> str:
@@ -248,25 +363,28 @@ def _tail(text: str) -> str:
 
 
 def check(expect: dict, python: list[str], argv: list[str], *, entry: str | None = None, parse: bool = True,
-          out=print) -> int:
+          probe_timeout: float = PROBE_TIMEOUT_S, out=print) -> int:
     """Run the whole check; print its lines; the exit code."""
     here = os.path.dirname(os.path.abspath(__file__))
-    rc, stdout, stderr = _run_python([*python, os.path.join(here, "stack.py"), "--probe",
-                                      json.dumps(expect.get("packages", []))], PROBE_TIMEOUT_S)
-    if rc != 0:
-        why = f"did not answer within {PROBE_TIMEOUT_S} s" if rc is None else f"exit {rc}: {_tail(stderr)}"
-        out(f"stack: the training Python {' '.join(python)} could not be probed ({why})")
-        return STACK_MISMATCH_EXIT
-    found = json.loads(stdout.strip().splitlines()[-1])
+    rc, stdout, stderr = run_python([*python, os.path.join(here, "stack.py"), "--probe",
+                                     json.dumps(all_packages(expect))], probe_timeout)
+    found = probe_answer(stdout) if rc == 0 else None
+    if found is None:
+        why = (f"no answer within {probe_timeout:g} s" if rc is None else f"exit {rc}: {_tail(stderr)}" if rc
+               else f"no {PROBE_MARKER.strip()} line in its output: {_tail(stdout)}")
+        out(f"stack: unchecked: the training Python {' '.join(python)} could not be probed ({why}); "
+            "the check could not run, the job goes on without it")
+        return STACK_UNCHECKED_EXIT
     driver, how = driver_cuda()
-    bad, notes = verdict(expect, found, driver, argv)
-    parser = expect.get("parser")
+    bad, warn, notes = verdict(expect, found, driver, argv)
+    table, _ = chosen_table(expect, found)
+    parser = table.get("parser") or expect.get("parser")
     if not bad and parse and parser:
         timeout = float(parser.get("timeout_s", 120))
-        cmd = [*python, os.path.join(here, "stack_parse.py"), json.dumps(dict(parser, entry=entry or parser.get("entry"))),
-               "--", *argv]
-        rc, stdout, stderr = _run_python(cmd, timeout)
-        who = f"{expect.get('backend')} {found['packages'].get(expect.get('framework') or '', {}).get('version') or ''}"
+        rc, stdout, stderr = run_python([*python, os.path.join(here, "stack_parse.py"),
+                                         json.dumps(dict(parser, entry=entry or parser.get("entry"))), "--", *argv], timeout)
+        fw = expect.get("framework") or ""
+        who = f"{expect.get('backend')} {(found['packages'].get(fw) or {}).get('version') or ''}"
         if rc is None:
             notes.append(f"dry parse skipped: it did not finish within {timeout:.0f} s")
         elif rc == PARSE_REJECTED:
@@ -279,10 +397,14 @@ def check(expect: dict, python: list[str], argv: list[str], *, entry: str | None
     if bad:
         more = f" (and {len(bad) - 1} more: {'; '.join(b.split(';')[0] for b in bad[1:])})" if len(bad) > 1 else ""
         out(f"stack: {bad[0]}{more}")
+        for line in warn:
+            out(f"stack: warning: {line}")
         return STACK_MISMATCH_EXIT
     seen = ", ".join(_found(n, g) for n, g in found["packages"].items() if g.get("version") or g.get("location"))
     cuda = f"; torch CUDA {found.get('torch_cuda')}, driver CUDA {driver} ({how})" if driver else ""
     out(f"stack: ok: python {found['python']}, {seen}{cuda}")
+    for line in warn:
+        out(f"stack: warning: {line}")
     for note in notes:
         out(f"stack: note: {note}")
     return 0
@@ -300,23 +422,28 @@ def main(argv: list[str] | None = None) -> int:
 
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == ["--probe"]:  # inside the training Python
-        print(json.dumps(probe(json.loads(args[1]))))
+        print("\n" + PROBE_MARKER + json.dumps(probe(json.loads(args[1]))), flush=True)
         return 0
     driver_args: list[str] = []
     if "--" in args:
         driver_args, args = args[args.index("--") + 1:], args[:args.index("--")]
     p = argparse.ArgumentParser(prog="python3 -m hpcrl.runtime.stack", description=__doc__.split("\n\n")[0])
     p.add_argument("--expect", required=True, help="the expectation: inline JSON, or a JSON file")
-    p.add_argument("--python", default=sys.executable,
-                   help="the training Python as a command (shell words: a container prefix may come first)")
+    p.add_argument("--python", action="append", default=None, metavar="WORD",
+                   help="the training Python: one word per --python, taken as is (a container's words first, "
+                        "then the interpreter; a path with spaces or quotes is one word); default this Python")
     p.add_argument("--entry", help="the driver's entry point (a file, or a dotted module); default: the expectation's")
     p.add_argument("--no-parse", action="store_true", help="versions and CUDA only, no dry parse")
+    p.add_argument("--probe-timeout", type=float, default=PROBE_TIMEOUT_S,
+                   help=f"seconds the training Python may take to answer (default {PROBE_TIMEOUT_S:g}); past it the "
+                        f"check could not run (exit {STACK_UNCHECKED_EXIT}), never a mismatch")
     a = p.parse_args(args)
     try:
         expect = _load(a.expect)
     except (OSError, ValueError) as exc:
         p.error(f"--expect: {exc}")
-    return check(expect, shlex.split(a.python), driver_args, entry=a.entry, parse=not a.no_parse)
+    return check(expect, a.python or [sys.executable], driver_args, entry=a.entry, parse=not a.no_parse,
+                 probe_timeout=a.probe_timeout)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 # hpcrl cluster: isambard-ai
 # hpcrl config: grpo-olmo3-32b.yaml (digest 8853ba802631)
 #
-# Plan assumes open-instruct e6c3044a, the newest hpcrl knows; set hpcrl.framework_version to target another (known: 1611e3df, e6c3044a)
+# Plan assumes open-instruct e6c3044a, hpcrl's default; set hpcrl.framework_version to target another (known: 1611e3df, e6c3044a)
 # Plan:
 #   model allenai/Olmo-3-1125-32B: 256 sequences of 10240 tokens per step, pack_length 10240
 #   16 x 4 GH200 (95.58 GiB): 16 learner GPUs, 48 engine GPUs, 0 idle
@@ -1551,22 +1551,36 @@ driver_command() {
 # The framework's stack (hpcrl.runtime.stack; docs/preflight.md "The stack check"): the installed
 # versions against what open-instruct e6c3044a needs, the CUDA driver against torch's build, and
 # the driver's command line parsed by the installed framework, in seconds, before Ray starts.
-# A mismatch ends the job (stack-mismatch, never continued); a check that cannot
-# run itself is logged and the job goes on (the driver's own checks and errors still come).
-STACK_EXPECT='{"backend":"open-instruct","commit":"e6c3044aa6201c8bfa4573c1b03142af599e730d","framework":"open_instruct","packages":[{"dists":["open-instruct"],"module":"open_instruct","name":"open_instruct","source":"pyproject.toml:2 at e6c3044a","spec":"","why":"the driver'"'"'s own package (installed, or importable from hpcrl.workdir, its checkout)"},{"dists":["ray"],"module":"ray","name":"ray","source":"pyproject.toml:27 at e6c3044a","spec":">=2.49.2"},{"dists":["vllm"],"module":"vllm","name":"vllm","source":"pyproject.toml:36 at e6c3044a","spec":">=0.19.1"},{"dists":["torch"],"module":"torch","name":"torch","source":"pyproject.toml:30 at e6c3044a","spec":">=2.10.0"},{"dists":["deepspeed"],"module":"deepspeed","name":"deepspeed","source":"pyproject.toml:14 at e6c3044a","spec":">=0.18.3"},{"dists":["transformers"],"module":"transformers","name":"transformers","source":"pyproject.toml:35 at e6c3044a","spec":">=5.4.0"},{"by":"hpcrl","dists":["ray"],"module":"ray","name":"ray","source":"hpcrl: Ray below 2.52 ignores RAY_AUTH_MODE=token","spec":">=2.52"}],"parser":{"entry":"open_instruct/grpo_fast.py","kind":"main-block","namespace":"module","timeout_s":300},"python":{"source":"pyproject.toml:6 at e6c3044a","spec":"==3.12.*"},"schema":1,"torch_cuda":{"arch":"aarch64","note":"on Linux aarch64 torch comes from the pytorch-cu130 index; x86_64 takes the cuda12 (cu128) or cuda13 (cu130) group the user picks (pyproject.toml:81-82)","source":"pyproject.toml:83 at e6c3044a","version":"13.0"},"version":"e6c3044a"}'
+# A mismatch ends the job (stack-mismatch, never continued). A check that could not run
+# (the training Python did not answer) or that failed itself is logged and recorded as a `stack`
+# event (`hpcrl status` and `report` show it), and the job goes on; so do warnings.
+STACK_EXPECT='{"backend":"open-instruct","commit":"e6c3044aa6201c8bfa4573c1b03142af599e730d","framework":"open_instruct","hpcrl_packages":[{"by":"hpcrl","dists":["ray"],"module":"ray","name":"ray","source":"hpcrl: Ray below 2.52 ignores RAY_AUTH_MODE=token","spec":">=2.52"}],"packages":[{"dists":["open-instruct"],"module":"open_instruct","name":"open_instruct","source":"pyproject.toml:2 at e6c3044a","spec":"","why":"the driver'"'"'s own package (installed, or importable from hpcrl.workdir, its checkout)"},{"dists":["ray"],"module":"ray","name":"ray","source":"pyproject.toml:27 at e6c3044a","spec":">=2.49.2"},{"dists":["vllm"],"module":"vllm","name":"vllm","source":"pyproject.toml:36 at e6c3044a","spec":">=0.19.1"},{"dists":["torch"],"module":"torch","name":"torch","source":"pyproject.toml:30 at e6c3044a","spec":">=2.10.0"},{"dists":["deepspeed"],"module":"deepspeed","name":"deepspeed","source":"pyproject.toml:14 at e6c3044a","spec":">=0.18.3"},{"dists":["transformers"],"module":"transformers","name":"transformers","source":"pyproject.toml:35 at e6c3044a","spec":">=5.4.0"}],"parser":{"entry":"open_instruct/grpo_fast.py","kind":"main-block","namespace":"module","timeout_s":300},"python":{"source":"pyproject.toml:6 at e6c3044a","spec":"==3.12.*"},"schema":2,"tables":[{"label":"1611e3df","name":"1611e3df","packages":[{"dists":["open-instruct"],"module":"open_instruct","name":"open_instruct","source":"pyproject.toml:2 at 1611e3df","spec":"","why":"the driver'"'"'s own package (installed, or importable from hpcrl.workdir, its checkout)"},{"dists":["ray"],"module":"ray","name":"ray","source":"pyproject.toml:25 at 1611e3df","spec":">=2.49.2"},{"dists":["vllm"],"module":"vllm","name":"vllm","source":"pyproject.toml:30 at 1611e3df","spec":"==0.11.0"},{"dists":["torch"],"module":"torch","name":"torch","source":"pyproject.toml:28 at 1611e3df","spec":">=2.8.0,<2.9"},{"dists":["deepspeed"],"module":"deepspeed","name":"deepspeed","source":"pyproject.toml:14 at 1611e3df","spec":">=0.18.3"},{"dists":["transformers"],"module":"transformers","name":"transformers","source":"pyproject.toml:29 at 1611e3df","spec":">=4.57.0"}],"parser":{"entry":"open_instruct/grpo_fast.py","kind":"main-block","namespace":"module","timeout_s":300},"python":{"source":"pyproject.toml:6 at 1611e3df","spec":"==3.12.*"},"torch_cuda":null,"version":null},{"label":"e6c3044a","name":"e6c3044a","packages":[{"dists":["open-instruct"],"module":"open_instruct","name":"open_instruct","source":"pyproject.toml:2 at e6c3044a","spec":"","why":"the driver'"'"'s own package (installed, or importable from hpcrl.workdir, its checkout)"},{"dists":["ray"],"module":"ray","name":"ray","source":"pyproject.toml:27 at e6c3044a","spec":">=2.49.2"},{"dists":["vllm"],"module":"vllm","name":"vllm","source":"pyproject.toml:36 at e6c3044a","spec":">=0.19.1"},{"dists":["torch"],"module":"torch","name":"torch","source":"pyproject.toml:30 at e6c3044a","spec":">=2.10.0"},{"dists":["deepspeed"],"module":"deepspeed","name":"deepspeed","source":"pyproject.toml:14 at e6c3044a","spec":">=0.18.3"},{"dists":["transformers"],"module":"transformers","name":"transformers","source":"pyproject.toml:35 at e6c3044a","spec":">=5.4.0"}],"parser":{"entry":"open_instruct/grpo_fast.py","kind":"main-block","namespace":"module","timeout_s":300},"python":{"source":"pyproject.toml:6 at e6c3044a","spec":"==3.12.*"},"torch_cuda":{"arch":"aarch64","note":"on Linux aarch64 torch comes from the pytorch-cu130 index; x86_64 takes the cuda12 (cu128) or cuda13 (cu130) group the user picks (pyproject.toml:81-82)","source":"pyproject.toml:83 at e6c3044a","version":"13.0"},"version":null}],"torch_cuda":{"arch":"aarch64","note":"on Linux aarch64 torch comes from the pytorch-cu130 index; x86_64 takes the cuda12 (cu128) or cuda13 (cu130) group the user picks (pyproject.toml:81-82)","source":"pyproject.toml:83 at e6c3044a","version":"13.0"},"version":"e6c3044a"}'
 stack_check() {
-    local out rc=0 line
-    local python=$PYTHON
+    local out rc=0 line first="" warnings=0 word
+    # The training Python as words, one per --python (the container's first): a path with spaces or
+    # quotes stays one word.
+    local python=("$PYTHON") words=()
+    for word in "${python[@]}"; do words+=(--python "$word"); done
     driver_command
     out=$(cd -- "$WORKDIR" 2>/dev/null && python3 -m hpcrl.runtime.stack --expect "$STACK_EXPECT" \
-        --python "$python" --entry "$ENTRY_POINT" -- "${DRIVER_ARGS[@]}" 2>&1) || rc=$?
+        "${words[@]}" --entry "$ENTRY_POINT" -- "${DRIVER_ARGS[@]}" 2>&1) || rc=$?
     while IFS= read -r line; do
         if [[ -n $line ]]; then log "$line"; fi
+        if [[ $line == "stack: warning: "* ]]; then
+            warnings=$((warnings + 1))
+            [[ -n $first ]] || first=${line#stack: warning: }
+        fi
     done <<<"$out"
     if ((rc == 98)); then
         finish stack-mismatch "$rc"
+    elif ((rc == 99)); then
+        line=${out%%$'\n'*}
+        record stack "unchecked: ${line#stack: unchecked: }"
     elif ((rc != 0)); then
         log "warning: the stack check itself failed (exit $rc); going on without it"
+        record stack "unchecked: the check itself failed (exit $rc): ${out##*$'\n'}"
+    elif ((warnings > 0)); then
+        record stack "$warnings warning(s): $first"
     fi
 }
 

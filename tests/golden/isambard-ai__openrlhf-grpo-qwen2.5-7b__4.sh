@@ -3,7 +3,7 @@
 # hpcrl cluster: isambard-ai
 # hpcrl config: openrlhf-grpo-qwen2.5-7b.yaml (digest 204cd19262ad)
 #
-# Plan assumes openrlhf 3c3be623, the newest hpcrl knows; set hpcrl.framework_version to target another (known: 3c3be623)
+# Plan assumes openrlhf 0.11.0 (3c3be623), hpcrl's default; set hpcrl.framework_version to target another (known: 0.11.0 (3c3be623), 0.11.1, 0.11.2)
 # Plan:
 #   model Qwen/Qwen2.5-7B: 1024 sequences of 5120 tokens per step, 5120 tokens per actor GPU micro-batch
 #   4 x 4 GH200 (95.58 GiB): 4 learner GPUs, 12 engine GPUs, 0 idle
@@ -1549,24 +1549,38 @@ driver_command() {
 }
 
 # The framework's stack (hpcrl.runtime.stack; docs/preflight.md "The stack check"): the installed
-# versions against what openrlhf 3c3be623 needs, the CUDA driver against torch's build, and
+# versions against what openrlhf 0.11.0 (3c3be623) needs, the CUDA driver against torch's build, and
 # the driver's command line parsed by the installed framework, in seconds, before Ray starts.
-# A mismatch ends the job (stack-mismatch, never continued); a check that cannot
-# run itself is logged and the job goes on (the driver's own checks and errors still come).
-STACK_EXPECT='{"backend":"openrlhf","commit":"3c3be6234e0cb353e76bb8019947db9dfe99fca7","framework":"openrlhf","packages":[{"dists":["openrlhf","openrlhf-nightly"],"module":"openrlhf","name":"openrlhf","source":"version.txt:1 at 3c3be623","spec":"==0.11.0.*"},{"dists":["ray"],"module":"ray","name":"ray","source":"requirements.txt:19 at 3c3be623","spec":"==2.55.0"},{"dists":["vllm"],"module":"vllm","name":"vllm","source":"setup.py:77 at 3c3be623","spec":"==0.27.1"},{"dists":["deepspeed"],"module":"deepspeed","name":"deepspeed","source":"requirements.txt:5 at 3c3be623","spec":"==0.19.5"},{"dists":["transformers"],"module":"transformers","name":"transformers","source":"requirements.txt:26 at 3c3be623","spec":"==5.15.0"},{"by":"hpcrl","dists":["ray"],"module":"ray","name":"ray","source":"hpcrl: Ray below 2.52 ignores RAY_AUTH_MODE=token","spec":">=2.52"}],"parser":{"entry":"openrlhf.cli.train_ppo_ray","kind":"main-block","namespace":"stdlib","timeout_s":60},"python":{"source":"setup.py:82 at 3c3be623","spec":">=3.10"},"schema":1,"torch_cuda":null,"version":"3c3be623"}'
+# A mismatch ends the job (stack-mismatch, never continued). A check that could not run
+# (the training Python did not answer) or that failed itself is logged and recorded as a `stack`
+# event (`hpcrl status` and `report` show it), and the job goes on; so do warnings.
+STACK_EXPECT='{"backend":"openrlhf","commit":"3c3be6234e0cb353e76bb8019947db9dfe99fca7","framework":"openrlhf","hpcrl_packages":[{"by":"hpcrl","dists":["ray"],"module":"ray","name":"ray","source":"hpcrl: Ray below 2.52 ignores RAY_AUTH_MODE=token","spec":">=2.52"}],"packages":[{"dists":["openrlhf","openrlhf-nightly"],"module":"openrlhf","name":"openrlhf","source":"version.txt:1 at 3c3be623","spec":""},{"dists":["ray"],"module":"ray","name":"ray","source":"requirements.txt:19 at 3c3be623","spec":"==2.55.0"},{"dists":["vllm"],"module":"vllm","name":"vllm","source":"setup.py:77 at 3c3be623","spec":"==0.27.1"},{"dists":["deepspeed"],"module":"deepspeed","name":"deepspeed","source":"requirements.txt:5 at 3c3be623","spec":"==0.19.5"},{"dists":["transformers"],"module":"transformers","name":"transformers","source":"requirements.txt:26 at 3c3be623","spec":"==5.15.0"}],"parser":{"entry":"openrlhf.cli.train_ppo_ray","kind":"main-block","namespace":"stdlib","timeout_s":60},"python":{"source":"setup.py:82 at 3c3be623","spec":">=3.10"},"schema":2,"tables":[{"label":"0.11.0 (3c3be623)","name":"0.11.0","packages":[{"dists":["openrlhf","openrlhf-nightly"],"module":"openrlhf","name":"openrlhf","source":"version.txt:1 at 3c3be623","spec":""},{"dists":["ray"],"module":"ray","name":"ray","source":"requirements.txt:19 at 3c3be623","spec":"==2.55.0"},{"dists":["vllm"],"module":"vllm","name":"vllm","source":"setup.py:77 at 3c3be623","spec":"==0.27.1"},{"dists":["deepspeed"],"module":"deepspeed","name":"deepspeed","source":"requirements.txt:5 at 3c3be623","spec":"==0.19.5"},{"dists":["transformers"],"module":"transformers","name":"transformers","source":"requirements.txt:26 at 3c3be623","spec":"==5.15.0"}],"parser":{"entry":"openrlhf.cli.train_ppo_ray","kind":"main-block","namespace":"stdlib","timeout_s":60},"python":{"source":"setup.py:82 at 3c3be623","spec":">=3.10"},"torch_cuda":null,"version":"0.11.0"},{"label":"0.11.1","name":"0.11.1","packages":[{"dists":["openrlhf","openrlhf-nightly"],"module":"openrlhf","name":"openrlhf","source":"METADATA:3 in openrlhf 0.11.1'"'"'s wheel","spec":""},{"dists":["ray"],"module":"ray","name":"ray","source":"METADATA:33 in openrlhf 0.11.1'"'"'s wheel","spec":"==2.55.0"},{"dists":["vllm"],"module":"vllm","name":"vllm","source":"METADATA:49 in openrlhf 0.11.1'"'"'s wheel","spec":"==0.29.0"},{"dists":["deepspeed"],"module":"deepspeed","name":"deepspeed","source":"METADATA:19 in openrlhf 0.11.1'"'"'s wheel","spec":"==0.19.5"},{"dists":["transformers"],"module":"transformers","name":"transformers","source":"METADATA:40 in openrlhf 0.11.1'"'"'s wheel","spec":"==5.15.0"}],"parser":{"entry":"openrlhf.cli.train_ppo_ray","kind":"main-block","namespace":"stdlib","timeout_s":60},"python":{"source":"METADATA:12 in openrlhf 0.11.1'"'"'s wheel","spec":">=3.10"},"torch_cuda":null,"version":"0.11.1"},{"label":"0.11.2","name":"0.11.2","packages":[{"dists":["openrlhf","openrlhf-nightly"],"module":"openrlhf","name":"openrlhf","source":"METADATA:3 in openrlhf 0.11.2'"'"'s wheel","spec":""},{"dists":["ray"],"module":"ray","name":"ray","source":"METADATA:33 in openrlhf 0.11.2'"'"'s wheel","spec":"==2.55.0"},{"dists":["vllm"],"module":"vllm","name":"vllm","source":"METADATA:49 in openrlhf 0.11.2'"'"'s wheel","spec":"==0.29.0"},{"dists":["deepspeed"],"module":"deepspeed","name":"deepspeed","source":"METADATA:19 in openrlhf 0.11.2'"'"'s wheel","spec":"==0.19.6"},{"dists":["transformers"],"module":"transformers","name":"transformers","source":"METADATA:40 in openrlhf 0.11.2'"'"'s wheel","spec":"==5.15.0"}],"parser":{"entry":"openrlhf.cli.train_ppo_ray","kind":"main-block","namespace":"stdlib","timeout_s":60},"python":{"source":"METADATA:12 in openrlhf 0.11.2'"'"'s wheel","spec":">=3.10"},"torch_cuda":null,"version":"0.11.2"}],"torch_cuda":null,"version":"0.11.0 (3c3be623)"}'
 stack_check() {
-    local out rc=0 line
-    local python=$PYTHON
+    local out rc=0 line first="" warnings=0 word
+    # The training Python as words, one per --python (the container's first): a path with spaces or
+    # quotes stays one word.
+    local python=("$PYTHON") words=()
+    for word in "${python[@]}"; do words+=(--python "$word"); done
     driver_command
     out=$(cd -- "$WORKDIR" 2>/dev/null && python3 -m hpcrl.runtime.stack --expect "$STACK_EXPECT" \
-        --python "$python" --entry "$ENTRY_POINT" -- "${DRIVER_ARGS[@]}" 2>&1) || rc=$?
+        "${words[@]}" --entry "$ENTRY_POINT" -- "${DRIVER_ARGS[@]}" 2>&1) || rc=$?
     while IFS= read -r line; do
         if [[ -n $line ]]; then log "$line"; fi
+        if [[ $line == "stack: warning: "* ]]; then
+            warnings=$((warnings + 1))
+            [[ -n $first ]] || first=${line#stack: warning: }
+        fi
     done <<<"$out"
     if ((rc == 98)); then
         finish stack-mismatch "$rc"
+    elif ((rc == 99)); then
+        line=${out%%$'\n'*}
+        record stack "unchecked: ${line#stack: unchecked: }"
     elif ((rc != 0)); then
         log "warning: the stack check itself failed (exit $rc); going on without it"
+        record stack "unchecked: the check itself failed (exit $rc): ${out##*$'\n'}"
+    elif ((warnings > 0)); then
+        record stack "$warnings warning(s): $first"
     fi
 }
 

@@ -3,7 +3,7 @@
 # hpcrl cluster: isambard-ai
 # hpcrl config: verl-grpo-qwen2.5-7b.yaml (digest 202195203414)
 #
-# Plan assumes verl 0.10.0.dev (1dda039b), the newest hpcrl knows; set hpcrl.framework_version to target another (known: 0.8.0.dev (b178a3cd), 0.10.0.dev (1dda039b))
+# Plan assumes verl 0.10.0.dev (1dda039b), hpcrl's default; set hpcrl.framework_version to target another (known: 0.8.0.dev (b178a3cd), 0.10.0.dev (1dda039b), 0.9.1)
 # Plan:
 #   model Qwen/Qwen2.5-7B: 1536 sequences of 5120 tokens per step, ppo_micro_batch_size_per_gpu 12 (61440 tokens)
 #   4 x 4 GH200 (95.58 GiB): all 16 GPUs train and generate (colocated)
@@ -1586,22 +1586,36 @@ driver_command() {
 # The framework's stack (hpcrl.runtime.stack; docs/preflight.md "The stack check"): the installed
 # versions against what verl 0.10.0.dev (1dda039b) needs, the CUDA driver against torch's build, and
 # the driver's command line parsed by the installed framework, in seconds, before Ray starts.
-# A mismatch ends the job (stack-mismatch, never continued); a check that cannot
-# run itself is logged and the job goes on (the driver's own checks and errors still come).
-STACK_EXPECT='{"backend":"verl","commit":"1dda039b9c6311889a9c9a26040677e1254814f9","framework":"verl","packages":[{"dists":["verl"],"module":"verl","name":"verl","source":"verl/version/version:1 at 1dda039b","spec":"==0.10.0.*"},{"dists":["TransferQueue"],"module":"transfer_queue","name":"transfer_queue","source":"pyproject.toml:32 at 1dda039b","spec":"","when":{"default":true,"is":true,"key":"trainer.use_v1","source":"verl/trainer/config/ppo_trainer.yaml:222 at 1dda039b"},"why":"verl 0.10.0.dev (1dda039b) runs trainer.use_v1=true, which imports it (verl/trainer/main_ppo.py:137)"},{"dists":["ray"],"module":"ray","name":"ray","source":"pyproject.toml:51 at 1dda039b","spec":">=2.41.0"},{"dists":["vllm"],"module":"vllm","name":"vllm","source":"pyproject.toml:95 at 1dda039b","spec":"==0.24.0"},{"dists":["torch"],"module":"torch","name":"torch","source":"pyproject.toml:90 at 1dda039b","spec":"==2.11.0"},{"dists":["transformers"],"module":"transformers","name":"transformers","source":"pyproject.toml:100 at 1dda039b","spec":"==5.5.3"},{"by":"hpcrl","dists":["ray"],"module":"ray","name":"ray","source":"hpcrl: Ray below 2.52 ignores RAY_AUTH_MODE=token","spec":">=2.52"}],"parser":{"config_dir":"trainer/config","config_name":"ppo_trainer","kind":"hydra","module":"verl","source":"verl/trainer/main_ppo.py:166","timeout_s":120},"python":{"source":"pyproject.toml:11 at 1dda039b","spec":">=3.10,<3.13"},"schema":1,"torch_cuda":{"arch":null,"note":"the vllm extra'"'"'s vllm 0.24.0 wheel is a cu130 / torch-2.11 build (pyproject.toml:93-95)","source":"pyproject.toml:93 at 1dda039b","version":"13.0"},"version":"0.10.0.dev (1dda039b)"}'
+# A mismatch ends the job (stack-mismatch, never continued). A check that could not run
+# (the training Python did not answer) or that failed itself is logged and recorded as a `stack`
+# event (`hpcrl status` and `report` show it), and the job goes on; so do warnings.
+STACK_EXPECT='{"backend":"verl","commit":"1dda039b9c6311889a9c9a26040677e1254814f9","framework":"verl","hpcrl_packages":[{"by":"hpcrl","dists":["ray"],"module":"ray","name":"ray","source":"hpcrl: Ray below 2.52 ignores RAY_AUTH_MODE=token","spec":">=2.52"}],"packages":[{"dists":["verl"],"module":"verl","name":"verl","source":"verl/version/version:1 at 1dda039b","spec":""},{"dists":["TransferQueue"],"module":"transfer_queue","name":"transfer_queue","source":"pyproject.toml:32 at 1dda039b","spec":"","when":{"default":true,"is":true,"key":"trainer.use_v1","source":"verl/trainer/config/ppo_trainer.yaml:222 at 1dda039b"},"why":"verl 0.10.0.dev (1dda039b) runs trainer.use_v1=true, which imports it (verl/trainer/main_ppo.py:137)"},{"dists":["ray"],"module":"ray","name":"ray","source":"pyproject.toml:51 at 1dda039b","spec":">=2.41.0"},{"dists":["vllm"],"module":"vllm","name":"vllm","source":"pyproject.toml:95 at 1dda039b","spec":"==0.24.0"},{"dists":["torch"],"module":"torch","name":"torch","source":"pyproject.toml:90 at 1dda039b","spec":"==2.11.0"},{"dists":["transformers"],"module":"transformers","name":"transformers","source":"pyproject.toml:100 at 1dda039b","spec":"==5.5.3"}],"parser":{"config_dir":"trainer/config","config_name":"ppo_trainer","kind":"hydra","module":"verl","source":"verl/trainer/main_ppo.py:166","timeout_s":120},"python":{"source":"pyproject.toml:11 at 1dda039b","spec":">=3.10,<3.13"},"schema":2,"tables":[{"label":"0.8.0.dev (b178a3cd)","name":"0.8.0.dev","packages":[{"dists":["verl"],"module":"verl","name":"verl","source":"verl/version/version:1 at b178a3cd","spec":""},{"dists":["ray"],"module":"ray","name":"ray","source":"setup.py:38 at b178a3cd","spec":">=2.41.0"},{"dists":["vllm"],"module":"vllm","name":"vllm","source":"setup.py:52 at b178a3cd","spec":">=0.8.5,<=0.12.0"}],"parser":{"config_dir":"trainer/config","config_name":"ppo_trainer","kind":"hydra","module":"verl","source":"verl/trainer/main_ppo.py","timeout_s":120},"python":null,"torch_cuda":null,"version":"0.8.0.dev"},{"label":"0.10.0.dev (1dda039b)","name":"0.10.0.dev","packages":[{"dists":["verl"],"module":"verl","name":"verl","source":"verl/version/version:1 at 1dda039b","spec":""},{"dists":["TransferQueue"],"module":"transfer_queue","name":"transfer_queue","source":"pyproject.toml:32 at 1dda039b","spec":"","when":{"default":true,"is":true,"key":"trainer.use_v1","source":"verl/trainer/config/ppo_trainer.yaml:222 at 1dda039b"},"why":"verl 0.10.0.dev (1dda039b) runs trainer.use_v1=true, which imports it (verl/trainer/main_ppo.py:137)"},{"dists":["ray"],"module":"ray","name":"ray","source":"pyproject.toml:51 at 1dda039b","spec":">=2.41.0"},{"dists":["vllm"],"module":"vllm","name":"vllm","source":"pyproject.toml:95 at 1dda039b","spec":"==0.24.0"},{"dists":["torch"],"module":"torch","name":"torch","source":"pyproject.toml:90 at 1dda039b","spec":"==2.11.0"},{"dists":["transformers"],"module":"transformers","name":"transformers","source":"pyproject.toml:100 at 1dda039b","spec":"==5.5.3"}],"parser":{"config_dir":"trainer/config","config_name":"ppo_trainer","kind":"hydra","module":"verl","source":"verl/trainer/main_ppo.py:166","timeout_s":120},"python":{"source":"pyproject.toml:11 at 1dda039b","spec":">=3.10,<3.13"},"torch_cuda":{"arch":null,"note":"the vllm extra'"'"'s vllm 0.24.0 wheel is a cu130 / torch-2.11 build (pyproject.toml:93-95)","source":"pyproject.toml:93 at 1dda039b","version":"13.0"},"version":"0.10.0.dev"},{"label":"0.9.1","name":"0.9.1","packages":[{"dists":["verl"],"module":"verl","name":"verl","source":"METADATA:3 in verl 0.9.1'"'"'s wheel","spec":""},{"dists":["TransferQueue"],"module":"transfer_queue","name":"transfer_queue","source":"METADATA:41 in verl 0.9.1'"'"'s wheel","spec":">=0.1.10","when":{"default":true,"is":true,"key":"trainer.use_v1","source":"verl/trainer/config/ppo_trainer.yaml:232 in verl 0.9.1'"'"'s wheel"},"why":"verl 0.9.1 runs trainer.use_v1=true, which imports it (verl/trainer/main_ppo.py:137)"},{"dists":["ray"],"module":"ray","name":"ray","source":"METADATA:23 in verl 0.9.1'"'"'s wheel","spec":">=2.41.0"},{"dists":["vllm"],"module":"vllm","name":"vllm","source":"METADATA:81 in verl 0.9.1'"'"'s wheel","spec":"==0.24.0"},{"dists":["torch"],"module":"torch","name":"torch","source":"METADATA:78 in verl 0.9.1'"'"'s wheel","spec":"==2.11.0"},{"dists":["transformers"],"module":"transformers","name":"transformers","source":"METADATA:26 in verl 0.9.1'"'"'s wheel","spec":"<5.11,>=5.5.3,!=5.6.0"}],"parser":{"config_dir":"trainer/config","config_name":"ppo_trainer","kind":"hydra","module":"verl","source":"verl/trainer/main_ppo.py:166","timeout_s":120},"python":{"source":"METADATA:9 in verl 0.9.1'"'"'s wheel","spec":">=3.10,<3.13"},"torch_cuda":{"arch":null,"note":"the fsdp extra installs flash-attn-cu130torch211 and cupy-cu130 (METADATA:73,75, pulled in at METADATA:95-96): CUDA 13.0 builds beside torch==2.11.0 (METADATA:97); the vllm extra'"'"'s vllm==0.24.0 (METADATA:81) is PyPI'"'"'s cu130 build","source":"METADATA:73-75 in verl 0.9.1'"'"'s wheel","version":"13.0"},"version":"0.9.1"}],"torch_cuda":{"arch":null,"note":"the vllm extra'"'"'s vllm 0.24.0 wheel is a cu130 / torch-2.11 build (pyproject.toml:93-95)","source":"pyproject.toml:93 at 1dda039b","version":"13.0"},"version":"0.10.0.dev (1dda039b)"}'
 stack_check() {
-    local out rc=0 line
-    local python=$PYTHON
+    local out rc=0 line first="" warnings=0 word
+    # The training Python as words, one per --python (the container's first): a path with spaces or
+    # quotes stays one word.
+    local python=("$PYTHON") words=()
+    for word in "${python[@]}"; do words+=(--python "$word"); done
     driver_command
     out=$(cd -- "$WORKDIR" 2>/dev/null && python3 -m hpcrl.runtime.stack --expect "$STACK_EXPECT" \
-        --python "$python" --entry "$ENTRY_POINT" -- "${DRIVER_ARGS[@]}" 2>&1) || rc=$?
+        "${words[@]}" --entry "$ENTRY_POINT" -- "${DRIVER_ARGS[@]}" 2>&1) || rc=$?
     while IFS= read -r line; do
         if [[ -n $line ]]; then log "$line"; fi
+        if [[ $line == "stack: warning: "* ]]; then
+            warnings=$((warnings + 1))
+            [[ -n $first ]] || first=${line#stack: warning: }
+        fi
     done <<<"$out"
     if ((rc == 98)); then
         finish stack-mismatch "$rc"
+    elif ((rc == 99)); then
+        line=${out%%$'\n'*}
+        record stack "unchecked: ${line#stack: unchecked: }"
     elif ((rc != 0)); then
         log "warning: the stack check itself failed (exit $rc); going on without it"
+        record stack "unchecked: the check itself failed (exit $rc): ${out##*$'\n'}"
+    elif ((warnings > 0)); then
+        record stack "$warnings warning(s): $first"
     fi
 }
 

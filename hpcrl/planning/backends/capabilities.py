@@ -41,10 +41,12 @@ class Fact:
     value: Any = None  # the framework's default, or the value it passes
     key: str | None = None  # settings: the key that changes the value, if any
     note: str = ""
+    where: str = ""  # a release read from its wheel: `in verl 0.9.1's wheel` (else `at <commit>`)
+    raw: tuple[tuple[str, Any], ...] = ()  # the fact's other fields as the table holds them
 
     def cite(self) -> str:
-        """`path:line at <commit>`: where a reader can check the fact."""
-        return f"{self.source} at {self.commit[:8]}"
+        """`path:line at <commit>` (or `in <release>'s wheel`): where a reader can check the fact."""
+        return f"{self.source} {self.where or 'at ' + self.commit[:8]}"
 
 
 @lru_cache(maxsize=1)
@@ -60,30 +62,34 @@ def commit(backend: str) -> str:
     return str(_table()[backend]["commit"])
 
 
-def _read_at(backend: str, section: str, name: str, version: str | None) -> tuple[str, dict[str, Any]]:
-    """(commit, entry) of one fact: as read at `version` (hpcrl.framework_version) where that version's table
-    holds it, else as read at the table's own commit. None: the table's commit."""
+def _read_at(backend: str, section: str, name: str, version: str | None) -> tuple[str, str, dict[str, Any]]:
+    """(commit, where, entry) of one fact: as read at `version` (hpcrl.framework_version) where that version's
+    table holds it, else as read at the table's own commit. None: the table's commit. `where` names a release
+    read from its wheel (no commit), else is empty."""
     if version is not None:
         from hpcrl.planning.backends import versions
 
         at = versions.capabilities(backend, version)
         if name in at.get(section, {}):
-            return str(at.get("commit") or versions.resolve(backend, version).commit), at[section][name]
-    return commit(backend), _table()[backend][section][name]
+            v = versions.resolve(backend, version)
+            sha = str(at.get("commit") or v.commit)
+            return sha, "" if sha else v.at(), at[section][name]
+    return commit(backend), "", _table()[backend][section][name]
 
 
 def feature(backend: str, name: str, version: str | None = None) -> Fact:
     """A feature of `backend` (lora, load_in_4bit, ref_policy, save_on_signal, ...)."""
-    at, raw = _read_at(backend, "features", name, version)
+    at, where, raw = _read_at(backend, "features", name, version)
     return Fact(backend, name, at, raw["source"], supported=raw.get("supported"),
-                keys=tuple(raw.get("keys") or ()), value=raw.get("default"), note=raw.get("note", ""))
+                keys=tuple(raw.get("keys") or ()), value=raw.get("default"), note=raw.get("note", ""), where=where,
+                raw=tuple(raw.items()))
 
 
 def setting(backend: str, section: str, name: str, version: str | None = None) -> Fact:
     """A setting the backend passes on: section is deepspeed, fsdp or vllm."""
-    at, raw = _read_at(backend, section, name, version)
+    at, where, raw = _read_at(backend, section, name, version)
     return Fact(backend, name, at, raw["source"], value=raw.get("value", raw.get("default")),
-                key=raw.get("key"), note=raw.get("note", ""))
+                key=raw.get("key"), note=raw.get("note", ""), where=where, raw=tuple(raw.items()))
 
 
 def services(backend: str) -> list[dict[str, Any]]:

@@ -63,6 +63,10 @@ RUN_DIR_KEYS = {"ckpt.path": "checkpoints", "ckpt.output_dir": "output"}
 # With vLLM importance-sampling correction OpenRLHF asks vLLM for processed logprobs (cli/train_ppo_ray.py:78 at
 # 3c3be623); without it, it passes no logprobs_mode (vllm_engine.py:295-296) and vLLM's raw_logprobs applies.
 IS_CORRECTION, IS_CORRECTION_LOGPROBS = "algo.advantage.is_correction_enable", "processed_logprobs"
+# 0.11.2 replaced the switch by a level (off, token, seq); any level but off asks for processed logprobs
+# (cli/train_ppo_ray.py:78 and :261-267 in 0.11.2's wheel).
+IS_CORRECTION_LEVEL = "algo.advantage.is_correction_level"
+BACKEND_NAME = "openrlhf"
 # offload_params, learners and per_param_sync keep the words the planner offered OpenRLHF runs
 # when this table extended open-instruct's (its flags, not OpenRLHF's: unchanged here, issue 22).
 FIXES = {"no_hpz": "--set ds.zpg=1 (no ZeRO++ secondary weight copy)",
@@ -74,9 +78,10 @@ FIXES = {"no_hpz": "--set ds.zpg=1 (no ZeRO++ secondary weight copy)",
          "per_param_sync": "--set gather_whole_model=false (weight sync one parameter at a time)"}
 
 
-@lru_cache(maxsize=1)
-def openrlhf_table() -> dict[str, dict[str, Any]]:
-    return load_table(TABLE)
+@lru_cache(maxsize=None)
+def openrlhf_table(version: str | None = None) -> dict[str, dict[str, Any]]:
+    """The flag table of OpenRLHF `version` (hpcrl.framework_version; None: hpcrl's default, openrlhf_args.json)."""
+    return versions.table(BACKEND_NAME, version) if version else load_table(TABLE)
 
 
 @lru_cache(maxsize=1)
@@ -210,13 +215,13 @@ class OpenRLHFBackend(Backend):
     }
 
     def arg_table(self, section: HpcrlSection | None = None) -> dict[str, dict[str, Any]]:
-        return openrlhf_table()
+        return openrlhf_table(section.framework_version if section else None)
 
     def normalize_args(self, args: dict[str, Any], section: HpcrlSection) -> dict[str, Any]:
-        return flatten({k.removeprefix("--"): v for k, v in args.items()}, openrlhf_table())
+        return flatten({k.removeprefix("--"): v for k, v in args.items()}, openrlhf_table(section.framework_version))
 
     def check_args(self, args: dict[str, Any], section: HpcrlSection) -> None:
-        table = openrlhf_table()
+        table = openrlhf_table(section.framework_version)
         for key, value in args.items():
             if key not in table:
                 if key in renamed():
@@ -231,7 +236,33 @@ class OpenRLHFBackend(Backend):
 
     # ------------------------------------------------------------------ planning
     def arg(self, cfg: RunConfig, key: str) -> Any:
-        return cfg.args[key] if key in cfg.args else _default(openrlhf_table()[key])
+        """A flag's value: the config's, else the default of the run's OpenRLHF version (None: no such flag there)."""
+        table = openrlhf_table(cfg.hpcrl.framework_version)
+        return cfg.args[key] if key in cfg.args else _default(table[key]) if key in table else None
+
+    def is_correction(self, cfg: RunConfig) -> bool:
+        """Whether the run turns on vLLM importance-sampling correction, in its version's words: the switch
+        (0.11.0, 0.11.1) or any level but off (0.11.2)."""
+        if IS_CORRECTION_LEVEL in openrlhf_table(cfg.hpcrl.framework_version):
+            return str(self.arg(cfg, IS_CORRECTION_LEVEL)) != "off"
+        return bool(self.arg(cfg, IS_CORRECTION))
+
+    def engine_facts(self, version: str | None = None) -> VllmEngineFacts:
+        """The vLLM the run's OpenRLHF version installs: the pin of its install facts (data/stack.json, or the
+        release's own), with the engine-context scheduler defaults OpenRLHF leaves to vLLM."""
+        from hpcrl.planning.backends.stack_expect import facts_of
+
+        v = versions.resolve(self.name, version)
+        pkg = next(p for p in (facts_of(v) or {}).get("packages", []) if p["name"] == "vllm")
+        pin = pkg["spec"].removeprefix("==")
+        where = f"{pkg['source']} {v.at()}"
+        return replace(self.memory.vllm, version=pin, source=(
+            f"OpenRLHF {v.label()} pins vllm=={pin} ({where}) and builds engines with "
+            "vllm.AsyncLLMEngine.from_engine_args (openrlhf/trainer/ray/vllm_engine.py:64) passing no scheduler sizes "
+            "(vllm_engine.py:266-281 at 3c3be623; :268-280 in 0.11.1's and 0.11.2's wheels): vLLM's engine-context "
+            "defaults; logprobs_mode processed_logprobs only with IS correction (algo.advantage.is_correction_enable "
+            "at 0.11.0/0.11.1, an is_correction_level other than off at 0.11.2: cli/train_ppo_ray.py:78), else vLLM's "
+            "raw_logprobs"))
 
     def colocated(self, cfg: RunConfig) -> bool:
         return bool(self.arg(cfg, "train.colocate_all"))
@@ -279,8 +310,9 @@ class OpenRLHFBackend(Backend):
             hpz_partition_size=int(self.arg(cfg, "ds.zpg")),
             logits_copy=False,  # temperature division is in place
             # passed to vLLM's engine arguments (openrlhf/trainer/ray/vllm_engine.py:268 at 3c3be623)
-            vllm=replace(self.memory.vllm, enforce_eager=bool(self.arg(cfg, "vllm.enforce_eager")),
-                         logprobs_mode=IS_CORRECTION_LOGPROBS if self.arg(cfg, IS_CORRECTION) else "raw_logprobs"),
+            vllm=replace(self.engine_facts(cfg.hpcrl.framework_version),
+                         enforce_eager=bool(self.arg(cfg, "vllm.enforce_eager")),
+                         logprobs_mode=IS_CORRECTION_LOGPROBS if self.is_correction(cfg) else "raw_logprobs"),
             learner_fixed=tuple(self.memory.learner.items()),
         )
 
@@ -358,7 +390,7 @@ class OpenRLHFBackend(Backend):
     def driver_command(self, rp: RunPlan) -> list[DriverLine]:
         planned = self.layout_args(rp)
         merged = merge_planned(rp.config.args, planned)
-        table = openrlhf_table()
+        table = openrlhf_table(rp.config.hpcrl.framework_version)
         lines: list[DriverLine] = []
         for key, value in merged.items():
             if key not in table:

@@ -34,7 +34,8 @@ from hpcrl.memory.fsdp_learner import FsdpSetup, earlier_grads
 from hpcrl.memory.vllm_accounting import VllmEngineFacts
 from hpcrl.models import resolve_model
 from hpcrl.planning.backends import versions
-from hpcrl.planning.backends.verl_memory import FILLS_NODES, fsdp_update, memory_facts, sleep_level, vllm_facts
+from hpcrl.planning.backends.verl_memory import (FILLS_NODES, fsdp_update, grad_sync_key, memory_facts, sleep_level,
+                                                 vllm_facts)
 from hpcrl.planning.backends.log_facts import CommandFacts, CpuAsk, DiagnoseFacts, MetricFacts, SmokeFacts
 from hpcrl.planning.backends.verl_disk import DISK, TIMING
 from hpcrl.planning.backends.verl_hydra import expected_kind, hydra_value, is_interpolation, type_ok
@@ -226,7 +227,8 @@ class VerlBackend(Backend):
                             max_num_batched_tokens=int(self.arg(cfg, R + "max_num_batched_tokens")),
                             enforce_eager=bool(self.arg(cfg, R + "enforce_eager")),
                             logprobs_mode=str(self.arg(cfg, R + "logprobs_mode") or "raw_logprobs")),
-            learner_fixed=self.learner_fixed(cfg.hpcrl.framework_version),
+            learner_fixed=self.learner_fixed(cfg.hpcrl.framework_version, self.no_sync(cfg),
+                                             float(self.arg(cfg, R + "temperature"))),
         )
 
     def pins_from(self, cfg: RunConfig, cli_pins: list[str] | None = None) -> Pins:
@@ -247,8 +249,18 @@ class VerlBackend(Backend):
 
     memory_by_version = True  # the actor update moved to the engine workers (fsdp_learner.VerlUpdate)
 
-    def learner_fixed(self, version: str | None = None) -> tuple[tuple[str, Any], ...]:
-        return (*super().learner_fixed(version), ("fsdp_update", fsdp_update(self.name, version)))
+    def learner_fixed(self, version: str | None = None, no_sync: bool | None = None,
+                      temperature: float = 1.0) -> tuple[tuple[str, Any], ...]:
+        return (*super().learner_fixed(version), ("fsdp_update", fsdp_update(self.name, version, no_sync, temperature)))
+
+    def no_sync(self, cfg: RunConfig) -> bool | None:
+        """The run's value of the key that switches its version's gradient sync (0.9.1's
+        fsdp_config.use_no_sync_for_gradient_accumulation); None: not set, or no such key at that version."""
+        key = grad_sync_key(self.name, cfg.hpcrl.framework_version)
+        if key is None or key not in cfg.args:
+            return None
+        value = cfg.args[key]
+        return value if isinstance(value, bool) else str(value).strip().lower() == "true"
 
     def engine_facts(self, version: str | None = None) -> VllmEngineFacts:
         return vllm_facts(version)  # b178a3cd installs vLLM 0.11.0, 1dda039b 0.24.0
@@ -404,7 +416,8 @@ class VerlBackend(Backend):
         else:
             offload = "none"
         return FsdpSetup(w.model, n_gpus, w.pack_length, micro_batches, fsdp_version, w.load_ref_policy, offload,
-                         update=fsdp_update(self.name, cfg.hpcrl.framework_version))
+                         update=fsdp_update(self.name, cfg.hpcrl.framework_version, self.no_sync(cfg),
+                                            float(self.arg(cfg, R + "temperature"))))
 
     def micro_batch_count(self, cfg: RunConfig, world: int, seq_len: int, micro: int | None = None) -> int:
         """Micro-batches per optimizer step on one GPU (dp_actor.py:551-559 at b178a3cd): the mini-batch's

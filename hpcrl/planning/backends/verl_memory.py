@@ -53,6 +53,7 @@ _VLLM_PINS = {
                   "(scripts/install_vllm_sglang_mcore.sh:12; its images are verlai/verl:vllm011, docs/start/install.rst:60)"),
     "1dda039b9c6311889a9c9a26040677e1254814f9": (
         "0.24.0", "verl 0.10.0.dev (1dda039b) pins vllm==0.24.0 (pyproject.toml:95)"),
+    "0.9.1": ("0.24.0", "verl 0.9.1's vllm extra pins vllm==0.24.0 (METADATA:81 in its wheel)"),
 }
 
 
@@ -62,7 +63,7 @@ def vllm_facts(version: str | None, max_num_seqs: int = 256, max_num_batched_tok
     the scheduler sizes and enforce_eager its rollout passes (the run's keys; verl's defaults without a config)."""
     from hpcrl.planning.backends import versions
 
-    pin, why = _VLLM_PINS[versions.resolve("verl", version).commit]
+    pin, why = _VLLM_PINS[versions.resolve("verl", version).key]
     return VllmEngineFacts(
         pin, max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs, enforce_eager=enforce_eager,
         logprobs_mode=logprobs_mode,
@@ -81,13 +82,36 @@ def sleep_level(backend: str, version: str | None) -> int:
     return int(facts.get("sleep_level", {}).get("default", 1))
 
 
-def fsdp_update(backend: str, version: str | None) -> VerlUpdate:
+def grad_sync_key(backend: str, version: str | None) -> str | None:
+    """The config key that turns the version's gradient-sync default around (0.9.1's
+    fsdp_config.use_no_sync_for_gradient_accumulation), None where the version has none."""
+    from hpcrl.planning.backends import versions
+
+    fact = versions.capabilities(backend, version).get("fsdp", {}).get("update_grad_sync", {})
+    return fact.get("key") if "when_true" in fact else None
+
+
+def fsdp_update(backend: str, version: str | None, no_sync: bool | None = None,
+                temperature: float = 1.0) -> VerlUpdate:
     """What the actor update does at the run's verl version (capabilities fsdp.update_*: b178a3cd's
-    dp_actor.py, 1dda039b's engine workers), for hpcrl/memory/fsdp_learner.py."""
+    dp_actor.py, 1dda039b's engine workers, 0.9.1's engine with its no_sync switch), for
+    hpcrl/memory/fsdp_learner.py. no_sync: the run's grad_sync_key value (None: the version's default);
+    temperature: the run's rollout.temperature (0.9.1 skips the divide at exactly 1)."""
     from hpcrl.planning.backends import versions
 
     v = versions.resolve(backend, version)
-    facts = versions.capabilities(backend, v.name).get("fsdp", {})
-    return VerlUpdate(version=v.name, temperature_divide=facts["update_temperature_divide"]["value"],
-                      grad_sync=facts["update_grad_sync"]["value"],
-                      lm_head_own_unit_fsdp2="lm_head (untied)" in facts["update_fsdp2_units"]["value"])
+    facts = versions.capabilities(backend, v.key).get("fsdp", {})
+    sync = facts["update_grad_sync"]
+    grad_sync = sync["when_true"] if (no_sync and "when_true" in sync) else sync["value"]
+    if "when_true" in sync:
+        said = "true" if no_sync else "false" if no_sync is not None else "false, its default"
+        why = f"{backend} {v.name}, {sync['key']} {said} ({sync['source']} {v.at()})"
+    else:
+        why = f"{backend} {v.label()}, {sync['source']} {v.at()}"
+    divide = facts["update_temperature_divide"]
+    skipped = divide.get("at_unit_temperature") == "skipped" and float(temperature) == 1.0
+    return VerlUpdate(version=v.name, temperature_divide="none" if skipped else divide["value"],
+                      grad_sync=grad_sync,
+                      lm_head_own_unit_fsdp2="lm_head (untied)" in facts["update_fsdp2_units"]["value"],
+                      grad_sync_why=why,
+                      tied_once=facts.get("update_flat_tied", {}).get("value") == "once")

@@ -1,10 +1,11 @@
 """The framework versions hpcrl has tables for, and which of them know a key.
 
-Pure. `data/versions.json` lists, per backend and oldest first, each version's name (release
-tag or the version string its source declares), commit, date and data files; the newest is the
-default a run config gets when it names none (hpcrl.framework_version), and the caller prints
-it as an assumption. A version is named by its name, its full commit or a commit prefix of at
-least 7 characters.
+Pure. `data/versions.json` lists, per backend and oldest first, each version's name (the release
+users install, e.g. verl 0.9.1, else the version string its source declares at a commit), the
+commit it was built from where one is known, its date, what its tables were read from and its
+data files; the one marked default (else the newest) is what a run config gets when it names none
+(hpcrl.framework_version), and the caller prints it as an assumption. A version is named by its
+name, its release, its full commit or a commit prefix of at least 7 characters.
 """
 
 from __future__ import annotations
@@ -27,16 +28,30 @@ class Version:
 
     backend: str
     name: str
-    commit: str
+    commit: str  # "" for a release read from its wheel, with no commit known
     date: str
     release: str | None
     args_file: str  # under data/
     capabilities_file: str | None
     note: str = ""
+    source: str = ""  # what the tables were read from, where not the commit (a wheel)
+    stack_file: str | None = None  # its install facts, where not in stack.json (keyed by commit)
+    is_default: bool = False
+
+    @property
+    def key(self) -> str:
+        """What per-version data is keyed by: the commit, else the name."""
+        return self.commit or self.name
 
     def label(self) -> str:
-        """`name (short commit)`, as errors and assumptions print it."""
-        return self.name if self.name.startswith(self.commit[:8]) else f"{self.name} ({self.commit[:8]})"
+        """`name (short commit)`, as errors and assumptions print it (a release without a commit: its name)."""
+        if not self.commit or self.name.startswith(self.commit[:8]):
+            return self.name
+        return f"{self.name} ({self.commit[:8]})"
+
+    def at(self) -> str:
+        """Where its facts were read, as citations name it: `at 1dda039b`, or `in verl 0.9.1's wheel`."""
+        return f"at {self.commit[:8]}" if self.commit else f"in {self.backend} {self.name}'s wheel"
 
 
 class UnknownVersionError(ConfigError):
@@ -54,14 +69,17 @@ def _index() -> dict[str, Any]:
 
 def known(backend: str) -> list[Version]:
     """The versions of `backend` hpcrl has tables for, oldest first ([] for a backend with none)."""
-    return [Version(backend, v["name"], v["commit"], v["date"], v.get("release"), v["files"]["args"],
-                    v["files"].get("capabilities"), v.get("note", ""))
+    return [Version(backend, v["name"], v.get("commit") or "", v["date"], v.get("release"), v["files"]["args"],
+                    v["files"].get("capabilities"), v.get("note", ""), v.get("source", ""), v["files"].get("stack"),
+                    bool(v.get("default")))
             for v in _index().get(backend, [])]
 
 
 def default(backend: str) -> Version:
-    """The newest known version: what a run config that names none targets (say so as an assumption)."""
-    return known(backend)[-1]
+    """The version marked default, else the newest: what a run config that names none targets (said as an
+    assumption)."""
+    versions = known(backend)
+    return next((v for v in versions if v.is_default), versions[-1])
 
 
 def resolve(backend: str, name: str | None) -> Version:
@@ -72,11 +90,11 @@ def resolve(backend: str, name: str | None) -> Version:
     text = str(name).strip().lower()
     for v in versions:
         if text in (v.name.lower(), (v.release or "").lower()) or (
-                len(text) >= MIN_PREFIX and v.commit.startswith(text)):
+                len(text) >= MIN_PREFIX and v.commit and v.commit.startswith(text)):
             return v
     raise UnknownVersionError(
         f"hpcrl.framework_version: no {backend} table for {name!r}; "
-        f"known: {', '.join(v.label() for v in versions)} (default: the newest, {versions[-1].label()})")
+        f"known: {', '.join(v.label() for v in versions)} (default: {default(backend).label()})")
 
 
 @lru_cache(maxsize=None)
@@ -105,13 +123,13 @@ def targeted(backend: str, name: str | None) -> tuple[Version, str | None]:
     v = resolve(backend, name)
     if name:
         return v, None
-    return v, (f"assumes {backend} {v.label()}, the newest hpcrl knows; set hpcrl.framework_version to target another "
+    return v, (f"assumes {backend} {v.label()}, hpcrl's default; set hpcrl.framework_version to target another "
                f"(known: {', '.join(o.label() for o in known(backend))})")
 
 
 def versions_with_key(backend: str, key: str) -> list[Version]:
     """The known versions whose table has `key`, oldest first."""
-    return [v for v in known(backend) if key in table(backend, v.commit)]
+    return [v for v in known(backend) if key in table(backend, v.key)]
 
 
 def check_key(backend: str, name: str | None, key: str, how: str = "set hpcrl.framework_version to one of them") -> bool:

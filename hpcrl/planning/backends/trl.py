@@ -249,6 +249,12 @@ class TrlBackend(Backend):
         layouts = self._layouts(cfg, profile, nodes, w, pins, batch, per_gen, generations)
         lay = layouts[0]
         g = profile.gpu.count_per_node
+        if not lay.colocated and not profile.slurm.exclusive:
+            # vllm_serve.py:226-276 starts `vllm serve` with no API key and TRL's weight-transfer endpoints.
+            warnings.append(f"trl vllm-serve answers whoever reaches its node (no key: trl/scripts/vllm_serve.py:"
+                            f"226-276, TRL 1.16.0), and {profile.name}'s jobs are not exclusive: another user on a "
+                            "shared node could send it requests or weights; ask for whole nodes, or use vllm_mode "
+                            "colocate (no server)")
         if not lay.colocated and lay.nodes > 1 and lay.learners_per_node < g:
             cap = profile.planning.max_learners_per_node
             why = (f"{profile.name} plans at most {cap} learner{'s' if cap != 1 else ''} per node "

@@ -86,7 +86,11 @@ def plan_memory_cmd(
     plot: Optional[Path] = typer.Option(None, "--plot", help="Write a stacked bar chart (PNG)"),
 ) -> None:
     """Will it fit? Per-GPU memory of a learner and an engine, and host RAM, for a run config or a framework's defaults."""
+    from hpcrl.cli.outfile import output_target, write_output
     from hpcrl.planning import memory_question as mq
+
+    if plot is not None:
+        output_target(plot, "--plot", stdout_ok=False)  # refused before any planning
     from hpcrl.planning.memory_answer import EngineOptions, MemoryRequest, plan_memory_data
 
     given = mq.Overrides(
@@ -107,9 +111,13 @@ def plan_memory_cmd(
         print_json(data) if as_json else _print_hf(data)
         return
     if plot is not None:
+        import io
+
         from hpcrl.logs.plots import plot_memory
 
-        plot_memory(data, plot)
+        png = io.BytesIO()
+        plot_memory(data, png)
+        write_output(plot, png.getvalue(), "--plot", stdout_ok=False)
     if as_json:
         print_json(data)
         return

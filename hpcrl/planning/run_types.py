@@ -26,6 +26,9 @@ if TYPE_CHECKING:
     from hpcrl.profiles import ClusterProfile
 
 # hpcrl-section fields added after configs were first hashed, with their unset values.
+# hpcrl.run_name's longest: the run dir, `<name>-<6 hex>.sbatch` and the Slurm job name stay well inside a
+# file name's 255 bytes.
+RUN_NAME_MAX = 100
 NEWER_FIELDS = {"gpus": None, "loss_keys": [], "framework_version": None, "stack_check": "on", "quota_gib": None}
 
 
@@ -98,6 +101,16 @@ class HpcrlSection(BaseModel):
     def _paths(cls, value):
         if value is not None and (problem := path_problem(value)):
             raise ValueError(f"{value!r}: {problem}")
+        return value
+
+    @field_validator("run_name")
+    @classmethod
+    def _run_name(cls, value: str) -> str:
+        # It names the run directory, the run id (<name>-<6 hex>) and the Slurm job: a file name with room.
+        if not value or value in (".", "..") or "/" in value or "\0" in value:
+            raise ValueError(f"{value!r}: must be a directory name (no '/', not '.' or '..')")
+        if len(value) > RUN_NAME_MAX:
+            raise ValueError(f"{len(value)} characters ({value[:20]}...); valid: 1 to {RUN_NAME_MAX} characters")
         return value
 
     @field_validator("code_server", "stack_check", mode="before")

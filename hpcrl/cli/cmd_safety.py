@@ -22,8 +22,8 @@ def diagnose_cmd(
                                         "assumed)"),
     backend: Optional[str] = typer.Option(None, "--backend", "-b", help="The run's backend (default: the run's, "
                                           "else the driver command in the log)"),
-    learner_gpus: Optional[int] = typer.Option(None, "--learner-gpus", help="Learner GPUs (default: from the run or log)"),
-    tokens_per_gpu: Optional[int] = typer.Option(None, "--tokens-per-gpu", help="Tokens per learner GPU micro-batch "
+    learner_gpus: Optional[int] = typer.Option(None, "--learner-gpus", min=1, help="Learner GPUs (default: from the run or log)"),
+    tokens_per_gpu: Optional[int] = typer.Option(None, "--tokens-per-gpu", min=1, help="Tokens per learner GPU micro-batch "
                                                  "(default: from the run or log)"),
     cluster: Optional[str] = typer.Option(None, "--cluster", "-c", help="Cluster profile (default: the run's)"),
     as_json: bool = typer.Option(False, "--json", help="Print the diagnosis as JSON"),

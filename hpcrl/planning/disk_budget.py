@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import posixpath
 from dataclasses import dataclass, field, replace
+from collections.abc import Sequence
 from typing import Any, Callable
 
 from hpcrl.errors import HpcrlError
@@ -183,22 +184,54 @@ def saves(every: int, steps: int | None, at_end: bool = False) -> int | None:
     return steps // every + (1 if at_end and steps % every else 0)
 
 
-def search(build: Callable[[DiskInputs], Budget], base: DiskInputs, field_name: str, values: list[Any],
+# Up to this many candidate values are tried one by one; a longer range (a run of millions of steps) is
+# bisected: each is ordered so that once one fits every later one does (fewer kept, rarer saves).
+LINEAR_SEARCH = 64
+
+
+def search(build: Callable[[DiskInputs], Budget], base: DiskInputs, field_name: str, values: Sequence[Any],
            setting: str, shown: Callable[[Any], Any] = lambda v: v) -> Fix | None:
     """The first of `values` for `field_name` whose budget fits, as a Fix in the backend's key."""
-    for value in values:
+    def fitting(value: Any) -> Budget | None:
         b = build(replace(base, **{field_name: value}))
-        if b.fits:
-            return Fix(setting, shown(value), b.peak_bytes)
-    return None
+        return b if b.fits else None
+
+    if len(values) <= LINEAR_SEARCH:
+        for value in values:
+            if (b := fitting(value)) is not None:
+                return Fix(setting, shown(value), b.peak_bytes)
+        return None
+    lo, hi = 0, len(values) - 1
+    if fitting(values[hi]) is None:
+        return None
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if fitting(values[mid]) is not None else (mid + 1, hi)
+    b = fitting(values[lo])
+    return Fix(setting, shown(values[lo]), b.peak_bytes) if b is not None else None
 
 
-def interval_values(current: int, total_steps: int | None, lowest_count: int = 0) -> list[int]:
+class _Intervals(Sequence[int]):
+    """interval_values without the list: a run of a million steps has a million candidates."""
+
+    def __init__(self, total_steps: int, counts: range) -> None:
+        self._steps, self._counts = total_steps, counts
+
+    def __len__(self) -> int:
+        return len(self._counts)
+
+    def __getitem__(self, i):  # type: ignore[override]
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        return self._steps // (self._counts[i] + 1) + 1
+
+
+def interval_values(current: int, total_steps: int | None, lowest_count: int = 0) -> Sequence[int]:
     """Intervals above `current`, each the smallest giving one save fewer (total_steps // v)."""
     if not total_steps or current <= 0:
         return []
     count = total_steps // current
-    return [total_steps // (c + 1) + 1 for c in range(count - 1, lowest_count - 1, -1)]
+    return _Intervals(total_steps, range(count - 1, lowest_count - 1, -1))
 
 
 def refusal(b: Budget, fixes: list[str], steps_text: str) -> str:

@@ -88,6 +88,10 @@ def plan_memory_data(r: MemoryRequest) -> dict:
         question = mq.from_defaults(r.backend or DEFAULT_BACKEND, given)
         profile = job_profile(resolve_profile(r.cluster, r.cluster_file), r.gpus)
     question.check_features()
+    machine = (profile.slurm.system_nodes or 0) * profile.gpu.count_per_node
+    if r.learner_gpus is not None and machine and r.learner_gpus > machine:
+        raise HpcrlError(f"--learner-gpus {r.learner_gpus:,}: {profile.name} has {machine:,} GPUs in all; valid: 1 to "
+                         f"{machine:,}")
     colocation = None
     if question.config is None and (question.colocated if r.colocated is None else r.colocated):
         keep = question.grads_resident if r.keep_grads is None else r.keep_grads

@@ -13,12 +13,12 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from hpcrl.contract import ZERO_REWARD_STEPS
 from hpcrl.planning.backends import DEFAULT_BACKEND, get_backend
 from hpcrl.planning.backends.oi_args import ArgLayout
-from hpcrl.shell import path_problem
+from hpcrl.shell import path_problem, slurm_seconds
 
 if TYPE_CHECKING:
     from hpcrl.planning.cadence import Cadence
@@ -30,6 +30,9 @@ if TYPE_CHECKING:
 # file name's 255 bytes.
 RUN_NAME_MAX = 100
 NEWER_FIELDS = {"gpus": None, "loss_keys": [], "framework_version": None, "stack_check": "on", "quota_gib": None}
+
+
+_NUMBERS = (int, float, int | None, float | None)
 
 
 class HpcrlSection(BaseModel):
@@ -87,6 +90,14 @@ class HpcrlSection(BaseModel):
         default=None, description="Words of the command; {port} is the port. Default: the backend's (capabilities.json)")
     code_server_timeout_s: int = Field(default=180, gt=0)
 
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_numbers(cls, value, info: ValidationInfo):
+        # Pydantic reads true as 1: `nodes: true` planned one node and blamed memory.
+        if isinstance(value, bool) and cls.model_fields[str(info.field_name)].annotation in _NUMBERS:
+            raise ValueError(f"{str(value).lower()} is not a number")
+        return value
+
     @model_validator(mode="before")
     @classmethod
     def _backend_defaults(cls, data):
@@ -132,6 +143,8 @@ class HpcrlSection(BaseModel):
         if isinstance(value, int) and not isinstance(value, bool):
             h, rest = divmod(value, 3600)
             return f"{h}:{rest // 60:02d}:{rest % 60:02d}"
+        if value is not None:
+            slurm_seconds(value)  # ValueError (one line naming hpcrl.time) for what sbatch would refuse
         return value
 
 

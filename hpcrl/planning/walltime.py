@@ -2,29 +2,16 @@
 
 from __future__ import annotations
 
-import re
-
 from hpcrl.errors import ConfigError, PlanError
-
-# Slurm's formats: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S.
-_TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d{1,2}))?(?::(\d{1,2}))?$")
+from hpcrl.shell import slurm_seconds
 
 
 def seconds(text: str, what: str = "hpcrl.time") -> int:
     """Seconds in a Slurm time value; ConfigError naming `what` when it is not one."""
-    text = str(text).strip()
-    m = _TIME.match(text)
-    if not m or text in ("", "-"):
-        raise ConfigError(f"{what} {text!r}: expected Slurm's format, e.g. 24:00:00 or 1-12:00:00 or 30")
-    days, a, b, c = m.groups()
-    if days is not None:  # D-H, D-H:M, D-H:M:S
-        h, mi, s = int(a), int(b or 0), int(c or 0)
-        return ((int(days) * 24 + h) * 60 + mi) * 60 + s
-    if b is None:  # M
-        return int(a) * 60
-    if c is None:  # M:S
-        return int(a) * 60 + int(b)
-    return (int(a) * 60 + int(b)) * 60 + int(c)  # H:M:S
+    try:
+        return slurm_seconds(text)
+    except ValueError as exc:
+        raise ConfigError(f"{what} {exc}") from None
 
 
 def text(total: int) -> str:

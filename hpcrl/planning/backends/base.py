@@ -27,6 +27,9 @@ if TYPE_CHECKING:
     from hpcrl.memory.vllm_accounting import VllmEngineFacts
     from hpcrl.profiles import ClusterProfile
 
+# The largest number (in size) a config value may hold: integers above it are not exact in JSON or a float,
+# and no count, step or size of a run comes near it (a step count of 1e20 once allocated until MemoryError).
+NUMBER_MAX = 2**53
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 # What may follow $RUN_DIR in a word the shell expands (a fixed sub-directory of the run).
 _RUN_DIR_WORD = re.compile(r"^[A-Za-z0-9_.=/@+:-]*\$RUN_DIR(/[A-Za-z0-9_.-]+)*$")
@@ -129,6 +132,10 @@ class Backend(ABC):
         from hpcrl.planning.backends.capabilities import refuse_unsupported
 
         refuse_unsupported(self.name, self.feature_triggers, args)
+        for key, value in args.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and not abs(value) <= NUMBER_MAX:
+                raise ConfigError(f"{key} {value!r}: not a number a run can use; valid: a finite number of at most "
+                                  f"2**53 ({NUMBER_MAX:,}) in size")
         for key, (ok, valid) in self.value_ranges.items():
             value = args.get(key)
             if isinstance(value, (int, float)) and not isinstance(value, bool) and not (value == value and ok(value)):

@@ -55,6 +55,9 @@ RUN_DIR_SUBDIRS = {"output_dir": "output", "checkpoint_state_dir": "checkpoints"
 RUN_DIR_FIELDS = tuple(RUN_DIR_SUBDIRS)
 
 
+EPISODES_MAX = 10**12  # far past any run (a billion steps of 1,000 episodes): the disk plan counts the steps
+
+
 @dataclass(frozen=True)
 class DriverArg:
     """One flag: literal values (quoted when rendered), or a sub-directory of $RUN_DIR."""
@@ -218,7 +221,6 @@ class OpenInstructBackend(Backend):
         "per_param_sync": "--set gather_whole_model=false (weight sync one parameter at a time)",
     }
     value_ranges = {
-        "total_episodes": (positive, "a positive number of episodes"),
         "learning_rate": (positive, "a positive learning rate"),
         # grpo_fast.py writes its resume state only when checkpoint_state_freq > 0 (grpo_fast.py:1995):
         # 0 would make every job of the chain start from scratch. (save_freq <= 0 is its own
@@ -230,6 +232,13 @@ class OpenInstructBackend(Backend):
         "num_samples_per_prompt_rollout": (positive, "a positive count"),
         "per_device_train_batch_size": (positive, "a positive count"),
         "num_epochs": (positive, "a positive count"),
+        # Training divides the logits by it (grpo_utils.py:560 at e6c3044), and vLLM refuses a negative one.
+        "temperature": (positive, "a positive temperature (training divides the logits by it)"),
+        # grpo_fast.py saves the model only when save_freq > 0 (grpo_fast.py:1664 at e6c3044, :2462 at 1611e3df):
+        # -1 or 0 says "never"; another negative is a typo that never saves.
+        "save_freq": (lambda v: v > 0 or v in (0, -1), "-1 or 0 (never save the model) or a positive number of "
+                                                      "steps"),
+        "total_episodes": (lambda v: 0 < v <= EPISODES_MAX, f"a positive number of episodes, at most {EPISODES_MAX:,}"),
     }
 
     def arg(self, cfg: RunConfig, key: str) -> Any:

@@ -92,7 +92,7 @@ def budget(s: DiskInputs) -> Budget:
 def fixes(b: Budget) -> list[Fix | None]:
     s, out = b.inputs, []
     if not s.disable_ds:
-        out.append(search(budget, s, "keep", list(range((s.keep or 1) - 1, 0, -1)), KEYS["keep"]))
+        out.append(search(budget, s, "keep", range((s.keep or 1) - 1, 0, -1), KEYS["keep"]))
         out.append(search(budget, s, "disable_ds", [True], KEYS["disable_ds"]))
     if s.save_hf:
         out.append(search(budget, s, "save_hf", [False], KEYS["save_hf"]))

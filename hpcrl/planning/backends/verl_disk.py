@@ -73,7 +73,7 @@ def budget(s: DiskInputs) -> Budget:
 def fixes(b: Budget) -> list[Fix | None]:
     s, out = b.inputs, []
     top = (s.keep if s.keep and s.keep > 0 else (b.items[0].written or 1)) - 1
-    out.append(search(budget, s, "keep", list(range(top, 0, -1)), KEYS["keep"]))
+    out.append(search(budget, s, "keep", range(top, 0, -1), KEYS["keep"]))
     if s.save_hf:
         out.append(search(budget, s, "save_hf", [False], KEYS["save_hf"], lambda _: '["model","optimizer","extra"]'))
     out.append(search(budget, s, "ckpt_every", interval_values(s.ckpt_every, s.total_steps, 1), KEYS["ckpt_every"]))

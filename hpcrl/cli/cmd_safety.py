@@ -22,8 +22,8 @@ def diagnose_cmd(
                                         "assumed)"),
     backend: Optional[str] = typer.Option(None, "--backend", "-b", help="The run's backend (default: the run's, "
                                           "else the driver command in the log)"),
-    learner_gpus: Optional[int] = typer.Option(None, "--learner-gpus", min=1, help="Learner GPUs (default: from the run or log)"),
-    tokens_per_gpu: Optional[int] = typer.Option(None, "--tokens-per-gpu", min=1, help="Tokens per learner GPU micro-batch "
+    learner_gpus: Optional[int] = typer.Option(None, "--learner-gpus", help="Learner GPUs (default: from the run or log)"),
+    tokens_per_gpu: Optional[int] = typer.Option(None, "--tokens-per-gpu", help="Tokens per learner GPU micro-batch "
                                                  "(default: from the run or log)"),
     cluster: Optional[str] = typer.Option(None, "--cluster", "-c", help="Cluster profile (default: the run's)"),
     as_json: bool = typer.Option(False, "--json", help="Print the diagnosis as JSON"),
@@ -33,6 +33,9 @@ def diagnose_cmd(
     from hpcrl.planning.backends import BACKENDS, get_backend  # noqa: PLC0415 - keeps `hpcrl --help` fast
     from hpcrl.profiles import resolve_profile  # noqa: PLC0415
 
+    for flag, count in (("--learner-gpus", learner_gpus), ("--tokens-per-gpu", tokens_per_gpu)):
+        if count is not None and count < 1:
+            raise HpcrlError(f"{flag} must be a positive integer, got {count}")
     if backend is not None and backend not in BACKENDS:
         raise HpcrlError(f"--backend {backend!r}: valid: {', '.join(BACKENDS)}")
     if backend is not None and get_backend(backend).learner_from_plan and not log.is_dir():

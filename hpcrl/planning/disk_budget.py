@@ -38,6 +38,7 @@ class Item:
     at_peak: int
     source: str  # file:line at the pinned commit, or the assumption
     terms: dict[str, float] = field(default_factory=dict)
+    unbounded: bool = False  # never deleted, and neither a step count nor a time limit bounds how many
 
     @property
     def peak_bytes(self) -> float:
@@ -53,6 +54,9 @@ class DiskInputs:
     lora_rank: int = 0
     zero_stage: int = 3
     total_steps: int | None = 1000
+    # With total_steps unknown: the most steps the run can take (its time limits over the fastest step estimate,
+    # cadence.steps_over_run); saves nobody deletes are counted to it. None: nothing bounds them.
+    steps_bound: int | None = None
     ckpt_every: int = 200  # the resume state's interval
     hf_every: int = 200  # a separate HF save interval, where the framework has one
     keep: int | None = 3  # state checkpoints kept (None or -1: all)
@@ -101,7 +105,7 @@ class Budget:
     @property
     def fits(self) -> bool | None:
         q = self.inputs.quota_bytes
-        return None if q is None else self.peak_bytes <= q
+        return None if q is None else self.peak_bytes <= q and not any(i.unbounded for i in self.items)
 
     def item(self, kind: str) -> Item | None:
         return next((i for i in self.items if i.kind == kind), None)
@@ -113,6 +117,11 @@ class Budget:
         q = self.inputs.quota_bytes or 0.0
         if self.fits:
             return f"fits: {peak} of the {q / GIB:,.0f} GiB quota"
+        if (grows := next((i for i in self.items if i.unbounded), None)) is not None:
+            fixes = "; ".join(f.text for f in self.fixes) or "a step count or a time limit"
+            return (f"does NOT fit: {grows.what.split(' (')[0]} is never deleted and nothing bounds how many the run "
+                    f"writes ({peak} counted so far); give the step count (--total-steps) or a time limit. "
+                    f"Would fit: {fixes}")
         fixes = "; ".join(f.text for f in self.fixes) or "no single setting fits; raise the quota"
         return f"does NOT fit: {peak}, over the {q / GIB:,.0f} GiB quota. Would fit: {fixes}"
 

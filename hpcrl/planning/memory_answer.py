@@ -69,6 +69,8 @@ def plan_memory_data(r: MemoryRequest) -> dict:
         raise HpcrlError("--set changes a run config: give --config NAME|FILE as well")
     if r.config and r.backend is not None:
         raise HpcrlError("--backend is the config's hpcrl.backend when --config is given; drop one of them")
+    if r.given.zpg is not None and r.given.zpg < 1:  # 0 was read as 1 (off) without a word
+        raise HpcrlError(f"--zpg must be a positive integer (1: no ZeRO++ secondary copy), got {r.given.zpg}")
     if r.rollout_offload not in ("none", "optimizer", "all"):
         raise HpcrlError(f"rollout_offload {r.rollout_offload!r}: valid: none, optimizer, all")
     given = r.given

@@ -11,7 +11,7 @@ from hpcrl.errors import HpcrlError
 from hpcrl.planning import walltime
 from hpcrl.planning.backends import get_backend
 from hpcrl.planning.backends.base import Backend
-from hpcrl.planning.cadence import ASSUMED_WRITE_GIB_S, Cadence, plan_cadence, risk_warning
+from hpcrl.planning.cadence import Cadence, risk_warning, run_cadence
 from hpcrl.planning.config import load_run_config
 from hpcrl.planning.layout import Layout, Pins, Workload, enumerate_layouts
 from hpcrl.planning.node_limits import check_nodes
@@ -153,10 +153,8 @@ def checkpoint_cadence(backend: Backend, cfg: RunConfig, profile: ClusterProfile
     that risks more, or none."""
     key, hp = backend.checkpoint_key, cfg.hpcrl
     pinned = cfg.args.get(key)
-    bandwidth = profile.storage.run_root.write_gib_s or ASSUMED_WRITE_GIB_S
-    step = lay.step
-    cad = plan_cadence(step.mid_s, hp.max_lost_minutes, w.model, bandwidth, profile.slurm.signal_before_end_s,
-                       int(pinned) if isinstance(pinned, int) and pinned > 0 else None, w.lora_rank, step.high_s)
+    cad = run_cadence(lay.step, hp.max_lost_minutes, profile, w.model, w.lora_rank,
+                      int(pinned) if isinstance(pinned, int) and pinned > 0 else None)
     warnings = risk_warning(cad, key, hp.max_lost_minutes)
     # The warning may take at most half the job (a 5-minute test job would be warned at its start).
     half = walltime.seconds(wall) // 2 if wall else None

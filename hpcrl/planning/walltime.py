@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from hpcrl.errors import ConfigError, PlanError
 from hpcrl.shell import slurm_seconds
+
+if TYPE_CHECKING:
+    from hpcrl.planning.run_types import HpcrlSection
+    from hpcrl.profiles import ClusterProfile
 
 
 def seconds(text: str, what: str = "hpcrl.time") -> int:
@@ -39,4 +45,18 @@ def check_time(asked: str | None, partition: str | None, max_time: str | None, a
     return [f"{problem} (--allow-over-limit): sbatch may refuse the job or leave it pending"]
 
 
-__all__ = ["check_time", "seconds", "text"]
+def job_time(hp: HpcrlSection, profile: ClusterProfile) -> str | None:
+    """The wall time each job of the run asks for: hpcrl.time, else its partition's limit (None: unknown)."""
+    part_name = hp.partition or profile.slurm.default_partition
+    part = profile.slurm.partitions.get(part_name) if part_name else None
+    return hp.time or (part.max_time if part else None)
+
+
+def chain_seconds(hp: HpcrlSection, profile: ClusterProfile) -> int | None:
+    """The longest the run can train: each job's wall time x the jobs of its chain (the first and
+    hpcrl.max_restarts continuations); None when no time limit is known."""
+    wall = job_time(hp, profile)
+    return None if wall is None else seconds(wall) * (1 + hp.max_restarts)
+
+
+__all__ = ["chain_seconds", "check_time", "job_time", "seconds", "text"]

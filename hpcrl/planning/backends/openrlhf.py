@@ -43,7 +43,7 @@ from hpcrl.planning.backends.facts import MemoryDefault, MemoryFacts
 from hpcrl.planning.backends import versions
 from hpcrl.planning.backends.flagdata import load_meta, load_table
 from hpcrl.planning.backends.log_facts import CommandFacts, CpuAsk, DiagnoseFacts, SmokeFacts, TimingFacts
-from hpcrl.planning.backends.openrlhf_ckpt import DISK, checkpoint_flags
+from hpcrl.planning.backends.openrlhf_ckpt import DISK, checkpoint_flags, run_steps
 from hpcrl.planning.layout import Pins, Workload
 from hpcrl.planning.layout_advice import plan_layouts
 from hpcrl.planning.learner_cap import cap_note, within_cap
@@ -206,6 +206,10 @@ class OpenRLHFBackend(Backend):
 
     def check_args(self, args: dict[str, Any], section: HpcrlSection) -> None:
         table = openrlhf_table()
+        old = [key for key in args if key not in table and key in renamed()]
+        if len(old) > 1:  # every one at once: a 2025 config was converted one rename per run
+            raise ConfigError(f"{len(old)} OpenRLHF flags were renamed: "
+                              + "; ".join(f"{key} -> {renamed()[key]}" for key in old))
         for key, value in args.items():
             if key not in table:
                 if key in renamed():
@@ -320,7 +324,8 @@ class OpenRLHFBackend(Backend):
             raise PlanError(f"rollout.batch_size x rollout.n_samples_per_prompt / rollout.micro_batch_size = "
                             f"{samples // int(self.arg(cfg, 'rollout.micro_batch_size'))} batches, fewer than the "
                             f"{lay.learner_gpus} actor GPUs (OpenRLHF checks this)")
-        flags, warnings = checkpoint_flags(cfg.args, w, lay.learner_gpus, profile, cfg.hpcrl)
+        flags, warnings = checkpoint_flags(cfg.args, w, lay, profile, cfg.hpcrl,
+                                           run_steps(cfg.args, lambda key: self.arg(cfg, key)))
         if not self.arg(cfg, "rollout.max_new_tokens"):
             warnings.append(f"rollout.max_new_tokens is unset: the plan assumes responses of {w.response_length} "
                             f"tokens (half of data.max_len); set it for a better generation estimate")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT, assert_user_error
+from helpers import ROOT, assert_user_error
 
 SHIPPED = ROOT / "configs" / "grpo-olmo3-32b.yaml"
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import assert_user_error, run_hpcrl
+from helpers import assert_user_error, run_hpcrl
 
 RENDER = ("render", "--nodes", "16")
 

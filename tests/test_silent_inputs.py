@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from tests.helpers import ROOT, assert_user_error, ok_json, run_hpcrl
+from helpers import ROOT, assert_user_error, ok_json, run_hpcrl
 
 
 def refused(*args: str) -> str:

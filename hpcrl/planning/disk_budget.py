@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from collections.abc import Sequence
 from typing import Any, Callable
 
-from hpcrl.errors import HpcrlError
+from hpcrl.errors import HpcrlError, PlanError, would_fit
 from hpcrl.models import ModelSpec
 from hpcrl.planning.disk import GB, GIB, check_settings
 
@@ -243,15 +243,15 @@ def interval_values(current: int, total_steps: int | None, lowest_count: int = 0
     return _Intervals(total_steps, range(count - 1, lowest_count - 1, -1))
 
 
-def refusal(b: Budget, fixes: list[str], steps_text: str) -> str:
-    """The one-line refusal of a run that does not fit its run root's quota."""
+def refusal(b: Budget, fixes: list[str], steps_text: str) -> PlanError:
+    """The one-line refusal of a run that does not fit its run root's quota, its fixes apart (PlanError.fixes)."""
     names = {"model_cache": "the HF model cache", "dataset_cache": "the datasets cache", "rollouts": "rollout dumps"}
     parts = ["checkpoints"] + [names[i.kind] for i in b.items if i.kind in names]
     what = " and ".join([", ".join(parts[:-1]), parts[-1]] if len(parts) > 1 else parts)
-    would = " | ".join(f"--set {f}" for f in fixes) or "a larger run root (hpcrl.run_root)"
     q = (b.inputs.quota_bytes or 0) / GIB
-    return (f"{what} need {b.peak_bytes / GIB:,.0f} GiB at peak{steps_text} but the run root's quota is {q:,.0f} GiB; "
-            f"would fit: {would} (or --set hpcrl.force_disk=true)")
+    return would_fit(f"{what} need {b.peak_bytes / GIB:,.0f} GiB at peak{steps_text} but the run root's quota is "
+                     f"{q:,.0f} GiB", tuple(f"--set {f}" for f in fixes), " (or --set hpcrl.force_disk=true)",
+                     "would fit: a larger run root (hpcrl.run_root)")
 
 
 __all__ = ["Budget", "DiskInputs", "Fix", "Item", "TEXT_BYTES_PER_TOKEN", "TOKEN_ID_BYTES", "cache_items",

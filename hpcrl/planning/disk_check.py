@@ -64,7 +64,8 @@ def check_run_disk(rp: RunPlan) -> Budget:
     if b.fits is False and not rp.config.hpcrl.force_disk:
         steps = b.inputs.total_steps
         bound = b.inputs.steps_bound
-        raise PlanError(refusal(b, [f.text for f in b.fixes], f" over {steps} steps" if steps else
-                                f" (step count unknown: counted over the {bound:,} steps its time limits allow)" if bound
-                                else " (step count unknown: counted to the retention limit)"))
+        said = (f" over {steps} steps" if steps else
+                f" (step count unknown: counted over the {bound:,} steps its time limits allow)" if bound
+                else " (step count unknown: counted to the retention limit)")
+        raise refusal(b, [f.text for f in b.fixes], said)
     return b

@@ -333,13 +333,21 @@ class OpenInstructBackend(Backend):
             planned = replace(planned, warnings=planned.warnings + (
                 f"gradient_checkpointing false has no effect: grpo_fast.py always enables it ({fact.cite()}); "
                 "the plan assumes it on",))
-        best = planned.layouts[0]
-        if w.unique_prompts < best.engines:
-            # grpo_fast.py sends each prompt, with all its samples, to one engine (and warns too)
-            warning = (f"num_unique_prompts_rollout {w.unique_prompts} is below vllm_num_engines {best.engines}: "
-                       f"each step's prompts keep at most {w.unique_prompts} engines busy (grpo_fast.py looks "
-                       f"ahead async_steps steps to fill the rest); raise it to {best.engines} or more, or use "
-                       "fewer engines (--pin engines=N)")
+        # grpo_fast.py sends each prompt, with all its samples, to one engine, and keeps async_steps steps of
+        # prompts in flight (data_loader.py:1390 at e6c3044; grpo_fast.py:2734 at 1611e3df): more engines than
+        # that idle. The planner picks no such layout itself; a pinned count is the user's, and warned about.
+        steps = int(self.arg(cfg, "async_steps") or 1) if "async_steps" in arg_table(cfg.hpcrl.arg_layout) else 1
+        in_flight = w.unique_prompts * max(1, steps)
+        layouts = planned.layouts
+        if layouts[0].engines > in_flight and pins.engines is None:
+            layouts = [lay for lay in layouts if lay.engines <= in_flight] or layouts
+            planned = replace(planned, layouts=layouts)
+        best = layouts[0]
+        if best.engines > in_flight:
+            warning = (f"vllm_num_engines {best.engines} is more than the {in_flight} prompts in flight "
+                       f"(num_unique_prompts_rollout {w.unique_prompts} x async_steps {steps}): each prompt goes to "
+                       f"one engine, so {best.engines - in_flight} engines idle; raise num_unique_prompts_rollout "
+                       f"or async_steps, or use at most {in_flight} engines (--pin engines={in_flight})")
             return replace(planned, warnings=planned.warnings + (warning,))
         return planned
 

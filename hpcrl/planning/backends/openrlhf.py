@@ -66,11 +66,11 @@ IS_CORRECTION, IS_CORRECTION_LOGPROBS = "algo.advantage.is_correction_enable", "
 # when this table extended open-instruct's (its flags, not OpenRLHF's: unchanged here, issue 22).
 FIXES = {"no_hpz": "--set ds.zpg=1 (no ZeRO++ secondary weight copy)",
          "offload_optimizer": "--set ds.adam_offload=true (optimizer state in host RAM)",
-         "offload_params": "--set deepspeed_offload_param=true (parameters in host RAM too)",
+         "offload_params": None,  # the actor has no parameter offload flag at 3c3be623 (only ref.offload)
          "tokens": "{tokens} tokens per GPU (train.micro_batch_size x data.max_len)",
          "learners": "--pin learners={k} (learners per node)",
          "lora": "--set ds.lora.rank=16 (LoRA: far less optimizer state)",
-         "per_param_sync": "--set gather_whole_model=false (weight sync one parameter at a time)"}
+         "per_param_sync": None}  # gather_whole_model is open-instruct's; OpenRLHF has no such flag
 
 
 @lru_cache(maxsize=1)

@@ -114,5 +114,5 @@ def test_a_run_name_too_long_for_a_file_name_is_refused_before_anything_is_writt
     env = {**os.environ, "HPCRL_REGISTRY": str(tmp_path / "runs.db"), "PROJECTDIR": str(tmp_path)}
     out = subprocess.run([sys.executable, "-m", "hpcrl", "submit", "--dry-run", "--set", f"hpcrl.run_name={'a' * 300}"],
                          capture_output=True, text=True, timeout=120, env=env)
-    assert_user_error(out, "--set hpcrl.run_name: 300 characters")
+    assert_user_error(out, "--set hpcrl.run_name: 300 bytes")
     assert list(tmp_path.iterdir()) == []

@@ -23,7 +23,7 @@ def refused(*args: str) -> str:
     ("save_freq=-5", "--set save_freq -5: valid: -1 or 0 (never save the model) or a positive number of steps"),
     ('dataset_mixer_list=["ai2-adapt-dev/rlvr_gsm8k_zs"]', "1 items; valid: pairs of a dataset and its amount"),
     ('dataset_mixer_list=["a", "all"]', "'a' has the amount 'all'; valid: a number of samples"),
-    ("hpcrl.time=12:61:00", "--set hpcrl.time: '12:61:00': minutes and seconds run 0 to 59"),
+    ("hpcrl.time=12:61:00", "hpcrl.time '12:61:00': minutes and seconds run 0 to 59"),
     ("hpcrl.nodes=true", "--set hpcrl.nodes: true is not a number"),
 ])
 def test_a_value_the_framework_or_slurm_would_refuse_is_refused_here(setting, words):
@@ -96,3 +96,25 @@ def test_a_registry_row_that_cannot_be_shown_is_shown_as_damaged(tmp_path):
         bad = [r for r in json.loads(out.stdout)["runs"] if r["run_id"] == "bad-1"]
         assert bad and "embedded null byte" in bad[0]["damaged"], out.stdout
 
+
+
+def test_every_setting_a_flag_turns_on_a_flag_turns_off():
+    """An on/off option whose default is the config's or the framework's (None) has both spellings:
+    plan-memory had --no-gradient-checkpointing but no --gradient-checkpointing, so OpenRLHF's usual run
+    (checkpointing on, its default off) could not be said without a config file."""
+    from typer.main import get_command
+
+    from hpcrl.cli import app
+    from hpcrl.cli.commands import load
+
+    load([])  # every command module registers itself
+
+    def commands(cmd, path: str):  # typer vendors its own click: its classes are not click's
+        yield path, cmd
+        for name, sub in getattr(cmd, "commands", {}).items():
+            yield from commands(sub, f"{path} {name}")
+
+    one_sided = [f"{path} {p.opts[0]}" for path, cmd in commands(get_command(app), "hpcrl")
+                 for p in cmd.params if getattr(p, "is_flag", False) and p.default is None
+                 and not p.secondary_opts]
+    assert one_sided == []

@@ -66,7 +66,7 @@ def plan_memory_cmd(
     micro_batches: Optional[int] = typer.Option(None, "--micro-batches", help="FSDP learners: micro-batches per optimizer step on one GPU (default: the config's mini-batch / micro-batch ratio, else 2)"),
     fsdp_version: Optional[int] = typer.Option(None, "--fsdp-version", help="FSDP learners: 1 or 2, the framework's fsdp / fsdp2 strategy (default: the config's, else the framework's)"),
     lora_rank: Optional[int] = typer.Option(None, "--lora-rank", min=0, help="LoRA rank (0: full fine-tuning), where the framework applies LoRA"),
-    load_in_4bit: Optional[bool] = typer.Option(None, "--load-in-4bit", help="4-bit base weights (QLoRA), where the framework loads them"),
+    load_in_4bit: Optional[bool] = typer.Option(None, "--load-in-4bit/--no-load-in-4bit", help="4-bit base weights (QLoRA), where the framework loads them"),
     logprob_impl: Optional[LogprobChoice] = typer.Option(None, "--logprob-impl", help="Default: the backend's (docs/backends.md)"),
     grad_dtype: Optional[GradDtype] = typer.Option(None, "--grad-accum-dtype", help="ZeRO gradient partitions (default: the framework's)"),
     vllm_tp: Optional[int] = typer.Option(None, "--vllm-tp", help="Engine tensor-parallel size; default: smallest that fits"),

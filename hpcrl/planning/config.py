@@ -136,7 +136,8 @@ def _validated(path: Path, raw: dict, overrides: list[tuple[str, Any]]) -> RunCo
     if section is None:
         section = {}
     if not isinstance(section, dict):
-        raise _Invalid(f"hpcrl: {_kind(section)}, expected a mapping of hpcrl settings (one `key: value` per line under hpcrl:)")
+        raise _Invalid(f"hpcrl: {_kind(section)}, expected a mapping of hpcrl settings (one `key: value` per line "
+                       "under hpcrl:)")
     args = raw
     for key, value in overrides:
         if key == "hpcrl":

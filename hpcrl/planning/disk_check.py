@@ -9,7 +9,6 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from hpcrl.errors import PlanError
 from hpcrl.planning.cadence import steps_over_run
 from hpcrl.planning.disk import GIB
 from hpcrl.planning.disk_backends import budget

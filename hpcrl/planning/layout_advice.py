@@ -71,7 +71,10 @@ def suggest(profile: ClusterProfile, nodes: int, w: Workload, pins: Pins, varian
             best, lo = mid, mid + 1
         else:
             hi = mid - 1
-    if best:
+    if best and "{micro}" in str(fixes["tokens"]):  # the framework counts whole sequences per micro-batch
+        if (micro := best // w.seq_len) >= 1:
+            add(str(fixes["tokens"]).format(micro=micro), profile, nodes, pins, pack_length=micro * w.seq_len)
+    elif best:
         add(str(fixes["tokens"]).format(tokens=best), profile, nodes, pins, pack_length=best)
     cap = min(profile.planning.max_learners_per_node or profile.gpu.count_per_node, profile.gpu.count_per_node)
     if pins.learners_per_node and fixes.get("learners"):

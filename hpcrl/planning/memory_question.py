@@ -113,7 +113,8 @@ class Question:
 
 # Where each assumption's value can also come from the command line.
 _FLAGS = {"hpz_partition_size": "--zpg", "load_ref_policy": "--ref-policy/--no-ref-policy",
-          "grad_accum_dtype": "--grad-accum-dtype", "gradient_checkpointing": "--gradient-checkpointing/--no-gradient-checkpointing",
+          "grad_accum_dtype": "--grad-accum-dtype",
+          "gradient_checkpointing": "--gradient-checkpointing/--no-gradient-checkpointing",
           "util": "--vllm-gpu-memory-utilization"}
 
 

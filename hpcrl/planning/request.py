@@ -61,7 +61,8 @@ def plan_request(req: RunRequest) -> RunPlan:
 
 # A warning's fixes (the allocator-margin note, the learner-cap note) end it: "...; would clear it: a | b".
 _WARNING_FIXES = re.compile(r"; would (clear it|fit inside it): (.*)$")
-_NONE_LEFT = {"clear it": "; nothing hpcrl tried clears it", "fit inside it": "; no single change hpcrl tried fits inside it"}
+_NONE_LEFT = {"clear it": "; nothing hpcrl tried clears it",
+              "fit inside it": "; no single change hpcrl tried fits inside it"}
 
 
 def _tried_warning(req: RunRequest, warning: str) -> str:

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from hpcrl.contract import ZERO_REWARD_STEPS
 from hpcrl.planning.backends import DEFAULT_BACKEND, get_backend
 from hpcrl.planning.backends.oi_args import ArgLayout
-from hpcrl.shell import path_problem, slurm_seconds
+from hpcrl.shell import path_problem
 
 if TYPE_CHECKING:
     from hpcrl.planning.cadence import Cadence
@@ -26,9 +26,9 @@ if TYPE_CHECKING:
     from hpcrl.profiles import ClusterProfile
 
 # hpcrl-section fields added after configs were first hashed, with their unset values.
-# hpcrl.run_name's longest: the run dir, `<name>-<6 hex>.sbatch` and the Slurm job name stay well inside a
-# file name's 255 bytes.
-RUN_NAME_MAX = 100
+# hpcrl.run_name's longest, in bytes: it names the run dir and the dry run's `<name>-<6 hex>.sbatch`, which must
+# stay inside a file name's 255 bytes (NAME_MAX); the Slurm job name is cut to 64 characters anyway.
+RUN_NAME_MAX = 240
 NEWER_FIELDS = {"gpus": None, "loss_keys": [], "framework_version": None, "stack_check": "on", "quota_gib": None}
 
 
@@ -120,8 +120,9 @@ class HpcrlSection(BaseModel):
         # It names the run directory, the run id (<name>-<6 hex>) and the Slurm job: a file name with room.
         if not value or value in (".", "..") or "/" in value or "\0" in value:
             raise ValueError(f"{value!r}: must be a directory name (no '/', not '.' or '..')")
-        if len(value) > RUN_NAME_MAX:
-            raise ValueError(f"{len(value)} characters ({value[:20]}...); valid: 1 to {RUN_NAME_MAX} characters")
+        if len(value.encode()) > RUN_NAME_MAX:
+            raise ValueError(f"{len(value.encode())} bytes ({value[:20]}...); valid: a directory name of 1 to "
+                             f"{RUN_NAME_MAX} bytes")
         return value
 
     @field_validator("code_server", "stack_check", mode="before")
@@ -143,9 +144,7 @@ class HpcrlSection(BaseModel):
         if isinstance(value, int) and not isinstance(value, bool):
             h, rest = divmod(value, 3600)
             return f"{h}:{rest // 60:02d}:{rest % 60:02d}"
-        if value is not None:
-            slurm_seconds(value)  # ValueError (one line naming hpcrl.time) for what sbatch would refuse
-        return value
+        return value  # its format (what sbatch refuses: 12:61:00) is checked as every plan starts (walltime.seconds)
 
 
 class RunConfig(BaseModel):

@@ -258,7 +258,8 @@ class Backend(ABC):
     # output predates other backends and stays as it was).
     plan_shows_layout_args: ClassVar[bool] = True
     # The layout planner's single-setting fixes in the framework's words (hpcrl/planning/layout_advice.py):
-    # no_hpz, offload_optimizer, offload_params, tokens ({tokens}), learners ({k}), lora, per_param_sync.
+    # no_hpz, offload_optimizer, offload_params, tokens ({tokens}, or {micro} sequences of the run's length),
+    # learners ({k}), lora, per_param_sync. Each printed fix is re-planned as typed first (planning/request.py).
     layout_fixes: ClassVar[Mapping[str, str | None]] = {}
     # A run's learner is read back from its plan.json (a user's script: no framework command line).
     learner_from_plan: ClassVar[bool] = False

@@ -67,7 +67,7 @@ IS_CORRECTION, IS_CORRECTION_LOGPROBS = "algo.advantage.is_correction_enable", "
 FIXES = {"no_hpz": "--set ds.zpg=1 (no ZeRO++ secondary weight copy)",
          "offload_optimizer": "--set ds.adam_offload=true (optimizer state in host RAM)",
          "offload_params": None,  # the actor has no parameter offload flag at 3c3be623 (only ref.offload)
-         "tokens": "{tokens} tokens per GPU (train.micro_batch_size x data.max_len)",
+         "tokens": "--set train.micro_batch_size={micro} (sequences of data.max_len per GPU micro-batch)",
          "learners": "--pin learners={k} (learners per node)",
          "lora": "--set ds.lora.rank=16 (LoRA: far less optimizer state)",
          "per_param_sync": None}  # gather_whole_model is open-instruct's; OpenRLHF has no such flag

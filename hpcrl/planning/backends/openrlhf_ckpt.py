@@ -84,8 +84,8 @@ def budget(s: DiskInputs) -> Budget:
             notes.append(f"HF saves are never deleted and nothing bounds how many the run makes: each adds "
                          f"{hf_one / 1024**3:,.1f} GiB (give --total-steps, or data.max_samples in the config)")
         items.append(Item("hf_save", f"HF save: {hf_what} (ckpt.path/global_stepN_hf, every {s.ckpt_every})", hf_one,
-                          n, bound if bound is not None else max(1, keep), hf_src + "; trainer/ray/ppo_actor.py:674-680",
-                          unbounded=bound is None))
+                          n, bound if bound is not None else max(1, keep),
+                          hf_src + "; trainer/ray/ppo_actor.py:674-680", unbounded=bound is None))
     items.append(Item("final_save", f"final save: {hf_what} (ckpt.output_dir)", hf_one, 1, 1,
                       hf_src + "; trainer/ray/ppo_actor.py:607-615"))
     if s.lora_rank and not full:

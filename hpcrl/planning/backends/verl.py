@@ -296,7 +296,8 @@ class VerlBackend(Backend):
         per_gpu = int(self.arg(cfg, A + "ppo_mini_batch_size")) * int(self.arg(cfg, R + "n")) // world
         for micro in (d for d in range(int(pinned) - 1, 0, -1) if per_gpu % d == 0):
             wm = self.learner_workload(cfg, w, world, micro)
-            if any(enumerate_colocated(profile, nodes, wm, pins, self.colocation(cfg, po, oo))[0] for po, oo in offloads):
+            if any(enumerate_colocated(profile, nodes, wm, pins, self.colocation(cfg, po, oo))[0]
+                   for po, oo in offloads):
                 return (f"--set {MICRO_KEY}={micro}",)
         return ()
 

@@ -52,7 +52,24 @@ class ModelSpecError(HpcrlError):
 
 
 class PlanError(HpcrlError):
-    """A layout or memory plan that cannot work, with what would make it work."""
+    """A layout or memory plan that cannot work, with what would make it work. Raised through `would_fit`,
+    it carries its fixes apart from its words, so each can be tried as typed before it is printed
+    (hpcrl/planning/request.py)."""
+
+    def __init__(self, message: str, *, head: str | None = None, fixes: tuple[str, ...] = (), tail: str = "",
+                 none: str = "") -> None:
+        super().__init__(message)
+        self.head, self.fixes, self.tail, self.none = head, tuple(fixes), tail, none
+
+    def with_fixes(self, fixes: Iterable[str]) -> PlanError:
+        """The same refusal naming only `fixes` (the ones that planned when typed)."""
+        return would_fit(self.head or str(self), tuple(fixes), self.tail, self.none)
+
+
+def would_fit(head: str, fixes: tuple[str, ...], tail: str = "", none: str = "") -> PlanError:
+    """`head; would fit: a | b` + tail, or `head; none` + tail where no fix is left."""
+    said = f"; would fit: {' | '.join(fixes)}" if fixes else f"; {none}" if none else ""
+    return PlanError(f"{head}{said}{tail}", head=head, fixes=fixes, tail=tail, none=none)
 
 
 class RunDirUnreadable(HpcrlError):

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 from hpcrl import contract
 from hpcrl.errors import ProfileError, UnknownNameError
 from hpcrl.resources import data_dir
-from hpcrl.shell import path_problem
+from hpcrl.shell import path_problem, regex, sbatch_words, slurm_time
 from hpcrl.yamlfile import read_mapping
 
 GIB = 1024**3
@@ -57,6 +57,7 @@ class Partition(_Strict):
     max_gpus: int | None = Field(default=None, gt=0)
     max_time: str = Field(description="Wall-time limit, Slurm's D-HH:MM:SS or HH:MM:SS")
     description: str = ""
+    _time = field_validator("max_time", mode="before")(slurm_time)  # as render checks it (else blamed on hpcrl.time)
 
 
 class QOS(_Strict):
@@ -100,9 +101,12 @@ class Slurm(_Strict):
         description="Slurm's KillWait (TERM to KILL); the script reads scontrol's value and falls back to this",
     )
     min_poll_interval_s: int = Field(default=30, gt=0)
+    _words = field_validator("default_partition", "mem", "exclude_nodes")(sbatch_words)  # what render checks
+    _regex = field_validator("account_pattern")(regex)
 
     @model_validator(mode="after")
     def _default_partition_known(self) -> Slurm:
+        sbatch_words(list(self.partitions))
         if self.default_partition and self.partitions and self.default_partition not in self.partitions:
             raise ValueError(
                 f"default_partition {self.default_partition!r} is not one of {sorted(self.partitions)}"
@@ -407,7 +411,9 @@ def _validate(data: dict, path: str | Path, variant: str | None) -> ClusterProfi
 
 def load_profile(name: str) -> ClusterProfile:
     """Load a profile by name; `name:variant` picks a node type (e.g. `berzelius:fat`)."""
-    base, _, variant = name.partition(":")
+    base, colon, variant = name.partition(":")
+    if colon and not variant:  # `berzelius:` was read as the default node type
+        raise ProfileError(f"cluster {name!r}: no variant after ':'; give name:variant (e.g. berzelius:fat) or name")
     files = profile_files()
     data = _raw(base, files)
     return _validate(data, files[base], variant or None)

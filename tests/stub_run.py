@@ -159,8 +159,10 @@ class Stub:
     def render(self, config: Path | str = "grpo-olmo3-7b", *, smoke: bool = False, sets=(),
                workdir: Path | None = None) -> Path:
         workdir = workdir or self.tmp
+        # A test's own --set of a key replaces the stub's default (a key given twice is refused).
+        given = dict(s.split("=", 1) for s in ("hpcrl.env_setup=[]", f"hpcrl.workdir={yq(str(workdir))}", *sets))
         rp = make_run_plan(str(config), nodes=self.nodes, cluster_file=str(self.profile),
-                           sets=["hpcrl.env_setup=[]", f"hpcrl.workdir={yq(str(workdir))}", *sets])
+                           sets=[f"{k}={v}" for k, v in given.items()])
         path = self.tmp / "job.sh"
         path.write_text(render_script(describe_job(rp, smoke=smoke)))
         real = Path(str(workdir).replace("$HOME", str(self.tmp)))  # HOME is self.tmp in the run

@@ -210,23 +210,39 @@ def tight_quota_profile(tmp_path: Path, quota_gib: int) -> Path:
 
 
 def test_openrlhf_checkpoints_follow_the_disk_plan(tmp_path):
-    """Three ZeRO-3 states of the 7B actor (12 B/param) do not fit 200 GiB: HF saves instead. The HF
-    model cache ($PROJECTDIR/hf, beside the run root) counts against the same quota."""
+    """Three ZeRO-3 states of the 7B actor (12 B/param) do not fit 200 GiB. HF saves instead would be 14 GiB each,
+    never deleted, one every planned interval for 11 jobs of 24 h: hpcrl does not switch to them (its own disk
+    check would refuse that); the run is refused naming what fits. The HF model cache ($PROJECTDIR/hf, beside the
+    run root) counts against the same quota."""
     p = 7_615_616_512  # Qwen2.5-7B parameters
     state = 12 * p  # fp32 master + Adam moments, all ranks (plus small per-rank files)
     hf = 2 * p + 20 * 1024**2
     cache = 2 * p  # bf16 safetensors in the HF cache
     assert 3 * state + hf + cache > 200 * GIB > 2 * hf + cache
     out = hpcrl("render", "--config", ORL, "--nodes", "4", "--cluster-file", str(tight_quota_profile(tmp_path, 200)))
-    assert out.returncode == 0, out.stderr
-    ns = vars(openrlhf_parser().parse_args(framework_args(out.stdout)))
-    assert ns["ckpt.disable_ds"] is True and ns["ckpt.save_hf"] is True
-    assert ns["ckpt.max_num"] == min(3, int((200 * GIB - cache) // hf) - 1)
-    assert "a restart cannot resume" in out.stderr and "never deletes HF saves" in out.stderr
+    assert out.returncode == 2 and "quota is 200 GiB" in out.stderr and "--set ckpt.disable_ds=true" in out.stderr
+    assert "rendering --ckpt.disable_ds" not in out.stderr
     roomy = hpcrl("render", "--config", ORL, "--nodes", "4", "--cluster-file",
                   str(tight_quota_profile(tmp_path, int((3 * state + hf + cache) / GIB) + 1)))
     ns = vars(openrlhf_parser().parse_args(framework_args(roomy.stdout)))
     assert ns["ckpt.disable_ds"] is False and ns["ckpt.max_num"] == 3
+
+
+def test_openrlhf_switches_to_hf_saves_only_when_every_one_fits(tmp_path):
+    """A LoRA actor's adapter saves are small: with a save every 50 steps the whole run's adapters fit 40 GiB where
+    three DeepSpeed states (the frozen 7B base in each) do not, so hpcrl renders HF saves and says how many."""
+    # Qwen2.5-7B; LoRA r=16 on every linear of its 28 layers: 16 x (2 x 7168 + 2 x 4096 + 3 x 22528) x 28
+    p, lora16 = 7_615_616_512, 40_370_176
+    assert 3 * 2 * p > 40 * GIB
+    out = hpcrl("render", "--config", ORL, "--nodes", "4", "--cluster-file", str(tight_quota_profile(tmp_path, 40)),
+                "--set", "ds.lora.rank=16", "--set", "ckpt.save_steps=50")
+    assert out.returncode == 0, out.stderr
+    ns = vars(openrlhf_parser().parse_args(framework_args(out.stdout)))
+    assert ns["ckpt.disable_ds"] is True and ns["ckpt.save_hf"] is True
+    saves, peak = re.search(r"never deletes HF saves \([\d.]+ GiB each, ([\d,]+) over its time limits: ([\d,]+) GiB "
+                            r"at peak, inside the quota\)", out.stderr).groups()
+    adapter_gib = (2 * lora16 + 20 * 1024**2) / GIB
+    assert int(peak.replace(",", "")) <= 40 and (int(saves) + 1) * adapter_gib + 2 * p / GIB <= 40
 
 
 def test_openrlhf_colocate_all_is_planned_colocated():

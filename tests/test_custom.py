@@ -229,11 +229,12 @@ def test_plan_memory_refuses_the_users_first_attempts():
 
 def render_local(tmp_path: Path, *sets: str, gpus: int = 1, smoke: bool = False) -> tuple[Path, Path]:
     script = tmp_path / "custom.sbatch"
+    given = dict(s.split("=", 1) for s in (
+        f"hpcrl.run_root={tmp_path / 'runs'}", "hpcrl.run_name=custom1", 'hpcrl.time="00:05:00"',
+        "hpcrl.env_setup=[]", f"hpcrl.workdir={DATA}", "hpcrl.entry_point=custom_ppo_standin.py",
+        f"hpcrl.python={sys.executable}", "save_steps=2", *sets))  # a test's own value replaces the default's
     args = ["render", "--config", str(REPO / CONFIG), "--cluster", "local-dev", "--gpus", str(gpus),
-            "--set", f"hpcrl.run_root={tmp_path / 'runs'}", "--set", "hpcrl.run_name=custom1",
-            "--set", 'hpcrl.time="00:05:00"', "--set", "hpcrl.env_setup=[]", "--set", f"hpcrl.workdir={DATA}",
-            "--set", "hpcrl.entry_point=custom_ppo_standin.py", "--set", f"hpcrl.python={sys.executable}",
-            "--set", "save_steps=2", *(a for s in sets for a in ("--set", s)), "-o", str(script)]
+            *(a for k, v in given.items() for a in ("--set", f"{k}={v}")), "-o", str(script)]
     if smoke:
         args.append("--smoke")
     res = hpcrl(*args, cwd=tmp_path)

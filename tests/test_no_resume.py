@@ -62,7 +62,7 @@ def test_a_resumable_run_continues_at_a_time_limit():
 
 def test_hpcrl_turning_deepspeed_state_off_to_fit_a_quota_stops_the_chain_too():
     """72B LoRA: a 145 GiB DeepSpeed state does not fit a 500 GiB quota beside the 135 GiB final save and cache."""
-    out = hpcrl(*ORL, "--set", "actor.model_name_or_path=Qwen/Qwen2.5-72B", "--set", "ds.lora.rank=64",
+    out = hpcrl(*ORL[:-2], "--set", "actor.model_name_or_path=Qwen/Qwen2.5-72B", "--set", "ds.lora.rank=64",
                 "--quota-gib", "500", "--nodes", "4")
     assert out.returncode == 0, out.stderr
     assert "--ckpt.disable_ds" in out.stdout and "does not continue the chain" in out.stderr

@@ -38,7 +38,8 @@ SEVENTY_TWO = ("plan", "--model", "72b", "--cluster", "berzelius")
 
 def test_the_suggested_node_count_is_the_fewest_that_fits_with_the_allocator_margin_free():
     err = hpcrl(*SEVENTY_TWO, "--nodes", "1").stderr
-    assert "--cluster berzelius:fat --nodes 9 |" in err
+    # The thin nodes' own count (61) is past the partition's 60: refused when typed, so not printed (issue 39).
+    assert err.rstrip().endswith("would fit: --cluster berzelius:fat --nodes 9"), err
     fat = SEVENTY_TWO[:-1] + ("berzelius:fat",)
     nine, eight = hpcrl(*fat, "--nodes", "9"), hpcrl(*fat, "--nodes", "8")
     assert nine.returncode == 0 and "allocator margin" not in nine.stderr

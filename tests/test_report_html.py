@@ -93,8 +93,8 @@ def test_headless_chromium_draws_the_page(tmp_path):
 
 
 @pytest.mark.parametrize("target, says", [
-    ("dir", "is a directory"), ("/dev/null", "is a device"), ("fifo", "is a FIFO"),
-    ("missing/report.html", "its directory does not exist")])
+    ("dir", ": a directory;"), ("/dev/null", ": a character device;"), ("fifo", ": a FIFO"),
+    ("missing/report.html", "/missing does not exist")])
 def test_a_target_that_is_no_regular_file_is_refused(tmp_path, target, says):
     (tmp_path / "dir").mkdir()
     os.mkfifo(tmp_path / "fifo")

@@ -37,8 +37,14 @@ def main(argv: list[str] | None = None) -> int:
     # Command modules register themselves on `app` when imported: only the one argv names.
     load(argv)
     try:
+        from typer.main import get_command
+
+        from hpcrl.cli.argv import refuse_repeated_options
+
+        command = get_command(app)
+        refuse_repeated_options(command, argv)
         # Without standalone mode click returns typer.Exit's code instead of exiting.
-        rc = app(args=argv, prog_name="hpcrl", standalone_mode=False)
+        rc = command(args=argv, prog_name="hpcrl", standalone_mode=False)
         if isinstance(rc, int) and rc:
             return rc
     except HpcrlError as exc:

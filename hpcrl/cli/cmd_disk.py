@@ -31,9 +31,9 @@ def plan_disk_cmd(
                                        "keep_last_n_checkpoints (3; -1 all), trainer.max_actor_ckpt_to_keep (2; -1 "
                                        "null), ckpt.max_num (3)"),
     total_steps: Optional[int] = typer.Option(None, "--total-steps", help="Training steps of the run (1000)"),
-    save_hf: Optional[bool] = typer.Option(None, "--save-hf", help="A whole-model HF save with each checkpoint: "
+    save_hf: Optional[bool] = typer.Option(None, "--save-hf/--no-save-hf", help="A whole-model HF save with each checkpoint: "
                                            "hf_model in save_contents, ckpt.save_hf"),
-    disable_ds: Optional[bool] = typer.Option(None, "--disable-ds", help="OpenRLHF: ckpt.disable_ds"),
+    disable_ds: Optional[bool] = typer.Option(None, "--disable-ds/--no-disable-ds", help="OpenRLHF: ckpt.disable_ds"),
     lora_hf_save: Optional[str] = typer.Option(None, "--lora-hf-save", help="OpenRLHF under LoRA: adapter (3c3be623) "
                                                "or full (OpenRLHF before 2d0b9854; the users' 203 GB saves)"),
     hf_cache: Optional[bool] = typer.Option(None, "--hf-cache/--no-hf-cache", help="Count the HF model cache "

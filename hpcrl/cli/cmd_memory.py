@@ -56,7 +56,9 @@ def plan_memory_cmd(
     gpus: Optional[int] = typer.Option(None, "--gpus", help="A job with this many GPUs of one node: its share of host RAM (default: the config's hpcrl.gpus)"),
     learner_gpus: Optional[int] = typer.Option(None, "--learner-gpus", help="Learner GPUs (ZeRO world size); default: fewest that fit"),
     tokens_per_gpu: Optional[int] = typer.Option(None, "--tokens-per-gpu", help="Packed tokens in one learner micro-batch (default: the config's, else 8192)"),
-    no_gc: bool = typer.Option(False, "--no-gradient-checkpointing", help="Keep every activation"),
+    gc: Optional[bool] = typer.Option(None, "--gradient-checkpointing/--no-gradient-checkpointing",
+                                      help="Recompute activations in the backward (default: the framework's, or the "
+                                           "config's); --no-gradient-checkpointing keeps every activation"),
     ref_policy: Optional[bool] = typer.Option(None, "--ref-policy/--no-ref-policy", help="A frozen reference copy on each learner (default: the framework's, or the config's)"),
     zpg: Optional[int] = typer.Option(None, "--zpg", help="ZeRO++ secondary partition size (default: the framework's; 1 is off)"),
     offload: Optional[OffloadChoice] = typer.Option(None, "--offload", help="ZeRO offload: none, optimizer, params"),
@@ -64,7 +66,7 @@ def plan_memory_cmd(
     micro_batches: Optional[int] = typer.Option(None, "--micro-batches", help="FSDP learners: micro-batches per optimizer step on one GPU (default: the config's mini-batch / micro-batch ratio, else 2)"),
     fsdp_version: Optional[int] = typer.Option(None, "--fsdp-version", help="FSDP learners: 1 or 2, the framework's fsdp / fsdp2 strategy (default: the config's, else the framework's)"),
     lora_rank: Optional[int] = typer.Option(None, "--lora-rank", min=0, help="LoRA rank (0: full fine-tuning), where the framework applies LoRA"),
-    load_in_4bit: Optional[bool] = typer.Option(None, "--load-in-4bit", help="4-bit base weights (QLoRA), where the framework loads them"),
+    load_in_4bit: Optional[bool] = typer.Option(None, "--load-in-4bit/--no-load-in-4bit", help="4-bit base weights (QLoRA), where the framework loads them"),
     logprob_impl: Optional[LogprobChoice] = typer.Option(None, "--logprob-impl", help="Default: the backend's (docs/backends.md)"),
     grad_dtype: Optional[GradDtype] = typer.Option(None, "--grad-accum-dtype", help="ZeRO gradient partitions (default: the framework's)"),
     vllm_tp: Optional[int] = typer.Option(None, "--vllm-tp", help="Engine tensor-parallel size; default: smallest that fits"),
@@ -89,14 +91,18 @@ def plan_memory_cmd(
     plot: Optional[Path] = typer.Option(None, "--plot", help="Write a stacked bar chart (PNG)"),
 ) -> None:
     """Will it fit? Per-GPU memory of a learner and an engine, and host RAM, for a run config or a framework's defaults."""
+    from hpcrl.cli.outfile import output_target, write_output
     from hpcrl.planning import memory_question as mq
+
+    if plot is not None:
+        output_target(plot, "--plot", stdout_ok=False)  # refused before any planning
     from hpcrl.planning.memory_answer import EngineOptions, GenerationAsk, MemoryRequest, plan_memory_data
 
     given = mq.Overrides(
         model=model, tokens_per_gpu=tokens_per_gpu, ref_policy=ref_policy, zpg=zpg,
         offload=offload.value if offload else None, lora_rank=lora_rank, load_in_4bit=load_in_4bit,
         logprob_impl=logprob_impl.value if logprob_impl else None,
-        grad_accum_dtype=grad_dtype.value if grad_dtype else None, gradient_checkpointing=False if no_gc else None,
+        grad_accum_dtype=grad_dtype.value if grad_dtype else None, gradient_checkpointing=gc,
         util=vllm_util, weight_sync=weight_sync.value.replace("-", "_") if weight_sync else None,
         micro_batches=micro_batches, fsdp_version=fsdp_version, zero_stage=zero_stage,
         framework_version=framework_version)
@@ -111,9 +117,13 @@ def plan_memory_cmd(
         print_json(data) if as_json else _print_hf(data)
         return
     if plot is not None:
+        import io
+
         from hpcrl.logs.plots import plot_memory
 
-        plot_memory(data, plot)
+        png = io.BytesIO()
+        plot_memory(data, png)
+        write_output(plot, png.getvalue(), "--plot", stdout_ok=False)
     if as_json:
         print_json(data)
         return

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 from typing import Optional
 
 import typer
 
 from hpcrl.cli.app import app
+from hpcrl.cli.outfile import output_target, write_output
 from hpcrl.cli.output import console, err_console, print_json, table
 
 _STATE_STYLE = {"completed": "green", "timeout": "yellow", "preempted": "yellow"}
@@ -34,26 +36,28 @@ def report_cmd(
     from hpcrl.errors import HpcrlError
     from hpcrl.logs import report as rp
 
+    for flag, target in (("--markdown", markdown), ("--plot", plot), ("--html", html)):
+        if target is not None:
+            output_target(target, flag, stdout_ok=False)  # refused before the run is read
     run_dir, row = _resolve(run, registry)
     r = rp.build_report(run_dir, row)
-    for target in (markdown, plot, html):
-        if target is not None and not target.expanduser().resolve().parent.is_dir():
-            raise HpcrlError(f"{target}: its directory does not exist")
     if html is not None:
         from datetime import datetime, timezone
 
-        from hpcrl.cli.output import write_file
         from hpcrl.logs import report_html
 
-        write_file(html, report_html.to_html(r, report_html.series(run_dir, r), datetime.now(timezone.utc)))
+        write_output(html, report_html.to_html(r, report_html.series(run_dir, r), datetime.now(timezone.utc)),
+                     "--html", stdout_ok=False)
     if plot is not None:
         from hpcrl.logs.report_plot import plot_gpu_memory
 
-        plot_gpu_memory(r, plot)
+        png = io.BytesIO()
+        plot_gpu_memory(r, png)
+        write_output(plot, png.getvalue(), "--plot", stdout_ok=False)
     if markdown is not None:
         from hpcrl.logs.report_markdown import to_markdown
 
-        markdown.write_text(to_markdown(r) + "\n")
+        write_output(markdown, to_markdown(r) + "\n", "--markdown", stdout_ok=False)
     if as_json:
         print_json(r)
     else:

@@ -33,6 +33,9 @@ def diagnose_cmd(
     from hpcrl.planning.backends import BACKENDS, get_backend  # noqa: PLC0415 - keeps `hpcrl --help` fast
     from hpcrl.profiles import resolve_profile  # noqa: PLC0415
 
+    for flag, count in (("--learner-gpus", learner_gpus), ("--tokens-per-gpu", tokens_per_gpu)):
+        if count is not None and count < 1:
+            raise HpcrlError(f"{flag} must be a positive integer, got {count}")
     if backend is not None and backend not in BACKENDS:
         raise HpcrlError(f"--backend {backend!r}: valid: {', '.join(BACKENDS)}")
     if backend is not None and get_backend(backend).learner_from_plan and not log.is_dir():

@@ -49,13 +49,20 @@ def submit(reg: Registry, sub: Submission, *, dry_run: bool = False, extra_args:
     if dry_run:
         # The script goes next to the registry: a live run's job.sbatch must never be overwritten.
         out = reg.path.parent / "dry-run"
-        out.mkdir(parents=True, exist_ok=True)
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise HpcrlError(f"dry run: cannot make {out}: {exc.strerror or exc}; nothing recorded") from None
         # Refused as the real submit would be when a live run holds the run dir; a dry-run row holds nothing.
         run_id = reg.create_run(name=sub.name, cluster=sub.cluster, config_hash=sub.config_hash,
                                 script_path=str(sub.run_dir.script), run_dir=str(sub.run_dir.path),
                                 state="dry-run", max_restarts=sub.max_restarts, claim_run_dir=True)
         path = out / f"{run_id}.sbatch"
-        write_private(path, sub.script)
+        try:
+            write_private(path, sub.script)
+        except OSError as exc:
+            reg.forget_run(run_id)  # a dry run that wrote nothing records nothing
+            raise HpcrlError(f"dry run: cannot write {path}: {exc.strerror or exc}; nothing recorded") from None
         return Submitted(run_id, None, path, None, command)
     slurm.require("sbatch")  # before anything is written: no run dir, no registry row
     # The run directory as the filesystem names it: two spellings (a symlink, `..`) are one run dir.

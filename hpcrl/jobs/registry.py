@@ -318,6 +318,13 @@ class Registry:
                 continue  # the 6 hex digits collided; draw again
         raise RegistryError(f"registry {self.path}: could not find a free run id for {name!r}")
 
+    def forget_run(self, run_id: str) -> None:
+        """Remove a run that has no job, such as a dry run whose script could not be written: a command
+        that fails leaves no row behind."""
+        with self._write() as c:
+            c.execute("DELETE FROM runs WHERE run_id=? AND NOT EXISTS "
+                      "(SELECT 1 FROM jobs WHERE jobs.run_id=runs.run_id)", (run_id,))
+
     def set_run(self, run_id: str, *, state: str | None = None, reason: str | None = None) -> None:
         with self._write() as c:
             c.execute(

@@ -145,7 +145,7 @@ def readable_chain(run_dir: RunDir) -> dict[str, JobEvents]:
     then come from Slurm (their comment) and the reason from run_dir_problem."""
     try:
         return read_chain(run_dir)
-    except RunDirUnreadable:
+    except (RunDirUnreadable, ValueError):  # ValueError: a damaged registry row's path (a NUL byte in it)
         return {}
 
 

@@ -41,13 +41,21 @@ def submit(request: RunRequest, *, script: Where = None, run_dir: str | None = N
 def run_data(r: Run) -> dict:
     """A run as `runs`/`status --json` print it: its registry row, chain counts, and each job's log and failure."""
     d = r.to_dict()
-    rd = lifecycle.RunDir(r.run_dir)
-    d["restarts"] = rd.restart_count() if rd.restarts.exists() else None
-    d["failure_restarts"] = rd.failure_restart_count()
-    d["excluded_nodes"] = rd.excluded_nodes()
-    chain = readable_chain(rd)
+    try:
+        rd = lifecycle.RunDir(r.run_dir)
+        d["restarts"] = rd.restart_count() if rd.restarts.exists() else None
+        d["failure_restarts"] = rd.failure_restart_count()
+        d["excluded_nodes"] = rd.excluded_nodes()
+        chain = readable_chain(rd)
+        logs = {j["job_id"]: str(rd.log(j["job_id"])) for j in d["jobs"]}
+    except (OSError, ValueError, TypeError) as exc:  # a row no command could have written: shown, marked, not a crash
+        d.update(restarts=None, failure_restarts=0, excluded_nodes=[], damaged=f"run dir {r.run_dir!r}: {exc}")
+        d["state"], d["reason"] = "damaged", f"registry row damaged: {exc}"
+        for j in d["jobs"]:
+            j.update(log=None, failure=None)
+        return d
     for j in d["jobs"]:
-        j["log"] = str(rd.log(j["job_id"]))
+        j["log"] = logs[j["job_id"]]
         ev = chain.get(j["job_id"])
         j["failure"] = ({"reason": ev.failure, "excluded": list(ev.blamed), "continued": ev.next_job is not None}
                         if ev and ev.failure else None)

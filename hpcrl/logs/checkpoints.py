@@ -190,6 +190,11 @@ def apply_prune(plan: PrunePlan, now_fn: Callable[[], float], recent_s: float = 
         fresh = _checkpoint(c.path, c.kind, c.step) if c.path.is_dir() else None
         if fresh is None or not fresh.complete or now_fn() - fresh.modified < recent_s:
             continue  # changed since the plan was made: leave it
-        shutil.rmtree(c.path)
+        try:
+            shutil.rmtree(c.path)
+        except OSError as exc:  # a read-only or failing file system: say what was and was not deleted
+            done = f"deleted before it: {', '.join(p.name for p in deleted)}" if deleted else "nothing was deleted"
+            raise HpcrlError(f"cannot delete {c.path}: {exc.strerror or exc}; {done}") from None
         deleted.append(c.path)
     return deleted
+

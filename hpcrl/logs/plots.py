@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import BinaryIO
 
 from hpcrl.errors import HpcrlError
 
@@ -18,8 +19,9 @@ def _pyplot():
     return plt
 
 
-def plot_memory(plan: dict, path: Path) -> None:
-    """Stacked bars of a learner GPU and an engine GPU against the GPU's usable memory."""
+def plot_memory(plan: dict, path: Path | BinaryIO) -> None:
+    """Stacked bars of a learner GPU and an engine GPU against the GPU's usable memory (to a file or a binary
+    stream)."""
     plt = _pyplot()
     learner = dict(plan["learner"]["breakdown"])
     learner["allocator reserve"] = plan["learner"]["peak_reserved_gib"] - plan["learner"]["peak_allocated_gib"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import BinaryIO
 
 from hpcrl.logs.report import MIB_PER_GIB, ROLE_COLORS, gpu_note, parse_time, read_gpu_csvs
 
@@ -24,8 +25,9 @@ def _line(pts: list[tuple[datetime, float]], limit: int = 2000) -> tuple[list, l
     return xs, ys
 
 
-def plot_gpu_memory(report: dict, path: Path) -> None:
-    """PNG of GPU memory used over time, a line per node/GPU coloured by role, predictions dashed."""
+def plot_gpu_memory(report: dict, path: Path | BinaryIO) -> None:
+    """PNG of GPU memory used over time, a line per node/GPU coloured by role, predictions dashed (to a file
+    or a binary stream)."""
     from hpcrl.logs.plots import _pyplot  # matplotlib is an extra: a one-line error says how to install it
 
     plt = _pyplot()

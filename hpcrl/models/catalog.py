@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import stat
 from functools import lru_cache
 from pathlib import Path
 
@@ -10,6 +11,7 @@ from hpcrl.errors import ModelSpecError, UnknownNameError
 from hpcrl.models.spec import ModelSpec
 
 _CATALOG = Path(__file__).with_name("catalog.json")
+CONFIG_JSON_MAX = 4 * 2**20  # the largest config.json read: real ones are a few KiB
 
 # Size aliases -> catalog short name. The users train OLMo, so bare sizes that OLMo
 # ships map to OLMo 3; the other sizes map to the Qwen2.5 / Llama 3.1 model of that size.
@@ -58,11 +60,26 @@ def load_config_json(path: Path, name: str | None = None) -> ModelSpec:
     """ModelSpec from a config.json file or a directory holding one."""
     file = path / "config.json" if path.is_dir() else path
     try:
-        cfg = json.loads(file.read_text())
+        st = file.stat()
     except FileNotFoundError:
         raise ModelSpecError(f"{file}: no config.json there") from None
+    except OSError as exc:
+        raise ModelSpecError(f"{file}: cannot read it: {exc.strerror or exc}") from None
+    # A FIFO or a device (/dev/zero) would be read until memory runs out; a config.json is a small file.
+    if not stat.S_ISREG(st.st_mode):
+        raise ModelSpecError(f"{file}: not a regular file; a model is a config.json file or the directory holding one")
+    if st.st_size > CONFIG_JSON_MAX:
+        raise ModelSpecError(f"{file}: {st.st_size:,} bytes; a model's config.json is under {CONFIG_JSON_MAX:,}")
+    try:
+        cfg = json.loads(file.read_bytes().decode("utf-8"))
+    except OSError as exc:
+        raise ModelSpecError(f"{file}: cannot read it: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise ModelSpecError(f"{file}: not UTF-8 text; a model's config.json is JSON") from None
     except json.JSONDecodeError as exc:
         raise ModelSpecError(f"{file}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    except RecursionError:
+        raise ModelSpecError(f"{file}: nested too deeply to be a model's config.json") from None
     if not isinstance(cfg, dict):
         raise ModelSpecError(f"{file}: expected a JSON object of model settings")
     return ModelSpec.from_hf_config(cfg, name or str(path), (str(file),))

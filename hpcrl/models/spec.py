@@ -19,6 +19,10 @@ QKNorm = Literal["none", "per_head", "full"]
 _QKV_BIAS = {"qwen2", "qwen2_moe"}
 _QK_NORM: dict[str, QKNorm] = {"qwen3": "per_head", "qwen3_moe": "per_head", "olmo2": "full", "olmo3": "full", "olmoe": "full"}
 
+# The largest count a config.json may give (hidden size, layers, heads, vocabulary, ...): far above any
+# model's, and small enough that no product of them overflows what the planner sizes.
+COUNT_MAX = 2**24
+
 _REQUIRED = (
     "hidden_size",
     "intermediate_size",
@@ -60,30 +64,46 @@ class ModelSpec:
         for key in _REQUIRED:
             if cfg.get(key) in (None, ""):
                 raise ModelSpecError(f"{name}: config.json has no {key!r}, which the planner needs")
+
+        def count(key: str, default: int = 0, least: int = 1) -> int:
+            """A whole number in [least, COUNT_MAX] (or the default where unset): nothing is sized from a
+            number no model has, and no 0 reaches a division."""
+            value = cfg.get(key)
+            if value is None or value == "":
+                return default
+            whole = isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+            if isinstance(value, bool) or not whole or not least <= value <= COUNT_MAX:
+                raise ModelSpecError(f"{name}: config.json {key} {value!r}: valid: a whole number from {least} "
+                                     f"to {COUNT_MAX:,}")
+            return int(value)
+
         model_type = str(cfg.get("model_type", "unknown"))
-        heads = int(cfg["num_attention_heads"])
-        kv = int(cfg.get("num_key_value_heads") or heads)
-        hidden = int(cfg["hidden_size"])
-        head_dim = int(cfg.get("head_dim") or hidden // heads)
-        experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0)
+        heads = count("num_attention_heads")
+        kv = count("num_key_value_heads", heads)
+        hidden = count("hidden_size")
+        head_dim = count("head_dim", hidden // heads)
+        if head_dim < 1:
+            raise ModelSpecError(f"{name}: config.json hidden_size {hidden} over num_attention_heads {heads} "
+                                 "leaves no head dimension; give head_dim")
+        experts = count("num_experts", 0, 0) or count("num_local_experts", 0, 0)
         spec = cls(
             name=name,
             model_type=model_type,
             hidden_size=hidden,
-            intermediate_size=int(cfg["intermediate_size"]),
-            num_layers=int(cfg["num_hidden_layers"]),
+            intermediate_size=count("intermediate_size"),
+            num_layers=count("num_hidden_layers"),
             num_heads=heads,
             num_kv_heads=kv,
             head_dim=head_dim,
-            vocab_size=int(cfg["vocab_size"]),
+            vocab_size=count("vocab_size"),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            max_position_embeddings=int(cfg.get("max_position_embeddings") or 0),
+            max_position_embeddings=count("max_position_embeddings", 0, 0),
             qkv_bias=bool(cfg.get("attention_bias", model_type in _QKV_BIAS)),
             qk_norm=_QK_NORM.get(model_type, "none"),
             num_experts=experts,
-            num_experts_per_tok=int(cfg.get("num_experts_per_tok") or 0),
+            num_experts_per_tok=count("num_experts_per_tok", 0, 0),
             # Mixtral and OLMoE give each expert's size as intermediate_size (no moe_intermediate_size).
-            moe_intermediate_size=int(cfg.get("moe_intermediate_size") or (cfg["intermediate_size"] if experts else 0)),
+            moe_intermediate_size=count("moe_intermediate_size", count("intermediate_size") if experts else 0, 0),
             sources=tuple(sources),
         )
         spec.validate()
@@ -100,6 +120,9 @@ class ModelSpec:
             )
         if self.num_experts and not (self.moe_intermediate_size and self.num_experts_per_tok):
             raise ModelSpecError(f"{self.name}: MoE config needs moe_intermediate_size and num_experts_per_tok")
+        if self.num_experts_per_tok > max(self.num_experts, 0) and self.num_experts:
+            raise ModelSpecError(f"{self.name}: num_experts_per_tok {self.num_experts_per_tok} is more than the "
+                                 f"{self.num_experts} experts")
 
     # ------------------------------------------------------------------ counts
     @property

@@ -22,7 +22,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from typing import TYPE_CHECKING
+
 from hpcrl.models import ModelSpec
+
+if TYPE_CHECKING:
+    from hpcrl.planning.step_time import StepEstimate
+    from hpcrl.profiles import ClusterProfile
 
 GIB = 1024**3
 # Seconds the script needs after the checkpoint to stop the driver and Ray, beyond KillWait.
@@ -88,4 +94,20 @@ def risk_warning(c: Cadence, key: str, max_lost_min: float) -> list[str]:
             f"over hpcrl.max_lost_minutes {max_lost_min:g}: remove it and hpcrl sets {fit}"]
 
 
-__all__ = ["ASSUMED_WRITE_GIB_S", "Cadence", "checkpoint_bytes", "plan_cadence", "risk_warning"]
+def run_cadence(step: StepEstimate, max_lost_min: float, profile: ClusterProfile, model: ModelSpec,
+                lora_rank: int = 0, pinned_every: int | None = None) -> Cadence:
+    """plan_cadence for a run on `profile` whose step the layout estimated: the run root's write bandwidth and
+    the profile's signal floor (what `render` plans, and what a backend's own checkpoint choice must assume)."""
+    bandwidth = profile.storage.run_root.write_gib_s or ASSUMED_WRITE_GIB_S
+    return plan_cadence(step.mid_s, max_lost_min, model, bandwidth, profile.slurm.signal_before_end_s,
+                        pinned_every, lora_rank, step.high_s)
+
+
+def steps_over_run(chain_s: float | None, step: StepEstimate) -> int | None:
+    """The most steps a run whose step count is unknown can take: its time limits over the fastest step estimate
+    (None: no time limit known). Saves nobody deletes are counted to it, not to a retention limit."""
+    return None if chain_s is None else max(1, int(chain_s / max(step.low_s, 1.0)))
+
+
+__all__ = ["ASSUMED_WRITE_GIB_S", "Cadence", "checkpoint_bytes", "plan_cadence", "risk_warning", "run_cadence",
+           "steps_over_run"]

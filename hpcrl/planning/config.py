@@ -47,7 +47,10 @@ def config_path(name_or_path: str | None) -> Path:
             kind = "a directory" if path.is_dir() else "not a regular file"
             raise ConfigError(f"{path}: {kind}; a run config is a YAML file")
         if not path.is_file():
-            raise ConfigError(f"{path}: no such config file")
+            shipped = data_dir("configs") / path.name
+            hint = (f"; the shipped config of that name is --config {path.stem}"
+                    if shipped.is_file() and path.parent == Path(".") else "")
+            raise ConfigError(f"{path}: no such config file{hint}")
         return path
     shipped = data_dir("configs") / f"{name}.yaml"
     if shipped.is_file():
@@ -90,6 +93,11 @@ def load_run_config(name_or_path: str | None = None, overrides: list[str] | None
     raw = read_mapping(path, ConfigError, "settings")
     overrides = list(overrides or [])
     parsed = [parse_override(item) for item in overrides]
+    given: dict[str, Any] = {}
+    for key, value in parsed:  # YAML would keep the last: refused, as a key given twice in a file is
+        if key in given:
+            raise ConfigError(f"--set {key} given twice ({given[key]!r}, {value!r}); give it once")
+        given[key] = value
     try:
         return _validated(path, raw, parsed)
     except _Invalid as exc:
@@ -103,6 +111,8 @@ def load_run_config(name_or_path: str | None = None, overrides: list[str] | None
             if str(exc) == problem:
                 if i:
                     key = parsed[i - 1][0]
+                    if problem.startswith(f"{key} "):  # "KEY VALUE: valid: ...": one mention of the key
+                        raise ConfigError(f"--set {problem}")
                     culprit, problem = f"--set {key}", problem.removeprefix(f"{key}: ")
                 break
     raise ConfigError(f"{culprit}: {problem}")
@@ -114,11 +124,24 @@ def _shown(name_or_path: str | None, path: Path) -> str:
     return f"config {path.stem} (shipped)"
 
 
+def _kind(value: Any) -> str:
+    """What a YAML value is, in words."""
+    return {list: "a list", str: "a string", bool: "true/false", int: "a number", float: "a number"}.get(
+        type(value), type(value).__name__) + f" ({str(value)[:40]!r})"
+
+
 def _validated(path: Path, raw: dict, overrides: list[tuple[str, Any]]) -> RunConfig:
     raw = copy.deepcopy(raw)
-    section = raw.pop("hpcrl", None) or {}
+    section = raw.pop("hpcrl", None)
+    if section is None:
+        section = {}
+    if not isinstance(section, dict):
+        raise _Invalid(f"hpcrl: {_kind(section)}, expected a mapping of hpcrl settings (one `key: value` per line "
+                       "under hpcrl:)")
     args = raw
     for key, value in overrides:
+        if key == "hpcrl":
+            raise _Invalid("hpcrl: the hpcrl section is set key by key: --set hpcrl.KEY=VALUE (e.g. hpcrl.nodes=4)")
         if key.startswith("hpcrl."):
             section[key.split(".", 1)[1]] = value
         else:

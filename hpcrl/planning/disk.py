@@ -71,6 +71,9 @@ class DiskSetup:
                        self.quota_bytes)
 
 
+MAX_STEPS = 10**12  # far more than any run takes (a step is seconds at the least); the fix searches bisect
+
+
 def check_settings(zero_stage: int, learners: int, lora_rank: int, total_steps: int | None, keep: int | None,
                    quota_bytes: float | None) -> None:
     """HpcrlError for a setting no run can have (a None step count or keep: unknown, or all)."""
@@ -80,8 +83,9 @@ def check_settings(zero_stage: int, learners: int, lora_rank: int, total_steps: 
         raise HpcrlError(f"learners must be at least 1, got {learners}")
     if lora_rank < 0:
         raise HpcrlError(f"LoRA rank must be 0 (off) or positive, got {lora_rank}")
-    if total_steps is not None and total_steps < 1:
-        raise HpcrlError(f"total steps must be at least 1, got {total_steps}")
+    if total_steps is not None and not 1 <= total_steps <= MAX_STEPS:
+        raise HpcrlError(f"a run of {total_steps:,} training steps: valid: 1 to {MAX_STEPS:,} (check the run's step "
+                         "count and batch sizes)")
     if keep is not None and keep < -1:
         raise HpcrlError(f"--keep-last-n-checkpoints {keep}: valid: -1 (keep all), 0 or more")
     if quota_bytes is not None and quota_bytes <= 0:

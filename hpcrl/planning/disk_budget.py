@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import posixpath
 from dataclasses import dataclass, field, replace
+from collections.abc import Sequence
 from typing import Any, Callable
 
-from hpcrl.errors import HpcrlError
+from hpcrl.errors import HpcrlError, PlanError, would_fit
 from hpcrl.models import ModelSpec
 from hpcrl.planning.disk import GB, GIB, check_settings
 
@@ -37,6 +38,7 @@ class Item:
     at_peak: int
     source: str  # file:line at the pinned commit, or the assumption
     terms: dict[str, float] = field(default_factory=dict)
+    unbounded: bool = False  # never deleted, and neither a step count nor a time limit bounds how many
 
     @property
     def peak_bytes(self) -> float:
@@ -52,6 +54,9 @@ class DiskInputs:
     lora_rank: int = 0
     zero_stage: int = 3
     total_steps: int | None = 1000
+    # With total_steps unknown: the most steps the run can take (its time limits over the fastest step estimate,
+    # cadence.steps_over_run); saves nobody deletes are counted to it. None: nothing bounds them.
+    steps_bound: int | None = None
     ckpt_every: int = 200  # the resume state's interval
     hf_every: int = 200  # a separate HF save interval, where the framework has one
     keep: int | None = 3  # state checkpoints kept (None or -1: all)
@@ -100,7 +105,7 @@ class Budget:
     @property
     def fits(self) -> bool | None:
         q = self.inputs.quota_bytes
-        return None if q is None else self.peak_bytes <= q
+        return None if q is None else self.peak_bytes <= q and not any(i.unbounded for i in self.items)
 
     def item(self, kind: str) -> Item | None:
         return next((i for i in self.items if i.kind == kind), None)
@@ -112,6 +117,11 @@ class Budget:
         q = self.inputs.quota_bytes or 0.0
         if self.fits:
             return f"fits: {peak} of the {q / GIB:,.0f} GiB quota"
+        if (grows := next((i for i in self.items if i.unbounded), None)) is not None:
+            fixes = "; ".join(f.text for f in self.fixes) or "a step count or a time limit"
+            return (f"does NOT fit: {grows.what.split(' (')[0]} is never deleted and nothing bounds how many the run "
+                    f"writes ({peak} counted so far); give the step count (--total-steps) or a time limit. "
+                    f"Would fit: {fixes}")
         fixes = "; ".join(f.text for f in self.fixes) or "no single setting fits; raise the quota"
         return f"does NOT fit: {peak}, over the {q / GIB:,.0f} GiB quota. Would fit: {fixes}"
 
@@ -183,33 +193,65 @@ def saves(every: int, steps: int | None, at_end: bool = False) -> int | None:
     return steps // every + (1 if at_end and steps % every else 0)
 
 
-def search(build: Callable[[DiskInputs], Budget], base: DiskInputs, field_name: str, values: list[Any],
+# Up to this many candidate values are tried one by one; a longer range (a run of millions of steps) is
+# bisected: each is ordered so that once one fits every later one does (fewer kept, rarer saves).
+LINEAR_SEARCH = 64
+
+
+def search(build: Callable[[DiskInputs], Budget], base: DiskInputs, field_name: str, values: Sequence[Any],
            setting: str, shown: Callable[[Any], Any] = lambda v: v) -> Fix | None:
     """The first of `values` for `field_name` whose budget fits, as a Fix in the backend's key."""
-    for value in values:
+    def fitting(value: Any) -> Budget | None:
         b = build(replace(base, **{field_name: value}))
-        if b.fits:
-            return Fix(setting, shown(value), b.peak_bytes)
-    return None
+        return b if b.fits else None
+
+    if len(values) <= LINEAR_SEARCH:
+        for value in values:
+            if (b := fitting(value)) is not None:
+                return Fix(setting, shown(value), b.peak_bytes)
+        return None
+    lo, hi = 0, len(values) - 1
+    if fitting(values[hi]) is None:
+        return None
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if fitting(values[mid]) is not None else (mid + 1, hi)
+    b = fitting(values[lo])
+    return Fix(setting, shown(values[lo]), b.peak_bytes) if b is not None else None
 
 
-def interval_values(current: int, total_steps: int | None, lowest_count: int = 0) -> list[int]:
+class _Intervals(Sequence[int]):
+    """interval_values without the list: a run of a million steps has a million candidates."""
+
+    def __init__(self, total_steps: int, counts: range) -> None:
+        self._steps, self._counts = total_steps, counts
+
+    def __len__(self) -> int:
+        return len(self._counts)
+
+    def __getitem__(self, i):  # type: ignore[override]
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        return self._steps // (self._counts[i] + 1) + 1
+
+
+def interval_values(current: int, total_steps: int | None, lowest_count: int = 0) -> Sequence[int]:
     """Intervals above `current`, each the smallest giving one save fewer (total_steps // v)."""
     if not total_steps or current <= 0:
         return []
     count = total_steps // current
-    return [total_steps // (c + 1) + 1 for c in range(count - 1, lowest_count - 1, -1)]
+    return _Intervals(total_steps, range(count - 1, lowest_count - 1, -1))
 
 
-def refusal(b: Budget, fixes: list[str], steps_text: str) -> str:
-    """The one-line refusal of a run that does not fit its run root's quota."""
+def refusal(b: Budget, fixes: list[str], steps_text: str) -> PlanError:
+    """The one-line refusal of a run that does not fit its run root's quota, its fixes apart (PlanError.fixes)."""
     names = {"model_cache": "the HF model cache", "dataset_cache": "the datasets cache", "rollouts": "rollout dumps"}
     parts = ["checkpoints"] + [names[i.kind] for i in b.items if i.kind in names]
     what = " and ".join([", ".join(parts[:-1]), parts[-1]] if len(parts) > 1 else parts)
-    would = " | ".join(f"--set {f}" for f in fixes) or "a larger run root (hpcrl.run_root)"
     q = (b.inputs.quota_bytes or 0) / GIB
-    return (f"{what} need {b.peak_bytes / GIB:,.0f} GiB at peak{steps_text} but the run root's quota is {q:,.0f} GiB; "
-            f"would fit: {would} (or --set hpcrl.force_disk=true)")
+    return would_fit(f"{what} need {b.peak_bytes / GIB:,.0f} GiB at peak{steps_text} but the run root's quota is "
+                     f"{q:,.0f} GiB", tuple(f"--set {f}" for f in fixes), " (or --set hpcrl.force_disk=true)",
+                     "would fit: a larger run root (hpcrl.run_root)")
 
 
 __all__ = ["Budget", "DiskInputs", "Fix", "Item", "TEXT_BYTES_PER_TOKEN", "TOKEN_ID_BYTES", "cache_items",

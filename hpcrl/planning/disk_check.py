@@ -9,11 +9,12 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from hpcrl.errors import PlanError
+from hpcrl.planning.cadence import steps_over_run
 from hpcrl.planning.disk import GIB
 from hpcrl.planning.disk_backends import budget
 from hpcrl.planning.disk_budget import Budget, DiskInputs, refusal, shares_quota
 from hpcrl.planning.run_types import RunPlan
+from hpcrl.planning.walltime import chain_seconds
 
 
 def run_quota_gib(rp: RunPlan) -> float | None:
@@ -30,7 +31,8 @@ def run_inputs(rp: RunPlan, quota_gib: float | None = None, hf_cache: bool | Non
     root = cfg.hpcrl.run_root or prof.storage.run_root.path
     base = DiskInputs(w.model, learners=lay.learner_gpus, lora_rank=w.lora_rank,
                       model_cache=shares_quota(root, prof.storage.hf_home) if hf_cache is None else hf_cache,
-                      quota_bytes=None if quota is None else quota * GIB)
+                      quota_bytes=None if quota is None else quota * GIB,
+                      steps_bound=steps_over_run(chain_seconds(cfg.hpcrl, prof), lay.step))
     def value(key: str) -> Any:
         return args[key] if key in args else rp.backend.arg(cfg, key)
 
@@ -60,6 +62,9 @@ def check_run_disk(rp: RunPlan) -> Budget:
     b = run_budget(rp)
     if b.fits is False and not rp.config.hpcrl.force_disk:
         steps = b.inputs.total_steps
-        raise PlanError(refusal(b, [f.text for f in b.fixes], f" over {steps} steps" if steps else
-                                " (step count unknown: counted to the retention limit)"))
+        bound = b.inputs.steps_bound
+        said = (f" over {steps} steps" if steps else
+                f" (step count unknown: counted over the {bound:,} steps its time limits allow)" if bound
+                else " (step count unknown: counted to the retention limit)")
+        raise refusal(b, [f.text for f in b.fixes], said)
     return b

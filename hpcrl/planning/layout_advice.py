@@ -12,7 +12,7 @@ import logging
 from collections.abc import Mapping
 from dataclasses import replace
 
-from hpcrl.errors import PlanError
+from hpcrl.errors import would_fit
 from hpcrl.memory import constants as C
 from hpcrl.memory.plan import allocator_margin
 from hpcrl.planning.layout import Layout, PlanMemo, Pins, Workload, any_layout, enumerate_layouts, search_size
@@ -71,7 +71,10 @@ def suggest(profile: ClusterProfile, nodes: int, w: Workload, pins: Pins, varian
             best, lo = mid, mid + 1
         else:
             hi = mid - 1
-    if best:
+    if best and "{micro}" in str(fixes["tokens"]):  # the framework counts whole sequences per micro-batch
+        if (micro := best // w.seq_len) >= 1:
+            add(str(fixes["tokens"]).format(micro=micro), profile, nodes, pins, pack_length=micro * w.seq_len)
+    elif best:
         add(str(fixes["tokens"]).format(tokens=best), profile, nodes, pins, pack_length=best)
     cap = min(profile.planning.max_learners_per_node or profile.gpu.count_per_node, profile.gpu.count_per_node)
     if pins.learners_per_node and fixes.get("learners"):
@@ -160,8 +163,8 @@ def plan_layouts(
     tight, _ = enumerate_layouts(profile, nodes, w, pins, margin=False)
     if tight:
         return with_margin_note(tight, found)
-    fix = "; would fit: " + " | ".join(found) if found else "; nothing hpcrl tried fits (more nodes, offload, shorter pack_length, LoRA)"
-    raise PlanError(f"no layout of {w.model.name} fits on {where} ({why}){fix}")
+    raise would_fit(f"no layout of {w.model.name} fits on {where} ({why})", tuple(found),
+                    none="nothing hpcrl tried fits (more nodes, offload, shorter pack_length, LoRA)")
 
 
 __all__ = ["PROGRESS", "SLOW_SEARCH", "Fixes", "idle_gpus_warning", "plan_layouts", "suggest", "with_margin_note"]

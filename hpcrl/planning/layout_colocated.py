@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from hpcrl.errors import PlanError
+from hpcrl.errors import PlanError, would_fit
 from hpcrl.planning.layout import (
     Layout,
     Pins,
@@ -112,8 +112,8 @@ def plan_colocated_layouts(profile: ClusterProfile, nodes: int, w: Workload, pin
     tight, _ = enumerate_colocated(profile, nodes, w, pins, colocation, margin=False)
     if tight:
         return with_margin_note(tight, fixes)
-    fix = "; would fit: " + " | ".join(fixes) if fixes else "; nothing hpcrl tried fits (more nodes, offload)"
-    raise PlanError(f"no colocated layout of {w.model.name} fits on {where} ({why}){fix}")
+    raise would_fit(f"no colocated layout of {w.model.name} fits on {where} ({why})", tuple(fixes),
+                    none="nothing hpcrl tried fits (more nodes, offload)")
 
 
 __all__ = ["COLOCATED_UTILISATIONS", "colocated_tps", "enumerate_colocated", "plan_colocated_layouts"]

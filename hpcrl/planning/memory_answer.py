@@ -108,6 +108,8 @@ def plan_memory_data(r: MemoryRequest) -> dict:
         raise HpcrlError("--set changes a run config: give --config NAME|FILE as well")
     if r.config and r.backend is not None:
         raise HpcrlError("--backend is the config's hpcrl.backend when --config is given; drop one of them")
+    if r.given.zpg is not None and r.given.zpg < 1:  # 0 was read as 1 (off) without a word
+        raise HpcrlError(f"--zpg must be a positive integer (1: no ZeRO++ secondary copy), got {r.given.zpg}")
     if r.rollout_offload not in ("none", "optimizer", "all"):
         raise HpcrlError(f"rollout_offload {r.rollout_offload!r}: valid: none, optimizer, all")
     given = r.given
@@ -128,6 +130,10 @@ def plan_memory_data(r: MemoryRequest) -> dict:
         question = mq.from_defaults(r.backend or DEFAULT_BACKEND, given)
         profile = job_profile(resolve_profile(r.cluster, r.cluster_file), r.gpus)
     question.check_features()
+    machine = (profile.slurm.system_nodes or 0) * profile.gpu.count_per_node
+    if r.learner_gpus is not None and machine and r.learner_gpus > machine:
+        raise HpcrlError(f"--learner-gpus {r.learner_gpus:,}: {profile.name} has {machine:,} GPUs in all; valid: 1 to "
+                         f"{machine:,}")
     colocation = None
     if question.config is None and (question.colocated if r.colocated is None else r.colocated):
         keep = question.grads_resident if r.keep_grads is None else r.keep_grads

@@ -113,7 +113,8 @@ class Question:
 
 # Where each assumption's value can also come from the command line.
 _FLAGS = {"hpz_partition_size": "--zpg", "load_ref_policy": "--ref-policy/--no-ref-policy",
-          "grad_accum_dtype": "--grad-accum-dtype", "gradient_checkpointing": "--no-gradient-checkpointing",
+          "grad_accum_dtype": "--grad-accum-dtype",
+          "gradient_checkpointing": "--gradient-checkpointing/--no-gradient-checkpointing",
           "util": "--vllm-gpu-memory-utilization"}
 
 
@@ -193,7 +194,8 @@ def _assumptions(backend: str, w: Workload, util: float | None, cfg: RunConfig |
                        f"Engine GPU line; {key} in the config or --vllm-gpu-memory-utilization fixes it)")
             continue
         if flags.get(name) is not None:
-            origin = f"{_FLAGS[name]} on the command line"
+            on, _, off = _FLAGS[name].partition("/")  # the spelling given: --ref-policy or --no-ref-policy
+            origin = f"{off if off and not flags[name] else on} on the command line"
         elif cfg is not None and key and key in cfg.args:
             origin = f"{key} in {config_label(cfg)}"
         else:

@@ -7,7 +7,9 @@ takes it on to the script. A refusal raised here is raised for all three command
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+import re
+import shlex
+from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -40,7 +42,125 @@ class RunRequest:
 
 def plan_request(req: RunRequest) -> RunPlan:
     """The checked plan of a request: config, cluster limits, layout, and the disk budget of a run
-    that writes checkpoints; raises on anything that won't work."""
+    that writes checkpoints; raises on anything that won't work. A refusal names only the fixes that
+    plan when typed into this request (each is re-planned first), the user's own settings changed first."""
+    from hpcrl.errors import PlanError
+
+    try:
+        rp = _plan(req)
+    except PlanError as err:
+        if err.head is None or not err.fixes:
+            raise
+        kept = [ok for fix in err.fixes if (ok := _tried(req, fix)) is not None]
+        own = _own_keys(req)
+        kept.sort(key=lambda fix: not any(key in own for key in _set_keys(fix)))
+        raise err.with_fixes(kept) from None
+    warnings = tuple(_tried_warning(req, w) for w in rp.warnings)
+    return rp if warnings == rp.warnings else replace(rp, warnings=warnings)
+
+
+# A warning's fixes (the allocator-margin note, the learner-cap note) end it: "...; would clear it: a | b".
+_WARNING_FIXES = re.compile(r"; would (clear it|fit inside it): (.*)$")
+_NONE_LEFT = {"clear it": "; nothing hpcrl tried clears it",
+              "fit inside it": "; no single change hpcrl tried fits inside it"}
+
+
+def _tried_warning(req: RunRequest, warning: str) -> str:
+    """The warning naming only the fixes that plan when typed into the request."""
+    found = _WARNING_FIXES.search(warning)
+    if not found:
+        return warning
+    fixes = found.group(2).split(" | ")
+    kept = [ok for fix in fixes if (ok := _tried(req, fix)) is not None]
+    if kept == fixes:
+        return warning
+    head = warning[:found.start()]
+    return head + (f"; would {found.group(1)}: {' | '.join(kept)}" if kept else _NONE_LEFT[found.group(1)])
+
+
+# A node count the memory search found may still be refused by the framework's own rules (verl divides each
+# batch over every GPU): the next counts are tried, this many at most.
+NODE_STEPS = 16
+
+
+def _tried(req: RunRequest, fix: str) -> str | None:
+    """The fix as it plans when typed, or None: `--nodes N` becomes the fewest nodes from N on that plan."""
+    typed = typed_request(req, fix)
+    if typed is None:
+        return None
+    if _plans(typed):
+        return fix
+    found = re.fullmatch(r"--nodes (\d+)((?: \([^()]*\))?)", fix)
+    if found is None or typed.nodes is None:
+        return None
+    for n in range(typed.nodes + 1, typed.nodes + NODE_STEPS + 1):
+        if _plans(replace(typed, nodes=n)):
+            return f"--nodes {n}{found.group(2)}"
+    return None
+
+
+def _plans(req: RunRequest) -> bool:
+    """Whether a request plans (its own refusal's fixes are not tried again)."""
+    from hpcrl.errors import HpcrlError
+
+    try:
+        _plan(req)
+    except HpcrlError:
+        return False
+    return True
+
+
+_NOTE = re.compile(r"\s*\([^()]*(?:\([^()]*\)[^()]*)*\)")  # "(optimizer state in host RAM)" and the like
+
+
+def typed_request(req: RunRequest, fix: str) -> RunRequest | None:
+    """The request with a printed fix typed in (`--set K=V` replacing the user's own --set of K, `--pin`,
+    `--nodes`, `--gpus`, `--cluster`); None where the fix is no such words."""
+    words = shlex.split(_NOTE.sub("", fix))
+    sets, pins, change = list(req.sets), list(req.pins), {}
+    if not words:
+        return None
+    while words:
+        flag = words.pop(0)
+        if not words or not flag.startswith("--"):
+            return None
+        value = words.pop(0)
+        if flag in ("--set", "--pin"):
+            into = sets if flag == "--set" else pins
+            key = value.partition("=")[0].strip()
+            at = [i for i, item in enumerate(into) if item.partition("=")[0].strip() == key]
+            if at:
+                into[at[0]] = value
+            else:
+                into.append(value)
+        elif flag in ("--nodes", "--gpus") and value.isdigit():
+            change[flag[2:]] = int(value)
+        elif flag == "--cluster":
+            change["cluster"] = value
+        else:
+            return None
+    return replace(req, sets=tuple(sets), pins=tuple(pins), **change)
+
+
+def _set_keys(fix: str) -> list[str]:
+    words = shlex.split(_NOTE.sub("", fix))
+    return [w.partition("=")[0] for flag, w in zip(words, words[1:]) if flag == "--set"]
+
+
+def _own_keys(req: RunRequest) -> set[str]:
+    """The keys the user set: in the config and with --set (a fix changing one of them comes first)."""
+    from hpcrl.errors import HpcrlError
+    from hpcrl.planning.config import load_run_config
+
+    keys = {item.partition("=")[0].strip() for item in req.sets}
+    try:
+        keys |= set(load_run_config(req.config, list(req.sets)).args)
+    except HpcrlError:  # ordering only: a config that does not load was refused before any fix
+        pass
+    return keys
+
+
+def _plan(req: RunRequest) -> RunPlan:
     # Imported here: the CLI imports this module to declare its options, and `--help` plans nothing.
     from hpcrl.errors import HpcrlError
     from hpcrl.planning.disk_check import check_run_disk

@@ -10,7 +10,7 @@ from dataclasses import replace
 from hpcrl.planning import walltime
 from hpcrl.planning.backends import get_backend
 from hpcrl.planning.backends.base import Backend
-from hpcrl.planning.cadence import ASSUMED_WRITE_GIB_S, Cadence, plan_cadence, risk_warning
+from hpcrl.planning.cadence import Cadence, risk_warning, run_cadence
 from hpcrl.planning.layout import Layout, Pins, Workload, enumerate_layouts
 from hpcrl.planning.inputs import RunInputs, resolve_inputs
 from hpcrl.planning.layout_advice import idle_gpus_warning
@@ -101,7 +101,7 @@ def plan_run(inputs: RunInputs, *, model: str | None = None, pins: list[str] | N
     warnings += unconfirmed_in_script(profile, cfg.hpcrl)
     if planned.layouts:
         warnings += list(planned.layouts[0].notes)
-        warnings += idle_gpus_warning(planned.layouts)
+        warnings += [] if planned.idle_explained else idle_gpus_warning(planned.layouts)
         warnings += idle_rule_risk(profile, planned.layouts[0])
     services = backend.services(cfg)  # refuses a service the config asks for but cannot have
     if not profile.slurm.exclusive:
@@ -136,10 +136,8 @@ def checkpoint_cadence(backend: Backend, cfg: RunConfig, profile: ClusterProfile
     that risks more, or none."""
     key, hp = backend.checkpoint_key, cfg.hpcrl
     pinned = cfg.args.get(key)
-    bandwidth = profile.storage.run_root.write_gib_s or ASSUMED_WRITE_GIB_S
-    step = lay.step
-    cad = plan_cadence(step.mid_s, hp.max_lost_minutes, w.model, bandwidth, profile.slurm.signal_before_end_s,
-                       int(pinned) if isinstance(pinned, int) and pinned > 0 else None, w.lora_rank, step.high_s)
+    cad = run_cadence(lay.step, hp.max_lost_minutes, profile, w.model, w.lora_rank,
+                      int(pinned) if isinstance(pinned, int) and pinned > 0 else None)
     warnings = risk_warning(cad, key, hp.max_lost_minutes)
     # The warning may take at most half the job (a 5-minute test job would be warned at its start).
     half = walltime.seconds(wall) // 2 if wall else None

@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from hpcrl.contract import ZERO_REWARD_STEPS
 from hpcrl.planning.backends import DEFAULT_BACKEND, get_backend
@@ -26,8 +26,14 @@ if TYPE_CHECKING:
     from hpcrl.profiles import ClusterProfile
 
 # hpcrl-section fields added after configs were first hashed, with their unset values.
+# hpcrl.run_name's longest, in bytes: it names the run dir and the dry run's `<name>-<6 hex>.sbatch`, which must
+# stay inside a file name's 255 bytes (NAME_MAX); the Slurm job name is cut to 64 characters anyway.
+RUN_NAME_MAX = 240
 NEWER_FIELDS = {"gpus": None, "loss_keys": [], "framework_version": None, "stack_check": "on", "quota_gib": None,
                 "deepspeed_offload": "none"}
+
+
+_NUMBERS = (int, float, int | None, float | None)
 
 
 class HpcrlSection(BaseModel):
@@ -88,6 +94,14 @@ class HpcrlSection(BaseModel):
         default=None, description="Words of the command; {port} is the port. Default: the backend's (capabilities.json)")
     code_server_timeout_s: int = Field(default=180, gt=0)
 
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_numbers(cls, value, info: ValidationInfo):
+        # Pydantic reads true as 1: `nodes: true` planned one node and blamed memory.
+        if isinstance(value, bool) and cls.model_fields[str(info.field_name)].annotation in _NUMBERS:
+            raise ValueError(f"{str(value).lower()} is not a number")
+        return value
+
     @model_validator(mode="before")
     @classmethod
     def _backend_defaults(cls, data):
@@ -102,6 +116,17 @@ class HpcrlSection(BaseModel):
     def _paths(cls, value):
         if value is not None and (problem := path_problem(value)):
             raise ValueError(f"{value!r}: {problem}")
+        return value
+
+    @field_validator("run_name")
+    @classmethod
+    def _run_name(cls, value: str) -> str:
+        # It names the run directory, the run id (<name>-<6 hex>) and the Slurm job: a file name with room.
+        if not value or value in (".", "..") or "/" in value or "\0" in value:
+            raise ValueError(f"{value!r}: must be a directory name (no '/', not '.' or '..')")
+        if len(value.encode()) > RUN_NAME_MAX:
+            raise ValueError(f"{len(value.encode())} bytes ({value[:20]}...); valid: a directory name of 1 to "
+                             f"{RUN_NAME_MAX} bytes")
         return value
 
     @field_validator("code_server", "stack_check", mode="before")
@@ -123,7 +148,7 @@ class HpcrlSection(BaseModel):
         if isinstance(value, int) and not isinstance(value, bool):
             h, rest = divmod(value, 3600)
             return f"{h}:{rest // 60:02d}:{rest % 60:02d}"
-        return value
+        return value  # its format (what sbatch refuses: 12:61:00) is checked as every plan starts (walltime.seconds)
 
 
 class RunConfig(BaseModel):

@@ -2,29 +2,22 @@
 
 from __future__ import annotations
 
-import re
+from typing import TYPE_CHECKING
 
 from hpcrl.errors import ConfigError, PlanError
+from hpcrl.shell import slurm_seconds
 
-# Slurm's formats: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S.
-_TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d{1,2}))?(?::(\d{1,2}))?$")
+if TYPE_CHECKING:
+    from hpcrl.planning.run_types import HpcrlSection
+    from hpcrl.profiles import ClusterProfile
 
 
 def seconds(text: str, what: str = "hpcrl.time") -> int:
     """Seconds in a Slurm time value; ConfigError naming `what` when it is not one."""
-    text = str(text).strip()
-    m = _TIME.match(text)
-    if not m or text in ("", "-"):
-        raise ConfigError(f"{what} {text!r}: expected Slurm's format, e.g. 24:00:00 or 1-12:00:00 or 30")
-    days, a, b, c = m.groups()
-    if days is not None:  # D-H, D-H:M, D-H:M:S
-        h, mi, s = int(a), int(b or 0), int(c or 0)
-        return ((int(days) * 24 + h) * 60 + mi) * 60 + s
-    if b is None:  # M
-        return int(a) * 60
-    if c is None:  # M:S
-        return int(a) * 60 + int(b)
-    return (int(a) * 60 + int(b)) * 60 + int(c)  # H:M:S
+    try:
+        return slurm_seconds(text)
+    except ValueError as exc:
+        raise ConfigError(f"{what} {exc}") from None
 
 
 def text(total: int) -> str:
@@ -52,4 +45,18 @@ def check_time(asked: str | None, partition: str | None, max_time: str | None, a
     return [f"{problem} (--allow-over-limit): sbatch may refuse the job or leave it pending"]
 
 
-__all__ = ["check_time", "seconds", "text"]
+def job_time(hp: HpcrlSection, profile: ClusterProfile) -> str | None:
+    """The wall time each job of the run asks for: hpcrl.time, else its partition's limit (None: unknown)."""
+    part_name = hp.partition or profile.slurm.default_partition
+    part = profile.slurm.partitions.get(part_name) if part_name else None
+    return hp.time or (part.max_time if part else None)
+
+
+def chain_seconds(hp: HpcrlSection, profile: ClusterProfile) -> int | None:
+    """The longest the run can train: each job's wall time x the jobs of its chain (the first and
+    hpcrl.max_restarts continuations); None when no time limit is known."""
+    wall = job_time(hp, profile)
+    return None if wall is None else seconds(wall) * (1 + hp.max_restarts)
+
+
+__all__ = ["chain_seconds", "check_time", "job_time", "seconds", "text"]

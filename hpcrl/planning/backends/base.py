@@ -28,6 +28,9 @@ if TYPE_CHECKING:
     from hpcrl.memory.vllm_accounting import VllmEngineFacts
     from hpcrl.profiles import ClusterProfile
 
+# The largest number (in size) a config value may hold: integers above it are not exact in JSON or a float,
+# and no count, step or size of a run comes near it (a step count of 1e20 once allocated until MemoryError).
+NUMBER_MAX = 2**53
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 # What may follow $RUN_DIR in a word the shell expands (a fixed sub-directory of the run).
 _RUN_DIR_WORD = re.compile(r"^[A-Za-z0-9_.=/@+:-]*\$RUN_DIR(/[A-Za-z0-9_.-]+)*$")
@@ -76,6 +79,9 @@ class Planned:
     # Why the layout has more learners per node than the profile's cap, where the backend tried the cap
     # (the cap warning's second half; else the backend's fills_learner_nodes).
     cap_note: str = ""
+    # The backend's own warnings already say why the chosen layout leaves GPUs idle (its placement's, not the
+    # separate-engine planner's reasons): the generic idle-GPU warning is left out.
+    idle_explained: bool = False
 
 
 # What every backend declares for itself, in its own class (or a helper base of its own): the Backend
@@ -146,6 +152,10 @@ class Backend(ABC):
         from hpcrl.planning.backends.capabilities import refuse_unsupported
 
         refuse_unsupported(self.name, self.feature_triggers, args)
+        for key, value in args.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and not abs(value) <= NUMBER_MAX:
+                raise ConfigError(f"{key} {value!r}: not a number a run can use; valid: a finite number of at most "
+                                  f"2**53 ({NUMBER_MAX:,}) in size")
         for key, (ok, valid) in self.value_ranges.items():
             value = args.get(key)
             if isinstance(value, (int, float)) and not isinstance(value, bool) and not (value == value and ok(value)):
@@ -280,7 +290,8 @@ class Backend(ABC):
     # output predates other backends and stays as it was).
     plan_shows_layout_args: ClassVar[bool] = True
     # The layout planner's single-setting fixes in the framework's words (hpcrl/planning/layout_advice.py):
-    # no_hpz, offload_optimizer, offload_params, tokens ({tokens}), learners ({k}), lora, per_param_sync.
+    # no_hpz, offload_optimizer, offload_params, tokens ({tokens}, or {micro} sequences of the run's length),
+    # learners ({k}), lora, per_param_sync. Each printed fix is re-planned as typed first (planning/request.py).
     layout_fixes: ClassVar[Mapping[str, str | None]] = {}
     # A run's learner is read back from its plan.json (a user's script: no framework command line).
     learner_from_plan: ClassVar[bool] = False

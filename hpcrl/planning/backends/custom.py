@@ -237,8 +237,9 @@ class CustomBackend(Backend):
         procs, capped = self.placed_processes(cfg, profile, pins)
         plan = hf_memory_plan(profile, self.learner_setup(cfg, w, procs))
         if not plan.fits:
+            four_bit = "" if w.load_in_4bit else ", or load_in_4bit"  # never offered to a config that has it
             raise PlanError(f"{plan.verdict()} (custom learner, {g} GPU{'s' if g > 1 else ''} of {profile.name}; "
-                            "smaller mini_batch_size, max_response_length or rollout_batch_size, or load_in_4bit)")
+                            f"smaller mini_batch_size, max_response_length or rollout_batch_size{four_bit})")
         warnings = []
         if capped:
             warnings.append(capped)

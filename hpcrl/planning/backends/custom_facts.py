@@ -49,7 +49,7 @@ def budget(s: DiskInputs) -> Budget:
 
 def fixes(b: Budget) -> list[Fix | None]:
     s = b.inputs
-    return [search(budget, s, "keep", list(range((s.keep or b.items[0].written or 2) - 1, 0, -1)), KEYS["keep"]),
+    return [search(budget, s, "keep", range((s.keep or b.items[0].written or 2) - 1, 0, -1), KEYS["keep"]),
             search(budget, s, "ckpt_every", interval_values(s.ckpt_every, s.total_steps, 1), KEYS["ckpt_every"])]
 
 

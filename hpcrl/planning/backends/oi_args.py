@@ -82,6 +82,30 @@ def check_args(args: dict[str, Any], layout: ArgLayout = "current", version: str
             ok = all(isinstance(v, int) and not isinstance(v, bool) for v in items)
         if not ok:
             raise ConfigError(f"{key}: expected {table[key]['type']}, got {value!r}")
+        if key in MIXER_LISTS:
+            check_mixer_list(key, value)
+
+
+# Lists of [dataset, amount, dataset, amount, ...]: open-instruct asserts an even length and reads each amount
+# as an int (a count of samples: "1" is one) or, with a '.', a float (a fraction: "1.0" is all of it)
+# (dataset_transformation.py:2337-2343 at e6c3044; :1827 at 1611e3df).
+MIXER_LISTS = ("dataset_mixer_list", "dataset_mixer_eval_list")
+
+
+def check_mixer_list(key: str, value: Any) -> None:
+    """ConfigError for a mixer list the framework's own assertion would stop in the job."""
+    items = [str(v) for v in (value if isinstance(value, (list, tuple)) else [value])]
+    if len(items) % 2:
+        raise ConfigError(f"{key} {value!r}: {len(items)} items; valid: pairs of a dataset and its amount, "
+                          f"e.g. [{items[0]!r}, '1.0'] ('1.0': all of it, '1000': 1000 samples)")
+    for name, amount in zip(items[::2], items[1::2]):
+        try:
+            number = float(amount) if "." in amount else int(amount)
+        except ValueError:
+            raise ConfigError(f"{key}: {name!r} has the amount {amount!r}; valid: a number of samples ('1000') or "
+                              "a fraction with a '.' ('1.0': all of it)") from None
+        if not number > 0:
+            raise ConfigError(f"{key}: {name!r} has the amount {amount!r}; valid: more than 0")
 
 
 def default(name: str, layout: ArgLayout = "current") -> Any:

@@ -55,6 +55,9 @@ RUN_DIR_SUBDIRS = {"output_dir": "output", "checkpoint_state_dir": "checkpoints"
 RUN_DIR_FIELDS = tuple(RUN_DIR_SUBDIRS)
 
 
+EPISODES_MAX = 10**12  # far past any run (a billion steps of 1,000 episodes): the disk plan counts the steps
+
+
 @dataclass(frozen=True)
 class DriverArg:
     """One flag: literal values (quoted when rendered), or a sub-directory of $RUN_DIR."""
@@ -226,7 +229,6 @@ class OpenInstructBackend(Backend):
         "per_param_sync": "--set gather_whole_model=false (weight sync one parameter at a time)",
     }
     value_ranges = {
-        "total_episodes": (positive, "a positive number of episodes"),
         "learning_rate": (positive, "a positive learning rate"),
         # grpo_fast.py writes its resume state only when checkpoint_state_freq > 0 (grpo_fast.py:1995):
         # 0 would make every job of the chain start from scratch. (save_freq <= 0 is its own
@@ -238,6 +240,13 @@ class OpenInstructBackend(Backend):
         "num_samples_per_prompt_rollout": (positive, "a positive count"),
         "per_device_train_batch_size": (positive, "a positive count"),
         "num_epochs": (positive, "a positive count"),
+        # Training divides the logits by it (grpo_utils.py:560 at e6c3044), and vLLM refuses a negative one.
+        "temperature": (positive, "a positive temperature (training divides the logits by it)"),
+        # grpo_fast.py saves the model only when save_freq > 0 (grpo_fast.py:1664 at e6c3044, :2462 at 1611e3df):
+        # -1 or 0 says "never"; another negative is a typo that never saves.
+        "save_freq": (lambda v: v > 0 or v in (0, -1), "-1 or 0 (never save the model) or a positive number of "
+                                                      "steps"),
+        "total_episodes": (lambda v: 0 < v <= EPISODES_MAX, f"a positive number of episodes, at most {EPISODES_MAX:,}"),
     }
 
     def arg(self, cfg: RunConfig, key: str) -> Any:
@@ -332,13 +341,21 @@ class OpenInstructBackend(Backend):
             planned = replace(planned, warnings=planned.warnings + (
                 f"gradient_checkpointing false has no effect: grpo_fast.py always enables it ({fact.cite()}); "
                 "the plan assumes it on",))
-        best = planned.layouts[0]
-        if w.unique_prompts < best.engines:
-            # grpo_fast.py sends each prompt, with all its samples, to one engine (and warns too)
-            warning = (f"num_unique_prompts_rollout {w.unique_prompts} is below vllm_num_engines {best.engines}: "
-                       f"each step's prompts keep at most {w.unique_prompts} engines busy (grpo_fast.py looks "
-                       f"ahead async_steps steps to fill the rest); raise it to {best.engines} or more, or use "
-                       "fewer engines (--pin engines=N)")
+        # grpo_fast.py sends each prompt, with all its samples, to one engine, and keeps async_steps steps of
+        # prompts in flight (data_loader.py:1390 at e6c3044; grpo_fast.py:2734 at 1611e3df): more engines than
+        # that idle. The planner picks no such layout itself; a pinned count is the user's, and warned about.
+        steps = int(self.arg(cfg, "async_steps") or 1) if "async_steps" in arg_table(cfg.hpcrl.arg_layout) else 1
+        in_flight = w.unique_prompts * max(1, steps)
+        layouts = planned.layouts
+        if layouts[0].engines > in_flight and pins.engines is None:
+            layouts = [lay for lay in layouts if lay.engines <= in_flight] or layouts
+            planned = replace(planned, layouts=layouts)
+        best = layouts[0]
+        if best.engines > in_flight:
+            warning = (f"vllm_num_engines {best.engines} is more than the {in_flight} prompts in flight "
+                       f"(num_unique_prompts_rollout {w.unique_prompts} x async_steps {steps}): each prompt goes to "
+                       f"one engine, so {best.engines - in_flight} engines idle; raise num_unique_prompts_rollout "
+                       f"or async_steps, or use at most {in_flight} engines (--pin engines={in_flight})")
             return replace(planned, warnings=planned.warnings + (warning,))
         return planned
 

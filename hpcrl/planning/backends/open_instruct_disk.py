@@ -46,7 +46,7 @@ def fixes(b: Budget) -> list[Fix | None]:
     s, out = b.inputs, []
     state = b.item("deepspeed_state")
     if state and state.written:
-        out.append(search(budget, s, "keep", list(range(state.written, 0, -1)), KEYS["keep"]))
+        out.append(search(budget, s, "keep", range(state.written, 0, -1), KEYS["keep"]))
     out.append(search(budget, s, "hf_every", interval_values(s.hf_every, s.total_steps), KEYS["hf_every"]))
     if state and state.written:
         out.append(search(budget, s, "ckpt_every", interval_values(s.ckpt_every, s.total_steps, 1), KEYS["ckpt_every"]))

@@ -44,7 +44,7 @@ from hpcrl.planning.backends.facts import MemoryDefault, MemoryFacts
 from hpcrl.planning.backends import versions
 from hpcrl.planning.backends.flagdata import load_meta, load_table
 from hpcrl.planning.backends.log_facts import CommandFacts, CpuAsk, DiagnoseFacts, MetricFacts, SmokeFacts, TimingFacts
-from hpcrl.planning.backends.openrlhf_ckpt import DISK, checkpoint_flags
+from hpcrl.planning.backends.openrlhf_ckpt import DISK, checkpoint_flags, run_steps
 from hpcrl.planning.layout import Pins, Workload
 from hpcrl.planning.layout_advice import plan_layouts
 from hpcrl.planning.learner_cap import cap_note, within_cap
@@ -71,11 +71,11 @@ BACKEND_NAME = "openrlhf"
 # when this table extended open-instruct's (its flags, not OpenRLHF's: unchanged here, issue 22).
 FIXES = {"no_hpz": "--set ds.zpg=1 (no ZeRO++ secondary weight copy)",
          "offload_optimizer": "--set ds.adam_offload=true (optimizer state in host RAM)",
-         "offload_params": "--set deepspeed_offload_param=true (parameters in host RAM too)",
-         "tokens": "{tokens} tokens per GPU (train.micro_batch_size x data.max_len)",
+         "offload_params": None,  # the actor has no parameter offload flag at 3c3be623 (only ref.offload)
+         "tokens": "--set train.micro_batch_size={micro} (sequences of data.max_len per GPU micro-batch)",
          "learners": "--pin learners={k} (learners per node)",
          "lora": "--set ds.lora.rank=16 (LoRA: far less optimizer state)",
-         "per_param_sync": "--set gather_whole_model=false (weight sync one parameter at a time)"}
+         "per_param_sync": None}  # gather_whole_model is open-instruct's; OpenRLHF has no such flag
 
 
 @lru_cache(maxsize=None)
@@ -222,6 +222,10 @@ class OpenRLHFBackend(Backend):
 
     def check_args(self, args: dict[str, Any], section: HpcrlSection) -> None:
         table = openrlhf_table(section.framework_version)
+        old = [key for key in args if key not in table and key in renamed()]
+        if len(old) > 1:  # every one at once: a 2025 config was converted one rename per run
+            raise ConfigError(f"{len(old)} OpenRLHF flags were renamed: "
+                              + "; ".join(f"{key} -> {renamed()[key]}" for key in old))
         for key, value in args.items():
             if key not in table:
                 if key in renamed():
@@ -363,7 +367,8 @@ class OpenRLHFBackend(Backend):
             raise PlanError(f"rollout.batch_size x rollout.n_samples_per_prompt / rollout.micro_batch_size = "
                             f"{samples // int(self.arg(cfg, 'rollout.micro_batch_size'))} batches, fewer than the "
                             f"{lay.learner_gpus} actor GPUs (OpenRLHF checks this)")
-        flags, warnings = checkpoint_flags(cfg.args, w, lay.learner_gpus, profile, cfg.hpcrl)
+        flags, warnings = checkpoint_flags(cfg.args, w, lay, profile, cfg.hpcrl,
+                                           run_steps(cfg.args, lambda key: self.arg(cfg, key)))
         if not self.arg(cfg, "rollout.max_new_tokens"):
             warnings.append(f"rollout.max_new_tokens is unset: the plan assumes responses of {w.response_length} "
                             f"tokens (half of data.max_len); set it for a better generation estimate")

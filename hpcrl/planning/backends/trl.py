@@ -49,7 +49,7 @@ ASSUMED_PROMPT_TOKENS = 512
 # capture take minutes; TRL's own trainer waits vllm_server_timeout, 240 s, grpo_config.py:640).
 SERVER_START_S = 1800.0
 FIXES = {"no_hpz": None,
-         "offload_optimizer": "--set hpcrl.deepspeed_offload=optimizer (optimizer state in host RAM; the ZeRO-3 JSON)",
+         "offload_optimizer": "--set hpcrl.deepspeed_offload=optimizer (optimizer state in host RAM, in the ZeRO-3 JSON)",
          "offload_params": "--set hpcrl.deepspeed_offload=params (parameters in host RAM too)",
          "tokens": "{tokens} tokens per GPU (per_device_train_batch_size x (prompt + max_completion_length))",
          "learners": "--pin learners={k} (learners per node)", "lora": "--set use_peft=true (LoRA)",
@@ -262,13 +262,18 @@ class TrlBackend(Backend):
                    else "more learners per node did not shorten the estimated step")
             warnings.append(f"trl vllm-serve takes node 0 whole; each learner node runs {lay.learners_per_node} of "
                             f"its {g} GPUs because {why}; --pin learners={g} runs one learner per GPU")
+        if not lay.colocated and lay.nodes > 1 and lay.tp * lay.engines < g:
+            warnings.append(f"trl vllm-serve uses {lay.tp * lay.engines} of node 0's {g} GPUs (TP {lay.tp} x DP "
+                            f"{lay.engines}): one server, as TRL runs it, and TP must divide the model's heads; the "
+                            f"other {g - lay.tp * lay.engines} stay idle")
         choices: dict[str, Any] = {}
         if "logging_steps" not in cfg.args:
             choices["logging_steps"] = 1  # the watchdog reads every step (TRL's default logs every 10th)
         if "save_total_limit" not in cfg.args:
             choices["save_total_limit"] = KEEP_DEFAULT
         ws = replace(w, unique_prompts=batch * lay.learner_gpus * per_gen // generations)
-        return Planned(layouts, choices, tuple(warnings), workload=ws)
+        # The warnings above say why GPUs stay idle in server mode (one server node, the learner cap).
+        return Planned(layouts, choices, tuple(warnings), workload=ws, idle_explained=not lay.colocated)
 
     def _layouts(self, cfg: RunConfig, profile: ClusterProfile, nodes: int, w: Workload, pins: Pins, batch: int,
                  per_gen: int, generations: int) -> list:

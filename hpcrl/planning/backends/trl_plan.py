@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from hpcrl.errors import PlanError
+from hpcrl.errors import PlanError, would_fit
 from hpcrl.memory.colocated import Colocation
 from hpcrl.planning.layout import (
     UTILISATIONS,
@@ -121,9 +121,9 @@ def plan_server_layouts(profile: ClusterProfile, nodes: int, w: Workload, pins: 
     tight, _ = plan_server(profile, nodes, w, pins, batch, per_generation, generations, dp, passes, margin=False)
     if tight:
         return with_margin_note(tight, found)
-    fix = "; would fit: " + " | ".join(found) if found else "; nothing hpcrl tried fits (more nodes, offload)"
-    raise PlanError(f"no server-mode layout of {w.model.name} fits on {nodes} {profile.name} node"
-                    f"{'s' if nodes > 1 else ''} ({why}){fix}")
+    raise would_fit(f"no server-mode layout of {w.model.name} fits on {nodes} {profile.name} node"
+                    f"{'s' if nodes > 1 else ''} ({why})", tuple(found),
+                    none="nothing hpcrl tried fits (more nodes, offload)")
 
 
 def plan_colocate(profile: ClusterProfile, nodes: int, w: Workload, pins: Pins, batch: int, per_generation: int,

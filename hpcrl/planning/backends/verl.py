@@ -27,7 +27,7 @@ from hpcrl.planning.backends.base import (
     positive,
     require_job_match,
 )
-from hpcrl.errors import ConfigError, HpcrlError, PlanError, UnknownNameError
+from hpcrl.errors import would_fit, ConfigError, HpcrlError, PlanError, UnknownNameError
 from hpcrl.memory.colocated import Colocation
 from hpcrl.memory.constants import GIB
 from hpcrl.memory.fsdp_learner import FsdpSetup, earlier_grads
@@ -290,7 +290,10 @@ class VerlBackend(Backend):
         try:
             layouts = plan_colocated_layouts(profile, nodes, wm, pins, self.colocation(cfg, po, oo), hint)
         except PlanError as err:
-            raise PlanError(f"{err}{self._unsharded_grads_note(cfg, wm, nodes * g)}") from None
+            # The user's own micro-batch, smaller, comes first (seed 004: 32 -> 16 fits on one A100 node).
+            smaller = self._smaller_micro_batch(cfg, profile, nodes, w, pins, offloads)
+            raise would_fit(err.head or str(err), (*smaller, *err.fixes),
+                            self._unsharded_grads_note(cfg, wm, nodes * g), err.none) from None
         choices = {PARAM_OFFLOAD_KEY: po, OPT_OFFLOAD_KEY: oo} | ({MICRO_KEY: micros[-1]} if micros[-1] else {})
         return Planned(layouts, choices, workload=wm)
 
@@ -305,6 +308,20 @@ class VerlBackend(Backend):
                 f"through the {setup.micro_batches} micro-batches of a step ({grads / GIB:.0f} GiB per GPU at any GPU "
                 f"count: engine/fsdp/transformer_impl.py:672-698 at 1dda039b): one micro-batch per step "
                 f"({MICRO_KEY} = {A}ppo_mini_batch_size x {R}n / GPUs) or hpcrl.framework_version=b178a3cd avoids it")
+
+    def _smaller_micro_batch(self, cfg: RunConfig, profile: ClusterProfile, nodes: int, w: Workload, pins: Pins,
+                             offloads: list[tuple[bool, bool]]) -> tuple[str, ...]:
+        """The largest micro-batch below the config's own that fits (one --set), where the config sets one."""
+        pinned, world = cfg.args.get(MICRO_KEY), nodes * profile.gpu.count_per_node
+        if not pinned or self.dynamic_bsz(cfg):
+            return ()
+        per_gpu = int(self.arg(cfg, A + "ppo_mini_batch_size")) * int(self.arg(cfg, R + "n")) // world
+        for micro in (d for d in range(int(pinned) - 1, 0, -1) if per_gpu % d == 0):
+            wm = self.learner_workload(cfg, w, world, micro)
+            if any(enumerate_colocated(profile, nodes, wm, pins, self.colocation(cfg, po, oo))[0]
+                   for po, oo in offloads):
+                return (f"--set {MICRO_KEY}={micro}",)
+        return ()
 
     def _micro_batches(self, cfg: RunConfig, world: int) -> list[int]:
         """Sequences per GPU micro-batch to try, largest first ([0]: tokens are fixed already)."""

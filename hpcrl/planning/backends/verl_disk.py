@@ -52,15 +52,23 @@ def budget(s: DiskInputs) -> Budget:
     keep = None if s.keep is None or s.keep <= 0 else s.keep
     bound = None if keep is None else max(keep, 2) if keep == 1 else keep
     notes = []
-    if n is None:
+    # Step count unknown: the run's time limits bound it (steps_bound); checkpoints kept without limit are counted
+    # over the whole run, never to a retention limit that does not apply to them.
+    over_run = n if n is not None else saves(s.ckpt_every, s.steps_bound, at_end=True)
+    if over_run is None:
         at_peak = bound or 1
         if bound is None:
-            notes.append("max_actor_ckpt_to_keep null keeps every checkpoint: one counted; give --total-steps")
+            notes.append("max_actor_ckpt_to_keep null keeps every checkpoint and nothing bounds how many the run "
+                         "writes; give --total-steps (trainer.total_training_steps)")
     else:
-        at_peak = n if bound is None else min(n, bound)
+        at_peak = over_run if bound is None else min(over_run, bound)
+        if n is None and bound is None:
+            notes.append(f"max_actor_ckpt_to_keep null keeps every checkpoint: {over_run:,} counted over the "
+                         f"{s.steps_bound:,} steps the run's time limits allow (give trainer.total_training_steps "
+                         "for the exact count)")
     items = [Item("fsdp_state", f"FSDP checkpoint (global_step_N/actor, every {s.ckpt_every} and at the end, keep "
                   f"{keep if keep is not None else 'all'})", sum(terms.values()), n, at_peak,
-                  f"{SRC}; checkpoint_manager.py:144-172", terms)]
+                  f"{SRC}; checkpoint_manager.py:144-172", terms, unbounded=over_run is None and bound is None)]
     extra, more = cache_items(s, s.total_steps is not None, "verl b178a3cd: trainer/ppo/ray_trainer.py:396-422 "
                               "(trainer.rollout_data_dir)", TEXT_BYTES_PER_TOKEN)
     contents = ["model", "optimizer", "extra"] + (["hf_model"] if s.save_hf else [])
@@ -72,11 +80,14 @@ def budget(s: DiskInputs) -> Budget:
 
 def fixes(b: Budget) -> list[Fix | None]:
     s, out = b.inputs, []
-    top = (s.keep if s.keep and s.keep > 0 else (b.items[0].written or 1)) - 1
-    out.append(search(budget, s, "keep", list(range(top, 0, -1)), KEYS["keep"]))
+    state = b.items[0]
+    top = (s.keep if s.keep and s.keep > 0 else max(state.written or 0, state.at_peak + 1 if state.unbounded else
+                                                      state.at_peak)) - 1
+    out.append(search(budget, s, "keep", range(top, 0, -1), KEYS["keep"]))
     if s.save_hf:
         out.append(search(budget, s, "save_hf", [False], KEYS["save_hf"], lambda _: '["model","optimizer","extra"]'))
-    out.append(search(budget, s, "ckpt_every", interval_values(s.ckpt_every, s.total_steps, 1), KEYS["ckpt_every"]))
+    out.append(search(budget, s, "ckpt_every", interval_values(s.ckpt_every, s.total_steps or s.steps_bound, 1),
+                      KEYS["ckpt_every"]))
     return out
 
 

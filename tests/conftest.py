@@ -23,6 +23,10 @@ import pytest
 
 from helpers import TERMINAL_JOB_STATES, submit, wait_for_state
 
+# The lifecycle harness's fixtures (`env`: a private registry, run root, profile and fake
+# open-instruct checkout) for every test module, which then never imports a fixture by name.
+pytest_plugins = ["lifecycle_harness"]
+
 REQUIRE_SLURM = os.environ.get("HPCRL_REQUIRE_SLURM") == "1"
 DEV_SLURM_HINT = "start it with: scripts/dev-slurm up"
 

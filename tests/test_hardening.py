@@ -24,11 +24,10 @@ from pathlib import Path
 import pytest
 
 from helpers import scontrol_job
-from lifecycle_harness import (  # noqa: F401 - env is a fixture
+from lifecycle_harness import (
     assert_user_error,
     behave,
     config,
-    env,
     hpcrl,
     ok_json,
     rows,

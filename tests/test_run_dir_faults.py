@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from hpcrl.jobs.run_dir import RunDir, read_chain
-from lifecycle_harness import behave, config, env, hpcrl, ok_json, wait_status  # noqa: F401 - env is a fixture
+from lifecycle_harness import behave, config, hpcrl, ok_json, wait_status
 from test_hardening import driver_started, nothing_of_the_job_left
 
 KILL_WAIT_S = 10  # scripts/dev-slurm's KillWait

@@ -15,10 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from lifecycle_harness import (  # noqa: F401 - env is a fixture
+from lifecycle_harness import (
     behave,
     config,
-    env,
     hpcrl,
     ok_json,
     wait_status,

@@ -13,7 +13,7 @@ class _LazyConsole:
 
     def __init__(self, stderr: bool) -> None:
         self._stderr = stderr
-        self._console = None
+        self._console: Any = None  # a rich.console.Console once made
 
     def __getattr__(self, name: str) -> Any:
         if self._console is None:

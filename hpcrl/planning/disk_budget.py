@@ -184,8 +184,10 @@ def saves(every: int, steps: int | None, at_end: bool = False) -> int | None:
 
 
 def search(build: Callable[[DiskInputs], Budget], base: DiskInputs, field_name: str, values: list[Any],
-           setting: str, shown: Callable[[Any], Any] = lambda v: v) -> Fix | None:
+           setting: str | None, shown: Callable[[Any], Any] = lambda v: v) -> Fix | None:
     """The first of `values` for `field_name` whose budget fits, as a Fix in the backend's key."""
+    if setting is None:
+        raise ValueError(f"{field_name} has no key in the backend's config: nothing to suggest")
     for value in values:
         b = build(replace(base, **{field_name: value}))
         if b.fits:

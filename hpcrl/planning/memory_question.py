@@ -244,7 +244,7 @@ def from_config(cfg: RunConfig, given: Overrides = Overrides()) -> Question:
                          f"({w.seq_len} tokens)")
     util_key = {d.name: d.key for d in backend.memory.defaults}.get("util")
     pinned = util_key in cfg.args if util_key else False
-    util = (given.util if given.util is not None else float(cfg.args[util_key]) if pinned
+    util = (given.util if given.util is not None else float(cfg.args[util_key]) if pinned and util_key
             else float(_fact(backend.name, ("vllm", "gpu_memory_utilization")).value))
     # A colocated config is answered by the backend's planner (_colocated_run), which picks what is not fixed.
     planned = backend.colocated(cfg) and not pinned and given.util is None

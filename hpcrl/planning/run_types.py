@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from hpcrl.profiles import ClusterProfile
 
 # hpcrl-section fields added after configs were first hashed, with their unset values.
-NEWER_FIELDS = {"gpus": None, "loss_keys": [], "framework_version": None, "stack_check": "on", "quota_gib": None}
+NEWER_FIELDS: dict[str, Any] = {"gpus": None, "loss_keys": [], "framework_version": None, "stack_check": "on", "quota_gib": None}
 
 
 class HpcrlSection(BaseModel):

@@ -135,7 +135,7 @@ def plan_summary(rp: RunPlan) -> list[str]:
     eng = lay.memory.engine
     if lay.colocated:
         gpus = f"all {lay.learner_gpus} GPUs train and generate (colocated)"
-        mem = lay.memory.colocated_summary()
+        mem = lay.phased.colocated_summary()
     else:
         gpus = f"{lay.learner_gpus} learner GPUs, {lay.engines * lay.tp} engine GPUs, {lay.idle_gpus} idle"
         mem = (f"learner peak {d['learner_peak_gib']:.1f} GiB/GPU of {d['gpu_usable_gib']:.1f} usable; "

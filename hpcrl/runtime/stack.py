@@ -117,7 +117,7 @@ def probe(packages: list[dict]) -> dict:
         except (ImportError, ValueError):
             spec = None
         if spec is not None:
-            entry["location"] = (list(spec.submodule_search_locations or []) or [spec.origin])[0]
+            entry["location"] = next(iter(spec.submodule_search_locations or []), spec.origin)
         out["packages"][pkg["name"]] = entry
     torch = out["packages"].get("torch") or {}
     out["torch_cuda"] = torch_cuda(torch.get("location"), torch.get("version"))
@@ -187,7 +187,8 @@ def _found(name: str, got: dict) -> str:
     return f"{name} {ver}" + (f" ({got['commit'][:8]})" if got.get("commit") else "")
 
 
-def verdict(expect: dict, found: dict, driver: str | None, argv: list[str] = ()) -> tuple[list[str], list[str]]:
+def verdict(expect: dict, found: dict, driver: str | None, argv: list[str] | tuple[str, ...] = ()
+            ) -> tuple[list[str], list[str]]:
     """(mismatches, notes): each mismatch one line naming the package, what was found and what the
     plan expected, with the expectation's source."""
     bad, notes = [], []

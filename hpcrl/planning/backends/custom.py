@@ -302,10 +302,11 @@ def generation_time(cfg: RunConfig, backend: CustomBackend, w: Workload, plan: H
     """Seconds of a step's generate calls: each decode step reads the weights as bf16 (a 4-bit layer is
     dequantized for each matmul) and the KV cache at HBM bandwidth, plus HF's per-token overhead (assumed)."""
     setup = plan.hf_setup
+    assert setup is not None  # a custom backend's plan is an HfPlan with its setup
     ctx = setup.prompt_len + setup.response_len / 2
     per_token = (2.0 * w.model.total_params + setup.rollout_seqs * ctx * w.model.kv_bytes_per_token(1)) / (
         profile.gpu.hbm_bandwidth_tbs * 1e12 * DECODE_BW_EFFICIENCY) + HF_GENERATE_TOKEN_OVERHEAD_S
-    calls = math.ceil(int(backend.arg(cfg, "rollout_batches")) / max(1, plan.hf_setup.n_gpus))
+    calls = math.ceil(int(backend.arg(cfg, "rollout_batches")) / max(1, setup.n_gpus))
     return calls * setup.response_len * per_token
 
 

@@ -274,7 +274,7 @@ class OpenRLHFBackend(Backend):
         )
 
     def pins_from(self, cfg: RunConfig, cli_pins: list[str] | None = None) -> Pins:
-        a, values = cfg.args, {}
+        a, values = cfg.args, {}  # type: dict[str, Any], dict[str, float]
         if "ds.zero_stage" in a and int(a["ds.zero_stage"]) != 3:
             raise PlanError(f"ds.zero_stage {a['ds.zero_stage']}: hpcrl plans ZeRO-3 actors; valid: 3")
         if "vllm.tensor_parallel_size" in a:

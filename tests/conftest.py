@@ -17,11 +17,10 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
 
 import pytest
 
-from helpers import TERMINAL_JOB_STATES, submit, wait_for_state
+from helpers import run_sbatch_and_wait, slurm_nodes
 
 # The lifecycle harness's fixtures (`env`: a private registry, run root, profile and fake
 # open-instruct checkout) for every test module, which then never imports a fixture by name.
@@ -40,10 +39,6 @@ def _unavailable(reason: str) -> None:
     if REQUIRE_SLURM:
         pytest.fail(f"HPCRL_REQUIRE_SLURM=1 but {reason}", pytrace=False)
     pytest.skip(reason)
-
-
-def _run(args: list[str], timeout: float = 30) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(args, capture_output=True, text=True, timeout=timeout, check=False)
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -78,24 +73,6 @@ class LocalSlurm:
     @property
     def usable(self) -> list[str]:
         return sorted(n for n, s in self.nodes.items() if s in USABLE_NODE_STATES)
-
-
-def slurm_nodes() -> dict[str, str] | None:
-    """Node name -> state as sinfo prints it; None when no controller answers."""
-    if shutil.which("sinfo") is None:
-        return None
-    try:
-        res = _run(["sinfo", "-h", "-N", "-o", "%N %T"], timeout=15)
-    except subprocess.TimeoutExpired:
-        return None
-    if res.returncode != 0:
-        return None
-    nodes: dict[str, str] = {}
-    for line in res.stdout.splitlines():
-        name, _, state = line.strip().partition(" ")
-        if name:
-            nodes[name] = state.strip().lower()  # a node in two partitions prints twice
-    return nodes
 
 
 @pytest.fixture(scope="session")
@@ -153,30 +130,6 @@ def slurm16(slurm16_conf, monkeypatch):
 
 
 # --------------------------------------------------------------------------- jobs
-
-
-class SbatchResult(NamedTuple):
-    job_id: str
-    state: str
-    output: str
-
-
-def run_sbatch_and_wait(script_path: str | Path, timeout: float = 120, *sbatch_args: str) -> SbatchResult:
-    """Submit, wait until the job ends (cancelling it past `timeout` s) and read its output.
-
-    The output file is the job's StdOut as Slurm expanded it (`#SBATCH --output`, or
-    slurm-<id>.out in the directory sbatch ran from); "" if the job wrote none.
-    """
-    job_id = submit(script_path, *sbatch_args)
-    fields = wait_for_state(job_id, TERMINAL_JOB_STATES, timeout)
-    out_path = Path(fields.get("StdOut") or f"slurm-{job_id}.out")
-    # slurmstepd closes the file before the state turns terminal; allow for NFS-like lag.
-    for _ in range(20):
-        if out_path.exists():
-            break
-        time.sleep(0.1)
-    output = out_path.read_text(errors="replace") if out_path.exists() else ""
-    return SbatchResult(job_id, fields["JobState"], output)
 
 
 @pytest.fixture(name="run_sbatch_and_wait")

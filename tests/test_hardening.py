@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import pwd
 import re
 import shutil
 import signal
@@ -25,11 +24,16 @@ import pytest
 
 from helpers import scontrol_job
 from lifecycle_harness import (
+    as_other,
     assert_user_error,
     behave,
     config,
+    driver_started,
     hpcrl,
+    job_processes,
+    nothing_of_the_job_left,
     ok_json,
+    other_user,
     rows,
     script,
     submit,
@@ -37,45 +41,7 @@ from lifecycle_harness import (
 )
 from hpcrl.jobs.run_dir import RunDir, read_chain
 
-OTHER_USER = "hpcrl-other"
-
-
 # --------------------------------------------------------------------------- helpers
-
-
-def other_user() -> str:
-    """A second, unprivileged Unix user (created here when running as root, as CI does)."""
-    try:
-        pwd.getpwnam(OTHER_USER)
-        return OTHER_USER
-    except KeyError:
-        pass
-    if os.geteuid() != 0 or shutil.which("useradd") is None:
-        pytest.skip("needs a second Unix user: run as root (CI does) or create user hpcrl-other")
-    subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", OTHER_USER],
-                   check=True, capture_output=True)
-    return OTHER_USER
-
-
-def as_other(*cmd: str) -> subprocess.CompletedProcess:
-    user = other_user()
-    return subprocess.run(list(cmd), user=user, group=pwd.getpwnam(user).pw_gid, extra_groups=[],
-                          capture_output=True, text=True, timeout=30, cwd="/")
-
-
-def job_processes(pattern: str) -> list[tuple[int, str]]:
-    """(pid, args) of every process whose command line contains pattern."""
-    out = subprocess.run(["ps", "-eww", "-o", "pid=,args="], capture_output=True, text=True).stdout
-    found = []
-    for line in out.splitlines():
-        pid, _, args = line.strip().partition(" ")
-        if pattern in args and "ps -eww" not in args:
-            found.append((int(pid), args))
-    return found
-
-
-def driver_started(rd: RunDir, job: str):
-    return lambda _run: rd.log(job).exists() and f"wrote marker-{job}" in rd.log(job).read_text()
 
 
 def wait_until(predicate, what: str, deadline_s: float = 120, poll_s: float = 0.5):
@@ -85,19 +51,6 @@ def wait_until(predicate, what: str, deadline_s: float = 120, poll_s: float = 0.
             return value
         time.sleep(poll_s)
     pytest.fail(f"gave up waiting for {what}")
-
-
-def nothing_of_the_job_left(run_dir: Path, job: str, settle_s: float) -> list[str]:
-    """Processes still carrying the run dir or this job's node-local paths once `settle_s` passed."""
-    def left() -> list[str]:
-        procs = [a for _p, a in job_processes(str(run_dir))] + [a for _p, a in job_processes(f"hpcrl-{job}.")]
-        dirs = [str(p) for p in Path("/tmp/hpcrl-local").glob(f"*/hpcrl-{job}.*")]
-        return procs + dirs
-
-    end = time.monotonic() + settle_s
-    while (found := left()) and time.monotonic() < end:
-        time.sleep(0.5)
-    return found
 
 
 KILL_WAIT_S = 10  # scripts/dev-slurm's KillWait

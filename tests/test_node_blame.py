@@ -13,7 +13,7 @@ import subprocess
 
 import pytest
 
-from test_render_e2e import events, fault_bin, render, wait_for_job
+from helpers import events, fault_bin, render, wait_for_job
 
 pytestmark = pytest.mark.ray
 

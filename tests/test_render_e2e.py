@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_sbatch_and_wait as sbatch_and_wait
+from helpers import events, fault_bin, render, run_sbatch_and_wait as sbatch_and_wait, wait_for_job
 
 pytestmark = pytest.mark.ray  # every job here runs a real Ray on the local Slurm
 
@@ -35,37 +35,11 @@ def _ray_installed():
         pytest.skip(why)
 
 
-RUN_NAME = "smoke3"
-
-
-def render(tmp_path: Path, *sets: str, config: str | None = None, nodes: int = 3) -> tuple[Path, Path]:
-    """`hpcrl render --cluster local-dev --nodes 3 --smoke` (the default 32B config's layout, or
-    `config`'s) into tmp_path, with a private run root and no virtualenv to activate; return
-    (script, run dir). More nodes than local-dev's partitions name (4) are allowed over the limit."""
-    script = tmp_path / "smoke3.sbatch"
-    args = [sys.executable, "-m", "hpcrl", "render", "--cluster", "local-dev", "--nodes", str(nodes), "--smoke",
-            *(["--allow-over-limit"] if nodes > 4 else []),
-            *(["--config", config] if config else []),
-            "--set", f"hpcrl.run_root={tmp_path / 'runs'}", "--set", f"hpcrl.run_name={RUN_NAME}",
-            "--set", 'hpcrl.time="00:05:00"',  # the config's env_setup (a venv this machine lacks) is only warned about
-            *(a for s in sets for a in ("--set", s)), "-o", str(script)]
-    env = {k: v for k, v in os.environ.items() if k != "HPCRL_CLUSTERS_DIR"}
-    out = subprocess.run(args, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
-    assert out.returncode == 0, out.stderr
-    run_dir = tmp_path / "runs" / RUN_NAME
-    (run_dir / "logs").mkdir(parents=True)  # as hpcrl submit does: Slurm opens --output there
-    return script, run_dir
-
-
 def planned(script: Path) -> tuple[str, str, str]:
     """The smoke test's --learners, --engines and --tp as rendered."""
     m = re.search(r"--learners '?([\d ]+)'? --engines (\d+) --tp (\d+)", script.read_text())
     assert m, "no smoke command in the script"
     return m.group(1), m.group(2), m.group(3)
-
-
-def events(run_dir: Path) -> list[list[str]]:
-    return [ln.split("\t") for ln in (run_dir / "hpcrl" / "jobs.tsv").read_text().splitlines()]
 
 
 def ray_fails_in_step(node: str = "", once_dir: Path | None = None) -> str:
@@ -86,16 +60,6 @@ def ray_fails_in_step(node: str = "", once_dir: Path | None = None) -> str:
         "fi\n"
         f'exec {real_ray} "$@"\n'
     )
-
-
-def fault_bin(tmp_path: Path, **programs: str) -> Path:
-    """A directory of executable stand-ins (name -> script text), to put first on the job's PATH."""
-    fault = tmp_path / "faultbin"
-    fault.mkdir()
-    for name, text in programs.items():
-        (fault / name).write_text(text)
-        (fault / name).chmod(0o755)
-    return fault
 
 
 # The job's phases in order, as issue 22 names them.
@@ -296,12 +260,6 @@ def test_a_worker_whose_ray_start_fails_once_is_retried(tmp_path, run_sbatch_and
     assert [e[1] for e in events(run_dir)] == ["start", "end"]
     assert sorted(p.name for p in (run_dir / "logs" / "ray" / job.job_id).iterdir()) == ["n1", "n2", "n3"]
     assert leftovers(job.job_id) == []
-
-
-def wait_for_job(job_id: str, timeout: float = 600) -> dict:
-    from helpers import TERMINAL_JOB_STATES, wait_for_state
-
-    return wait_for_state(job_id, TERMINAL_JOB_STATES, timeout)
 
 
 def test_a_node_whose_ray_start_always_fails_is_left_out_of_the_continuation(tmp_path, run_sbatch_and_wait,

@@ -16,13 +16,16 @@ from pathlib import Path
 import pytest
 
 from lifecycle_harness import (
+    as_other,
     behave,
     config,
+    driver_started,
     hpcrl,
+    job_processes,
     ok_json,
+    other_user,
     wait_status,
 )
-from test_hardening import as_other, driver_started, job_processes, other_user
 from hpcrl.jobs.run_dir import RunDir, read_chain
 
 

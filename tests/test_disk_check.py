@@ -123,7 +123,10 @@ def test_seed000_render_with_unknown_step_count_is_refused_naming_need_and_fixes
 
 def test_seed000_each_named_fix_renders(tmp_path):
     prof = one_tb_profile(tmp_path)
-    for setting in re.findall(r"--set (\S+=\S+) \(", hpcrl("render", *SEED000, *prof).stderr):
+    settings = re.findall(r"--set (\S+=\S+) \(", hpcrl("render", *SEED000, *prof).stderr)
+    assert [s.split("=")[0] for s in settings] == ["ckpt.max_num", "ckpt.disable_ds", "ckpt.save_hf",
+                                                   "hpcrl.lora_hf_save"]  # every fix is tried, none skipped
+    for setting in settings:
         assert hpcrl("render", *SEED000, *prof, "--set", setting).returncode == 0, setting
 
 

@@ -240,7 +240,7 @@ def test_code_server_that_never_answers_fails_the_job(tmp_path, run_sbatch_and_w
     assert job.state == "FAILED", log
     assert "code-server on n" in log and "exited before it answered" in log
     ends = [e for e in events(run_dir) if e[1] == "end"]
-    assert ends[-1][3].startswith("service-failed:") or ends[-1][3].startswith("ray-start-failed:"), ends
+    assert ends[-1][3].startswith("service-failed:"), ends  # on the head, or a worker's blame seen at readiness
     assert "hpcrl-smoke" not in log
     assert leftovers(job.job_id) == []
 

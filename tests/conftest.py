@@ -11,6 +11,7 @@ the tests share live in tests/helpers.py, tests/stub_run.py and tests/lifecycle_
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -53,15 +54,84 @@ def _private_hpcrl_data_dir(tmp_path_factory):
         os.environ["HPCRL_DATA_DIR"] = old
 
 
+# --------------------------------------------------------------------------- Slurm tests in groups
+
+# The dev clusters the Slurm tests are spread over: HPCRL_SLURM_CONFS, slurm.conf paths separated by ':'
+# (.ci/run: the machine's cluster and a private one). Each cluster runs one group of whole test modules,
+# one test at a time; under pytest-xdist (`-n auto --dist loadgroup`) each group is one worker's, so the
+# groups run side by side, and beside the tests that need no Slurm. Unset: one group, on the cluster
+# SLURM_CONF (or Slurm's default config) names. The first group always holds test_dev_slurm.py, whose
+# tests look at the machine's cluster and bring up a private one of their own.
+SLURM_CONF_KEY = pytest.StashKey[str]()
+FIRST_GROUP = {"test_dev_slurm.py"}
+# Seconds each module's Slurm tests took in one serial run (the baseline of docs/dev-cluster.md); only
+# the balance between groups depends on them. A module not listed counts DEFAULT_MODULE_S.
+MODULE_S = {
+    "test_hardening.py": 300, "test_lifecycle.py": 300, "test_render_e2e.py": 300, "test_dev_slurm.py": 60,
+}
+DEFAULT_MODULE_S = 60
+
+
+def slurm_confs() -> list[str]:
+    return [c for c in os.environ.get("HPCRL_SLURM_CONFS", "").split(":") if c]
+
+
+def split_modules(seconds: dict[str, float], groups: int, first: set[str] = FIRST_GROUP) -> list[list[str]]:
+    """Modules into `groups` lists of similar total time (longest first, each to the least loaded group);
+    the modules in `first` go to group 0."""
+    out: list[list[str]] = [[] for _ in range(groups)]
+    load = [0.0] * groups
+    for name in sorted(seconds, key=lambda m: (m not in first, -seconds[m], m)):
+        k = 0 if name in first else min(range(groups), key=lambda g: (load[g], g))
+        out[k].append(name)
+        load[k] += seconds[name]
+    return out
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(items):
     """Every test that needs the local Slurm, through the `slurm` fixture or one built on it, is
-    marked `slurm`, so `-m "not slurm"` selects the pure suite."""
+    marked `slurm`, so `-m "not slurm"` selects the pure suite. Each is put in its module's group
+    (xdist_group), bound to that group's cluster, and the Slurm tests run first (their groups are
+    the longest units of work)."""
     for item in items:
         if {"slurm", "slurm16"} & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slurm)
+    on_slurm = [item for item in items if item.get_closest_marker("slurm")]
+    confs = slurm_confs()
+    modules = {item.path.name for item in on_slurm}
+    groups = split_modules({m: MODULE_S.get(m, DEFAULT_MODULE_S) for m in modules}, max(1, len(confs)))
+    group_of = {m: k for k, names in enumerate(groups) for m in names}
+    for item in on_slurm:
+        k = group_of[item.path.name]
+        item.add_marker(pytest.mark.xdist_group(f"slurm{k}"))
+        if confs:
+            item.stash[SLURM_CONF_KEY] = confs[k]
+    items[:] = on_slurm + [item for item in items if not item.get_closest_marker("slurm")]
+
+
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: unknown without it
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto`: a worker per core for the tests that need no Slurm, and one more per Slurm group
+    (its worker mostly waits on the cluster's jobs)."""
+    return (os.cpu_count() or 1) + max(1, len(slurm_confs()))
+
+
+@pytest.fixture(autouse=True)
+def _slurm_conf_of_the_group(request, monkeypatch):
+    """A Slurm test's commands, and the jobs it submits, use its group's cluster (HPCRL_SLURM_CONFS)."""
+    conf = request.node.stash.get(SLURM_CONF_KEY, None)
+    if conf:
+        monkeypatch.setenv("SLURM_CONF", conf)
 
 
 # --------------------------------------------------------------------------- the cluster
+
+
+def _node_order(name: str) -> tuple[str, int]:
+    """n2 before n10; c5n1 after c5 (the prefix, then the number at the end)."""
+    m = re.fullmatch(r"(.*?)(\d+)", name)
+    return (m.group(1), int(m.group(2))) if m else (name, 0)
 
 
 @dataclass(frozen=True)
@@ -72,22 +142,30 @@ class LocalSlurm:
 
     @property
     def usable(self) -> list[str]:
-        return sorted(n for n, s in self.nodes.items() if s in USABLE_NODE_STATES)
+        """The nodes that can run jobs, in node order (n1, n2, ... or c5n1, c5n2, ...)."""
+        return sorted((n for n, s in self.nodes.items() if s in USABLE_NODE_STATES), key=_node_order)
 
 
-@pytest.fixture(scope="session")
-def slurm() -> LocalSlurm:
-    """The local Slurm cluster, with at least three nodes able to run jobs."""
+_CHECKED: dict[str, LocalSlurm] = {}  # SLURM_CONF -> the cluster found there (asked once per process)
+
+
+@pytest.fixture
+def slurm(_slurm_conf_of_the_group) -> LocalSlurm:
+    """The local Slurm cluster of this test (its group's), with at least three nodes able to run jobs."""
+    conf = os.environ.get("SLURM_CONF", "")
+    if conf in _CHECKED:
+        return _CHECKED[conf]
     if shutil.which("sbatch") is None:
         _unavailable(f"Slurm client commands are not installed; {DEV_SLURM_HINT}")
     nodes = slurm_nodes()
     if nodes is None:
-        _unavailable(f"no Slurm controller answers sinfo; {DEV_SLURM_HINT}")
+        _unavailable(f"no Slurm controller answers sinfo{f' (SLURM_CONF={conf})' if conf else ''}; {DEV_SLURM_HINT}")
     cluster = LocalSlurm(nodes)
     # Nodes busy with another test's job count: only down, drained or unresponsive
     # ("idle*") nodes make the cluster unusable.
     if len(cluster.usable) < MIN_NODES:
         _unavailable(f"fewer than {MIN_NODES} usable Slurm nodes: {nodes}; {DEV_SLURM_HINT}")
+    _CHECKED[conf] = cluster
     return cluster
 
 

@@ -20,6 +20,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = Path(__file__).with_name("golden")
 COLLECTIVE = ROOT / "hpcrl" / "runtime" / "preflight_collective.py"
+# A node of a scripts/dev-slurm cluster: nK (the machine's) or cKnN (private instance K), as a regex.
+NODE = r"(?:c\dn|n)\d+"
 TERMINAL_JOB_STATES = frozenset({
     "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
     "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE",
@@ -161,6 +163,12 @@ def scontrol_job(job_id: str) -> dict[str, str]:
     for match in re.finditer(r"(?:^|\s)([A-Za-z][\w/:.]*)=(.*?)(?=\s[A-Za-z][\w/:.]*=|$)", res.stdout.strip()):
         fields.setdefault(match.group(1), match.group(2))
     return fields
+
+
+def job_nodes(job_id: str) -> list[str]:
+    """The nodes a job ran on, in Slurm's order (its batch host first)."""
+    nodelist = scontrol_job(job_id).get("NodeList", "")
+    return _run(["scontrol", "show", "hostnames", nodelist]).stdout.split() if nodelist else []
 
 
 def submit(script_path: str | Path, *sbatch_args: str) -> str:

@@ -10,6 +10,7 @@ the tests share live in tests/helpers.py, tests/stub_run.py and tests/lifecycle_
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import shutil
@@ -64,10 +65,15 @@ def _private_hpcrl_data_dir(tmp_path_factory):
 # tests look at the machine's cluster and bring up a private one of their own.
 SLURM_CONF_KEY = pytest.StashKey[str]()
 FIRST_GROUP = {"test_dev_slurm.py"}
-# Seconds each module's Slurm tests took in one serial run (the baseline of docs/dev-cluster.md); only
-# the balance between groups depends on them. A module not listed counts DEFAULT_MODULE_S.
+# Seconds each module's Slurm tests took (2026-11-28, two groups on private instances, a loaded
+# machine: docs/dev-cluster.md); only the balance between groups depends on them, so refresh them when
+# a module grows a lot. A module not listed counts DEFAULT_MODULE_S.
 MODULE_S = {
-    "test_hardening.py": 300, "test_lifecycle.py": 300, "test_render_e2e.py": 300, "test_dev_slurm.py": 60,
+    "test_render_e2e.py": 909, "test_lifecycle.py": 899, "test_hardening.py": 630, "test_node_blame.py": 222,
+    "test_lost_node_e2e.py": 153, "test_shared_node.py": 150, "test_run_dir_faults.py": 145,
+    "test_step_times_e2e.py": 85, "test_report.py": 84, "test_dev_slurm.py": 57, "test_custom.py": 36,
+    "test_preflight.py": 33, "test_preflight_nodes.py": 32, "test_stack_e2e.py": 19, "test_slurm.py": 8,
+    "test_chains.py": 6, "test_stack_check.py": 1,
 }
 DEFAULT_MODULE_S = 60
 
@@ -97,7 +103,10 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if {"slurm", "slurm16"} & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slurm)
-    on_slurm = [item for item in items if item.get_closest_marker("slurm")]
+        if "slurm16" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.alone)
+    on_slurm = sorted((item for item in items if item.get_closest_marker("slurm")),
+                      key=lambda item: item.get_closest_marker("alone") is None)  # stable: else collection order
     confs = slurm_confs()
     modules = {item.path.name for item in on_slurm}
     groups = split_modules({m: MODULE_S.get(m, DEFAULT_MODULE_S) for m in modules}, max(1, len(confs)))
@@ -115,6 +124,30 @@ def pytest_xdist_auto_num_workers(config):
     """`-n auto`: a worker per core for the tests that need no Slurm, and one more per Slurm group
     (its worker mostly waits on the cluster's jobs)."""
     return (os.cpu_count() or 1) + max(1, len(slurm_confs()))
+
+
+@pytest.fixture(autouse=True)
+def _alone_when_marked(request, tmp_path_factory):
+    """Under pytest-xdist, a test marked `alone` (the 16-node smoke: 16 raylets on this machine's cores
+    miss Ray's start-up deadline beside other work) runs while no other test does: every test holds
+    a shared lock while it runs; an `alone` test takes it exclusive. A gate lock in front keeps new
+    tests from starting while one waits for it (fcntl gives no waiting writer priority)."""
+    if not hasattr(request.config, "workerinput"):  # one process: one test at a time anyway
+        yield
+        return
+    alone = request.node.get_closest_marker("alone") is not None
+    root = tmp_path_factory.getbasetemp().parent  # the session's, shared by its workers
+    with open(root / "hpcrl-gate.lock", "a") as gate, open(root / "hpcrl-run.lock", "a") as run:
+        fcntl.flock(gate, fcntl.LOCK_EX)
+        fcntl.flock(run, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        if not alone:
+            fcntl.flock(gate, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(run, fcntl.LOCK_UN)
+            if alone:
+                fcntl.flock(gate, fcntl.LOCK_UN)
 
 
 @pytest.fixture(autouse=True)

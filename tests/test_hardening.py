@@ -40,8 +40,21 @@ from lifecycle_harness import (
     wait_status,
 )
 from hpcrl.jobs.run_dir import RunDir, read_chain
+from hpcrl.rendering.render import RAY_TEMP_MAX
 
 # --------------------------------------------------------------------------- helpers
+
+
+def ray_parent_of(node_dir: Path, job: str) -> Path:
+    """The private (0700) directory Ray's temp dir `ray` is in, for a job's node-local dir: node_dir
+    itself, or, where node_dir/ray is longer than Ray's socket paths allow (render.RAY_TEMP_MAX: a
+    private cluster's cKnN names and 6-digit job ids do it), the job's private dir in /tmp for the
+    same node slot (hpcrl-<job>.<slot>.XXX)."""
+    if len(str(node_dir / "ray")) <= RAY_TEMP_MAX:
+        return node_dir
+    slot = node_dir.name.split(".")[1]
+    (found,) = Path("/tmp").glob(f"hpcrl-{job}.{slot}.*")
+    return found
 
 
 def wait_until(predicate, what: str, deadline_s: float = 120, poll_s: float = 0.5):
@@ -73,10 +86,12 @@ def test_another_user_cannot_touch_a_running_jobs_node_local_dirs_or_metrics(slu
     for d in dirs:
         assert d.stat().st_mode & 0o777 == 0o700 and d.stat().st_uid == os.geteuid()
         assert d.parent.stat().st_mode & 0o005 == 0o005  # others may enter the parent: the 0700 is what stops them
-        sessions = list((d / "ray").glob("session_2*"))
+        parent = ray_parent_of(d, job)
+        assert parent.stat().st_mode & 0o777 == 0o700 and parent.stat().st_uid == os.geteuid()
+        sessions = list((parent / "ray").glob("session_2*"))
         assert sessions and (sessions[0] / "sockets" / "raylet").exists()
         sock = sessions[0] / "sockets" / "raylet"
-        for cmd in (["ls", str(d)], ["ls", str(sessions[0])], ["mv", str(sock), str(sock) + ".x"],
+        for cmd in (["ls", str(d)], ["ls", str(parent)], ["ls", str(sessions[0])], ["mv", str(sock), str(sock) + ".x"],
                     ["touch", str(d / "intruder")], ["touch", str(sessions[0] / "logs" / "intruder")]):
             res = as_other(*cmd)
             assert res.returncode != 0 and "Permission denied" in res.stderr, (cmd, res)
@@ -293,11 +308,11 @@ def test_deaf_driver_is_gone_after_a_worker_dies_and_the_run_goes_on_without_tha
     job = out["job_id"]
     rd = RunDir(env["root"] / "deaf-worker")
     wait_status(env, out["run_id"], driver_started(rd, job), "the driver to start")
-    head_ip = re.search(r"head \S+ \((127\.\d+\.\d+\.\d+)\)", rd.log(job).read_text()).group(1)
+    head, head_ip = re.search(r"head (\S+) \((127\.\d+\.\d+\.\d+)\)", rd.log(job).read_text()).groups()
     raylets = [(pid, a) for pid, a in job_processes(f"hpcrl-{job}.") if "/raylet " in a or a.endswith("/raylet")]
     workers = [(pid, a) for pid, a in raylets if f"--node_ip_address={head_ip}" not in a]
     assert len(workers) == 1, raylets
-    worker_node = re.search(r"/hpcrl-local/(n\d)/", workers[0][1]).group(1)
+    (worker_node,) = set(expand_nodelist(scontrol_job(job)["NodeList"])) - {head}  # the job's other node
     os.kill(workers[0][0], signal.SIGKILL)
     wait_until(lambda: read_chain(rd).get(job) and read_chain(rd)[job].end_reason, "the end line", 60)
     _ended_cleanly(env, rd, job, "worker-died")

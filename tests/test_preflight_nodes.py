@@ -11,7 +11,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 
 from helpers import ROOT, collective_result, start_collective, submit, wait_for_state
 from hpcrl.jobs.preflight_checks import Check, gemm_check, gpu_health
@@ -198,17 +197,16 @@ def test_job_nodes_is_the_task_order(slurm, tmp_path):
     which is how preflight names the node of a task that gave no report."""
     from hpcrl.jobs import slurm as hslurm
 
-    if len(slurm.nodes) < 3:
-        pytest.skip("needs 3 nodes (scripts/dev-slurm)")
+    n1, n2, n3, n4 = slurm.usable[:4]
     script = tmp_path / "order.sh"
     script.write_text("#!/bin/bash\n#SBATCH --nodes=3\n#SBATCH --ntasks-per-node=1\n#SBATCH --time=00:02:00\n"
                       f"#SBATCH --output={tmp_path}/order-%j.out\n"
                       "srun bash -c 'echo task=$SLURM_PROCID node=$SLURMD_NODENAME'\nsleep 5\n")
-    job = submit(script, "--nodelist=n4,n2,n3")
+    job = submit(script, f"--nodelist={n4},{n2},{n3}")
     wait_for_state(job, {"RUNNING", "COMPLETED"}, 120)
     names = hslurm.job_nodes(job)
     wait_for_state(job, {"COMPLETED"}, 120)
     out = (tmp_path / f"order-{job}.out").read_text()
     tasks = dict(re.findall(r"^task=(\d+) node=(\S+)$", out, re.M))
-    assert names == [tasks[str(i)] for i in range(3)] and sorted(names) == ["n2", "n3", "n4"], (names, out)
+    assert names == [tasks[str(i)] for i in range(3)] and sorted(names) == [n2, n3, n4], (names, out)
     assert hslurm.job_nodes("999999999") == []

@@ -155,27 +155,32 @@ def test_worker_that_cannot_start_fails_the_job_at_once(tmp_path, run_sbatch_and
     assert "hpcrl-smoke" not in log  # the driver never started
     assert re.search(rf"\[{NODE}\] hpcrl: ray start on {NODE} exited with code 1 \(attempt 1 of 3\); retrying in 2 s", log)
     assert "not continuing after ray-start-failed: 0 continuations of this kind submitted already" in log
-    worker_logs = sorted(p.name for p in (run_dir / "logs").glob(f"worker-n*-{job.job_id}.log"))
+    worker_logs = sorted(p.name for p in (run_dir / "logs").glob(f"worker-*-{job.job_id}.log"))
     assert len(worker_logs) == 2 and all("fault injected" in (run_dir / "logs" / n).read_text() for n in worker_logs)
     assert leftovers(job.job_id) == []
 
 
 def test_worker_stopped_while_it_sets_up_leaves_nothing_behind(tmp_path, run_sbatch_and_wait, leftovers):
-    """One worker is slow right after creating its node-local directories (a `mkdir` that
-    sleeps inside the srun step); `ray start` fails on the other. srun's --kill-on-bad-exit then
-    signals the slow worker before it has started Ray: its directories must still go."""
-    real_mkdir = shutil.which("mkdir")
-    assert real_mkdir
+    """One worker is slow right after creating its node-local directories (inside the srun step, the
+    `mkdir` of Ray's dir under them, or where that path is too long for Ray's sockets the `cp` into
+    its /tmp dir, sleeps); `ray start` fails on the other. srun's --kill-on-bad-exit then signals the
+    slow worker before it has started Ray: its directories must still go."""
+    real_mkdir, real_cp = shutil.which("mkdir"), shutil.which("cp")
+    assert real_mkdir and real_cp
     claim = tmp_path / "slow-node"
-    slow_mkdir = (
-        "#!/bin/bash\n"
-        f'{real_mkdir} "$@" || exit\n'
-        f'if [[ -n ${{SLURM_STEP_ID:-}} && "$*" == *hpcrl-local* ]] && {real_mkdir} {claim} 2>/dev/null; then\n'
-        '    echo "fault injected: $SLURMD_NODENAME is slow after creating its directories" >&2\n'
-        "    sleep 4\n"
-        "fi\n"
-    )
-    fault = fault_bin(tmp_path, ray=ray_fails_in_step(), mkdir=slow_mkdir)
+
+    def slow(real: str, after: str) -> str:
+        return (
+            "#!/bin/bash\n"
+            f'{real} "$@" || exit\n'
+            f'if [[ -n ${{SLURM_STEP_ID:-}} && "$*" == *{after}* ]] && {real_mkdir} {claim} 2>/dev/null; then\n'
+            '    echo "fault injected: $SLURMD_NODENAME is slow after creating its directories" >&2\n'
+            "    sleep 4\n"
+            "fi\n"
+        )
+
+    fault = fault_bin(tmp_path, ray=ray_fails_in_step(), mkdir=slow(real_mkdir, "hpcrl-local"),
+                      cp=slow(real_cp, "hpcrl-owner"))
     script, run_dir = render(tmp_path, f'hpcrl.env_setup=["export PATH={fault}:$PATH"]', "hpcrl.max_failure_restarts=0")
     job = run_sbatch_and_wait(script, 600)
     log = (run_dir / "logs" / f"job-{job.job_id}.log").read_text()

@@ -62,7 +62,7 @@ def load(path: Path) -> tuple[list[dict], list[dict]]:
 
 
 def lstsq(xs: list[float], ys: list[float]) -> tuple[float, float]:
-    n, mx, my = len(xs), statistics.fmean(xs), statistics.fmean(ys)
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
     sxx = sum((x - mx) ** 2 for x in xs)
     b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx if sxx else 0.0
     return my - b * mx, b

@@ -63,7 +63,7 @@ def main(argv: list[str]) -> int:
     def loss(k: float, c: float) -> float:
         return sum((predicted(r, k, c)[0] / (r["peak_alloc_gib"] * C.GIB) - 1) ** 2 for r in fit)
 
-    k, c = min(((i / 50, j / 4) for i in range(0, 151) for j in range(0, 25)), key=lambda kc: loss(*kc))
+    k, c = min(((i / 50, j / 4) for i in range(151) for j in range(25)), key=lambda kc: loss(*kc))
     excess = [(r["peak_reserved_gib"] * C.GIB - res) / res for r in fit
               if (res := predicted(r, k, c)[1]) >= 24 * C.GIB]
     margin = math.ceil(max(excess) * 100) / 100

@@ -424,8 +424,8 @@ def main(argv: list[str] | None = None) -> int:
                     losses, _ = ce(logits, mb["labels"], inplace_backward=not calculate_entropy)
                     logp = -losses
                 else:
-                    logp = torch.stack([torch.log_softmax(r, -1).gather(-1, l.view(1)).squeeze(-1)
-                                        for r, l in zip(logits, mb["labels"])])  # fmt: skip
+                    logp = torch.stack([torch.log_softmax(r, -1).gather(-1, lab.view(1)).squeeze(-1)
+                                        for r, lab in zip(logits, mb["labels"])])  # fmt: skip
                 ent = entropy_fn(logits) if calculate_entropy else None
             return logp, ent
 

@@ -194,7 +194,7 @@ JOB_LOG, SLURM_LOG = "job-{job}.log", "slurm-{job}.out"
 NODE_OWNER, RAY_LOGS_RECOVERED = "hpcrl-owner", "hpcrl-recovered"
 
 
-def run_dir_layout() -> dict[str, str]:
+def run_dir_layout() -> dict[str, str | tuple[str, ...]]:
     """The names the templates use, as one dict (render passes it as `layout`)."""
     job = "$SLURM_JOB_ID"
     return {"meta": META, "logs": LOGS, "subdirs": RUN_SUBDIRS, "jobs_tsv": JOBS_TSV, "plan": PLAN, "script": SCRIPT,

@@ -10,18 +10,23 @@ the tests share live in tests/helpers.py, tests/stub_run.py and tests/lifecycle_
 
 from __future__ import annotations
 
+import fcntl
 import os
+import re
 import shutil
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
 
 import pytest
 
-from helpers import TERMINAL_JOB_STATES, submit, wait_for_state
+from helpers import run_sbatch_and_wait, slurm_nodes
+
+# The lifecycle harness's fixtures (`env`: a private registry, run root, profile and fake
+# open-instruct checkout) for every test module, which then never imports a fixture by name.
+pytest_plugins = ["lifecycle_harness"]
 
 REQUIRE_SLURM = os.environ.get("HPCRL_REQUIRE_SLURM") == "1"
 DEV_SLURM_HINT = "start it with: scripts/dev-slurm up"
@@ -38,10 +43,6 @@ def _unavailable(reason: str) -> None:
     pytest.skip(reason)
 
 
-def _run(args: list[str], timeout: float = 30) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(args, capture_output=True, text=True, timeout=timeout, check=False)
-
-
 @pytest.fixture(autouse=True, scope="session")
 def _private_hpcrl_data_dir(tmp_path_factory):
     """Tests never read or write the user's own exclude lists (hpcrl/jobs/node_excludes.py)."""
@@ -54,15 +55,116 @@ def _private_hpcrl_data_dir(tmp_path_factory):
         os.environ["HPCRL_DATA_DIR"] = old
 
 
+# --------------------------------------------------------------------------- Slurm tests in groups
+
+# The dev clusters the Slurm tests are spread over: HPCRL_SLURM_CONFS, slurm.conf paths separated by ':'
+# (.ci/run: the machine's cluster and a private one). Each cluster runs one group of whole test modules,
+# one test at a time; under pytest-xdist (`-n auto --dist loadgroup`) each group is one worker's, so the
+# groups run side by side, and beside the tests that need no Slurm. Unset: one group, on the cluster
+# SLURM_CONF (or Slurm's default config) names. The first group always holds test_dev_slurm.py, whose
+# tests look at the machine's cluster and bring up a private one of their own.
+SLURM_CONF_KEY = pytest.StashKey[str]()
+FIRST_GROUP = {"test_dev_slurm.py"}
+# Seconds each module's Slurm tests took (2026-11-28, two groups on private instances, a loaded
+# machine: docs/dev-cluster.md); only the balance between groups depends on them, so refresh them when
+# a module grows a lot. A module not listed counts DEFAULT_MODULE_S.
+MODULE_S = {
+    "test_render_e2e.py": 909, "test_lifecycle.py": 899, "test_hardening.py": 630, "test_node_blame.py": 222,
+    "test_lost_node_e2e.py": 153, "test_shared_node.py": 150, "test_run_dir_faults.py": 145,
+    "test_step_times_e2e.py": 85, "test_report.py": 84, "test_dev_slurm.py": 57, "test_custom.py": 36,
+    "test_preflight.py": 33, "test_preflight_nodes.py": 32, "test_stack_e2e.py": 19, "test_slurm.py": 8,
+    "test_chains.py": 6, "test_stack_check.py": 1,
+}
+DEFAULT_MODULE_S = 60
+
+
+def slurm_confs() -> list[str]:
+    return [c for c in os.environ.get("HPCRL_SLURM_CONFS", "").split(":") if c]
+
+
+def split_modules(seconds: dict[str, float], groups: int, first: set[str] = FIRST_GROUP) -> list[list[str]]:
+    """Modules into `groups` lists of similar total time (longest first, each to the least loaded group);
+    the modules in `first` go to group 0."""
+    out: list[list[str]] = [[] for _ in range(groups)]
+    load = [0.0] * groups
+    for name in sorted(seconds, key=lambda m: (m not in first, -seconds[m], m)):
+        k = 0 if name in first else min(range(groups), key=lambda g: (load[g], g))
+        out[k].append(name)
+        load[k] += seconds[name]
+    return out
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(items):
     """Every test that needs the local Slurm, through the `slurm` fixture or one built on it, is
-    marked `slurm`, so `-m "not slurm"` selects the pure suite."""
+    marked `slurm`, so `-m "not slurm"` selects the pure suite. Each is put in its module's group
+    (xdist_group), bound to that group's cluster, and the Slurm tests run first (their groups are
+    the longest units of work)."""
     for item in items:
         if {"slurm", "slurm16"} & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slurm)
+        if "slurm16" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.alone)
+    on_slurm = sorted((item for item in items if item.get_closest_marker("slurm")),
+                      key=lambda item: item.get_closest_marker("alone") is None)  # stable: else collection order
+    confs = slurm_confs()
+    modules = {item.path.name for item in on_slurm}
+    groups = split_modules({m: MODULE_S.get(m, DEFAULT_MODULE_S) for m in modules}, max(1, len(confs)))
+    group_of = {m: k for k, names in enumerate(groups) for m in names}
+    for item in on_slurm:
+        k = group_of[item.path.name]
+        item.add_marker(pytest.mark.xdist_group(f"slurm{k}"))
+        if confs:
+            item.stash[SLURM_CONF_KEY] = confs[k]
+    items[:] = on_slurm + [item for item in items if not item.get_closest_marker("slurm")]
+
+
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: unknown without it
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto`: a worker per core for the tests that need no Slurm, and one more per Slurm group
+    (its worker mostly waits on the cluster's jobs)."""
+    return (os.cpu_count() or 1) + max(1, len(slurm_confs()))
+
+
+@pytest.fixture(autouse=True)
+def _alone_when_marked(request, tmp_path_factory):
+    """Under pytest-xdist, a test marked `alone` (the 16-node smoke: 16 raylets on this machine's cores
+    miss Ray's start-up deadline beside other work) runs while no other test does: every test holds
+    a shared lock while it runs; an `alone` test takes it exclusive. A gate lock in front keeps new
+    tests from starting while one waits for it (fcntl gives no waiting writer priority)."""
+    if not hasattr(request.config, "workerinput"):  # one process: one test at a time anyway
+        yield
+        return
+    alone = request.node.get_closest_marker("alone") is not None
+    root = tmp_path_factory.getbasetemp().parent  # the session's, shared by its workers
+    with open(root / "hpcrl-gate.lock", "a") as gate, open(root / "hpcrl-run.lock", "a") as run:
+        fcntl.flock(gate, fcntl.LOCK_EX)
+        fcntl.flock(run, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        if not alone:
+            fcntl.flock(gate, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(run, fcntl.LOCK_UN)
+            if alone:
+                fcntl.flock(gate, fcntl.LOCK_UN)
+
+
+@pytest.fixture(autouse=True)
+def _slurm_conf_of_the_group(request, monkeypatch):
+    """A Slurm test's commands, and the jobs it submits, use its group's cluster (HPCRL_SLURM_CONFS)."""
+    conf = request.node.stash.get(SLURM_CONF_KEY, None)
+    if conf:
+        monkeypatch.setenv("SLURM_CONF", conf)
 
 
 # --------------------------------------------------------------------------- the cluster
+
+
+def _node_order(name: str) -> tuple[str, int]:
+    """n2 before n10; c5n1 after c5 (the prefix, then the number at the end)."""
+    m = re.fullmatch(r"(.*?)(\d+)", name)
+    return (m.group(1), int(m.group(2))) if m else (name, 0)
 
 
 @dataclass(frozen=True)
@@ -73,40 +175,30 @@ class LocalSlurm:
 
     @property
     def usable(self) -> list[str]:
-        return sorted(n for n, s in self.nodes.items() if s in USABLE_NODE_STATES)
+        """The nodes that can run jobs, in node order (n1, n2, ... or c5n1, c5n2, ...)."""
+        return sorted((n for n, s in self.nodes.items() if s in USABLE_NODE_STATES), key=_node_order)
 
 
-def slurm_nodes() -> dict[str, str] | None:
-    """Node name -> state as sinfo prints it; None when no controller answers."""
-    if shutil.which("sinfo") is None:
-        return None
-    try:
-        res = _run(["sinfo", "-h", "-N", "-o", "%N %T"], timeout=15)
-    except subprocess.TimeoutExpired:
-        return None
-    if res.returncode != 0:
-        return None
-    nodes: dict[str, str] = {}
-    for line in res.stdout.splitlines():
-        name, _, state = line.strip().partition(" ")
-        if name:
-            nodes[name] = state.strip().lower()  # a node in two partitions prints twice
-    return nodes
+_CHECKED: dict[str, LocalSlurm] = {}  # SLURM_CONF -> the cluster found there (asked once per process)
 
 
-@pytest.fixture(scope="session")
-def slurm() -> LocalSlurm:
-    """The local Slurm cluster, with at least three nodes able to run jobs."""
+@pytest.fixture
+def slurm(_slurm_conf_of_the_group) -> LocalSlurm:
+    """The local Slurm cluster of this test (its group's), with at least three nodes able to run jobs."""
+    conf = os.environ.get("SLURM_CONF", "")
+    if conf in _CHECKED:
+        return _CHECKED[conf]
     if shutil.which("sbatch") is None:
         _unavailable(f"Slurm client commands are not installed; {DEV_SLURM_HINT}")
     nodes = slurm_nodes()
     if nodes is None:
-        _unavailable(f"no Slurm controller answers sinfo; {DEV_SLURM_HINT}")
+        _unavailable(f"no Slurm controller answers sinfo{f' (SLURM_CONF={conf})' if conf else ''}; {DEV_SLURM_HINT}")
     cluster = LocalSlurm(nodes)
     # Nodes busy with another test's job count: only down, drained or unresponsive
     # ("idle*") nodes make the cluster unusable.
     if len(cluster.usable) < MIN_NODES:
         _unavailable(f"fewer than {MIN_NODES} usable Slurm nodes: {nodes}; {DEV_SLURM_HINT}")
+    _CHECKED[conf] = cluster
     return cluster
 
 
@@ -149,30 +241,6 @@ def slurm16(slurm16_conf, monkeypatch):
 
 
 # --------------------------------------------------------------------------- jobs
-
-
-class SbatchResult(NamedTuple):
-    job_id: str
-    state: str
-    output: str
-
-
-def run_sbatch_and_wait(script_path: str | Path, timeout: float = 120, *sbatch_args: str) -> SbatchResult:
-    """Submit, wait until the job ends (cancelling it past `timeout` s) and read its output.
-
-    The output file is the job's StdOut as Slurm expanded it (`#SBATCH --output`, or
-    slurm-<id>.out in the directory sbatch ran from); "" if the job wrote none.
-    """
-    job_id = submit(script_path, *sbatch_args)
-    fields = wait_for_state(job_id, TERMINAL_JOB_STATES, timeout)
-    out_path = Path(fields.get("StdOut") or f"slurm-{job_id}.out")
-    # slurmstepd closes the file before the state turns terminal; allow for NFS-like lag.
-    for _ in range(20):
-        if out_path.exists():
-            break
-        time.sleep(0.1)
-    output = out_path.read_text(errors="replace") if out_path.exists() else ""
-    return SbatchResult(job_id, fields["JobState"], output)
 
 
 @pytest.fixture(name="run_sbatch_and_wait")

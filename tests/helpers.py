@@ -8,16 +8,20 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = Path(__file__).with_name("golden")
 COLLECTIVE = ROOT / "hpcrl" / "runtime" / "preflight_collective.py"
+# A node of a scripts/dev-slurm cluster: nK (the machine's) or cKnN (private instance K), as a regex.
+NODE = r"(?:c\dn|n)\d+"
 TERMINAL_JOB_STATES = frozenset({
     "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
     "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE",
@@ -77,6 +81,22 @@ def assert_golden(name: str, text: str) -> None:
                                             f"golden/{name}", "rendered"))
         pytest.fail(f"{name} differs from the golden; review, then regenerate with HPCRL_UPDATE_GOLDEN=1\n{diff}",
                     pytrace=False)
+
+
+def local_dev_script(tmp_path: Path, **kw) -> str:
+    """The rendered script of grpo-olmo3-7b on 3 local-dev nodes (make_run_plan's keywords passed on)."""
+    from hpcrl.planning.describe import describe_job
+    from hpcrl.planning.run_plan import make_run_plan
+    from hpcrl.rendering.render import render_script
+
+    return render_script(describe_job(make_run_plan("grpo-olmo3-7b", nodes=3, cluster="local-dev", **kw)))
+
+
+def bash_function(script: str, name: str) -> str:
+    """The text of the script's `name() { ... }` function, to run alone in bash."""
+    found = re.search(rf"^{name}\(\) \{{\n.*?^\}}\n", script, re.S | re.M)
+    assert found, f"no {name}() in the script"
+    return found.group(0)
 
 
 def lint(text: str, tmp_path: Path, shellcheck: str) -> None:
@@ -146,6 +166,12 @@ def scontrol_job(job_id: str) -> dict[str, str]:
     return fields
 
 
+def job_nodes(job_id: str) -> list[str]:
+    """The nodes a job ran on, in Slurm's order (its batch host first)."""
+    nodelist = scontrol_job(job_id).get("NodeList", "")
+    return _run(["scontrol", "show", "hostnames", nodelist]).stdout.split() if nodelist else []
+
+
 def submit(script_path: str | Path, *sbatch_args: str) -> str:
     """sbatch a script (from its own directory) and return the job id; fail on rejection."""
     script = Path(script_path)
@@ -168,6 +194,91 @@ def wait_for_state(job_id: str, states: set[str] | frozenset[str], timeout: floa
     pytest.fail(f"job {job_id} not in {sorted(states)} after {timeout:.0f} s "
                 f"(state {fields.get('JobState')}, reason {fields.get('Reason')}); cancelled it",
                 pytrace=False)
+
+
+def slurm_nodes() -> dict[str, str] | None:
+    """Node name -> state as sinfo prints it (the cluster SLURM_CONF names); None when no controller answers."""
+    if shutil.which("sinfo") is None:
+        return None
+    try:
+        res = _run(["sinfo", "-h", "-N", "-o", "%N %T"], timeout=15)
+    except subprocess.TimeoutExpired:
+        return None
+    if res.returncode != 0:
+        return None
+    nodes: dict[str, str] = {}
+    for line in res.stdout.splitlines():
+        name, _, state = line.strip().partition(" ")
+        if name:
+            nodes[name] = state.strip().lower()  # a node in two partitions prints twice
+    return nodes
+
+
+def wait_for_job(job_id: str, timeout: float = 600) -> dict:
+    return wait_for_state(job_id, TERMINAL_JOB_STATES, timeout)
+
+
+class SbatchResult(NamedTuple):
+    job_id: str
+    state: str
+    output: str
+
+
+def run_sbatch_and_wait(script_path: str | Path, timeout: float = 120, *sbatch_args: str) -> SbatchResult:
+    """Submit, wait until the job ends (cancelling it past `timeout` s) and read its output.
+
+    The output file is the job's StdOut as Slurm expanded it (`#SBATCH --output`, or
+    slurm-<id>.out in the directory sbatch ran from); "" if the job wrote none.
+    """
+    job_id = submit(script_path, *sbatch_args)
+    fields = wait_for_state(job_id, TERMINAL_JOB_STATES, timeout)
+    out_path = Path(fields.get("StdOut") or f"slurm-{job_id}.out")
+    # slurmstepd closes the file before the state turns terminal; allow for NFS-like lag.
+    for _ in range(20):
+        if out_path.exists():
+            break
+        time.sleep(0.1)
+    output = out_path.read_text(errors="replace") if out_path.exists() else ""
+    return SbatchResult(job_id, fields["JobState"], output)
+
+
+# --------------------------------------------------------------------------- the rendered smoke job on local-dev
+
+
+RUN_NAME = "smoke3"
+
+
+def render(tmp_path: Path, *sets: str, config: str | None = None, nodes: int = 3) -> tuple[Path, Path]:
+    """`hpcrl render --cluster local-dev --nodes 3 --smoke` (the default 32B config's layout, or
+    `config`'s) into tmp_path, with a private run root and no virtualenv to activate; return
+    (script, run dir). More nodes than local-dev's partitions name (4) are allowed over the limit."""
+    script = tmp_path / "smoke3.sbatch"
+    args = [sys.executable, "-m", "hpcrl", "render", "--cluster", "local-dev", "--nodes", str(nodes), "--smoke",
+            *(["--allow-over-limit"] if nodes > 4 else []),
+            *(["--config", config] if config else []),
+            "--set", f"hpcrl.run_root={tmp_path / 'runs'}", "--set", f"hpcrl.run_name={RUN_NAME}",
+            "--set", 'hpcrl.time="00:05:00"',  # the config's env_setup (a venv this machine lacks) is only warned about
+            *(a for s in sets for a in ("--set", s)), "-o", str(script)]
+    env = {k: v for k, v in os.environ.items() if k != "HPCRL_CLUSTERS_DIR"}
+    out = subprocess.run(args, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    run_dir = tmp_path / "runs" / RUN_NAME
+    (run_dir / "logs").mkdir(parents=True)  # as hpcrl submit does: Slurm opens --output there
+    return script, run_dir
+
+
+def events(run_dir: Path) -> list[list[str]]:
+    return [ln.split("\t") for ln in (run_dir / "hpcrl" / "jobs.tsv").read_text().splitlines()]
+
+
+def fault_bin(tmp_path: Path, **programs: str) -> Path:
+    """A directory of executable stand-ins (name -> script text), to put first on the job's PATH."""
+    fault = tmp_path / "faultbin"
+    fault.mkdir()
+    for name, text in programs.items():
+        (fault / name).write_text(text)
+        (fault / name).chmod(0o755)
+    return fault
 
 
 # --------------------------------------------------------------------------- the preflight collective

@@ -1,18 +1,25 @@
 """The submit/status/cancel harness on the real local Slurm: a private registry, run root, profile
-and a fake open-instruct checkout (tests/test_lifecycle.py, tests/test_hardening.py)."""
+and a fake open-instruct checkout (tests/test_lifecycle.py, tests/test_hardening.py), a second Unix
+user, and the job's processes. Its fixtures are registered for every test module (conftest.py)."""
 
 from __future__ import annotations
 
 import os
+import pwd
+import shutil
 import sqlite3
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from helpers import assert_user_error, ok_json  # noqa: F401 - the lifecycle tests import them from here
+
+if TYPE_CHECKING:
+    from hpcrl.jobs.run_dir import RunDir
 
 NO_SBATCH = ("hpcrl needs a Slurm login node (sbatch not found on PATH) "
              "— or the local dev cluster: scripts/dev-slurm up")
@@ -213,3 +220,61 @@ def _has_renderer() -> bool:
     except ImportError:
         return False
     return True
+
+
+# --------------------------------------------------------------------------- a second user, the job's processes
+
+OTHER_USER = "hpcrl-other"
+
+
+def other_user() -> str:
+    """A second, unprivileged Unix user (created here when running as root, as CI does)."""
+    try:
+        pwd.getpwnam(OTHER_USER)
+        return OTHER_USER
+    except KeyError:
+        pass
+    if os.geteuid() != 0 or shutil.which("useradd") is None:
+        pytest.skip("needs a second Unix user: run as root (CI does) or create user hpcrl-other")
+    made = subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", OTHER_USER],
+                          capture_output=True, text=True)
+    if made.returncode != 0:
+        try:  # another test process (pytest-xdist) made it first
+            pwd.getpwnam(OTHER_USER)
+        except KeyError:
+            raise AssertionError(f"useradd {OTHER_USER} failed: {made.stderr.strip()}") from None
+    return OTHER_USER
+
+
+def as_other(*cmd: str) -> subprocess.CompletedProcess:
+    user = other_user()
+    return subprocess.run(list(cmd), user=user, group=pwd.getpwnam(user).pw_gid, extra_groups=[],
+                          capture_output=True, text=True, timeout=30, cwd="/")
+
+
+def job_processes(pattern: str) -> list[tuple[int, str]]:
+    """(pid, args) of every process whose command line contains pattern."""
+    out = subprocess.run(["ps", "-eww", "-o", "pid=,args="], capture_output=True, text=True).stdout
+    found = []
+    for line in out.splitlines():
+        pid, _, args = line.strip().partition(" ")
+        if pattern in args and "ps -eww" not in args:
+            found.append((int(pid), args))
+    return found
+
+
+def driver_started(rd: RunDir, job: str):
+    return lambda _run: rd.log(job).exists() and f"wrote marker-{job}" in rd.log(job).read_text()
+
+
+def nothing_of_the_job_left(run_dir: Path, job: str, settle_s: float) -> list[str]:
+    """Processes still carrying the run dir or this job's node-local paths once `settle_s` passed."""
+    def left() -> list[str]:
+        procs = [a for _p, a in job_processes(str(run_dir))] + [a for _p, a in job_processes(f"hpcrl-{job}.")]
+        dirs = [str(p) for p in Path("/tmp/hpcrl-local").glob(f"*/hpcrl-{job}.*")]
+        return procs + dirs
+
+    end = time.monotonic() + settle_s
+    while (found := left()) and time.monotonic() < end:
+        time.sleep(0.5)
+    return found

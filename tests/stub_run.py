@@ -54,11 +54,12 @@ exec sleep 300
     "python3": r'''#!/bin/bash
 case "$1 $2" in
     "-m hpcrl.runtime.watchdog"|"-m hpcrl.runtime.smoke")
+        # The handler first: tests signal the job once driver.argv exists (their handshake).
+        trap 'echo "stub driver: stopping"; exit 0' TERM
         printf '%s\0' "$@" >"$STUB_OUT/driver.argv"
         env -0 >"$STUB_OUT/driver.env"
         pwd >"$STUB_OUT/driver.cwd"
         [[ $2 == hpcrl.runtime.smoke ]] && { echo "hpcrl-smoke: ok nodes=stub"; exit 0; }
-        trap 'echo "stub driver: stopping"; exit 0' TERM
         if [[ -n ${STUB_CKPT_AFTER:-} ]]; then  # a checkpoint completes: DeepSpeed rewrites <dir>/latest
             (sleep "$STUB_CKPT_AFTER"; mkdir -p "$HPCRL_RUN_DIR/checkpoints"; echo global_step7 >"$HPCRL_RUN_DIR/checkpoints/latest") &
         fi

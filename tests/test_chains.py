@@ -12,7 +12,7 @@ import os
 import subprocess
 import sys
 
-from lifecycle_harness import assert_user_error, behave, env, hpcrl, ok_json, script  # noqa: F401 - env is a fixture
+from lifecycle_harness import assert_user_error, behave, hpcrl, ok_json, script
 from stub_run import Stub
 
 RUN = "grpo-olmo3-7b"  # the run name the stub renders

@@ -30,7 +30,7 @@ def _tree() -> list[tuple[list[str], list[str]]]:
             found.append((path, [o for p in cmd.params for o in (*p.opts, *p.secondary_opts) if o.startswith("-")]))
 
     walk(typer.main.get_command(app), [])
-    return found
+    return sorted(found)  # one order in every process (pytest-xdist's workers collect the same tests)
 
 
 TREE = _tree()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import os
 import subprocess
 import time
 from pathlib import Path
@@ -30,7 +31,7 @@ def _fields(output: str, prefix: str) -> list[dict[str, str]]:
     return rows
 
 
-def test_three_nodes_are_three_hosts(run_sbatch_and_wait, tmp_path):
+def test_three_nodes_are_three_hosts(slurm, run_sbatch_and_wait, tmp_path):
     script = _script(
         tmp_path, "nodes",
         "#SBATCH --nodes=3", "#SBATCH --time=00:02:00",
@@ -46,7 +47,7 @@ def test_three_nodes_are_three_hosts(run_sbatch_and_wait, tmp_path):
     assert batch["nnodes"] == "3"
     names = [t["node"] for t in tasks]
     assert len(names) == 3 and len(set(names)) == 3, output
-    assert set(names) <= {"n1", "n2", "n3", "n4"} and batch["node"] in names
+    assert set(names) <= set(slurm.nodes) and batch["node"] in names
     addrs = {t["node"]: t["addr"] for t in tasks}
     assert len(set(addrs.values())) == 3, addrs
     for name, addr in addrs.items():
@@ -159,16 +160,27 @@ def test_status_reports_the_running_cluster(slurm):
 
 
 
-def test_a_private_instance_runs_beside_the_machines_cluster(slurm, tmp_path):
-    """HPCRL_DEVSLURM_INSTANCE=7 with 2 nodes: its own controller (SLURM_CONF from `env`) runs a job
-    on c7n1/c7n2 at 127.0.7.11/12 while the machine's cluster still answers with its own nodes;
-    `down` stops it and removes its /etc/hosts lines, and the machine's cluster is still up."""
-    import os
+def free_instance() -> str:
+    """A private instance number no scripts/dev-slurm cluster runs as: 7 unless it is taken (.ci/run's second
+    cluster, or another test run's), never 8 (the 16-node test's)."""
+    for k in "763459":
+        pid = Path(f"/tmp/hpcrl-devslurm-{k}/run/slurmctld.pid")
+        try:
+            os.kill(int(pid.read_text().strip()), 0)
+        except (OSError, ValueError):
+            return k
+    pytest.fail("every private dev-slurm instance but 8 is running")
 
+
+def test_a_private_instance_runs_beside_the_machines_cluster(slurm, tmp_path):
+    """HPCRL_DEVSLURM_INSTANCE=K (7 when free) with 2 nodes: its own controller (SLURM_CONF from `env`)
+    runs a job on cKn1/cKn2 at 127.0.K.11/12 while the machine's cluster still answers with its own
+    nodes; `down` stops it and removes its /etc/hosts lines, and the machine's cluster is still up."""
     if os.geteuid() != 0:
         pytest.skip("scripts/dev-slurm up needs root")
+    inst = free_instance()
     env = {k: v for k, v in os.environ.items() if k not in ("HPCRL_DEVSLURM_DIR", "SLURM_CONF")}
-    env.update(HPCRL_DEVSLURM_INSTANCE="7", HPCRL_DEVSLURM_NODES="2")
+    env.update(HPCRL_DEVSLURM_INSTANCE=inst, HPCRL_DEVSLURM_NODES="2")
     dev = [str(REPO / "scripts" / "dev-slurm")]
     try:
         up = subprocess.run([*dev, "up"], env=env, capture_output=True, text=True, timeout=300)
@@ -181,11 +193,12 @@ def test_a_private_instance_runs_beside_the_machines_cluster(slurm, tmp_path):
         job = subprocess.run(["sbatch", "--parsable", "--wait", str(script)], env=private, capture_output=True,
                              text=True, timeout=120).stdout.strip()
         tasks = _fields((tmp_path / f"private-{job}.out").read_text(), "task")
-        assert sorted((t["node"], t["addr"]) for t in tasks) == [("c7n1", "127.0.7.11"), ("c7n2", "127.0.7.12")]
+        assert sorted((t["node"], t["addr"]) for t in tasks) == [(f"c{inst}n1", f"127.0.{inst}.11"),
+                                                                 (f"c{inst}n2", f"127.0.{inst}.12")]
         assert {"n1", "n2", "n3", "n4"} <= set(slurm_node_names())
     finally:
         subprocess.run([*dev, "down"], env=env, capture_output=True, timeout=300)
-    assert "c7n1" not in Path("/etc/hosts").read_text()
+    assert f"c{inst}n1" not in Path("/etc/hosts").read_text()
     assert {"n1", "n2", "n3", "n4"} <= set(slurm_node_names())
 
 

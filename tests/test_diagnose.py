@@ -8,10 +8,10 @@ last fitted, benchmarks/fit.py) and hand arithmetic, not re-derived with the pla
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -226,8 +226,9 @@ def test_cli_run_dir_reads_driver_log_and_breaker(tmp_path):
 def test_cli_run_dir_without_watchdog_reads_the_newest_job_log(tmp_path):
     (tmp_path / "logs").mkdir()
     (tmp_path / "logs" / "job-101.log").write_text((LOGS / "unknown.log").read_text())
-    time.sleep(0.05)
     (tmp_path / "logs" / "job-102.log").write_text((LOGS / "nccl_timeout.log").read_text())
+    older = (tmp_path / "logs" / "job-102.log").stat().st_mtime - 60
+    os.utime(tmp_path / "logs" / "job-101.log", (older, older))  # written a minute before the newest
     data = json.loads(cli(str(tmp_path), "--json").stdout)
     assert data["log"].endswith("job-102.log") and data["findings"][0]["kind"] == "nccl_timeout"
 

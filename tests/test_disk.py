@@ -230,11 +230,22 @@ def test_rollout_dumps_and_dataset_cache():
     assert got["dataset_cache"]["bytes"] == 12 * GIB
 
 
+# Each bad combination and the one line that names what is wrong with it.
+BAD_COMBINATIONS = {
+    ("--backend", "megatron"): "hpcrl: error: --backend 'megatron': valid: open-instruct, verl, openrlhf, trl",
+    ("--config", "grpo-olmo3-7b", "--learners", "4"):
+        "hpcrl: error: --learners: with --config the run's own settings count; change them with --set KEY=VALUE",
+    ("--nodes", "4",): "hpcrl: error: --nodes and --set go with --config",
+    ("--lora-hf-save", "merged"): "hpcrl: error: --lora-hf-save 'merged': valid: adapter, full",
+}
+
+
 @pytest.mark.parametrize("args", [("--backend", "megatron"), ("--config", "grpo-olmo3-7b", "--learners", "4"),
                                   ("--nodes", "4",), ("--lora-hf-save", "merged")])
 def test_plan_disk_bad_combinations_are_one_line(args):
     proc = _cli(*args)
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip() == BAD_COMBINATIONS[args]
 
 
 def test_plan_disk_config_is_what_render_checks():

@@ -149,7 +149,9 @@ def test_seed000_render_with_unknown_step_count_is_refused_naming_need_and_fixes
 
 def test_seed000_each_named_fix_renders(tmp_path):
     args = [*SEED000, *one_tb_profile(tmp_path)]
-    for setting in re.findall(r"--set (\S+=\S+) \(", hpcrl("render", *args).stderr):
+    settings = re.findall(r"--set (\S+=\S+) \(", hpcrl("render", *args).stderr)
+    assert settings  # the refusal names fixes: the loop below checks some
+    for setting in settings:
         assert hpcrl("render", *typed(args, setting)).returncode == 0, setting
 
 

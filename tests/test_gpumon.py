@@ -151,11 +151,10 @@ def test_real_run_without_gpus(tmp_path):
 def test_keep_running_until_signalled(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "hpcrl.runtime.gpumon", "--out", str(tmp_path / "g.csv"),
                              "--keep-running", "--interval", "0.1"], stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 30
-    while not (tmp_path / "g.csv").exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    time.sleep(0.3)
-    assert proc.poll() is None  # still up
+    # Handshake: its one line comes after the CSV row and the signal handlers, just before it would return.
+    assert proc.stderr.readline().startswith("gpumon: no NVIDIA GPU found")
+    with pytest.raises(subprocess.TimeoutExpired):  # still up: without --keep-running it exits at once
+        proc.wait(timeout=2)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=30) == 0
 

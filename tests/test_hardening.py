@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import pwd
 import re
 import shutil
 import signal
@@ -23,60 +22,39 @@ from pathlib import Path
 
 import pytest
 
-from helpers import scontrol_job
-from lifecycle_harness import (  # noqa: F401 - env is a fixture
+from helpers import NODE, scontrol_job
+from lifecycle_harness import (
+    as_other,
     assert_user_error,
     behave,
     config,
-    env,
+    driver_started,
     hpcrl,
+    job_processes,
+    nothing_of_the_job_left,
     ok_json,
+    other_user,
     rows,
     script,
     submit,
     wait_status,
 )
 from hpcrl.jobs.run_dir import RunDir, read_chain
-
-OTHER_USER = "hpcrl-other"
-
+from hpcrl.planning.describe import RAY_TEMP_MAX
 
 # --------------------------------------------------------------------------- helpers
 
 
-def other_user() -> str:
-    """A second, unprivileged Unix user (created here when running as root, as CI does)."""
-    try:
-        pwd.getpwnam(OTHER_USER)
-        return OTHER_USER
-    except KeyError:
-        pass
-    if os.geteuid() != 0 or shutil.which("useradd") is None:
-        pytest.skip("needs a second Unix user: run as root (CI does) or create user hpcrl-other")
-    subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", OTHER_USER],
-                   check=True, capture_output=True)
-    return OTHER_USER
-
-
-def as_other(*cmd: str) -> subprocess.CompletedProcess:
-    user = other_user()
-    return subprocess.run(list(cmd), user=user, group=pwd.getpwnam(user).pw_gid, extra_groups=[],
-                          capture_output=True, text=True, timeout=30, cwd="/")
-
-
-def job_processes(pattern: str) -> list[tuple[int, str]]:
-    """(pid, args) of every process whose command line contains pattern."""
-    out = subprocess.run(["ps", "-eww", "-o", "pid=,args="], capture_output=True, text=True).stdout
-    found = []
-    for line in out.splitlines():
-        pid, _, args = line.strip().partition(" ")
-        if pattern in args and "ps -eww" not in args:
-            found.append((int(pid), args))
+def ray_parent_of(node_dir: Path, job: str) -> Path:
+    """The private (0700) directory Ray's temp dir `ray` is in, for a job's node-local dir: node_dir
+    itself, or, where node_dir/ray is longer than Ray's socket paths allow (render.RAY_TEMP_MAX: a
+    private cluster's cKnN names and 6-digit job ids do it), the job's private dir in /tmp for the
+    same node slot (hpcrl-<job>.<slot>.XXX)."""
+    if len(str(node_dir / "ray")) <= RAY_TEMP_MAX:
+        return node_dir
+    slot = node_dir.name.split(".")[1]
+    (found,) = Path("/tmp").glob(f"hpcrl-{job}.{slot}.*")
     return found
-
-
-def driver_started(rd: RunDir, job: str):
-    return lambda _run: rd.log(job).exists() and f"wrote marker-{job}" in rd.log(job).read_text()
 
 
 def wait_until(predicate, what: str, deadline_s: float = 120, poll_s: float = 0.5):
@@ -86,19 +64,6 @@ def wait_until(predicate, what: str, deadline_s: float = 120, poll_s: float = 0.
             return value
         time.sleep(poll_s)
     pytest.fail(f"gave up waiting for {what}")
-
-
-def nothing_of_the_job_left(run_dir: Path, job: str, settle_s: float) -> list[str]:
-    """Processes still carrying the run dir or this job's node-local paths once `settle_s` passed."""
-    def left() -> list[str]:
-        procs = [a for _p, a in job_processes(str(run_dir))] + [a for _p, a in job_processes(f"hpcrl-{job}.")]
-        dirs = [str(p) for p in Path("/tmp/hpcrl-local").glob(f"*/hpcrl-{job}.*")]
-        return procs + dirs
-
-    end = time.monotonic() + settle_s
-    while (found := left()) and time.monotonic() < end:
-        time.sleep(0.5)
-    return found
 
 
 KILL_WAIT_S = 10  # scripts/dev-slurm's KillWait
@@ -121,10 +86,12 @@ def test_another_user_cannot_touch_a_running_jobs_node_local_dirs_or_metrics(slu
     for d in dirs:
         assert d.stat().st_mode & 0o777 == 0o700 and d.stat().st_uid == os.geteuid()
         assert d.parent.stat().st_mode & 0o005 == 0o005  # others may enter the parent: the 0700 is what stops them
-        sessions = list((d / "ray").glob("session_2*"))
+        parent = ray_parent_of(d, job)
+        assert parent.stat().st_mode & 0o777 == 0o700 and parent.stat().st_uid == os.geteuid()
+        sessions = list((parent / "ray").glob("session_2*"))
         assert sessions and (sessions[0] / "sockets" / "raylet").exists()
         sock = sessions[0] / "sockets" / "raylet"
-        for cmd in (["ls", str(d)], ["ls", str(sessions[0])], ["mv", str(sock), str(sock) + ".x"],
+        for cmd in (["ls", str(d)], ["ls", str(parent)], ["ls", str(sessions[0])], ["mv", str(sock), str(sock) + ".x"],
                     ["touch", str(d / "intruder")], ["touch", str(sessions[0] / "logs" / "intruder")]):
             res = as_other(*cmd)
             assert res.returncode != 0 and "Permission denied" in res.stderr, (cmd, res)
@@ -176,7 +143,7 @@ def test_old_ray_stops_the_job_before_anything_listens(slurm, env, tmp_path):
     rd = RunDir(env["root"] / "oldray")
     log = rd.log(out["job_id"]).read_text()
     assert final["reason"] == "setup-failed", log
-    assert ("Ray 2.49.2 on n" in log and "ignores token authentication (needs Ray >= 2.52)" in log
+    assert (re.search(rf"Ray 2\.49\.2 on {NODE}", log) and "ignores token authentication (needs Ray >= 2.52)" in log
             and "install ray>=2.52" in log), log
     assert not (tmp_path / "ray-started").exists()
     assert read_chain(rd)[out["job_id"]].end_reason == "setup-failed"
@@ -341,11 +308,11 @@ def test_deaf_driver_is_gone_after_a_worker_dies_and_the_run_goes_on_without_tha
     job = out["job_id"]
     rd = RunDir(env["root"] / "deaf-worker")
     wait_status(env, out["run_id"], driver_started(rd, job), "the driver to start")
-    head_ip = re.search(r"head \S+ \((127\.\d+\.\d+\.\d+)\)", rd.log(job).read_text()).group(1)
+    head, head_ip = re.search(r"head (\S+) \((127\.\d+\.\d+\.\d+)\)", rd.log(job).read_text()).groups()
     raylets = [(pid, a) for pid, a in job_processes(f"hpcrl-{job}.") if "/raylet " in a or a.endswith("/raylet")]
     workers = [(pid, a) for pid, a in raylets if f"--node_ip_address={head_ip}" not in a]
     assert len(workers) == 1, raylets
-    worker_node = re.search(r"/hpcrl-local/(n\d)/", workers[0][1]).group(1)
+    (worker_node,) = set(expand_nodelist(scontrol_job(job)["NodeList"])) - {head}  # the job's other node
     os.kill(workers[0][0], signal.SIGKILL)
     wait_until(lambda: read_chain(rd).get(job) and read_chain(rd)[job].end_reason, "the end line", 60)
     _ended_cleanly(env, rd, job, "worker-died")

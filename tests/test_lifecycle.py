@@ -25,14 +25,12 @@ import pytest
 
 from hpcrl.jobs.lifecycle import JobEvents, RunDir, read_chain
 from hpcrl.jobs.registry import Job
-from lifecycle_harness import (  # noqa: F401 - env is a fixture
+from lifecycle_harness import (
     KINDS,
     _has_renderer,
     NO_SBATCH,
     assert_user_error,
     behave,
-    config,
-    env,
     hpcrl,
     ok_json,
     rows,

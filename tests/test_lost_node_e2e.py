@@ -19,8 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import slurm_nodes
-from helpers import TERMINAL_JOB_STATES, run_hpcrl, scontrol_job, submit, wait_for_state
+from helpers import TERMINAL_JOB_STATES, run_hpcrl, scontrol_job, slurm_nodes, submit, wait_for_state
 
 pytestmark = pytest.mark.ray  # the jobs run a real Ray on the local Slurm
 

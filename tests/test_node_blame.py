@@ -13,7 +13,7 @@ import subprocess
 
 import pytest
 
-from test_render_e2e import events, fault_bin, render, wait_for_job
+from helpers import events, fault_bin, render, wait_for_job
 
 pytestmark = pytest.mark.ray
 
@@ -33,17 +33,18 @@ def ray_hangs_on(node: str) -> str:
     )
 
 
-def test_a_node_whose_ray_start_hangs_is_named_and_left_out(tmp_path, run_sbatch_and_wait, leftovers):
-    fault = fault_bin(tmp_path, ray=ray_hangs_on("n3"))
+def test_a_node_whose_ray_start_hangs_is_named_and_left_out(tmp_path, slurm, run_sbatch_and_wait, leftovers):
+    n1, n2, n3 = slurm.usable[:3]  # n3: the third node of the cluster
+    fault = fault_bin(tmp_path, ray=ray_hangs_on(n3))
     script, run_dir = render(tmp_path, f'hpcrl.env_setup=["export PATH={fault}:$PATH"]',
                              "hpcrl.failure_backoff_s=2", 'hpcrl.time="00:10:00"')  # slow bring-ups under load
-    first = run_sbatch_and_wait(script, 600, "--nodelist=n1,n2,n3")
+    first = run_sbatch_and_wait(script, 600, f"--nodelist={n1},{n2},{n3}")
     log = (run_dir / "logs" / f"job-{first.job_id}.log").read_text()
     ev = [e for e in events(run_dir) if e[0] == first.job_id]
     assert [e[1] for e in ev] == ["start", "end", "failure", "continue"], log
-    assert ev[2][3] == "ray-start-failed n3", ev
-    assert "fault injected: ray start hangs on n3" in log
-    assert "not joined: n3" in log and "not joined: n3 (127." in log, log
+    assert ev[2][3] == f"ray-start-failed {n3}", ev
+    assert f"fault injected: ray start hangs on {n3}" in log
+    assert f"not joined: {n3}" in log and f"not joined: {n3} (127." in log, log
     assert leftovers(first.job_id) == []  # the hung `ray start` (its sleep) went with the job
     nxt = ev[3][3]
     fields = wait_for_job(nxt)
@@ -51,6 +52,6 @@ def test_a_node_whose_ray_start_hangs_is_named_and_left_out(tmp_path, run_sbatch
     assert fields["JobState"] == "COMPLETED", log2
     nodes = subprocess.run(["scontrol", "show", "hostnames", fields["NodeList"]], capture_output=True,
                            text=True).stdout.split()
-    assert "n3" not in nodes and len(nodes) == 3, nodes
+    assert n3 not in nodes and len(nodes) == 3, nodes
     assert "hpcrl-smoke: ok nodes=3 gpus=12 " in log2
     assert leftovers(nxt) == []

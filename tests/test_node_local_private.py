@@ -1,6 +1,6 @@
 """The job script's private_dir, run alone in bash (no Slurm): which node-local paths it takes.
 
-As root with a second Unix user (tests/test_hardening.py's), directories are laid out as another
+As root with a second Unix user (tests/lifecycle_harness.py's other_user), directories are laid out as another
 user could leave them; private_dir must refuse (exit 3, one line naming the level) a level
 owned by that user or writable by others without the sticky bit, and otherwise make a 0700
 directory of ours under the physical path.
@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from test_contract import _bash_function, _script
-from test_hardening import as_other, other_user
+from helpers import bash_function, local_dev_script
+from lifecycle_harness import as_other, other_user
 
 
 def private_dir(tmp_path: Path, base: Path) -> subprocess.CompletedProcess:
-    fn = _bash_function(_script(tmp_path), "private_dir")
+    fn = bash_function(local_dev_script(tmp_path), "private_dir")
     return subprocess.run(["bash", "-c", fn + 'private_dir "$1" job-7.0 && echo "$PRIVATE_DIR"', "-", str(base)],
                           capture_output=True, text=True, timeout=30)
 

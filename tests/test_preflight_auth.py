@@ -38,6 +38,13 @@ def _line(sock: socket.socket) -> dict:
     return json.loads(data) if data else {}
 
 
+def _until_closed(sock: socket.socket) -> None:
+    """Handshake: read until the other end closes the connection (the first node refused it)."""
+    sock.settimeout(60)
+    while sock.recv(4096):
+        pass
+
+
 def test_intruders_on_the_rendezvous_port_are_refused_and_counted():
     first = start_collective(0, 3, PORT, 60)
     _wait_listening("127.0.0.11", PORT)  # this probe connection itself is refused too (it says nothing)
@@ -52,7 +59,8 @@ def test_intruders_on_the_rendezvous_port_are_refused_and_counted():
     posing = socket.create_connection(("127.0.0.11", PORT))
     posing.sendall((json.dumps({"node_rank": 1, "node": "n2", "addr": "127.0.0.12", "ring_port": 1,
                                 "torch": None, "gpus": 0, "why": None}) + "\n").encode())
-    time.sleep(0.5)
+    for s in (garbage, posing):  # refused before the real nodes join: the first node stops accepting then
+        _until_closed(s)
     others = [start_collective(r, 3, PORT, 60) for r in (1, 2)]
     res = collective_result(first)
     assert [collective_result(p)["error"] for p in others] == [None, None]

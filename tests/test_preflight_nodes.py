@@ -11,7 +11,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 
 from helpers import ROOT, collective_result, start_collective, submit, wait_for_state
 from hpcrl.jobs.preflight_checks import Check, gemm_check, gpu_health
@@ -124,33 +123,33 @@ def test_exclude_list_commands(tmp_path):
 def test_three_nodes_one_made_to_fail(slurm, tmp_path):
     """3 nodes of the real local Slurm: the collective runs (TCP ring: no torch here) and reports a
     bandwidth; n2, given uncorrected ECC errors by the fake-NVML hook, is named, written to the
-    exclude list and excluded by the next render. n4 is excluded first so the job lands on n1-n3."""
-    if not {"n1", "n2", "n3"} <= set(slurm.nodes):
-        pytest.skip("needs nodes n1-n3 (scripts/dev-slurm)")
+    exclude list and excluded by the next render. n4 is excluded first so the job lands on n1-n3
+    (the cluster's four nodes in order: cKn1.. on a private instance)."""
+    n1, n2, n3, n4 = slurm.usable[:4]
     data = tmp_path / "data"
-    assert hpcrl(data, "clusters", "exclude", "-c", "local-dev", "--add", "n4").returncode == 0
+    assert hpcrl(data, "clusters", "exclude", "-c", "local-dev", "--add", n4).returncode == 0
     fake = tmp_path / "nvml.json"
     broken = [{"name": "NVIDIA H200", "memory_gib": 139.8, "used_gib": 0.4, "free_gib": 139.4,
                "ecc_uncorrected_volatile": 2 if i == 1 else 0, "throttle": []} for i in range(4)]
-    fake.write_text(json.dumps({"nodes": {"n2": {"count": 4, "error": None, "devices": broken}}}))
+    fake.write_text(json.dumps({"nodes": {n2: {"count": 4, "error": None, "devices": broken}}}))
     proc = hpcrl(data, "preflight", "--cluster", "local-dev", "--nodes", "3", "--json", "--write-exclude",
                  extra={"HPCRL_PREFLIGHT_FAKE_NVML": str(fake)})
     assert proc.returncode == 1, proc.stderr
     out = json.loads(proc.stdout)
-    assert sorted(n["node"] for n in out["nodes"]) == ["n1", "n2", "n3"] and out["excluded_from_job"] == ["n4"]
-    assert out["failing_nodes"] == ["n2"] and out["ok"] is False
-    n2 = next(n for n in out["nodes"] if n["node"] == "n2")
-    assert n2["why"] == "gpu memory errors: GPU 1: 2 uncorrected ECC errors since the last reset"
-    assert all(n["status"] == "warn" for n in out["nodes"] if n["node"] != "n2")  # no GPU: said, not failed
+    assert sorted(n["node"] for n in out["nodes"]) == [n1, n2, n3] and out["excluded_from_job"] == [n4]
+    assert out["failing_nodes"] == [n2] and out["ok"] is False
+    bad = next(n for n in out["nodes"] if n["node"] == n2)
+    assert bad["why"] == "gpu memory errors: GPU 1: 2 uncorrected ECC errors since the last reset"
+    assert all(n["status"] == "warn" for n in out["nodes"] if n["node"] != n2)  # no GPU: said, not failed
     coll = out["collective"]
     assert coll["method"] == "tcp-ring" and coll["world"] == 3 and coll["verified"] is True
     assert {r["op"] for r in coll["results"]} == {"all_reduce", "all_gather"}
-    assert all(r["busbw_gbs"] > 0 for r in coll["results"]) and coll["slowest_node"] in {"n1", "n2", "n3"}
-    assert out["exclude"]["added"] == ["n2"] and out["exclude"]["nodes"] == ["n4", "n2"]
+    assert all(r["busbw_gbs"] > 0 for r in coll["results"]) and coll["slowest_node"] in {n1, n2, n3}
+    assert out["exclude"]["added"] == [n2] and out["exclude"]["nodes"] == [n4, n2]
     listed = json.loads(hpcrl(data, "clusters", "exclude", "-c", "local-dev", "--json").stdout)[0]["nodes"]
-    assert listed[1]["node"] == "n2" and listed[1]["reason"].startswith(f"preflight job {out['job_id']}: gpu memory")
+    assert listed[1]["node"] == n2 and listed[1]["reason"].startswith(f"preflight job {out['job_id']}: gpu memory")
     script = hpcrl(data, "render", "--cluster", "local-dev", "--nodes", "2", "--config", "grpo-olmo3-7b").stdout
-    assert "#SBATCH --exclude=n4,n2\n" in script
+    assert f"#SBATCH --exclude={n4},{n2}\n" in script
     assert_documented(out)
 
 
@@ -198,17 +197,16 @@ def test_job_nodes_is_the_task_order(slurm, tmp_path):
     which is how preflight names the node of a task that gave no report."""
     from hpcrl.jobs import slurm as hslurm
 
-    if len(slurm.nodes) < 3:
-        pytest.skip("needs 3 nodes (scripts/dev-slurm)")
+    n1, n2, n3, n4 = slurm.usable[:4]
     script = tmp_path / "order.sh"
     script.write_text("#!/bin/bash\n#SBATCH --nodes=3\n#SBATCH --ntasks-per-node=1\n#SBATCH --time=00:02:00\n"
                       f"#SBATCH --output={tmp_path}/order-%j.out\n"
                       "srun bash -c 'echo task=$SLURM_PROCID node=$SLURMD_NODENAME'\nsleep 5\n")
-    job = submit(script, "--nodelist=n4,n2,n3")
+    job = submit(script, f"--nodelist={n4},{n2},{n3}")
     wait_for_state(job, {"RUNNING", "COMPLETED"}, 120)
     names = hslurm.job_nodes(job)
     wait_for_state(job, {"COMPLETED"}, 120)
     out = (tmp_path / f"order-{job}.out").read_text()
     tasks = dict(re.findall(r"^task=(\d+) node=(\S+)$", out, re.M))
-    assert names == [tasks[str(i)] for i in range(3)] and sorted(names) == ["n2", "n3", "n4"], (names, out)
+    assert names == [tasks[str(i)] for i in range(3)] and sorted(names) == [n2, n3, n4], (names, out)
     assert hslurm.job_nodes("999999999") == []

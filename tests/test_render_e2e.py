@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_sbatch_and_wait as sbatch_and_wait
+from helpers import NODE, events, fault_bin, job_nodes, render, run_sbatch_and_wait as sbatch_and_wait, wait_for_job
 
 pytestmark = pytest.mark.ray  # every job here runs a real Ray on the local Slurm
 
@@ -35,37 +35,11 @@ def _ray_installed():
         pytest.skip(why)
 
 
-RUN_NAME = "smoke3"
-
-
-def render(tmp_path: Path, *sets: str, config: str | None = None, nodes: int = 3) -> tuple[Path, Path]:
-    """`hpcrl render --cluster local-dev --nodes 3 --smoke` (the default 32B config's layout, or
-    `config`'s) into tmp_path, with a private run root and no virtualenv to activate; return
-    (script, run dir). More nodes than local-dev's partitions name (4) are allowed over the limit."""
-    script = tmp_path / "smoke3.sbatch"
-    args = [sys.executable, "-m", "hpcrl", "render", "--cluster", "local-dev", "--nodes", str(nodes), "--smoke",
-            *(["--allow-over-limit"] if nodes > 4 else []),
-            *(["--config", config] if config else []),
-            "--set", f"hpcrl.run_root={tmp_path / 'runs'}", "--set", f"hpcrl.run_name={RUN_NAME}",
-            "--set", 'hpcrl.time="00:05:00"',  # the config's env_setup (a venv this machine lacks) is only warned about
-            *(a for s in sets for a in ("--set", s)), "-o", str(script)]
-    env = {k: v for k, v in os.environ.items() if k != "HPCRL_CLUSTERS_DIR"}
-    out = subprocess.run(args, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
-    assert out.returncode == 0, out.stderr
-    run_dir = tmp_path / "runs" / RUN_NAME
-    (run_dir / "logs").mkdir(parents=True)  # as hpcrl submit does: Slurm opens --output there
-    return script, run_dir
-
-
 def planned(script: Path) -> tuple[str, str, str]:
     """The smoke test's --learners, --engines and --tp as rendered."""
     m = re.search(r"--learners '?([\d ]+)'? --engines (\d+) --tp (\d+)", script.read_text())
     assert m, "no smoke command in the script"
     return m.group(1), m.group(2), m.group(3)
-
-
-def events(run_dir: Path) -> list[list[str]]:
-    return [ln.split("\t") for ln in (run_dir / "hpcrl" / "jobs.tsv").read_text().splitlines()]
 
 
 def ray_fails_in_step(node: str = "", once_dir: Path | None = None) -> str:
@@ -88,16 +62,6 @@ def ray_fails_in_step(node: str = "", once_dir: Path | None = None) -> str:
     )
 
 
-def fault_bin(tmp_path: Path, **programs: str) -> Path:
-    """A directory of executable stand-ins (name -> script text), to put first on the job's PATH."""
-    fault = tmp_path / "faultbin"
-    fault.mkdir()
-    for name, text in programs.items():
-        (fault / name).write_text(text)
-        (fault / name).chmod(0o755)
-    return fault
-
-
 # The job's phases in order, as issue 22 names them.
 PHASES = ["environment", "stack_check", "head", "workers", "readiness", "services", "driver", "stop"]
 
@@ -118,7 +82,7 @@ def test_smoke_job_three_nodes(tmp_path, run_sbatch_and_wait, leftovers):
     entries = [int(k) for k in learners.split()]
     assert f"learners={entries} learner_nodes={len(entries)} engines={engines} tp={tp} " in log
     assert "hpcrl: Ray has 3/3 nodes, 12/12 GPUs" in log
-    assert log.count("hpcrl: ray on n") == 2 and "exited with code" not in log  # workers stopped cleanly
+    assert len(re.findall(rf"hpcrl: ray on {NODE}", log)) == 2 and "exited with code" not in log  # workers stopped cleanly
     ev = events(run_dir)
     assert [e[1] for e in ev] == ["start", "end"] and ev[-1][3] == "completed:0"
     assert all(e[0] == job.job_id for e in ev)
@@ -183,40 +147,46 @@ def test_worker_that_cannot_start_fails_the_job_at_once(tmp_path, run_sbatch_and
     job = run_sbatch_and_wait(script, 600)
     log = (run_dir / "logs" / f"job-{job.job_id}.log").read_text()
     assert job.state == "FAILED", log
-    assert "fault injected: ray cannot start on n" in log
+    assert re.search(rf"fault injected: ray cannot start on {NODE}", log)
     assert re.search(r"the worker step \(srun \.\.\. ray start on the other nodes\) exited with code \d+ "
                      r"before all nodes joined", log)
     ev = events(run_dir)
     assert [e[1] for e in ev] == ["start", "end"] and ev[-1][3] == "ray-start-failed:1"
     assert "hpcrl-smoke" not in log  # the driver never started
-    assert re.search(r"\[n\d\] hpcrl: ray start on n\d exited with code 1 \(attempt 1 of 3\); retrying in 2 s", log)
+    assert re.search(rf"\[{NODE}\] hpcrl: ray start on {NODE} exited with code 1 \(attempt 1 of 3\); retrying in 2 s", log)
     assert "not continuing after ray-start-failed: 0 continuations of this kind submitted already" in log
-    worker_logs = sorted(p.name for p in (run_dir / "logs").glob(f"worker-n*-{job.job_id}.log"))
+    worker_logs = sorted(p.name for p in (run_dir / "logs").glob(f"worker-*-{job.job_id}.log"))
     assert len(worker_logs) == 2 and all("fault injected" in (run_dir / "logs" / n).read_text() for n in worker_logs)
     assert leftovers(job.job_id) == []
 
 
 def test_worker_stopped_while_it_sets_up_leaves_nothing_behind(tmp_path, run_sbatch_and_wait, leftovers):
-    """One worker is slow right after creating its node-local directories (a `mkdir` that
-    sleeps inside the srun step); `ray start` fails on the other. srun's --kill-on-bad-exit then
-    signals the slow worker before it has started Ray: its directories must still go."""
-    real_mkdir = shutil.which("mkdir")
-    assert real_mkdir
+    """One worker is slow right after creating its node-local directories (inside the srun step, the
+    `mkdir` of Ray's dir under them, or where that path is too long for Ray's sockets the `cp` into
+    its /tmp dir, sleeps); `ray start` fails on the other. srun's --kill-on-bad-exit then signals the
+    slow worker before it has started Ray: its directories must still go."""
+    real_mkdir, real_cp = shutil.which("mkdir"), shutil.which("cp")
+    assert real_mkdir and real_cp
     claim = tmp_path / "slow-node"
-    slow_mkdir = (
-        "#!/bin/bash\n"
-        f'{real_mkdir} "$@" || exit\n'
-        f'if [[ -n ${{SLURM_STEP_ID:-}} && "$*" == *hpcrl-local* ]] && {real_mkdir} {claim} 2>/dev/null; then\n'
-        '    echo "fault injected: $SLURMD_NODENAME is slow after creating its directories" >&2\n'
-        "    sleep 4\n"
-        "fi\n"
-    )
-    fault = fault_bin(tmp_path, ray=ray_fails_in_step(), mkdir=slow_mkdir)
+
+    def slow(real: str, after: str) -> str:
+        return (
+            "#!/bin/bash\n"
+            f'{real} "$@" || exit\n'
+            f'if [[ -n ${{SLURM_STEP_ID:-}} && "$*" == *{after}* ]] && {real_mkdir} {claim} 2>/dev/null; then\n'
+            '    echo "fault injected: $SLURMD_NODENAME is slow after creating its directories" >&2\n'
+            "    sleep 4\n"
+            "fi\n"
+        )
+
+    fault = fault_bin(tmp_path, ray=ray_fails_in_step(), mkdir=slow(real_mkdir, "hpcrl-local"),
+                      cp=slow(real_cp, "hpcrl-owner"))
     script, run_dir = render(tmp_path, f'hpcrl.env_setup=["export PATH={fault}:$PATH"]', "hpcrl.max_failure_restarts=0")
     job = run_sbatch_and_wait(script, 600)
     log = (run_dir / "logs" / f"job-{job.job_id}.log").read_text()
     assert job.state == "FAILED", log
-    assert "is slow after creating its directories" in log and "fault injected: ray cannot start on n" in log
+    assert "is slow after creating its directories" in log and re.search(
+        rf"fault injected: ray cannot start on {NODE}", log)
     assert events(run_dir)[-1][3] == "ray-start-failed:1"
     assert leftovers(job.job_id) == [], log
 
@@ -274,9 +244,9 @@ def test_code_server_that_never_answers_fails_the_job(tmp_path, run_sbatch_and_w
     job = run_sbatch_and_wait(script, 600)
     log = (run_dir / "logs" / f"job-{job.job_id}.log").read_text()
     assert job.state == "FAILED", log
-    assert "code-server on n" in log and "exited before it answered" in log
+    assert re.search(rf"code-server on {NODE}", log) and "exited before it answered" in log
     ends = [e for e in events(run_dir) if e[1] == "end"]
-    assert ends[-1][3].startswith("service-failed:") or ends[-1][3].startswith("ray-start-failed:"), ends
+    assert ends[-1][3].startswith("service-failed:"), ends  # on the head, or a worker's blame seen at readiness
     assert "hpcrl-smoke" not in log
     assert leftovers(job.job_id) == []
 
@@ -290,43 +260,38 @@ def test_a_worker_whose_ray_start_fails_once_is_retried(tmp_path, run_sbatch_and
     job = run_sbatch_and_wait(script, 600)
     log = (run_dir / "logs" / f"job-{job.job_id}.log").read_text()
     assert job.state == "COMPLETED", log
-    assert log.count("fault injected: ray cannot start on n") == 2
-    assert len(re.findall(r"ray start on n\d exited with code 1 \(attempt 1 of 3\); retrying", log)) == 2
+    assert len(re.findall(rf"fault injected: ray cannot start on {NODE}", log)) == 2
+    assert len(re.findall(rf"ray start on {NODE} exited with code 1 \(attempt 1 of 3\); retrying", log)) == 2
     assert "hpcrl-smoke: ok nodes=3 gpus=12 " in log
     assert [e[1] for e in events(run_dir)] == ["start", "end"]
-    assert sorted(p.name for p in (run_dir / "logs" / "ray" / job.job_id).iterdir()) == ["n1", "n2", "n3"]
+    assert sorted(p.name for p in (run_dir / "logs" / "ray" / job.job_id).iterdir()) == sorted(job_nodes(job.job_id))
     assert leftovers(job.job_id) == []
 
 
-def wait_for_job(job_id: str, timeout: float = 600) -> dict:
-    from helpers import TERMINAL_JOB_STATES, wait_for_state
-
-    return wait_for_state(job_id, TERMINAL_JOB_STATES, timeout)
-
-
-def test_a_node_whose_ray_start_always_fails_is_left_out_of_the_continuation(tmp_path, run_sbatch_and_wait,
+def test_a_node_whose_ray_start_always_fails_is_left_out_of_the_continuation(tmp_path, slurm, run_sbatch_and_wait,
                                                                              leftovers):
-    """`ray start` always fails on n2: the job ends ray-start-failed blaming n2, one failure
-    continuation runs on three other nodes (local-dev has four) and its smoke passes; the Ray
+    """`ray start` always fails on the second node (n2): the job ends ray-start-failed blaming it, one
+    failure continuation runs on three other nodes (local-dev has four) and its smoke passes; the Ray
     session logs of every node of it are kept in logs/ray/<job>/."""
-    fault = fault_bin(tmp_path, ray=ray_fails_in_step(node="n2"))
+    n1, n2, n3 = slurm.usable[:3]
+    fault = fault_bin(tmp_path, ray=ray_fails_in_step(node=n2))
     script, run_dir = render(tmp_path, f'hpcrl.env_setup=["export PATH={fault}:$PATH"]', "hpcrl.failure_backoff_s=2")
-    first = run_sbatch_and_wait(script, 600, "--nodelist=n1,n2,n3")
+    first = run_sbatch_and_wait(script, 600, f"--nodelist={n1},{n2},{n3}")
     log = (run_dir / "logs" / f"job-{first.job_id}.log").read_text()
     assert first.state == "FAILED", log
     ev = [e for e in events(run_dir) if e[0] == first.job_id]  # the continuation may have started already
     kinds = [e[1] for e in ev]
     assert kinds == ["start", "end", "failure", "continue"], ev
-    assert ev[1][3] == "ray-start-failed:1" and ev[2][3] == "ray-start-failed n2"
+    assert ev[1][3] == "ray-start-failed:1" and ev[2][3] == f"ray-start-failed {n2}"
     nxt = ev[3][3]
-    assert (run_dir / "hpcrl" / "excluded-nodes").read_text().split() == ["n2"]
+    assert (run_dir / "hpcrl" / "excluded-nodes").read_text().split() == [n2]
     fields = wait_for_job(nxt)
     log2 = (run_dir / "logs" / f"job-{nxt}.log").read_text()
     assert fields["JobState"] == "COMPLETED", log2
     assert "hpcrl-smoke: ok nodes=3 gpus=12 " in log2
     nodes = subprocess.run(["scontrol", "show", "hostnames", fields["NodeList"]], capture_output=True,
                            text=True).stdout.split()
-    assert "n2" not in nodes and len(nodes) == 3
+    assert n2 not in nodes and len(nodes) == 3
     kept = sorted(p.name for p in (run_dir / "logs" / "ray" / nxt).iterdir())
     assert kept == sorted(nodes), kept
     for node in kept:

@@ -23,8 +23,7 @@ from pathlib import Path
 import pytest
 
 from hpcrl.jobs.run_dir import RunDir, read_chain
-from lifecycle_harness import behave, config, env, hpcrl, ok_json, wait_status  # noqa: F401 - env is a fixture
-from test_hardening import driver_started, nothing_of_the_job_left
+from lifecycle_harness import behave, config, driver_started, hpcrl, nothing_of_the_job_left, ok_json, wait_status
 
 KILL_WAIT_S = 10  # scripts/dev-slurm's KillWait
 # linux/fs.h: _IOR('X', 125, __u32), shared by ext4 and XFS; flag 2 = shut down without flushing the log.

@@ -15,15 +15,17 @@ from pathlib import Path
 
 import pytest
 
-from lifecycle_harness import (  # noqa: F401 - env is a fixture
+from lifecycle_harness import (
+    as_other,
     behave,
     config,
-    env,
+    driver_started,
     hpcrl,
+    job_processes,
     ok_json,
+    other_user,
     wait_status,
 )
-from test_hardening import as_other, driver_started, job_processes, other_user
 from hpcrl.jobs.run_dir import RunDir, read_chain
 
 
@@ -46,9 +48,11 @@ def submit_to_the_end(env, cfg: Path, reason: str) -> tuple[dict, RunDir, str]:
 
 @pytest.mark.parametrize("mode,node", [(0o755, "n2"), (0o777, "n2"), (0o777, "n1")])
 def test_a_node_local_parent_of_another_user_is_refused_without_blaming_the_node(slurm, env, mode, node):
-    """Another user made the node-local parent of `node` (n1 runs the head, n2 the worker):
-    the job ends node-local-unsafe naming that directory and its owner, no node is blamed or
-    excluded, no continuation is submitted and nothing was created in it."""
+    """Another user made the node-local parent of `node` (n1, the cluster's first node, runs the head;
+    n2 the worker): the job ends node-local-unsafe naming that directory and its owner, no node is
+    blamed or excluded, no continuation is submitted and nothing was created in it."""
+    first, second, *others = slurm.usable
+    node = {"n1": first, "n2": second}[node]  # this cluster's names (cKnN on a private instance)
     user = other_user()
     base = Path(f"/tmp/hpcrl-nl-{uuid.uuid4().hex[:8]}")
     base.mkdir()
@@ -60,7 +64,8 @@ def test_a_node_local_parent_of_another_user_is_refused_without_blaming_the_node
         assert foreign.stat().st_uid == pwd.getpwnam(user).pw_uid
         profile_with_node_local(env, base)
         behave(env, sleep=30)
-        cfg = config(env, "foreign", nodes=2, hpcrl_extra="  exclude_nodes: [n3, n4]\n  failure_backoff_s: 2\n")
+        cfg = config(env, "foreign", nodes=2,
+                     hpcrl_extra=f"  exclude_nodes: [{', '.join(others)}]\n  failure_backoff_s: 2\n")
         out, rd, log = submit_to_the_end(env, cfg, "node-local-unsafe")
         assert f"{foreign} (in the node-local path {foreign}) belongs to {user}, not to root" in log, log
         chain = read_chain(rd)

@@ -197,7 +197,7 @@ def test_in_a_slurm_job_on_n1_the_line_lands_in_the_job_s_output(slurm, run_sbat
     site = stand_in(tmp_path, env)
     (tmp_path / "expect.json").write_text(json.dumps(verl_expect()))
     script = tmp_path / "job.sh"
-    script.write_text(f"#!/bin/bash\n#SBATCH --nodelist=n1 --time=2 --output={tmp_path}/job.out\n"
+    script.write_text(f"#!/bin/bash\n#SBATCH --nodelist={slurm.usable[0]} --time=2 --output={tmp_path}/job.out\n"
                       f"export PYTHONPATH={site}{os.pathsep}{ROOT}\n"
                       f"{sys.executable} -m hpcrl.runtime.stack --expect {tmp_path}/expect.json "
                       f"--python {sys.executable} -- trainer.nnodes=1\n")

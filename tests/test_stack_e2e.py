@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from lifecycle_harness import env, hpcrl, ok_json, wait_status  # noqa: F401 - env is a fixture
+from lifecycle_harness import hpcrl, ok_json, wait_status
 from hpcrl.jobs.run_dir import RunDir, read_chain
 
 def stand_in_verl(site: Path, version: str) -> None:

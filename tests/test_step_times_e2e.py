@@ -14,7 +14,7 @@ import math
 import subprocess
 from pathlib import Path
 
-from lifecycle_harness import config, env, hpcrl, ok_json, wait_status  # noqa: F401 - env is a fixture
+from lifecycle_harness import config, hpcrl, ok_json, wait_status
 
 FAKE = r'''
 import json, os, sys, time

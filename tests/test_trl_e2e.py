@@ -17,7 +17,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 
 from helpers import ROOT, TERMINAL_JOB_STATES, submit, wait_for_state
 

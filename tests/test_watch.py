@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from helpers import assert_user_error
-from lifecycle_harness import config, env, hpcrl, ok_json, wait_status
+from lifecycle_harness import config, hpcrl, ok_json, wait_status
 from watch_harness import (FETCHES, Page, counting_slurm, dead_slurm, fake_open_instruct, frame_step, registry_rows,
                            reward_text, tree)
 

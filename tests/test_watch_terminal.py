@@ -12,7 +12,7 @@ import sys
 import time
 
 import pytest
-from lifecycle_harness import config, env, hpcrl, ok_json
+from lifecycle_harness import config, hpcrl, ok_json
 from watch_harness import fake_open_instruct, frame_step
 
 WIDTH, HEIGHT = 120, 45

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -310,10 +311,17 @@ def _wait_for(path: Path) -> None:
     assert path.exists()
 
 
+def _driver_talking(proc: subprocess.Popen) -> None:
+    """Handshake: the driver's first line came out through the watchdog. The feeder installs its signal
+    handlers before it prints, and the watchdog its forwarders before it pumps the driver's output."""
+    ready, _, _ = select.select([proc.stdout], [], [], TIMEOUT)
+    assert ready and proc.stdout.readline(), f"no driver output through the watchdog in {TIMEOUT} s"
+
+
 def test_sigusr1_is_forwarded_to_the_driver(tmp_path):
     proc, run_dir, pids = watch(tmp_path, "grpo_fast_healthy.log", after="usr1", wait=False)
     _wait_for(pids)
-    time.sleep(0.5)  # let the feeder install its handler and print
+    _driver_talking(proc)
     proc.send_signal(signal.SIGUSR1)
     out, err = proc.communicate(timeout=TIMEOUT)
     assert proc.returncode == 7, err.decode()
@@ -324,6 +332,7 @@ def test_sigusr1_is_forwarded_to_the_driver(tmp_path):
 def test_sigterm_is_forwarded_and_the_signal_exit_reported(tmp_path):
     proc, run_dir, pids = watch(tmp_path, "grpo_fast_healthy.log", wait=False)
     _wait_for(pids)
+    _driver_talking(proc)
     proc.send_signal(signal.SIGTERM)
     proc.communicate(timeout=TIMEOUT)
     assert proc.returncode == 128 + signal.SIGTERM
@@ -335,7 +344,7 @@ def test_a_driver_deaf_to_sigterm_is_killed_after_the_grace(tmp_path):
     after --kill-grace-seconds (2 here) instead of outliving the job."""
     proc, run_dir, pids = watch(tmp_path, "grpo_fast_healthy.log", after="deaf", wait=False)
     _wait_for(pids)
-    time.sleep(0.5)
+    _driver_talking(proc)
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=TIMEOUT)
     assert b"ignored the stop signal for 2 s: killing its process group" in err

@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         # Usage errors (bad option, missing value) are user errors too. Typer may vendor
         # its own click, so recognise them by shape rather than by class.
         if hasattr(exc, "format_message") and hasattr(exc, "exit_code"):
-            if type(exc).__name__ == "NoArgsIsHelpError":
+            if type(exc).__name__ == "NoArgsIsHelpError" and hasattr(exc, "show"):
                 exc.show()  # a bare group: its help on stderr, exit 2, as click's standalone mode does
                 return 2
             sys.stderr.write(f"hpcrl: error: {exc.format_message()}\n")

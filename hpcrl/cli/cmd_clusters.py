@@ -138,7 +138,7 @@ def show(
     if as_json:
         print_json(profile.model_dump(mode="json"))
         return
-    where = cluster_file or profile_files().get(profile.name, "?")
+    where = cluster_file or profile_files().get(profile.name) or "?"
     _print_profile(profile, str(where))
 
 

@@ -34,8 +34,8 @@ def plan_cmd(
         return
     for a in rp.assumptions:
         assumed(a)
-    for w in rp.warnings:
-        warn(w)
+    for message in rp.warnings:
+        warn(message)
     w = rp.workload
     console.print(
         f"[bold]{w.model.name}[/] on {rp.nodes} x {rp.profile.name} "

@@ -33,7 +33,6 @@ def report_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON (stable schema)"),
 ) -> None:
     """What a run did: jobs and durations, nodes, final state and reason, checkpoints, last metrics, peak GPU memory."""
-    from hpcrl.errors import HpcrlError
     from hpcrl.logs import report as rp
 
     for flag, target in (("--markdown", markdown), ("--plot", plot), ("--html", html)):

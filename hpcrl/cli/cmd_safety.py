@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 
 from hpcrl.cli.app import app
 from hpcrl.cli.output import console, print_json, table
 from hpcrl.errors import HpcrlError
+
+if TYPE_CHECKING:
+    from hpcrl.logs.driver_cmdline import DriverCommand
 
 GIB = 2**30  # as hpcrl.planning.disk.GIB, without importing the planner
 
@@ -97,7 +100,7 @@ def diagnose_cmd(
         raise SystemExit(2)
 
 
-def _run_files(run_dir: Path) -> tuple[dict | None, object]:
+def _run_files(run_dir: Path) -> tuple[dict | None, DriverCommand | None]:
     """A run directory's plan.json and the driver command of its job.sbatch (None where absent)."""
     from hpcrl.logs.driver_cmdline import from_script  # noqa: PLC0415
 

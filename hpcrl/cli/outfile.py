@@ -65,9 +65,10 @@ def output_target(path: Path | str, flag: str, *, stdout_ok: bool = True) -> Pat
     return target
 
 
-def write_output(path: Path | str, data: str | bytes, flag: str, mode: int = 0o644, *, stdout_ok: bool = True) -> None:
-    """Write data where `flag PATH` says (output_target's rules): whole or not at all; a file replaced keeps its
-    mode, a new one gets `mode`."""
+def write_output(path: Path | str, data: str | bytes, flag: str, mode: int | None = None, *,
+                 stdout_ok: bool = True) -> None:
+    """Write data where `flag PATH` says (output_target's rules): whole or not at all, with `mode` (None: a file
+    replaced keeps its mode, a new one is 0644)."""
     target = output_target(path, flag, stdout_ok=stdout_ok)
     raw = data.encode() if isinstance(data, str) else data
     if target is None:
@@ -77,7 +78,7 @@ def write_output(path: Path | str, data: str | bytes, flag: str, mode: int = 0o6
         return
     tmp = None
     try:
-        keep = target.stat().st_mode & 0o7777 if target.exists() else mode  # a file replaced keeps its mode
+        keep = mode if mode is not None else target.stat().st_mode & 0o7777 if target.exists() else 0o644
         fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
         with os.fdopen(fd, "wb") as fh:
             fh.write(raw)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import sys
@@ -14,7 +13,7 @@ class _LazyConsole:
 
     def __init__(self, stderr: bool) -> None:
         self._stderr = stderr
-        self._console = None
+        self._console: Any = None  # a rich.console.Console once made
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._get(), name)

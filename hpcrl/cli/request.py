@@ -65,7 +65,7 @@ def run_request_options(*, smoke: bool) -> Callable[[Callable[..., Any]], Callab
 
         # Typer reads a command's options from its signature and type hints: give it both, resolved.
         params = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in (*added, *own)]
-        with_request.__signature__ = inspect.Signature(params)
+        with_request.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
         with_request.__annotations__ = {p.name: p.annotation for p in params}
         return with_request
 

@@ -129,11 +129,11 @@ def edit(cluster: str | None, add_nodes: list[str], remove_nodes: list[str], cle
         raise HpcrlError("--add, --remove and --clear change one cluster's list: pass --cluster C")
     if clear and (add_nodes or remove_nodes):
         raise HpcrlError("--clear empties the list: give it alone, not with --add or --remove")
-    if clear:
+    if clear and cluster:
         remove(cluster)
-    if remove_nodes:
+    if remove_nodes and cluster:
         remove(cluster, remove_nodes)
-    if add_nodes:
+    if add_nodes and cluster:
         add(cluster, {n: reason for n in add_nodes})
     if cluster:
         return [load(cluster)]

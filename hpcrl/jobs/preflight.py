@@ -58,7 +58,7 @@ def target(cluster: str | None = None, partition: str | None = None, config: str
             notes.append(f"plan not made ({exc}); disk need unknown")
     profile = rp.profile if rp else resolve_profile(cluster or (cfg.hpcrl.cluster if cfg else None))
     hp = cfg.hpcrl if cfg else None
-    spec = {
+    spec: dict[str, Any] = {
         "env": dict(profile.env, HF_HOME=profile.storage.hf_home),
         "hf_home": profile.storage.hf_home,
         "node_local": profile.storage.node_local.path,
@@ -77,7 +77,7 @@ def target(cluster: str | None = None, partition: str | None = None, config: str
     package = get_backend(hp.backend if hp else default_backend()).command_facts.package
     spec["modules"] = [*preflight_probe.STACK, *([package] if package else [])]
 
-    spec["collective_files"] = {Path(m.__file__).name: Path(m.__file__).read_text()
+    spec["collective_files"] = {Path(str(m.__file__)).name: Path(str(m.__file__)).read_text()
                                 for m in (preflight_collective, preflight_link)}
     spec["collective_args"] = COLLECTIVE_ARGS
     if cfg:
@@ -107,7 +107,7 @@ def stack_spec(cfg: Any, rp: Any, arch: str, run_root: str) -> dict[str, Any]:
     if expect is None:
         return {}
     argv = stack_expect.driver_argv(backend.driver_command(rp), f"{run_root}/preflight-run") if rp else []
-    return {"stack_expect": expect, "stack_argv": argv, "stack_files": {Path(m.__file__).name: Path(m.__file__).read_text()
+    return {"stack_expect": expect, "stack_argv": argv, "stack_files": {Path(str(m.__file__)).name: Path(str(m.__file__)).read_text()
                                                                           for m in (stack, stack_parse)},
             "modules": list(dict.fromkeys(["torch", *(p["module"] for p in expect["packages"])]))}
 
@@ -131,7 +131,7 @@ def _folder(explicit: str | None, t: Target) -> Path:
 
 
 def run_probe(t: Target, *, nodes: int = 1, folder: str | None = None, wait_s: float = 900,
-              time_min: int = 15) -> tuple[list[dict], list[str], str]:
+              time_min: int = 15) -> tuple[list[dict], list[dict], str]:
     """Submit the probe to `nodes` nodes (one task each) with submitit; returns the reports,
     the tasks that gave none ({"task", "node" (None when Slurm no longer says), "why"}), and the
     job id."""
@@ -158,10 +158,10 @@ def run_probe(t: Target, *, nodes: int = 1, folder: str | None = None, wait_s: f
         params["additional_parameters"] = {"gpus": number}
     else:
         params[name.replace("-", "_")] = number
-    for key, value in (("partition", t.partition), ("account", t.account), ("qos", t.qos),
+    for key, given in (("partition", t.partition), ("account", t.account), ("qos", t.qos),
                        ("constraint", p.slurm.constraint), ("exclude", ",".join(t.exclude))):
-        if value:
-            params[key] = value
+        if given:
+            params[key] = given
     if p.slurm.exclusive:
         params["exclusive"] = True
     ex.update_parameters(**params)
@@ -180,7 +180,8 @@ def run_probe(t: Target, *, nodes: int = 1, folder: str | None = None, wait_s: f
             cloudpickle.unregister_pickle_by_value(mod)
     tasks = [job.task(i) for i in range(nodes)] if nodes > 1 else [job]
     _wait(job.job_id, [tk.paths.result_pickle for tk in tasks], wait_s, job.paths.stderr)
-    reports, lost = [], []
+    reports: list[dict] = []
+    lost: list[dict[str, Any]] = []
     for i, tk in enumerate(tasks):
         try:
             reports.append(tk.result())

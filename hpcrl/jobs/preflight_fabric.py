@@ -46,7 +46,7 @@ def collective_summary(first: dict | None, nodes: list[str]) -> dict:
                 "checks": [Check("collective", "fail", err)._asdict()]}
     method, world = first.get("method"), first.get("world") or len(first.get("nodes") or [])
     s = {"method": method, "world": world, "verified": first.get("verified"), "error": first.get("error"),
-         "note": METHOD_NOTE.get(method), "missing": first.get("missing", []), "results": [], "p2p": [],
+         "note": METHOD_NOTE.get(method) if method else None, "missing": first.get("missing", []), "results": [], "p2p": [],
          "slowest_node": None, "why_not_torch": first.get("why_not_torch", [])}
     rows: list[Check] = []
     if first.get("error"):

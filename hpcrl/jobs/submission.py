@@ -5,7 +5,6 @@ from its lines)."""
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
 import shlex

@@ -185,7 +185,7 @@ def plan_prune(checkpoints: list[Checkpoint], keep: int, now: float, recent_s: f
 
 def apply_prune(plan: PrunePlan, now_fn: Callable[[], float], recent_s: float = RECENT_S) -> list[Path]:
     """Delete what the plan says, re-checking each directory just before; returns what was deleted."""
-    deleted = []
+    deleted: list[Path] = []
     for c in plan.delete:
         fresh = _checkpoint(c.path, c.kind, c.step) if c.path.is_dir() else None
         if fresh is None or not fresh.complete or now_fn() - fresh.modified < recent_s:

@@ -100,6 +100,7 @@ def rule_cuda_oom(lines: list[str], text: str, ctx: Context) -> Finding | None:
     alloc, cap = _grab("", text, "is allocated by PyTorch"), _capacity(text, ctx)
     nums = {"tried_gib": tried, "free_gib": free, "allocated_by_pytorch_gib": alloc, "capacity_gib": cap}
     pat = re.compile(_OOM.pattern + r"|Tried to allocate|is allocated by PyTorch")
+    fixes: list[str] | str  # the planner's fixes, or why it cannot give any
     if ctx.facts.engines and _in_engine(lines, hits[0]):
         fixes, d = engine_fixes(ctx, cap, _seq_len(ctx))
         return _find("vllm_cuda_oom", "A vLLM engine ran out of GPU memory while starting (weights, profiling or "
@@ -107,9 +108,10 @@ def rule_cuda_oom(lines: list[str], text: str, ctx: Context) -> Finding | None:
                      _or_unknown(fixes, ctx), lines, pat, {**nums, **d})
     bad = _inconsistent(nums)
     # Figures that contradict the GPU (edited text, or a message pasted from another run) are not used to scale.
-    known = ctx.spec() is not None
+    spec = ctx.spec()
+    known = spec is not None
     fixes, d = learner_fixes(ctx, cap, None if bad else (alloc or 0.0) + (tried or 0.0) or None) if known else ([], {})
-    d = {**d, "inconsistent": bad, "model": ctx.spec().name if known else None,
+    d = {**d, "inconsistent": bad, "model": spec.name if spec is not None else None,
          "note": "more allocated than the GPU holds: the text may be edited" if alloc and alloc > cap else None}
     said = f"asked for {tried:.2f} GiB more" if tried else "ran out of memory"
     held = f" with {alloc:.2f} GiB already allocated by PyTorch" if alloc else ""

@@ -120,7 +120,7 @@ def colocated_fixes(ctx: Context, capacity_gib: float) -> tuple[list[str], dict]
         return [], {**details, "planner_fits": True}
     planned = {ctx.key("micro"): micro, ctx.key("param_offload"): po, ctx.key("offload"): oo, ctx.key("util"): util}
     free = {k: v for k, v in cfg.args.items() if k not in planned and k not in (ctx.key("nodes"), ctx.key("gpus"))}
-    fixes = []
+    fixes: list[str] = []
     for label, pins in (("", Pins(tp=tp)), (f" (keeping {ctx.key('util')} {util:g})", Pins(tp=tp, gpu_memory_utilization=util))):
         try:
             p = backend.plan(cfg.model_copy(update={"args": free}), prof, nodes, w, pins, [])

@@ -105,12 +105,12 @@ class Step:
         for lo, hi in ADVANTAGE_RANGES:
             if lo in self.values and hi in self.values:
                 return self.exactly_zero(lo) and self.exactly_zero(hi), f"{lo}={self.text[lo]}, {hi}={self.text[hi]}"
-        k = self.reward_key
-        base = k.rsplit("/", 1)[0] if k and k.endswith(("/mean", "/avg")) else None
+        reward = self.reward_key
+        base = reward.rsplit("/", 1)[0] if reward and reward.endswith(("/mean", "/avg")) else None
         if base and f"{base}/min" in self.values and f"{base}/max" in self.values:
             # One reward for the whole batch: every group's variance is zero.
-            lo, hi = self.values[f"{base}/min"], self.values[f"{base}/max"]
-            return lo == hi, f"{base}/min={self.text[f'{base}/min']}, {base}/max={self.text[f'{base}/max']}"
+            low, high = self.values[f"{base}/min"], self.values[f"{base}/max"]
+            return low == high, f"{base}/min={self.text[f'{base}/min']}, {base}/max={self.text[f'{base}/max']}"
         return None
 
 
@@ -170,7 +170,7 @@ class StepParser:
         self._panel: list[str] | None = None
         self._grid: list[tuple[str, str]] | None = None  # a stats table's (key, value) cells so far
         self._parts: list[tuple[str, str]] = []  # the cells of this step's earlier tables
-        self._part, self._grid_step = (1, 1), None
+        self._part, self._grid_step = (1, 1), None  # type: tuple[int, int], int | None
         self._count = 0
         self.reward_seen = False  # a step so far logged one of the reward keys
         self.reward_keys = tuple(reward_keys) or REWARD_KEYS
@@ -226,6 +226,7 @@ class StepParser:
 
     def _grid_line(self, line: str) -> Step | None:
         """A line inside a stats table: `│ key │ value │ key │ value │` rows between ╞/├ rules, ╘ ends it."""
+        assert self._grid is not None  # called only inside a table
         text = line.strip()
         if text.startswith("│"):
             cells = [c.strip() for c in text.strip("│").split("│")]

@@ -10,6 +10,8 @@ MEASURED_UPPER_FACTOR: a margin for step-to-step variation (derived, not fitted)
 
 from __future__ import annotations
 
+from typing import Any
+
 from hpcrl.logs.step_times import summarize
 from hpcrl.models.spec import ModelSpec
 from hpcrl.planning.cadence import plan_cadence
@@ -45,7 +47,8 @@ def next_cadence(plan: dict, records: list[dict], jobs: list[str]) -> dict:
                                                f"the plan's {c['key']} {planned} stays"}
     measured = s["step_s"]["median"]
     upper = measured * MEASURED_UPPER_FACTOR
-    model = ModelSpec(**{k: tuple(v) if isinstance(v, list) else v for k, v in c["model"].items()})
+    spec: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in c["model"].items()}
+    model = ModelSpec(**spec)
     cad = plan_cadence(upper, c["max_lost_minutes"], model, c["write_gib_s"], c["signal_floor_s"], None,
                        c.get("lora_rank", 0))
     return {"every_steps": cad.every_steps, "planned_every_steps": planned, "planned_step_s": c["step_s"],

@@ -215,7 +215,7 @@ def predictions(plan: dict | None) -> dict | None:
         return None
     total, util = gpu.get("usable_gib"), engine.get("gpu_memory_utilization")
     return {
-        "model": (mem.get("model") or {}).get("name") or plan.get("model"),
+        "model": (mem.get("model") or {}).get("name") or (plan or {}).get("model"),
         "gpu_total_gib": total,
         "learner_peak_gib": learner.get("device_total_gib"),
         "engine_weights_gib": engine.get("weights_gib"),
@@ -327,7 +327,7 @@ def _build_report(run_dir: Path, run: dict | None) -> dict:
     last = jobs[-1] if jobs else None
     reason = (last and last["end_reason"]) or (run or {}).get("reason") or None
     if breaker and not reason:
-        reason = C.breaker_end_reason(breaker.get("reason")) or breaker.get("reason")
+        reason = C.breaker_end_reason(breaker.get("reason") or "") or breaker.get("reason")
     ended = bool(last and last["end_reason"] and not last["next_job"])
     state = run.get("state") if run else ("ended" if ended else "unknown")  # no Slurm query here
     nodes: dict[str, dict] = {}
@@ -386,7 +386,7 @@ def headline(metrics: dict | None) -> list[tuple[str, str]]:
     if not metrics:
         return []
     first = ["training_step"] + [metrics.get(k) for k in ("reward_key", "loss_key", "grad_norm_key")]
-    keys = dict.fromkeys([k for k in first if k in metrics["text"]] + [k for k in HEADLINE if k in metrics["text"]])
+    keys = dict.fromkeys([k for k in first if k is not None and k in metrics["text"]] + [k for k in HEADLINE if k in metrics["text"]])
     return [(k, metrics["text"][k]) for k in keys]
 
 

@@ -92,7 +92,7 @@ def series(run_dir: Path, report: dict) -> dict:
             "backend": backend_name(plan), "disk_plan": (plan or {}).get("disk"), "run_dir_bytes": dir_bytes(run_dir)}
 
 
-def _table(head: list[str], rows: list[list[str]], numeric: set[int] = frozenset()) -> str:
+def _table(head: list[str], rows: list[list[str]], numeric: frozenset[int] | set[int] = frozenset()) -> str:
     th = "".join(f"<th>{escape(h)}</th>" for h in head)
     num = ' class="n"'
     body = "".join("<tr>" + "".join(f"<td{num if i in numeric else ''}>{escape(c)}</td>" for i, c in enumerate(r))

@@ -226,13 +226,13 @@ class RunReader:
         cad = (self.plan or {}).get("cadence") or {}
         every, every_from = None, None
         mine = [r for r in recs if r["kind"] == "interval" and job and str(r.get("job")) == job.job_id]
-        if mine and mine[-1].get("every_steps"):
+        if mine and job is not None and mine[-1].get("every_steps"):
             every, every_from = int(mine[-1]["every_steps"]), f"job {job.job_id}"
         elif cad.get("every_steps"):
             every, every_from = int(cad["every_steps"]), "plan"
         writes = [r for r in recs if r["kind"] == "checkpoint"]
         nxt = (step // every + 1) * every if every and every > 0 and isinstance(step, int) else None
-        eta = (nxt - step) * median if nxt is not None and median else None
+        eta = (nxt - step) * median if nxt is not None and isinstance(step, int) and median else None
         lead = cad.get("lead_s")
         left = job.time_left_s if job and running else None
         warning_in = left - lead if left is not None and lead is not None else None
@@ -289,7 +289,7 @@ class RunReader:
                              reason=(view.reason or None) if view else None,
                              nodes=(view.nodes if view and view.nodes else last.head_node),
                              node_count=view.node_count if view else None,
-                             time_left_s=view.time_left_s if running else None,
+                             time_left_s=view.time_left_s if running and view else None,
                              time_limit_s=view.time_limit_s if view else None,
                              started=last.started or (view.started if view else None))
         progress = self._progress(steps, step_time.median_s)

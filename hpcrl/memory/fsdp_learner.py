@@ -265,7 +265,7 @@ def fsdp_learner_memory(setup: FsdpSetup) -> FsdpBreakdown:
     }
     moments = {"logits": logits, "backward end": grads_done, "optimizer step": step}
     totals = {k: sum(v.values()) for k, v in moments.items()}
-    peak_moment = max(totals, key=totals.get)
+    peak_moment = max(totals, key=lambda k: totals[k])
     streams = stream_reserved(setup, moments)
     floor = totals[peak_moment] + default_cache(setup)
     return FsdpBreakdown(moments=moments, peak_moment=peak_moment, peak_bytes=totals[peak_moment],

@@ -150,7 +150,10 @@ class Accounting:
         max_model_len; V1 built as the RL frameworks build it (AsyncLLMEngine.from_engine_args) 2048."""
         if self.engine == "v0":
             long = self.chunked_prefill_default_above_len and max_model_len > self.chunked_prefill_default_above_len
-            return self.chunked_prefill_batched_tokens if long else max(max_model_len, 2048)
+            if long:
+                assert self.chunked_prefill_batched_tokens is not None  # given with chunked_prefill_default_above_len
+                return self.chunked_prefill_batched_tokens
+            return max(max_model_len, 2048)
         return self.default_max_num_batched_tokens
 
     def non_torch(self, tp: int) -> float:

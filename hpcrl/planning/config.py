@@ -112,7 +112,7 @@ def load_run_config(name_or_path: str | None = None, overrides: list[str] | None
                 if i:
                     key = parsed[i - 1][0]
                     if problem.startswith(f"{key} "):  # "KEY VALUE: valid: ...": one mention of the key
-                        raise ConfigError(f"--set {problem}")
+                        raise ConfigError(f"--set {problem}") from None
                     culprit, problem = f"--set {key}", problem.removeprefix(f"{key}: ")
                 break
     raise ConfigError(f"{culprit}: {problem}")

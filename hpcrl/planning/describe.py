@@ -54,7 +54,7 @@ def plan_summary(rp: RunPlan) -> list[str]:
     eng = lay.memory.engine
     if lay.colocated:
         gpus = f"all {lay.learner_gpus} GPUs train and generate (colocated)"
-        mem = lay.memory.colocated_summary()
+        mem = lay.phased.colocated_summary()
     else:
         gpus = f"{lay.learner_gpus} learner GPUs, {lay.engines * lay.tp} engine GPUs, {lay.idle_gpus} idle"
         mem = (f"learner peak {d['learner_peak_gib']:.1f} GiB/GPU of {d['gpu_usable_gib']:.1f} usable; "
@@ -360,7 +360,7 @@ def describe_job(rp: RunPlan, *, smoke: bool = False) -> JobSpec:
         services=services,
         steps=steps,
         files=tuple(RunFile(path=f.path, text=f.text) for f in backend.run_files(rp)) if steps else (),
-        port_range=tuple(prof.ray.ports),
+        port_range=(prof.ray.ports[0], prof.ray.ports[1]),
         driver=None if smoke else driver,
         smoke=_smoke(rp) if smoke else None,
         watchdog=Watchdog(zero_reward_steps=hp.zero_reward_steps, hang_minutes=hp.hang_minutes,

@@ -32,6 +32,7 @@ not change the size. These are readings of the source, not measurements.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from hpcrl.errors import HpcrlError
 from hpcrl.models import ModelSpec, resolve_model
@@ -279,7 +280,8 @@ def _smallest_fitting(plan: DiskPlan, setting: str) -> Suggestion | None:
     for count in range(current - 1, -1, -1):
         # The smallest frequency v with total_steps // v <= count.
         value = s.total_steps // (count + 1) + 1
-        candidate = _plan(replace(s, **{setting: value}))
+        change: dict[str, Any] = {setting: value}
+        candidate = _plan(replace(s, **change))
         if candidate.fits:
             return Suggestion(setting, value, candidate.peak_bytes)
     return None

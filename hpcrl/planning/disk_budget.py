@@ -199,8 +199,11 @@ LINEAR_SEARCH = 64
 
 
 def search(build: Callable[[DiskInputs], Budget], base: DiskInputs, field_name: str, values: Sequence[Any],
-           setting: str, shown: Callable[[Any], Any] = lambda v: v) -> Fix | None:
+           setting: str | None, shown: Callable[[Any], Any] = lambda v: v) -> Fix | None:
     """The first of `values` for `field_name` whose budget fits, as a Fix in the backend's key."""
+    if setting is None:
+        raise ValueError(f"{field_name} has no key in the backend's config: nothing to suggest")
+
     def fitting(value: Any) -> Budget | None:
         b = build(replace(base, **{field_name: value}))
         return b if b.fits else None

@@ -10,7 +10,7 @@ from __future__ import annotations
 from hpcrl.memory.engine import EngineMemory
 from hpcrl.models.spec import ModelSpec
 from hpcrl.planning.generation import (GENERATION_BASIS, GENERATION_HIGH, GENERATION_LOW, EngineWork,
-                                       GenerationTime, generation_time)
+                                       GenerationTime)
 
 
 def matmul_flops_per_token(m: ModelSpec) -> float:

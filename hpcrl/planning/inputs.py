@@ -10,6 +10,7 @@ the profile again.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hpcrl.errors import HpcrlError
@@ -48,7 +49,7 @@ class RunInputs:
 
 
 def resolve_config_profile(config: str | None, sets: list[str] | None, cluster: str | None,
-                           cluster_file: str | None, gpus: int | None,
+                           cluster_file: str | Path | None, gpus: int | None,
                            nodes: int | None = 1) -> tuple[RunConfig, ClusterProfile]:
     """The config and the profile its job sees (the cluster flag over the config's, --gpus over hpcrl.gpus)."""
     cfg = load_run_config(config, sets)

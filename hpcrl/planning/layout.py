@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Protocol, cast
 
 from hpcrl.errors import HpcrlError, PlanError
 from hpcrl.memory import constants as C
@@ -24,6 +24,19 @@ from hpcrl.planning.generation import generation_seconds
 from hpcrl.planning.layout_rank import rank
 from hpcrl.planning.step_time import Band, StepEstimate, combine, generation_band, training_band
 from hpcrl.profiles import ClusterProfile
+
+
+class PhasedMemory(Protocol):
+    """A colocated layout's memory plan (memory.colocated.ColocatedPlan, memory.hf_plan.HfPlan): each GPU
+    trains and generates, checked phase by phase."""
+
+    @property
+    def training_total(self) -> float: ...
+    @property
+    def rollout_total(self) -> float: ...
+    @property
+    def peak_device(self) -> float: ...
+    def colocated_summary(self) -> str: ...
 
 # Stated efficiencies of the throughput model (not measured by hpcrl; see docs/plan.md).
 UTILISATIONS = (0.9, 0.85, 0.8, 0.7, 0.6)
@@ -160,8 +173,13 @@ class Layout:
         return self.memory.margin == 0 and self.memory.inside_margin
 
     @property
+    def phased(self) -> PhasedMemory:
+        """The memory plan of a colocated layout, by phase."""
+        return cast(PhasedMemory, self.memory)
+
+    @property
     def learner_headroom(self) -> float:
-        peak = self.memory.peak_device if self.colocated else self.memory.learner.device_total
+        peak = self.phased.peak_device if self.colocated else self.memory.learner.device_total
         return 1 - peak / self.memory.usable
 
     def open_instruct_fields(self) -> dict:
@@ -217,8 +235,8 @@ class Layout:
     def _colocated_dict(self) -> dict:
         # Only on colocated layouts, so the other layouts' schema is unchanged.
         g = C.GIB
-        return {"colocated": True, "training_peak_gib": round(self.memory.training_total / g, 2),
-                "rollout_peak_gib": round(self.memory.rollout_total / g, 2)}
+        return {"colocated": True, "training_peak_gib": round(self.phased.training_total / g, 2),
+                "rollout_peak_gib": round(self.phased.rollout_total / g, 2)}
 
 
 def engine_setup(w: Workload, tp: int, util: float) -> EngineSetup:

@@ -58,7 +58,7 @@ def enumerate_colocated(profile: ClusterProfile, nodes: int, w: Workload, pins: 
     tps = colocated_tps(w, g)
     if pins.tp is not None:
         if pins.tp not in tps:
-            why = w.model.tp_problem(pins.tp) or f"it must divide the {g} GPUs of a node (engines tile every GPU)"
+            why: str | None = w.model.tp_problem(pins.tp) or f"it must divide the {g} GPUs of a node (engines tile every GPU)"
             raise PlanError(f"tensor-parallel size {pins.tp} cannot work: {why}; valid: {tps}")
         tps = [pins.tp]
     utils = [pins.gpu_memory_utilization] if pins.gpu_memory_utilization else list(COLOCATED_UTILISATIONS)

@@ -41,6 +41,7 @@ def cap_note(profile: ClusterProfile, nodes: int, w: Workload, pins: Pins, fixes
     if capped is None:
         return ""
     cap = profile.planning.max_learners_per_node
+    assert cap is not None  # packed_cap_pins gave pins: there is a cap
     found = suggest(profile, nodes, w, capped, [], {k: v for k, v in fixes.items() if k != "learners"})
     inside = f"; would fit inside it: {' | '.join(found)}" if found else "; no single change hpcrl tried fits inside it"
     s = "s" if cap > 1 else ""

@@ -229,7 +229,7 @@ def _fsdp_assumptions(facts: MemoryFacts, w: Workload, cfg: RunConfig | None, gi
                  f"in a config {facts.micro_batches_origin})")
     out = [f"FSDP{w.fsdp_version} actor update (hpcrl/memory/fsdp_learner.py): {version}", micro]
     update = dict(w.learner_fixed).get("fsdp_update")
-    if update is not None and getattr(update, "grad_sync_why", ""):
+    if update is not None and getattr(update, "grad_sync_why", None):
         how = ("gradients held unsharded until the last micro-batch (no_sync)" if update.grad_sync == "last_micro_batch"
                else "gradients reduce-scattered into the fp32 shards after every micro-batch (no no_sync)")
         out.append(f"{how}: {update.grad_sync_why}")
@@ -252,7 +252,7 @@ def from_config(cfg: RunConfig, given: Overrides = Overrides()) -> Question:
                          f"({w.seq_len} tokens)")
     util_key = {d.name: d.key for d in backend.memory.defaults}.get("util")
     pinned = util_key in cfg.args if util_key else False
-    util = (given.util if given.util is not None else float(cfg.args[util_key]) if pinned
+    util = (given.util if given.util is not None else float(cfg.args[util_key]) if pinned and util_key
             else float(_fact(backend.name, ("vllm", "gpu_memory_utilization")).value))
     # A colocated config is answered by the backend's planner (_colocated_run), which picks what is not fixed.
     planned = backend.colocated(cfg) and not pinned and given.util is None

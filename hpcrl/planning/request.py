@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 import shlex
 from dataclasses import dataclass, fields, replace
-from typing import TYPE_CHECKING
+from typing import Any, TYPE_CHECKING
 
 if TYPE_CHECKING:
     from hpcrl.planning.job_spec import JobSpec
@@ -117,7 +117,8 @@ def typed_request(req: RunRequest, fix: str) -> RunRequest | None:
     """The request with a printed fix typed in (`--set K=V` replacing the user's own --set of K, `--pin`,
     `--nodes`, `--gpus`, `--cluster`); None where the fix is no such words."""
     words = shlex.split(_NOTE.sub("", fix))
-    sets, pins, change = list(req.sets), list(req.pins), {}
+    sets, pins = list(req.sets), list(req.pins)
+    change: dict[str, Any] = {}
     if not words:
         return None
     while words:

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 # hpcrl.run_name's longest, in bytes: it names the run dir and the dry run's `<name>-<6 hex>.sbatch`, which must
 # stay inside a file name's 255 bytes (NAME_MAX); the Slurm job name is cut to 64 characters anyway.
 RUN_NAME_MAX = 240
-NEWER_FIELDS = {"gpus": None, "loss_keys": [], "framework_version": None, "stack_check": "on", "quota_gib": None,
+NEWER_FIELDS: dict[str, Any] = {"gpus": None, "loss_keys": [], "framework_version": None, "stack_check": "on", "quota_gib": None,
                 "deepspeed_offload": "none"}
 
 

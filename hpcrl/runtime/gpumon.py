@@ -101,7 +101,7 @@ def gpu_role(index: int, fallback: str) -> str:
         return fallback
     if not procs:
         return "idle"
-    known = {process_role(_cmdline(p.pid)) for p in procs} - {None}
+    known = {role for p in procs if (role := process_role(_cmdline(p.pid))) is not None}
     if not known:
         return fallback
     return known.pop() if len(known) == 1 else "mixed"

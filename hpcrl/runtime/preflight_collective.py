@@ -34,7 +34,7 @@ import time
 if __package__:  # imported as hpcrl.runtime.preflight_collective
     from hpcrl.runtime.preflight_link import Gate, join, job_secret, recv_msg, send_msg
 else:  # run as a script beside its copy of preflight_link.py (never an installed hpcrl's)
-    from preflight_link import Gate, join, job_secret, recv_msg, send_msg
+    from preflight_link import Gate, join, job_secret, recv_msg, send_msg  # type: ignore[no-redef]
 
 
 def capabilities() -> dict:
@@ -145,7 +145,7 @@ def _exchange(send_sock, recv_sock, out: memoryview, into: memoryview) -> None:
     t.join()
 
 
-def _xor(a: bytes | memoryview, b: bytes | memoryview) -> bytes:
+def _xor(a: bytes | bytearray | memoryview, b: bytes | bytearray | memoryview) -> bytes:
     # Bitwise XOR is an exact, associative reduction that CPython does at C speed on big ints,
     # so the ring's time is the network's, not Python arithmetic's.
     n = len(a)
@@ -211,7 +211,7 @@ def tcp_ring(a: dict, ctl: Control, table: list[dict], listener: socket.socket, 
     for size in a["sizes"]["tcp"]:
         size -= size % n
         data = bytearray(random.Random(r * 7919 + size).randbytes(size))
-        times = {"all_reduce": [], "all_gather": []}
+        times: dict[str, list[float]] = {"all_reduce": [], "all_gather": []}
         for it in range(a["iters"] + 1):  # the first round warms up
             ctl.barrier()
             t0 = time.perf_counter()
@@ -248,7 +248,7 @@ def torch_worker(local: int, a: dict, method: str, base: int, world: int, out_di
     import torch.distributed as dist
 
     rank = base + local
-    res = {"rank": rank, "gemm": [], "p2p": [], "results": [], "error": None}
+    res: dict = {"rank": rank, "gemm": [], "p2p": [], "results": [], "error": None}
     try:
         gpu = method == "torch-nccl"
         dev = torch.device("cuda", local) if gpu else torch.device("cpu")

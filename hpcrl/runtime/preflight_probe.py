@@ -160,7 +160,7 @@ def node_addrs(nodes: list[str]) -> dict[str, str]:
             addrs[f["NodeName"]] = f["NodeAddr"]
     for n in nodes:
         try:
-            addrs[n] = socket.getaddrinfo(addrs.get(n, n), None, socket.AF_INET)[0][4][0]
+            addrs[n] = str(socket.getaddrinfo(addrs.get(n, n), None, socket.AF_INET)[0][4][0])
         except OSError:
             addrs.setdefault(n, n)
     return addrs

@@ -119,7 +119,7 @@ def _probe():
     return {"node_id": ctx.get_node_id(), "ip": ray.util.get_node_ip_address(), "gpus": len(ray.get_gpu_ids())}
 
 
-def run_in_bundles(ray, pg, gpus_per_bundle: list[int], timeout: float) -> list[dict]:
+def run_in_bundles(ray, pg, gpus_per_bundle: list[float], timeout: float) -> list[dict]:
     """One task in each bundle of pg, asking that bundle's GPUs; their reports, in bundle order."""
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -255,7 +255,7 @@ def check_actor_env(ray, args: argparse.Namespace) -> str:
     size = sum(len(k) + len(v) + 2 for k in env for v in [env[k]])
     probe = ray.remote(_EnvProbe).options(num_cpus=BUNDLE_CPU, runtime_env={"env_vars": env}).remote()
     try:
-        got = ray.get(probe.size.remote(), timeout=args.timeout)
+        ray.get(probe.size.remote(), timeout=args.timeout)
     except Exception as exc:
         # Ray's GetTimeoutError is a TimeoutError (ray/exceptions.py); anything else is the actor's own
         # failure (its runtime env, its process), reported as soon as Ray knows it, with Ray's words.

@@ -109,7 +109,8 @@ def pick_table(tables: list[dict], installed: str | None) -> tuple[dict | None, 
     `installed` is read with, how): 'exact', 'same-minor' (the nearest patch), 'older' (the nearest older
     release), 'oldest' (older than all hpcrl read), or 'unknown' (no readable version: None)."""
     have = parse_version(installed) if installed else None
-    keyed = [(parse_version(t["version"]), t) for t in tables if t.get("version") and parse_version(t["version"])]
+    keyed: list[tuple[tuple, dict]] = [(key, t) for t in tables
+                                       if t.get("version") and (key := parse_version(t["version"])) is not None]
     if have is None or not keyed:
         return None, "unknown"
     for key, t in keyed:
@@ -173,7 +174,7 @@ def probe(packages: list[dict]) -> dict:
         except (ImportError, ValueError):
             spec = None
         if spec is not None:
-            entry["location"] = (list(spec.submodule_search_locations or []) or [spec.origin])[0]
+            entry["location"] = next(iter(spec.submodule_search_locations or []), spec.origin)
         out["packages"][pkg["name"]] = entry
     torch = out["packages"].get("torch") or {}
     out["torch_cuda"] = torch_cuda(torch.get("location"), torch.get("version"))
@@ -267,7 +268,7 @@ def chosen_table(expect: dict, found: dict) -> tuple[dict, str | None]:
 
 
 def verdict(expect: dict, found: dict, driver: str | None,
-            argv: list[str] = ()) -> tuple[list[str], list[str], list[str]]:
+            argv: list[str] | tuple[str, ...] = ()) -> tuple[list[str], list[str], list[str]]:
     """(stops, warnings, notes): each a line naming the package, what was found and what was asked, with
     the source. Stops are what would stop the job; warnings what may not (the framework's own import and
     parse decide)."""

@@ -61,7 +61,7 @@ def main_block(source: str, stdlib_only: bool) -> str:
     """The statements of the `__main__` block up to and including the first parse_args call; with
     stdlib_only, preceded by the file's standard-library imports."""
     tree = ast.parse(source)
-    body = []
+    body: list[ast.stmt] = []
     if stdlib_only:
         body = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom)) and not getattr(n, "level", 0) and all(
             (a.name if isinstance(n, ast.Import) else n.module or "").split(".")[0] in sys.stdlib_module_names

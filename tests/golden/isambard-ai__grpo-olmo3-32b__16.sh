@@ -939,7 +939,8 @@ node_ports() {
 # only this user can enter: Ray creates its session, socket and log directories 0777, so on a
 # shared node anyone could list, rename or replace them (a renamed raylet socket breaks the
 # job) unless their parent is private. Ray's socket paths must fit in 107 bytes, so a long
-# node-local path falls back to a private directory in /tmp for Ray.
+# node-local path falls back to a private directory in /tmp for Ray, with Ray's dir inside it too
+# (Ray makes its temp dir itself 0777).
 # Returns 3 when the node-local path is not safe to use (another user's, or writable by others):
 # the job ends node-local-unsafe, blaming no node.
 node_dirs() {
@@ -950,12 +951,11 @@ node_dirs() {
     RAY_TMP="$NODE_DIR/ray"
     if ((${#RAY_TMP} > 40)); then
         private_dir /tmp "hpcrl-$SLURM_JOB_ID.$1" || return
-        RAY_TMP=$PRIVATE_DIR
-        cp -- "$NODE_DIR/hpcrl-owner" "$RAY_TMP/" || return
+        RAY_TMP=$PRIVATE_DIR/ray
+        cp -- "$NODE_DIR/hpcrl-owner" "$PRIVATE_DIR/" || return
         echo "hpcrl: warning: Ray temp dir under $HPCRL_NODE_LOCAL is too long for Ray's sockets; using $RAY_TMP" >&2
-    else
-        mkdir -p -- "$RAY_TMP"
     fi
+    mkdir -p -- "$RAY_TMP"
     # JIT caches off the shared home (NFS breaks their file locks): Triton, Inductor, vLLM
     # (under XDG_CACHE_HOME), FlashInfer (appends .cache/flashinfer to its base).
     export TRITON_CACHE_DIR="$NODE_DIR/triton" TORCHINDUCTOR_CACHE_DIR="$NODE_DIR/inductor" \
@@ -1031,8 +1031,8 @@ remove_node_dirs() {
     if [[ -n $NODE_DIR ]]; then
         rm -rf -- "$NODE_DIR" 2>/dev/null || rm -rf -- "$NODE_DIR"
     fi
-    if [[ $RAY_TMP == /tmp/hpcrl-* ]]; then
-        rm -rf -- "$RAY_TMP" 2>/dev/null || rm -rf -- "$RAY_TMP"
+    if [[ $RAY_TMP == /tmp/hpcrl-*/ray ]]; then  # node_dirs' short-path fallback: its private dir
+        rm -rf -- "${RAY_TMP%/ray}" 2>/dev/null || rm -rf -- "${RAY_TMP%/ray}"
     fi
 }
 
@@ -1469,7 +1469,7 @@ sweep_left() {
             flock -n 9 || exit 0  # another job's sweep on this node has it
             pkill -KILL -u "$(id -u)" -f -- "$dir/" 2>/dev/null || true
             tmp=$dir/ray
-            [[ -d $tmp ]] || tmp=$dir  # node_dirs' short-path fallback for Ray
+            [[ -d $tmp ]] || tmp=$dir  # the short-path fallback of a job rendered before Ray's dir went inside it
             kept=""
             if [[ -n ${2:-} ]]; then
                 (RAY_TMP=$tmp HPCRL_RUN_DIR=$rdir && keep_ray_logs "$node")

@@ -12,7 +12,6 @@ PPO or GRPO learner with LoRA or QLoRA that generates with HF `generate` (hpcrl/
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from hpcrl.errors import ConfigError, PlanError, UnknownNameError
@@ -107,7 +106,7 @@ class CustomBackend(Backend):
     # plan-memory answers from this backend's own HF learner model (memory_answer below), never the shared
     # DeepSpeed learner + vLLM question these facts feed.
     memory = MemoryFacts()
-    layout_fixes: Mapping[str, str | None] = {}  # one node, planned by its own HF planner (plan below)
+    layout_fixes = {}  # one node, planned by its own HF planner (plan below)
     # The script should write $HPCRL_RUN_DIR/checkpoints/latest once a checkpoint is complete: after the
     # time-limit warning the job waits for it (else it stops the script when only time to stop is left).
     checkpoint_key = "save_steps"
@@ -311,10 +310,11 @@ def generation_time(cfg: RunConfig, backend: CustomBackend, w: Workload, plan: H
     """Seconds of a step's generate calls: each decode step reads the weights as bf16 (a 4-bit layer is
     dequantized for each matmul) and the KV cache at HBM bandwidth, plus HF's per-token overhead (assumed)."""
     setup = plan.hf_setup
+    assert setup is not None  # a custom backend's plan is an HfPlan with its setup
     ctx = setup.prompt_len + setup.response_len / 2
     per_token = (2.0 * w.model.total_params + setup.rollout_seqs * ctx * w.model.kv_bytes_per_token(1)) / (
         profile.gpu.hbm_bandwidth_tbs * 1e12 * DECODE_BW_EFFICIENCY) + HF_GENERATE_TOKEN_OVERHEAD_S
-    calls = math.ceil(int(backend.arg(cfg, "rollout_batches")) / max(1, plan.hf_setup.n_gpus))
+    calls = math.ceil(int(backend.arg(cfg, "rollout_batches")) / max(1, setup.n_gpus))
     return calls * setup.response_len * per_token
 
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 from functools import lru_cache
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from hpcrl.planning.backends.base import (
@@ -150,7 +149,7 @@ class OpenRLHFBackend(Backend):
     layout_keys = LAYOUT_KEYS
     run_dir_keys = (*RUN_DIR_KEYS, "ckpt.load_enable")
     flag_table = "hpcrl/planning/backends/data/openrlhf_args.json"
-    layout_fixes: Mapping[str, str | None] = FIXES  # the separate-engine planner's fixes, in OpenRLHF's flags
+    layout_fixes = FIXES  # the separate-engine planner's fixes, in OpenRLHF's flags
     entry_is_module = True  # python -m <entry point>
     uses_ray = True  # train_ppo_ray places actor, reference and vLLM engines on the job's Ray cluster
     command_facts = CommandFacts(entry=r"openrlhf\.cli\.train_ppo_ray|openrlhf/cli/train_ppo_ray\.py",
@@ -321,7 +320,7 @@ class OpenRLHFBackend(Backend):
         )
 
     def pins_from(self, cfg: RunConfig, cli_pins: list[str] | None = None) -> Pins:
-        a, values = cfg.args, {}
+        a, values = cfg.args, {}  # type: dict[str, Any], dict[str, float]
         if "ds.zero_stage" in a and int(a["ds.zero_stage"]) != 3:
             raise PlanError(f"ds.zero_stage {a['ds.zero_stage']}: hpcrl plans ZeRO-3 actors; valid: 3")
         if "vllm.tensor_parallel_size" in a:

@@ -23,7 +23,8 @@ def release_list(backend: str | None = None) -> dict[str, list[dict[str, Any]]]:
     names = [b for b in backend_names() if versions.known(b)]
     if backend is not None and backend not in names:
         raise HpcrlError(f"versions {backend}: hpcrl keeps no versions of it; valid: {', '.join(names)}")
-    rows, pinned_by = [], {}
+    rows: list[dict] = []
+    pinned_by: dict[str, Any] = {}
     for name in names:
         default = versions.default(name)
         for v in versions.known(name):

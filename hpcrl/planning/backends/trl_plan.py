@@ -12,6 +12,8 @@ trl/trainer/grpo_config.py:1110-1128), num_generations per prompt.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from dataclasses import replace
 
 from hpcrl.errors import PlanError, would_fit
@@ -101,7 +103,7 @@ def plan_server(profile: ClusterProfile, nodes: int, w: Workload, pins: Pins, ba
 
 
 def plan_server_layouts(profile: ClusterProfile, nodes: int, w: Workload, pins: Pins, batch: int, per_generation: int,
-                        generations: int, dp: int, passes: int, fixes: dict[str, str]) -> list[Layout]:
+                        generations: int, dp: int, passes: int, fixes: Mapping[str, str | None]) -> list[Layout]:
     """Ranked server-mode layouts; PlanError naming what would fit when none does."""
     layouts, rejected = plan_server(profile, nodes, w, pins, batch, per_generation, generations, dp, passes)
     if layouts:
@@ -109,6 +111,8 @@ def plan_server_layouts(profile: ClusterProfile, nodes: int, w: Workload, pins: 
     why = max(rejected, key=lambda k: rejected[k]) if rejected else "no candidate layout"
     found = []
     for text, offload in ((fixes["offload_optimizer"], "optimizer"), (fixes["offload_params"], "params")):
+        if text is None:
+            continue
         more = w.offload == "none" or (offload == "params" and w.offload == "optimizer")
         if more and plan_server(profile, nodes, replace(w, offload=offload), pins, batch, per_generation, generations,
                                 dp, passes)[0]:

@@ -11,8 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 from functools import lru_cache
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from hpcrl.planning.backends.base import (
     Backend,
@@ -30,7 +29,7 @@ from hpcrl.planning.backends.base import (
 from hpcrl.errors import would_fit, ConfigError, HpcrlError, PlanError, UnknownNameError
 from hpcrl.memory.colocated import Colocation
 from hpcrl.memory.constants import GIB
-from hpcrl.memory.fsdp_learner import FsdpSetup, earlier_grads
+from hpcrl.memory.fsdp_learner import FsdpOffload, FsdpSetup, earlier_grads
 from hpcrl.memory.vllm_accounting import VllmEngineFacts
 from hpcrl.models import resolve_model
 from hpcrl.planning.backends import versions
@@ -88,7 +87,7 @@ class VerlBackend(Backend):
     run_dir_keys = (T + "default_local_dir", T + "resume_mode")
     flag_table = "hpcrl/planning/backends/data/verl_args.json"
     # verl's plan is its own colocated planner: the separate-engine planner's fixes never apply.
-    layout_fixes: Mapping[str, str | None] = {}
+    layout_fixes = {}
     entry_is_module = True  # python -m <entry point>
     uses_ray = True  # main_ppo runs its workers on the job's Ray cluster (ray.init in trainer/main_ppo.py)
     command_facts = CommandFacts(entry=r"verl\.trainer\.main_ppo|verl/trainer/main_ppo\.py", style="hydra",
@@ -405,7 +404,7 @@ class VerlBackend(Backend):
                 f"optimizer_offload {str(c.get(OPT_OFFLOAD_KEY, False)).lower()}")
 
     # ------------------------------------------------------------------ learner memory (issue 24)
-    def fsdp_version(self, cfg: RunConfig) -> int:
+    def fsdp_version(self, cfg: RunConfig) -> Literal[1, 2]:
         """1 or 2 from actor.strategy (fsdp / fsdp2)."""
         strategy = str(self.arg(cfg, A + "strategy"))
         if strategy not in ("fsdp", "fsdp2"):
@@ -420,12 +419,13 @@ class VerlBackend(Backend):
         return replace(wm, micro_batches=self.micro_batch_count(cfg, world, w.seq_len, micro or None))
 
     def fsdp_setup(self, cfg: RunConfig, w: Workload, n_gpus: int, micro_batches: int | None = None,
-                   fsdp_version: int | None = None) -> FsdpSetup:
+                   fsdp_version: Literal[1, 2] | None = None) -> FsdpSetup:
         """The actor update as verl runs it, for hpcrl.memory.fsdp_learner; given values win over the config."""
         if fsdp_version is None:
             fsdp_version = self.fsdp_version(cfg)
         if micro_batches is None:
             micro_batches = self.micro_batch_count(cfg, n_gpus, w.seq_len)
+        offload: FsdpOffload
         if self.arg(cfg, A + "fsdp_config.offload_policy"):
             offload = "cpu_policy"
         elif self.arg(cfg, PARAM_OFFLOAD_KEY) or self.arg(cfg, OPT_OFFLOAD_KEY):

@@ -57,7 +57,7 @@ def expected_kind(meta: dict) -> str:
         return "list"
     if ann.startswith(("dict", "Dict", "Optional[dict", "Optional[Dict")):
         return "dict"
-    return meta.get("type") if meta.get("type") in ("bool", "int", "float", "str", "list", "dict") else "any"
+    return str(meta["type"]) if meta.get("type") in ("bool", "int", "float", "str", "list", "dict") else "any"
 
 
 def type_ok(kind: str, value: Any) -> bool:

@@ -7,6 +7,8 @@ hpcrl.logs.diagnose_fixes. docs/diagnose.md lists every recognised message.
 
 from __future__ import annotations
 
+from typing import Any
+
 import math
 import re
 from dataclasses import dataclass, field, replace
@@ -289,8 +291,12 @@ def _disk_fix(ctx: Context) -> tuple[str, dict]:
     s = DiskInputs(spec, learners=int(ctx.get("learner_gpus")), zero_stage=int(ctx.get("zero_stage")), total_steps=None)
     if reads:
         w = ctx.workload()
-        run = {"lora_rank": w.lora_rank if w else 0, "keep": ctx.config_value(keys["keep"])} | {
-            k: bool(ctx.config_value(keys[k])) for k in ("save_hf", "disable_ds") if k in reads}
+        def value(setting: str) -> Any:
+            key = keys[setting]
+            return ctx.config_value(key) if key is not None else None
+
+        run: dict[str, Any] = {"lora_rank": w.lora_rank if w else 0, "keep": value("keep")} | {
+            k: bool(value(k)) for k in ("save_hf", "disable_ds") if k in reads}
         s = replace(s, **{k: v for k, v in run.items() if k in reads})
     plan = budget(b, s)
     state = plan.item("deepspeed_state") or plan.item("fsdp_state")

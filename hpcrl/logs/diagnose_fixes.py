@@ -103,7 +103,9 @@ def colocated_fixes(ctx: Context, capacity_gib: float) -> tuple[list[str], dict]
     w = ctx.workload()
     if w is None or ctx.facts.learner_fixes != "colocated":
         return [], {}
-    backend, cfg = get_backend(ctx.fix_backend), ctx.config()
+    # A colocated backend's own planner and colocation (verl's): not on the Backend interface.
+    backend: Any = get_backend(ctx.fix_backend)
+    cfg = ctx.config()
     nodes, gpus = int(ctx.arg("nodes")), int(ctx.arg("gpus"))
     tp, util = int(ctx.arg("tp")), float(ctx.arg("util"))
     micro, po, oo = ctx.arg("micro"), bool(ctx.arg("param_offload")), bool(ctx.arg("offload"))
@@ -129,9 +131,9 @@ def colocated_fixes(ctx: Context, capacity_gib: float) -> tuple[list[str], dict]
         lay = p.layouts[0]
         after = {**dict(p.choices), ctx.key("util"): lay.gpu_memory_utilization}
         diff = [f"{k} {_v(planned.get(k))} -> {_v(v)}" for k, v in after.items() if planned.get(k) != v]
-        text = ", ".join(diff) + label + (f": planner peak {lay.memory.training_total / GIB:.1f} GiB training, "
-                                          f"{lay.memory.rollout_total / GIB:.1f} GiB rollout of {capacity_gib:.1f}")
-        smaller = lay.memory.training_total < now.training_total
+        text = ", ".join(diff) + label + (f": planner peak {lay.phased.training_total / GIB:.1f} GiB training, "
+                                          f"{lay.phased.rollout_total / GIB:.1f} GiB rollout of {capacity_gib:.1f}")
+        smaller = lay.phased.training_total < now.training_total
         if diff and smaller and not lay.inside_margin and not any(f.startswith(", ".join(diff)) for f in fixes):
             fixes.append(text)
     # More GPUs at today's micro-batch, offload and share (the mini-batch must divide over them).

@@ -130,7 +130,7 @@ def _kind(value: Any) -> str:
         type(value), type(value).__name__) + f" ({str(value)[:40]!r})"
 
 
-def _validated(path: Path, raw: dict, overrides: list[tuple[str, Any]]) -> RunConfig:
+def _validated(path: Path, raw: dict[str, Any], overrides: list[tuple[str, Any]]) -> RunConfig:
     raw = copy.deepcopy(raw)
     section = raw.pop("hpcrl", None)
     if section is None:

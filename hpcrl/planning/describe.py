@@ -105,7 +105,8 @@ def plan_record(rp: RunPlan, *, smoke: bool = False) -> dict[str, Any]:
         data["zero_reward_steps"] = rp.config.hpcrl.zero_reward_steps
     if rp.profile.job_gpus is not None:  # a job with part of a node (--gpus N)
         data["job_gpus"] = rp.profile.job_gpus
-    return json.loads(json.dumps(data, default=str))  # plain JSON: it round-trips with the description
+    plain: dict[str, Any] = json.loads(json.dumps(data, default=str))  # plain JSON: it round-trips with the job
+    return plain
 
 
 # Disk budget items that lie outside the run directory (on the same quota): the HF caches.

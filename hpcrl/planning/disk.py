@@ -132,7 +132,7 @@ class DiskPlan:
         fixes = "; ".join(s.text for s in suggest(self)) or "no single setting fits; raise the quota"
         return f"does NOT fit: {peak}, over the {q / GIB:,.0f} GiB quota. Would fit: {fixes}"
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         """The stable --json schema of `hpcrl plan-disk`."""
         s = self.setup
         return {

@@ -6,6 +6,8 @@ cannot drift apart.
 
 from __future__ import annotations
 
+from typing import Any
+
 from dataclasses import asdict, dataclass
 from hpcrl.errors import HpcrlError
 from hpcrl.planning.disk_budget import Budget
@@ -75,13 +77,13 @@ def plan_disk(r: DiskRequest) -> tuple[Budget, str]:
     return budget(name, s), quota_from
 
 
-def plan_disk_data(b: Budget, quota_from: str) -> dict:
+def plan_disk_data(b: Budget, quota_from: str) -> dict[str, Any]:
     """The answer `hpcrl plan-disk --json` prints: the budget, its state/HF save under the keys the
     schema has always had, and where the quota is from."""
     return {**b.to_dict(), **_legacy(b), "quota_from": quota_from}
 
 
-def _legacy(b: Budget) -> dict:
+def _legacy(b: Budget) -> dict[str, Any]:
     out = {}
     state = b.item("deepspeed_state") or b.item("fsdp_state")
     hf = b.item("hf_save") or b.item("final_save")

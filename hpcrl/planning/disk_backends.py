@@ -26,7 +26,7 @@ def budget(backend: str, s: DiskInputs) -> Budget:
     return b
 
 
-def __getattr__(attr: str):
+def __getattr__(attr: str) -> dict[str, dict[str, str | None]]:
     # KEYS: each backend's name for the neutral settings (None: it has no such setting), as before
     # the backends held them; built when asked (it imports every backend).
     if attr == "KEYS":

@@ -125,7 +125,7 @@ class Budget:
         fixes = "; ".join(f.text for f in self.fixes) or "no single setting fits; raise the quota"
         return f"does NOT fit: {peak}, over the {q / GIB:,.0f} GiB quota. Would fit: {fixes}"
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         """The backend-neutral part of `hpcrl plan-disk --json`."""
         s = self.inputs
         return {
@@ -232,7 +232,7 @@ class _Intervals(Sequence[int]):
     def __len__(self) -> int:
         return len(self._counts)
 
-    def __getitem__(self, i):  # type: ignore[override]
+    def __getitem__(self, i: Any) -> Any:
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(len(self)))]
         return self._steps // (self._counts[i] + 1) + 1

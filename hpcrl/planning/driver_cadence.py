@@ -9,6 +9,8 @@ that needs to call plan_cadence again: the plan's interval and every input but t
 
 from __future__ import annotations
 
+from typing import Any
+
 from dataclasses import asdict
 
 from hpcrl.planning.backends.base import DriverLine, Word
@@ -61,7 +63,7 @@ def env_words(rp: RunPlan) -> tuple[tuple[tuple[str, ShellWord], ...], bool]:
     return tuple(out), found
 
 
-def cadence_record(rp: RunPlan) -> dict | None:
+def cadence_record(rp: RunPlan) -> dict[str, Any] | None:
     """plan.json's `cadence`: the planned interval, the step it rests on, and plan_cadence's other inputs."""
     c = rp.cadence
     if c is None:

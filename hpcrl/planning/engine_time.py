@@ -7,6 +7,8 @@ hpcrl/planning/generation.py (the time model): the layout planner's step estimat
 
 from __future__ import annotations
 
+from typing import Any
+
 from hpcrl.memory.engine import EngineMemory
 from hpcrl.models.spec import ModelSpec
 from hpcrl.planning.generation import (GENERATION_BASIS, GENERATION_HIGH, GENERATION_LOW, EngineWork,
@@ -28,7 +30,7 @@ def engine_work(eng: EngineMemory, m: ModelSpec, tp: int, seqs: int, prompt_len:
                       bf16_tflops=bf16_tflops)
 
 
-def time_dict(t: GenerationTime, e: EngineWork) -> dict:
+def time_dict(t: GenerationTime, e: EngineWork) -> dict[str, Any]:
     """plan-memory's `engine.time`: the mid estimate, its band and basis, and the parts it adds up."""
     return {
         "sequences": e.seqs, "prompt_len": e.prompt_len, "response_len": e.response_len,

@@ -21,7 +21,7 @@ from hpcrl.memory.vllm_accounting import VllmEngineFacts, default_engine
 from hpcrl.models.spec import ModelSpec
 from hpcrl.planning.engine_time import engine_work
 from hpcrl.planning.generation import generation_seconds
-from hpcrl.planning.layout_rank import rank
+from hpcrl.planning.layout_rank import rank as rank  # re-exported: layout_colocated and trl_plan rank by it
 from hpcrl.planning.step_time import Band, StepEstimate, combine, generation_band, training_band
 from hpcrl.profiles import ClusterProfile
 
@@ -182,7 +182,7 @@ class Layout:
         peak = self.phased.peak_device if self.colocated else self.memory.learner.device_total
         return 1 - peak / self.memory.usable
 
-    def open_instruct_fields(self) -> dict:
+    def open_instruct_fields(self) -> dict[str, Any]:
         """The layout as open-instruct's arguments."""
         return {
             "num_learners_per_node": [self.learners_per_node] * self.learner_nodes,
@@ -204,7 +204,7 @@ class Layout:
             f"(generation {st.generation_s:.0f}s, training {st.training_s:.0f}s)"
         )
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         g, mem, st = C.GIB, self.memory, self.step
         return {
             **self.open_instruct_fields(),
@@ -232,7 +232,7 @@ class Layout:
             "reason": self.reason(),
         } | (self._colocated_dict() if self.colocated else {})
 
-    def _colocated_dict(self) -> dict:
+    def _colocated_dict(self) -> dict[str, Any]:
         # Only on colocated layouts, so the other layouts' schema is unchanged.
         g = C.GIB
         return {"colocated": True, "training_peak_gib": round(self.phased.training_total / g, 2),
@@ -288,10 +288,10 @@ def learner_band(w: Workload, plan: MemoryPlan, profile: ClusterProfile, learner
 # makes dozens): whole memory plans by everything plan_memory reads, each learner's and engine's memory
 # (plan_memory's `parts`), whether a learner fits, and the learners' time. A profile is held beside
 # what was planned on it, so that its id stays its own while the memo lives.
-PlanMemo = dict
+PlanMemo = dict[Any, Any]
 
 
-def _memo(memo: PlanMemo, key: tuple, profile: ClusterProfile, make: Any) -> Any:
+def _memo(memo: PlanMemo, key: tuple[Any, ...], profile: ClusterProfile, make: Any) -> Any:
     if key not in memo:
         memo[key] = (profile, make())
     return memo[key][1]
@@ -300,9 +300,10 @@ def _memo(memo: PlanMemo, key: tuple, profile: ClusterProfile, make: Any) -> Any
 def _memory(memo: PlanMemo, profile: ClusterProfile, learner: LearnerSetup, engine: EngineSetup, k: int,
             engine_gpus: int, margin: bool) -> MemoryPlan:
     parts = memo.setdefault("parts", {})
-    return _memo(memo, (id(profile), learner, engine, k, engine_gpus, margin), profile,
+    plan: MemoryPlan = _memo(memo, (id(profile), learner, engine, k, engine_gpus, margin), profile,
                  lambda: plan_memory(profile, learner, engine, learners_per_node=k, engine_gpus_per_node=engine_gpus,
                                      margin=margin, parts=parts))
+    return plan
 
 
 def _fitting_learner(memo: PlanMemo, profile: ClusterProfile, w: Workload, n: int, margin: bool) -> LearnerSetup | None:

@@ -15,6 +15,8 @@ from dataclasses import replace
 from hpcrl.errors import would_fit
 from hpcrl.memory import constants as C
 from hpcrl.memory.plan import allocator_margin
+from typing import Any
+
 from hpcrl.planning.layout import Layout, PlanMemo, Pins, Workload, any_layout, enumerate_layouts, search_size
 from hpcrl.profiles import ClusterProfile
 
@@ -41,7 +43,7 @@ def suggest(profile: ClusterProfile, nodes: int, w: Workload, pins: Pins, varian
     def fits(prof: ClusterProfile, n: int, wc: Workload, p: Pins, margin: bool = True) -> bool:
         return any_layout(prof, n, wc, p, margin=margin, memo=memo)
 
-    def add(text: str, prof: ClusterProfile, n: int, p: Pins, **change) -> bool:
+    def add(text: str, prof: ClusterProfile, n: int, p: Pins, **change: Any) -> bool:
         wc = replace(w, **change) if change else w
         if fits(prof, n, wc, p):
             tight = False

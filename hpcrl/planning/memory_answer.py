@@ -6,6 +6,8 @@ two cannot drift apart.
 
 from __future__ import annotations
 
+from typing import Any
+
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -91,14 +93,14 @@ def _spread(by_version: dict[str, float]) -> float:
     return (top - min(by_version.values())) / top if top > 0 else 0.0
 
 
-def engine_generation(plan: MemoryPlan, model: ModelSpec, profile: ClusterProfile, ask: GenerationAsk) -> dict:
+def engine_generation(plan: MemoryPlan, model: ModelSpec, profile: ClusterProfile, ask: GenerationAsk) -> dict[str, Any]:
     """`engine.time`: the sized engine's seconds for the asked batch (hpcrl/planning/generation.py)."""
     w = engine_work(plan.engine, model, plan.engine_setup.tp, ask.sequences, ask.prompt_len, ask.response_len,
                     profile.gpu.hbm_bandwidth_tbs, profile.gpu.bf16_tflops)
     return time_dict(generation_time(w), w)
 
 
-def plan_memory_data(r: MemoryRequest) -> dict:
+def plan_memory_data(r: MemoryRequest) -> dict[str, Any]:
     """The answer `hpcrl plan-memory --json` prints for request `r`."""
     from hpcrl.planning.backends import get_backend
     from hpcrl.planning.node_share import job_profile

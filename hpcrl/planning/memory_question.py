@@ -313,7 +313,7 @@ def choose_memory_plan(
     vllm_gpu_memory_utilization: float,
     max_seq_len: int | None,
     colocation: Colocation | None = None,
-    engine_options: dict | None = None,
+    engine_options: dict[str, Any] | None = None,
 ) -> tuple[MemoryPlan, list[str]]:
     """The plan for workload `w`, choosing learner GPUs and TP where not given. The learner is
     built as the layout planner builds it (hpcrl.planning.layout._learner_setup), so for the same count
@@ -389,7 +389,7 @@ def choose_memory_plan(
 
 def answer(q: Question, profile: ClusterProfile, *, learner_gpus: int | None, zero_stage: int = 3,
            vllm_tp: int | None = None, max_seq_len: int | None = None, colocation: Colocation | None = None,
-           engine_options: dict | None = None) -> tuple[MemoryPlan, list[str]]:
+           engine_options: dict[str, Any] | None = None) -> tuple[MemoryPlan, list[str]]:
     """The memory plan for the question, choosing learner GPUs and TP where not given."""
     if q.config is not None and q.colocated and colocation is None:
         return _colocated_run(q, profile, learner_gpus)
@@ -421,7 +421,7 @@ def _colocated_run(q: Question, profile: ClusterProfile, learner_gpus: int | Non
     return lay.memory, notes + list(lay.notes)
 
 
-def own_answer(cfg: RunConfig, profile: ClusterProfile, given: Overrides, learner_gpus: int | None) -> dict | None:
+def own_answer(cfg: RunConfig, profile: ClusterProfile, given: Overrides, learner_gpus: int | None) -> dict[str, Any] | None:
     """plan-memory's answer from the config's backend's own memory model (None: the shared question applies)."""
     return get_backend(cfg.hpcrl.backend).memory_answer(cfg, profile, given, learner_gpus)
 

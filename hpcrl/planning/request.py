@@ -179,7 +179,7 @@ def _plan(req: RunRequest) -> RunPlan:
     return rp
 
 
-def plan_data(rp: RunPlan, top: int = 5, job: JobSpec | None = None) -> dict:
+def plan_data(rp: RunPlan, top: int = 5, job: JobSpec | None = None) -> dict[str, Any]:
     """What `hpcrl plan --json` prints: the ranked layouts (the best `top`), what the plan assumed, and the
     job description of the first layout (`job`; null for a what-if on another model)."""
     return {

@@ -21,6 +21,7 @@ from hpcrl.planning.backends.oi_args import ArgLayout
 from hpcrl.shell import path_problem
 
 if TYPE_CHECKING:
+    from hpcrl.planning.backends.base import Backend
     from hpcrl.planning.cadence import Cadence
     from hpcrl.planning.layout import Layout, Pins, Workload
     from hpcrl.profiles import ClusterProfile
@@ -96,7 +97,7 @@ class HpcrlSection(BaseModel):
 
     @field_validator("*", mode="before")
     @classmethod
-    def _no_bool_numbers(cls, value, info: ValidationInfo):
+    def _no_bool_numbers(cls, value: Any, info: ValidationInfo) -> Any:
         # Pydantic reads true as 1: `nodes: true` planned one node and blamed memory.
         if isinstance(value, bool) and cls.model_fields[str(info.field_name)].annotation in _NUMBERS:
             raise ValueError(f"{str(value).lower()} is not a number")
@@ -104,7 +105,7 @@ class HpcrlSection(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _backend_defaults(cls, data):
+    def _backend_defaults(cls, data: Any) -> Any:
         # The backend's own entry point, checkout, python and log-prob path unless given (the
         # values the default backend's configs had as field defaults, so they hash as before).
         if isinstance(data, dict):
@@ -113,7 +114,7 @@ class HpcrlSection(BaseModel):
 
     @field_validator("run_root", "workdir", "container")
     @classmethod
-    def _paths(cls, value):
+    def _paths(cls, value: Any) -> Any:
         if value is not None and (problem := path_problem(value)):
             raise ValueError(f"{value!r}: {problem}")
         return value
@@ -131,19 +132,19 @@ class HpcrlSection(BaseModel):
 
     @field_validator("code_server", "stack_check", mode="before")
     @classmethod
-    def _on_off(cls, value):
+    def _on_off(cls, value: Any) -> Any:
         # YAML 1.1 reads unquoted on/off as booleans.
         return {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value
 
     @field_validator("framework_version", mode="before")
     @classmethod
-    def _version_text(cls, value):
+    def _version_text(cls, value: Any) -> Any:
         # YAML reads an unquoted 0.9 or 1e5 as a number: the version is text.
         return str(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else value
 
     @field_validator("time", mode="before")
     @classmethod
-    def _sexagesimal(cls, value):
+    def _sexagesimal(cls, value: Any) -> Any:
         # YAML 1.1 reads an unquoted 24:00:00 as the base-60 integer 86400: turn it back.
         if isinstance(value, int) and not isinstance(value, bool):
             h, rest = divmod(value, 3600)
@@ -202,6 +203,6 @@ class RunPlan:
         return self.layouts[0]
 
     @property
-    def backend(self):
+    def backend(self) -> Backend:
         """The Backend of the config's `hpcrl.backend` (from the registry, by name)."""
         return get_backend(self.config.hpcrl.backend)

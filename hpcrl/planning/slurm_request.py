@@ -33,7 +33,7 @@ def check_run_name(name: str) -> str:
     return name
 
 
-def _sbatch_value(field: str, value: str, pattern: re.Pattern | None = None) -> str:
+def _sbatch_value(field: str, value: str, pattern: re.Pattern[str] | None = None) -> str:
     ok = pattern.match(value) if pattern else sbatch_safe(value)
     if not ok:
         raise ConfigError(

@@ -61,7 +61,9 @@ def generation_band(model_s: float, basis: str = "") -> Band:
 
 def combine(gen: Band, train: Band, colocated: bool) -> StepEstimate:
     """One step: the slower side where generation and training overlap, their sum where they take turns."""
-    join = (lambda a, b: a + b) if colocated else max
+    def join(a: float, b: float) -> float:
+        return a + b if colocated else max(a, b)
+
     basis = f"generation: {gen.basis}; training: {train.basis}"
     return StepEstimate(join(gen.low_s, train.low_s), join(gen.mid_s, train.mid_s), join(gen.high_s, train.high_s),
                         basis, gen.mid_s, train.mid_s)

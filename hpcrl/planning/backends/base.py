@@ -413,7 +413,7 @@ PIN_NAMES = {"learners": "learners_per_node", "learner_nodes": "learner_nodes", 
              "engines": "engines", "util": "gpu_memory_utilization"}
 
 
-def cli_pins_into(values: dict, cli_pins: list[str] | None, allowed: tuple[str, ...] = tuple(PIN_NAMES)) -> Pins:
+def cli_pins_into(values: dict[str, Any], cli_pins: list[str] | None, allowed: tuple[str, ...] = tuple(PIN_NAMES)) -> Pins:
     """`--pin key=value` on top of the config's pins; each choice once, each a count of 1 or more (util in (0, 1])."""
     given: dict[str, str] = {}
     for item in cli_pins or []:

@@ -51,7 +51,8 @@ class Fact:
 
 @lru_cache(maxsize=1)
 def _table() -> dict[str, Any]:
-    return json.loads(_DATA.read_text())
+    table: dict[str, Any] = json.loads(_DATA.read_text())
+    return table
 
 
 # The frameworks the table describes, in its order (a new backend with code to read adds its entry).

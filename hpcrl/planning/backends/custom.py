@@ -121,7 +121,7 @@ class CustomBackend(Backend):
     disk = DISK
     learner_from_plan = True
 
-    def memory_answer(self, cfg: RunConfig, profile: ClusterProfile, given: Any, learner_gpus: int | None) -> dict:
+    def memory_answer(self, cfg: RunConfig, profile: ClusterProfile, given: Any, learner_gpus: int | None) -> dict[str, Any]:
         return memory_answer(self, cfg, profile, given, learner_gpus)
 
     # ------------------------------------------------------------------ keys

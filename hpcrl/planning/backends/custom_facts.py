@@ -64,7 +64,7 @@ DISK = DiskFacts(keys=KEYS, budget=budget, fixes=fixes, run_inputs=run_inputs)
 
 
 def memory_answer(backend: Any, cfg: RunConfig, profile: ClusterProfile, given: Any,
-                  learner_gpus: int | None) -> dict:
+                  learner_gpus: int | None) -> dict[str, Any]:
     """plan-memory for the custom backend: the script's HF/TRL-style learner on one GPU of `profile`
     (hpcrl/memory/hf_plan.py), as `plan` and `render` plan it; `learner_gpus` training processes (DDP).
     `backend`: the CustomBackend (its processes and learner setup); `given`: plan-memory's flags (hpcrl.planning.memory_question.Overrides)."""

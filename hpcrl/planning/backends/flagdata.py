@@ -17,4 +17,5 @@ def load_table(filename: str) -> dict[str, dict[str, Any]]:
 
 def load_meta(filename: str) -> dict[str, Any]:
     """The table's `_meta` entry: upstream repository, commit, entry point, renames."""
-    return json.loads((DATA / filename).read_text())["_meta"]
+    meta: dict[str, Any] = json.loads((DATA / filename).read_text())["_meta"]
+    return meta

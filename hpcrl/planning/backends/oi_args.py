@@ -26,7 +26,8 @@ def arg_table(layout: ArgLayout = "current") -> dict[str, dict[str, Any]]:
 
 def arg_meta(layout: ArgLayout = "current") -> dict[str, Any]:
     data = json.loads((_DATA / f"open_instruct_args_{layout}.json").read_text())
-    return data["_meta"]
+    meta: dict[str, Any] = data["_meta"]
+    return meta
 
 
 def _kind(type_text: str) -> str:

@@ -101,7 +101,7 @@ def format_values(name: str, value: Any, type_text: str) -> tuple[str, ...] | No
     return (_scalar(name, value),)
 
 
-def layout_args(layout: Layout, nodes: int, table: dict[str, dict]) -> dict[str, Any]:
+def layout_args(layout: Layout, nodes: int, table: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """The planner's fields as open-instruct arguments (num_nodes where the layout has it)."""
     fields = dict(layout.open_instruct_fields())
     if "num_nodes" in table:
@@ -278,7 +278,7 @@ class OpenInstructBackend(Backend):
     def workload_from_config(self, cfg: RunConfig, model: str | None = None) -> Workload:
         layout = cfg.hpcrl.arg_layout
 
-        def arg(name: str):
+        def arg(name: str) -> Any:
             return cfg.args[name] if name in cfg.args else default(name, layout)
 
         name = model or cfg.model_name
@@ -311,7 +311,7 @@ class OpenInstructBackend(Backend):
         )
 
     def pins_from(self, cfg: RunConfig, cli_pins: list[str] | None = None) -> Pins:
-        values: dict = {}
+        values: dict[str, Any] = {}
         a = cfg.args
         if "num_learners_per_node" in cfg.pinned:
             entries = a["num_learners_per_node"]

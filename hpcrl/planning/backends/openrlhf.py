@@ -88,7 +88,7 @@ def renamed() -> dict[str, str]:
     return {k: v for k, v in load_meta(TABLE)["renamed_from"].items() if k != "note"}
 
 
-def _default(meta: dict) -> Any:
+def _default(meta: dict[str, Any]) -> Any:
     raw = meta["default"]
     if raw in ("None", "True", "False"):
         return {"None": None, "True": True, "False": False}[raw]
@@ -96,7 +96,7 @@ def _default(meta: dict) -> Any:
     return value.strip('"') if isinstance(value, str) else value
 
 
-def format_flag(name: str, value: Any, meta: dict) -> tuple[str, ...] | None:
+def format_flag(name: str, value: Any, meta: dict[str, Any]) -> tuple[str, ...] | None:
     """The words of `--name value` for argparse; None to leave the flag out (its default)."""
     action, kind = meta.get("action", "store"), meta["type"]
     if action in ("store_true", "store_false"):

@@ -23,7 +23,7 @@ def release_list(backend: str | None = None) -> dict[str, list[dict[str, Any]]]:
     names = [b for b in backend_names() if versions.known(b)]
     if backend is not None and backend not in names:
         raise HpcrlError(f"versions {backend}: hpcrl keeps no versions of it; valid: {', '.join(names)}")
-    rows: list[dict] = []
+    rows: list[dict[str, Any]] = []
     pinned_by: dict[str, Any] = {}
     for name in names:
         default = versions.default(name)

@@ -27,7 +27,8 @@ _DATA = Path(__file__).with_name("data")
 
 @lru_cache(maxsize=1)
 def _facts() -> dict[str, Any]:
-    return json.loads((_DATA / "stack.json").read_text())
+    facts: dict[str, Any] = json.loads((_DATA / "stack.json").read_text())
+    return facts
 
 
 def has_facts(backend: str) -> bool:
@@ -38,8 +39,10 @@ def has_facts(backend: str) -> bool:
 def facts_of(v: Version) -> dict[str, Any] | None:
     """The install facts of one version: its own stack file, else stack.json under its commit."""
     if v.stack_file:
-        return json.loads((_DATA / v.stack_file).read_text())
-    return _facts().get(v.backend, {}).get(v.key)
+        own: dict[str, Any] = json.loads((_DATA / v.stack_file).read_text())
+        return own
+    facts: dict[str, Any] | None = _facts().get(v.backend, {}).get(v.key)
+    return facts
 
 
 def _cited(item: dict[str, Any], at: str) -> dict[str, Any]:

@@ -36,7 +36,7 @@ from hpcrl.planning.backends.trl_launch import (
     ACCELERATE_CONFIG, DEEPSPEED_CONFIG, GROUP_PORT, HEALTH_PATH, MAIN_PROCESS_PORT, SERVER_PORT, TrlJob,
     accelerate_config, config_files, deepspeed_config)
 from hpcrl.planning.backends.trl_plan import plan_colocate, plan_server_layouts
-from hpcrl.planning.layout import Pins, Workload
+from hpcrl.planning.layout import Layout, Pins, Workload
 
 if TYPE_CHECKING:
     from hpcrl.planning.run_types import HpcrlSection, RunConfig, RunPlan
@@ -276,7 +276,7 @@ class TrlBackend(Backend):
         return Planned(layouts, choices, tuple(warnings), workload=ws, idle_explained=not lay.colocated)
 
     def _layouts(self, cfg: RunConfig, profile: ClusterProfile, nodes: int, w: Workload, pins: Pins, batch: int,
-                 per_gen: int, generations: int) -> list:
+                 per_gen: int, generations: int) -> list[Layout]:
         passes = int(self.arg(cfg, "num_iterations"))
         if self.colocated(cfg):
             sleeps = bool(self.arg(cfg, "vllm_enable_sleep_mode"))

@@ -231,7 +231,7 @@ class VerlBackend(Backend):
         )
 
     def pins_from(self, cfg: RunConfig, cli_pins: list[str] | None = None) -> Pins:
-        values: dict = {}
+        values: dict[str, Any] = {}
         if TP_KEY in cfg.args:
             values["tp"] = int(cfg.args[TP_KEY])
         if UTIL_KEY in cfg.args:

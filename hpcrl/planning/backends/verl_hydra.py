@@ -47,7 +47,7 @@ def is_interpolation(text: str) -> bool:
     return text.startswith("${") and text.endswith("}") and "\n" not in text
 
 
-def expected_kind(meta: dict) -> str:
+def expected_kind(meta: dict[str, Any]) -> str:
     """bool | int | float | str | list | dict | any, from the annotation or the default's type."""
     ann = str(meta.get("annotation") or "").replace(" ", "")
     for kind in ("bool", "int", "float", "str"):

@@ -64,7 +64,8 @@ class KeyNotInVersionError(ConfigError):
 
 @lru_cache(maxsize=1)
 def _index() -> dict[str, Any]:
-    return json.loads((_DATA / "versions.json").read_text())
+    data: dict[str, Any] = json.loads((_DATA / "versions.json").read_text())
+    return data
 
 
 def known(backend: str) -> list[Version]:
@@ -99,7 +100,8 @@ def resolve(backend: str, name: str | None) -> Version:
 
 @lru_cache(maxsize=None)
 def _load(filename: str) -> dict[str, Any]:
-    return json.loads((_DATA / filename).read_text())
+    data: dict[str, Any] = json.loads((_DATA / filename).read_text())
+    return data
 
 
 def table(backend: str, name: str | None = None) -> dict[str, dict[str, Any]]:
@@ -109,7 +111,8 @@ def table(backend: str, name: str | None = None) -> dict[str, dict[str, Any]]:
 
 def meta(backend: str, name: str | None = None) -> dict[str, Any]:
     """The version's key table `_meta` (repo, commit, entry point, ...)."""
-    return _load(resolve(backend, name).args_file)["_meta"]
+    meta: dict[str, Any] = _load(resolve(backend, name).args_file)["_meta"]
+    return meta
 
 
 def capabilities(backend: str, name: str | None = None) -> dict[str, Any]:

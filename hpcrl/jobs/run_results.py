@@ -35,7 +35,7 @@ def submit(request: RunRequest, *, script: Where = None, run_dir: str | None = N
     done = lifecycle.submit(reg, sub, dry_run=dry_run, keep_exclusions=keep_exclusions)
     return {"run_id": done.run_id, "job_id": done.job_id, "dry_run": dry_run, "script": str(done.script_path),
             "run_dir": str(sub.run_dir.path), "log": str(done.log_path) if done.log_path else None,
-            "command": done.command, "registry": str(reg.path), "warnings": list(sub.warnings)}
+            "command": done.command, "registry": str(reg.path), "warnings": [*sub.warnings, *done.warnings]}
 
 
 def run_data(r: Run) -> dict:

@@ -32,6 +32,11 @@ def _who(uid: int) -> str:
         return f"uid {uid}"
 
 
+def _you() -> str:
+    """The user, as the refusals name the owners they accept: 'alice or root', or 'root'."""
+    return _who(os.getuid()) + (" or root" if os.getuid() else "")
+
+
 def _level(level: Path, st: os.stat_result, shared: bool, warnings: list[str]) -> str | None:
     """Why one directory of the path is unsafe (None: it is safe); a shared root's warnings go to warnings."""
     me = os.getuid()
@@ -39,7 +44,7 @@ def _level(level: Path, st: os.stat_result, shared: bool, warnings: list[str]) -
         return f"{level} is not a directory"
     if st.st_uid not in (0, me):
         if not shared:
-            return (f"{level} belongs to {_who(st.st_uid)}, not to {_who(me)} or root: its owner could rename the "
+            return (f"{level} belongs to {_who(st.st_uid)}, not to {_you()}: its owner could rename the "
                     "run directory away and put a link in its place")
         warnings.append(f"{level} belongs to {_who(st.st_uid)}: its owner could rename the run directory away and "
                         "put a link in its place (accepted: storage.run_root_shared)")
@@ -80,7 +85,7 @@ def check_run_dir(path: str | os.PathLike, *, shared: bool = False) -> PathCheck
         if stat.S_ISLNK(st.st_mode):
             hops += 1
             if st.st_uid not in (0, me):
-                why = f"{entry} is a link of {_who(st.st_uid)}, not of {_who(me)} or root: its owner could point it elsewhere"
+                why = f"{entry} is a link of {_who(st.st_uid)}, not of {_you()}: its owner could point it elsewhere"
             elif hops > MAX_LINKS:
                 why = f"more than {MAX_LINKS} links on the way"
             else:

@@ -202,14 +202,16 @@ def test_a_name_mktemp_cannot_make_is_its_own_reason_never_the_nodes(tmp_path):
     reason (node-local-taken) is not continued, so no node is excluded."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    (bin_dir / "mktemp").write_text("#!/bin/bash\n"
-                                    'echo "mktemp: failed to create directory via template \'${@: -1}\': File exists" >&2\n'
-                                    "exit 1\n")
+    (bin_dir / "mktemp").write_text(
+        "#!/bin/bash\n"
+        'echo "mktemp: failed to create directory via template \'${@: -1}\': File exists" >&2\n'
+        "exit 1\n")
     (bin_dir / "mktemp").chmod(0o755)
     script = rendered_script()
     fns = bash_functions(script, *(f for f in ("private_dir", "safe_path", "path_level") if f"\n{f}() {{" in script))
     res = subprocess.run(["bash", "-c", fns + 'private_dir "$1" hpcrl-7.0', "-", str(tmp_path / "nl")],
-                         capture_output=True, text=True, timeout=30, env={**os.environ, "PATH": f"{bin_dir}:/usr/bin:/bin"})
+                         capture_output=True, text=True, timeout=30,
+                         env={**os.environ, "PATH": f"{bin_dir}:/usr/bin:/bin"})
     assert res.returncode == 4 and "another user is making this job's names first; not this node's fault" in res.stderr
     assert contract.NODE_LOCAL_TAKEN not in contract.FAILURE_REASONS + contract.LIMIT_REASONS
 
@@ -288,7 +290,8 @@ def stop_the_watchdog(env, run_id: str, job: str, rd: RunDir) -> None:
     assert (final["reason"], end_of(rd, job)) == ("watchdog-hung", "watchdog-hung:87"), log
     assert read_chain(rd)[job].next_job is None, log
     deadline = time.monotonic() + 30  # the end is recorded first, then everything is stopped
-    while (left := [a for a in subprocess.run(["ps", "-eww", "-o", "args="], capture_output=True, text=True).stdout.splitlines()
+    while (left := [a for a in subprocess.run(["ps", "-eww", "-o", "args="], capture_output=True,
+                                              text=True).stdout.splitlines()
                     if f"hpcrl-{job}." in a or str(rd.path) in a]) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert left == [], left

@@ -152,7 +152,8 @@ def lock_holders(path: Path) -> list[str]:
     out = []
     for pid in pids:
         try:
-            cmd = " ".join(Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").replace("\0", " ").split())
+            raw = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+            cmd = " ".join(raw.replace("\0", " ").split())
         except OSError:
             cmd = ""
         out.append(f"pid {pid}" + (f" ({cmd[:80]})" if cmd else ""))

@@ -137,13 +137,15 @@ run_directory() {
     RUN_DIR="${PROJECTDIR}"/hpcrl-runs/grpo-olmo3-32b
     [[ $RUN_DIR == /* ]] || RUN_DIR=$PWD/$RUN_DIR
     # Every level of its path is the user's or root's, and no one else may write it (safe_path, as for
-    # the node-local path): whoever may rename a level could move the run directory
+    # the node-local path; storage.run_root_shared: a level the project's group may write, or
+    # another member owns, is warned about): whoever may rename a level could move the run directory
     # away and put a link in its place, and this job's records, logs and the script its continuation
     # runs would go where they chose. From here on the job uses its physical path.
     local rc=0
     safe_path "run directory's path" hpcrl.run_root "$RUN_DIR" make "${RUN_ROOT_SHARED:+shared}" || rc=$?
     if ((rc == 0)) && [[ $(stat -c %u -- "$SAFE_PATH") != "$(id -u)" ]]; then
-        echo "hpcrl: error: the run directory $SAFE_PATH belongs to $(stat -c %U -- "$SAFE_PATH"), not to $(id -un); refusing to use it" >&2
+        echo "hpcrl: error: the run directory $SAFE_PATH belongs to $(stat -c %U -- "$SAFE_PATH")," \
+            "not to $(id -un); refusing to use it" >&2
         rc=3
     fi
     if ((rc != 0)); then
@@ -401,7 +403,7 @@ refuse_run_dir() {
 }
 
 # The profile's storage.run_root_shared (hpcrl submit reads it here too).
-RUN_ROOT_SHARED=""
+RUN_ROOT_SHARED=1
 MAX_RESTARTS=10
 MAX_FAILURE_RESTARTS=3
 FAILURE_BACKOFF_S=60
@@ -651,20 +653,22 @@ lost_job_nodes() {
     timeout 5 sinfo -h -N -n "$SLURM_JOB_NODELIST" -t down -o %N 2>/dev/null | sort -u | paste -sd, -
 }
 
-# term_cause: why Slurm sent a TERM that no cancel marker explains, from `scontrol show job`:
-# preempted (a PreemptTime is set, or the state says so), timeout (Reason=TimeLimit: the limit came
-# without its warning), else cancelled (a plain scancel: nothing continues); preempted, as before,
-# when Slurm does not answer.
+# term_cause: why a TERM came that no cancel marker explains, from `scontrol show job`: timeout
+# (Reason=TimeLimit: the limit came without its warning); cancelled when Slurm has ended the job
+# (CANCELLED, or COMPLETING) for no reason of its own and no preemption (a plain `scancel`: nothing
+# continues); else preempted, as before (a PreemptTime or PREEMPTED state, a TERM sent to a job Slurm
+# still runs, or Slurm not answering).
 term_cause() {
     local out
     if ! out=$(timeout 5 scontrol show job -o "$SLURM_JOB_ID" 2>/dev/null); then
         echo preempted
-    elif [[ $out =~ (^|[[:space:]])(PreemptTime=[0-9]|JobState=PREEMPTED) ]]; then
-        echo preempted
     elif [[ $out =~ (^|[[:space:]])Reason=TimeLimit([[:space:]]|$) ]]; then
         echo timeout
-    else
+    elif [[ $out =~ (^|[[:space:]])JobState=(CANCELLED|COMPLETING)[[:space:]] &&
+        $out =~ [[:space:]]Reason=None[[:space:]] && ! $out =~ [[:space:]]PreemptTime=[0-9] ]]; then
         echo cancelled
+    else
+        echo preempted
     fi
 }
 
@@ -708,7 +712,8 @@ on_signal() {
     if [[ $reason == timeout ]] && watchdog_quiet 60; then
         reason=watchdog-hung
         WATCHDOG_HUNG=1
-        log "the watchdog has not beaten for over 60 s at the time-limit warning: watchdog-hung, not a time limit"
+        log "the watchdog has not beaten for over 60 s at the time-limit warning:" \
+            "watchdog-hung, not a time limit"
     fi
     STOP_REASON=$reason
     log "received SIG$2: stopping ($reason)"
@@ -848,9 +853,9 @@ on_exit() {
     return 0
 }
 
-# fail REASON MESSAGE: stop here; the EXIT trap records REASON.
+# fail REASON MESSAGE...: stop here; the EXIT trap records REASON.
 fail() {
-    log "error: $2"
+    log "error: ${*:2}"
     END_REASON=$1
     exit 1
 }
@@ -1002,8 +1007,8 @@ node_dirs() {
         XDG_CACHE_HOME="$NODE_DIR/cache" FLASHINFER_WORKSPACE_BASE="$NODE_DIR"
 }
 
-# private_dir BASE NAME: a new directory BASE/NAME.<12 random characters> of this user's, mode 0700,
-# in PRIVATE_DIR. mktemp makes it in one step, mode 0700, and takes another name when one exists:
+# private_dir BASE NAME: a new directory BASE/NAME.<12 random characters> of this
+# user's, mode 0700, in PRIVATE_DIR. mktemp makes it in one step, mode 0700, and takes another name when one exists:
 # no one can make it first, and with 62^12 names nobody can make them all to keep the job from
 # making one (three characters, 238,328 names, were all made in 13 s). Whoever may rename entries of a
 # directory above it could still move it away, so BASE must pass safe_path (below) and is used by its
@@ -1021,7 +1026,8 @@ private_dir() {
     fi
     if ! out=$(mktemp -d -- "$SAFE_PATH/$2.XXXXXXXXXXXX" 2>&1); then
         if [[ $out == *"File exists"* ]]; then
-            echo "hpcrl: error: every name mktemp tried for $SAFE_PATH/$2.XXXXXXXXXXXX was taken ($out): another user is making this job's names first; not this node's fault" >&2
+            echo "hpcrl: error: every name mktemp tried for $SAFE_PATH/$2.XXXXXXXXXXXX was taken ($out):" \
+                "another user is making this job's names first; not this node's fault" >&2
             return 4
         fi
         echo "hpcrl: error: cannot create a directory in $SAFE_PATH: $out" >&2
@@ -1030,7 +1036,8 @@ private_dir() {
     PRIVATE_DIR=$out
     read -r uid mode kind < <(stat -c '%u %a %F' -- "$PRIVATE_DIR") || true
     if [[ $uid != "$(id -u)" || $mode != 700 || $kind != directory ]]; then
-        echo "hpcrl: error: $PRIVATE_DIR is not a 0700 directory of $(id -un) right after mktemp made it; refusing to use it" >&2
+        echo "hpcrl: error: $PRIVATE_DIR is not a 0700 directory of $(id -un) right after mktemp made it;" \
+            "refusing to use it" >&2
         return 3
     fi
 }
@@ -1047,7 +1054,7 @@ safe_path() {
     local what=$1 setting=$2 path=$3 make=${4:-} shared=${5:-} cur="" part target uid hops=0
     local -a todo more
     [[ $path == /* ]] || path=$PWD/$path
-    IFS=/ read -ra todo <<<"${path#/}"
+    IFS=/ read -r -d '' -a todo < <(printf '%s\0' "${path#/}") || true  # any byte but NUL, newlines too
     path_level / || return
     while ((${#todo[@]})); do
         part=${todo[0]}
@@ -1059,7 +1066,10 @@ safe_path() {
         if [[ -L $cur/$part ]]; then
             uid=$(stat -c %u -- "$cur/$part") || uid=""
             if [[ $uid != 0 && $uid != "$(id -u)" ]]; then
-                echo "hpcrl: error: $cur/$part (in the $what $path) is a link of $(id -nu "$uid" 2>/dev/null || echo "uid $uid"), not of $(id -un) or root: its owner could point it elsewhere; refusing to use it (set $setting to a directory of yours)" >&2
+                echo "hpcrl: error: $cur/$part (in the $what $path) is a link of" \
+                    "$(id -nu "$uid" 2>/dev/null || echo "uid $uid"), not of" \
+                    "$(id -un)$( ((EUID)) && printf " or root"): its owner could point it elsewhere; refusing to use it" \
+                    "(set $setting to a directory of yours)" >&2
                 return 3
             elif ((++hops > 40)); then
                 echo "hpcrl: error: the $what $path has more than 40 links on the way; refusing to use it" >&2
@@ -1069,7 +1079,7 @@ safe_path() {
             if [[ $target == /* ]]; then
                 cur=""
             fi
-            IFS=/ read -ra more <<<"${target#/}"
+            IFS=/ read -r -d '' -a more < <(printf '%s\0' "${target#/}") || true
             todo=("${more[@]}" "${todo[@]}")
             continue
         fi
@@ -1100,18 +1110,23 @@ path_level() {
     if [[ $uid != 0 && $uid != "$(id -u)" ]]; then
         who=$(id -nu "$uid" 2>/dev/null || echo "uid $uid")
         if [[ -z $shared ]]; then
-            echo "hpcrl: error: $1 (in the $what $path) belongs to $who, not to $(id -un) or root: its owner could rename or replace this job's files; refusing to use it (remove it, or set $setting to a directory of yours)" >&2
+            echo "hpcrl: error: $1 (in the $what $path) belongs to $who," \
+                "not to $(id -un)$( ((EUID)) && printf " or root"): its owner could rename or replace this job's" \
+                "files; refusing to use it (remove it, or set $setting to a directory of yours)" >&2
             return 3
         fi
-        echo "hpcrl: warning: $1 (in the $what $path) belongs to $who: its owner could rename or replace this job's files (accepted: storage.run_root_shared)" >&2
+        echo "hpcrl: warning: $1 (in the $what $path) belongs to $who: its owner could rename or replace this" \
+            "job's files (accepted: storage.run_root_shared)" >&2
     fi
     if (( (8#$mode & 8#1000) )); then
         return 0  # sticky (as /tmp): nobody renames what is not theirs
     elif (( (8#$mode & 8#002) )) || { ((8#$mode & 8#020)) && [[ -z $shared ]]; }; then
-        echo "hpcrl: error: $1 (in the $what $path) is mode $mode: other users could rename or replace this job's files; refusing to use it (chmod go-w or +t it, or set $setting elsewhere)" >&2
+        echo "hpcrl: error: $1 (in the $what $path) is mode $mode: other users could rename or replace this job's" \
+            "files; refusing to use it (chmod go-w or +t it, or set $setting elsewhere)" >&2
         return 3
     elif (( (8#$mode & 8#020) )); then
-        echo "hpcrl: warning: $1 (in the $what $path) is mode $mode: members of its group could rename or replace this job's files (accepted: storage.run_root_shared)" >&2
+        echo "hpcrl: warning: $1 (in the $what $path) is mode $mode: members of its group could rename or replace" \
+            "this job's files (accepted: storage.run_root_shared)" >&2
     fi
 }
 
@@ -1237,7 +1252,8 @@ head_node_setup() {
     if ((rc == 3)); then  # another user's directory, not this node's fault: no blame, no continuation
         fail node-local-unsafe "the node-local path on $HEAD_NODE is not safe to use (above)"
     elif ((rc == 4)); then  # another user took the names: not this node's fault either
-        fail node-local-taken "another user took every name mktemp tried in the node-local path on $HEAD_NODE (above)"
+        fail node-local-taken "another user took every name mktemp tried in the node-local path on" \
+            "$HEAD_NODE"
     elif ((rc != 0)); then
         blame ray-start-failed
         fail ray-start-failed "cannot make this job's private node-local directory on $HEAD_NODE"
@@ -1443,7 +1459,7 @@ start_poll() {
 # Wait until Ray reports every node and GPU. The head's `ray start` is retried when it dies
 # before the cluster is up; a worker step that exits has used up its own retries: the job ends.
 ray_wait() {
-    local deadline=$((SECONDS + 900 + 60)) code=0
+    local deadline=$((SECONDS + 900 + 60)) code=0 taken
     start_poll
     while kill -0 "$POLL_PID" 2>/dev/null; do
         if [[ -n $STOP_REASON ]]; then
@@ -1473,7 +1489,10 @@ ray_wait() {
                 fail node-local-unsafe "the node-local path on $(awk '$2 == "node-local-unsafe" { print $1 }' "$HPCRL_DIR/blame-$SLURM_JOB_ID" | paste -sd, -) is not safe to use (above)"
             fi
             if grep -qs ' node-local-taken$' "$HPCRL_DIR/blame-$SLURM_JOB_ID"; then
-                fail node-local-taken "another user took every name mktemp tried in the node-local path on $(awk '$2 == "node-local-taken" { print $1 }' "$HPCRL_DIR/blame-$SLURM_JOB_ID" | paste -sd, -) (above)"
+                taken=$(awk '$2 == "node-local-taken" { print $1 }' "$HPCRL_DIR/blame-$SLURM_JOB_ID" |
+                    paste -sd, -)
+                fail node-local-taken "another user took every name mktemp tried in the node-local" \
+                    "path on $taken"
             fi
             fail ray-start-failed "the worker step (srun ... ray start on the other nodes) exited with code $code before all nodes joined; see its output above"
         fi
@@ -1608,7 +1627,8 @@ sweep_left_start() {
 }
 # What the sweep runs, for a shell of its own (`declare -f`: shell functions are not inherited).
 sweep_functions() {
-    declare -f job_ended keep_ray_logs copy_ray_logs keep_left_logs left_run_dir store_logs safe_path path_level sweep_left
+    declare -f job_ended keep_ray_logs copy_ray_logs keep_left_logs left_run_dir store_logs safe_path path_level \
+        sweep_left
 }
 
 # job_ended JOB: prints how Slurm says JOB ended (its end state, or "no longer known to Slurm");
@@ -1658,7 +1678,7 @@ sweep_left() {
             kept=""
             if [[ -n ${2:-} ]]; then
                 (RAY_TMP=$tmp && keep_ray_logs "$node")
-            else
+            elif [[ -d $dir/ray || ${dir%/*} == /tmp ]]; then  # where Ray's temp dir was (not the other of the two)
                 kept=$(keep_left_logs "$tmp" "$job" "$node" "$rdir")
             fi
             rm -rf -- "$dir" 2>/dev/null || rm -rf -- "$dir"
@@ -1707,7 +1727,8 @@ left_run_dir() {
     elif ! msg=$(safe_path "run directory's path" hpcrl.run_root "$1/logs" 2>&1); then
         echo "its run dir $1 is not safe to write into: ${msg#hpcrl: error: }" >&2
         return 1
-    elif ! safe_path "run directory's path" hpcrl.run_root "$1" 2>/dev/null || [[ $(stat -c %u -- "$SAFE_PATH") != "$me" ]]; then
+    elif ! safe_path "run directory's path" hpcrl.run_root "$1" 2>/dev/null ||
+        [[ $(stat -c %u -- "$SAFE_PATH") != "$me" ]]; then
         echo "its run dir $1 is not $(id -un)'s" >&2
         return 1
     elif ! safe_path "run directory's path" hpcrl.run_root "$1/logs/ray/$2" make 2>/dev/null; then
@@ -1728,6 +1749,11 @@ store_logs() {
     printf '%s\n' "$4" >"$tmp/hpcrl-recovered"
     chmod "$(printf '%o' $((8#777 & ~8#$(umask))))" -- "$tmp"
     STORED=$tmp
+    # A mark that an earlier sweep found none (and nothing else) gives way to logs found now.
+    if [[ -n $1 && $(ls -A -- "$2/$3" 2>/dev/null) == "hpcrl-recovered" ]] \
+        && [[ $(<"$2/$3/hpcrl-recovered") == *" none" ]]; then
+        rm -rf -- "${2:?}/$3"
+    fi
     if mv -T -- "$tmp" "$2/$3" 2>/dev/null; then
         STORED=$2/$3
     fi
@@ -1812,9 +1838,10 @@ stack_check() {
     fi
 }
 
-# The watchdog beats (sets its heartbeat file's time) every 5 s from its main loop. One blocked on a hung
-# file system, or stopped, beats no more and could not see a hang: after the hang limit without a beat
-# (60 s at least) the job stops the driver itself and ends watchdog-hung (87), never continued.
+# The watchdog beats (sets its heartbeat file's time) every 5 s from its main loop. One
+# blocked on a hung file system, or stopped, beats no more and could not see a hang: after the hang
+# limit without a beat (60 s at least) the job stops the driver itself and ends
+# watchdog-hung (87), never continued.
 WATCHDOG_QUIET_S=3600
 # watchdog_quiet S: the heartbeat is older than S seconds (1 when there is none to read).
 watchdog_quiet() {
@@ -1887,7 +1914,8 @@ phase_driver() {
         fi
         if [[ -z $WATCHDOG_HUNG ]] && watchdog_quiet "$WATCHDOG_QUIET_S"; then
             WATCHDOG_HUNG=1
-            log "error: the watchdog has not beaten for over $WATCHDOG_QUIET_S s (blocked, on a hung file system, or stopped): it cannot see a hang; stopping the driver (watchdog-hung)"
+            log "error: the watchdog has not beaten for over $WATCHDOG_QUIET_S s (blocked, on a hung file system," \
+                "or stopped): it cannot see a hang; stopping the driver (watchdog-hung)"
             kill_session KILL "$DRIVER_PID"  # it may not take a TERM; the driver dies with it (PDEATHSIG)
             STOP_DEADLINE=""
         fi

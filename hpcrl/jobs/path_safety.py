@@ -94,6 +94,8 @@ def check_run_dir(path: str | os.PathLike, *, shared: bool = False) -> PathCheck
                     cur = Path("/")
                 todo = list(target.parts[1:] if target.is_absolute() else target.parts) + todo
             continue
+        if not stat.S_ISDIR(st.st_mode):
+            return PathCheck(None, tuple(warnings))  # not a directory: the submit's own mkdir says so
         cur = entry
         why = _level(cur, st, shared, warnings)
     if why is None and cur.exists() and not todo and os.stat(cur).st_uid != me:

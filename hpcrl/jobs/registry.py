@@ -23,6 +23,8 @@ from typing import Any, NamedTuple
 from platformdirs import user_data_dir
 
 from hpcrl.errors import RegistryError
+from hpcrl.jobs.registry_locks import locked_error
+from hpcrl.jobs.registry_place import note_made
 
 SCHEMA_VERSION = 1
 # SQLite's own wait for a lock, per statement; a locked registry is retried until LOCK_WAIT_S have passed,
@@ -129,94 +131,6 @@ def _locked(exc: sqlite3.OperationalError) -> bool:
     return "locked" in str(exc) or "busy" in str(exc)
 
 
-def lock_holders(path: Path) -> list[str]:
-    """'pid N (command)' of each other process holding a write lock on the registry, its WAL or its
-    shared-memory file (Linux /proc/locks; none elsewhere)."""
-    ids = set()
-    for f in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
-        try:
-            st = f.stat()
-        except OSError:
-            continue
-        ids.add(f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}")
-    try:
-        lines = Path("/proc/locks").read_text().splitlines()
-    except OSError:
-        return []
-    pids: dict[str, None] = {}
-    for line in lines:
-        words = line.split()
-        if len(words) >= 6 and words[1] != "->" and words[3] == "WRITE" and words[5] in ids \
-                and words[4] != str(os.getpid()):
-            pids[words[4]] = None
-    out = []
-    for pid in pids:
-        try:
-            raw = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
-            cmd = " ".join(raw.replace("\0", " ").split())
-        except OSError:
-            cmd = ""
-        out.append(f"pid {pid}" + (f" ({cmd[:80]})" if cmd else ""))
-    return out
-
-
-def locked_error(path: Path) -> RegistryError:
-    """The one line for a registry another process kept locked for LOCK_WAIT_S."""
-    holders = lock_holders(path)
-    who = f"by {', '.join(holders[:3])}" if holders else "by another process"
-    return RegistryError(f"registry {path} is locked {who}; waited {LOCK_WAIT_S:g} s for it: try again once that "
-                         "has finished (or stop it)")
-
-
-def known_registries_file() -> Path:
-    """Where hpcrl notes each registry it made (the user data dir, as node_excludes.data_dir)."""
-    return Path(os.environ.get("HPCRL_DATA_DIR") or user_data_dir("hpcrl")) / "registries"
-
-
-def _note_made(path: Path) -> None:
-    with contextlib.suppress(OSError):
-        known = known_registries_file()
-        known.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(known, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        try:
-            os.write(fd, f"{os.path.realpath(path)}\t{now()}\n".encode())
-        finally:
-            os.close(fd)
-
-
-def existing(explicit: str | os.PathLike | None = None) -> Path | None:
-    """The registry's path when it exists; None when no registry was made yet (a reading command makes
-    none). A registry that was there and is gone, one whose directory is gone (a file system not mounted,
-    or failed) or one that cannot be looked at is an error, never "no runs"."""
-    path = default_path(explicit)
-    try:
-        path.stat()
-        return path
-    except FileNotFoundError:
-        pass
-    except OSError as exc:
-        raise RegistryError(f"registry {path}: cannot be read ({exc.strerror}); its file system may have "
-                            "failed") from None
-    try:
-        made = [ln.split("\t") for ln in known_registries_file().read_text().splitlines()]
-    except OSError:
-        made = []
-    when = next((w[1] for w in made if len(w) == 2 and w[0] == os.path.realpath(path)), None)
-    if when:
-        raise RegistryError(f"registry {path} is gone (hpcrl made it at {when}): its file system is not mounted or "
-                            "failed, or the file was moved; give its place with --registry or $HPCRL_REGISTRY")
-    if path != Path(user_data_dir("hpcrl")) / "runs.db":  # a place the user named: it should be there
-        parent = path.parent
-        try:
-            parent.stat()
-        except FileNotFoundError:
-            raise RegistryError(f"registry {path}: its directory {parent} is not there (a file system not mounted "
-                                "or failed, or a wrong --registry / $HPCRL_REGISTRY)") from None
-        except OSError as exc:
-            raise RegistryError(f"registry {path}: its directory {parent} cannot be read ({exc.strerror})") from None
-    return None
-
-
 class DirIdentity(NamedTuple):
     """What makes two spellings of a run directory the same directory."""
 
@@ -276,7 +190,7 @@ def _create_file(path: Path) -> None:
         conn.close()  # the last close checkpoints the WAL into the file
         try:
             os.link(tmp, path)
-            _note_made(path)
+            note_made(path)
         except FileExistsError:
             pass  # another process created it first: use theirs
     finally:
@@ -355,7 +269,7 @@ class Registry:
                 if not _locked(exc):
                     raise RegistryError(f"registry {self.path}: {exc}") from None
                 if time.monotonic() >= deadline:
-                    raise locked_error(self.path) from None
+                    raise locked_error(self.path, LOCK_WAIT_S) from None
                 time.sleep(min(0.05 * 2**attempt, 1.0) + secrets.randbelow(50) / 1000)
                 attempt += 1
             except sqlite3.DatabaseError as exc:  # malformed pages, not a database, ...
@@ -385,7 +299,7 @@ class Registry:
             yield self._conn
         except sqlite3.OperationalError as exc:
             if _locked(exc):  # a read waits BUSY_TIMEOUT_MS only: the lock, not damage
-                raise locked_error(self.path) from None
+                raise locked_error(self.path, LOCK_WAIT_S) from None
             raise damaged(self.path, str(exc)) from None
         except sqlite3.DatabaseError as exc:
             raise damaged(self.path, str(exc)) from None
@@ -513,4 +427,4 @@ class Registry:
 
 
 __all__ = ["DirIdentity", "Job", "LIVE_RUN_STATES", "RUN_STATES", "Registry", "Run", "default_path", "dir_identity",
-           "existing", "lock_holders", "new_run_id", "now"]
+           "new_run_id", "now"]

@@ -11,7 +11,8 @@ from typing import Sequence
 
 from hpcrl.errors import HpcrlError
 from hpcrl.jobs import lifecycle, submission
-from hpcrl.jobs.registry import Registry, Run, default_path, existing
+from hpcrl.jobs.registry import Registry, Run, default_path
+from hpcrl.jobs.registry_place import existing
 from hpcrl.jobs.run_dir import readable_chain
 from hpcrl.planning.request import RunRequest
 
@@ -56,7 +57,7 @@ def run_data(r: Run) -> dict:
 
 def _existing(registry: Where) -> Registry | None:
     """The registry, or None when none exists yet (a reading command creates none)."""
-    return Registry(registry, create=False) if existing(registry) else None
+    return Registry(registry, create=False) if existing(default_path(registry)) else None
 
 
 def runs(*, limit: int = 20, registry: Where = None) -> dict:

@@ -76,6 +76,7 @@ from hpcrl.contract import BLAME, BREAKER, BREAKERS, DRIVER_LOG, META, RAY_DIED,
 from hpcrl.logs.driver_log import Step, StepParser, death_line, reward_unseen
 from hpcrl.logs.step_times import StepClock
 from hpcrl.runtime.watchdog_io.driver_log_file import DriverLog, say
+from hpcrl.runtime.watchdog_io.heartbeat import Heartbeat
 from hpcrl.runtime.watchdog_io.step_recorder import TimeRecorder
 from hpcrl.runtime.wait_http import pid_alive
 
@@ -224,27 +225,6 @@ def write_breaker(path: Path, trip: Trip, **extra: object) -> None:
         tmp.replace(path)
     except OSError as exc:  # a full or failed run dir: the record goes to the job's log instead
         say(f"cannot write {path} ({exc.strerror}); it would say: {text}")
-
-
-class Heartbeat:
-    """The watchdog's sign of life: FILE's modification time, set at most every beat_s seconds."""
-
-    def __init__(self, path: Path | None, beat_s: float = WATCHDOG_BEAT_S):
-        self.path, self.beat_s, self.next_at = path, beat_s, 0.0
-
-    def beat(self, now: float) -> None:
-        if self.path is None or now < self.next_at:
-            return
-        self.next_at = now + self.beat_s
-        try:
-            os.utime(self.path)
-        except FileNotFoundError:
-            try:
-                self.path.touch()
-            except OSError:
-                pass
-        except OSError:  # the job script then sees no beat, which is the truth
-            pass
 
 
 def worker_step_death(step_pid: int | None, blame: Path, wait_s: float) -> str | None:

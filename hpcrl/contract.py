@@ -197,7 +197,7 @@ CHAIN_LOCK = "chain.lock"
 # Per job, in META: the nodes blamed for a failure, and the marker that the driver has started.
 BLAME, DRIVER_STARTED = "blame-{job}", "driver-started-{job}"
 # Where a job's events go when the run directory cannot take them: JOBS_TSV in a private directory
-# <node-local>/EVENTS_FALLBACK.XXX (mktemp, 0700, kept after the job) on the node that records them,
+# <node-local>/EVENTS_FALLBACK.<MKTEMP_RANDOM characters> (mktemp, 0700, kept after the job) on the node that records them,
 # and the job's Slurm comment, which `hpcrl status` reads from any login node:
 # END_COMMENT + "<reason>:<exit code>".
 EVENTS_FALLBACK, END_COMMENT = "hpcrl-ended-{job}", "hpcrl-end:"

@@ -10,6 +10,7 @@ Runs use the lifecycle harness (private registry, run root, profile and fake ope
 from __future__ import annotations
 
 import os
+import pwd
 import re
 import shutil
 import signal
@@ -94,7 +95,6 @@ def test_a_leftover_whose_run_dir_another_user_remade_with_links_changes_nothing
         behave(env, sleep=5)
         hpcrl(env, "runs")  # the registry exists before the trap points at it
         run_id, job, rd = submit_run(env, "next", pin)
-        registry_bytes = registry.read_bytes() if registry.exists() else b""
         # The old run dir, gone, made again by the other user: real directories down to <job>/<node>, open
         # to all, and in the last one links to the victim's files under the names the sweep writes.
         kept = old_run / "logs" / "ray" / dead / node
@@ -108,8 +108,10 @@ def test_a_leftover_whose_run_dir_another_user_remade_with_links_changes_nothing
         log = rd.log(job).read_text()
         assert final["reason"] == "completed", log
         assert bashrc.read_text() == "# the victim's own\n"
-        assert registry.read_bytes()[:100] == registry_bytes[:100] and hpcrl(env, "runs").returncode == 0
-        assert tree(old_run) == trap and all(p.lstat().st_uid == pwd_uid(user) for p in old_run.rglob("*"))
+        # the registry is still SQLite's (not a copy of a log), and holds the run
+        assert registry.read_bytes()[:16] == b"SQLite format 3\0"
+        assert [r["run_id"] for r in ok_json(hpcrl(env, "runs", "--json"))["runs"]] == [run_id]
+        assert tree(old_run) == trap and all(p.lstat().st_uid == pwd.getpwnam(user).pw_uid for p in old_run.rglob("*"))
         assert not leftover.exists(), log
         own = rd.path / "logs" / "ray-left" / dead / node
         line = next((ln for ln in log.splitlines() if f"removed {leftover}" in ln), "")
@@ -118,12 +120,6 @@ def test_a_leftover_whose_run_dir_another_user_remade_with_links_changes_nothing
         assert (own / "raylet.out").read_text() == "raylet of the dead job\n"
     finally:
         subprocess.run(["rm", "-rf", str(shared_root), str(leftover)], check=False)
-
-
-def pwd_uid(user: str) -> int:
-    import pwd
-
-    return pwd.getpwnam(user).pw_uid
 
 
 # --------------------------------------------------------------------------- names nobody can exhaust
@@ -166,7 +162,7 @@ def test_every_three_character_name_of_the_next_job_squatted_and_the_job_runs(sl
         run_id, job, rd = submit_run(env, "squat", pin)
         del env["env"]["SBATCH_HOLD"]
         squat = subprocess.run(["/usr/bin/python3", "-c", SQUAT, str(here), f"hpcrl-{job}.0."], user=other_user(),
-                               group=pwd_gid(other_user()), extra_groups=[], capture_output=True, text=True,
+                               group=pwd.getpwnam(other_user()).pw_gid, extra_groups=[], capture_output=True, text=True,
                                timeout=600, cwd="/")
         assert int(squat.stdout) == len(string.ascii_letters + string.digits) ** 3, squat.stderr
         subprocess.run(["scontrol", "release", job], check=True, timeout=60)
@@ -179,12 +175,6 @@ def test_every_three_character_name_of_the_next_job_squatted_and_the_job_runs(sl
         subprocess.run(["scancel", job] if "job" in locals() else ["true"], check=False)
         subprocess.run(["umount", "-l", str(here)], check=False)
         subprocess.run(["rm", "-rf", str(base)], check=False)
-
-
-def pwd_gid(user: str) -> int:
-    import pwd
-
-    return pwd.getpwnam(user).pw_gid
 
 
 def test_the_rendered_names_carry_enough_randomness_that_nobody_makes_them_all_in_a_day():

@@ -994,13 +994,14 @@ node_dirs() {
     printf '%s\n%s\n' "${SLURMD_NODENAME:-$(hostname -s)}" "$HPCRL_RUN_DIR" >"$NODE_DIR/hpcrl-owner" || return
     RAY_TMP="$NODE_DIR/ray"
     if ((${#RAY_TMP} > 40)); then
+        # Ray makes its temp dir 0777, an existing one too (ray/_common/utils.py:597-618, Ray 2.60): it goes
+        # inside the private directory, never is it.
         private_dir /tmp "hpcrl-$SLURM_JOB_ID.$1" || return
-        RAY_TMP=$PRIVATE_DIR
-        cp -- "$NODE_DIR/hpcrl-owner" "$RAY_TMP/" || return
+        RAY_TMP=$PRIVATE_DIR/ray
+        cp -- "$NODE_DIR/hpcrl-owner" "$PRIVATE_DIR/" || return
         echo "hpcrl: warning: Ray temp dir under $HPCRL_NODE_LOCAL is too long for Ray's sockets; using $RAY_TMP" >&2
-    else
-        mkdir -p -- "$RAY_TMP"
     fi
+    mkdir -p -- "$RAY_TMP"
     # JIT caches off the shared home (NFS breaks their file locks): Triton, Inductor, vLLM
     # (under XDG_CACHE_HOME), FlashInfer (appends .cache/flashinfer to its base).
     export TRITON_CACHE_DIR="$NODE_DIR/triton" TORCHINDUCTOR_CACHE_DIR="$NODE_DIR/inductor" \
@@ -1154,8 +1155,8 @@ remove_node_dirs() {
     if [[ -n $NODE_DIR ]]; then
         rm -rf -- "$NODE_DIR" 2>/dev/null || rm -rf -- "$NODE_DIR"
     fi
-    if [[ $RAY_TMP == /tmp/hpcrl-* ]]; then
-        rm -rf -- "$RAY_TMP" 2>/dev/null || rm -rf -- "$RAY_TMP"
+    if [[ $RAY_TMP == /tmp/hpcrl-*/ray ]]; then  # the private directory of node_dirs' /tmp fallback
+        rm -rf -- "${RAY_TMP%/ray}" 2>/dev/null || rm -rf -- "${RAY_TMP%/ray}"
     fi
 }
 

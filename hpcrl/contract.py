@@ -57,6 +57,23 @@ CONTINUATIONS = {
 # not the node's fault, so no node is blamed; not continued either, since a new job meets the same
 # directory until its owner or an admin removes it (docs/safety.md).
 NODE_LOCAL_UNSAFE = "node-local-unsafe"
+# Shared nodes (docs/safety.md "Another user on the same nodes"):
+# - RUN_DIR_UNSAFE: a level of the run directory's path is another user's or writable by others (who
+#   could rename it away and put a link in its place): the job writes nothing there and blames no node.
+# - NODE_LOCAL_TAKEN: mktemp found every name it tried taken in a node-local path others may write
+#   (EEXIST): someone squats the names; not the node's fault, so no node is blamed.
+# - WATCHDOG_HUNG: the watchdog stopped beating (WATCHDOG_BEAT_S) for the hang limit, at least
+#   WATCHDOG_QUIET_S: it cannot see a hang any more (blocked on a hung file system, stopped). A hung run
+#   is never continued: the next job would hang the same way.
+# None of the three continues.
+RUN_DIR_UNSAFE, NODE_LOCAL_TAKEN = "run-dir-unsafe", "node-local-taken"
+WATCHDOG_HUNG = ("watchdog-hung", 87)
+WATCHDOG_BEAT_S, WATCHDOG_QUIET_S = 5, 60
+# Random characters in every name a job makes with mktemp in a path others may write (node-local
+# directories, Ray's /tmp fallback, the end-record fallback): 62**12 names, which nobody can make all of.
+MKTEMP_RANDOM = 12
+# Reasons whose exit code is fixed, whatever the driver's own code was when it was stopped.
+FIXED_CODES = {**RAY_DIED, WATCHDOG_HUNG[0]: WATCHDOG_HUNG[1]}
 # Slurm's job states a job does not leave: `status` stops asking about it, and a later job's sweep
 # (templates/leftovers.sh.j2) may clear the node-local directories it left (squeue -o %T prints these).
 SLURM_END_STATES = frozenset({
@@ -86,6 +103,17 @@ def reason_case(indent: str = "        ") -> str:
 def slurm_end_pattern() -> str:
     """A bash `case` pattern matching every Slurm end state (SLURM_END_STATES)."""
     return " | ".join(sorted(SLURM_END_STATES))
+
+
+def fixed_code_case(indent: str = "        ") -> str:
+    """Bash `case` arms: the end reason ($1) -> its fixed exit code, echoed; any other reason echoes $2."""
+    arms = [f"{reason}) echo {code} ;;" for reason, code in sorted(FIXED_CODES.items())]
+    return "\n".join(indent + arm for arm in [*arms, '*) echo "$2" ;;'])
+
+
+def mktemp_suffix() -> str:
+    """mktemp's template suffix: MKTEMP_RANDOM random characters."""
+    return "X" * MKTEMP_RANDOM
 
 
 def continue_case(indent: str = "        ") -> str:
@@ -182,7 +210,7 @@ CHAIN_LOCK = "chain.lock"
 # Per job, in META: the nodes blamed for a failure, and the marker that the driver has started.
 BLAME, DRIVER_STARTED = "blame-{job}", "driver-started-{job}"
 # Where a job's events go when the run directory cannot take them: JOBS_TSV in a private directory
-# <node-local>/EVENTS_FALLBACK.XXX (mktemp, 0700, kept after the job) on the node that records them,
+# <node-local>/EVENTS_FALLBACK.<MKTEMP_RANDOM characters> (mktemp, 0700, kept after the job) on the node that records them,
 # and the job's Slurm comment, which `hpcrl status` reads from any login node:
 # END_COMMENT + "<reason>:<exit code>".
 EVENTS_FALLBACK, END_COMMENT = "hpcrl-ended-{job}", "hpcrl-end:"

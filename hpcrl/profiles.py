@@ -139,6 +139,11 @@ class Storage(_Strict):
         default=False,
         description="Run directories readable by the user's group (umask 027) instead of the owner only (077)",
     )
+    run_root_shared: bool = Field(
+        default=False,
+        description="The run root sits in a project directory its group may write, or another member owns (the "
+                    "site's norm): such a level is warned about, not refused; a world-writable one still is",
+    )
 
 
 class IdleGPUPolicy(_Strict):

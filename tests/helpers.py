@@ -83,22 +83,6 @@ def assert_golden(name: str, text: str) -> None:
                     pytrace=False)
 
 
-def local_dev_script(tmp_path: Path, **kw) -> str:
-    """The rendered script of grpo-olmo3-7b on 3 local-dev nodes (make_run_plan's keywords passed on)."""
-    from hpcrl.planning.describe import describe_job
-    from hpcrl.planning.run_plan import make_run_plan
-    from hpcrl.rendering.render import render_script
-
-    return render_script(describe_job(make_run_plan("grpo-olmo3-7b", nodes=3, cluster="local-dev", **kw)))
-
-
-def bash_function(script: str, name: str) -> str:
-    """The text of the script's `name() { ... }` function, to run alone in bash."""
-    found = re.search(rf"^{name}\(\) \{{\n.*?^\}}\n", script, re.S | re.M)
-    assert found, f"no {name}() in the script"
-    return found.group(0)
-
-
 def lint(text: str, tmp_path: Path, shellcheck: str) -> None:
     path = tmp_path / "job.sbatch"
     path.write_text(text)
@@ -300,3 +284,59 @@ def start_collective(r: int, n: int, port: int, timeout: float, secret: str = SE
 def collective_result(proc: subprocess.Popen) -> dict:
     out = proc.communicate(timeout=120)[0]
     return json.loads(re.search(r"^HPCRL-COLLECTIVE (.*)$", out, re.M).group(1))
+
+
+# --------------------------------------------------------------------------- another user, the job's bash
+
+
+OTHER_USER = "hpcrl-other"  # the second Unix user the shared-node tests make (tests/test_hardening.py's too)
+
+
+def other_user() -> str:
+    """A second, unprivileged Unix user (created here when running as root, as CI does)."""
+    import pwd
+    import shutil
+
+    try:
+        pwd.getpwnam(OTHER_USER)
+        return OTHER_USER
+    except KeyError:
+        pass
+    if os.geteuid() != 0 or shutil.which("useradd") is None:
+        pytest.skip("needs a second Unix user: run as root (CI does) or create user hpcrl-other")
+    made = subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", OTHER_USER],
+                          capture_output=True, text=True)
+    if made.returncode != 0:
+        try:  # another test process (pytest-xdist) made it first
+            pwd.getpwnam(OTHER_USER)
+        except KeyError:
+            raise AssertionError(f"useradd {OTHER_USER} failed: {made.stderr.strip()}") from None
+    return OTHER_USER
+
+
+def as_other(*cmd: str, timeout: float = 30) -> subprocess.CompletedProcess:
+    """cmd run as the other user (its own group only), from /."""
+    import pwd
+
+    user = other_user()
+    return subprocess.run(list(cmd), user=user, group=pwd.getpwnam(user).pw_gid, extra_groups=[],
+                          capture_output=True, text=True, timeout=timeout, cwd="/")
+
+
+def rendered_script(**kw) -> str:
+    """The job script of the shipped 7B example on local-dev's 3 nodes (kw: make_run_plan's)."""
+    from hpcrl.planning.describe import describe_job
+    from hpcrl.planning.run_plan import make_run_plan
+    from hpcrl.rendering.render import render_script
+
+    return render_script(describe_job(make_run_plan("grpo-olmo3-7b", nodes=3, cluster="local-dev", **kw)))
+
+
+def bash_functions(script: str, *names: str) -> str:
+    """The definitions of the named shell functions in a rendered script, to run them in bash alone."""
+    out = []
+    for name in names:
+        found = re.search(rf"^{name}\(\) \{{\n.*?^\}}\n", script, re.S | re.M)
+        assert found, f"no {name}() in the script"
+        out.append(found.group(0))
+    return "".join(out)

@@ -5,8 +5,6 @@ user, and the job's processes. Its fixtures are registered for every test module
 from __future__ import annotations
 
 import os
-import pwd
-import shutil
 import sqlite3
 import subprocess
 import sys
@@ -224,32 +222,8 @@ def _has_renderer() -> bool:
 
 # --------------------------------------------------------------------------- a second user, the job's processes
 
-OTHER_USER = "hpcrl-other"
-
-
-def other_user() -> str:
-    """A second, unprivileged Unix user (created here when running as root, as CI does)."""
-    try:
-        pwd.getpwnam(OTHER_USER)
-        return OTHER_USER
-    except KeyError:
-        pass
-    if os.geteuid() != 0 or shutil.which("useradd") is None:
-        pytest.skip("needs a second Unix user: run as root (CI does) or create user hpcrl-other")
-    made = subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", OTHER_USER],
-                          capture_output=True, text=True)
-    if made.returncode != 0:
-        try:  # another test process (pytest-xdist) made it first
-            pwd.getpwnam(OTHER_USER)
-        except KeyError:
-            raise AssertionError(f"useradd {OTHER_USER} failed: {made.stderr.strip()}") from None
-    return OTHER_USER
-
-
-def as_other(*cmd: str) -> subprocess.CompletedProcess:
-    user = other_user()
-    return subprocess.run(list(cmd), user=user, group=pwd.getpwnam(user).pw_gid, extra_groups=[],
-                          capture_output=True, text=True, timeout=30, cwd="/")
+# The second Unix user of the shared-node tests: tests/helpers.py's (re-exported for the modules that take it here).
+from helpers import as_other, other_user  # noqa: E402, F401
 
 
 def job_processes(pattern: str) -> list[tuple[int, str]]:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import bash_function, local_dev_script
+from helpers import bash_functions, rendered_script
 from hpcrl import contract
 from hpcrl.planning.run_plan import make_run_plan
 from hpcrl.planning.describe import describe_job
@@ -62,7 +62,7 @@ def test_the_scan_sees_a_planted_copy(tmp_path):
 
 
 def test_the_rendered_reason_case_answers_as_the_table(tmp_path):
-    fn = bash_function(local_dev_script(tmp_path), "reason_of")
+    fn = bash_functions(rendered_script(), "reason_of")
     codes = list(range(256))
     out = subprocess.run(["bash", "-c", fn + 'for c in "$@"; do reason_of "$c"; done', "-", *map(str, codes)],
                          capture_output=True, text=True, check=True).stdout.split()
@@ -71,7 +71,7 @@ def test_the_rendered_reason_case_answers_as_the_table(tmp_path):
 
 def test_the_rendered_continue_case_continues_the_reasons_the_table_names(tmp_path):
     """Each reason through continue_chain's case: which kind and counter file it picks, or none."""
-    fn = bash_function(local_dev_script(tmp_path), "continue_chain")
+    fn = bash_functions(rendered_script(), "continue_chain")
     case = re.search(r"^    case \$reason in\n.*?^    esac\n", fn, re.S | re.M).group(0)
     probe = ('probe() { local reason=$1 kind="" counter=""\n' + case +
              '    echo "$kind ${counter##*/}"; }\nfor r in "$@"; do echo "$(probe "$r")"; done')
@@ -123,7 +123,7 @@ def test_the_job_ends_on_a_stack_mismatch_only_and_goes_on_when_the_check_cannot
     """The rendered stack_check with its check answering `code`: 98 ends the job as the contract says;
     any other failure of the check itself is a warning and the job goes on."""
     rp = make_run_plan("verl-grpo-qwen2.5-7b", nodes=4, cluster="isambard-ai")
-    fn = bash_function(render_script(describe_job(rp)), "stack_check")
+    fn = bash_functions(render_script(describe_job(rp)), "stack_check")
     stubs = ('log() { echo "$*"; }\nfinish() { echo "FINISH $*"; exit "$2"; }\n'
              "driver_command() { DRIVER_ARGS=(a=1); }\n"
              f'python3() {{ echo "stack: answer"; return {code}; }}\nWORKDIR=/ PYTHON=python3 ENTRY_POINT=m STACK_EXPECT={{}}\n')
@@ -134,8 +134,8 @@ def test_the_job_ends_on_a_stack_mismatch_only_and_goes_on_when_the_check_cannot
 
 def test_the_stack_check_runs_before_the_first_ray_start():
     script = render_script(describe_job(make_run_plan("verl-grpo-qwen2.5-7b", nodes=4, cluster="isambard-ai")))
-    main = bash_function(script, "main")
-    first = bash_function(script, "phase_stack_check")
+    main = bash_functions(script, "main")
+    first = bash_functions(script, "phase_stack_check")
     assert (main.index("phase_stack_check") < main.index("phase_head"), "    stack_check\n" in first,
             "ray_start" in first) == (True, True, False)
 
@@ -151,7 +151,7 @@ SQUEUE_LIVE = ("CONFIGURING", "COMPLETING", "PENDING", "RESV_DEL_HOLD", "REQUEUE
 def test_the_rendered_job_ended_knows_every_slurm_end_state(tmp_path):
     """The sweep's job_ended (templates/leftovers.sh.j2) answers from the contract's end states;
     squeue is a stub printing the state (no Slurm job can be put in each state here)."""
-    fn = bash_function(local_dev_script(tmp_path), "job_ended")
+    fn = bash_functions(rendered_script(), "job_ended")
     (tmp_path / "squeue").write_text('#!/bin/bash\necho "$FAKE_STATE"\n')
     (tmp_path / "squeue").chmod(0o755)
     answers = {}

@@ -205,3 +205,64 @@ def test_the_next_job_on_a_lost_node_keeps_its_ray_logs_and_removes_its_dirs(tmp
         for d in made:
             shutil.rmtree(d, ignore_errors=True)
         bring_back(node)  # the cluster as this test found it, whatever failed
+
+
+def user_processes(job: str, node: str) -> set[int]:
+    """The job's own processes on node (the worker's shell, Ray, the monitor), not Slurm's slurmstepd;
+    processes that exit while they are looked at are not counted."""
+    want = (f"SLURM_JOB_ID={job}".encode(), f"SLURMD_NODENAME={node}".encode())
+    left = set()
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and all(w in (proc / "environ").read_bytes().split(b"\0") for w in want) \
+                    and not (proc / "comm").read_text().startswith("slurmstepd"):
+                left.add(int(proc.name))
+        except OSError:
+            pass
+    return left
+
+
+def test_a_lost_node_that_still_runs_ends_the_job_there_too_and_keeps_its_ray_logs(tmp_path, slurm):
+    """Only the worker node's slurmd dies (the node itself runs on, as after a network partition):
+    Slurm ends the job NODE_FAIL (worker-died:95 on the head), but nothing signals the job's processes
+    on that node. They must end by themselves once the head's GCS is gone and Slurm no longer runs the
+    job, keeping that node's Ray logs, those of the session that ran (never emptied by a retry)."""
+    head, node = slurm.usable[:2]
+    script, run = smoke_script(tmp_path, "alive", "exec sleep 900")
+    try:
+        job = submit(script, f"--nodelist={head},{node}")
+        deadline, first = time.monotonic() + 600, ""
+        while not first:
+            assert time.monotonic() < deadline, "Ray never started on the worker node"
+            assert scontrol_job(job).get("JobState") not in TERMINAL_JOB_STATES, list((run / "logs").iterdir())
+            for d in dirs_of(job, node):
+                for raylet in (d / "session_latest" / "logs" / "raylet.out", d / "ray" / "session_latest" / "logs" /
+                               "raylet.out"):
+                    try:
+                        first = raylet.read_text().splitlines()[0]
+                    except (OSError, IndexError):
+                        pass
+            time.sleep(1)
+        os.kill(slurmd_pid(node), 9)  # the node's slurmd only: the job's processes there run on
+        subprocess.run(["scontrol", "update", f"nodename={node}", "state=down", "reason=hpcrl test: node lost"],
+                       check=True, timeout=60)
+        assert wait_for_state(job, TERMINAL_JOB_STATES, 600)["JobState"] == "NODE_FAIL"
+        deadline, ends = time.monotonic() + 120, []
+        while not ends and time.monotonic() < deadline:
+            rows = [ln.split("\t") for ln in (run / "hpcrl" / "jobs.tsv").read_text().splitlines()]
+            ends = [r[3] for r in rows if r[:2] == [job, "end"]]
+            time.sleep(1)
+        assert ends == ["worker-died:95"], ends
+        # The head's GCS is gone with the head's end: the worker asks every 10 s, then Slurm, then stops.
+        deadline = time.monotonic() + 120
+        while (left := user_processes(job, node)) and time.monotonic() < deadline:
+            time.sleep(1)
+        worker_log = (run / "logs" / f"worker-{node}-{job}.log").read_text()
+        assert not left, worker_log[-3000:]
+        assert dirs_of(job, node) == [], worker_log[-3000:]
+        kept = run / "logs" / "ray" / job / node / "raylet.out"
+        assert kept.is_file() and kept.read_text().splitlines()[0] == first, worker_log[-3000:]
+        report = json.loads(run_hpcrl("report", "--json", str(run)).stdout)["jobs"][0]
+        assert node in report["ray_logs"] and node not in report["ray_logs_missing"], report
+    finally:
+        bring_back(node)

@@ -16,12 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from helpers import bash_function, local_dev_script
-from lifecycle_harness import as_other, other_user
+from helpers import as_other, bash_functions, other_user, rendered_script
 
 
 def private_dir(tmp_path: Path, base: Path) -> subprocess.CompletedProcess:
-    fn = bash_function(local_dev_script(tmp_path), "private_dir")
+    fn = bash_functions(rendered_script(), "private_dir", "safe_path", "path_level")
     return subprocess.run(["bash", "-c", fn + 'private_dir "$1" job-7.0 && echo "$PRIVATE_DIR"', "-", str(base)],
                           capture_output=True, text=True, timeout=30)
 

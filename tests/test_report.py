@@ -247,7 +247,8 @@ def test_json_schema_is_stable():
     assert sorted(r["timing"]) == ["file", "interval", "last_stop", "note", "records", "rows", "warnings"]
     assert r["schema_version"] == 1 and r["run_dir"] == str(CHAIN.resolve()) and r["run_id"] is None
     assert sorted(r["jobs"][0]) == ["duration_s", "end_reason", "ended", "exit_code", "failure", "head_node", "job_id",
-                                    "log", "next_job", "queued_s", "ray_logs", "ray_logs_missing", "ray_logs_recovered", "seq",
+                                    "log", "next_job", "queued_s", "ray_logs", "ray_logs_lost", "ray_logs_missing",
+                                    "ray_logs_recovered", "seq",
                                     "slurm_state", "stack_check", "started",
                                     "submitted"]
     assert sorted(r["memory"][0]) == ["gpu", "gpus", "measured_peak_gib", "node", "predicted_as", "predicted_gib",

@@ -82,7 +82,7 @@ def test_server_mode_trainer_waits_for_the_server_and_completes(tmp_path, run_sb
     # The server takes 4 s to listen (a model load); the trainer must not race it.
     script, run_dir = job_script(tmp_path, "trlok", serve="--startup-s 4")
     text = script.read_text()
-    assert "ray start" not in text
+    assert not re.search(r"^[^#\n]*\bray start\b", text, re.M)
     job = run_sbatch_and_wait(script, 300)
     log = (run_dir / "logs" / f"job-{job.job_id}.log").read_text()
     assert job.state == "COMPLETED", log

@@ -93,6 +93,9 @@ def _print(r: dict, rp) -> None:
             console.print(f"job {j['job_id']}: Ray logs of {rec['node']} recovered later, by job {rec['by_job']}"
                           f"{' at ' + rec['time'] if rec['time'] else ''} (the node was lost, or killed before its "
                           "cleanup)", soft_wrap=True, highlight=False)
+        for rec in j["ray_logs_lost"]:
+            console.print(f"job {j['job_id']}: Ray logs of {rec['node']} lost: job {rec['by_job']} found none left on "
+                          f"the node{' at ' + rec['time'] if rec['time'] else ''}", soft_wrap=True, highlight=False)
         if (missing := j["ray_logs_missing"]):
             console.print(f"job {j['job_id']}: no Ray logs kept from {', '.join(missing)} (the node was "
                           "lost, or killed before its cleanup; see its worker log); still missing: the next job of "

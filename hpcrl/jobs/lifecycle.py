@@ -19,6 +19,7 @@ from typing import NamedTuple
 from hpcrl.contract import COMPLETED, CRASHED, SLURM_STATE_REASONS
 from hpcrl.errors import HpcrlError, RunDirUnreadable, SlurmError
 from hpcrl.jobs import chain_lock, slurm
+from hpcrl.jobs.path_safety import check_run_dir
 from hpcrl.jobs.registry import Job, Registry, Run, dir_identity, now
 from hpcrl.jobs.run_dir import (JobEvents, RunDir, comment_end, read_chain, readable_chain, run_dir_problem,
                                 write_private)
@@ -36,6 +37,7 @@ class Submitted(NamedTuple):
     script_path: Path
     log_path: Path | None
     command: list[str]
+    warnings: tuple[str, ...] = ()  # the run root's, where the profile accepts a shared one
 
 
 def submit(reg: Registry, sub: Submission, *, dry_run: bool = False, extra_args: list[str] | None = None,
@@ -45,6 +47,11 @@ def submit(reg: Registry, sub: Submission, *, dry_run: bool = False, extra_args:
     keeps the nodes earlier chains excluded (and sbatch excludes them from its first job)."""
     extra = list(extra_args or [])
     command = ["sbatch", "--parsable", *extra, str(sub.run_dir.script)]
+    # Before anything is recorded or written: a run root another user could steer is refused (the job
+    # itself checks again at each start, continuations included).
+    safety = check_run_dir(sub.run_dir.path, shared=sub.run_root_shared)
+    if safety.problem:
+        raise HpcrlError(safety.problem)
     _refresh_holders(reg, sub.run_dir.path)
     if dry_run:
         # The script goes next to the registry: a live run's job.sbatch must never be overwritten.
@@ -63,7 +70,7 @@ def submit(reg: Registry, sub: Submission, *, dry_run: bool = False, extra_args:
         except OSError as exc:
             reg.forget_run(run_id)  # a dry run that wrote nothing records nothing
             raise HpcrlError(f"dry run: cannot write {path}: {exc.strerror or exc}; nothing recorded") from None
-        return Submitted(run_id, None, path, None, command)
+        return Submitted(run_id, None, path, None, command, safety.warnings)
     slurm.require("sbatch")  # before anything is written: no run dir, no registry row
     # The run directory as the filesystem names it: two spellings (a symlink, `..`) are one run dir.
     rd = RunDir(os.path.realpath(sub.run_dir.path))
@@ -102,7 +109,7 @@ def submit(reg: Registry, sub: Submission, *, dry_run: bool = False, extra_args:
         rd.append_event(job_id, "submitted")
     except OSError:
         pass  # the job writes its own start line; the registry has the job
-    return Submitted(run_id, job_id, rd.script, rd.log(job_id), command)
+    return Submitted(run_id, job_id, rd.script, rd.log(job_id), command, safety.warnings)
 
 
 def _refresh_holders(reg: Registry, run_dir: str | os.PathLike) -> None:

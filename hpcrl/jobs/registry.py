@@ -23,10 +23,14 @@ from typing import Any, NamedTuple
 from platformdirs import user_data_dir
 
 from hpcrl.errors import RegistryError
+from hpcrl.jobs.registry_locks import locked_error
+from hpcrl.jobs.registry_place import note_made
 
 SCHEMA_VERSION = 1
-BUSY_TIMEOUT_MS = 30_000
-RETRIES = 8
+# SQLite's own wait for a lock, per statement; a locked registry is retried until LOCK_WAIT_S have passed,
+# then refused in one line naming the process that holds it (a silent wait of minutes looks like a hang).
+BUSY_TIMEOUT_MS = 2_000
+LOCK_WAIT_S = 20.0
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -186,6 +190,7 @@ def _create_file(path: Path) -> None:
         conn.close()  # the last close checkpoints the WAL into the file
         try:
             os.link(tmp, path)
+            note_made(path)
         except FileExistsError:
             pass  # another process created it first: use theirs
     finally:
@@ -225,7 +230,7 @@ class Registry:
             raise RegistryError(f"registry {self.path}: cannot open ({exc})") from None
         conn.row_factory = sqlite3.Row
         try:
-            conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+            self._retry(lambda: conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}"))
             conn.execute("PRAGMA foreign_keys=ON")
             # Switching to WAL takes a write lock; a concurrent first open may find it held.
             self._retry(lambda: conn.execute("PRAGMA journal_mode=WAL"))
@@ -256,13 +261,17 @@ class Registry:
             raise
 
     def _retry(self, fn):
-        for attempt in range(RETRIES):
+        deadline, attempt = time.monotonic() + LOCK_WAIT_S, 0
+        while True:
             try:
                 return fn()
             except sqlite3.OperationalError as exc:
-                if not _locked(exc) or attempt == RETRIES - 1:
+                if not _locked(exc):
                     raise RegistryError(f"registry {self.path}: {exc}") from None
-                time.sleep(0.05 * 2**attempt + secrets.randbelow(50) / 1000)
+                if time.monotonic() >= deadline:
+                    raise locked_error(self.path, LOCK_WAIT_S) from None
+                time.sleep(min(0.05 * 2**attempt, 1.0) + secrets.randbelow(50) / 1000)
+                attempt += 1
             except sqlite3.DatabaseError as exc:  # malformed pages, not a database, ...
                 raise damaged(self.path, str(exc)) from None
 
@@ -288,6 +297,10 @@ class Registry:
     def _read(self) -> Iterator[sqlite3.Connection]:
         try:
             yield self._conn
+        except sqlite3.OperationalError as exc:
+            if _locked(exc):  # a read waits BUSY_TIMEOUT_MS only: the lock, not damage
+                raise locked_error(self.path, LOCK_WAIT_S) from None
+            raise damaged(self.path, str(exc)) from None
         except sqlite3.DatabaseError as exc:
             raise damaged(self.path, str(exc)) from None
 

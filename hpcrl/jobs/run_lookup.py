@@ -7,6 +7,7 @@ from pathlib import Path
 from hpcrl.errors import HpcrlError, RegistryError, SlurmError
 from hpcrl.jobs import lifecycle
 from hpcrl.jobs.registry import Registry, Run, default_path
+from hpcrl.jobs.registry_place import existing
 
 
 def find_run_dir(run: str, registry: Path | None = None, require_hpcrl: bool = True,
@@ -28,7 +29,7 @@ def find_run_dir(run: str, registry: Path | None = None, require_hpcrl: bool = T
         except RegistryError:
             row = None
     else:
-        if not default_path(registry).exists():  # a reading command creates no registry
+        if not existing(default_path(registry)):  # a reading command creates no registry
             raise RegistryError(f"unknown run {run!r}: no registry at {default_path(registry)}, so no runs yet "
                                 "(hpcrl submit records runs); give a run directory instead")
         reg = Registry(registry, create=False)

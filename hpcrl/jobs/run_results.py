@@ -12,6 +12,7 @@ from typing import Sequence
 from hpcrl.errors import HpcrlError
 from hpcrl.jobs import lifecycle, submission
 from hpcrl.jobs.registry import Registry, Run, default_path
+from hpcrl.jobs.registry_place import existing
 from hpcrl.jobs.run_dir import readable_chain
 from hpcrl.planning.request import RunRequest
 
@@ -35,7 +36,7 @@ def submit(request: RunRequest, *, script: Where = None, run_dir: str | None = N
     done = lifecycle.submit(reg, sub, dry_run=dry_run, keep_exclusions=keep_exclusions)
     return {"run_id": done.run_id, "job_id": done.job_id, "dry_run": dry_run, "script": str(done.script_path),
             "run_dir": str(sub.run_dir.path), "log": str(done.log_path) if done.log_path else None,
-            "command": done.command, "registry": str(reg.path), "warnings": list(sub.warnings)}
+            "command": done.command, "registry": str(reg.path), "warnings": [*sub.warnings, *done.warnings]}
 
 
 def run_data(r: Run) -> dict:
@@ -65,7 +66,7 @@ def run_data(r: Run) -> dict:
 
 def _existing(registry: Where) -> Registry | None:
     """The registry, or None when none exists yet (a reading command creates none)."""
-    return Registry(registry, create=False) if default_path(registry).exists() else None
+    return Registry(registry, create=False) if existing(default_path(registry)) else None
 
 
 def runs(*, limit: int = 20, registry: Where = None) -> dict:

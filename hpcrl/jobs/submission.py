@@ -32,6 +32,7 @@ class Submission(NamedTuple):
     source: str = ""  # the run config or the rendered script it came from
     warnings: tuple[str, ...] = ()
     dir_mode: int | None = None  # the run directory's mode (0700, or 0750 when the group shares runs)
+    run_root_shared: bool = False  # the profile's storage.run_root_shared (hpcrl/jobs/path_safety.py)
 
 
 def expand_path(raw: str, what: str, extra: dict[str, str] | None = None) -> Path:
@@ -58,7 +59,7 @@ def from_run_script(built: RunScript) -> Submission:
     root = expand_path(job.run_dir.root, "run_root", known)
     return Submission(built.text, RunDir(root / job.run_dir.name), job.run_dir.name, job.header.cluster,
                       job.header.config_digest, job.chain.max_restarts, dict(job.plan), built.plan.config.source,
-                      job.header.warnings, _dir_mode(job.environment.umask))
+                      job.header.warnings, _dir_mode(job.environment.umask), job.run_dir.shared_root)
 
 
 def _dir_mode(umask: str | None) -> int | None:
@@ -69,6 +70,7 @@ def _dir_mode(umask: str | None) -> int | None:
 _RUN_DIR_LINE = re.compile(r"^\s*(?:export\s+|readonly\s+|declare\s+(?:-\w+\s+)*)?RUN_DIR=(\S.*)$")
 _MAX_RESTARTS_LINE = re.compile(r"^\s*(?:export\s+|readonly\s+)?MAX_RESTARTS=['\"]?(\d+)")
 _UMASK_LINE = re.compile(r"^umask\s+(0?[0-7]{3})\s*$")
+_SHARED_LINE = re.compile(r"^RUN_ROOT_SHARED=1\s*$")  # as templates/rundir.sh.j2 writes it
 # "# cluster isambard-ai; config ..." as hpcrl render writes it, or "# hpcrl-cluster: NAME".
 _CLUSTER_LINE = re.compile(r"^#\s*(?:hpcrl[ -]cluster:\s*|cluster\s+)([\w.:-]+)", re.IGNORECASE)
 
@@ -102,4 +104,4 @@ def from_script(path: str | os.PathLike, *, run_dir: str | None = None, cluster:
     digest = hashlib.sha256(text.encode()).hexdigest()[:12]
     umask = next((m.group(1) for ln in lines if (m := _UMASK_LINE.match(ln))), None)
     return Submission(text, rd, rd.path.name, cluster, digest, restarts, None, str(src.resolve()),
-                      dir_mode=_dir_mode(umask))
+                      dir_mode=_dir_mode(umask), run_root_shared=any(_SHARED_LINE.match(ln) for ln in lines))

@@ -13,7 +13,7 @@ import csv
 import json
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from hpcrl import contract as C
 from hpcrl.errors import RunDirUnreadable
@@ -135,16 +135,20 @@ def _ray_logs(run_dir: Path, jid: str, head: str | None) -> dict:
     recovered there (its sweep of the node-local dirs a dead job left), and those it ran on (the head,
     each worker's log) that kept none: a node lost, or KILLed before its cleanup."""
     kept_dir = run_dir / C.LOGS / "ray" / jid
-    kept = sorted(d.name for d in kept_dir.iterdir()) if kept_dir.is_dir() else []
-    recovered = []
+    kept = sorted(d.name for d in kept_dir.iterdir() if not d.name.startswith(".")) if kept_dir.is_dir() else []
+    recovered: list[dict[str, Any]] = []
+    lost: list[dict[str, Any]] = []
     for node in kept:
         mark = kept_dir / node / C.RAY_LOGS_RECOVERED
-        by, _, when = (mark.read_text(errors="replace").strip() if mark.is_file() else "").partition(" ")
+        by, when, *rest = (mark.read_text(errors="replace").split() if mark.is_file() else []) + ["", ""]
         if by:
-            recovered.append({"node": node, "by_job": by, "time": when or None})
+            # "<job> <time> none": that job's sweep found the directory the job left, with no Ray logs in it.
+            (lost if rest[0] == "none" else recovered).append({"node": node, "by_job": by, "time": when or None})
     ran = {head} if head else set()
     ran |= {p.name[len("worker-"):-len(f"-{jid}.log")] for p in (run_dir / C.LOGS).glob(f"worker-*-{jid}.log")}
-    return {"ray_logs": kept, "ray_logs_missing": sorted(ran - set(kept)), "ray_logs_recovered": recovered}
+    gone = {r["node"] for r in lost}
+    return {"ray_logs": [n for n in kept if n not in gone], "ray_logs_missing": sorted(ran - set(kept)),
+            "ray_logs_recovered": recovered, "ray_logs_lost": lost}
 
 
 def failure_detail(detail: str) -> tuple[str, list[str]]:

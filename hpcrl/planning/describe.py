@@ -356,7 +356,7 @@ def describe_job(rp: RunPlan, *, smoke: bool = False) -> JobSpec:
         phases=_phases(rp, ray is not None, smoke, backend.label, steps),
         environment=_environment(rp),
         run_dir=RunDirectory(root=run_root(rp).rstrip("/") or "/", name=run_name, node_local=prof.storage.node_local.path,
-                             ray_log_keep_mib=prof.ray.log_keep_mib),
+                             ray_log_keep_mib=prof.ray.log_keep_mib, shared_root=prof.storage.run_root_shared),
         ray=ray,
         services=services,
         steps=steps,

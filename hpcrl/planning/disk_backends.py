@@ -20,7 +20,7 @@ def budget(backend: str, s: DiskInputs) -> Budget:
     """The disk budget of a run of `backend`, with single settings that fit when it does not."""
     s.check()
     facts = get_backend(backend).disk
-    b = facts.budget(s)
+    b: Budget = facts.budget(s)
     if b.fits is False:
         b = replace(b, fixes=tuple(f for f in facts.fixes(b) if f is not None))
     return b

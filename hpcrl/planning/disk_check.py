@@ -36,7 +36,8 @@ def run_inputs(rp: RunPlan, quota_gib: float | None = None, hf_cache: bool | Non
     def value(key: str) -> Any:
         return args[key] if key in args else rp.backend.arg(cfg, key)
 
-    return rp.backend.disk.run_inputs(rp, value, base)
+    inputs: DiskInputs = rp.backend.disk.run_inputs(rp, value, base)
+    return inputs
 
 
 def config_inputs(rp: RunPlan, quota_gib: float | None, hf_cache: bool | None, **extra: Any) -> tuple[DiskInputs, str]:

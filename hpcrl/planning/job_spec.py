@@ -127,6 +127,7 @@ class RunDirectory(_Record):
     name: str
     node_local: str
     ray_log_keep_mib: int  # Ray logs a later job's sweep keeps of a job that died on a node (MiB per node)
+    shared_root: bool = False  # the site's run root is a shared project directory (profile storage.run_root_shared)
 
 
 class RaySpec(_Record):

@@ -99,7 +99,8 @@ class Question:
     @property
     def grads_resident(self) -> bool:
         """Colocated without a config: whether gradients stay on the GPU between steps (the framework's)."""
-        return get_backend(self.backend).memory.grads_resident
+        resident: bool = get_backend(self.backend).memory.grads_resident
+        return resident
 
     def check_features(self) -> None:
         """Refuse LoRA or 4-bit for a framework whose code does not apply them (capabilities.json)."""
@@ -423,7 +424,8 @@ def _colocated_run(q: Question, profile: ClusterProfile, learner_gpus: int | Non
 
 def own_answer(cfg: RunConfig, profile: ClusterProfile, given: Overrides, learner_gpus: int | None) -> dict[str, Any] | None:
     """plan-memory's answer from the config's backend's own memory model (None: the shared question applies)."""
-    return get_backend(cfg.hpcrl.backend).memory_answer(cfg, profile, given, learner_gpus)
+    answer: dict[str, Any] | None = get_backend(cfg.hpcrl.backend).memory_answer(cfg, profile, given, learner_gpus)
+    return answer
 
 
 __all__ = ["Overrides", "Question", "refuse_flags", "answer", "choose_memory_plan", "defaults_backends", "from_config", "from_defaults",

@@ -14,7 +14,8 @@ from hpcrl.planning.run_types import RunPlan
 
 def no_resume_reason(rp: RunPlan) -> str:
     """The setting that leaves a continuation nothing to resume from, in the backend's key; "" when it can."""
-    if (declared := rp.backend.declared_resume(rp.config)) is not None:  # a user's script says how it resumes
+    declared: str | None = rp.backend.declared_resume(rp.config)
+    if declared is not None:  # a user's script says how it resumes
         return declared
     if rp.backend.disk.keep_default is None:
         return ""

@@ -21,12 +21,14 @@ from hpcrl.profiles import ClusterProfile
 
 def workload_from_config(cfg: RunConfig, model: str | None = None) -> Workload:
     """The planner's view of a run config (the backend's defaults where unset)."""
-    return get_backend(cfg.hpcrl.backend).workload_from_config(cfg, model)
+    w: Workload = get_backend(cfg.hpcrl.backend).workload_from_config(cfg, model)
+    return w
 
 
 def pins_from(cfg: RunConfig, cli_pins: list[str] | None = None) -> Pins:
     """Pins from pinned config fields and `--pin key=value` (learners, learner_nodes, tp, engines, util)."""
-    return get_backend(cfg.hpcrl.backend).pins_from(cfg, cli_pins)
+    pins: Pins = get_backend(cfg.hpcrl.backend).pins_from(cfg, cli_pins)
+    return pins
 
 
 # A GPU that computes a fraction f of the time averages about idle + f x (busy - idle) watts.

@@ -21,7 +21,6 @@ from hpcrl.planning.backends.oi_args import ArgLayout
 from hpcrl.shell import path_problem
 
 if TYPE_CHECKING:
-    from hpcrl.planning.backends.base import Backend
     from hpcrl.planning.cadence import Cadence
     from hpcrl.planning.layout import Layout, Pins, Workload
     from hpcrl.profiles import ClusterProfile
@@ -203,6 +202,6 @@ class RunPlan:
         return self.layouts[0]
 
     @property
-    def backend(self) -> Backend:
+    def backend(self) -> Any:
         """The Backend of the config's `hpcrl.backend` (from the registry, by name)."""
         return get_backend(self.config.hpcrl.backend)

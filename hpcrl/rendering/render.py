@@ -227,6 +227,7 @@ def _context(job: JobSpec) -> dict:
         "rendered_exclude": ",".join(job.slurm.exclude),
         "ray_start_attempts": ray.start_attempts if ray else 0,
         "ray_log_keep_mib": job.run_dir.ray_log_keep_mib,
+        "run_root_shared": job.run_dir.shared_root,
         **_contract_context(),
     }
 
@@ -249,7 +250,17 @@ def _contract_context() -> dict:
                   "service_slots": c.SERVICE_SLOTS, "node_slots": c.NODE_SLOTS, "draws": c.PORT_DRAWS,
                   "head_flags": c.HEAD_PORT_FLAGS, "node_flags": c.NODE_PORT_FLAGS, "metric_vars": c.METRIC_PORT_VARS},
         "layout": c.run_dir_layout(),
+        "safety": _safety_context(),
     }
+
+
+def _safety_context() -> dict:
+    """Shared nodes' names and limits (hpcrl/contract.py): the job's own refusals, the watchdog's heartbeat."""
+    c = contract
+    return {"run_dir_unsafe": c.RUN_DIR_UNSAFE, "node_local_taken": c.NODE_LOCAL_TAKEN,
+            "watchdog_hung": {"reason": c.WATCHDOG_HUNG[0], "code": c.WATCHDOG_HUNG[1]},
+            "beat_s": c.WATCHDOG_BEAT_S, "quiet_s": c.WATCHDOG_QUIET_S, "mktemp": c.mktemp_suffix(),
+            "fixed_code_case": c.fixed_code_case()}
 
 
 def render_script(job: JobSpec) -> str:

@@ -42,6 +42,10 @@ engine_or_node_died, the watchdog waits up to --worker-wait-seconds for the work
 (its srun, --worker-step-pid, has exited, or a worker wrote a `raylet-died` line into the job's
 blame file) and then exits with worker-died's code (95) instead, writing no breaker.json.
 
+With --heartbeat FILE it sets FILE's modification time every WATCHDOG_BEAT_S seconds from its main
+loop (FILE on node-local storage): a watchdog blocked on a hung run directory, or stopped, beats no
+more, and the job script ends the job watchdog-hung (hpcrl/contract.py) when the beats stop.
+
 Otherwise it exits with the driver's own code (128+N when a signal N ended it). SIGTERM,
 SIGINT, SIGHUP, SIGUSR1 and SIGUSR2 sent to the watchdog go to the driver's group, so
 Slurm's pre-timeout signal reaches the driver; a driver still running --kill-grace-seconds
@@ -68,10 +72,11 @@ from pathlib import Path
 from typing import IO
 
 from hpcrl.contract import BLAME, BREAKER, BREAKERS, DRIVER_LOG, META, RAY_DIED, RUN_DIR_ENDS, RUN_DIR_FULL, \
-    RUN_DIR_UNWRITABLE, STEP_TIMES, breaker_exit_code
+    RUN_DIR_UNWRITABLE, STEP_TIMES, WATCHDOG_BEAT_S, breaker_exit_code
 from hpcrl.logs.driver_log import Step, StepParser, death_line, reward_unseen
 from hpcrl.logs.step_times import StepClock
 from hpcrl.runtime.watchdog_io.driver_log_file import DriverLog, say
+from hpcrl.runtime.watchdog_io.heartbeat import Heartbeat
 from hpcrl.runtime.watchdog_io.step_recorder import TimeRecorder
 from hpcrl.runtime.wait_http import pid_alive
 
@@ -243,8 +248,11 @@ def worker_step_death(step_pid: int | None, blame: Path, wait_s: float) -> str |
 
 def run(cmd: list[str], run_dir: Path, breaker: Breaker, *, log_path: Path | None = None,
         kill_grace_s: float = 30.0, drain_s: float = 5.0, clock: StepClock | None = None,
-        marker: Path | None = None, worker_step_pid: int | None = None, worker_wait_s: float = 10.0) -> int:
+        marker: Path | None = None, worker_step_pid: int | None = None, worker_wait_s: float = 10.0,
+        heartbeat: Path | None = None) -> int:
     """Run cmd under the breaker; the exit code the watchdog should exit with."""
+    beat = Heartbeat(heartbeat)
+    beat.beat(time.monotonic())
     hp = run_dir / META
     try:
         hp.mkdir(parents=True, exist_ok=True)
@@ -300,6 +308,7 @@ def run(cmd: list[str], run_dir: Path, breaker: Breaker, *, log_path: Path | Non
                 else:
                     tee(dest, raw)
                     text = raw.decode("utf-8", "replace")
+                    beat.beat(time.monotonic())
                     trip = breaker.line(text, time.monotonic())
                     times.line(text, breaker.new_step)
                     while breaker.notes:
@@ -309,6 +318,7 @@ def run(cmd: list[str], run_dir: Path, breaker: Breaker, *, log_path: Path | Non
                 pass
             rc = proc.poll()
             now = time.monotonic()
+            beat.beat(now)
             times.tick(now)
             if rc is None and stop_asked_at and now - stop_asked_at[0] > kill_grace_s and not killed:
                 # Asked to stop (TERM/INT/HUP), forwarded, ignored: nothing may outlive the job.
@@ -396,6 +406,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--checkpoint-marker", type=Path, default=None,
                    help="a file rewritten right after a step line once a checkpoint is complete")
     p.add_argument("--worker-step-pid", type=int, default=None, help="the job's worker step (srun) on this node")
+    p.add_argument("--heartbeat", default="",
+                   help=f"a file whose time is set every {WATCHDOG_BEAT_S} s while the watchdog runs (node-local)")
     p.add_argument("--worker-wait-seconds", type=float, default=10.0,
                    help="how long a node's death may take to show in the worker step before engine_or_node_died trips")
     a = p.parse_args(argv[:split])
@@ -414,7 +426,8 @@ def main(argv: list[str] | None = None) -> int:
                       generation_keys=tuple(a.generation_time_key), training_keys=tuple(a.training_time_key),
                       checkpoint_keys=tuple(a.checkpoint_time_key), checkpoint_line=a.checkpoint_line)
     return run(cmd, a.run_dir, b, log_path=a.log, kill_grace_s=a.kill_grace_seconds, clock=clock,
-               marker=a.checkpoint_marker, worker_step_pid=a.worker_step_pid, worker_wait_s=a.worker_wait_seconds)
+               marker=a.checkpoint_marker, worker_step_pid=a.worker_step_pid, worker_wait_s=a.worker_wait_seconds,
+               heartbeat=Path(a.heartbeat) if a.heartbeat else None)
 
 
 if __name__ == "__main__":

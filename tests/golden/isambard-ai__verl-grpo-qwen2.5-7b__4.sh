@@ -88,6 +88,8 @@ MON_PID=""
 NODE_DIR=""
 RAY_TMP=""
 TEE_PID=""
+WATCHDOG_BEAT=""  # the watchdog's heartbeat file (node-local), once the driver starts
+WATCHDOG_HUNG=""  # set once it stopped beating
 RUN_DIR_FAILED=""  # run-dir-full or run-dir-unwritable once a write into the run directory failed
 SVC_PIDS=()  # services started on this node (hpcrl.code_server)
 
@@ -157,6 +159,22 @@ run_directory() {
     unset RAY_ADDRESS
     RUN_DIR="${PROJECTDIR}"/hpcrl-runs/verl-grpo-qwen2.5-7b
     [[ $RUN_DIR == /* ]] || RUN_DIR=$PWD/$RUN_DIR
+    # Every level of its path is the user's or root's, and no one else may write it (safe_path, as for
+    # the node-local path; storage.run_root_shared: a level the project's group may write, or
+    # another member owns, is warned about): whoever may rename a level could move the run directory
+    # away and put a link in its place, and this job's records, logs and the script its continuation
+    # runs would go where they chose. From here on the job uses its physical path.
+    local rc=0
+    safe_path "run directory's path" hpcrl.run_root "$RUN_DIR" make "${RUN_ROOT_SHARED:+shared}" || rc=$?
+    if ((rc == 0)) && [[ $(stat -c %u -- "$SAFE_PATH") != "$(id -u)" ]]; then
+        echo "hpcrl: error: the run directory $SAFE_PATH belongs to $(stat -c %U -- "$SAFE_PATH")," \
+            "not to $(id -un); refusing to use it" >&2
+        rc=3
+    fi
+    if ((rc != 0)); then
+        refuse_run_dir
+    fi
+    RUN_DIR=$SAFE_PATH
     HPCRL_DIR=$RUN_DIR/hpcrl
     mkdir -p -- "$RUN_DIR/hpcrl" "$RUN_DIR/logs" "$RUN_DIR/output" "$RUN_DIR/checkpoints"
     export HPCRL_RUN_DIR=$RUN_DIR
@@ -438,6 +456,19 @@ HPCRL_PLAN_JSON
     fi
 }
 
+# refuse_run_dir: the run directory is not safe to write (above): nothing goes into it; the end goes to
+# the node-local fallback and the job's Slurm comment (record), and no node is blamed.
+refuse_run_dir() {
+    HPCRL_DIR=""
+    HPCRL_NODE_LOCAL="${LOCALDIR}"
+    record end "run-dir-unsafe:1"
+    END_RECORDED=1
+    log "job $SLURM_JOB_ID ends: run-dir-unsafe:1 (nothing was written into $RUN_DIR)"
+    exit 1
+}
+
+# The profile's storage.run_root_shared (hpcrl submit reads it here too).
+RUN_ROOT_SHARED=1
 MAX_RESTARTS=10
 MAX_FAILURE_RESTARTS=3
 FAILURE_BACKOFF_S=60
@@ -687,6 +718,25 @@ lost_job_nodes() {
     timeout 5 sinfo -h -N -n "$SLURM_JOB_NODELIST" -t down -o %N 2>/dev/null | sort -u | paste -sd, -
 }
 
+# term_cause: why a TERM came that no cancel marker explains, from `scontrol show job`: timeout
+# (Reason=TimeLimit: the limit came without its warning); cancelled when Slurm has ended the job
+# (CANCELLED, or COMPLETING) for no reason of its own and no preemption (a plain `scancel`: nothing
+# continues); else preempted, as before (a PreemptTime or PREEMPTED state, a TERM sent to a job Slurm
+# still runs, or Slurm not answering).
+term_cause() {
+    local out
+    if ! out=$(timeout 5 scontrol show job -o "$SLURM_JOB_ID" 2>/dev/null); then
+        echo preempted
+    elif [[ $out =~ (^|[[:space:]])Reason=TimeLimit([[:space:]]|$) ]]; then
+        echo timeout
+    elif [[ $out =~ (^|[[:space:]])JobState=(CANCELLED|COMPLETING)[[:space:]] &&
+        $out =~ [[:space:]]Reason=None[[:space:]] && ! $out =~ [[:space:]]PreemptTime=[0-9] ]]; then
+        echo cancelled
+    else
+        echo preempted
+    fi
+}
+
 # USR1 (--signal, before the time limit) or TERM/INT (scancel, preemption, the limit itself):
 # chain at once (the job may be killed soon), then stop the driver. The first signal decides
 # the reason; a TERM also starts Slurm's KillWait clock, which shortens any stop under way.
@@ -719,11 +769,25 @@ on_signal() {
             blame slurm-node-down "$n"
         done
         log "Slurm counts $lost of this job down (a lost node: the job ends NODE_FAIL), not a preemption"
+    elif [[ $reason == preempted ]]; then
+        reason=$(term_cause)
+    fi
+    # A watchdog that stopped beating cannot have seen a hang: the run is not continued as if it had
+    # only run out of time.
+    if [[ $reason == timeout ]] && watchdog_quiet 60; then
+        reason=watchdog-hung
+        WATCHDOG_HUNG=1
+        log "the watchdog has not beaten for over 60 s at the time-limit warning:" \
+            "watchdog-hung, not a time limit"
     fi
     STOP_REASON=$reason
     log "received SIG$2: stopping ($reason)"
     continue_chain "$reason"
     if ! alive "$DRIVER_PID"; then
+        return 0
+    fi
+    if [[ -n $WATCHDOG_HUNG ]]; then
+        kill_session KILL "$DRIVER_PID"  # a stopped or blocked watchdog cannot pass a TERM on
         return 0
     fi
     if [[ $2 == USR1 ]]; then
@@ -810,6 +874,7 @@ on_exit() {
             END_REASON=$RUN_DIR_FAILED  # a write into the run directory ended the script
         fi
         END_REASON=${END_REASON:-${STOP_REASON:-crashed}}
+        rc=$(fixed_code "$END_REASON" "$rc")
         record end "$END_REASON:$rc"
         END_RECORDED=1
     fi
@@ -853,15 +918,26 @@ on_exit() {
     return 0
 }
 
-# fail REASON MESSAGE: stop here; the EXIT trap records REASON.
+# fail REASON MESSAGE...: stop here; the EXIT trap records REASON.
 fail() {
-    log "error: $2"
+    log "error: ${*:2}"
     END_REASON=$1
     exit 1
 }
 
+# fixed_code REASON CODE: the exit code REASON always has (hpcrl/contract.py), else CODE.
+fixed_code() {
+    case $1 in
+        ray-head-died) echo 94 ;;
+        watchdog-hung) echo 87 ;;
+        worker-died) echo 95 ;;
+        *) echo "$2" ;;
+    esac
+}
+
 # finish REASON CODE: record the end, chain a continuation if the reason allows, exit.
 finish() {
+    set -- "$1" "$(fixed_code "$1" "$2")"
     END_REASON=$1
     if [[ -z $END_RECORDED ]]; then
         record end "$1:$2"
@@ -975,7 +1051,8 @@ node_ports() {
 # node-local path falls back to a private directory in /tmp for Ray, with Ray's dir inside it too
 # (Ray makes its temp dir itself 0777).
 # Returns 3 when the node-local path is not safe to use (another user's, or writable by others):
-# the job ends node-local-unsafe, blaming no node.
+# the job ends node-local-unsafe, blaming no node; 4 when another user took every name mktemp
+# tried: the job ends node-local-taken, blaming no node either.
 node_dirs() {
     private_dir "$HPCRL_NODE_LOCAL" "hpcrl-$SLURM_JOB_ID.$1" || return
     NODE_DIR=$PRIVATE_DIR
@@ -983,6 +1060,8 @@ node_dirs() {
     printf '%s\n%s\n' "${SLURMD_NODENAME:-$(hostname -s)}" "$HPCRL_RUN_DIR" >"$NODE_DIR/hpcrl-owner" || return
     RAY_TMP="$NODE_DIR/ray"
     if ((${#RAY_TMP} > 40)); then
+        # Ray makes its temp dir 0777, an existing one too (ray/_common/utils.py:597-618, Ray 2.60): it goes
+        # inside the private directory, never is it.
         private_dir /tmp "hpcrl-$SLURM_JOB_ID.$1" || return
         RAY_TMP=$PRIVATE_DIR/ray
         cp -- "$NODE_DIR/hpcrl-owner" "$PRIVATE_DIR/" || return
@@ -995,48 +1074,126 @@ node_dirs() {
         XDG_CACHE_HOME="$NODE_DIR/cache" FLASHINFER_WORKSPACE_BASE="$NODE_DIR"
 }
 
-# private_dir BASE NAME: a new directory BASE/NAME.XXX of this user's, mode 0700, in
-# PRIVATE_DIR. mktemp makes it in one step, mode 0700, and takes another name when one exists:
-# no one can make it first, nor keep the job from making one. Whoever may rename entries of a
-# directory above it could still move it away, so BASE is taken by its physical path (no link
-# left) and every level from / down must be a directory owned by root or this user, writable by
-# no one else unless sticky (as /tmp is).
-# A missing BASE is made (umask 022: this user's). Returns 3 when a level is unsafe, 1 when the
-# directory cannot be made.
+# private_dir BASE NAME: a new directory BASE/NAME.<12 random characters> of this
+# user's, mode 0700, in PRIVATE_DIR. mktemp makes it in one step, mode 0700, and takes another name when one exists:
+# no one can make it first, and with 62^12 names nobody can make them all to keep the job from
+# making one (three characters, 238,328 names, were all made in 13 s). Whoever may rename entries of a
+# directory above it could still move it away, so BASE must pass safe_path (below) and is used by its
+# physical path. A missing BASE is made (umask 022: this user's).
+# Returns 3 when a level is unsafe, 4 when every name mktemp tried was taken (EEXIST: another user
+# squats them; never the node's fault), 1 when the directory cannot be made.
 private_dir() {
-    local phys level="" part parts uid mode kind me
-    me=$(id -u)
-    if [[ ! -d $1 ]] && ! (umask 022 && mkdir -p -- "$1"); then
-        echo "hpcrl: error: cannot create the node-local directory $1" >&2
+    local out old rc=0 uid mode kind
+    old=$(umask)
+    umask 022
+    safe_path "node-local path" storage.node_local "$1" make || rc=$?
+    umask "$old"
+    if ((rc != 0)); then
+        return "$rc"
+    fi
+    if ! out=$(mktemp -d -- "$SAFE_PATH/$2.XXXXXXXXXXXX" 2>&1); then
+        if [[ $out == *"File exists"* ]]; then
+            echo "hpcrl: error: every name mktemp tried for $SAFE_PATH/$2.XXXXXXXXXXXX was taken ($out):" \
+                "another user is making this job's names first; not this node's fault" >&2
+            return 4
+        fi
+        echo "hpcrl: error: cannot create a directory in $SAFE_PATH: $out" >&2
         return 1
     fi
-    if ! phys=$(cd -P -- "$1" && pwd); then
-        echo "hpcrl: error: cannot enter the node-local directory $1" >&2
-        return 1
+    PRIVATE_DIR=$out
+    read -r uid mode kind < <(stat -c '%u %a %F' -- "$PRIVATE_DIR") || true
+    if [[ $uid != "$(id -u)" || $mode != 700 || $kind != directory ]]; then
+        echo "hpcrl: error: $PRIVATE_DIR is not a 0700 directory of $(id -un) right after mktemp made it;" \
+            "refusing to use it" >&2
+        return 3
     fi
-    IFS=/ read -ra parts <<<"${phys#/}"
-    for part in "" "${parts[@]}"; do
-        level+=${part:+/}$part
-        read -r uid mode kind < <(stat -c '%u %a %F' -- "${level:-/}") || true
-        if [[ $kind != directory ]]; then
-            echo "hpcrl: error: ${level:-/} (in the node-local path $1) is a ${kind:-missing file}, not a directory; refusing to use it" >&2
-            return 3
-        elif [[ $uid != 0 && $uid != "$me" ]]; then
-            echo "hpcrl: error: ${level:-/} (in the node-local path $1) belongs to $(id -nu "$uid" 2>/dev/null || echo "uid $uid"), not to $(id -un) or root: its owner could rename or replace this job's files; refusing to use it (remove it, or set storage.node_local to a directory of yours)" >&2
-            return 3
-        elif (( (8#$mode & 8#022) && !(8#$mode & 8#1000) )); then
-            echo "hpcrl: error: ${level:-/} (in the node-local path $1) is mode $mode: other users could rename or replace this job's files; refusing to use it (chmod go-w or +t it, or set storage.node_local elsewhere)" >&2
+}
+
+# safe_path WHAT SETTING PATH [make] [shared]: walk PATH from / as the kernel does, following each
+# link, and check every directory reached: root's or this user's, and writable by no one else unless
+# sticky (as /tmp); a link itself must be root's or this user's (in a sticky directory its owner may
+# replace it). The owner of a level, or anyone who may write it, could rename what is below away and
+# put a link in its place: this job's files would then go where they chose. With make, a missing level
+# is made (one mkdir at a time, never through a link); with shared (storage.run_root_shared), a level
+# another user owns or the group may write is warned about instead. SAFE_PATH: the physical path.
+# Returns 3 (and says why on stderr) when a level is unsafe, 1 when PATH cannot be reached or made.
+safe_path() {
+    local what=$1 setting=$2 path=$3 make=${4:-} shared=${5:-} cur="" part target uid hops=0
+    local -a todo more
+    [[ $path == /* ]] || path=$PWD/$path
+    IFS=/ read -r -d '' -a todo < <(printf '%s\0' "${path#/}") || true  # any byte but NUL, newlines too
+    path_level / || return
+    while ((${#todo[@]})); do
+        part=${todo[0]}
+        todo=("${todo[@]:1}")
+        case $part in
+            "" | .) continue ;;
+            ..) cur=${cur%/*}; continue ;;
+        esac
+        if [[ -L $cur/$part ]]; then
+            uid=$(stat -c %u -- "$cur/$part") || uid=""
+            if [[ $uid != 0 && $uid != "$(id -u)" ]]; then
+                echo "hpcrl: error: $cur/$part (in the $what $path) is a link of" \
+                    "$(id -nu "$uid" 2>/dev/null || echo "uid $uid"), not of" \
+                    "$(id -un)$( ((EUID)) && printf " or root"): its owner could point it elsewhere; refusing to use it" \
+                    "(set $setting to a directory of yours)" >&2
+                return 3
+            elif ((++hops > 40)); then
+                echo "hpcrl: error: the $what $path has more than 40 links on the way; refusing to use it" >&2
+                return 1
+            fi
+            target=$(readlink -- "$cur/$part") || return 1
+            if [[ $target == /* ]]; then
+                cur=""
+            fi
+            IFS=/ read -r -d '' -a more < <(printf '%s\0' "${target#/}") || true
+            todo=("${more[@]}" "${todo[@]}")
+            continue
+        fi
+        if [[ -n $make && ! -e $cur/$part ]] && ! mkdir -- "$cur/$part" 2>/dev/null && [[ ! -e $cur/$part ]]; then
+            echo "hpcrl: error: cannot create $cur/$part (in the $what $path)" >&2
+            return 1
+        fi
+        if [[ -L $cur/$part ]]; then  # made by someone else between the test and the mkdir: look again
+            todo=("$part" "${todo[@]}")
+            continue
+        fi
+        cur+=/$part
+        path_level "$cur" || return
+    done
+    SAFE_PATH=${cur:-/}
+}
+
+# path_level LEVEL: safe_path's check of one directory (its caller's WHAT, SETTING, PATH and shared).
+path_level() {
+    local uid mode kind who
+    if ! read -r uid mode kind < <(stat -c '%u %a %F' -- "$1" 2>/dev/null); then
+        echo "hpcrl: error: $1 (in the $what $path) does not exist or cannot be read" >&2
+        return 1
+    elif [[ $kind != directory ]]; then
+        echo "hpcrl: error: $1 (in the $what $path) is a $kind, not a directory; refusing to use it" >&2
+        return 3
+    fi
+    if [[ $uid != 0 && $uid != "$(id -u)" ]]; then
+        who=$(id -nu "$uid" 2>/dev/null || echo "uid $uid")
+        if [[ -z $shared ]]; then
+            echo "hpcrl: error: $1 (in the $what $path) belongs to $who," \
+                "not to $(id -un)$( ((EUID)) && printf " or root"): its owner could rename or replace this job's" \
+                "files; refusing to use it (remove it, or set $setting to a directory of yours)" >&2
             return 3
         fi
-    done
-    if ! PRIVATE_DIR=$(mktemp -d -- "$phys/$2.XXX"); then
-        echo "hpcrl: error: cannot create a directory in $phys" >&2
-        return 1
+        echo "hpcrl: warning: $1 (in the $what $path) belongs to $who: its owner could rename or replace this" \
+            "job's files (accepted: storage.run_root_shared)" >&2
     fi
-    read -r uid mode kind < <(stat -c '%u %a %F' -- "$PRIVATE_DIR") || true
-    if [[ $uid != "$me" || $mode != 700 || $kind != directory ]]; then
-        echo "hpcrl: error: $PRIVATE_DIR is not a 0700 directory of $(id -un) right after mktemp made it; refusing to use it" >&2
+    if (( (8#$mode & 8#1000) )); then
+        return 0  # sticky (as /tmp): nobody renames what is not theirs
+    elif (( (8#$mode & 8#002) )) || { ((8#$mode & 8#020)) && [[ -z $shared ]]; }; then
+        echo "hpcrl: error: $1 (in the $what $path) is mode $mode: other users could rename or replace this job's" \
+            "files; refusing to use it (chmod go-w or +t it, or set $setting elsewhere)" >&2
         return 3
+    elif (( (8#$mode & 8#020) )); then
+        echo "hpcrl: warning: $1 (in the $what $path) is mode $mode: members of its group could rename or replace" \
+            "this job's files (accepted: storage.run_root_shared)" >&2
     fi
 }
 
@@ -1064,7 +1221,7 @@ remove_node_dirs() {
     if [[ -n $NODE_DIR ]]; then
         rm -rf -- "$NODE_DIR" 2>/dev/null || rm -rf -- "$NODE_DIR"
     fi
-    if [[ $RAY_TMP == /tmp/hpcrl-*/ray ]]; then  # node_dirs' short-path fallback: its private dir
+    if [[ $RAY_TMP == /tmp/hpcrl-*/ray ]]; then  # the private directory of node_dirs' /tmp fallback
         rm -rf -- "${RAY_TMP%/ray}" 2>/dev/null || rm -rf -- "${RAY_TMP%/ray}"
     fi
 }
@@ -1161,6 +1318,9 @@ head_node_setup() {
     node_dirs "$HEAD_SLOT" || rc=$?
     if ((rc == 3)); then  # another user's directory, not this node's fault: no blame, no continuation
         fail node-local-unsafe "the node-local path on $HEAD_NODE is not safe to use (above)"
+    elif ((rc == 4)); then  # another user took the names: not this node's fault either
+        fail node-local-taken "another user took every name mktemp tried in the node-local path on" \
+            "$HEAD_NODE"
     elif ((rc != 0)); then
         blame ray-start-failed
         fail ray-start-failed "cannot make this job's private node-local directory on $HEAD_NODE"
@@ -1190,15 +1350,63 @@ ray_start() {
     RAY_PID=$!
 }
 # ray_retry NODE CODE: Ray on NODE exited with CODE before the cluster was up: start it once
-# more after a clean temp dir and a back-off, or return 1 when the attempts are used up.
+# more after a clean temp dir and a back-off, or return 1 when the attempts are used up. The failed
+# attempt's logs are kept first (logs/ray/<job>/<node>/attempt-N/).
 ray_retry() {
     if ((RAY_ATTEMPT >= RAY_START_ATTEMPTS)); then
         return 1
     fi
     echo "hpcrl: ray start on $1 exited with code $2 (attempt $RAY_ATTEMPT of $RAY_START_ATTEMPTS); retrying in $((2 * RAY_ATTEMPT)) s with a clean temp dir"
     kill_session KILL "$RAY_PID"
+    keep_ray_logs "$1" "attempt-$RAY_ATTEMPT"
     rm -rf -- "${RAY_TMP:?}"/* 2>/dev/null || true
     sleep "$((2 * RAY_ATTEMPT))"
+}
+
+# worker_wait: until this worker's Ray exits (RAY_RC: its code), a stop signal comes, or the job is
+# gone from its head (JOB_GONE says how). A node Slurm has counted lost (NODE_FAIL: its slurmd
+# stopped answering) while it still runs gets no stop signal: nothing would end this job's Ray here.
+# So every 10 s the worker asks whether the head's GCS still answers, and when it has not twice,
+# whether Slurm still runs the job. The driver's start, seen once, means the cluster was up
+# (CLUSTER_UP): from then on a Ray that exits is not started again.
+worker_wait() {
+    local probe_at=$((SECONDS + 10)) quiet=0
+    RAY_RC=0
+    while [[ -z $stopping ]] && kill -0 "$RAY_PID" 2>/dev/null; do
+        sleep 2 &
+        wait $! || true
+        if [[ -z $CLUSTER_UP && -e $HPCRL_RUN_DIR/hpcrl/driver-started-$SLURM_JOB_ID ]]; then
+            CLUSTER_UP=1
+        fi
+        if [[ -z $stopping ]] && ((SECONDS >= probe_at)); then
+            probe_at=$((SECONDS + 10))
+            if gcs_answers; then
+                quiet=0
+            elif ((++quiet >= 2)) && job_gone; then
+                return 0
+            fi
+        fi
+    done
+    wait "$RAY_PID" || RAY_RC=$?
+    if kill -0 "$RAY_PID" 2>/dev/null; then
+        wait "$RAY_PID" || RAY_RC=$?
+    fi
+}
+# gcs_answers: the head's GCS port takes a TCP connection (3 s at most).
+gcs_answers() {
+    timeout 3 bash -c 'exec 3<>"/dev/tcp/$1/$2"' gcs "$HPCRL_HEAD_IP" "$HPCRL_GCS_PORT" 2>/dev/null
+}
+# job_gone: Slurm no longer runs this job (JOB_GONE: its state); 1 while it does or does not answer.
+job_gone() {
+    local out
+    if out=$(squeue -h -j "$SLURM_JOB_ID" -t all -o %T 2>&1); then
+        case $out in
+            RUNNING | CONFIGURING | SUSPENDED | "") return 1 ;;
+        esac
+    elif [[ $out != *"Invalid job id"* ]]; then
+        return 1
+    fi
+    JOB_GONE="Slurm says job $SLURM_JOB_ID is ${out:-gone} and its head's GCS does not answer"
 }
 
 # Runs on every other node, in one srun step; shipped with functions_of (srun passes the
@@ -1219,7 +1427,7 @@ hpcrl_worker_cleanup() {
 hpcrl_worker() {
     set -euo pipefail
     local name=${SLURMD_NODENAME:?} ip slot rc=0
-    RAY_PID="" RAY_ATTEMPT=0 mon_pid="" stopping="" stop_at="" NODE_DIR="" RAY_TMP=""
+    RAY_PID="" RAY_ATTEMPT=0 mon_pid="" stopping="" stop_at="" NODE_DIR="" RAY_TMP="" CLUSTER_UP="" JOB_GONE=""
     trap 'stopping=1 stop_at=${stop_at:-$SECONDS}; if [[ -n $RAY_PID ]]; then kill -TERM "$RAY_PID" 2>/dev/null || true; fi' USR2 TERM INT
     trap hpcrl_worker_cleanup EXIT
     # This node's output also in its own file, logs/worker-<node>-<job>.log (the tee outlives the
@@ -1248,6 +1456,9 @@ hpcrl_worker() {
         # continuation follows, so this line excludes no node.
         blame node-local-unsafe
         exit 1
+    elif ((dirs_rc == 4)); then  # the names squatted by another user: likewise no node excluded
+        blame node-local-taken
+        exit 1
     elif ((dirs_rc != 0)); then
         blame ray-start-failed
         exit 1
@@ -1274,15 +1485,23 @@ hpcrl_worker() {
         if [[ -n $stopping ]]; then
             kill -TERM "$RAY_PID" 2>/dev/null || true
         fi
-        rc=0
-        wait "$RAY_PID" || rc=$?
-        if kill -0 "$RAY_PID" 2>/dev/null; then
-            wait "$RAY_PID" || rc=$?
-        fi
+        worker_wait
+        rc=$RAY_RC
         if [[ -n $stopping ]]; then
             break
         fi
         if [[ -e $HPCRL_RUN_DIR/hpcrl/driver-started-$SLURM_JOB_ID ]]; then
+            CLUSTER_UP=1
+        fi
+        if [[ -z $JOB_GONE && -n $CLUSTER_UP ]] && ! gcs_answers; then
+            job_gone || true
+        fi
+        if [[ -n $JOB_GONE ]]; then
+            # A node Slurm lost while it still runs: end here too, keeping this node's Ray logs (the EXIT trap).
+            echo "hpcrl: $JOB_GONE: stopping this job on $name"
+            exit 0
+        fi
+        if [[ -n $CLUSTER_UP ]]; then
             echo "hpcrl: error: ray on $name exited with code $rc while the driver was running (its raylet died)"
             blame raylet-died
             exit "$((rc ? rc : 1))"
@@ -1307,7 +1526,7 @@ start_poll() {
 # Wait until Ray reports every node and GPU. The head's `ray start` is retried when it dies
 # before the cluster is up; a worker step that exits has used up its own retries: the job ends.
 ray_wait() {
-    local deadline=$((SECONDS + 900 + 60)) code=0
+    local deadline=$((SECONDS + 900 + 60)) code=0 taken
     start_poll
     while kill -0 "$POLL_PID" 2>/dev/null; do
         if [[ -n $STOP_REASON ]]; then
@@ -1335,6 +1554,12 @@ ray_wait() {
             fi
             if grep -qs ' node-local-unsafe$' "$HPCRL_DIR/blame-$SLURM_JOB_ID"; then
                 fail node-local-unsafe "the node-local path on $(awk '$2 == "node-local-unsafe" { print $1 }' "$HPCRL_DIR/blame-$SLURM_JOB_ID" | paste -sd, -) is not safe to use (above)"
+            fi
+            if grep -qs ' node-local-taken$' "$HPCRL_DIR/blame-$SLURM_JOB_ID"; then
+                taken=$(awk '$2 == "node-local-taken" { print $1 }' "$HPCRL_DIR/blame-$SLURM_JOB_ID" |
+                    paste -sd, -)
+                fail node-local-taken "another user took every name mktemp tried in the node-local" \
+                    "path on $taken"
             fi
             fail ray-start-failed "the worker step (srun ... ray start on the other nodes) exited with code $code before all nodes joined; see its output above"
         fi
@@ -1428,19 +1653,25 @@ phase_services() {
 }
 
 # ------------------------------------------------------------------ what jobs leave on a node
-# keep_ray_logs NODE [JOB]: before the node-local directory goes, this node's Ray session logs
-# (raylet.out, gcs_server.out, the workers' error files) into logs/ray/<job>/<node>/ of the
-# run directory (this job's, or JOB's), newest first up to the profile's ray.log_keep_mib.
+# keep_ray_logs NODE [SUB]: before the node-local directory goes (or a retry of `ray start` empties
+# it), this node's Ray session logs (raylet.out, gcs_server.out, the workers' error files) into
+# logs/ray/<job>/<node>[/SUB]/ of this job's run directory (safe_path checked it at the job's start).
 keep_ray_logs() {
-    local src=$RAY_TMP/session_latest/logs dest=$HPCRL_RUN_DIR/logs/ray/${2:-$SLURM_JOB_ID}/$1
+    local dest=$HPCRL_RUN_DIR/logs/ray/$SLURM_JOB_ID/$1${2:+/$2}
     mkdir -p -- "$dest" 2>/dev/null || return 0
-    if [[ -z $RAY_TMP || ! -d $src ]]; then
-        return 0
+    if [[ -n $RAY_TMP && -d $RAY_TMP/session_latest/logs ]]; then
+        copy_ray_logs "$RAY_TMP/session_latest/logs" "$dest"
     fi
+    return 0
+}
+
+# copy_ray_logs SRC DEST: the files under SRC, newest first up to the profile's ray.log_keep_mib, into
+# DEST (a directory of this user's), links copied as links (cp -P), never followed.
+copy_ray_logs() {
     # One cp for all the files: a Ray session has hundreds, a process each is slow on a busy node.
-    find "$src/" -type f -printf '%T@\t%s\t%P\n' 2>/dev/null | sort -rn |
+    find "$1/" -type f -printf '%T@\t%s\t%P\n' 2>/dev/null | sort -rn |
         awk -F '\t' -v cap=$((64 * 1048576)) '{ s += $2; if (s <= cap) print $3 }' |
-        (cd -- "$src" && xargs -r -d '\n' cp -p --parents -t "$dest" -- 2>/dev/null)
+        (cd -- "$1" && xargs -r -d '\n' cp -P -p --parents -t "$2" -- 2>/dev/null)
     return 0
 }
 
@@ -1448,8 +1679,12 @@ keep_ray_logs() {
 # nothing runs there any more) leaves its node-local directories, and the Ray logs in them, on
 # the node. The next job of the same user on that node sweeps them at its start: a directory
 # of this user that names a job Slurm no longer runs, and this node in its hpcrl-owner file (on a
-# host that several Slurm nodes share, each sweeps its own), has its Ray logs kept in the run
-# dir the file names (marked hpcrl-recovered, which `hpcrl report` reads) and is removed.
+# host that several Slurm nodes share, each sweeps its own), has its Ray logs kept and is removed.
+# They go into the run dir the file names (marked hpcrl-recovered, which `hpcrl report` reads) only
+# when every level of that path is the user's or root's and no one else may write it (safe_path):
+# a run dir that was deleted may have been made again by another user, with links to the user's
+# own files in it. Otherwise into this job's run dir, logs/ray-left/<job>/<node>/, and the line says so.
+# Either way into a fresh mktemp directory, renamed into place: nothing is written through a link.
 # A job Slurm still has in any state but an end, another user's directory, or one without that
 # file is left alone, as is everything while Slurm does not answer.
 # It runs in the background, so no job waits for it, for 60 s at most (what is left then, the
@@ -1491,7 +1726,7 @@ sweep_left() {
         { IFS= read -r node && IFS= read -r rdir; } <"$dir/hpcrl-owner" 2>/dev/null || true
         if [[ -n ${2:-} ]]; then
             [[ $job == "$2" ]] || continue
-            why="a worker that could not clean up" node=${node:-$here} rdir=${rdir:-$HPCRL_RUN_DIR}
+            why="a worker that could not clean up" node=${node:-$here}
         elif [[ $job == "$SLURM_JOB_ID" || $node != "$here" ]] || ! why=$(job_ended "$job"); then
             continue
         else
@@ -1505,21 +1740,86 @@ sweep_left() {
             [[ -d $tmp ]] || tmp=$dir  # the short-path fallback of a job rendered before Ray's dir went inside it
             kept=""
             if [[ -n ${2:-} ]]; then
-                (RAY_TMP=$tmp HPCRL_RUN_DIR=$rdir && keep_ray_logs "$node")
-            elif [[ -d $tmp/session_latest/logs ]]; then
-                kept="its run dir $rdir cannot take its Ray logs"
-                if [[ -d $rdir/logs && -w $rdir/logs ]]; then
-                    (RAY_TMP=$tmp HPCRL_RUN_DIR=$rdir && keep_ray_logs "$node" "$job")
-                    TZ=UTC0 printf '%s %(%Y-%m-%dT%H:%M:%SZ)T\n' "$SLURM_JOB_ID" -1 \
-                        >"$rdir/logs/ray/$job/$node/hpcrl-recovered" 2>/dev/null &&
-                        kept="its Ray logs kept in $rdir/logs/ray/$job/$node/"
-                fi
+                (RAY_TMP=$tmp && keep_ray_logs "$node")
+            elif [[ -d $dir/ray || ${dir%/*} == /tmp ]]; then  # where Ray's temp dir was (not the other of the two)
+                kept=$(keep_left_logs "$tmp" "$job" "$node" "$rdir")
             fi
             rm -rf -- "$dir" 2>/dev/null || rm -rf -- "$dir"
             echo "hpcrl: removed $dir, left by $why${kept:+: $kept}"
         )
     done
     return 0
+}
+
+# keep_left_logs RAY_TMP JOB NODE RUN_DIR: keep the Ray logs a dead job left (above); prints where they
+# went, or that there were none.
+keep_left_logs() {
+    local src=$1/session_latest/logs why parent mark
+    TZ=UTC0 printf -v mark '%s %(%Y-%m-%dT%H:%M:%SZ)T' "$SLURM_JOB_ID" -1
+    if why=$(left_run_dir "$4" "$2" 2>&1 >/dev/null) && left_run_dir "$4" "$2" 2>/dev/null; then
+        parent=$LEFT_PARENT
+    else
+        parent=$HPCRL_RUN_DIR/logs/ray-left/$2
+        mkdir -p -- "$parent" 2>/dev/null || true
+    fi
+    if [[ ! -d $src ]]; then
+        # None to keep: said so, and marked in the job's own run dir, where `hpcrl report` calls them lost.
+        if [[ $parent == "${LEFT_PARENT:-}" ]] && store_logs "" "$parent" "$3" "$mark none"; then
+            echo "it held no Ray logs to keep (marked in $STORED/)"
+        else
+            echo "it held no Ray logs to keep${why:+ ($why)}"
+        fi
+    elif ! store_logs "$src" "$parent" "$3" "$mark"; then
+        echo "its Ray logs could not be kept in $parent/${why:+ ($why)}"
+    elif [[ $parent == "${LEFT_PARENT:-}" ]]; then
+        echo "its Ray logs kept in $STORED/"
+    else
+        echo "$why: its Ray logs kept in $STORED/ instead"
+    fi
+}
+
+# left_run_dir RUN_DIR JOB: LEFT_PARENT, RUN_DIR/logs/ray/JOB (made when missing), when RUN_DIR is there,
+# the user's, and safe_path finds every level of logs/ray/JOB safe; else 1, saying why on stderr.
+left_run_dir() {
+    local me msg
+    me=$(id -u)
+    LEFT_PARENT=""
+    if [[ -z $1 || ! -e $1 ]]; then
+        echo "its run dir ${1:-(not recorded)} is gone" >&2
+        return 1
+    elif ! msg=$(safe_path "run directory's path" hpcrl.run_root "$1/logs" 2>&1); then
+        echo "its run dir $1 is not safe to write into: ${msg#hpcrl: error: }" >&2
+        return 1
+    elif ! safe_path "run directory's path" hpcrl.run_root "$1" 2>/dev/null ||
+        [[ $(stat -c %u -- "$SAFE_PATH") != "$me" ]]; then
+        echo "its run dir $1 is not $(id -un)'s" >&2
+        return 1
+    elif ! safe_path "run directory's path" hpcrl.run_root "$1/logs/ray/$2" make 2>/dev/null; then
+        echo "its run dir $1 cannot take logs/ray/$2" >&2
+        return 1
+    fi
+    LEFT_PARENT=$SAFE_PATH
+}
+
+# store_logs SRC PARENT NAME MARK: SRC's Ray logs (none when SRC is empty) and MARK (in hpcrl-recovered)
+# into a fresh 0700 directory in PARENT, renamed to PARENT/NAME unless that exists; STORED: where they are.
+store_logs() {
+    local tmp
+    tmp=$(mktemp -d -- "$2/.$3.XXXXXXXXXXXX") || return 1
+    if [[ -n $1 ]]; then
+        copy_ray_logs "$1" "$tmp"
+    fi
+    printf '%s\n' "$4" >"$tmp/hpcrl-recovered"
+    chmod "$(printf '%o' $((8#777 & ~8#$(umask))))" -- "$tmp"
+    STORED=$tmp
+    # A mark that an earlier sweep found none (and nothing else) gives way to logs found now.
+    if [[ -n $1 && $(ls -A -- "$2/$3" 2>/dev/null) == "hpcrl-recovered" ]] \
+        && [[ $(<"$2/$3/hpcrl-recovered") == *" none" ]]; then
+        rm -rf -- "${2:?}/$3"
+    fi
+    if mv -T -- "$tmp" "$2/$3" 2>/dev/null; then
+        STORED=$2/$3
+    fi
 }
 
 # ------------------------------------------------------------------ driver
@@ -1535,7 +1835,7 @@ CKPT_EVERY=5
 # point (what the stack check parses). Called once $RUN_DIR is known.
 driver_command() {
     DRIVER=(
-        python3 -m hpcrl.runtime.watchdog --run-dir "$RUN_DIR" --worker-step-pid "$WORKERS_PID"
+        python3 -m hpcrl.runtime.watchdog --run-dir "$RUN_DIR" --heartbeat "$WATCHDOG_BEAT" --worker-step-pid "$WORKERS_PID"
         --zero-reward-steps 10 --hang-minutes 60
         --grad-norm-steps 20 --zero-variance-steps 20
         --step-time-key timing_s/step --generation-time-key timing_s/gen --training-time-key timing_s/update_actor --checkpoint-time-key timing_s/save_checkpoint --
@@ -1580,7 +1880,7 @@ driver_command() {
         "trainer.default_local_dir=$RUN_DIR/checkpoints"
         trainer.resume_mode=auto
     )
-    DRIVER_ARGS=("${DRIVER[@]:27}")
+    DRIVER_ARGS=("${DRIVER[@]:29}")
 }
 
 # The framework's stack (hpcrl.runtime.stack; docs/preflight.md "The stack check"): the installed
@@ -1619,6 +1919,19 @@ stack_check() {
     fi
 }
 
+# The watchdog beats (sets its heartbeat file's time) every 5 s from its main loop. One
+# blocked on a hung file system, or stopped, beats no more and could not see a hang: after the hang
+# limit without a beat (60 s at least) the job stops the driver itself and ends
+# watchdog-hung (87), never continued.
+WATCHDOG_QUIET_S=3600
+# watchdog_quiet S: the heartbeat is older than S seconds (1 when there is none to read).
+watchdog_quiet() {
+    local beat now
+    beat=$(stat -c %Y -- "$WATCHDOG_BEAT" 2>/dev/null) || return 1
+    printf -v now '%(%s)T' -1
+    ((now - beat > $1))
+}
+
 phase_driver() {
     phase driver
     if ! cd -- "$WORKDIR"; then
@@ -1648,6 +1961,8 @@ phase_driver() {
     fi
     log "checkpoint interval this job: trainer.save_freq $CKPT_EVERY"
     export HYDRA_FULL_ERROR=1
+    WATCHDOG_BEAT=$NODE_DIR/watchdog-beat
+    : >"$WATCHDOG_BEAT"
     driver_command
     printf 'hpcrl: driver:'
     printf ' %q' "${DRIVER[@]}"
@@ -1685,6 +2000,13 @@ phase_driver() {
                 stop_driver "the run directory cannot be written"
             fi
         fi
+        if [[ -z $WATCHDOG_HUNG ]] && watchdog_quiet "$WATCHDOG_QUIET_S"; then
+            WATCHDOG_HUNG=1
+            log "error: the watchdog has not beaten for over $WATCHDOG_QUIET_S s (blocked, on a hung file system," \
+                "or stopped): it cannot see a hang; stopping the driver (watchdog-hung)"
+            kill_session KILL "$DRIVER_PID"  # it may not take a TERM; the driver dies with it (PDEATHSIG)
+            STOP_DEADLINE=""
+        fi
         if [[ -n $STOP_DEADLINE ]] && ((SECONDS >= STOP_DEADLINE)); then
             log "the driver did not stop within its grace period: killing its session"
             kill_session KILL "$DRIVER_PID"
@@ -1715,6 +2037,8 @@ phase_stop() {
     local code=$DRIVER_CODE found
     if [[ -n $STOP_REASON ]]; then
         finish "$STOP_REASON" "$code"
+    elif [[ -n $WATCHDOG_HUNG ]]; then
+        finish watchdog-hung 87
     elif [[ $RAY_DIED == ray-head-died ]]; then
         finish ray-head-died 94
     elif [[ -n $RAY_DIED ]]; then

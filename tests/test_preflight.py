@@ -138,11 +138,12 @@ def test_preflight_through_submitit_reports_no_gpu(slurm, home):
     assert by["model"]["status"] == "ok" and str(model) in by["model"]["detail"]
     assert set(report["stack"]["modules"]) == {"torch", "vllm", "deepspeed", "ray", "open_instruct", "transformers"}
     # the job's own stack check for the run's backend: open-instruct e6c3044a asks Python 3.12 (pyproject.toml:6)
-    # (this test's Python is not 3.12: the check fails, and so does preflight)
+    # (this test's Python is not 3.12: a warning, as the job's tolerant check says it; the framework's own
+    # import decides, docs/preflight.md)
     assert sys.version_info[:2] != (3, 12)
     detail = by["stack check"]["detail"]
-    assert (by["stack check"]["status"], detail.startswith("python 3."), "; open-instruct e6c3044a needs "
-            "python==3.12.* (pyproject.toml:6 at e6c3044a) (and " in detail) == ("fail", True, True)
+    assert (by["stack check"]["status"], detail.startswith("python 3."), "; open-instruct e6c3044a asks for "
+            "python==3.12.* (pyproject.toml:6 at e6c3044a)" in detail) == ("warn", True, True)
     assert out["cluster"] == "local-dev" and out["partition"] == "debug" and out["ok"] is False
     assert (home / "submitit").is_dir()  # --folder is kept
     # the table form, profile only, says the same thing in words

@@ -31,7 +31,7 @@ hpcrl:
   stack_check: off
   time: "{time}"
   partition: {partition}
-  max_restarts: 1
+  max_restarts: {restarts}
   max_failure_restarts: {failure_restarts}
   python: {python}
   env_setup:
@@ -52,12 +52,13 @@ vllm_serve:
 
 
 def job_script(tmp_path: Path, name: str, *, serve: str = "", trainer: str = "", steps: int = 30, save: int = 10,
-               time_: str = "00:10:00", partition: str = "debug", failure_restarts: int = 0) -> tuple[Path, Path]:
+               time_: str = "00:10:00", partition: str = "debug", failure_restarts: int = 0,
+               restarts: int = 1) -> tuple[Path, Path]:
     cfg = tmp_path / f"{name}.yaml"
     cfg.write_text(CONFIG.format(name=name, root=tmp_path / "runs", time=time_, partition=partition,
                                  python=sys.executable, fake=FAKE, pythonpath=os.environ.get("PYTHONPATH", ROOT),
                                  serve=serve, trainer=trainer, steps=steps, save=save,
-                                 failure_restarts=failure_restarts))
+                                 failure_restarts=failure_restarts, restarts=restarts))
     script = tmp_path / f"{name}.sbatch"
     out = subprocess.run([sys.executable, "-m", "hpcrl", "render", "--config", str(cfg), "-o", str(script)],
                          capture_output=True, text=True, timeout=120)
@@ -122,17 +123,22 @@ def test_a_server_that_dies_ends_the_job_as_its_nodes_failure(tmp_path, run_sbat
 
 
 def test_a_time_limit_stop_continues_and_resumes_from_the_newest_checkpoint(tmp_path, leftovers):
-    # On `short` (2 min): 0.5 s a step, a checkpoint every 10 steps, 150 steps: the first job reaches its limit, its
-    # continuation resumes from the newest complete checkpoint-N and trains to the end.
-    script, run_dir = job_script(tmp_path, "trltmo", trainer="--step-s 0.5", steps=150, save=10,
-                                 time_="00:02:00", partition="short")
+    """The time-limit warning as Slurm gives it (USR1 to the batch shell, `--signal=B:USR1@...`), sent once the
+    first checkpoint is written: the job runs to its next complete checkpoint, ends `timeout`, and its
+    continuation resumes from the newest complete checkpoint-N and trains to the end."""
+    script, run_dir = job_script(tmp_path, "trltmo", trainer="--step-s 0.3", steps=60, save=10)
     first = submit(script)
-    deadline = time.monotonic() + 600
+    ckpt = run_dir / "checkpoints" / "checkpoint-10" / "trainer_state.json"
+    deadline = time.monotonic() + 300
+    while not ckpt.exists() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert ckpt.exists(), (run_dir / "logs" / f"job-{first}.log").read_text()
+    subprocess.run(["scancel", "--batch", "--signal=USR1", first], check=True, timeout=30)
     while time.monotonic() < deadline:
         ends = [e for e in chain(run_dir) if e[1] == "end"]
         if len(ends) == 2:
             break
-        time.sleep(2)
+        time.sleep(1)
     ev = chain(run_dir)
     ends = [e for e in ev if e[1] == "end"]
     assert [e[3].split(":")[0] for e in ends] == ["timeout", "completed"], ev
@@ -140,9 +146,9 @@ def test_a_time_limit_stop_continues_and_resumes_from_the_newest_checkpoint(tmp_
     assert ends[0][0] == first and second != first
     # After the warning the first job ran to its next complete checkpoint (a new checkpoint-N/trainer_state.json).
     assert "a checkpoint is complete" in (run_dir / "logs" / f"job-{first}.log").read_text()
-    log = (run_dir / "logs" / f"job-{second}.log").read_text()
-    resumed = re.search(r"hpcrl: resuming from (\S+/checkpoint-(\d+))", log)
-    assert resumed, log
+    resumed = re.search(r"hpcrl: resuming from (\S+/checkpoint-(\d+))",
+                        (run_dir / "logs" / f"job-{second}.log").read_text())
+    assert resumed and int(resumed.group(2)) >= 20  # the checkpoint written after the warning, or later
     driver_log = (run_dir / "hpcrl" / "driver.log").read_text()
     assert f"resuming from {resumed.group(1)} at step {resumed.group(2)}" in driver_log
     assert leftovers(first) == [] and leftovers(second) == []

@@ -65,15 +65,16 @@ def _private_hpcrl_data_dir(tmp_path_factory):
 # tests look at the machine's cluster and bring up a private one of their own.
 SLURM_CONF_KEY = pytest.StashKey[str]()
 FIRST_GROUP = {"test_dev_slurm.py"}
-# Seconds each module's Slurm tests took (2026-11-28, two groups on private instances, a loaded
-# machine: docs/dev-cluster.md); only the balance between groups depends on them, so refresh them when
-# a module grows a lot. A module not listed counts DEFAULT_MODULE_S.
+# Seconds each module's Slurm tests took (2026-11-28, three groups on private instances beside the
+# pure suite, 2 cores: docs/dev-cluster.md); only the balance between groups depends on them, so refresh
+# them when a module grows a lot. A module not listed counts DEFAULT_MODULE_S.
 MODULE_S = {
-    "test_render_e2e.py": 909, "test_lifecycle.py": 899, "test_hardening.py": 630, "test_node_blame.py": 222,
-    "test_lost_node_e2e.py": 153, "test_shared_node.py": 150, "test_run_dir_faults.py": 145,
-    "test_step_times_e2e.py": 85, "test_report.py": 84, "test_dev_slurm.py": 57, "test_custom.py": 36,
-    "test_preflight.py": 33, "test_preflight_nodes.py": 32, "test_stack_e2e.py": 19, "test_slurm.py": 8,
-    "test_chains.py": 6, "test_stack_check.py": 1,
+    "test_render_e2e.py": 407, "test_hardening.py": 332, "test_lifecycle.py": 309, "test_hostile_user.py": 199,
+    "test_run_dir_faults.py": 122, "test_node_blame.py": 100, "test_watch.py": 71, "test_lost_node_e2e.py": 71,
+    "test_watch_terminal.py": 56, "test_shared_node.py": 50, "test_trl_e2e.py": 49, "test_dev_slurm.py": 42,
+    "test_report.py": 29, "test_step_times_e2e.py": 27, "test_stack_e2e.py": 22, "test_custom.py": 17,
+    "test_preflight_nodes.py": 15, "test_chains.py": 10, "test_preflight.py": 8, "test_slurm.py": 8,
+    "test_stack_check.py": 1,
 }
 DEFAULT_MODULE_S = 60
 

@@ -232,12 +232,16 @@ def run_sbatch_and_wait(script_path: str | Path, timeout: float = 120, *sbatch_a
 RUN_NAME = "smoke3"
 
 
-def render(tmp_path: Path, *sets: str, config: str | None = None, nodes: int = 3) -> tuple[Path, Path]:
+def render(tmp_path: Path, *sets: str, config: str | None = None, nodes: int = 3,
+           profile: str | None = None) -> tuple[Path, Path]:
     """`hpcrl render --cluster local-dev --nodes 3 --smoke` (the default 32B config's layout, or
     `config`'s) into tmp_path, with a private run root and no virtualenv to activate; return
     (script, run dir). More nodes than local-dev's partitions name (4) are allowed over the limit."""
     script = tmp_path / "smoke3.sbatch"
-    args = [sys.executable, "-m", "hpcrl", "render", "--cluster", "local-dev", "--nodes", str(nodes), "--smoke",
+    if profile is not None:  # local-dev with some settings changed (profile: the YAML below `extends: local-dev`)
+        (tmp_path / "local-dev-changed.yaml").write_text("extends: local-dev\n" + profile)
+    cluster = ["--cluster-file", str(tmp_path / "local-dev-changed.yaml")] if profile else ["--cluster", "local-dev"]
+    args = [sys.executable, "-m", "hpcrl", "render", *cluster, "--nodes", str(nodes), "--smoke",
             *(["--allow-over-limit"] if nodes > 4 else []),
             *(["--config", config] if config else []),
             "--set", f"hpcrl.run_root={tmp_path / 'runs'}", "--set", f"hpcrl.run_name={RUN_NAME}",

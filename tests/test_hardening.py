@@ -324,7 +324,7 @@ def test_deaf_driver_is_gone_after_a_worker_dies_and_the_run_goes_on_without_tha
 
 def test_deaf_driver_is_gone_after_the_time_limit(slurm, env):
     behave(env, sleep=600, ignore_term=True)
-    out = submit(env, "config", "deaf-limit", partition="short", time_="00:02:00", max_restarts=0)
+    out = submit(env, "config", "deaf-limit", partition="short", time_="00:01:00", max_restarts=0)
     rd = RunDir(env["root"] / "deaf-limit")
     final = wait_status(env, out["run_id"], lambda r: r["state"] == "ended", "the time limit", deadline_s=400)
     assert final["reason"] == "timeout" and final["restarts"] == 0

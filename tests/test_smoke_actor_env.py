@@ -13,7 +13,9 @@ SCRIPT = r"""
 import argparse, os
 import ray
 from hpcrl.runtime import smoke
-ray.init(num_cpus=2, include_dashboard=False)
+# address="local": a new Ray of its own, never one a concurrent test (or a job) runs on this machine, which
+# ray.init() with no address finds among the running processes and joins.
+ray.init(address="local", num_cpus=2, include_dashboard=False)
 os.environ["HPCRL_TEST_BIG"] = "x" * (2 << 20)
 try:
     smoke.check_actor_env(ray, argparse.Namespace(actor_env=True, timeout=300))

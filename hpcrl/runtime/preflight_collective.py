@@ -86,6 +86,7 @@ class Control:
                     continue
                 joined[rank] = hello
                 self.peers[rank] = (conn, buf)
+            gate.close()
             srv.close()
             missing = [a["nodes"][r] for r in range(self.n) if r not in joined]
             self.table = [joined.get(r) for r in range(self.n)]
@@ -198,6 +199,7 @@ def connect_ring(a: dict, n: int, r: int, table: list[dict], listener: socket.so
     except BaseException:
         out.close()
         raise
+    gate.close()
     prev = inbound["got"][0]
     out.settimeout(a["timeout_s"])
     prev.settimeout(a["timeout_s"])

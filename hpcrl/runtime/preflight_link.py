@@ -127,7 +127,21 @@ class Gate:
         self.listener, self.key, self.rejected = listener, key, rejected
         self.admitted: queue.Queue = queue.Queue()
         self.pending = threading.BoundedSemaphore(MAX_PENDING)
+        # Connections taken and still proving the secret (the admitting thread's id -> address); close()
+        # counts them, so the count is the same however the threads were scheduled.
+        self.proving: dict[int, str] = {}
+        self.closed = False
+        self.lock = threading.Lock()
         listener.settimeout(0.2)
+
+    def close(self) -> None:
+        """Done with this gate (its peers are in): every connection still proving the secret is counted as
+        rejected now, since every peer it waited for has proved itself; an admission that ends later is
+        closed and not counted again."""
+        with self.lock:
+            self.closed = True
+            self.rejected.extend(self.proving.values())
+            self.proving.clear()
 
     def next(self, deadline: float) -> tuple[socket.socket, bytearray] | None:
         """The next connection that proved the secret, or None at the deadline."""
@@ -147,16 +161,25 @@ class Gate:
                 self.rejected.append(peer[0])
                 continue
             until = min(time.monotonic() + HANDSHAKE_S, deadline)
-            threading.Thread(target=self._admit, args=(conn, peer[0], until), daemon=True).start()
+            thread = threading.Thread(target=self._admit, args=(conn, peer[0], until), daemon=True)
+            with self.lock:
+                thread.start()
+                assert thread.ident is not None
+                self.proving[thread.ident] = peer[0]
         return None
 
     def _admit(self, conn: socket.socket, addr: str, until: float) -> None:
         try:
             buf = admit(conn, self.key, until)
-            if buf is None:
-                self.rejected.append(addr)
-            else:
-                self.admitted.put((conn, buf))
+            with self.lock:
+                counted = self.proving.pop(threading.get_ident(), None) is None  # close() counted it
+                if buf is None:
+                    if not counted:
+                        self.rejected.append(addr)
+                elif counted:
+                    conn.close()
+                else:
+                    self.admitted.put((conn, buf))
         finally:
             self.pending.release()
 

@@ -45,6 +45,7 @@ sys.path.insert(0, str(ROOT))
 
 from hpcrl.memory import learner_time as LT  # noqa: E402
 from hpcrl.memory.learner import LearnerSetup  # noqa: E402
+from hpcrl.memory.sharding import FSDP  # noqa: E402
 from hpcrl.models import resolve_model  # noqa: E402
 from hpcrl.models.spec import ModelSpec  # noqa: E402
 from hpcrl.memory.gpu_rates import Rates, link_defaults  # noqa: E402
@@ -161,7 +162,7 @@ def _row(source: str, d: dict) -> Row | None:
     mode = d.get("harness_mode", "")
     label = (f"{source.split('_')[0]}{' ' + mode if mode else ''} {d['model']} N={world} T={seq} K={k} gc={int(gc)} "
              f"off={setup.offload}{' lora' if setup.lora_rank else ''}{' ref' if d.get('ref') else ''} {setup.logprob_impl}"
-             f"{' fsdp' + str(setup.fsdp_version) if setup.sharding == 'fsdp' else ''} {next(f for f in GPUS if f in d['gpu'])}")
+             f"{' fsdp' + str(setup.fsdp_version) if setup.sharding == FSDP else ''} {next(f for f in GPUS if f in d['gpu'])}")
     # A step-harness launch runs several lengths on one engine under one tag: the length makes the id unique.
     rid = f"{source}:{d.get('tag')}" + (f":T{seq}" if source in STEP_FILES else "")
     return Row(rid, label, setup, rates, k, step, tuple(obs))

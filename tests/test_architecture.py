@@ -225,6 +225,52 @@ def test_cli_start_imports_no_heavy_framework():
 # No line cap on modules: a module is split where its ideas part, not at a line count (issue 34).
 
 
+# --------------------------------------------------------------------------- the learner's sharding
+
+# Layers that ask the learner's sharding strategy (hpcrl/memory/sharding.py) rather than compare its name;
+# the backends name it and the strategy module reads a stored name, nothing else may (issue 34).
+SHARDING_NAMES = {"zero", "fsdp"}
+SHARDING_SCANNED = ["memory", "planning", "cli", "logs"]
+SHARDING_MAY_NAME = [PKG / "planning" / "backends", PKG / "memory" / "sharding.py"]
+
+
+def _sharding_name_comparisons(path: Path) -> list[str]:
+    """Each comparison in a file with a sharding name as a literal (==, !=, in, a tuple or set of names, a
+    match case), as "line: source"."""
+    tree = ast.parse(path.read_text())
+
+    def names(node: ast.AST) -> bool:
+        if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+            return any(names(e) for e in node.elts)
+        return isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.lower() in SHARDING_NAMES
+
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare) and any(names(n) for n in [node.left, *node.comparators]):
+            found.append(node)
+        elif isinstance(node, ast.MatchValue) and names(node.value):
+            found.append(node)
+    return [f"{n.lineno}: {ast.get_source_segment(path.read_text(), n)}" for n in found]
+
+
+def test_no_module_outside_the_backends_compares_sharding_names():
+    bad = {}
+    for path in (p for e in SHARDING_SCANNED for p in _modules(e)):
+        if any(path == m or m in path.parents for m in SHARDING_MAY_NAME):
+            continue
+        if found := _sharding_name_comparisons(path):
+            bad[str(path.relative_to(PKG))] = found
+    assert not bad, f"ask the learner's Sharding (hpcrl/memory/sharding.py), not its name: {bad}"
+
+
+def test_the_sharding_name_scan_sees_a_planted_comparison(tmp_path):
+    planted = tmp_path / "m.py"
+    planted.write_text('if s.sharding == "fsdp":\n    pass\nok = lr.get("sharding") != "FSDP"\n'
+                       'x = k in ("zero", "fsdp2")\nmatch k:\n    case "zero":\n        pass\n'
+                       'runs = {"zero": []}\nname = "zero_stage" == k\n')
+    assert [line.split(":")[0] for line in _sharding_name_comparisons(planted)] == ["1", "3", "4", "6"]
+
+
 # --------------------------------------------------------------------------- the tests' own imports
 
 TESTS = PKG.parent / "tests"

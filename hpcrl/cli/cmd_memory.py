@@ -133,6 +133,8 @@ def plan_memory_cmd(
 
 
 def _print_plan(d: dict) -> None:
+    from hpcrl.memory.sharding import from_plan
+
     lr, en, host, gpu = d["learner"], d["engine"], d["host"], d["gpu"]
     console.print(
         f"[bold]{d['model']['name']}[/] on [bold]{gpu['cluster']}[/] "
@@ -142,27 +144,21 @@ def _print_plan(d: dict) -> None:
         console.print(f"  assumes: {line}", soft_wrap=True)
     for note in d["notes"]:
         console.print(f"  note: {note}", soft_wrap=True)
-    fsdp = lr.get("sharding") == "fsdp"
-    if fsdp:
-        t = table(f"Learner GPU: FSDP{lr['fsdp_version']} over {lr['gpus']} GPUs, {lr['tokens_per_gpu']} tokens per "
-                  f"micro-batch, {lr['micro_batches']} micro-batch(es) per step, peak at {lr['peak_phase']}")
-    else:
-        t = table(f"Learner GPU: ZeRO-{lr['zero_stage']} over {lr['gpus']} GPUs, {lr['tokens_per_gpu']} tokens, "
-                  f"log-prob {'fp32 logits' if lr.get('logits_fp32') else lr['logprob_impl']}, peak at {lr['peak_phase']}")
+    sharding = from_plan(lr)
+    t = table(f"Learner GPU: {sharding.summary(lr)}, peak at {lr['peak_phase']}")
     t.add_column("term")
     t.add_column("GiB", justify="right")
     for term, gib in lr["breakdown"].items():
         t.add_row(term, f"{gib:.2f}")
     t.add_row("[bold]peak allocated[/]", f"[bold]{lr['peak_allocated_gib']:.2f}[/]")
-    t.add_row("peak reserved (allocator)" + (", sum over CUDA streams" if fsdp else ""), f"{lr['peak_reserved_gib']:.2f}")
+    t.add_row("peak reserved (allocator)" + sharding.reserved_note, f"{lr['peak_reserved_gib']:.2f}")
     if lr.get("reserved_need_gib", lr["peak_reserved_gib"]) < lr["peak_reserved_gib"] - 0.005:
         t.add_row("reserved the update needs (the allocator gives cache back)", f"{lr['reserved_need_gib']:.2f}")
     t.add_row("CUDA context + NCCL" + (" + the reference's process" if lr.get("reference_process_gib") else ""),
               f"{lr['non_torch_gib']:.2f}")
     t.add_row("[bold]on the GPU[/]", f"[bold]{lr['device_total_gib']:.2f}[/] / {gpu['usable_gib']:.1f}")
-    t.add_row("allocator margin kept free (measured spread" + (", FSDP rows)" if fsdp else ")"),
-              f"{lr['allocator_margin_gib']:.2f}")
-    if not fsdp:
+    t.add_row(f"allocator margin kept free (measured spread{sharding.margin_rows})", f"{lr['allocator_margin_gib']:.2f}")
+    if sharding.shows_deepspeed_estimate:
         t.add_row("DeepSpeed's own estimate", f"{lr['deepspeed_estimate_gib']:.2f}")
     console.print(t)
     _print_time(lr["time"], lr["tokens_per_gpu"])

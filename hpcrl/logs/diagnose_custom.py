@@ -19,7 +19,7 @@ from dataclasses import replace
 from hpcrl.logs.diagnose_context import Context
 from hpcrl.memory import constants as C
 from hpcrl.memory.hf_learner import HfLearnerMemory, HfLearnerSetup, hf_learner_memory
-from hpcrl.memory.plan import margin_bytes
+from hpcrl.memory.sharding import margin_bytes
 
 GIB = C.GIB
 # plan.json's memory.learner field -> HfLearnerSetup field (the run as hpcrl planned it).

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from hpcrl.errors import HpcrlError
+from hpcrl.memory.sharding import from_plan
 
 
 def _pyplot():
@@ -46,7 +47,7 @@ def plot_memory(plan: dict, path: Path | BinaryIO) -> None:
             bottom += gib
     ax.axhline(plan["gpu"]["usable_gib"], color="red", linestyle="--", label=f"{plan['gpu']['name']} usable")
     lr = plan["learner"]
-    sharding = f"FSDP{lr['fsdp_version']}" if lr.get("sharding") == "fsdp" else f"ZeRO-{lr['zero_stage']}"
+    sharding = from_plan(lr).plan_label(lr)
     ax.set_xticks([0, 1], [f"learner ({lr['gpus']} GPUs, {sharding})",
                            f"engine (vLLM TP={e['tp']})"])
     ax.set_ylabel("GiB per GPU")

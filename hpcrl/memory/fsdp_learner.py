@@ -339,8 +339,8 @@ def stream_reserved(setup: FsdpSetup, moments: dict[str, dict[str, float]]) -> d
 
 
 def setup_from(s: Any) -> FsdpSetup:
-    """The FSDP update a planner's LearnerSetup describes (sharding "fsdp"; hpcrl.memory.learner imports
-    this module, so the setup is read by attribute)."""
+    """The FSDP update a planner's LearnerSetup describes (sharding FSDP; hpcrl.memory.learner imports
+    hpcrl.memory.sharding, which imports this module, so the setup is read by attribute)."""
     if s.load_in_4bit:
         raise HpcrlError("4-bit base weights under FSDP: the framework does not load them (capabilities.json load_in_4bit); "
                          "remove --load-in-4bit")

@@ -26,6 +26,7 @@ from typing import Any, Literal
 from hpcrl.errors import HpcrlError
 from hpcrl.memory import constants as C
 from hpcrl.memory.learner_result import LearnerMemory, non_torch_bytes
+from hpcrl.memory.sharding import ZERO, Sharding, sharding_named
 from hpcrl.models.spec import ALL_LINEAR, MLP_MODULES, ModelSpec
 
 Offload = Literal["none", "optimizer", "params"]
@@ -76,16 +77,20 @@ class LearnerSetup:
     hpz_partition_size: int = 1
     # The weight sync after each step: "none" (not modelled), "whole_model" or "per_param".
     weight_sync: Literal["none", "whole_model", "per_param"] = "none"
-    # Which sharded learner: DeepSpeed ZeRO (this module) or FSDP as verl runs it
-    # (hpcrl/memory/fsdp_learner.py, which reads micro_batches and fsdp_version; the ZeRO fields
-    # above do not apply to it).
-    sharding: Literal["zero", "fsdp"] = "zero"
+    # Which sharded learner (hpcrl/memory/sharding.py): DeepSpeed ZeRO (this module's model) or FSDP as
+    # verl runs it (hpcrl/memory/fsdp_learner.py, which reads micro_batches and fsdp_version; the ZeRO
+    # fields above do not apply to it). A stored name ("zero", "fsdp") is read as its strategy.
+    sharding: Sharding = ZERO
     micro_batches: int = 2  # per optimizer step on one GPU
     fsdp_version: Literal[1, 2] = 1
     # What the framework version's FSDP update does (fsdp_learner.VerlUpdate, from its capabilities);
     # None: b178a3cd's, on which the FSDP model was fitted.
     fsdp_update: Any = None
     zero: C.ZeroDefaults = field(default_factory=C.ZeroDefaults)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.sharding, str):
+            object.__setattr__(self, "sharding", sharding_named(self.sharding))
 
     def check(self) -> None:
         if self.n_gpus < 1:
@@ -137,11 +142,12 @@ def parameter_term(s: LearnerSetup) -> str:
 
 
 def learner_memory(s: LearnerSetup) -> LearnerMemory:
-    """Peak per-GPU memory of one learner for setup `s`."""
-    if s.sharding == "fsdp":
-        from hpcrl.memory.fsdp_learner import fsdp_as_learner_memory
+    """Peak per-GPU memory of one learner for setup `s`, by its sharding's model."""
+    return s.sharding.learner_memory(s, zero_learner_memory)
 
-        return fsdp_as_learner_memory(s)
+
+def zero_learner_memory(s: LearnerSetup) -> LearnerMemory:
+    """Peak per-GPU memory of one DeepSpeed ZeRO learner (ZeroSharding's model)."""
     s.check()
     m, n, t = s.model, s.n_gpus, s.tokens_per_gpu
     stage3 = s.zero_stage == 3
@@ -308,4 +314,4 @@ def deepspeed_estimate(model: ModelSpec, n_gpus: int) -> float:
 
 # Keep the MLP module names importable for LoRA docs/tests without a second definition.
 __all__ = ["LearnerMemory", "LearnerSetup", "MLP_MODULES", "deepspeed_estimate", "fused_head_bytes", "learner_memory",
-           "sync_modes"]
+           "sync_modes", "zero_learner_memory"]

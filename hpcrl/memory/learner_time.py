@@ -31,6 +31,9 @@ The optimizer step: GPU Adam as bytes per trained parameter over HBM (DeepSpeed'
 FSDP's foreach AdamW fitted apart), DeepSpeed ZeRO-3's per-tensor step overhead, and with optimizer
 offload the CPU Adam rate of the measuring host (DERIVED for any other CPU) plus the bf16 weights
 copied back over the host link.
+
+The sharding's own terms (hooks or units, collectives, parameter-offload fetches, the optimizer state's
+partitioning and the step's extra terms) are counted by the setup's strategy (hpcrl/memory/sharding.py).
 """
 
 from __future__ import annotations
@@ -40,7 +43,8 @@ from dataclasses import dataclass, field
 from hpcrl.memory.gpu_rates import Rates, fp32_tflops, rates_for
 from hpcrl.memory.hf_learner import quantized_params
 from hpcrl.memory.learner import LearnerSetup
-from hpcrl.models.spec import ALL_LINEAR, MLP_MODULES, ModelSpec
+from hpcrl.memory.sharding import fetched_tensors, param_tensors
+from hpcrl.models.spec import MLP_MODULES, ModelSpec
 from hpcrl.profiles import ClusterProfile
 
 # Fitted by benchmarks/fit_time.py from the rows it names (FIT_ROWS); `python benchmarks/fit_time.py
@@ -79,10 +83,6 @@ CPU_TERMS = ("zero3_hooks", "zero3_grad_tensors", "lora_modules", "fsdp_units", 
 COVERED = ("fsdp", "lora", "moe", "optimizer_offload", "reference", "zero3")
 # GPUs the fit rows ran on: other GPUs are scaled by peak FLOP/s and bandwidths (derived).
 MEASURED_GPUS = ("H100", "H200")
-# DeepSpeed's default stage3_param_persistence_threshold (elements): parameters no larger stay whole on
-# every rank (deepspeed/runtime/zero/parameter_offload.py:311-321 at edaa7221, mark_persistent_parameters);
-# OpenRLHF's "auto" and open-instruct's config leave it (the rows' ds_config: 100000).
-PERSISTENCE_THRESHOLD = 100_000
 # Bytes moved per NF4 weight element per pass when bitsandbytes dequantizes it: read 0.5 + absmax,
 # write bf16 2, read bf16 2 in the matmul. Derived, not measured.
 DEQUANT_BYTES = 0.5 + 4 / 64 + 2.0 + 2.0
@@ -109,17 +109,6 @@ class LearnerTime:
                 "low": self.low, "high": self.high, "basis": self.basis}
 
 
-def param_tensors(m: ModelSpec, lora_rank: int = 0, lora_targets: tuple[str, ...] = ALL_LINEAR) -> int:
-    """Named parameter tensors (each trained one's gradient partitioned, each stepped): per layer the
-    projections, biases, norms (and a MoE layer's router and fused expert weights, as transformers 5 stores
-    them), plus embedding, final norm, lm_head."""
-    per_layer = 4 + (3 if m.qkv_bias else 0) + 2 + (2 if m.qk_norm != "none" else 0)
-    per_layer += 3  # gate, up, down; or a MoE layer's router, fused gate_up and down
-    if lora_rank:
-        per_layer += 2 * len(lora_targets)  # lora_A and lora_B
-    return m.num_layers * per_layer + 2 + (0 if m.tie_word_embeddings else 1)
-
-
 def lora_path_per_token(m: ModelSpec, rank: int, targets: tuple[str, ...], adapter_bytes: float) -> tuple[float, float]:
     """(FLOPs, HBM bytes) per token of one forward through the adapters, from peft's Linear.forward
     (peft v0.20.0 src/peft/tuners/lora/layer.py:1030-1071, a5526d27): x cast to the adapters' dtype, lora_A
@@ -134,22 +123,6 @@ def lora_path_per_token(m: ModelSpec, rank: int, targets: tuple[str, ...], adapt
         flops += copies * 2 * rank * (fan_in + fan_out)
         traffic += copies * (fan_in * (cast_in + b) + fan_out * (b + 2 * b + 2 + 2 * b + cast_out))
     return m.num_layers * flops, m.num_layers * traffic
-
-
-def fetched_tensors(m: ModelSpec, lora_rank: int = 0, lora_targets: tuple[str, ...] = ALL_LINEAR,
-                    persistence: int = PERSISTENCE_THRESHOLD) -> int:
-    """Parameter tensors ZeRO-3 partitions and so gathers and releases in each pass: those above the
-    persistence threshold (DeepSpeed keeps smaller ones whole on every rank, never fetched)."""
-    h, shapes = m.hidden_size, m.linear_shapes()
-    sizes = [i * o for name, (i, o) in shapes.items() if not (m.is_moe and name in MLP_MODULES)]
-    if m.is_moe:  # transformers 5's fused experts and the router
-        f = m.moe_intermediate_size
-        sizes += [m.num_experts * 2 * f * h, m.num_experts * f * h, m.num_experts * h]
-    if lora_rank:
-        sizes += [lora_rank * n for name in lora_targets for n in shapes[name]]
-    per_layer = sum(1 for n in sizes if n > persistence)  # biases and norms are far below it
-    big = m.vocab_size * h > persistence
-    return m.num_layers * per_layer + (1 + (0 if m.tie_word_embeddings else 1) if big else 0)
 
 
 def _matmul_params(m: ModelSpec) -> tuple[float, float]:
@@ -189,35 +162,11 @@ def time_terms(s: LearnerSetup, r: Rates) -> tuple[dict[str, float], dict[str, f
     else:
         micro[f"logprob_{s.logprob_impl}"] = t * m.vocab_size / hbm
 
-    fsdp = s.sharding == "fsdp"
-    stage3 = not fsdp and s.zero_stage == 3
-    if stage3:
-        tensors = fetched_tensors(m, s.lora_rank, s.lora_targets)
-        micro["zero3_hooks"] = tensors * passes
-        micro["zero3_grad_tensors"] = 2.0 * len(s.lora_targets) * m.num_layers if lora else param_tensors(m)
-        if lora:
-            # Measured under ZeRO-3 only, where every adapter is a fetched parameter too; without ZeRO-3
-            # PEFT's few extra kernels per module are not modelled.
-            micro["lora_modules"] = m.num_layers * len(s.lora_targets) * passes
-    if fsdp:
-        micro["fsdp_units"] = m.num_layers * 2.0
+    sharding = s.sharding
+    micro.update(sharding.hook_terms(s, passes))
     if m.is_moe:
         micro["moe_experts"] = m.num_layers * m.num_experts * passes
-    frac = (n - 1) / n
-    weights = 2.0 * m.total_params
-    grad_bytes = 4.0 if (fsdp or s.grad_accum_dtype == "fp32") else 2.0
-    comm = 0.0
-    if fsdp:
-        comm = frac * (2 * weights + grad_bytes * trainable)
-    elif stage3:
-        comm = frac * (weights * passes + grad_bytes * trainable)
-    elif s.zero_stage == 2:
-        comm = frac * grad_bytes * trainable
-    micro["collectives"] = comm / link
-    if n > 1 and stage3:
-        micro["collective_calls"] = tensors * passes  # a gather per tensor fetched; reduce-scatters bucketed
-    elif n > 1 and fsdp:
-        micro["collective_calls"] = m.num_layers * 3.0  # gather forward and backward, reduce-scatter, per unit
+    micro.update(sharding.comm_terms(s, passes, trainable, link))
 
     off_opt = s.offload in ("optimizer", "params")
     copies = 0.0
@@ -225,40 +174,30 @@ def time_terms(s: LearnerSetup, r: Rates) -> tuple[dict[str, float], dict[str, f
         copies += 2.0 * trainable / n  # the gradient partition down, every micro-batch
     if s.offload == "params":
         # Parameter offload fetches each pass's weights from the host (ZeRO-3) or the fp32 shards (FSDP2).
-        copies += (4.0 if fsdp else 2.0) * m.total_params / n * (2 if fsdp else passes)
+        copies += sharding.param_fetch_bytes(s, passes)
     micro["host_copies"] = copies / host
     if s.load_in_4bit:
         micro["dequant_4bit"] = quantized_params(m) * DEQUANT_BYTES * passes / hbm
 
     step: dict[str, float] = {}
-    per_rank = trainable / (n if (fsdp or s.zero_stage in (2, 3)) else 1)
+    per_rank = trainable / sharding.optimizer_shards(s)
     if off_opt:
         step["cpu_adam"] = per_rank
         step["host_copies"] = 2.0 * per_rank / host  # the updated bf16 weights back up
     else:
-        step["adam_fsdp" if fsdp else "adam_zero"] = per_rank / hbm
-    if stage3:
-        step["zero3_step_tensors"] = float(param_tensors(m, s.lora_rank, s.lora_targets))
-    if not fsdp and s.zero_stage == 0 and n > 1:
-        step["collectives"] = 2 * frac * grad_bytes * trainable / link  # DDP all-reduce at the boundary
-    if not fsdp and s.zero_stage == 2 and n > 1:
-        step["collectives"] = frac * weights / link  # the updated weights all-gathered
+        step[sharding.adam_term] = per_rank / hbm
+    step.update(sharding.step_terms(s, trainable, link))
     return micro, step
 
 
 def reference_terms(s: LearnerSetup, r: Rates) -> dict[str, float]:
     """One micro-batch's reference forward (a frozen copy of the base, no LoRA), as time_terms counts."""
-    m, n, t = s.model, s.n_gpus, float(s.tokens_per_gpu)
+    m, t = s.model, float(s.tokens_per_gpu)
     peak, hbm = r.bf16_tflops * 1e12, r.hbm_tbs * 1e12
     decoder, head = _matmul_params(m)
     terms = {"matmul": 2 * (decoder + head) * t / peak, "attention": 2 * t * t * m.q_dim * m.num_layers / peak,
              f"logprob_{s.logprob_impl}": t * m.vocab_size / hbm / 3}  # a forward: about a third of fwd + bwd
-    fsdp = s.sharding == "fsdp"
-    if not fsdp and s.zero_stage == 3:
-        terms["zero3_hooks"] = float(fetched_tensors(m))
-        if n > 1:
-            terms["collective_calls"] = float(fetched_tensors(m))
-            terms["collectives"] = (n - 1) / n * 2.0 * m.total_params / (r.link_gbs * 1e9)
+    terms.update(s.sharding.reference_terms(s, r.link_gbs * 1e9))
     if m.is_moe:
         terms["moe_experts"] = float(m.num_layers * m.num_experts)
     if s.load_in_4bit:
@@ -286,11 +225,7 @@ def _derived(s: LearnerSetup, r: Rates) -> list[str]:
         why.append(f"{r.gpu or 'this GPU'} scaled from H100/H200 by peak FLOP/s and bandwidths")
     if s.load_in_4bit:
         why.append("4-bit dequantization")  # no row: always derived
-    unmeasured = [what for kind, what in coverage(s) if kind not in COVERED]
-    if s.sharding != "fsdp" and s.zero_stage != 3:
-        unmeasured.append("ZeRO stage 2" if s.zero_stage == 2 else "no ZeRO sharding (one process or DDP)")
-    if s.sharding == "fsdp" and s.lora_rank:
-        unmeasured.append("LoRA under FSDP")
+    unmeasured = [what for kind, what in coverage(s) if kind not in COVERED] + s.sharding.unmeasured(s)
     if s.lora_rank and s.adapter_bytes != 4:
         unmeasured.append("bf16 LoRA adapters (the rows' are peft's fp32)")
     return why + unmeasured
@@ -298,7 +233,7 @@ def _derived(s: LearnerSetup, r: Rates) -> list[str]:
 
 def coverage(s: LearnerSetup) -> list[tuple[str, str]]:
     """The kinds of measurement a setup rests on, each with its words for the basis."""
-    kinds = [("fsdp", "FSDP") if s.sharding == "fsdp" else ("zero3", "ZeRO-3")]
+    kinds = [s.sharding.coverage]
     for on, kind, what in ((s.reference_policy, "reference", "reference forward"),
                            (s.offload == "optimizer", "optimizer_offload", "optimizer offload"),
                            (s.offload == "params", "param_offload", "parameter offload"),
@@ -311,8 +246,7 @@ def coverage(s: LearnerSetup) -> list[tuple[str, str]]:
 
 def learner_time(s: LearnerSetup, profile: ClusterProfile, learners_per_node: int | None = None) -> LearnerTime:
     """The micro-batch and optimizer step of setup `s` on the profile's GPUs, with its band and basis."""
-    if s.sharding != "fsdp":
-        s.check()
+    s.sharding.check(s)
     r = rates_for(profile, s.n_gpus, learners_per_node)
     micro, step = time_terms(s, r)
     mt, st = apply_fit(micro), apply_fit(step)

@@ -20,18 +20,8 @@ LEARNER_HEADROOM = 0.03
 
 def allocator_margin(setup: LearnerSetup, peak_reserved: float) -> float:
     """Bytes a learner keeps free for the allocator's measured spread (constants.ALLOCATOR_MARGIN from
-    the DeepSpeed rows; an FSDP learner's from the FSDP rows)."""
-    if setup.sharding == "fsdp":
-        from hpcrl.memory.fsdp_learner import fsdp_margin
-
-        return fsdp_margin(peak_reserved)
-    return margin_bytes(setup.logprob_impl, peak_reserved)
-
-
-def margin_bytes(logprob_impl: str, peak_reserved: float) -> float:
-    """The allocator margin for a log-prob path ("compiled" or "eager") at a peak reserve."""
-    fraction, floor_gib = C.FUSED_HEAD_MARGIN if logprob_impl == "fused_head" else C.ALLOCATOR_MARGIN[logprob_impl]
-    return max(floor_gib * C.GIB, fraction * peak_reserved)
+    the DeepSpeed rows; an FSDP learner's from the FSDP rows): its sharding's."""
+    return setup.sharding.allocator_margin(setup, peak_reserved)
 
 
 @dataclass(frozen=True)
@@ -117,14 +107,12 @@ class MemoryPlan:
             "learner": {
                 "gpus": ls.n_gpus,
                 "tokens_per_gpu": ls.tokens_per_gpu,
-                "zero_stage": ls.zero_stage if ls.sharding == "zero" else None,
+                "zero_stage": ls.sharding.stage(ls),
                 # only where the framework's learner has them (the other backends' JSON is unchanged)
                 **({"logits_fp32": True} if ls.logits_fp32 else {}),
                 **({"reference_process_gib": round(self.learner.reference_process_bytes / g, 3)}
                    if self.learner.reference_process_bytes else {}),
-                **({"sharding": "fsdp", "fsdp_version": ls.fsdp_version, "micro_batches": ls.micro_batches}
-                   if ls.sharding == "fsdp" else {}),
-                **({"framework_version": ls.fsdp_update.version} if ls.sharding == "fsdp" and ls.fsdp_update else {}),
+                **ls.sharding.plan_fields(ls),  # hpcrl.memory.sharding.from_plan reads them back
                 "offload": ls.offload,
                 "gradient_checkpointing": ls.gradient_checkpointing,
                 "lora_rank": ls.lora_rank,

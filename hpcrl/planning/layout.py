@@ -17,6 +17,7 @@ from hpcrl.memory import constants as C
 from hpcrl.memory.engine import EngineSetup
 from hpcrl.memory.learner import LearnerSetup, sync_modes
 from hpcrl.memory.plan import MemoryPlan, learner_fits, plan_memory
+from hpcrl.memory.sharding import ZERO, Sharding
 from hpcrl.memory.vllm_accounting import VllmEngineFacts, default_engine
 from hpcrl.models.spec import ModelSpec
 from hpcrl.planning.engine_time import engine_work
@@ -70,9 +71,9 @@ class Workload:
     # parameter at a time: open-instruct's gather_whole_model left to the planner), a pinned
     # "whole_model" or "per_param", or "none" (not modelled).
     weight_sync: str = "none"
-    # The learner's sharding as the framework runs it: DeepSpeed "zero" or "fsdp" (its backend says),
+    # The learner's sharding as the framework runs it (its backend hands the strategy over: ZERO or FSDP),
     # FSDP's micro-batches per optimizer step on one GPU (None: the assumed 2) and version.
-    sharding: str = "zero"
+    sharding: Sharding = ZERO
     micro_batches: int | None = None
     fsdp_version: int = 1
     # The vLLM the framework installs and its scheduler sizes (the backend's MemoryFacts.vllm).
@@ -263,7 +264,7 @@ def _learner_setup(w: Workload, n: int, weight_sync: str = "none") -> LearnerSet
         hpz_partition_size=w.hpz_partition_size,
         logits_copy=w.logits_copy,
         weight_sync=weight_sync,  # type: ignore[arg-type]
-        sharding=w.sharding,  # type: ignore[arg-type]
+        sharding=w.sharding,
         micro_batches=w.micro_batches or DEFAULT_MICRO_BATCHES,
         fsdp_version=w.fsdp_version,  # type: ignore[arg-type]
         **dict(w.learner_fixed),

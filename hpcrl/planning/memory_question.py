@@ -17,6 +17,7 @@ from hpcrl.memory.colocated import Colocation, plan_colocated
 from hpcrl.memory.engine import EngineSetup
 from hpcrl.memory.learner import LearnerSetup, sync_modes
 from hpcrl.memory.plan import MemoryPlan, plan_memory
+from hpcrl.memory.sharding import flag_owner
 from hpcrl.memory.planner_defaults import smallest_fitting_tp
 from hpcrl.models import resolve_model
 from hpcrl.planning.backends import backend_names, get_backend
@@ -68,16 +69,15 @@ class Overrides:
         return {k: v for k, v in pairs.items() if v is not None}
 
 
-FSDP_FLAGS = ("--micro-batches", "--fsdp-version")
-
-
 def refuse_flags(backend: str, given: Overrides) -> None:
-    """Refuse, in one line, a learner flag the framework has no setting for (its MemoryFacts.refused_flags)."""
+    """Refuse, in one line, a learner flag the framework has no setting for (its MemoryFacts.refused_flags, or
+    a flag only another sharding takes: Sharding.flags)."""
     facts = get_backend(backend).memory
     for flag, value in given.flags().items():
         why = facts.refused_flags.get(f"{flag} {value}") or facts.refused_flags.get(flag)
-        if why is None and flag in FSDP_FLAGS and facts.sharding != "fsdp":
-            why = f"{backend}'s learner is DeepSpeed ZeRO, not FSDP"
+        owner = flag_owner(flag)
+        if why is None and owner is not None and owner != facts.sharding:
+            why = f"{backend}'s learner is {facts.sharding.family}, not {owner.family}"
         if why:
             raise HpcrlError(f"{flag} {value} is not a {backend} setting: {why}")
     if given.micro_batches is not None and given.micro_batches < 1:
@@ -151,11 +151,9 @@ def _default_value(facts: MemoryFacts, name: str, fact: Fact) -> Any:
 
 
 def _text(name: str, value: Any, w: Workload) -> str:
-    if w.sharding == "fsdp" and name in ("grad_accum_dtype", "load_ref_policy"):
-        return (f"gradients reduced in {value}" if name == "grad_accum_dtype" else
-                ("a reference policy: the actor with its LoRA adapter disabled (ref_in_actor)" if w.lora_rank
-                 else "a reference policy (fp32 shards in host RAM; on the GPU only FSDP1's gathered root unit)")
-                if value else "no reference policy")
+    own = w.sharding.assumption(name, value, w.lora_rank)
+    if own is not None:
+        return own
     if name == "grad_accum_dtype":
         return f"gradient partitions in {value}"
     if name == "hpz_partition_size":
@@ -206,29 +204,33 @@ def _assumptions(backend: str, w: Workload, util: float | None, cfg: RunConfig |
             if name == "grad_accum_dtype" and key is None:
                 origin = f"{backend}'s {facts.grad_dtype_origin} ({fact.cite()})"
         out.append(f"{_text(name, value, w)}: {origin}")
-    if facts.sharding == "fsdp":
-        out += _fsdp_assumptions(facts, w, cfg, given)
-    return out
+    return out + _sharding_assumptions(facts, w, cfg, given)
 
 
-def _fsdp_assumptions(facts: MemoryFacts, w: Workload, cfg: RunConfig | None, given: Overrides) -> list[str]:
-    """FSDP's version and micro-batches per optimizer step, and where each came from."""
-    key = facts.fsdp_version_key
-    if given.fsdp_version is not None:
-        version = "--fsdp-version on the command line"
-    elif cfg is not None and key and key in cfg.args:
-        version = f"{key} in {config_label(cfg)}"
-    else:
-        version = facts.fsdp_version_origin
-    if given.micro_batches is not None:
-        many = "micro-batch" if given.micro_batches == 1 else "micro-batches"
-        micro = f"{given.micro_batches} {many} per optimizer step on one GPU: --micro-batches on the command line"
-    elif cfg is not None:
-        micro = f"micro-batches per optimizer step on one GPU as the plan sets them: {facts.micro_batches_origin}"
-    else:
-        micro = (f"{DEFAULT_MICRO_BATCHES} micro-batches per optimizer step on one GPU: ASSUMED (--micro-batches N; "
-                 f"in a config {facts.micro_batches_origin})")
-    out = [f"FSDP{w.fsdp_version} actor update (hpcrl/memory/fsdp_learner.py): {version}", micro]
+def _sharding_assumptions(facts: MemoryFacts, w: Workload, cfg: RunConfig | None, given: Overrides) -> list[str]:
+    """The settings only the learner's sharding takes (its Sharding.flags: FSDP's version and micro-batches per
+    optimizer step), and where each came from; the FSDP update's gradient sync where the backend reads it."""
+    out: list[str] = []
+    sharding = facts.sharding
+    if "--fsdp-version" in sharding.flags:
+        key = facts.fsdp_version_key
+        if given.fsdp_version is not None:
+            version = "--fsdp-version on the command line"
+        elif cfg is not None and key and key in cfg.args:
+            version = f"{key} in {config_label(cfg)}"
+        else:
+            version = facts.fsdp_version_origin
+        out.append(f"{sharding.label(w)} actor update ({sharding.model}): {version}")
+    if "--micro-batches" in sharding.flags:
+        if given.micro_batches is not None:
+            many = "micro-batch" if given.micro_batches == 1 else "micro-batches"
+            micro = f"{given.micro_batches} {many} per optimizer step on one GPU: --micro-batches on the command line"
+        elif cfg is not None:
+            micro = f"micro-batches per optimizer step on one GPU as the plan sets them: {facts.micro_batches_origin}"
+        else:
+            micro = (f"{DEFAULT_MICRO_BATCHES} micro-batches per optimizer step on one GPU: ASSUMED (--micro-batches N; "
+                     f"in a config {facts.micro_batches_origin})")
+        out.append(micro)
     update = dict(w.learner_fixed).get("fsdp_update")
     if update is not None and getattr(update, "grad_sync_why", None):
         how = ("gradients held unsharded until the last micro-batch (no_sync)" if update.grad_sync == "last_micro_batch"

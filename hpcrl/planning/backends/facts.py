@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from hpcrl.memory.sharding import ZERO, Sharding
 from hpcrl.memory.vllm_accounting import VllmEngineFacts, default_engine
 
 if TYPE_CHECKING:
@@ -64,9 +65,9 @@ class MemoryFacts:
     # that dtype when the framework fixes it regardless of the capability table.
     grad_dtype_origin: str = "DeepSpeed config"
     grad_dtype: str | None = None
-    # The learner's sharding: DeepSpeed "zero" (hpcrl/memory/learner.py) or "fsdp" (fsdp_learner.py),
-    # and for FSDP the version the framework uses unless the config says.
-    sharding: Literal["zero", "fsdp"] = "zero"
+    # The learner's sharding strategy (hpcrl/memory/sharding.py): ZERO (hpcrl/memory/learner.py) or FSDP
+    # (fsdp_learner.py), and for FSDP the version the framework uses unless the config says.
+    sharding: Sharding = ZERO
     fsdp_version: int = 1
     fsdp_version_origin: str = ""
     fsdp_version_key: str | None = None  # the config key that sets the version

@@ -30,6 +30,7 @@ from hpcrl.errors import would_fit, ConfigError, HpcrlError, PlanError, UnknownN
 from hpcrl.memory.colocated import Colocation
 from hpcrl.memory.constants import GIB
 from hpcrl.memory.fsdp_learner import FsdpOffload, FsdpSetup, earlier_grads
+from hpcrl.memory.sharding import FSDP
 from hpcrl.memory.vllm_accounting import VllmEngineFacts
 from hpcrl.models import resolve_model
 from hpcrl.planning.backends import versions
@@ -220,7 +221,7 @@ class VerlBackend(Backend):
             grad_accum_dtype="fp32",  # verl's FSDP mixed precision reduces gradients in fp32
             hpz_partition_size=1,
             logits_copy=False,  # the ZeRO model's field; the FSDP model's log-prob path is per version (VerlUpdate)
-            sharding="fsdp",
+            sharding=FSDP,
             fsdp_version=self.fsdp_version(cfg),
             vllm=vllm_facts(cfg.hpcrl.framework_version, max_num_seqs=int(self.arg(cfg, R + "max_num_seqs")),
                             max_num_batched_tokens=int(self.arg(cfg, R + "max_num_batched_tokens")),

@@ -8,6 +8,7 @@ refused with the reason.
 from __future__ import annotations
 
 from hpcrl.memory.fsdp_learner import VerlUpdate
+from hpcrl.memory.sharding import FSDP
 from hpcrl.memory.vllm_accounting import VllmEngineFacts
 from hpcrl.planning.backends.facts import MemoryDefault, MemoryFacts
 
@@ -26,7 +27,7 @@ def memory_facts(actor: str, rollout: str, micro_key: str, flag_table: str) -> M
                   MemoryDefault("util", "actor_rollout_ref.rollout.gpu_memory_utilization",
                                 ("vllm", "gpu_memory_utilization"))),
         colocated=True, grads_resident=False, grad_dtype_origin="FSDP mixed precision", grad_dtype="fp32",
-        sharding="fsdp", fsdp_version=1,
+        sharding=FSDP, fsdp_version=1,
         fsdp_version_origin=f"verl's default {actor}strategy fsdp (its FSDPActorConfig, {flag_table})",
         fsdp_version_key=actor + "strategy",
         micro_batches_origin=f"{actor}ppo_mini_batch_size x {rollout}n / GPUs / {micro_key} (dp_actor.py:551-559 at b178a3cd; "

@@ -61,3 +61,21 @@ def test_the_fitted_constants_are_the_fit_of_the_fit_rows():
     out = subprocess.run([sys.executable, str(ROOT / "benchmarks/fit_trl.py"), "--check"], capture_output=True,
                          text=True, timeout=600, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
     assert out.returncode == 0, out.stdout[-800:] + out.stderr[-800:]
+
+
+@pytest.mark.parametrize("cmd", [["plan-memory", "--backend", "trl", "--model", "32b"],
+                                 ["render", "--config", "trl-grpo-qwen2.5-7b", "--nodes", "5"],
+                                 ["render", "--config", "trl-grpo-qwen2.5-7b", "--nodes", "4", "--set", "vllm_mode=colocate"]])
+def test_a_job_without_ray_plans_no_ray_head_and_the_nodes_whole_ram(cmd):
+    """TRL runs no Ray: no GCS or raylet in host RAM, and no memory monitor killing at 95% (the node's RAM is the
+    limit); open-instruct's plan keeps both (2 GiB, 0.95: local-dev and Isambard-AI's ray.memory_kill_threshold)."""
+    def host(args: list[str]) -> dict:
+        out = subprocess.run([sys.executable, "-m", "hpcrl", *args, "--cluster", "isambard-ai", "--json"],
+                             capture_output=True, text=True, check=True).stdout
+        d = json.loads(out)
+        return (d["job"]["plan"]["memory"] if "job" in d else d)["host"]  # render: the job's plan
+
+    trl, oi = host(cmd), host(["plan-memory", "--model", "32b"])
+    assert "Ray (GCS, raylet)" not in trl["breakdown"] and trl["kill_threshold"] == 1.0 and trl["ray"] is False
+    assert trl["peak_gib"] == pytest.approx(sum(trl["breakdown"].values()), abs=0.1)
+    assert oi["breakdown"]["Ray (GCS, raylet)"] == 2.0 and oi["kill_threshold"] == 0.95 and "ray" not in oi

@@ -184,7 +184,8 @@ def _print_plan(d: dict) -> None:
         _print_colocated(d["colocated"], gpu["usable_gib"])
     console.print(
         f"Host RAM on a learner node: {host['peak_gib']:.0f} GiB of {host['ram_per_node_gib']:.0f} GiB "
-        f"(Ray kills at {host['kill_threshold']:.0%})"
+        + (f"(Ray kills at {host['kill_threshold']:.0%})" if host.get("ray", True)
+           else "(no Ray: the node's RAM is the limit)")
     )
     style = "green" if d["fits"] else "red"
     console.print(f"[bold {style}]Verdict:[/] {d['verdict']}")

@@ -141,7 +141,7 @@ def _sum(terms: dict[str, float], names: tuple[str, ...]) -> float:
 
 
 def plan_colocated(profile: ClusterProfile, learner: LearnerSetup, engine: EngineSetup,
-                   colocation: Colocation = Colocation(), margin: bool = True) -> ColocatedPlan:
+                   colocation: Colocation = Colocation(), margin: bool = True, ray: bool = True) -> ColocatedPlan:
     """Training and rollout memory of one GPU that does both, and host RAM per node.
 
     `learner.n_gpus` is every GPU of the job (the learner is sharded over all of them);
@@ -180,12 +180,12 @@ def plan_colocated(profile: ClusterProfile, learner: LearnerSetup, engine: Engin
     if colocation.reference_offload:
         between += _sum(t, REFERENCE_TERMS)
     between += lm.reference_host_bytes
-    hm = host_memory(profile.node.ram_gib * C.GIB, g, lm.host_offload_bytes, g, profile.ray.memory_kill_threshold)
+    hm = host_memory(profile.node.ram_gib * C.GIB, g, lm.host_offload_bytes, g, profile.ray.memory_kill_threshold, ray)
     extra = {"training state offloaded during rollout": g * between,
              "vLLM weights while asleep (sleep level 1)":
                  g * em.weights if colocation.vllm_sleeps and colocation.sleep_level == 1 else 0.0}
     terms = {**hm.terms, **{k: v for k, v in extra.items() if v}}
-    hm = HostMemory(hm.ram_per_node, hm.kill_threshold, sum(terms.values()), terms)
+    hm = HostMemory(hm.ram_per_node, hm.kill_threshold, sum(terms.values()), terms, hm.ray)
     return ColocatedPlan(profile, learner, engine, lm, em, hm, allocator_margin(learner, lm.peak_reserved) if margin else 0.0,
                          colocation=colocation, training_terms=training, rollout_terms=rollout)
 

@@ -84,7 +84,7 @@ class MemoryPlan:
         if not self.host.fits:
             parts.append(
                 f"host RAM does NOT fit: {self.host.peak / g:.0f} GiB > {self.host.kill_threshold:.0%} "
-                f"of {self.host.ram_per_node / g:.0f} GiB (Ray kills workers there)"
+                f"of {self.host.ram_per_node / g:.0f} GiB ({self.host.killer})"
             )
         return parts
 
@@ -164,6 +164,7 @@ class MemoryPlan:
                 "peak_gib": round(self.host.peak / g, 1),
                 "breakdown": {k: round(v / g, 2) for k, v in self.host.terms.items()},
                 "fits": self.host.fits,
+                **({} if self.host.ray else {"ray": False}),  # said only of a job without Ray
             },
             "fits": self.fits,
             "verdict": self.verdict(),
@@ -178,6 +179,7 @@ def plan_memory(
     engine_gpus_per_node: int | None = None,
     margin: bool = True,
     parts: dict | None = None,
+    ray: bool = True,
 ) -> MemoryPlan:
     """Evaluate learner, engine and host memory for one layout on `profile`; with margin, the
     learner must leave the allocator margin free to fit. `parts` keeps each learner's and engine's
@@ -194,6 +196,7 @@ def plan_memory(
         lm.host_offload_bytes,
         max(0, engine_gpus_per_node),
         profile.ray.memory_kill_threshold,
+        ray,
     )
     return MemoryPlan(profile, learner, engine, lm, em, hm, allocator_margin(learner, lm.peak_reserved) if margin else 0.0)
 

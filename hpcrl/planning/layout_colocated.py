@@ -39,15 +39,15 @@ def colocated_tps(w: Workload, gpus_per_node: int) -> list[int]:
 
 
 def colocated_memory(profile: ClusterProfile, nodes: int, w: Workload, tp: int, util: float,
-                     colocation: Colocation, margin: bool = True) -> ColocatedPlan:
-    """The memory plan of one colocated choice."""
+                     colocation: Colocation, margin: bool = True, ray: bool = True) -> ColocatedPlan:
+    """The memory plan of one colocated choice (`ray`: the job runs Ray on its nodes)."""
     n = nodes * profile.gpu.count_per_node
     engine = engine_setup(w, tp, util)
-    return plan_colocated(profile, _learner_setup(w, n), engine, colocation, margin)
+    return plan_colocated(profile, _learner_setup(w, n), engine, colocation, margin, ray)
 
 
 def enumerate_colocated(profile: ClusterProfile, nodes: int, w: Workload, pins: Pins = Pins(),
-                        colocation: Colocation = Colocation(), margin: bool = True
+                        colocation: Colocation = Colocation(), margin: bool = True, ray: bool = True
                         ) -> tuple[list[Layout], dict[str, int]]:
     """Every colocated TP and utilisation that fits, ranked best first; and rejection counts."""
     w.check()
@@ -67,11 +67,11 @@ def enumerate_colocated(profile: ClusterProfile, nodes: int, w: Workload, pins: 
     for tp in tps:
         why = None
         for util in utils:
-            plan = colocated_memory(profile, nodes, w, tp, util, colocation, margin)
+            plan = colocated_memory(profile, nodes, w, tp, util, colocation, margin, ray)
             if not plan.learner_fits:
                 why = "training does not fit in GPU memory"
             elif not plan.host.fits:
-                why = "host RAM over Ray's kill threshold"
+                why = "host RAM over Ray's kill threshold" if ray else "host RAM over the node's RAM"
             elif not plan.rollout_fits:
                 why = "resident training state leaves vLLM too little of the GPU"
             elif not plan.engine.fits:
@@ -92,24 +92,26 @@ def enumerate_colocated(profile: ClusterProfile, nodes: int, w: Workload, pins: 
 
 
 def plan_colocated_layouts(profile: ClusterProfile, nodes: int, w: Workload, pins: Pins = Pins(),
-                           colocation: Colocation = Colocation(), offload_hint: str | None = None) -> list[Layout]:
-    """Ranked colocated layouts; PlanError with computed suggestions when none fits."""
-    layouts, rejected = enumerate_colocated(profile, nodes, w, pins, colocation)
+                           colocation: Colocation = Colocation(), offload_hint: str | None = None,
+                           ray: bool = True) -> list[Layout]:
+    """Ranked colocated layouts; PlanError with computed suggestions when none fits (`ray`: the job runs
+    Ray on its nodes, whose head needs host RAM of its own)."""
+    layouts, rejected = enumerate_colocated(profile, nodes, w, pins, colocation, ray=ray)
     if layouts:
         return layouts
     why = max(rejected, key=lambda k: rejected[k]) if rejected else "no candidate layout"
     where = f"{nodes} {profile.name}{':' + profile.variant if profile.variant else ''} node{'s' if nodes > 1 else ''}"
     fixes = []
     for n in range(nodes + 1, max(nodes * 2, 64) + 1):
-        if enumerate_colocated(profile, n, w, pins, colocation)[0]:
+        if enumerate_colocated(profile, n, w, pins, colocation, ray=ray)[0]:
             # The same words as the separate layouts' fixes (layout_advice.suggest) for a job past the limits.
             over = profile.max_nodes is not None and n > profile.max_nodes
             fixes.append(f"--nodes {n}" + (" (over the partition/QOS node limit)" if over else ""))
             break
     offloaded = replace(colocation, param_offload=True, optimizer_offload=True)
-    if offload_hint and offloaded != colocation and enumerate_colocated(profile, nodes, w, pins, offloaded)[0]:
+    if offload_hint and offloaded != colocation and enumerate_colocated(profile, nodes, w, pins, offloaded, ray=ray)[0]:
         fixes.append(offload_hint)
-    tight, _ = enumerate_colocated(profile, nodes, w, pins, colocation, margin=False)
+    tight, _ = enumerate_colocated(profile, nodes, w, pins, colocation, margin=False, ray=ray)
     if tight:
         return with_margin_note(tight, fixes)
     raise would_fit(f"no colocated layout of {w.model.name} fits on {where} ({why})", tuple(fixes),

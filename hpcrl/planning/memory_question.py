@@ -317,8 +317,9 @@ def choose_memory_plan(
     max_seq_len: int | None,
     colocation: Colocation | None = None,
     engine_options: dict[str, Any] | None = None,
+    ray: bool = True,
 ) -> tuple[MemoryPlan, list[str]]:
-    """The plan for workload `w`, choosing learner GPUs and TP where not given. The learner is
+    """The plan for workload `w`, choosing learner GPUs and TP where not given (`ray`: the job runs Ray). The learner is
     built as the layout planner builds it (hpcrl.planning.layout._learner_setup), so for the same count
     plan-memory and plan give the same learner figure.
 
@@ -358,9 +359,9 @@ def choose_memory_plan(
     def plan_for(n: int) -> MemoryPlan:
         for sync in sync_modes(w.weight_sync):
             if colocation is None:
-                plan = plan_memory(profile, setup(n, sync), engine)
+                plan = plan_memory(profile, setup(n, sync), engine, ray=ray)
             else:
-                plan = plan_colocated(profile, setup(n, sync), engine, colocation)
+                plan = plan_colocated(profile, setup(n, sync), engine, colocation, ray=ray)
             if fits(plan):
                 break
         return plan
@@ -400,7 +401,7 @@ def answer(q: Question, profile: ClusterProfile, *, learner_gpus: int | None, ze
                               vllm_tp=vllm_tp, vllm_gpu_memory_utilization=q.util,
                               max_seq_len=max_seq_len or q.workload.seq_len,
                               colocation=colocation if q.colocated or colocation else None,
-                              engine_options=engine_options)
+                              engine_options=engine_options, ray=get_backend(q.backend).uses_ray)
 
 
 def _colocated_run(q: Question, profile: ClusterProfile, learner_gpus: int | None) -> tuple[MemoryPlan, list[str]]:

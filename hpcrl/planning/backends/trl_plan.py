@@ -82,7 +82,7 @@ def plan_server(profile: ClusterProfile, nodes: int, w: Workload, pins: Pins, ba
             learner = _learner_setup(ws, k * m)
             for util in utils:
                 plan = plan_memory(profile, learner, engine_setup(ws, tp, util), learners_per_node=k,
-                                   engine_gpus_per_node=tp * dp if single else 0, margin=margin)
+                                   engine_gpus_per_node=tp * dp if single else 0, margin=margin, ray=False)
                 if not plan.learner_fits:
                     why = "learner does not fit in GPU memory"
                     rejected[why] = rejected.get(why, 0) + 1
@@ -141,7 +141,7 @@ def plan_colocate(profile: ClusterProfile, nodes: int, w: Workload, pins: Pins, 
     ws = replace(ws, vllm=replace(ws.vllm, max_num_seqs=max(1, seqs), max_num_batched_tokens=4096))
     colocation = Colocation(param_offload=False, optimizer_offload=False, grads_resident=True, vllm_sleeps=sleeps,
                             sleep_level=2)
-    return plan_colocated_layouts(profile, nodes, ws, pins, colocation, hint)
+    return plan_colocated_layouts(profile, nodes, ws, pins, colocation, hint, ray=False)  # TRL runs no Ray
 
 
 __all__ = ["plan_colocate", "plan_server", "plan_server_layouts", "server_tps", "step_workload"]

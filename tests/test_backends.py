@@ -359,8 +359,9 @@ def test_smoke_lines_name_the_framework(rendered):
 
 def test_step_lines_of_verl_and_openrlhf():
     from hpcrl.logs.driver_log import StepParser
+    from hpcrl.logs.log_format import union_format
 
-    p = StepParser()
+    p = StepParser(union_format())  # one parser reads both (a log whose framework is not known)
     verl = p.feed("(TaskRunner pid=7) step:12 - actor/pg_loss:0.25 - critic/score/mean:0.0 - timing_s/gen:3.5")
     assert (verl.number, verl.reward_key, verl.reward_is_exactly_zero()) == (12, "critic/score/mean", True)
     orl = p.feed("✨ Global step 3: {'policy_loss': nan, 'reward': 0.5, 'kl': 0.001}")

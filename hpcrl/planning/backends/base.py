@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from hpcrl.errors import ConfigError, HpcrlError, PlanError
 from hpcrl.planning.backends.facts import DiskFacts, MemoryFacts
 from hpcrl.planning.layout import Layout, Pins, Workload
-from hpcrl.planning.backends.log_facts import CommandFacts, CpuAsk, DiagnoseFacts, MetricFacts, SmokeFacts, TimingFacts
+from hpcrl.planning.backends.log_facts import (CommandFacts, CpuAsk, DiagnoseFacts, LogFormat, MetricFacts, SmokeFacts,
+                                               TimingFacts)
 from hpcrl.planning.backends.processes import Process, RunFile
 from hpcrl.planning.layout_advice import plan_layouts
 from hpcrl.shell import shq
@@ -89,7 +90,7 @@ class Planned:
 # ZeRO learners beside vLLM engines, open-instruct's Ray placement and log reading). The registry refuses
 # a backend class that leaves one to them (Backend.undeclared; docs/backends.md "Adding a backend").
 MUST_DECLARE = ("uses_ray", "entry_is_module", "plan", "memory", "disk", "layout_fixes", "command_facts",
-                "diagnose_facts", "smoke_facts", "timing_facts")
+                "diagnose_facts", "smoke_facts", "timing_facts", "log_format")
 
 
 class Backend(ABC):
@@ -316,6 +317,9 @@ class Backend(ABC):
     smoke_facts: ClassVar[SmokeFacts] = SmokeFacts()
     timing_facts: ClassVar[TimingFacts] = TimingFacts()  # step and checkpoint times in its output
     metric_facts: ClassVar[MetricFacts] = MetricFacts()  # the metrics watch and report --html show
+    # How its driver prints a step and the metric keys the breakers read; None: not known (a user's script), the
+    # union of every backend's is read.
+    log_format: ClassVar[LogFormat | None] = None
     # plan.json names the backend (a plan.json without the name is the default backend's run).
     names_itself_in_plan: ClassVar[bool] = True
     # Why the framework's own placement puts every GPU of a learner node to training, so a profile's cap on

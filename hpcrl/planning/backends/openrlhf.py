@@ -42,7 +42,8 @@ from hpcrl.memory.vllm_accounting import VllmEngineFacts
 from hpcrl.planning.backends.facts import MemoryDefault, MemoryFacts
 from hpcrl.planning.backends import versions
 from hpcrl.planning.backends.flagdata import load_meta, load_table
-from hpcrl.planning.backends.log_facts import CommandFacts, CpuAsk, DiagnoseFacts, MetricFacts, SmokeFacts, TimingFacts
+from hpcrl.planning.backends.log_facts import (CommandFacts, CpuAsk, DiagnoseFacts, LogFormat, MetricFacts, SmokeFacts,
+                                               TimingFacts)
 from hpcrl.planning.backends.openrlhf_ckpt import DISK, checkpoint_flags, run_steps
 from hpcrl.planning.layout import Pins, Workload
 from hpcrl.planning.layout_advice import plan_layouts
@@ -183,6 +184,15 @@ class OpenRLHFBackend(Backend):
     metric_facts = MetricFacts(reward=("reward", "rollout/reward_mean"),
                                reward_std=("group_reward_std", "rollout/reward_std"), kl=("kl",),
                                loss=("policy_loss",), grad_norm=("actor_grad_norm",))
+    # 3c3be623 prints one line per step, `✨ Global step N: {'key': value, ...}` (trainer/ppo_trainer.py:547).
+    log_format = LogFormat(
+        step_lines=(r"Global step (\d+): \{",),
+        reward=("reward", "rollout/reward_mean"),  # trainer/ray/ppo_actor.py:384-388, trainer/ppo_trainer.py:421
+        loss=("policy_loss",),
+        grad_norm=("actor_grad_norm",),  # trainer/ray/ppo_actor.py:380
+        # The mean over samples of their group's reward std: exactly 0 when every prompt's group of samples got
+        # the same reward (trainer/ppo_utils/experience_maker.py:255-262).
+        reward_std=("group_reward_std",))
     # DeepSpeed's save_checkpoint writes <ckpt.path>/_actor/latest last.
     checkpoint_key = "ckpt.save_steps"
     checkpoint_marker = "checkpoints/_actor/latest"

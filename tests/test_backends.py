@@ -377,6 +377,8 @@ BAD = [
      "unknown verl key 'actor_rollout_ref.rollout.tensor_model_parallel_sizes'; closest: "
      "actor_rollout_ref.rollout.tensor_model_parallel_size"),
     (["--config", ORL, "--set", "vllm.num_engine=2"], "unknown OpenRLHF flag 'vllm.num_engine'; closest: vllm.num_engines"),
+    # The layout planner's refusal names OpenRLHF's key (Qwen2.5-7B's 28 heads), not open-instruct's.
+    (["--config", ORL, "--pin", "tp=3"], "vllm.tensor_parallel_size 3 cannot work: it does not divide the 28"),
     (["--config", ORL, "--set", "zero_stage=3"], "unknown OpenRLHF flag 'zero_stage': renamed to ds.zero_stage"),
     (["--config", ORL, "--set", "disable_ds_ckpt=true"], "renamed to ckpt.disable_ds"),
     (["--config", VERL, "--set", "trainer.default_local_dir=/x"], "trainer.default_local_dir is set by hpcrl"),

@@ -258,13 +258,22 @@ def rule_placement(lines: list[str], text: str, ctx: Context) -> Finding | None:
     if hits >= (1 if re.search(r"Timed out waiting for the learner|fulfill", text) else 3):
         return _find("ray_placement_group", "A Ray placement group can never be placed: the learner bundles "
                      "(STRICT_SPREAD, one per node) or an engine's TP GPUs ask for more than a node offers.",
-                     f"num_learners_per_node needs one entry per node, each <= {per} minus that node's engine GPUs, "
-                     "no more entries than nodes; vllm_tensor_parallel_size <= GPUs free on one node", lines, _PG)
+                     _placement_fix(ctx, per), lines, _PG)
     return None
 
 
 _DISK = re.compile(r"No space left on device|Disk quota exceeded|Errno 28\]|Errno 122\]")
 _HOST_OOM = re.compile(r"killed due to memory pressure|node running low on memory|NODE_OUT_OF_MEMORY")
+
+
+def _placement_fix(ctx: Context, per: int) -> str:
+    """What a placeable layout keeps to, in the run's framework's keys (the default backend's when nothing says:
+    the fix is given as before, without an assumption of its own)."""
+    try:
+        facts = get_backend(ctx.backend or DEFAULT_BACKEND).diagnose_facts
+    except HpcrlError:  # a --backend or plan.json naming a backend this hpcrl does not have
+        facts = get_backend(DEFAULT_BACKEND).diagnose_facts
+    return facts.placement_fix.format_map(_Keys({**facts.keys, "per": str(per)}))
 
 
 def _offload(ctx: Context) -> str:

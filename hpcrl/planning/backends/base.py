@@ -296,6 +296,9 @@ class Backend(ABC):
     layout_fixes: ClassVar[Mapping[str, str | None]] = {}
     # A run's learner is read back from its plan.json (a user's script: no framework command line).
     learner_from_plan: ClassVar[bool] = False
+    # The framework's config key of each layout choice (Pins' fields: learners_per_node, learner_nodes, tp, engines,
+    # gpu_memory_utilization), named in the layout planner's refusals and warnings; a choice without one in words.
+    pin_keys: ClassVar[Mapping[str, str]] = {}
 
     def arg(self, cfg: RunConfig, key: str) -> Any:
         """A key's value: the config's, else the framework's default (None where hpcrl knows none)."""
@@ -417,8 +420,10 @@ PIN_NAMES = {"learners": "learners_per_node", "learner_nodes": "learner_nodes", 
              "engines": "engines", "util": "gpu_memory_utilization"}
 
 
-def cli_pins_into(values: dict[str, Any], cli_pins: list[str] | None, allowed: tuple[str, ...] = tuple(PIN_NAMES)) -> Pins:
-    """`--pin key=value` on top of the config's pins; each choice once, each a count of 1 or more (util in (0, 1])."""
+def cli_pins_into(values: dict[str, Any], cli_pins: list[str] | None, allowed: tuple[str, ...] = tuple(PIN_NAMES),
+                  keys: Mapping[str, str] | None = None) -> Pins:
+    """`--pin key=value` on top of the config's pins; each choice once, each a count of 1 or more (util in (0, 1]);
+    `keys` are the framework's names of the choices (Backend.pin_keys)."""
     given: dict[str, str] = {}
     for item in cli_pins or []:
         key, sep, raw = item.partition("=")
@@ -437,4 +442,4 @@ def cli_pins_into(values: dict[str, Any], cli_pins: list[str] | None, allowed: t
         if not (0 < value <= 1 if key == "util" else value >= 1):
             raise HpcrlError(f"--pin {item!r}: valid: " + ("a fraction in (0, 1]" if key == "util" else "1 or more"))
         values[PIN_NAMES[key]] = value
-    return Pins(**values)
+    return Pins(**values, keys=tuple((keys or {}).items()))

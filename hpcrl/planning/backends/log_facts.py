@@ -68,6 +68,10 @@ class DiagnoseFacts:
     # The step metric that is the fraction of responses that ended before the length limit (key "response"): 0 with
     # a zero reward says every response ran to the limit.
     stop_rate: str = ""
+    # For a Ray placement group that can never be placed: what the layout must keep to, keys in braces and {per}
+    # the node's GPUs.
+    placement_fix: str = ("the learner and engine GPUs asked of one node must not exceed its {per} GPUs; an "
+                          "engine's TP GPUs must be free on one node")
 
 
 Placement = Literal["learner-spread", "node-pools", "pack-groups"]

@@ -197,6 +197,9 @@ class OpenRLHFBackend(Backend):
     checkpoint_key = "ckpt.save_steps"
     checkpoint_marker = "checkpoints/_actor/latest"
     list_order = 2
+    pin_keys = {"learners_per_node": "actor.num_gpus_per_node", "learner_nodes": "actor.num_nodes",
+                "tp": "vllm.tensor_parallel_size", "engines": "vllm.num_engines",
+                "gpu_memory_utilization": "vllm.gpu_memory_utilization"}
     disk = DISK
     memory = MemoryFacts(
         defaults=(MemoryDefault("grad_accum_dtype", "ds.grad_accum_dtype", ("deepspeed", "grad_accum_dtype")),
@@ -338,7 +341,7 @@ class OpenRLHFBackend(Backend):
         if "vllm.gpu_memory_utilization" in a:
             values["gpu_memory_utilization"] = float(a["vllm.gpu_memory_utilization"])
         if self.colocated(cfg):
-            return cli_pins_into(values, cli_pins, allowed=("tp", "util"))
+            return cli_pins_into(values, cli_pins, allowed=("tp", "util"), keys=self.pin_keys)
         if "actor.num_gpus_per_node" in a:
             values["learners_per_node"] = int(a["actor.num_gpus_per_node"])
         if "actor.num_nodes" in a:
@@ -348,7 +351,7 @@ class OpenRLHFBackend(Backend):
         if a.get("train.colocate_actor_ref") is False and self.uses_reference(cfg):
             raise PlanError("train.colocate_actor_ref false: hpcrl plans the reference model on the actor's GPUs; "
                             "remove it (or set algo.kl.init_coef 0 for no reference model)")
-        return cli_pins_into(values, cli_pins)
+        return cli_pins_into(values, cli_pins, keys=self.pin_keys)
 
     def colocation(self, cfg: RunConfig) -> Colocation:
         sleep = bool(self.arg(cfg, "ds.enable_sleep"))

@@ -359,8 +359,9 @@ def test_smoke_lines_name_the_framework(rendered):
 
 def test_step_lines_of_verl_and_openrlhf():
     from hpcrl.logs.driver_log import StepParser
+    from hpcrl.logs.log_format import union_format
 
-    p = StepParser()
+    p = StepParser(union_format())  # one parser reads both (a log whose framework is not known)
     verl = p.feed("(TaskRunner pid=7) step:12 - actor/pg_loss:0.25 - critic/score/mean:0.0 - timing_s/gen:3.5")
     assert (verl.number, verl.reward_key, verl.reward_is_exactly_zero()) == (12, "critic/score/mean", True)
     orl = p.feed("✨ Global step 3: {'policy_loss': nan, 'reward': 0.5, 'kl': 0.001}")
@@ -376,6 +377,8 @@ BAD = [
      "unknown verl key 'actor_rollout_ref.rollout.tensor_model_parallel_sizes'; closest: "
      "actor_rollout_ref.rollout.tensor_model_parallel_size"),
     (["--config", ORL, "--set", "vllm.num_engine=2"], "unknown OpenRLHF flag 'vllm.num_engine'; closest: vllm.num_engines"),
+    # The layout planner's refusal names OpenRLHF's key (Qwen2.5-7B's 28 heads), not open-instruct's.
+    (["--config", ORL, "--pin", "tp=3"], "vllm.tensor_parallel_size 3 cannot work: it does not divide the 28"),
     (["--config", ORL, "--set", "zero_stage=3"], "unknown OpenRLHF flag 'zero_stage': renamed to ds.zero_stage"),
     (["--config", ORL, "--set", "disable_ds_ckpt=true"], "renamed to ckpt.disable_ds"),
     (["--config", VERL, "--set", "trainer.default_local_dir=/x"], "trainer.default_local_dir is set by hpcrl"),

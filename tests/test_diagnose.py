@@ -18,6 +18,7 @@ import pytest
 
 from hpcrl.logs.diagnose import Context, diagnose
 from hpcrl.logs.driver_log import parse_steps
+from hpcrl.logs.log_format import run_format
 from hpcrl.profiles import load_profile
 
 LOGS = Path(__file__).parent / "data" / "logs"
@@ -168,7 +169,7 @@ def test_healthy_and_unknown_logs_have_no_finding():
 
 
 def test_step_parser_reads_wrapped_panels():
-    steps = parse_steps((LOGS / "grpo_fast_zero_reward.log").read_text().splitlines())
+    steps = parse_steps((LOGS / "grpo_fast_zero_reward.log").read_text().splitlines(), run_format("open-instruct"))
     assert [s.number for s in steps] == list(range(1, 16))
     s3 = steps[2]
     assert s3.text["scores"] == "0.00" and not s3.reward_is_exactly_zero()  # 0.004 printed as .2f

@@ -204,7 +204,7 @@ def test_engine_tp_stays_inside_a_node_and_divides_heads():
         free_per_learner_node = 4 - lay.learners_per_node
         capacity = lay.learner_nodes * (free_per_learner_node // lay.tp) + (16 - lay.learner_nodes) * (4 // lay.tp)
         assert lay.engines <= capacity
-        assert len(lay.open_instruct_fields()["num_learners_per_node"]) <= 16  # one bundle per node
+        assert len(lay.to_dict()["num_learners_per_node"]) <= 16  # one bundle per node
 
 
 def test_isambard_plans_one_learner_per_node_unless_pinned():

@@ -12,6 +12,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from hpcrl.logs.driver_log import StepParser
+from hpcrl.logs.log_format import union_format
 from hpcrl.logs.next_cadence import chain_before, next_cadence
 from hpcrl.logs.report import Event
 from hpcrl.logs.report_timing import timing
@@ -30,7 +31,7 @@ def _clock(backend: str, job: str = "7") -> StepClock:
 
 
 def _steps(lines: list[str]):
-    p = StepParser()
+    p = StepParser(union_format())
     return [s for s in map(p.feed, lines) if s is not None]
 
 

@@ -16,9 +16,11 @@ from pathlib import Path
 
 from hpcrl.logs.checkpoints import find_checkpoints, plan_prune
 from hpcrl.logs.driver_log import parse_steps
+from hpcrl.logs.log_format import run_format
 
 DATA = Path(__file__).resolve().parent / "data" / "trl"
 ZERO, MIXED = DATA / "console_zero_reward.log", DATA / "console_mixed_reward.log"
+TRL = run_format("trl")  # the TRL backend's log format
 ZERO_REWARD_EXIT = 90  # docs/safety.md: zero_reward
 
 
@@ -28,14 +30,14 @@ def _lines(path: Path) -> list[str]:
 
 
 def test_every_logged_step_of_a_real_trl_log_is_read():
-    steps = parse_steps(_lines(MIXED))
+    steps = parse_steps(_lines(MIXED), TRL)
     # 12 steps (max_steps 12, logging_steps 1); rewards as printed, read off the file
     assert [s.text["reward"] for s in steps] == ["0.5", "0.25", "0.75", "0.75", "0.75", "0.75", "1", "0.5", "0.25",
                                                  "0.25", "1", "0.75"]
 
 
 def test_a_zero_reward_trl_log_reads_as_exact_zeros_with_zero_spread():
-    steps = parse_steps(_lines(ZERO))
+    steps = parse_steps(_lines(ZERO), TRL)
     assert len(steps) == 12 and all(s.reward_is_exactly_zero() for s in steps)
     assert all(s.zero_variance() == (True, "frac_reward_zero_std=1") for s in steps)
     assert steps[0].grad_norm() == ("grad_norm", 0.0) and steps[0].loss_key == "loss"
@@ -43,7 +45,7 @@ def test_a_zero_reward_trl_log_reads_as_exact_zeros_with_zero_spread():
 
 def test_the_mixed_log_has_spread_in_its_groups():
     # step 12 printed frac_reward_zero_std '0' (no group without spread)
-    assert parse_steps(_lines(MIXED))[-1].zero_variance() == (False, "frac_reward_zero_std=0")
+    assert parse_steps(_lines(MIXED), TRL)[-1].zero_variance() == (False, "frac_reward_zero_std=0")
 
 
 def _watch(tmp_path: Path, log: Path) -> subprocess.CompletedProcess:

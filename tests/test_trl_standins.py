@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from hpcrl.logs.driver_log import death_line, parse_steps
+from hpcrl.logs.log_format import run_format
 
 DATA = Path(__file__).resolve().parent / "data" / "trl"
 SERVER, TRAINER = DATA / "vllm_serve_standin.py", DATA / "trl_trainer_standin.py"
@@ -48,7 +49,7 @@ def test_the_trainer_waits_for_the_servers_health_then_trains(tmp_path):
         srv.kill()
         srv.wait()
     waited = time.monotonic() - t0
-    assert out.returncode == 0 and len(parse_steps(out.stdout.splitlines())) == 3
+    assert out.returncode == 0 and len(parse_steps(out.stdout.splitlines(), run_format("trl"))) == 3
     assert waited >= 3  # not one step before the server answered /health
 
 
@@ -82,7 +83,7 @@ def test_a_continuation_resumes_from_the_newest_checkpoint(tmp_path):
         srv.wait()
     assert first.returncode == 0 and done == ["checkpoint-4", "checkpoint-6"]
     # steps 7 and 8 only: the continuation starts after checkpoint-6's global_step
-    assert again.returncode == 0 and len(parse_steps(again.stdout.splitlines())) == 2
+    assert again.returncode == 0 and len(parse_steps(again.stdout.splitlines(), run_format("trl"))) == 2
     assert json.loads((tmp_path / "ck" / "checkpoint-8" / "trainer_state.json").read_text()) == {"global_step": 8}
 
 

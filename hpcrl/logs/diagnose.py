@@ -13,11 +13,14 @@ import math
 import re
 from dataclasses import dataclass, field, replace
 
-from hpcrl.logs.diagnose_context import Context
+from hpcrl.errors import HpcrlError
+from hpcrl.logs.diagnose_context import DEFAULT_BACKEND, Context
 from hpcrl.logs.diagnose_fixes import engine_fixes, learner_fixes
-from hpcrl.logs.driver_log import ANSI, CUDA_OOM as _OOM, LIBFABRIC as _CXI, NCCL_TIMEOUT as _TIMEOUT, death_line, parse_steps
+from hpcrl.logs.driver_log import ANSI, CUDA_OOM as _OOM, LIBFABRIC as _CXI, NCCL_TIMEOUT as _TIMEOUT, Step, death_line, \
+    parse_steps
+from hpcrl.logs.log_format import run_format
 from hpcrl.memory import constants as C
-from hpcrl.planning.backends import get_backend
+from hpcrl.planning.backends import backend_names, get_backend
 
 GIB = C.GIB
 __all__ = ["Context", "Diagnosis", "Finding", "diagnose"]
@@ -255,13 +258,22 @@ def rule_placement(lines: list[str], text: str, ctx: Context) -> Finding | None:
     if hits >= (1 if re.search(r"Timed out waiting for the learner|fulfill", text) else 3):
         return _find("ray_placement_group", "A Ray placement group can never be placed: the learner bundles "
                      "(STRICT_SPREAD, one per node) or an engine's TP GPUs ask for more than a node offers.",
-                     f"num_learners_per_node needs one entry per node, each <= {per} minus that node's engine GPUs, "
-                     "no more entries than nodes; vllm_tensor_parallel_size <= GPUs free on one node", lines, _PG)
+                     _placement_fix(ctx, per), lines, _PG)
     return None
 
 
 _DISK = re.compile(r"No space left on device|Disk quota exceeded|Errno 28\]|Errno 122\]")
 _HOST_OOM = re.compile(r"killed due to memory pressure|node running low on memory|NODE_OUT_OF_MEMORY")
+
+
+def _placement_fix(ctx: Context, per: int) -> str:
+    """What a placeable layout keeps to, in the run's framework's keys (the default backend's when nothing says:
+    the fix is given as before, without an assumption of its own)."""
+    try:
+        facts = get_backend(ctx.backend or DEFAULT_BACKEND).diagnose_facts
+    except HpcrlError:  # a --backend or plan.json naming a backend this hpcrl does not have
+        facts = get_backend(DEFAULT_BACKEND).diagnose_facts
+    return facts.placement_fix.format_map(_Keys({**facts.keys, "per": str(per)}))
 
 
 def _offload(ctx: Context) -> str:
@@ -345,10 +357,25 @@ def rule_death(lines: list[str], text: str, ctx: Context) -> Finding | None:
                    "instead of training on empty rollouts", [f"line {hit[0] + 1}: {lines[hit[0]].strip()[:220]}"])
 
 
+def _stop_rate(ctx: Context, step: Step) -> tuple[float | None, str]:
+    """The step's fraction of responses that ended before the length limit (None: not logged) and the limit's key,
+    as the log's backend names them (else the backend whose stop-rate metric the step logged, else the default)."""
+    names = [ctx.log_backend] if ctx.log_backend else [*backend_names(), DEFAULT_BACKEND]
+    for name in names:
+        try:
+            facts = get_backend(name).diagnose_facts
+        except HpcrlError:  # a plan.json naming a backend this hpcrl does not have
+            continue
+        if (facts.stop_rate and facts.stop_rate in step.values) or name == names[-1]:
+            return step.values.get(facts.stop_rate) if facts.stop_rate else None, facts.keys.get(
+                "response", "the response length limit")
+    return None, "the response length limit"
+
+
 def rule_steps(lines: list[str], text: str, ctx: Context, k: int = 10, n: int = 20) -> Finding | None:
     runs: dict[str, list] = {"zero": [], "flat": [], "same": []}
     best: dict[str, list] = {"zero": [], "flat": [], "same": []}
-    for s in parse_steps(lines, (ctx.plan or {}).get("reward_keys") or ()):
+    for s in parse_steps(lines, run_format(ctx.log_backend), (ctx.plan or {}).get("reward_keys") or ()):
         if (bad := s.bad_losses()):
             return Finding("nan_loss", f"The loss became {next(iter(bad.values()))} at step {s.number}.", "resume "
                            "from the last state checkpoint with a lower learning rate; check for empty or all-masked "
@@ -360,12 +387,12 @@ def rule_steps(lines: list[str], text: str, ctx: Context, k: int = 10, n: int = 
                 runs[name] = runs[name] + [s] if hit else []
                 best[name] = runs[name] if len(runs[name]) > len(best[name]) else best[name]
     if len(z := best["zero"]) >= k:
-        stop = z[-1].values.get("val/stop_rate")
+        stop, limit = _stop_rate(ctx, z[-1])
         return Finding("zero_reward", f"The mean reward ({z[0].reward_key}) was exactly 0 for {len(z)} consecutive "
-                       f"steps from step {z[0].number}: " + ("every response ran to response_length (stop_rate 0)."
+                       f"steps from step {z[0].number}: " + (f"every response ran to {limit} (stop_rate 0)."
                                                             if stop == 0 else "no rollout earned any reward."),
                        "check generation first (a dead or disconnected engine returns empty rollouts), then the "
-                       "verifier and the answer format, then response_length", [f"steps {z[0].number}-{z[-1].number}"],
+                       f"verifier and the answer format, then {limit}", [f"steps {z[0].number}-{z[-1].number}"],
                        {"first_step": z[0].number, "steps": len(z)})
     stalls = {"flat": ("grad_norm_zero", "The gradient norm ({}) was ~0", "the policy no longer changed",
                        "check that the trained parameters are the ones the loss reaches (LoRA target modules, frozen "

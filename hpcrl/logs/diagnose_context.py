@@ -67,6 +67,16 @@ class Context:
         return None
 
     @property
+    def log_backend(self) -> str | None:
+        """The framework whose log format the log is read in: --backend, else the driver command's, else the one
+        plan.json names; None when nothing names one (then every backend's format is read)."""
+        if self.given.get("backend"):
+            return str(self.given["backend"])
+        if self.command:
+            return self.command.backend
+        return str(self.plan["backend"]) if self.plan and self.plan.get("backend") else None
+
+    @property
     def fix_backend(self) -> str:
         """The backend whose keys the fixes use (the default backend when nothing says, stated once)."""
         if self.backend is None and "backend" not in self._values:

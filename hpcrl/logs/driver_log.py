@@ -1,18 +1,19 @@
 """What a driver's output says, line by line: training steps with their metrics, and the
-lines that mean a Ray node, actor or vLLM engine died. Pure; the watchdog (in the job),
-`hpcrl report` and `hpcrl diagnose` read logs with it.
+lines that mean a Ray node, actor or vLLM engine died. Pure and standard-library only: the watchdog (in the job),
+`hpcrl report`, `hpcrl watch` and `hpcrl diagnose` read logs with it.
 
-grpo_fast prints each step as a Rich panel titled "Metrics" (open-instruct e6c3044a, model_utils
-.print_rich_single_line_metrics): a row per key prefix ("other" without "/"), "name: value"
-items joined by " | ", wrapped; floats as .2e when |v| < 1e-5 else .2f, so an exact 0.0 is
-"0.00e+00" and a tiny non-zero mean "0.00". verl and OpenRLHF print one line per step. AReaL's
-StatsLogger prints a "Train step N/M done." line, then one tabulate "fancy_grid" table per stats
-item of key/value cell pairs (floats as .4e, so an exact 0 is "0.0000e+00"). Other loggers are
-read from JSON metric lines: one object per line, nested objects joined with "/". transformers' Trainer
-prints each logged step as a Python dict on a line of its own, every float formatted ".4g" as a string
-(5.17.0 trainer_callback.py:673-690 ProgressCallback, :703-708 PrinterCallback): `{'loss': '0.01', 'reward':
-'0', ...}`; ".4g" prints an exact 0.0 as "0" and any other value with its digits ("1e-09"), so "0" is an
-exact zero. docs/safety.md lists every key read and its source.
+Steps are read in the format the caller hands over (StepFormat): how the framework prints a step (its step lines,
+the Rich panels of its metrics, the words of a line of pairs) and the keys its breakers read. A framework's format
+is its backend's (LogFormat, hpcrl/planning/backends/log_facts.py, each key with its source); hpcrl/logs/log_format.py
+picks a run's, or the union of all of them for a log whose framework is not known, and the in-job watchdog, which
+cannot import a backend, reads that union from a file generated from them (hpcrl/runtime/watchdog.py).
+
+What no backend owns is here. Lines holding a JSON object (one object per line after any prefix, nested objects'
+keys joined with "/": any logger's) and lines ending in a Python dict literal (transformers' Trainer, OpenRLHF's step
+line, forks that print their metrics) are read in every format. Only in the union (GENERIC): AReaL's StatsLogger
+output (AReaL is not a backend of hpcrl; a user runs it as a custom script), a "Train step N/M done." line, then one
+tabulate "fancy_grid" table per stats item of key/value cell pairs (floats as .4e, so an exact 0 is "0.0000e+00");
+and metric names no one framework owns. docs/safety.md lists every key read and its source.
 """
 
 from __future__ import annotations
@@ -21,40 +22,71 @@ import ast
 import json
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
-# A value may be a numpy scalar's repr: verl 1dda039b needs numpy>=2 (setup.py:32), whose repr is
-# "np.float64(0.5)", and prints np.mean results through pprint.pformat (utils/logger/aggregate_logger.py:26-31).
+# A value may be a numpy scalar's repr ("np.float64(0.5)": a framework that prints np.mean results; verl's
+# backend says which): the number inside is read.
 _PAIR = re.compile(r"['\"]?([A-Za-z_][\w/.\-]*)['\"]?\s*[:=]\s*(?:np\.\w+\()?(-?(?:nan|inf|\d+(?:\.\d*)?(?:e[-+]?\d+)?))",
                    re.I)
-# "scores": grpo_fast (data_loader.py:1547); "objective/scores": the older *_vllm_thread_ray_gtrl.py;
-# "critic/score/mean": verl (trainer/ppo/metric_utils.py:162); "reward", "rollout/reward_mean": OpenRLHF
-# (trainer/ray/ppo_actor.py:384-388, trainer/ppo_trainer.py:421).
-# AReaL's GRPO examples log the reward under their actor's scope: "grpo_actor" until 274fab4b
-# (9af34d2b examples/math/gsm8k_grpo.py:189, engine/ppo/actor.py:235), "ppo_actor" since (4aef98d8
-# trainer/ppo/actor.py:252,302); stats_tracker adds "/avg" (utils/stats_tracker.py:190-193).
-REWARD_KEYS = ("scores", "objective/scores", "objective/verifiable_reward", "reward", "rewards/mean", "critic/score/mean",
-               "rollout/reward_mean", "ppo_actor/task_reward/avg", "grpo_actor/task_reward/avg")
-LOSS_KEYS = ("loss/total_avg", "loss/policy_avg", "train/loss", "loss", "actor/pg_loss", "policy_loss")
-# verl actor/dp_actor.py:666; open-instruct grpo_fast.py:754; OpenRLHF trainer/ray/ppo_actor.py:380. Any other
-# key ending in "/grad_norm" (a namespaced logger's) counts too.
-GRAD_NORM_KEYS = ("actor/grad_norm", "optim/grad_norm", "actor_grad_norm", "grad_norm", "train/grad_norm")
-# Exactly 0 when every prompt's group of samples got the same reward: OpenRLHF's mean of the per-group
-# std (trainer/ppo_utils/experience_maker.py:255-262).
-REWARD_STD_KEYS = ("group_reward_std",)
-# The fraction of prompt groups whose rewards all agree: exactly 1 when every group has zero variance (TRL 1.16
-# grpo_trainer.py:2830 `frac_reward_zero_std`).
-ZERO_STD_FRACTION_KEYS = ("frac_reward_zero_std",)
-# GRPO advantages are the reward minus its group mean: all exactly 0 when every group has zero variance.
-# verl trainer/ppo/metric_utils.py:170-172; open-instruct data_loader.py:1566-1567.
-ADVANTAGE_RANGES = (("critic/advantages/min", "critic/advantages/max"), ("val/advantages_min", "val/advantages_max"))
-_STEP_LINE = re.compile(r"(?:^|\s)step:(\d+) - |Global step (\d+): \{")  # verl b178a3cd; OpenRLHF 3c3be623
-_JSON_STEP_KEYS = ("training_step", "global_step", "step", "_step")
+# The step's number in a JSON metric line, after the format's own step keys: Hugging Face's, a plain one, wandb's.
+_JSON_STEP_KEYS = ("global_step", "step", "_step")
 # AReaL StatsLogger.commit (4aef98d8 utils/stats_logger.py:141,150,162; 9af34d2b :134,140,150): the step line, then
 # "Stats (i/n):" before each of the n tables (areal/utils/printing.py:6-21) that make up the step.
 _TRAIN_STEP = re.compile(r"\bTrain step (\d+)/\d+ done\.")
 _STATS_PART = re.compile(r"\bStats \((\d+)/(\d+)\):")
+
+
+@dataclass(frozen=True)
+class StepFormat:
+    """How a log prints its training steps and which metric keys the breakers read, each in order of preference:
+    the reader's copy of a backend's LogFormat (hpcrl/planning/backends/log_facts.py), field for field (a test holds
+    them equal), and `stats_tables`, a format no backend owns."""
+
+    step_lines: tuple[str, ...] = ()  # regexes before one step's `key: value` pairs; the first group is its number
+    pair_words: tuple[str, ...] = ()  # a line with one of these words (and no step line) is one step's pairs
+    panel_titles: tuple[str, ...] = ()  # Rich panels of a step's metrics, by title
+    step_keys: tuple[str, ...] = ()  # metrics that carry the step's number
+    reward: tuple[str, ...] = ()
+    loss: tuple[str, ...] = ()
+    grad_norm: tuple[str, ...] = ()
+    reward_std: tuple[str, ...] = ()
+    zero_std_fraction: tuple[str, ...] = ()
+    advantage_ranges: tuple[tuple[str, str], ...] = ()
+    stats_tables: bool = False  # AReaL's StatsLogger tables (GENERIC's alone)
+
+    @classmethod
+    def union(cls, *formats: StepFormat) -> StepFormat:
+        """Every format's lines and keys, each once, in the order given (the first format's preferred)."""
+        merged: dict[str, Any] = {f.name: tuple(dict.fromkeys(x for fmt in formats for x in getattr(fmt, f.name)))
+                                  for f in fields(cls) if f.name != "stats_tables"}
+        return cls(**merged, stats_tables=any(fmt.stats_tables for fmt in formats))
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> StepFormat:
+        """A format from its JSON object (to_json's)."""
+        values: dict[str, Any] = {k: tuple(tuple(x) if isinstance(x, list) else x for x in v) if isinstance(v, list)
+                                  else v for k, v in data.items()}
+        return cls(**values)
+
+    def to_json(self) -> dict[str, Any]:
+        return {f.name: [list(x) if isinstance(x, tuple) else x for x in v] if isinstance(v := getattr(self, f.name),
+                                                                                          tuple) else v
+                for f in fields(self)}
+
+    def step_line(self) -> re.Pattern[str] | None:
+        """One regex of all the step lines (the leftmost match wins, as in one alternation)."""
+        return re.compile("|".join(f"(?:{p})" for p in self.step_lines)) if self.step_lines else None
+
+
+# What no backend owns, read where a log's framework is not known (hpcrl/logs/log_format.py's union).
+# AReaL's GRPO examples log the reward under their actor's scope: "grpo_actor" until 274fab4b (9af34d2b
+# examples/math/gsm8k_grpo.py:189, engine/ppo/actor.py:235), "ppo_actor" since (4aef98d8 trainer/ppo/actor.py:252,302);
+# stats_tracker adds "/avg" (utils/stats_tracker.py:190-193). "rewards/mean", "train/loss" and "train/grad_norm" are
+# names of no one framework (a logger that namespaces its metrics, a user's own).
+GENERIC = StepFormat(reward=("rewards/mean", "ppo_actor/task_reward/avg", "grpo_actor/task_reward/avg"),
+                     loss=("train/loss",), grad_norm=("train/grad_norm",), stats_tables=True)
 
 
 @dataclass
@@ -64,17 +96,18 @@ class Step:
     number: int
     values: dict[str, float]
     text: dict[str, str]
-    reward_keys: tuple[str, ...] = REWARD_KEYS
-    std_keys: tuple[str, ...] = REWARD_STD_KEYS
-    loss_keys: tuple[str, ...] = ()  # the run's own loss keys (hpcrl.loss_keys), besides LOSS_KEYS
+    fmt: StepFormat = field(default_factory=StepFormat)  # the format it was read in
+    reward_keys: tuple[str, ...] = ()  # the keys of the reward, in order (default: the format's)
+    std_keys: tuple[str, ...] = ()  # keys whose exact 0 means zero reward variance (besides the format's)
+    loss_keys: tuple[str, ...] = ()  # the run's own loss keys (hpcrl.loss_keys), besides the format's
 
     @property
     def reward_key(self) -> str | None:
-        return next((k for k in self.reward_keys if k in self.values), None)
+        return next((k for k in self.reward_keys or self.fmt.reward if k in self.values), None)
 
     @property
     def loss_key(self) -> str | None:
-        return next((k for k in (*self.loss_keys, *LOSS_KEYS) if k in self.values), None) or next(
+        return next((k for k in (*self.loss_keys, *self.fmt.loss) if k in self.values), None) or next(
             (k for k in self.values if k.startswith("loss/")), None)
 
     def exactly_zero(self, key: str) -> bool:
@@ -86,23 +119,23 @@ class Step:
 
     def bad_losses(self) -> dict[str, float]:
         return {k: v for k, v in self.values.items()
-                if (k in LOSS_KEYS or k in self.loss_keys or k.startswith("loss/")) and not math.isfinite(v)}
+                if (k in self.fmt.loss or k in self.loss_keys or k.startswith("loss/")) and not math.isfinite(v)}
 
     def grad_norm(self) -> tuple[str, float] | None:
         """The step's gradient norm (key, value), if it logs one."""
-        key = next((k for k in GRAD_NORM_KEYS if k in self.values), None) or next(
+        key = next((k for k in self.fmt.grad_norm if k in self.values), None) or next(
             (k for k in self.values if k.endswith("/grad_norm")), None)
         return (key, self.values[key]) if key else None
 
     def zero_variance(self) -> tuple[bool, str] | None:
         """(every group had zero reward variance, the evidence), or None when the step does not say."""
-        for k in ZERO_STD_FRACTION_KEYS:
+        for k in self.fmt.zero_std_fraction:
             if k in self.values:
                 return self.values[k] == 1.0, f"{k}={self.text[k]}"
-        for k in self.std_keys:
+        for k in (*self.std_keys, *self.fmt.reward_std):
             if k in self.values:
                 return self.exactly_zero(k), f"{k}={self.text[k]}"
-        for lo, hi in ADVANTAGE_RANGES:
+        for lo, hi in self.fmt.advantage_ranges:
             if lo in self.values and hi in self.values:
                 return self.exactly_zero(lo) and self.exactly_zero(hi), f"{lo}={self.text[lo]}, {hi}={self.text[hi]}"
         reward = self.reward_key
@@ -161,20 +194,23 @@ def json_metrics(line: str) -> dict[str, float] | None:
 class StepParser:
     """Feed log lines one at a time; `feed` returns a Step when a step's metrics are complete.
 
-    `reward_keys` replace the known reward keys (REWARD_KEYS) when given, in order of preference;
-    `std_keys` are added to the keys whose exact 0 means zero reward variance in every group; `loss_keys` to the
-    losses whose NaN or infinity trips the NaN breaker."""
+    `fmt` is the log's format (the run's backend's, or the union of all); `reward_keys` replace its reward keys when
+    given, in order of preference; `std_keys` are added to the keys whose exact 0 means zero reward variance in every
+    group; `loss_keys` to the losses whose NaN or infinity trips the NaN breaker."""
 
-    def __init__(self, reward_keys: tuple[str, ...] | list[str] = (), std_keys: tuple[str, ...] | list[str] = (),
-                 loss_keys: tuple[str, ...] | list[str] = ()) -> None:
+    def __init__(self, fmt: StepFormat, reward_keys: tuple[str, ...] | list[str] = (),
+                 std_keys: tuple[str, ...] | list[str] = (), loss_keys: tuple[str, ...] | list[str] = ()) -> None:
+        self.fmt = fmt
+        self._step_line = fmt.step_line()
         self._panel: list[str] | None = None
         self._grid: list[tuple[str, str]] | None = None  # a stats table's (key, value) cells so far
         self._parts: list[tuple[str, str]] = []  # the cells of this step's earlier tables
         self._part, self._grid_step = (1, 1), None  # type: tuple[int, int], int | None
         self._count = 0
         self.reward_seen = False  # a step so far logged one of the reward keys
-        self.reward_keys = tuple(reward_keys) or REWARD_KEYS
-        self.std_keys = tuple(std_keys) + REWARD_STD_KEYS
+        self.reward_given = bool(reward_keys)  # the run named its reward keys (else the format's are read)
+        self.reward_keys = tuple(reward_keys) or fmt.reward
+        self.std_keys = tuple(std_keys)
         self.loss_keys = tuple(loss_keys)
 
     def feed(self, raw: str) -> Step | None:
@@ -182,12 +218,12 @@ class StepParser:
         if self._grid is not None:
             return self._grid_line(line)
         if self._panel is None:
-            top = line.find("╭")
-            if top >= 0 and "Metrics" in line[top:]:
+            fmt, top = self.fmt, line.find("╭")
+            if top >= 0 and any(title in line[top:] for title in fmt.panel_titles):
                 self._panel = []
-            elif line.lstrip().startswith("╒"):
+            elif fmt.stats_tables and line.lstrip().startswith("╒"):
                 self._grid = []
-            elif (m := _TRAIN_STEP.search(line)) or (m := _STATS_PART.search(line)):
+            elif fmt.stats_tables and ((m := _TRAIN_STEP.search(line)) or (m := _STATS_PART.search(line))):
                 if m.re is _TRAIN_STEP:
                     self._grid_step, self._parts, self._part = int(m.group(1)), [], (1, 1)
                 else:
@@ -195,10 +231,12 @@ class StepParser:
             elif (pairs := dict_metrics(line)) is not None:
                 return self._make(pairs)
             elif (values := json_metrics(line)) is not None:
-                number = next((int(values[k]) for k in _JSON_STEP_KEYS if k in values), None)
+                number = next((int(values[k]) for k in (*fmt.step_keys, *_JSON_STEP_KEYS) if k in values), None)
                 return self._make([(k, repr(v)) for k, v in values.items()], number)
-            elif (m := _STEP_LINE.search(line)) or "training_step" in line:
-                return self._make(_PAIR.findall(line[m.end():] if m else line), int(m.group(1) or m.group(2)) if m else None)
+            elif (m := self._step_line.search(line) if self._step_line else None) or any(
+                    w in line for w in fmt.pair_words):
+                number = int(next(g for g in m.groups() if g is not None)) if m else None
+                return self._make(_PAIR.findall(line[m.end():] if m else line), number)
             return None
         if "╰" in line:
             rows, self._panel = self._panel, None
@@ -215,12 +253,15 @@ class StepParser:
                 values[key], text[key] = float(val), val
             except ValueError:
                 continue
-        known = (*self.reward_keys, *LOSS_KEYS, *self.loss_keys, *GRAD_NORM_KEYS, *self.std_keys, *ZERO_STD_FRACTION_KEYS)
+        fmt = self.fmt
+        known = (*self.reward_keys, *fmt.loss, *self.loss_keys, *fmt.grad_norm, *self.std_keys, *fmt.reward_std,
+                 *fmt.zero_std_fraction)
         if not any(k in known or k.startswith("loss/") or k.endswith("/grad_norm") for k in values):
             return None
         self._count += 1
-        number = number if number is not None else int(values.get("training_step", self._count))
-        step = Step(number, values, text, self.reward_keys, self.std_keys, self.loss_keys)
+        if number is None:
+            number = next((int(values[k]) for k in fmt.step_keys if k in values), self._count)
+        step = Step(number, values, text, fmt, self.reward_keys, self.std_keys, self.loss_keys)
         self.reward_seen = self.reward_seen or step.reward_key is not None
         return step
 
@@ -260,15 +301,15 @@ def reward_unseen(parser: StepParser, steps: int, within: int) -> str | None:
     the zero-reward breaker cannot see a reward it cannot find."""
     if parser.reward_seen or steps < within:
         return None
-    keys = "the reward key " + ", ".join(parser.reward_keys) if parser.reward_keys != REWARD_KEYS else \
+    keys = "the reward key " + ", ".join(parser.reward_keys) if parser.reward_given else \
         "none of the known reward keys"
     return (f"{steps} training steps and {keys} in none of them: the zero-reward breaker cannot see the reward; "
             "name the key the run logs in hpcrl.reward_keys (the watchdog's --reward-key)")
 
 
-def parse_steps(lines: list[str], reward_keys: tuple[str, ...] | list[str] = ()) -> list[Step]:
-    """Every training step found in `lines`."""
-    parser = StepParser(reward_keys)
+def parse_steps(lines: list[str], fmt: StepFormat, reward_keys: tuple[str, ...] | list[str] = ()) -> list[Step]:
+    """Every training step found in `lines`, read in `fmt`."""
+    parser = StepParser(fmt, reward_keys)
     return [s for s in map(parser.feed, lines) if s is not None]
 
 

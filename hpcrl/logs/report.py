@@ -18,16 +18,13 @@ from typing import Any, NamedTuple
 from hpcrl import contract as C
 from hpcrl.errors import RunDirUnreadable
 from hpcrl.logs.checkpoints import find_checkpoints
-from hpcrl.logs.driver_log import StepParser, reward_unseen
+from hpcrl.logs.driver_log import StepFormat, StepParser, reward_unseen
+from hpcrl.logs.log_format import plan_format, union_format
+from hpcrl.logs.metric_keys import summary_keys
 from hpcrl.logs.report_timing import timing
 
 SCHEMA_VERSION = 1
 MIB_PER_GIB = 1024.0
-# Metrics shown in the terminal summary after the step's reward and loss (whatever the framework
-# calls them: hpcrl.logs.driver_log's keys); all of them are in --json and --markdown.
-HEADLINE = ("training_step", "scores", "objective/scores", "objective/verifiable_reward",
-            "objective/verifiable_correct_rate", "loss/policy_avg", "loss/total_avg", "loss/kl_avg", "train/loss",
-            "loss", "val/stop_rate", "val/sequence_lengths", "learner_tokens_per_second_overall", "time/total", "lr")
 # A run directory is reused by a later run of the same name, and jobs.tsv and the GPU CSVs are
 # appended to: rows older than the chain's first start (less this slack for node clocks) are
 # an earlier run's.
@@ -270,15 +267,16 @@ WATCHDOG_STEPS = C.ZERO_REWARD_STEPS
 
 
 def last_metrics(run_dir: Path, logs: list[str], reward_keys: list[str] | None = None,
-                 within: int | None = None) -> dict | None:
-    """The last training step of the newest job log that has one (then hpcrl/driver.log), read as the
-    watchdog reads it (with the run's own reward keys, when its plan names them); `reward_note` says,
+                 within: int | None = None, fmt: StepFormat | None = None) -> dict | None:
+    """The last training step of the newest job log that has one (then hpcrl/driver.log), read in the run's format
+    (`fmt`; None: every backend's) with the run's own reward keys, when its plan names them; `reward_note` says,
     as the watchdog warns, that `within` steps passed without a reward key."""
+    fmt = fmt or union_format()
     candidates = [run_dir / p for p in reversed(logs)] + [run_dir / C.META / C.DRIVER_LOG]
     for path in candidates:
         if not path.is_file():
             continue
-        parser, last, count = StepParser(reward_keys or ()), None, 0
+        parser, last, count = StepParser(fmt, reward_keys or ()), None, 0
         with open(path, errors="replace") as f:
             for line in f:
                 if (step := parser.feed(line)) is not None:
@@ -364,7 +362,8 @@ def _build_report(run_dir: Path, run: dict | None) -> dict:
         "checkpoint_bytes": sum(c["bytes"] for c in checkpoints),
         "metrics": last_metrics(run_dir, [j["log"] for j in jobs if j["log"]],
                                 *((plan.get("reward_keys"), plan.get("zero_reward_steps"))
-                                  if isinstance(plan, dict) else ())),
+                                  if isinstance(plan, dict) else (None, None)),
+                                plan_format(plan if isinstance(plan, dict) else None)),
         "plan": pred,
         "gpu": {"samples": gpu["samples"], "files": gpu["files"], "no_gpu_nodes": gpu["no_gpu_nodes"],
                 "earlier_run_samples": gpu["earlier_run_samples"],
@@ -385,12 +384,13 @@ def gpu_note(gpu: dict) -> str:
 
 
 def headline(metrics: dict | None) -> list[tuple[str, str]]:
-    """(key, value as printed) of the summary's metrics: the step's reward, loss and gradient norm
-    (each framework's own key), then the others in HEADLINE order."""
+    """(key, value as printed) of the summary's metrics: the step's number, reward, loss and gradient norm
+    (each framework's own key), then the others every backend's summary names (MetricFacts.summary)."""
     if not metrics:
         return []
-    first = ["training_step"] + [metrics.get(k) for k in ("reward_key", "loss_key", "grad_norm_key")]
-    keys = dict.fromkeys([k for k in first if k is not None and k in metrics["text"]] + [k for k in HEADLINE if k in metrics["text"]])
+    first = [*union_format().step_keys] + [metrics.get(k) for k in ("reward_key", "loss_key", "grad_norm_key")]
+    keys = dict.fromkeys([k for k in first if k is not None and k in metrics["text"]]
+                         + [k for k in summary_keys() if k in metrics["text"]])
     return [(k, metrics["text"][k]) for k in keys]
 
 

@@ -19,6 +19,7 @@ from hpcrl.logs import report as rp
 from hpcrl.logs import report_timing as rt
 from hpcrl.logs import svg
 from hpcrl.logs.driver_log import StepParser
+from hpcrl.logs.log_format import plan_format
 from hpcrl.logs.metric_keys import ROLES, backend_name, metric_keys
 from hpcrl.logs.step_times import read_records, step_seconds
 from hpcrl.logs.watch_sources import dir_bytes
@@ -51,15 +52,15 @@ def series(run_dir: Path, report: dict) -> dict:
     """What the page plots, read from the run directory: each metric over steps (the chain's job logs),
     step times over steps (step-times.jsonl), GPU memory over time per node (the monitor's CSVs)."""
     plan = _plan(run_dir)
-    keys = metric_keys(plan)
+    keys, fmt = metric_keys(plan), plan_format(plan)
     by_step: dict[int, dict[str, float]] = {}  # a step a continuation repeats keeps its later value
     logs = []
     for job in report["jobs"]:
         if not job["log"]:
             continue
         logs.append(job["log"])
-        parser = StepParser(list((plan or {}).get("reward_keys") or ()), loss_keys=list((plan or {}).get("loss_keys")
-                                                                                        or ()))
+        parser = StepParser(fmt, list((plan or {}).get("reward_keys") or ()),
+                            loss_keys=list((plan or {}).get("loss_keys") or ()))
         with open(run_dir / job["log"], errors="replace") as f:
             for line in f:
                 if (step := parser.feed(line)) is not None:

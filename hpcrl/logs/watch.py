@@ -15,7 +15,8 @@ from pathlib import Path
 
 from hpcrl import contract as C
 from hpcrl.errors import RunDirUnreadable
-from hpcrl.logs.driver_log import ANSI, Step, StepParser
+from hpcrl.logs.driver_log import ANSI, Step, StepFormat, StepParser
+from hpcrl.logs.log_format import plan_format
 from hpcrl.logs.metric_keys import ROLES, backend_name, metric_keys, pick
 from hpcrl.logs.report import Event, chain_ids, fmt_duration, parse_time, predictions, read_breaker, read_events
 from hpcrl.logs.report_timing import step_band
@@ -38,9 +39,9 @@ def iso(t: float | None) -> str | None:
 
 
 class _Log:
-    def __init__(self, path: Path, reward_keys: list[str], loss_keys: list[str]) -> None:
+    def __init__(self, path: Path, fmt: StepFormat, reward_keys: list[str], loss_keys: list[str]) -> None:
         self.tail = Tail(path, LOG_START_BYTES)
-        self.parser = StepParser(reward_keys, loss_keys=loss_keys)
+        self.parser = StepParser(fmt, reward_keys, loss_keys=loss_keys)
 
 
 class RunReader:
@@ -51,6 +52,7 @@ class RunReader:
         self.hp = run_dir / C.META
         self.plan = self._read_plan()
         self.keys = metric_keys(self.plan)
+        self.fmt = plan_format(self.plan)  # the format its logs are read in
         self._logs: dict[Path, _Log] = {}
         self._times = Tail(self.hp / C.STEP_TIMES)
         self.records: list[dict] = []
@@ -141,7 +143,7 @@ class RunReader:
                 continue
             log = self._logs.get(path)
             if log is None:
-                log = self._logs[path] = _Log(path, list((self.plan or {}).get("reward_keys") or ()),
+                log = self._logs[path] = _Log(path, self.fmt, list((self.plan or {}).get("reward_keys") or ()),
                                               list((self.plan or {}).get("loss_keys") or ()))
             rel = str(path.relative_to(self.run_dir))
             for line in log.tail.lines():

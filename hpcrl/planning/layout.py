@@ -68,7 +68,7 @@ class Workload:
     hpz_partition_size: int = 8  # open-instruct's --deepspeed_zpg
     logits_copy: bool = True  # open-instruct divides the logits by the temperature out of place
     # The learner -> vLLM weight sync: "auto" (whole model at once where it fits, else one
-    # parameter at a time: open-instruct's gather_whole_model left to the planner), a pinned
+    # parameter at a time: the framework's choice left to the planner), a pinned
     # "whole_model" or "per_param", or "none" (not modelled).
     weight_sync: str = "none"
     # The learner's sharding as the framework runs it (its backend hands the strategy over: ZERO or FSDP),
@@ -116,6 +116,12 @@ class Pins:
     tp: int | None = None
     engines: int | None = None
     gpu_memory_utilization: float | None = None
+    # The framework's config key of each choice (field -> key), so that a refusal names what the user wrote.
+    keys: tuple[tuple[str, str], ...] = ()
+
+    def key(self, choice: str, words: str) -> str:
+        """The framework's key for `choice` (a field above), else `words`."""
+        return dict(self.keys).get(choice, words)
 
 
 @dataclass(frozen=True)
@@ -183,16 +189,19 @@ class Layout:
         peak = self.phased.peak_device if self.colocated else self.memory.learner.device_total
         return 1 - peak / self.memory.usable
 
-    def open_instruct_fields(self) -> dict[str, Any]:
-        """The layout as open-instruct's arguments."""
-        return {
-            "num_learners_per_node": [self.learners_per_node] * self.learner_nodes,
-            "vllm_num_engines": self.engines,
-            "vllm_tensor_parallel_size": self.tp,
-            "vllm_gpu_memory_utilization": self.gpu_memory_utilization,
-            "deepspeed_stage": self.memory.learner_setup.zero_stage,
-        } | ({"gather_whole_model": self.weight_sync == "whole_model"}
-             if self.weight_sync in ("whole_model", "per_param") else {})
+    @property
+    def learners(self) -> list[int]:
+        """Learners on each learner node."""
+        return [self.learners_per_node] * self.learner_nodes
+
+    @property
+    def zero_stage(self) -> int:
+        return self.memory.learner_setup.zero_stage
+
+    @property
+    def whole_model_sync(self) -> bool | None:
+        """Whether the weight sync gathers the whole model at once (None: the sync is not modelled)."""
+        return self.weight_sync == "whole_model" if self.weight_sync in ("whole_model", "per_param") else None
 
     def reason(self) -> str:
         st = self.step
@@ -207,8 +216,17 @@ class Layout:
 
     def to_dict(self) -> dict[str, Any]:
         g, mem, st = C.GIB, self.memory, self.step
+        # The layout's first fields (`plan --json`, plan.json; docs/plan.md): named after open-instruct's arguments
+        # when it was the only backend, and kept so for every backend, a schema of hpcrl's own. What a framework
+        # is passed is its backend's (layout_args).
+        sync = self.whole_model_sync
         return {
-            **self.open_instruct_fields(),
+            "num_learners_per_node": self.learners,
+            "vllm_num_engines": self.engines,
+            "vllm_tensor_parallel_size": self.tp,
+            "vllm_gpu_memory_utilization": self.gpu_memory_utilization,
+            "deepspeed_stage": self.zero_stage,
+        } | ({"gather_whole_model": sync} if sync is not None else {}) | {
             "nodes": self.nodes,
             "learner_gpus": self.learner_gpus,
             "engine_gpus": self.engines * self.tp,
@@ -362,7 +380,7 @@ def _layouts(profile: ClusterProfile, nodes: int, w: Workload, pins: Pins, margi
     if pins.tp is not None:
         if pins.tp not in tps:
             why = w.model.tp_problem(pins.tp) or f"an engine must fit in one node of {g} GPUs"
-            raise PlanError(f"vllm_tensor_parallel_size {pins.tp} cannot work: {why}; valid: {tps}")
+            raise PlanError(f"{pins.key('tp', 'tensor-parallel size')} {pins.tp} cannot work: {why}; valid: {tps}")
         tps = [pins.tp]
     cap = profile.planning.max_learners_per_node or g
     ks = [pins.learners_per_node] if pins.learners_per_node else list(range(1, min(g, cap) + 1))
@@ -371,8 +389,8 @@ def _layouts(profile: ClusterProfile, nodes: int, w: Workload, pins: Pins, margi
     ms = [pins.learner_nodes] if pins.learner_nodes else list(range(1, nodes + 1))
     if any(m < 1 or m > nodes for m in ms):
         raise PlanError(
-            f"num_learners_per_node has {ms[0]} entries but the job has {nodes} nodes; "
-            "the learners take one entry per node (a STRICT_SPREAD placement group)"
+            f"{ms[0]} learner nodes ({pins.key('learner_nodes', 'pinned')}) but the job has {nodes} nodes; "
+            "the learners take one node each (a STRICT_SPREAD placement group)"
         )
     utils = [pins.gpu_memory_utilization] if pins.gpu_memory_utilization else list(UTILISATIONS)
     tokens = w.seqs * w.seq_len

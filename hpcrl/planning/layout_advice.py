@@ -109,8 +109,9 @@ def suggest(profile: ClusterProfile, nodes: int, w: Workload, pins: Pins, varian
     return [text for _rank, text in sorted(found, key=lambda f: f[0])]
 
 
-def idle_gpus_warning(layouts: list[Layout]) -> list[str]:
-    """The chosen layout's idle GPUs, counted, with the reason and the layout that idles fewest."""
+def idle_gpus_warning(layouts: list[Layout], engines_key: str = "engines") -> list[str]:
+    """The chosen layout's idle GPUs, counted, with the reason and the layout that idles fewest (`engines_key`: the
+    framework's key of the engine count)."""
     lay = layouts[0]
     if lay.colocated or lay.idle_gpus == 0:
         return []
@@ -123,7 +124,7 @@ def idle_gpus_warning(layouts: list[Layout]) -> list[str]:
         why.append(f"each of the {lay.nodes - m} other nodes leaves {g % tp} idle")
     slots = m * ((g - k) // tp) + (lay.nodes - m) * (g // tp)
     if lay.engines < slots:
-        why.append(f"{slots - lay.engines} engine slots of {tp} GPUs stay empty (vllm_num_engines {lay.engines})")
+        why.append(f"{slots - lay.engines} engine slots of {tp} GPUs stay empty ({engines_key} {lay.engines})")
     fewer = min(layouts, key=lambda x: (x.idle_gpus, x.step_time_s))
     alt = (f"; the layout with the fewest, {fewer.idle_gpus} idle ([{fewer.learners_per_node}] x {fewer.learner_nodes}, "
            f"{fewer.engines} x TP {fewer.tp}), steps ~{fewer.step_time_s:.0f} s (hpcrl plan lists it)"

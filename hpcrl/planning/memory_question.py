@@ -317,9 +317,11 @@ def choose_memory_plan(
     max_seq_len: int | None,
     colocation: Colocation | None = None,
     engine_options: dict[str, Any] | None = None,
+    sync_key: str = "",
     ray: bool = True,
 ) -> tuple[MemoryPlan, list[str]]:
-    """The plan for workload `w`, choosing learner GPUs and TP where not given (`ray`: the job runs Ray). The learner is
+    """The plan for workload `w`, choosing learner GPUs and TP where not given (`sync_key`: the framework's switch
+    for a whole-model weight sync, which the note on an "auto" sync names; `ray`: the job runs Ray). The learner is
     built as the layout planner builds it (hpcrl.planning.layout._learner_setup), so for the same count
     plan-memory and plan give the same learner figure.
 
@@ -372,7 +374,7 @@ def choose_memory_plan(
         if w.weight_sync != "auto":
             return []
         whole = plan.learner_setup.weight_sync == "whole_model"
-        return [f"gather_whole_model {whole}: " + ("the whole model gathered for the weight sync fits" if whole else
+        return [f"{sync_key or 'whole-model weight sync'} {whole}: " + ("the whole model gathered for the weight sync fits" if whole else
                 "gathering the whole model for the weight sync would not fit; one parameter at a time")]
 
     if learner_gpus is not None:
@@ -401,7 +403,8 @@ def answer(q: Question, profile: ClusterProfile, *, learner_gpus: int | None, ze
                               vllm_tp=vllm_tp, vllm_gpu_memory_utilization=q.util,
                               max_seq_len=max_seq_len or q.workload.seq_len,
                               colocation=colocation if q.colocated or colocation else None,
-                              engine_options=engine_options, ray=get_backend(q.backend).uses_ray)
+                              engine_options=engine_options, sync_key=get_backend(q.backend).memory.weight_sync_key,
+                              ray=get_backend(q.backend).uses_ray)
 
 
 def _colocated_run(q: Question, profile: ClusterProfile, learner_gpus: int | None) -> tuple[MemoryPlan, list[str]]:

@@ -103,7 +103,8 @@ def plan_run(inputs: RunInputs, *, model: str | None = None, pins: list[str] | N
     warnings += unconfirmed_in_script(profile, cfg.hpcrl)
     if planned.layouts:
         warnings += list(planned.layouts[0].notes)
-        warnings += [] if planned.idle_explained else idle_gpus_warning(planned.layouts)
+        warnings += [] if planned.idle_explained else idle_gpus_warning(planned.layouts,
+                                                                         backend.pin_keys.get("engines", "engines"))
         warnings += idle_rule_risk(profile, planned.layouts[0])
     services = backend.services(cfg)  # refuses a service the config asks for but cannot have
     if not profile.slurm.exclusive:

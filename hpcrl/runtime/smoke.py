@@ -51,7 +51,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--nodes", type=int, required=True)
     p.add_argument("--gpus-per-node", type=int, required=True)
     p.add_argument("--cpus-per-node", type=float, required=True)
-    p.add_argument("--learners", required=True, help='num_learners_per_node, e.g. "1 1 1"')
+    p.add_argument("--learners", required=True, help='learners on each learner node, e.g. "1 1 1"')
     p.add_argument("--engines", type=int, required=True)
     p.add_argument("--tp", type=int, required=True)
     p.add_argument("--framework", default="", help="The framework's name in the summary line")

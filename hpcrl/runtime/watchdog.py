@@ -18,11 +18,11 @@ D/hpcrl/breaker.json and exiting with the breaker's code (hpcrl/contract.py; --h
   zero_variance        every group of samples had zero reward variance for N consecutive steps
                        (--zero-variance-steps, default 20; 0 turns it off): GRPO's advantages are all zero
 
-The reward is the first known reward key a step logs (hpcrl.logs.driver_log.REWARD_KEYS), or the
-first of --reward-key KEY (repeatable) when given; --reward-std-key KEY (repeatable) adds keys
-whose exact 0 means zero reward variance; --loss-key KEY (repeatable) adds losses whose NaN or
-infinity trips nan_loss. Steps are read from the frameworks' own step lines
-and from JSON metric lines (one object per line).
+Steps are read in every backend's format at once (their union, known_log_formats.json beside this
+module: below) and the formats no backend owns (JSON metric lines, one object per line; AReaL's tables).
+The reward is the first known reward key a step logs, or the first of --reward-key KEY (repeatable)
+when given; --reward-std-key KEY (repeatable) adds keys whose exact 0 means zero reward variance;
+--loss-key KEY (repeatable) adds losses whose NaN or infinity trips nan_loss.
 
 Every step's time and every checkpoint write's time go to D/hpcrl/step-times.jsonl
 (hpcrl/logs/step_times.py): the watchdog's clock between step lines, and the framework's own timers
@@ -73,12 +73,26 @@ from typing import IO
 
 from hpcrl.contract import BLAME, BREAKER, BREAKERS, DRIVER_LOG, META, RAY_DIED, RUN_DIR_ENDS, RUN_DIR_FULL, \
     RUN_DIR_UNWRITABLE, STEP_TIMES, WATCHDOG_BEAT_S, breaker_exit_code
-from hpcrl.logs.driver_log import Step, StepParser, death_line, reward_unseen
+from hpcrl.logs.driver_log import GENERIC, Step, StepFormat, StepParser, death_line, reward_unseen
 from hpcrl.logs.step_times import StepClock
 from hpcrl.runtime.watchdog_io.driver_log_file import DriverLog, say
 from hpcrl.runtime.watchdog_io.heartbeat import Heartbeat
 from hpcrl.runtime.watchdog_io.step_recorder import TimeRecorder
 from hpcrl.runtime.wait_http import pid_alive
+
+# The union of every backend's log format (hpcrl/planning/backends/*.py LogFormat), generated from the registry by
+# hpcrl/logs/log_format.py write_known_formats (tests/test_log_format.py fails when it is stale): this module runs
+# where no backend can be imported. The watchdog reads every framework's steps in it, as it did before the formats
+# moved into the backends, rather than the run's own format rendered onto its command line: that would change every
+# job script for no breaker that trips differently on the frameworks' own logs, and stop it reading a key another
+# framework's fork (or a user's script) logs.
+KNOWN_FORMATS = Path(__file__).with_name("known_log_formats.json")
+
+
+def known_format() -> StepFormat:
+    """The format the watchdog reads a driver's output in: every backend's, then the ones no backend owns."""
+    return StepFormat.union(StepFormat.from_json(json.loads(KNOWN_FORMATS.read_text())), GENERIC)
+
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 # Forwarded signals that ask the driver to stop: SIGKILL follows after --kill-grace-seconds.
@@ -103,10 +117,10 @@ class Breaker:
     def __init__(self, zero_reward_steps: int = 10, hang_s: float = 3600.0, startup_s: float = 5400.0,
                  death_grace_s: float = 15.0, now: float = 0.0, *, reward_keys: tuple[str, ...] = (),
                  std_keys: tuple[str, ...] = (), grad_norm_steps: int = 20, grad_norm_floor: float = 1e-6,
-                 zero_variance_steps: int = 20, loss_keys: tuple[str, ...] = ()):
+                 zero_variance_steps: int = 20, loss_keys: tuple[str, ...] = (), fmt: StepFormat | None = None):
         self.k, self.hang_s, self.startup_s, self.death_grace_s = zero_reward_steps, hang_s, startup_s, death_grace_s
         self.grad_n, self.grad_floor, self.var_n = grad_norm_steps, grad_norm_floor, zero_variance_steps
-        self.parser = StepParser(reward_keys, std_keys, loss_keys)
+        self.parser = StepParser(fmt or known_format(), reward_keys, std_keys, loss_keys)
         self.steps = 0
         self.last_step: int | None = None
         self.last_progress = now

@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from hpcrl.errors import ConfigError, HpcrlError, PlanError
 from hpcrl.planning.backends.facts import DiskFacts, MemoryFacts
 from hpcrl.planning.layout import Layout, Pins, Workload
-from hpcrl.planning.backends.log_facts import CommandFacts, CpuAsk, DiagnoseFacts, MetricFacts, SmokeFacts, TimingFacts
+from hpcrl.planning.backends.log_facts import (CommandFacts, CpuAsk, DiagnoseFacts, LogFormat, MetricFacts, SmokeFacts,
+                                               TimingFacts)
 from hpcrl.planning.backends.processes import Process, RunFile
 from hpcrl.planning.layout_advice import plan_layouts
 from hpcrl.shell import shq
@@ -89,7 +90,7 @@ class Planned:
 # ZeRO learners beside vLLM engines, open-instruct's Ray placement and log reading). The registry refuses
 # a backend class that leaves one to them (Backend.undeclared; docs/backends.md "Adding a backend").
 MUST_DECLARE = ("uses_ray", "entry_is_module", "plan", "memory", "disk", "layout_fixes", "command_facts",
-                "diagnose_facts", "smoke_facts", "timing_facts")
+                "diagnose_facts", "smoke_facts", "timing_facts", "log_format")
 
 
 class Backend(ABC):
@@ -295,6 +296,9 @@ class Backend(ABC):
     layout_fixes: ClassVar[Mapping[str, str | None]] = {}
     # A run's learner is read back from its plan.json (a user's script: no framework command line).
     learner_from_plan: ClassVar[bool] = False
+    # The framework's config key of each layout choice (Pins' fields: learners_per_node, learner_nodes, tp, engines,
+    # gpu_memory_utilization), named in the layout planner's refusals and warnings; a choice without one in words.
+    pin_keys: ClassVar[Mapping[str, str]] = {}
 
     def arg(self, cfg: RunConfig, key: str) -> Any:
         """A key's value: the config's, else the framework's default (None where hpcrl knows none)."""
@@ -316,6 +320,9 @@ class Backend(ABC):
     smoke_facts: ClassVar[SmokeFacts] = SmokeFacts()
     timing_facts: ClassVar[TimingFacts] = TimingFacts()  # step and checkpoint times in its output
     metric_facts: ClassVar[MetricFacts] = MetricFacts()  # the metrics watch and report --html show
+    # How its driver prints a step and the metric keys the breakers read; None: not known (a user's script), the
+    # union of every backend's is read.
+    log_format: ClassVar[LogFormat | None] = None
     # plan.json names the backend (a plan.json without the name is the default backend's run).
     names_itself_in_plan: ClassVar[bool] = True
     # Why the framework's own placement puts every GPU of a learner node to training, so a profile's cap on
@@ -413,8 +420,10 @@ PIN_NAMES = {"learners": "learners_per_node", "learner_nodes": "learner_nodes", 
              "engines": "engines", "util": "gpu_memory_utilization"}
 
 
-def cli_pins_into(values: dict[str, Any], cli_pins: list[str] | None, allowed: tuple[str, ...] = tuple(PIN_NAMES)) -> Pins:
-    """`--pin key=value` on top of the config's pins; each choice once, each a count of 1 or more (util in (0, 1])."""
+def cli_pins_into(values: dict[str, Any], cli_pins: list[str] | None, allowed: tuple[str, ...] = tuple(PIN_NAMES),
+                  keys: Mapping[str, str] | None = None) -> Pins:
+    """`--pin key=value` on top of the config's pins; each choice once, each a count of 1 or more (util in (0, 1]);
+    `keys` are the framework's names of the choices (Backend.pin_keys)."""
     given: dict[str, str] = {}
     for item in cli_pins or []:
         key, sep, raw = item.partition("=")
@@ -433,4 +442,4 @@ def cli_pins_into(values: dict[str, Any], cli_pins: list[str] | None, allowed: t
         if not (0 < value <= 1 if key == "util" else value >= 1):
             raise HpcrlError(f"--pin {item!r}: valid: " + ("a fraction in (0, 1]" if key == "util" else "1 or more"))
         values[PIN_NAMES[key]] = value
-    return Pins(**values)
+    return Pins(**values, keys=tuple((keys or {}).items()))

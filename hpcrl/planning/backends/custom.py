@@ -103,6 +103,9 @@ class CustomBackend(Backend):
     smoke_facts = SmokeFacts(comment="check the job's GPUs and cores without Ray")
     command_facts = CommandFacts()  # a user's script: no entry point a log shows to recognise, no package
     timing_facts = TimingFacts()  # no step or checkpoint timer hpcrl knows of in a user's output
+    # A user's script may print any framework's step lines or none: its log is read with every backend's format
+    # (and the ones no backend owns: JSON lines, AReaL's tables), hpcrl/logs/log_format.py.
+    log_format = None
     # plan-memory answers from this backend's own HF learner model (memory_answer below), never the shared
     # DeepSpeed learner + vLLM question these facts feed.
     memory = MemoryFacts()

@@ -60,6 +60,7 @@ class MemoryFacts:
     colocated: bool = False  # training and generation share every GPU (no config: the default shape)
     logits_copy: bool = False  # the logits divided by the temperature out of place
     weight_sync: Literal["auto", "none"] = "none"  # learner -> engine weight sync the model counts
+    weight_sync_key: str = ""  # with "auto": the framework's switch for gathering the whole model (plan-memory's note)
     grads_resident: bool = True  # colocated: gradients stay on the GPU between steps (DeepSpeed yes, FSDP no)
     # What sets the gradient partitions' dtype where no key does (an assumption's origin), and
     # that dtype when the framework fixes it regardless of the capability table.

@@ -1,9 +1,11 @@
 """What hpcrl reads in a framework's logs and runs inside its job, as records a backend fills (pure).
 
 Each backend (hpcrl/planning/backends/base.py) holds one of each record; hpcrl/logs (the driver
-command line, diagnose) and hpcrl/rendering (the smoke command, the driver's override check)
-read them, so no module outside this package names a framework. The in-job modules
-(hpcrl/runtime) cannot import a backend: what they need is rendered onto their command line.
+command line, its step lines and metric keys, diagnose) and hpcrl/rendering (the smoke command, the
+driver's override check) read them, so no module outside this package names a framework. The in-job
+modules (hpcrl/runtime) cannot import a backend: what they need is rendered onto their command line,
+or (the union of every backend's LogFormat the watchdog reads) shipped as a file generated from the
+registry (hpcrl/logs/log_format.py).
 """
 
 from __future__ import annotations
@@ -63,6 +65,13 @@ class DiagnoseFacts:
     disk_reads: tuple[str, ...] = ()
     disk_bound: str = ""  # which settings bound the checkpoints on disk, in words
     death_note: str = ""  # why one dead actor stops the run, in the framework's terms
+    # The step metric that is the fraction of responses that ended before the length limit (key "response"): 0 with
+    # a zero reward says every response ran to the limit.
+    stop_rate: str = ""
+    # For a Ray placement group that can never be placed: what the layout must keep to, keys in braces and {per}
+    # the node's GPUs.
+    placement_fix: str = ("the learner and engine GPUs asked of one node must not exceed its {per} GPUs; an "
+                          "engine's TP GPUs must be free on one node")
 
 
 Placement = Literal["learner-spread", "node-pools", "pack-groups"]
@@ -109,16 +118,41 @@ class TimingFacts:
 
 
 @dataclass(frozen=True)
+class LogFormat:
+    """How the framework's driver prints a training step, and the keys of the step's metrics the watchdog's
+    breakers read (hpcrl/runtime/watchdog.py), each in order of preference. hpcrl/logs/driver_log.py reads a log
+    with one (as its StepFormat, field for field); a log whose framework is not known (a user's script, a plan.json
+    that names no backend) with the union of every backend's and the formats no backend owns (JSON and Python-dict
+    lines, AReaL's tables): hpcrl/logs/log_format.py."""
+
+    # Regexes of a line that carries one step's `key: value` (or key=value) pairs after the match; the first group
+    # is the step's number.
+    step_lines: tuple[str, ...] = ()
+    # Words that make a line with no step line one step's `key: value` pairs (a fork's own print of the metrics).
+    pair_words: tuple[str, ...] = ()
+    panel_titles: tuple[str, ...] = ()  # the titles of the Rich panels a step's metrics are printed in
+    step_keys: tuple[str, ...] = ()  # metrics that carry the step's number
+    reward: tuple[str, ...] = ()  # the step's mean reward: exactly 0 for K steps trips zero_reward
+    loss: tuple[str, ...] = ()  # losses whose NaN or infinity trips nan_loss (any `loss/*` key does too)
+    grad_norm: tuple[str, ...] = ()  # the gradient norm (any key ending in `/grad_norm` too)
+    reward_std: tuple[str, ...] = ()  # exactly 0: every group's rewards agree (zero_variance)
+    zero_std_fraction: tuple[str, ...] = ()  # the fraction of groups whose rewards agree: exactly 1 trips
+    advantage_ranges: tuple[tuple[str, str], ...] = ()  # (min, max) of the advantages: both exactly 0 trips
+
+
+@dataclass(frozen=True)
 class MetricFacts:
     """The step metrics `hpcrl watch` and `hpcrl report --html` show, under the framework's own keys, each in
-    order of preference (the first a step logs is shown). An empty reward or loss means the keys the watchdog
-    knows (hpcrl.logs.driver_log); the run's hpcrl.reward_keys and hpcrl.loss_keys come first either way."""
+    order of preference (the first a step logs is shown). An empty reward or loss means the keys of the run's
+    LogFormat (what the watchdog reads); the run's hpcrl.reward_keys and hpcrl.loss_keys come first either way."""
 
     reward: tuple[str, ...] = ()
     reward_std: tuple[str, ...] = ()  # the spread of the step's rewards
     kl: tuple[str, ...] = ()  # the policy's distance from its reference (a KL term or estimate)
     loss: tuple[str, ...] = ()
     grad_norm: tuple[str, ...] = ()
+    # The further metrics `hpcrl report`'s summary shows after the step's number, reward, loss and gradient norm.
+    summary: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -141,5 +175,5 @@ def default_backend() -> str:
     return str(HpcrlSection.model_fields["backend"].default)
 
 
-__all__ = ["CommandFacts", "CpuAsk", "DiagnoseFacts", "MetricFacts", "Placement", "SmokeFacts", "TimingFacts",
-           "default_backend"]
+__all__ = ["CommandFacts", "CpuAsk", "DiagnoseFacts", "LogFormat", "MetricFacts", "Placement", "SmokeFacts",
+           "TimingFacts", "default_backend"]

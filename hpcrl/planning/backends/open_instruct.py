@@ -27,7 +27,8 @@ from hpcrl.planning.backends.base import (
 )
 from hpcrl.errors import ConfigError, HpcrlError, PlanError
 from hpcrl.models import resolve_model
-from hpcrl.planning.backends.log_facts import CommandFacts, CpuAsk, DiagnoseFacts, MetricFacts, SmokeFacts, TimingFacts
+from hpcrl.planning.backends.log_facts import (CommandFacts, CpuAsk, DiagnoseFacts, LogFormat, MetricFacts, SmokeFacts,
+                                               TimingFacts)
 from hpcrl.memory.vllm_accounting import VllmEngineFacts
 from hpcrl.planning.backends.facts import MemoryDefault, MemoryFacts
 from hpcrl.planning.backends.open_instruct_disk import DISK
@@ -101,9 +102,23 @@ def format_values(name: str, value: Any, type_text: str) -> tuple[str, ...] | No
     return (_scalar(name, value),)
 
 
+def layout_fields(layout: Layout) -> dict[str, Any]:
+    """The layout as grpo_fast's arguments: a learner count per learner node (one STRICT_SPREAD bundle each), the
+    engines, their TP and memory share, the ZeRO stage, and whether the weight sync gathers the whole model at once
+    (where the plan models the sync)."""
+    sync = layout.whole_model_sync
+    return {
+        "num_learners_per_node": layout.learners,
+        "vllm_num_engines": layout.engines,
+        "vllm_tensor_parallel_size": layout.tp,
+        "vllm_gpu_memory_utilization": layout.gpu_memory_utilization,
+        "deepspeed_stage": layout.zero_stage,
+    } | ({"gather_whole_model": sync} if sync is not None else {})
+
+
 def layout_args(layout: Layout, nodes: int, table: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """The planner's fields as open-instruct arguments (num_nodes where the layout has it)."""
-    fields = dict(layout.open_instruct_fields())
+    fields = layout_fields(layout)
     if "num_nodes" in table:
         fields["num_nodes"] = nodes
     for name in fields:
@@ -178,12 +193,16 @@ class OpenInstructBackend(Backend):
     diagnose_facts = DiagnoseFacts(
         keys={"model": "model_name_or_path", "tokens": "pack_length", "learners": "num_learners_per_node",
               "zero": "deepspeed_stage", "tp": "vllm_tensor_parallel_size", "util": "vllm_gpu_memory_utilization",
-              "offload": "deepspeed_offload_optimizer", "timeout": "backend_timeout"},
+              "offload": "deepspeed_offload_optimizer", "timeout": "backend_timeout", "response": "response_length"},
         # grpo_fast logs its arguments (`Args: name=value ...`): diagnose's name -> (key, default).
         logged={"model": ("model_name_or_path", None), "tokens_per_gpu": ("pack_length", 10240),
                 "zero_stage": ("deepspeed_stage", 3), "vllm_tp": ("vllm_tensor_parallel_size", 1),
                 "vllm_util": ("vllm_gpu_memory_utilization", 0.9), "learner_gpus": ("num_learners_per_node", 8)},
         offload_fix="{offload} off (or fewer learners per node)",
+        stop_rate="val/stop_rate",  # the step panel's val/stop_rate (e6c3044a grpo_fast.py)
+        # grpo_fast's learners are one STRICT_SPREAD bundle per num_learners_per_node entry.
+        placement_fix="{learners} needs one entry per node, each <= {per} minus that node's engine GPUs, no more "
+                      "entries than nodes; {tp} <= GPUs free on one node",
         disk_bound="keep_last_n_checkpoints bounds the states; HF saves are never deleted")
     # grpo_fast passes its whole environment to every Ray actor (e6c3044a grpo_fast.py:2214-2219).
     smoke_facts = SmokeFacts("learner-spread", "place learners and engines as open-instruct does", actor_env=True)
@@ -199,7 +218,25 @@ class OpenInstructBackend(Backend):
     # no spread of the rewards.
     metric_facts = MetricFacts(reward=("scores", "objective/verifiable_reward"),
                                kl=("loss/kl_avg", "objective/kl0_avg", "objective/kl_avg"),
-                               loss=("loss/total_avg", "loss/policy_avg"), grad_norm=("optim/grad_norm",))
+                               loss=("loss/total_avg", "loss/policy_avg"), grad_norm=("optim/grad_norm",),
+                               summary=("scores", "objective/scores", "objective/verifiable_reward",
+                                        "objective/verifiable_correct_rate", "loss/policy_avg", "loss/total_avg",
+                                        "loss/kl_avg", "val/stop_rate", "val/sequence_lengths",
+                                        "learner_tokens_per_second_overall", "time/total", "lr"))
+    # grpo_fast prints each step as a Rich panel titled "Metrics" (e6c3044a model_utils.py
+    # print_rich_single_line_metrics): a row per key prefix ("other" for keys without "/"), "name: value" items
+    # joined by " | ", wrapped; floats as .2e when |v| < 1e-5 else .2f, so an exact 0.0 is "0.00e+00" and a tiny
+    # non-zero mean "0.00". Forks print the step as a dict or `key=value` line with `training_step`, its number.
+    log_format = LogFormat(
+        panel_titles=("Metrics",), pair_words=("training_step",), step_keys=("training_step",),
+        # `scores` (data_loader.py:1547); `objective/scores` the older *_vllm_thread_ray_gtrl.py's (last at 745bf58d,
+        # deleted in bac93931); `objective/verifiable_reward` grpo_fast's before `scores`.
+        reward=("scores", "objective/scores", "objective/verifiable_reward"),
+        loss=("loss/total_avg", "loss/policy_avg"),
+        grad_norm=("optim/grad_norm",),  # grpo_fast.py:754
+        # GRPO advantages are the reward minus its group mean: all exactly 0 when every group has zero variance
+        # (data_loader.py:1566-1567).
+        advantage_ranges=(("val/advantages_min", "val/advantages_max"),))
     names_itself_in_plan = False  # plan.json stays as it was before the other backends came
     feature_triggers = {"lora": ("use_peft",), "load_in_4bit": ("load_in_4bit", "load_in_8bit")}
     # DeepSpeed's save_checkpoint writes <dir>/latest last (checkpoint_state_dir = RUN_DIR/checkpoints).
@@ -214,10 +251,14 @@ class OpenInstructBackend(Backend):
                   MemoryDefault("gradient_checkpointing", None, ("features", "gradient_checkpointing")),
                   MemoryDefault("util", "vllm_gpu_memory_utilization", ("vllm", "gpu_memory_utilization"))),
         logits_copy=True, weight_sync="auto",  # logits / temperature out of place; whole-model or per-param sync
+        weight_sync_key="gather_whole_model",
         vllm=VllmEngineFacts(
             "0.19.1", max_num_batched_tokens=2048, max_num_seqs=128, logprobs_mode="processed_logprobs",
             source="open-instruct e6c3044 requires vllm>=0.19.1 (pyproject.toml:36; hpcrl models the lowest it allows) and builds each engine with vllm.AsyncLLMEngine.from_engine_args (open_instruct/vllm_utils.py:701), passing no max_num_seqs / max_num_batched_tokens (vllm_utils.py:1270-1285): vLLM's engine-context defaults; it passes logprobs_mode processed_logprobs (vllm_utils.py:1284)"))
     plan_shows_layout_args = False
+    pin_keys = {"learners_per_node": "num_learners_per_node", "learner_nodes": "num_learners_per_node",
+                "tp": "vllm_tensor_parallel_size", "engines": "vllm_num_engines",
+                "gpu_memory_utilization": "vllm_gpu_memory_utilization"}
     # grpo_fast.py applies no LoRA (data/capabilities.json): never offered.
     layout_fixes = {
         "no_hpz": "--set deepspeed_zpg=1 (no ZeRO++ secondary weight copy)",
@@ -331,7 +372,7 @@ class OpenInstructBackend(Backend):
             values["gpu_memory_utilization"] = float(a["vllm_gpu_memory_utilization"])
         if "deepspeed_stage" in cfg.pinned and int(a["deepspeed_stage"]) != 3:
             raise PlanError(f"deepspeed_stage {a['deepspeed_stage']}: hpcrl plans ZeRO-3 learners; valid: 3")
-        return cli_pins_into(values, cli_pins)
+        return cli_pins_into(values, cli_pins, keys=self.pin_keys)
 
     def plan(self, cfg: RunConfig, profile: ClusterProfile, nodes: int, w: Workload, pins: Pins,
              variants: list[ClusterProfile]) -> Planned:

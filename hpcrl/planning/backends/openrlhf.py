@@ -42,7 +42,8 @@ from hpcrl.memory.vllm_accounting import VllmEngineFacts
 from hpcrl.planning.backends.facts import MemoryDefault, MemoryFacts
 from hpcrl.planning.backends import versions
 from hpcrl.planning.backends.flagdata import load_meta, load_table
-from hpcrl.planning.backends.log_facts import CommandFacts, CpuAsk, DiagnoseFacts, MetricFacts, SmokeFacts, TimingFacts
+from hpcrl.planning.backends.log_facts import (CommandFacts, CpuAsk, DiagnoseFacts, LogFormat, MetricFacts, SmokeFacts,
+                                               TimingFacts)
 from hpcrl.planning.backends.openrlhf_ckpt import DISK, checkpoint_flags, run_steps
 from hpcrl.planning.layout import Pins, Workload
 from hpcrl.planning.layout_advice import plan_layouts
@@ -183,10 +184,22 @@ class OpenRLHFBackend(Backend):
     metric_facts = MetricFacts(reward=("reward", "rollout/reward_mean"),
                                reward_std=("group_reward_std", "rollout/reward_std"), kl=("kl",),
                                loss=("policy_loss",), grad_norm=("actor_grad_norm",))
+    # 3c3be623 prints one line per step, `✨ Global step N: {'key': value, ...}` (trainer/ppo_trainer.py:547).
+    log_format = LogFormat(
+        step_lines=(r"Global step (\d+): \{",),
+        reward=("reward", "rollout/reward_mean"),  # trainer/ray/ppo_actor.py:384-388, trainer/ppo_trainer.py:421
+        loss=("policy_loss",),
+        grad_norm=("actor_grad_norm",),  # trainer/ray/ppo_actor.py:380
+        # The mean over samples of their group's reward std: exactly 0 when every prompt's group of samples got
+        # the same reward (trainer/ppo_utils/experience_maker.py:255-262).
+        reward_std=("group_reward_std",))
     # DeepSpeed's save_checkpoint writes <ckpt.path>/_actor/latest last.
     checkpoint_key = "ckpt.save_steps"
     checkpoint_marker = "checkpoints/_actor/latest"
     list_order = 2
+    pin_keys = {"learners_per_node": "actor.num_gpus_per_node", "learner_nodes": "actor.num_nodes",
+                "tp": "vllm.tensor_parallel_size", "engines": "vllm.num_engines",
+                "gpu_memory_utilization": "vllm.gpu_memory_utilization"}
     disk = DISK
     memory = MemoryFacts(
         defaults=(MemoryDefault("grad_accum_dtype", "ds.grad_accum_dtype", ("deepspeed", "grad_accum_dtype")),
@@ -328,7 +341,7 @@ class OpenRLHFBackend(Backend):
         if "vllm.gpu_memory_utilization" in a:
             values["gpu_memory_utilization"] = float(a["vllm.gpu_memory_utilization"])
         if self.colocated(cfg):
-            return cli_pins_into(values, cli_pins, allowed=("tp", "util"))
+            return cli_pins_into(values, cli_pins, allowed=("tp", "util"), keys=self.pin_keys)
         if "actor.num_gpus_per_node" in a:
             values["learners_per_node"] = int(a["actor.num_gpus_per_node"])
         if "actor.num_nodes" in a:
@@ -338,7 +351,7 @@ class OpenRLHFBackend(Backend):
         if a.get("train.colocate_actor_ref") is False and self.uses_reference(cfg):
             raise PlanError("train.colocate_actor_ref false: hpcrl plans the reference model on the actor's GPUs; "
                             "remove it (or set algo.kl.init_coef 0 for no reference model)")
-        return cli_pins_into(values, cli_pins)
+        return cli_pins_into(values, cli_pins, keys=self.pin_keys)
 
     def colocation(self, cfg: RunConfig) -> Colocation:
         sleep = bool(self.arg(cfg, "ds.enable_sleep"))

@@ -28,7 +28,7 @@ from hpcrl.models import resolve_model
 from hpcrl.planning.backends import versions
 from hpcrl.planning.backends.base import Backend, DriverLine, Planned, Word, cli_pins_into, never_or_positive, positive
 from hpcrl.planning.backends.facts import MemoryDefault, MemoryFacts
-from hpcrl.planning.backends.log_facts import CommandFacts, DiagnoseFacts, SmokeFacts, TimingFacts
+from hpcrl.planning.backends.log_facts import CommandFacts, DiagnoseFacts, LogFormat, SmokeFacts, TimingFacts
 from hpcrl.planning.backends.trl_disk import DISK, KEEP_DEFAULT
 from hpcrl.planning.backends.trl_keys import MODES, SERVE_SECTION, check_args, default_of, flag_words, normalize, tables
 from hpcrl.planning.backends.processes import HealthCheck, Process, ResumeRule, RunFile
@@ -93,6 +93,18 @@ class TrlBackend(Backend):
     smoke_facts = SmokeFacts(comment="check the job's GPUs on every node without Ray")
     # grpo_trainer.py:1510-1520: step_time sums one optimizer step's training_step calls (generation included).
     timing_facts = TimingFacts(step=("step_time",))
+    # transformers' Trainer prints each logged step as a Python dict on a line of its own (after tqdm's bar), every
+    # float formatted ".4g" as a string (5.17.0 trainer_callback.py:673-690 ProgressCallback, :703-708
+    # PrinterCallback): `{'loss': '0.01', 'reward': '0', ...}`; ".4g" prints an exact 0.0 as "0" and any other value
+    # with its digits ("1e-09"), so "0" is an exact zero. The reader reads such dict lines for every framework.
+    log_format = LogFormat(
+        reward=("reward",),  # TRL 1.16.0 grpo_trainer.py:2828
+        # The Trainer's own `loss` and `grad_norm` (transformers 5.17.0 trainer.py, _maybe_log_save_evaluate; the
+        # lines not checked: the keys are those of tests/data/trl/console_*.log, TRL's own output).
+        loss=("loss",), grad_norm=("grad_norm",),
+        # The fraction of prompt groups whose rewards all agree: exactly 1 when every group has zero variance
+        # (grpo_trainer.py:2830).
+        zero_std_fraction=("frac_reward_zero_std",))
     memory = MemoryFacts(
         defaults=(MemoryDefault("load_ref_policy", "beta", ("features", "ref_policy")),
                   MemoryDefault("gradient_checkpointing", "gradient_checkpointing",

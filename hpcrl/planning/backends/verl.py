@@ -36,7 +36,7 @@ from hpcrl.models import resolve_model
 from hpcrl.planning.backends import versions
 from hpcrl.planning.backends.verl_memory import (FILLS_NODES, fsdp_update, grad_sync_key, memory_facts, sleep_level,
                                                  vllm_facts)
-from hpcrl.planning.backends.log_facts import CommandFacts, CpuAsk, DiagnoseFacts, MetricFacts, SmokeFacts
+from hpcrl.planning.backends.log_facts import CommandFacts, CpuAsk, DiagnoseFacts, LogFormat, MetricFacts, SmokeFacts
 from hpcrl.planning.backends.verl_disk import DISK, TIMING
 from hpcrl.planning.backends.verl_hydra import expected_kind, hydra_value, is_interpolation, type_ok
 from hpcrl.planning.layout import DEFAULT_MICRO_BATCHES, Pins, Workload
@@ -114,6 +114,17 @@ class VerlBackend(Backend):
     # estimate `actor/ppo_kl` (dp_actor.py); the scores' spread is not logged (their min and max are).
     metric_facts = MetricFacts(reward=("critic/score/mean",), kl=("actor/kl_loss", "actor/ppo_kl"),
                                loss=("actor/pg_loss",), grad_norm=("actor/grad_norm",))
+    # b178a3cd prints one console line per step, `step:N - key:value - ...` (utils/logger/aggregate_logger.py).
+    # 1dda039b needs numpy>=2 (setup.py:32), whose repr is "np.float64(0.5)", and prints np.mean results through
+    # pprint.pformat (aggregate_logger.py:26-31): the reader takes the number inside.
+    log_format = LogFormat(
+        step_lines=(r"(?:^|\s)step:(\d+) - ",),
+        reward=("critic/score/mean",),  # trainer/ppo/metric_utils.py:162
+        loss=("actor/pg_loss",),
+        grad_norm=("actor/grad_norm",),  # workers/actor/dp_actor.py:666
+        # GRPO advantages are the reward minus its group mean: all exactly 0 when every group has zero variance
+        # (trainer/ppo/metric_utils.py:170-172).
+        advantage_ranges=(("critic/advantages/min", "critic/advantages/max"),))
     # verl's trainer writes <default_local_dir>/latest_checkpointed_iteration.txt after each save.
     checkpoint_key = T + "save_freq"
     checkpoint_marker = "checkpoints/latest_checkpointed_iteration.txt"

@@ -9,7 +9,7 @@ from hpcrl.errors import UnknownNameError
 from hpcrl.models import resolve_model
 from hpcrl.planning.backends.base import Backend, Planned, Word, cli_pins_into
 from hpcrl.planning.backends.facts import DiskFacts, MemoryFacts
-from hpcrl.planning.backends.log_facts import CommandFacts, DiagnoseFacts, SmokeFacts, TimingFacts
+from hpcrl.planning.backends.log_facts import CommandFacts, DiagnoseFacts, LogFormat, SmokeFacts, TimingFacts
 from hpcrl.planning.layout_advice import plan_layouts
 from hpcrl.planning.disk_budget import Budget, DiskInputs, Item, cache_items, saves, trainable
 from hpcrl.planning.layout import Workload
@@ -51,6 +51,7 @@ class ToyBackend(Backend):
     diagnose_facts = DiagnoseFacts(keys={"model": "model"})
     smoke_facts = SmokeFacts(placement="learner-spread", comment="place learners and engines apart")
     timing_facts = TimingFacts()  # the toy prints no timers
+    log_format = LogFormat()  # nor step lines of its own
 
     def plan(self, cfg, profile, nodes, w, pins, variants) -> Planned:
         """Learners beside vLLM engines, as the shared planner lays them out."""

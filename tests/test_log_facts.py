@@ -134,6 +134,7 @@ PLACED = {
 }
 
 
+@pytest.mark.ray
 @pytest.mark.parametrize("config", list(PLACED))
 def test_smoke_places_bundles_as_its_rendered_line_says(ray_cluster, config):
     from hpcrl.runtime import smoke

@@ -66,9 +66,26 @@ def ensure_cluster(nodes: int) -> tuple[str, bool]:
 
 def render(nodes: int, root: Path) -> Path:
     script = root / f"bench{nodes}.sbatch"
-    args = [sys.executable, "-m", "hpcrl", "render", "--cluster", "local-dev", "--nodes", str(nodes), "--smoke",
-            *(["--allow-over-limit"] if nodes > 4 else []), "--set", f"hpcrl.run_root={root / 'runs'}",
-            "--set", f"hpcrl.run_name=bench{nodes}", "--set", 'hpcrl.time="00:10:00"', "-o", str(script)]
+    args = [
+        sys.executable,
+        "-m",
+        "hpcrl",
+        "render",
+        "--cluster",
+        "local-dev",
+        "--nodes",
+        str(nodes),
+        "--smoke",
+        *(["--allow-over-limit"] if nodes > 4 else []),
+        "--set",
+        f"hpcrl.run_root={root / 'runs'}",
+        "--set",
+        f"hpcrl.run_name=bench{nodes}",
+        "--set",
+        'hpcrl.time="00:10:00"',
+        "-o",
+        str(script),
+    ]
     res = run(args, {**os.environ, "PYTHONPATH": str(REPO)})
     if res.returncode != 0:
         sys.exit(f"bringup_nodes: hpcrl render --nodes {nodes} failed:\n{res.stderr}")
@@ -119,15 +136,25 @@ def one_job(nodes: int, root: Path, env: dict, timeout_s: float) -> dict:
     text = log.read_text(errors="replace") if log.exists() else ""
     ends = re.findall(rf"^hpcrl: job {job} ends: (\S+)", text, re.M)
     if not ends or not ends[-1].startswith("completed"):  # why, before the temp dir goes
-        sys.stderr.write("".join(ln + "\n" for ln in text.splitlines()
-                                 if re.search(r"Ray has|error|attempt \d|timed out", ln))[-4000:])
-    return {"nodes": nodes, "job": job, "end": ends[-1] if ends else None, "slurm_state": fields.get("JobState"),
-            "start_to_ray_up_s": round(t_ray - t_start, 1) if t_ray and t_start else None,
-            "whole_job_s": round(t_end - t_start, 1) if t_end and t_start else None,
-            "slurm_start_to_end_s": slurm_seconds(fields), "cores": os.cpu_count(),
-            "load_1min_at_start": round(load, 2) if load is not None else None,
-            "load_1min_at_end": round(os.getloadavg()[0], 2), "start_stagger_s": STAGGER_S,
-            "time": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+        sys.stderr.write(
+            "".join(ln + "\n" for ln in text.splitlines() if re.search(r"Ray has|error|attempt \d|timed out", ln))[
+                -4000:
+            ]
+        )
+    return {
+        "nodes": nodes,
+        "job": job,
+        "end": ends[-1] if ends else None,
+        "slurm_state": fields.get("JobState"),
+        "start_to_ray_up_s": round(t_ray - t_start, 1) if t_ray and t_start else None,
+        "whole_job_s": round(t_end - t_start, 1) if t_end and t_start else None,
+        "slurm_start_to_end_s": slurm_seconds(fields),
+        "cores": os.cpu_count(),
+        "load_1min_at_start": round(load, 2) if load is not None else None,
+        "load_1min_at_end": round(os.getloadavg()[0], 2),
+        "start_stagger_s": STAGGER_S,
+        "time": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
 
 
 def ratio(value: float | None, base: float | None) -> str:
@@ -156,12 +183,16 @@ def main() -> int:
     with a.out.open("a") as f:
         f.writelines(json.dumps(r) + "\n" for r in rows)
     base = rows[0]
-    print(f"\n{'nodes':>5}  {'start->Ray up s':>15}  {'ratio':>5}  {'whole job s':>11}  {'ratio':>5}  "
-          f"{'load (1 min)':>12}  end")
+    print(
+        f"\n{'nodes':>5}  {'start->Ray up s':>15}  {'ratio':>5}  {'whole job s':>11}  {'ratio':>5}  "
+        f"{'load (1 min)':>12}  end"
+    )
     for r in rows:
-        print(f"{r['nodes']:>5}  {r['start_to_ray_up_s'] or '-':>15}  {ratio(r['start_to_ray_up_s'], base['start_to_ray_up_s']):>5}  "
-              f"{r['whole_job_s'] or '-':>11}  {ratio(r['whole_job_s'], base['whole_job_s']):>5}  "
-              f"{r['load_1min_at_start'] or '-':>12}  {r['end']}")
+        print(
+            f"{r['nodes']:>5}  {r['start_to_ray_up_s'] or '-':>15}  {ratio(r['start_to_ray_up_s'], base['start_to_ray_up_s']):>5}  "
+            f"{r['whole_job_s'] or '-':>11}  {ratio(r['whole_job_s'], base['whole_job_s']):>5}  "
+            f"{r['load_1min_at_start'] or '-':>12}  {r['end']}"
+        )
     print(f"(ratios to the {base['nodes']}-node job; {base['cores']} cores shared by every node)")
     return 0
 

@@ -22,25 +22,46 @@ HERE = Path(__file__).resolve().parent
 ROWS = HERE / "results" / "openrlhf_measured.jsonl"
 SPLIT = HERE / "zero3_steps_split.txt"
 CONFIG = "openrlhf-grpo-qwen2.5-7b"
-MODELS = {"qwen2.5-1.5b": "Qwen/Qwen2.5-1.5B", "qwen2.5-3b": "Qwen/Qwen2.5-3B", "qwen2.5-7b": "Qwen/Qwen2.5-7B",
-          "llama-3.1-8b": "meta-llama/Llama-3.1-8B"}
+MODELS = {
+    "qwen2.5-1.5b": "Qwen/Qwen2.5-1.5B",
+    "qwen2.5-3b": "Qwen/Qwen2.5-3B",
+    "qwen2.5-7b": "Qwen/Qwen2.5-7B",
+    "llama-3.1-8b": "meta-llama/Llama-3.1-8B",
+}
 
 
 def held_out() -> set[str]:
-    return {parts[1] for line in SPLIT.read_text().splitlines()
-            if not line.startswith("#") and len(parts := line.split()) == 3 and parts[2] == "held"}
+    return {
+        parts[1]
+        for line in SPLIT.read_text().splitlines()
+        if not line.startswith("#") and len(parts := line.split()) == 3 and parts[2] == "held"
+    }
 
 
 def command(row: dict) -> list[str]:
     """The plan-memory call that asks for the row's run."""
     t = int(row["seq"])
     sets = {
-        "actor.model_name_or_path": MODELS[row["model"]], "train.micro_batch_size": 1, "data.max_len": t,
-        "rollout.max_new_tokens": t // 2, "ds.adam_offload": str(row["offload"] == "optimizer").lower(),
-        "ds.lora.rank": int(row["lora_rank"]), "algo.kl.init_coef": 0.001 if row["ref"] else 0,
+        "actor.model_name_or_path": MODELS[row["model"]],
+        "train.micro_batch_size": 1,
+        "data.max_len": t,
+        "rollout.max_new_tokens": t // 2,
+        "ds.adam_offload": str(row["offload"] == "optimizer").lower(),
+        "ds.lora.rank": int(row["lora_rank"]),
+        "algo.kl.init_coef": 0.001 if row["ref"] else 0,
         "actor.gradient_checkpointing_enable": str(bool(row["gc"])).lower(),
     }
-    argv = [sys.executable, "-m", "hpcrl", "plan-memory", "--config", CONFIG, "--learner-gpus", str(row["world"]), "--json"]
+    argv = [
+        sys.executable,
+        "-m",
+        "hpcrl",
+        "plan-memory",
+        "--config",
+        CONFIG,
+        "--learner-gpus",
+        str(row["world"]),
+        "--json",
+    ]
     for k, v in sets.items():
         argv += ["--set", f"{k}={v}"]
     return argv
@@ -55,8 +76,10 @@ def main() -> int:
     held = held_out()
     rows = [json.loads(x) for x in ROWS.read_text().splitlines() if x.strip()]
     errs: dict[str, list[float]] = {"held": [], "fit": []}
-    print("| row | model | GPUs | tokens | offload | LoRA | ref | measured GiB | planned GiB | error | moment "
-          "| reserved: measured / planned | GPU total: measured / planned |")
+    print(
+        "| row | model | GPUs | tokens | offload | LoRA | ref | measured GiB | planned GiB | error | moment "
+        "| reserved: measured / planned | GPU total: measured / planned |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         if r.get("status") != "ok":
@@ -65,15 +88,19 @@ def main() -> int:
         err = p["peak_allocated_gib"] / r["peak_alloc_gib"] - 1
         which = "held" if r["tag"] in held else "fit"
         errs[which].append(abs(err))
-        print(f"| {r['tag']}{' (held)' if which == 'held' else ''} | {r['model']} | {r['world']} | {r['seq']} | "
-              f"{r['offload']} | {r['lora_rank']} | {r['ref']} | {r['peak_alloc_gib']:.2f} | "
-              f"{p['peak_allocated_gib']:.2f} | {err * 100:+.1f}% | {p['peak_phase']} | "
-              f"{r['peak_reserved_gib']:.1f} / {p['peak_reserved_gib']:.1f} | "
-              f"{r['device_used_max_gib']:.1f} / {p['device_total_gib']:.1f} |")
+        print(
+            f"| {r['tag']}{' (held)' if which == 'held' else ''} | {r['model']} | {r['world']} | {r['seq']} | "
+            f"{r['offload']} | {r['lora_rank']} | {r['ref']} | {r['peak_alloc_gib']:.2f} | "
+            f"{p['peak_allocated_gib']:.2f} | {err * 100:+.1f}% | {p['peak_phase']} | "
+            f"{r['peak_reserved_gib']:.1f} / {p['peak_reserved_gib']:.1f} | "
+            f"{r['device_used_max_gib']:.1f} / {p['device_total_gib']:.1f} |"
+        )
     for which, e in errs.items():
         if e:
-            print(f"\n{which} rows ({len(e)}): peak allocated median |error| {statistics.median(e) * 100:.2f}%, "
-                  f"max {max(e) * 100:.2f}%")
+            print(
+                f"\n{which} rows ({len(e)}): peak allocated median |error| {statistics.median(e) * 100:.2f}%, "
+                f"max {max(e) * 100:.2f}%"
+            )
     return 0
 
 

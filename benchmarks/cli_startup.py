@@ -38,7 +38,9 @@ def library_imports() -> str:
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
                 lines.update(f"import {a.name}" for a in node.names if a.name.split(".")[0] in LIBRARIES)
-            elif isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] in LIBRARIES:
+            elif (
+                isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] in LIBRARIES
+            ):
                 # hpcrl.cli's reach into pydantic's private plugin cache is not a use of the library
                 lines.update(f"from {node.module} import {a.name}" for a in node.names if not a.name.startswith("_"))
     return "\n".join(sorted(lines))
@@ -88,10 +90,14 @@ def measure(repeat: int) -> dict:
     ms = {name: round(statistics.median(t) * 1000, 1) for name, t in cpu.items()}
     wall_ms = {name: round(statistics.median(t) * 1000, 1) for name, t in wall.items()}
     render = "hpcrl render --nodes 16"
-    return {"repeat": repeat, "median_cpu_ms": ms, "median_wall_ms": wall_ms,
-            "ratio": round(ms[render] / ms["libraries"], 2),
-            "ratio_wall": round(wall_ms[render] / wall_ms["libraries"], 2),
-            "ratio_to_plain_import": round(ms[render] / ms["import pydantic, jinja2, yaml"], 2)}
+    return {
+        "repeat": repeat,
+        "median_cpu_ms": ms,
+        "median_wall_ms": wall_ms,
+        "ratio": round(ms[render] / ms["libraries"], 2),
+        "ratio_wall": round(wall_ms[render] / wall_ms["libraries"], 2),
+        "ratio_to_plain_import": round(ms[render] / ms["import pydantic, jinja2, yaml"], 2),
+    }
 
 
 def main() -> int:
@@ -107,8 +113,10 @@ def main() -> int:
     print(f"{'CPU ms':>8}  {'wall ms':>8}  (medians of {r['repeat']})")
     for name, ms in r["median_cpu_ms"].items():
         print(f"{ms:8.1f}  {r['median_wall_ms'][name]:8.1f}  {name}")
-    print(f"ratio render / libraries: {r['ratio']:.2f} CPU (target <= 1.5), {r['ratio_wall']:.2f} wall; "
-          f"{r['ratio_to_plain_import']:.2f} CPU against plain `import pydantic, jinja2, yaml`")
+    print(
+        f"ratio render / libraries: {r['ratio']:.2f} CPU (target <= 1.5), {r['ratio_wall']:.2f} wall; "
+        f"{r['ratio_to_plain_import']:.2f} CPU against plain `import pydantic, jinja2, yaml`"
+    )
     return 0
 
 

@@ -33,9 +33,17 @@ HF = {"qwen2.5-0.5b": "Qwen/Qwen2.5-0.5B", "qwen2.5-1.5b": "Qwen/Qwen2.5-1.5B", 
 def zero_formula_peak(row: dict) -> float:
     """The ZeRO-3 formula as the no-config verl path built it before issue 24 (derived, for comparison)."""
     s = setup_of(row)
-    old = LearnerSetup(s.model, s.n_gpus, s.tokens_per_gpu, zero_stage=3, logprob_impl="compiled",
-                       grad_accum_dtype="fp32", logits_copy=False, reference_policy=s.reference_policy,
-                       hpz_partition_size=8)
+    old = LearnerSetup(
+        s.model,
+        s.n_gpus,
+        s.tokens_per_gpu,
+        zero_stage=3,
+        logprob_impl="compiled",
+        grad_accum_dtype="fp32",
+        logits_copy=False,
+        reference_policy=s.reference_policy,
+        hpz_partition_size=8,
+    )
     return learner_memory(old).peak_allocated / GIB
 
 
@@ -63,8 +71,10 @@ def planner_peak(row: dict) -> float:
 def held_out_table(rows: list[dict], title: str, version: str | None) -> None:
     """plan-memory --backend verl against held-out rows: peak allocated and reserved, with their errors."""
     print(f"\n{title}:")
-    print("| model | N | T | K | FSDP | ref | offload | LoRA | measured peak | planned | err | phase | "
-          "measured reserved | planned | err | GPU |")
+    print(
+        "| model | N | T | K | FSDP | ref | offload | LoRA | measured peak | planned | err | phase | "
+        "measured reserved | planned | err | GPU |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     pe, re_ = [], []
     for r in rows:
@@ -84,20 +94,29 @@ def ok_rows(name: str) -> list[dict]:
 
 
 def heldout2() -> None:
-    held_out_table([r for r in ok_rows("fsdp_heldout2.jsonl") if r["offload"] == "none"],
-                   "Held-out rows measured after the fit (fsdp_heldout2.jsonl), plan-memory --backend verl "
-                   "--framework-version b178a3cd", "b178a3cd")
+    held_out_table(
+        [r for r in ok_rows("fsdp_heldout2.jsonl") if r["offload"] == "none"],
+        "Held-out rows measured after the fit (fsdp_heldout2.jsonl), plan-memory --backend verl "
+        "--framework-version b178a3cd",
+        "b178a3cd",
+    )
 
 
 def current_verl() -> None:
     """fsdp_current_verl.jsonl, every row held out (fit_split_current_verl.py), per verl version."""
     rows = ok_rows("fsdp_current_verl.jsonl")
-    held_out_table([r for r in rows if r.get("verl") == "1dda039b"],
-                   "verl 1dda039b (0.10.0.dev) rows (fsdp_current_verl.jsonl, held out), plan-memory --backend verl "
-                   "at its default version", None)
-    held_out_table([r for r in rows if r.get("verl") == "b178a3cd"],
-                   "verl b178a3cd (0.8.0.dev) rows of fsdp_current_verl.jsonl (held out), plan-memory --backend verl "
-                   "--framework-version b178a3cd", "b178a3cd")
+    held_out_table(
+        [r for r in rows if r.get("verl") == "1dda039b"],
+        "verl 1dda039b (0.10.0.dev) rows (fsdp_current_verl.jsonl, held out), plan-memory --backend verl "
+        "at its default version",
+        None,
+    )
+    held_out_table(
+        [r for r in rows if r.get("verl") == "b178a3cd"],
+        "verl b178a3cd (0.8.0.dev) rows of fsdp_current_verl.jsonl (held out), plan-memory --backend verl "
+        "--framework-version b178a3cd",
+        "b178a3cd",
+    )
 
 
 def main() -> None:
@@ -106,7 +125,9 @@ def main() -> None:
         rows += [r for r in map(json.loads, (HERE / "results" / name).read_text().splitlines())
                  if r.get("status") == "ok" and r["offload"] == "none"]  # fmt: skip
     old, new = [], []
-    print("| model | N | T | K | FSDP | ref | measured | old ZeRO formula | err | plan-memory --backend verl | err | GPU |")
+    print(
+        "| model | N | T | K | FSDP | ref | measured | old ZeRO formula | err | plan-memory --backend verl | err | GPU |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         p_old = zero_formula_peak(r)

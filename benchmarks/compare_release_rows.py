@@ -30,32 +30,59 @@ def rows(name: str) -> list[dict]:
 
 def verl_prediction(r: dict) -> tuple[float, float]:
     update = fsdp_update("verl", r["release"], bool(r["no_sync"]), r["temperature"])
-    b = fsdp_learner_memory(FsdpSetup(resolve_model(r["model"]), r["world"], r["tokens_per_micro_batch"],
-                                      r["micro_batches"], r["fsdp"], False, "none", 0, update))
+    b = fsdp_learner_memory(
+        FsdpSetup(
+            resolve_model(r["model"]),
+            r["world"],
+            r["tokens_per_micro_batch"],
+            r["micro_batches"],
+            r["fsdp"],
+            False,
+            "none",
+            0,
+            update,
+        )
+    )
     return b.peak_bytes / GIB, b.reserved_bytes / GIB
 
 
 def openrlhf_prediction(r: dict) -> tuple[float, float]:
     backend = get_backend("openrlhf")
-    s = LearnerSetup(model=resolve_model(r["model"]), n_gpus=r["world"], tokens_per_gpu=r["tokens_per_micro_batch"],
-                     zero_stage=3, gradient_checkpointing=True, logprob_impl="eager", grad_accum_dtype="bf16",
-                     reference_policy=False, hpz_partition_size=1, logits_copy=False,
-                     micro_batches=r["micro_batches"], **dict(backend.learner_fixed(r["release"])))
+    s = LearnerSetup(
+        model=resolve_model(r["model"]),
+        n_gpus=r["world"],
+        tokens_per_gpu=r["tokens_per_micro_batch"],
+        zero_stage=3,
+        gradient_checkpointing=True,
+        logprob_impl="eager",
+        grad_accum_dtype="bf16",
+        reference_policy=False,
+        hpz_partition_size=1,
+        logits_copy=False,
+        micro_batches=r["micro_batches"],
+        **dict(backend.learner_fixed(r["release"])),
+    )
     m = learner_memory(s)
     return m.peak_allocated / GIB, m.peak_reserved / GIB
 
 
 def main() -> None:
     print(f"{'row':<58} {'GPU':<14} {'alloc meas':>10} {'pred':>7} {'err':>7} {'resv meas':>10} {'pred':>7} {'err':>7}")
-    for name, predict in (("verl_release_engine.jsonl", verl_prediction),
-                          ("openrlhf_release_actor.jsonl", openrlhf_prediction)):
+    for name, predict in (
+        ("verl_release_engine.jsonl", verl_prediction),
+        ("openrlhf_release_actor.jsonl", openrlhf_prediction),
+    ):
         for r in rows(name):
             alloc, resv = predict(r)
-            what = (f"{r['framework']} {r['release']} {r['model']} N={r['world']} T={r['tokens_per_micro_batch']} "
-                    f"K={r['micro_batches']}" + (f" no_sync={r['no_sync']}" if "no_sync" in r else ""))
+            what = (
+                f"{r['framework']} {r['release']} {r['model']} N={r['world']} T={r['tokens_per_micro_batch']} "
+                f"K={r['micro_batches']}" + (f" no_sync={r['no_sync']}" if "no_sync" in r else "")
+            )
             gpu = f"{r['gpu'].removeprefix('NVIDIA ')} x{r['world']}"
-            print(f"{what:<58} {gpu:<14} {r['peak_alloc_gib']:>10.2f} {alloc:>7.2f} {alloc / r['peak_alloc_gib'] - 1:>+7.1%} "
-                  f"{r['peak_reserved_gib']:>10.2f} {resv:>7.2f} {resv / r['peak_reserved_gib'] - 1:>+7.1%}")
+            print(
+                f"{what:<58} {gpu:<14} {r['peak_alloc_gib']:>10.2f} {alloc:>7.2f} {alloc / r['peak_alloc_gib'] - 1:>+7.1%} "
+                f"{r['peak_reserved_gib']:>10.2f} {resv:>7.2f} {resv / r['peak_reserved_gib'] - 1:>+7.1%}"
+            )
 
 
 if __name__ == "__main__":

@@ -129,8 +129,10 @@ def fit_allocated(rows: list[Row]) -> dict:
         b = np.array([m - d[k][1] for d, k, m in zip(designs, chosen, measured)]) / measured
         p = np.linalg.lstsq(a, b, rcond=None)[0]
     raw = dict(zip(ALLOC_PARAMS, map(float, p)))
-    return {"raw": raw, "rounded": {k: (round(v * 20) / 20 if k == "fixed_gib" else float(round(v)))
-                                    for k, v in raw.items()}}
+    return {
+        "raw": raw,
+        "rounded": {k: (round(v * 20) / 20 if k == "fixed_gib" else float(round(v))) for k, v in raw.items()},
+    }
 
 
 def predicted(row: Row) -> tuple[float, float]:
@@ -149,9 +151,14 @@ def fit_reserved(rows: list[Row]) -> dict:
     a = np.column_stack([alloc, np.ones(len(rows)), [largest_logits_gib(r) for r in rows]])
     b = np.array([r.data["peak_reserved_gib"] for r in rows]) - alloc
     frac, fixed, logits = map(float, np.linalg.lstsq(a, b, rcond=None)[0])
-    return {"raw": {"fraction": frac, "fixed_gib": fixed, "logits": logits},
-            "rounded": {"fraction": round(frac * 200) / 200, "fixed_gib": round(fixed * 20) / 20,
-                        "logits": round(logits, 2)}}
+    return {
+        "raw": {"fraction": frac, "fixed_gib": fixed, "logits": logits},
+        "rounded": {
+            "fraction": round(frac * 200) / 200,
+            "fixed_gib": round(fixed * 20) / 20,
+            "logits": round(logits, 2),
+        },
+    }
 
 
 def fit_margin(rows: list[Row]) -> dict:
@@ -178,8 +185,9 @@ def fit() -> dict:
     with constants(alloc_constants(a)):
         reserve = fit_reserved(fit_rows)
         q = reserve["rounded"]
-        with constants({"RESERVE_FRACTION": q["fraction"], "RESERVE_FIXED_GIB": q["fixed_gib"],
-                        "RESERVE_LOGITS": q["logits"]}):
+        with constants(
+            {"RESERVE_FRACTION": q["fraction"], "RESERVE_FIXED_GIB": q["fixed_gib"], "RESERVE_LOGITS": q["logits"]}
+        ):
             margin = fit_margin(fit_rows)
     values = {
         "LOGITS_COPY_BYTES": a["copy"],
@@ -203,18 +211,26 @@ def errors(rows: list[tuple[str, Row]], values: dict) -> list[dict]:
         for rid, r in rows:
             alloc, reserved = predicted(r)
             margin = allocator_margin(r.setup(), reserved * GIB) / GIB
-            out.append({"id": rid, "alloc_error": (alloc - r.data["peak_alloc_gib"]) / r.data["peak_alloc_gib"],
-                        "reserved_excess_gib": r.data["peak_reserved_gib"] - reserved,
-                        "inside_margin": r.data["peak_reserved_gib"] <= reserved + margin})
+            out.append(
+                {
+                    "id": rid,
+                    "alloc_error": (alloc - r.data["peak_alloc_gib"]) / r.data["peak_alloc_gib"],
+                    "reserved_excess_gib": r.data["peak_reserved_gib"] - reserved,
+                    "inside_margin": r.data["peak_reserved_gib"] <= reserved + margin,
+                }
+            )
     return out
 
 
 def summary(errs: list[dict]) -> dict:
     a = sorted(abs(e["alloc_error"]) for e in errs)
-    return {"rows": len(errs), "median_abs_alloc_error": a[len(a) // 2] if len(a) % 2 else (a[len(a) // 2 - 1] + a[len(a) // 2]) / 2,
-            "max_abs_alloc_error": a[-1],
-            "max_reserved_excess_gib": max(e["reserved_excess_gib"] for e in errs),
-            "outside_margin": [e["id"] for e in errs if not e["inside_margin"]]}
+    return {
+        "rows": len(errs),
+        "median_abs_alloc_error": a[len(a) // 2] if len(a) % 2 else (a[len(a) // 2 - 1] + a[len(a) // 2]) / 2,
+        "max_abs_alloc_error": a[-1],
+        "max_reserved_excess_gib": max(e["reserved_excess_gib"] for e in errs),
+        "outside_margin": [e["id"] for e in errs if not e["inside_margin"]],
+    }
 
 
 def committed() -> dict:
@@ -254,9 +270,11 @@ def main(argv: list[str] | None = None) -> int:
         print("raw least-squares values:", json.dumps(result["raw"]))
         for name in ("fit", "held_out"):
             s = report[name]
-            print(f"{name}: {s['rows']} rows, allocated error median {s['median_abs_alloc_error']:.2%}, "
-                  f"max {s['max_abs_alloc_error']:.2%}; reserved above fit by at most "
-                  f"{s['max_reserved_excess_gib']:.2f} GiB; outside the allocator margin: {s['outside_margin'] or 'none'}")
+            print(
+                f"{name}: {s['rows']} rows, allocated error median {s['median_abs_alloc_error']:.2%}, "
+                f"max {s['max_abs_alloc_error']:.2%}; reserved above fit by at most "
+                f"{s['max_reserved_excess_gib']:.2f} GiB; outside the allocator margin: {s['outside_margin'] or 'none'}"
+            )
     if args.check:
         problems = differences(values)
         if not SPLIT_FILE.exists() or SPLIT_FILE.read_text() != split_text():

@@ -38,9 +38,15 @@ HERE = Path(__file__).resolve().parent
 STREAMS = HERE / "results" / "fsdp_streams.jsonl"
 # Rows measured after the fit, never read by it: (file in results/, heading of its table)
 LATER = (
-    ("fsdp_post_fit.jsonl", "rows measured after the fit (fsdp_post_fit.jsonl; the 3B ref row showed the reference root term at every moment)"),
-    ("fsdp_heldout2.jsonl", "rows measured after the fit, new architectures, LoRA and 32k tokens (fsdp_heldout2.jsonl: Qwen3, Llama-3.2, "
-                            "verl's fp32 LoRA adapters)"),
+    (
+        "fsdp_post_fit.jsonl",
+        "rows measured after the fit (fsdp_post_fit.jsonl; the 3B ref row showed the reference root term at every moment)",
+    ),
+    (
+        "fsdp_heldout2.jsonl",
+        "rows measured after the fit, new architectures, LoRA and 32k tokens (fsdp_heldout2.jsonl: Qwen3, Llama-3.2, "
+        "verl's fp32 LoRA adapters)",
+    ),
 )
 
 
@@ -141,15 +147,19 @@ def loo_margin(rx: dict[int, list], ry: dict[int, list], rbase: dict[int, list])
     worst = 0.0
     for v in (1, 2):
         for i, (x, y) in enumerate(zip(rx[v], ry[v])):
-            ra, rb = slack_fit(v, rx[v][:i] + rx[v][i + 1:], ry[v][:i] + ry[v][i + 1:])
+            ra, rb = slack_fit(v, rx[v][:i] + rx[v][i + 1 :], ry[v][:i] + ry[v][i + 1 :])
             worst = max(worst, (y - ra - rb * x) / (rbase[v][i] + ra + rb * x))
     return math.ceil(worst * 100) / 100
 
 
 def errors(rows: list[dict], label: str) -> None:
-    print(f"\n{label}: {len(rows)} rows (GiB; error = predicted / measured - 1; a row that reserved up to its card "
-          "is compared with the card's bound, shown as (card B))")
-    print("| model | N | T | K | FSDP | ref | offload | LoRA | measured peak | predicted | err | moment | measured reserved | predicted | err | GPU |")
+    print(
+        f"\n{label}: {len(rows)} rows (GiB; error = predicted / measured - 1; a row that reserved up to its card "
+        "is compared with the card's bound, shown as (card B))"
+    )
+    print(
+        "| model | N | T | K | FSDP | ref | offload | LoRA | measured peak | predicted | err | moment | measured reserved | predicted | err | GPU |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     pe, re_ = [], []
     for r in rows:
@@ -161,8 +171,11 @@ def errors(rows: list[dict], label: str) -> None:
               f"{r['offload']} | {r.get('lora_rank') or 0} | {r['peak_alloc_gib']:.2f} | {b.peak_gib:.2f} | {e:+.2%} | {b.peak_moment} | "
               f"{r['peak_reserved_gib']:.2f} | {b.reserved_gib:.2f}{' (card ' + format(card_bound_gib(r), '.1f') + ')' if at_card(r) else ''} | "
               f"{er:+.1%} | {r['gpu']} |")  # fmt: skip
-    under = sum(r["peak_reserved_gib"] > reserved_on_card_gib(F.fsdp_learner_memory(setup_of(r)), r) * (1 + F.FIT["margin_fraction"])
-                for r in rows)
+    under = sum(
+        r["peak_reserved_gib"]
+        > reserved_on_card_gib(F.fsdp_learner_memory(setup_of(r)), r) * (1 + F.FIT["margin_fraction"])
+        for r in rows
+    )
     print(f"peak allocated: median |err| {statistics.median(pe):.2%}, max {max(pe):.2%}; "
           f"reserved: median {statistics.median(re_):.1%}, max {max(re_):.1%}; "
           f"rows whose reserved exceeds prediction + margin: {under}")  # fmt: skip
@@ -182,8 +195,10 @@ def main() -> None:
     if fitted != shipped:
         print("NOTE: hpcrl/memory/fsdp_learner.py FIT differs:", json.dumps(shipped))
     errors(held, "held-out rows (never fitted)")
-    errors([r for r in streams if not r["tag"].startswith("fit:")],
-           "per-stream rows held out by their tag (fsdp_streams.jsonl, measured before this fit was written)")
+    errors(
+        [r for r in streams if not r["tag"].startswith("fit:")],
+        "per-stream rows held out by their tag (fsdp_streams.jsonl, measured before this fit was written)",
+    )
     errors(train, "training rows")
     errors(stream_fit, "per-stream training rows (fsdp_streams.jsonl fit:)")
     for name, label in LATER:

@@ -62,8 +62,17 @@ GPUS = {"H100": (989.0, 3.35), "H200": (989.0, 4.8)}
 # >= 1); a log-prob path reads the bf16 logits and writes their bf16 gradient (4 bytes per element); a
 # fused AdamW step reads the fp32 master, bf16 gradient and both moments and writes master, moments and
 # the bf16 weights (4 + 2 + 8 + 4 + 8 + 2 = 28 bytes per parameter).
-FLOORS = {"matmul": 1.0, "attention": 1.0, "lora_path": 1.0, "collectives": 1.0, "host_copies": 1.0, "logprob_eager": 4.0,
-          "logprob_compiled": 4.0, "adam_zero": 28.0, "adam_fsdp": 28.0}
+FLOORS = {
+    "matmul": 1.0,
+    "attention": 1.0,
+    "lora_path": 1.0,
+    "collectives": 1.0,
+    "host_copies": 1.0,
+    "logprob_eager": 4.0,
+    "logprob_compiled": 4.0,
+    "adam_zero": 28.0,
+    "adam_fsdp": 28.0,
+}
 
 
 @dataclass(frozen=True)
@@ -134,17 +143,32 @@ def _row(source: str, d: dict) -> Row | None:
     gc = bool(d.get("gc", 1))
     if source == "fsdp_measured":
         offload = {"none": "none", "verl": "none", "cpu_policy": "params"}[d["offload"]]
-        setup = LearnerSetup(model, world, seq, offload=offload, gradient_checkpointing=gc, sharding="fsdp",
-                             micro_batches=int(d["micro_batches"]), fsdp_version=int(d["fsdp"]),
-                             logprob_impl="compiled")  # verl's fused CE; its reference runs outside the update
+        setup = LearnerSetup(
+            model,
+            world,
+            seq,
+            offload=offload,
+            gradient_checkpointing=gc,
+            sharding="fsdp",
+            micro_batches=int(d["micro_batches"]),
+            fsdp_version=int(d["fsdp"]),
+            logprob_impl="compiled",
+        )  # verl's fused CE; its reference runs outside the update
         micros, opt = list(d["micro_batch_s"]), float(d["optimizer_step_s"])
         k, step = len(micros), sum(micros) + opt
     else:
         # The measured micro-batches exclude the reference forwards (timed apart as ref_forward_s).
-        setup = LearnerSetup(model, world, seq, offload=d.get("offload", "none"), gradient_checkpointing=gc,
-                             lora_rank=int(d.get("lora_rank") or 0), logprob_impl=_impl(d),  # type: ignore[arg-type]
-                             grad_accum_dtype=d.get("grad_accum_dtype", "bf16"),
-                             adapter_bytes=4.0 if d.get("adapter_dtype") == "float32" else 2.0)
+        setup = LearnerSetup(
+            model,
+            world,
+            seq,
+            offload=d.get("offload", "none"),
+            gradient_checkpointing=gc,
+            lora_rank=int(d.get("lora_rank") or 0),
+            logprob_impl=_impl(d),  # type: ignore[arg-type]
+            grad_accum_dtype=d.get("grad_accum_dtype", "bf16"),
+            adapter_bytes=4.0 if d.get("adapter_dtype") == "float32" else 2.0,
+        )
         if source in STEP_FILES:
             micros, opt = list(d["micro_batch_s"]), float(d["optimizer_step_s"])
             steps = d.get("step_s")
@@ -160,9 +184,11 @@ def _row(source: str, d: dict) -> Row | None:
     if d.get("ref") and d.get("ref_forward_s"):
         obs.append(Obs("ref", ((k, LT.reference_terms(setup, rates), True),), float(d["ref_forward_s"])))
     mode = d.get("harness_mode", "")
-    label = (f"{source.split('_')[0]}{' ' + mode if mode else ''} {d['model']} N={world} T={seq} K={k} gc={int(gc)} "
-             f"off={setup.offload}{' lora' if setup.lora_rank else ''}{' ref' if d.get('ref') else ''} {setup.logprob_impl}"
-             f"{' fsdp' + str(setup.fsdp_version) if setup.sharding == FSDP else ''} {next(f for f in GPUS if f in d['gpu'])}")
+    label = (
+        f"{source.split('_')[0]}{' ' + mode if mode else ''} {d['model']} N={world} T={seq} K={k} gc={int(gc)} "
+        f"off={setup.offload}{' lora' if setup.lora_rank else ''}{' ref' if d.get('ref') else ''} {setup.logprob_impl}"
+        f"{' fsdp' + str(setup.fsdp_version) if setup.sharding == FSDP else ''} {next(f for f in GPUS if f in d['gpu'])}"
+    )
     # A step-harness launch runs several lengths on one engine under one tag: the length makes the id unique.
     rid = f"{source}:{d.get('tag')}" + (f":T{seq}" if source in STEP_FILES else "")
     return Row(rid, label, setup, rates, k, step, tuple(obs))
@@ -252,21 +278,25 @@ def covered(rows: list[Row]) -> tuple[str, ...]:
 def write_module(constants: dict[str, float], bnd: dict[str, float], fit_rows: str, kinds: tuple[str, ...]) -> None:
     text = MODULE.read_text()
     listed = "(" + ", ".join(f'"{k}"' for k in kinds) + ("," if len(kinds) == 1 else "") + ")"
-    text = re.sub(r'\nCOVERED = \([^)]*\)', f"\nCOVERED = {listed}", text, count=1)
+    text = re.sub(r"\nCOVERED = \([^)]*\)", f"\nCOVERED = {listed}", text, count=1)
     for key, value in constants.items():
         text = re.sub(rf'(\n    "{key}": )[^,]+,', rf"\g<1>{value!r},", text, count=1)
-    text = re.sub(r'\nBAND = \{[^}]*\}', f'\nBAND = {{"low": {bnd["low"]!r}, "high": {bnd["high"]!r}}}', text, count=1)
+    text = re.sub(r"\nBAND = \{[^}]*\}", f'\nBAND = {{"low": {bnd["low"]!r}, "high": {bnd["high"]!r}}}', text, count=1)
     text = re.sub(r'\nFIT_ROWS = "[^"]*"', f'\nFIT_ROWS = "{fit_rows}"', text, count=1)
     MODULE.write_text(text)
 
 
 def table(rows: list[Row], constants: dict[str, float]) -> list[str]:
-    lines = ["| row | split | K | measured step s | predicted micro-batch s | predicted optimizer s | predicted step s | err |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| row | split | K | measured step s | predicted micro-batch s | predicted optimizer s | predicted step s | err |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         mb, opt, step = predict(r, constants)
-        lines.append(f"| {r.label} | {'held-out' if held_out(r.rid) else 'fit'} | {r.k} | {r.step_s:.2f} | "
-                     f"{mb:.3f} | {opt:.3f} | {step:.2f} | {step / r.step_s - 1:+.0%} |")
+        lines.append(
+            f"| {r.label} | {'held-out' if held_out(r.rid) else 'fit'} | {r.k} | {r.step_s:.2f} | "
+            f"{mb:.3f} | {opt:.3f} | {step:.2f} | {step / r.step_s - 1:+.0%} |"
+        )
     return lines
 
 
@@ -275,15 +305,22 @@ def report(rows: list[Row], constants: dict[str, float], only_held_out: bool = F
     zero3 = [r for r in rows if held_out(r.rid) and r.rid.split(":")[0] in STEP_FILES]
     if zero3:
         errs = [abs(e) for e in errors(zero3, constants)]
-        lines.append(f"held-out ZeRO-3 step rows, both step harnesses ({len(zero3)}): median |err| "
-                     f"{statistics.median(errs):.1%}, max {max(errs):.1%}")
-    for name, part in (("held-out", [r for r in rows if held_out(r.rid)]), ("fit", [r for r in rows if not held_out(r.rid)])):
+        lines.append(
+            f"held-out ZeRO-3 step rows, both step harnesses ({len(zero3)}): median |err| "
+            f"{statistics.median(errs):.1%}, max {max(errs):.1%}"
+        )
+    for name, part in (
+        ("held-out", [r for r in rows if held_out(r.rid)]),
+        ("fit", [r for r in rows if not held_out(r.rid)]),
+    ):
         for source in (Path(f).stem for f in FILES):
             sel = [r for r in part if r.rid.startswith(source + ":")]
             if sel:
                 errs = [abs(e) for e in errors(sel, constants)]
-                lines.append(f"{name} {source} rows ({len(sel)}): median |err| {statistics.median(errs):.1%}, "
-                             f"max {max(errs):.1%}")
+                lines.append(
+                    f"{name} {source} rows ({len(sel)}): median |err| {statistics.median(errs):.1%}, "
+                    f"max {max(errs):.1%}"
+                )
     return lines
 
 
@@ -291,12 +328,14 @@ DOCS = ROOT / "docs" / "plan.md"
 REPORT = RESULTS / "fit_time_report.md"
 DOCS_BEGIN, DOCS_END = "<!-- fit_time table: begin -->", "<!-- fit_time table: end -->"
 # What the verl FSDP rows leave out (said with their table, not fitted around).
-FSDP_GAPS = ("the rows time verl's actor update only (its micro-batches and optimizer step); verl's old-log-prob "
-             "pass before the update (an actor forward over the step's tokens) is neither in them nor in the model; "
-             "the reference forward is modelled as under ZeRO-3 (one forward per micro-batch) but no FSDP row times "
-             "it; the parameter and optimizer offload to the host between updates (`--offload verl`) is not in "
-             "the rows and costs nothing in the model; FSDP2's CPUOffloadPolicy rows all shared their GPU (left "
-             "out), so parameter offload under FSDP is derived; LoRA under FSDP has no row (derived)")
+FSDP_GAPS = (
+    "the rows time verl's actor update only (its micro-batches and optimizer step); verl's old-log-prob "
+    "pass before the update (an actor forward over the step's tokens) is neither in them nor in the model; "
+    "the reference forward is modelled as under ZeRO-3 (one forward per micro-batch) but no FSDP row times "
+    "it; the parameter and optimizer offload to the host between updates (`--offload verl`) is not in "
+    "the rows and costs nothing in the model; FSDP2's CPUOffloadPolicy rows all shared their GPU (left "
+    "out), so parameter offload under FSDP is derived; LoRA under FSDP has no row (derived)"
+)
 
 
 def _summary(name: str, sel: list[Row], constants: dict[str, float]) -> str:
@@ -306,25 +345,45 @@ def _summary(name: str, sel: list[Row], constants: dict[str, float]) -> str:
 
 def docs_block(rows: list[Row], constants: dict[str, float]) -> list[str]:
     """docs/plan.md's validation tables: held-out rows per harness, the fit rows' error under them."""
+
     def part(source: str, fit: bool) -> list[Row]:
         return [r for r in rows if r.rid.startswith(source + ":") and held_out(r.rid) != fit]
+
     steps = [r for r in rows if held_out(r.rid) and r.rid.split(":")[0] in STEP_FILES]
-    out = [DOCS_BEGIN, "Written by `python benchmarks/fit_time.py --write` (every row, fit ones too: "
-           "`benchmarks/results/fit_time_report.md`); predicted step = K x micro_batch_s + optimizer_step_s; "
-           "the 2x H200 rows are labelled H200.", "",
-           "**DeepSpeed ZeRO-3 steps** (open-instruct and OpenRLHF harnesses), held-out rows:", "",
-           *table(steps, constants), "", _summary("held-out ZeRO-3 step rows (the issue's target: median 15%, "
-           "worst 35%)", steps, constants)]
+    out = [
+        DOCS_BEGIN,
+        "Written by `python benchmarks/fit_time.py --write` (every row, fit ones too: "
+        "`benchmarks/results/fit_time_report.md`); predicted step = K x micro_batch_s + optimizer_step_s; "
+        "the 2x H200 rows are labelled H200.",
+        "",
+        "**DeepSpeed ZeRO-3 steps** (open-instruct and OpenRLHF harnesses), held-out rows:",
+        "",
+        *table(steps, constants),
+        "",
+        _summary("held-out ZeRO-3 step rows (the issue's target: median 15%, worst 35%)", steps, constants),
+    ]
     out += [_summary(f"fit {s} rows", part(s, True), constants) for s in STEP_FILES]
     fsdp = part("fsdp_measured", False)
-    out += ["", "**verl FSDP actor updates** (H100), held-out rows: the FSDP-only constants (`fsdp_units`, "
-            "`adam_fsdp`) come from the other FSDP rows, which no held-out row is:", "", *table(fsdp, constants), "",
-            _summary("held-out fsdp_measured rows", fsdp, constants),
-            _summary("fit fsdp_measured rows", part("fsdp_measured", True), constants), f"- not modelled: {FSDP_GAPS}"]
+    out += [
+        "",
+        "**verl FSDP actor updates** (H100), held-out rows: the FSDP-only constants (`fsdp_units`, "
+        "`adam_fsdp`) come from the other FSDP rows, which no held-out row is:",
+        "",
+        *table(fsdp, constants),
+        "",
+        _summary("held-out fsdp_measured rows", fsdp, constants),
+        _summary("fit fsdp_measured rows", part("fsdp_measured", True), constants),
+        f"- not modelled: {FSDP_GAPS}",
+    ]
     check = [r for r in rows if r.rid.startswith("zero3_measured:")]
-    out += ["", "**Check, never fitted**: single-micro-batch ZeRO-3 steps of the older memory harness (one "
-            "micro-batch per step, DeepSpeed's ops not built):", "",
-            _summary("zero3_measured rows, fit and held-out alike", check, constants), DOCS_END]
+    out += [
+        "",
+        "**Check, never fitted**: single-micro-batch ZeRO-3 steps of the older memory harness (one "
+        "micro-batch per step, DeepSpeed's ops not built):",
+        "",
+        _summary("zero3_measured rows, fit and held-out alike", check, constants),
+        DOCS_END,
+    ]
     return out
 
 
@@ -332,8 +391,11 @@ def write_reports(rows: list[Row], constants: dict[str, float]) -> None:
     text = DOCS.read_text()
     head, rest = text.split(DOCS_BEGIN, 1)
     DOCS.write_text(head + "\n".join(docs_block(rows, constants)) + rest.split(DOCS_END, 1)[1])
-    REPORT.write_text("# Learner time model: every row\n\nWritten by `python benchmarks/fit_time.py --write`.\n\n"
-                      + "\n".join(report(rows, constants)) + "\n")
+    REPORT.write_text(
+        "# Learner time model: every row\n\nWritten by `python benchmarks/fit_time.py --write`.\n\n"
+        + "\n".join(report(rows, constants))
+        + "\n"
+    )
 
 
 def main() -> int:
@@ -359,9 +421,18 @@ def main() -> int:
         SPLIT_FILE.write_text(split_text(rows))
         write_reports(rows, constants)
     if args.check:
-        same = constants == LT.FIT and bnd == LT.BAND and covered(train) == LT.COVERED and SPLIT_FILE.exists() and SPLIT_FILE.read_text() == split_text(rows)
+        same = (
+            constants == LT.FIT
+            and bnd == LT.BAND
+            and covered(train) == LT.COVERED
+            and SPLIT_FILE.exists()
+            and SPLIT_FILE.read_text() == split_text(rows)
+        )
         if not same:
-            print("learner_time.py or fit_time_split.txt differ from a fresh fit: run fit_time.py --write", file=sys.stderr)
+            print(
+                "learner_time.py or fit_time_split.txt differ from a fresh fit: run fit_time.py --write",
+                file=sys.stderr,
+            )
             return 1
     return 0
 

@@ -98,10 +98,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=2, help="updates; the last one is measured")
     p.add_argument("--out", required=True)
     p.add_argument("--tag", default="")
-    p.add_argument("--segments", type=int, choices=[0, 1], default=0,
-                   help="record the reserved memory after every phase of every update and, after each update, the "
-                        "allocator's segments per CUDA stream (torch.cuda.memory._snapshot): where reserved grows; "
-                        "stream_trace: after every phase, per named stream (default, actor.<FSDP stream>, ref.<...>)")
+    p.add_argument(
+        "--segments",
+        type=int,
+        choices=[0, 1],
+        default=0,
+        help="record the reserved memory after every phase of every update and, after each update, the "
+        "allocator's segments per CUDA stream (torch.cuda.memory._snapshot): where reserved grows; "
+        "stream_trace: after every phase, per named stream (default, actor.<FSDP stream>, ref.<...>)",
+    )
     return p.parse_args(argv)
 
 
@@ -183,7 +188,12 @@ def build_fsdp(cfg, args, device, offload_params: bool):
     if args.fsdp == 1:
         import functools
 
-        from torch.distributed.fsdp import CPUOffload, FullyShardedDataParallel as FSDP, MixedPrecision, ShardingStrategy
+        from torch.distributed.fsdp import (
+            CPUOffload,
+            FullyShardedDataParallel as FSDP,
+            MixedPrecision,
+            ShardingStrategy,
+        )
         from torch.distributed.fsdp.wrap import _or_policy, lambda_auto_wrap_policy, transformer_auto_wrap_policy
 
         classes = {type(m) for m in model.modules() if type(m).__name__ in layer_cls}
@@ -212,7 +222,9 @@ def build_fsdp(cfg, args, device, offload_params: bool):
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
     kw = {
-        "mp_policy": MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32, cast_forward_inputs=True),
+        "mp_policy": MixedPrecisionPolicy(
+            param_dtype=torch.bfloat16, reduce_dtype=torch.float32, cast_forward_inputs=True
+        ),
         "reshard_after_forward": True,
     }
     if offload_params:
@@ -220,8 +232,11 @@ def build_fsdp(cfg, args, device, offload_params: bool):
     # 1dda039b also wraps an untied lm_head on its own (fsdp_utils.py:558-569); b178a3cd the embedding only
     own_unit = {"embed_tokens", "lm_head"} if args.verl == "1dda039b" and not cfg.tie_word_embeddings else set()
     for name, m in model.named_modules():
-        if (type(m).__name__ in layer_cls or (isinstance(m, torch.nn.Embedding) and not cfg.tie_word_embeddings)
-                or (name.rsplit(".", 1)[-1] in own_unit and hasattr(m, "weight"))):
+        if (
+            type(m).__name__ in layer_cls
+            or (isinstance(m, torch.nn.Embedding) and not cfg.tie_word_embeddings)
+            or (name.rsplit(".", 1)[-1] in own_unit and hasattr(m, "weight"))
+        ):
             fully_shard(m, **kw)
     fully_shard(model, **kw)
     home = torch.device("cpu") if offload_params else device
@@ -288,7 +303,7 @@ def stream_names(torch_mod, modules: dict) -> dict[str, str]:
             state = get_state()
             objs += [state, getattr(state, "_comm_ctx", None)]
         for obj in objs:
-            for attr, value in (vars(obj).items() if obj is not None else ()):
+            for attr, value in vars(obj).items() if obj is not None else ():
                 if isinstance(value, torch_mod.cuda.Stream):
                     names.setdefault(str(value.cuda_stream), f"{prefix}.{attr.lstrip('_')}")
     return names
@@ -336,15 +351,37 @@ def main(argv: list[str] | None = None) -> int:
     peaks = Peaks(torch)
     K = args.micro_batches
     row: dict = {
-        "harness": "fsdp_memory", "model": args.model, "params": None, "seq": args.seq, "micro_batches": K,
-        "fsdp": args.fsdp, "ref": args.ref, "offload": args.offload, "entropy": args.entropy, "gc": args.gc,
-        "expandable": args.expandable, "world": world, "rank": rank, "status": "error",
+        "harness": "fsdp_memory",
+        "model": args.model,
+        "params": None,
+        "seq": args.seq,
+        "micro_batches": K,
+        "fsdp": args.fsdp,
+        "ref": args.ref,
+        "offload": args.offload,
+        "entropy": args.entropy,
+        "gc": args.gc,
+        "expandable": args.expandable,
+        "world": world,
+        "rank": rank,
+        "status": "error",
         "gpu": torch.cuda.get_device_name(local_rank),
         "total_gib": torch.cuda.get_device_properties(local_rank).total_memory / GIB,
-        "torch": torch.__version__, "after_init_gib": None, "after_init_reserved_gib": None,
-        "peak_alloc_gib": None, "peak_reserved_gib": None, "phase_peaks_gib": {}, "phase_peaks_reserved_gib": {},
-        "micro_batch_s": [], "optimizer_step_s": None, "update_s": [], "phase": "setup", "tag": args.tag,
-        "steps": args.steps, "lora_rank": args.lora_rank, "verl": args.verl,
+        "torch": torch.__version__,
+        "after_init_gib": None,
+        "after_init_reserved_gib": None,
+        "peak_alloc_gib": None,
+        "peak_reserved_gib": None,
+        "phase_peaks_gib": {},
+        "phase_peaks_reserved_gib": {},
+        "micro_batch_s": [],
+        "optimizer_step_s": None,
+        "update_s": [],
+        "phase": "setup",
+        "tag": args.tag,
+        "steps": args.steps,
+        "lora_rank": args.lora_rank,
+        "verl": args.verl,
     }
 
     def write_row() -> None:
@@ -378,7 +415,9 @@ def main(argv: list[str] | None = None) -> int:
             row["adapter_dtypes"] = sorted({str(p.dtype) for n, p in actor.named_parameters() if p.requires_grad})
         optimizer = torch.optim.AdamW(actor.parameters(), lr=1e-6, weight_decay=0.01, betas=(0.9, 0.999))
         if args.ref and args.lora_rank:
-            raise ValueError("with LoRA verl's reference is the actor with its adapters disabled (fsdp_workers.py:1042-1044): give --ref 0")
+            raise ValueError(
+                "with LoRA verl's reference is the actor with its adapters disabled (fsdp_workers.py:1042-1044): give --ref 0"
+            )
         ref = build_fsdp(cfg, args, device, offload_params=True)[0] if args.ref else None
         torch.cuda.synchronize()
         row["after_init_gib"] = torch.cuda.memory_allocated() / GIB
@@ -406,6 +445,7 @@ def main(argv: list[str] | None = None) -> int:
         current = args.verl == "1dda039b"
         entropy_fn = None
         if args.entropy or current:
+
             def entropy_from_logits(logits):
                 pd = torch.nn.functional.softmax(logits, dim=-1)
                 return torch.logsumexp(logits, dim=-1) - torch.sum(pd * logits, dim=-1)
@@ -414,7 +454,9 @@ def main(argv: list[str] | None = None) -> int:
 
         def forward_logprobs(module, mb, calculate_entropy: bool):
             with torch.autocast(device_type="cuda", dtype=torch.bfloat16):
-                out = module(input_ids=mb["input_ids"], attention_mask=None, position_ids=mb["position_ids"], use_cache=False)
+                out = module(
+                    input_ids=mb["input_ids"], attention_mask=None, position_ids=mb["position_ids"], use_cache=False
+                )
                 logits = out.logits.squeeze(0)
                 if current:  # a new tensor, divided by a per-token temperature (transformer_impl.py:1357)
                     logits = logits / temperature.clamp(min=1e-8).unsqueeze(-1).to(logits.dtype)
@@ -507,8 +549,9 @@ def main(argv: list[str] | None = None) -> int:
                     row["phase_peaks_reserved_gib"].setdefault("forward", []).append(r)
                     peaks.start()
                 if args.segments:
-                    row.setdefault("reserved_trace", []).append([f"step{step}.mb{i}.forward",
-                                                                 torch.cuda.memory_reserved() / GIB])
+                    row.setdefault("reserved_trace", []).append(
+                        [f"step{step}.mb{i}.forward", torch.cuda.memory_reserved() / GIB]
+                    )
                     trace_streams(f"step{step}.mb{i}.forward")
                 row["phase"] = f"step{step}.mb{i}.backward"
                 loss.backward()
@@ -516,8 +559,9 @@ def main(argv: list[str] | None = None) -> int:
                 no_sync.__exit__(None, None, None)
                 torch.cuda.synchronize()
                 if args.segments:
-                    row.setdefault("reserved_trace", []).append([f"step{step}.mb{i}.backward",
-                                                                 torch.cuda.memory_reserved() / GIB])
+                    row.setdefault("reserved_trace", []).append(
+                        [f"step{step}.mb{i}.backward", torch.cuda.memory_reserved() / GIB]
+                    )
                     trace_streams(f"step{step}.mb{i}.backward")
                 if last:
                     a, r = peaks.fold()
@@ -545,7 +589,9 @@ def main(argv: list[str] | None = None) -> int:
                 row["phase_peaks_gib"]["step"], row["phase_peaks_reserved_gib"]["step"] = peaks.fold()
             if args.segments:
                 torch.cuda.synchronize()
-                row.setdefault("reserved_trace", []).append([f"step{step}.optimizer", torch.cuda.memory_reserved() / GIB])
+                row.setdefault("reserved_trace", []).append(
+                    [f"step{step}.optimizer", torch.cuda.memory_reserved() / GIB]
+                )
                 row.setdefault("segments", {})[f"step{step}"] = segments_by_stream(torch)
                 trace_streams(f"step{step}.optimizer")
             optimizer.zero_grad()

@@ -84,8 +84,9 @@ def time_one(req: RunRequest, repeat: int) -> tuple[float, str]:
     return best, outcome
 
 
-LARGE = [("grpo-olmo3-7b", "berzelius-hopper", n, None) for n in (250, 500, 1000, 2000)] + \
-        [(None, "berzelius", n, "72b") for n in (250, 500, 1000)]
+LARGE = [("grpo-olmo3-7b", "berzelius-hopper", n, None) for n in (250, 500, 1000, 2000)] + [
+    (None, "berzelius", n, "72b") for n in (250, 500, 1000)
+]
 
 
 def large(repeat: int) -> None:
@@ -97,10 +98,14 @@ def large(repeat: int) -> None:
 
     for config, cluster, n, model in LARGE:
         size = search_size(resolve_profile(cluster), n, workload_from_config(load_run_config(config, []), model))
-        s, outcome = time_one(RunRequest(config=config, cluster=cluster, nodes=n, model=model, allow_over_limit=True),
-                              repeat)
-        print(f"{config or '--model ' + model:34} {cluster:18} {n:5d} {size:7,d} candidates {s:7.3f} s "
-              f"{1e6 * s / size:5.0f} us/candidate  {outcome[:40]}", flush=True)
+        s, outcome = time_one(
+            RunRequest(config=config, cluster=cluster, nodes=n, model=model, allow_over_limit=True), repeat
+        )
+        print(
+            f"{config or '--model ' + model:34} {cluster:18} {n:5d} {size:7,d} candidates {s:7.3f} s "
+            f"{1e6 * s / size:5.0f} us/candidate  {outcome[:40]}",
+            flush=True,
+        )
 
 
 def read_table(path: str) -> dict[tuple[str, str, int], tuple[float, float]]:
@@ -159,12 +164,18 @@ def main() -> None:
             times[n] = time_one(req, args.repeat)
         ref = times[REFERENCE_NODES][0]
         for n, (s, outcome) in times.items():
-            rows.append({"config": config or f"default --model {model}", "cluster": cluster, "nodes": n,
-                         "cpu_s": round(s, 3), "ratio_to_16": round(s / ref, 2) if ref else None,
-                         "outcome": outcome})
+            rows.append(
+                {
+                    "config": config or f"default --model {model}",
+                    "cluster": cluster,
+                    "nodes": n,
+                    "cpu_s": round(s, 3),
+                    "ratio_to_16": round(s / ref, 2) if ref else None,
+                    "outcome": outcome,
+                }
+            )
             if not args.json:
-                print(f"{rows[-1]['config']:34} {cluster:18} {n:5d} {s:7.3f} s  x{s / ref:6.2f}  {outcome}",
-                      flush=True)
+                print(f"{rows[-1]['config']:34} {cluster:18} {n:5d} {s:7.3f} s  x{s / ref:6.2f}  {outcome}", flush=True)
     if args.json:
         print(json.dumps(rows, indent=1))
     else:

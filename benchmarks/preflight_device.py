@@ -31,17 +31,35 @@ def collective(visible: list[str], port: int, sizes: list[int]) -> list[dict]:
     n = len(visible)
     procs, secret = [], secrets.token_hex(32)
     for r, vis in enumerate(visible):
-        args = {"node": f"p{r}", "node_rank": r, "nnodes": n, "nodes": [f"p{k}" for k in range(n)],
-                "master_addr": "127.0.0.1", "my_addr": f"127.0.0.{r + 1}", "port": port, "timeout_s": 120,
-                "iters": 5, "gemm_n": 8192, "gemm_iters": 20,
-                "sizes": {"torch-nccl": sizes, "tcp": [1 << 20, 8 << 20]}}
+        args = {
+            "node": f"p{r}",
+            "node_rank": r,
+            "nnodes": n,
+            "nodes": [f"p{k}" for k in range(n)],
+            "master_addr": "127.0.0.1",
+            "my_addr": f"127.0.0.{r + 1}",
+            "port": port,
+            "timeout_s": 120,
+            "iters": 5,
+            "gemm_n": 8192,
+            "gemm_iters": 20,
+            "sizes": {"torch-nccl": sizes, "tcp": [1 << 20, 8 << 20]},
+        }
         env = dict(os.environ, CUDA_VISIBLE_DEVICES=vis, HPCRL_COLLECTIVE_SECRET=secret)
-        procs.append(subprocess.Popen([sys.executable, str(COLLECTIVE), json.dumps(args)], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, str(COLLECTIVE), json.dumps(args)],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
     outs = [p.communicate(timeout=400)[0] for p in procs]
     found = [re.search(r"^HPCRL-COLLECTIVE (.*)$", o, re.M) for o in outs]
-    return [json.loads(m.group(1)) if m else {"error": "no result line", "output": o[-2000:]}
-            for m, o in zip(found, outs)]
+    return [
+        json.loads(m.group(1)) if m else {"error": "no result line", "output": o[-2000:]} for m, o in zip(found, outs)
+    ]
 
 
 def main() -> None:

@@ -44,11 +44,18 @@ def fsdp_table(rows: list[dict]) -> str:
     head = ("| model | world | T | K | FSDP | ref | offload | entropy | expandable | status | after init | peak alloc "
             "| peak reserved | old logprob / last fwd / last bwd / step peaks | micro-batch s | step s | shared | GPU |")  # fmt: skip
     out = [head, "|" + "---|" * (head.count("|") - 1)]
-    order = sorted(rows, key=lambda r: (r["world"], r["model"], r["seq"], r["micro_batches"], r["fsdp"], r["ref"], r["offload"]))
+    order = sorted(
+        rows, key=lambda r: (r["world"], r["model"], r["seq"], r["micro_batches"], r["fsdp"], r["ref"], r["offload"])
+    )
     fmt = lambda v: f"{v:.2f}" if isinstance(v, (int, float)) else "-"  # noqa: E731
     for r in order:
         ph = r.get("phase_peaks_gib") or {}
-        last = [ph.get("old_logprob"), (ph.get("forward") or [None])[-1], (ph.get("backward") or [None])[-1], ph.get("step")]
+        last = [
+            ph.get("old_logprob"),
+            (ph.get("forward") or [None])[-1],
+            (ph.get("backward") or [None])[-1],
+            ph.get("step"),
+        ]
         mb = r.get("micro_batch_s") or []
         out.append(
             f"| {r['model']}{f' LoRA r{lr}' if (lr := r.get('lora_rank')) else ''} | {r['world']} | {r['seq']} | "

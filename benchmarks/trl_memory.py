@@ -78,11 +78,24 @@ def main(argv: list[str] | None = None) -> int:
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     out_dir = Path(f"/tmp/trl_mem_{os.getpid()}")
     cfg = GRPOConfig(
-        output_dir=str(out_dir), per_device_train_batch_size=args.batch, gradient_accumulation_steps=args.ga,
-        num_generations=2, max_completion_length=max(c for _, c in shapes), beta=args.beta,
-        max_steps=args.steps * len(shapes), logging_steps=1, save_strategy="no", report_to=[],
-        gradient_checkpointing=bool(args.gc), bf16=cuda, use_cpu=not cuda, learning_rate=1e-6, disable_tqdm=True,
-        use_vllm=False, seed=0)
+        output_dir=str(out_dir),
+        per_device_train_batch_size=args.batch,
+        gradient_accumulation_steps=args.ga,
+        num_generations=2,
+        max_completion_length=max(c for _, c in shapes),
+        beta=args.beta,
+        max_steps=args.steps * len(shapes),
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+        gradient_checkpointing=bool(args.gc),
+        bf16=cuda,
+        use_cpu=not cuda,
+        learning_rate=1e-6,
+        disable_tqdm=True,
+        use_vllm=False,
+        seed=0,
+    )
     mcfg = model_config(Path(args.configs_dir) / f"{args.model}.json")
     mcfg._attn_implementation = "sdpa"
     model = AutoModelForCausalLM.from_config(mcfg, dtype=torch.bfloat16, attn_implementation="sdpa")
@@ -93,7 +106,8 @@ def main(argv: list[str] | None = None) -> int:
         # The reference model of grpo_trainer.py:1003, built like the policy (random weights under zero.Init)
         # since nothing can be downloaded here.
         gt.create_model_from_path = lambda *_a, **_k: AutoModelForCausalLM.from_config(
-            mcfg, dtype=torch.bfloat16, attn_implementation="sdpa")
+            mcfg, dtype=torch.bfloat16, attn_implementation="sdpa"
+        )
 
     def reward(completions, **_kw):
         return [0.0 for _ in completions]
@@ -116,17 +130,23 @@ def main(argv: list[str] | None = None) -> int:
         completion_mask = torch.ones(n, comp_len, dtype=torch.long, device=dev)
         ids = torch.cat([prompt_ids, completion_ids], 1)
         mask = torch.cat([prompt_mask, completion_mask], 1)
-        out = {"prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "completion_ids": completion_ids,
-               "completion_mask": completion_mask,
-               "advantages": torch.randn(n, generator=g).to(dev),
-               "num_items_in_batch": self.accelerator.gather(completion_mask.sum()).sum()}
+        out = {
+            "prompt_ids": prompt_ids,
+            "prompt_mask": prompt_mask,
+            "completion_ids": completion_ids,
+            "completion_mask": completion_mask,
+            "advantages": torch.randn(n, generator=g).to(dev),
+            "num_items_in_batch": self.accelerator.gather(completion_mask.sum()).sum(),
+        }
         with torch.no_grad(), gt.disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
             if args.old_logps:
                 out["old_per_token_logps"], _, _ = self._get_per_token_logps_and_entropies(
-                    self.model, ids, mask, comp_len, batch_size=self.args.per_device_train_batch_size)
+                    self.model, ids, mask, comp_len, batch_size=self.args.per_device_train_batch_size
+                )
             if self.beta != 0.0:
                 out["ref_per_token_logps"], _, _ = self._get_per_token_logps_and_entropies(
-                    self.ref_model, ids, mask, comp_len, batch_size=self.args.per_device_train_batch_size)
+                    self.ref_model, ids, mask, comp_len, batch_size=self.args.per_device_train_batch_size
+                )
         return out
 
     GRPOTrainer._generate_and_score_completions = synthetic
@@ -146,9 +166,11 @@ def main(argv: list[str] | None = None) -> int:
             if cuda:
                 torch.cuda.synchronize()
                 free, total = torch.cuda.mem_get_info()
-                row.update(peak_alloc_gib=torch.cuda.max_memory_allocated() / GIB,
-                           peak_reserved_gib=torch.cuda.max_memory_reserved() / GIB,
-                           device_used_gib=(total - free) / GIB)
+                row.update(
+                    peak_alloc_gib=torch.cuda.max_memory_allocated() / GIB,
+                    peak_reserved_gib=torch.cuda.max_memory_reserved() / GIB,
+                    device_used_gib=(total - free) / GIB,
+                )
             rows.append(row)
 
     trainer.add_callback(Peaks())
@@ -160,18 +182,38 @@ def main(argv: list[str] | None = None) -> int:
         status, err = "oom", str(e)[:300]
     try:
         import deepspeed
+
         ds_version = deepspeed.__version__
     except ImportError:  # the CPU dry run
         ds_version = None
-    base = {"harness": "trl_memory", "model": args.model, "params": n_params, "vocab_size": vocab,
-            "tie_word_embeddings": bool(getattr(mcfg, "tie_word_embeddings", False)), "world": world, "rank": rank,
-            "batch": args.batch, "ga": args.ga, "beta": args.beta, "old_logps": args.old_logps, "gc": args.gc,
-            "zero_stage": 3, "zero_init": zero_ok, "attn_impl": "sdpa", "status": status, "error": err,
-            "gpu": torch.cuda.get_device_name(0) if cuda else "cpu",
-            "total_gib": torch.cuda.get_device_properties(0).total_memory / GIB if cuda else None,
-            "trl": trl.__version__, "deepspeed": ds_version, "torch": torch.__version__,
-            "transformers": transformers.__version__, "accelerate": __import__("accelerate").__version__,
-            "wall_s": time.time() - t0, "tag": args.tag}
+    base = {
+        "harness": "trl_memory",
+        "model": args.model,
+        "params": n_params,
+        "vocab_size": vocab,
+        "tie_word_embeddings": bool(getattr(mcfg, "tie_word_embeddings", False)),
+        "world": world,
+        "rank": rank,
+        "batch": args.batch,
+        "ga": args.ga,
+        "beta": args.beta,
+        "old_logps": args.old_logps,
+        "gc": args.gc,
+        "zero_stage": 3,
+        "zero_init": zero_ok,
+        "attn_impl": "sdpa",
+        "status": status,
+        "error": err,
+        "gpu": torch.cuda.get_device_name(0) if cuda else "cpu",
+        "total_gib": torch.cuda.get_device_properties(0).total_memory / GIB if cuda else None,
+        "trl": trl.__version__,
+        "deepspeed": ds_version,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "accelerate": __import__("accelerate").__version__,
+        "wall_s": time.time() - t0,
+        "tag": args.tag,
+    }
     if rank == 0:
         # one row per shape: its last step (the first of a shape can carry a new shape's compile/cache growth)
         last: dict[tuple, dict] = {}
@@ -180,11 +222,20 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.out, "a") as f:
             for (p, c), r in last.items():
                 steps = [x for x in rows if (x["prompt"], x["completion"]) == (p, c)]
-                f.write(json.dumps({**base, "seq": p + c, "tokens_per_gpu": args.batch * (p + c),
-                                    "completion_tokens_per_gpu": args.batch * c,
-                                    "shape_tag": f"{args.tag}:{args.model}:w{world}:b{args.batch}:p{p}:c{c}"
-                                                 f":beta{args.beta:g}",
-                                    **r, "steps": steps}) + "\n")
+                f.write(
+                    json.dumps(
+                        {
+                            **base,
+                            "seq": p + c,
+                            "tokens_per_gpu": args.batch * (p + c),
+                            "completion_tokens_per_gpu": args.batch * c,
+                            "shape_tag": f"{args.tag}:{args.model}:w{world}:b{args.batch}:p{p}:c{c}:beta{args.beta:g}",
+                            **r,
+                            "steps": steps,
+                        }
+                    )
+                    + "\n"
+                )
             if status != "ok" and not rows:
                 f.write(json.dumps(base) + "\n")
     return 0 if status == "ok" else 3

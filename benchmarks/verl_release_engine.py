@@ -69,6 +69,7 @@ def stand_in_ray() -> str:
         def create_module(self, spec: object) -> types.ModuleType:
             mod = types.ModuleType(spec.name)
             mod.__path__ = []
+
             def attribute(attr: str) -> object:  # PEP 562; dunders stay missing (inspect, pickle look)
                 if attr.startswith("__"):
                     raise AttributeError(attr)
@@ -112,12 +113,18 @@ def batch(vocab: int, seqs: int, seq_len: int, response_len: int, seed: int):
     position_ids = compute_position_id_with_mask(attention_mask)
     responses = input_ids[:, -response_len:]
     response_mask = attention_mask[:, -response_len:]
-    data = DataProto.from_single_dict({
-        "input_ids": input_ids, "prompts": input_ids[:, :-response_len], "attention_mask": attention_mask,
-        "position_ids": position_ids, "responses": responses, "response_mask": response_mask,
-        "advantages": torch.randn(responses.shape, generator=g),
-        "old_log_probs": -torch.rand(responses.shape, generator=g),
-    })
+    data = DataProto.from_single_dict(
+        {
+            "input_ids": input_ids,
+            "prompts": input_ids[:, :-response_len],
+            "attention_mask": attention_mask,
+            "position_ids": position_ids,
+            "responses": responses,
+            "response_mask": response_mask,
+            "advantages": torch.randn(responses.shape, generator=g),
+            "old_log_probs": -torch.rand(responses.shape, generator=g),
+        }
+    )
     return left_right_2_no_padding(data.to_tensordict())
 
 
@@ -144,21 +151,35 @@ def measure(a: argparse.Namespace) -> dict:
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     # flash-attn's CUDA kernels are not built on the GPU machines: SDPA over the packed micro-batch as one causal
     # sequence (it saves the same tensors); verl's default is flash_attention_2 (workers/config/model.py:185).
-    model_config = HFModelConfig(path=a.model_dir, load_tokenizer=False, use_remove_padding=True,
-                                 enable_gradient_checkpointing=True, override_config={"attn_implementation": "sdpa"})
-    engine_config = FSDPEngineConfig(forward_only=False, strategy="fsdp", use_dynamic_bsz=False,
-                                     micro_batch_size_per_gpu=a.micro_batch,
-                                     use_no_sync_for_gradient_accumulation=bool(a.no_sync),
-                                     use_torch_compile=bool(a.compile))
-    config = TrainingWorkerConfig(model_type="language_model", model_config=model_config,
-                                  engine_config=engine_config, optimizer_config=FSDPOptimizerConfig(lr=1e-6),
-                                  checkpoint_config=CheckpointConfig())
+    model_config = HFModelConfig(
+        path=a.model_dir,
+        load_tokenizer=False,
+        use_remove_padding=True,
+        enable_gradient_checkpointing=True,
+        override_config={"attn_implementation": "sdpa"},
+    )
+    engine_config = FSDPEngineConfig(
+        forward_only=False,
+        strategy="fsdp",
+        use_dynamic_bsz=False,
+        micro_batch_size_per_gpu=a.micro_batch,
+        use_no_sync_for_gradient_accumulation=bool(a.no_sync),
+        use_torch_compile=bool(a.compile),
+    )
+    config = TrainingWorkerConfig(
+        model_type="language_model",
+        model_config=model_config,
+        engine_config=engine_config,
+        optimizer_config=FSDPOptimizerConfig(lr=1e-6),
+        checkpoint_config=CheckpointConfig(),
+    )
     if not torch.cuda.is_available():  # a CPU check of the harness: verl would ask for NCCL
         torch.distributed.init_process_group("gloo")
     worker = TrainingWorker(config)
     worker.reset()
-    actor = ActorConfig(strategy="fsdp", rollout_n=1, ppo_mini_batch_size=a.seqs * world,
-                        ppo_micro_batch_size_per_gpu=a.micro_batch)
+    actor = ActorConfig(
+        strategy="fsdp", rollout_n=1, ppo_mini_batch_size=a.seqs * world, ppo_micro_batch_size_per_gpu=a.micro_batch
+    )
     worker.set_loss_fn(partial(ppo_loss, config=actor))
     cuda = torch.cuda.is_available()  # a CPU run (gloo) only checks that the harness drives verl
     sync = torch.cuda.synchronize if cuda else (lambda: None)
@@ -168,31 +189,67 @@ def measure(a: argparse.Namespace) -> dict:
     peaks, times = [], []
     for step in range(a.steps):
         td = batch(vocab, a.seqs, a.seq_len, a.response_len, seed=step * 1000 + rank)
-        tu.assign_non_tensor(td, global_batch_size=a.seqs * world, mini_batch_size=a.seqs * world, epochs=1,
-                             seed=1, dataloader_kwargs={"shuffle": False}, temperature=a.temperature,
-                             calculate_entropy=False, use_dynamic_bsz=False, micro_batch_size_per_gpu=a.micro_batch,
-                             global_token_num=[a.seq_len] * a.seqs)
+        tu.assign_non_tensor(
+            td,
+            global_batch_size=a.seqs * world,
+            mini_batch_size=a.seqs * world,
+            epochs=1,
+            seed=1,
+            dataloader_kwargs={"shuffle": False},
+            temperature=a.temperature,
+            calculate_entropy=False,
+            use_dynamic_bsz=False,
+            micro_batch_size_per_gpu=a.micro_batch,
+            global_token_num=[a.seq_len] * a.seqs,
+        )
         if cuda:
             torch.cuda.reset_peak_memory_stats()
         t0 = time.time()
         worker.train_mini_batch(td)
         sync()
         times.append(time.time() - t0)
-        peaks.append((torch.cuda.max_memory_allocated() / GIB, torch.cuda.max_memory_reserved() / GIB) if cuda
-                     else (0.0, 0.0))
-    gpu = (torch.cuda.get_device_properties(0).name, torch.cuda.get_device_properties(0).total_memory / GIB) if cuda \
+        peaks.append(
+            (torch.cuda.max_memory_allocated() / GIB, torch.cuda.max_memory_reserved() / GIB) if cuda else (0.0, 0.0)
+        )
+    gpu = (
+        (torch.cuda.get_device_properties(0).name, torch.cuda.get_device_properties(0).total_memory / GIB)
+        if cuda
         else ("cpu", 0.0)
-    return {"harness": "verl_release_engine", "framework": "verl", "release": md.version("verl"),
-            "release_source": "PyPI wheel verl-0.9.1-py3-none-any.whl (sha256 db6e6f2a...)",
-            "model": a.model, "world": world, "rank": rank,
-            "seqs_per_gpu": a.seqs, "seq_len": a.seq_len, "micro_batch": a.micro_batch,
-            "micro_batches": a.seqs // a.micro_batch, "tokens_per_micro_batch": a.micro_batch * a.seq_len,
-            "no_sync": a.no_sync, "temperature": a.temperature, "fsdp": 1, "gc": 1, "compile": a.compile,
-            "attn": "sdpa", "logprob_impl": "flash_attn_triton_ce (its 2.8.3 file)",
-            "gpu": gpu[0], "total_gib": gpu[1], "torch": torch.__version__,
-            "transformers": md.version("transformers"), "tensordict": md.version("tensordict"), "ray": ray,
-            "after_init_gib": after_init, "peak_alloc_gib": peaks[-1][0], "peak_reserved_gib": peaks[-1][1],
-            "step_peaks_gib": peaks, "step_s": times, "status": "ok", "tag": a.tag}
+    )
+    return {
+        "harness": "verl_release_engine",
+        "framework": "verl",
+        "release": md.version("verl"),
+        "release_source": "PyPI wheel verl-0.9.1-py3-none-any.whl (sha256 db6e6f2a...)",
+        "model": a.model,
+        "world": world,
+        "rank": rank,
+        "seqs_per_gpu": a.seqs,
+        "seq_len": a.seq_len,
+        "micro_batch": a.micro_batch,
+        "micro_batches": a.seqs // a.micro_batch,
+        "tokens_per_micro_batch": a.micro_batch * a.seq_len,
+        "no_sync": a.no_sync,
+        "temperature": a.temperature,
+        "fsdp": 1,
+        "gc": 1,
+        "compile": a.compile,
+        "attn": "sdpa",
+        "logprob_impl": "flash_attn_triton_ce (its 2.8.3 file)",
+        "gpu": gpu[0],
+        "total_gib": gpu[1],
+        "torch": torch.__version__,
+        "transformers": md.version("transformers"),
+        "tensordict": md.version("tensordict"),
+        "ray": ray,
+        "after_init_gib": after_init,
+        "peak_alloc_gib": peaks[-1][0],
+        "peak_reserved_gib": peaks[-1][1],
+        "step_peaks_gib": peaks,
+        "step_s": times,
+        "status": "ok",
+        "tag": a.tag,
+    }
 
 
 def main() -> int:
@@ -204,8 +261,13 @@ def main() -> int:
     p.add_argument("--seq-len", type=int, default=4096)
     p.add_argument("--response-len", type=int, default=1024)
     p.add_argument("--micro-batch", type=int, default=4, help="sequences per micro-batch (micro_batch_size_per_gpu)")
-    p.add_argument("--no-sync", type=int, choices=[0, 1], default=0,
-                   help="fsdp_config.use_no_sync_for_gradient_accumulation (0.9.1's default 0)")
+    p.add_argument(
+        "--no-sync",
+        type=int,
+        choices=[0, 1],
+        default=0,
+        help="fsdp_config.use_no_sync_for_gradient_accumulation (0.9.1's default 0)",
+    )
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--compile", type=int, choices=[0, 1], default=0, help="fsdp_config.use_torch_compile")
     p.add_argument("--steps", type=int, default=2, help="updates; the last one is measured")
@@ -221,8 +283,15 @@ def main() -> int:
         import traceback
 
         traceback.print_exc()
-        row = {"harness": "verl_release_engine", "model": a.model, "no_sync": a.no_sync, "status": "error",
-               "error": f"{type(exc).__name__}: {exc}"[:500], "rank": int(os.environ.get("RANK", 0)), "tag": a.tag}
+        row = {
+            "harness": "verl_release_engine",
+            "model": a.model,
+            "no_sync": a.no_sync,
+            "status": "error",
+            "error": f"{type(exc).__name__}: {exc}"[:500],
+            "rank": int(os.environ.get("RANK", 0)),
+            "tag": a.tag,
+        }
     print("ROW " + json.dumps(row), flush=True)
     if a.out and row.get("rank", 0) == 0:
         with open(a.out, "a") as fh:

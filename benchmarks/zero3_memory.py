@@ -32,7 +32,17 @@ import traceback
 from pathlib import Path
 
 import zero3_openrlhf
-from zero3_setup import GIB, Peaks, add_lora, build_logprob_fns, build_model, ds_config, ds_numel, eval_ds_config, make_batches
+from zero3_setup import (
+    GIB,
+    Peaks,
+    add_lora,
+    build_logprob_fns,
+    build_model,
+    ds_config,
+    ds_numel,
+    eval_ds_config,
+    make_batches,
+)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -185,8 +195,9 @@ def main(argv: list[str] | None = None) -> int:
             args,
             seq_list(args.seq),
             lambda cfg: build_model(args, cfg)[:2],
-            lambda model_cfg, seq, device: make_batches(args, seq, model_cfg.vocab_size, device,
-                                                        int(os.environ.get("RANK", 0))),  # fmt: skip
+            lambda model_cfg, seq, device: make_batches(
+                args, seq, model_cfg.vocab_size, device, int(os.environ.get("RANK", 0))
+            ),  # fmt: skip
             eval_ds_config,
             cross_entropy,
         )

@@ -39,9 +39,12 @@ RUN_DIR_ENDS = {RUN_DIR_FULL: 88, RUN_DIR_UNWRITABLE: 89}
 COMPLETED, CRASHED = "completed", "crashed"
 # The driver's exit code -> the end reason; any other code is CRASHED. The watchdog exits with
 # worker-died's code when the driver saw a node die and the worker step confirms it.
-END_REASONS = {0: COMPLETED, **{code: reason for code, reason in BREAKERS.values()},
-               **{code: reason for reason, code in RUN_DIR_ENDS.items()},
-               RAY_DIED["worker-died"]: "worker-died"}
+END_REASONS = {
+    0: COMPLETED,
+    **{code: reason for code, reason in BREAKERS.values()},
+    **{code: reason for reason, code in RUN_DIR_ENDS.items()},
+    RAY_DIED["worker-died"]: "worker-died",
+}
 
 # Reasons that submit a continuation, with the counter file (in the run's hpcrl/ directory) and
 # the setting that bounds it. The time limit and preemption are not the run's fault and cost
@@ -76,13 +79,29 @@ MKTEMP_RANDOM = 12
 FIXED_CODES = {**RAY_DIED, WATCHDOG_HUNG[0]: WATCHDOG_HUNG[1]}
 # Slurm's job states a job does not leave: `status` stops asking about it, and a later job's sweep
 # (templates/leftovers.sh.j2) may clear the node-local directories it left (squeue -o %T prints these).
-SLURM_END_STATES = frozenset({
-    "COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "PREEMPTED", "NODE_FAIL", "OUT_OF_MEMORY",
-    "BOOT_FAIL", "DEADLINE", "REVOKED", "SPECIAL_EXIT",
-})
+SLURM_END_STATES = frozenset(
+    {
+        "COMPLETED",
+        "CANCELLED",
+        "FAILED",
+        "TIMEOUT",
+        "PREEMPTED",
+        "NODE_FAIL",
+        "OUT_OF_MEMORY",
+        "BOOT_FAIL",
+        "DEADLINE",
+        "REVOKED",
+        "SPECIAL_EXIT",
+    }
+)
 # Slurm's terminal state -> end reason, for a job that ended without writing its `end` line.
-SLURM_STATE_REASONS = {"COMPLETED": COMPLETED, "TIMEOUT": "timeout", "CANCELLED": "cancelled",
-                       "PREEMPTED": "preempted", "FAILED": CRASHED}
+SLURM_STATE_REASONS = {
+    "COMPLETED": COMPLETED,
+    "TIMEOUT": "timeout",
+    "CANCELLED": "cancelled",
+    "PREEMPTED": "preempted",
+    "FAILED": CRASHED,
+}
 
 
 def breaker_exit_code(breaker: str) -> int:
@@ -121,8 +140,9 @@ def continue_case(indent: str = "        ") -> str:
     limits = {"limit": "$MAX_RESTARTS", "failure": "$MAX_FAILURE_RESTARTS"}
     arms = []
     for kind, (reasons, counter, setting) in CONTINUATIONS.items():
-        arms.append(f"{' | '.join(reasons)}) kind={kind} counter=$HPCRL_DIR/{counter} limit={limits[kind]} "
-                    f"setting={setting} ;;")
+        arms.append(
+            f"{' | '.join(reasons)}) kind={kind} counter=$HPCRL_DIR/{counter} limit={limits[kind]} setting={setting} ;;"
+        )
     return "\n".join(indent + arm for arm in [*arms, "*) return 0 ;;"])
 
 
@@ -145,8 +165,14 @@ RAY_PORTS, PORT_DRAWS = (10000, 32767), 20
 # Flags of the head's ports (drawn on the head before the workers start; the workers get the GCS
 # port from the environment), then each node's own, in the order drawn.
 HEAD_PORT_FLAGS = ("port", "dashboard-port", "ray-client-server-port")
-NODE_PORT_FLAGS = ("node-manager-port", "object-manager-port", "metrics-export-port", "dashboard-agent-grpc-port",
-                   "dashboard-agent-listen-port", "runtime-env-agent-port")
+NODE_PORT_FLAGS = (
+    "node-manager-port",
+    "object-manager-port",
+    "metrics-export-port",
+    "dashboard-agent-grpc-port",
+    "dashboard-agent-listen-port",
+    "runtime-env-agent-port",
+)
 # Ray's two Prometheus servers on fixed ports (44217, 44227), on every address and without the token
 # (ray/autoscaler/_private/constants.py:106, dashboard/consts.py:67 in Ray 2.60.0, commit b7f4259e): with ray.metrics
 # they get drawn ports too, in this order (AUTOSCALER_METRIC_PORT, DASHBOARD_METRIC_PORT).
@@ -225,9 +251,23 @@ NODE_OWNER, RAY_LOGS_RECOVERED = "hpcrl-owner", "hpcrl-recovered"
 def run_dir_layout() -> dict[str, str | tuple[str, ...]]:
     """The names the templates use, as one dict (render passes it as `layout`)."""
     job = "$SLURM_JOB_ID"
-    return {"meta": META, "logs": LOGS, "subdirs": RUN_SUBDIRS, "jobs_tsv": JOBS_TSV, "plan": PLAN, "script": SCRIPT,
-            "driver_log": DRIVER_LOG, "cancel": CANCEL, "excluded_nodes": EXCLUDED_NODES,
-            "chain_lock": CHAIN_LOCK, "failure_restarts": FAILURE_RESTARTS,
-            "blame": BLAME.format(job=job), "driver_started": DRIVER_STARTED.format(job=job),
-            "job_log": JOB_LOG.format(job=job), "events_fallback": EVENTS_FALLBACK.format(job=job),
-            "end_comment": END_COMMENT, "node_owner": NODE_OWNER, "ray_logs_recovered": RAY_LOGS_RECOVERED}
+    return {
+        "meta": META,
+        "logs": LOGS,
+        "subdirs": RUN_SUBDIRS,
+        "jobs_tsv": JOBS_TSV,
+        "plan": PLAN,
+        "script": SCRIPT,
+        "driver_log": DRIVER_LOG,
+        "cancel": CANCEL,
+        "excluded_nodes": EXCLUDED_NODES,
+        "chain_lock": CHAIN_LOCK,
+        "failure_restarts": FAILURE_RESTARTS,
+        "blame": BLAME.format(job=job),
+        "driver_started": DRIVER_STARTED.format(job=job),
+        "job_log": JOB_LOG.format(job=job),
+        "events_fallback": EVENTS_FALLBACK.format(job=job),
+        "end_comment": END_COMMENT,
+        "node_owner": NODE_OWNER,
+        "ray_logs_recovered": RAY_LOGS_RECOVERED,
+    }

@@ -18,9 +18,13 @@ class UnknownNameError(HpcrlError):
     def __init__(self, kind: str, name: str, valid: Iterable[str], detail: str = ""):
         valid = sorted(set(valid))
         close = closest(name, valid)
-        hint = (f"closest: {', '.join(close)}" if close else
-                f"valid: {', '.join(valid)}" if len(valid) <= 12 else
-                f"valid ({len(valid)}), most alike first: {', '.join(closest(name, valid, n=8, cutoff=0.0))}, ...")
+        hint = (
+            f"closest: {', '.join(close)}"
+            if close
+            else f"valid: {', '.join(valid)}"
+            if len(valid) <= 12
+            else f"valid ({len(valid)}), most alike first: {', '.join(closest(name, valid, n=8, cutoff=0.0))}, ..."
+        )
         super().__init__(f"unknown {kind} {name!r}{f' ({detail})' if detail else ''}; {hint}")
         self.name = name
         self.valid = valid
@@ -28,6 +32,7 @@ class UnknownNameError(HpcrlError):
 
 def closest(name: str, valid: Iterable[str], n: int = 3, cutoff: float = 0.5) -> list[str]:
     """The n valid names most like `name` (difflib), ignoring case and, for `org/name` ids, the org."""
+
     def alike(v: str) -> float:
         a, b = name.lower(), v.lower()
         tail = difflib.SequenceMatcher(None, a.rsplit("/", 1)[-1], b.rsplit("/", 1)[-1]).ratio()
@@ -56,8 +61,9 @@ class PlanError(HpcrlError):
     it carries its fixes apart from its words, so each can be tried as typed before it is printed
     (hpcrl/planning/request.py)."""
 
-    def __init__(self, message: str, *, head: str | None = None, fixes: tuple[str, ...] = (), tail: str = "",
-                 none: str = "") -> None:
+    def __init__(
+        self, message: str, *, head: str | None = None, fixes: tuple[str, ...] = (), tail: str = "", none: str = ""
+    ) -> None:
         super().__init__(message)
         self.head, self.fixes, self.tail, self.none = head, tuple(fixes), tail, none
 
@@ -76,8 +82,10 @@ class RunDirUnreadable(HpcrlError):
     """A run directory whose file system fails under a reader (EIO, ...): the run's reason, in one line."""
 
     def __init__(self, path: object, exc: OSError):
-        super().__init__(f"cannot read {path}: {exc.strerror or exc} (run-dir-unwritable: the run directory's file "
-                         "system failed; see docs/safety.md)")
+        super().__init__(
+            f"cannot read {path}: {exc.strerror or exc} (run-dir-unwritable: the run directory's file "
+            "system failed; see docs/safety.md)"
+        )
 
 
 class SlurmError(HpcrlError):

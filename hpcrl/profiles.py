@@ -48,8 +48,9 @@ class Node(_Strict):
     ram_gib: float = Field(gt=0, description="Host RAM a job can allocate on one node, GiB")
     arch: Literal["x86_64", "aarch64"]
     interconnect: str = ""
-    inter_node_gbs: float | None = Field(default=None, gt=0, description="Network of one node, all NICs, GB/s per "
-                                         "direction (None: 25 per GPU)")
+    inter_node_gbs: float | None = Field(
+        default=None, gt=0, description="Network of one node, all NICs, GB/s per direction (None: 25 per GPU)"
+    )
 
 
 class Partition(_Strict):
@@ -71,7 +72,8 @@ class NodeSharing(_Strict):
 
     mode: Literal["proportional", "per-gpu", "whole-nodes"] = Field(
         description="proportional: the site gives each GPU its share of cores and memory itself; per-gpu: "
-                    "the script asks --cpus-per-gpu and --mem-per-gpu; whole-nodes: partial jobs are refused")
+        "the script asks --cpus-per-gpu and --mem-per-gpu; whole-nodes: partial jobs are refused"
+    )
     cpus_per_gpu: int | None = Field(default=None, gt=0, description="Cores a job gets per GPU")
     mem_per_gpu_gib: float | None = Field(default=None, gt=0, description="Host RAM a job gets per GPU, GiB")
 
@@ -82,8 +84,11 @@ class Slurm(_Strict):
     )
     exclusive: bool = True
     default_partition: str | None = None
-    system_nodes: int | None = Field(default=None, gt=0, description="Nodes of this type in the whole machine: "
-                                     "no job can hold more, --allow-over-limit or not")
+    system_nodes: int | None = Field(
+        default=None,
+        gt=0,
+        description="Nodes of this type in the whole machine: no job can hold more, --allow-over-limit or not",
+    )
     partitions: dict[str, Partition] = Field(default_factory=dict)
     qos: QOS | None = None
     account_pattern: str | None = Field(default=None, description="Regex an account must match")
@@ -93,11 +98,13 @@ class Slurm(_Strict):
     exclude_nodes: list[str] = Field(default_factory=list)
     mem: str | None = Field(default=None, description="--mem value, e.g. 0 for the whole node")
     node_sharing: NodeSharing | None = Field(
-        default=None, description="How a job with part of a node's GPUs gets cores and memory (hpcrl --gpus N)")
+        default=None, description="How a job with part of a node's GPUs gets cores and memory (hpcrl --gpus N)"
+    )
     cpus_per_gpu: int | None = Field(default=None, gt=0)
     signal_before_end_s: int = Field(default=600, gt=0)
     kill_wait_s: int = Field(
-        default=30, gt=0,
+        default=30,
+        gt=0,
         description="Slurm's KillWait (TERM to KILL); the script reads scontrol's value and falls back to this",
     )
     min_poll_interval_s: int = Field(default=30, gt=0)
@@ -108,9 +115,7 @@ class Slurm(_Strict):
     def _default_partition_known(self) -> Slurm:
         sbatch_words(list(self.partitions))
         if self.default_partition and self.partitions and self.default_partition not in self.partitions:
-            raise ValueError(
-                f"default_partition {self.default_partition!r} is not one of {sorted(self.partitions)}"
-            )
+            raise ValueError(f"default_partition {self.default_partition!r} is not one of {sorted(self.partitions)}")
         return self
 
 
@@ -123,8 +128,9 @@ def _path_ok(value: str) -> str:
 class StorageArea(_Strict):
     path: str = Field(description="May use environment variables expanded on the compute node")
     quota_gib: float | None = Field(default=None, gt=0)
-    write_gib_s: float | None = Field(default=None, gt=0,
-                                      description="Write bandwidth one job gets here, GiB/s (checkpoint write time)")
+    write_gib_s: float | None = Field(
+        default=None, gt=0, description="Write bandwidth one job gets here, GiB/s (checkpoint write time)"
+    )
     description: str = ""
 
     _path = field_validator("path")(_path_ok)
@@ -142,7 +148,7 @@ class Storage(_Strict):
     run_root_shared: bool = Field(
         default=False,
         description="The run root sits in a project directory its group may write, or another member owns (the "
-                    "site's norm): such a level is warned about, not refused; a world-writable one still is",
+        "site's norm): such a level is warned about, not refused; a world-writable one still is",
     )
 
 
@@ -165,7 +171,8 @@ class Ray(_Strict):
     memory_kill_threshold: float = Field(default=0.95, gt=0, le=1)
     join_timeout_s: int = Field(default=600, gt=0)
     start_stagger_s: int = Field(
-        default=0, ge=0,
+        default=0,
+        ge=0,
         description="Seconds between the `ray start`s of nodes that share one host (slot k waits k times this)",
     )
     log_keep_mib: int = Field(default=64, gt=0, description="Ray session logs kept per node in the run dir (MiB)")
@@ -182,8 +189,9 @@ class Ray(_Strict):
     @classmethod
     def _ports_ok(cls, v: tuple[int, int]) -> tuple[int, int]:
         low, high = v
-        need = contract.NODE_SLOTS * (len(contract.HEAD_PORT_FLAGS) + len(contract.NODE_PORT_FLAGS)
-                                      + len(contract.METRIC_PORT_VARS))
+        need = contract.NODE_SLOTS * (
+            len(contract.HEAD_PORT_FLAGS) + len(contract.NODE_PORT_FLAGS) + len(contract.METRIC_PORT_VARS)
+        )
         if not 1024 <= low <= high <= 65535 or high - low + 1 < need:
             raise ValueError(f"[{low}, {high}]: need 1024 <= low <= high <= 65535 and at least {need} ports")
         return v
@@ -191,7 +199,8 @@ class Ray(_Strict):
 
 class Planning(_Strict):
     max_learners_per_node: int | None = Field(
-        default=None, gt=0,
+        default=None,
+        gt=0,
         description="Learners the planner puts on one node; more only when pinned, with a warning",
     )
     why: str = Field(default="", description="Why, in words, for the warning")
@@ -231,8 +240,10 @@ class ClusterProfile(_Strict):
     def _env_names(cls, env: dict[str, str]) -> dict[str, str]:
         for key in env:
             if not ENV_NAME.match(key):
-                raise ValueError(f"{key!r} is not a valid environment variable name (ASCII letters, digits and _, "
-                                 "not starting with a digit)")
+                raise ValueError(
+                    f"{key!r} is not a valid environment variable name (ASCII letters, digits and _, "
+                    "not starting with a digit)"
+                )
         return env
 
     @field_validator("unconfirmed", "sources")

@@ -53,7 +53,7 @@ def path_problem(value: object) -> str | None:
     rest = _VAR.sub("", text)
     if "$" in rest:
         at = rest.index("$")
-        return f"'$' may only start a variable ($NAME or ${{NAME}}); found {rest[at:at + 3]!r}"
+        return f"'$' may only start a variable ($NAME or ${{NAME}}); found {rest[at : at + 3]!r}"
     return None
 
 

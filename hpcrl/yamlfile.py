@@ -58,8 +58,11 @@ def read_text(path: Path, error: type[HpcrlError], what: str = "a YAML file") ->
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         utf16 = raw[:2] in (b"\xff\xfe", b"\xfe\xff")
-        raise error(f"{path}: byte {exc.start}: not UTF-8 text" + (" (UTF-16: save it as UTF-8)" if utf16 else "")
-                    + f", expected {what}") from None
+        raise error(
+            f"{path}: byte {exc.start}: not UTF-8 text"
+            + (" (UTF-16: save it as UTF-8)" if utf16 else "")
+            + f", expected {what}"
+        ) from None
 
 
 def read_mapping(path: Path, error: type[HpcrlError], what: str) -> dict:
@@ -68,8 +71,9 @@ def read_mapping(path: Path, error: type[HpcrlError], what: str) -> dict:
     try:
         data = yaml.load(text, Loader=_UniqueKeyLoader)
     except _DuplicateKey as exc:
-        raise error(f"{path}: line {exc.line}: key {exc.key!r} given twice (YAML would keep the last); "
-                    "give it once") from None
+        raise error(
+            f"{path}: line {exc.line}: key {exc.key!r} given twice (YAML would keep the last); give it once"
+        ) from None
     except RecursionError:
         raise error(f"{path}: nested too deeply to be a YAML file of {what}") from None
     except yaml.YAMLError as exc:

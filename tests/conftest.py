@@ -69,11 +69,26 @@ FIRST_GROUP = {"test_dev_slurm.py"}
 # pure suite, 2 cores: docs/dev-cluster.md); only the balance between groups depends on them, so refresh
 # them when a module grows a lot. A module not listed counts DEFAULT_MODULE_S.
 MODULE_S = {
-    "test_render_e2e.py": 407, "test_hardening.py": 332, "test_lifecycle.py": 309, "test_hostile_user.py": 199,
-    "test_run_dir_faults.py": 122, "test_node_blame.py": 100, "test_watch.py": 71, "test_lost_node_e2e.py": 71,
-    "test_watch_terminal.py": 56, "test_shared_node.py": 50, "test_trl_e2e.py": 49, "test_dev_slurm.py": 42,
-    "test_report.py": 29, "test_step_times_e2e.py": 27, "test_stack_e2e.py": 22, "test_custom.py": 17,
-    "test_preflight_nodes.py": 15, "test_chains.py": 10, "test_preflight.py": 8, "test_slurm.py": 8,
+    "test_render_e2e.py": 407,
+    "test_hardening.py": 332,
+    "test_lifecycle.py": 309,
+    "test_hostile_user.py": 199,
+    "test_run_dir_faults.py": 122,
+    "test_node_blame.py": 100,
+    "test_watch.py": 71,
+    "test_lost_node_e2e.py": 71,
+    "test_watch_terminal.py": 56,
+    "test_shared_node.py": 50,
+    "test_trl_e2e.py": 49,
+    "test_dev_slurm.py": 42,
+    "test_report.py": 29,
+    "test_step_times_e2e.py": 27,
+    "test_stack_e2e.py": 22,
+    "test_custom.py": 17,
+    "test_preflight_nodes.py": 15,
+    "test_chains.py": 10,
+    "test_preflight.py": 8,
+    "test_slurm.py": 8,
     "test_stack_check.py": 1,
 }
 DEFAULT_MODULE_S = 60
@@ -106,8 +121,10 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.slurm)
         if "slurm16" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.alone)
-    on_slurm = sorted((item for item in items if item.get_closest_marker("slurm")),
-                      key=lambda item: item.get_closest_marker("alone") is None)  # stable: else collection order
+    on_slurm = sorted(
+        (item for item in items if item.get_closest_marker("slurm")),
+        key=lambda item: item.get_closest_marker("alone") is None,
+    )  # stable: else collection order
     confs = slurm_confs()
     modules = {item.path.name for item in on_slurm}
     groups = split_modules({m: MODULE_S.get(m, DEFAULT_MODULE_S) for m in modules}, max(1, len(confs)))
@@ -225,12 +242,14 @@ def slurm16_conf():
             _unavailable("a 16-node dev cluster needs root and slurmd (scripts/dev-slurm), or HPCRL_SLURM16_CONF")
         started = {k: v for k, v in os.environ.items() if k != "HPCRL_DEVSLURM_DIR"}  # the instance's own dir
         started.update(HPCRL_DEVSLURM_INSTANCE=BIG_INSTANCE, HPCRL_DEVSLURM_NODES=str(BIG_NODES))
-        res = subprocess.run([str(REPO / "scripts" / "dev-slurm"), "up"], env=started, capture_output=True,
-                             text=True, timeout=300)
+        res = subprocess.run(
+            [str(REPO / "scripts" / "dev-slurm"), "up"], env=started, capture_output=True, text=True, timeout=300
+        )
         if res.returncode != 0:
             _unavailable(f"scripts/dev-slurm up of a private 16-node instance failed: {res.stderr.strip()[-500:]}")
-        env = subprocess.run([str(REPO / "scripts" / "dev-slurm"), "env"], env=started, capture_output=True,
-                             text=True, timeout=30).stdout
+        env = subprocess.run(
+            [str(REPO / "scripts" / "dev-slurm"), "env"], env=started, capture_output=True, text=True, timeout=30
+        ).stdout
         conf = env.strip().rpartition("SLURM_CONF=")[2]
     yield conf
     if started is not None:

@@ -22,23 +22,32 @@ GOLDEN = Path(__file__).with_name("golden")
 COLLECTIVE = ROOT / "hpcrl" / "runtime" / "preflight_collective.py"
 # A node of a scripts/dev-slurm cluster: nK (the machine's) or cKnN (private instance K), as a regex.
 NODE = r"(?:c\dn|n)\d+"
-TERMINAL_JOB_STATES = frozenset({
-    "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
-    "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE",
-})
+TERMINAL_JOB_STATES = frozenset(
+    {
+        "COMPLETED",
+        "FAILED",
+        "CANCELLED",
+        "TIMEOUT",
+        "NODE_FAIL",
+        "PREEMPTED",
+        "OUT_OF_MEMORY",
+        "BOOT_FAIL",
+        "DEADLINE",
+    }
+)
 
 
 def run_hpcrl(*args: str, timeout: float = 120, **kw) -> subprocess.CompletedProcess:
     """`python -m hpcrl ARGS` (the worktree's code when PYTHONPATH points at it)."""
-    return subprocess.run([sys.executable, "-m", "hpcrl", *args], capture_output=True, text=True,
-                          timeout=timeout, **kw)
+    return subprocess.run([sys.executable, "-m", "hpcrl", *args], capture_output=True, text=True, timeout=timeout, **kw)
 
 
 def shipped_hpcrl(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
     """`python -m hpcrl ARGS` from the repository root, with the shipped profiles only."""
     env = {k: v for k, v in os.environ.items() if k != "HPCRL_CLUSTERS_DIR"}
-    return subprocess.run([sys.executable, "-m", "hpcrl", *args], capture_output=True, text=True, timeout=180,
-                          cwd=cwd or ROOT, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "hpcrl", *args], capture_output=True, text=True, timeout=180, cwd=cwd or ROOT, env=env
+    )
 
 
 def load_fit():
@@ -70,17 +79,18 @@ def assert_golden(name: str, text: str) -> None:
     path = GOLDEN / name
     if os.environ.get("HPCRL_UPDATE_GOLDEN") == "1":
         if os.environ.get("CI", "").lower() in ("true", "1"):
-            pytest.fail("HPCRL_UPDATE_GOLDEN=1 under CI: goldens are rewritten by a person, then reviewed",
-                        pytrace=False)
+            pytest.fail(
+                "HPCRL_UPDATE_GOLDEN=1 under CI: goldens are rewritten by a person, then reviewed", pytrace=False
+            )
         GOLDEN.mkdir(exist_ok=True)
         path.write_text(text)
     assert path.exists(), f"{path.name} missing: regenerate with HPCRL_UPDATE_GOLDEN=1"
     want = path.read_text()
     if text != want:
-        diff = "".join(difflib.unified_diff(want.splitlines(True), text.splitlines(True),
-                                            f"golden/{name}", "rendered"))
-        pytest.fail(f"{name} differs from the golden; review, then regenerate with HPCRL_UPDATE_GOLDEN=1\n{diff}",
-                    pytrace=False)
+        diff = "".join(difflib.unified_diff(want.splitlines(True), text.splitlines(True), f"golden/{name}", "rendered"))
+        pytest.fail(
+            f"{name} differs from the golden; review, then regenerate with HPCRL_UPDATE_GOLDEN=1\n{diff}", pytrace=False
+        )
 
 
 def lint(text: str, tmp_path: Path, shellcheck: str) -> None:
@@ -96,21 +106,37 @@ def lint(text: str, tmp_path: Path, shellcheck: str) -> None:
 # request style (slurm.gpu_request) and count (gpu.count_per_node), slurm.exclusive, slurm.mem,
 # the default partition's max_time, slurm.default_partition, the variant's slurm.constraint.
 PROFILE_OPTIONS = {
-    "isambard-ai": lambda n: ["--gpus-per-node=4", "--exclusive", "--mem=0", "--time=24:00:00",
-                              "--partition=workq"],
-    "berzelius": lambda n: [f"--gpus={8 * n}", "--exclusive", "--time=3-00:00:00", "--partition=berzelius",
-                            "--constraint=thin"],
-    "berzelius:fat": lambda n: [f"--gpus={8 * n}", "--exclusive", "--time=3-00:00:00", "--partition=berzelius",
-                                "--constraint=fat"],
-    "berzelius-hopper": lambda n: [f"--gpus={8 * n}", "--exclusive", "--time=2-00:00:00",
-                                   "--partition=berzelius-hopper"],
+    "isambard-ai": lambda n: ["--gpus-per-node=4", "--exclusive", "--mem=0", "--time=24:00:00", "--partition=workq"],
+    "berzelius": lambda n: [
+        f"--gpus={8 * n}",
+        "--exclusive",
+        "--time=3-00:00:00",
+        "--partition=berzelius",
+        "--constraint=thin",
+    ],
+    "berzelius:fat": lambda n: [
+        f"--gpus={8 * n}",
+        "--exclusive",
+        "--time=3-00:00:00",
+        "--partition=berzelius",
+        "--constraint=fat",
+    ],
+    "berzelius-hopper": lambda n: [
+        f"--gpus={8 * n}",
+        "--exclusive",
+        "--time=2-00:00:00",
+        "--partition=berzelius-hopper",
+    ],
     "local-dev": lambda n: ["--gpus-per-node=4", "--time=01:00:00", "--partition=debug"],
 }
 
 
 def expected_sbatch(cluster: str, run: str, nodes: int, output: str) -> list[str]:
-    return ([f"--job-name=hpcrl-{run}", f"--nodes={nodes}", "--ntasks-per-node=1"]
-            + PROFILE_OPTIONS[cluster](nodes) + [f"--output={output}", "--open-mode=append", "--no-requeue"])
+    return (
+        [f"--job-name=hpcrl-{run}", f"--nodes={nodes}", "--ntasks-per-node=1"]
+        + PROFILE_OPTIONS[cluster](nodes)
+        + [f"--output={output}", "--open-mode=append", "--no-requeue"]
+    )
 
 
 def sbatch_options(text: str) -> tuple[list[str], str]:
@@ -175,9 +201,11 @@ def wait_for_state(job_id: str, states: set[str] | frozenset[str], timeout: floa
             return fields
         time.sleep(0.5)
     _run(["scancel", str(job_id)])
-    pytest.fail(f"job {job_id} not in {sorted(states)} after {timeout:.0f} s "
-                f"(state {fields.get('JobState')}, reason {fields.get('Reason')}); cancelled it",
-                pytrace=False)
+    pytest.fail(
+        f"job {job_id} not in {sorted(states)} after {timeout:.0f} s "
+        f"(state {fields.get('JobState')}, reason {fields.get('Reason')}); cancelled it",
+        pytrace=False,
+    )
 
 
 def slurm_nodes() -> dict[str, str] | None:
@@ -232,8 +260,9 @@ def run_sbatch_and_wait(script_path: str | Path, timeout: float = 120, *sbatch_a
 RUN_NAME = "smoke3"
 
 
-def render(tmp_path: Path, *sets: str, config: str | None = None, nodes: int = 3,
-           profile: str | None = None) -> tuple[Path, Path]:
+def render(
+    tmp_path: Path, *sets: str, config: str | None = None, nodes: int = 3, profile: str | None = None
+) -> tuple[Path, Path]:
     """`hpcrl render --cluster local-dev --nodes 3 --smoke` (the default 32B config's layout, or
     `config`'s) into tmp_path, with a private run root and no virtualenv to activate; return
     (script, run dir). More nodes than local-dev's partitions name (4) are allowed over the limit."""
@@ -241,14 +270,28 @@ def render(tmp_path: Path, *sets: str, config: str | None = None, nodes: int = 3
     if profile is not None:  # local-dev with some settings changed (profile: the YAML below `extends: local-dev`)
         (tmp_path / "local-dev-changed.yaml").write_text("extends: local-dev\n" + profile)
     cluster = ["--cluster-file", str(tmp_path / "local-dev-changed.yaml")] if profile else ["--cluster", "local-dev"]
-    args = [sys.executable, "-m", "hpcrl", "render", *cluster, "--nodes", str(nodes), "--smoke",
-            *(["--allow-over-limit"] if nodes > 4 else []),
-            *(["--config", config] if config else []),
-            "--set", f"hpcrl.run_root={tmp_path / 'runs'}", "--set", f"hpcrl.run_name={RUN_NAME}",
-            # 5 minutes unless the test gives its own (the config's env_setup, a venv this machine lacks, is only
-            # warned about)
-            *(() if any(s.startswith("hpcrl.time=") for s in sets) else ("--set", 'hpcrl.time="00:05:00"')),
-            *(a for s in sets for a in ("--set", s)), "-o", str(script)]
+    args = [
+        sys.executable,
+        "-m",
+        "hpcrl",
+        "render",
+        *cluster,
+        "--nodes",
+        str(nodes),
+        "--smoke",
+        *(["--allow-over-limit"] if nodes > 4 else []),
+        *(["--config", config] if config else []),
+        "--set",
+        f"hpcrl.run_root={tmp_path / 'runs'}",
+        "--set",
+        f"hpcrl.run_name={RUN_NAME}",
+        # 5 minutes unless the test gives its own (the config's env_setup, a venv this machine lacks, is only
+        # warned about)
+        *(() if any(s.startswith("hpcrl.time=") for s in sets) else ("--set", 'hpcrl.time="00:05:00"')),
+        *(a for s in sets for a in ("--set", s)),
+        "-o",
+        str(script),
+    ]
     env = {k: v for k, v in os.environ.items() if k != "HPCRL_CLUSTERS_DIR"}
     out = subprocess.run(args, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
     assert out.returncode == 0, out.stderr
@@ -279,12 +322,22 @@ SECRET = "0123456789abcdef" * 4
 
 def start_collective(r: int, n: int, port: int, timeout: float, secret: str = SECRET) -> subprocess.Popen:
     """The collective script itself as pretend node r of n at 127.0.0.1(r+1) (no Slurm needed)."""
-    args = {"node": f"n{r + 1}", "node_rank": r, "nnodes": n, "nodes": [f"n{k + 1}" for k in range(n)],
-            "master_addr": "127.0.0.11", "my_addr": f"127.0.0.1{r + 1}", "port": port, "timeout_s": timeout,
-            "iters": 1, "sizes": {"tcp": [1 << 16, 1 << 20]}}
+    args = {
+        "node": f"n{r + 1}",
+        "node_rank": r,
+        "nnodes": n,
+        "nodes": [f"n{k + 1}" for k in range(n)],
+        "master_addr": "127.0.0.11",
+        "my_addr": f"127.0.0.1{r + 1}",
+        "port": port,
+        "timeout_s": timeout,
+        "iters": 1,
+        "sizes": {"tcp": [1 << 16, 1 << 20]},
+    }
     env = dict(os.environ, HPCRL_COLLECTIVE_SECRET=secret)
-    return subprocess.Popen([sys.executable, str(COLLECTIVE), json.dumps(args)], stdout=subprocess.PIPE, text=True,
-                            env=env)
+    return subprocess.Popen(
+        [sys.executable, str(COLLECTIVE), json.dumps(args)], stdout=subprocess.PIPE, text=True, env=env
+    )
 
 
 def collective_result(proc: subprocess.Popen) -> dict:
@@ -310,8 +363,11 @@ def other_user() -> str:
         pass
     if os.geteuid() != 0 or shutil.which("useradd") is None:
         pytest.skip("needs a second Unix user: run as root (CI does) or create user hpcrl-other")
-    made = subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", OTHER_USER],
-                          capture_output=True, text=True)
+    made = subprocess.run(
+        ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", OTHER_USER],
+        capture_output=True,
+        text=True,
+    )
     if made.returncode != 0:
         try:  # another test process (pytest-xdist) made it first
             pwd.getpwnam(OTHER_USER)
@@ -325,8 +381,16 @@ def as_other(*cmd: str, timeout: float = 30) -> subprocess.CompletedProcess:
     import pwd
 
     user = other_user()
-    return subprocess.run(list(cmd), user=user, group=pwd.getpwnam(user).pw_gid, extra_groups=[],
-                          capture_output=True, text=True, timeout=timeout, cwd="/")
+    return subprocess.run(
+        list(cmd),
+        user=user,
+        group=pwd.getpwnam(user).pw_gid,
+        extra_groups=[],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd="/",
+    )
 
 
 def rendered_script(**kw) -> str:

@@ -19,12 +19,11 @@ from helpers import assert_user_error, ok_json  # noqa: F401 - the lifecycle tes
 if TYPE_CHECKING:
     from hpcrl.jobs.run_dir import RunDir
 
-NO_SBATCH = ("hpcrl needs a Slurm login node (sbatch not found on PATH) "
-             "— or the local dev cluster: scripts/dev-slurm up")
+NO_SBATCH = "hpcrl needs a Slurm login node (sbatch not found on PATH) — or the local dev cluster: scripts/dev-slurm up"
 
 # A fake open_instruct/grpo_fast.py: resumes (exit 0) when it finds an earlier job's marker in
 # --checkpoint_state_dir; otherwise writes its own marker and sleeps, or exits with --exit_code.
-FAKE_GRPO = r'''
+FAKE_GRPO = r"""
 import os, sys
 # The marker first, before anything slow: the time-limit warning may come seconds after start.
 # Behaviour: --sleep/--exit_code (hand-written script), else the file fake_behaviour beside
@@ -60,7 +59,7 @@ else:
 time.sleep(float(opt("--sleep", 0)))
 print(f"fake grpo_fast: exit {code}", flush=True)
 sys.exit(code)
-'''
+"""
 
 # HAND-WRITTEN: implements docs/run-dir.md (start/end/continue events, reasons, requeue rules).
 SCRIPT = r"""#!/bin/bash
@@ -144,37 +143,70 @@ def env(tmp_path):
     (tmp_path / "clusters").mkdir()
     (tmp_path / "clusters" / "lc-test.yaml").write_text(PROFILE)
     e = {k: v for k, v in os.environ.items() if not k.startswith("HPCRL_")}
-    e.update(HPCRL_REGISTRY=str(tmp_path / "runs.db"), HPCRL_CLUSTERS_DIR=str(tmp_path / "clusters"),
-             NO_COLOR="1", COLUMNS="250")
+    e.update(
+        HPCRL_REGISTRY=str(tmp_path / "runs.db"),
+        HPCRL_CLUSTERS_DIR=str(tmp_path / "clusters"),
+        NO_COLOR="1",
+        COLUMNS="250",
+    )
     return {"tmp": tmp_path, "env": e, "workdir": tmp_path / "oi", "root": tmp_path / "runs"}
 
 
-def behave(env, *, sleep: float = 300, exit_code: int = 0, ignore_term: bool = False,
-           setsid_child: bool = False) -> None:
+def behave(
+    env, *, sleep: float = 300, exit_code: int = 0, ignore_term: bool = False, setsid_child: bool = False
+) -> None:
     """What the fake grpo_fast.py does when it finds no earlier marker."""
     (env["workdir"] / "fake_behaviour").write_text(
-        f"sleep={sleep} exit_code={exit_code} ignore_term={int(ignore_term)} setsid_child={int(setsid_child)}\n")
+        f"sleep={sleep} exit_code={exit_code} ignore_term={int(ignore_term)} setsid_child={int(setsid_child)}\n"
+    )
 
 
-def script(env, name: str, *, partition: str = "debug", time_: str = "00:05:00", extra: str = "",
-           max_restarts: int = 2) -> Path:
+def script(
+    env, name: str, *, partition: str = "debug", time_: str = "00:05:00", extra: str = "", max_restarts: int = 2
+) -> Path:
     """A HAND-WRITTEN script implementing docs/run-dir.md."""
     path = env["tmp"] / f"{name}.sbatch"
-    path.write_text(SCRIPT.format(name=name, partition=partition, time=time_, run_dir=env["root"] / name,
-                                  max_restarts=max_restarts, workdir=env["workdir"], python=sys.executable,
-                                  extra=extra))
+    path.write_text(
+        SCRIPT.format(
+            name=name,
+            partition=partition,
+            time=time_,
+            run_dir=env["root"] / name,
+            max_restarts=max_restarts,
+            workdir=env["workdir"],
+            python=sys.executable,
+            extra=extra,
+        )
+    )
     return path
 
 
-def config(env, name: str, *, partition: str = "debug", time_: str = "00:05:00", max_restarts: int = 2,
-           nodes: int = 1, hpcrl_extra: str = "") -> Path:
+def config(
+    env,
+    name: str,
+    *,
+    partition: str = "debug",
+    time_: str = "00:05:00",
+    max_restarts: int = 2,
+    nodes: int = 1,
+    hpcrl_extra: str = "",
+) -> Path:
     """A run config for the renderer, on the test profile, driving the fake open-instruct."""
     if not _has_renderer():  # CI (HPCRL_REQUIRE_SLURM=1) must run these, never skip them
         (pytest.fail if os.environ.get("HPCRL_REQUIRE_SLURM") == "1" else pytest.skip)(
-            "the renderer (hpcrl/rendering/render.py) is not in this tree")
+            "the renderer (hpcrl/rendering/render.py) is not in this tree"
+        )
     path = env["tmp"] / f"{name}.yaml"
-    text = CONFIG.format(name=name, workdir=env["workdir"], python=sys.executable, partition=partition,
-                         time=time_, max_restarts=max_restarts, root=env["root"], nodes=nodes)
+    text = CONFIG.format(
+        name=name,
+        workdir=env["workdir"],
+        python=sys.executable,
+        partition=partition,
+        time=time_,
+        max_restarts=max_restarts,
+        root=env["root"],
+        nodes=nodes,
+    )
     path.write_text(text.replace("hpcrl:\n", "hpcrl:\n" + hpcrl_extra, 1))
     return path
 
@@ -188,8 +220,9 @@ def submit_args(env, kind: str, name: str, **kw) -> list[str]:
 
 def hpcrl(env, *args: str, timeout: float = 120, path: str | None = None) -> subprocess.CompletedProcess:
     e = dict(env["env"], **({"PATH": path} if path is not None else {}))
-    return subprocess.run([sys.executable, "-m", "hpcrl", *args], env=e, capture_output=True, text=True,
-                          timeout=timeout, cwd=env["tmp"])
+    return subprocess.run(
+        [sys.executable, "-m", "hpcrl", *args], env=e, capture_output=True, text=True, timeout=timeout, cwd=env["tmp"]
+    )
 
 
 def rows(env, table: str) -> list[dict]:
@@ -246,6 +279,7 @@ def driver_started(rd: RunDir, job: str):
 
 def nothing_of_the_job_left(run_dir: Path, job: str, settle_s: float) -> list[str]:
     """Processes still carrying the run dir or this job's node-local paths once `settle_s` passed."""
+
     def left() -> list[str]:
         procs = [a for _p, a in job_processes(str(run_dir))] + [a for _p, a in job_processes(f"hpcrl-{job}.")]
         dirs = [str(p) for p in Path("/tmp/hpcrl-local").glob(f"*/hpcrl-{job}.*")]

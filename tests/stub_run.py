@@ -20,7 +20,7 @@ from hpcrl.rendering.render import render_script
 # python3 (records the driver's argv and environment), sbatch (records the continuation).
 
 STUBS = {
-    "scontrol": r'''#!/bin/bash
+    "scontrol": r"""#!/bin/bash
 set -- $*
 if [[ $1 == show && $2 == hostnames ]]; then printf '%s\n' $STUB_NODES; exit 0; fi
 if [[ $1 == show && $2 == node ]]; then
@@ -28,8 +28,8 @@ if [[ $1 == show && $2 == node ]]; then
     exit 0
 fi
 exit 1
-''',
-    "srun": r'''#!/bin/bash
+""",
+    "srun": r"""#!/bin/bash
 [[ -e $STUB_OUT/srun.argv ]] || printf '%s\0' "$@" >"$STUB_OUT/srun.argv"  # the worker step's
 printf '%s\0' "$@" >"$STUB_OUT/srun-last.argv"
 while [[ $# -gt 0 && $1 != bash ]]; do shift; done
@@ -42,16 +42,16 @@ for p in "${pids[@]}"; do  # a USR2 interrupts wait (status > 128): wait again f
     ((r)) && rc=$r
 done
 exit $rc
-''',
-    "ray": r'''#!/bin/bash
+""",
+    "ray": r"""#!/bin/bash
 if [[ $1 == --version ]]; then echo "ray, version ${STUB_RAY_VERSION:-2.60.0}"; exit 0; fi
 if [[ -n ${STUB_RAY_WORKER_FAIL:-} && " $* " == *" --address="* ]]; then echo "stub ray: cannot start on $SLURMD_NODENAME"; exit 1; fi
 printf '%s\0' "$@" >"$STUB_OUT/ray-${SLURMD_NODENAME}.argv"
 if [[ -n ${STUB_RAY_WORKER_DIES_AFTER:-} && " $* " == *" --address="* ]]; then sleep "$STUB_RAY_WORKER_DIES_AFTER"; exit 1; fi
 if [[ -n ${STUB_RAY_HEAD_DIES_AFTER:-} && " $* " == *" --head "* ]]; then sleep "$STUB_RAY_HEAD_DIES_AFTER"; exit 1; fi
 exec sleep 300
-''',
-    "python3": r'''#!/bin/bash
+""",
+    "python3": r"""#!/bin/bash
 case "$1 $2" in
     "-m hpcrl.runtime.watchdog"|"-m hpcrl.runtime.smoke")
         # The handler first: tests signal the job once driver.argv exists (their handshake).
@@ -77,12 +77,12 @@ case "$1 $2" in
         exit 1 ;;
 esac
 exit 0
-''',
+""",
     "python": "#!/bin/bash\nexit 0\n",
     # squeue -o %L: the job's time left (the drain after the time-limit warning reads it); a format
     # with %T: the state of the job the run dir's chain lock names, $STUB_OWNER_STATE (none: that
     # job is neither pending nor running).
-    "squeue": r'''#!/bin/bash
+    "squeue": r"""#!/bin/bash
 fmt="" job=""
 while (($#)); do case $1 in -o) fmt=$2; shift ;; -j) job=$2; shift ;; esac; shift; done
 if [[ $fmt == *%T* ]]; then
@@ -91,25 +91,25 @@ if [[ $fmt == *%T* ]]; then
     exit 0
 fi
 echo "${STUB_TIME_LEFT:-0:05}"
-''',
+""",
     # sinfo -t down: the job's nodes Slurm counts down ($STUB_DOWN_NODES, one per line; none by
     # default), so no stub run asks the machine's real cluster.
-    "sinfo": r'''#!/bin/bash
+    "sinfo": r"""#!/bin/bash
 [[ -n ${STUB_DOWN_NODES:-} ]] && tr ',' '\n' <<<"$STUB_DOWN_NODES"
 exit 0
-''',
-    "sbatch": r'''#!/bin/bash
+""",
+    "sbatch": r"""#!/bin/bash
 printf '%s\0' "$@" >"$STUB_OUT/sbatch.argv"
 env -0 >"$STUB_OUT/sbatch.env"
 echo 4242
-''',
-    "apptainer": r'''#!/bin/bash
+""",
+    "apptainer": r"""#!/bin/bash
 shift
 while [[ $1 == -* ]]; do [[ $1 == --bind ]] && shift; shift; done
 printf '%s\n' "$1" >>"$STUB_OUT/apptainer.images"
 shift
 exec "$@"
-''',
+""",
 }
 
 STUB_PROFILE = """\
@@ -140,8 +140,9 @@ def yq(value: str) -> str:
 class Stub:
     """A rendered script run under bash with the stand-ins; results read back from files."""
 
-    def __init__(self, tmp: Path, *, nodes: int = 2, profile_env: dict | None = None, modules=(),
-                 hf_home: str | None = None):
+    def __init__(
+        self, tmp: Path, *, nodes: int = 2, profile_env: dict | None = None, modules=(), hf_home: str | None = None
+    ):
         self.tmp, self.nodes = tmp, nodes
         self.out = tmp / "stub-out"
         self.out.mkdir()
@@ -153,17 +154,25 @@ class Stub:
         self.bindir = bindir
         env = "{" + ", ".join(f"{k}: {yq(v)}" for k, v in (profile_env or {}).items()) + "}"
         self.profile = tmp / "stub.yaml"
-        self.profile.write_text(STUB_PROFILE.format(tmp=tmp, env=env, modules="[" + ", ".join(yq(m) for m in modules) + "]",
-                                                    hf_home=yq(hf_home or f"{tmp}/hf")))
+        self.profile.write_text(
+            STUB_PROFILE.format(
+                tmp=tmp,
+                env=env,
+                modules="[" + ", ".join(yq(m) for m in modules) + "]",
+                hf_home=yq(hf_home or f"{tmp}/hf"),
+            )
+        )
         self.job = str(10000 + int.from_bytes(os.urandom(2), "big"))
 
-    def render(self, config: Path | str = "grpo-olmo3-7b", *, smoke: bool = False, sets=(),
-               workdir: Path | None = None) -> Path:
+    def render(
+        self, config: Path | str = "grpo-olmo3-7b", *, smoke: bool = False, sets=(), workdir: Path | None = None
+    ) -> Path:
         workdir = workdir or self.tmp
         # A test's own --set of a key replaces the stub's default (a key given twice is refused).
         given = dict(s.split("=", 1) for s in ("hpcrl.env_setup=[]", f"hpcrl.workdir={yq(str(workdir))}", *sets))
-        rp = make_run_plan(str(config), nodes=self.nodes, cluster_file=str(self.profile),
-                           sets=[f"{k}={v}" for k, v in given.items()])
+        rp = make_run_plan(
+            str(config), nodes=self.nodes, cluster_file=str(self.profile), sets=[f"{k}={v}" for k, v in given.items()]
+        )
         path = self.tmp / "job.sh"
         path.write_text(render_script(describe_job(rp, smoke=smoke)))
         real = Path(str(workdir).replace("$HOME", str(self.tmp)))  # HOME is self.tmp in the run
@@ -174,13 +183,29 @@ class Stub:
     def start(self, script: Path, **env: str) -> subprocess.Popen:
         nodes = " ".join(f"n{i}" for i in range(1, self.nodes + 1))
         e = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "RAY_", "HPCRL_"))}
-        e.update(PATH=f"{self.bindir}:{os.environ['PATH']}", STUB_OUT=str(self.out), STUB_NODES=nodes,
-                 SLURM_JOB_ID=self.job, SLURM_JOB_NODELIST=f"n[1-{self.nodes}]", SLURM_JOB_NUM_NODES=str(self.nodes),
-                 SLURM_CPUS_ON_NODE="8", SLURMD_NODENAME="n1", SLURM_SUBMIT_DIR=str(self.tmp), HOME=str(self.tmp),
-                 STUB_REAL_PYTHON=sys.executable,
-                 **env)
-        return subprocess.Popen(["bash", str(script)], env=e, cwd=self.tmp, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        e.update(
+            PATH=f"{self.bindir}:{os.environ['PATH']}",
+            STUB_OUT=str(self.out),
+            STUB_NODES=nodes,
+            SLURM_JOB_ID=self.job,
+            SLURM_JOB_NODELIST=f"n[1-{self.nodes}]",
+            SLURM_JOB_NUM_NODES=str(self.nodes),
+            SLURM_CPUS_ON_NODE="8",
+            SLURMD_NODENAME="n1",
+            SLURM_SUBMIT_DIR=str(self.tmp),
+            HOME=str(self.tmp),
+            STUB_REAL_PYTHON=sys.executable,
+            **env,
+        )
+        return subprocess.Popen(
+            ["bash", str(script)],
+            env=e,
+            cwd=self.tmp,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
 
     def run(self, script: Path, timeout: float = 60, **env: str) -> tuple[int, str]:
         proc = self.start(script, **env)
@@ -205,5 +230,3 @@ def wait_for(path: Path, timeout: float = 30) -> None:
     while not path.exists():
         assert time.monotonic() < end, f"{path} never appeared"
         time.sleep(0.1)
-
-

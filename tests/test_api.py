@@ -29,20 +29,28 @@ def api_json(call: str) -> dict:
 
 def test_plan_memory_prints_what_plan_memory_json_prints():
     """The issue's must-show, with a learner flag on top."""
-    api = python("import hpcrl.api as h; print(h.plan_memory(model='32b', tokens_per_gpu=4096)"
-                 ".learner.peak_allocated_gib)")
-    assert float(api) == json.loads(cli("plan-memory", "--model", "32b", "--tokens-per-gpu", "4096", "--json"))[
-        "learner"]["peak_allocated_gib"]
+    api = python(
+        "import hpcrl.api as h; print(h.plan_memory(model='32b', tokens_per_gpu=4096).learner.peak_allocated_gib)"
+    )
+    assert (
+        float(api)
+        == json.loads(cli("plan-memory", "--model", "32b", "--tokens-per-gpu", "4096", "--json"))["learner"][
+            "peak_allocated_gib"
+        ]
+    )
 
 
 def test_plan_is_plan_json():
-    assert api_json("plan(config='verl-grpo-qwen2.5-7b', nodes=4, top=2)") == json.loads(cli(
-        "plan", "--config", "verl-grpo-qwen2.5-7b", "--nodes", "4", "--top", "2", "--json"))
+    assert api_json("plan(config='verl-grpo-qwen2.5-7b', nodes=4, top=2)") == json.loads(
+        cli("plan", "--config", "verl-grpo-qwen2.5-7b", "--nodes", "4", "--top", "2", "--json")
+    )
 
 
 def test_render_is_the_script_render_prints():
-    api = python("import sys, hpcrl.api as h; sys.stdout.write(h.render(config='grpo-olmo3-7b', nodes=3, "
-                 "sets=['hpcrl.run_name=api']))")
+    api = python(
+        "import sys, hpcrl.api as h; sys.stdout.write(h.render(config='grpo-olmo3-7b', nodes=3, "
+        "sets=['hpcrl.run_name=api']))"
+    )
     assert api == cli("render", "--config", "grpo-olmo3-7b", "--nodes", "3", "--set", "hpcrl.run_name=api")
 
 
@@ -60,15 +68,37 @@ def test_render_json_carries_the_script_render_prints():
 
 
 def test_plan_disk_is_plan_disk_json():
-    assert api_json("plan_disk(model='32b', learners=16, checkpoint_state_freq=50, quota_gib=1500)") == json.loads(cli(
-        "plan-disk", "--model", "32b", "--learners", "16", "--checkpoint-state-freq", "50", "--quota-gib", "1500",
-        "--json"))
+    assert api_json("plan_disk(model='32b', learners=16, checkpoint_state_freq=50, quota_gib=1500)") == json.loads(
+        cli(
+            "plan-disk",
+            "--model",
+            "32b",
+            "--learners",
+            "16",
+            "--checkpoint-state-freq",
+            "50",
+            "--quota-gib",
+            "1500",
+            "--json",
+        )
+    )
 
 
 def test_plan_disk_of_a_config_is_plan_disk_json():
-    assert api_json("plan_disk(config='openrlhf-grpo-qwen2.5-7b', sets=['ckpt.save_hf=true'], quota_gib=900)") == \
-        json.loads(cli("plan-disk", "--config", "openrlhf-grpo-qwen2.5-7b", "--set", "ckpt.save_hf=true", "--quota-gib",
-                       "900", "--json"))
+    assert api_json(
+        "plan_disk(config='openrlhf-grpo-qwen2.5-7b', sets=['ckpt.save_hf=true'], quota_gib=900)"
+    ) == json.loads(
+        cli(
+            "plan-disk",
+            "--config",
+            "openrlhf-grpo-qwen2.5-7b",
+            "--set",
+            "ckpt.save_hf=true",
+            "--quota-gib",
+            "900",
+            "--json",
+        )
+    )
 
 
 @pytest.fixture
@@ -83,8 +113,9 @@ def test_submit_dry_run_is_submit_json(home):
     """Two dry runs of one request: the same record but for the run id each draws."""
     api = api_json("submit(config='grpo-olmo3-7b', nodes=3, dry_run=True)")
     shown = json.loads(cli("submit", "--config", "grpo-olmo3-7b", "--nodes", "3", "--dry-run", "--json"))
-    assert json.loads(json.dumps(api).replace(api["run_id"], "RUN")) == \
-        json.loads(json.dumps(shown).replace(shown["run_id"], "RUN"))
+    assert json.loads(json.dumps(api).replace(api["run_id"], "RUN")) == json.loads(
+        json.dumps(shown).replace(shown["run_id"], "RUN")
+    )
 
 
 def _ended_chain(home) -> str:
@@ -98,14 +129,21 @@ def _ended_chain(home) -> str:
     (run_dir / "hpcrl" / "jobs.tsv").write_text(
         "101\tstart\t2026-11-27T01:00:00Z\tn1\n101\tend\t2026-11-27T02:00:00Z\ttimeout:0\n"
         "101\tcontinue\t2026-11-27T02:00:01Z\t102\n102\tstart\t2026-11-27T02:01:00Z\tn2\n"
-        "102\tend\t2026-11-27T02:30:00Z\tcompleted:0\n")
+        "102\tend\t2026-11-27T02:30:00Z\tcompleted:0\n"
+    )
     (run_dir / "hpcrl" / "restarts").write_text("1\n")
     (run_dir / "logs" / "job-101.log").write_text("step 1\nstep 2\n")
     (run_dir / "logs" / "job-102.log").write_text("resumed at step 2\nstep 3\n")
     reg = Registry(home / "runs.db")
-    rid = reg.create_run(name="chain", cluster="local-dev", config_hash="0",
-                         script_path=str(run_dir / "hpcrl/job.sbatch"), run_dir=str(run_dir), state="pending",
-                         max_restarts=2)
+    rid = reg.create_run(
+        name="chain",
+        cluster="local-dev",
+        config_hash="0",
+        script_path=str(run_dir / "hpcrl/job.sbatch"),
+        run_dir=str(run_dir),
+        state="pending",
+        max_restarts=2,
+    )
     reg.add_job(rid, "101", state="TIMEOUT", submitted="2026-11-27T00:59:00Z")
     reg.add_job(rid, "102", state="COMPLETED", submitted="2026-11-27T02:00:01Z")
     reg.set_run(rid, state="ended", reason="completed")
@@ -164,14 +202,21 @@ def test_repair_runs_is_runs_repair_json(tmp_path):
 
     reg = Registry(tmp_path / "a" / "runs.db")
     for i in range(300):
-        rid = reg.create_run(name=f"old{i}", cluster="local-dev", config_hash="h" * 12,
-                             script_path=f"/x/old{i}/job", run_dir=f"/x/old{i}", state="ended", max_restarts=2)
+        rid = reg.create_run(
+            name=f"old{i}",
+            cluster="local-dev",
+            config_hash="h" * 12,
+            script_path=f"/x/old{i}/job",
+            run_dir=f"/x/old{i}",
+            state="ended",
+            max_restarts=2,
+        )
         reg.add_job(rid, str(900000 + i))
     reg.close()
     data = bytearray((tmp_path / "a" / "runs.db").read_bytes())
     page = int.from_bytes(data[16:18], "big")
     victim = data.index(b"/x/old150/job") // page
-    data[victim * page: (victim + 1) * page] = b"\xff" * page
+    data[victim * page : (victim + 1) * page] = b"\xff" * page
     (tmp_path / "b").mkdir()
     for d in "ab":
         (tmp_path / d / "runs.db").write_bytes(bytes(data))

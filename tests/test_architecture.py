@@ -31,16 +31,34 @@ MAY_IMPORT = {
 }
 
 # Pure layers: numbers in, numbers/text out (plots.py imports matplotlib, an optional extra, when asked).
-PURE = ["models", "memory", "planning", "rendering", *sorted(
-    f"logs/{p.name}" for p in (PKG / "logs").glob("*.py") if p.name != "plots.py"),
-    *sorted(f"{name}.py" for name in FOUNDATION)]
+PURE = [
+    "models",
+    "memory",
+    "planning",
+    "rendering",
+    *sorted(f"logs/{p.name}" for p in (PKG / "logs").glob("*.py") if p.name != "plots.py"),
+    *sorted(f"{name}.py" for name in FOUNDATION),
+]
 # What a pure module may not import: processes, Slurm, the registry (the jobs layer), the CLI.
 FORBIDDEN = {"subprocess", "hpcrl.jobs", "hpcrl.cli", "hpcrl.runtime", "sqlite3", "submitit", "pynvml"}
 HEAVY = {"torch", "ray", "vllm", "deepspeed", "transformers", "matplotlib"}
 # In-job tools the scripts run as `python3 -m hpcrl.runtime.X` where only the standard library may
 # be installed (gpumon needs nvidia-ml-py and says so).
-STDLIB_RUNTIME = ["classify", "free_ports", "preflight_collective", "preflight_gpu", "preflight_link", "preflight_probe",
-                  "ray_ready", "smoke", "stack", "stack_parse", "step_cadence", "wait_http", "watchdog"]
+STDLIB_RUNTIME = [
+    "classify",
+    "free_ports",
+    "preflight_collective",
+    "preflight_gpu",
+    "preflight_link",
+    "preflight_probe",
+    "ray_ready",
+    "smoke",
+    "stack",
+    "stack_parse",
+    "step_cadence",
+    "wait_http",
+    "watchdog",
+]
 
 
 def _modules(entry: str) -> list[Path]:
@@ -151,8 +169,9 @@ def test_pure_module_has_no_side_effect_imports(path):
 def test_forbidden_detection_works(tmp_path):
     """The walker really sees imports (guards against a test that cannot fail)."""
     f = tmp_path / "m.py"
-    f.write_text("import subprocess\nfrom hpcrl.jobs.slurm import submit\n"
-                 "def f():\n    from hpcrl.jobs import registry\n")
+    f.write_text(
+        "import subprocess\nfrom hpcrl.jobs.slurm import submit\ndef f():\n    from hpcrl.jobs import registry\n"
+    )
     assert {"subprocess", "hpcrl.jobs.slurm", "hpcrl.jobs.registry"} <= _imports(f)
 
 
@@ -194,8 +213,11 @@ def test_no_import_cycle_between_modules():
 def test_cycle_detection_works():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert _cycles({"a": {"b"}, "b": set()}) == []
-    graph = {"hpcrl.planning.x": {"hpcrl.rendering.y"}, "hpcrl.rendering.y": {"hpcrl.planning.z"},
-             "hpcrl.planning.z": set()}
+    graph = {
+        "hpcrl.planning.x": {"hpcrl.rendering.y"},
+        "hpcrl.rendering.y": {"hpcrl.planning.z"},
+        "hpcrl.planning.z": set(),
+    }
     assert _cycles(graph) == []
     assert _cycles(_unit_graph(graph)) == [["planning", "rendering"]]
 
@@ -207,8 +229,7 @@ def test_runtime_tool_imports_only_the_standard_library(tool):
         "extra = sorted({m.split('.')[0] for m in sys.modules} - set(sys.stdlib_module_names) - {'hpcrl', '__main__'}); "
         "print(extra); sys.exit(1 if extra else 0)"
     )
-    out = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, timeout=60,
-                         cwd=PKG.parent)
+    out = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, timeout=60, cwd=PKG.parent)
     assert out.returncode == 0, out.stdout + out.stderr
 
 
@@ -265,9 +286,11 @@ def test_no_module_outside_the_backends_compares_sharding_names():
 
 def test_the_sharding_name_scan_sees_a_planted_comparison(tmp_path):
     planted = tmp_path / "m.py"
-    planted.write_text('if s.sharding == "fsdp":\n    pass\nok = lr.get("sharding") != "FSDP"\n'
-                       'x = k in ("zero", "fsdp2")\nmatch k:\n    case "zero":\n        pass\n'
-                       'runs = {"zero": []}\nname = "zero_stage" == k\n')
+    planted.write_text(
+        'if s.sharding == "fsdp":\n    pass\nok = lr.get("sharding") != "FSDP"\n'
+        'x = k in ("zero", "fsdp2")\nmatch k:\n    case "zero":\n        pass\n'
+        'runs = {"zero": []}\nname = "zero_stage" == k\n'
+    )
     assert [line.split(":")[0] for line in _sharding_name_comparisons(planted)] == ["1", "3", "4", "6"]
 
 
@@ -294,13 +317,18 @@ def _test_imports(path: Path) -> list[str]:
 
 
 def test_no_test_module_imports_another_test_module_or_conftest():
-    bad = {str(p.relative_to(TESTS)): names for p in sorted(TESTS.rglob("*.py"))
-           if "data" not in p.relative_to(TESTS).parts and (names := _test_imports(p))}
+    bad = {
+        str(p.relative_to(TESTS)): names
+        for p in sorted(TESTS.rglob("*.py"))
+        if "data" not in p.relative_to(TESTS).parts and (names := _test_imports(p))
+    }
     assert not bad, f"move what they share into tests/helpers.py (or another helper module): {bad}"
 
 
 def test_the_test_import_check_sees_a_planted_import(tmp_path):
     planted = tmp_path / "test_planted.py"
-    planted.write_text("import pytest\nimport test_x\nfrom helpers import ok_json\nfrom conftest import slurm_nodes\n"
-                       "def f():\n    from test_render_e2e import render\n    from . import test_y\n")
+    planted.write_text(
+        "import pytest\nimport test_x\nfrom helpers import ok_json\nfrom conftest import slurm_nodes\n"
+        "def f():\n    from test_render_e2e import render\n    from . import test_y\n"
+    )
     assert _test_imports(planted) == ["conftest", "test_render_e2e", "test_x", "test_y"]

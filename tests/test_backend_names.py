@@ -74,7 +74,7 @@ def template_findings(path: Path) -> list[str]:
     for m in _TAG.finditer(text):
         for name in SPELLINGS:
             if re.search(rf"""["']{re.escape(name)}["']""", m.group(1)):
-                line = text[:m.start()].count("\n") + 1
+                line = text[: m.start()].count("\n") + 1
                 out.append(f"{_rel(path)}:{line}: template names {name!r}: {m.group(0)[:60]!r}")
     return out
 
@@ -93,13 +93,16 @@ def test_no_template_condition_names_a_backend():
     assert not found, "templates branch on a backend's name:\n" + "\n".join(found)
 
 
-@pytest.mark.parametrize("planted", [
-    'if backend == "verl":\n    pass\n',
-    'x = name in ("openrlhf", "y")\n',
-    'KEYS = {"open-instruct": 1}\n',
-    'msg = f"{x}: open_instruct/grpo_fast.py"\n',
-    'if rp.backend.name != "custom":\n    pass\n',
-])
+@pytest.mark.parametrize(
+    "planted",
+    [
+        'if backend == "verl":\n    pass\n',
+        'x = name in ("openrlhf", "y")\n',
+        'KEYS = {"open-instruct": 1}\n',
+        'msg = f"{x}: open_instruct/grpo_fast.py"\n',
+        'if rp.backend.name != "custom":\n    pass\n',
+    ],
+)
 def test_a_planted_name_is_found(tmp_path, planted):
     path = tmp_path / "planted.py"
     path.write_text('"""open-instruct in a docstring is documentation."""\n' + planted)
@@ -108,8 +111,10 @@ def test_a_planted_name_is_found(tmp_path, planted):
 
 def test_docstrings_and_words_pass(tmp_path):
     path = tmp_path / "clean.py"
-    path.write_text('"""verl, openrlhf and open-instruct, documented."""\n\n'
-                    'def f():\n    """As open_instruct does."""\n    return "a custom run"\n')
+    path.write_text(
+        '"""verl, openrlhf and open-instruct, documented."""\n\n'
+        'def f():\n    """As open_instruct does."""\n    return "a custom run"\n'
+    )
     assert python_findings(path) == []
 
 

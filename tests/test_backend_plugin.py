@@ -83,14 +83,22 @@ def test_the_rendered_script_parses(toy_plan, tmp_path):
 def test_a_config_imports_only_the_backend_it_names():
     """Found by module name, not by importing them all: planning and disk-checking a verl run
     loads no other backend's module."""
-    code = ("import sys\n"
-            "from hpcrl.planning.run_plan import make_run_plan\n"
-            "from hpcrl.planning.disk_check import check_run_disk\n"
-            "check_run_disk(make_run_plan('verl-grpo-qwen2.5-7b'))\n"
-            "print(sorted(m.rsplit('.', 1)[1] for m in sys.modules if m.startswith('hpcrl.planning.backends.')\n"
-            "             and m.rsplit('.', 1)[1] in ('open_instruct', 'openrlhf', 'custom', 'verl')))\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         cwd=HERE.parent, env={**os.environ, "PYTHONPATH": str(HERE.parent)})
+    code = (
+        "import sys\n"
+        "from hpcrl.planning.run_plan import make_run_plan\n"
+        "from hpcrl.planning.disk_check import check_run_disk\n"
+        "check_run_disk(make_run_plan('verl-grpo-qwen2.5-7b'))\n"
+        "print(sorted(m.rsplit('.', 1)[1] for m in sys.modules if m.startswith('hpcrl.planning.backends.')\n"
+        "             and m.rsplit('.', 1)[1] in ('open_instruct', 'openrlhf', 'custom', 'verl')))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=HERE.parent,
+        env={**os.environ, "PYTHONPATH": str(HERE.parent)},
+    )
     assert out.stdout.split() == ["['verl']"]
 
 
@@ -98,8 +106,10 @@ def test_a_backend_that_leaves_a_fact_to_the_base_class_is_refused(toy, tmp_path
     """A backend that does not say its smoke placement would be placed as open-instruct is: refused, by name."""
     source = (TOY_DIR / "toy.py").read_text()
     (tmp_path / "halfdone.py").write_text(
-        source.replace('    smoke_facts = SmokeFacts(placement="learner-spread", comment="place learners and engines apart")\n',
-                       "").replace('name = "toy"', 'name = "halfdone"'))
+        source.replace(
+            '    smoke_facts = SmokeFacts(placement="learner-spread", comment="place learners and engines apart")\n', ""
+        ).replace('name = "toy"', 'name = "halfdone"')
+    )
     monkeypatch.setattr(registry, "__path__", [*registry.__path__, str(tmp_path)])
     registry.get_backend.cache_clear()
     try:

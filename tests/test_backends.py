@@ -47,8 +47,8 @@ def framework_args(text: str) -> list[str]:
     """The words after `"$PYTHON" -m "$ENTRY_POINT"` in the DRIVER array."""
     words = driver_words(text)
     i = words.index("--")
-    assert words[i + 1:i + 4] == ["$PYTHON", "-m", "$ENTRY_POINT"], words[i:i + 4]
-    return words[i + 4:]
+    assert words[i + 1 : i + 4] == ["$PYTHON", "-m", "$ENTRY_POINT"], words[i : i + 4]
+    return words[i + 4 :]
 
 
 # --------------------------------------------------------------------------- renders, goldens, lint
@@ -56,10 +56,32 @@ def framework_args(text: str) -> list[str]:
 RENDERS = {
     f"isambard-ai__{VERL}__4": ["--config", f"configs/{VERL}.yaml", "--nodes", "4"],
     f"isambard-ai__{ORL}__4": ["--config", f"configs/{ORL}.yaml", "--nodes", "4"],
-    "local-dev__verl-smoke__3": ["--config", VERL, "--cluster", "local-dev", "--nodes", "3", "--smoke",
-                                 "--set", "hpcrl.run_root=/tmp/hpcrl-e2e", "--set", 'hpcrl.time="00:05:00"'],
-    "local-dev__openrlhf-smoke__3": ["--config", ORL, "--cluster", "local-dev", "--nodes", "3", "--smoke",
-                                     "--set", "hpcrl.run_root=/tmp/hpcrl-e2e", "--set", 'hpcrl.time="00:05:00"'],
+    "local-dev__verl-smoke__3": [
+        "--config",
+        VERL,
+        "--cluster",
+        "local-dev",
+        "--nodes",
+        "3",
+        "--smoke",
+        "--set",
+        "hpcrl.run_root=/tmp/hpcrl-e2e",
+        "--set",
+        'hpcrl.time="00:05:00"',
+    ],
+    "local-dev__openrlhf-smoke__3": [
+        "--config",
+        ORL,
+        "--cluster",
+        "local-dev",
+        "--nodes",
+        "3",
+        "--smoke",
+        "--set",
+        "hpcrl.run_root=/tmp/hpcrl-e2e",
+        "--set",
+        'hpcrl.time="00:05:00"',
+    ],
 }
 
 
@@ -85,6 +107,7 @@ def test_bash_n_and_shellcheck(name, rendered, tmp_path, shellcheck):
 
 
 # --------------------------------------------------------------------------- verl: only real keys
+
 
 def hydra_words(text: str) -> dict[str, str]:
     """key -> raw value of every `key=value` override (each key once: Hydra refuses duplicates)."""
@@ -134,8 +157,18 @@ def test_verl_plan_is_one_colocated_layout_per_tp():
 
 
 def test_verl_pins_are_kept_and_mismatches_refused():
-    out = hpcrl("plan", "--config", VERL, "--nodes", "4", "--json", "--pin", "tp=4", "--set",
-                "actor_rollout_ref.rollout.gpu_memory_utilization=0.5")
+    out = hpcrl(
+        "plan",
+        "--config",
+        VERL,
+        "--nodes",
+        "4",
+        "--json",
+        "--pin",
+        "tp=4",
+        "--set",
+        "actor_rollout_ref.rollout.gpu_memory_utilization=0.5",
+    )
     assert out.returncode == 0, out.stderr
     first = json.loads(out.stdout)["layouts"][0]
     assert (first["vllm_tensor_parallel_size"], first["vllm_gpu_memory_utilization"]) == (4, 0.5)
@@ -162,6 +195,7 @@ def test_verl_offloads_only_when_nothing_fits_without():
 
 
 # --------------------------------------------------------------------------- OpenRLHF: only real flags
+
 
 def openrlhf_parser() -> argparse.ArgumentParser:
     """train_ppo_ray's parser rebuilt from the table (names, actions, nargs, types, choices)."""
@@ -222,8 +256,15 @@ def test_openrlhf_checkpoints_follow_the_disk_plan(tmp_path):
     out = hpcrl("render", "--config", ORL, "--nodes", "4", "--cluster-file", str(tight_quota_profile(tmp_path, 200)))
     assert out.returncode == 2 and "quota is 200 GiB" in out.stderr and "--set ckpt.disable_ds=true" in out.stderr
     assert "rendering --ckpt.disable_ds" not in out.stderr
-    roomy = hpcrl("render", "--config", ORL, "--nodes", "4", "--cluster-file",
-                  str(tight_quota_profile(tmp_path, int((3 * state + hf + cache) / GIB) + 1)))
+    roomy = hpcrl(
+        "render",
+        "--config",
+        ORL,
+        "--nodes",
+        "4",
+        "--cluster-file",
+        str(tight_quota_profile(tmp_path, int((3 * state + hf + cache) / GIB) + 1)),
+    )
     ns = vars(openrlhf_parser().parse_args(framework_args(roomy.stdout)))
     assert ns["ckpt.disable_ds"] is False and ns["ckpt.max_num"] == 3
 
@@ -234,20 +275,45 @@ def test_openrlhf_switches_to_hf_saves_only_when_every_one_fits(tmp_path):
     # Qwen2.5-7B; LoRA r=16 on every linear of its 28 layers: 16 x (2 x 7168 + 2 x 4096 + 3 x 22528) x 28
     p, lora16 = 7_615_616_512, 40_370_176
     assert 3 * 2 * p > 40 * GIB
-    out = hpcrl("render", "--config", ORL, "--nodes", "4", "--cluster-file", str(tight_quota_profile(tmp_path, 40)),
-                "--set", "ds.lora.rank=16", "--set", "ckpt.save_steps=50")
+    out = hpcrl(
+        "render",
+        "--config",
+        ORL,
+        "--nodes",
+        "4",
+        "--cluster-file",
+        str(tight_quota_profile(tmp_path, 40)),
+        "--set",
+        "ds.lora.rank=16",
+        "--set",
+        "ckpt.save_steps=50",
+    )
     assert out.returncode == 0, out.stderr
     ns = vars(openrlhf_parser().parse_args(framework_args(out.stdout)))
     assert ns["ckpt.disable_ds"] is True and ns["ckpt.save_hf"] is True
-    saves, peak = re.search(r"never deletes HF saves \([\d.]+ GiB each, ([\d,]+) over its time limits: ([\d,]+) GiB "
-                            r"at peak, inside the quota\)", out.stderr).groups()
+    saves, peak = re.search(
+        r"never deletes HF saves \([\d.]+ GiB each, ([\d,]+) over its time limits: ([\d,]+) GiB "
+        r"at peak, inside the quota\)",
+        out.stderr,
+    ).groups()
     adapter_gib = (2 * lora16 + 20 * 1024**2) / GIB
     assert int(peak.replace(",", "")) <= 40 and (int(saves) + 1) * adapter_gib + 2 * p / GIB <= 40
 
 
 def test_openrlhf_colocate_all_is_planned_colocated():
-    out = hpcrl("render", "--config", ORL, "--nodes", "4", "--set", "train.colocate_all=true",
-                "--set", "ds.enable_sleep=true", "--set", "vllm.enable_sleep=true")
+    out = hpcrl(
+        "render",
+        "--config",
+        ORL,
+        "--nodes",
+        "4",
+        "--set",
+        "train.colocate_all=true",
+        "--set",
+        "ds.enable_sleep=true",
+        "--set",
+        "vllm.enable_sleep=true",
+    )
     assert out.returncode == 0, out.stderr
     ns = vars(openrlhf_parser().parse_args(framework_args(out.stdout)))
     assert ns["train.colocate_all"] and ns["actor.num_nodes"] * ns["actor.num_gpus_per_node"] == 16
@@ -257,12 +323,31 @@ def test_openrlhf_colocate_all_is_planned_colocated():
 
 # --------------------------------------------------------------------------- colocated memory by hand
 
+
 def test_colocated_plan_memory_equals_hand_computed_terms():
     """verl b178a3cd on Isambard-AI: 16 GPUs each train and generate, Qwen2.5-7B, TP 2, utilisation 0.6."""
-    out = hpcrl("plan-memory", "--backend", "verl", "--model", "qwen2.5-7b", "--cluster", "isambard-ai",
-                "--learner-gpus", "16", "--tokens-per-gpu", "8192", "--vllm-tp", "2",
-                "--vllm-gpu-memory-utilization", "0.6", "--max-seq-len", "5120", "--framework-version", "b178a3cd",
-                "--json")
+    out = hpcrl(
+        "plan-memory",
+        "--backend",
+        "verl",
+        "--model",
+        "qwen2.5-7b",
+        "--cluster",
+        "isambard-ai",
+        "--learner-gpus",
+        "16",
+        "--tokens-per-gpu",
+        "8192",
+        "--vllm-tp",
+        "2",
+        "--vllm-gpu-memory-utilization",
+        "0.6",
+        "--max-seq-len",
+        "5120",
+        "--framework-version",
+        "b178a3cd",
+        "--json",
+    )
     assert out.returncode == 0, out.stderr
     d = json.loads(out.stdout)
     p, n = 7_615_616_512, 16  # Qwen2.5-7B parameters (config.json shapes), GPUs
@@ -272,17 +357,26 @@ def test_colocated_plan_memory_equals_hand_computed_terms():
     # the assumed 2 micro-batches: fp32 flat shards, Adam, the first micro-batch's fp32 gradients,
     # 8 B per T x V logits element, the root unit (embedding + lm_head, 152,064 x 3,584 each) gathered in bf16.
     v, h, t = 152_064, 3_584, 8_192
-    expect = {"fp32 parameter shards": 4 * p / n, "Adam moments (fp32)": 8 * p / n,
-              "gradients of earlier micro-batches": 4 * p / n, "log-prob path (8 B x T x V)": 8 * t * v,
-              "gathered root unit (bf16)": 2 * 2 * v * h}
+    expect = {
+        "fp32 parameter shards": 4 * p / n,
+        "Adam moments (fp32)": 8 * p / n,
+        "gradients of earlier micro-batches": 4 * p / n,
+        "log-prob path (8 B x T x V)": 8 * t * v,
+        "gathered root unit (bf16)": 2 * 2 * v * h,
+    }
     for term, value in expect.items():
         assert learner[term] == pytest.approx(value / GIB, abs=0.002), term
     c = d["colocated"]
     # Rollout: the training side's fp32 shards and optimizer stay (verl frees gradients), its CUDA
     # context (0.6 GiB) and NCCL buffers (0.4 GiB), and vLLM's 0.6 x GPU.
-    rollout = {"training parameters": 4 * p / n, "optimizer state": 8 * p / n, "gradients": 0.0,
-               "reference policy": 0.0, "learner CUDA context + NCCL": 1.0 * GIB,
-               "vLLM (gpu_memory_utilization x GPU)": 0.6 * gpu}
+    rollout = {
+        "training parameters": 4 * p / n,
+        "optimizer state": 8 * p / n,
+        "gradients": 0.0,
+        "reference policy": 0.0,
+        "learner CUDA context + NCCL": 1.0 * GIB,
+        "vLLM (gpu_memory_utilization x GPU)": 0.6 * gpu,
+    }
     for term, value in rollout.items():
         assert c["rollout_breakdown"][term] == pytest.approx(value / GIB, abs=0.002), term
     assert c["rollout_gib"] == pytest.approx(sum(rollout.values()) / GIB, abs=0.005)
@@ -297,8 +391,20 @@ def test_colocated_plan_memory_equals_hand_computed_terms():
 
 
 def test_rollout_offload_moves_state_to_host():
-    base = ["plan-memory", "--backend", "verl", "--model", "qwen2.5-7b", "--cluster", "isambard-ai",
-            "--learner-gpus", "16", "--vllm-tp", "2", "--json"]
+    base = [
+        "plan-memory",
+        "--backend",
+        "verl",
+        "--model",
+        "qwen2.5-7b",
+        "--cluster",
+        "isambard-ai",
+        "--learner-gpus",
+        "16",
+        "--vllm-tp",
+        "2",
+        "--json",
+    ]
     plain = json.loads(hpcrl(*base).stdout)["colocated"]
     off = json.loads(hpcrl(*base, "--rollout-offload", "all").stdout)
     assert off["colocated"]["rollout_breakdown"]["training parameters"] == 0.0
@@ -310,12 +416,13 @@ def test_rollout_offload_moves_state_to_host():
 
 # --------------------------------------------------------------------------- stub runs
 
+
 def test_verl_stub_run_passes_the_overrides(tmp_path):
     stub = Stub(tmp_path, nodes=2)
     rc, out = stub.run(stub.render(REPO / "configs" / f"{VERL}.yaml", sets=["hpcrl.run_name=v1"]))
     assert rc == 0, out
     argv = stub.argv("driver.argv")
-    args = argv[argv.index("--") + 1:]
+    args = argv[argv.index("--") + 1 :]
     assert args[:3] == ["python3", "-m", "verl.trainer.main_ppo"]
     assert f"trainer.default_local_dir={tmp_path}/runs/v1/checkpoints" in args
     assert "trainer.nnodes=2" in args and "trainer.n_gpus_per_node=4" in args
@@ -335,7 +442,7 @@ def test_openrlhf_stub_run_passes_the_flags(tmp_path):
     rc, out = stub.run(stub.render(REPO / "configs" / f"{ORL}.yaml", sets=["hpcrl.run_name=o1"]))
     assert rc == 0, out
     argv = stub.argv("driver.argv")
-    args = argv[argv.index("--") + 1:]
+    args = argv[argv.index("--") + 1 :]
     assert args[:3] == ["python3", "-m", "openrlhf.cli.train_ppo_ray"]
     ns = vars(openrlhf_parser().parse_args(args[3:]))
     assert ns["ckpt.path"] == f"{tmp_path}/runs/o1/checkpoints" and ns["actor.num_gpus_per_node"] == 4
@@ -357,6 +464,7 @@ def test_smoke_lines_name_the_framework(rendered):
 
 # --------------------------------------------------------------------------- the watchdog reads their steps
 
+
 def test_step_lines_of_verl_and_openrlhf():
     from hpcrl.logs.driver_log import StepParser
     from hpcrl.logs.log_format import union_format
@@ -365,7 +473,11 @@ def test_step_lines_of_verl_and_openrlhf():
     verl = p.feed("(TaskRunner pid=7) step:12 - actor/pg_loss:0.25 - critic/score/mean:0.0 - timing_s/gen:3.5")
     assert (verl.number, verl.reward_key, verl.reward_is_exactly_zero()) == (12, "critic/score/mean", True)
     orl = p.feed("✨ Global step 3: {'policy_loss': nan, 'reward': 0.5, 'kl': 0.001}")
-    assert (orl.number, orl.reward_key, orl.bad_losses()) == (3, "reward", {"policy_loss": pytest.approx(float("nan"), nan_ok=True)})
+    assert (orl.number, orl.reward_key, orl.bad_losses()) == (
+        3,
+        "reward",
+        {"policy_loss": pytest.approx(float("nan"), nan_ok=True)},
+    )
     assert p.feed("step:1 - unrelated:1") is None
 
 
@@ -373,10 +485,15 @@ def test_step_lines_of_verl_and_openrlhf():
 
 BAD = [
     (["--config", VERL, "--set", "hpcrl.backend=verll"], "unknown backend 'verll'; closest: verl"),
-    (["--config", VERL, "--set", "actor_rollout_ref.rollout.tensor_model_parallel_sizes=2"],
-     "unknown verl key 'actor_rollout_ref.rollout.tensor_model_parallel_sizes'; closest: "
-     "actor_rollout_ref.rollout.tensor_model_parallel_size"),
-    (["--config", ORL, "--set", "vllm.num_engine=2"], "unknown OpenRLHF flag 'vllm.num_engine'; closest: vllm.num_engines"),
+    (
+        ["--config", VERL, "--set", "actor_rollout_ref.rollout.tensor_model_parallel_sizes=2"],
+        "unknown verl key 'actor_rollout_ref.rollout.tensor_model_parallel_sizes'; closest: "
+        "actor_rollout_ref.rollout.tensor_model_parallel_size",
+    ),
+    (
+        ["--config", ORL, "--set", "vllm.num_engine=2"],
+        "unknown OpenRLHF flag 'vllm.num_engine'; closest: vllm.num_engines",
+    ),
     # The layout planner's refusal names OpenRLHF's key (Qwen2.5-7B's 28 heads), not open-instruct's.
     (["--config", ORL, "--pin", "tp=3"], "vllm.tensor_parallel_size 3 cannot work: it does not divide the 28"),
     (["--config", ORL, "--set", "zero_stage=3"], "unknown OpenRLHF flag 'zero_stage': renamed to ds.zero_stage"),
@@ -418,6 +535,7 @@ def test_nested_yaml_is_flattened_and_checked(tmp_path):
     nested = hpcrl("render", "--config", str(path), "--nodes", "4")
     plain = hpcrl("render", "--config", f"configs/{VERL}.yaml", "--nodes", "4")
     assert nested.returncode == 0, nested.stderr
+
     def strip(text: str) -> str:
         return re.sub(r'(config: |"config": ).*\n', "", text)
 

@@ -63,8 +63,9 @@ def test_a_negative_lora_rank_names_the_value_not_a_framework():
     assert "'--lora-rank'" in err and "open-instruct" not in err
 
 
-@pytest.mark.parametrize("group, command", [((), "plan-disk"), (("clusters",), "validate"),
-                                            (("checkpoints",), "prune")])
+@pytest.mark.parametrize(
+    "group, command", [((), "plan-disk"), (("clusters",), "validate"), (("checkpoints",), "prune")]
+)
 def test_a_bare_group_prints_its_help(group, command):
     out = hpcrl(*group)
     assert out.returncode == 2 and "Usage: hpcrl" in out.stderr and f"  {command}" in out.stderr

@@ -38,10 +38,20 @@ def test_a_second_registry_is_refused_a_run_dir_whose_chain_is_live(slurm, env):
 def _stub_submit(stub: Stub, script_path, *args: str) -> subprocess.CompletedProcess:
     """The real `hpcrl submit` of a rendered script, with the stub's sbatch (job 4242) and squeue on PATH."""
     e = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "HPCRL_"))}
-    e.update(PATH=f"{stub.bindir}:{os.environ['PATH']}", STUB_OUT=str(stub.out),
-             HPCRL_REGISTRY=str(stub.tmp / "runs.db"), HPCRL_DATA_DIR=str(stub.tmp / "data"))
-    return subprocess.run([sys.executable, "-m", "hpcrl", "submit", *args, str(script_path)], env=e,
-                          capture_output=True, text=True, timeout=120, cwd=stub.tmp)
+    e.update(
+        PATH=f"{stub.bindir}:{os.environ['PATH']}",
+        STUB_OUT=str(stub.out),
+        HPCRL_REGISTRY=str(stub.tmp / "runs.db"),
+        HPCRL_DATA_DIR=str(stub.tmp / "data"),
+    )
+    return subprocess.run(
+        [sys.executable, "-m", "hpcrl", "submit", *args, str(script_path)],
+        env=e,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=stub.tmp,
+    )
 
 
 def _old_chain(run_dir) -> None:
@@ -62,8 +72,9 @@ def test_a_fresh_submit_after_a_spent_failure_chain_continues_when_a_worker_dies
     _old_chain(run_dir)
     submitted = _stub_submit(stub, stub.render())
     assert submitted.returncode == 0, submitted.stderr
-    rc, out = stub.run(run_dir / "hpcrl" / "job.sbatch", timeout=60, STUB_DRIVER_SLEEP="120",
-                       STUB_RAY_WORKER_DIES_AFTER="3")
+    rc, out = stub.run(
+        run_dir / "hpcrl" / "job.sbatch", timeout=60, STUB_DRIVER_SLEEP="120", STUB_RAY_WORKER_DIES_AFTER="3"
+    )
     assert "continuation submitted: job 4242 (failure continuation 1 of at most 3)" in out, out
     assert [a for a in stub.argv("sbatch.argv") if a.startswith("--exclude")] == ["--exclude=n2"]
 

@@ -56,9 +56,13 @@ def test_list_finds_both_series_with_sizes_and_completeness(run_dir):
     cps = find_checkpoints(run_dir)
     got = {(c.kind, c.step): (c.bytes, c.complete) for c in cps}
     assert got == {
-        ("hf", 200): (4000, True), ("hf", 400): (4000, True), ("hf", 600): (4000, True),
+        ("hf", 200): (4000, True),
+        ("hf", 400): (4000, True),
+        ("hf", 600): (4000, True),
         ("hf", 800): (3000, False),
-        ("state", 50): (1400, True), ("state", 100): (1400, True), ("state", 150): (1400, False),
+        ("state", 50): (1400, True),
+        ("state", 100): (1400, True),
+        ("state", 150): (1400, False),
     }
     why = {(c.kind, c.step): c.why_incomplete for c in cps}
     assert ".checkpoint_complete" in why[("hf", 800)] and "latest" in why[("state", 150)]
@@ -100,8 +104,13 @@ def test_keep_zero_and_bad_paths_are_user_errors(run_dir, tmp_path):
 
 
 def hpcrl(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "hpcrl", "checkpoints", *args], capture_output=True, text=True,
-                          timeout=120, env={"COLUMNS": "250", "NO_COLOR": "1", "PATH": "/usr/bin:/bin"})
+    return subprocess.run(
+        [sys.executable, "-m", "hpcrl", "checkpoints", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"COLUMNS": "250", "NO_COLOR": "1", "PATH": "/usr/bin:/bin"},
+    )
 
 
 def test_cli_list_json(run_dir):
@@ -109,8 +118,10 @@ def test_cli_list_json(run_dir):
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
     assert data["total_bytes"] == 3 * 4000 + 3000 + 3 * 1400
-    assert [r["path"] for r in data["checkpoints"]][:2] == ["checkpoint_state/global_step50",
-                                                            "checkpoint_state/global_step100"]
+    assert [r["path"] for r in data["checkpoints"]][:2] == [
+        "checkpoint_state/global_step50",
+        "checkpoint_state/global_step100",
+    ]
 
 
 def test_cli_prune_is_a_dry_run_by_default(run_dir):
@@ -149,8 +160,12 @@ def test_cli_lists_areals_saves_and_recovery_state(tmp_path):
     _file(trial / "default" / "recover_checkpoint" / "__0_0.distcp", 300)
     _age(tmp_path / "run")
     (trial / "recover_info").mkdir()
-    (trial / "recover_info" / "step_info.json").write_text(json.dumps(
-        {"epoch": 0, "epoch_step": 9, "global_step": 9, "steps_per_epoch": 100}))
+    (trial / "recover_info" / "step_info.json").write_text(
+        json.dumps({"epoch": 0, "epoch_step": 9, "global_step": 9, "steps_per_epoch": 100})
+    )
     proc = hpcrl("list", str(tmp_path / "run"), "--json")
-    assert [(r["kind"], r["step"], r["complete"]) for r in json.loads(proc.stdout)["checkpoints"]] == \
-        [("hf", 5, False), ("hf", 10, False), ("state", 10, True)], proc.stderr
+    assert [(r["kind"], r["step"], r["complete"]) for r in json.loads(proc.stdout)["checkpoints"]] == [
+        ("hf", 5, False),
+        ("hf", 10, False),
+        ("state", 10, True),
+    ], proc.stderr

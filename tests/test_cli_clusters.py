@@ -83,7 +83,9 @@ def test_show_json_is_the_full_profile(home):
     assert data["slurm"]["constraint"] == "fat"
     assert data["idle_gpu_policy"]["min_mean_power_w"] == 100
     assert "gpu.memory_gib" in data["unconfirmed"]
-    assert data["sources"]["gpu.model"] == "https://lists.nsc.liu.se/mailman/public/berzelius-users/2023-June/000037.html"
+    assert (
+        data["sources"]["gpu.model"] == "https://lists.nsc.liu.se/mailman/public/berzelius-users/2023-June/000037.html"
+    )
     assert {"gpu", "node", "slurm", "storage", "env", "modules", "container", "ray", "variants"} <= set(data)
 
 
@@ -106,10 +108,13 @@ def test_show_without_a_name_shows_the_default_cluster(home):
 
 
 def test_show_unknown_cluster_suggests_the_closest(home):
-    assert_user_error(hpcrl(home, "clusters", "show", "berzelius-hoper"),
-                      "unknown cluster 'berzelius-hoper'; closest: berzelius-hopper")
-    assert_user_error(hpcrl(home, "clusters", "show", "berzelius:fatt"),
-                      "unknown variant of cluster berzelius 'fatt'; closest: fat")
+    assert_user_error(
+        hpcrl(home, "clusters", "show", "berzelius-hoper"),
+        "unknown cluster 'berzelius-hoper'; closest: berzelius-hopper",
+    )
+    assert_user_error(
+        hpcrl(home, "clusters", "show", "berzelius:fatt"), "unknown variant of cluster berzelius 'fatt'; closest: fat"
+    )
 
 
 def test_show_user_profile_extending_isambard(home):
@@ -131,8 +136,10 @@ def test_show_cluster_file(home):
     assert (data["name"], data["variant"], data["gpu"]["memory_gib"]) == ("elsewhere", "fat", 79.15)
     table = hpcrl(home, "clusters", "show", "--cluster-file", str(path))
     assert table.returncode == 0 and f"file: {path}" in table.stdout
-    assert_user_error(hpcrl(home, "clusters", "show", "berzelius", "--cluster-file", str(path)),
-                      f"give a cluster name ('berzelius') or --cluster-file ({path}), not both")
+    assert_user_error(
+        hpcrl(home, "clusters", "show", "berzelius", "--cluster-file", str(path)),
+        f"give a cluster name ('berzelius') or --cluster-file ({path}), not both",
+    )
 
 
 def test_validate_ok(home):
@@ -157,15 +164,18 @@ def test_validate_typo_key(home):
     path = home / "typo.yaml"
     path.write_text("extends: isambard-ai\ngpu:\n  count_per_nod: 4\n")
     assert_user_error(hpcrl(home, "clusters", "validate", str(path)), f"{path}: gpu.count_per_nod: unknown key")
-    assert_user_error(hpcrl(home, "clusters", "validate", str(path), "--json"),
-                      f"{path}: gpu.count_per_nod: unknown key")
+    assert_user_error(
+        hpcrl(home, "clusters", "validate", str(path), "--json"), f"{path}: gpu.count_per_nod: unknown key"
+    )
 
 
 def test_validate_wrong_type(home):
     path = home / "wrong.yaml"
     path.write_text("extends: berzelius\nslurm:\n  exclusive: sometimes\n")
-    assert_user_error(hpcrl(home, "clusters", "validate", str(path)),
-                      f"{path}: slurm.exclusive: Input should be a valid boolean, unable to interpret input")
+    assert_user_error(
+        hpcrl(home, "clusters", "validate", str(path)),
+        f"{path}: slurm.exclusive: Input should be a valid boolean, unable to interpret input",
+    )
 
 
 @pytest.mark.parametrize("key", ["FOO\u00c4", "9LIVES", "A-B"])
@@ -174,17 +184,20 @@ def test_validate_env_name_bash_cannot_export(home, key):
     not found when the job dies on `export`."""
     path = home / "env.yaml"
     path.write_text(f"extends: local-dev\nenv:\n  {key}: x\n", encoding="utf-8")
-    assert_user_error(hpcrl(home, "clusters", "validate", str(path)),
-                      f"{path}: env: {key!r} is not a valid environment variable name (ASCII letters, digits "
-                      "and _, not starting with a digit)")
+    assert_user_error(
+        hpcrl(home, "clusters", "validate", str(path)),
+        f"{path}: env: {key!r} is not a valid environment variable name (ASCII letters, digits "
+        "and _, not starting with a digit)",
+    )
 
 
 def test_validate_dollar_paren_in_a_storage_path(home):
     path = home / "p.yaml"
     path.write_text("extends: local-dev\nstorage:\n  hf_home: /x/$(id)/hf\n")
-    assert_user_error(hpcrl(home, "clusters", "validate", str(path)),
-                      f"{path}: storage.hf_home: '/x/$(id)/hf': '$' may only start a variable ($NAME or "
-                      "${NAME}); found '$(i'")
+    assert_user_error(
+        hpcrl(home, "clusters", "validate", str(path)),
+        f"{path}: storage.hf_home: '/x/$(id)/hf': '$' may only start a variable ($NAME or ${{NAME}}); found '$(i'",
+    )
 
 
 def test_validate_checks_every_variant(home):

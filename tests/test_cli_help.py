@@ -47,8 +47,9 @@ def test_the_walk_finds_every_command_and_the_options_the_issue_named():
 @pytest.mark.parametrize("path,options", TREE, ids=[" ".join(p) for p, _ in TREE])
 def test_help_at_80_columns_shows_every_option_name_whole(path, options):
     env = dict(os.environ, COLUMNS="80")
-    out = subprocess.run([sys.executable, "-m", "hpcrl", *path, "--help"], capture_output=True, text=True,
-                         env=env, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "hpcrl", *path, "--help"], capture_output=True, text=True, env=env, timeout=60
+    )
     assert out.returncode == 0, out.stderr
     text = out.stdout
     cut = [o for o in options if not re.search(rf"(?<![\w-]){re.escape(o)}(?![\w-])", text)]
@@ -68,25 +69,31 @@ def test_command_map_names_the_module_that_registers_each_command():
 
 
 def test_a_command_imports_its_own_module_only():
-    code = ("import sys; from hpcrl.cli import main; main(['plan-disk', '--help']); "
-            "print(sorted(m for m in sys.modules if m.startswith(('hpcrl.cli.cmd_', 'rich', 'jinja2', 'hpcrl.profiles'))))")
+    code = (
+        "import sys; from hpcrl.cli import main; main(['plan-disk', '--help']); "
+        "print(sorted(m for m in sys.modules if m.startswith(('hpcrl.cli.cmd_', 'rich', 'jinja2', 'hpcrl.profiles'))))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == "['hpcrl.cli.cmd_disk']"
 
 
-RUNTIME_TOOLS = sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "hpcrl" / "runtime").glob("*.py")
-                       if p.stem != "__init__")
+RUNTIME_TOOLS = sorted(
+    p.stem for p in (Path(__file__).resolve().parents[1] / "hpcrl" / "runtime").glob("*.py") if p.stem != "__init__"
+)
 
 
 def test_every_in_job_tool_is_walked():
-    assert {"watchdog", "gpumon", "smoke", "preflight_probe", "classify", "wait_http", "ray_ready"} <= set(RUNTIME_TOOLS)
+    assert {"watchdog", "gpumon", "smoke", "preflight_probe", "classify", "wait_http", "ray_ready"} <= set(
+        RUNTIME_TOOLS
+    )
 
 
 @pytest.mark.parametrize("tool", RUNTIME_TOOLS)
 def test_in_job_tool_help_exits_0(tool):
-    out = subprocess.run([sys.executable, "-m", f"hpcrl.runtime.{tool}", "--help"], capture_output=True, text=True,
-                         timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", f"hpcrl.runtime.{tool}", "--help"], capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 0, out.stderr
     assert f"hpcrl.runtime.{tool}" in out.stdout, out.stdout
 
@@ -96,12 +103,20 @@ def test_startup_benchmark_runs_and_reports_a_ratio():
     import json
 
     root = Path(__file__).resolve().parents[1]
-    out = subprocess.run([sys.executable, str(root / "benchmarks" / "cli_startup.py"), "--repeat", "1", "--json"],
-                         capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, str(root / "benchmarks" / "cli_startup.py"), "--repeat", "1", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr
     r = json.loads(out.stdout)
-    assert set(r["median_cpu_ms"]) == {"libraries", "import pydantic, jinja2, yaml", "hpcrl render --nodes 16",
-                                       "hpcrl --help"}
+    assert set(r["median_cpu_ms"]) == {
+        "libraries",
+        "import pydantic, jinja2, yaml",
+        "hpcrl render --nodes 16",
+        "hpcrl --help",
+    }
     assert r["ratio"] > 0 and r["repeat"] == 1
 
 

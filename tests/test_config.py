@@ -39,14 +39,20 @@ def test_digest_changes_with_inputs_and_is_stable():
     assert a != load_run_config(None, ["learning_rate=2e-6"]).digest()
 
 
-@pytest.mark.parametrize("sets,needle", [
-    (["not_a_flag=1"], r"unknown open-instruct argument 'not_a_flag' \(grpo_fast.py at open-instruct e6c3044aa620\)"),
-    (["pack_lenght=4096"], "pack_length"),
-    (["hpcrl.nodez=3"], "hpcrl.nodez: unknown key"),
-    (["output_dir=/tmp/x"], "output_dir is set by hpcrl"),
-    (["pack_length=long"], "pack_length: expected int"),
-    (["=3"], "expected key=value"),
-])
+@pytest.mark.parametrize(
+    "sets,needle",
+    [
+        (
+            ["not_a_flag=1"],
+            r"unknown open-instruct argument 'not_a_flag' \(grpo_fast.py at open-instruct e6c3044aa620\)",
+        ),
+        (["pack_lenght=4096"], "pack_length"),
+        (["hpcrl.nodez=3"], "hpcrl.nodez: unknown key"),
+        (["output_dir=/tmp/x"], "output_dir is set by hpcrl"),
+        (["pack_length=long"], "pack_length: expected int"),
+        (["=3"], "expected key=value"),
+    ],
+)
 def test_bad_overrides_name_the_problem(sets, needle):
     with pytest.raises(HpcrlError, match=needle):
         load_run_config(None, sets)
@@ -54,8 +60,11 @@ def test_bad_overrides_name_the_problem(sets, needle):
 
 def test_legacy_layout_flags_checked_against_legacy_table():
     # wandb_project_name exists only in the older single-Args layout.
-    with pytest.raises(HpcrlError, match=r"wandb_project_name: open-instruct e6c3044a has no such key; it exists in "
-                                         r"1611e3df \(set hpcrl.arg_layout=legacy\)"):
+    with pytest.raises(
+        HpcrlError,
+        match=r"wandb_project_name: open-instruct e6c3044a has no such key; it exists in "
+        r"1611e3df \(set hpcrl.arg_layout=legacy\)",
+    ):
         load_run_config(None, ["wandb_project_name=x"])
     with pytest.raises(HpcrlError, match=r"'nope_flag' \(legacy grpo_fast.py at open-instruct [0-9a-f]{12}\)"):
         load_run_config(None, ["hpcrl.arg_layout=legacy", "nope_flag=1"])

@@ -27,14 +27,18 @@ SAFETY_DOC_CODES = {90, 91, 92, 93, 94, 95, 96, 97}
 
 def _code_ints(path: Path) -> list[tuple[int, int]]:
     """(line, value) of every int literal in the driver's exit-code range, docstrings aside."""
-    return [(n.lineno, n.value) for n in ast.walk(ast.parse(path.read_text()))
-            if isinstance(n, ast.Constant) and type(n.value) is int and n.value in SAFETY_DOC_CODES]
+    return [
+        (n.lineno, n.value)
+        for n in ast.walk(ast.parse(path.read_text()))
+        if isinstance(n, ast.Constant) and type(n.value) is int and n.value in SAFETY_DOC_CODES
+    ]
 
 
 def _reason_strings(path: Path) -> list[str]:
     reasons = {reason for _, reason in contract.BREAKERS.values()}
-    return [n.value for n in ast.walk(ast.parse(path.read_text()))
-            if isinstance(n, ast.Constant) and n.value in reasons]
+    return [
+        n.value for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Constant) and n.value in reasons
+    ]
 
 
 def test_the_codes_are_the_ones_docs_safety_md_lists():
@@ -64,8 +68,12 @@ def test_the_scan_sees_a_planted_copy(tmp_path):
 def test_the_rendered_reason_case_answers_as_the_table(tmp_path):
     fn = bash_functions(rendered_script(), "reason_of")
     codes = list(range(256))
-    out = subprocess.run(["bash", "-c", fn + 'for c in "$@"; do reason_of "$c"; done', "-", *map(str, codes)],
-                         capture_output=True, text=True, check=True).stdout.split()
+    out = subprocess.run(
+        ["bash", "-c", fn + 'for c in "$@"; do reason_of "$c"; done', "-", *map(str, codes)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
     assert dict(zip(codes, out)) == {c: contract.END_REASONS.get(c, contract.CRASHED) for c in codes}
 
 
@@ -73,31 +81,52 @@ def test_the_rendered_continue_case_continues_the_reasons_the_table_names(tmp_pa
     """Each reason through continue_chain's case: which kind and counter file it picks, or none."""
     fn = bash_functions(rendered_script(), "continue_chain")
     case = re.search(r"^    case \$reason in\n.*?^    esac\n", fn, re.S | re.M).group(0)
-    probe = ('probe() { local reason=$1 kind="" counter=""\n' + case +
-             '    echo "$kind ${counter##*/}"; }\nfor r in "$@"; do echo "$(probe "$r")"; done')
-    reasons = [*contract.LIMIT_REASONS, *contract.FAILURE_REASONS, "completed", "crashed", "cancelled",
-               "breaker-hang", "setup-failed", "service-failed", "node-local-unsafe"]
-    out = subprocess.run(["bash", "-c", "HPCRL_DIR=/x MAX_RESTARTS=1 MAX_FAILURE_RESTARTS=1\n" + probe, "-", *reasons],
-                         capture_output=True, text=True, check=True).stdout.splitlines()
+    probe = (
+        'probe() { local reason=$1 kind="" counter=""\n'
+        + case
+        + '    echo "$kind ${counter##*/}"; }\nfor r in "$@"; do echo "$(probe "$r")"; done'
+    )
+    reasons = [
+        *contract.LIMIT_REASONS,
+        *contract.FAILURE_REASONS,
+        "completed",
+        "crashed",
+        "cancelled",
+        "breaker-hang",
+        "setup-failed",
+        "service-failed",
+        "node-local-unsafe",
+    ]
+    out = subprocess.run(
+        ["bash", "-c", "HPCRL_DIR=/x MAX_RESTARTS=1 MAX_FAILURE_RESTARTS=1\n" + probe, "-", *reasons],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
     got = {r: line.strip() for r, line in zip(reasons, out)}
     want = {r: "" for r in reasons}
     want.update({r: "limit restarts" for r in ("timeout", "preempted")})
-    want.update({r: "failure failure-restarts" for r in ("ray-start-failed", "ray-head-died", "worker-died",
-                                                         "network-error")})
+    want.update(
+        {r: "failure failure-restarts" for r in ("ray-start-failed", "ray-head-died", "worker-died", "network-error")}
+    )
     assert got == want
 
 
 def test_the_port_block_of_a_job(tmp_path):
     """Job 4242's block starts at 10000 + 42 * 100 (docs/render.md: 100 ports per job, 200 blocks)."""
     assert contract.port_base(4242) == 14200
-    out = subprocess.run(["bash", "-c", f"SLURM_JOB_ID=4242; echo {contract.port_base_shell()}"],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        ["bash", "-c", f"SLURM_JOB_ID=4242; echo {contract.port_base_shell()}"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert out.strip() == "14200"
 
 
-
-@pytest.mark.parametrize("style,option", [("gpus-per-node", "--gpus-per-node=4"), ("gpus", "--gpus=12"),
-                                          ("gres", "--gres=gpu:4")])
+@pytest.mark.parametrize(
+    "style,option", [("gpus-per-node", "--gpus-per-node=4"), ("gpus", "--gpus=12"), ("gres", "--gres=gpu:4")]
+)
 def test_gpu_request_per_style(style, option):
     """4 GPUs on each of 3 nodes, in each of Slurm's spellings (sbatch(1))."""
     assert contract.gpu_request_option(style, 4, 3) == option
@@ -114,7 +143,9 @@ def test_gpu_request_styles_are_the_profiles():
 def test_a_stack_mismatch_is_the_stack_check_s_exit_code_and_never_continues():
     from hpcrl.runtime import stack  # stdlib only, no hpcrl import: it cannot read the contract itself
 
-    continued = [kind for kind, (reasons, _, _) in contract.CONTINUATIONS.items() if contract.STACK_MISMATCH[0] in reasons]
+    continued = [
+        kind for kind, (reasons, _, _) in contract.CONTINUATIONS.items() if contract.STACK_MISMATCH[0] in reasons
+    ]
     assert (contract.STACK_MISMATCH[1], continued) == (stack.STACK_MISMATCH_EXIT, [])
 
 
@@ -124,9 +155,11 @@ def test_the_job_ends_on_a_stack_mismatch_only_and_goes_on_when_the_check_cannot
     any other failure of the check itself is a warning and the job goes on."""
     rp = make_run_plan("verl-grpo-qwen2.5-7b", nodes=4, cluster="isambard-ai")
     fn = bash_functions(render_script(describe_job(rp)), "stack_check")
-    stubs = ('log() { echo "$*"; }\nfinish() { echo "FINISH $*"; exit "$2"; }\n'
-             "driver_command() { DRIVER_ARGS=(a=1); }\n"
-             f'python3() {{ echo "stack: answer"; return {code}; }}\nWORKDIR=/ PYTHON=python3 ENTRY_POINT=m STACK_EXPECT={{}}\n')
+    stubs = (
+        'log() { echo "$*"; }\nfinish() { echo "FINISH $*"; exit "$2"; }\n'
+        "driver_command() { DRIVER_ARGS=(a=1); }\n"
+        f'python3() {{ echo "stack: answer"; return {code}; }}\nWORKDIR=/ PYTHON=python3 ENTRY_POINT=m STACK_EXPECT={{}}\n'
+    )
     out = subprocess.run(["bash", "-c", stubs + fn + "stack_check; echo WENT-ON"], capture_output=True, text=True)
     finished = [ln for ln in out.stdout.splitlines() if ln.startswith("FINISH")]
     assert (finished[:1] or [None])[0] == ends and ("WENT-ON" in out.stdout) == (ends is None), out.stdout
@@ -136,16 +169,43 @@ def test_the_stack_check_runs_before_the_first_ray_start():
     script = render_script(describe_job(make_run_plan("verl-grpo-qwen2.5-7b", nodes=4, cluster="isambard-ai")))
     main = bash_functions(script, "main")
     first = bash_functions(script, "phase_stack_check")
-    assert (main.index("phase_stack_check") < main.index("phase_head"), "    stack_check\n" in first,
-            "ray_start" in first) == (True, True, False)
+    assert (
+        main.index("phase_stack_check") < main.index("phase_head"),
+        "    stack_check\n" in first,
+        "ray_start" in first,
+    ) == (True, True, False)
 
 
 # squeue(1)'s JOB STATE CODES, read by hand from Slurm's man page (an independent source): the states
 # a job does not leave, and those it may still leave (pending, running, held or requeued).
-SQUEUE_ENDED = ("BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL", "OUT_OF_MEMORY",
-                "PREEMPTED", "REVOKED", "SPECIAL_EXIT", "TIMEOUT")
-SQUEUE_LIVE = ("CONFIGURING", "COMPLETING", "PENDING", "RESV_DEL_HOLD", "REQUEUE_FED", "REQUEUE_HOLD",
-               "REQUEUED", "RESIZING", "RUNNING", "SIGNALING", "STAGE_OUT", "STOPPED", "SUSPENDED")
+SQUEUE_ENDED = (
+    "BOOT_FAIL",
+    "CANCELLED",
+    "COMPLETED",
+    "DEADLINE",
+    "FAILED",
+    "NODE_FAIL",
+    "OUT_OF_MEMORY",
+    "PREEMPTED",
+    "REVOKED",
+    "SPECIAL_EXIT",
+    "TIMEOUT",
+)
+SQUEUE_LIVE = (
+    "CONFIGURING",
+    "COMPLETING",
+    "PENDING",
+    "RESV_DEL_HOLD",
+    "REQUEUE_FED",
+    "REQUEUE_HOLD",
+    "REQUEUED",
+    "RESIZING",
+    "RUNNING",
+    "SIGNALING",
+    "STAGE_OUT",
+    "STOPPED",
+    "SUSPENDED",
+)
 
 
 def test_the_rendered_job_ended_knows_every_slurm_end_state(tmp_path):
@@ -156,8 +216,12 @@ def test_the_rendered_job_ended_knows_every_slurm_end_state(tmp_path):
     (tmp_path / "squeue").chmod(0o755)
     answers = {}
     for state in SQUEUE_ENDED + SQUEUE_LIVE:
-        out = subprocess.run(["bash", "-c", fn + 'job_ended 7 || echo "still may run"'], capture_output=True,
-                             text=True, env={"PATH": f"{tmp_path}:/usr/bin:/bin", "FAKE_STATE": state})
+        out = subprocess.run(
+            ["bash", "-c", fn + 'job_ended 7 || echo "still may run"'],
+            capture_output=True,
+            text=True,
+            env={"PATH": f"{tmp_path}:/usr/bin:/bin", "FAKE_STATE": state},
+        )
         answers[state] = out.stdout.strip()
     assert answers == {**{s: s for s in SQUEUE_ENDED}, **{s: "still may run" for s in SQUEUE_LIVE}}
 
@@ -165,6 +229,9 @@ def test_the_rendered_job_ended_knows_every_slurm_end_state(tmp_path):
 @pytest.mark.parametrize("path", TEMPLATES, ids=lambda p: p.name)
 def test_no_template_lists_slurm_end_states(path):
     """Prose may name one state; a line naming three is a copy of the contract's list."""
-    lists = [line for line in path.read_text().splitlines()
-             if len(set(re.findall(r"\b[A-Z_]+\b", line)) & set(SQUEUE_ENDED)) >= 3]
+    lists = [
+        line
+        for line in path.read_text().splitlines()
+        if len(set(re.findall(r"\b[A-Z_]+\b", line)) & set(SQUEUE_ENDED)) >= 3
+    ]
     assert lists == [], path.name

@@ -72,7 +72,11 @@ def test_partial_node_request(rendered, gpus):
     assert "--nodes=1" in opts and f"--gpus={gpus}" in opts and "--cpus-per-gpu=16" in opts
     assert "--exclusive" not in opts and not any(o.startswith(("--mem", "--gpus-per-node", "--gres")) for o in opts)
     assert "--constraint=fat" in opts
-    assert not re.search(r"^[^#\n]*\bray start\b", text, re.M) and "RAY_AUTH_MODE" not in text and not re.search(r"^\s*srun ", text, re.M)
+    assert (
+        not re.search(r"^[^#\n]*\bray start\b", text, re.M)
+        and "RAY_AUTH_MODE" not in text
+        and not re.search(r"^\s*srun ", text, re.M)
+    )
     launch = re.search(r'^ +"\$PYTHON" (.*)"\$ENTRY_POINT"$', text, re.M)
     assert launch, "no launch line"
     if gpus == 2:
@@ -86,13 +90,16 @@ def test_partial_node_request(rendered, gpus):
 def test_isambard_partial_node_is_one_superchip_per_gpu():
     """Isambard-AI hands out a superchip per GPU (72 cores, ~115 GiB): cores asked, memory left to
     the site, no --mem=0 (the whole-node setting) and no --exclusive; host RAM planned as 115 GiB."""
-    res = hpcrl("render", "--config", CONFIG, "--cluster", "isambard-ai", "--gpus", "1", "--set", 'hpcrl.time="24:00:00"')
+    res = hpcrl(
+        "render", "--config", CONFIG, "--cluster", "isambard-ai", "--gpus", "1", "--set", 'hpcrl.time="24:00:00"'
+    )
     assert res.returncode == 0, res.stderr
     opts = sbatch_lines(res.stdout)
     assert "--nodes=1" in opts and "--gpus-per-node=1" in opts and "--cpus-per-gpu=72" in opts
     assert not [o for o in opts if o.startswith(("--mem", "--exclusive"))], opts
-    res = hpcrl("plan-memory", "--config", CONFIG, "--cluster", "isambard-ai", "--gpus", "1", "--learner-gpus", "1",
-                "--json")
+    res = hpcrl(
+        "plan-memory", "--config", CONFIG, "--cluster", "isambard-ai", "--gpus", "1", "--learner-gpus", "1", "--json"
+    )
     assert res.returncode == 0, res.stderr
     assert json.loads(res.stdout)["host"]["ram_gib"] == 115
 
@@ -101,9 +108,22 @@ def test_submit_takes_gpus_too(tmp_path, monkeypatch):
     """`hpcrl submit --gpus 1 --dry-run` records the run and writes the same partial-node request
     render gives (nothing goes to Slurm)."""
     monkeypatch.setenv("HPCRL_REGISTRY", str(tmp_path / "reg.db"))
-    res = hpcrl("submit", "--config", str(REPO / CONFIG), "--cluster", "local-dev", "--gpus", "1", "--set",
-                f"hpcrl.run_root={tmp_path / 'runs'}", "--set", 'hpcrl.time="00:10:00"', "--dry-run", "--json",
-                cwd=tmp_path)
+    res = hpcrl(
+        "submit",
+        "--config",
+        str(REPO / CONFIG),
+        "--cluster",
+        "local-dev",
+        "--gpus",
+        "1",
+        "--set",
+        f"hpcrl.run_root={tmp_path / 'runs'}",
+        "--set",
+        'hpcrl.time="00:10:00"',
+        "--dry-run",
+        "--json",
+        cwd=tmp_path,
+    )
     assert res.returncode == 0, res.stderr
     opts = sbatch_lines(Path(json.loads(res.stdout)["script"]).read_text())
     assert "--nodes=1" in opts and "--gpus-per-node=1" in opts and "--cpus-per-gpu=1" in opts
@@ -111,7 +131,9 @@ def test_submit_takes_gpus_too(tmp_path, monkeypatch):
 
 
 def test_ray_backend_on_part_of_a_node_still_brings_up_ray(tmp_path, shellcheck):
-    res = hpcrl("render", "--config", "verl-grpo-qwen2.5-7b", "--cluster", "berzelius:fat", "--gpus", "4", "--nodes", "1")
+    res = hpcrl(
+        "render", "--config", "verl-grpo-qwen2.5-7b", "--cluster", "berzelius:fat", "--gpus", "4", "--nodes", "1"
+    )
     assert res.returncode == 0, res.stderr
     opts = sbatch_lines(res.stdout)
     assert "--gpus=4" in opts and "--exclusive" not in opts and "--cpus-per-gpu=16" in opts
@@ -120,11 +142,14 @@ def test_ray_backend_on_part_of_a_node_still_brings_up_ray(tmp_path, shellcheck)
     lint(res.stdout, tmp_path, shellcheck)
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--gpus", "0"], "hpcrl: error: --gpus 0: a berzelius:fat node has 8 GPUs; valid: 1 to 8"),
-    (["--gpus", "9"], "hpcrl: error: --gpus 9: a berzelius:fat node has 8 GPUs; valid: 1 to 8"),
-    (["--gpus", "2", "--nodes", "2"], "hpcrl: error: --gpus 2 asks for part of one node, but the job has 2 nodes"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--gpus", "0"], "hpcrl: error: --gpus 0: a berzelius:fat node has 8 GPUs; valid: 1 to 8"),
+        (["--gpus", "9"], "hpcrl: error: --gpus 9: a berzelius:fat node has 8 GPUs; valid: 1 to 8"),
+        (["--gpus", "2", "--nodes", "2"], "hpcrl: error: --gpus 2 asks for part of one node, but the job has 2 nodes"),
+    ],
+)
 def test_bad_gpus_is_one_line(args, message):
     for command in ("render", "plan"):
         res = hpcrl(command, "--config", CONFIG, "--cluster", "berzelius:fat", *args)
@@ -179,10 +204,14 @@ def test_plan_memory_of_the_example_by_hand():
     for term, value in expect.items():
         assert res_terms[term] == pytest.approx(value / GIB, abs=6e-4), term
     assert lr["phases"]["generation"]["transient"][
-        "HF generate KV cache, bf16, every sequence at full length (derived)"] == pytest.approx(kv / GIB, abs=6e-4)
-    assert train["log-prob path logits, bf16 + eager fp32 log_softmax (fitted)"] == pytest.approx(logits / GIB, abs=6e-4)
+        "HF generate KV cache, bf16, every sequence at full length (derived)"
+    ] == pytest.approx(kv / GIB, abs=6e-4)
+    assert train["log-prob path logits, bf16 + eager fp32 log_softmax (fitted)"] == pytest.approx(
+        logits / GIB, abs=6e-4
+    )
     assert train["stored activations, bf16 layer inputs (gradient checkpointing) (derived)"] == pytest.approx(
-        LAYERS * 1536 * 2 * H / GIB, abs=6e-4)
+        LAYERS * 1536 * 2 * H / GIB, abs=6e-4
+    )
     assert d["gpu"]["cluster"] == "berzelius:fat" and d["gpu"]["job_gpus"] == 1
     assert d["host"]["ram_gib"] == 250.0  # one fat GPU's share (the profile's node_sharing)
     # No term is unlabelled.
@@ -193,21 +222,44 @@ def test_plan_memory_of_the_example_by_hand():
 def test_plan_memory_of_full_fine_tuning_by_hand():
     """lora_rank 0 on a bf16 base: every weight trains; gradients bf16 and torch AdamW's two moments like the
     weights (bf16); the reference is a second bf16 copy; the checkpoint is the weights and the moments."""
-    res = hpcrl("plan-memory", "--config", CONFIG, "--cluster", "berzelius", "--learner-gpus", "1", "--json",
-                "--set", "lora_rank=0", "--set", "load_in_4bit=false", "--set", "reference=copy")
+    res = hpcrl(
+        "plan-memory",
+        "--config",
+        CONFIG,
+        "--cluster",
+        "berzelius",
+        "--learner-gpus",
+        "1",
+        "--json",
+        "--set",
+        "lora_rank=0",
+        "--set",
+        "load_in_4bit=false",
+        "--set",
+        "reference=copy",
+    )
     assert res.returncode == 0, res.stderr
     r = json.loads(res.stdout)["learner"]["resident"]
-    got = [r[k] for k in ("policy base weights, bf16 (derived)", "policy gradients, bf16 (full fine-tuning) (derived)",
-                          "policy AdamW moments, bf16 like the weights (full fine-tuning) (derived)",
-                          "reference copy: base weights, bf16 (derived)")]
+    got = [
+        r[k]
+        for k in (
+            "policy base weights, bf16 (derived)",
+            "policy gradients, bf16 (full fine-tuning) (derived)",
+            "policy AdamW moments, bf16 like the weights (full fine-tuning) (derived)",
+            "reference copy: base weights, bf16 (derived)",
+        )
+    ]
     assert got == pytest.approx([2 * PARAMS / GIB, 2 * PARAMS / GIB, 4 * PARAMS / GIB, 2 * PARAMS / GIB], abs=6e-4)
 
 
-@pytest.mark.parametrize("sets, message", [
-    (("lora_rank=0",), "lora_rank 0 (full fine-tuning) trains the base weights, which a 4-bit base cannot"),
-    (("lora_rank=0", "load_in_4bit=false"), "reference shared is the base with the adapters off"),
-    (("lora_rank=-1",), "lora_rank -1: valid: a positive LoRA rank, or 0 for full fine-tuning"),
-])
+@pytest.mark.parametrize(
+    "sets, message",
+    [
+        (("lora_rank=0",), "lora_rank 0 (full fine-tuning) trains the base weights, which a 4-bit base cannot"),
+        (("lora_rank=0", "load_in_4bit=false"), "reference shared is the base with the adapters off"),
+        (("lora_rank=-1",), "lora_rank -1: valid: a positive LoRA rank, or 0 for full fine-tuning"),
+    ],
+)
 def test_full_fine_tuning_mistakes_are_one_line(sets, message):
     res = hpcrl("plan-memory", "--config", CONFIG, *(w for s in sets for w in ("--set", s)))
     assert res.returncode == 2 and message in res.stderr and res.stderr.count("\n") == 1, res.stderr
@@ -215,26 +267,70 @@ def test_full_fine_tuning_mistakes_are_one_line(sets, message):
 
 def test_plan_memory_refuses_the_users_first_attempts():
     """The notes' first settings (batch 64, 512 tokens) ran out of memory on an 80 GB GPU: so does the plan."""
-    res = hpcrl("plan-memory", "--config", CONFIG, "--cluster", "berzelius:fat", "--json", "--set",
-                "rollout_batch_size=64", "--set", "mini_batch_size=64", "--set", "max_prompt_length=256")
+    res = hpcrl(
+        "plan-memory",
+        "--config",
+        CONFIG,
+        "--cluster",
+        "berzelius:fat",
+        "--json",
+        "--set",
+        "rollout_batch_size=64",
+        "--set",
+        "mini_batch_size=64",
+        "--set",
+        "max_prompt_length=256",
+    )
     assert res.returncode == 0, res.stderr
     d = json.loads(res.stdout)
     assert d["fits"] is False and "does NOT fit" in d["verdict"]
-    res = hpcrl("render", "--config", CONFIG, "--cluster", "berzelius:fat", "--set", "rollout_batch_size=64",
-                "--set", "mini_batch_size=64", "--set", "max_prompt_length=256")
+    res = hpcrl(
+        "render",
+        "--config",
+        CONFIG,
+        "--cluster",
+        "berzelius:fat",
+        "--set",
+        "rollout_batch_size=64",
+        "--set",
+        "mini_batch_size=64",
+        "--set",
+        "max_prompt_length=256",
+    )
     assert res.returncode == 2 and "does NOT fit" in res.stderr and res.stdout == ""
 
 
 # --------------------------------------------------------------------------- the real local Slurm
 
+
 def render_local(tmp_path: Path, *sets: str, gpus: int = 1, smoke: bool = False) -> tuple[Path, Path]:
     script = tmp_path / "custom.sbatch"
-    given = dict(s.split("=", 1) for s in (
-        f"hpcrl.run_root={tmp_path / 'runs'}", "hpcrl.run_name=custom1", 'hpcrl.time="00:05:00"',
-        "hpcrl.env_setup=[]", f"hpcrl.workdir={DATA}", "hpcrl.entry_point=custom_ppo_standin.py",
-        f"hpcrl.python={sys.executable}", "save_steps=2", *sets))  # a test's own value replaces the default's
-    args = ["render", "--config", str(REPO / CONFIG), "--cluster", "local-dev", "--gpus", str(gpus),
-            *(a for k, v in given.items() for a in ("--set", f"{k}={v}")), "-o", str(script)]
+    given = dict(
+        s.split("=", 1)
+        for s in (
+            f"hpcrl.run_root={tmp_path / 'runs'}",
+            "hpcrl.run_name=custom1",
+            'hpcrl.time="00:05:00"',
+            "hpcrl.env_setup=[]",
+            f"hpcrl.workdir={DATA}",
+            "hpcrl.entry_point=custom_ppo_standin.py",
+            f"hpcrl.python={sys.executable}",
+            "save_steps=2",
+            *sets,
+        )
+    )  # a test's own value replaces the default's
+    args = [
+        "render",
+        "--config",
+        str(REPO / CONFIG),
+        "--cluster",
+        "local-dev",
+        "--gpus",
+        str(gpus),
+        *(a for k, v in given.items() for a in ("--set", f"{k}={v}")),
+        "-o",
+        str(script),
+    ]
     if smoke:
         args.append("--smoke")
     res = hpcrl(*args, cwd=tmp_path)
@@ -273,8 +369,9 @@ def test_custom_job_runs_the_script_under_the_watchdog(tmp_path, run_sbatch_and_
 
 def test_custom_job_nan_in_a_config_loss_key_trips_the_breaker(tmp_path, run_sbatch_and_wait, leftovers):
     """value_loss is not a loss key hpcrl knows; hpcrl.loss_keys names it, so its NaN stops the run (91)."""
-    script, run_dir = render_local(tmp_path, 'script_args=["--steps","8","--output_dir","{run_dir}/checkpoints",'
-                                             '"--nan-at","3","--sleep","1"]')
+    script, run_dir = render_local(
+        tmp_path, 'script_args=["--steps","8","--output_dir","{run_dir}/checkpoints","--nan-at","3","--sleep","1"]'
+    )
     job = run_sbatch_and_wait(script, 300)
     log = (run_dir / "logs" / f"job-{job.job_id}.log").read_text()
     assert events(run_dir)[-1][3] == "breaker-nan-loss:91", log

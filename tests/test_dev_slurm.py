@@ -17,8 +17,17 @@ REPO = Path(__file__).resolve().parent.parent
 
 def _script(tmp_path: Path, name: str, *lines: str) -> Path:
     path = tmp_path / f"{name}.sh"
-    path.write_text("\n".join(["#!/bin/bash", f"#SBATCH --job-name=hpcrl-test-{name}",
-                               f"#SBATCH --output={tmp_path}/{name}-%j.out", *lines]) + "\n")
+    path.write_text(
+        "\n".join(
+            [
+                "#!/bin/bash",
+                f"#SBATCH --job-name=hpcrl-test-{name}",
+                f"#SBATCH --output={tmp_path}/{name}-%j.out",
+                *lines,
+            ]
+        )
+        + "\n"
+    )
     return path
 
 
@@ -33,8 +42,10 @@ def _fields(output: str, prefix: str) -> list[dict[str, str]]:
 
 def test_three_nodes_are_three_hosts(slurm, run_sbatch_and_wait, tmp_path):
     script = _script(
-        tmp_path, "nodes",
-        "#SBATCH --nodes=3", "#SBATCH --time=00:02:00",
+        tmp_path,
+        "nodes",
+        "#SBATCH --nodes=3",
+        "#SBATCH --time=00:02:00",
         "echo batch node=$SLURMD_NODENAME nnodes=$SLURM_JOB_NUM_NODES",
         # Each task says who it is and what its node name resolves to (Ray needs the address).
         "srun --ntasks-per-node=1 bash -c "
@@ -57,15 +68,17 @@ def test_three_nodes_are_three_hosts(slurm, run_sbatch_and_wait, tmp_path):
 
 
 def scontrol_node(name: str) -> dict[str, str]:
-    out = subprocess.run(["scontrol", "show", "node", "-o", name], capture_output=True, text=True,
-                         check=True).stdout
+    out = subprocess.run(["scontrol", "show", "node", "-o", name], capture_output=True, text=True, check=True).stdout
     return dict(kv.split("=", 1) for kv in out.split() if "=" in kv)
 
 
 def test_gpus_per_node_is_accepted_and_bound(run_sbatch_and_wait, tmp_path):
     script = _script(
-        tmp_path, "gpus",
-        "#SBATCH --nodes=2", "#SBATCH --gpus-per-node=4", "#SBATCH --time=00:02:00",
+        tmp_path,
+        "gpus",
+        "#SBATCH --nodes=2",
+        "#SBATCH --gpus-per-node=4",
+        "#SBATCH --time=00:02:00",
         "srun --ntasks-per-node=1 bash -c 'echo task node=$SLURMD_NODENAME cvd=$CUDA_VISIBLE_DEVICES'",
     )
     job_id, state, output = run_sbatch_and_wait(script, 120)
@@ -84,8 +97,7 @@ def test_more_gpus_than_a_node_has_is_refused(slurm, tmp_path):
 
 
 def test_partitions_and_time_limits(slurm, tmp_path):
-    out = subprocess.run(["scontrol", "show", "partition", "-o"], capture_output=True, text=True,
-                         check=True).stdout
+    out = subprocess.run(["scontrol", "show", "partition", "-o"], capture_output=True, text=True, check=True).stdout
     parts = {}
     for line in out.splitlines():
         fields = dict(kv.split("=", 1) for kv in line.split() if "=" in kv)
@@ -111,7 +123,9 @@ def _wait_for_line(path: Path, text: str, timeout: float = 60) -> str:
 
 def test_signal_reaches_the_batch_shell(slurm, tmp_path):
     script = _script(
-        tmp_path, "signal", "#SBATCH --time=00:02:00",
+        tmp_path,
+        "signal",
+        "#SBATCH --time=00:02:00",
         "trap 'echo got USR1; exit 0' USR1",
         "echo ready",
         "for _ in $(seq 120); do sleep 0.5; done",
@@ -130,7 +144,11 @@ def test_signal_reaches_the_batch_shell(slurm, tmp_path):
 def test_requeue_runs_the_job_again(slurm, tmp_path):
     """JobRequeue=1; AuthInfo=cred_expire=20 makes a requeued job eligible after ~21 s, not 121."""
     script = _script(
-        tmp_path, "requeue", "#SBATCH --time=00:02:00", "#SBATCH --requeue", "#SBATCH --open-mode=append",
+        tmp_path,
+        "requeue",
+        "#SBATCH --time=00:02:00",
+        "#SBATCH --requeue",
+        "#SBATCH --open-mode=append",
         "echo run restarts=${SLURM_RESTART_COUNT:-0}",
         'if [ "${SLURM_RESTART_COUNT:-0}" = 0 ]; then sleep 120; fi',
     )
@@ -145,19 +163,21 @@ def test_requeue_runs_the_job_again(slurm, tmp_path):
 
 
 def test_dev_slurm_script_is_shellcheck_clean(shellcheck):
-    res = subprocess.run([shellcheck, str(REPO / "scripts" / "dev-slurm"), str(REPO / ".ci" / "run")],
-                         capture_output=True, text=True, timeout=120)
+    res = subprocess.run(
+        [shellcheck, str(REPO / "scripts" / "dev-slurm"), str(REPO / ".ci" / "run")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 0, res.stdout + res.stderr
 
 
 def test_status_reports_the_running_cluster(slurm):
-    res = subprocess.run([str(REPO / "scripts" / "dev-slurm"), "status"], capture_output=True, text=True,
-                         timeout=60)
+    res = subprocess.run([str(REPO / "scripts" / "dev-slurm"), "status"], capture_output=True, text=True, timeout=60)
     if res.returncode != 0 and "slurmctld stopped" in res.stdout:
         pytest.skip("the running Slurm was not started by scripts/dev-slurm with this state dir")
     assert res.returncode == 0, res.stdout + res.stderr
     assert all(f"slurmd n{k} running" in res.stdout for k in range(1, 5))
-
 
 
 def free_instance() -> str:
@@ -186,15 +206,23 @@ def test_a_private_instance_runs_beside_the_machines_cluster(slurm, tmp_path):
         up = subprocess.run([*dev, "up"], env=env, capture_output=True, text=True, timeout=300)
         assert up.returncode == 0, up.stderr
         conf = subprocess.run([*dev, "env"], env=env, capture_output=True, text=True).stdout.split("=", 1)[1].strip()
-        script = _script(tmp_path, "private", "#SBATCH --nodes=2", "#SBATCH --time=00:02:00",
-                         "srun --ntasks-per-node=1 bash -c 'echo task node=$SLURMD_NODENAME "
-                         "addr=$(getent hosts $SLURMD_NODENAME | cut -d\" \" -f1)'")
+        script = _script(
+            tmp_path,
+            "private",
+            "#SBATCH --nodes=2",
+            "#SBATCH --time=00:02:00",
+            "srun --ntasks-per-node=1 bash -c 'echo task node=$SLURMD_NODENAME "
+            'addr=$(getent hosts $SLURMD_NODENAME | cut -d" " -f1)\'',
+        )
         private = {**env, "SLURM_CONF": conf}
-        job = subprocess.run(["sbatch", "--parsable", "--wait", str(script)], env=private, capture_output=True,
-                             text=True, timeout=120).stdout.strip()
+        job = subprocess.run(
+            ["sbatch", "--parsable", "--wait", str(script)], env=private, capture_output=True, text=True, timeout=120
+        ).stdout.strip()
         tasks = _fields((tmp_path / f"private-{job}.out").read_text(), "task")
-        assert sorted((t["node"], t["addr"]) for t in tasks) == [(f"c{inst}n1", f"127.0.{inst}.11"),
-                                                                 (f"c{inst}n2", f"127.0.{inst}.12")]
+        assert sorted((t["node"], t["addr"]) for t in tasks) == [
+            (f"c{inst}n1", f"127.0.{inst}.11"),
+            (f"c{inst}n2", f"127.0.{inst}.12"),
+        ]
         assert {"n1", "n2", "n3", "n4"} <= set(slurm_node_names())
     finally:
         subprocess.run([*dev, "down"], env=env, capture_output=True, timeout=300)
@@ -207,5 +235,6 @@ def slurm_node_names() -> list[str]:
     import os
 
     env = {k: v for k, v in os.environ.items() if k != "SLURM_CONF"}
-    return subprocess.run(["sinfo", "-h", "-N", "-o", "%N"], env=env, capture_output=True, text=True,
-                          timeout=30).stdout.split()
+    return subprocess.run(
+        ["sinfo", "-h", "-N", "-o", "%N"], env=env, capture_output=True, text=True, timeout=30
+    ).stdout.split()

@@ -31,8 +31,13 @@ def run(name: str, cluster: str = "isambard-ai", **given):
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "hpcrl", "diagnose", *args], capture_output=True, text=True,
-                          timeout=120, env={"COLUMNS": "250", "NO_COLOR": "1", "PATH": "/usr/bin:/bin"})
+    return subprocess.run(
+        [sys.executable, "-m", "hpcrl", "diagnose", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"COLUMNS": "250", "NO_COLOR": "1", "PATH": "/usr/bin:/bin"},
+    )
 
 
 def test_seed_oom_numbers_are_read_from_the_message():
@@ -63,7 +68,8 @@ def test_learner_oom_fix_is_the_largest_pack_length_and_fewest_gpus_that_fit():
         "pack_length 16384 -> 6656 (tokens per learner GPU): predicted peak 91.4 GiB of 94.5",
         "learner GPUs 8 -> 10 (num_learners_per_node): predicted peak 89.9 GiB",
         "deepspeed_offload_optimizer: predicted peak 37.1 GiB (check host RAM with `hpcrl plan-memory --offload "
-        "optimizer`)"]
+        "optimizer`)",
+    ]
 
 
 def test_given_values_override_the_log():
@@ -72,8 +78,9 @@ def test_given_values_override_the_log():
     f = d.findings[0]
     # The given sizes are used (16 GPUs, 4096 tokens), and every option offered is re-planned
     # (committed answer): no shorter pack_length fits at the log's scale, more learners or offload do.
-    assert f.fix.startswith("learner GPUs 16 -> 42 (num_learners_per_node): predicted peak 91.6 GiB; or "
-                            "deepspeed_offload_optimizer: ")
+    assert f.fix.startswith(
+        "learner GPUs 16 -> 42 (num_learners_per_node): predicted peak 91.6 GiB; or deepspeed_offload_optimizer: "
+    )
     # The log's 94 GiB is far more than the planner gives 7B on 16 GPUs at 4k tokens: flagged.
     assert f.details["scale_from_log"] > 1.5 and "far off" in f.cause
 
@@ -103,12 +110,19 @@ def test_no_cache_blocks_and_gpu_busy():
     assert "vllm_gpu_memory_utilization <= 0.14" in f.fix
 
 
-@pytest.mark.parametrize("name, kind, text", [
-    ("seed001_nccl_duplicate_gpu.log", "nccl_duplicate_gpu", "learners + vLLM engines x TP <= 4"),  # verbatim seed 001
-    ("nccl_ofi_not_found.log", "nccl_ofi_plugin_missing", "load brics/nccl"),
-    ("cxi_vni_not_found.log", "nccl_libfabric_error", "srun"),
-    ("nccl_timeout.log", "nccl_timeout", "first error before this line"),
-])
+@pytest.mark.parametrize(
+    "name, kind, text",
+    [
+        (
+            "seed001_nccl_duplicate_gpu.log",
+            "nccl_duplicate_gpu",
+            "learners + vLLM engines x TP <= 4",
+        ),  # verbatim seed 001
+        ("nccl_ofi_not_found.log", "nccl_ofi_plugin_missing", "load brics/nccl"),
+        ("cxi_vni_not_found.log", "nccl_libfabric_error", "srun"),
+        ("nccl_timeout.log", "nccl_timeout", "first error before this line"),
+    ],
+)
 def test_nccl_failures(name, kind, text):
     f = run(name).findings[0]
     assert f.kind == kind and text in f.fix
@@ -142,11 +156,14 @@ def test_host_ram_oom():
     assert f.kind == "host_ram_oom" and "95%" in f.cause
 
 
-@pytest.mark.parametrize("name, first, key", [
-    ("grpo_fast_zero_reward.log", 4, "scores"),
-    ("grpo_legacy_zero_reward.log", 3, "objective/scores"),
-    ("plain_dict_zero_reward.log", 3, "scores"),
-])
+@pytest.mark.parametrize(
+    "name, first, key",
+    [
+        ("grpo_fast_zero_reward.log", 4, "scores"),
+        ("grpo_legacy_zero_reward.log", 3, "objective/scores"),
+        ("plain_dict_zero_reward.log", 3, "scores"),
+    ],
+)
 def test_zero_reward_from_the_steps(name, first, key):
     f = run(name).findings[0]
     assert f.kind == "zero_reward" and f.details["first_step"] == first and key in f.cause
@@ -210,8 +227,16 @@ def test_cli_run_dir_reads_driver_log_and_breaker(tmp_path):
     hp = tmp_path / "hpcrl"
     hp.mkdir()
     (hp / "driver.log").write_text((LOGS / "grpo_fast_healthy.log").read_text())
-    (hp / "breaker.json").write_text(json.dumps({"reason": "hang", "exit_code": 92, "message": "no training step "
-                                                 "completed for 61.0 min after step 5", "details": {}}))
+    (hp / "breaker.json").write_text(
+        json.dumps(
+            {
+                "reason": "hang",
+                "exit_code": 92,
+                "message": "no training step completed for 61.0 min after step 5",
+                "details": {},
+            }
+        )
+    )
     proc = cli(str(tmp_path), "--json")
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
@@ -221,7 +246,8 @@ def test_cli_run_dir_reads_driver_log_and_breaker(tmp_path):
     empty.mkdir()
     proc = cli(str(empty))
     assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
-        f"hpcrl: error: {empty}: no hpcrl/driver.log or logs/*.log in this directory; give a log file"]
+        f"hpcrl: error: {empty}: no hpcrl/driver.log or logs/*.log in this directory; give a log file"
+    ]
 
 
 def test_cli_run_dir_without_watchdog_reads_the_newest_job_log(tmp_path):
@@ -239,22 +265,33 @@ def test_run_directory_diagnosis_reads_the_ray_logs_the_job_kept(tmp_path):
     logs/ray/<job>/<node>/ says why (Ray's memory monitor): diagnose on the run dir finds it."""
     run = tmp_path / "run"
     (run / "hpcrl").mkdir(parents=True)
-    (run / "hpcrl" / "driver.log").write_text("step 12 ...\nray.exceptions.ActorDiedError: The actor died unexpectedly\n")
+    (run / "hpcrl" / "driver.log").write_text(
+        "step 12 ...\nray.exceptions.ActorDiedError: The actor died unexpectedly\n"
+    )
     kept = run / "logs" / "ray" / "4711" / "n3"
     kept.mkdir(parents=True)
     (kept / "raylet.out").write_text((LOGS / "ray_host_oom.log").read_text())
     out = cli(str(run), "--json")
     assert out.returncode == 0, out.stderr
     kinds = [f["kind"] for f in json.loads(out.stdout)["findings"]]
-    assert kinds == ["host_ram_oom", "ray_actor_died"], kinds  # the cause the raylet kept first, then what the driver saw
+    assert kinds == ["host_ram_oom", "ray_actor_died"], (
+        kinds
+    )  # the cause the raylet kept first, then what the driver saw
     only_driver = cli(str(run / "hpcrl" / "driver.log"), "--json")
     assert [f["kind"] for f in json.loads(only_driver.stdout)["findings"]] == ["ray_actor_died"]
 
 
 # ---------------------------------------------------------------------------- verl and OpenRLHF logs
 
-OI_FLAGS = ("pack_length", "num_learners_per_node", "deepspeed_offload_optimizer", "vllm_gpu_memory_utilization",
-            "vllm_tensor_parallel_size", "model_name_or_path", "deepspeed_stage")
+OI_FLAGS = (
+    "pack_length",
+    "num_learners_per_node",
+    "deepspeed_offload_optimizer",
+    "vllm_gpu_memory_utilization",
+    "vllm_tensor_parallel_size",
+    "model_name_or_path",
+    "deepspeed_stage",
+)
 
 
 def test_verl_oom_is_replanned_in_verls_keys():
@@ -274,12 +311,15 @@ def test_verl_oom_is_replanned_in_verls_keys():
     assert "not used to scale" in f.cause and "scale_from_log" not in f.details
 
 
-@pytest.mark.parametrize("name, kind, text", [
-    ("verl_nccl_timeout.log", "nccl_timeout", "actor_rollout_ref.nccl_timeout (seconds, now 600)"),
-    ("verl_worker_died.log", "ray_actor_died", "actor_rollout_ref.actor.fsdp_config.param_offload"),
-    ("openrlhf_nccl_timeout.log", "nccl_timeout", "--vllm.sync_with_ray"),
-    ("openrlhf_worker_died.log", "ray_actor_died", "ds.adam_offload off"),
-])
+@pytest.mark.parametrize(
+    "name, kind, text",
+    [
+        ("verl_nccl_timeout.log", "nccl_timeout", "actor_rollout_ref.nccl_timeout (seconds, now 600)"),
+        ("verl_worker_died.log", "ray_actor_died", "actor_rollout_ref.actor.fsdp_config.param_offload"),
+        ("openrlhf_nccl_timeout.log", "nccl_timeout", "--vllm.sync_with_ray"),
+        ("openrlhf_worker_died.log", "ray_actor_died", "ds.adam_offload off"),
+    ],
+)
 def test_verl_and_openrlhf_failures_in_their_keys(name, kind, text):
     d = run(name)
     f = d.findings[0]
@@ -330,20 +370,29 @@ def test_run_directory_uses_its_plan_and_job_script(tmp_path):
     (hp / "driver.log").write_text((LOGS / "seed004_cuda_oom.log").read_text())
     data = json.loads(cli(str(tmp_path), "--json").stdout)
     f = data["findings"][0]
-    assert f["details"]["model"] == "Qwen/Qwen2.5-7B" and "verl driver command read from job.sbatch" in data["assumptions"]
-    micro = re.search(r"^ +actor_rollout_ref\.actor\.ppo_micro_batch_size_per_gpu=(\d+)$", golden.read_text(), re.M).group(1)
-    assert f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro} (from the driver command)" in data["assumptions"]
+    assert (
+        f["details"]["model"] == "Qwen/Qwen2.5-7B" and "verl driver command read from job.sbatch" in data["assumptions"]
+    )
+    micro = re.search(
+        r"^ +actor_rollout_ref\.actor\.ppo_micro_batch_size_per_gpu=(\d+)$", golden.read_text(), re.M
+    ).group(1)
+    assert (
+        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro} (from the driver command)" in data["assumptions"]
+    )
     assert not any(flag in f["fix"] for flag in OI_FLAGS)
 
 
 def test_cli_bad_backend_is_one_line():
     proc = cli(str(LOGS / "seed004_cuda_oom.log"), "--backend", "megatron")
     assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
-        "hpcrl: error: --backend 'megatron': valid: open-instruct, verl, openrlhf, custom, trl"]
+        "hpcrl: error: --backend 'megatron': valid: open-instruct, verl, openrlhf, custom, trl"
+    ]
 
 
-@pytest.mark.parametrize("name, kind, first, steps", [("verl_grad_norm_zero.log", "grad_norm_zero", 3, 24),
-                                                      ("openrlhf_zero_variance.log", "zero_variance", 4, 24)])
+@pytest.mark.parametrize(
+    "name, kind, first, steps",
+    [("verl_grad_norm_zero.log", "grad_norm_zero", 3, 24), ("openrlhf_zero_variance.log", "zero_variance", 4, 24)],
+)
 def test_stalled_learning_in_the_steps(name, kind, first, steps):
     f = run(name).findings[0]
     assert (f.kind, f.details) == (kind, {"first_step": first, "steps": steps})
@@ -352,5 +401,6 @@ def test_stalled_learning_in_the_steps(name, kind, first, steps):
 def test_diagnose_reads_areals_console_stats():
     """`hpcrl diagnose` on seed 002's AReaL console log (StatsLogger's tables): zero reward from step 4."""
     proc = cli(str(LOGS / "areal_console_zero_reward.log"))
-    assert "The mean reward (grpo_actor/task_reward/avg) was exactly 0 for 25 consecutive steps from step 4" \
-        in proc.stdout, proc.stdout + proc.stderr
+    assert (
+        "The mean reward (grpo_actor/task_reward/avg) was exactly 0 for 25 consecutive steps from step 4" in proc.stdout
+    ), proc.stdout + proc.stderr

@@ -73,8 +73,13 @@ def test_zero2_adds_the_bf16_module_on_rank_0():
     ],
 )
 def test_counts_follow_open_instruct(total, save_freq, state_freq, keep, hf, saves, peak):
-    plan = plan_disk("olmo3-7b", total_steps=total, save_freq=save_freq, checkpoint_state_freq=state_freq,
-                     keep_last_n_checkpoints=keep)
+    plan = plan_disk(
+        "olmo3-7b",
+        total_steps=total,
+        save_freq=save_freq,
+        checkpoint_state_freq=state_freq,
+        keep_last_n_checkpoints=keep,
+    )
     assert (plan.n_hf_saves, plan.n_state_saves, plan.state_at_peak) == (hf, saves, peak)
     assert plan.peak_bytes == peak * plan.state_bytes + hf * plan.hf_bytes
 
@@ -116,13 +121,19 @@ def test_bad_settings_are_user_errors(kw):
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "hpcrl", "plan-disk", *args], capture_output=True, text=True,
-                          timeout=120, env={"COLUMNS": "200", "NO_COLOR": "1", "PATH": "/usr/bin:/bin"})
+    return subprocess.run(
+        [sys.executable, "-m", "hpcrl", "plan-disk", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"COLUMNS": "200", "NO_COLOR": "1", "PATH": "/usr/bin:/bin"},
+    )
 
 
 def test_cli_json_and_quota_from_profile():
-    proc = _cli("--model", "32b", "--learners", "16", "--checkpoint-state-freq", "50", "--cluster", "berzelius",
-                "--json")
+    proc = _cli(
+        "--model", "32b", "--learners", "16", "--checkpoint-state-freq", "50", "--cluster", "berzelius", "--json"
+    )
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
     assert data["quota_gib"] == 2000.0  # Berzelius project storage
@@ -164,8 +175,19 @@ def items(*args: str) -> dict:
 
 def test_verl_fsdp_checkpoint_is_fp32_parameters_and_adam_moments():
     """verl b178a3cd: model shards in the actor's fp32, Adam's two fp32 moments, small per-rank files."""
-    data, got = items("--backend", "verl", "--model", "qwen2.5-7b", "--learners", "16", "--ckpt-every", "100",
-                      "--total-steps", "1000", "--no-hf-cache")
+    data, got = items(
+        "--backend",
+        "verl",
+        "--model",
+        "qwen2.5-7b",
+        "--learners",
+        "16",
+        "--ckpt-every",
+        "100",
+        "--total-steps",
+        "1000",
+        "--no-hf-cache",
+    )
     one = 4 * QWEN7B + 8 * QWEN7B + 16 * 4 * MIB + 20 * MIB
     assert got["fsdp_state"]["bytes"] == one
     # 10 saves (steps 100..1000); hpcrl renders trainer.max_actor_ckpt_to_keep 2: two at the peak.
@@ -174,17 +196,40 @@ def test_verl_fsdp_checkpoint_is_fp32_parameters_and_adam_moments():
     assert data["settings"]["trainer.max_actor_ckpt_to_keep"] == 2
 
 
-@pytest.mark.parametrize("keep, at_peak", [("1", 2), ("3", 3), ("-1", 11)])  # 1 keeps the old one until the new is whole
+@pytest.mark.parametrize(
+    "keep, at_peak", [("1", 2), ("3", 3), ("-1", 11)]
+)  # 1 keeps the old one until the new is whole
 def test_verl_keep_and_the_last_step_save(keep, at_peak):
     # save_freq 100 over 1050 steps: 10 saves plus one at the last step.
-    _, got = items("--backend", "verl", "--model", "qwen2.5-7b", "--ckpt-every", "100", "--total-steps", "1050",
-                   "--keep", keep, "--no-hf-cache")
+    _, got = items(
+        "--backend",
+        "verl",
+        "--model",
+        "qwen2.5-7b",
+        "--ckpt-every",
+        "100",
+        "--total-steps",
+        "1050",
+        "--keep",
+        keep,
+        "--no-hf-cache",
+    )
     assert (got["fsdp_state"]["written"], got["fsdp_state"]["at_peak"]) == (11, at_peak)
 
 
 def test_verl_lora_and_hf_model():
-    _, got = items("--backend", "verl", "--model", "qwen2.5-7b", "--learners", "8", "--lora-rank", "32", "--save-hf",
-                   "--no-hf-cache")
+    _, got = items(
+        "--backend",
+        "verl",
+        "--model",
+        "qwen2.5-7b",
+        "--learners",
+        "8",
+        "--lora-rank",
+        "32",
+        "--save-hf",
+        "--no-hf-cache",
+    )
     t = QWEN7B_LORA32
     # The frozen base is in the fp32 model shards; the optimizer holds the adapter only; lora_adapter/ in fp32;
     # hf_model in save_contents adds the whole model, gathered in fp32.
@@ -192,8 +237,21 @@ def test_verl_lora_and_hf_model():
 
 
 def test_openrlhf_full_finetune_and_the_model_cache():
-    data, got = items("--backend", "openrlhf", "--model", "qwen2.5-7b", "--learners", "16", "--ckpt-every", "100",
-                      "--total-steps", "1000", "--save-hf", "--cluster", "isambard-ai")
+    data, got = items(
+        "--backend",
+        "openrlhf",
+        "--model",
+        "qwen2.5-7b",
+        "--learners",
+        "16",
+        "--ckpt-every",
+        "100",
+        "--total-steps",
+        "1000",
+        "--save-hf",
+        "--cluster",
+        "isambard-ai",
+    )
     assert 12 * QWEN7B < got["deepspeed_state"]["bytes"] < 12 * QWEN7B * 1.001
     assert (got["deepspeed_state"]["written"], got["deepspeed_state"]["at_peak"]) == (10, 3)  # ckpt.max_num 3
     hf = 2 * QWEN7B + 20 * MIB
@@ -207,8 +265,24 @@ def test_openrlhf_lora_counts_the_full_model_sized_parts():
     """The users' run: the DeepSpeed state holds the frozen base (their 219 GB); the HF save is the adapter at
     3c3be623, or the full model with --lora-hf-save full (their 203 GB)."""
     assert SEED_P == 101_613_905_920 and SEED_LORA64 == 985_661_440
-    common = ("--backend", "openrlhf", "--model", SEED_MODEL, "--lora-rank", "64", "--learners", "16", "--save-hf",
-              "--ckpt-every", "25", "--total-steps", "100", "--quota-gib", "931", "--hf-cache")
+    common = (
+        "--backend",
+        "openrlhf",
+        "--model",
+        SEED_MODEL,
+        "--lora-rank",
+        "64",
+        "--learners",
+        "16",
+        "--save-hf",
+        "--ckpt-every",
+        "25",
+        "--total-steps",
+        "100",
+        "--quota-gib",
+        "931",
+        "--hf-cache",
+    )
     data, got = items(*common)
     state = got["deepspeed_state"]
     assert state["terms_gib"]["frozen base weights (bf16 partitions)"] == pytest.approx(2 * SEED_P / GIB, abs=1e-3)
@@ -220,12 +294,24 @@ def test_openrlhf_lora_counts_the_full_model_sized_parts():
     assert got["hf_save"]["bytes"] == got["final_save"]["bytes"] == 2 * SEED_P + 20 * MIB  # 203.2 GB
     assert "2d0b9854" in got["hf_save"]["source"]
     assert data["fits"] is False and data["peak_bytes"] == pytest.approx(
-        3 * state["bytes"] + 4 * (2 * SEED_P + 20 * MIB) + (2 * SEED_P + 20 * MIB) + 2 * SEED_P, rel=1e-9)
+        3 * state["bytes"] + 4 * (2 * SEED_P + 20 * MIB) + (2 * SEED_P + 20 * MIB) + 2 * SEED_P, rel=1e-9
+    )
 
 
 def test_rollout_dumps_and_dataset_cache():
-    _, got = items("--backend", "verl", "--model", "qwen2.5-7b", "--total-steps", "50", "--rollout-tokens-per-step",
-                   "1000000", "--dataset-gib", "12", "--no-hf-cache")
+    _, got = items(
+        "--backend",
+        "verl",
+        "--model",
+        "qwen2.5-7b",
+        "--total-steps",
+        "50",
+        "--rollout-tokens-per-step",
+        "1000000",
+        "--dataset-gib",
+        "12",
+        "--no-hf-cache",
+    )
     assert got["rollouts"]["bytes"] == 4 * 1_000_000 and got["rollouts"]["at_peak"] == 50  # decoded text, 4 B/token
     assert got["dataset_cache"]["bytes"] == 12 * GIB
 
@@ -233,15 +319,32 @@ def test_rollout_dumps_and_dataset_cache():
 # Each bad combination and the one line that names what is wrong with it.
 BAD_COMBINATIONS = {
     ("--backend", "megatron"): "hpcrl: error: --backend 'megatron': valid: open-instruct, verl, openrlhf, trl",
-    ("--config", "grpo-olmo3-7b", "--learners", "4"):
-        "hpcrl: error: --learners: with --config the run's own settings count; change them with --set KEY=VALUE",
-    ("--nodes", "4",): "hpcrl: error: --nodes and --set go with --config",
+    (
+        "--config",
+        "grpo-olmo3-7b",
+        "--learners",
+        "4",
+    ): "hpcrl: error: --learners: with --config the run's own settings count; change them with --set KEY=VALUE",
+    (
+        "--nodes",
+        "4",
+    ): "hpcrl: error: --nodes and --set go with --config",
     ("--lora-hf-save", "merged"): "hpcrl: error: --lora-hf-save 'merged': valid: adapter, full",
 }
 
 
-@pytest.mark.parametrize("args", [("--backend", "megatron"), ("--config", "grpo-olmo3-7b", "--learners", "4"),
-                                  ("--nodes", "4",), ("--lora-hf-save", "merged")])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("--backend", "megatron"),
+        ("--config", "grpo-olmo3-7b", "--learners", "4"),
+        (
+            "--nodes",
+            "4",
+        ),
+        ("--lora-hf-save", "merged"),
+    ],
+)
 def test_plan_disk_bad_combinations_are_one_line(args):
     proc = _cli(*args)
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr

@@ -14,8 +14,18 @@ def hpcrl(*args: str) -> subprocess.CompletedProcess:
 
 
 # Berzelius' project quota is 2,000 GiB; OLMo 3 7B's ZeRO-3 state is 12 B x 7.3e9 = 88 GB.
-OVERFLOW = ["--cluster", "berzelius:fat", "--nodes", "4", "--config", "grpo-olmo3-7b",
-            "--set", "keep_last_n_checkpoints=-1", "--set", "checkpoint_state_freq=1"]
+OVERFLOW = [
+    "--cluster",
+    "berzelius:fat",
+    "--nodes",
+    "4",
+    "--config",
+    "grpo-olmo3-7b",
+    "--set",
+    "keep_last_n_checkpoints=-1",
+    "--set",
+    "checkpoint_state_freq=1",
+]
 
 
 def test_render_refuses_overflowing_checkpoints_and_writes_nothing(tmp_path):
@@ -59,9 +69,18 @@ def test_smoke_writes_no_checkpoints_so_is_not_refused():
 GIB = 1024**3
 MIB = 1024**2
 SEED_P, SEED_LORA64 = 101_613_905_920, 985_661_440  # by hand in tests/test_disk.py
-USERS = ["--config", "openrlhf-grpo-qwen2.5-7b", "--nodes", "8",
-         "--set", "actor.model_name_or_path=" + str(Path(__file__).parent / "data" / "models" / "seed000-100b"),
-         "--set", "ds.lora.rank=64", "--set", "ckpt.save_hf=true"]
+USERS = [
+    "--config",
+    "openrlhf-grpo-qwen2.5-7b",
+    "--nodes",
+    "8",
+    "--set",
+    "actor.model_name_or_path=" + str(Path(__file__).parent / "data" / "models" / "seed000-100b"),
+    "--set",
+    "ds.lora.rank=64",
+    "--set",
+    "ckpt.save_hf=true",
+]
 
 
 def one_tb_profile(tmp_path: Path) -> list[str]:
@@ -122,8 +141,20 @@ def test_lora_hf_save_is_openrlhfs():
 # intermediate 29568, 80 layers, vocab 152064, 64/8 heads, q/k/v biases, untied embeddings): 72,706,203,648; LoRA
 # r=64 on every linear: 64 x (2x16384 + 2x9216 + 3x37760) x 80 = 842,137,600.
 P72, LORA72 = 72_706_203_648, 842_137_600
-SEED000 = ["--config", "openrlhf-grpo-qwen2.5-7b", "--nodes", "8", "--set", "actor.model_name_or_path=Qwen/Qwen2.5-72B",
-           "--set", "ds.lora.rank=64", "--set", "ckpt.save_hf=true", "--set", "hpcrl.lora_hf_save=full"]
+SEED000 = [
+    "--config",
+    "openrlhf-grpo-qwen2.5-7b",
+    "--nodes",
+    "8",
+    "--set",
+    "actor.model_name_or_path=Qwen/Qwen2.5-72B",
+    "--set",
+    "ds.lora.rank=64",
+    "--set",
+    "ckpt.save_hf=true",
+    "--set",
+    "hpcrl.lora_hf_save=full",
+]
 
 
 def _peak(err: str) -> float:

@@ -112,11 +112,12 @@ def test_relative_links_resolve(page: Path):
             continue
         dest = (page.parent / path).resolve()
         if not dest.is_file():
-            problems.append(f"{where}: {dest.relative_to(ROOT) if dest.is_relative_to(ROOT) else dest} "
-                            "does not exist")
+            problems.append(f"{where}: {dest.relative_to(ROOT) if dest.is_relative_to(ROOT) else dest} does not exist")
         elif anchor and anchor not in anchors(dest):
-            problems.append(f"{where}: no heading with anchor #{anchor} in {dest.relative_to(ROOT)}; "
-                            f"anchors there: {', '.join(sorted(anchors(dest)))}")
+            problems.append(
+                f"{where}: no heading with anchor #{anchor} in {dest.relative_to(ROOT)}; "
+                f"anchors there: {', '.join(sorted(anchors(dest)))}"
+            )
     assert not problems, "\n".join(problems)
 
 
@@ -130,8 +131,9 @@ def test_readme_names_existing_pages():
 
 def help_text(*args: str) -> str:
     env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1", "TERM": "dumb"}
-    proc = subprocess.run([sys.executable, "-m", "hpcrl", *args, "--help"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "hpcrl", *args, "--help"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0, proc.stderr
     return ANSI.sub("", proc.stdout)
 
@@ -197,8 +199,10 @@ def test_every_subcommand_is_on_its_groups_page():
     for group, names in groups.items():
         pages = [p for p in sorted(DOCS.rglob("*.md")) if mentions(opening(p), group)]
         if not any(all(mentions(p.read_text(), f"{group} {n}") for n in names) for p in pages):
-            problems.append(f"no page of `hpcrl {group}` ({', '.join(str(p.relative_to(ROOT)) for p in pages)}) "
-                            f"names every one of `hpcrl {group} " + "|".join(names) + "`")
+            problems.append(
+                f"no page of `hpcrl {group}` ({', '.join(str(p.relative_to(ROOT)) for p in pages)}) "
+                f"names every one of `hpcrl {group} " + "|".join(names) + "`"
+            )
     assert not problems, "\n".join(problems)
 
 

@@ -33,7 +33,8 @@ def test_example_output_is_the_commands(ex):
         pytest.skip("jq is not installed")
     real = docs_examples.run(ex.command)
     assert docs_examples.normalised(real) == docs_examples.normalised(ex.shown), (
-        f"{ex.page.relative_to(ROOT)}:{ex.line}: the example's output drifted; run scripts/docs-examples")
+        f"{ex.page.relative_to(ROOT)}:{ex.line}: the example's output drifted; run scripts/docs-examples"
+    )
 
 
 DRIFTED = """\
@@ -52,13 +53,15 @@ def test_the_script_rewrites_a_drifted_example(tmp_path):
     page.write_text(DRIFTED)
     subprocess.run([sys.executable, str(SCRIPT), str(page)], check=True, capture_output=True, timeout=300)
     # Isambard-AI has 1,362 nodes (clusters/isambard-ai.yaml, slurm.system_nodes).
-    assert "hpcrl: error: --nodes 100000: isambard-ai has 1,362 nodes in all; valid: 1 to 1,362\n```" in \
-        page.read_text()
+    assert (
+        "hpcrl: error: --nodes 100000: isambard-ai has 1,362 nodes in all; valid: 1 to 1,362\n```" in page.read_text()
+    )
 
 
 def test_check_names_a_drifted_example_and_fails(tmp_path):
     page = tmp_path / "page.md"
     page.write_text(DRIFTED)
-    proc = subprocess.run([sys.executable, str(SCRIPT), str(page), "--check"], capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), str(page), "--check"], capture_output=True, text=True, timeout=300
+    )
     assert (proc.returncode, proc.stderr) == (1, f"{page}:3: hpcrl plan --nodes 100000: drifted\n")

@@ -10,8 +10,12 @@ import sys
 
 
 def plan_memory(*args: str) -> dict:
-    proc = subprocess.run([sys.executable, "-m", "hpcrl", "plan-memory", "--config", "verl-grpo-qwen2.5-7b", "--json",
-                           *args], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "hpcrl", "plan-memory", "--config", "verl-grpo-qwen2.5-7b", "--json", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
 
@@ -31,6 +35,10 @@ def test_no_assumption_names_a_utilisation_the_answer_does_not_use():
 def test_a_learner_cap_the_framework_cannot_keep_says_why():
     """Isambard-AI plans at most 1 learner per node; OpenRLHF packs its actor's one-GPU bundles (Ray PACK,
     cli/train_ppo_ray.py:48-49 at 3c3be623), so hpcrl cannot plan fewer, and the warning says so."""
-    proc = subprocess.run([sys.executable, "-m", "hpcrl", "plan", "--config", "openrlhf-grpo-qwen2.5-7b"],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "hpcrl", "plan", "--config", "openrlhf-grpo-qwen2.5-7b"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert "OpenRLHF places its actor's one-GPU bundles with PACK" in proc.stderr, proc.stderr

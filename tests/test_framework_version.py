@@ -21,27 +21,35 @@ LORA = "actor_rollout_ref.model.lora.rank=16"  # new at 1dda039b (model/hf_model
 
 def test_the_current_verl_s_lora_key_renders_and_the_version_is_named():
     out = shipped_hpcrl("render", "--config", VERL, "--set", LORA)
-    assert out.returncode == 0 and "hpcrl: assumes verl 0.10.0.dev (1dda039b)" in out.stderr \
-        and "# Plan assumes verl 0.10.0.dev (1dda039b)" in out.stdout, out.stderr
+    assert (
+        out.returncode == 0
+        and "hpcrl: assumes verl 0.10.0.dev (1dda039b)" in out.stderr
+        and "# Plan assumes verl 0.10.0.dev (1dda039b)" in out.stdout
+    ), out.stderr
 
 
 def test_an_unknown_version_exits_2_listing_the_known_ones_the_old_pin_among_them():
-    line = assert_user_error(shipped_hpcrl("render", "--config", VERL, "--set", "hpcrl.framework_version=nope"),
-                             "'nope'")
+    line = assert_user_error(
+        shipped_hpcrl("render", "--config", VERL, "--set", "hpcrl.framework_version=nope"), "'nope'"
+    )
     assert "b178a3cd" in line and "1dda039b" in line, line
 
 
 @pytest.mark.parametrize("pin", ["b178a3cd", "0.8.0.dev", "b178a3cd56f58b2d502255daba591e92833930a7"])
 def test_the_lora_key_at_the_old_pin_exits_2_naming_the_version_that_has_it(pin):
-    line = assert_user_error(shipped_hpcrl("render", "--config", VERL, "--set", LORA,
-                                           "--set", f"hpcrl.framework_version={pin}"), "lora.rank")
+    line = assert_user_error(
+        shipped_hpcrl("render", "--config", VERL, "--set", LORA, "--set", f"hpcrl.framework_version={pin}"), "lora.rank"
+    )
     assert "exists in 0.10.0.dev (1dda039b)" in line, line
 
 
 def test_a_named_version_is_no_assumption_and_is_in_the_header():
     out = shipped_hpcrl("render", "--config", VERL, "--set", "hpcrl.framework_version=b178a3cd")
-    assert (out.returncode, "assumes" in out.stderr, "# Framework: verl 0.8.0.dev (b178a3cd)" in out.stdout) == \
-        (0, False, True), out.stderr
+    assert (out.returncode, "assumes" in out.stderr, "# Framework: verl 0.8.0.dev (b178a3cd)" in out.stdout) == (
+        0,
+        False,
+        True,
+    ), out.stderr
 
 
 def _cfg(*sets: str):
@@ -67,10 +75,14 @@ def test_the_lora_rank_under_the_new_key_reaches_the_plan():
 
 
 def test_open_instruct_s_legacy_commit_asks_for_the_legacy_layout():
-    assert_user_error(shipped_hpcrl("plan", "--config", "grpo-olmo3-7b", "--set", "hpcrl.framework_version=1611e3df"),
-                      "hpcrl.arg_layout=legacy")
+    assert_user_error(
+        shipped_hpcrl("plan", "--config", "grpo-olmo3-7b", "--set", "hpcrl.framework_version=1611e3df"),
+        "hpcrl.arg_layout=legacy",
+    )
 
 
 def test_a_custom_script_has_no_versions_to_name():
-    assert_user_error(shipped_hpcrl("plan", "--config", "custom-ppo-qwen2.5-3b-qlora", "--set",
-                                    "hpcrl.framework_version=1.0"), "no versions of backend custom")
+    assert_user_error(
+        shipped_hpcrl("plan", "--config", "custom-ppo-qwen2.5-3b-qlora", "--set", "hpcrl.framework_version=1.0"),
+        "no versions of backend custom",
+    )

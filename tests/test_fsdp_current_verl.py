@@ -31,8 +31,16 @@ def spec(name: str) -> ModelSpec:
 
 def setup_of(row: dict) -> FsdpSetup:
     adapters = row["trainable_params"] if row.get("lora_rank") else 0  # peft's own count on the GPU machine
-    s = FsdpSetup(spec(row["model"]), row["world"], row["seq"], row["micro_batches"], row["fsdp"],
-                  bool(row["ref"]), OFFLOAD[row["offload"]], adapters)  # type: ignore[arg-type]
+    s = FsdpSetup(
+        spec(row["model"]),
+        row["world"],
+        row["seq"],
+        row["micro_batches"],
+        row["fsdp"],
+        bool(row["ref"]),
+        OFFLOAD[row["offload"]],
+        adapters,
+    )  # type: ignore[arg-type]
     return replace(s, update=CURRENT) if row["verl"] == "1dda039b" else s
 
 
@@ -40,13 +48,16 @@ def rows(verl: str) -> list[dict]:
     return [r for r in map(json.loads, ROWS.read_text().splitlines()) if r["status"] == "ok" and r["verl"] == verl]
 
 
-@pytest.mark.parametrize("version,expected", [
-    # b178a3cd: dp_actor.py:259 logits_rmpad.div_, :660 backward per micro-batch, fsdp_utils.py:523 embedding only
-    ("0.8.0.dev", ("in_place", "every_micro_batch", False)),
-    # 1dda039b: transformer_impl.py:1357 `/`, :729 _gradient_sync_context, fsdp_utils.py:559 embed_tokens + lm_head
-    ("0.10.0.dev", ("out_of_place", "last_micro_batch", True)),
-    (None, ("out_of_place", "last_micro_batch", True)),  # the newest hpcrl knows is the default
-])
+@pytest.mark.parametrize(
+    "version,expected",
+    [
+        # b178a3cd: dp_actor.py:259 logits_rmpad.div_, :660 backward per micro-batch, fsdp_utils.py:523 embedding only
+        ("0.8.0.dev", ("in_place", "every_micro_batch", False)),
+        # 1dda039b: transformer_impl.py:1357 `/`, :729 _gradient_sync_context, fsdp_utils.py:559 embed_tokens + lm_head
+        ("0.10.0.dev", ("out_of_place", "last_micro_batch", True)),
+        (None, ("out_of_place", "last_micro_batch", True)),  # the newest hpcrl knows is the default
+    ],
+)
 def test_each_version_reads_its_update_from_its_capabilities(version, expected):
     u = fsdp_update("verl", version)
     assert (u.temperature_divide, u.grad_sync, u.lm_head_own_unit_fsdp2) == expected
@@ -67,8 +78,9 @@ def test_no_sync_leaves_fsdp1_gradients_unsharded_in_bf16():
 
 def test_no_sync_leaves_fsdp2_gradients_unsharded_in_fp32_even_under_cpu_offload_policy():
     # Qwen2.5-1.5B, 2 GPUs, FSDP2: 4 B x 1,543,714,304 = 6,174,857,216 on the GPU (b178a3cd: none, on the host)
-    b = fsdp_learner_memory(FsdpSetup(spec("qwen2.5-1.5b"), n_gpus=2, fsdp_version=2, offload="cpu_policy",
-                                      update=CURRENT))
+    b = fsdp_learner_memory(
+        FsdpSetup(spec("qwen2.5-1.5b"), n_gpus=2, fsdp_version=2, offload="cpu_policy", update=CURRENT)
+    )
     assert b.moments["logits"]["unsharded fp32 gradients of earlier micro-batches (no_sync)"] == 6_174_857_216
 
 
@@ -114,8 +126,22 @@ def hpcrl(*args: str) -> subprocess.CompletedProcess:
 def test_plan_memory_follows_the_current_verl_by_default_and_the_named_version_otherwise():
     """The 7B, 2 GPUs, 8192 tokens, 2 micro-batches, FSDP2 rows: 1dda039b measured 77.58 GiB (no_sync's fp32
     gradients at the logits), b178a3cd 70.99 GiB (the optimizer step; fsdp_measured.jsonl, H100)."""
-    base = ["plan-memory", "--json", "--backend", "verl", "--model", "Qwen/Qwen2.5-7B", "--learner-gpus", "2",
-            "--tokens-per-gpu", "8192", "--micro-batches", "2", "--fsdp-version", "2"]
+    base = [
+        "plan-memory",
+        "--json",
+        "--backend",
+        "verl",
+        "--model",
+        "Qwen/Qwen2.5-7B",
+        "--learner-gpus",
+        "2",
+        "--tokens-per-gpu",
+        "8192",
+        "--micro-batches",
+        "2",
+        "--fsdp-version",
+        "2",
+    ]
     got = {}
     for version in ([], ["--framework-version", "b178a3cd"]):
         out = hpcrl(*base, *version)
@@ -130,13 +156,17 @@ def test_framework_version_with_a_config_is_refused_in_one_line():
     out = hpcrl("plan-memory", "--config", "verl-grpo-qwen2.5-7b", "--framework-version", "b178a3cd")
     assert out.returncode == 2 and out.stderr.strip().splitlines() == [
         "hpcrl: error: --framework-version b178a3cd: with --config the run's version is its "
-        "hpcrl.framework_version (--set hpcrl.framework_version=NAME)"]
+        "hpcrl.framework_version (--set hpcrl.framework_version=NAME)"
+    ]
 
 
-@pytest.mark.parametrize("traceback,version", [
-    ('  File "/opt/verl/verl/workers/actor/dp_actor.py", line 631, in update_policy\n', "0.8.0.dev"),
-    ('  File "/opt/verl/verl/workers/engine_workers.py", line 713, in update_actor\n', None),
-])
+@pytest.mark.parametrize(
+    "traceback,version",
+    [
+        ('  File "/opt/verl/verl/workers/actor/dp_actor.py", line 631, in update_policy\n', "0.8.0.dev"),
+        ('  File "/opt/verl/verl/workers/engine_workers.py", line 713, in update_actor\n', None),
+    ],
+)
 def test_diagnose_models_the_verl_version_the_traceback_proves(traceback, version):
     """dp_actor.py is gone at 1dda039b (git ls-tree 1dda039b verl/workers/actor/ is empty)."""
     from hpcrl.logs.diagnose_context import Context
@@ -147,12 +177,15 @@ def test_diagnose_models_the_verl_version_the_traceback_proves(traceback, versio
     assert ctx.config().hpcrl.framework_version == version
 
 
-@pytest.mark.parametrize("args, cited", [
-    # verl's mixed precision, read at each commit (data/verl/1dda039b/capabilities.json, capabilities.json)
-    ((), "verl/workers/engine/fsdp/transformer_impl.py:382 at 1dda039b"),
-    (("--framework-version", "b178a3cd"), "verl/workers/fsdp_workers.py:499 at b178a3cd"),
-    (("--config", "verl-grpo-qwen2.5-7b"), "verl/workers/engine/fsdp/transformer_impl.py:382 at 1dda039b"),
-])
+@pytest.mark.parametrize(
+    "args, cited",
+    [
+        # verl's mixed precision, read at each commit (data/verl/1dda039b/capabilities.json, capabilities.json)
+        ((), "verl/workers/engine/fsdp/transformer_impl.py:382 at 1dda039b"),
+        (("--framework-version", "b178a3cd"), "verl/workers/fsdp_workers.py:499 at b178a3cd"),
+        (("--config", "verl-grpo-qwen2.5-7b"), "verl/workers/engine/fsdp/transformer_impl.py:382 at 1dda039b"),
+    ],
+)
 def test_the_assumptions_cite_the_verl_version_the_run_targets(args, cited):
     model = () if "--config" in args else ("--backend", "verl", "--model", "qwen2.5-1.5b", "--learner-gpus", "1")
     out = hpcrl("plan-memory", *model, *args)
@@ -163,11 +196,24 @@ def test_the_assumptions_cite_the_verl_version_the_run_targets(args, cited):
 def test_a_plan_no_node_count_fits_says_the_unsharded_gradients_are_why():
     # verl 1dda039b keeps unsharded gradients until the last micro-batch (transformer_impl.py:672-698): FSDP1's are
     # bf16 over the model's 72,706,203,648 parameters (Qwen2.5-72B, config.json shapes) = 135.4 GiB on every GPU.
-    out = hpcrl("plan", "--config", "verl-grpo-qwen2.5-7b", "--model", "72b", "--nodes", "1",
-                "--set", "data.max_response_length=16384")
+    out = hpcrl(
+        "plan",
+        "--config",
+        "verl-grpo-qwen2.5-7b",
+        "--model",
+        "72b",
+        "--nodes",
+        "1",
+        "--set",
+        "data.max_response_length=16384",
+    )
     line = out.stderr.strip()
-    assert (out.returncode, line.count("\n"), "(135 GiB per GPU at any GPU count" in line,
-            "hpcrl.framework_version=b178a3cd" in line) == (2, 0, True, True)
+    assert (
+        out.returncode,
+        line.count("\n"),
+        "(135 GiB per GPU at any GPU count" in line,
+        "hpcrl.framework_version=b178a3cd" in line,
+    ) == (2, 0, True, True)
 
 
 @pytest.mark.parametrize("update", [VerlUpdate(), CURRENT])
@@ -181,14 +227,19 @@ def test_under_lora_the_reference_is_the_actor_with_its_adapter_disabled(update)
     assert (with_ref, lora) == (2 * 2 * 151_936 * 1_536, 0.0)
 
 
-@pytest.mark.parametrize("args, vllm", [
-    # verl b178a3cd installs vllm==0.11.0 (scripts/install_vllm_sglang_mcore.sh:12); 1dda039b pins 0.24.0
-    # (pyproject.toml:95): the engine follows the version the learner follows, with or without a config.
-    (("--backend", "verl", "--model", "qwen2.5-1.5b", "--learner-gpus", "1", "--framework-version", "b178a3cd"),
-     "0.11.0"),
-    (("--config", "verl-grpo-qwen2.5-7b", "--set", "hpcrl.framework_version=b178a3cd"), "0.11.0"),
-    (("--backend", "verl", "--model", "qwen2.5-1.5b", "--learner-gpus", "1"), "0.24.0"),
-])
+@pytest.mark.parametrize(
+    "args, vllm",
+    [
+        # verl b178a3cd installs vllm==0.11.0 (scripts/install_vllm_sglang_mcore.sh:12); 1dda039b pins 0.24.0
+        # (pyproject.toml:95): the engine follows the version the learner follows, with or without a config.
+        (
+            ("--backend", "verl", "--model", "qwen2.5-1.5b", "--learner-gpus", "1", "--framework-version", "b178a3cd"),
+            "0.11.0",
+        ),
+        (("--config", "verl-grpo-qwen2.5-7b", "--set", "hpcrl.framework_version=b178a3cd"), "0.11.0"),
+        (("--backend", "verl", "--model", "qwen2.5-1.5b", "--learner-gpus", "1"), "0.24.0"),
+    ],
+)
 def test_the_engine_follows_the_verl_version(args, vllm):
     out = hpcrl("plan-memory", *args, "--json")
     assert json.loads(out.stdout)["engine"]["vllm_version"] == vllm, out.stderr

@@ -23,11 +23,17 @@ STREAMS = ROOT / "benchmarks" / "results" / "fsdp_streams.jsonl"
 OFFLOAD = {"none": "none", "verl": "param_optimizer", "cpu_policy": "cpu_policy"}
 # the harness's stream names (fsdp_memory.py stream_names) -> fsdp_learner.stream_reserved's
 STREAM_OF = {
-    "default": "default", "actor.post_backward_stream": "post_backward", "actor.unshard_stream": "unshard",
-    "actor.pre_unshard_stream": "pre_unshard", "ref.unshard_stream": "reference unshard",
-    "ref.pre_unshard_stream": "reference pre_unshard", "actor.reduce_scatter_stream": "reduce_scatter",
-    "actor.all_gather_copy_in_stream": "all_gather", "actor.all_gather_stream": "all_gather",
-    "ref.all_gather_copy_in_stream": "reference all_gather", "ref.all_gather_stream": "reference all_gather",
+    "default": "default",
+    "actor.post_backward_stream": "post_backward",
+    "actor.unshard_stream": "unshard",
+    "actor.pre_unshard_stream": "pre_unshard",
+    "ref.unshard_stream": "reference unshard",
+    "ref.pre_unshard_stream": "reference pre_unshard",
+    "actor.reduce_scatter_stream": "reduce_scatter",
+    "actor.all_gather_copy_in_stream": "all_gather",
+    "actor.all_gather_stream": "all_gather",
+    "ref.all_gather_copy_in_stream": "reference all_gather",
+    "ref.all_gather_stream": "reference all_gather",
 }
 
 
@@ -118,8 +124,10 @@ def test_verl_config_gives_the_actor_update_it_runs():
     from hpcrl.planning.config import load_run_config
 
     verl = get_backend("verl")
-    cfg = load_run_config("verl-grpo-qwen2.5-7b", [
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=6", "actor_rollout_ref.actor.strategy=fsdp2"])
+    cfg = load_run_config(
+        "verl-grpo-qwen2.5-7b",
+        ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=6", "actor_rollout_ref.actor.strategy=fsdp2"],
+    )
     s = verl.fsdp_setup(cfg, verl.workload_from_config(cfg), n_gpus=2)
     # ppo_mini_batch_size 48 x rollout.n 8 / 2 GPUs = 192 sequences, 6 per micro-batch: 32;
     # use_kl_loss true in the config: a reference policy
@@ -131,9 +139,12 @@ def test_allocator_margin_covers_every_measured_reserved_peak():
     no measured row, held out or measured after the fit, reserved more than prediction + margin."""
     from hpcrl.memory.fsdp_learner import fsdp_margin
 
-    over = [(r["model"], r["world"], r["seq"], r["fsdp"]) for r in rows()
-            if r["peak_reserved_gib"] * 2**30 > (b := fsdp_learner_memory(setup_of(r))).reserved_bytes
-            + fsdp_margin(b.reserved_bytes)]
+    over = [
+        (r["model"], r["world"], r["seq"], r["fsdp"])
+        for r in rows()
+        if r["peak_reserved_gib"] * 2**30
+        > (b := fsdp_learner_memory(setup_of(r))).reserved_bytes + fsdp_margin(b.reserved_bytes)
+    ]
     assert not over
 
 
@@ -149,7 +160,9 @@ def test_lora_under_fsdp_trains_only_the_adapters():
     b = fsdp_learner_memory(FsdpSetup(resolve_model("Qwen/Qwen2.5-7B"), n_gpus=2, adapter_params=adapters))
     step = b.moments["optimizer step"]
     assert (step["Adam moments (fp32) of LoRA adapters"], step["foreach AdamW temporary of LoRA adapters"]) == (
-        8.0 * adapters / 2, 4.0 * adapters / 2)
+        8.0 * adapters / 2,
+        4.0 * adapters / 2,
+    )
 
 
 def test_modelspec_counts_the_measured_qwen3_and_llama32_parameters():
@@ -208,15 +221,21 @@ def test_side_streams_match_every_per_stream_row():
     for r in rows(paths=(STREAMS,)):
         want = measured_streams(r)
         got = fsdp_learner_memory(setup_of_row(r)).streams
-        misses += [(r["tag"], k, round(want.get(k, 0.0), 2), round(v / 2**30, 2)) for k, v in got.items()
-                   if k != "default" and abs(v / 2**30 - want.get(k, 0.0)) > 0.7]
+        misses += [
+            (r["tag"], k, round(want.get(k, 0.0), 2), round(v / 2**30, 2))
+            for k, v in got.items()
+            if k != "default" and abs(v / 2**30 - want.get(k, 0.0)) > 0.7
+        ]
     assert not misses
 
 
 def test_per_stream_rows_held_out_reserved_within_eight_percent():
     """The held: rows of fsdp_streams.jsonl (split by the matrix's tags before the run; read by no fit)."""
-    errs = {r["tag"]: fsdp_learner_memory(setup_of_row(r)).reserved_gib / r["peak_reserved_gib"] - 1
-            for r in rows(paths=(STREAMS,)) if not r["tag"].startswith("fit:")}
+    errs = {
+        r["tag"]: fsdp_learner_memory(setup_of_row(r)).reserved_gib / r["peak_reserved_gib"] - 1
+        for r in rows(paths=(STREAMS,))
+        if not r["tag"].startswith("fit:")
+    }
     print("\n".join(f"{k}: {e:+.1%}" for k, e in errs.items()))
     assert len(errs) == 16 and max(abs(e) for e in errs.values()) < 0.08
 

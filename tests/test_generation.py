@@ -17,9 +17,22 @@ ROOT = Path(__file__).parents[1]
 def small(**changes) -> EngineWork:
     """10 GB of weights, 100 kB of KV per token, a 10,000-token pool, max_num_seqs 4, 256-token chunks;
     10 sequences of 100 + 50 tokens; 2e9 matmul FLOPs per token, 2 layers of q_dim 64; 1 TB/s, 100 TFLOP/s."""
-    base = dict(weights_bytes=10e9, kv_bytes_per_token=100e3, kv_tokens=10_000, max_num_seqs=4,
-                max_num_batched_tokens=256, matmul_flops_per_token=2e9, layers=2, q_dim=64, tp=1, seqs=10,
-                prompt_len=100, response_len=50, hbm_tbs=1.0, bf16_tflops=100.0)
+    base = dict(
+        weights_bytes=10e9,
+        kv_bytes_per_token=100e3,
+        kv_tokens=10_000,
+        max_num_seqs=4,
+        max_num_batched_tokens=256,
+        matmul_flops_per_token=2e9,
+        layers=2,
+        q_dim=64,
+        tp=1,
+        seqs=10,
+        prompt_len=100,
+        response_len=50,
+        hbm_tbs=1.0,
+        bf16_tflops=100.0,
+    )
     return EngineWork(**{**base, **changes})
 
 
@@ -70,8 +83,20 @@ def hpcrl(*args: str) -> subprocess.CompletedProcess:
 def test_plan_memory_gives_the_engines_generation_time_with_a_band():
     """The issue's case: open-instruct's engine (vLLM 0.19.1, max_num_seqs 128) for Qwen3-8B on a GH200
     runs 128 of the 1,000 sequences at once; the band is the fit's held-out range around the estimate."""
-    out = hpcrl("plan-memory", "--model", "qwen3-8b", "--vllm-tp", "1", "--sequences", "1000", "--prompt-len", "1024",
-                "--response-len", "2048", "--json")
+    out = hpcrl(
+        "plan-memory",
+        "--model",
+        "qwen3-8b",
+        "--vllm-tp",
+        "1",
+        "--sequences",
+        "1000",
+        "--prompt-len",
+        "1024",
+        "--response-len",
+        "2048",
+        "--json",
+    )
     assert out.returncode == 0, out.stderr
     t = json.loads(out.stdout)["engine"]["time"]
     assert (t["concurrency"], t["concurrency_limited_by"], t["max_num_seqs"]) == (128, "max_num_seqs", 128)
@@ -80,18 +105,40 @@ def test_plan_memory_gives_the_engines_generation_time_with_a_band():
 
 def test_plan_memory_concurrency_follows_max_num_seqs_past_256():
     """--vllm-max-num-seqs 512 on a 0.5B model (a pool of hundreds of thousands of tokens): 512 at once."""
-    out = hpcrl("plan-memory", "--model", "qwen2.5-0.5b", "--vllm-tp", "1", "--vllm-max-num-seqs", "512",
-                "--sequences", "512", "--prompt-len", "256", "--response-len", "256", "--json")
+    out = hpcrl(
+        "plan-memory",
+        "--model",
+        "qwen2.5-0.5b",
+        "--vllm-tp",
+        "1",
+        "--vllm-max-num-seqs",
+        "512",
+        "--sequences",
+        "512",
+        "--prompt-len",
+        "256",
+        "--response-len",
+        "256",
+        "--json",
+    )
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["engine"]["time"]["concurrency"] == 512
 
 
-@pytest.mark.parametrize("args, message", [
-    (("--sequences", "10"), "hpcrl: error: --prompt-len, --response-len missing: the generation time needs "
-                            "--sequences N --prompt-len P --response-len R together\n"),
-    (("--sequences", "0", "--prompt-len", "1", "--response-len", "2"),
-     "hpcrl: error: --sequences 0: valid: a positive whole number\n"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (
+            ("--sequences", "10"),
+            "hpcrl: error: --prompt-len, --response-len missing: the generation time needs "
+            "--sequences N --prompt-len P --response-len R together\n",
+        ),
+        (
+            ("--sequences", "0", "--prompt-len", "1", "--response-len", "2"),
+            "hpcrl: error: --sequences 0: valid: a positive whole number\n",
+        ),
+    ],
+)
 def test_plan_memory_refuses_an_incomplete_or_bad_batch(args, message):
     out = hpcrl("plan-memory", "--model", "qwen3-8b", *args)
     assert (out.returncode, out.stderr) == (2, message)
@@ -99,13 +146,40 @@ def test_plan_memory_refuses_an_incomplete_or_bad_batch(args, message):
 
 def test_plan_memory_refuses_a_batch_longer_than_the_configs_engine_or_a_custom_script():
     """grpo-olmo3-32b's engine holds 2048 + 8192 = 10240 tokens per sequence; the custom backend has no vLLM."""
-    out = hpcrl("plan-memory", "--config", "grpo-olmo3-32b", "--learner-gpus", "16", "--sequences", "256",
-                "--prompt-len", "2048", "--response-len", "9000")
-    assert (out.returncode, out.stderr) == (2, "hpcrl: error: --prompt-len 2048 + --response-len 9000 exceed the "
-                                               "engine's max_model_len 10240; valid: at most that, or a larger "
-                                               "--max-seq-len\n")
-    out = hpcrl("plan-memory", "--config", "custom-ppo-qwen2.5-3b-qlora", "--cluster", "berzelius:fat", "--gpus", "1",
-                "--sequences", "4", "--prompt-len", "10", "--response-len", "10")
+    out = hpcrl(
+        "plan-memory",
+        "--config",
+        "grpo-olmo3-32b",
+        "--learner-gpus",
+        "16",
+        "--sequences",
+        "256",
+        "--prompt-len",
+        "2048",
+        "--response-len",
+        "9000",
+    )
+    assert (out.returncode, out.stderr) == (
+        2,
+        "hpcrl: error: --prompt-len 2048 + --response-len 9000 exceed the "
+        "engine's max_model_len 10240; valid: at most that, or a larger "
+        "--max-seq-len\n",
+    )
+    out = hpcrl(
+        "plan-memory",
+        "--config",
+        "custom-ppo-qwen2.5-3b-qlora",
+        "--cluster",
+        "berzelius:fat",
+        "--gpus",
+        "1",
+        "--sequences",
+        "4",
+        "--prompt-len",
+        "10",
+        "--response-len",
+        "10",
+    )
     assert out.returncode == 2 and out.stderr.startswith("hpcrl: error: --sequences: the custom config generates")
 
 
@@ -113,8 +187,13 @@ def test_docs_report_the_held_out_error_the_fit_prints():
     """docs/plan.md states the held-out median and max error that fit.py prints, all together, for the large-batch
     rows and for the batch-1 rows."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "vllm_throughput" / "fit.py")],
-                         capture_output=True, text=True, env=env, cwd=ROOT)
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "vllm_throughput" / "fit.py")],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+    )
     held = out.stdout.split("held-out rows:")[1]
     median, worst = re.search(r"all \(\d+\): median \|error\| (\d+%), max (\d+%)", held).groups()
     v1 = re.search(r"v1 rows \(\d+\): median \|error\| (\d+%), max (\d+%)", held).groups()

@@ -14,8 +14,18 @@ import pytest
 
 from hpcrl.runtime import gpumon
 
-HEADER = ["timestamp", "node", "role", "gpu", "memory_used_mib", "memory_total_mib", "utilization_pct", "power_w",
-          "mean_power_w", "flag"]
+HEADER = [
+    "timestamp",
+    "node",
+    "role",
+    "gpu",
+    "memory_used_mib",
+    "memory_total_mib",
+    "utilization_pct",
+    "power_w",
+    "mean_power_w",
+    "flag",
+]
 MIB = 2**20
 
 
@@ -25,8 +35,15 @@ class FakeNVML:
     def __init__(self, monkeypatch):
         self.round = 0
         self.shut = False
-        for name in ("nvmlInit", "nvmlDeviceGetCount", "nvmlDeviceGetHandleByIndex", "nvmlDeviceGetMemoryInfo",
-                     "nvmlDeviceGetUtilizationRates", "nvmlDeviceGetPowerUsage", "nvmlShutdown"):
+        for name in (
+            "nvmlInit",
+            "nvmlDeviceGetCount",
+            "nvmlDeviceGetHandleByIndex",
+            "nvmlDeviceGetMemoryInfo",
+            "nvmlDeviceGetUtilizationRates",
+            "nvmlDeviceGetPowerUsage",
+            "nvmlShutdown",
+        ):
             monkeypatch.setattr(pynvml, name, getattr(self, name))
 
     def nvmlInit(self):
@@ -76,8 +93,17 @@ def test_rows_per_gpu_and_idle_warning_after_grace(tmp_path, monkeypatch, capsys
     nvml = FakeNVML(monkeypatch)
     out = tmp_path / "gpu-{node}.csv"
     # Clock: start at 60 s, rounds at 120, 180, 240 s; grace 2 min -> rounds 2 and 3 are past it.
-    rc = gpumon.monitor(out, "learner", 5.0, node="n1", min_mean_power_w=100, grace_minutes=2, count=3,
-                        clock=clock_every(60.0), sleep=lambda s: None)
+    rc = gpumon.monitor(
+        out,
+        "learner",
+        5.0,
+        node="n1",
+        min_mean_power_w=100,
+        grace_minutes=2,
+        count=3,
+        clock=clock_every(60.0),
+        sleep=lambda s: None,
+    )
     assert rc == 0 and nvml.shut
     header, rows = read(tmp_path / "gpu-n1.csv")
     assert header == HEADER
@@ -100,8 +126,9 @@ def test_rows_per_gpu_and_idle_warning_after_grace(tmp_path, monkeypatch, capsys
 
 def test_no_threshold_means_no_flags(tmp_path, monkeypatch):
     FakeNVML(monkeypatch)
-    gpumon.monitor(tmp_path / "g.csv", "engine", 1.0, node="n2", count=2, clock=clock_every(3600.0),
-                   sleep=lambda s: None)
+    gpumon.monitor(
+        tmp_path / "g.csv", "engine", 1.0, node="n2", count=2, clock=clock_every(3600.0), sleep=lambda s: None
+    )
     _, rows = read(tmp_path / "g.csv")
     assert len(rows) == 6 and {r["flag"] for r in rows} == {""}
 
@@ -137,9 +164,24 @@ def _nvml_available() -> bool:
 
 @pytest.mark.skipif(_nvml_available(), reason="this machine has a GPU; the test is for GPU-less nodes")
 def test_real_run_without_gpus(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "hpcrl.runtime.gpumon", "--out", str(tmp_path / "gpu-{node}.csv"),
-                           "--role", "engine", "--node", "nodeA", "--cluster", "berzelius"],
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hpcrl.runtime.gpumon",
+            "--out",
+            str(tmp_path / "gpu-{node}.csv"),
+            "--role",
+            "engine",
+            "--node",
+            "nodeA",
+            "--cluster",
+            "berzelius",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr.strip() == "gpumon: no NVIDIA GPU found on nodeA"
     header, rows = read(tmp_path / "gpu-nodeA.csv")
@@ -149,8 +191,20 @@ def test_real_run_without_gpus(tmp_path):
 
 @pytest.mark.skipif(_nvml_available(), reason="this machine has a GPU; the test is for GPU-less nodes")
 def test_keep_running_until_signalled(tmp_path):
-    proc = subprocess.Popen([sys.executable, "-m", "hpcrl.runtime.gpumon", "--out", str(tmp_path / "g.csv"),
-                             "--keep-running", "--interval", "0.1"], stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "hpcrl.runtime.gpumon",
+            "--out",
+            str(tmp_path / "g.csv"),
+            "--keep-running",
+            "--interval",
+            "0.1",
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     # Handshake: its one line comes after the CSV row and the signal handlers, just before it would return.
     assert proc.stderr.readline().startswith("gpumon: no NVIDIA GPU found")
     with pytest.raises(subprocess.TimeoutExpired):  # still up: without --keep-running it exits at once
@@ -160,8 +214,12 @@ def test_keep_running_until_signalled(tmp_path):
 
 
 def test_unknown_cluster_is_one_line(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "hpcrl.runtime.gpumon", "--out", str(tmp_path / "g.csv"),
-                           "--cluster", "nowhere"], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "hpcrl.runtime.gpumon", "--out", str(tmp_path / "g.csv"), "--cluster", "nowhere"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
 
 
@@ -174,8 +232,9 @@ class ProcNVML:
         monkeypatch.setattr(pynvml, "nvmlShutdown", lambda: None)
         monkeypatch.setattr(pynvml, "nvmlDeviceGetCount", lambda: len(procs))
         monkeypatch.setattr(pynvml, "nvmlDeviceGetHandleByIndex", lambda i: ("handle", i))
-        monkeypatch.setattr(pynvml, "nvmlDeviceGetMemoryInfo",
-                            lambda h: SimpleNamespace(used=1024 * MIB, total=81920 * MIB, free=0))
+        monkeypatch.setattr(
+            pynvml, "nvmlDeviceGetMemoryInfo", lambda h: SimpleNamespace(used=1024 * MIB, total=81920 * MIB, free=0)
+        )
         monkeypatch.setattr(pynvml, "nvmlDeviceGetUtilizationRates", lambda h: SimpleNamespace(gpu=0, memory=0))
         monkeypatch.setattr(pynvml, "nvmlDeviceGetPowerUsage", lambda h: 100_000)
         monkeypatch.setattr(pynvml, "nvmlDeviceGetComputeRunningProcesses", self.running)
@@ -218,17 +277,35 @@ def test_roles_from_the_processes_on_each_gpu(tmp_path, monkeypatch, named_proce
     orlhf = named_processes("ray::ActorModelRayActor.fit")
     other = named_processes("python3 my_own_trainer.py")
     gone = 2**22 + 7  # above the default pid_max: no such process
-    ProcNVML(monkeypatch, [[learner], [engine], [], [other], [learner, core], [verl], [gone], "error", [core],
-                           [orlhf]])
-    rc = gpumon.monitor(tmp_path / "gpu-n1.csv", "mixed", 5.0, node="n1", count=1, detect_roles=True,
-                        clock=clock_every(1.0), sleep=lambda s: None)
+    ProcNVML(monkeypatch, [[learner], [engine], [], [other], [learner, core], [verl], [gone], "error", [core], [orlhf]])
+    rc = gpumon.monitor(
+        tmp_path / "gpu-n1.csv",
+        "mixed",
+        5.0,
+        node="n1",
+        count=1,
+        detect_roles=True,
+        clock=clock_every(1.0),
+        sleep=lambda s: None,
+    )
     assert rc == 0
     _, rows = read(tmp_path / "gpu-n1.csv")
-    assert [r["role"] for r in rows] == ["learner", "engine", "idle", "mixed", "mixed", "mixed", "mixed", "mixed",
-                                         "engine", "learner"]
+    assert [r["role"] for r in rows] == [
+        "learner",
+        "engine",
+        "idle",
+        "mixed",
+        "mixed",
+        "mixed",
+        "mixed",
+        "mixed",
+        "engine",
+        "learner",
+    ]
     # without --detect-roles every GPU keeps the label, whatever runs on it
-    rc = gpumon.monitor(tmp_path / "gpu-n2.csv", "head", 5.0, node="n2", count=1,
-                        clock=clock_every(1.0), sleep=lambda s: None)
+    rc = gpumon.monitor(
+        tmp_path / "gpu-n2.csv", "head", 5.0, node="n2", count=1, clock=clock_every(1.0), sleep=lambda s: None
+    )
     _, rows = read(tmp_path / "gpu-n2.csv")
     assert rc == 0 and {r["role"] for r in rows} == {"head"}
 
@@ -236,7 +313,15 @@ def test_roles_from_the_processes_on_each_gpu(tmp_path, monkeypatch, named_proce
 def test_an_unrecognised_gpu_keeps_the_node_label(tmp_path, monkeypatch, named_processes):
     other = named_processes("python3 my_own_trainer.py")
     ProcNVML(monkeypatch, [[other], [], "error"])
-    gpumon.monitor(tmp_path / "gpu-n3.csv", "head", 5.0, node="n3", count=1, detect_roles=True,
-                   clock=clock_every(1.0), sleep=lambda s: None)
+    gpumon.monitor(
+        tmp_path / "gpu-n3.csv",
+        "head",
+        5.0,
+        node="n3",
+        count=1,
+        detect_roles=True,
+        clock=clock_every(1.0),
+        sleep=lambda s: None,
+    )
     _, rows = read(tmp_path / "gpu-n3.csv")
     assert [r["role"] for r in rows] == ["head", "idle", "head"]

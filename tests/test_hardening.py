@@ -60,7 +60,7 @@ def ray_parent_of(node_dir: Path, job: str) -> Path:
 def wait_until(predicate, what: str, deadline_s: float = 120, poll_s: float = 0.5):
     end = time.monotonic() + deadline_s
     while time.monotonic() < end:
-        if (value := predicate()):
+        if value := predicate():
             return value
         time.sleep(poll_s)
     pytest.fail(f"gave up waiting for {what}")
@@ -94,8 +94,14 @@ def test_another_user_cannot_touch_a_running_jobs_node_local_dirs_or_metrics(slu
         sessions = list(ray.glob("session_2*"))
         assert sessions and (sessions[0] / "sockets" / "raylet").exists()
         sock = sessions[0] / "sockets" / "raylet"
-        for cmd in (["ls", str(d)], ["ls", str(private)], ["ls", str(sessions[0])], ["mv", str(sock), str(sock) + ".x"],
-                    ["touch", str(d / "intruder")], ["touch", str(sessions[0] / "logs" / "intruder")]):
+        for cmd in (
+            ["ls", str(d)],
+            ["ls", str(private)],
+            ["ls", str(sessions[0])],
+            ["mv", str(sock), str(sock) + ".x"],
+            ["touch", str(d / "intruder")],
+            ["touch", str(sessions[0] / "logs" / "intruder")],
+        ):
             res = as_other(*cmd)
             assert res.returncode != 0 and "Permission denied" in res.stderr, (cmd, res)
         assert sock.exists() and not (d / "intruder").exists()
@@ -135,19 +141,23 @@ def test_old_ray_stops_the_job_before_anything_listens(slurm, env, tmp_path):
         "#!/bin/bash\n"
         'if [[ $1 == --version ]]; then echo "ray, version 2.49.2"; exit 0; fi\n'
         f'echo "$SLURMD_NODENAME $*" >>{tmp_path}/ray-started\n'
-        f'exec {real} "$@"\n')
+        f'exec {real} "$@"\n'
+    )
     (fault / "ray").chmod(0o755)
     behave(env, sleep=300)
     path = config(env, "oldray", nodes=2)
-    text = path.read_text().replace("hpcrl:\n", f"hpcrl:\n  env_setup: [\"export PATH={fault}:$PATH\"]\n", 1)
+    text = path.read_text().replace("hpcrl:\n", f'hpcrl:\n  env_setup: ["export PATH={fault}:$PATH"]\n', 1)
     path.write_text(text)
     out = ok_json(hpcrl(env, "submit", "--json", "--config", str(path)))
     final = wait_status(env, out["run_id"], lambda r: r["state"] == "ended", "the refusal")
     rd = RunDir(env["root"] / "oldray")
     log = rd.log(out["job_id"]).read_text()
     assert final["reason"] == "setup-failed", log
-    assert (re.search(rf"Ray 2\.49\.2 on {NODE}", log) and "ignores token authentication (needs Ray >= 2.52)" in log
-            and "install ray>=2.52" in log), log
+    assert (
+        re.search(rf"Ray 2\.49\.2 on {NODE}", log)
+        and "ignores token authentication (needs Ray >= 2.52)" in log
+        and "install ray>=2.52" in log
+    ), log
     assert not (tmp_path / "ray-started").exists()
     assert read_chain(rd)[out["job_id"]].end_reason == "setup-failed"
     assert nothing_of_the_job_left(rd.path, out["job_id"], 10) == []
@@ -192,8 +202,16 @@ def _registry_with_runs(env, n: int = 300) -> Path:
 
     reg = Registry(env["env"]["HPCRL_REGISTRY"])
     for i in range(n):
-        rid = reg.create_run(name=f"old{i}", cluster="local-dev", config_hash="h" * 12, script_path=f"/x/old{i}/job",
-                             run_dir=f"/x/old{i}", state="ended", max_restarts=2, reason="completed")
+        rid = reg.create_run(
+            name=f"old{i}",
+            cluster="local-dev",
+            config_hash="h" * 12,
+            script_path=f"/x/old{i}/job",
+            run_dir=f"/x/old{i}",
+            state="ended",
+            max_restarts=2,
+            reason="completed",
+        )
         reg.add_job(rid, str(900000 + i))
     reg.close()
     path = Path(env["env"]["HPCRL_REGISTRY"])
@@ -219,7 +237,7 @@ def _damage(path: Path, how: str) -> int:
         with sqlite3.connect(path) as conn:  # SQLite's own page map: the rows on that leaf are lost
             lost = conn.execute("SELECT ncell FROM dbstat WHERE name = 'runs' AND pageno = ?", (victim + 1,)).fetchone()
         readable = 300 - lost[0]
-        data[victim * page: (victim + 1) * page] = os.urandom(page)
+        data[victim * page : (victim + 1) * page] = os.urandom(page)
     path.write_bytes(bytes(data))
     return readable
 
@@ -230,12 +248,12 @@ def test_damaged_registry_is_one_line_and_nothing_is_submitted(slurm, env, how):
     readable = _damage(path, how)
     name = f"dmg-{how}"
     sub = script(env, name)
-    for args in (["runs"], ["status"], ["status", "--all"], ["submit", str(sub)], ["cancel", "old1"],
-                 ["logs", "old1"]):
+    for args in (["runs"], ["status"], ["status", "--all"], ["submit", str(sub)], ["cancel", "old1"], ["logs", "old1"]):
         line = assert_user_error(hpcrl(env, *args), f"registry {path} ")
-        assert ("is damaged" in line and "hpcrl runs --repair" in line), line
-    queued = subprocess.run(["squeue", "-h", "-n", f"hpcrl-test-{name}", "-o", "%i"], capture_output=True,
-                            text=True).stdout.split()
+        assert "is damaged" in line and "hpcrl runs --repair" in line, line
+    queued = subprocess.run(
+        ["squeue", "-h", "-n", f"hpcrl-test-{name}", "-o", "%i"], capture_output=True, text=True
+    ).stdout.split()
     assert queued == [] and not (env["root"] / name).exists()
     # The repair keeps what can be read and moves the damaged file aside.
     rep = ok_json(hpcrl(env, "runs", "--repair", "--json"))
@@ -292,7 +310,9 @@ def _continued_without(env, run_id: str, rd: RunDir, job: str, reason: str, node
     assert nxt and final["reason"] == "completed" and [j["job_id"] for j in final["jobs"]] == [job, nxt], final
     events = [ln.split("\t") for ln in rd.jobs_tsv.read_text().splitlines() if ln.startswith(f"{job}\t")]
     assert [e[3] for e in events if e[1] == "failure"] == [f"{reason} {node}"], events
-    assert (rd.meta / "failure-restarts").read_text().strip() == "1" and (rd.meta / "excluded-nodes").read_text().split() == [node]
+    assert (rd.meta / "failure-restarts").read_text().strip() == "1" and (
+        rd.meta / "excluded-nodes"
+    ).read_text().split() == [node]
     assert node not in expand_nodelist(scontrol_job(nxt)["NodeList"])
     assert (rd.path / "checkpoints" / f"resumed-{nxt}").exists()  # the continuation resumed the first job's state
 
@@ -343,8 +363,9 @@ def test_killed_gcs_ends_the_job_as_a_head_failure(slurm, env):
     os.kill(gcs, signal.SIGKILL)
     wait_until(lambda: read_chain(rd).get(job) and read_chain(rd)[job].end_reason, "the end line", 30)
     took = time.monotonic() - killed_at
-    assert read_chain(rd)[job].end_reason == "ray-head-died" and read_chain(rd)[job].exit_code == 94, \
-        rd.log(job).read_text()
+    assert read_chain(rd)[job].end_reason == "ray-head-died" and read_chain(rd)[job].exit_code == 94, rd.log(
+        job
+    ).read_text()
     assert "Ray's head on" in rd.log(job).read_text()
     print(f"killed GCS -> end line in {took:.1f} s")
     _ended_cleanly(env, rd, job, "ray-head-died")
@@ -367,10 +388,12 @@ def test_cancel_without_a_controller_says_nothing_was_cancelled(slurm, env, tmp_
     (fake / "scancel").write_text(
         "#!/bin/bash\n"
         'echo "scancel: error: Kill job error on job id $1: Unable to contact slurm controller (connect failure)" >&2\n'
-        "exit 1\n")
+        "exit 1\n"
+    )
     (fake / "scancel").chmod(0o755)
-    line = assert_user_error(hpcrl(env, "cancel", out["run_id"], path=f"{fake}:{os.environ['PATH']}"),
-                             "Unable to contact slurm controller")
+    line = assert_user_error(
+        hpcrl(env, "cancel", out["run_id"], path=f"{fake}:{os.environ['PATH']}"), "Unable to contact slurm controller"
+    )
     assert "nothing was cancelled" in line and not rd.cancel.exists()
     assert ok_json(hpcrl(env, "status", out["run_id"], "--json"))["runs"][0]["state"] == "running"
     assert hpcrl(env, "cancel", out["run_id"]).returncode == 0

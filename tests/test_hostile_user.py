@@ -76,8 +76,17 @@ def test_a_leftover_whose_run_dir_another_user_remade_with_links_changes_nothing
     shared_root = Path(f"/tmp/hpcrl-rr-{uuid.uuid4().hex[:8]}")
     shared_root.mkdir()
     shared_root.chmod(0o1777)  # a shared scratch: anyone makes an entry, nobody renames another's
-    dead = subprocess.run(["sbatch", "--parsable", "--output=/dev/null", "--wrap=true"], capture_output=True,
-                          text=True, check=True, timeout=60).stdout.strip().split(";")[0]
+    dead = (
+        subprocess.run(
+            ["sbatch", "--parsable", "--output=/dev/null", "--wrap=true"],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=60,
+        )
+        .stdout.strip()
+        .split(";")[0]
+    )
     leftover = NODE_LOCAL / node / f"hpcrl-{dead}.0.qZ7"
     bashrc = env["tmp"] / "home" / ".bashrc"
     registry = Path(env["env"]["HPCRL_REGISTRY"])
@@ -115,8 +124,11 @@ def test_a_leftover_whose_run_dir_another_user_remade_with_links_changes_nothing
         assert not leftover.exists(), log
         own = rd.path / "logs" / "ray-left" / dead / node
         line = next((ln for ln in log.splitlines() if f"removed {leftover}" in ln), "")
-        assert f"left by job {dead} (" in line and f"its run dir {old_run} is not safe to write into: " in line \
-            and f"its Ray logs kept in {own}/ instead" in line, log
+        assert (
+            f"left by job {dead} (" in line
+            and f"its run dir {old_run} is not safe to write into: " in line
+            and f"its Ray logs kept in {own}/ instead" in line
+        ), log
         assert (own / "raylet.out").read_text() == "raylet of the dead job\n"
     finally:
         subprocess.run(["rm", "-rf", str(shared_root), str(leftover)], check=False)
@@ -154,16 +166,25 @@ def test_every_three_character_name_of_the_next_job_squatted_and_the_job_runs(sl
     if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256m,mode=1777", "tmpfs", str(here)]).returncode:
         pytest.skip("cannot mount a tmpfs here (needs root, as CI runs)")
     path = env["tmp"] / "clusters" / "lc-test.yaml"
-    path.write_text(path.read_text() + f"storage:\n  node_local:\n    path: {base}/$SLURMD_NODENAME\n"
-                    "    description: a sticky directory others may write, per node\n")
+    path.write_text(
+        path.read_text() + f"storage:\n  node_local:\n    path: {base}/$SLURMD_NODENAME\n"
+        "    description: a sticky directory others may write, per node\n"
+    )
     behave(env, sleep=5)
     try:
         env["env"]["SBATCH_HOLD"] = "1"  # sbatch's own variable: the job waits until released
         run_id, job, rd = submit_run(env, "squat", pin)
         del env["env"]["SBATCH_HOLD"]
-        squat = subprocess.run(["/usr/bin/python3", "-c", SQUAT, str(here), f"hpcrl-{job}.0."], user=other_user(),
-                               group=pwd.getpwnam(other_user()).pw_gid, extra_groups=[], capture_output=True, text=True,
-                               timeout=600, cwd="/")
+        squat = subprocess.run(
+            ["/usr/bin/python3", "-c", SQUAT, str(here), f"hpcrl-{job}.0."],
+            user=other_user(),
+            group=pwd.getpwnam(other_user()).pw_gid,
+            extra_groups=[],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            cwd="/",
+        )
         assert int(squat.stdout) == len(string.ascii_letters + string.digits) ** 3, squat.stderr
         subprocess.run(["scontrol", "release", job], check=True, timeout=60)
         final = wait_status(env, run_id, lambda r: r["state"] == "ended", "the run to end", deadline_s=400)
@@ -193,15 +214,18 @@ def test_a_name_mktemp_cannot_make_is_its_own_reason_never_the_nodes(tmp_path):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "mktemp").write_text(
-        "#!/bin/bash\n"
-        'echo "mktemp: failed to create directory via template \'${@: -1}\': File exists" >&2\n'
-        "exit 1\n")
+        "#!/bin/bash\necho \"mktemp: failed to create directory via template '${@: -1}': File exists\" >&2\nexit 1\n"
+    )
     (bin_dir / "mktemp").chmod(0o755)
     script = rendered_script()
     fns = bash_functions(script, *(f for f in ("private_dir", "safe_path", "path_level") if f"\n{f}() {{" in script))
-    res = subprocess.run(["bash", "-c", fns + 'private_dir "$1" hpcrl-7.0', "-", str(tmp_path / "nl")],
-                         capture_output=True, text=True, timeout=30,
-                         env={**os.environ, "PATH": f"{bin_dir}:/usr/bin:/bin"})
+    res = subprocess.run(
+        ["bash", "-c", fns + 'private_dir "$1" hpcrl-7.0', "-", str(tmp_path / "nl")],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={**os.environ, "PATH": f"{bin_dir}:/usr/bin:/bin"},
+    )
     assert res.returncode == 4 and "another user is making this job's names first; not this node's fault" in res.stderr
     assert contract.NODE_LOCAL_TAKEN not in contract.FAILURE_REASONS + contract.LIMIT_REASONS
 
@@ -235,8 +259,19 @@ def test_a_run_root_another_user_owns_is_refused_by_submit_and_by_the_job(slurm,
         proc = hpcrl(env, "render", "--config", str(config(env, "steered", hpcrl_extra=pin)), "-o", str(script))
         assert proc.returncode == 0, proc.stderr
         out = env["tmp"] / "slurm-%j.out"  # Slurm's own output file elsewhere: Slurm opens it before the script runs
-        job = subprocess.run(["sbatch", "--parsable", f"--output={out}", str(script)], capture_output=True, text=True,
-                             check=True, timeout=60, env=env["env"], cwd=env["tmp"]).stdout.strip().split(";")[0]
+        job = (
+            subprocess.run(
+                ["sbatch", "--parsable", f"--output={out}", str(script)],
+                capture_output=True,
+                text=True,
+                check=True,
+                timeout=60,
+                env=env["env"],
+                cwd=env["tmp"],
+            )
+            .stdout.strip()
+            .split(";")[0]
+        )
         deadline = time.monotonic() + 300
         while (fields := scontrol_job(job)).get("JobState") in ("PENDING", "RUNNING", "COMPLETING"):
             assert time.monotonic() < deadline, fields
@@ -269,20 +304,33 @@ def test_a_stopped_watchdog_ends_the_job_within_the_hang_limit_and_is_not_contin
 
 def stop_the_watchdog(env, run_id: str, job: str, rd: RunDir) -> None:
     wait_status(env, run_id, started(rd, job), "the driver to start", deadline_s=600)
-    watchdogs = [int(pid) for pid, args in (ln.strip().split(None, 1) for ln in subprocess.run(
-        ["ps", "-eww", "-o", "pid=,args="], capture_output=True, text=True).stdout.splitlines() if ln.strip())
-        if "hpcrl.runtime.watchdog" in args and str(rd.path) in args]
+    watchdogs = [
+        int(pid)
+        for pid, args in (
+            ln.strip().split(None, 1)
+            for ln in subprocess.run(
+                ["ps", "-eww", "-o", "pid=,args="], capture_output=True, text=True
+            ).stdout.splitlines()
+            if ln.strip()
+        )
+        if "hpcrl.runtime.watchdog" in args and str(rd.path) in args
+    ]
     assert len(watchdogs) == 1, watchdogs
     os.kill(watchdogs[0], signal.SIGSTOP)
-    final = wait_status(env, run_id, lambda r: r["state"] == "ended", "the end within the hang limit and a margin",
-                        deadline_s=60 + 120)
+    final = wait_status(
+        env, run_id, lambda r: r["state"] == "ended", "the end within the hang limit and a margin", deadline_s=60 + 120
+    )
     log = rd.log(job).read_text()
     assert (final["reason"], end_of(rd, job)) == ("watchdog-hung", "watchdog-hung:87"), log
     assert read_chain(rd)[job].next_job is None, log
     deadline = time.monotonic() + 30  # the end is recorded first, then everything is stopped
-    while (left := [a for a in subprocess.run(["ps", "-eww", "-o", "args="], capture_output=True,
-                                              text=True).stdout.splitlines()
-                    if f"hpcrl-{job}." in a or str(rd.path) in a]) and time.monotonic() < deadline:
+    while (
+        left := [
+            a
+            for a in subprocess.run(["ps", "-eww", "-o", "args="], capture_output=True, text=True).stdout.splitlines()
+            if f"hpcrl-{job}." in a or str(rd.path) in a
+        ]
+    ) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert left == [], left
 
@@ -323,8 +371,15 @@ def test_a_locked_registry_is_answered_within_30_s_in_one_line_naming_the_lock(s
     status` and `hpcrl submit --dry-run` each answer within 30 s, one line naming the lock's holder."""
     registry = env["env"]["HPCRL_REGISTRY"]
     reg = Registry(registry)
-    run = reg.create_run(name="live", cluster="lc-test", config_hash="-", script_path="-",
-                         run_dir=str(env["tmp"] / "live"), state="pending", max_restarts=0)
+    run = reg.create_run(
+        name="live",
+        cluster="lc-test",
+        config_hash="-",
+        script_path="-",
+        run_dir=str(env["tmp"] / "live"),
+        state="pending",
+        max_restarts=0,
+    )
     reg.add_job(run, "1", run_state="pending")
     reg.close()
     holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, registry], stdout=subprocess.PIPE, text=True)
@@ -385,9 +440,11 @@ def test_a_leftover_that_held_no_ray_logs_is_reported_lost(tmp_path):
     (run / "logs" / "ray" / "301" / "n2").mkdir(parents=True)
     (run / "logs" / "ray" / "301" / "n2" / "hpcrl-recovered").write_text("305 2026-03-02T10:00:04Z none\n")
     (run / "logs" / "worker-n2-301.log").write_text("hpcrl: ray on n2 ...\n")
-    (run / "hpcrl" / "jobs.tsv").write_text("301\tstart\t2026-03-02T09:00:00Z\tn1\n"
-                                           "301\tend\t2026-03-02T09:10:00Z\tworker-died:95\n")
-    proc = subprocess.run([sys.executable, "-m", "hpcrl", "report", str(run)], capture_output=True, text=True,
-                          timeout=120)
+    (run / "hpcrl" / "jobs.tsv").write_text(
+        "301\tstart\t2026-03-02T09:00:00Z\tn1\n301\tend\t2026-03-02T09:10:00Z\tworker-died:95\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "hpcrl", "report", str(run)], capture_output=True, text=True, timeout=120
+    )
     assert "job 301: Ray logs of n2 lost: job 305 found none left on the node at 2026-03-02T10:00:04Z" in proc.stdout
     assert "recovers them" not in proc.stdout and "recovered later" not in proc.stdout, proc.stdout

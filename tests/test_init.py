@@ -10,8 +10,14 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def hpcrl(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "hpcrl", *args], capture_output=True, text=True, timeout=180,
-                          cwd=cwd, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "NO_COLOR": "1"})
+    return subprocess.run(
+        [sys.executable, "-m", "hpcrl", *args],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=cwd,
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "NO_COLOR": "1"},
+    )
 
 
 def test_init_then_plan_on_the_cluster_asked_for(tmp_path):

@@ -21,12 +21,19 @@ SHIPPED = ROOT / "configs" / "grpo-olmo3-32b.yaml"
 def hpcrl(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
     """`python -m hpcrl` held to 2 GiB of address space and 60 s: a command that reads a device until memory
     runs out fails here instead of taking the machine with it."""
+
     def limit() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (2 * 2**30, 2 * 2**30))
 
     try:
-        return subprocess.run([sys.executable, "-m", "hpcrl", *args], capture_output=True, text=True, timeout=60,
-                              preexec_fn=limit, cwd=cwd)
+        return subprocess.run(
+            [sys.executable, "-m", "hpcrl", *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            preexec_fn=limit,
+            cwd=cwd,
+        )
     except subprocess.TimeoutExpired:
         pytest.fail(f"hpcrl {' '.join(args)} still ran after 60 s")
 
@@ -70,14 +77,22 @@ def test_a_step_count_of_1e20_is_refused_where_it_is_written(tmp_path):
 
 
 def test_a_model_config_with_no_attention_heads_is_one_line(tmp_path):
-    model = _config(tmp_path, '{"hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32, '
-                              '"num_attention_heads": 0, "vocab_size": 32000}', "config.json")
+    model = _config(
+        tmp_path,
+        '{"hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32, '
+        '"num_attention_heads": 0, "vocab_size": 32000}',
+        "config.json",
+    )
     assert_user_error(hpcrl("plan-memory", "--model", model), "num_attention_heads 0: valid: a whole number from 1")
 
 
 def test_a_model_config_with_a_text_count_is_one_line(tmp_path):
-    model = _config(tmp_path, '{"hidden_size": "4k", "intermediate_size": 11008, "num_hidden_layers": 32, '
-                              '"num_attention_heads": 32, "vocab_size": 32000}', "config.json")
+    model = _config(
+        tmp_path,
+        '{"hidden_size": "4k", "intermediate_size": 11008, "num_hidden_layers": 32, '
+        '"num_attention_heads": 32, "vocab_size": 32000}',
+        "config.json",
+    )
     assert_user_error(hpcrl("plan-memory", "--model", model), "hidden_size '4k': valid: a whole number")
 
 
@@ -117,8 +132,10 @@ def test_prune_on_a_read_only_tree_is_one_line_and_deletes_nothing(tmp_path):
         out = hpcrl("checkpoints", "prune", str(mnt), "--keep", "1", "--yes")
         assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
         first = out.stderr.strip().removeprefix(f"hpcrl: error: cannot delete {mnt / 'output_checkpoints'}/step_")
-        assert first in ("200: Read-only file system; nothing was deleted",
-                         "400: Read-only file system; nothing was deleted"), out.stderr
+        assert first in (
+            "200: Read-only file system; nothing was deleted",
+            "400: Read-only file system; nothing was deleted",
+        ), out.stderr
         assert sorted(p.name for p in (mnt / "output_checkpoints").iterdir()) == ["step_200", "step_400", "step_600"]
     finally:
         subprocess.run(["umount", "-l", str(mnt)], capture_output=True)

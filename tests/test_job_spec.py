@@ -17,15 +17,32 @@ import pytest
 
 from hpcrl import contract
 from hpcrl.planning.describe import describe_job
-from hpcrl.planning.job_spec import (Chain, Checkpoints, Driver, Environment, GpuMonitor, Header, JobSpec, NodeRole,
-                                     Phase, RunDirectory, ShellWord, SlurmRequest, Watchdog)
+from hpcrl.planning.job_spec import (
+    Chain,
+    Checkpoints,
+    Driver,
+    Environment,
+    GpuMonitor,
+    Header,
+    JobSpec,
+    NodeRole,
+    Phase,
+    RunDirectory,
+    ShellWord,
+    SlurmRequest,
+    Watchdog,
+)
 from hpcrl.planning.run_plan import make_run_plan
 from hpcrl.rendering.render import render_script
 from helpers import ROOT, lint, ok_json, run_hpcrl
 
 # Each shipped config at a size it plans at (the config's own cluster).
-SHIPPED = [("grpo-olmo3-32b", "isambard-ai", 16), ("verl-grpo-qwen2.5-7b", "isambard-ai", 4),
-           ("openrlhf-grpo-qwen2.5-7b", "isambard-ai", 4), ("custom-ppo-qwen2.5-3b-qlora", "berzelius:fat", 1)]
+SHIPPED = [
+    ("grpo-olmo3-32b", "isambard-ai", 16),
+    ("verl-grpo-qwen2.5-7b", "isambard-ai", 4),
+    ("openrlhf-grpo-qwen2.5-7b", "isambard-ai", 4),
+    ("custom-ppo-qwen2.5-3b-qlora", "berzelius:fat", 1),
+]
 
 
 @pytest.mark.parametrize("config,cluster,nodes", SHIPPED)
@@ -40,37 +57,73 @@ def test_description_round_trips_through_json(config, cluster, nodes, smoke):
 def _hand_built(**over) -> JobSpec:
     """A two-node job without Ray, written out field by field (no plan, no backend)."""
     fields = dict(
-        header=Header(hpcrl_version="0.0-test", cluster="handmade", config_name="-", config_digest="abc123",
-                      framework=None, summary=("two nodes, one trainer",), assumptions=(), warnings=()),
-        slurm=SlurmRequest(job_name="hpcrl-hand", nodes=2, gpu_request="--gpus-per-node=4", share=("--exclusive",),
-                           time="01:00:00", partition="debug", output="hpcrl-hand-%j.out", signal_lead_s=300),
-        gpus_per_node=4, cpus_per_node=32,
+        header=Header(
+            hpcrl_version="0.0-test",
+            cluster="handmade",
+            config_name="-",
+            config_digest="abc123",
+            framework=None,
+            summary=("two nodes, one trainer",),
+            assumptions=(),
+            warnings=(),
+        ),
+        slurm=SlurmRequest(
+            job_name="hpcrl-hand",
+            nodes=2,
+            gpu_request="--gpus-per-node=4",
+            share=("--exclusive",),
+            time="01:00:00",
+            partition="debug",
+            output="hpcrl-hand-%j.out",
+            signal_lead_s=300,
+        ),
+        gpus_per_node=4,
+        cpus_per_node=32,
         roles=(NodeRole(role="head", count=1, does="the trainer"), NodeRole(role="worker", count=1, does="idle")),
-        phases=(Phase(name="environment", does="set up"), Phase(name="stack_check", does="check"),
-                Phase(name="head", does="this node"), Phase(name="services", does="none"),
-                Phase(name="driver", does="the trainer"), Phase(name="stop", does="record the end")),
+        phases=(
+            Phase(name="environment", does="set up"),
+            Phase(name="stack_check", does="check"),
+            Phase(name="head", does="this node"),
+            Phase(name="services", does="none"),
+            Phase(name="driver", does="the trainer"),
+            Phase(name="stop", does="record the end"),
+        ),
         environment=Environment(hf_home="/scratch/hf", umask="077"),
         run_dir=RunDirectory(root="/scratch/runs", name="hand made", node_local="/tmp/local", ray_log_keep_mib=8),
-        ray=None, port_range=(20000, 21000),
-        driver=Driver(backend="handmade", label="a hand-made trainer", workdir="$HOME/work", python="python3",
-                      entry_point="mytrainer.main", entry_module=True, module_owner="its package",
-                      args=((ShellWord(text="--lr"), ShellWord(text="0.5")),
-                            (ShellWord(text="--note"), ShellWord(text="it's fine; rm -rf /")),
-                            (ShellWord(text="--out"), ShellWord(text="$RUN_DIR/output", expand=True))),
-                      env=(("TRAINER_MODE", ShellWord(text="fast")),)),
+        ray=None,
+        port_range=(20000, 21000),
+        driver=Driver(
+            backend="handmade",
+            label="a hand-made trainer",
+            workdir="$HOME/work",
+            python="python3",
+            entry_point="mytrainer.main",
+            entry_module=True,
+            module_owner="its package",
+            args=(
+                (ShellWord(text="--lr"), ShellWord(text="0.5")),
+                (ShellWord(text="--note"), ShellWord(text="it's fine; rm -rf /")),
+                (ShellWord(text="--out"), ShellWord(text="$RUN_DIR/output", expand=True)),
+            ),
+            env=(("TRAINER_MODE", ShellWord(text="fast")),),
+        ),
         watchdog=Watchdog(zero_reward_steps=7, hang_minutes=12, grad_norm_steps=3, zero_variance_steps=4),
-        checkpoints=Checkpoints(key="save_every", marker="output/latest", every=None, variable="CKPT_EVERY",
-                                signal_lead_s=300),
+        checkpoints=Checkpoints(
+            key="save_every", marker="output/latest", every=None, variable="CKPT_EVERY", signal_lead_s=300
+        ),
         chain=Chain(max_restarts=2, max_failure_restarts=1, failure_backoff_s=5),
-        gpu_monitor=GpuMonitor(), kill_wait_s=30, signal_before_end_s=300, grace_s=180,
+        gpu_monitor=GpuMonitor(),
+        kill_wait_s=30,
+        signal_before_end_s=300,
+        grace_s=180,
         plan={"nodes": 2, "note": "by hand"},
     )
     return JobSpec(**{**fields, **over})
 
 
 def _main_phases(text: str) -> list[str]:
-    body = text[text.index("\nmain() {\n"):]
-    body = body[:body.index("\n}\n")]
+    body = text[text.index("\nmain() {\n") :]
+    body = body[: body.index("\n}\n")]
     return re.findall(r"^\s+phase_(\w+)\s+#", body, re.M)
 
 
@@ -87,28 +140,45 @@ def test_renderer_formats_a_description_built_by_hand(tmp_path, shellcheck):
     assert "export TRAINER_MODE=fast" in text
     assert "RUN_DIR=/scratch/runs/'hand made'" in text
     assert "--zero-reward-steps 7 --hang-minutes 12" in text
-    assert 'PYTHON=python3' in text and 'WORKDIR="${HOME}"/work' in text
+    assert "PYTHON=python3" in text and 'WORKDIR="${HOME}"/work' in text
     assert '"nodes": 2' in text and '"note": "by hand"' in text  # plan.json, as written into the run dir
 
 
 def test_phases_come_from_the_description(tmp_path, shellcheck):
-    phases = (Phase(name="environment", does="a"), Phase(name="head", does="b"), Phase(name="driver", does="c"),
-              Phase(name="stop", does="d"))
+    phases = (
+        Phase(name="environment", does="a"),
+        Phase(name="head", does="b"),
+        Phase(name="driver", does="c"),
+        Phase(name="stop", does="d"),
+    )
     text = render_script(_hand_built(phases=phases))
     assert _main_phases(text) == ["environment", "head", "driver", "stop"]
 
 
-@pytest.mark.parametrize("args", [("--nodes", "16"),
-                                  ("--config", "verl-grpo-qwen2.5-7b", "--nodes", "4"),
-                                  ("--config", "openrlhf-grpo-qwen2.5-7b", "--nodes", "4")])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("--nodes", "16"),
+        ("--config", "verl-grpo-qwen2.5-7b", "--nodes", "4"),
+        ("--config", "openrlhf-grpo-qwen2.5-7b", "--nodes", "4"),
+    ],
+)
 def test_render_json_prints_the_job(args):
     data = ok_json(run_hpcrl("render", *args, "--json"))
     job = JobSpec.from_json(data["job"])
     assert job.slurm.nodes == int(args[-1])
     assert render_script(job) == data["script"]
     assert _main_phases(data["script"]) == [p.name for p in job.phases]
-    assert [p.name for p in job.phases] == ["environment", "stack_check", "head", "workers", "readiness",
-                                            "services", "driver", "stop"]
+    assert [p.name for p in job.phases] == [
+        "environment",
+        "stack_check",
+        "head",
+        "workers",
+        "readiness",
+        "services",
+        "driver",
+        "stop",
+    ]
     assert job.ray is not None and job.driver is not None
 
 
@@ -132,10 +202,14 @@ def test_the_submitter_reads_the_run_directory_from_the_description(tmp_path):
     from hpcrl.jobs.run_script import build
     from hpcrl.planning.request import RunRequest
 
-    built = build(RunRequest(config="grpo-olmo3-7b", nodes=3, cluster="local-dev",
-                             sets=(f"hpcrl.run_root={tmp_path}/from-config",)))
-    moved = built.job.model_copy(update={"run_dir": built.job.run_dir.model_copy(
-        update={"root": str(tmp_path / "from-job"), "name": "renamed"})})
+    built = build(
+        RunRequest(
+            config="grpo-olmo3-7b", nodes=3, cluster="local-dev", sets=(f"hpcrl.run_root={tmp_path}/from-config",)
+        )
+    )
+    moved = built.job.model_copy(
+        update={"run_dir": built.job.run_dir.model_copy(update={"root": str(tmp_path / "from-job"), "name": "renamed"})}
+    )
     sub = submission.from_run_script(built._replace(job=moved))
     assert sub.run_dir.path == tmp_path / "from-job" / "renamed" and sub.name == "renamed"
     assert sub.plan == moved.plan and sub.cluster == "local-dev"
@@ -153,8 +227,12 @@ def _imports(path: Path) -> set[str]:
 
 def test_the_renderer_imports_only_the_job_description_from_planning():
     """The renderer formats; it asks no backend or planner (planning.backends, describe, run_plan, ...)."""
-    found = {f"{p.name}: {m}" for p in (ROOT / "hpcrl" / "rendering").glob("*.py") for m in _imports(p)
-             if m.startswith("hpcrl.planning") and m != "hpcrl.planning.job_spec"}
+    found = {
+        f"{p.name}: {m}"
+        for p in (ROOT / "hpcrl" / "rendering").glob("*.py")
+        for m in _imports(p)
+        if m.startswith("hpcrl.planning") and m != "hpcrl.planning.job_spec"
+    }
     assert found == set()
 
 
@@ -175,8 +253,9 @@ def test_the_ray_minimum_is_one_fact():
     assert "needs Ray >= 2.52" in render_script(job)
 
 
-@pytest.mark.parametrize("config", ["verl-grpo-qwen2.5-7b", "grpo-olmo3-32b", "openrlhf-grpo-qwen2.5-7b",
-                                    "custom-ppo-qwen2.5-3b-qlora"])
+@pytest.mark.parametrize(
+    "config", ["verl-grpo-qwen2.5-7b", "grpo-olmo3-32b", "openrlhf-grpo-qwen2.5-7b", "custom-ppo-qwen2.5-3b-qlora"]
+)
 def test_preflight_asks_the_disk_plan_disk_plans(config):
     """preflight's run-root need is the run's own backend's budget, as `plan-disk --config` prints it."""
     from hpcrl.jobs.preflight import target

@@ -52,8 +52,13 @@ def test_plan_berzelius_json_uses_open_instruct_names():
     out = hpcrl("plan", "--cluster", "berzelius", "--nodes", "2", "--model", "7b", "--json")
     assert out.returncode == 0, out.stderr
     lay = json.loads(out.stdout)["layouts"][0]
-    for key in ("num_learners_per_node", "vllm_num_engines", "vllm_tensor_parallel_size",
-                "vllm_gpu_memory_utilization", "deepspeed_stage"):
+    for key in (
+        "num_learners_per_node",
+        "vllm_num_engines",
+        "vllm_tensor_parallel_size",
+        "vllm_gpu_memory_utilization",
+        "deepspeed_stage",
+    ):
         assert key in lay
     assert sum(lay["num_learners_per_node"]) + lay["vllm_num_engines"] * lay["vllm_tensor_parallel_size"] <= 16
 
@@ -64,8 +69,8 @@ def _documented_fields(section_start: str) -> set[str]:
     from pathlib import Path
 
     text = (Path(__file__).parents[1] / "docs" / "plan.md").read_text()
-    rest = text[text.index(section_start):]
-    table = rest[rest.index("| field |"):]
+    rest = text[text.index(section_start) :]
+    table = rest[rest.index("| field |") :]
     rows = table[: table.index("\n\n")].splitlines()[2:]
     return {name for row in rows for name in re.findall(r"`([a-z_]+)`", row.split("|")[1])}
 
@@ -76,8 +81,10 @@ def test_plan_json_is_what_docs_plan_md_says():
     top = _documented_fields("## `--json`")
     per_layout = _documented_fields("Each layout:")
     seen_top, seen_layout = set(), set()
-    for args in (("--cluster", "berzelius", "--nodes", "2", "--model", "7b"),
-                 ("--config", "configs/verl-grpo-qwen2.5-7b.yaml", "--nodes", "4")):
+    for args in (
+        ("--cluster", "berzelius", "--nodes", "2", "--model", "7b"),
+        ("--config", "configs/verl-grpo-qwen2.5-7b.yaml", "--nodes", "4"),
+    ):
         out = hpcrl("plan", *args, "--json")
         assert out.returncode == 0, out.stderr
         doc = json.loads(out.stdout)
@@ -111,8 +118,9 @@ def test_planner_sets_gather_whole_model_where_the_whole_model_does_not_fit(tmp_
     assert hpcrl("render", "--nodes", "16", "-o", str(script)).returncode == 0
     words = driver_words(script.read_text())
     assert words[words.index("--gather_whole_model") + 1] == "False"
-    small = json.loads(hpcrl("plan", "--nodes", "4", "--config", "grpo-olmo3-7b", "--cluster", "berzelius:fat",
-                             "--json").stdout)["layouts"][0]
+    small = json.loads(
+        hpcrl("plan", "--nodes", "4", "--config", "grpo-olmo3-7b", "--cluster", "berzelius:fat", "--json").stdout
+    )["layouts"][0]
     assert small["gather_whole_model"] is True
 
 
@@ -120,7 +128,8 @@ def test_a_pinned_whole_model_gather_that_cannot_fit_names_the_fix():
     out = hpcrl("plan", "--nodes", "16", "--set", "gather_whole_model=true")
     assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1
     assert out.stderr.strip().endswith(
-        "would fit: --set gather_whole_model=false (weight sync one parameter at a time)")
+        "would fit: --set gather_whole_model=false (weight sync one parameter at a time)"
+    )
     fixed = hpcrl("plan", "--nodes", "16", "--set", "gather_whole_model=false", "--json")
     assert fixed.returncode == 0 and json.loads(fixed.stdout)["layouts"][0]["gather_whole_model"] is False
 
@@ -134,7 +143,8 @@ def test_a_tp_vllm_cannot_shard_is_never_planned_and_refused_when_pinned():
     pinned = hpcrl("plan", "--cluster", "berzelius-hopper", "--nodes", "2", "--pin", "tp=5")
     assert pinned.returncode == 2 and pinned.stderr == (
         "hpcrl: error: vllm_tensor_parallel_size 5 cannot work: it neither divides the 8 KV heads nor is a "
-        "multiple of them; valid: [1, 2, 4, 8]\n")
+        "multiple of them; valid: [1, 2, 4, 8]\n"
+    )
 
 
 def test_engines_past_the_prompts_in_flight_are_not_planned_and_a_pinned_count_is_warned():
@@ -149,8 +159,10 @@ def test_engines_past_the_prompts_in_flight_are_not_planned_and_a_pinned_count_i
     data = json.loads(out.stdout)
     assert max(lay["vllm_num_engines"] for lay in data["layouts"]) <= 8
     assert not any("vllm_num_engines" in w for w in data["warnings"])
-    assert ("vllm_num_engines 40 is more than the 8 prompts in flight (num_unique_prompts_rollout 8 x async_steps 1)"
-            in plan_warnings(*few, "--pin", "engines=40"))
+    assert (
+        "vllm_num_engines 40 is more than the 8 prompts in flight (num_unique_prompts_rollout 8 x async_steps 1)"
+        in plan_warnings(*few, "--pin", "engines=40")
+    )
 
 
 def test_berzelius_idle_gpu_rule_risk_is_a_warning():
@@ -158,8 +170,11 @@ def test_berzelius_idle_gpu_rule_risk_is_a_warning():
     share of a step is far under the quarter that keeps an A100 above Berzelius's 100 W rule; the
     warning's share is its own training / step figures. 32B on 16 nodes does not warn."""
     out = plan_warnings("--cluster", "berzelius", "--nodes", "1", "--model", "7b")
-    m = re.search(r"warning: berzelius cancels jobs whose GPUs average under 100 W after 60 min: by the step "
-                  r"estimate the learner GPUs work (\d+)% of each step \(training (\d+) s of (\d+) s\)", out)
+    m = re.search(
+        r"warning: berzelius cancels jobs whose GPUs average under 100 W after 60 min: by the step "
+        r"estimate the learner GPUs work (\d+)% of each step \(training (\d+) s of (\d+) s\)",
+        out,
+    )
     assert m, out
     share, training, step = (int(g) for g in m.groups())
     assert share == round(100 * training / step) and share < 25
@@ -167,8 +182,10 @@ def test_berzelius_idle_gpu_rule_risk_is_a_warning():
 
 
 def test_a_container_across_isambard_nodes_names_what_it_needs():
-    assert ("warning: isambard-ai: a container across nodes must use the host's NCCL and libfabric: load "
-            "brics/apptainer-multi-node") in plan_warnings("--nodes", "16", "--set", "hpcrl.container=/images/oi.sif")
+    assert (
+        "warning: isambard-ai: a container across nodes must use the host's NCCL and libfabric: load "
+        "brics/apptainer-multi-node"
+    ) in plan_warnings("--nodes", "16", "--set", "hpcrl.container=/images/oi.sif")
     assert "libfabric" not in plan_warnings("--nodes", "16")
 
 
@@ -216,8 +233,10 @@ def test_isambard_plans_one_learner_per_node_unless_pinned():
     assert layouts and {lay.learners_per_node for lay in layouts} == {1}
     out = hpcrl("plan", "--nodes", "16", "--pin", "learners=2")
     assert out.returncode == 0, out.stderr
-    assert ('warning: 2 learners per node on isambard-ai, where the profile plans at most 1: more than one '
-            'learner per GH200 node failed with NCCL "Duplicate GPU detected"') in " ".join(out.stderr.split())
+    assert (
+        "warning: 2 learners per node on isambard-ai, where the profile plans at most 1: more than one "
+        'learner per GH200 node failed with NCCL "Duplicate GPU detected"'
+    ) in " ".join(out.stderr.split())
     assert "[2] x" in out.stdout
 
 
@@ -269,12 +288,15 @@ def test_reference_policy_costs_learner_memory():
 def test_nodes_over_partition_limit_is_an_error():
     out = hpcrl("plan", "--cluster", "berzelius", "--nodes", "61")
     assert_user_error(out, "61 nodes exceed partition berzelius's limit of 60 nodes (pass --allow-over-limit")
-    assert hpcrl("plan", "--cluster", "berzelius", "--nodes", "61", "--allow-over-limit", "--model", "7b").returncode == 0
+    assert (
+        hpcrl("plan", "--cluster", "berzelius", "--nodes", "61", "--allow-over-limit", "--model", "7b").returncode == 0
+    )
 
 
 def test_unknown_cluster_and_model_name_closest():
-    assert_user_error(hpcrl("plan", "--cluster", "isambard", "--nodes", "2"),
-                      "unknown cluster 'isambard'; closest: isambard-ai")
+    assert_user_error(
+        hpcrl("plan", "--cluster", "isambard", "--nodes", "2"), "unknown cluster 'isambard'; closest: isambard-ai"
+    )
     line = assert_user_error(hpcrl("plan", "--nodes", "2", "--model", "qwen2.5-70b"), "unknown model 'qwen2.5-70b'")
     closest = line.split("closest: ")[1].split(", ")
     assert {"qwen2.5-7b", "Qwen/Qwen2.5-72B"} <= set(closest)
@@ -284,12 +306,19 @@ def test_idle_gpus_of_the_chosen_layout_are_named():
     """The users' 32B utilisation (0.55) on 16 GH200 nodes: the TP-2 engines of the fastest layout
     leave one of each learner node's three spare GPUs idle. The warning counts them, says why, and
     names the layout that idles fewest."""
-    out = subprocess.run([sys.executable, "-m", "hpcrl", "render", "--nodes", "16", "--pin", "util=0.55"],
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "hpcrl", "render", "--nodes", "16", "--pin", "util=0.55"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     (line,) = [ln for ln in out.stderr.splitlines() if "GPUs idle" in ln]
-    m = re.search(r"leaves (\d+) of 64 GPUs idle: on each of its (\d+) learner nodes the 3 GPUs beside the learners "
-                  r"hold (\d+) TP-(\d+) engines? and leave (\d+) idle", line)
+    m = re.search(
+        r"leaves (\d+) of 64 GPUs idle: on each of its (\d+) learner nodes the 3 GPUs beside the learners "
+        r"hold (\d+) TP-(\d+) engines? and leave (\d+) idle",
+        line,
+    )
     assert m and int(m.group(1)) == int(m.group(2)) * int(m.group(5)), line
     assert "the layout with the fewest, " in line
     rp = make_run_plan(None, nodes=16, pins=["util=0.55"])

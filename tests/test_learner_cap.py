@@ -22,8 +22,10 @@ def capped(tmp_path):
 
 
 def planned(capped: str, config: str, nodes: int, sets: tuple[str, ...] = (), pins: tuple[str, ...] = ()) -> dict:
-    return plan_data(plan_request(RunRequest(config=config, cluster_file=capped, nodes=nodes, sets=(SHORT, *sets),
-                                             pins=pins)), top=100)
+    return plan_data(
+        plan_request(RunRequest(config=config, cluster_file=capped, nodes=nodes, sets=(SHORT, *sets), pins=pins)),
+        top=100,
+    )
 
 
 def test_open_instruct_places_one_learner_per_node(capped):
@@ -49,8 +51,9 @@ def test_openrlhf_says_what_fits_inside_the_cap_when_nothing_does(capped):
 
 
 def test_a_pin_overrides_the_cap_for_openrlhf(capped):
-    args = planned(capped, "openrlhf-grpo-qwen2.5-7b", 4, sets=("ds.adam_offload=true",),
-                   pins=("learners=4",))["backend_args"]
+    args = planned(capped, "openrlhf-grpo-qwen2.5-7b", 4, sets=("ds.adam_offload=true",), pins=("learners=4",))[
+        "backend_args"
+    ]
     assert args["actor.num_gpus_per_node"] == 4
 
 
@@ -76,9 +79,26 @@ def test_verls_node_fix_past_the_qos_says_so():
     import subprocess
     import sys
 
-    err = subprocess.run([sys.executable, "-m", "hpcrl", "plan", "--config", "verl-grpo-qwen2.5-7b", "--model", "72b",
-                          "--nodes", "1", "--set", "data.max_response_length=16384",
-                          "--set", "hpcrl.framework_version=b178a3cd"],
-                         capture_output=True, text=True, timeout=120).stderr
+    err = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hpcrl",
+            "plan",
+            "--config",
+            "verl-grpo-qwen2.5-7b",
+            "--model",
+            "72b",
+            "--nodes",
+            "1",
+            "--set",
+            "data.max_response_length=16384",
+            "--set",
+            "hpcrl.framework_version=b178a3cd",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    ).stderr
     over = re.search(r"--nodes (\d+) \(over the partition/QOS node limit\)", err)
     assert over and int(over.group(1)) > 32 // 4

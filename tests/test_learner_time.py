@@ -13,16 +13,32 @@ import pytest
 
 from hpcrl.memory.gpu_rates import Rates, fp32_tflops, link_defaults, links_gbs, rates_for
 from hpcrl.memory.learner import LearnerSetup
-from hpcrl.memory.learner_time import (fetched_tensors, learner_time, overlapped, param_tensors, reference_terms,
-                                      time_terms)
+from hpcrl.memory.learner_time import (
+    fetched_tensors,
+    learner_time,
+    overlapped,
+    param_tensors,
+    reference_terms,
+    time_terms,
+)
 from hpcrl.models import resolve_model
 from hpcrl.models.spec import ModelSpec
 from hpcrl.profiles import resolve_profile
 
 from helpers import ROOT, ok_json, run_hpcrl
 
-TOY = ModelSpec(name="toy", model_type="llama", hidden_size=1024, intermediate_size=4096, num_layers=2,
-                num_heads=8, num_kv_heads=8, head_dim=128, vocab_size=1000, tie_word_embeddings=False)
+TOY = ModelSpec(
+    name="toy",
+    model_type="llama",
+    hidden_size=1024,
+    intermediate_size=4096,
+    num_layers=2,
+    num_heads=8,
+    num_kv_heads=8,
+    head_dim=128,
+    vocab_size=1000,
+    tie_word_embeddings=False,
+)
 # 1000 TFLOP/s, 2 TB/s HBM, 100 GB/s between GPUs, 10 GB/s to the host: round numbers for hand counts.
 RATES = Rates(1000.0, 2.0, 100.0, 10.0, "toy GPU")
 # Hand counts of TOY: per layer q, k, v, o 4 x 1024^2 = 4,194,304 and gate, up, down 3 x 1024 x 4096 =
@@ -149,8 +165,12 @@ def test_a_gh200_is_not_taken_for_an_h200():
 
 def test_a_profile_without_link_fields_gets_its_gpu_model_s_defaults():
     p = resolve_profile("berzelius", None)
-    old = p.model_copy(update={"gpu": p.gpu.model_copy(update={"intra_node_gbs": None, "host_link_gbs": None}),
-                               "node": p.node.model_copy(update={"inter_node_gbs": None})})
+    old = p.model_copy(
+        update={
+            "gpu": p.gpu.model_copy(update={"intra_node_gbs": None, "host_link_gbs": None}),
+            "node": p.node.model_copy(update={"inter_node_gbs": None}),
+        }
+    )
     assert links_gbs(old) == {"intra_node": 300.0, "inter_node": 25.0, "host": 32.0}
 
 
@@ -174,21 +194,47 @@ def test_an_unmeasured_gpu_says_derived():
 def test_the_committed_constants_are_a_fresh_fit_of_the_committed_rows():
     """The rows regression: fit_time.py re-fits and prints every row's predicted vs measured step and the
     held-out errors (run with -s to see them); --check fails when the committed FIT or split differ."""
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "fit_time.py"), "--check"],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "fit_time.py"), "--check"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     print(proc.stdout[-3000:])
     assert proc.returncode == 0, proc.stderr
 
 
 def test_plan_memory_json_reports_the_learner_s_time():
-    data = ok_json(run_hpcrl("plan-memory", "--model", "qwen2.5-7b", "--learner-gpus", "2", "--tokens-per-gpu",
-                             "8192", "--cluster", "berzelius-hopper", "--json"))
+    data = ok_json(
+        run_hpcrl(
+            "plan-memory",
+            "--model",
+            "qwen2.5-7b",
+            "--learner-gpus",
+            "2",
+            "--tokens-per-gpu",
+            "8192",
+            "--cluster",
+            "berzelius-hopper",
+            "--json",
+        )
+    )
     assert set(data["learner"]["time"]) == {"micro_batch_s", "optimizer_step_s", "low", "high", "basis"}
 
 
 def test_the_users_qlora_script_s_learner_time_says_its_dequantization_is_derived():
-    data = ok_json(run_hpcrl("plan-memory", "--config", "custom-ppo-qwen2.5-3b-qlora", "--cluster", "berzelius:fat",
-                             "--learner-gpus", "1", "--json"))
+    data = ok_json(
+        run_hpcrl(
+            "plan-memory",
+            "--config",
+            "custom-ppo-qwen2.5-3b-qlora",
+            "--cluster",
+            "berzelius:fat",
+            "--learner-gpus",
+            "1",
+            "--json",
+        )
+    )
     assert "4-bit dequantization" in data["learner"]["time"]["basis"]
 
 

@@ -69,8 +69,15 @@ def test_dry_run_into_a_live_runs_dir_is_refused_like_a_submit(env):
 
     path = script(env, "held")
     reg = Registry(env["env"]["HPCRL_REGISTRY"])
-    live = reg.create_run(name="held", cluster="local-dev", config_hash="h", script_path=str(path),
-                          run_dir=str(env["root"] / "held"), state="pending", max_restarts=2)
+    live = reg.create_run(
+        name="held",
+        cluster="local-dev",
+        config_hash="h",
+        script_path=str(path),
+        run_dir=str(env["root"] / "held"),
+        state="pending",
+        max_restarts=2,
+    )
     line = assert_user_error(hpcrl(env, "submit", "--dry-run", str(path)), f"run {live} is still pending in ")
     assert line.endswith(f"{env['root'] / 'held'}; hpcrl cancel {live}, or pick another hpcrl.run_name")
     assert [r["run_id"] for r in rows(env, "runs")] == [live]
@@ -104,8 +111,14 @@ def test_unwritable_run_dir_fails_the_run_before_sbatch(env):
     (fake_bin / "sbatch").chmod(0o755)
     blocker = env["tmp"] / "a-file"
     blocker.write_text("not a directory\n")
-    proc = hpcrl(env, "submit", "--run-dir", str(blocker / "run"), str(script(env, "nodir")),
-                 path=f"{fake_bin}:{os.environ['PATH']}")
+    proc = hpcrl(
+        env,
+        "submit",
+        "--run-dir",
+        str(blocker / "run"),
+        str(script(env, "nodir")),
+        path=f"{fake_bin}:{os.environ['PATH']}",
+    )
     (run,) = rows(env, "runs")
     line = assert_user_error(proc, f"run dir {blocker / 'run'}: Not a directory")
     assert line.endswith(f"(run {run['run_id']} recorded as failed)")
@@ -122,18 +135,28 @@ def test_every_file_submit_writes_is_0600(env):
     (fake_bin / "sbatch").chmod(0o755)
     old = os.umask(0o022)
     try:
-        out = ok_json(hpcrl(env, "submit", "--json", *submit_args(env, "config", "modes"),
-                            path=f"{fake_bin}:{os.environ['PATH']}"))
+        out = ok_json(
+            hpcrl(
+                env, "submit", "--json", *submit_args(env, "config", "modes"), path=f"{fake_bin}:{os.environ['PATH']}"
+            )
+        )
     finally:
         os.umask(old)
     meta = Path(out["run_dir"]) / "hpcrl"
     modes = {p.name: oct(p.stat().st_mode & 0o777) for p in meta.iterdir() if p.is_file()}
-    assert modes == {"job.sbatch": "0o600", "plan.json": "0o600", "restarts": "0o600", "jobs.tsv": "0o600",
-                     "failure-restarts": "0o600", "chain.lock": "0o600"}
+    assert modes == {
+        "job.sbatch": "0o600",
+        "plan.json": "0o600",
+        "restarts": "0o600",
+        "jobs.tsv": "0o600",
+        "failure-restarts": "0o600",
+        "chain.lock": "0o600",
+    }
 
 
-@pytest.mark.parametrize("events", [JobEvents(), JobEvents(end_reason="cancelled", exit_code=143,
-                                                        ended="2026-11-26T22:00:00Z")])
+@pytest.mark.parametrize(
+    "events", [JobEvents(), JobEvents(end_reason="cancelled", exit_code=143, ended="2026-11-26T22:00:00Z")]
+)
 def test_a_completing_job_has_its_end_time(events):
     """COMPLETING (Slurm waits for the processes of a cancelled job): the job has ended, with or
     without its own end line; the line's time wins when it wrote one."""
@@ -146,7 +169,9 @@ def test_a_completing_job_has_its_end_time(events):
 
 def test_rendered_script_submitted_as_script(env):
     """A script from the renderer, given back as SCRIPT: RUN_DIR, cluster and max_restarts are read from it."""
-    rendered = ok_json(hpcrl(env, "submit", "--dry-run", "--json", *submit_args(env, "config", "again", max_restarts=4)))
+    rendered = ok_json(
+        hpcrl(env, "submit", "--dry-run", "--json", *submit_args(env, "config", "again", max_restarts=4))
+    )
     out = ok_json(hpcrl(env, "submit", "--dry-run", "--json", rendered["script"]))
     assert out["run_dir"] == str(env["root"] / "again")
     new = [r for r in rows(env, "runs") if r["run_id"] == out["run_id"]][0]
@@ -206,8 +231,12 @@ def test_cancel_of_a_three_node_run_leaves_nothing_on_any_node(slurm, env, lefto
     out = submit(env, "config", "wide", nodes=3)
     run_id, job = out["run_id"], out["job_id"]
     rd = RunDir(env["root"] / "wide")
-    wait_status(env, run_id, lambda _r: rd.log(job).exists() and f"wrote marker-{job}" in rd.log(job).read_text(),
-                "the driver to start on 3 nodes")
+    wait_status(
+        env,
+        run_id,
+        lambda _r: rd.log(job).exists() and f"wrote marker-{job}" in rd.log(job).read_text(),
+        "the driver to start on 3 nodes",
+    )
     assert "Ray is up: 3 nodes, 12 GPUs" in rd.log(job).read_text()
     assert hpcrl(env, "cancel", run_id).returncode == 0
     final = wait_status(env, run_id, lambda r: r["state"] == "ended", "the cancel to land")
@@ -367,5 +396,3 @@ def test_two_submits_into_one_run_dir_at_once(slurm, env):
     chain = read_chain(RunDir(env["root"] / "twice"))
     assert list(chain) == [ok_json(ok[0])["job_id"]]
     wait_status(env, winner, lambda r: r["state"] == "ended", "the submitted run to finish")
-
-

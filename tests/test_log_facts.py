@@ -29,19 +29,26 @@ REPO = Path(__file__).resolve().parents[1]
 NO_NAMES = ("hpcrl/logs", "hpcrl/runtime", "hpcrl/rendering")
 # Each name as code may spell it (open-instruct, open_instruct, OpenInstruct); "custom", an ordinary
 # word, only as a string of its own.
-SPELLINGS = re.compile("(?<![A-Za-z])(?i:" + "|".join(re.escape(n).replace(r"\-", "[-_ ]?") for n in BACKENDS
-                                                    if n != "custom") + ")(?![a-z])")  # not in "overlap"
+SPELLINGS = re.compile(
+    "(?<![A-Za-z])(?i:"
+    + "|".join(re.escape(n).replace(r"\-", "[-_ ]?") for n in BACKENDS if n != "custom")
+    + ")(?![a-z])"
+)  # not in "overlap"
 SMOKE_SETS = ["hpcrl.run_root=/tmp/hpcrl-e2e", 'hpcrl.time="00:05:00"']
 
 
 def _code_tokens(path: Path) -> list[tuple[int, str]]:
     """Names and string literals of a module, without comments and docstrings (citations may name a framework)."""
-    toks = [t for t in tokenize.generate_tokens(io.StringIO(path.read_text()).readline)
-            if t.type not in (tokenize.NL, tokenize.COMMENT, tokenize.INDENT, tokenize.DEDENT)]
+    toks = [
+        t
+        for t in tokenize.generate_tokens(io.StringIO(path.read_text()).readline)
+        if t.type not in (tokenize.NL, tokenize.COMMENT, tokenize.INDENT, tokenize.DEDENT)
+    ]
     out = []
     for i, t in enumerate(toks):
         statement = (i == 0 or toks[i - 1].type == tokenize.NEWLINE or toks[i - 1].string == ":") and (
-            i + 1 < len(toks) and toks[i + 1].type == tokenize.NEWLINE)
+            i + 1 < len(toks) and toks[i + 1].type == tokenize.NEWLINE
+        )
         if t.type == tokenize.NAME or (t.type == tokenize.STRING and not statement):
             out.append((t.start[0], t.string))
     return out
@@ -55,11 +62,16 @@ def _names_in_code() -> list[str]:
     hits = []
     for layer in NO_NAMES:
         for path in sorted((REPO / layer).rglob("*.py")):
-            hits += [f"{path.relative_to(REPO)}:{line}: {text[:80]}" for line, text in _code_tokens(path) if _is_name(text)]
+            hits += [
+                f"{path.relative_to(REPO)}:{line}: {text[:80]}" for line, text in _code_tokens(path) if _is_name(text)
+            ]
     for path in sorted((REPO / "templates").glob("*.j2")):
         for line, text in enumerate(path.read_text().splitlines(), 1):
-            hits += [f"{path.relative_to(REPO)}:{line}: {tag[:80]}" for tag in re.findall(r"{[{%].*?[}%]}", text)
-                     if re.search(r"['\"]custom['\"]", tag) or SPELLINGS.search(tag)]
+            hits += [
+                f"{path.relative_to(REPO)}:{line}: {tag[:80]}"
+                for tag in re.findall(r"{[{%].*?[}%]}", text)
+                if re.search(r"['\"]custom['\"]", tag) or SPELLINGS.search(tag)
+            ]
     return hits
 
 
@@ -73,16 +85,17 @@ def _smoke_words(config: str, pins: tuple[str, ...] = ()) -> list[str]:
     block = re.search(r"^ *DRIVER=\(\n(.*?)^ *\)$", text, re.S | re.M)
     assert block, "no smoke command in the script"
     words = shlex.split(block.group(1).replace('"$HPCRL_RAY_CPUS"', "4"))
-    return words[words.index("hpcrl.runtime.smoke") + 1:]
+    return words[words.index("hpcrl.runtime.smoke") + 1 :]
 
 
 def _after(words: list[str], flag: str, n: int = 1) -> list[str]:
     i = words.index(flag)
-    return words[i + 1:i + 1 + n]
+    return words[i + 1 : i + 1 + n]
 
 
 # The separate-engine layout pinned where the ranking (which moves with the step-time model) would choose it.
 PINS = {"grpo-olmo3-32b": ("learners=4", "learner_nodes=2", "engines=4", "tp=1")}
+
 
 def test_open_instruct_cpu_ask_is_grpo_fasts():
     # grpo_fast: 10 CPUs per learner GPU (LEARNER_PLACEMENT_GROUP_CPU_PER_GPU), tp per engine, and
@@ -178,8 +191,11 @@ def test_an_openrlhf_timeout_that_is_no_weight_sync_gets_no_sync_switch():
     # limit (3c3be623 utils/deepspeed/deepspeed.py:82), and --vllm.sync_with_ray only changes the
     # broadcast to the engines.
     text = (LOGS / "openrlhf_nccl_timeout.log").read_text()
-    text = "\n".join(line for line in text.replace("OpType=BROADCAST", "OpType=ALLREDUCE").splitlines()
-                     if "broadcast_to_vllm" not in line)
+    text = "\n".join(
+        line
+        for line in text.replace("OpType=BROADCAST", "OpType=ALLREDUCE").splitlines()
+        if "broadcast_to_vllm" not in line
+    )
     f = _diagnose(text).findings[0]
     assert (f.kind, "sync_with_ray" in f.fix, "no flag for the limit (60 min" in f.fix) == ("nccl_timeout", False, True)
 

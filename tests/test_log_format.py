@@ -17,8 +17,15 @@ from pathlib import Path
 import pytest
 
 from hpcrl.logs.driver_log import Step, StepFormat, parse_steps
-from hpcrl.logs.log_format import (KNOWN_FORMATS, backend_format, backends_union, known_formats_text, plan_format,
-                                   run_format, union_format)
+from hpcrl.logs.log_format import (
+    KNOWN_FORMATS,
+    backend_format,
+    backends_union,
+    known_formats_text,
+    plan_format,
+    run_format,
+    union_format,
+)
 from hpcrl.logs.metric_keys import ROLES
 from hpcrl.planning.backends import backend_names, get_backend
 from hpcrl.planning.backends.log_facts import LogFormat
@@ -31,7 +38,7 @@ DATA = ROOT / "tests" / "data"
 def _panel(lines: list[str]) -> list[str]:
     """The first Rich panel of metrics."""
     start = next(i for i, line in enumerate(lines) if "╭" in line)
-    return lines[start:next(i for i in range(start, len(lines)) if "╰" in lines[i]) + 1]
+    return lines[start : next(i for i in range(start, len(lines)) if "╰" in lines[i]) + 1]
 
 
 def _first(marker: str):
@@ -42,10 +49,20 @@ def _first(marker: str):
 # reward key). A line without a step number of its own is the log's first step.
 CASES = {
     "open-instruct": ("logs/grpo_fast_healthy.log", _panel, r"training_step: (\d+)", r"scores: (\S+)", "scores"),
-    "verl": ("logs/verl_grad_norm_zero.log", _first("step:"), r"step:(\d+) ", r"critic/score/mean:(\S+)",
-             "critic/score/mean"),
-    "openrlhf": ("logs/openrlhf_zero_variance.log", _first("Global step"), r"Global step (\d+):", r"'reward': ([^,]+)",
-                 "reward"),
+    "verl": (
+        "logs/verl_grad_norm_zero.log",
+        _first("step:"),
+        r"step:(\d+) ",
+        r"critic/score/mean:(\S+)",
+        "critic/score/mean",
+    ),
+    "openrlhf": (
+        "logs/openrlhf_zero_variance.log",
+        _first("Global step"),
+        r"Global step (\d+):",
+        r"'reward': ([^,]+)",
+        "reward",
+    ),
     "trl": ("trl/console_zero_reward.log", _first("{'loss'"), None, r"'reward': '([^']*)'", "reward"),
 }
 
@@ -104,7 +121,8 @@ def test_a_log_of_no_known_framework_is_read_with_the_union():
 def test_the_watchdogs_copy_of_the_union_is_the_registrys():
     assert KNOWN_FORMATS.read_text() == known_formats_text(), (
         "a backend's LogFormat changed: regenerate hpcrl/runtime/known_log_formats.json with\n  python -c "
-        "'from hpcrl.logs.log_format import write_known_formats; write_known_formats()'")
+        "'from hpcrl.logs.log_format import write_known_formats; write_known_formats()'"
+    )
     assert known_format() == union_format() and StepFormat.from_json(backends_union().to_json()) == backends_union()
 
 
@@ -125,15 +143,23 @@ def framework_literals() -> tuple[set[str], set[str]]:
     for name in backend_names():
         b = get_backend(name)
         fmt, m = b.log_format or LogFormat(), b.metric_facts
-        keys.update(*(getattr(fmt, f.name) for f in fields(fmt) if f.name not in ("step_lines", "panel_titles",
-                                                                                   "advantage_ranges")))
+        keys.update(
+            *(
+                getattr(fmt, f.name)
+                for f in fields(fmt)
+                if f.name not in ("step_lines", "panel_titles", "advantage_ranges")
+            )
+        )
         keys.update(k for pair in fmt.advantage_ranges for k in pair)
         keys.update(*(getattr(m, f.name) for f in fields(m)))
         keys.update({b.diagnose_facts.stop_rate} - {""})
         marks.update(fmt.panel_titles)
         for pattern in fmt.step_lines:  # the literal text of a regex: "Global step", "step:"
-            marks.update(t.strip() for t in re.findall(r"[A-Za-z][A-Za-z :]*", re.sub(r"\\.", "", pattern))
-                         if len(t.strip()) >= 5)
+            marks.update(
+                t.strip()
+                for t in re.findall(r"[A-Za-z][A-Za-z :]*", re.sub(r"\\.", "", pattern))
+                if len(t.strip()) >= 5
+            )
     return keys - set(ROLES), marks
 
 
@@ -141,32 +167,60 @@ def literal_findings(path: Path, keys: set[str], marks: set[str]) -> list[str]:
     """`file:line: literal` for each string in `path`'s code (docstrings and `__all__`'s names aside) that is a key or
     holds a mark."""
     tree = ast.parse(path.read_text())
-    docs = {id(n.body[0].value) for n in ast.walk(tree)
-            if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and n.body
-            and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
-    docs |= {id(c) for n in ast.walk(tree) if isinstance(n, ast.Assign)
-             and any(isinstance(t, ast.Name) and t.id == "__all__" for t in n.targets) for c in ast.walk(n.value)}
-    return [f"{path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}:{n.lineno}: {n.value!r}"
-            for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs
-            and (n.value in keys or any(mark in n.value for mark in marks))]
+    docs = {
+        id(n.body[0].value)
+        for n in ast.walk(tree)
+        if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        and n.body
+        and isinstance(n.body[0], ast.Expr)
+        and isinstance(n.body[0].value, ast.Constant)
+    }
+    docs |= {
+        id(c)
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in n.targets)
+        for c in ast.walk(n.value)
+    }
+    return [
+        f"{path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}:{n.lineno}: {n.value!r}"
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Constant)
+        and isinstance(n.value, str)
+        and id(n) not in docs
+        and (n.value in keys or any(mark in n.value for mark in marks))
+    ]
 
 
 def test_the_literal_check_knows_the_frameworks_keys_and_lines():
     keys, marks = framework_literals()
-    assert {"critic/score/mean", "group_reward_std", "frac_reward_zero_std", "val/advantages_min", "val/stop_rate"} <= keys
+    assert {
+        "critic/score/mean",
+        "group_reward_std",
+        "frac_reward_zero_std",
+        "val/advantages_min",
+        "val/stop_rate",
+    } <= keys
     assert {"Global step", "step:", "Metrics"} <= marks and "loss" not in keys
 
 
 def test_the_literal_check_sees_a_planted_key(tmp_path):
     planted = tmp_path / "m.py"
-    planted.write_text('"""Reads critic/score/mean."""\nKEY = "critic/score/mean"\nLINE = re.compile(r"Global step (\\d+)")\n')
+    planted.write_text(
+        '"""Reads critic/score/mean."""\nKEY = "critic/score/mean"\nLINE = re.compile(r"Global step (\\d+)")\n'
+    )
     keys, marks = framework_literals()
     assert [f.split(": ", 1)[1] for f in literal_findings(planted, keys, marks)] == [
-        "'critic/score/mean'", "'Global step (\\\\d+)'"]
+        "'critic/score/mean'",
+        "'Global step (\\\\d+)'",
+    ]
 
 
 def test_no_module_that_reads_logs_or_runs_in_the_job_holds_a_frameworks_key_or_step_line():
     keys, marks = framework_literals()
-    found = [f for layer in NO_LITERALS for path in sorted((ROOT / layer).rglob("*.py"))
-             for f in literal_findings(path, keys, marks)]
+    found = [
+        f
+        for layer in NO_LITERALS
+        for path in sorted((ROOT / layer).rglob("*.py"))
+        for f in literal_findings(path, keys, marks)
+    ]
     assert found == [], "put the framework's keys and lines in its backend's LogFormat:\n" + "\n".join(found)

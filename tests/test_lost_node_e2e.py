@@ -29,8 +29,13 @@ NODE_LOCAL = Path("/tmp/hpcrl-local")  # local-dev's storage.node_local: /tmp/hp
 @pytest.fixture(autouse=True)
 def _needs_ray_and_root():
     """The jobs run `ray` from this environment; killing and restarting a slurmd needs root."""
-    why = ("the smoke job needs ray (pip install 'ray[default]')" if shutil.which("ray") is None
-           else "killing a node's slurmd needs root" if os.geteuid() != 0 else "")
+    why = (
+        "the smoke job needs ray (pip install 'ray[default]')"
+        if shutil.which("ray") is None
+        else "killing a node's slurmd needs root"
+        if os.geteuid() != 0
+        else ""
+    )
     if why and os.environ.get("HPCRL_REQUIRE_SLURM") == "1":
         pytest.fail(f"HPCRL_REQUIRE_SLURM=1 but {why}", pytrace=False)
     if why:
@@ -46,17 +51,34 @@ def smoke_script(tmp_path: Path, name: str, hold: str) -> tuple[Path, Path]:
     fault = tmp_path / name / "bin"
     fault.mkdir(parents=True)
     (fault / "python3").write_text(
-        "#!/bin/bash\n"
-        f'if [[ " $* " == *" -m hpcrl.runtime.smoke "* ]]; then\n{hold}\nfi\n'
-        f'exec {real} "$@"\n')
+        f'#!/bin/bash\nif [[ " $* " == *" -m hpcrl.runtime.smoke "* ]]; then\n{hold}\nfi\nexec {real} "$@"\n'
+    )
     (fault / "python3").chmod(0o755)
     root, script = tmp_path / name / "runs", tmp_path / name / "job.sbatch"
-    out = run_hpcrl("render", "--cluster", "local-dev", "--nodes", "2", "--smoke",
-                    "--set", f"hpcrl.run_root={root}", "--set", f"hpcrl.run_name={name}",
-                    "--set", 'hpcrl.time="00:10:00"', "--set", "hpcrl.max_restarts=0",
-                    "--set", "hpcrl.max_failure_restarts=0",
-                    "--set", f'hpcrl.env_setup=["export PATH={fault}:$PATH"]', "-o", str(script),
-                    cwd=tmp_path, env={k: v for k, v in os.environ.items() if k != "HPCRL_CLUSTERS_DIR"})
+    out = run_hpcrl(
+        "render",
+        "--cluster",
+        "local-dev",
+        "--nodes",
+        "2",
+        "--smoke",
+        "--set",
+        f"hpcrl.run_root={root}",
+        "--set",
+        f"hpcrl.run_name={name}",
+        "--set",
+        'hpcrl.time="00:10:00"',
+        "--set",
+        "hpcrl.max_restarts=0",
+        "--set",
+        "hpcrl.max_failure_restarts=0",
+        "--set",
+        f'hpcrl.env_setup=["export PATH={fault}:$PATH"]',
+        "-o",
+        str(script),
+        cwd=tmp_path,
+        env={k: v for k, v in os.environ.items() if k != "HPCRL_CLUSTERS_DIR"},
+    )
     assert out.returncode == 0, out.stderr
     (root / name / "logs").mkdir(parents=True)  # as hpcrl submit does: Slurm opens --output there
     return script, root / name
@@ -122,15 +144,23 @@ def lose_node(job: str, node: str) -> None:
                 pass
         time.sleep(0.5)
     assert not left, f"processes of job {job} on {node} survived SIGKILL: {left}"
-    subprocess.run(["scontrol", "update", f"nodename={node}", "state=down", "reason=hpcrl test: node lost"],
-                   check=True, timeout=60)
+    subprocess.run(
+        ["scontrol", "update", f"nodename={node}", "state=down", "reason=hpcrl test: node lost"], check=True, timeout=60
+    )
 
 
 def bring_back(node: str) -> None:
     """node's slurmd started again and the node resumed, until Slurm has it usable."""
     if slurmd_pid(node) is None:
-        subprocess.run(["slurmd", "-N", node], check=True, timeout=120, start_new_session=True,
-                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        subprocess.run(
+            ["slurmd", "-N", node],
+            check=True,
+            timeout=120,
+            start_new_session=True,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
     deadline = time.monotonic() + 300
     while (slurm_nodes() or {}).get(node) not in ("idle", "mixed", "allocated") and time.monotonic() < deadline:
         # ReturnToService=2 may have resumed it already: then this is refused, and harmless.
@@ -146,9 +176,11 @@ def test_the_next_job_on_a_lost_node_keeps_its_ray_logs_and_removes_its_dirs(tmp
     try:
         lost = submit(lost_script, f"--nodelist={head},{node}")
         deadline = time.monotonic() + 600
-        while not any((d / "session_latest" / "logs" / "raylet.out").exists() or
-                      (d / "ray" / "session_latest" / "logs" / "raylet.out").exists()
-                      for d in dirs_of(lost, node)):
+        while not any(
+            (d / "session_latest" / "logs" / "raylet.out").exists()
+            or (d / "ray" / "session_latest" / "logs" / "raylet.out").exists()
+            for d in dirs_of(lost, node)
+        ):
             assert time.monotonic() < deadline, "Ray never started on the worker node"
             assert scontrol_job(lost).get("JobState") not in TERMINAL_JOB_STATES, (lost_run / "logs").iterdir()
             time.sleep(1)
@@ -170,9 +202,21 @@ def test_the_next_job_on_a_lost_node_keeps_its_ray_logs_and_removes_its_dirs(tmp
         bring_back(node)
 
         # A running job's directory on that node, and another user's of the dead job: neither is touched.
-        running = subprocess.run(["sbatch", "--parsable", f"--nodelist={node}", "--ntasks=1", "--cpus-per-task=1",
-                                  "--output=/dev/null", "--wrap=sleep 900"], capture_output=True, text=True,
-                                 check=True, timeout=60).stdout.strip()
+        running = subprocess.run(
+            [
+                "sbatch",
+                "--parsable",
+                f"--nodelist={node}",
+                "--ntasks=1",
+                "--cpus-per-task=1",
+                "--output=/dev/null",
+                "--wrap=sleep 900",
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=60,
+        ).stdout.strip()
         wait_for_state(running, {"RUNNING"}, 600)
         live = NODE_LOCAL / node / f"hpcrl-{running}.0.liv"
         foreign = NODE_LOCAL / node / f"hpcrl-{lost}.5.oth"
@@ -185,16 +229,19 @@ def test_the_next_job_on_a_lost_node_keeps_its_ray_logs_and_removes_its_dirs(tmp
         listed = tmp_path / "left-dirs"
         listed.write_text("".join(f"{d}\n" for d in left))
         # Its driver waits (at most 300 s) until the sweep has run, so that the job does not end first.
-        next_script, _ = smoke_script(tmp_path, "next", f'for _ in $(seq 300); do ls -d $(cat "{listed}") '
-                                                        '>/dev/null 2>&1 || break; sleep 1; done')
+        next_script, _ = smoke_script(
+            tmp_path, "next", f'for _ in $(seq 300); do ls -d $(cat "{listed}") >/dev/null 2>&1 || break; sleep 1; done'
+        )
         nxt = submit(next_script, f"--nodelist={head},{node}")
         state = wait_for_state(nxt, TERMINAL_JOB_STATES, 900)["JobState"]
         log = (tmp_path / "next" / "runs" / "next" / "logs" / f"job-{nxt}.log").read_text()
         assert state == "COMPLETED", log[-3000:]
         kept = lost_run / "logs" / "ray" / lost / node
         assert [d for d in left if d.exists()] == [], log[-3000:]
-        assert f"[{node}] hpcrl: removed " in log and f"left by job {lost} (NODE_FAIL), which ended without its " \
-            f"cleanup: its Ray logs kept in {kept}/" in log, log[-3000:]
+        assert (
+            f"[{node}] hpcrl: removed " in log
+            and f"left by job {lost} (NODE_FAIL), which ended without its cleanup: its Ray logs kept in {kept}/" in log
+        ), log[-3000:]
         assert (kept / "raylet.out").is_file() and (kept / "hpcrl-recovered").read_text().split()[0] == nxt
         assert live.is_dir() and foreign.is_dir()
         report = run_hpcrl("report", str(lost_run))
@@ -214,8 +261,11 @@ def user_processes(job: str, node: str) -> set[int]:
     left = set()
     for proc in Path("/proc").iterdir():
         try:
-            if proc.name.isdigit() and all(w in (proc / "environ").read_bytes().split(b"\0") for w in want) \
-                    and not (proc / "comm").read_text().startswith("slurmstepd"):
+            if (
+                proc.name.isdigit()
+                and all(w in (proc / "environ").read_bytes().split(b"\0") for w in want)
+                and not (proc / "comm").read_text().startswith("slurmstepd")
+            ):
                 left.add(int(proc.name))
         except OSError:
             pass
@@ -236,16 +286,21 @@ def test_a_lost_node_that_still_runs_ends_the_job_there_too_and_keeps_its_ray_lo
             assert time.monotonic() < deadline, "Ray never started on the worker node"
             assert scontrol_job(job).get("JobState") not in TERMINAL_JOB_STATES, list((run / "logs").iterdir())
             for d in dirs_of(job, node):
-                for raylet in (d / "session_latest" / "logs" / "raylet.out", d / "ray" / "session_latest" / "logs" /
-                               "raylet.out"):
+                for raylet in (
+                    d / "session_latest" / "logs" / "raylet.out",
+                    d / "ray" / "session_latest" / "logs" / "raylet.out",
+                ):
                     try:
                         first = raylet.read_text().splitlines()[0]
                     except (OSError, IndexError):
                         pass
             time.sleep(1)
         os.kill(slurmd_pid(node), 9)  # the node's slurmd only: the job's processes there run on
-        subprocess.run(["scontrol", "update", f"nodename={node}", "state=down", "reason=hpcrl test: node lost"],
-                       check=True, timeout=60)
+        subprocess.run(
+            ["scontrol", "update", f"nodename={node}", "state=down", "reason=hpcrl test: node lost"],
+            check=True,
+            timeout=60,
+        )
         assert wait_for_state(job, TERMINAL_JOB_STATES, 600)["JobState"] == "NODE_FAIL"
         deadline, ends = time.monotonic() + 120, []
         while not ends and time.monotonic() < deadline:

@@ -38,8 +38,12 @@ def test_enough_measured_rows():
 
 def test_fit_reproduces_the_committed_constants():
     """benchmarks/fit.py re-fits every fitted constant from the fit rows; --check fails on any difference."""
-    out = subprocess.run([sys.executable, str(FIT.ROOT / "benchmarks" / "fit.py"), "--check"],
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, str(FIT.ROOT / "benchmarks" / "fit.py"), "--check"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
 
 
@@ -65,7 +69,8 @@ def test_allocator_margin_covers_held_out_reserved_peak(rid, row):
     margin = allocator_margin(row.setup(), mem.peak_reserved) / GIB
     assert row.data["peak_reserved_gib"] <= mem.peak_reserved / GIB + margin, (
         f"measured reserved {row.data['peak_reserved_gib']:.2f} GiB > fitted {mem.peak_reserved / GIB:.2f} "
-        f"+ margin {margin:.2f} GiB")
+        f"+ margin {margin:.2f} GiB"
+    )
 
 
 def test_a_plan_inside_the_margin_is_named_with_the_fix():
@@ -128,7 +133,8 @@ def test_4bit_base_is_smaller_than_bf16():
     m = resolve_model("qwen2.5-7b")
     bf16 = learner_memory(LearnerSetup(model=m, lora_rank=16)).terms["parameters (bf16)"]
     nf4 = learner_memory(LearnerSetup(model=m, lora_rank=16, load_in_4bit=True)).terms[
-        "parameters (4-bit NF4 base linears, bf16 rest and adapters)"]
+        "parameters (4-bit NF4 base linears, bf16 rest and adapters)"
+    ]
     assert nf4 < 0.45 * bf16
 
 
@@ -165,13 +171,34 @@ def test_plan_memory_32b_prints_breakdown_and_verdict():
 
 
 def test_plan_memory_json_contract():
-    out = hpcrl("plan-memory", "--model", "qwen2.5-7b", "--learner-gpus", "2", "--tokens-per-gpu", "8192",
-                "--logprob-impl", "eager", "--json")
+    out = hpcrl(
+        "plan-memory",
+        "--model",
+        "qwen2.5-7b",
+        "--learner-gpus",
+        "2",
+        "--tokens-per-gpu",
+        "8192",
+        "--logprob-impl",
+        "eager",
+        "--json",
+    )
     assert out.returncode == 0, out.stderr
     d = json.loads(out.stdout)
-    for path in ("learner.peak_allocated_gib", "learner.peak_reserved_gib", "learner.fits", "learner.breakdown",
-                 "engine.weights_gib", "engine.kv_cache_gib", "engine.kv_tokens", "engine.fits", "gpu.name",
-                 "gpu.usable_gib", "host.ram_per_node_gib", "host.peak_gib"):
+    for path in (
+        "learner.peak_allocated_gib",
+        "learner.peak_reserved_gib",
+        "learner.fits",
+        "learner.breakdown",
+        "engine.weights_gib",
+        "engine.kv_cache_gib",
+        "engine.kv_tokens",
+        "engine.fits",
+        "gpu.name",
+        "gpu.usable_gib",
+        "host.ram_per_node_gib",
+        "host.peak_gib",
+    ):
         node = d
         for part in path.split("."):
             assert part in node, path
@@ -180,14 +207,17 @@ def test_plan_memory_json_contract():
     assert abs(sum(d["learner"]["breakdown"].values()) - d["learner"]["peak_allocated_gib"]) < 0.02
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["--model", "nope-13b"], "unknown model"),
-    (["--model", "32b", "--vllm-tp", "3"], "does not divide the 40 attention heads"),
-    (["--model", "qwen2.5-7b", "--vllm-tp", "28", "--cluster", "isambard-ai"], "exceeds the 4 GPUs per node"),
-    (["--model", "7b", "--tokens-per-gpu", "0"], "must be a positive"),
-    (["--model", "7b", "--learner-gpus", "-2"], "must be a positive"),
-    (["--model", "7b", "--load-in-4bit", "--backend", "openrlhf"], "--lora-rank"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--model", "nope-13b"], "unknown model"),
+        (["--model", "32b", "--vllm-tp", "3"], "does not divide the 40 attention heads"),
+        (["--model", "qwen2.5-7b", "--vllm-tp", "28", "--cluster", "isambard-ai"], "exceeds the 4 GPUs per node"),
+        (["--model", "7b", "--tokens-per-gpu", "0"], "must be a positive"),
+        (["--model", "7b", "--learner-gpus", "-2"], "must be a positive"),
+        (["--model", "7b", "--load-in-4bit", "--backend", "openrlhf"], "--lora-rank"),
+    ],
+)
 def test_bad_input_one_line_exit_2(args, needle):
     out = hpcrl("plan-memory", *args)
     assert out.returncode == 2
@@ -234,10 +264,12 @@ def test_plan_memory_32b_says_the_whole_model_gather_does_not_fit():
     out = hpcrl("plan-memory", "--model", "32b", "--json")
     d = json.loads(out.stdout)
     assert d["learner"]["weight_sync"] == "per_param"
-    assert ("gather_whole_model False: gathering the whole model for the weight sync would not fit; "
-            "one parameter at a time") in d["notes"]
-    forced = json.loads(hpcrl("plan-memory", "--model", "32b", "--learner-gpus", "16", "--weight-sync",
-                                "whole-model", "--json").stdout)
+    assert (
+        "gather_whole_model False: gathering the whole model for the weight sync would not fit; one parameter at a time"
+    ) in d["notes"]
+    forced = json.loads(
+        hpcrl("plan-memory", "--model", "32b", "--learner-gpus", "16", "--weight-sync", "whole-model", "--json").stdout
+    )
     # 32B in bf16 is 64.4 GB = 60.0 GiB: gathered and cloned, 120 GiB over the states
     assert forced["learner"]["peak_phase"] == "weight sync" and not forced["learner"]["fits"]
     assert forced["learner"]["breakdown"]["weight sync: gathered weights"] == pytest.approx(60.04, abs=0.01)

@@ -71,8 +71,14 @@ def test_lora_params_by_hand():
 
 def test_config_json_from_path(tmp_path):
     cfg = {
-        "model_type": "llama", "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1000, "tie_word_embeddings": True,
+        "model_type": "llama",
+        "hidden_size": 256,
+        "intermediate_size": 512,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 1000,
+        "tie_word_embeddings": True,
     }
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     spec = resolve_model(str(tmp_path))
@@ -101,10 +107,19 @@ def test_hf_cache_lookup_is_offline(tmp_path, monkeypatch):
     snap.mkdir(parents=True)
     (tmp_path / "models--acme--tiny" / "refs").mkdir()
     (tmp_path / "models--acme--tiny" / "refs" / "main").write_text("abc123")
-    (snap / "config.json").write_text(json.dumps({
-        "model_type": "qwen2", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 1,
-        "num_attention_heads": 2, "num_key_value_heads": 1, "vocab_size": 100,
-    }))
+    (snap / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "qwen2",
+                "hidden_size": 64,
+                "intermediate_size": 128,
+                "num_hidden_layers": 1,
+                "num_attention_heads": 2,
+                "num_key_value_heads": 1,
+                "vocab_size": 100,
+            }
+        )
+    )
     import huggingface_hub.constants as hc
 
     monkeypatch.setattr(hc, "HF_HUB_CACHE", str(tmp_path))
@@ -112,8 +127,10 @@ def test_hf_cache_lookup_is_offline(tmp_path, monkeypatch):
     assert spec.hidden_size == 64
     with pytest.raises(UnknownNameError) as err:
         resolve_model("acme/not-cached")
-    assert str(err.value).startswith("unknown model 'acme/not-cached' (not a catalog name or alias, no such path, "
-                                     "and not in the local Hugging Face cache, which is read offline); ")
+    assert str(err.value).startswith(
+        "unknown model 'acme/not-cached' (not a catalog name or alias, no such path, "
+        "and not in the local Hugging Face cache, which is read offline); "
+    )
 
 
 def test_unknown_model_says_what_was_tried(tmp_path):
@@ -122,7 +139,9 @@ def test_unknown_model_says_what_was_tried(tmp_path):
     assert str(err.value).startswith(f"unknown model '{tmp_path}/missing/config.json' (no such file or directory); ")
     with pytest.raises(UnknownNameError) as err:
         resolve_model("7bb")
-    assert str(err.value) == "unknown model '7bb' (not a catalog name or alias, and no such path); closest: 7b, 70b, 72b"
+    assert (
+        str(err.value) == "unknown model '7bb' (not a catalog name or alias, and no such path); closest: 7b, 70b, 72b"
+    )
 
 
 def test_tensor_parallel_sizes_vllm_accepts(tmp_path):
@@ -132,8 +151,15 @@ def test_tensor_parallel_sizes_vllm_accepts(tmp_path):
     assert (olmo.num_heads, olmo.num_kv_heads, olmo.intermediate_size) == (40, 8, 27648)
     assert olmo.tp_sizes(8) == [1, 2, 4, 8]
     assert olmo.tp_problem(5) == "it neither divides the 8 KV heads nor is a multiple of them"
-    cfg = {"model_type": "llama", "hidden_size": 384, "intermediate_size": 1000, "num_hidden_layers": 1,
-           "num_attention_heads": 24, "num_key_value_heads": 4, "vocab_size": 100}
+    cfg = {
+        "model_type": "llama",
+        "hidden_size": 384,
+        "intermediate_size": 1000,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 24,
+        "num_key_value_heads": 4,
+        "vocab_size": 100,
+    }
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     m = resolve_model(str(tmp_path))
     # heads 24: 1 2 3 4 6 8 12; KV 4: 1 2 4 divide, 8 12 are multiples, 3 and 6 are neither;

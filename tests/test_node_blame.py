@@ -25,7 +25,7 @@ def ray_hangs_on(node: str) -> str:
     assert real_ray
     return (
         "#!/bin/bash\n"
-        f'if [[ $1 == start && -n ${{SLURM_STEP_ID:-}} && $SLURMD_NODENAME == {node} ]]; then\n'
+        f"if [[ $1 == start && -n ${{SLURM_STEP_ID:-}} && $SLURMD_NODENAME == {node} ]]; then\n"
         '    echo "fault injected: ray start hangs on $SLURMD_NODENAME" >&2\n'
         '    exec -a "hung ray $*" sleep 3600\n'  # its arguments name the job's dirs: leftovers sees it
         "fi\n"
@@ -38,9 +38,13 @@ def test_a_node_whose_ray_start_hangs_is_named_and_left_out(tmp_path, slurm, run
     fault = fault_bin(tmp_path, ray=ray_hangs_on(n3))
     # The hung node is only found when Ray's readiness deadline passes: local-dev's 120 s, less here (60 s: the
     # healthy nodes of the continuation still have time to join on a loaded machine).
-    script, run_dir = render(tmp_path, f'hpcrl.env_setup=["export PATH={fault}:$PATH"]',
-                             "hpcrl.failure_backoff_s=2", 'hpcrl.time="00:10:00"',  # slow bring-ups under load
-                             profile="ray:\n  join_timeout_s: 60\n")
+    script, run_dir = render(
+        tmp_path,
+        f'hpcrl.env_setup=["export PATH={fault}:$PATH"]',
+        "hpcrl.failure_backoff_s=2",
+        'hpcrl.time="00:10:00"',  # slow bring-ups under load
+        profile="ray:\n  join_timeout_s: 60\n",
+    )
     first = run_sbatch_and_wait(script, 600, f"--nodelist={n1},{n2},{n3}")
     log = (run_dir / "logs" / f"job-{first.job_id}.log").read_text()
     ev = [e for e in events(run_dir) if e[0] == first.job_id]
@@ -53,8 +57,9 @@ def test_a_node_whose_ray_start_hangs_is_named_and_left_out(tmp_path, slurm, run
     fields = wait_for_job(nxt)
     log2 = (run_dir / "logs" / f"job-{nxt}.log").read_text()
     assert fields["JobState"] == "COMPLETED", log2
-    nodes = subprocess.run(["scontrol", "show", "hostnames", fields["NodeList"]], capture_output=True,
-                           text=True).stdout.split()
+    nodes = subprocess.run(
+        ["scontrol", "show", "hostnames", fields["NodeList"]], capture_output=True, text=True
+    ).stdout.split()
     assert n3 not in nodes and len(nodes) == 3, nodes
     assert "hpcrl-smoke: ok nodes=3 gpus=12 " in log2
     assert leftovers(nxt) == []

@@ -21,8 +21,12 @@ from helpers import as_other, bash_functions, other_user, rendered_script
 
 def private_dir(tmp_path: Path, base: Path) -> subprocess.CompletedProcess:
     fn = bash_functions(rendered_script(), "private_dir", "safe_path", "path_level")
-    return subprocess.run(["bash", "-c", fn + 'private_dir "$1" job-7.0 && echo "$PRIVATE_DIR"', "-", str(base)],
-                          capture_output=True, text=True, timeout=30)
+    return subprocess.run(
+        ["bash", "-c", fn + 'private_dir "$1" job-7.0 && echo "$PRIVATE_DIR"', "-", str(base)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
 
 
 @pytest.fixture

@@ -86,8 +86,10 @@ def test_a_failed_render_leaves_the_old_file_and_creates_none(tmp_path):
 
 def test_report_and_plan_memory_refuse_a_directory_before_reading_anything(tmp_path):
     # The run does not exist: the output flag is still what the one line names.
-    assert_user_error(run_hpcrl("report", str(tmp_path / "no-run"), "--markdown", str(tmp_path)),
-                      f"--markdown {tmp_path}: a directory")
+    assert_user_error(
+        run_hpcrl("report", str(tmp_path / "no-run"), "--markdown", str(tmp_path)),
+        f"--markdown {tmp_path}: a directory",
+    )
     assert_user_error(run_hpcrl("plan-memory", "--plot", str(tmp_path)), f"--plot {tmp_path}: a directory")
 
 
@@ -103,8 +105,15 @@ def test_a_dry_run_whose_script_cannot_be_written_records_no_run(tmp_path, monke
 
     monkeypatch.setattr(lifecycle, "write_private", full_disk)
     reg = Registry(tmp_path / "runs.db")
-    sub = Submission(script="#!/bin/bash\n", run_dir=RunDir(tmp_path / "run"), name="r", cluster="local-dev",
-                     config_hash="x", max_restarts=0, plan=None)
+    sub = Submission(
+        script="#!/bin/bash\n",
+        run_dir=RunDir(tmp_path / "run"),
+        name="r",
+        cluster="local-dev",
+        config_hash="x",
+        max_restarts=0,
+        plan=None,
+    )
     with pytest.raises(HpcrlError, match="No space left on device; nothing recorded"):
         lifecycle.submit(reg, sub, dry_run=True)
     assert reg.list_runs() == []
@@ -112,7 +121,12 @@ def test_a_dry_run_whose_script_cannot_be_written_records_no_run(tmp_path, monke
 
 def test_a_run_name_too_long_for_a_file_name_is_refused_before_anything_is_written(tmp_path):
     env = {**os.environ, "HPCRL_REGISTRY": str(tmp_path / "runs.db"), "PROJECTDIR": str(tmp_path)}
-    out = subprocess.run([sys.executable, "-m", "hpcrl", "submit", "--dry-run", "--set", f"hpcrl.run_name={'a' * 300}"],
-                         capture_output=True, text=True, timeout=120, env=env)
+    out = subprocess.run(
+        [sys.executable, "-m", "hpcrl", "submit", "--dry-run", "--set", f"hpcrl.run_name={'a' * 300}"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     assert_user_error(out, "--set hpcrl.run_name: 300 bytes")
     assert list(tmp_path.iterdir()) == []

@@ -29,7 +29,8 @@ def test_more_nodes_than_the_machine_has_is_one_line(extra):
 def test_past_a_partitions_node_limit_is_one_line():
     out = hpcrl("plan", "--nodes", "100000", "--cluster", "berzelius")
     assert out.returncode == 2 and out.stderr.startswith(
-        "hpcrl: error: 100000 nodes exceed partition berzelius's limit of 60 nodes")
+        "hpcrl: error: 100000 nodes exceed partition berzelius's limit of 60 nodes"
+    )
 
 
 # 72B on one Berzelius thin node fits nowhere; the planner names the fewest fat nodes where it does.

@@ -60,7 +60,10 @@ def test_plan_memory_gives_plans_learner_figure(config, cluster):
             continue
         lay = rp.layout
         plan, _ = mq.answer(mq.from_config(cfg), profile, learner_gpus=lay.learner_gpus)
-        assert round(plan.learner_peak / 2**30, 2) == round(lay.memory.learner_peak / 2**30, 2), (nodes, lay.learner_gpus)
+        assert round(plan.learner_peak / 2**30, 2) == round(lay.memory.learner_peak / 2**30, 2), (
+            nodes,
+            lay.learner_gpus,
+        )
         assert plan.learner_setup == lay.memory.learner_setup
         compared += 1
     if not compared:
@@ -99,24 +102,33 @@ def test_verl_utilisation_is_verls_default():
 
 def test_reference_policy_and_zpg_flags_move_the_number():
     base = json.loads(hpcrl("plan-memory", "--model", "7b", "--learner-gpus", "8", "--json").stdout)
-    no_ref = json.loads(hpcrl("plan-memory", "--model", "7b", "--learner-gpus", "8", "--no-ref-policy",
-                              "--json").stdout)
+    no_ref = json.loads(
+        hpcrl("plan-memory", "--model", "7b", "--learner-gpus", "8", "--no-ref-policy", "--json").stdout
+    )
     no_hpz = json.loads(hpcrl("plan-memory", "--model", "7b", "--learner-gpus", "8", "--zpg", "1", "--json").stdout)
     ref_gib = base["learner"]["breakdown"].get("reference policy (bf16)")
     assert ref_gib and "reference policy (bf16)" not in no_ref["learner"]["breakdown"]
-    assert base["learner"]["peak_allocated_gib"] - no_ref["learner"]["peak_allocated_gib"] == pytest.approx(ref_gib, abs=0.01)
+    assert base["learner"]["peak_allocated_gib"] - no_ref["learner"]["peak_allocated_gib"] == pytest.approx(
+        ref_gib, abs=0.01
+    )
     assert no_hpz["learner"]["peak_allocated_gib"] < base["learner"]["peak_allocated_gib"]
     assert any("--no-ref-policy" in a or "--ref-policy" in a for a in no_ref["assumptions"])
     assert any("--zpg on the command line" in a for a in no_hpz["assumptions"])
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["--lora-rank", "16"], "open-instruct does not implement LoRA"),
-    (["--load-in-4bit", "--lora-rank", "8", "--backend", "verl"], "verl does not implement 4-bit"),
-    (["--config", "grpo-olmo3-32b", "--set", "use_peft=true"], "use_peft=true: open-instruct does not implement LoRA"),
-    (["--set", "beta=0.1"], "--set changes a run config: give --config"),
-    (["--config", "grpo-olmo3-32b", "--backend", "verl"], "--backend is the config's hpcrl.backend"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--lora-rank", "16"], "open-instruct does not implement LoRA"),
+        (["--load-in-4bit", "--lora-rank", "8", "--backend", "verl"], "verl does not implement 4-bit"),
+        (
+            ["--config", "grpo-olmo3-32b", "--set", "use_peft=true"],
+            "use_peft=true: open-instruct does not implement LoRA",
+        ),
+        (["--set", "beta=0.1"], "--set changes a run config: give --config"),
+        (["--config", "grpo-olmo3-32b", "--backend", "verl"], "--backend is the config's hpcrl.backend"),
+    ],
+)
 def test_plan_memory_refuses_what_the_run_cannot_do(args, needle):
     out = hpcrl("plan-memory", *args)
     assert out.returncode == 2 and out.stdout == "", out.stderr
@@ -143,15 +155,22 @@ def test_verl_plan_memory_without_config_equals_the_plans_learner(cluster, nodes
     except PlanError:
         pytest.skip(f"{VERL_CONFIG}: no layout on {nodes} {cluster} nodes")
     s = lay.memory.learner_setup
-    given = mq.Overrides(model="Qwen/Qwen2.5-7B", tokens_per_gpu=s.tokens_per_gpu, ref_policy=s.reference_policy,
-                         micro_batches=s.micro_batches)
+    given = mq.Overrides(
+        model="Qwen/Qwen2.5-7B",
+        tokens_per_gpu=s.tokens_per_gpu,
+        ref_policy=s.reference_policy,
+        micro_batches=s.micro_batches,
+    )
     plan, _ = mq.answer(mq.from_defaults("verl", given), resolve_profile(cluster), learner_gpus=s.n_gpus)
     mine, theirs = plan.learner, lay.memory.learner
     # where no layout fits with the allocator margin the plan falls back to one without it (margin 0, said in
     # its notes: layout_colocated.py); plan-memory still reports the margin it would keep
     kept = lay.memory.margin > 0
     assert (mine.peak_allocated, mine.peak_reserved, plan.margin if kept else 0.0) == (
-        theirs.peak_allocated, theirs.peak_reserved, lay.memory.margin)
+        theirs.peak_allocated,
+        theirs.peak_reserved,
+        lay.memory.margin,
+    )
 
 
 def test_verl_three_commands_give_one_learner_figure():
@@ -162,8 +181,21 @@ def test_verl_three_commands_give_one_learner_figure():
     gpus = str(first["learner_gpus"])
     with_config = _plan_memory_json("--config", VERL_CONFIG, "--learner-gpus", gpus)
     ls = with_config["learner"]
-    bare = _plan_memory_json("--backend", "verl", "--model", "Qwen/Qwen2.5-7B", "--learner-gpus", gpus,
-                            "--tokens-per-gpu", str(ls["tokens_per_gpu"]), "--micro-batches", str(ls["micro_batches"]),
-                            "--ref-policy")
-    assert first["learner_peak_gib"] == round(with_config["learner"]["device_total_gib"], 2) \
+    bare = _plan_memory_json(
+        "--backend",
+        "verl",
+        "--model",
+        "Qwen/Qwen2.5-7B",
+        "--learner-gpus",
+        gpus,
+        "--tokens-per-gpu",
+        str(ls["tokens_per_gpu"]),
+        "--micro-batches",
+        str(ls["micro_batches"]),
+        "--ref-policy",
+    )
+    assert (
+        first["learner_peak_gib"]
+        == round(with_config["learner"]["device_total_gib"], 2)
         == round(bare["learner"]["device_total_gib"], 2)
+    )

@@ -68,8 +68,9 @@ def on_terminal(*args: str) -> tuple[str, str]:
 
     reader = threading.Thread(target=read)
     reader.start()
-    out = subprocess.run([sys.executable, "-m", "hpcrl", *args], stdout=subprocess.PIPE, stderr=slave,
-                         text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "hpcrl", *args], stdout=subprocess.PIPE, stderr=slave, text=True, timeout=120
+    )
     os.close(slave)
     reader.join(timeout=10)
     os.close(master)
@@ -79,8 +80,17 @@ def on_terminal(*args: str) -> tuple[str, str]:
 # berzelius-hopper documents no node limit; 1,000 of its 8-GPU nodes with OLMo 3 7B's TP sizes 1, 2, 4
 # and 8 are 8 x 1,000 x 4 = 32,000 candidate layouts, over the 30,000 of planning/layout_advice.py's
 # SLOW_SEARCH. An engine count no layout has makes each candidate a quick rejection: the line comes first.
-LONG = ("plan", "--config", "grpo-olmo3-7b", "--cluster", "berzelius-hopper", "--nodes", "1000",
-        "--pin", "engines=1000000")
+LONG = (
+    "plan",
+    "--config",
+    "grpo-olmo3-7b",
+    "--cluster",
+    "berzelius-hopper",
+    "--nodes",
+    "1000",
+    "--pin",
+    "engines=1000000",
+)
 
 
 def test_a_long_search_says_so_first_on_a_terminal():

@@ -43,20 +43,36 @@ def home(tmp_path):
 
 def hpcrl(home: Path, *args: str, path: str | None = None) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("HPCRL_")}
-    env.update(HPCRL_CLUSTERS_DIR=str(home / "clusters"), HPCRL_DATA_DIR=str(home / "data"), NO_COLOR="1",
-               COLUMNS="250")
+    env.update(
+        HPCRL_CLUSTERS_DIR=str(home / "clusters"), HPCRL_DATA_DIR=str(home / "data"), NO_COLOR="1", COLUMNS="250"
+    )
     if path is not None:
         env["PATH"] = path
-    return subprocess.run([sys.executable, "-m", "hpcrl", *args], env=env, cwd=home, capture_output=True,
-                          text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "hpcrl", *args], env=env, cwd=home, capture_output=True, text=True, timeout=600
+    )
 
 
 def _report(gpus: dict, tmp: Path) -> dict:
-    space = {"path": str(tmp), "exists": True, "checked": str(tmp), "writable": True, "free_gib": 100.0,
-             "total_gib": 200.0, "error": None}
-    return {"node": "n1", "job_id": "1", "python": "3.11", "gpus": gpus, "node_local": space, "run_root": space,
-            "model": {"model": None, "found": False, "detail": ""},
-            "stack": {"error": None, "modules": {"torch": ["2.11.0", None], "vllm": [None, "ModuleNotFoundError: x"]}}}
+    space = {
+        "path": str(tmp),
+        "exists": True,
+        "checked": str(tmp),
+        "writable": True,
+        "free_gib": 100.0,
+        "total_gib": 200.0,
+        "error": None,
+    }
+    return {
+        "node": "n1",
+        "job_id": "1",
+        "python": "3.11",
+        "gpus": gpus,
+        "node_local": space,
+        "run_root": space,
+        "model": {"model": None, "found": False, "detail": ""},
+        "stack": {"error": None, "modules": {"torch": ["2.11.0", None], "vllm": [None, "ModuleNotFoundError: x"]}},
+    }
 
 
 def _target(home: Path, disk: float | None = None) -> Target:
@@ -65,7 +81,11 @@ def _target(home: Path, disk: float | None = None) -> Target:
 
 
 def _h100(n: int, mem: float = 79.2) -> dict:
-    return {"count": n, "error": None, "devices": [{"name": "NVIDIA H100 80GB HBM3", "memory_gib": mem, "used_gib": 0}] * n}
+    return {
+        "count": n,
+        "error": None,
+        "devices": [{"name": "NVIDIA H100 80GB HBM3", "memory_gib": mem, "used_gib": 0}] * n,
+    }
 
 
 def test_verdicts_gpus_disk_imports(home):
@@ -83,6 +103,7 @@ def test_verdicts_gpus_disk_imports(home):
 
 def test_torch_cuda_build_against_the_driver(home):
     """Isambard-AI's driver runs CUDA 12.7 at most: a cu130 torch cannot run there."""
+
     def check(torch_cuda, driver_cuda):
         report = _report(dict(_h100(4), driver_cuda=driver_cuda), home)
         report["stack"]["modules"]["torch.cuda"] = [torch_cuda, None]
@@ -90,8 +111,11 @@ def test_torch_cuda_build_against_the_driver(home):
         assert "import torch.cuda" not in rows
         return rows.get("cuda")
 
-    assert check("13.0", "12.7") == ("cuda", "fail", "torch built for CUDA 13.0, driver runs CUDA 12.7: "
-                                                     "install a torch built for CUDA 12.x (or older)")
+    assert check("13.0", "12.7") == (
+        "cuda",
+        "fail",
+        "torch built for CUDA 13.0, driver runs CUDA 12.7: install a torch built for CUDA 12.x (or older)",
+    )
     warn = check("12.8", "12.7")
     assert warn.status == "warn" and "minor-version compatibility" in warn.detail
     assert check("12.6", "12.7") == ("cuda", "ok", "torch built for CUDA 12.6, driver runs CUDA 12.7")
@@ -109,8 +133,10 @@ def test_no_gpu_is_said_plainly_not_failed(home):
 def test_no_sbatch_is_one_line(home):
     proc = hpcrl(home, "preflight", "--cluster", "pf-test", path=str(home / "empty-bin"))
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    assert proc.stderr.strip() == ("hpcrl: error: hpcrl needs a Slurm login node (sbatch not found on PATH) "
-                                   "— or the local dev cluster: scripts/dev-slurm up")
+    assert proc.stderr.strip() == (
+        "hpcrl: error: hpcrl needs a Slurm login node (sbatch not found on PATH) "
+        "— or the local dev cluster: scripts/dev-slurm up"
+    )
 
 
 def test_preflight_through_submitit_reports_no_gpu(slurm, home):
@@ -120,7 +146,8 @@ def test_preflight_through_submitit_reports_no_gpu(slurm, home):
     (model / "config.json").write_text("{}")
     (home / "run.yaml").write_text(
         f"hpcrl:\n  cluster: local-dev\n  nodes: 1\n  run_root: {home}/runs\n  workdir: {home}\n"
-        f"  python: {sys.executable}\nmodel_name_or_path: {model}\n")
+        f"  python: {sys.executable}\nmodel_name_or_path: {model}\n"
+    )
     proc = hpcrl(home, "preflight", "--config", str(home / "run.yaml"), "--folder", str(home / "submitit"), "--json")
     assert proc.returncode == 1, proc.stderr  # the stack check fails (below): open-instruct is not installed here
     out = json.loads(proc.stdout)
@@ -142,8 +169,11 @@ def test_preflight_through_submitit_reports_no_gpu(slurm, home):
     # import decides, docs/preflight.md)
     assert sys.version_info[:2] != (3, 12)
     detail = by["stack check"]["detail"]
-    assert (by["stack check"]["status"], detail.startswith("python 3."), "; open-instruct e6c3044a asks for "
-            "python==3.12.* (pyproject.toml:6 at e6c3044a)" in detail) == ("warn", True, True)
+    assert (
+        by["stack check"]["status"],
+        detail.startswith("python 3."),
+        "; open-instruct e6c3044a asks for python==3.12.* (pyproject.toml:6 at e6c3044a)" in detail,
+    ) == ("warn", True, True)
     assert out["cluster"] == "local-dev" and out["partition"] == "debug" and out["ok"] is False
     assert (home / "submitit").is_dir()  # --folder is kept
     # the table form, profile only, says the same thing in words

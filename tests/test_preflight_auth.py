@@ -57,8 +57,22 @@ def test_intruders_on_the_rendezvous_port_are_refused_and_counted():
     garbage = socket.create_connection(("127.0.0.11", PORT))
     garbage.sendall(b"\x00\xff not json\n")
     posing = socket.create_connection(("127.0.0.11", PORT))
-    posing.sendall((json.dumps({"node_rank": 1, "node": "n2", "addr": "127.0.0.12", "ring_port": 1,
-                                "torch": None, "gpus": 0, "why": None}) + "\n").encode())
+    posing.sendall(
+        (
+            json.dumps(
+                {
+                    "node_rank": 1,
+                    "node": "n2",
+                    "addr": "127.0.0.12",
+                    "ring_port": 1,
+                    "torch": None,
+                    "gpus": 0,
+                    "why": None,
+                }
+            )
+            + "\n"
+        ).encode()
+    )
     for s in (garbage, posing):  # refused before the real nodes join: the first node stops accepting then
         _until_closed(s)
     others = [start_collective(r, 3, PORT, 60) for r in (1, 2)]
@@ -68,7 +82,9 @@ def test_intruders_on_the_rendezvous_port_are_refused_and_counted():
     assert res["nodes"] == ["n1", "n2", "n3"]
     counts = {r["node"]: r["connections"] for r in res["rejected"]}
     assert counts.get("n1", 0) >= 4, res["rejected"]  # the readiness probe, wrong MAC, garbage, the poser
-    rows = [c for c in collective_summary(res, ["n1", "n2", "n3"])["checks"] if c["check"] == "unauthenticated connections"]
+    rows = [
+        c for c in collective_summary(res, ["n1", "n2", "n3"])["checks"] if c["check"] == "unauthenticated connections"
+    ]
     assert rows and rows[0]["status"] == "warn" and "at n1" in rows[0]["detail"]
     for s in (wrong, garbage, posing):
         s.close()

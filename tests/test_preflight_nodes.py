@@ -18,27 +18,36 @@ from hpcrl.jobs.preflight_fabric import bus_bandwidth, collective_summary
 from hpcrl.profiles import load_profile
 
 
-
 def hpcrl(data: Path, *args: str, extra: dict | None = None) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("HPCRL_")}
     env.update(HPCRL_DATA_DIR=str(data), NO_COLOR="1", COLUMNS="250", **(extra or {}))
-    return subprocess.run([sys.executable, "-m", "hpcrl", *args], env=env, capture_output=True, text=True,
-                          timeout=900, cwd=data.parent)
+    return subprocess.run(
+        [sys.executable, "-m", "hpcrl", *args], env=env, capture_output=True, text=True, timeout=900, cwd=data.parent
+    )
 
 
 def _gpu(**kw) -> dict:
-    d = {"name": "NVIDIA H100 80GB HBM3", "memory_gib": 79.2, "used_gib": 0.5, "free_gib": 78.7,
-         "ecc_uncorrected_volatile": 0, "ecc_uncorrected_aggregate": 0,
-         "remapped_rows": {"correctable": 0, "uncorrectable": 0, "pending": False, "failure": False},
-         "sm_mhz": 1980, "sm_max_mhz": 1980, "throttle": []}
+    d = {
+        "name": "NVIDIA H100 80GB HBM3",
+        "memory_gib": 79.2,
+        "used_gib": 0.5,
+        "free_gib": 78.7,
+        "ecc_uncorrected_volatile": 0,
+        "ecc_uncorrected_aggregate": 0,
+        "remapped_rows": {"correctable": 0, "uncorrectable": 0, "pending": False, "failure": False},
+        "sm_mhz": 1980,
+        "sm_max_mhz": 1980,
+        "throttle": [],
+    }
     d.update(kw)
     return d
 
 
 def test_bus_bandwidth_uses_nccl_tests_factors():
     # 8 GB in 2 s is 4 GB/s algbw; 4 ranks: all-reduce x 2*3/4 = 6, all-gather x 3/4 = 3
-    out = bus_bandwidth([{"op": "all_reduce", "bytes": 8e9, "time_s": 2.0},
-                         {"op": "all_gather", "bytes": 8e9, "time_s": 2.0}], 4)
+    out = bus_bandwidth(
+        [{"op": "all_reduce", "bytes": 8e9, "time_s": 2.0}, {"op": "all_gather", "bytes": 8e9, "time_s": 2.0}], 4
+    )
     assert [(r["algbw_gbs"], r["busbw_gbs"]) for r in out] == [(4.0, 6.0), (4.0, 3.0)]
 
 
@@ -46,8 +55,9 @@ def test_gpu_health_verdicts():
     healthy = {r.check: r for r in gpu_health([_gpu(), _gpu()])}
     assert [r.status for r in healthy.values()] == ["ok", "ok", "ok"]
     rows = {r.check: r for r in gpu_health([_gpu(), _gpu(ecc_uncorrected_volatile=3)])}
-    assert rows["gpu memory errors"] == Check("gpu memory errors", "fail",
-                                              "GPU 1: 3 uncorrected ECC errors since the last reset")
+    assert rows["gpu memory errors"] == Check(
+        "gpu memory errors", "fail", "GPU 1: 3 uncorrected ECC errors since the last reset"
+    )
     pending = _gpu(remapped_rows={"correctable": 0, "uncorrectable": 1, "pending": True, "failure": False})
     assert "GPU 0: a row remap is pending" in gpu_health([pending])[0].detail
     assert gpu_health([_gpu(ecc_uncorrected_aggregate=2)])[0].status == "warn"  # in the past, not since reset
@@ -69,16 +79,26 @@ def test_gemm_against_the_profile_peak():
 
 
 def test_collective_summary_names_the_slowest_and_missing():
-    first = {"method": "tcp-ring", "world": 3, "nodes": ["a", "b", "c"], "verified": True, "error": None,
-             "results": [{"op": "all_reduce", "bytes": 3 << 20, "time_s": 0.01}],
-             "p2p": [{"node": "a", "from_node": "c", "gbs": 10.0}, {"node": "b", "from_node": "a", "gbs": 2.0},
-                     {"node": "c", "from_node": "b", "gbs": 9.0}]}
+    first = {
+        "method": "tcp-ring",
+        "world": 3,
+        "nodes": ["a", "b", "c"],
+        "verified": True,
+        "error": None,
+        "results": [{"op": "all_reduce", "bytes": 3 << 20, "time_s": 0.01}],
+        "p2p": [
+            {"node": "a", "from_node": "c", "gbs": 10.0},
+            {"node": "b", "from_node": "a", "gbs": 2.0},
+            {"node": "c", "from_node": "b", "gbs": 9.0},
+        ],
+    }
     s = collective_summary(first, ["a", "b", "c"])
     assert s["slowest_node"] == "b"
     slow = [c for c in s["checks"] if c["check"] == "slowest node"][0]
     assert slow["status"] == "warn" and slow["detail"].startswith("b receives from a at 2.00 GB/s")
-    missing = collective_summary({"method": None, "role": "first", "missing": ["c"],
-                                  "error": "node(s) c did not join"}, ["a", "b", "c"])
+    missing = collective_summary(
+        {"method": None, "role": "first", "missing": ["c"], "error": "node(s) c did not join"}, ["a", "b", "c"]
+    )
     assert missing["missing"] == ["c"] and missing["checks"][0]["status"] == "fail"
 
 
@@ -91,7 +111,8 @@ def test_tcp_ring_verifies_and_a_missing_node_is_named():
     first = _run_collective([0, 1, 2], 3, 18000 + os.getpid() % 900, 60)[0]
     assert first["method"] == "tcp-ring" and first["verified"] is True and first["error"] is None
     assert {(r["op"], r["bytes"]) for r in first["results"]} == {
-        (op, b - b % 3) for op in ("all_reduce", "all_gather") for b in (1 << 16, 1 << 20)}
+        (op, b - b % 3) for op in ("all_reduce", "all_gather") for b in (1 << 16, 1 << 20)
+    }
     assert sorted(p["node"] for p in first["p2p"]) == ["n1", "n2", "n3"]
     # node n3 never starts: the first node names it after the rendezvous timeout
     first, second = _run_collective([0, 1], 3, 18000 + os.getpid() % 900 + 1, 3)
@@ -103,8 +124,13 @@ def test_exclude_list_commands(tmp_path):
     data = tmp_path / "data"
     out = hpcrl(data, "clusters", "exclude", "-c", "local-dev", "--add", "n4", "--reason", "bad HCA", "--json")
     assert out.returncode == 0, out.stderr
-    assert json.loads(out.stdout) == [{"cluster": "local-dev", "file": str(data / "exclude" / "local-dev.txt"),
-                                       "nodes": [{"node": "n4", "reason": "bad HCA"}]}]
+    assert json.loads(out.stdout) == [
+        {
+            "cluster": "local-dev",
+            "file": str(data / "exclude" / "local-dev.txt"),
+            "nodes": [{"node": "n4", "reason": "bad HCA"}],
+        }
+    ]
     bad = hpcrl(data, "clusters", "exclude", "-c", "local-dev", "--add", "n1;rm")
     assert bad.returncode == 2 and bad.stderr.startswith("hpcrl: error: node 'n1;rm': not a Slurm node name")
     gone = hpcrl(data, "clusters", "exclude", "-c", "local-dev", "--remove", "n9")
@@ -112,8 +138,18 @@ def test_exclude_list_commands(tmp_path):
     script = hpcrl(data, "render", "--cluster", "local-dev", "--nodes", "3", "--config", "grpo-olmo3-7b").stdout
     assert "#SBATCH --exclude=n4\n" in script
     assert f"# Excluded by {data}/exclude/local-dev.txt: n4 (hpcrl clusters exclude" in script
-    merged = hpcrl(data, "render", "--cluster", "local-dev", "--nodes", "3", "--config", "grpo-olmo3-7b",
-                   "--set", "hpcrl.exclude_nodes=[n1, n4]").stdout  # the config's own first, each node once
+    merged = hpcrl(
+        data,
+        "render",
+        "--cluster",
+        "local-dev",
+        "--nodes",
+        "3",
+        "--config",
+        "grpo-olmo3-7b",
+        "--set",
+        "hpcrl.exclude_nodes=[n1, n4]",
+    ).stdout  # the config's own first, each node once
     assert "#SBATCH --exclude=n1,n4\n" in merged and "RENDERED_EXCLUDE=n1,n4\n" in merged
     assert hpcrl(data, "clusters", "exclude", "-c", "local-dev", "--clear").returncode == 0
     script = hpcrl(data, "render", "--cluster", "local-dev", "--nodes", "3", "--config", "grpo-olmo3-7b").stdout
@@ -129,11 +165,29 @@ def test_three_nodes_one_made_to_fail(slurm, tmp_path):
     data = tmp_path / "data"
     assert hpcrl(data, "clusters", "exclude", "-c", "local-dev", "--add", n4).returncode == 0
     fake = tmp_path / "nvml.json"
-    broken = [{"name": "NVIDIA H200", "memory_gib": 139.8, "used_gib": 0.4, "free_gib": 139.4,
-               "ecc_uncorrected_volatile": 2 if i == 1 else 0, "throttle": []} for i in range(4)]
+    broken = [
+        {
+            "name": "NVIDIA H200",
+            "memory_gib": 139.8,
+            "used_gib": 0.4,
+            "free_gib": 139.4,
+            "ecc_uncorrected_volatile": 2 if i == 1 else 0,
+            "throttle": [],
+        }
+        for i in range(4)
+    ]
     fake.write_text(json.dumps({"nodes": {n2: {"count": 4, "error": None, "devices": broken}}}))
-    proc = hpcrl(data, "preflight", "--cluster", "local-dev", "--nodes", "3", "--json", "--write-exclude",
-                 extra={"HPCRL_PREFLIGHT_FAKE_NVML": str(fake)})
+    proc = hpcrl(
+        data,
+        "preflight",
+        "--cluster",
+        "local-dev",
+        "--nodes",
+        "3",
+        "--json",
+        "--write-exclude",
+        extra={"HPCRL_PREFLIGHT_FAKE_NVML": str(fake)},
+    )
     assert proc.returncode == 1, proc.stderr
     out = json.loads(proc.stdout)
     assert sorted(n["node"] for n in out["nodes"]) == [n1, n2, n3] and out["excluded_from_job"] == [n4]
@@ -166,11 +220,21 @@ def test_json_keys_are_documented():
     from hpcrl.jobs.preflight_checks import Target
     from hpcrl.jobs.preflight_fabric import summarize
 
-    out = summarize([], Target(load_profile("local-dev"), "debug", None, None, {}, None, ()),
-                    [{"task": 0, "node": None, "why": "x"}], "1")
-    first = {"method": "tcp-ring", "world": 2, "nodes": ["a", "b"], "verified": True, "error": None,
-             "results": [{"op": "all_reduce", "bytes": 2, "time_s": 1.0}],
-             "p2p": [{"node": "a", "rank": 0, "from_node": "b", "bytes": 2, "gbs": 1.0}]}
+    out = summarize(
+        [],
+        Target(load_profile("local-dev"), "debug", None, None, {}, None, ()),
+        [{"task": 0, "node": None, "why": "x"}],
+        "1",
+    )
+    first = {
+        "method": "tcp-ring",
+        "world": 2,
+        "nodes": ["a", "b"],
+        "verified": True,
+        "error": None,
+        "results": [{"op": "all_reduce", "bytes": 2, "time_s": 1.0}],
+        "p2p": [{"node": "a", "rank": 0, "from_node": "b", "bytes": 2, "gbs": 1.0}],
+    }
     out["collective"] = collective_summary(first, ["a", "b"])
     assert_documented(out)
 
@@ -199,9 +263,11 @@ def test_job_nodes_is_the_task_order(slurm, tmp_path):
 
     n1, n2, n3, n4 = slurm.usable[:4]
     script = tmp_path / "order.sh"
-    script.write_text("#!/bin/bash\n#SBATCH --nodes=3\n#SBATCH --ntasks-per-node=1\n#SBATCH --time=00:02:00\n"
-                      f"#SBATCH --output={tmp_path}/order-%j.out\n"
-                      "srun bash -c 'echo task=$SLURM_PROCID node=$SLURMD_NODENAME'\nsleep 5\n")
+    script.write_text(
+        "#!/bin/bash\n#SBATCH --nodes=3\n#SBATCH --ntasks-per-node=1\n#SBATCH --time=00:02:00\n"
+        f"#SBATCH --output={tmp_path}/order-%j.out\n"
+        "srun bash -c 'echo task=$SLURM_PROCID node=$SLURMD_NODENAME'\nsleep 5\n"
+    )
     job = submit(script, f"--nodelist={n4},{n2},{n3}")
     wait_for_state(job, {"RUNNING", "COMPLETED"}, 120)
     names = hslurm.job_nodes(job)

@@ -191,8 +191,15 @@ def test_berzelius_hopper_marks_what_is_inferred():
     assert p.default_partition.max_time == "2-00:00:00"
     assert p.variants == {} and p.extends is None
     assert p.max_nodes is None
-    for inferred in ["gpu.count_per_node", "node.cpu_cores", "node.ram_gib", "node.arch",
-                     "slurm.partitions.berzelius-hopper.max_time", "slurm.default_partition", "storage.run_root.path"]:
+    for inferred in [
+        "gpu.count_per_node",
+        "node.cpu_cores",
+        "node.ram_gib",
+        "node.arch",
+        "slurm.partitions.berzelius-hopper.max_time",
+        "slurm.default_partition",
+        "storage.run_root.path",
+    ]:
         assert p.is_unconfirmed(inferred), inferred
     assert not p.is_unconfirmed("gpu.hbm_bandwidth_tbs")
 
@@ -221,7 +228,9 @@ def test_wrong_literal_names_the_field(isolated):
 
 def test_missing_required_field(isolated):
     path = write(isolated / "bare.yaml", "name: bare\ngpu:\n  model: X\n")
-    with pytest.raises(ProfileError, match=r"bare\.yaml: gpu\.count_per_node: required field is missing \(and \d+ more\)"):
+    with pytest.raises(
+        ProfileError, match=r"bare\.yaml: gpu\.count_per_node: required field is missing \(and \d+ more\)"
+    ):
         load_profile_file(path)
 
 
@@ -304,7 +313,10 @@ def test_user_profile_file_outside_the_search_dirs(isolated):
 
 
 def test_user_profile_picks_a_variant_of_its_parent(isolated):
-    write(isolated / "clusters" / "bz.yaml", "extends: berzelius\ndefault_variant: fat\nslurm:\n  account_required: true\n")
+    write(
+        isolated / "clusters" / "bz.yaml",
+        "extends: berzelius\ndefault_variant: fat\nslurm:\n  account_required: true\n",
+    )
     p = load_profile("bz")
     assert (p.variant, p.gpu.memory_gib, p.slurm.constraint, p.slurm.account_required) == ("fat", 79.15, "fat", True)
     assert load_profile("bz:thin").gpu.memory_gib == 39.39

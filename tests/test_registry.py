@@ -16,8 +16,15 @@ STAMP = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")
 
 
 def _run(reg: Registry, name: str = "grpo", state: str = "pending") -> str:
-    return reg.create_run(name=name, cluster="local-dev", config_hash="abc123", script_path=f"/r/{name}/hpcrl/job.sbatch",
-                          run_dir=f"/r/{name}", state=state, max_restarts=2)
+    return reg.create_run(
+        name=name,
+        cluster="local-dev",
+        config_hash="abc123",
+        script_path=f"/r/{name}/hpcrl/job.sbatch",
+        run_dir=f"/r/{name}",
+        state=state,
+        max_restarts=2,
+    )
 
 
 def test_location_env_and_explicit(tmp_path, monkeypatch):
@@ -33,8 +40,18 @@ def test_wal_mode_and_schema(tmp_path):
     conn = sqlite3.connect(reg.path)
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     cols = {r[1] for r in conn.execute("PRAGMA table_info(runs)")}
-    assert {"run_id", "name", "cluster", "config_hash", "script_path", "run_dir", "created", "state", "reason",
-            "max_restarts"} <= cols
+    assert {
+        "run_id",
+        "name",
+        "cluster",
+        "config_hash",
+        "script_path",
+        "run_dir",
+        "created",
+        "state",
+        "reason",
+        "max_restarts",
+    } <= cols
     cols = {r[1] for r in conn.execute("PRAGMA table_info(jobs)")}
     assert {"run_id", "seq", "job_id", "state", "reason", "submitted", "ended"} <= cols
 
@@ -54,7 +71,9 @@ def test_jobs_chain_in_order(tmp_path):
     run = reg.get(rid)
     assert [j.job_id for j in run.jobs] == ["101", "205"]
     assert run.last_job.job_id == "205" and all(STAMP.match(j.submitted) for j in run.jobs)
-    reg.update_jobs([run.jobs[0]._replace(state="TIMEOUT", reason="timeout", exit_code=0, ended="2026-01-01T00:00:00Z")])
+    reg.update_jobs(
+        [run.jobs[0]._replace(state="TIMEOUT", reason="timeout", exit_code=0, ended="2026-01-01T00:00:00Z")]
+    )
     assert reg.get(rid).jobs[0].reason == "timeout"
 
 
@@ -90,8 +109,9 @@ def test_like_wildcards_are_literal(tmp_path):
 
 def _writer(path: str, i: int, out: mp.Queue) -> None:
     reg = Registry(path)
-    rid = reg.create_run(name=f"w{i}", cluster="c", config_hash="h", script_path="s", run_dir=f"/r/{i}",
-                         state="dry-run", max_restarts=1)
+    rid = reg.create_run(
+        name=f"w{i}", cluster="c", config_hash="h", script_path="s", run_dir=f"/r/{i}", state="dry-run", max_restarts=1
+    )
     for k in range(3):
         reg.add_job(rid, str(1000 * i + k))
     reg.set_run(rid, state="pending")
@@ -121,8 +141,16 @@ def _claimer(path: str, i: int, start, out) -> None:
     reg = Registry(path)
     start.wait(60)
     try:
-        rid = reg.create_run(name=f"c{i}", cluster="local-dev", config_hash="h", script_path="/r/same/hpcrl/job.sbatch",
-                             run_dir="/r/same", state="submitting", max_restarts=2, claim_run_dir=True)
+        rid = reg.create_run(
+            name=f"c{i}",
+            cluster="local-dev",
+            config_hash="h",
+            script_path="/r/same/hpcrl/job.sbatch",
+            run_dir="/r/same",
+            state="submitting",
+            max_restarts=2,
+            claim_run_dir=True,
+        )
         out.put(("ok", rid))
     except RegistryError as exc:
         out.put(("refused", str(exc)))
@@ -146,8 +174,9 @@ def test_one_of_many_simultaneous_claims_of_a_run_dir_wins(tmp_path):
     refused = [r for kind, r in results if kind == "refused"]
     assert len(won) == 1 and len(refused) == 7, results
     for msg in refused:
-        assert msg == (f"run {won[0]} is still submitting in /r/same; "
-                       f"hpcrl cancel {won[0]}, or pick another hpcrl.run_name")
+        assert msg == (
+            f"run {won[0]} is still submitting in /r/same; hpcrl cancel {won[0]}, or pick another hpcrl.run_name"
+        )
     assert [r.run_id for r in Registry(path).list_runs()] == won
 
 
@@ -155,8 +184,16 @@ def test_a_run_dir_is_free_again_once_its_run_ended(tmp_path):
     reg = Registry(tmp_path / "runs.db")
 
     def claim() -> str:
-        return reg.create_run(name="x", cluster="local-dev", config_hash="h", script_path="/r/x/hpcrl/job.sbatch",
-                              run_dir="/r/x", state="submitting", max_restarts=2, claim_run_dir=True)
+        return reg.create_run(
+            name="x",
+            cluster="local-dev",
+            config_hash="h",
+            script_path="/r/x/hpcrl/job.sbatch",
+            run_dir="/r/x",
+            state="submitting",
+            max_restarts=2,
+            claim_run_dir=True,
+        )
 
     first = claim()
     for state in ("pending", "running"):
@@ -168,6 +205,13 @@ def test_a_run_dir_is_free_again_once_its_run_ended(tmp_path):
     assert second != first and {r.run_id for r in reg.list_runs(live_only=True)} == {second}
     # a dry run's row never holds the run dir
     reg.set_run(second, state="failed")
-    reg.create_run(name="x", cluster="local-dev", config_hash="h", script_path="/r/x/hpcrl/job.sbatch",
-                   run_dir="/r/x", state="dry-run", max_restarts=2)
+    reg.create_run(
+        name="x",
+        cluster="local-dev",
+        config_hash="h",
+        script_path="/r/x/hpcrl/job.sbatch",
+        run_dir="/r/x",
+        state="dry-run",
+        max_restarts=2,
+    )
     assert claim()

@@ -34,8 +34,12 @@ PROFILES = ["isambard-ai", "berzelius", "berzelius:fat", "berzelius-hopper", "lo
 CONFIGS = ["grpo-olmo3-32b", "grpo-olmo3-7b"]
 # 4 nodes, except where the model needs more (the 32B learner does not fit 4 thin Berzelius nodes,
 # nor 4 Isambard-AI nodes at one learner per node: the default run's 16 nodes instead).
-NODES = {("berzelius", "grpo-olmo3-32b"): 16, ("isambard-ai", "grpo-olmo3-32b"): 16,
-         ("local-dev", "grpo-olmo3-32b"): 3, ("local-dev", "grpo-olmo3-7b"): 3}
+NODES = {
+    ("berzelius", "grpo-olmo3-32b"): 16,
+    ("isambard-ai", "grpo-olmo3-32b"): 16,
+    ("local-dev", "grpo-olmo3-32b"): 3,
+    ("local-dev", "grpo-olmo3-7b"): 3,
+}
 CASES = [(p, c, NODES.get((p, c), 4)) for p in PROFILES for c in CONFIGS]
 
 
@@ -48,8 +52,9 @@ def _shipped_profiles_only(monkeypatch, tmp_path):
 
 
 def render(cluster: str, config: str, nodes: int, *, smoke: bool = False, sets=(), pins=(), cluster_file=None) -> str:
-    rp = make_run_plan(config, nodes=nodes, cluster=cluster, cluster_file=cluster_file, sets=list(sets),
-                       pins=list(pins))
+    rp = make_run_plan(
+        config, nodes=nodes, cluster=cluster, cluster_file=cluster_file, sets=list(sets), pins=list(pins)
+    )
     return render_script(describe_job(rp, smoke=smoke))
 
 
@@ -106,7 +111,9 @@ def test_bash_n_and_shellcheck(cluster, config, nodes, tmp_path, shellcheck):
     lint(render(cluster, config, nodes), tmp_path, shellcheck)
 
 
-@pytest.mark.parametrize("cluster,config,nodes,kw", VARIANTS, ids=[f"{v[0]}-{v[1]}-{v[2]}-{i}" for i, v in enumerate(VARIANTS)])
+@pytest.mark.parametrize(
+    "cluster,config,nodes,kw", VARIANTS, ids=[f"{v[0]}-{v[1]}-{v[2]}-{i}" for i, v in enumerate(VARIANTS)]
+)
 def test_variants_lint(cluster, config, nodes, kw, tmp_path, shellcheck):
     lint(render(cluster, config, nodes, **kw), tmp_path, shellcheck)
 
@@ -117,8 +124,14 @@ def test_deterministic(tmp_path):
     assert first == render("berzelius:fat", "grpo-olmo3-32b", 4, sets=["beta=0.0"])
     env = {k: v for k, v in os.environ.items() if k != "HPCRL_CLUSTERS_DIR"}
     env.update(PYTHONHASHSEED="12345", XDG_CONFIG_HOME=str(tmp_path / "xdg"))
-    out = subprocess.run([sys.executable, "-m", "hpcrl", "render", "--cluster", "berzelius:fat", "--nodes", "4",
-                          "--set", "beta=0.0"], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "hpcrl", "render", "--cluster", "berzelius:fat", "--nodes", "4", "--set", "beta=0.0"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout == first
 
@@ -129,8 +142,10 @@ def test_deterministic(tmp_path):
 # grpo_fast.py's fields as open-instruct declares them (committed copies of
 # shared/reference/open_instruct_grpo_fast_args*.json, read from open-instruct's dataclasses at the
 # commit in their _meta): the check below does not go through hpcrl's own copy of the table.
-OI_ARGS = {"current": DATA / "open_instruct_grpo_fast_args.json",
-           "legacy": DATA / "open_instruct_grpo_fast_args_legacy.json"}
+OI_ARGS = {
+    "current": DATA / "open_instruct_grpo_fast_args.json",
+    "legacy": DATA / "open_instruct_grpo_fast_args_legacy.json",
+}
 
 
 def oi_fields(layout: str) -> dict[str, dict]:
@@ -148,7 +163,7 @@ def oi_parser(layout: str) -> argparse.ArgumentParser:
         elif t in ("bool", "bool|None"):
             p.add_argument(f"--{name}", nargs="?", const="True", choices=["True", "False"])
         elif t.startswith("Literal["):
-            p.add_argument(f"--{name}", choices=[v.strip('"') for v in t[len("Literal["):t.index("]")].split(",")])
+            p.add_argument(f"--{name}", choices=[v.strip('"') for v in t[len("Literal[") : t.index("]")].split(",")])
         else:
             number = {"int": int, "int|None": int, "Optional[int]": int, "float": float, "float|None": float}
             p.add_argument(f"--{name}", type=number.get(t, str))
@@ -159,7 +174,7 @@ def grpo_args(text: str) -> list[str]:
     """The arguments after the watchdog's `--`, the python and the entry point."""
     words = driver_words(text)
     assert words[:3] == ["python3", "-m", "hpcrl.runtime.watchdog"]
-    return words[words.index("--") + 3:]
+    return words[words.index("--") + 3 :]
 
 
 @pytest.mark.parametrize("cluster,config,nodes", CASES, ids=[golden_name(*c)[:-3] for c in CASES])
@@ -185,8 +200,14 @@ def test_default_render_16_nodes(tmp_path, shellcheck):
     """`hpcrl render --nodes 16` alone: the 32B default on Isambard-AI, one learner per node."""
     env = {k: v for k, v in os.environ.items() if k != "HPCRL_CLUSTERS_DIR"}
     env["XDG_CONFIG_HOME"] = str(tmp_path / "xdg")
-    out = subprocess.run([sys.executable, "-m", "hpcrl", "render", "--nodes", "16"], capture_output=True, text=True,
-                         cwd=tmp_path, env=env, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "hpcrl", "render", "--nodes", "16"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     assert "#SBATCH --nodes=16\n" in out.stdout and "#SBATCH --gpus-per-node=4\n" in out.stdout
     ns = oi_parser("current").parse_args(grpo_args(out.stdout))
@@ -198,8 +219,13 @@ def test_default_render_16_nodes(tmp_path, shellcheck):
 
 def test_pins_are_kept():
     """Pinned values reach the driver unchanged; the rest is the planner's choice."""
-    rp = make_run_plan("grpo-olmo3-32b", nodes=16, cluster="isambard-ai", pins=["tp=2", "learners=1"],
-                       sets=["vllm_gpu_memory_utilization=0.8"])
+    rp = make_run_plan(
+        "grpo-olmo3-32b",
+        nodes=16,
+        cluster="isambard-ai",
+        pins=["tp=2", "learners=1"],
+        sets=["vllm_gpu_memory_utilization=0.8"],
+    )
     ns = oi_parser("current").parse_args(grpo_args(render_script(describe_job(rp))))
     assert (ns.vllm_tensor_parallel_size, ns.vllm_gpu_memory_utilization) == (2, 0.8)
     assert ns.num_learners_per_node == ["1"] * rp.layout.learner_nodes
@@ -210,7 +236,7 @@ def test_pins_are_kept():
 
 
 def sbatch_lines(text: str) -> list[str]:
-    return [ln[len("#SBATCH "):] for ln in text.splitlines() if ln.startswith("#SBATCH ")]
+    return [ln[len("#SBATCH ") :] for ln in text.splitlines() if ln.startswith("#SBATCH ")]
 
 
 def test_unconfirmed_profile_facts_in_the_header_are_named():
@@ -218,17 +244,24 @@ def test_unconfirmed_profile_facts_in_the_header_are_named():
     says what to set; setting them ends the warning."""
     text = render("berzelius-hopper", "grpo-olmo3-32b", 2)
     warning = next(ln for ln in text.splitlines() if ln.startswith("# Warning: berzelius-hopper: "))
-    assert warning == ("# Warning: berzelius-hopper: the script uses unconfirmed profile facts: "
-                       "--partition=berzelius-hopper (hpcrl.partition); --time from the partition's limit (hpcrl.time); "
-                       "the GPU request style gpus (a user profile's slurm.gpu_request); the run root "
-                       "/proj/$SLURM_JOB_ACCOUNT/users/$USER/hpcrl-runs (hpcrl.run_root); check them "
-                       "(hpcrl clusters show berzelius-hopper) or set what is in brackets")
-    pinned = render("berzelius-hopper", "grpo-olmo3-32b", 2,
-                    sets=["hpcrl.partition=berzelius-hopper", 'hpcrl.time="1-00:00:00"', "hpcrl.run_root=/proj/x/runs"])
+    assert warning == (
+        "# Warning: berzelius-hopper: the script uses unconfirmed profile facts: "
+        "--partition=berzelius-hopper (hpcrl.partition); --time from the partition's limit (hpcrl.time); "
+        "the GPU request style gpus (a user profile's slurm.gpu_request); the run root "
+        "/proj/$SLURM_JOB_ACCOUNT/users/$USER/hpcrl-runs (hpcrl.run_root); check them "
+        "(hpcrl clusters show berzelius-hopper) or set what is in brackets"
+    )
+    pinned = render(
+        "berzelius-hopper",
+        "grpo-olmo3-32b",
+        2,
+        sets=["hpcrl.partition=berzelius-hopper", 'hpcrl.time="1-00:00:00"', "hpcrl.run_root=/proj/x/runs"],
+    )
     line = next(ln for ln in pinned.splitlines() if ln.startswith("# Warning: berzelius-hopper: "))
     assert "--partition" not in line and "--time" not in line and "run root" not in line
-    assert "unconfirmed" not in "".join(ln for ln in render("isambard-ai", "grpo-olmo3-7b", 3).splitlines()
-                                        if ln.startswith("# Warning"))
+    assert "unconfirmed" not in "".join(
+        ln for ln in render("isambard-ai", "grpo-olmo3-7b", 3).splitlines() if ln.startswith("# Warning")
+    )
 
 
 def test_sbatch_header_per_gpu_request_style():
@@ -242,8 +275,14 @@ def test_sbatch_header_per_gpu_request_style():
     assert "--time=3-00:00:00" in berz
     # Run root with $VARs: Slurm cannot expand them, so the output goes to the submit dir.
     assert "--output=hpcrl-grpo-olmo3-7b-%j.out" in berz
-    fixed = sbatch_lines(render("isambard-ai", "grpo-olmo3-7b", 3, sets=["hpcrl.run_root=/srv/runs", 'hpcrl.time="2:00:00"',
-                                                                         "hpcrl.qos=high", "hpcrl.account=brics.a5k"]))
+    fixed = sbatch_lines(
+        render(
+            "isambard-ai",
+            "grpo-olmo3-7b",
+            3,
+            sets=["hpcrl.run_root=/srv/runs", 'hpcrl.time="2:00:00"', "hpcrl.qos=high", "hpcrl.account=brics.a5k"],
+        )
+    )
     assert "--output=/srv/runs/grpo-olmo3-7b/logs/slurm-%j.out" in fixed
     assert {"--time=2:00:00", "--qos=high", "--account=brics.a5k"} <= set(fixed)
 
@@ -251,8 +290,10 @@ def test_sbatch_header_per_gpu_request_style():
 def test_header_comment_cannot_break_out(tmp_path):
     """A newline in a value shown in a comment (the model name) must not start a command line."""
     cfg = tmp_path / "c.yaml"
-    cfg.write_text('hpcrl: {cluster: isambard-ai, model: "Qwen/Qwen2.5-0.5B", run_name: "a\\nb"}\n'
-                   'model_name_or_path: "x\\ntouch /tmp/pwned"\n')
+    cfg.write_text(
+        'hpcrl: {cluster: isambard-ai, model: "Qwen/Qwen2.5-0.5B", run_name: "a\\nb"}\n'
+        'model_name_or_path: "x\\ntouch /tmp/pwned"\n'
+    )
     text = render("isambard-ai", str(cfg), 1)
     head = text.split("\nset -euo pipefail\n")[0]
     assert all(ln.startswith("#") or not ln for ln in head.splitlines())
@@ -286,8 +327,14 @@ def test_bad_input_one_line_exit_2_no_file(args, message, tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "HPCRL_CLUSTERS_DIR"}
     env["XDG_CONFIG_HOME"] = str(tmp_path / "xdg")
     args = args if "--nodes" in args else ["--nodes", "16", *args]
-    out = subprocess.run([sys.executable, "-m", "hpcrl", "render", *args, "-o", str(out_file)],
-                         capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "hpcrl", "render", *args, "-o", str(out_file)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=120,
+    )
     assert out.returncode == 2, out.stderr
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("hpcrl: error: ") and message in lines[0], out.stderr
@@ -299,8 +346,14 @@ def test_output_file_mode_0755_and_atomic(tmp_path):
     out_file.write_text("old")
     env = {k: v for k, v in os.environ.items() if k != "HPCRL_CLUSTERS_DIR"}
     env["XDG_CONFIG_HOME"] = str(tmp_path / "xdg")
-    out = subprocess.run([sys.executable, "-m", "hpcrl", "render", "--nodes", "4", "--config", "grpo-olmo3-7b",
-                          "-o", str(out_file)], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "hpcrl", "render", "--nodes", "4", "--config", "grpo-olmo3-7b", "-o", str(out_file)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     assert out_file.stat().st_mode & 0o777 == 0o755 and out_file.read_text().startswith("#!/bin/bash\n")
     assert sorted(p.name for p in tmp_path.iterdir() if p.name != "xdg") == ["job.sbatch"]
@@ -345,9 +398,17 @@ def test_stub_run_completes_and_records(tmp_path):
     # none twice; the workers join the head's GCS port.
     head = stub.argv("ray-n1.argv")
     assert {"--head", "--block", "--node-ip-address=127.0.0.1", "--num-gpus=4", "--num-cpus=8"} <= set(head)
-    flags = ("--port", "--dashboard-port", "--ray-client-server-port", "--node-manager-port", "--object-manager-port",
-             "--metrics-export-port", "--dashboard-agent-grpc-port", "--dashboard-agent-listen-port",
-             "--runtime-env-agent-port")
+    flags = (
+        "--port",
+        "--dashboard-port",
+        "--ray-client-server-port",
+        "--node-manager-port",
+        "--object-manager-port",
+        "--metrics-export-port",
+        "--dashboard-agent-grpc-port",
+        "--dashboard-agent-listen-port",
+        "--runtime-env-agent-port",
+    )
     ports = {1: [int(a.split("=")[1]) for a in head if a.split("=")[0] in flags]}
     gcs = next(a.split("=")[1] for a in head if a.startswith("--port="))
     for i, n in ((2, "n2"), (3, "n3")):
@@ -382,8 +443,13 @@ def test_quoting_nothing_is_executed_values_arrive_verbatim(tmp_path):
     nasty["model"] += "\nsecond line"
     nasty["run"] += "\nnext line"
     workdir = tmp_path / PATH_NASTY.format(p="x", k="wd").replace("/", "_")
-    stub = Stub(tmp_path, nodes=2, profile_env={"NASTY_ENV": nasty["env"] + "\nnl"}, modules=[nasty["mod"]],
-                hf_home=f"{tmp_path}/{nasty['hf']}")
+    stub = Stub(
+        tmp_path,
+        nodes=2,
+        profile_env={"NASTY_ENV": nasty["env"] + "\nnl"},
+        modules=[nasty["mod"]],
+        hf_home=f"{tmp_path}/{nasty['hf']}",
+    )
     cfg = tmp_path / "nasty.yaml"
     cfg.write_text(
         f"hpcrl: {{model: Qwen/Qwen2.5-0.5B, run_name: {yq(nasty['run'].replace('/', '_'))}, "
@@ -398,9 +464,9 @@ def test_quoting_nothing_is_executed_values_arrive_verbatim(tmp_path):
     assert not list(tmp_path.rglob("PWNED*")) and not list(Path.cwd().rglob("PWNED*")), out
     assert (tmp_path / "stub-out" / "driver.cwd").read_text().strip() == str(workdir).replace("$HOME", str(tmp_path))
     argv = stub.argv("driver.argv")
-    args = argv[argv.index("--") + 3:]
+    args = argv[argv.index("--") + 3 :]
     assert args[args.index("--model_name_or_path") + 1] == nasty["model"]
-    assert args[args.index("--dataset_mixer_list") + 1: args.index("--dataset_mixer_list") + 3] == [nasty["ds"], "1.0"]
+    assert args[args.index("--dataset_mixer_list") + 1 : args.index("--dataset_mixer_list") + 3] == [nasty["ds"], "1.0"]
     assert args[args.index("--wandb_project") + 1] == nasty["wandb"]
     # Paths expand $VARS (HOME is tmp_path here) and nothing else; literals stay literal.
     home = str(tmp_path)
@@ -418,8 +484,12 @@ def test_dollar_paren_in_a_path_is_refused(setting, tmp_path):
     """render and submit agree: a `$(` in a path is one line and exit 2 (submit refused it, render
     wrote it as a literal directory)."""
     value = f"{tmp_path}/a$(touch {tmp_path}/PWNED)b"
-    out = subprocess.run([sys.executable, "-m", "hpcrl", "render", "--nodes", "16", "--set", f"{setting}={value}"],
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "hpcrl", "render", "--nodes", "16", "--set", f"{setting}={value}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 2 and out.stdout == "" and "Traceback" not in out.stderr
     assert out.stderr.count("\n") == 1 and f"{setting}: '{value}': '$' may only start a variable" in out.stderr
     assert not list(tmp_path.rglob("PWNED*"))
@@ -433,8 +503,10 @@ def test_env_setup_runs_verbatim(tmp_path):
     assert stub.env("driver.env")["FROM_SETUP"] == "42"
 
 
-@pytest.mark.parametrize("signal_name,marker,reason,continued", [
-    ("USR1", False, "timeout", True), ("TERM", False, "preempted", True), ("TERM", True, "cancelled", False)])
+@pytest.mark.parametrize(
+    "signal_name,marker,reason,continued",
+    [("USR1", False, "timeout", True), ("TERM", False, "preempted", True), ("TERM", True, "cancelled", False)],
+)
 def test_signals_chain_per_run_dir_contract(tmp_path, signal_name, marker, reason, continued):
     import signal as sig
 
@@ -454,8 +526,11 @@ def test_signals_chain_per_run_dir_contract(tmp_path, signal_name, marker, reaso
     if continued:
         assert [e[3] for e in events if e[1] == "continue"] == ["4242"]
         assert (run_dir / "hpcrl" / "restarts").read_text().strip() == "1"
-        assert stub.argv("sbatch.argv") == ["--parsable", f"--dependency=afterany:{stub.job}",
-                                            str(run_dir / "hpcrl" / "job.sbatch")]
+        assert stub.argv("sbatch.argv") == [
+            "--parsable",
+            f"--dependency=afterany:{stub.job}",
+            str(run_dir / "hpcrl" / "job.sbatch"),
+        ]
         env = stub.env("sbatch.env")
         assert not [k for k in env if k.startswith(("SLURM_JOB", "RAY_", "HPCRL_"))]
     else:
@@ -496,8 +571,16 @@ def test_no_continuation_past_max_restarts(tmp_path):
     assert [e[3] for e in stub.events(run_dir) if e[1] == "end"] == ["timeout:0"]
 
 
-@pytest.mark.parametrize("code,reason", [(3, "crashed"), (90, "breaker-zero-reward"), (93, "breaker-dead-worker"),
-                                        (96, "breaker-grad-norm"), (97, "breaker-zero-variance")])
+@pytest.mark.parametrize(
+    "code,reason",
+    [
+        (3, "crashed"),
+        (90, "breaker-zero-reward"),
+        (93, "breaker-dead-worker"),
+        (96, "breaker-grad-norm"),
+        (97, "breaker-zero-variance"),
+    ],
+)
 def test_driver_exit_codes_end_the_run(tmp_path, code, reason):
     stub = Stub(tmp_path)
     rc, out = stub.run(stub.render(), STUB_DRIVER_EXIT=str(code))
@@ -514,7 +597,9 @@ def failure_continuation(stub: Stub, run_dir: Path, reason: str, blamed: str) ->
     assert kinds[:2] == ["start", "end"] and events[1][3].startswith(f"{reason}:"), events
     assert kinds[2:] == ["failure", "continue"] and events[2][3] == f"{reason} {blamed}" and events[3][3] == "4242"
     argv = stub.argv("sbatch.argv")
-    assert f"--exclude={blamed}" in argv and "--begin=now+60" in argv and argv[-1] == str(run_dir / "hpcrl" / "job.sbatch")
+    assert (
+        f"--exclude={blamed}" in argv and "--begin=now+60" in argv and argv[-1] == str(run_dir / "hpcrl" / "job.sbatch")
+    )
     assert (run_dir / "hpcrl" / "failure-restarts").read_text().strip() == "1"
     assert not (run_dir / "hpcrl" / "restarts").exists() or (run_dir / "hpcrl" / "restarts").read_text().strip() == "0"
     assert (run_dir / "hpcrl" / "excluded-nodes").read_text().split() == blamed.split(",")
@@ -571,7 +656,8 @@ def test_network_failure_in_the_driver_log_continues_without_blame(tmp_path):
     run_dir = tmp_path / "runs" / "grpo-olmo3-7b"
     (run_dir / "hpcrl").mkdir(parents=True)
     (run_dir / "hpcrl" / "driver.log").write_text(
-        "step 3\nNCCL WARN NET/OFI Request 0x1 completed with error. RC: -5. Error: Input/output error\n")
+        "step 3\nNCCL WARN NET/OFI Request 0x1 completed with error. RC: -5. Error: Input/output error\n"
+    )
     rc, out = stub.run(stub.render(), STUB_DRIVER_EXIT="1")
     assert rc == 1, out
     assert "the driver's log shows a network failure, not the run's own: libfabric:" in out
@@ -586,7 +672,8 @@ def test_oom_in_the_driver_log_is_the_runs_own_crash(tmp_path):
     (run_dir / "hpcrl").mkdir(parents=True)
     (run_dir / "hpcrl" / "driver.log").write_text(
         "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2 GiB\n"
-        "Watchdog caught collective operation timeout: WorkNCCL(SeqNum=9, OpType=ALLREDUCE) ran for 600000 milliseconds\n")
+        "Watchdog caught collective operation timeout: WorkNCCL(SeqNum=9, OpType=ALLREDUCE) ran for 600000 milliseconds\n"
+    )
     rc, out = stub.run(stub.render(), STUB_DRIVER_EXIT="1")
     assert rc == 1 and [e[3] for e in stub.events(run_dir) if e[1] == "end"] == ["crashed:1"]
     assert not (stub.out / "sbatch.argv").exists()
@@ -602,8 +689,10 @@ def test_failure_continuations_are_bounded_apart_from_time_limit_ones(tmp_path):
     assert not (stub.out / "sbatch.argv").exists()
 
 
-@pytest.mark.parametrize("time_left,ckpt_after,stops", [
-    ("10:00", "2", "a checkpoint is complete"), ("0:40", None, "no checkpoint since the time-limit warning")])
+@pytest.mark.parametrize(
+    "time_left,ckpt_after,stops",
+    [("10:00", "2", "a checkpoint is complete"), ("0:40", None, "no checkpoint since the time-limit warning")],
+)
 def test_time_limit_warning_waits_for_the_next_checkpoint(tmp_path, time_left, ckpt_after, stops):
     """After USR1 the driver (which cannot save on a signal) runs on until the framework rewrites
     checkpoints/latest, then is stopped; with no checkpoint it is stopped while there is time to stop."""
@@ -626,8 +715,9 @@ def test_time_limit_warning_waits_for_the_next_checkpoint(tmp_path, time_left, c
         assert (run_dir / "checkpoints" / "latest").read_text().strip() == "global_step7"
 
 
-@pytest.mark.parametrize("version,ok", [("2.49.2", False), ("2.51.9", False), ("1.13.0", False), ("2.52.0", True),
-                                        ("3.0.1", True)])
+@pytest.mark.parametrize(
+    "version,ok", [("2.49.2", False), ("2.51.9", False), ("1.13.0", False), ("2.52.0", True), ("3.0.1", True)]
+)
 def test_ray_below_2_52_never_starts(tmp_path, version, ok):
     """The version gate on the head and on every worker: below 2.52 no `ray start` runs anywhere."""
     stub = Stub(tmp_path, nodes=2)
@@ -669,14 +759,17 @@ def test_smoke_in_container(tmp_path):
     assert images == {f"{tmp_path}/oi image.sif"}
 
 
-@pytest.mark.parametrize("sets,started", [
-    ([], False),
-    (['dataset_mixer_list=["my-org/rlvr_code_stdio", "1.0"]'], True),
-    (['dataset_mixer_list=["my-org/rlvr_code_stdio", "1.0"]', "hpcrl.code_server=off"], False),
-    (["code_api_url=http://localhost:1234/test_program"], True),
-    (["code_api_url=http://codebox.example:8070/test_program", 'dataset_mixer_list=["x/code", "1.0"]'], False),
-    (["hpcrl.code_server=on"], True),
-])
+@pytest.mark.parametrize(
+    "sets,started",
+    [
+        ([], False),
+        (['dataset_mixer_list=["my-org/rlvr_code_stdio", "1.0"]'], True),
+        (['dataset_mixer_list=["my-org/rlvr_code_stdio", "1.0"]', "hpcrl.code_server=off"], False),
+        (["code_api_url=http://localhost:1234/test_program"], True),
+        (["code_api_url=http://codebox.example:8070/test_program", 'dataset_mixer_list=["x/code", "1.0"]'], False),
+        (["hpcrl.code_server=on"], True),
+    ],
+)
 def test_code_server_follows_the_config(sets, started):
     """open-instruct posts code/code_stdio samples to code_api_url (data_loader.py:467): hpcrl starts
     the server when the datasets look like code verifiers or the URL is on localhost, never when
@@ -693,8 +786,11 @@ def test_code_server_follows_the_config(sets, started):
 
 def test_code_server_on_with_a_remote_url_is_refused():
     with pytest.raises(Exception, match="not on localhost"):
-        make_run_plan("grpo-olmo3-7b", nodes=4, sets=["hpcrl.code_server=on",
-                                                      "code_api_url=http://codebox.example:8070/test_program"])
+        make_run_plan(
+            "grpo-olmo3-7b",
+            nodes=4,
+            sets=["hpcrl.code_server=on", "code_api_url=http://codebox.example:8070/test_program"],
+        )
 
 
 def test_code_server_on_for_verl_is_refused():
@@ -704,9 +800,20 @@ def test_code_server_on_for_verl_is_refused():
 
 def test_watchdog_settings_reach_the_driver_command():
     """hpcrl.reward_keys and the stalled-learning breakers' step counts are the watchdog's flags."""
-    text = render("isambard-ai", "grpo-olmo3-7b", 4, sets=("hpcrl.reward_keys=[grpo_actor/task_reward/avg, my reward]",
-                                                          "hpcrl.grad_norm_steps=0", "hpcrl.zero_variance_steps=7"))
+    text = render(
+        "isambard-ai",
+        "grpo-olmo3-7b",
+        4,
+        sets=(
+            "hpcrl.reward_keys=[grpo_actor/task_reward/avg, my reward]",
+            "hpcrl.grad_norm_steps=0",
+            "hpcrl.zero_variance_steps=7",
+        ),
+    )
     words = driver_words(text)
-    head = words[:words.index("--", words.index("hpcrl.runtime.watchdog"))]
+    head = words[: words.index("--", words.index("hpcrl.runtime.watchdog"))]
     assert head[head.index("--grad-norm-steps") + 1] == "0" and head[head.index("--zero-variance-steps") + 1] == "7"
-    assert [head[i + 1] for i, w in enumerate(head) if w == "--reward-key"] == ["grpo_actor/task_reward/avg", "my reward"]
+    assert [head[i + 1] for i, w in enumerate(head) if w == "--reward-key"] == [
+        "grpo_actor/task_reward/avg",
+        "my reward",
+    ]

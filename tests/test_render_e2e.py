@@ -48,13 +48,11 @@ def ray_fails_in_step(node: str = "", once_dir: Path | None = None) -> str:
     answers --version, as a ray that cannot start does."""
     real_ray = shutil.which("ray")
     assert real_ray
-    only = f' && $SLURMD_NODENAME == {node}' if node else ""
+    only = f" && $SLURMD_NODENAME == {node}" if node else ""
     first = f' && mkdir "{once_dir}/$SLURMD_NODENAME" 2>/dev/null' if once_dir else ""  # true the first time only
     once = f'mkdir -p "{once_dir}"\n' if once_dir else ""
     return (
-        "#!/bin/bash\n"
-        + once +
-        f'if [[ $1 == start && -n ${{SLURM_STEP_ID:-}}{only} ]]{first}; then\n'
+        "#!/bin/bash\n" + once + f"if [[ $1 == start && -n ${{SLURM_STEP_ID:-}}{only} ]]{first}; then\n"
         '    echo "fault injected: ray cannot start on $SLURMD_NODENAME" >&2\n'
         "    exit 1\n"
         "fi\n"
@@ -82,7 +80,9 @@ def test_smoke_job_three_nodes(tmp_path, run_sbatch_and_wait, leftovers):
     entries = [int(k) for k in learners.split()]
     assert f"learners={entries} learner_nodes={len(entries)} engines={engines} tp={tp} " in log
     assert "hpcrl: Ray has 3/3 nodes, 12/12 GPUs" in log
-    assert len(re.findall(rf"hpcrl: ray on {NODE}", log)) == 2 and "exited with code" not in log  # workers stopped cleanly
+    assert (
+        len(re.findall(rf"hpcrl: ray on {NODE}", log)) == 2 and "exited with code" not in log
+    )  # workers stopped cleanly
     ev = events(run_dir)
     assert [e[1] for e in ev] == ["start", "end"] and ev[-1][3] == "completed:0"
     assert all(e[0] == job.job_id for e in ev)
@@ -104,8 +104,10 @@ def test_smoke_job_sixteen_nodes(tmp_path, slurm16, leftovers):
     learners, engines, tp = planned(script)
     entries = [int(k) for k in learners.split()]
     # 4 declared GPUs per node (scripts/dev-slurm): 16 x 4 = 64.
-    assert f"hpcrl-smoke: ok nodes=16 gpus=64 cpus=32 learners={entries} learner_nodes={len(entries)} " \
-           f"engines={engines} tp={tp} " in log
+    assert (
+        f"hpcrl-smoke: ok nodes=16 gpus=64 cpus=32 learners={entries} learner_nodes={len(entries)} "
+        f"engines={engines} tp={tp} " in log
+    )
     assert leftovers(job.job_id) == []
 
 
@@ -113,7 +115,7 @@ def test_smoke_job_sixteen_nodes(tmp_path, slurm16, leftovers):
 BACKEND_SMOKE = {
     "verl-grpo-qwen2.5-7b": r"framework=verl colocated=true workers=12 pools=3 engines=(\d+) tp=(\d+) ",
     "openrlhf-grpo-qwen2.5-7b": r"framework=openrlhf actor_gpus=(\d+) actor_nodes=\d engines=(\d+) tp=(\d+) "
-                                r"engine_nodes=\d",
+    r"engine_nodes=\d",
 }
 
 
@@ -148,12 +150,17 @@ def test_worker_that_cannot_start_fails_the_job_at_once(tmp_path, run_sbatch_and
     log = (run_dir / "logs" / f"job-{job.job_id}.log").read_text()
     assert job.state == "FAILED", log
     assert re.search(rf"fault injected: ray cannot start on {NODE}", log)
-    assert re.search(r"the worker step \(srun \.\.\. ray start on the other nodes\) exited with code \d+ "
-                     r"before all nodes joined", log)
+    assert re.search(
+        r"the worker step \(srun \.\.\. ray start on the other nodes\) exited with code \d+ "
+        r"before all nodes joined",
+        log,
+    )
     ev = events(run_dir)
     assert [e[1] for e in ev] == ["start", "end"] and ev[-1][3] == "ray-start-failed:1"
     assert "hpcrl-smoke" not in log  # the driver never started
-    assert re.search(rf"\[{NODE}\] hpcrl: ray start on {NODE} exited with code 1 \(attempt 1 of 3\); retrying in 2 s", log)
+    assert re.search(
+        rf"\[{NODE}\] hpcrl: ray start on {NODE} exited with code 1 \(attempt 1 of 3\); retrying in 2 s", log
+    )
     assert "not continuing after ray-start-failed: 0 continuations of this kind submitted already" in log
     worker_logs = sorted(p.name for p in (run_dir / "logs").glob(f"worker-*-{job.job_id}.log"))
     assert len(worker_logs) == 2 and all("fault injected" in (run_dir / "logs" / n).read_text() for n in worker_logs)
@@ -179,21 +186,23 @@ def test_worker_stopped_while_it_sets_up_leaves_nothing_behind(tmp_path, run_sba
             "fi\n"
         )
 
-    fault = fault_bin(tmp_path, ray=ray_fails_in_step(), mkdir=slow(real_mkdir, "hpcrl-local"),
-                      cp=slow(real_cp, "hpcrl-owner"))
+    fault = fault_bin(
+        tmp_path, ray=ray_fails_in_step(), mkdir=slow(real_mkdir, "hpcrl-local"), cp=slow(real_cp, "hpcrl-owner")
+    )
     script, run_dir = render(tmp_path, f'hpcrl.env_setup=["export PATH={fault}:$PATH"]', "hpcrl.max_failure_restarts=0")
     job = run_sbatch_and_wait(script, 600)
     log = (run_dir / "logs" / f"job-{job.job_id}.log").read_text()
     assert job.state == "FAILED", log
     assert "is slow after creating its directories" in log and re.search(
-        rf"fault injected: ray cannot start on {NODE}", log)
+        rf"fault injected: ray cannot start on {NODE}", log
+    )
     assert events(run_dir)[-1][3] == "ray-start-failed:1"
     assert leftovers(job.job_id) == [], log
 
 
 # A stand-in for open-instruct's code-execution API (open_instruct/code_utils/api.py): answers
 # GET /health with 200 on the port it is given, as uvicorn would.
-STUB_CODE_SERVER = r'''
+STUB_CODE_SERVER = r"""
 import sys
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
@@ -209,7 +218,7 @@ class Health(BaseHTTPRequestHandler):
 
 print(f"stub code server on 127.0.0.1:{port}", flush=True)
 HTTPServer(("127.0.0.1", port), Health).serve_forever()
-'''
+"""
 
 
 def test_code_verifier_config_starts_the_code_server_on_every_node(tmp_path, run_sbatch_and_wait, leftovers):
@@ -219,8 +228,11 @@ def test_code_verifier_config_starts_the_code_server_on_every_node(tmp_path, run
     server = tmp_path / "stub_code_server.py"
     server.write_text(STUB_CODE_SERVER)
     script, run_dir = render(
-        tmp_path, 'dataset_mixer_list=["my-org/rlvr_code_stdio", "1.0"]', f"hpcrl.workdir={tmp_path}",
-        f'hpcrl.code_server_command=["{sys.executable}", "{server}", "--port", "{{port}}"]')
+        tmp_path,
+        'dataset_mixer_list=["my-org/rlvr_code_stdio", "1.0"]',
+        f"hpcrl.workdir={tmp_path}",
+        f'hpcrl.code_server_command=["{sys.executable}", "{server}", "--port", "{{port}}"]',
+    )
     text = script.read_text()
     assert "start_code_server" in text and "--service code-server" in text.replace('"code-server"', "code-server")
     job = run_sbatch_and_wait(script, 600)
@@ -239,8 +251,11 @@ def test_code_verifier_config_starts_the_code_server_on_every_node(tmp_path, run
 def test_code_server_that_never_answers_fails_the_job(tmp_path, run_sbatch_and_wait, leftovers):
     """A server command that exits at once: the job ends service-failed, naming it, before the driver."""
     script, run_dir = render(
-        tmp_path, 'dataset_mixer_list=["my-org/rlvr_code", "1.0"]', f"hpcrl.workdir={tmp_path}",
-        '''hpcrl.code_server_command=["bash", "-c", "echo cannot bind port {port} >&2; exit 3"]''')
+        tmp_path,
+        'dataset_mixer_list=["my-org/rlvr_code", "1.0"]',
+        f"hpcrl.workdir={tmp_path}",
+        """hpcrl.code_server_command=["bash", "-c", "echo cannot bind port {port} >&2; exit 3"]""",
+    )
     job = run_sbatch_and_wait(script, 600)
     log = (run_dir / "logs" / f"job-{job.job_id}.log").read_text()
     assert job.state == "FAILED", log
@@ -249,7 +264,6 @@ def test_code_server_that_never_answers_fails_the_job(tmp_path, run_sbatch_and_w
     assert ends[-1][3].startswith("service-failed:"), ends  # on the head, or a worker's blame seen at readiness
     assert "hpcrl-smoke" not in log
     assert leftovers(job.job_id) == []
-
 
 
 def test_a_worker_whose_ray_start_fails_once_is_retried(tmp_path, run_sbatch_and_wait, leftovers):
@@ -268,8 +282,9 @@ def test_a_worker_whose_ray_start_fails_once_is_retried(tmp_path, run_sbatch_and
     assert leftovers(job.job_id) == []
 
 
-def test_a_node_whose_ray_start_always_fails_is_left_out_of_the_continuation(tmp_path, slurm, run_sbatch_and_wait,
-                                                                             leftovers):
+def test_a_node_whose_ray_start_always_fails_is_left_out_of_the_continuation(
+    tmp_path, slurm, run_sbatch_and_wait, leftovers
+):
     """`ray start` always fails on the second node (n2): the job ends ray-start-failed blaming it, one
     failure continuation runs on three other nodes (local-dev has four) and its smoke passes; the Ray
     session logs of every node of it are kept in logs/ray/<job>/."""
@@ -289,8 +304,9 @@ def test_a_node_whose_ray_start_always_fails_is_left_out_of_the_continuation(tmp
     log2 = (run_dir / "logs" / f"job-{nxt}.log").read_text()
     assert fields["JobState"] == "COMPLETED", log2
     assert "hpcrl-smoke: ok nodes=3 gpus=12 " in log2
-    nodes = subprocess.run(["scontrol", "show", "hostnames", fields["NodeList"]], capture_output=True,
-                           text=True).stdout.split()
+    nodes = subprocess.run(
+        ["scontrol", "show", "hostnames", fields["NodeList"]], capture_output=True, text=True
+    ).stdout.split()
     assert n2 not in nodes and len(nodes) == 3
     kept = sorted(p.name for p in (run_dir / "logs" / "ray" / nxt).iterdir())
     assert kept == sorted(nodes), kept
@@ -306,8 +322,9 @@ def test_a_large_job_environment_does_not_stop_the_actors(tmp_path, run_sbatch_a
     Lmod bookkeeping can be): open-instruct hands its whole environment to every actor; past
     128 KiB Ray's worker start fails (E2BIG, Ray issue 47432), past 1 MiB its agent refuses it.
     The lean environment keeps them from Ray and the driver; the smoke's actor starts."""
-    big = ('for i in $(seq 300); do printf -v v %02000d 0; export "_ModuleTable${i}_=$v" '
-           '"__LMOD_REF_COUNT_X${i}=$v"; done')
+    big = (
+        'for i in $(seq 300); do printf -v v %02000d 0; export "_ModuleTable${i}_=$v" "__LMOD_REF_COUNT_X${i}=$v"; done'
+    )
     script, run_dir = render(tmp_path, f"hpcrl.env_setup=[{json.dumps(big)}]")
     job = run_sbatch_and_wait(script, 600)
     log = (run_dir / "logs" / f"job-{job.job_id}.log").read_text()

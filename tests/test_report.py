@@ -35,8 +35,9 @@ PNG = b"\x89PNG\r\n\x1a\n"
 def hpcrl(*args: str, env: dict | None = None, cwd: Path | None = None, timeout: float = 120):
     e = {k: v for k, v in os.environ.items() if not k.startswith("HPCRL_")}
     e.update(NO_COLOR="1", COLUMNS="200", **(env or {}))
-    return subprocess.run([sys.executable, "-m", "hpcrl", *args], capture_output=True, text=True, env=e,
-                          cwd=cwd, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "hpcrl", *args], capture_output=True, text=True, env=e, cwd=cwd, timeout=timeout
+    )
 
 
 def user_error(proc) -> str:
@@ -53,13 +54,46 @@ def user_error(proc) -> str:
 def test_chain_jobs_durations_nodes_and_reason():
     r = rp.build_report(CHAIN)
     assert (r["state"], r["reason"], r["breaker"], r["cluster"]) == ("ended", "completed", None, "berzelius")
-    jobs = [(j["job_id"], j["head_node"], j["started"], j["ended"], j["queued_s"], j["duration_s"], j["end_reason"],
-             j["exit_code"], j["next_job"], j["log"]) for j in r["jobs"]]
+    jobs = [
+        (
+            j["job_id"],
+            j["head_node"],
+            j["started"],
+            j["ended"],
+            j["queued_s"],
+            j["duration_s"],
+            j["end_reason"],
+            j["exit_code"],
+            j["next_job"],
+            j["log"],
+        )
+        for j in r["jobs"]
+    ]
     assert jobs == [
-        ("101", "n1", "2026-03-02T09:00:30Z", "2026-03-02T10:59:30Z", 30.0, 7140.0, "timeout", 0, "102",
-         "logs/job-101.log"),
-        ("102", "n2", "2026-03-02T11:05:01Z", "2026-03-02T11:45:01Z", 330.0, 2400.0, "completed", 0, None,
-         "logs/job-102.log"),
+        (
+            "101",
+            "n1",
+            "2026-03-02T09:00:30Z",
+            "2026-03-02T10:59:30Z",
+            30.0,
+            7140.0,
+            "timeout",
+            0,
+            "102",
+            "logs/job-101.log",
+        ),
+        (
+            "102",
+            "n2",
+            "2026-03-02T11:05:01Z",
+            "2026-03-02T11:45:01Z",
+            330.0,
+            2400.0,
+            "completed",
+            0,
+            None,
+            "logs/job-102.log",
+        ),
     ]
     assert r["jobs"][1]["submitted"] == "2026-03-02T10:59:31Z"  # the `continue` line of job 101
     assert (r["run_time_s"], r["elapsed_s"]) == (9540.0, 9871.0)
@@ -85,22 +119,33 @@ def test_last_metrics_come_from_the_newest_job_log():
     assert m["values"]["scores"] == 0.75 and m["values"]["loss/policy_avg"] == -0.03
     assert m["values"]["val/stop_rate"] == 0.85 and m["text"]["loss/kl_avg"] == "0.00e+00"
     # The step, its reward and its loss first (loss/total_avg is open-instruct's first loss key).
-    assert rp.headline(m)[:4] == [("training_step", "7"), ("scores", "0.75"), ("loss/total_avg", "-0.02"),
-                                  ("objective/verifiable_reward", "0.75")]
+    assert rp.headline(m)[:4] == [
+        ("training_step", "7"),
+        ("scores", "0.75"),
+        ("loss/total_avg", "-0.02"),
+        ("objective/verifiable_reward", "0.75"),
+    ]
 
 
-@pytest.mark.parametrize("fixture, reward, loss, grad", [
-    ("openrlhf_zero_variance.log", ("reward", "1.0"), ("policy_loss", "0.0"), ("actor_grad_norm", "0.0031")),
-    ("verl_grad_norm_zero.log", ("critic/score/mean", "0.4140625"), ("actor/pg_loss", "-0.0095"),
-     ("actor/grad_norm", "0.0")),
-])
+@pytest.mark.parametrize(
+    "fixture, reward, loss, grad",
+    [
+        ("openrlhf_zero_variance.log", ("reward", "1.0"), ("policy_loss", "0.0"), ("actor_grad_norm", "0.0031")),
+        (
+            "verl_grad_norm_zero.log",
+            ("critic/score/mean", "0.4140625"),
+            ("actor/pg_loss", "-0.0095"),
+            ("actor/grad_norm", "0.0"),
+        ),
+    ],
+)
 def test_every_backends_reward_and_loss_head_the_table(tmp_path, fixture, reward, loss, grad):
     """`hpcrl report` on an OpenRLHF or verl run: the last step's reward, loss and gradient norm in the table."""
     (tmp_path / "hpcrl").mkdir()
     shutil.copy(Path(__file__).parent / "data" / "logs" / fixture, tmp_path / "hpcrl" / "driver.log")
     proc = hpcrl("report", str(tmp_path))
     assert proc.returncode == 0, proc.stderr
-    table = proc.stdout[proc.stdout.index("Last metrics"):]
+    table = proc.stdout[proc.stdout.index("Last metrics") :]
     rows = [line.strip("│┃ ").split("│") for line in table.splitlines() if "│" in line]
     assert [tuple(c.strip() for c in r) for r in rows[:3]] == [reward, loss, grad]
 
@@ -108,18 +153,25 @@ def test_every_backends_reward_and_loss_head_the_table(tmp_path, fixture, reward
 def test_report_reads_the_runs_own_reward_keys(tmp_path):
     """A plan.json naming the watchdog's reward keys (hpcrl.reward_keys): the report reads the reward by them."""
     (tmp_path / "hpcrl").mkdir()
-    shutil.copy(Path(__file__).parent / "data" / "logs" / "areal_json_zero_reward.log", tmp_path / "hpcrl" / "driver.log")
+    shutil.copy(
+        Path(__file__).parent / "data" / "logs" / "areal_json_zero_reward.log", tmp_path / "hpcrl" / "driver.log"
+    )
     assert rp.build_report(tmp_path)["metrics"]["reward_key"] == "grpo_actor/task_reward/avg"  # a known key
     (tmp_path / "hpcrl" / "plan.json").write_text(json.dumps({"reward_keys": ["grpo_actor/task_reward/max"]}))
     m = rp.build_report(tmp_path)["metrics"]
-    assert (m["step"], m["reward_key"], m["grad_norm_key"]) == (28, "grpo_actor/task_reward/max", "grpo_actor/update/grad_norm")
+    assert (m["step"], m["reward_key"], m["grad_norm_key"]) == (
+        28,
+        "grpo_actor/task_reward/max",
+        "grpo_actor/update/grad_norm",
+    )
 
 
 def test_report_says_a_reward_key_was_never_seen(tmp_path):
     """`hpcrl report` on an AReaL run whose hpcrl.reward_keys names a key AReaL never logs: a warning line."""
     (tmp_path / "hpcrl").mkdir()
-    shutil.copy(Path(__file__).parent / "data" / "logs" / "areal_console_zero_reward.log",
-                tmp_path / "hpcrl" / "driver.log")
+    shutil.copy(
+        Path(__file__).parent / "data" / "logs" / "areal_console_zero_reward.log", tmp_path / "hpcrl" / "driver.log"
+    )
     (tmp_path / "hpcrl" / "plan.json").write_text(json.dumps({"reward_keys": ["task_reward"]}))
     proc = hpcrl("report", str(tmp_path))
     assert "warning: 28 training steps and the reward key task_reward in none of them" in proc.stdout, proc.stdout
@@ -127,20 +179,44 @@ def test_report_says_a_reward_key_was_never_seen(tmp_path):
 
 def test_gpu_peaks_per_role_next_to_the_plan():
     r = rp.build_report(CHAIN)
-    assert r["plan"] == {"model": "Qwen/Qwen2.5-7B", "gpu_total_gib": 80.0, "learner_peak_gib": 61.3,
-                         "engine_weights_gib": 14.2, "engine_kv_cache_gib": 51.1, "gpu_memory_utilization": 0.85,
-                         "engine_reserved_gib": 68.0}
+    assert r["plan"] == {
+        "model": "Qwen/Qwen2.5-7B",
+        "gpu_total_gib": 80.0,
+        "learner_peak_gib": 61.3,
+        "engine_weights_gib": 14.2,
+        "engine_kv_cache_gib": 51.1,
+        "gpu_memory_utilization": 0.85,
+        "engine_reserved_gib": 68.0,
+    }
     # 58000.5 MiB on n1 GPU 0 (the 79000 MiB row is from the earlier run; an unreadable row and a torn
     # line are skipped); 70656 MiB = 69 GiB on n2 GPU 1.
     assert r["gpu"]["samples"] == 9 and r["gpu"]["earlier_run_samples"] == 1 and r["gpu"]["note"] is None
     learner, engine = r["memory"]
-    assert learner == {"role": "learner", "measured_peak_gib": 56.641, "predicted_gib": 61.3,
-                       "predicted_as": "learner device total", "ratio": 0.924, "node": "n1", "gpu": 0,
-                       "time": "2026-03-02T09:30:00+00:00", "gpus": 2, "samples": 5}
-    assert (engine["measured_peak_gib"], engine["predicted_gib"], engine["ratio"], engine["node"], engine["gpu"]) == \
-        (69.0, 68.0, 1.015, "n2", 1)
-    assert [(g["node"], g["gpu"], g["peak_mib"]) for g in r["gpu"]["per_gpu"]] == \
-        [("n1", 0, 58000.5), ("n1", 1, 57000.0), ("n2", 0, 69632.0), ("n2", 1, 70656.0)]
+    assert learner == {
+        "role": "learner",
+        "measured_peak_gib": 56.641,
+        "predicted_gib": 61.3,
+        "predicted_as": "learner device total",
+        "ratio": 0.924,
+        "node": "n1",
+        "gpu": 0,
+        "time": "2026-03-02T09:30:00+00:00",
+        "gpus": 2,
+        "samples": 5,
+    }
+    assert (engine["measured_peak_gib"], engine["predicted_gib"], engine["ratio"], engine["node"], engine["gpu"]) == (
+        69.0,
+        68.0,
+        1.015,
+        "n2",
+        1,
+    )
+    assert [(g["node"], g["gpu"], g["peak_mib"]) for g in r["gpu"]["per_gpu"]] == [
+        ("n1", 0, 58000.5),
+        ("n1", 1, 57000.0),
+        ("n2", 0, 69632.0),
+        ("n2", 1, 70656.0),
+    ]
 
 
 def test_idle_gpus_get_no_prediction(tmp_path):
@@ -163,11 +239,16 @@ def test_idle_gpus_get_no_prediction(tmp_path):
 def test_breaker_run_without_gpus_or_plan():
     r = rp.build_report(BREAKER)
     assert (r["state"], r["reason"]) == ("ended", "breaker-zero-reward")
-    assert r["breaker"] == {"reason": "zero_reward", "exit_code": 90, "step": 14,
-                            "message": "mean reward (scores) exactly 0 for 10 consecutive steps (5-14)",
-                            "time": "2026-04-10T12:25:31+00:00"}
-    assert [(j["job_id"], j["duration_s"], j["end_reason"], j["exit_code"]) for j in r["jobs"]] == \
-        [("201", 1530.0, "breaker-zero-reward", 90)]
+    assert r["breaker"] == {
+        "reason": "zero_reward",
+        "exit_code": 90,
+        "step": 14,
+        "message": "mean reward (scores) exactly 0 for 10 consecutive steps (5-14)",
+        "time": "2026-04-10T12:25:31+00:00",
+    }
+    assert [(j["job_id"], j["duration_s"], j["end_reason"], j["exit_code"]) for j in r["jobs"]] == [
+        ("201", 1530.0, "breaker-zero-reward", 90)
+    ]
     assert r["gpu"]["note"] == "no GPU samples (the monitor found no NVIDIA GPU on n3)"
     assert r["gpu"]["no_gpu_nodes"] == ["n3"] and r["gpu"]["samples"] == 0
     assert r["nodes"] == [{"node": "n3", "head_of_jobs": ["201"], "roles": ["head"], "gpus": 0, "no_gpu": True}]
@@ -195,13 +276,28 @@ def test_breaker_of_an_earlier_run_is_ignored(tmp_path):
 
 def test_pending_run_does_not_take_an_earlier_runs_files():
     """A new run in the chain fixture's directory, submitted (job 300) but not started yet."""
-    row = {"run_id": "chain-000001", "name": "chain", "cluster": "berzelius", "state": "pending",
-           "reason": "Priority", "created": "2026-03-05T10:00:00Z",
-           "jobs": [{"job_id": "300", "state": "PENDING", "reason": "Priority", "exit_code": None,
-                     "submitted": "2026-03-05T10:00:01Z", "ended": None}]}
+    row = {
+        "run_id": "chain-000001",
+        "name": "chain",
+        "cluster": "berzelius",
+        "state": "pending",
+        "reason": "Priority",
+        "created": "2026-03-05T10:00:00Z",
+        "jobs": [
+            {
+                "job_id": "300",
+                "state": "PENDING",
+                "reason": "Priority",
+                "exit_code": None,
+                "submitted": "2026-03-05T10:00:01Z",
+                "ended": None,
+            }
+        ],
+    }
     r = rp.build_report(CHAIN, row)
-    assert [(j["job_id"], j["slurm_state"], j["end_reason"], j["started"]) for j in r["jobs"]] == \
-        [("300", "PENDING", None, None)]
+    assert [(j["job_id"], j["slurm_state"], j["end_reason"], j["started"]) for j in r["jobs"]] == [
+        ("300", "PENDING", None, None)
+    ]
     assert (r["state"], r["reason"]) == ("pending", "Priority")
     assert r["other_jobs_in_run_dir"] == ["90", "101", "102"]
     # Every row of both CSVs (12, the torn one included: its time still reads) is from before the run.
@@ -229,8 +325,7 @@ def test_directory_without_events_or_monitor(tmp_path):
 
 
 def test_formatting_helpers():
-    assert [rp.fmt_duration(s) for s in (None, 9, 330, 7140, 9871)] == ["-", "9s", "5m 30s", "1h 59m 00s",
-                                                                       "2h 44m 31s"]
+    assert [rp.fmt_duration(s) for s in (None, 9, 330, 7140, 9871)] == ["-", "9s", "5m 30s", "1h 59m 00s", "2h 44m 31s"]
     assert [rp.fmt_bytes(n) for n in (512, 4096, 8096, 3 * 2**30)] == ["512 B", "4.00 KiB", "7.91 KiB", "3.00 GiB"]
 
 
@@ -241,18 +336,63 @@ def test_json_schema_is_stable():
     proc = hpcrl("report", str(CHAIN), "--json")
     assert proc.returncode == 0, proc.stderr
     r = json.loads(proc.stdout)
-    assert sorted(r) == ["breaker", "checkpoint_bytes", "checkpoints", "cluster", "elapsed_s", "gpu", "jobs",
-                         "memory", "metrics", "name", "nodes", "other_jobs_in_run_dir", "plan", "reason", "run_dir",
-                         "run_id", "run_time_s", "schema_version", "state", "timing"]
+    assert sorted(r) == [
+        "breaker",
+        "checkpoint_bytes",
+        "checkpoints",
+        "cluster",
+        "elapsed_s",
+        "gpu",
+        "jobs",
+        "memory",
+        "metrics",
+        "name",
+        "nodes",
+        "other_jobs_in_run_dir",
+        "plan",
+        "reason",
+        "run_dir",
+        "run_id",
+        "run_time_s",
+        "schema_version",
+        "state",
+        "timing",
+    ]
     assert sorted(r["timing"]) == ["file", "interval", "last_stop", "note", "records", "rows", "warnings"]
     assert r["schema_version"] == 1 and r["run_dir"] == str(CHAIN.resolve()) and r["run_id"] is None
-    assert sorted(r["jobs"][0]) == ["duration_s", "end_reason", "ended", "exit_code", "failure", "head_node", "job_id",
-                                    "log", "next_job", "queued_s", "ray_logs", "ray_logs_lost", "ray_logs_missing",
-                                    "ray_logs_recovered", "seq",
-                                    "slurm_state", "stack_check", "started",
-                                    "submitted"]
-    assert sorted(r["memory"][0]) == ["gpu", "gpus", "measured_peak_gib", "node", "predicted_as", "predicted_gib",
-                                      "ratio", "role", "samples", "time"]
+    assert sorted(r["jobs"][0]) == [
+        "duration_s",
+        "end_reason",
+        "ended",
+        "exit_code",
+        "failure",
+        "head_node",
+        "job_id",
+        "log",
+        "next_job",
+        "queued_s",
+        "ray_logs",
+        "ray_logs_lost",
+        "ray_logs_missing",
+        "ray_logs_recovered",
+        "seq",
+        "slurm_state",
+        "stack_check",
+        "started",
+        "submitted",
+    ]
+    assert sorted(r["memory"][0]) == [
+        "gpu",
+        "gpus",
+        "measured_peak_gib",
+        "node",
+        "predicted_as",
+        "predicted_gib",
+        "ratio",
+        "role",
+        "samples",
+        "time",
+    ]
     assert sorted(r["gpu"]) == ["earlier_run_samples", "files", "no_gpu_nodes", "note", "per_gpu", "samples"]
 
 
@@ -265,8 +405,12 @@ def test_terminal_summary():
     assert "nodes: n1 (head of 101): learner, 2 GPUs; n2 (head of 102): engine, 2 GPUs" in out
     assert "Checkpoints (7.91 KiB)" in out and "output_checkpoints/step_6" in out
     assert "Last metrics: step 7 (logs/job-102.log)" in out
-    for cells in (["101", "n1", "1h 59m 00s", "timeout:0", "102"], ["102", "n2", "5m 30s", "40m 00s", "completed:0"],
-                  ["learner", "56.64", "n1 GPU 0", "61.30", "92.4%"], ["engine", "69.00", "n2 GPU 1", "68.00", "101.5%"]):
+    for cells in (
+        ["101", "n1", "1h 59m 00s", "timeout:0", "102"],
+        ["102", "n2", "5m 30s", "40m 00s", "completed:0"],
+        ["learner", "56.64", "n1 GPU 0", "61.30", "92.4%"],
+        ["engine", "69.00", "n2 GPU 1", "68.00", "101.5%"],
+    ):
         assert any(all(c in line for c in cells) for line in out.splitlines()), (cells, out)
     proc = hpcrl("report", str(BREAKER))
     assert proc.returncode == 0, proc.stderr
@@ -297,8 +441,10 @@ def test_markdown_file(tmp_path):
     md2 = tmp_path / "breaker.md"
     assert hpcrl("report", str(BREAKER), "--markdown", str(md2)).returncode == 0
     text = md2.read_text()
-    assert "- circuit breaker: zero_reward (exit 90, step 14): mean reward (scores) exactly 0 for 10 " \
-           "consecutive steps (5-14)" in text
+    assert (
+        "- circuit breaker: zero_reward (exit 90, step 14): mean reward (scores) exactly 0 for 10 "
+        "consecutive steps (5-14)" in text
+    )
     assert "no GPU samples (the monitor found no NVIDIA GPU on n3)." in text and "No checkpoints." in text
 
 
@@ -337,14 +483,33 @@ def _registered(tmp_path: Path) -> tuple[Path, str]:
     run_dir = tmp_path / "runs" / "chain"
     shutil.copytree(CHAIN, run_dir)
     reg = Registry(tmp_path / "runs.db")
-    run_id = reg.create_run(name="chain", cluster="berzelius", config_hash="abc", script_path=str(run_dir / "x"),
-                            run_dir=str(run_dir), state="ended", max_restarts=2, reason="completed")
+    run_id = reg.create_run(
+        name="chain",
+        cluster="berzelius",
+        config_hash="abc",
+        script_path=str(run_dir / "x"),
+        run_dir=str(run_dir),
+        state="ended",
+        max_restarts=2,
+        reason="completed",
+    )
     for jid in ("101", "102"):
         reg.add_job(run_id, jid, submitted="2026-03-02T09:00:00Z")
-    reg.update_jobs([j._replace(state="COMPLETED" if j.job_id == "102" else "TIMEOUT", ended="2026-03-02T12:00:00Z")
-                     for j in reg.get(run_id).jobs])
-    reg.create_run(name="other", cluster="x", config_hash="d", script_path="s", run_dir=str(tmp_path / "o"),
-                   state="dry-run", max_restarts=0)
+    reg.update_jobs(
+        [
+            j._replace(state="COMPLETED" if j.job_id == "102" else "TIMEOUT", ended="2026-03-02T12:00:00Z")
+            for j in reg.get(run_id).jobs
+        ]
+    )
+    reg.create_run(
+        name="other",
+        cluster="x",
+        config_hash="d",
+        script_path="s",
+        run_dir=str(tmp_path / "o"),
+        state="dry-run",
+        max_restarts=0,
+    )
     reg.close()
     return run_dir, run_id
 
@@ -376,17 +541,44 @@ PROFILE = "name: report-e2e\nextends: local-dev\nnode: {ram_gib: 512}\n"
 
 
 def test_report_on_a_local_slurm_smoke_run(slurm, tmp_path):
-    for module, why in (("ray", "the smoke job needs ray (pip install 'ray[default]')"),
-                        ("hpcrl.rendering.render", "the renderer (hpcrl/rendering/render.py) is not in this tree")):
+    for module, why in (
+        ("ray", "the smoke job needs ray (pip install 'ray[default]')"),
+        ("hpcrl.rendering.render", "the renderer (hpcrl/rendering/render.py) is not in this tree"),
+    ):
         if importlib.util.find_spec(module) is None:  # CI (HPCRL_REQUIRE_SLURM=1) must run this, never skip it
             (pytest.fail if os.environ.get("HPCRL_REQUIRE_SLURM") == "1" else pytest.skip)(why)
     (tmp_path / "clusters").mkdir()
     (tmp_path / "clusters" / "report-e2e.yaml").write_text(PROFILE)
     env = {"HPCRL_REGISTRY": str(tmp_path / "runs.db"), "HPCRL_CLUSTERS_DIR": str(tmp_path / "clusters")}
-    proc = hpcrl("submit", "--json", "--cluster", "report-e2e", "--nodes", "3", "--smoke", "--config", "grpo-olmo3-7b",
-                 "--set", "model_name_or_path=Qwen/Qwen2.5-0.5B", "--pin", "learners=1", "--pin", "learner_nodes=3",
-                 "--pin", "tp=1", "--set", f"hpcrl.run_root={tmp_path / 'runs'}", "--set", "hpcrl.run_name=rpt",
-                 "--set", 'hpcrl.time="00:05:00"', "--set", "hpcrl.env_setup=[]", env=env, cwd=tmp_path)
+    proc = hpcrl(
+        "submit",
+        "--json",
+        "--cluster",
+        "report-e2e",
+        "--nodes",
+        "3",
+        "--smoke",
+        "--config",
+        "grpo-olmo3-7b",
+        "--set",
+        "model_name_or_path=Qwen/Qwen2.5-0.5B",
+        "--pin",
+        "learners=1",
+        "--pin",
+        "learner_nodes=3",
+        "--pin",
+        "tp=1",
+        "--set",
+        f"hpcrl.run_root={tmp_path / 'runs'}",
+        "--set",
+        "hpcrl.run_name=rpt",
+        "--set",
+        'hpcrl.time="00:05:00"',
+        "--set",
+        "hpcrl.env_setup=[]",
+        env=env,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     sub = json.loads(proc.stdout)
     run_id, job = sub["run_id"], sub["job_id"]
@@ -438,7 +630,8 @@ def _failed_chain(tmp_path: Path) -> Path:
     (run / "hpcrl" / "jobs.tsv").write_text(
         "301\tstart\t2026-03-02T09:00:00Z\tn1\n"
         "301\tfailure\t2026-03-02T09:10:00Z\tworker-died n2\n"
-        "301\tend\t2026-03-02T09:10:00Z\tworker-died:95\n")
+        "301\tend\t2026-03-02T09:10:00Z\tworker-died:95\n"
+    )
     return run
 
 
@@ -471,5 +664,6 @@ def test_an_unreadable_jobs_tsv_is_one_line(tmp_path):
     (run / "hpcrl" / "jobs.tsv").unlink()
     (run / "hpcrl" / "jobs.tsv").mkdir()
     proc = hpcrl("report", str(run))
-    assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1 and "run-dir-unwritable" in proc.stderr, \
+    assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1 and "run-dir-unwritable" in proc.stderr, (
         proc.stderr
+    )

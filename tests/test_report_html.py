@@ -23,8 +23,9 @@ PNG = b"\x89PNG\r\n\x1a\n"
 def hpcrl(*args: str, cwd: Path | None = None):
     e = {k: v for k, v in os.environ.items() if not k.startswith("HPCRL_")}
     e.update(NO_COLOR="1", COLUMNS="200")
-    return subprocess.run([sys.executable, "-m", "hpcrl", *args], capture_output=True, text=True, env=e, cwd=cwd,
-                          timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "hpcrl", *args], capture_output=True, text=True, env=e, cwd=cwd, timeout=120
+    )
 
 
 def page_of(run_dir: Path, tmp_path: Path) -> tuple[str, Page]:
@@ -44,8 +45,10 @@ def test_the_page_is_self_contained_with_its_plots_inline(tmp_path):
     assert text.startswith("<!DOCTYPE html>") and page.tags.count("svg") == len(page.charts) >= 3
     # tests/data/runs/README.md: the job logs' panels are steps 5 (job 101), 6 and 7 (job 102).
     assert page.drawn(page.chart("Reward over steps")) == {"reward (scores)": 3}
-    assert page.drawn(page.chart("Loss, KL, grad norm over steps")) == {"loss (loss/total_avg)": 3,
-                                                                         "KL (loss/kl_avg)": 3}
+    assert page.drawn(page.chart("Loss, KL, grad norm over steps")) == {
+        "loss (loss/total_avg)": 3,
+        "KL (loss/kl_avg)": 3,
+    }
     # GPU memory: every node with GPU samples is drawn, n1 and n2; their samples are minutes apart, more than
     # the monitor's silence that breaks a line, so each shows as dots.
     drawn = page.drawn(page.chart("GPU memory over time, per node"))
@@ -77,11 +80,25 @@ def test_headless_chromium_draws_the_page(tmp_path):
         pytest.skip("no Chromium here (CI installs only what .ci/run installs; apt-get install chromium)")
     page_of(CHAIN, tmp_path)
     shot = tmp_path / "report.png"
-    proc = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-                           "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                           f"--user-data-dir={tmp_path / 'profile'}", f"--screenshot={shot}",
-                           "--window-size=1000,1400", (tmp_path / "report.html").as_uri()],
-                          capture_output=True, text=True, timeout=180)
+    proc = subprocess.run(
+        [
+            browser,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            f"--user-data-dir={tmp_path / 'profile'}",
+            f"--screenshot={shot}",
+            "--window-size=1000,1400",
+            (tmp_path / "report.html").as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     data = shot.read_bytes()
     assert data[:8] == PNG
@@ -92,9 +109,15 @@ def test_headless_chromium_draws_the_page(tmp_path):
 # --------------------------------------------------------------------------- where the page goes
 
 
-@pytest.mark.parametrize("target, says", [
-    ("dir", ": a directory;"), ("/dev/null", ": a character device;"), ("fifo", ": a FIFO"),
-    ("missing/report.html", "/missing does not exist")])
+@pytest.mark.parametrize(
+    "target, says",
+    [
+        ("dir", ": a directory;"),
+        ("/dev/null", ": a character device;"),
+        ("fifo", ": a FIFO"),
+        ("missing/report.html", "/missing does not exist"),
+    ],
+)
 def test_a_target_that_is_no_regular_file_is_refused(tmp_path, target, says):
     (tmp_path / "dir").mkdir()
     os.mkfifo(tmp_path / "fifo")

@@ -46,8 +46,9 @@ def hpcrl(tmp_path):
     work.mkdir()
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "hpcrl", *args], capture_output=True, text=True, env=env,
-                              cwd=work, timeout=120)
+        return subprocess.run(
+            [sys.executable, "-m", "hpcrl", *args], capture_output=True, text=True, env=env, cwd=work, timeout=120
+        )
 
     return run
 
@@ -55,22 +56,29 @@ def hpcrl(tmp_path):
 def profile_file(tmp_path: Path, name: str, extra: str) -> Path:
     """A profile file that extends the shipped local-dev with its own run root and `extra` YAML."""
     path = tmp_path / f"{name}.yaml"
-    path.write_text(f"name: {name}\nextends: local-dev\n"
-                    f"storage:\n  run_root:\n    path: /tmp/hpcrl-runs-{name}\n{extra}")
+    path.write_text(
+        f"name: {name}\nextends: local-dev\nstorage:\n  run_root:\n    path: /tmp/hpcrl-runs-{name}\n{extra}"
+    )
     return path
 
 
 # One refusal from each stage of the path, and words the refusal must carry.
 REFUSALS = {
     # The backend refuses a key it cannot honour when the config is planned.
-    "config": (["--config", "grpo-olmo3-7b", "--cluster", "local-dev", "--nodes", "2", "--set", "use_peft=true"],
-               "open-instruct does not implement LoRA"),
+    "config": (
+        ["--config", "grpo-olmo3-7b", "--cluster", "local-dev", "--nodes", "2", "--set", "use_peft=true"],
+        "open-instruct does not implement LoRA",
+    ),
     # The disk budget, against the quota of a profile file.
-    "disk": (["--config", "grpo-olmo3-7b", "--cluster-file", "{small}", "--nodes", "2"],
-             "the run root's quota is 50 GiB"),
+    "disk": (
+        ["--config", "grpo-olmo3-7b", "--cluster-file", "{small}", "--nodes", "2"],
+        "the run root's quota is 50 GiB",
+    ),
     # The script's own check of a Slurm value.
-    "script": (["--config", "grpo-olmo3-7b", "--cluster", "local-dev", "--nodes", "2", "--set", "hpcrl.qos=a b"],
-               "hpcrl.qos 'a b': not a valid Slurm value"),
+    "script": (
+        ["--config", "grpo-olmo3-7b", "--cluster", "local-dev", "--nodes", "2", "--set", "hpcrl.qos=a b"],
+        "hpcrl.qos 'a b': not a valid Slurm value",
+    ),
 }
 
 
@@ -90,8 +98,19 @@ SAME_SCRIPT = {
     "cluster": ["--config", "grpo-olmo3-7b", "--cluster", "local-dev", "--nodes", "3", "--pin", "tp=2"],
     "cluster-file": ["--config", "grpo-olmo3-7b", "--cluster-file", "{other}", "--nodes", "2"],
     "over-limit": ["--config", "grpo-olmo3-7b", "--cluster", "local-dev", "--nodes", "5", "--allow-over-limit"],
-    "smoke-gpus": ["--config", "grpo-olmo3-7b", "--cluster", "local-dev", "--nodes", "1", "--gpus", "3", "--smoke",
-                   "--set", "hpcrl.run_name=part-node"],
+    "smoke-gpus": [
+        "--config",
+        "grpo-olmo3-7b",
+        "--cluster",
+        "local-dev",
+        "--nodes",
+        "1",
+        "--gpus",
+        "3",
+        "--smoke",
+        "--set",
+        "hpcrl.run_name=part-node",
+    ],
 }
 
 

@@ -66,8 +66,7 @@ def start_run(env, name: str, root: Path) -> tuple[str, str, RunDir]:
     # A generous time limit and wait: the shared test machine can take minutes to start Ray.
     out = ok_json(hpcrl(env, "submit", "--json", "--config", str(config(env, name, nodes=2, time_="00:20:00"))))
     rd = RunDir(root / name)
-    wait_status(env, out["run_id"], driver_started(rd, out["job_id"]), "the driver to start on 2 nodes",
-                deadline_s=900)
+    wait_status(env, out["run_id"], driver_started(rd, out["job_id"]), "the driver to start on 2 nodes", deadline_s=900)
     return out["run_id"], out["job_id"], rd
 
 
@@ -117,7 +116,9 @@ def test_a_full_disk_under_a_running_job(slurm, env, loop_root):
     assert os.statvfs(loop_root).f_bavail == 0
     final = wait_status(env, run_id, lambda r: r["state"] == "ended", "the job to end", deadline_s=400)
     recorded = read_chain(rd).get(job)
-    end = (recorded.end_reason, str(recorded.exit_code)) if recorded and recorded.end_reason else fallback_end(job, head)
+    end = (
+        (recorded.end_reason, str(recorded.exit_code)) if recorded and recorded.end_reason else fallback_end(job, head)
+    )
     assert end == ("run-dir-full", "88"), (end, final)
     assert final["reason"] == "run-dir-full", final
     assert nothing_of_the_job_left(rd.path, job, KILL_WAIT_S + 5) == []

@@ -22,9 +22,11 @@ from hpcrl.profiles import resolve_profile
 from helpers import ROOT
 
 # Committed scripts' plan.json (rendered by earlier hpcrl), by the framework each run starts.
-GOLDEN = {"isambard-ai__grpo-olmo3-32b__16.sh": (ZERO, "ZeRO-3"),  # open-instruct: DeepSpeed ZeRO-3
-          "isambard-ai__openrlhf-grpo-qwen2.5-7b__4.sh": (ZERO, "ZeRO-3"),  # OpenRLHF: --ds.zero_stage 3
-          "isambard-ai__verl-grpo-qwen2.5-7b__4.sh": (FSDP, "FSDP1")}  # verl: actor.strategy fsdp
+GOLDEN = {
+    "isambard-ai__grpo-olmo3-32b__16.sh": (ZERO, "ZeRO-3"),  # open-instruct: DeepSpeed ZeRO-3
+    "isambard-ai__openrlhf-grpo-qwen2.5-7b__4.sh": (ZERO, "ZeRO-3"),  # OpenRLHF: --ds.zero_stage 3
+    "isambard-ai__verl-grpo-qwen2.5-7b__4.sh": (FSDP, "FSDP1"),
+}  # verl: actor.strategy fsdp
 FSDP_ONLY = {"sharding", "fsdp_version", "micro_batches", "framework_version"}
 
 
@@ -37,8 +39,11 @@ def golden_learner(name: str) -> dict:
 
 def learner_json(setup: LearnerSetup) -> dict:
     model = setup.model
-    plan = plan_memory(resolve_profile("isambard-ai", None), setup,
-                       EngineSetup(model=model, gpu_memory_utilization=0.5, max_seq_len=4096))
+    plan = plan_memory(
+        resolve_profile("isambard-ai", None),
+        setup,
+        EngineSetup(model=model, gpu_memory_utilization=0.5, max_seq_len=4096),
+    )
     learner: dict = plan.to_dict()["learner"]
     return learner
 
@@ -62,12 +67,24 @@ def test_a_zero_learner_writes_its_stage_and_no_fsdp_field():
 
 
 def test_an_fsdp_learner_writes_its_version_micro_batches_and_framework_version_and_reads_back():
-    setup = LearnerSetup(model=resolve_model("qwen2.5-0.5b"), n_gpus=2, tokens_per_gpu=4096, sharding=FSDP,
-                         fsdp_version=2, micro_batches=3, fsdp_update=VerlUpdate(version="0.9.1"))
+    setup = LearnerSetup(
+        model=resolve_model("qwen2.5-0.5b"),
+        n_gpus=2,
+        tokens_per_gpu=4096,
+        sharding=FSDP,
+        fsdp_version=2,
+        micro_batches=3,
+        fsdp_update=VerlUpdate(version="0.9.1"),
+    )
     learner = learner_json(setup)
     written = {k: learner[k] for k in FSDP_ONLY | {"zero_stage"}}
-    assert written == {"zero_stage": None, "sharding": "fsdp", "fsdp_version": 2, "micro_batches": 3,
-                       "framework_version": "0.9.1"}
+    assert written == {
+        "zero_stage": None,
+        "sharding": "fsdp",
+        "fsdp_version": 2,
+        "micro_batches": 3,
+        "framework_version": "0.9.1",
+    }
     assert (from_plan(learner), from_plan(learner).plan_label(learner)) == (setup.sharding, "FSDP2")
 
 

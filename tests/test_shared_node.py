@@ -32,8 +32,10 @@ from hpcrl.jobs.run_dir import RunDir, read_chain
 def profile_with_node_local(env, base: Path) -> None:
     """The test profile with its node-local directories under base/<node>."""
     path = env["tmp"] / "clusters" / "lc-test.yaml"
-    path.write_text(path.read_text() + "storage:\n  node_local:\n    path: " + str(base) + "/$SLURMD_NODENAME\n"
-                    "    description: per node, under a directory this test controls\n")
+    path.write_text(
+        path.read_text() + "storage:\n  node_local:\n    path: " + str(base) + "/$SLURMD_NODENAME\n"
+        "    description: per node, under a directory this test controls\n"
+    )
 
 
 def submit_to_the_end(env, cfg: Path, reason: str) -> tuple[dict, RunDir, str]:
@@ -64,8 +66,9 @@ def test_a_node_local_parent_of_another_user_is_refused_without_blaming_the_node
         assert foreign.stat().st_uid == pwd.getpwnam(user).pw_uid
         profile_with_node_local(env, base)
         behave(env, sleep=30)
-        cfg = config(env, "foreign", nodes=2,
-                     hpcrl_extra=f"  exclude_nodes: [{', '.join(others)}]\n  failure_backoff_s: 2\n")
+        cfg = config(
+            env, "foreign", nodes=2, hpcrl_extra=f"  exclude_nodes: [{', '.join(others)}]\n  failure_backoff_s: 2\n"
+        )
         out, rd, log = submit_to_the_end(env, cfg, "node-local-unsafe")
         assert f"{foreign} (in the node-local path {foreign}) belongs to {user}, not to root" in log, log
         chain = read_chain(rd)
@@ -96,9 +99,15 @@ PORTS = (30000, 30539)  # past the job-id port blocks (10000-29999) other runs u
 
 def hold_even_ports(low: int, high: int) -> subprocess.Popen:
     user = other_user()
-    proc = subprocess.Popen(["/usr/bin/python3", "-c", HOLDER, str(low), str(high)], user=user,
-                            group=pwd.getpwnam(user).pw_gid, extra_groups=[], stdout=subprocess.PIPE, text=True,
-                            cwd="/")
+    proc = subprocess.Popen(
+        ["/usr/bin/python3", "-c", HOLDER, str(low), str(high)],
+        user=user,
+        group=pwd.getpwnam(user).pw_gid,
+        extra_groups=[],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd="/",
+    )
     held = int(proc.stdout.readline() or 0)
     assert held > 0.9 * ((high - low) // 2 + 1), held
     return proc
@@ -128,8 +137,12 @@ def listening_ports(job: str) -> dict[tuple[str, int], str]:
     """(address, port) -> process name of every TCP socket listening in a process of this job:
     its `ray start` processes (their arguments name the job's node-local dirs) and all their
     descendants (GCS, raylets, dashboard, agents, workers), from `ss -ltnp` as root."""
-    table = [line.split(None, 2) for line in
-             subprocess.run(["ps", "-ewwo", "pid=,ppid=,args="], capture_output=True, text=True).stdout.splitlines()]
+    table = [
+        line.split(None, 2)
+        for line in subprocess.run(
+            ["ps", "-ewwo", "pid=,ppid=,args="], capture_output=True, text=True
+        ).stdout.splitlines()
+    ]
     pids = {pid for pid, _pp, args in table if f"hpcrl-{job}." in args and " start --block" in args}
     grew = True
     while grew:
@@ -164,9 +177,10 @@ def test_no_metrics_answer_from_any_port_of_a_running_job(slurm, env):
         assert len(ips) == 2 and gcs in {port for _a, port in ports}, (ips, ports)
         asked = {}
         for (addr, port), name in sorted(ports.items()):
-            for ip in (ips if addr in ("0.0.0.0", "*", "::") else [addr]):
-                res = as_other("curl", "-s", "-m", "5", "-o", "/dev/null", "-w", "%{http_code}",
-                               f"http://{ip}:{port}/metrics")
+            for ip in ips if addr in ("0.0.0.0", "*", "::") else [addr]:
+                res = as_other(
+                    "curl", "-s", "-m", "5", "-o", "/dev/null", "-w", "%{http_code}", f"http://{ip}:{port}/metrics"
+                )
                 asked[f"{ip}:{port} {name}"] = res.stdout
         print("listening, as another user's GET /metrics saw it:", *sorted(asked.items()), sep="\n  ")
         assert [k for k, code in asked.items() if code == "200"] == [], asked

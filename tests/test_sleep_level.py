@@ -19,8 +19,9 @@ def _host(*args: str) -> dict:
 
 def test_verl_colocated_keeps_no_vllm_weights_in_host_ram_at_either_version():
     for version in ("b178a3cd", "1dda039b"):
-        assert ASLEEP not in _host("--config", "configs/verl-grpo-qwen2.5-7b.yaml", "--set",
-                                   f"hpcrl.framework_version={version}")
+        assert ASLEEP not in _host(
+            "--config", "configs/verl-grpo-qwen2.5-7b.yaml", "--set", f"hpcrl.framework_version={version}"
+        )
     assert ASLEEP not in _host("--backend", "verl", "--model", "Qwen/Qwen2.5-7B", "--colocated")
 
 

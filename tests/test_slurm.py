@@ -22,7 +22,13 @@ def _wait(predicate, what: str, deadline_s: float = 180):
 
 def _script(tmp_path, body: str, *extra: str) -> str:
     path = tmp_path / "job.sh"
-    lines = ["#!/bin/bash", "#SBATCH --job-name=hpcrl-test-slurm", f"#SBATCH --output={tmp_path}/out-%j.log", *extra, body]
+    lines = [
+        "#!/bin/bash",
+        "#SBATCH --job-name=hpcrl-test-slurm",
+        f"#SBATCH --output={tmp_path}/out-%j.log",
+        *extra,
+        body,
+    ]
     path.write_text("\n".join(lines) + "\n")
     return str(path)
 
@@ -44,8 +50,10 @@ def test_parse_sacct_normalises_states():
 
 
 def test_parse_scontrol_one_line():
-    line = ("JobId=1 JobName=t.sh UserId=root(0) JobState=COMPLETED Reason=None Dependency=(null) "
-            "Requeue=1 Restarts=0 BatchFlag=1 Reboot=0 ExitCode=2:0 RunTime=00:00:01")
+    line = (
+        "JobId=1 JobName=t.sh UserId=root(0) JobState=COMPLETED Reason=None Dependency=(null) "
+        "Requeue=1 Restarts=0 BatchFlag=1 Reboot=0 ExitCode=2:0 RunTime=00:00:01"
+    )
     assert sl.parse_scontrol(line) == sl.JobState("1", "COMPLETED", "", 2, "scontrol")
     assert sl.parse_scontrol("slurm_load_jobs error: Invalid job id specified") is None
 
@@ -57,19 +65,25 @@ def test_state_sets_are_disjoint():
 
 
 def test_message_keeps_slurms_words():
-    res = sl.SlurmResult(1, "", "sbatch: error: invalid partition specified: nope\n"
-                                   "sbatch: error: Batch job submission failed: Invalid partition name specified\n")
+    res = sl.SlurmResult(
+        1,
+        "",
+        "sbatch: error: invalid partition specified: nope\n"
+        "sbatch: error: Batch job submission failed: Invalid partition name specified\n",
+    )
     assert sl.slurm_message(res, "sbatch") == (
         "sbatch: error: invalid partition specified: nope; "
-        "Batch job submission failed: Invalid partition name specified")
+        "Batch job submission failed: Invalid partition name specified"
+    )
 
 
 def test_missing_binary_is_one_line(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(SlurmError) as err:
         sl.submit("whatever.sh")
-    assert str(err.value) == ("hpcrl needs a Slurm login node (sbatch not found on PATH) "
-                              "— or the local dev cluster: scripts/dev-slurm up")
+    assert str(err.value) == (
+        "hpcrl needs a Slurm login node (sbatch not found on PATH) — or the local dev cluster: scripts/dev-slurm up"
+    )
 
 
 # --------------------------------------------------------------------------- the real local Slurm
@@ -124,17 +138,19 @@ def _time_left_function() -> str:
 
     text = render_script(describe_job(make_run_plan("grpo-olmo3-7b", nodes=3, cluster="local-dev")))
     start = text.index("time_left_s() {")
-    return text[start:text.index("\n}\n", start) + 3]
+    return text[start : text.index("\n}\n", start) + 3]
 
 
 def test_time_left_reads_the_real_squeue(slurm, tmp_path):
     """The drain's time_left_s parses what the real `squeue -o %L` prints (M:SS under an hour; the
     partitions here allow no more); a fallback to SIGNAL_LEAD_S (-1 here) would show."""
     limit, most = "00:05:00", 300
-    body = f'SIGNAL_LEAD_S=-1\n{_time_left_function()}\necho "raw=$(squeue -h -j "$SLURM_JOB_ID" -o %L) s=$(time_left_s)"'
+    body = (
+        f'SIGNAL_LEAD_S=-1\n{_time_left_function()}\necho "raw=$(squeue -h -j "$SLURM_JOB_ID" -o %L) s=$(time_left_s)"'
+    )
     job = sl.submit(_script(tmp_path, body, f"#SBATCH --time={limit}", "#SBATCH --partition=debug"))
     _wait(lambda: sl.job_states([job])[job].terminal, f"job {job} to finish")
     out = (tmp_path / f"out-{job}.log").read_text()
-    raw, seconds = out.split()[0][len("raw="):], int(out.split()[1][len("s="):])
+    raw, seconds = out.split()[0][len("raw=") :], int(out.split()[1][len("s=") :])
     assert raw.count(":") == 1, out
     assert most - 120 < seconds <= most, out  # Slurm counts from the job's start; it ran at once

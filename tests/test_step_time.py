@@ -50,12 +50,14 @@ def test_micro_batches_per_learner_gpu():
     """256 sequences of 10240 tokens over 16 learners packing 10240 tokens each: 16 micro-batches;
     one more sequence needs a 17th on some GPU."""
     from hpcrl.planning.step_time import micro_batches
+
     assert (micro_batches(256 * 10240, 16, 10240), micro_batches(257 * 10240, 16, 10240)) == (16, 17)
 
 
 def test_colocated_step_adds_generation_and_training_bands():
     """generation 100 s (band 81-200 s), training 50 s (band 40-80 s): colocated high = 200 + 80."""
     from hpcrl.planning.step_time import Band, combine
+
     step = combine(Band(81, 100, 200, "g"), Band(40, 50, 80, "t"), colocated=True)
     assert (step.low_s, step.mid_s, step.high_s) == (121, 150, 280)
 
@@ -75,6 +77,11 @@ def test_generation_constants_are_what_the_committed_fit_gives():
     from pathlib import Path
 
     root = Path(__file__).parents[1]
-    out = subprocess.run([sys.executable, str(root / "benchmarks" / "vllm_throughput" / "fit.py"), "--check"],
-                         capture_output=True, text=True, cwd=root, env={"PYTHONPATH": str(root), "PATH": ""})
+    out = subprocess.run(
+        [sys.executable, str(root / "benchmarks" / "vllm_throughput" / "fit.py"), "--check"],
+        capture_output=True,
+        text=True,
+        cwd=root,
+        env={"PYTHONPATH": str(root), "PATH": ""},
+    )
     assert out.returncode == 0, out.stdout + out.stderr

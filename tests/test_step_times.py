@@ -26,8 +26,14 @@ LOGS = Path(__file__).parent / "data" / "logs"
 
 def _clock(backend: str, job: str = "7") -> StepClock:
     t = get_backend(backend).timing_facts
-    return StepClock(job, step_keys=t.step, generation_keys=t.generation, training_keys=t.training,
-                     checkpoint_keys=t.checkpoint, checkpoint_line=t.checkpoint_line)
+    return StepClock(
+        job,
+        step_keys=t.step,
+        generation_keys=t.generation,
+        training_keys=t.training,
+        checkpoint_keys=t.checkpoint,
+        checkpoint_line=t.checkpoint_line,
+    )
 
 
 def _steps(lines: list[str]):
@@ -45,7 +51,9 @@ def test_open_instruct_panel_times_and_wall_clock():
     clock = _clock("open-instruct")
     recs = clock.step(steps[0], 1000.0) + clock.step(steps[1], 1190.5)
     assert [(r["step"], r["wall_s"], r["step_s"], r["training_s"]) for r in recs] == [
-        (1, None, 183.2, 61.7), (2, 190.5, 183.2, 61.7)]
+        (1, None, 183.2, 61.7),
+        (2, 190.5, 183.2, 61.7),
+    ]
 
 
 def test_open_instruct_checkpoint_timer_line():
@@ -57,11 +65,14 @@ def test_open_instruct_checkpoint_timer_line():
 
 
 def test_verl_step_line_carries_the_checkpoint_save():
-    line = "(TaskRunner pid=7) step:12 - actor/pg_loss:0.25 - timing_s/step:40.5 - timing_s/gen:15.0 - " \
-           "timing_s/update_actor:20.25 - timing_s/save_checkpoint:7.75"
+    line = (
+        "(TaskRunner pid=7) step:12 - actor/pg_loss:0.25 - timing_s/step:40.5 - timing_s/gen:15.0 - "
+        "timing_s/update_actor:20.25 - timing_s/save_checkpoint:7.75"
+    )
     recs = _clock("verl").step(_steps([line])[0], 10.0)
-    assert [(r["kind"], r.get("step_s"), r.get("generation_s"), r.get("training_s"), r.get("write_s")) for r in recs] == [
-        ("step", 40.5, 15.0, 20.25, None), ("checkpoint", None, None, None, 7.75)]
+    assert [
+        (r["kind"], r.get("step_s"), r.get("generation_s"), r.get("training_s"), r.get("write_s")) for r in recs
+    ] == [("step", 40.5, 15.0, 20.25, None), ("checkpoint", None, None, None, 7.75)]
 
 
 def test_marker_rewrite_times_the_write_from_the_step_line():
@@ -100,10 +111,22 @@ def test_lost_work_is_from_the_last_checkpoint_to_the_stop():
 
 def _plan(every=33, step_s=54.2, pinned=False, max_lost=30.0):
     model = {k: v for k, v in asdict(resolve_model("Qwen/Qwen2.5-0.5B")).items() if k != "sources"}
-    return {"layout": {"step_time_s": step_s, "generation_time_s": 35.0, "training_time_s": 54.2},
-            "cadence": {"key": "checkpoint_state_freq", "every_steps": every, "step_s": step_s, "write_s": 3.0,
-                        "lead_s": 120, "pinned": pinned, "max_lost_minutes": max_lost, "write_gib_s": 2.0,
-                        "signal_floor_s": 120, "lora_rank": 0, "model": model}}
+    return {
+        "layout": {"step_time_s": step_s, "generation_time_s": 35.0, "training_time_s": 54.2},
+        "cadence": {
+            "key": "checkpoint_state_freq",
+            "every_steps": every,
+            "step_s": step_s,
+            "write_s": 3.0,
+            "lead_s": 120,
+            "pinned": pinned,
+            "max_lost_minutes": max_lost,
+            "write_gib_s": 2.0,
+            "signal_floor_s": 120,
+            "lora_rank": 0,
+            "model": model,
+        },
+    }
 
 
 def test_measured_step_sets_the_next_interval():
@@ -132,8 +155,22 @@ def test_the_job_script_tool_reads_the_run_dir(tmp_path):
     (hp / "plan.json").write_text(json.dumps(_plan()))
     (hp / "jobs.tsv").write_text("11\tstart\t2026-01-01T00:00:00Z\tn1\n11\tcontinue\t2026-01-01T01:00:00Z\t12\n")
     (hp / "step-times.jsonl").write_text("".join(json.dumps(_rec("11", i, 0, 60.0)) + "\n" for i in (1, 2, 3)))
-    out = subprocess.run([sys.executable, "-m", "hpcrl.runtime.step_cadence", "--run-dir", str(tmp_path), "--job", "12",
-                          "--planned", "33"], capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hpcrl.runtime.step_cadence",
+            "--run-dir",
+            str(tmp_path),
+            "--job",
+            "12",
+            "--planned",
+            "33",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert (out.returncode, out.stdout) == (0, "24\n"), out.stderr
     assert decide(tmp_path, "11", 33)[0] == 33  # the chain's first job: nothing measured before it
 
@@ -144,7 +181,8 @@ def test_the_job_script_tool_reads_the_run_dir(tmp_path):
 def test_report_warns_when_the_real_step_is_outside_the_band(tmp_path):
     (tmp_path / "hpcrl").mkdir()
     (tmp_path / "hpcrl" / "step-times.jsonl").write_text(
-        "".join(json.dumps(_rec("1", i, 0, s)) + "\n" for i, s in enumerate((90.0, 100.0, 110.0), 1)))
+        "".join(json.dumps(_rec("1", i, 0, s)) + "\n" for i, s in enumerate((90.0, 100.0, 110.0), 1))
+    )
     plan = _plan()
     plan["layout"].update(step_time_low_s=40.0, step_time_high_s=80.0, step_time_basis="derived")
     tm = timing(tmp_path, plan, [{"job_id": "1", "end_reason": "completed"}], {})
@@ -165,7 +203,12 @@ def test_report_shows_generation_against_its_planned_band(tmp_path):
     tm = timing(tmp_path, plan, [], {})
     gen = tm["rows"][1]
     assert (gen["what"], gen["real_s"], gen["ratio"], gen["plan_low_s"], gen["plan_high_s"]) == (
-        "generation", 50.0, 1.429, 22.8, 61.2)
+        "generation",
+        50.0,
+        1.429,
+        22.8,
+        61.2,
+    )
     assert not any("real generation" in w for w in tm["warnings"])
     plan["layout"].update(generation_time_high_s=45.0)
     assert sum("real generation" in w for w in timing(tmp_path, plan, [], {})["warnings"]) == 1
@@ -180,22 +223,42 @@ def test_a_plan_without_a_band_is_compared_with_its_estimate_and_the_factor(tmp_
 
 def test_the_watchdog_records_every_step_and_write(tmp_path):
     """The real watchdog over grpo_fast_healthy.log (five panels, `time  total: 183.20`) and a timer line."""
-    feed = f"import sys; sys.stdout.write(open({str(LOGS / 'grpo_fast_healthy.log')!r}).read()); " \
-           "print('[Main Thread] Saving checkpoint state: 4.500 seconds')"
+    feed = (
+        f"import sys; sys.stdout.write(open({str(LOGS / 'grpo_fast_healthy.log')!r}).read()); "
+        "print('[Main Thread] Saving checkpoint state: 4.500 seconds')"
+    )
     words = get_backend("open-instruct").timing_facts.words()
-    out = subprocess.run([sys.executable, "-m", "hpcrl.runtime.watchdog", "--run-dir", str(tmp_path), *words, "--",
-                          sys.executable, "-c", feed], capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hpcrl.runtime.watchdog",
+            "--run-dir",
+            str(tmp_path),
+            *words,
+            "--",
+            sys.executable,
+            "-c",
+            feed,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     recs = [json.loads(ln) for ln in (tmp_path / "hpcrl" / "step-times.jsonl").read_text().splitlines()]
     assert [(r["kind"], r.get("step_s"), r.get("write_s")) for r in recs] == [("step", 183.2, None)] * 5 + [
-        ("checkpoint", None, 4.5)]
+        ("checkpoint", None, 4.5)
+    ]
 
 
 def test_report_takes_the_interval_the_last_job_ran_with(tmp_path):
     """Plan: 33 steps; the continuation's script set 8. At a 162 s real step: 8 x 162 / 60 = 21.6 min at risk."""
     (tmp_path / "hpcrl").mkdir()
     recs = [_rec("1", i, 0, 162.0) for i in (1, 2, 3)] + [
-        {"kind": "interval", "job": "1", "every_steps": 33}, {"kind": "interval", "job": "2", "every_steps": 8}]
+        {"kind": "interval", "job": "1", "every_steps": 33},
+        {"kind": "interval", "job": "2", "every_steps": 8},
+    ]
     (tmp_path / "hpcrl" / "step-times.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
     i = timing(tmp_path, _plan(), [], {})["interval"]
     assert (i["every_steps"], i["real_at_risk_min"]) == (8, 21.6)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from lifecycle_harness import config, hpcrl, ok_json, wait_status
 
-FAKE = r'''
+FAKE = r"""
 import json, os, sys, time
 argv = sys.argv[1:]
 def opt(name):
@@ -38,7 +38,7 @@ for step in range(start, start + 4):
     time.sleep(0.2)
 if first:
     time.sleep(300)  # until the test preempts the job
-'''
+"""
 
 SLOWER = 3  # the fake's steps against the plan's estimate
 FACTOR = 1.25  # the measured step's margin (docs/plan.md "Checkpoint cadence")
@@ -55,10 +55,13 @@ def test_continuation_after_slow_steps_checkpoints_more_often_and_report_shows_p
     (env["workdir"] / "open_instruct" / "grpo_fast.py").write_text(FAKE)
     path = config(env, "slow", max_restarts=1)
     # Long sequences: a step the plan estimates at tens of seconds (the interval rests on it).
-    path.write_text(path.read_text().replace("response_length: 256", "response_length: 8192")
-                    .replace("pack_length: 1024", "pack_length: 16384")
-                    .replace("num_unique_prompts_rollout: 2", "num_unique_prompts_rollout: 64")
-                    .replace("num_samples_per_prompt_rollout: 2", "num_samples_per_prompt_rollout: 8"))
+    path.write_text(
+        path.read_text()
+        .replace("response_length: 256", "response_length: 8192")
+        .replace("pack_length: 1024", "pack_length: 16384")
+        .replace("num_unique_prompts_rollout: 2", "num_unique_prompts_rollout: 64")
+        .replace("num_samples_per_prompt_rollout: 2", "num_samples_per_prompt_rollout: 8")
+    )
     run_id = ok_json(hpcrl(env, "submit", "--json", "--config", str(path)))["run_id"]
     run_dir = env["root"] / "slow"
     try:
@@ -68,8 +71,13 @@ def test_continuation_after_slow_steps_checkpoints_more_often_and_report_shows_p
 
 
 def _check(env, run_id: str, run_dir: Path) -> None:
-    wait_status(env, run_id, lambda r: sum(x["kind"] == "step" for x in _records(run_dir)) >= 4,
-                "the first job's four steps in step-times.jsonl", deadline_s=600)
+    wait_status(
+        env,
+        run_id,
+        lambda r: sum(x["kind"] == "step" for x in _records(run_dir)) >= 4,
+        "the first job's four steps in step-times.jsonl",
+        deadline_s=600,
+    )
     # The job that printed them (a loaded machine may have continued the first job for a slow Ray start).
     first = _records(run_dir)[0]["job"]
     subprocess.run(["scancel", "--signal=TERM", "--full", first], check=True, timeout=30)
@@ -95,5 +103,10 @@ def _check(env, run_id: str, run_dir: Path) -> None:
     print(report.stdout)  # docs/report.md's example (pytest -s)
     row = next(ln for ln in report.stdout.splitlines() if ln.strip("│ ").startswith("step "))
     cells = [c.strip() for c in row.strip("│").split("│")]
-    assert cells[:2] + cells[3:5] + cells[6:7] == ["step", f"{step:,.1f}", f"{SLOWER * step:,.1f}",
-                                                  f"{SLOWER * step:,.1f}-{SLOWER * step:,.1f}", "3.00x"], row
+    assert cells[:2] + cells[3:5] + cells[6:7] == [
+        "step",
+        f"{step:,.1f}",
+        f"{SLOWER * step:,.1f}",
+        f"{SLOWER * step:,.1f}-{SLOWER * step:,.1f}",
+        "3.00x",
+    ], row

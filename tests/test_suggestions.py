@@ -58,12 +58,14 @@ def outcome(req: RunRequest) -> str | None:
     return None
 
 
-CASES = ([(c, cl, n, None) for c in CONFIGS for cl in CLUSTERS for n in NODES]
-         + [(c, cl, 1, g) for c in CONFIGS for cl in CLUSTERS for g in GPUS])
+CASES = [(c, cl, n, None) for c in CONFIGS for cl in CLUSTERS for n in NODES] + [
+    (c, cl, 1, g) for c in CONFIGS for cl in CLUSTERS for g in GPUS
+]
 
 
-@pytest.mark.parametrize("config, cluster, nodes, gpus", CASES,
-                         ids=[f"{c}@{cl}x{n}" + (f"g{g}" if g else "") for c, cl, n, g in CASES])
+@pytest.mark.parametrize(
+    "config, cluster, nodes, gpus", CASES, ids=[f"{c}@{cl}x{n}" + (f"g{g}" if g else "") for c, cl, n, g in CASES]
+)
 def test_every_printed_fix_plans_when_typed(config, cluster, nodes, gpus):
     req = RunRequest(config=config, cluster=cluster, nodes=nodes, gpus=gpus)
     said = outcome(req)
@@ -82,12 +84,23 @@ def warned_fixes(warning: str) -> list[str]:
 def seed004() -> RunRequest:
     """Seed 004's verl run: Qwen2.5-7B GRPO, batch 1024, mini-batch 256, micro-batch 32, n 4, no offload, one
     Berzelius fat node's 4 GPUs (its `#SBATCH --gres=gpu:4`)."""
-    return RunRequest(config="verl-grpo-qwen2.5-7b", cluster="berzelius:fat", nodes=1, gpus=4, sets=(
-        "data.train_batch_size=1024", "data.max_prompt_length=512", "data.max_response_length=1024",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=256", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=32",
-        "actor_rollout_ref.actor.fsdp_config.param_offload=false",
-        "actor_rollout_ref.actor.fsdp_config.optimizer_offload=false", "actor_rollout_ref.rollout.n=4",
-        "actor_rollout_ref.rollout.gpu_memory_utilization=0.6"))
+    return RunRequest(
+        config="verl-grpo-qwen2.5-7b",
+        cluster="berzelius:fat",
+        nodes=1,
+        gpus=4,
+        sets=(
+            "data.train_batch_size=1024",
+            "data.max_prompt_length=512",
+            "data.max_response_length=1024",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=256",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=32",
+            "actor_rollout_ref.actor.fsdp_config.param_offload=false",
+            "actor_rollout_ref.actor.fsdp_config.optimizer_offload=false",
+            "actor_rollout_ref.rollout.n=4",
+            "actor_rollout_ref.rollout.gpu_memory_utilization=0.6",
+        ),
+    )
 
 
 def test_seed004_offers_micro_batch_16_first_and_every_fix_plans():

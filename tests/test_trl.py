@@ -36,36 +36,44 @@ def _table(name: str) -> dict:
     return {k: v for k, v in json.loads((DATA / name).read_text()).items() if not k.startswith("_")}
 
 
-@pytest.mark.parametrize("key,default,source", [
-    ("vllm_mode", '"colocate"', "trl/trainer/grpo_config.py:594"),  # not server: the release's default
-    ("use_vllm", "false", "trl/trainer/grpo_config.py:587"),
-    ("num_generations", "8", "trl/trainer/grpo_config.py:480"),
-    ("max_completion_length", "512", "trl/trainer/grpo_config.py:494"),
-    ("beta", "0.0", "trl/trainer/grpo_config.py:681"),
-    ("vllm_gpu_memory_utilization", "0.3", "trl/trainer/grpo_config.py:656"),
-    ("logging_steps", "10", "trl/trainer/base_config.py:55"),
-    ("gradient_checkpointing", "true", "trl/trainer/base_config.py:62"),
-    ("save_total_limit", "null", "transformers/training_args.py:1183"),
-    ("reward_funcs", "null", "trl/scripts/grpo.py:58"),
-    ("use_peft", "false", "trl/trainer/model_config.py:103"),
-])
+@pytest.mark.parametrize(
+    "key,default,source",
+    [
+        ("vllm_mode", '"colocate"', "trl/trainer/grpo_config.py:594"),  # not server: the release's default
+        ("use_vllm", "false", "trl/trainer/grpo_config.py:587"),
+        ("num_generations", "8", "trl/trainer/grpo_config.py:480"),
+        ("max_completion_length", "512", "trl/trainer/grpo_config.py:494"),
+        ("beta", "0.0", "trl/trainer/grpo_config.py:681"),
+        ("vllm_gpu_memory_utilization", "0.3", "trl/trainer/grpo_config.py:656"),
+        ("logging_steps", "10", "trl/trainer/base_config.py:55"),
+        ("gradient_checkpointing", "true", "trl/trainer/base_config.py:62"),
+        ("save_total_limit", "null", "transformers/training_args.py:1183"),
+        ("reward_funcs", "null", "trl/scripts/grpo.py:58"),
+        ("use_peft", "false", "trl/trainer/model_config.py:103"),
+    ],
+)
 def test_grpo_key_table_holds_the_release_facts(key, default, source):
     row = _table("grpo_args.json")[key]
     assert (row["default"], row["source"]) == (default, source)
 
 
-@pytest.mark.parametrize("key,default,source", [
-    ("port", "8000", "trl/scripts/vllm_serve.py:107"),
-    ("tensor_parallel_size", "1", "trl/scripts/vllm_serve.py:92"),
-    ("gpu_memory_utilization", "0.9", "trl/scripts/vllm_serve.py:111"),
-])
+@pytest.mark.parametrize(
+    "key,default,source",
+    [
+        ("port", "8000", "trl/scripts/vllm_serve.py:107"),
+        ("tensor_parallel_size", "1", "trl/scripts/vllm_serve.py:92"),
+        ("gpu_memory_utilization", "0.9", "trl/scripts/vllm_serve.py:111"),
+    ],
+)
 def test_vllm_serve_key_table_holds_the_release_facts(key, default, source):
     row = _table("vllm_serve_args.json")[key]
     assert (row["default"], row["source"]) == (default, source)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("trl") is None, reason="TRL is not installed here (the table was read "
-                    "from it by scripts/trl-table)")
+@pytest.mark.skipif(
+    importlib.util.find_spec("trl") is None,
+    reason="TRL is not installed here (the table was read from it by scripts/trl-table)",
+)
 def test_grpo_key_table_is_the_installed_releases_parser():
     import trl
     from trl import DatasetMixtureConfig, GRPOConfig, ModelConfig
@@ -73,8 +81,12 @@ def test_grpo_key_table_is_the_installed_releases_parser():
 
     if trl.__version__ != "1.16.0":
         pytest.skip(f"installed TRL is {trl.__version__}, the table is 1.16.0's")
-    names = {f.name for c in (GRPOScriptArguments, GRPOConfig, ModelConfig, DatasetMixtureConfig)
-             for f in dataclasses.fields(c) if f.init}
+    names = {
+        f.name
+        for c in (GRPOScriptArguments, GRPOConfig, ModelConfig, DatasetMixtureConfig)
+        for f in dataclasses.fields(c)
+        if f.init
+    }
     assert names == set(_table("grpo_args.json"))
 
 
@@ -86,8 +98,10 @@ def test_the_shipped_config_loads_and_plans_server_mode_on_5_isambard_nodes():
     server, trainer = job.processes
     assert server.argv[1:4] == ("-m", "trl.cli.main", "vllm-serve") and server.health.path == "/health"
     assert trainer.waits_for == ("vllm-server",) and "ray" not in " ".join(server.argv + trainer.argv).lower()
-    assert any("each learner node runs 1 of its 4 GPUs because isambard-ai plans at most 1 learner per node" in w
-               for w in rp.warnings)
+    assert any(
+        "each learner node runs 1 of its 4 GPUs because isambard-ai plans at most 1 learner per node" in w
+        for w in rp.warnings
+    )
 
 
 def test_the_server_gets_the_planned_tp_and_the_models_length():
@@ -97,8 +111,13 @@ def test_the_server_gets_the_planned_tp_and_the_models_length():
     # TP 4 fills the server node's 4 GPUs (Qwen2.5-7B's 28 heads / 4 KV heads divide by 4); 5120 is the config's
     # vllm_serve.max_model_len; the port is one drawn for the job on the server node, not trl vllm-serve's fixed
     # default 8000 (vllm_serve.py:107), which another job of a shared node may hold.
-    assert (words["--tensor_parallel_size"], words["--data_parallel_size"], words["--port"],
-            words["--max_model_len"], words["--model"]) == ("4", "1", "{port:server}", "5120", "Qwen/Qwen2.5-7B")
+    assert (
+        words["--tensor_parallel_size"],
+        words["--data_parallel_size"],
+        words["--port"],
+        words["--max_model_len"],
+        words["--model"],
+    ) == ("4", "1", "{port:server}", "5120", "Qwen/Qwen2.5-7B")
 
 
 def test_the_trainer_is_an_accelerate_launch_over_the_learner_nodes():
@@ -107,13 +126,21 @@ def test_the_trainer_is_an_accelerate_launch_over_the_learner_nodes():
     a = trainer.argv
     assert a[1:3] == ("-m", "accelerate.commands.launch")
     opts = dict(zip(a[3:15:2], a[4:16:2]))
-    assert opts == {"--config_file": "$RUN_DIR/trl/accelerate.yaml", "--num_machines": "4", "--num_processes": "4",
-                    "--machine_rank": "{node_rank}", "--main_process_ip": "{host:trainer}",
-                    "--main_process_port": "{port:main}"}
+    assert opts == {
+        "--config_file": "$RUN_DIR/trl/accelerate.yaml",
+        "--num_machines": "4",
+        "--num_processes": "4",
+        "--machine_rank": "{node_rank}",
+        "--main_process_ip": "{host:trainer}",
+        "--main_process_port": "{port:main}",
+    }
     assert a[15:17] == ("--module", "trl.scripts.grpo")
     i = a.index("--vllm_server_host")
     assert a[i + 1] == "{host:vllm-server}" and a[a.index("--use_vllm") + 1] == "true"
-    assert a[a.index("--vllm_server_port") + 1] == "{port:server}" and a[a.index("--vllm_group_port") + 1] == "{port:group}"
+    assert (
+        a[a.index("--vllm_server_port") + 1] == "{port:server}"
+        and a[a.index("--vllm_group_port") + 1] == "{port:group}"
+    )
     assert trainer.nodes == (1, 2, 3, 4)
 
 
@@ -148,23 +175,44 @@ def test_resume_rule_names_the_complete_checkpoint():
     rp = make_run_plan(CONFIG, nodes=5)
     r = rp.backend.job(rp).processes[1].resume
     assert (r.flag, r.directory, r.pattern, r.complete_file) == (
-        "--resume_from_checkpoint", "checkpoints", "checkpoint-*", "trainer_state.json")
+        "--resume_from_checkpoint",
+        "checkpoints",
+        "checkpoint-*",
+        "trainer_state.json",
+    )
 
 
-@pytest.mark.parametrize("sets,needle", [
-    (["vllm_modes=server"], "unknown trl grpo key (TRL 1.16.0) 'vllm_modes'; closest: vllm_mode"),
-    (["vllm_mode=servers"], "vllm_mode 'servers': valid: server, colocate"),
-    (["output_dir=/tmp/x"], "output_dir is set by hpcrl from the run directory"),
-    (["vllm_server_host=n1"], "vllm_server_host is set by hpcrl"),
-    (["vllm_serve.tensor_parallel_sizes=2"], "vllm_serve.tensor_parallel_sizes"),
-    (["vllm_serve.port=9000"], "vllm_serve.port is set by hpcrl"),
-    (["per_device_train_batch_size=two"], "per_device_train_batch_size: expected int"),
-    (["reward_model_name_or_path=org/rm"], "a reward model runs on every learner GPU"),
-    (["num_generations=1"], "num_generations 1: valid: 2 or more"),
-])
+@pytest.mark.parametrize(
+    "sets,needle",
+    [
+        (["vllm_modes=server"], "unknown trl grpo key (TRL 1.16.0) 'vllm_modes'; closest: vllm_mode"),
+        (["vllm_mode=servers"], "vllm_mode 'servers': valid: server, colocate"),
+        (["output_dir=/tmp/x"], "output_dir is set by hpcrl from the run directory"),
+        (["vllm_server_host=n1"], "vllm_server_host is set by hpcrl"),
+        (["vllm_serve.tensor_parallel_sizes=2"], "vllm_serve.tensor_parallel_sizes"),
+        (["vllm_serve.port=9000"], "vllm_serve.port is set by hpcrl"),
+        (["per_device_train_batch_size=two"], "per_device_train_batch_size: expected int"),
+        (["reward_model_name_or_path=org/rm"], "a reward model runs on every learner GPU"),
+        (["num_generations=1"], "num_generations 1: valid: 2 or more"),
+    ],
+)
 def test_bad_config_values_are_one_line_errors(sets, needle):
-    out = subprocess.run([sys.executable, "-m", "hpcrl", "plan", "--config", CONFIG, "--nodes", "5",
-                          *[w for s in sets for w in ("--set", s)]], capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hpcrl",
+            "plan",
+            "--config",
+            CONFIG,
+            "--nodes",
+            "5",
+            *[w for s in sets for w in ("--set", s)],
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     lines = out.stderr.strip().splitlines()
     assert out.returncode == 2 and len(lines) == 1 and needle in lines[0], out.stderr
 
@@ -175,18 +223,42 @@ def test_a_batch_trl_would_refuse_is_refused_with_its_numbers():
         make_run_plan(CONFIG, nodes=5, sets=["per_device_train_batch_size=3", "num_generations=5"])
 
 
-@pytest.mark.parametrize("nodes,sets,cluster", [(5, [], "isambard-ai"), (3, [], "isambard-ai"),
-                                                (4, ["vllm_mode=colocate"], "isambard-ai"), (1, [], "berzelius"),
-                                                (2, ["vllm_mode=colocate"], "berzelius")])
+@pytest.mark.parametrize(
+    "nodes,sets,cluster",
+    [
+        (5, [], "isambard-ai"),
+        (3, [], "isambard-ai"),
+        (4, ["vllm_mode=colocate"], "isambard-ai"),
+        (1, [], "berzelius"),
+        (2, ["vllm_mode=colocate"], "berzelius"),
+    ],
+)
 def test_both_modes_render_clean_scripts_without_ray(tmp_path, shellcheck, nodes, sets, cluster):
-    out = subprocess.run([sys.executable, "-m", "hpcrl", "render", "--config", CONFIG, "--nodes", str(nodes),
-                          "--cluster", cluster, *(a for s in sets for a in ("--set", s)), "-o", str(tmp_path / "s.sh")],
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hpcrl",
+            "render",
+            "--config",
+            CONFIG,
+            "--nodes",
+            str(nodes),
+            "--cluster",
+            cluster,
+            *(a for s in sets for a in ("--set", s)),
+            "-o",
+            str(tmp_path / "s.sh"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     text = (tmp_path / "s.sh").read_text()
     lint(text, tmp_path, shellcheck)
     assert not re.search(r"^[^#\n]*\bray start\b", text, re.M) and "phase_readiness" not in text
-    main = text[text.index("\nmain() {"):]
+    main = text[text.index("\nmain() {") :]
     server = "vllm_mode=colocate" not in sets
     assert ("phase_vllm_server" in main) == server and ("trl.cli.main" in text) == server
     assert "accelerate.commands.launch" in text and "trl.scripts.grpo" in text
@@ -224,16 +296,29 @@ def test_stack_check_expects_the_releases_pins():
     specs = {p["name"]: p["spec"] for p in e["packages"]}
     # trl-1.16.0.dist-info/METADATA:19, 22, 23, 32 and 35, 34 (the deepspeed extra), 61 (the vllm extra)
     assert e["python"]["spec"] == ">=3.11" and specs == {
-        "trl": "", "accelerate": ">=1.10.1", "transformers": ">=4.56.2,!=5.1.0", "deepspeed": ">=0.18.6",
-        "datasets": ">=4.7.0", "vllm": ">=0.22.0,<=0.31.0"}
+        "trl": "",
+        "accelerate": ">=1.10.1",
+        "transformers": ">=4.56.2,!=5.1.0",
+        "deepspeed": ">=0.18.6",
+        "datasets": ">=4.7.0",
+        "vllm": ">=0.22.0,<=0.31.0",
+    }
     assert e["parser"]["entry"] == "trl.scripts.grpo"
 
 
 def test_init_writes_the_trl_starter_and_plan_memory_answers_without_a_config(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "hpcrl", "init", "--backend", "trl", "-o", str(tmp_path / "r.yaml")],
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "hpcrl", "init", "--backend", "trl", "-o", str(tmp_path / "r.yaml")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0 and load_run_config(str(tmp_path / "r.yaml")).hpcrl.backend == "trl"
-    mem = subprocess.run([sys.executable, "-m", "hpcrl", "plan-memory", "--backend", "trl", "--model", "32b", "--json"],
-                         capture_output=True, text=True, timeout=120)
+    mem = subprocess.run(
+        [sys.executable, "-m", "hpcrl", "plan-memory", "--backend", "trl", "--model", "32b", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     learner = json.loads(mem.stdout)["learner"]
     assert mem.returncode == 0 and learner["logprob_impl"] == "fused_head" and learner["grad_accum_dtype"] == "bf16"

@@ -51,17 +51,44 @@ vllm_serve:
 """
 
 
-def job_script(tmp_path: Path, name: str, *, serve: str = "", trainer: str = "", steps: int = 30, save: int = 10,
-               time_: str = "00:10:00", partition: str = "debug", failure_restarts: int = 0,
-               restarts: int = 1) -> tuple[Path, Path]:
+def job_script(
+    tmp_path: Path,
+    name: str,
+    *,
+    serve: str = "",
+    trainer: str = "",
+    steps: int = 30,
+    save: int = 10,
+    time_: str = "00:10:00",
+    partition: str = "debug",
+    failure_restarts: int = 0,
+    restarts: int = 1,
+) -> tuple[Path, Path]:
     cfg = tmp_path / f"{name}.yaml"
-    cfg.write_text(CONFIG.format(name=name, root=tmp_path / "runs", time=time_, partition=partition,
-                                 python=sys.executable, fake=FAKE, pythonpath=os.environ.get("PYTHONPATH", ROOT),
-                                 serve=serve, trainer=trainer, steps=steps, save=save,
-                                 failure_restarts=failure_restarts, restarts=restarts))
+    cfg.write_text(
+        CONFIG.format(
+            name=name,
+            root=tmp_path / "runs",
+            time=time_,
+            partition=partition,
+            python=sys.executable,
+            fake=FAKE,
+            pythonpath=os.environ.get("PYTHONPATH", ROOT),
+            serve=serve,
+            trainer=trainer,
+            steps=steps,
+            save=save,
+            failure_restarts=failure_restarts,
+            restarts=restarts,
+        )
+    )
     script = tmp_path / f"{name}.sbatch"
-    out = subprocess.run([sys.executable, "-m", "hpcrl", "render", "--config", str(cfg), "-o", str(script)],
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "hpcrl", "render", "--config", str(cfg), "-o", str(script)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     run_dir = tmp_path / "runs" / name
     (run_dir / "logs").mkdir(parents=True)  # as hpcrl submit does: Slurm opens --output there
@@ -74,8 +101,12 @@ def chain(run_dir: Path) -> list[list[str]]:
 
 
 def nodes_of(job_id: str) -> list[str]:
-    out = subprocess.run(["scontrol", "show", "hostnames", wait_for_state(job_id, TERMINAL_JOB_STATES, 5)["NodeList"]],
-                         capture_output=True, text=True, timeout=30)
+    out = subprocess.run(
+        ["scontrol", "show", "hostnames", wait_for_state(job_id, TERMINAL_JOB_STATES, 5)["NodeList"]],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     return out.stdout.split()
 
 
@@ -87,8 +118,15 @@ def test_server_mode_trainer_waits_for_the_server_and_completes(tmp_path, run_sb
     job = run_sbatch_and_wait(script, 300)
     log = (run_dir / "logs" / f"job-{job.job_id}.log").read_text()
     assert job.state == "COMPLETED", log
-    assert re.findall(r"^hpcrl: phase (\w+)$", log, re.M) == ["stack_check", "head", "files", "vllm_server",
-                                                             "services", "driver", "stop"]
+    assert re.findall(r"^hpcrl: phase (\w+)$", log, re.M) == [
+        "stack_check",
+        "head",
+        "files",
+        "vllm_server",
+        "services",
+        "driver",
+        "stop",
+    ]
     server_node, *trainer_nodes = nodes_of(job.job_id)
     port = re.search(r"hpcrl: vllm-server: ports server (\d+) group (\d+) on (\S+)", log)
     assert port and port.group(3) == server_node and port.group(1) != "8000"  # drawn, not TRL's fixed default
@@ -109,8 +147,9 @@ def test_server_mode_trainer_waits_for_the_server_and_completes(tmp_path, run_sb
 
 def test_a_server_that_dies_ends_the_job_as_its_nodes_failure(tmp_path, run_sbatch_and_wait, leftovers):
     # The trainer takes 0.5 s a step for 200 steps: the server dies 6 s after it listens, under it.
-    script, run_dir = job_script(tmp_path, "trldie", serve="--die-after-s 6", trainer="--step-s 0.5", steps=200,
-                                 save=1000)
+    script, run_dir = job_script(
+        tmp_path, "trldie", serve="--die-after-s 6", trainer="--step-s 0.5", steps=200, save=1000
+    )
     job = run_sbatch_and_wait(script, 300)
     log = (run_dir / "logs" / f"job-{job.job_id}.log").read_text()
     server_node = nodes_of(job.job_id)[0]
@@ -146,8 +185,9 @@ def test_a_time_limit_stop_continues_and_resumes_from_the_newest_checkpoint(tmp_
     assert ends[0][0] == first and second != first
     # After the warning the first job ran to its next complete checkpoint (a new checkpoint-N/trainer_state.json).
     assert "a checkpoint is complete" in (run_dir / "logs" / f"job-{first}.log").read_text()
-    resumed = re.search(r"hpcrl: resuming from (\S+/checkpoint-(\d+))",
-                        (run_dir / "logs" / f"job-{second}.log").read_text())
+    resumed = re.search(
+        r"hpcrl: resuming from (\S+/checkpoint-(\d+))", (run_dir / "logs" / f"job-{second}.log").read_text()
+    )
     assert resumed and int(resumed.group(2)) >= 20  # the checkpoint written after the warning, or later
     driver_log = (run_dir / "hpcrl" / "driver.log").read_text()
     assert f"resuming from {resumed.group(1)} at step {resumed.group(2)}" in driver_log

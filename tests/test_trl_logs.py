@@ -32,8 +32,20 @@ def _lines(path: Path) -> list[str]:
 def test_every_logged_step_of_a_real_trl_log_is_read():
     steps = parse_steps(_lines(MIXED), TRL)
     # 12 steps (max_steps 12, logging_steps 1); rewards as printed, read off the file
-    assert [s.text["reward"] for s in steps] == ["0.5", "0.25", "0.75", "0.75", "0.75", "0.75", "1", "0.5", "0.25",
-                                                 "0.25", "1", "0.75"]
+    assert [s.text["reward"] for s in steps] == [
+        "0.5",
+        "0.25",
+        "0.75",
+        "0.75",
+        "0.75",
+        "0.75",
+        "1",
+        "0.5",
+        "0.25",
+        "0.25",
+        "1",
+        "0.75",
+    ]
 
 
 def test_a_zero_reward_trl_log_reads_as_exact_zeros_with_zero_spread():
@@ -52,8 +64,22 @@ def _watch(tmp_path: Path, log: Path) -> subprocess.CompletedProcess:
     driver = tmp_path / "driver.sh"
     driver.write_text(f"#!/bin/bash\ncat {log}\nsleep 20\n")
     driver.chmod(0o755)
-    return subprocess.run([sys.executable, "-m", "hpcrl.runtime.watchdog", "--run-dir", str(tmp_path / "run"),
-                           "--kill-grace-seconds", "2", "--", str(driver)], capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hpcrl.runtime.watchdog",
+            "--run-dir",
+            str(tmp_path / "run"),
+            "--kill-grace-seconds",
+            "2",
+            "--",
+            str(driver),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_the_watchdog_trips_on_ten_zero_reward_steps_of_a_real_trl_log(tmp_path):
@@ -69,8 +95,12 @@ def test_the_watchdog_lets_a_rewarded_trl_run_finish(tmp_path):
 
 
 def test_diagnose_names_zero_reward_in_a_trl_log():
-    out = subprocess.run([sys.executable, "-m", "hpcrl", "diagnose", str(ZERO), "--backend", "trl"],
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "hpcrl", "diagnose", str(ZERO), "--backend", "trl"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0 and out.stdout.startswith("Cause: zero_reward")
     assert "exactly 0 for 12 consecutive steps" in out.stdout
 
@@ -90,8 +120,10 @@ def test_checkpoints_list_finds_trainer_checkpoints_complete_once_trainer_state_
         _checkpoint(root, step, complete)
     found = find_checkpoints(tmp_path)
     assert [(c.path.name, c.kind, c.step, c.complete) for c in found] == [
-        ("checkpoint-10", "trainer", 10, True), ("checkpoint-20", "trainer", 20, True),
-        ("checkpoint-30", "trainer", 30, False)]
+        ("checkpoint-10", "trainer", 10, True),
+        ("checkpoint-20", "trainer", 20, True),
+        ("checkpoint-30", "trainer", 30, False),
+    ]
 
 
 def test_prune_keeps_the_newest_complete_trainer_checkpoint(tmp_path):

@@ -22,20 +22,40 @@ from hpcrl.planning.config import load_run_config
 from hpcrl.profiles import resolve_profile
 
 ROOT = Path(__file__).resolve().parents[1]
-ROWS = [r for r in map(json.loads, (ROOT / "benchmarks/results/trl_measured.jsonl").read_text().splitlines())
-        if r["status"] == "ok"]
-HELD = {p[0] for p in (line.split() for line in (ROOT / "benchmarks/trl_split.txt").read_text().splitlines()
-                       if not line.startswith("#")) if len(p) == 2 and p[1] == "held"}
-MODELS = {"qwen2.5-0.5b": "Qwen/Qwen2.5-0.5B", "qwen2.5-1.5b": "Qwen/Qwen2.5-1.5B", "qwen2.5-3b": "Qwen/Qwen2.5-3B",
-          "qwen2.5-7b": "Qwen/Qwen2.5-7B"}
+ROWS = [
+    r
+    for r in map(json.loads, (ROOT / "benchmarks/results/trl_measured.jsonl").read_text().splitlines())
+    if r["status"] == "ok"
+]
+HELD = {
+    p[0]
+    for p in (
+        line.split()
+        for line in (ROOT / "benchmarks/trl_split.txt").read_text().splitlines()
+        if not line.startswith("#")
+    )
+    if len(p) == 2 and p[1] == "held"
+}
+MODELS = {
+    "qwen2.5-0.5b": "Qwen/Qwen2.5-0.5B",
+    "qwen2.5-1.5b": "Qwen/Qwen2.5-1.5B",
+    "qwen2.5-3b": "Qwen/Qwen2.5-3B",
+    "qwen2.5-7b": "Qwen/Qwen2.5-7B",
+}
 BOUND = 0.05
 
 
 def planned_gib(row: dict) -> float:
-    sets = [f"model_name_or_path={MODELS[row['model']]}", f"per_device_train_batch_size={row['batch']}",
-            f"gradient_accumulation_steps={row['ga']}", f"max_completion_length={row['completion']}",
-            f"vllm_max_model_length={row['seq']}", f"beta={row['beta']}", "num_generations=2",
-            f"gradient_checkpointing={'true' if row['gc'] else 'false'}"]
+    sets = [
+        f"model_name_or_path={MODELS[row['model']]}",
+        f"per_device_train_batch_size={row['batch']}",
+        f"gradient_accumulation_steps={row['ga']}",
+        f"max_completion_length={row['completion']}",
+        f"vllm_max_model_length={row['seq']}",
+        f"beta={row['beta']}",
+        "num_generations=2",
+        f"gradient_checkpointing={'true' if row['gc'] else 'false'}",
+    ]
     q = mq.from_config(load_run_config("trl-grpo-qwen2.5-7b", sets))
     plan, _ = mq.answer(q, resolve_profile("isambard-ai"), learner_gpus=row["world"], vllm_tp=1)
     return plan.learner.peak_allocated / 2**30
@@ -43,7 +63,8 @@ def planned_gib(row: dict) -> float:
 
 def test_the_rows_name_the_versions_and_the_gpu():
     assert {(r["trl"], r["deepspeed"], r["torch"], r["gpu"]) for r in ROWS} == {
-        ("1.16.0", "0.19.8", "2.11.0+cu130", "NVIDIA H200")}
+        ("1.16.0", "0.19.8", "2.11.0+cu130", "NVIDIA H200")
+    }
     assert len(ROWS) == 16 and len(HELD) == 5 and all(r["zero_init"] for r in ROWS)
 
 
@@ -58,20 +79,35 @@ def test_fit_rows_within_5_percent(row):
 
 
 def test_the_fitted_constants_are_the_fit_of_the_fit_rows():
-    out = subprocess.run([sys.executable, str(ROOT / "benchmarks/fit_trl.py"), "--check"], capture_output=True,
-                         text=True, timeout=600, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks/fit_trl.py"), "--check"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+    )
     assert out.returncode == 0, out.stdout[-800:] + out.stderr[-800:]
 
 
-@pytest.mark.parametrize("cmd", [["plan-memory", "--backend", "trl", "--model", "32b"],
-                                 ["render", "--config", "trl-grpo-qwen2.5-7b", "--nodes", "5"],
-                                 ["render", "--config", "trl-grpo-qwen2.5-7b", "--nodes", "4", "--set", "vllm_mode=colocate"]])
+@pytest.mark.parametrize(
+    "cmd",
+    [
+        ["plan-memory", "--backend", "trl", "--model", "32b"],
+        ["render", "--config", "trl-grpo-qwen2.5-7b", "--nodes", "5"],
+        ["render", "--config", "trl-grpo-qwen2.5-7b", "--nodes", "4", "--set", "vllm_mode=colocate"],
+    ],
+)
 def test_a_job_without_ray_plans_no_ray_head_and_the_nodes_whole_ram(cmd):
     """TRL runs no Ray: no GCS or raylet in host RAM, and no memory monitor killing at 95% (the node's RAM is the
     limit); open-instruct's plan keeps both (2 GiB, 0.95: local-dev and Isambard-AI's ray.memory_kill_threshold)."""
+
     def host(args: list[str]) -> dict:
-        out = subprocess.run([sys.executable, "-m", "hpcrl", *args, "--cluster", "isambard-ai", "--json"],
-                             capture_output=True, text=True, check=True).stdout
+        out = subprocess.run(
+            [sys.executable, "-m", "hpcrl", *args, "--cluster", "isambard-ai", "--json"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
         d = json.loads(out)
         return (d["job"]["plan"]["memory"] if "job" in d else d)["host"]  # render: the job's plan
 

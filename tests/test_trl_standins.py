@@ -28,15 +28,47 @@ def free_port() -> int:
 
 
 def server(port: int, *extra: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, str(SERVER), "--model", "Qwen/Qwen2.5-7B", "--host", "127.0.0.1",
-                             "--port", str(port), "--tensor_parallel_size", "4", *extra],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        [
+            sys.executable,
+            str(SERVER),
+            "--model",
+            "Qwen/Qwen2.5-7B",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--tensor_parallel_size",
+            "4",
+            *extra,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def trainer(port: int, out: Path, *extra: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(TRAINER), "--vllm_mode", "server", "--vllm_server_host", "127.0.0.1",
-                           "--vllm_server_port", str(port), "--output_dir", str(out), "--logging_steps", "1", *extra],
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [
+            sys.executable,
+            str(TRAINER),
+            "--vllm_mode",
+            "server",
+            "--vllm_server_host",
+            "127.0.0.1",
+            "--vllm_server_port",
+            str(port),
+            "--output_dir",
+            str(out),
+            "--logging_steps",
+            "1",
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def test_the_trainer_waits_for_the_servers_health_then_trains(tmp_path):
@@ -76,8 +108,16 @@ def test_a_continuation_resumes_from_the_newest_checkpoint(tmp_path):
     try:
         first = trainer(port, tmp_path / "ck", "--max_steps", "6", "--save_steps", "2", "--save_total_limit", "2")
         done = sorted(p.name for p in (tmp_path / "ck").glob("checkpoint-*"))
-        again = trainer(port, tmp_path / "ck", "--max_steps", "8", "--save_steps", "2",
-                        "--resume_from_checkpoint", str(tmp_path / "ck" / "checkpoint-6"))
+        again = trainer(
+            port,
+            tmp_path / "ck",
+            "--max_steps",
+            "8",
+            "--save_steps",
+            "2",
+            "--resume_from_checkpoint",
+            str(tmp_path / "ck" / "checkpoint-6"),
+        )
     finally:
         srv.kill()
         srv.wait()
@@ -88,9 +128,29 @@ def test_a_continuation_resumes_from_the_newest_checkpoint(tmp_path):
 
 
 def test_the_watchdog_trips_on_the_stand_ins_zero_rewards(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "hpcrl.runtime.watchdog", "--run-dir", str(tmp_path / "run"),
-                          "--kill-grace-seconds", "2", "--", sys.executable, str(TRAINER), "--output_dir",
-                          str(tmp_path / "ck"), "--logging_steps", "1", "--max_steps", "50", "--zero-reward"],
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hpcrl.runtime.watchdog",
+            "--run-dir",
+            str(tmp_path / "run"),
+            "--kill-grace-seconds",
+            "2",
+            "--",
+            sys.executable,
+            str(TRAINER),
+            "--output_dir",
+            str(tmp_path / "ck"),
+            "--logging_steps",
+            "1",
+            "--max_steps",
+            "50",
+            "--zero-reward",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     breaker = json.loads((tmp_path / "run" / "hpcrl" / "breaker.json").read_text())
     assert out.returncode == 90 and (breaker["reason"], breaker["step"]) == ("zero_reward", 10)

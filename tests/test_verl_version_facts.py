@@ -17,8 +17,10 @@ def _feature(version: str, name: str) -> dict:
 
 
 def test_the_engine_sequence_parallel_key_is_a_fact_of_the_current_version_only():
-    assert (SP_ENGINE_KEY in _feature(CURRENT, "sequence_parallel")["keys"],
-            SP_ENGINE_KEY in _feature(PIN, "sequence_parallel")["keys"]) == (True, False)
+    assert (
+        SP_ENGINE_KEY in _feature(CURRENT, "sequence_parallel")["keys"],
+        SP_ENGINE_KEY in _feature(PIN, "sequence_parallel")["keys"],
+    ) == (True, False)
 
 
 def test_the_critic_defaults_on_through_gae_at_both_versions():
@@ -33,12 +35,17 @@ def test_resume_mode_defaults_to_auto_at_the_current_version():
 
 def test_no_version_saves_on_a_signal():
     # 1dda039b: no SIGTERM/SIGUSR1 handler in verl/ (only SIGALRM, utils/py_functional.py:93)
-    assert (_feature(PIN, "save_on_signal")["supported"], _feature(CURRENT, "save_on_signal")["supported"]) == (False, False)
+    assert (_feature(PIN, "save_on_signal")["supported"], _feature(CURRENT, "save_on_signal")["supported"]) == (
+        False,
+        False,
+    )
 
 
 def test_the_actor_checkpoint_retention_key_is_the_same_at_both_versions():
     # trainer.max_actor_ckpt_to_keep: ppo_trainer.yaml:199 (b178a3cd), :210 (1dda039b)
-    keep = [versions.capabilities("verl", v)["checkpoints"]["actor_fsdp"]["key_keep"].split()[0] for v in (PIN, CURRENT)]
+    keep = [
+        versions.capabilities("verl", v)["checkpoints"]["actor_fsdp"]["key_keep"].split()[0] for v in (PIN, CURRENT)
+    ]
     assert keep == ["trainer.max_actor_ckpt_to_keep", "trainer.max_actor_ckpt_to_keep"]
 
 
@@ -49,4 +56,7 @@ def test_the_current_version_has_no_unread_feature_or_checkpoint_facts():
 
 def test_the_fsdp_master_weights_are_fp32_at_both_versions():
     # model_dtype: fp32 at engine/fsdp.yaml:33 (both commits); 1dda039b loads in it at transformer_impl.py:239-245
-    assert [versions.capabilities("verl", v)["fsdp"]["master_weights_dtype"]["value"] for v in (PIN, CURRENT)] == ["fp32", "fp32"]
+    assert [versions.capabilities("verl", v)["fsdp"]["master_weights_dtype"]["value"] for v in (PIN, CURRENT)] == [
+        "fp32",
+        "fp32",
+    ]

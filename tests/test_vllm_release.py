@@ -18,16 +18,22 @@ from hpcrl.models import resolve_model
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.parametrize("asked,read", [
-    ("0.19.0", "0.19.1"), ("0.19.2", "0.19.1"),
-    ("0.24.1", "0.24.0"),
-    ("0.27.0", "0.27.1"),
-    ("0.29.1", "0.29.0"),
-    ("0.11.2", "0.11.0"),
-    ("0.10.1", "0.10.1.1"), ("0.10.2", "0.10.1.1"),
-    ("0.8.5", "0.8.5.post1"), ("0.8.4", "0.8.5.post1"),
-    ("0.6.4", "0.6.4.post1"),
-])
+@pytest.mark.parametrize(
+    "asked,read",
+    [
+        ("0.19.0", "0.19.1"),
+        ("0.19.2", "0.19.1"),
+        ("0.24.1", "0.24.0"),
+        ("0.27.0", "0.27.1"),
+        ("0.29.1", "0.29.0"),
+        ("0.11.2", "0.11.0"),
+        ("0.10.1", "0.10.1.1"),
+        ("0.10.2", "0.10.1.1"),
+        ("0.8.5", "0.8.5.post1"),
+        ("0.8.4", "0.8.5.post1"),
+        ("0.6.4", "0.6.4.post1"),
+    ],
+)
 def test_a_patch_release_is_read_as_the_nearest_read_release_of_its_minor(asked, read):
     got, note = va.read_release(asked)
     assert (got, note.startswith(f"vLLM {asked}: hpcrl read {read} of the same minor release")) == (read, True)
@@ -45,10 +51,18 @@ def test_a_minor_hpcrl_has_not_read_is_refused_naming_the_read_ones(asked):
 
 
 def test_plan_memory_answers_0_19_0_with_0_19_1_s_accounting_and_says_so():
-    out = subprocess.run([sys.executable, "-m", "hpcrl", "plan-memory", "--model", "7b", "--vllm-version", "0.19.0"],
-                         capture_output=True, text=True, timeout=300, env=dict(os.environ, PYTHONPATH=str(ROOT)))
-    assert (out.returncode, "note: vLLM 0.19.0: hpcrl read 0.19.1 of the same minor release" in out.stdout,
-            "Engine GPU: vLLM 0.19.1" in out.stdout) == (0, True, True), out.stdout + out.stderr
+    out = subprocess.run(
+        [sys.executable, "-m", "hpcrl", "plan-memory", "--model", "7b", "--vllm-version", "0.19.0"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+    )
+    assert (
+        out.returncode,
+        "note: vLLM 0.19.0: hpcrl read 0.19.1 of the same minor release" in out.stdout,
+        "Engine GPU: vLLM 0.19.1" in out.stdout,
+    ) == (0, True, True), out.stdout + out.stderr
 
 
 def test_vllm_0_29_runs_every_model_on_the_v2_runner_moe_too():
@@ -57,7 +71,9 @@ def test_vllm_0_29_runs_every_model_on_the_v2_runner_moe_too():
     moe = resolve_model("Qwen/Qwen3-30B-A3B")
     new, old = va.accounting("0.29.0"), va.accounting("0.27.1")
     assert (new.warmup(moe, "raw_logprobs") == new.sampler_v2, old.warmup(moe, "raw_logprobs") == old.sampler) == (
-        True, True)
+        True,
+        True,
+    )
 
 
 def test_vllm_0_29_s_engine_context_scheduler_defaults():

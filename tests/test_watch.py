@@ -17,8 +17,17 @@ from pathlib import Path
 import pytest
 from helpers import assert_user_error
 from lifecycle_harness import config, hpcrl, ok_json, wait_status
-from watch_harness import (FETCHES, Page, counting_slurm, dead_slurm, fake_open_instruct, frame_step, registry_rows,
-                           reward_text, tree)
+from watch_harness import (
+    FETCHES,
+    Page,
+    counting_slurm,
+    dead_slurm,
+    fake_open_instruct,
+    frame_step,
+    registry_rows,
+    reward_text,
+    tree,
+)
 
 DATA = Path(__file__).parent / "data" / "runs"
 CHAIN, BREAKER = DATA / "chain", DATA / "breaker"
@@ -120,8 +129,10 @@ def test_watch_and_report_html_of_an_ended_chain_change_nothing(slurm, env):
     assert tree(run_dir) == before and registry_rows(env["env"]["HPCRL_REGISTRY"]) == rows
 
     assert (snap["state"], snap["reason"], snap["ended"]) == ("ended", "completed", True)
-    assert [(j["job_id"], j["end_reason"]) for j in snap["jobs"][at:]] == [(first, "preempted"),
-                                                                           (ids[at + 1], "completed")]
+    assert [(j["job_id"], j["end_reason"]) for j in snap["jobs"][at:]] == [
+        (first, "preempted"),
+        (ids[at + 1], "completed"),
+    ]
     # The continuation resumed after the checkpoint at step 2: steps 3-6, so the last is 6.
     assert snap["progress"]["step"] == 6 and snap["metrics"]["values"]["reward"]["text"] == reward_text(6)
     assert [s for s, _ in snap["metrics"]["recent"]["reward"]] == [1, 2, 3, 4, 3, 4, 5, 6]
@@ -153,9 +164,11 @@ def test_watch_a_job_that_died_at_start(slurm, env):
     """A script that fails before it writes anything: no start line, no log, only Slurm knows."""
     script = env["tmp"] / "dies.sbatch"
     run_dir = env["root"] / "dies"
-    script.write_text("#!/bin/bash\n#SBATCH --job-name=hpcrl-test-dies\n#SBATCH --time=00:02:00\n"
-                      f"#SBATCH --output={env['tmp']}/slurm-%j.out\n# hpcrl-cluster: local-dev\n"
-                      f"RUN_DIR={run_dir}\nexit 3\n")
+    script.write_text(
+        "#!/bin/bash\n#SBATCH --job-name=hpcrl-test-dies\n#SBATCH --time=00:02:00\n"
+        f"#SBATCH --output={env['tmp']}/slurm-%j.out\n# hpcrl-cluster: local-dev\n"
+        f"RUN_DIR={run_dir}\nexit 3\n"
+    )
     run_id = ok_json(hpcrl(env, "submit", "--json", str(script)))["run_id"]
     wait_status(env, run_id, lambda r: r["state"] == "ended", "the job to fail", 300)
     snap = _watch_json(env, run_id)
@@ -177,26 +190,46 @@ def test_chain_fixture_snapshot_is_what_its_files_say(env):
     snap = _watch_json(env, str(CHAIN), path=dead_slurm(env["tmp"]))
     assert (snap["state"], snap["reason"], snap["ended"]) == ("ended", "completed", True)
     assert any(m.startswith("Slurm: ") for m in snap["missing"])
-    assert [(j["job_id"], j["end_reason"], j["next_job"]) for j in snap["jobs"]] == [("101", "timeout", "102"),
-                                                                                     ("102", "completed", None)]
+    assert [(j["job_id"], j["end_reason"], j["next_job"]) for j in snap["jobs"]] == [
+        ("101", "timeout", "102"),
+        ("102", "completed", None),
+    ]
     # tests/data/runs/README.md: steps 5 (job 101), 6 and 7 (job 102); the job logs' panels print scores
     # 0.52, 0.61, 0.75; learner GPUs on n1 (peak 58000 MiB), engines on n2 (peak 70656 MiB); job 90's row is older.
     assert snap["metrics"]["recent"]["reward"] == [[5, 0.52], [6, 0.61], [7, 0.75]]
     assert snap["metrics"]["values"]["reward"] == {"key": "scores", "value": 0.75, "text": "0.75"}
     nodes = {n["node"]: (n["roles"], n["gpus"], n["peak_gib"], n["plan_gib"]) for n in snap["gpu"]["nodes"]}
-    assert nodes == {"n1": (["learner"], 2, round(58000 / 1024, 2), 61.3),
-                     "n2": (["engine"], 2, round(70656 / 1024, 2), 68.0)}
+    assert nodes == {
+        "n1": (["learner"], 2, round(58000 / 1024, 2), 61.3),
+        "n2": (["engine"], 2, round(70656 / 1024, 2), 68.0),
+    }
 
 
 # Each backend's step line (tests/data/logs/README.md), the run's plan.json naming the backend: the keys watch
 # and report --html show are that backend's (its MetricFacts), the values those of the log's last step.
 BACKEND_LOGS = {
-    "verl": ("verl_grad_norm_zero.log", 26, {"reward": ("critic/score/mean", "0.4140625"),
-                                             "loss": ("actor/pg_loss", "-0.0095"),
-                                             "grad_norm": ("actor/grad_norm", "0.0"), "kl": None, "reward_std": None}),
-    "openrlhf": ("openrlhf_zero_variance.log", 27, {"reward": ("reward", "1.0"), "loss": ("policy_loss", "0.0"),
-                                                    "grad_norm": ("actor_grad_norm", "0.0031"), "kl": ("kl", "0.0004"),
-                                                    "reward_std": ("group_reward_std", "0.0")}),
+    "verl": (
+        "verl_grad_norm_zero.log",
+        26,
+        {
+            "reward": ("critic/score/mean", "0.4140625"),
+            "loss": ("actor/pg_loss", "-0.0095"),
+            "grad_norm": ("actor/grad_norm", "0.0"),
+            "kl": None,
+            "reward_std": None,
+        },
+    ),
+    "openrlhf": (
+        "openrlhf_zero_variance.log",
+        27,
+        {
+            "reward": ("reward", "1.0"),
+            "loss": ("policy_loss", "0.0"),
+            "grad_norm": ("actor_grad_norm", "0.0031"),
+            "kl": ("kl", "0.0004"),
+            "reward_std": ("group_reward_std", "0.0"),
+        },
+    ),
 }
 
 
@@ -207,8 +240,9 @@ def test_each_backend_shows_its_own_metric_keys(env, tmp_path, backend):
     (run_dir / "hpcrl").mkdir(parents=True)
     (run_dir / "logs").mkdir()
     (run_dir / "hpcrl" / "plan.json").write_text(json.dumps({"backend": backend}))
-    (run_dir / "hpcrl" / "jobs.tsv").write_text("7\tstart\t2026-03-02T11:00:00Z\tn1\n"
-                                                "7\tend\t2026-03-02T11:30:00Z\tcompleted:0\n")
+    (run_dir / "hpcrl" / "jobs.tsv").write_text(
+        "7\tstart\t2026-03-02T11:00:00Z\tn1\n7\tend\t2026-03-02T11:30:00Z\tcompleted:0\n"
+    )
     (run_dir / "logs" / "job-7.log").write_text((DATA.parent / "logs" / log).read_text())
     snap = _watch_json(env, str(run_dir), path=dead_slurm(env["tmp"]))
     assert (snap["backend"], snap["metrics"]["step"]) == (backend, last)
@@ -220,8 +254,10 @@ def test_each_backend_shows_its_own_metric_keys(env, tmp_path, backend):
     assert proc.returncode == 0, proc.stderr
     page.feed(out.read_text())
     assert set(page.drawn(page.chart("Reward over steps"))) == {
-        f"{name} ({want[role][0]})" for role, name in (("reward", "reward"), ("reward_std", "reward spread"))
-        if want[role]}
+        f"{name} ({want[role][0]})"
+        for role, name in (("reward", "reward"), ("reward_std", "reward spread"))
+        if want[role]
+    }
 
 
 def test_a_run_directory_that_never_started_says_what_is_missing(env, tmp_path):
@@ -236,13 +272,16 @@ def test_a_run_directory_that_never_started_says_what_is_missing(env, tmp_path):
     assert "ended: no job recorded in hpcrl/jobs.tsv" in out.stdout
 
 
-@pytest.mark.parametrize("args, says", [
-    (["/nonexistent/run"], "/nonexistent/run: no such run directory"),
-    (["{tmp}"], "not an hpcrl run directory (no hpcrl/ inside"),
-    (["no-such-run"], "unknown run 'no-such-run'"),
-    ([], "no registry at "),
-    (["{chain}", "--every", "0.5"], "--every 0.5: give at least 1 second"),
-])
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["/nonexistent/run"], "/nonexistent/run: no such run directory"),
+        (["{tmp}"], "not an hpcrl run directory (no hpcrl/ inside"),
+        (["no-such-run"], "unknown run 'no-such-run'"),
+        ([], "no registry at "),
+        (["{chain}", "--every", "0.5"], "--every 0.5: give at least 1 second"),
+    ],
+)
 def test_bad_input_is_one_line(env, args, says):
     args = [a.format(tmp=env["tmp"], chain=CHAIN) for a in args]
     assert_user_error(hpcrl(env, "watch", *args, "--once"), says)
@@ -251,8 +290,10 @@ def test_bad_input_is_one_line(env, args, says):
 def test_no_live_run_is_one_line(slurm, env):
     fake_open_instruct(env, steps=1, pause=0)
     script = env["tmp"] / "ok.sbatch"
-    script.write_text(f"#!/bin/bash\n#SBATCH --time=00:01:00\n#SBATCH --output={env['tmp']}/slurm-%j.out\n"
-                      f"# hpcrl-cluster: local-dev\nRUN_DIR={env['root'] / 'ok'}\nexit 0\n")
+    script.write_text(
+        f"#!/bin/bash\n#SBATCH --time=00:01:00\n#SBATCH --output={env['tmp']}/slurm-%j.out\n"
+        f"# hpcrl-cluster: local-dev\nRUN_DIR={env['root'] / 'ok'}\nexit 0\n"
+    )
     run_id = ok_json(hpcrl(env, "submit", "--json", str(script)))["run_id"]
     wait_status(env, run_id, lambda r: r["state"] == "ended", "the job to end", 300)
     assert_user_error(hpcrl(env, "watch", "--once"), "no live run in ")

@@ -36,18 +36,44 @@ def _screen_until(sock: str, check, what: str, deadline_s: float) -> str:
 def test_watch_in_a_terminal_follows_the_job_and_names_the_end(slurm, env):
     if shutil.which("tmux") is None:
         (pytest.fail if os.environ.get("HPCRL_REQUIRE_SLURM") == "1" else pytest.skip)(
-            "tmux is not installed (.ci/run installs it; apt-get install tmux)")
+            "tmux is not installed (.ci/run installs it; apt-get install tmux)"
+        )
     fake_open_instruct(env, steps=20, pause=2)
     run_id = ok_json(hpcrl(env, "submit", "--json", "--config", str(config(env, "tty"))))["run_id"]
     sock = f"hpcrl-watch-{os.getpid()}"
     # The terminal's own size, as a user's: no COLUMNS from the harness.
     given = {k: v for k, v in env["env"].items() if k not in ("COLUMNS", "LINES")}
-    command = " ".join(shlex.quote(w) for w in ["env", "-u", "COLUMNS", "-u", "LINES",
-                                                *(f"{k}={v}" for k, v in given.items()),
-                                                sys.executable, "-m", "hpcrl", "watch", run_id, "--every", "2"])
+    command = " ".join(
+        shlex.quote(w)
+        for w in [
+            "env",
+            "-u",
+            "COLUMNS",
+            "-u",
+            "LINES",
+            *(f"{k}={v}" for k, v in given.items()),
+            sys.executable,
+            "-m",
+            "hpcrl",
+            "watch",
+            run_id,
+            "--every",
+            "2",
+        ]
+    )
     try:
-        _tmux(sock, "new-session", "-d", "-s", "watch", "-x", str(WIDTH), "-y", str(HEIGHT),
-              f"cd {shlex.quote(str(env['tmp']))} && {command}; echo WATCH-EXIT=$?; sleep 600")
+        _tmux(
+            sock,
+            "new-session",
+            "-d",
+            "-s",
+            "watch",
+            "-x",
+            str(WIDTH),
+            "-y",
+            str(HEIGHT),
+            f"cd {shlex.quote(str(env['tmp']))} && {command}; echo WATCH-EXIT=$?; sleep 600",
+        )
         first = _screen_until(sock, lambda t: frame_step(t) is not None, "a frame with a step", 600)
         time.sleep(10)
         second = _screen_until(sock, lambda t: frame_step(t) is not None, "a frame with a step", 60)

@@ -77,15 +77,31 @@ def _no_feeder_left(tmp_path):
             os.kill(pid, signal.SIGKILL)
 
 
-def watch(tmp_path: Path, fixture: str, *opts: str, after: str = "sleep", pace: float = 0.001,
-          wait: bool = True) -> tuple[subprocess.CompletedProcess | subprocess.Popen, Path, Path]:
+def watch(
+    tmp_path: Path, fixture: str, *opts: str, after: str = "sleep", pace: float = 0.001, wait: bool = True
+) -> tuple[subprocess.CompletedProcess | subprocess.Popen, Path, Path]:
     feeder = tmp_path / "feeder.py"
     feeder.write_text(FEEDER)
     pidfile = tmp_path / "pids"
     run_dir = tmp_path / "run"
     src = str(LOGS / fixture) if fixture != "-" else "-"
-    cmd = [sys.executable, "-m", "hpcrl.runtime.watchdog", "--run-dir", str(run_dir), "--kill-grace-seconds", "2",
-           *opts, "--", sys.executable, str(feeder), src, str(pace), after, str(pidfile)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "hpcrl.runtime.watchdog",
+        "--run-dir",
+        str(run_dir),
+        "--kill-grace-seconds",
+        "2",
+        *opts,
+        "--",
+        sys.executable,
+        str(feeder),
+        src,
+        str(pace),
+        after,
+        str(pidfile),
+    ]
     if not wait:
         return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE), run_dir, pidfile
     return subprocess.run(cmd, capture_output=True, timeout=TIMEOUT), run_dir, pidfile
@@ -104,11 +120,14 @@ def breaker(run_dir: Path) -> dict:
     return json.loads((run_dir / "hpcrl" / "breaker.json").read_text())
 
 
-@pytest.mark.parametrize("fixture, key, first", [
-    ("grpo_fast_zero_reward.log", "scores", 4),  # step 3 prints 0.00 (non-zero, rounded): not counted
-    ("grpo_legacy_zero_reward.log", "objective/scores", 3),
-    ("plain_dict_zero_reward.log", "scores", 3),
-])
+@pytest.mark.parametrize(
+    "fixture, key, first",
+    [
+        ("grpo_fast_zero_reward.log", "scores", 4),  # step 3 prints 0.00 (non-zero, rounded): not counted
+        ("grpo_legacy_zero_reward.log", "objective/scores", 3),
+        ("plain_dict_zero_reward.log", "scores", 3),
+    ],
+)
 def test_zero_reward_trips_with_exit_90(tmp_path, fixture, key, first):
     proc, run_dir, pids = watch(tmp_path, fixture, "--zero-reward-steps", "10")
     assert proc.returncode == 90, proc.stderr.decode()
@@ -157,10 +176,13 @@ def test_silence_before_the_first_step_uses_the_startup_limit(tmp_path):
     assert "no step yet" in b["message"]
 
 
-@pytest.mark.parametrize("fixture, kind", [
-    ("vllm_engine_dead.log", "vllm_engine_dead"),
-    ("ray_node_dead.log", "ray_node_dead"),
-])
+@pytest.mark.parametrize(
+    "fixture, kind",
+    [
+        ("vllm_engine_dead.log", "vllm_engine_dead"),
+        ("ray_node_dead.log", "ray_node_dead"),
+    ],
+)
 def test_engine_or_node_death_trips_with_exit_93(tmp_path, fixture, kind):
     proc, run_dir, pids = watch(tmp_path, fixture, "--death-grace-seconds", "0.5")
     assert proc.returncode == 93, proc.stderr.decode()
@@ -191,8 +213,9 @@ def test_a_dead_node_the_driver_notices_first_is_worker_died(tmp_path, monkeypat
     dead-worker breaker (93): the run continues."""
     monkeypatch.setenv("SLURM_JOB_ID", "4242")
     step = worker_step(2)
-    proc, run_dir, _ = watch(tmp_path, "ray_node_dead.log", "--worker-step-pid", str(step),
-                             "--worker-wait-seconds", "30", after="exit1")
+    proc, run_dir, _ = watch(
+        tmp_path, "ray_node_dead.log", "--worker-step-pid", str(step), "--worker-wait-seconds", "30", after="exit1"
+    )
     assert proc.returncode == 95, proc.stderr.decode()
     assert not (run_dir / "hpcrl" / "breaker.json").exists()
 
@@ -203,8 +226,15 @@ def test_a_raylet_a_worker_blamed_is_worker_died(tmp_path, monkeypatch, worker_s
     monkeypatch.setenv("SLURM_JOB_ID", "4242")
     (tmp_path / "run" / "hpcrl").mkdir(parents=True)
     (tmp_path / "run" / "hpcrl" / "blame-4242").write_text("n3 raylet-died\n")
-    proc, _, _ = watch(tmp_path, "ray_node_dead.log", "--worker-step-pid", str(worker_step(60)),
-                       "--worker-wait-seconds", "30", after="exit1")
+    proc, _, _ = watch(
+        tmp_path,
+        "ray_node_dead.log",
+        "--worker-step-pid",
+        str(worker_step(60)),
+        "--worker-wait-seconds",
+        "30",
+        after="exit1",
+    )
     assert proc.returncode == 95, proc.stderr.decode()
 
 
@@ -212,8 +242,15 @@ def test_an_engine_death_with_every_node_up_is_the_breaker(tmp_path, monkeypatch
     """A vLLM engine died while the worker step runs on for the whole wait and nobody blamed a raylet:
     the run's own failure, 93."""
     monkeypatch.setenv("SLURM_JOB_ID", "4242")
-    proc, run_dir, _ = watch(tmp_path, "vllm_engine_dead.log", "--worker-step-pid", str(worker_step(60)),
-                             "--worker-wait-seconds", "1", after="exit1")
+    proc, run_dir, _ = watch(
+        tmp_path,
+        "vllm_engine_dead.log",
+        "--worker-step-pid",
+        str(worker_step(60)),
+        "--worker-wait-seconds",
+        "1",
+        after="exit1",
+    )
     assert proc.returncode == 93 and breaker(run_dir)["reason"] == "engine_or_node_died"
 
 
@@ -227,12 +264,15 @@ def test_reward_key_reads_json_metric_lines_exit_90(tmp_path):
     assert b["details"]["steps"] == list(range(4, 14)) and b["step"] == 13  # steps 1-3 earn 0.63-0.65
 
 
-@pytest.mark.parametrize("fixture, key, steps", [
-    # Seed 002's AReaL (9af34d2b): three steps with reward, then exactly 0 ("0.0000e+00") from step 4.
-    ("areal_console_zero_reward.log", "grpo_actor/task_reward/avg", list(range(4, 14))),
-    # AReaL 4aef98d8 ("(AReaL)" header in colour, "ppo_actor" scope): two steps with reward, zeros from step 3.
-    ("areal_console_4aef98d8_zero_reward.log", "ppo_actor/task_reward/avg", list(range(3, 13))),
-])
+@pytest.mark.parametrize(
+    "fixture, key, steps",
+    [
+        # Seed 002's AReaL (9af34d2b): three steps with reward, then exactly 0 ("0.0000e+00") from step 4.
+        ("areal_console_zero_reward.log", "grpo_actor/task_reward/avg", list(range(4, 14))),
+        # AReaL 4aef98d8 ("(AReaL)" header in colour, "ppo_actor" scope): two steps with reward, zeros from step 3.
+        ("areal_console_4aef98d8_zero_reward.log", "ppo_actor/task_reward/avg", list(range(3, 13))),
+    ],
+)
 def test_areal_console_stats_table_trips_exit_90(tmp_path, fixture, key, steps):
     """AReaL's own console output (StatsLogger's tables), no --reward-key: the zero reward trips the breaker."""
     proc, run_dir, pids = watch(tmp_path, fixture)
@@ -243,10 +283,16 @@ def test_areal_console_stats_table_trips_exit_90(tmp_path, fixture, key, steps):
 def test_a_reward_key_never_seen_is_a_warning_in_the_log(tmp_path):
     """--reward-key names a key AReaL does not log (its key ends in /avg): after --zero-reward-steps steps the
     watchdog says so, on stderr and in driver.log, and the run goes on (exit 0)."""
-    proc, run_dir, _ = watch(tmp_path, "areal_console_zero_reward.log", "--reward-key", "grpo_actor/task_reward/mean",
-                             "--zero-reward-steps", "5", after="exit0")
-    warning = ("hpcrl-watchdog: warning: 5 training steps and the reward key grpo_actor/task_reward/mean in none of "
-               "them")
+    proc, run_dir, _ = watch(
+        tmp_path,
+        "areal_console_zero_reward.log",
+        "--reward-key",
+        "grpo_actor/task_reward/mean",
+        "--zero-reward-steps",
+        "5",
+        after="exit0",
+    )
+    warning = "hpcrl-watchdog: warning: 5 training steps and the reward key grpo_actor/task_reward/mean in none of them"
     assert proc.returncode == 0 and warning in proc.stderr.decode()
     assert warning in (run_dir / "hpcrl" / "driver.log").read_text()
 
@@ -255,18 +301,23 @@ def test_verl_numpy2_values_are_read():
     """verl 1dda039b (numpy>=2) prints np.mean results as pprint.pformat does: `actor/grad_norm:np.float64(0.0)`."""
     b = Breaker(grad_norm_steps=2)
     assert b.line("(TaskRunner pid=7) step:1 - critic/score/mean:0.5 - actor/grad_norm:np.float64(0.0)", 0.0) is None
-    assert b.line("(TaskRunner pid=7) step:2 - critic/score/mean:0.5 - actor/grad_norm:np.float64(0.0)", 1.0).reason \
+    assert (
+        b.line("(TaskRunner pid=7) step:2 - critic/score/mean:0.5 - actor/grad_norm:np.float64(0.0)", 1.0).reason
         == "grad_norm_zero"
+    )
 
 
-@pytest.mark.parametrize("fixture, opts, code, reason, steps", [
-    # verl: actor/grad_norm exactly 0.0 from step 3 while the scores still vary.
-    ("verl_grad_norm_zero.log", (), 96, "grad_norm_zero", list(range(3, 23))),
-    ("verl_grad_norm_zero.log", ("--grad-norm-steps", "5"), 96, "grad_norm_zero", list(range(3, 8))),
-    # OpenRLHF: group_reward_std exactly 0 from step 4 (every prompt's samples all earn 1.0).
-    ("openrlhf_zero_variance.log", (), 97, "zero_variance", list(range(4, 24))),
-    ("openrlhf_zero_variance.log", ("--zero-variance-steps", "3"), 97, "zero_variance", [4, 5, 6]),
-])
+@pytest.mark.parametrize(
+    "fixture, opts, code, reason, steps",
+    [
+        # verl: actor/grad_norm exactly 0.0 from step 3 while the scores still vary.
+        ("verl_grad_norm_zero.log", (), 96, "grad_norm_zero", list(range(3, 23))),
+        ("verl_grad_norm_zero.log", ("--grad-norm-steps", "5"), 96, "grad_norm_zero", list(range(3, 8))),
+        # OpenRLHF: group_reward_std exactly 0 from step 4 (every prompt's samples all earn 1.0).
+        ("openrlhf_zero_variance.log", (), 97, "zero_variance", list(range(4, 24))),
+        ("openrlhf_zero_variance.log", ("--zero-variance-steps", "3"), 97, "zero_variance", [4, 5, 6]),
+    ],
+)
 def test_stalled_learning_breakers(tmp_path, fixture, opts, code, reason, steps):
     proc, run_dir, pids = watch(tmp_path, fixture, *opts)
     assert proc.returncode == code, proc.stderr.decode()
@@ -275,8 +326,10 @@ def test_stalled_learning_breakers(tmp_path, fixture, opts, code, reason, steps)
     assert (b["reason"], b["exit_code"], b["details"]["steps"], b["step"]) == (reason, code, steps, steps[-1])
 
 
-@pytest.mark.parametrize("fixture, off", [("verl_grad_norm_zero.log", "--grad-norm-steps"),
-                                          ("openrlhf_zero_variance.log", "--zero-variance-steps")])
+@pytest.mark.parametrize(
+    "fixture, off",
+    [("verl_grad_norm_zero.log", "--grad-norm-steps"), ("openrlhf_zero_variance.log", "--zero-variance-steps")],
+)
 def test_stalled_learning_breakers_can_be_turned_off(tmp_path, fixture, off):
     proc, run_dir, _ = watch(tmp_path, fixture, off, "0", after="exit0")
     assert proc.returncode == 0, proc.stderr.decode()
@@ -391,24 +444,36 @@ def test_an_old_breaker_file_is_archived(tmp_path):
     assert [p.name.startswith("breaker-") for p in old.parent.glob("breaker-*.json")] == [True]
 
 
-BAD_LIMITS = ("hpcrl-watchdog: error: need a command, --zero-reward-steps >= 1, --hang-minutes > 0, "
-              "--grad-norm-steps and --zero-variance-steps >= 0 and --grad-norm-floor >= 0")
+BAD_LIMITS = (
+    "hpcrl-watchdog: error: need a command, --zero-reward-steps >= 1, --hang-minutes > 0, "
+    "--grad-norm-steps and --zero-variance-steps >= 0 and --grad-norm-floor >= 0"
+)
 
 
-@pytest.mark.parametrize("args,message", [
-    ([], "hpcrl-watchdog: error: give the command after --, e.g. --run-dir D -- python train.py"),
-    (["--zero-reward-steps", "0", "--", "true"], BAD_LIMITS),
-    (["--grad-norm-steps", "-1", "--", "true"], BAD_LIMITS),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        ([], "hpcrl-watchdog: error: give the command after --, e.g. --run-dir D -- python train.py"),
+        (["--zero-reward-steps", "0", "--", "true"], BAD_LIMITS),
+        (["--grad-norm-steps", "-1", "--", "true"], BAD_LIMITS),
+    ],
+)
 def test_usage_errors_exit_2(tmp_path, args, message):
-    proc = subprocess.run([sys.executable, "-m", "hpcrl.runtime.watchdog", "--run-dir", str(tmp_path), *args],
-                          capture_output=True, text=True, timeout=TIMEOUT)
+    proc = subprocess.run(
+        [sys.executable, "-m", "hpcrl.runtime.watchdog", "--run-dir", str(tmp_path), *args],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
     assert (proc.returncode, proc.stderr.strip().splitlines()) == (2, [message])
 
 
 def test_missing_command_is_127(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "hpcrl.runtime.watchdog", "--run-dir", str(tmp_path), "--",
-                           "/no/such/program"], capture_output=True, timeout=TIMEOUT)
+    proc = subprocess.run(
+        [sys.executable, "-m", "hpcrl.runtime.watchdog", "--run-dir", str(tmp_path), "--", "/no/such/program"],
+        capture_output=True,
+        timeout=TIMEOUT,
+    )
     assert proc.returncode == 127 and b"cannot start" in proc.stderr
 
 
@@ -417,7 +482,7 @@ def test_missing_command_is_127(tmp_path):
 
 def feed(b: Breaker, fixture: str):
     for i, line in enumerate((LOGS / fixture).read_text().splitlines(keepends=True)):
-        if (trip := b.line(line, float(i))):
+        if trip := b.line(line, float(i)):
             return trip
     return None
 

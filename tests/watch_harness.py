@@ -18,7 +18,7 @@ import sqlite3
 from html.parser import HTMLParser
 from pathlib import Path
 
-FAKE_GRPO = r'''
+FAKE_GRPO = r"""
 import json, os, sys, time
 from collections import defaultdict
 from rich.console import Console
@@ -70,15 +70,17 @@ for step in range(start, start + steps):
 if first_job:
     time.sleep(float(conf.get("hold", 0)))  # a job the test preempts while it waits here
 print(f"fake grpo_fast: job {job} done after step {start + steps - 1}", flush=True)
-'''
+"""
 
 
-def fake_open_instruct(env: dict, *, steps: int, pause: float, slower: float = 1.5, hold: float = 0,
-                       ckpt_at: int = 0) -> None:
+def fake_open_instruct(
+    env: dict, *, steps: int, pause: float, slower: float = 1.5, hold: float = 0, ckpt_at: int = 0
+) -> None:
     """Install FAKE_GRPO as the harness's open-instruct checkout (tests/lifecycle_harness.py `env`)."""
     (env["workdir"] / "open_instruct" / "grpo_fast.py").write_text(FAKE_GRPO)
-    (env["workdir"] / "fake_behaviour").write_text(f"steps={steps} pause={pause} slower={slower} hold={hold} "
-                                                   f"ckpt_at={ckpt_at}\n")
+    (env["workdir"] / "fake_behaviour").write_text(
+        f"steps={steps} pause={pause} slower={slower} hold={hold} ckpt_at={ckpt_at}\n"
+    )
 
 
 def reward_text(step: int) -> str:
@@ -121,8 +123,10 @@ def dead_slurm(tmp: Path) -> str:
     bindir.mkdir(exist_ok=True)
     for name in ("squeue", "scontrol", "sacct", "sinfo"):
         p = bindir / name
-        p.write_text("#!/bin/sh\necho 'slurm_load_jobs error: Unable to contact slurm controller (connect failure)' "
-                     ">&2\nexit 1\n")
+        p.write_text(
+            "#!/bin/sh\necho 'slurm_load_jobs error: Unable to contact slurm controller (connect failure)' "
+            ">&2\nexit 1\n"
+        )
         p.chmod(0o755)
     return f"{bindir}:{os.environ['PATH']}"
 
@@ -198,8 +202,10 @@ class Page(HTMLParser):
     @staticmethod
     def drawn(chart: dict) -> dict[str, int]:
         """Per line, the points a reader sees: those on segments of two or more, and its dots (lone samples)."""
-        return {name: sum(n for n in segs if n >= 2) + chart["dots"].count(stroke)
-                for name, (segs, stroke) in chart["lines"].items()}
+        return {
+            name: sum(n for n in segs if n >= 2) + chart["dots"].count(stroke)
+            for name, (segs, stroke) in chart["lines"].items()
+        }
 
     def chart(self, prefix: str) -> dict:
         found = [c for c in self.charts if (c["title"] or "").startswith(prefix)]

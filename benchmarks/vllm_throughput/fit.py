@@ -66,19 +66,38 @@ def work(row: dict) -> EngineWork:
     """The row's engine as hpcrl sizes it: V1 rows get their KV pool from hpcrl's vLLM accounting."""
     m, tp = resolve_model(row["model"]), int(row["tp"])
     if row["engine"] == "v0":  # batch 1: no KV or scheduler limit binds; the whole prompt in one pass (V0)
-        return EngineWork(weights_bytes=engine_weights_bytes(m, tp), kv_bytes_per_token=m.kv_bytes_per_token(tp, 2),
-                          kv_tokens=10**9, max_num_seqs=256, max_num_batched_tokens=max(1, row["input_len"]),
-                          matmul_flops_per_token=matmul_flops_per_token(m), layers=m.num_layers, q_dim=m.q_dim,
-                          tp=tp, seqs=int(row["seqs"]), prompt_len=int(row["input_len"]),
-                          response_len=int(row["output_len"]), hbm_tbs=float(row["hbm_tbs"]),
-                          bf16_tflops=float(row["bf16_tflops"]))
+        return EngineWork(
+            weights_bytes=engine_weights_bytes(m, tp),
+            kv_bytes_per_token=m.kv_bytes_per_token(tp, 2),
+            kv_tokens=10**9,
+            max_num_seqs=256,
+            max_num_batched_tokens=max(1, row["input_len"]),
+            matmul_flops_per_token=matmul_flops_per_token(m),
+            layers=m.num_layers,
+            q_dim=m.q_dim,
+            tp=tp,
+            seqs=int(row["seqs"]),
+            prompt_len=int(row["input_len"]),
+            response_len=int(row["output_len"]),
+            hbm_tbs=float(row["hbm_tbs"]),
+            bf16_tflops=float(row["bf16_tflops"]),
+        )
     gpu = GPU_PEAKS[row["gpu"]]
-    eng = engine_memory(EngineSetup(model=m, tp=tp, gpu_memory_utilization=row["gpu_memory_utilization"],
-                                    gpu_total_bytes=gpu.memory_gib * GIB, max_seq_len=row["max_model_len"],
-                                    max_num_batched_tokens=row["max_num_batched_tokens"],
-                                    max_num_seqs=row["max_num_seqs"], vllm_version=row["accounting_version"]))
-    w = engine_work(eng, m, tp, int(row["num_prompts"]), int(row["input_len"]), int(row["output_len"]),
-                    gpu.hbm_tbs, gpu.bf16_tflops)
+    eng = engine_memory(
+        EngineSetup(
+            model=m,
+            tp=tp,
+            gpu_memory_utilization=row["gpu_memory_utilization"],
+            gpu_total_bytes=gpu.memory_gib * GIB,
+            max_seq_len=row["max_model_len"],
+            max_num_batched_tokens=row["max_num_batched_tokens"],
+            max_num_seqs=row["max_num_seqs"],
+            vllm_version=row["accounting_version"],
+        )
+    )
+    w = engine_work(
+        eng, m, tp, int(row["num_prompts"]), int(row["input_len"]), int(row["output_len"]), gpu.hbm_tbs, gpu.bf16_tflops
+    )
     return EngineWork(**{**w.__dict__, "client_cap": row.get("client_cap")})
 
 
@@ -118,8 +137,14 @@ def fit(rows: list[dict], per_sequence: bool = True) -> np.ndarray:
         return x if per_sequence else np.append(x, 0.0)
 
     def residuals(x: np.ndarray) -> np.ndarray:
-        return np.array([math.log((generation_seconds(works[r["id"]], constants(full(x), r)) + arrival_span_s(r))
-                                  / published_s(r)) for r in rows])
+        return np.array(
+            [
+                math.log(
+                    (generation_seconds(works[r["id"]], constants(full(x), r)) + arrival_span_s(r)) / published_s(r)
+                )
+                for r in rows
+            ]
+        )
 
     x0, low, high = [0.7, 0.4, 1e-3, 4e-3, 1e-6], [0.05, 0.05, 0.0, 0.0, 0.0], [1.0, 1.0, 0.02, 0.02, 1e-3]
     k = 5 if per_sequence else 4
@@ -145,8 +170,13 @@ def leave_one_out(train: list[dict]) -> None:
 
 def rounded(x: np.ndarray) -> tuple[float, float, float, float, float]:
     """The constants as generation.py carries them (per-pass costs in ms, the per-sequence cost in us)."""
-    return (round(float(x[0]), 2), round(float(x[1]), 2), round(float(x[2]) * 1e3, 2), round(float(x[3]) * 1e3, 2),
-            round(float(x[4]) * 1e6, 1))
+    return (
+        round(float(x[0]), 2),
+        round(float(x[1]), 2),
+        round(float(x[2]) * 1e3, 2),
+        round(float(x[3]) * 1e3, 2),
+        round(float(x[4]) * 1e6, 1),
+    )
 
 
 def band(x: np.ndarray, held: list[dict]) -> tuple[float, float]:
@@ -156,14 +186,18 @@ def band(x: np.ndarray, held: list[dict]) -> tuple[float, float]:
 
 def table(x: np.ndarray, rows: list[dict]) -> list[float]:
     errs = []
-    print(f"  {'row':<48} {'eng':>3} {'tp':>2} {'seqs':>5} {'conc':>5} {'in':>6} {'out':>5} {'pub s':>8} "
-          f"{'pred s':>8} {'error':>6}")
+    print(
+        f"  {'row':<48} {'eng':>3} {'tp':>2} {'seqs':>5} {'conc':>5} {'in':>6} {'out':>5} {'pub s':>8} "
+        f"{'pred s':>8} {'error':>6}"
+    )
     for r in rows:
         w = work(r)
         pred, pub = predicted_s(x, r), published_s(r)
         errs.append(pred / pub - 1)
-        print(f"  {r['id']:<48} {r['engine']:>3} {r['tp']:>2} {w.seqs:>5} {w.concurrency:>5} {w.prompt_len:>6} "
-              f"{w.response_len:>5} {pub:>8.1f} {pred:>8.1f} {pred / pub - 1:>+6.0%}")
+        print(
+            f"  {r['id']:<48} {r['engine']:>3} {r['tp']:>2} {w.seqs:>5} {w.concurrency:>5} {w.prompt_len:>6} "
+            f"{w.response_len:>5} {pub:>8.1f} {pred:>8.1f} {pred / pub - 1:>+6.0%}"
+        )
     return errs
 
 
@@ -186,13 +220,20 @@ def main(argv: list[str]) -> int:
     eff, mfu, o1, o0, seq = rounded(x)
     low, high = band(x, held)
     if "--check" in argv:
-        ok = (eff, mfu, o1, seq) == carried() and ((round(low, 2), round(high, 2))
-                                                    == (g.GENERATION_LOW, g.GENERATION_HIGH))
-        print("generation.py carries this fit" if ok else f"generation.py {carried()} band "
-              f"{(g.GENERATION_LOW, g.GENERATION_HIGH)}; the fit gives {(eff, mfu, o1, seq)} band {(low, high)}")
+        ok = (eff, mfu, o1, seq) == carried() and (
+            (round(low, 2), round(high, 2)) == (g.GENERATION_LOW, g.GENERATION_HIGH)
+        )
+        print(
+            "generation.py carries this fit"
+            if ok
+            else f"generation.py {carried()} band "
+            f"{(g.GENERATION_LOW, g.GENERATION_HIGH)}; the fit gives {(eff, mfu, o1, seq)} band {(low, high)}"
+        )
         return 0 if ok else 1
-    print(f"fit on {len(train)} rows: HBM efficiency {eff:.2f}, matmul MFU {mfu:.2f}, V1 cost per pass {o1:.2f} ms "
-          f"and per sequence per decode step {seq:.1f} us")
+    print(
+        f"fit on {len(train)} rows: HBM efficiency {eff:.2f}, matmul MFU {mfu:.2f}, V1 cost per pass {o1:.2f} ms "
+        f"and per sequence per decode step {seq:.1f} us"
+    )
     print(f"(V0: {o0:.2f} ms per pass, the batch-1 rows' engine; not used by the planner)")
     print("error = predicted / published time - 1 (positive: the model predicts too long a time)")
     for name, part in (("fit rows", train), ("held-out rows", held)):

@@ -183,8 +183,16 @@ def exclude(
     name = resolve_profile(cluster).name if cluster else None
     lists = node_excludes.edit(name, add, remove, clear, reason)
     if as_json:
-        print_json([{"cluster": ex.cluster, "file": str(ex.path),
-                     "nodes": [{"node": n, "reason": ex.reasons[n]} for n in ex.nodes]} for ex in lists])
+        print_json(
+            [
+                {
+                    "cluster": ex.cluster,
+                    "file": str(ex.path),
+                    "nodes": [{"node": n, "reason": ex.reasons[n]} for n in ex.nodes],
+                }
+                for ex in lists
+            ]
+        )
         return
     if not lists:
         console.print(Text(f"no exclude lists ({_short(str(node_excludes.data_dir() / 'exclude'))})"))

@@ -13,10 +13,15 @@ from hpcrl.cli.output import console, print_json
 
 @app.command("init")
 def init_cmd(
-    backend: Optional[str] = typer.Option(None, "--backend", help="Framework the run uses (default: hpcrl.backend's default)"),
-    cluster: str = typer.Option("isambard-ai", "--cluster", "-c", help="Cluster profile; name:variant picks a node type"),
-    output: Path = typer.Option(Path("hpcrl-run.yaml"), "--output", "-o", help="File to write (a regular file or a "
-                                "link to one), - for stdout"),
+    backend: Optional[str] = typer.Option(
+        None, "--backend", help="Framework the run uses (default: hpcrl.backend's default)"
+    ),
+    cluster: str = typer.Option(
+        "isambard-ai", "--cluster", "-c", help="Cluster profile; name:variant picks a node type"
+    ),
+    output: Path = typer.Option(
+        Path("hpcrl-run.yaml"), "--output", "-o", help="File to write (a regular file or a link to one), - for stdout"
+    ),
     force: bool = typer.Option(False, "--force", help="Overwrite the file if it exists"),
     as_json: bool = typer.Option(False, "--json", help="Print what was written as JSON"),
 ) -> None:

@@ -43,15 +43,32 @@ def plan_cmd(
         f"{w.seqs} sequences of {w.seq_len} tokens per step, {rp.backend.tokens_text(rp)}"
     )
     t = table(f"Top {len(shown)} of {len(rp.layouts)} layouts that fit")
-    for col in ("#", "num_learners_per_node", "engines x TP", "util", "idle", "learner GiB", "KV GiB/GPU",
-                "gen s", "train s"):
+    for col in (
+        "#",
+        "num_learners_per_node",
+        "engines x TP",
+        "util",
+        "idle",
+        "learner GiB",
+        "KV GiB/GPU",
+        "gen s",
+        "train s",
+    ):
         t.add_column(col, overflow="fold")
     for i, lay in enumerate(shown, 1):
         d = lay.to_dict()
         learners = f"[{lay.learners_per_node}] x {lay.learner_nodes}"
-        t.add_row(str(i), learners, f"{lay.engines} x {lay.tp}", f"{lay.gpu_memory_utilization:.2f}",
-                  str(lay.idle_gpus), f"{d['learner_peak_gib']:.1f}/{d['gpu_usable_gib']:.1f}",
-                  f"{d['engine_kv_cache_gib']:.1f}", f"{d['generation_time_s']:.0f}", f"{d['training_time_s']:.0f}")
+        t.add_row(
+            str(i),
+            learners,
+            f"{lay.engines} x {lay.tp}",
+            f"{lay.gpu_memory_utilization:.2f}",
+            str(lay.idle_gpus),
+            f"{d['learner_peak_gib']:.1f}/{d['gpu_usable_gib']:.1f}",
+            f"{d['engine_kv_cache_gib']:.1f}",
+            f"{d['generation_time_s']:.0f}",
+            f"{d['training_time_s']:.0f}",
+        )
     console.print(t)
     for i, lay in enumerate(shown, 1):
         console.print(f"  {i}: {lay.reason()}; learner headroom {lay.learner_headroom:.0%}")

@@ -18,9 +18,15 @@ from hpcrl.cli.outfile import is_stdout, output_target, write_output
 @run_request_options(smoke=True)
 def render_cmd(
     request: RunRequest,
-    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the script to this file (mode 0755; "
-                                          "a regular file or a link to one), - for stdout"),
-    as_json: bool = typer.Option(False, "--json", help="Print the script, its warnings and assumptions and its job description as JSON"),
+    output: Optional[Path] = typer.Option(
+        None,
+        "--output",
+        "-o",
+        help="Write the script to this file (mode 0755; a regular file or a link to one), - for stdout",
+    ),
+    as_json: bool = typer.Option(
+        False, "--json", help="Print the script, its warnings and assumptions and its job description as JSON"
+    ),
 ) -> None:
     """Render the sbatch script: Ray across the job's nodes, then grpo_fast.py (or --smoke)."""
     from hpcrl.jobs.run_script import build
@@ -36,9 +42,15 @@ def render_cmd(
 
         if output is not None:
             write_output(output, built.text, "-o", mode=0o755)
-        print_json({"script": None if output else built.text, "written": str(output) if output else None,
-                    "warnings": list(built.plan.warnings), "assumptions": list(built.plan.assumptions),
-                    "job": built.job.to_json()})
+        print_json(
+            {
+                "script": None if output else built.text,
+                "written": str(output) if output else None,
+                "warnings": list(built.plan.warnings),
+                "assumptions": list(built.plan.assumptions),
+                "job": built.job.to_json(),
+            }
+        )
         return
     if output is not None:  # first: a write that fails is the one line on stderr
         write_output(output, built.text, "-o", mode=0o755)

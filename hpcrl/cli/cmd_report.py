@@ -27,8 +27,11 @@ def report_cmd(
     run: str = typer.Argument(..., help="Run id (or a unique prefix, or one of its job ids), or a run directory"),
     markdown: Optional[Path] = typer.Option(None, "--markdown", help="Also write the report as Markdown to this file"),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Write GPU memory over time to this PNG (matplotlib)"),
-    html: Optional[Path] = typer.Option(None, "--html", help="Also write the report as one self-contained HTML page "
-                                                             "with its plots inline (SVG) to this file"),
+    html: Optional[Path] = typer.Option(
+        None,
+        "--html",
+        help="Also write the report as one self-contained HTML page with its plots inline (SVG) to this file",
+    ),
     registry: Optional[Path] = typer.Option(None, "--registry", help="Registry file (default $HPCRL_REGISTRY)"),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON (stable schema)"),
 ) -> None:
@@ -45,8 +48,12 @@ def report_cmd(
 
         from hpcrl.logs import report_html
 
-        write_output(html, report_html.to_html(r, report_html.series(run_dir, r), datetime.now(timezone.utc)),
-                     "--html", stdout_ok=False)
+        write_output(
+            html,
+            report_html.to_html(r, report_html.series(run_dir, r), datetime.now(timezone.utc)),
+            "--html",
+            stdout_ok=False,
+        )
     if plot is not None:
         from hpcrl.logs.report_plot import plot_gpu_memory
 
@@ -73,39 +80,68 @@ def _print(r: dict, rp) -> None:
     head += f" ([{style}]{r['reason']}[/])" if r["reason"] else ""
     console.print(head + (f"  cluster {r['cluster']}" if r["cluster"] else ""), soft_wrap=True)
     console.print(f"run dir: {r['run_dir']}", soft_wrap=True, highlight=False)
-    if (b := r["breaker"]):
-        console.print(f"[red]circuit breaker:[/] {b['reason']} (exit {b['exit_code']}, step {b['step']}): "
-                      f"{b['message']}", soft_wrap=True)
-    console.print(f"run time {rp.fmt_duration(r['run_time_s'])} in {len(r['jobs'])} job(s); first start to last "
-                  f"end {rp.fmt_duration(r['elapsed_s'])}", highlight=False)
+    if b := r["breaker"]:
+        console.print(
+            f"[red]circuit breaker:[/] {b['reason']} (exit {b['exit_code']}, step {b['step']}): {b['message']}",
+            soft_wrap=True,
+        )
+    console.print(
+        f"run time {rp.fmt_duration(r['run_time_s'])} in {len(r['jobs'])} job(s); first start to last "
+        f"end {rp.fmt_duration(r['elapsed_s'])}",
+        highlight=False,
+    )
     t = table("Jobs")
     for col in ("#", "job", "head node", "slurm", "started", "ended", "queued", "ran", "end", "next"):
         t.add_column(col, overflow="fold")
     for j in r["jobs"]:
-        t.add_row(str(j["seq"]), j["job_id"], j["head_node"] or "-", j["slurm_state"] or "-", j["started"] or "-",
-                  j["ended"] or "-", rp.fmt_duration(j["queued_s"]), rp.fmt_duration(j["duration_s"]),
-                  rp.end_text(j), j["next_job"] or "-")
+        t.add_row(
+            str(j["seq"]),
+            j["job_id"],
+            j["head_node"] or "-",
+            j["slurm_state"] or "-",
+            j["started"] or "-",
+            j["ended"] or "-",
+            rp.fmt_duration(j["queued_s"]),
+            rp.fmt_duration(j["duration_s"]),
+            rp.end_text(j),
+            j["next_job"] or "-",
+        )
     console.print(t)
     for j in r["jobs"]:
         if j.get("stack_check"):
             console.print(f"job {j['job_id']}: stack check: {j['stack_check']}", soft_wrap=True, highlight=False)
         for rec in j["ray_logs_recovered"]:
-            console.print(f"job {j['job_id']}: Ray logs of {rec['node']} recovered later, by job {rec['by_job']}"
-                          f"{' at ' + rec['time'] if rec['time'] else ''} (the node was lost, or killed before its "
-                          "cleanup)", soft_wrap=True, highlight=False)
+            console.print(
+                f"job {j['job_id']}: Ray logs of {rec['node']} recovered later, by job {rec['by_job']}"
+                f"{' at ' + rec['time'] if rec['time'] else ''} (the node was lost, or killed before its "
+                "cleanup)",
+                soft_wrap=True,
+                highlight=False,
+            )
         for rec in j["ray_logs_lost"]:
-            console.print(f"job {j['job_id']}: Ray logs of {rec['node']} lost: job {rec['by_job']} found none left on "
-                          f"the node{' at ' + rec['time'] if rec['time'] else ''}", soft_wrap=True, highlight=False)
-        if (missing := j["ray_logs_missing"]):
-            console.print(f"job {j['job_id']}: no Ray logs kept from {', '.join(missing)} (the node was "
-                          "lost, or killed before its cleanup; see its worker log); still missing: the next job of "
-                          f"yours on {'that node' if len(missing) == 1 else 'each'} recovers them", soft_wrap=True,
-                          highlight=False)
+            console.print(
+                f"job {j['job_id']}: Ray logs of {rec['node']} lost: job {rec['by_job']} found none left on "
+                f"the node{' at ' + rec['time'] if rec['time'] else ''}",
+                soft_wrap=True,
+                highlight=False,
+            )
+        if missing := j["ray_logs_missing"]:
+            console.print(
+                f"job {j['job_id']}: no Ray logs kept from {', '.join(missing)} (the node was "
+                "lost, or killed before its cleanup; see its worker log); still missing: the next job of "
+                f"yours on {'that node' if len(missing) == 1 else 'each'} recovers them",
+                soft_wrap=True,
+                highlight=False,
+            )
     if r["other_jobs_in_run_dir"]:
         console.print(f"(jobs.tsv also holds earlier runs' jobs: {', '.join(r['other_jobs_in_run_dir'])})")
-    nodes = [f"{n['node']}" + (f" (head of {', '.join(n['head_of_jobs'])})" if n["head_of_jobs"] else "")
-             + (f": {', '.join(n['roles'])}" if n["roles"] else "")
-             + (", no GPU found" if n["no_gpu"] else f", {n['gpus']} GPUs" if n["gpus"] else "") for n in r["nodes"]]
+    nodes = [
+        f"{n['node']}"
+        + (f" (head of {', '.join(n['head_of_jobs'])})" if n["head_of_jobs"] else "")
+        + (f": {', '.join(n['roles'])}" if n["roles"] else "")
+        + (", no GPU found" if n["no_gpu"] else f", {n['gpus']} GPUs" if n["gpus"] else "")
+        for n in r["nodes"]
+    ]
     console.print("nodes: " + ("; ".join(nodes) or "-"), soft_wrap=True, highlight=False)
     if r["checkpoints"]:
         t = table(f"Checkpoints ({rp.fmt_bytes(r['checkpoint_bytes'])})")
@@ -137,8 +173,14 @@ def _print(r: dict, rp) -> None:
         for col in ("role", "measured peak", "where", "predicted", "prediction", "measured/predicted"):
             t.add_column(col, overflow="fold")
         for x in r["memory"]:
-            t.add_row(x["role"], rp.gib(x["measured_peak_gib"]), rp.where_text(x), rp.gib(x["predicted_gib"]),
-                      x["predicted_as"] or "-", rp.pct(x["ratio"]))
+            t.add_row(
+                x["role"],
+                rp.gib(x["measured_peak_gib"]),
+                rp.where_text(x),
+                rp.gib(x["predicted_gib"]),
+                x["predicted_as"] or "-",
+                rp.pct(x["ratio"]),
+            )
         console.print(t)
     if r["plan"] is None:
         console.print(rp.NO_PLAN)
@@ -156,15 +198,20 @@ def _print_timing(tm: dict) -> None:
         t.add_column(col, overflow="fold")
     for x in tm["rows"]:
         src = x.get("source")
-        t.add_row(x["what"], rt.seconds(x["plan_s"]) + (" (derived)" if x.get("plan_basis") == "derived" else ""),
-                  rt.band_text(x), rt.seconds(x["real_s"]),
-                  "-" if x["real_min_s"] is None else f"{x['real_min_s']:,.1f}-{x['real_max_s']:,.1f}", str(x["n"]),
-                  "-" if x["ratio"] is None else f"{x['ratio']:.2f}x",
-                  (", ".join(src) if isinstance(src, list) else src) or "-")
+        t.add_row(
+            x["what"],
+            rt.seconds(x["plan_s"]) + (" (derived)" if x.get("plan_basis") == "derived" else ""),
+            rt.band_text(x),
+            rt.seconds(x["real_s"]),
+            "-" if x["real_min_s"] is None else f"{x['real_min_s']:,.1f}-{x['real_max_s']:,.1f}",
+            str(x["n"]),
+            "-" if x["ratio"] is None else f"{x['ratio']:.2f}x",
+            (", ".join(src) if isinstance(src, list) else src) or "-",
+        )
     console.print(t)
     if (step := tm["rows"][0]).get("plan_basis") not in (None, "-"):
         console.print(f"plan band basis: {step['plan_basis']}", soft_wrap=True, highlight=False)
-    if (i := tm["interval"]):
+    if i := tm["interval"]:
         console.print(rt.interval_text(i), soft_wrap=True, highlight=False)
     console.print(rt.lost_text(tm["last_stop"]), soft_wrap=True, highlight=False)
     for w in tm["warnings"]:

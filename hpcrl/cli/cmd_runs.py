@@ -31,9 +31,12 @@ def submit_cmd(
     script: Optional[Path] = typer.Argument(None, help="An already rendered batch script (default: render --config)"),
     run_dir: Optional[str] = typer.Option(None, "--run-dir", help="Run directory of SCRIPT when it names none"),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print what would be submitted; nothing goes to Slurm"),
-    keep_exclusions: bool = typer.Option(False, "--keep-exclusions",
-                                         help="Keep the nodes earlier chains of this run dir excluded (default: a new "
-                                              "chain starts with none and with its failure continuations uncounted)"),
+    keep_exclusions: bool = typer.Option(
+        False,
+        "--keep-exclusions",
+        help="Keep the nodes earlier chains of this run dir excluded (default: a new "
+        "chain starts with none and with its failure continuations uncounted)",
+    ),
     registry: Optional[Path] = REGISTRY_OPT,
     as_json: bool = JSON_OPT,
 ) -> None:
@@ -41,8 +44,15 @@ def submit_cmd(
     from hpcrl.jobs import run_results
 
     progress(not as_json and script is None)
-    d = run_results.submit(request, script=script, run_dir=run_dir, dry_run=dry_run, keep_exclusions=keep_exclusions,
-                           registry=registry, given=option_names(request, but=("cluster",)))
+    d = run_results.submit(
+        request,
+        script=script,
+        run_dir=run_dir,
+        dry_run=dry_run,
+        keep_exclusions=keep_exclusions,
+        registry=registry,
+        given=option_names(request, but=("cluster",)),
+    )
     if as_json:
         print_json(d)
         return
@@ -63,8 +73,16 @@ def _runs_table(runs: list[dict], title: str):
         t.add_column(col, overflow="fold")
     for r in runs:
         last = r["jobs"][-1] if r["jobs"] else None
-        t.add_row(r["run_id"], r["state"], r["reason"], r["cluster"], str(len(r["jobs"])),
-                  f"{last['job_id']} {last['state']}" if last else "-", r["created"], r["run_dir"])
+        t.add_row(
+            r["run_id"],
+            r["state"],
+            r["reason"],
+            r["cluster"],
+            str(len(r["jobs"])),
+            f"{last['job_id']} {last['state']}" if last else "-",
+            r["created"],
+            r["run_dir"],
+        )
     return t
 
 
@@ -97,7 +115,9 @@ def runs_cmd(
 
 @app.command("status")
 def status_cmd(
-    run: Optional[str] = typer.Argument(None, help="Run id (or a unique prefix, or one of its job ids); default all live runs"),
+    run: Optional[str] = typer.Argument(
+        None, help="Run id (or a unique prefix, or one of its job ids); default all live runs"
+    ),
     all_runs: bool = typer.Option(False, "--all", help="Show ended runs too"),
     registry: Optional[Path] = REGISTRY_OPT,
     as_json: bool = JSON_OPT,
@@ -121,9 +141,11 @@ def status_cmd(
     restarts = f", restarts {r['restarts']}/{r['max_restarts']}" if r["restarts"] is not None else ""
     if r["failure_restarts"]:
         restarts += f", after failures {r['failure_restarts']}" + (
-            f" (excluded {', '.join(r['excluded_nodes'])})" if r["excluded_nodes"] else "")
-    console.print(f"[bold]{r['run_id']}[/] {r['state']}" + (f" ({r['reason']})" if r["reason"] else "") + restarts,
-                  soft_wrap=True)
+            f" (excluded {', '.join(r['excluded_nodes'])})" if r["excluded_nodes"] else ""
+        )
+    console.print(
+        f"[bold]{r['run_id']}[/] {r['state']}" + (f" ({r['reason']})" if r["reason"] else "") + restarts, soft_wrap=True
+    )
     typer.echo(f"run dir: {r['run_dir']}")
     t = table()
     for col in ("#", "job", "state", "reason", "exit", "submitted", "ended", "log"):
@@ -132,10 +154,25 @@ def status_cmd(
         f = j["failure"]
         # No `continue` line yet: sbatch is under way while the job runs, failed once it has ended.
         sbatch = " -> continuing" if j["state"] in slurm.LIVE_STATES else " -> the continuation's sbatch failed"
-        reason = j["reason"] + ("" if not f else sbatch if not f["continued"] else
-                                f" -> continued without {', '.join(f['excluded'])}" if f["excluded"] else " -> continued")
-        t.add_row(str(j["seq"]), j["job_id"], j["state"], reason,
-                  "" if j["exit_code"] is None else str(j["exit_code"]), j["submitted"], j["ended"] or "", j["log"])
+        reason = j["reason"] + (
+            ""
+            if not f
+            else sbatch
+            if not f["continued"]
+            else f" -> continued without {', '.join(f['excluded'])}"
+            if f["excluded"]
+            else " -> continued"
+        )
+        t.add_row(
+            str(j["seq"]),
+            j["job_id"],
+            j["state"],
+            reason,
+            "" if j["exit_code"] is None else str(j["exit_code"]),
+            j["submitted"],
+            j["ended"] or "",
+            j["log"],
+        )
     console.print(t)
     for j in r["jobs"]:
         if j.get("stack_check"):
@@ -148,8 +185,9 @@ def logs_cmd(
     follow: bool = typer.Option(False, "--follow", "-f", help="Follow the newest log, across continuations"),
     poll: float = typer.Option(1.0, "--poll", help="Seconds between reads of the log while following"),
     registry: Optional[Path] = REGISTRY_OPT,
-    as_json: bool = typer.Option(False, "--json",
-                                 help="Print each job's log path and text as JSON (not with --follow)"),
+    as_json: bool = typer.Option(
+        False, "--json", help="Print each job's log path and text as JSON (not with --follow)"
+    ),
 ) -> None:
     """Print the log of every job of the run in order (job headers go to stderr)."""
     from hpcrl.errors import HpcrlError
@@ -199,21 +237,26 @@ _STYLE = {"ok": "green", "warn": "yellow", "fail": "red", "info": "dim"}
 
 @app.command("preflight")
 def preflight_cmd(
-    nodes: int = typer.Option(1, "--nodes", "-N", help="Nodes to check in one job (2+ also measures the collective across them)"),
+    nodes: int = typer.Option(
+        1, "--nodes", "-N", help="Nodes to check in one job (2+ also measures the collective across them)"
+    ),
     cluster: Optional[str] = typer.Option(None, "--cluster", "-c", help="Cluster profile (default: the config's)"),
     partition: Optional[str] = typer.Option(None, "--partition", "-p", help="Partition (default: the profile's)"),
     config: Optional[str] = typer.Option(None, "--config", help="Run config: model, run root, training environment"),
     folder: Optional[str] = typer.Option(None, "--folder", help="submitit folder (default: under the run root)"),
     wait: float = typer.Option(900, "--wait", help="Seconds to wait for the probe before cancelling it"),
-    write_exclude: bool = typer.Option(False, "--write-exclude", help="Add failing nodes to the cluster's exclude list"),
+    write_exclude: bool = typer.Option(
+        False, "--write-exclude", help="Add failing nodes to the cluster's exclude list"
+    ),
     as_json: bool = JSON_OPT,
 ) -> None:
     """Check N compute nodes in one job (submitit): GPUs and their health, disks, model, imports,
     then an all-reduce and all-gather across them; name the bad nodes."""
     from hpcrl.jobs import preflight
 
-    out = preflight.preflight(cluster, partition, config, nodes=nodes, folder=folder, wait_s=wait,
-                              write_exclude=write_exclude)
+    out = preflight.preflight(
+        cluster, partition, config, nodes=nodes, folder=folder, wait_s=wait, write_exclude=write_exclude
+    )
     if as_json:
         print_json(out)
     else:

@@ -21,13 +21,18 @@ GIB = 2**30  # as hpcrl.planning.disk.GIB, without importing the planner
 @app.command("diagnose")
 def diagnose_cmd(
     log: Path = typer.Argument(..., help="A log file, or a run directory (reads hpcrl/driver.log and breaker.json)"),
-    model: Optional[str] = typer.Option(None, "--model", "-m", help="Model (default: the run's or the log's; none is "
-                                        "assumed)"),
-    backend: Optional[str] = typer.Option(None, "--backend", "-b", help="The run's backend (default: the run's, "
-                                          "else the driver command in the log)"),
-    learner_gpus: Optional[int] = typer.Option(None, "--learner-gpus", help="Learner GPUs (default: from the run or log)"),
-    tokens_per_gpu: Optional[int] = typer.Option(None, "--tokens-per-gpu", help="Tokens per learner GPU micro-batch "
-                                                 "(default: from the run or log)"),
+    model: Optional[str] = typer.Option(
+        None, "--model", "-m", help="Model (default: the run's or the log's; none is assumed)"
+    ),
+    backend: Optional[str] = typer.Option(
+        None, "--backend", "-b", help="The run's backend (default: the run's, else the driver command in the log)"
+    ),
+    learner_gpus: Optional[int] = typer.Option(
+        None, "--learner-gpus", help="Learner GPUs (default: from the run or log)"
+    ),
+    tokens_per_gpu: Optional[int] = typer.Option(
+        None, "--tokens-per-gpu", help="Tokens per learner GPU micro-batch (default: from the run or log)"
+    ),
     cluster: Optional[str] = typer.Option(None, "--cluster", "-c", help="Cluster profile (default: the run's)"),
     as_json: bool = typer.Option(False, "--json", help="Print the diagnosis as JSON"),
 ) -> None:
@@ -43,8 +48,10 @@ def diagnose_cmd(
         raise HpcrlError(f"--backend {backend!r}: valid: {', '.join(BACKENDS)}")
     if backend is not None and get_backend(backend).learner_from_plan and not log.is_dir():
         # a user's own script has no command line hpcrl can read
-        raise HpcrlError(f"--backend {backend}: give the run directory, not {log}: its hpcrl/plan.json describes the "
-                         "script's learner")
+        raise HpcrlError(
+            f"--backend {backend}: give the run directory, not {log}: its hpcrl/plan.json describes the "
+            "script's learner"
+        )
 
     path, breaker = log, None
     if log.is_dir():  # a run directory: the watchdog's driver log, else the newest Slurm job log
@@ -69,16 +76,22 @@ def diagnose_cmd(
     plan, command = _run_files(log) if log.is_dir() else (None, None)
     run_backend = backend or (plan or {}).get("backend")
     if _learner_from_plan(run_backend) and (learner_gpus or tokens_per_gpu):
-        raise HpcrlError(f"--learner-gpus and --tokens-per-gpu do not apply to a {run_backend} run: its learner comes "
-                         "from the run's hpcrl/plan.json (re-render the run to change it)")
+        raise HpcrlError(
+            f"--learner-gpus and --tokens-per-gpu do not apply to a {run_backend} run: its learner comes "
+            "from the run's hpcrl/plan.json (re-render the run to change it)"
+        )
     profile = resolve_profile(cluster)
     if cluster is None and plan and plan.get("cluster"):
         try:
             profile = resolve_profile(str(plan["cluster"]))
         except HpcrlError:  # a profile file the run was rendered with: the default's GPU facts then
             pass
-    ctx = Context(profile, {"model": model, "learner_gpus": learner_gpus, "backend": backend,
-                                             "tokens_per_gpu": tokens_per_gpu}, command=command, plan=plan)
+    ctx = Context(
+        profile,
+        {"model": model, "learner_gpus": learner_gpus, "backend": backend, "tokens_per_gpu": tokens_per_gpu},
+        command=command,
+        plan=plan,
+    )
     result = diagnose(text, ctx, breaker)
     if as_json:
         print_json({"log": str(path), "breaker": breaker, **result.to_dict()})
@@ -129,8 +142,7 @@ def _learner_from_plan(backend: str | None) -> bool:
         return False
 
 
-checkpoints_app = typer.Typer(help="List and prune a run's checkpoints.", no_args_is_help=True,
-                              rich_markup_mode=None)
+checkpoints_app = typer.Typer(help="List and prune a run's checkpoints.", no_args_is_help=True, rich_markup_mode=None)
 app.add_typer(checkpoints_app, name="checkpoints")
 
 
@@ -142,9 +154,16 @@ def _age(seconds: float) -> str:
 
 
 def _cp_row(c, run_dir: Path, now: float) -> dict:
-    return {"path": str(c.path.relative_to(run_dir)), "kind": c.kind, "step": c.step, "bytes": c.bytes,
-            "gib": round(c.bytes / GIB, 3), "complete": c.complete, "why_incomplete": c.why_incomplete,
-            "age_s": round(now - c.modified, 1)}
+    return {
+        "path": str(c.path.relative_to(run_dir)),
+        "kind": c.kind,
+        "step": c.step,
+        "bytes": c.bytes,
+        "gib": round(c.bytes / GIB, 3),
+        "complete": c.complete,
+        "why_incomplete": c.why_incomplete,
+        "age_s": round(now - c.modified, 1),
+    }
 
 
 @checkpoints_app.command("list")
@@ -172,8 +191,14 @@ def checkpoints_list(
     for col in ("path", "kind", "step", "GiB", "complete", "age"):
         t.add_column(col, justify="right" if col in ("step", "GiB", "age") else "left")
     for r in rows:
-        t.add_row(r["path"], r["kind"], str(r["step"]), f"{r['gib']:,.2f}", "yes" if r["complete"] else
-                  f"no: {r['why_incomplete']}", _age(r["age_s"]))
+        t.add_row(
+            r["path"],
+            r["kind"],
+            str(r["step"]),
+            f"{r['gib']:,.2f}",
+            "yes" if r["complete"] else f"no: {r['why_incomplete']}",
+            _age(r["age_s"]),
+        )
     console.print(t)
     console.print(f"{len(cps)} checkpoints, {sum(c.bytes for c in cps) / GIB:,.1f} GiB")
 
@@ -197,18 +222,26 @@ def checkpoints_prune(
     plan = plan_prune(find_checkpoints(run_dir), keep, now, recent_seconds)
     deleted = apply_prune(plan, time.time, recent_seconds) if yes else []
     if as_json:
-        print_json({"run_dir": str(run_dir), "dry_run": not yes, "freed_bytes": plan.freed_bytes,
-                    "delete": [_cp_row(c, run_dir, now) for c in plan.delete],
-                    "deleted": [str(p.relative_to(run_dir)) for p in deleted],
-                    "keep": [{**_cp_row(c, run_dir, now), "reason": why} for c, why in plan.keep]})
+        print_json(
+            {
+                "run_dir": str(run_dir),
+                "dry_run": not yes,
+                "freed_bytes": plan.freed_bytes,
+                "delete": [_cp_row(c, run_dir, now) for c in plan.delete],
+                "deleted": [str(p.relative_to(run_dir)) for p in deleted],
+                "keep": [{**_cp_row(c, run_dir, now), "reason": why} for c, why in plan.keep],
+            }
+        )
         return
     for c, why in plan.keep:
         console.print(f"keep    {c.path.relative_to(run_dir)}  ({why})", highlight=False)
     verb = "deleted" if yes else "would delete"
     for c in plan.delete:
         done = not yes or c.path in deleted
-        console.print(f"{verb if done else 'skipped (changed)'}  {c.path.relative_to(run_dir)}  "
-                      f"{c.bytes / GIB:,.2f} GiB", highlight=False)
+        console.print(
+            f"{verb if done else 'skipped (changed)'}  {c.path.relative_to(run_dir)}  {c.bytes / GIB:,.2f} GiB",
+            highlight=False,
+        )
     if not plan.delete:
         console.print("nothing to prune")
     elif not yes:

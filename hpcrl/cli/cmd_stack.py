@@ -18,10 +18,14 @@ from hpcrl.runtime.stack import PROBE_TIMEOUT_S
 def check_stack_cmd(
     request: RunRequest,
     python: Optional[str] = typer.Option(
-        None, "--python", help="The training environment's Python (ENV/bin/python); default: the run's hpcrl.python "
-                               "after the profile's setup, its modules and hpcrl.env_setup"),
-    probe_timeout: float = typer.Option(PROBE_TIMEOUT_S, "--probe-timeout",
-                                        help="Seconds that Python may take to answer the probe (past it: unchecked)"),
+        None,
+        "--python",
+        help="The training environment's Python (ENV/bin/python); default: the run's hpcrl.python "
+        "after the profile's setup, its modules and hpcrl.env_setup",
+    ),
+    probe_timeout: float = typer.Option(
+        PROBE_TIMEOUT_S, "--probe-timeout", help="Seconds that Python may take to answer the probe (past it: unchecked)"
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON"),
 ) -> None:
     """Run the job's stack check here, before queueing: exit 98 where the job would stop at it, else 0."""
@@ -53,8 +57,15 @@ def versions_cmd(
     for col in ("backend", "version", "commit", "date", "default", "read from", "pins"):
         t.add_column(col, overflow="fold")
     for r in rows["frameworks"]:
-        t.add_row(r["backend"], r["version"], r["commit"] or "-", r["date"], "yes" if r["default"] else "",
-                  r["source"], ", ".join(r["pins"]) or "-")
+        t.add_row(
+            r["backend"],
+            r["version"],
+            r["commit"] or "-",
+            r["date"],
+            "yes" if r["default"] else "",
+            r["source"],
+            ", ".join(r["pins"]) or "-",
+        )
     console.print(t)
     if rows["vllm"]:
         v = table("vLLM releases whose memory accounting hpcrl has read")

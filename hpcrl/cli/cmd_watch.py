@@ -13,8 +13,9 @@ from hpcrl.cli.output import console, print_json, table
 
 @app.command("watch")
 def watch_cmd(
-    run: Optional[str] = typer.Argument(None, help="Run id (or a unique prefix, or one of its job ids), or a run "
-                                                   "directory; default the newest live run"),
+    run: Optional[str] = typer.Argument(
+        None, help="Run id (or a unique prefix, or one of its job ids), or a run directory; default the newest live run"
+    ),
     once: bool = typer.Option(False, "--once", help="Print one frame and exit"),
     as_json: bool = typer.Option(False, "--json", help="Print one snapshot as JSON (stable schema) and exit"),
     every: float = typer.Option(5.0, "--every", help="Seconds between refreshes (one Slurm query each)"),

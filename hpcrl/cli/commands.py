@@ -7,10 +7,23 @@ import importlib
 # Top-level command (or group) -> hpcrl.cli.cmd_<module>; tests/test_cli_help.py checks it
 # against what the modules register. Root help lists them in this order.
 COMMANDS = {
-    "init": "init", "clusters": "clusters", "plan": "plan", "plan-memory": "memory", "plan-disk": "disk", "render": "render",
-    "submit": "runs", "runs": "runs", "status": "runs", "logs": "runs", "cancel": "runs", "preflight": "runs",
-    "check-stack": "stack", "versions": "stack",
-    "diagnose": "safety", "checkpoints": "safety", "report": "report",
+    "init": "init",
+    "clusters": "clusters",
+    "plan": "plan",
+    "plan-memory": "memory",
+    "plan-disk": "disk",
+    "render": "render",
+    "submit": "runs",
+    "runs": "runs",
+    "status": "runs",
+    "logs": "runs",
+    "cancel": "runs",
+    "preflight": "runs",
+    "check-stack": "stack",
+    "versions": "stack",
+    "diagnose": "safety",
+    "checkpoints": "safety",
+    "report": "report",
     "watch": "watch",
 }
 

@@ -19,8 +19,13 @@ from pathlib import Path
 from hpcrl.errors import HpcrlError
 
 STDOUT = "-"
-_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-          (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"))
+_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISSOCK, "a socket"),
+)
 
 
 def is_stdout(path: Path | str | None) -> bool:
@@ -53,8 +58,9 @@ def output_target(path: Path | str, flag: str, *, stdout_ok: bool = True) -> Pat
     except OSError as exc:  # a symlink loop, a name too long, a component that is no directory
         raise HpcrlError(f"{shown}: cannot write there: {exc.strerror or exc}") from None
     if st is not None and (kind := _kind(st.st_mode)):
-        raise HpcrlError(f"{shown}: {kind}; {flag} writes a regular file (give a file path, or {flag} - for "
-                         "stdout and redirect it)")
+        raise HpcrlError(
+            f"{shown}: {kind}; {flag} writes a regular file (give a file path, or {flag} - for stdout and redirect it)"
+        )
     if st is not None and not os.access(target, os.W_OK):
         raise HpcrlError(f"{shown}: the file is not writable (permission denied)")
     directory = target.parent
@@ -65,8 +71,9 @@ def output_target(path: Path | str, flag: str, *, stdout_ok: bool = True) -> Pat
     return target
 
 
-def write_output(path: Path | str, data: str | bytes, flag: str, mode: int | None = None, *,
-                 stdout_ok: bool = True) -> None:
+def write_output(
+    path: Path | str, data: str | bytes, flag: str, mode: int | None = None, *, stdout_ok: bool = True
+) -> None:
     """Write data where `flag PATH` says (output_target's rules): whole or not at all, with `mode` (None: a file
     replaced keeps its mode, a new one is 0644)."""
     target = output_target(path, flag, stdout_ok=stdout_ok)

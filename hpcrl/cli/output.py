@@ -69,5 +69,3 @@ def warn(message: str) -> None:
 def assumed(message: str) -> None:
     """What a plan assumed that the config did not say: `hpcrl: assumes ...` on stderr."""
     sys.stderr.write(f"hpcrl: {message}\n")
-
-

@@ -19,15 +19,53 @@ from hpcrl.planning.request import RunRequest
 
 # (RunRequest field, type as Typer reads it, the option). Help texts say what each means in all three.
 _SHARED: tuple[tuple[str, Any, Any], ...] = (
-    ("config", Optional[str], typer.Option(None, "--config", help="Run config file or shipped name (default grpo-olmo3-32b)")),
-    ("sets", List[str], typer.Option([], "--set", help="Override a config field: key=value (hpcrl.key=value for the hpcrl section)")),
-    ("pins", List[str], typer.Option([], "--pin", help="Fix a choice: learners=N, learner_nodes=N, tp=N, engines=N, util=F")),
+    (
+        "config",
+        Optional[str],
+        typer.Option(None, "--config", help="Run config file or shipped name (default grpo-olmo3-32b)"),
+    ),
+    (
+        "sets",
+        List[str],
+        typer.Option([], "--set", help="Override a config field: key=value (hpcrl.key=value for the hpcrl section)"),
+    ),
+    (
+        "pins",
+        List[str],
+        typer.Option([], "--pin", help="Fix a choice: learners=N, learner_nodes=N, tp=N, engines=N, util=F"),
+    ),
     ("nodes", Optional[int], typer.Option(None, "--nodes", "-N", help="Nodes in the job (default: the config's)")),
-    ("gpus", Optional[int], typer.Option(None, "--gpus", help="GPUs of one node for a job smaller than a node (1 up to the node's; default: the config's hpcrl.gpus, else whole nodes)")),
-    ("cluster", Optional[str], typer.Option(None, "--cluster", "-c", help="Cluster profile; name:variant picks a node type (default: the config's)")),
+    (
+        "gpus",
+        Optional[int],
+        typer.Option(
+            None,
+            "--gpus",
+            help="GPUs of one node for a job smaller than a node (1 up to the node's; default: the config's hpcrl.gpus, else whole nodes)",
+        ),
+    ),
+    (
+        "cluster",
+        Optional[str],
+        typer.Option(
+            None, "--cluster", "-c", help="Cluster profile; name:variant picks a node type (default: the config's)"
+        ),
+    ),
     ("cluster_file", Optional[Path], typer.Option(None, "--cluster-file", help="Load this profile file instead")),
-    ("quota_gib", Optional[float], typer.Option(None, "--quota-gib", help="The run root's quota in GiB, for the disk check (default: hpcrl.quota_gib, else the profile's)")),
-    ("allow_over_limit", bool, typer.Option(False, "--allow-over-limit", help="Warn instead of failing past partition/QOS limits")),
+    (
+        "quota_gib",
+        Optional[float],
+        typer.Option(
+            None,
+            "--quota-gib",
+            help="The run root's quota in GiB, for the disk check (default: hpcrl.quota_gib, else the profile's)",
+        ),
+    ),
+    (
+        "allow_over_limit",
+        bool,
+        typer.Option(False, "--allow-over-limit", help="Warn instead of failing past partition/QOS limits"),
+    ),
 )
 _SMOKE = ("smoke", bool, typer.Option(False, "--smoke", help="Replace training by a Ray smoke test of the same layout"))
 
@@ -53,10 +91,15 @@ def run_request_options(*, smoke: bool) -> Callable[[Callable[..., Any]], Callab
 
     def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
         hints = typing.get_type_hints(command)
-        own = [p.replace(annotation=hints.get(p.name, p.annotation))
-               for p in inspect.signature(command).parameters.values() if p.name != "request"]
-        added = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=opt, annotation=tp)
-                 for name, tp, opt in shared]
+        own = [
+            p.replace(annotation=hints.get(p.name, p.annotation))
+            for p in inspect.signature(command).parameters.values()
+            if p.name != "request"
+        ]
+        added = [
+            inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=opt, annotation=tp)
+            for name, tp, opt in shared
+        ]
 
         @functools.wraps(command)
         def with_request(**kwargs: Any) -> Any:

@@ -44,8 +44,10 @@ def _header(s: Snapshot) -> str:
     where = f"{s.backend}" + (f" on {s.cluster}" if s.cluster else "")
     from rich.markup import escape
 
-    return (f"[bold]{escape(s.run_id or s.name)}[/]  [{style}]{escape(s.state + reason)}[/]  {escape(where)}  "
-            f"[dim]{s.time[11:19]} UTC[/]")
+    return (
+        f"[bold]{escape(s.run_id or s.name)}[/]  [{style}]{escape(s.state + reason)}[/]  {escape(where)}  "
+        f"[dim]{s.time[11:19]} UTC[/]"
+    )
 
 
 def _job(s: Snapshot) -> str:
@@ -114,8 +116,11 @@ def _metrics(s: Snapshot) -> list[str]:
         if len(spark) > 1:  # in log order: a continuation's steps after the ones it repeats
             text += f"  {sparkline(spark)}  (the last {len(spark)} steps logged)"
         lines.append(text)
-    extra = [f"{role.replace('_', ' ')} ({v.key}) {v.text}" for role in ("kl", "grad_norm")
-             if (v := m.values.get(role)) is not None]
+    extra = [
+        f"{role.replace('_', ' ')} ({v.key}) {v.text}"
+        for role in ("kl", "grad_norm")
+        if (v := m.values.get(role)) is not None
+    ]
     if extra:
         lines.append("; ".join(extra))
     return lines
@@ -130,9 +135,17 @@ def _gpu(s: Snapshot, table: Any) -> Any:
     for n in s.gpu.nodes:
         over = n.plan_gib is not None and n.peak_gib is not None and n.peak_gib > n.plan_gib
         peak = f"[red]{_gib(n.peak_gib)}[/]" if over else _gib(n.peak_gib)
-        t.add_row(n.node, ",".join(n.roles), str(n.gpus), _gib(n.now_gib), peak, _gib(n.plan_gib), _gib(n.total_gib),
-                  "-" if n.util_pct is None else f"{n.util_pct:.0f}%",
-                  (n.sampled or "-") if s.ended or n.age_s is None else f"{fmt_duration(n.age_s)} ago")
+        t.add_row(
+            n.node,
+            ",".join(n.roles),
+            str(n.gpus),
+            _gib(n.now_gib),
+            peak,
+            _gib(n.plan_gib),
+            _gib(n.total_gib),
+            "-" if n.util_pct is None else f"{n.util_pct:.0f}%",
+            (n.sampled or "-") if s.ended or n.age_s is None else f"{fmt_duration(n.age_s)} ago",
+        )
     return t
 
 
@@ -141,8 +154,9 @@ def _disk(s: Snapshot) -> str:
     used = "-" if d.used_bytes is None else fmt_bytes(d.used_bytes)
     text = f"disk: {used} in the run directory"
     if d.run_dir_peak_gib is not None:
-        share = (f", {d.used_bytes / 2**30 / d.run_dir_peak_gib:.0%} of" if d.used_bytes and d.run_dir_peak_gib
-                 else " of")
+        share = (
+            f", {d.used_bytes / 2**30 / d.run_dir_peak_gib:.0%} of" if d.used_bytes and d.run_dir_peak_gib else " of"
+        )
         text += f"{share} the plan's {d.run_dir_peak_gib:,.1f} GiB at peak"
     if d.quota_gib is not None:
         text += f"; quota {d.quota_gib:,.0f} GiB"
@@ -168,8 +182,11 @@ def _breaker(s: Snapshot) -> list[str]:
     from rich.markup import escape
 
     b = s.breaker
-    lines = [f"[red]breaker: tripped ({b.reason}, exit {b.exit_code}, step {b.step}):[/] {escape(b.message or '')}"
-             if b.tripped else "breaker: not tripped"]
+    lines = [
+        f"[red]breaker: tripped ({b.reason}, exit {b.exit_code}, step {b.step}):[/] {escape(b.message or '')}"
+        if b.tripped
+        else "breaker: not tripped"
+    ]
     lines += [f"[yellow]{escape(w)}[/]" for w in s.watchdog[-2:] if not (b.tripped and "tripped" in w)]
     return lines
 

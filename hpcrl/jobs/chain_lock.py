@@ -45,7 +45,8 @@ class ChainLock:
             raise HpcrlError(
                 f"run dir {self.rd.path} belongs to job {owner} ({state}), the live chain of another submit "
                 f"(another registry or a hand sbatch: {self.rd.chain_lock}); cancel job {owner} there, or pick another "
-                "hpcrl.run_name")
+                "hpcrl.run_name"
+            )
 
     def set_owner(self, job_id: str) -> None:
         os.ftruncate(self._fd, 0)
@@ -64,8 +65,10 @@ def held(rd: RunDir) -> Iterator[ChainLock]:
                 break
             except BlockingIOError:
                 if time.monotonic() >= deadline:
-                    raise HpcrlError(f"{rd.chain_lock}: still locked after {LOCK_WAIT_S} s by another submit or "
-                                     "job of this run dir; try again") from None
+                    raise HpcrlError(
+                        f"{rd.chain_lock}: still locked after {LOCK_WAIT_S} s by another submit or "
+                        "job of this run dir; try again"
+                    ) from None
                 time.sleep(0.2)
         yield ChainLock(fd, rd)
     finally:

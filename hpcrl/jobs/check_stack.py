@@ -39,13 +39,20 @@ class StackResult:
     target: str
 
     def to_dict(self) -> dict:
-        return {"exit_code": self.exit_code, "mismatch": self.exit_code == stack.STACK_MISMATCH_EXIT,
-                "unchecked": self.exit_code == stack.STACK_UNCHECKED_EXIT, "lines": list(self.lines),
-                "python": self.python, "env_setup": list(self.env_setup), "target": self.target}
+        return {
+            "exit_code": self.exit_code,
+            "mismatch": self.exit_code == stack.STACK_MISMATCH_EXIT,
+            "unchecked": self.exit_code == stack.STACK_UNCHECKED_EXIT,
+            "lines": list(self.lines),
+            "python": self.python,
+            "env_setup": list(self.env_setup),
+            "target": self.target,
+        }
 
 
-def check_stack(req: RunRequest, python: str | None = None,
-                probe_timeout: float = stack.PROBE_TIMEOUT_S) -> StackResult:
+def check_stack(
+    req: RunRequest, python: str | None = None, probe_timeout: float = stack.PROBE_TIMEOUT_S
+) -> StackResult:
     """Run the job's stack check for the run `req` describes; python: the training Python to check (None:
     the run's hpcrl.python after its setup lines)."""
     from hpcrl.jobs.run_script import _planned
@@ -57,15 +64,18 @@ def check_stack(req: RunRequest, python: str | None = None,
     if python is not None:
         found = Path(python).expanduser() if "/" in python else Path(shutil.which(python) or python)
         if not found.exists():
-            raise HpcrlError(f"--python {python}: no such file; give the training environment's python "
-                             "(e.g. ENV/bin/python)")
+            raise HpcrlError(
+                f"--python {python}: no such file; give the training environment's python (e.g. ENV/bin/python)"
+            )
         python = str(found)
     rp = _planned(req)
     cfg, backend, profile = rp.config, rp.backend, rp.profile
     expect = stack_expect.run_expectation(cfg, profile.node.arch, RAY_TOKEN_MIN if backend.uses_ray else None)
     if expect is None:
-        raise HpcrlError(f"check-stack: hpcrl knows nothing of what a {cfg.hpcrl.backend} run's environment must "
-                         "hold (no install facts: a user's own script); nothing to check")
+        raise HpcrlError(
+            f"check-stack: hpcrl knows nothing of what a {cfg.hpcrl.backend} run's environment must "
+            "hold (no install facts: a user's own script); nothing to check"
+        )
     argv = stack_expect.driver_argv(backend.driver_command(rp), RUN_DIR_STAND_IN)
     hp = cfg.hpcrl
     if python is not None:
@@ -75,18 +85,34 @@ def check_stack(req: RunRequest, python: str | None = None,
         setup = [*profile.setup, *(f"module load {m} 2>/dev/null || true" for m in profile.modules), *hp.env_setup]
         words = shq_path(hp.python)
     entry = hp.entry_point or backend.default_entry_point
-    check = [sys.executable, str(Path(stack.__file__)), "--expect", json.dumps(expect), "--entry", entry,
-             "--probe-timeout", f"{probe_timeout:g}"]
-    lines = [*setup, f"cd {shq_path(hp.workdir)} 2>/dev/null || true" if hp.workdir else ":",
-             f"exec {' '.join(map(shq, check))} --python {words} -- {' '.join(map(shq, argv))}"]
+    check = [
+        sys.executable,
+        str(Path(stack.__file__)),
+        "--expect",
+        json.dumps(expect),
+        "--entry",
+        entry,
+        "--probe-timeout",
+        f"{probe_timeout:g}",
+    ]
+    lines = [
+        *setup,
+        f"cd {shq_path(hp.workdir)} 2>/dev/null || true" if hp.workdir else ":",
+        f"exec {' '.join(map(shq, check))} --python {words} -- {' '.join(map(shq, argv))}",
+    ]
     budget = probe_timeout + max((t.get("parser") or {}).get("timeout_s", 120) for t in expect["tables"]) + SLACK_S
     try:
-        proc = subprocess.run(["bash", "-c", "\n".join(lines)], capture_output=True, text=True, timeout=budget,
-                              stdin=subprocess.DEVNULL)
+        proc = subprocess.run(
+            ["bash", "-c", "\n".join(lines)], capture_output=True, text=True, timeout=budget, stdin=subprocess.DEVNULL
+        )
     except subprocess.TimeoutExpired:
-        return StackResult(stack.STACK_UNCHECKED_EXIT, (f"stack: unchecked: the check did not finish within "
-                                                        f"{budget:.0f} s",), python or hp.python, tuple(setup),
-                           expect["version"])
+        return StackResult(
+            stack.STACK_UNCHECKED_EXIT,
+            (f"stack: unchecked: the check did not finish within {budget:.0f} s",),
+            python or hp.python,
+            tuple(setup),
+            expect["version"],
+        )
     said = tuple(ln for ln in proc.stdout.splitlines() if ln.startswith("stack:"))
     if proc.returncode not in (0, stack.STACK_MISMATCH_EXIT, stack.STACK_UNCHECKED_EXIT) or not said:
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1][:300]

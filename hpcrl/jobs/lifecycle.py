@@ -21,8 +21,15 @@ from hpcrl.errors import HpcrlError, RunDirUnreadable, SlurmError
 from hpcrl.jobs import chain_lock, slurm
 from hpcrl.jobs.path_safety import check_run_dir
 from hpcrl.jobs.registry import Job, Registry, Run, dir_identity, now
-from hpcrl.jobs.run_dir import (JobEvents, RunDir, comment_end, read_chain, readable_chain, run_dir_problem,
-                                write_private)
+from hpcrl.jobs.run_dir import (
+    JobEvents,
+    RunDir,
+    comment_end,
+    read_chain,
+    readable_chain,
+    run_dir_problem,
+    write_private,
+)
 from hpcrl.jobs.submission import Submission
 
 SUBMIT_STALE_S = 600  # a run still `submitting` after this long lost its submitting process
@@ -40,8 +47,14 @@ class Submitted(NamedTuple):
     warnings: tuple[str, ...] = ()  # the run root's, where the profile accepts a shared one
 
 
-def submit(reg: Registry, sub: Submission, *, dry_run: bool = False, extra_args: list[str] | None = None,
-           keep_exclusions: bool = False) -> Submitted:
+def submit(
+    reg: Registry,
+    sub: Submission,
+    *,
+    dry_run: bool = False,
+    extra_args: list[str] | None = None,
+    keep_exclusions: bool = False,
+) -> Submitted:
     """Write the run dir, sbatch the script, record the run. Dry run: record only, touch no run dir.
     A new chain starts with no continuations counted and no node excluded; with keep_exclusions it
     keeps the nodes earlier chains excluded (and sbatch excludes them from its first job)."""
@@ -61,9 +74,16 @@ def submit(reg: Registry, sub: Submission, *, dry_run: bool = False, extra_args:
         except OSError as exc:
             raise HpcrlError(f"dry run: cannot make {out}: {exc.strerror or exc}; nothing recorded") from None
         # Refused as the real submit would be when a live run holds the run dir; a dry-run row holds nothing.
-        run_id = reg.create_run(name=sub.name, cluster=sub.cluster, config_hash=sub.config_hash,
-                                script_path=str(sub.run_dir.script), run_dir=str(sub.run_dir.path),
-                                state="dry-run", max_restarts=sub.max_restarts, claim_run_dir=True)
+        run_id = reg.create_run(
+            name=sub.name,
+            cluster=sub.cluster,
+            config_hash=sub.config_hash,
+            script_path=str(sub.run_dir.script),
+            run_dir=str(sub.run_dir.path),
+            state="dry-run",
+            max_restarts=sub.max_restarts,
+            claim_run_dir=True,
+        )
         path = out / f"{run_id}.sbatch"
         try:
             write_private(path, sub.script)
@@ -76,9 +96,16 @@ def submit(reg: Registry, sub: Submission, *, dry_run: bool = False, extra_args:
     rd = RunDir(os.path.realpath(sub.run_dir.path))
     # The registry row claims the run dir before anything is written into it: a second submit
     # into the same run dir at the same moment is refused instead of overwriting job.sbatch.
-    run_id = reg.create_run(name=sub.name, cluster=sub.cluster, config_hash=sub.config_hash,
-                            script_path=str(rd.script), run_dir=str(rd.path), state="submitting",
-                            max_restarts=sub.max_restarts, claim_run_dir=True)
+    run_id = reg.create_run(
+        name=sub.name,
+        cluster=sub.cluster,
+        config_hash=sub.config_hash,
+        script_path=str(rd.script),
+        run_dir=str(rd.path),
+        state="submitting",
+        max_restarts=sub.max_restarts,
+        claim_run_dir=True,
+    )
     try:
         rd.create(sub.dir_mode)
         with chain_lock.held(rd) as lock:
@@ -103,8 +130,7 @@ def submit(reg: Registry, sub: Submission, *, dry_run: bool = False, extra_args:
     try:
         reg.add_job(run_id, job_id, run_state="pending")
     except HpcrlError as exc:
-        raise HpcrlError(f"job {job_id} was queued but not recorded ({exc}); "
-                         f"{_cancel_unrecorded(job_id)}") from None
+        raise HpcrlError(f"job {job_id} was queued but not recorded ({exc}); {_cancel_unrecorded(job_id)}") from None
     try:
         rd.append_event(job_id, "submitted")
     except OSError:
@@ -209,8 +235,11 @@ def refresh(reg: Registry, runs: list[Run]) -> list[Run]:
         rd = RunDir(run.run_dir)
         # Read again after the query: a job that just ended may have written `continue` meanwhile.
         chain = readable_chain(rd)
-        rows = [_job_row(j, states.get(j.job_id), chain.get(j.job_id, JobEvents()), rd)
-                for j in run.jobs if j.job_id in states]
+        rows = [
+            _job_row(j, states.get(j.job_id), chain.get(j.job_id, JobEvents()), rd)
+            for j in run.jobs
+            if j.job_id in states
+        ]
         reg.update_jobs(rows)
         run = _follow_chain(reg, reg.get(run.run_id), chain)
         state, reason = _run_state(run, rd)
@@ -226,8 +255,9 @@ def refresh(reg: Registry, runs: list[Run]) -> list[Run]:
 def cancel(reg: Registry, run: Run) -> Run:
     """Write the cancel marker (no continuation), then scancel every live job of the run."""
     if not run.live:
-        raise HpcrlError(f"run {run.run_id} is {run.state}" + (f" ({run.reason})" if run.reason else "")
-                         + "; nothing to cancel")
+        raise HpcrlError(
+            f"run {run.run_id} is {run.state}" + (f" ({run.reason})" if run.reason else "") + "; nothing to cancel"
+        )
     rd = RunDir(run.run_dir)
     slurm.require("scancel")
     try:
@@ -244,10 +274,13 @@ def cancel(reg: Registry, run: Run) -> Run:
                 if not cancelled:
                     # Nothing was cancelled: the marker must not turn a later preemption into a cancel.
                     rd.cancel.unlink(missing_ok=True)
-                    raise SlurmError(f"{exc}; nothing was cancelled (run {run.run_id} is as it was): "
-                                     "try again when Slurm answers") from None
-                raise SlurmError(f"{exc}; job {job.job_id} was not cancelled, the earlier jobs were: "
-                                 f"try `hpcrl cancel {run.run_id}` again when Slurm answers") from None
+                    raise SlurmError(
+                        f"{exc}; nothing was cancelled (run {run.run_id} is as it was): try again when Slurm answers"
+                    ) from None
+                raise SlurmError(
+                    f"{exc}; job {job.job_id} was not cancelled, the earlier jobs were: "
+                    f"try `hpcrl cancel {run.run_id}` again when Slurm answers"
+                ) from None
             cancelled += 1
     reg.set_run(run.run_id, reason="cancelled")
     return refresh(reg, [reg.get(run.run_id)])[0]
@@ -339,4 +372,16 @@ def follow(run: Run, *, poll_s: float = 1.0, slurm_every_s: float = 30.0) -> Ite
         time.sleep(poll_s)
 
 
-__all__ = ["JobEvents", "RunDir", "Submitted", "cancel", "follow", "logs", "missing_log", "read_chain", "refresh", "run_dir_problem", "submit"]
+__all__ = [
+    "JobEvents",
+    "RunDir",
+    "Submitted",
+    "cancel",
+    "follow",
+    "logs",
+    "missing_log",
+    "read_chain",
+    "refresh",
+    "run_dir_problem",
+    "submit",
+]

@@ -83,8 +83,10 @@ def load(cluster: str) -> ExcludeList:
 def _write(path: Path, reasons: dict[str, str]) -> None:
     """Write the list through a temporary file and a rename: never half-written."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    header = ("# Nodes hpcrl render/submit exclude on this cluster; one per line, '#' starts a comment.\n"
-              "# Managed by hpcrl preflight --write-exclude and hpcrl clusters exclude.\n")
+    header = (
+        "# Nodes hpcrl render/submit exclude on this cluster; one per line, '#' starts a comment.\n"
+        "# Managed by hpcrl preflight --write-exclude and hpcrl clusters exclude.\n"
+    )
     body = "".join(f"{node}  # {why}\n" if why else f"{node}\n" for node, why in reasons.items())
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
@@ -122,8 +124,9 @@ def remove(cluster: str, nodes: list[str] | None = None) -> tuple[ExcludeList, l
     return load(cluster), gone
 
 
-def edit(cluster: str | None, add_nodes: list[str], remove_nodes: list[str], clear: bool,
-         reason: str) -> list[ExcludeList]:
+def edit(
+    cluster: str | None, add_nodes: list[str], remove_nodes: list[str], clear: bool, reason: str
+) -> list[ExcludeList]:
     """`hpcrl clusters exclude`: apply the edits, then every list they touch (all lists when none)."""
     if (add_nodes or remove_nodes or clear) and not cluster:
         raise HpcrlError("--add, --remove and --clear change one cluster's list: pass --cluster C")
@@ -149,4 +152,15 @@ def apply(rp):
     return replace(rp, user_exclude=ex.nodes, user_exclude_file=str(ex.path))
 
 
-__all__ = ["ExcludeList", "add", "apply", "check_node", "cluster_key", "data_dir", "edit", "list_path", "load", "remove"]
+__all__ = [
+    "ExcludeList",
+    "add",
+    "apply",
+    "check_node",
+    "cluster_key",
+    "data_dir",
+    "edit",
+    "list_path",
+    "load",
+    "remove",
+]

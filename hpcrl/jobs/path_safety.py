@@ -44,19 +44,24 @@ def _level(level: Path, st: os.stat_result, shared: bool, warnings: list[str]) -
         return f"{level} is not a directory"
     if st.st_uid not in (0, me):
         if not shared:
-            return (f"{level} belongs to {_who(st.st_uid)}, not to {_you()}: its owner could rename the "
-                    "run directory away and put a link in its place")
-        warnings.append(f"{level} belongs to {_who(st.st_uid)}: its owner could rename the run directory away and "
-                        "put a link in its place (accepted: storage.run_root_shared)")
+            return (
+                f"{level} belongs to {_who(st.st_uid)}, not to {_you()}: its owner could rename the "
+                "run directory away and put a link in its place"
+            )
+        warnings.append(
+            f"{level} belongs to {_who(st.st_uid)}: its owner could rename the run directory away and "
+            "put a link in its place (accepted: storage.run_root_shared)"
+        )
     mode = stat.S_IMODE(st.st_mode)
     if mode & stat.S_ISVTX:
         return None
     if mode & stat.S_IWOTH or (mode & stat.S_IWGRP and not shared):
-        return (f"{level} is mode {mode:o}: other users could rename the run directory away and put a link in its "
-                "place")
+        return f"{level} is mode {mode:o}: other users could rename the run directory away and put a link in its place"
     if mode & stat.S_IWGRP:
-        warnings.append(f"{level} is mode {mode:o}: members of its group could rename the run directory away and "
-                        "put a link in its place (accepted: storage.run_root_shared)")
+        warnings.append(
+            f"{level} is mode {mode:o}: members of its group could rename the run directory away and "
+            "put a link in its place (accepted: storage.run_root_shared)"
+        )
     return None
 
 
@@ -100,9 +105,13 @@ def check_run_dir(path: str | os.PathLike, *, shared: bool = False) -> PathCheck
         why = _level(cur, st, shared, warnings)
     if why is None and cur.exists() and not todo and os.stat(cur).st_uid != me:
         why = f"{cur} belongs to {_who(os.stat(cur).st_uid)}, not to {_who(me)}"
-    return PathCheck(why and f"run dir {path}: {why}; refusing to write into it (set hpcrl.run_root to a directory "
-                             "of yours, or storage.run_root_shared: true where the site's project directories are "
-                             "shared)", tuple(warnings))
+    return PathCheck(
+        why
+        and f"run dir {path}: {why}; refusing to write into it (set hpcrl.run_root to a directory "
+        "of yours, or storage.run_root_shared: true where the site's project directories are "
+        "shared)",
+        tuple(warnings),
+    )
 
 
 __all__ = ["PathCheck", "check_run_dir"]

@@ -65,7 +65,8 @@ def target(cluster: str | None = None, partition: str | None = None, config: str
         "run_root": (hp.run_root if hp and hp.run_root else profile.storage.run_root.path),
         "model": cfg.model_name if cfg else None,
         "python": hp.python if hp else "python",
-        "env_setup": list(profile.setup) + [f"module load {m} 2>/dev/null || true" for m in profile.modules]
+        "env_setup": list(profile.setup)
+        + [f"module load {m} 2>/dev/null || true" for m in profile.modules]
         + (list(hp.env_setup) if hp else []),
         "workdir": hp.workdir if hp else None,
     }
@@ -77,8 +78,9 @@ def target(cluster: str | None = None, partition: str | None = None, config: str
     package = get_backend(hp.backend if hp else default_backend()).command_facts.package
     spec["modules"] = [*preflight_probe.STACK, *([package] if package else [])]
 
-    spec["collective_files"] = {Path(str(m.__file__)).name: Path(str(m.__file__)).read_text()
-                                for m in (preflight_collective, preflight_link)}
+    spec["collective_files"] = {
+        Path(str(m.__file__)).name: Path(str(m.__file__)).read_text() for m in (preflight_collective, preflight_link)
+    }
     spec["collective_args"] = COLLECTIVE_ARGS
     if cfg:
         spec.update(stack_spec(cfg, rp, profile.node.arch, spec["run_root"]))
@@ -89,9 +91,16 @@ def target(cluster: str | None = None, partition: str | None = None, config: str
     exclude = tuple(dict.fromkeys([*profile.slurm.exclude_nodes, *(hp.exclude_nodes if hp else []), *user.nodes]))
     if user.nodes:
         notes.append(f"the job avoids {', '.join(user.nodes)} ({user.path}; hpcrl clusters exclude --list)")
-    return Target(profile, partition or (hp.partition if hp else None) or profile.slurm.default_partition,
-                  hp.account if hp else None, hp.qos if hp else None, spec,
-                  _disk_need_gib(rp) if rp else None, tuple(notes), exclude)
+    return Target(
+        profile,
+        partition or (hp.partition if hp else None) or profile.slurm.default_partition,
+        hp.account if hp else None,
+        hp.qos if hp else None,
+        spec,
+        _disk_need_gib(rp) if rp else None,
+        tuple(notes),
+        exclude,
+    )
 
 
 def stack_spec(cfg: Any, rp: Any, arch: str, run_root: str) -> dict[str, Any]:
@@ -107,9 +116,12 @@ def stack_spec(cfg: Any, rp: Any, arch: str, run_root: str) -> dict[str, Any]:
     if expect is None:
         return {}
     argv = stack_expect.driver_argv(backend.driver_command(rp), f"{run_root}/preflight-run") if rp else []
-    return {"stack_expect": expect, "stack_argv": argv, "stack_files": {Path(str(m.__file__)).name: Path(str(m.__file__)).read_text()
-                                                                          for m in (stack, stack_parse)},
-            "modules": list(dict.fromkeys(["torch", *(p["module"] for p in expect["packages"])]))}
+    return {
+        "stack_expect": expect,
+        "stack_argv": argv,
+        "stack_files": {Path(str(m.__file__)).name: Path(str(m.__file__)).read_text() for m in (stack, stack_parse)},
+        "modules": list(dict.fromkeys(["torch", *(p["module"] for p in expect["packages"])])),
+    }
 
 
 def _folder(explicit: str | None, t: Target) -> Path:
@@ -130,8 +142,9 @@ def _folder(explicit: str | None, t: Target) -> Path:
     return Path(tempfile.mkdtemp(dir=base))
 
 
-def run_probe(t: Target, *, nodes: int = 1, folder: str | None = None, wait_s: float = 900,
-              time_min: int = 15) -> tuple[list[dict], list[dict], str]:
+def run_probe(
+    t: Target, *, nodes: int = 1, folder: str | None = None, wait_s: float = 900, time_min: int = 15
+) -> tuple[list[dict], list[dict], str]:
     """Submit the probe to `nodes` nodes (one task each) with submitit; returns the reports,
     the tasks that gave none ({"task", "node" (None when Slurm no longer says), "why"}), and the
     job id."""
@@ -158,8 +171,13 @@ def run_probe(t: Target, *, nodes: int = 1, folder: str | None = None, wait_s: f
         params["additional_parameters"] = {"gpus": number}
     else:
         params[name.replace("-", "_")] = number
-    for key, given in (("partition", t.partition), ("account", t.account), ("qos", t.qos),
-                       ("constraint", p.slurm.constraint), ("exclude", ",".join(t.exclude))):
+    for key, given in (
+        ("partition", t.partition),
+        ("account", t.account),
+        ("qos", t.qos),
+        ("constraint", p.slurm.constraint),
+        ("exclude", ",".join(t.exclude)),
+    ):
         if given:
             params[key] = given
     if p.slurm.exclusive:
@@ -186,8 +204,9 @@ def run_probe(t: Target, *, nodes: int = 1, folder: str | None = None, wait_s: f
         try:
             reports.append(tk.result())
         except Exception as exc:
-            lost.append({"task": i, "node": None,
-                         "why": f"{str(exc).strip().splitlines()[-1][:200]} (see {tk.paths.stderr})"})
+            lost.append(
+                {"task": i, "node": None, "why": f"{str(exc).strip().splitlines()[-1][:200]} (see {tk.paths.stderr})"}
+            )
     if lost:  # one task per node: task i ran on the job's i-th node
         names = slurm.job_nodes(job.job_id)
         for entry in lost:
@@ -204,8 +223,10 @@ def _wait(job_id: str, results: list[Path], wait_s: float, stderr: Path) -> None
     while not all(r.exists() for r in results):
         if time.monotonic() > deadline:
             slurm.cancel(job_id)
-            raise HpcrlError(f"preflight job {job_id} gave no answer within {wait_s:.0f} s (cancelled); "
-                             "the partition may be busy: try --partition or --wait")
+            raise HpcrlError(
+                f"preflight job {job_id} gave no answer within {wait_s:.0f} s (cancelled); "
+                "the partition may be busy: try --partition or --wait"
+            )
         if time.monotonic() >= next_ask:
             st = slurm.job_states([job_id])[job_id]
             if st.terminal:
@@ -217,8 +238,16 @@ def _wait(job_id: str, results: list[Path], wait_s: float, stderr: Path) -> None
         time.sleep(0.5)
 
 
-def preflight(cluster: str | None = None, partition: str | None = None, config: str | None = None, *,
-              nodes: int = 1, folder: str | None = None, wait_s: float = 900, write_exclude: bool = False) -> dict:
+def preflight(
+    cluster: str | None = None,
+    partition: str | None = None,
+    config: str | None = None,
+    *,
+    nodes: int = 1,
+    folder: str | None = None,
+    wait_s: float = 900,
+    write_exclude: bool = False,
+) -> dict:
     """`hpcrl preflight`: run the job, judge every node and the collective, and with write_exclude
     add the failing nodes to the cluster's exclude list. Returns the --json object."""
     from hpcrl.jobs.preflight_fabric import summarize
@@ -227,7 +256,11 @@ def preflight(cluster: str | None = None, partition: str | None = None, config: 
     reports, lost, job_id = run_probe(t, nodes=nodes, folder=folder, wait_s=wait_s)
     out = summarize(reports, t, lost, job_id)
     if write_exclude and out["failing_nodes"]:
-        why = {n["node"]: f"preflight job {job_id}: {n['why']}"[:300] for n in out["nodes"] if n["node"] in out["failing_nodes"]}
+        why = {
+            n["node"]: f"preflight job {job_id}: {n['why']}"[:300]
+            for n in out["nodes"]
+            if n["node"] in out["failing_nodes"]
+        }
         ex, added = node_excludes.add(t.profile.name, why)
         out["exclude"] = {"file": str(ex.path), "added": added, "nodes": list(ex.nodes)}
     elif write_exclude:

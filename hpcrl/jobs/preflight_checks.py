@@ -59,8 +59,12 @@ def cuda_check(torch_cuda: str | None, driver_cuda: str | None) -> Check | None:
     if built[0] > driver[0]:
         return Check("cuda", "fail", f"{detail}: install a torch built for CUDA {driver[0]}.x (or older)")
     if built > driver:
-        return Check("cuda", "warn", f"{detail}: runs by minor-version compatibility; kernels JIT-compiled "
-                                     "from PTX (Triton, FlashInfer) may fail")
+        return Check(
+            "cuda",
+            "warn",
+            f"{detail}: runs by minor-version compatibility; kernels JIT-compiled "
+            "from PTX (Triton, FlashInfer) may fail",
+        )
     return Check("cuda", "ok", detail)
 
 
@@ -71,8 +75,12 @@ def ray_check(version: str) -> Check:
     got = _major_minor(version)
     need = ".".join(map(str, RAY_TOKEN_MIN))
     if got is not None and got < RAY_TOKEN_MIN:
-        return Check("import ray", "fail", f"{version}: Ray below {need} ignores token authentication (anyone on the "
-                                           f"node could attach); the job script refuses it: install ray>={need}")
+        return Check(
+            "import ray",
+            "fail",
+            f"{version}: Ray below {need} ignores token authentication (anyone on the "
+            f"node could attach); the job script refuses it: install ray>={need}",
+        )
     return Check("import ray", "ok", f"{version} (token authentication needs >= {need})")
 
 
@@ -97,19 +105,38 @@ def gpu_health(devs: list[dict]) -> list[Check]:
             bad.append(f"{g}: a page retirement is pending (the GPU needs a reset)")
         elif rp.get("double_bit"):
             warn.append(f"{g}: {rp['double_bit']} pages retired for double-bit errors")
-    rows = [Check("gpu memory errors", "fail" if bad else "warn" if warn else "ok",
-                  "; ".join(bad + warn) or f"no uncorrected ECC errors, remap or retirement pending on {len(devs)} GPUs")]
+    rows = [
+        Check(
+            "gpu memory errors",
+            "fail" if bad else "warn" if warn else "ok",
+            "; ".join(bad + warn) or f"no uncorrected ECC errors, remap or retirement pending on {len(devs)} GPUs",
+        )
+    ]
     slow = [(i, why) for i, d in enumerate(devs) for why in (d.get("throttle") or [])]
-    clocks = [f"{d['sm_mhz']}/{d['sm_max_mhz']} MHz" for d in devs if d.get("sm_mhz") is not None and d.get("sm_max_mhz")]
+    clocks = [
+        f"{d['sm_mhz']}/{d['sm_max_mhz']} MHz" for d in devs if d.get("sm_mhz") is not None and d.get("sm_max_mhz")
+    ]
     if slow:
         status = "fail" if any(why in THROTTLE_FAIL for _, why in slow) else "warn"
         rows.append(Check("gpu clocks", status, "; ".join(f"GPU {i}: {why}" for i, why in slow)))
     else:
-        rows.append(Check("gpu clocks", "ok", "no throttle reason" + (f"; SM {', '.join(sorted(set(clocks)))}" if clocks else "")))
-    held = [f"GPU {i}: {d['used_gib']:.1f} of {d['memory_gib']:.1f} GiB in use" for i, d in enumerate(devs)
-            if d.get("memory_gib") and d.get("used_gib", 0) > USED_MEMORY_WARN * d["memory_gib"]]
-    rows.append(Check("gpu free memory", "warn" if held else "ok",
-                      "; ".join(held) + " (another process?)" if held else "no GPU memory held by other processes"))
+        rows.append(
+            Check(
+                "gpu clocks", "ok", "no throttle reason" + (f"; SM {', '.join(sorted(set(clocks)))}" if clocks else "")
+            )
+        )
+    held = [
+        f"GPU {i}: {d['used_gib']:.1f} of {d['memory_gib']:.1f} GiB in use"
+        for i, d in enumerate(devs)
+        if d.get("memory_gib") and d.get("used_gib", 0) > USED_MEMORY_WARN * d["memory_gib"]
+    ]
+    rows.append(
+        Check(
+            "gpu free memory",
+            "warn" if held else "ok",
+            "; ".join(held) + " (another process?)" if held else "no GPU memory held by other processes",
+        )
+    )
     return rows
 
 
@@ -119,8 +146,10 @@ def gemm_check(gemm: list[dict], p: ClusterProfile) -> Check | None:
         return None
     worst = min(gemm, key=lambda g: g["tflops"])
     share = worst["tflops"] / p.gpu.bf16_tflops if p.gpu.bf16_tflops else 1.0
-    detail = (f"slowest GPU {worst['gpu']}: {worst['tflops']:.0f} TFLOP/s bf16 = {share:.0%} of the profile's "
-              f"{p.gpu.bf16_tflops:g}; all: " + ", ".join(f"{g['tflops']:.0f}" for g in gemm))
+    detail = (
+        f"slowest GPU {worst['gpu']}: {worst['tflops']:.0f} TFLOP/s bf16 = {share:.0%} of the profile's "
+        f"{p.gpu.bf16_tflops:g}; all: " + ", ".join(f"{g['tflops']:.0f}" for g in gemm)
+    )
     return Check("gemm", "fail" if share < GEMM_FAIL else "warn" if share < GEMM_WARN else "ok", detail)
 
 
@@ -133,9 +162,15 @@ def stack_rows(result: dict | None) -> list[Check]:
 
     first, *rest = [line.removeprefix("stack: ") for line in result["lines"]]
     status = "ok" if result["rc"] == 0 else "fail" if result["rc"] == STACK_MISMATCH_EXIT else "warn"
-    return [Check("stack check", status, first),
-            *(Check("stack check", "warn", n.removeprefix("warning: ")) if n.startswith("warning: ")
-              else Check("note", "info", f"stack check: {n.removeprefix('note: ')}") for n in rest)]
+    return [
+        Check("stack check", status, first),
+        *(
+            Check("stack check", "warn", n.removeprefix("warning: "))
+            if n.startswith("warning: ")
+            else Check("note", "info", f"stack check: {n.removeprefix('note: ')}")
+            for n in rest
+        ),
+    ]
 
 
 def evaluate(report: dict, t: Target) -> list[Check]:
@@ -163,7 +198,9 @@ def evaluate(report: dict, t: Target) -> list[Check]:
         rows.append(Check("gpus", status, "; ".join(problems) + f" ({detail})" if problems else detail))
         rows += gpu_health(devs)
     if g.get("fake"):
-        rows.append(Check("note", "info", f"GPU facts from the test hook HPCRL_PREFLIGHT_FAKE_NVML ({g['fake']}), not NVML"))
+        rows.append(
+            Check("note", "info", f"GPU facts from the test hook HPCRL_PREFLIGHT_FAKE_NVML ({g['fake']}), not NVML")
+        )
     coll = report.get("collective") or {}
     gemm = gemm_check([x for x in coll.get("gemm", []) if x.get("node", node) == node], p)
     if gemm:
@@ -174,8 +211,13 @@ def evaluate(report: dict, t: Target) -> list[Check]:
     else:
         ok = nl.get("writable")
         where = "" if nl.get("exists") else f" (not there yet; the job creates it in {nl['checked']})"
-        rows.append(Check("node-local tmp", "ok" if ok else "fail", f"{nl['path']}: {nl['free_gib']:.1f} GiB free"
-                          + where + ("" if ok else ", not writable")))
+        rows.append(
+            Check(
+                "node-local tmp",
+                "ok" if ok else "fail",
+                f"{nl['path']}: {nl['free_gib']:.1f} GiB free" + where + ("" if ok else ", not writable"),
+            )
+        )
     rr = report["run_root"]
     if rr.get("error"):
         rows.append(Check("run root", "fail", f"{rr.get('path')}: {rr['error']}"))
@@ -196,21 +238,27 @@ def evaluate(report: dict, t: Target) -> list[Check]:
     if not m.get("model"):
         rows.append(Check("model", "info", "not checked (pass --config RUN.yaml)"))
     else:
-        rows.append(Check("model", "ok" if m["found"] else ("fail" if m.get("kind") == "path" else "warn"),
-                          f"{m['model']}: {m['detail']}"))
+        rows.append(
+            Check(
+                "model",
+                "ok" if m["found"] else ("fail" if m.get("kind") == "path" else "warn"),
+                f"{m['model']}: {m['detail']}",
+            )
+        )
     st = report["stack"]
     if st.get("error"):
         rows.append(Check("imports", "fail", st["error"]))
     modules = dict(st.get("modules", {}))
     torch_cuda = (modules.pop("torch.cuda", None) or [None])[0]
     for name, (version, err) in modules.items():
-        rows.append(ray_check(version) if name == "ray" and version else
-                    Check(f"import {name}", "ok" if version else "warn", version or err))
+        rows.append(
+            ray_check(version)
+            if name == "ray" and version
+            else Check(f"import {name}", "ok" if version else "warn", version or err)
+        )
     cuda = cuda_check(torch_cuda, g.get("driver_cuda"))
     if cuda:
         rows.append(cuda)
     rows += stack_rows(report.get("stack_check"))
     rows += [Check("note", "info", n) for n in t.notes]
     return rows
-
-

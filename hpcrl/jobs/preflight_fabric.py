@@ -19,7 +19,7 @@ METHOD_NOTE = {
     "torch-nccl": "torch.distributed NCCL over every GPU",
     "torch-gloo": "torch.distributed gloo, one rank per node (CPU tensors: the host network, not NCCL)",
     "tcp-ring": "hpcrl's TCP ring over Python sockets, one rank per node (torch not importable in the job): "
-                "the host network, not NCCL or the GPU fabric",
+    "the host network, not NCCL or the GPU fabric",
 }
 _RANK = {"fail": 3, "warn": 2, "ok": 1, "info": 0}
 
@@ -42,12 +42,29 @@ def collective_summary(first: dict | None, nodes: list[str]) -> dict:
     """The collective part of the summary: method, bandwidths, slowest node, and its check rows."""
     if first is None:
         err = f"no collective result from the first node {nodes[0] if nodes else '?'}"
-        return {"method": None, "error": err, "results": [], "p2p": [], "slowest_node": None, "missing": [], "rejected": [],
-                "checks": [Check("collective", "fail", err)._asdict()]}
+        return {
+            "method": None,
+            "error": err,
+            "results": [],
+            "p2p": [],
+            "slowest_node": None,
+            "missing": [],
+            "rejected": [],
+            "checks": [Check("collective", "fail", err)._asdict()],
+        }
     method, world = first.get("method"), first.get("world") or len(first.get("nodes") or [])
-    s = {"method": method, "world": world, "verified": first.get("verified"), "error": first.get("error"),
-         "note": METHOD_NOTE.get(method) if method else None, "missing": first.get("missing", []), "results": [], "p2p": [],
-         "slowest_node": None, "why_not_torch": first.get("why_not_torch", [])}
+    s = {
+        "method": method,
+        "world": world,
+        "verified": first.get("verified"),
+        "error": first.get("error"),
+        "note": METHOD_NOTE.get(method) if method else None,
+        "missing": first.get("missing", []),
+        "results": [],
+        "p2p": [],
+        "slowest_node": None,
+        "why_not_torch": first.get("why_not_torch", []),
+    }
     rows: list[Check] = []
     if first.get("error"):
         rows.append(Check("collective", "fail", first["error"]))
@@ -55,27 +72,50 @@ def collective_summary(first: dict | None, nodes: list[str]) -> dict:
         s["results"] = bus_bandwidth(first.get("results", []), world)
         s["p2p"] = sorted(first.get("p2p", []), key=lambda p: p["gbs"])
         if world < 2:
-            rows.append(Check("collective", "info", f"{method}: one rank, nothing crosses a link (use --nodes 2 or more)"))
+            rows.append(
+                Check("collective", "info", f"{method}: one rank, nothing crosses a link (use --nodes 2 or more)")
+            )
         elif not first.get("error"):
             ok = first.get("verified")
-            rows.append(Check("collective", "ok" if ok else "fail",
-                              f"{method} over {world} ranks on {len(first.get('nodes', []))} nodes: "
-                              + ("results verified" if ok else "WRONG results (data corrupted in transit)")))
+            rows.append(
+                Check(
+                    "collective",
+                    "ok" if ok else "fail",
+                    f"{method} over {world} ranks on {len(first.get('nodes', []))} nodes: "
+                    + ("results verified" if ok else "WRONG results (data corrupted in transit)"),
+                )
+            )
         for r in s["results"] if world >= 2 else []:  # one rank: bus bandwidth 0 by definition
-            rows.append(Check(f"{r['op'].replace('_', '-')} {_mib(r['bytes'])}", "info",
-                              f"busbw {r['busbw_gbs']:.2f} GB/s (algbw {r['algbw_gbs']:.2f} GB/s, {r['time_s'] * 1e3:.1f} ms)"))
+            rows.append(
+                Check(
+                    f"{r['op'].replace('_', '-')} {_mib(r['bytes'])}",
+                    "info",
+                    f"busbw {r['busbw_gbs']:.2f} GB/s (algbw {r['algbw_gbs']:.2f} GB/s, {r['time_s'] * 1e3:.1f} ms)",
+                )
+            )
         if s["p2p"] and world >= 2:
             slow = s["p2p"][0]
             med = statistics.median(p["gbs"] for p in s["p2p"])
             s["slowest_node"] = slow["node"]
             lag = len(s["p2p"]) >= 3 and slow["gbs"] < SLOW_NODE_SHARE * med
-            rows.append(Check("slowest node", "warn" if lag else "ok",
-                              f"{slow['node']} receives from {slow['from_node']} at {slow['gbs']:.2f} GB/s "
-                              f"(median of {len(s['p2p'])} ranks {med:.2f} GB/s)"))
+            rows.append(
+                Check(
+                    "slowest node",
+                    "warn" if lag else "ok",
+                    f"{slow['node']} receives from {slow['from_node']} at {slow['gbs']:.2f} GB/s "
+                    f"(median of {len(s['p2p'])} ranks {med:.2f} GB/s)",
+                )
+            )
     s["rejected"] = first.get("rejected", [])
     if s["rejected"]:  # someone else on the node reached the rendezvous: worth knowing on shared nodes
-        rows.append(Check("unauthenticated connections", "warn", "refused (without the job's secret): " + ", ".join(
-            f"{r['connections']} at {r['node']}" for r in s["rejected"])))
+        rows.append(
+            Check(
+                "unauthenticated connections",
+                "warn",
+                "refused (without the job's secret): "
+                + ", ".join(f"{r['connections']} at {r['node']}" for r in s["rejected"]),
+            )
+        )
     s["checks"] = [c._asdict() for c in rows]
     return s
 
@@ -115,11 +155,21 @@ def summarize(reports: list[dict], t: Target, lost: list[dict], job_id: str | No
         if entry["node"] and reports:
             failing.append(name)
     coll_fail = any(c["status"] == "fail" for c in coll["checks"])
-    return {"cluster": t.profile.name, "partition": t.partition, "job_id": job_id, "nodes_requested": len(reports) + len(lost),
-            "ok": not failing and not lost and not coll_fail, "nodes": nodes, "collective": coll,
-            "failing_nodes": failing, "excluded_from_job": list(t.exclude),
-            "checks": checks + [dict(c, node="*") for c in coll["checks"]],
-            "report": reports[0] if reports else None, "reports": reports, "exclude": None}
+    return {
+        "cluster": t.profile.name,
+        "partition": t.partition,
+        "job_id": job_id,
+        "nodes_requested": len(reports) + len(lost),
+        "ok": not failing and not lost and not coll_fail,
+        "nodes": nodes,
+        "collective": coll,
+        "failing_nodes": failing,
+        "excluded_from_job": list(t.exclude),
+        "checks": checks + [dict(c, node="*") for c in coll["checks"]],
+        "report": reports[0] if reports else None,
+        "reports": reports,
+        "exclude": None,
+    }
 
 
 __all__ = ["BUSBW_FACTOR", "bus_bandwidth", "collective_summary", "node_verdict", "summarize"]

@@ -206,8 +206,10 @@ class Registry:
         """Open the registry; without `create`, a missing file is an error and nothing is made."""
         self.path = default_path(path)
         if not create and not self.path.exists():
-            raise RegistryError(f"registry {self.path}: no such file, so the registry has no runs yet "
-                                "(hpcrl submit records runs; --registry or $HPCRL_REGISTRY picks another)")
+            raise RegistryError(
+                f"registry {self.path}: no such file, so the registry has no runs yet "
+                "(hpcrl submit records runs; --registry or $HPCRL_REGISTRY picks another)"
+            )
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             if not self.path.exists():
@@ -309,8 +311,19 @@ class Registry:
 
     # ------------------------------------------------------------------ writes
 
-    def create_run(self, *, name: str, cluster: str, config_hash: str, script_path: str, run_dir: str,
-                   state: str, max_restarts: int | None, reason: str = "", claim_run_dir: bool = False) -> str:
+    def create_run(
+        self,
+        *,
+        name: str,
+        cluster: str,
+        config_hash: str,
+        script_path: str,
+        run_dir: str,
+        state: str,
+        max_restarts: int | None,
+        reason: str = "",
+        claim_run_dir: bool = False,
+    ) -> str:
         """Insert a run under a fresh id and return the id. With claim_run_dir, the check that no
         live run uses run_dir and the insert are one transaction: of two submits into one run dir
         at the same moment, exactly one gets it (a row in a live state then holds the run dir)."""
@@ -323,8 +336,19 @@ class Registry:
                         _refuse_busy_run_dir(c, run_dir)
                     c.execute(
                         "INSERT INTO runs VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-                        (run_id, name, cluster, config_hash, script_path, run_dir, stamp, state, reason,
-                         max_restarts, stamp),
+                        (
+                            run_id,
+                            name,
+                            cluster,
+                            config_hash,
+                            script_path,
+                            run_dir,
+                            stamp,
+                            state,
+                            reason,
+                            max_restarts,
+                            stamp,
+                        ),
                     )
                 return run_id
             except sqlite3.IntegrityError:
@@ -335,8 +359,10 @@ class Registry:
         """Remove a run that has no job, such as a dry run whose script could not be written: a command
         that fails leaves no row behind."""
         with self._write() as c:
-            c.execute("DELETE FROM runs WHERE run_id=? AND NOT EXISTS "
-                      "(SELECT 1 FROM jobs WHERE jobs.run_id=runs.run_id)", (run_id,))
+            c.execute(
+                "DELETE FROM runs WHERE run_id=? AND NOT EXISTS (SELECT 1 FROM jobs WHERE jobs.run_id=runs.run_id)",
+                (run_id,),
+            )
 
     def set_run(self, run_id: str, *, state: str | None = None, reason: str | None = None) -> None:
         with self._write() as c:
@@ -345,8 +371,15 @@ class Registry:
                 (state, reason, now(), run_id),
             )
 
-    def add_job(self, run_id: str, job_id: str, *, state: str = "PENDING", submitted: str | None = None,
-                run_state: str | None = None) -> int:
+    def add_job(
+        self,
+        run_id: str,
+        job_id: str,
+        *,
+        state: str = "PENDING",
+        submitted: str | None = None,
+        run_state: str | None = None,
+    ) -> int:
         """Append a job to the run's chain (no-op if the job is already there); returns its seq.
         With run_state, the run's state changes in the same transaction (a submit's job and its
         `pending` are recorded together or not at all)."""
@@ -355,8 +388,10 @@ class Registry:
             if row:
                 return int(row[0])
             seq = c.execute("SELECT COALESCE(MAX(seq)+1, 0) FROM jobs WHERE run_id=?", (run_id,)).fetchone()[0]
-            c.execute("INSERT INTO jobs VALUES (?,?,?,?,?,?,?,?)",
-                      (run_id, seq, job_id, state, "", None, submitted or now(), None))
+            c.execute(
+                "INSERT INTO jobs VALUES (?,?,?,?,?,?,?,?)",
+                (run_id, seq, job_id, state, "", None, submitted or now(), None),
+            )
             c.execute("UPDATE runs SET updated=?, state=COALESCE(?, state) WHERE run_id=?", (now(), run_state, run_id))
             return int(seq)
 
@@ -428,10 +463,22 @@ class Registry:
 
     def _unknown(self, ref: str) -> RegistryError:
         with self._read() as c:
-            recent = [r["run_id"] for r in c.execute("SELECT run_id FROM runs ORDER BY created DESC, rowid DESC LIMIT 5")]
+            recent = [
+                r["run_id"] for r in c.execute("SELECT run_id FROM runs ORDER BY created DESC, rowid DESC LIMIT 5")
+            ]
         known = f"recent runs: {', '.join(recent)}" if recent else "the registry has no runs yet"
         return RegistryError(f"unknown run {ref!r} in {self.path}; {known}")
 
 
-__all__ = ["DirIdentity", "Job", "LIVE_RUN_STATES", "RUN_STATES", "Registry", "Run", "default_path", "dir_identity",
-           "new_run_id", "now"]
+__all__ = [
+    "DirIdentity",
+    "Job",
+    "LIVE_RUN_STATES",
+    "RUN_STATES",
+    "Registry",
+    "Run",
+    "default_path",
+    "dir_identity",
+    "new_run_id",
+    "now",
+]

@@ -30,8 +30,13 @@ def lock_holders(path: Path) -> list[str]:
     pids: dict[str, None] = {}
     for line in lines:
         words = line.split()
-        if len(words) >= 6 and words[1] != "->" and words[3] == "WRITE" and words[5] in ids \
-                and words[4] != str(os.getpid()):
+        if (
+            len(words) >= 6
+            and words[1] != "->"
+            and words[3] == "WRITE"
+            and words[5] in ids
+            and words[4] != str(os.getpid())
+        ):
             pids[words[4]] = None
     out = []
     for pid in pids:
@@ -48,8 +53,9 @@ def locked_error(path: Path, waited_s: float) -> RegistryError:
     """The one line for a registry another process kept locked for waited_s seconds."""
     holders = lock_holders(path)
     who = f"by {', '.join(holders[:3])}" if holders else "by another process"
-    return RegistryError(f"registry {path} is locked {who}; waited {waited_s:g} s for it: try again once that "
-                         "has finished (or stop it)")
+    return RegistryError(
+        f"registry {path} is locked {who}; waited {waited_s:g} s for it: try again once that has finished (or stop it)"
+    )
 
 
 __all__ = ["lock_holders", "locked_error"]

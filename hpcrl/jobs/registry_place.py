@@ -48,23 +48,28 @@ def existing(path: Path) -> Path | None:
     except FileNotFoundError:
         pass
     except OSError as exc:
-        raise RegistryError(f"registry {path}: cannot be read ({exc.strerror}); its file system may have "
-                            "failed") from None
+        raise RegistryError(
+            f"registry {path}: cannot be read ({exc.strerror}); its file system may have failed"
+        ) from None
     try:
         made = [ln.split("\t") for ln in known_registries_file().read_text().splitlines()]
     except OSError:
         made = []
     when = next((w[1] for w in made if len(w) == 2 and w[0] == os.path.realpath(path)), None)
     if when:
-        raise RegistryError(f"registry {path} is gone (hpcrl made it at {when}): its file system is not mounted or "
-                            "failed, or the file was moved; give its place with --registry or $HPCRL_REGISTRY")
+        raise RegistryError(
+            f"registry {path} is gone (hpcrl made it at {when}): its file system is not mounted or "
+            "failed, or the file was moved; give its place with --registry or $HPCRL_REGISTRY"
+        )
     if path != Path(user_data_dir("hpcrl")) / "runs.db":  # a place the user named: it should be there
         parent = path.parent
         try:
             parent.stat()
         except FileNotFoundError:
-            raise RegistryError(f"registry {path}: its directory {parent} is not there (a file system not mounted "
-                                "or failed, or a wrong --registry / $HPCRL_REGISTRY)") from None
+            raise RegistryError(
+                f"registry {path}: its directory {parent} is not there (a file system not mounted "
+                "or failed, or a wrong --registry / $HPCRL_REGISTRY)"
+            ) from None
         except OSError as exc:
             raise RegistryError(f"registry {path}: its directory {parent} cannot be read ({exc.strerror})") from None
     return None

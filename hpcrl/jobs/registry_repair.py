@@ -131,8 +131,9 @@ def repair(path: str | os.PathLike | None = None) -> Repaired:
         rec = dict(zip(run_cols, row))
         cols = [c for c in new_run_cols if c in rec]
         try:
-            conn.execute(f"INSERT INTO runs ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})",
-                         [rec[c] for c in cols])
+            conn.execute(
+                f"INSERT INTO runs ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})", [rec[c] for c in cols]
+            )
             kept_runs.add(rec["run_id"])
         except (sqlite3.DatabaseError, KeyError):
             continue  # a row too damaged to satisfy the schema
@@ -144,8 +145,9 @@ def repair(path: str | os.PathLike | None = None) -> Repaired:
             continue
         cols = [c for c in new_job_cols if c in rec]
         try:
-            conn.execute(f"INSERT INTO jobs ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})",
-                         [rec[c] for c in cols])
+            conn.execute(
+                f"INSERT INTO jobs ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})", [rec[c] for c in cols]
+            )
             kept_jobs += 1
         except sqlite3.DatabaseError:
             dropped += 1
@@ -160,8 +162,9 @@ def repair(path: str | os.PathLike | None = None) -> Repaired:
                     os.replace(side, Path(f"{moved}{suffix}"))
         os.replace(fresh, target)
     except OSError as exc:
-        raise RegistryError(f"registry {target}: cannot put the repaired file in place ({exc.strerror}); "
-                            f"it is at {fresh}") from None
+        raise RegistryError(
+            f"registry {target}: cannot put the repaired file in place ({exc.strerror}); it is at {fresh}"
+        ) from None
     for suffix in ("-wal", "-shm"):
         Path(f"{fresh}{suffix}").unlink(missing_ok=True)
     return Repaired(target, moved, len(kept_runs), kept_jobs, dropped)

@@ -127,8 +127,9 @@ def read_chain(run_dir: RunDir) -> dict[str, JobEvents]:
             ev = ev._replace(start=detail)
         elif event == "end":
             reason, _, code = detail.partition(":")
-            ev = ev._replace(end_reason=reason, exit_code=int(code) if code.lstrip("-").isdigit() else None,
-                             ended=stamp)
+            ev = ev._replace(
+                end_reason=reason, exit_code=int(code) if code.lstrip("-").isdigit() else None, ended=stamp
+            )
         elif event == "continue" and detail.isdigit():
             ev = ev._replace(next_job=detail, next_submitted=stamp)
         elif event == "failure":
@@ -157,24 +158,38 @@ def comment_end(job_id: str) -> JobEvents:
         return JobEvents()
     if not comment.startswith(C.END_COMMENT):
         return JobEvents()
-    reason, _, code = comment[len(C.END_COMMENT):].partition(":")
+    reason, _, code = comment[len(C.END_COMMENT) :].partition(":")
     return JobEvents(end_reason=reason, exit_code=int(code) if code.lstrip("-").isdigit() else None)
 
 
-RAY_LOG_NAMES = ("raylet.out", "raylet.err", "gcs_server.out", "gcs_server.err", "dashboard_agent.log",
-                 "runtime_env_agent.log")
+RAY_LOG_NAMES = (
+    "raylet.out",
+    "raylet.err",
+    "gcs_server.out",
+    "gcs_server.err",
+    "dashboard_agent.log",
+    "runtime_env_agent.log",
+)
 
 
 def kept_ray_logs(rd: RunDir, tail_lines: int = 300) -> list[tuple[str, str]]:
     """(path relative to the run dir, last lines) of the Ray logs the newest job kept per node in
     logs/ray/<job>/<node>/, and of its worker output files: what diagnose reads beside the driver's log."""
     root = rd.path / C.LOGS / "ray"
-    jobs = sorted((d for d in root.iterdir() if d.is_dir() and d.name.isdigit()), key=lambda d: int(d.name)) \
-        if root.is_dir() else []
+    jobs = (
+        sorted((d for d in root.iterdir() if d.is_dir() and d.name.isdigit()), key=lambda d: int(d.name))
+        if root.is_dir()
+        else []
+    )
     files: list[Path] = []
     if jobs:
-        files += [f for node in sorted(jobs[-1].iterdir()) if node.is_dir() for f in sorted(node.rglob("*"))
-                  if f.is_file() and (f.name in RAY_LOG_NAMES or f.suffix == ".err")]
+        files += [
+            f
+            for node in sorted(jobs[-1].iterdir())
+            if node.is_dir()
+            for f in sorted(node.rglob("*"))
+            if f.is_file() and (f.name in RAY_LOG_NAMES or f.suffix == ".err")
+        ]
         files += sorted((rd.path / C.LOGS).glob(f"worker-*-{jobs[-1].name}.log"))
     out = []
     for f in files:
@@ -202,4 +217,13 @@ def run_dir_problem(rd: RunDir) -> str | None:
     return None
 
 
-__all__ = ["JobEvents", "RunDir", "comment_end", "kept_ray_logs", "write_private", "read_chain", "readable_chain", "run_dir_problem"]
+__all__ = [
+    "JobEvents",
+    "RunDir",
+    "comment_end",
+    "kept_ray_logs",
+    "write_private",
+    "read_chain",
+    "readable_chain",
+    "run_dir_problem",
+]

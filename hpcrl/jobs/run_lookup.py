@@ -10,8 +10,9 @@ from hpcrl.jobs.registry import Registry, Run, default_path
 from hpcrl.jobs.registry_place import existing
 
 
-def find_run_dir(run: str, registry: Path | None = None, require_hpcrl: bool = True,
-                 refresh: bool = True) -> tuple[Path, Run | None]:
+def find_run_dir(
+    run: str, registry: Path | None = None, require_hpcrl: bool = True, refresh: bool = True
+) -> tuple[Path, Run | None]:
     """(run directory, registry row or None) for a run id, id prefix, job id or run directory path; a live
     row is brought up to date from Slurm first unless `refresh` is False (a reader that writes nothing)."""
 
@@ -24,14 +25,17 @@ def find_run_dir(run: str, registry: Path | None = None, require_hpcrl: bool = T
         try:  # the directory's registry row, when there is one, adds Slurm's job states
             if default_path(registry).exists():
                 reg = Registry(registry)
-                row = next((r for r in reg.list_runs()
-                            if r.state != "dry-run" and Path(r.run_dir).resolve() == path), None)
+                row = next(
+                    (r for r in reg.list_runs() if r.state != "dry-run" and Path(r.run_dir).resolve() == path), None
+                )
         except RegistryError:
             row = None
     else:
         if not existing(default_path(registry)):  # a reading command creates no registry
-            raise RegistryError(f"unknown run {run!r}: no registry at {default_path(registry)}, so no runs yet "
-                                "(hpcrl submit records runs); give a run directory instead")
+            raise RegistryError(
+                f"unknown run {run!r}: no registry at {default_path(registry)}, so no runs yet "
+                "(hpcrl submit records runs); give a run directory instead"
+            )
         reg = Registry(registry, create=False)
         row = reg.find(run)  # an unknown id: one line listing the recent runs
         if row.state == "dry-run":
@@ -53,8 +57,9 @@ def newest_live_run(registry: Path | None = None) -> str:
     """The id of the newest run the registry holds as live (as last recorded: no Slurm query, nothing written)."""
     path = default_path(registry)
     if not path.exists():
-        raise RegistryError(f"no registry at {path}, so no runs yet (hpcrl submit records runs); give RUN: "
-                            "a run id or a run directory")
+        raise RegistryError(
+            f"no registry at {path}, so no runs yet (hpcrl submit records runs); give RUN: a run id or a run directory"
+        )
     live = Registry(registry, create=False).list_runs(1, live_only=True)
     if not live:
         raise HpcrlError(f"no live run in {path} (hpcrl runs lists them all); give RUN: a run id or a run directory")

@@ -19,8 +19,16 @@ from hpcrl.planning.request import RunRequest
 Where = str | os.PathLike | None
 
 
-def submit(request: RunRequest, *, script: Where = None, run_dir: str | None = None, dry_run: bool = False,
-           keep_exclusions: bool = False, registry: Where = None, given: Sequence[str] = ()) -> dict:
+def submit(
+    request: RunRequest,
+    *,
+    script: Where = None,
+    run_dir: str | None = None,
+    dry_run: bool = False,
+    keep_exclusions: bool = False,
+    registry: Where = None,
+    given: Sequence[str] = (),
+) -> dict:
     """Render the request (or take the rendered `script`), write the run dir, sbatch it, record the run.
     `given`: the request's options the caller set besides --cluster, refused with a script."""
     if script is not None:
@@ -34,9 +42,17 @@ def submit(request: RunRequest, *, script: Where = None, run_dir: str | None = N
         sub = submission.from_run_script(build(request))
     reg = Registry(registry, create=True)
     done = lifecycle.submit(reg, sub, dry_run=dry_run, keep_exclusions=keep_exclusions)
-    return {"run_id": done.run_id, "job_id": done.job_id, "dry_run": dry_run, "script": str(done.script_path),
-            "run_dir": str(sub.run_dir.path), "log": str(done.log_path) if done.log_path else None,
-            "command": done.command, "registry": str(reg.path), "warnings": [*sub.warnings, *done.warnings]}
+    return {
+        "run_id": done.run_id,
+        "job_id": done.job_id,
+        "dry_run": dry_run,
+        "script": str(done.script_path),
+        "run_dir": str(sub.run_dir.path),
+        "log": str(done.log_path) if done.log_path else None,
+        "command": done.command,
+        "registry": str(reg.path),
+        "warnings": [*sub.warnings, *done.warnings],
+    }
 
 
 def run_data(r: Run) -> dict:
@@ -58,8 +74,11 @@ def run_data(r: Run) -> dict:
     for j in d["jobs"]:
         j["log"] = logs[j["job_id"]]
         ev = chain.get(j["job_id"])
-        j["failure"] = ({"reason": ev.failure, "excluded": list(ev.blamed), "continued": ev.next_job is not None}
-                        if ev and ev.failure else None)
+        j["failure"] = (
+            {"reason": ev.failure, "excluded": list(ev.blamed), "continued": ev.next_job is not None}
+            if ev and ev.failure
+            else None
+        )
         j["stack_check"] = ev.stack if ev else None  # the job's stack check could not run, or warned
     return d
 
@@ -83,8 +102,13 @@ def repair(*, registry: Where = None) -> dict:
     from hpcrl.jobs.registry_repair import repair as repair_registry
 
     done = repair_registry(registry)
-    return {"registry": str(done.path), "moved_to": str(done.moved_to) if done.moved_to else None,
-            "runs": done.runs, "jobs": done.jobs, "jobs_dropped": done.jobs_dropped}
+    return {
+        "registry": str(done.path),
+        "moved_to": str(done.moved_to) if done.moved_to else None,
+        "runs": done.runs,
+        "jobs": done.jobs,
+        "jobs_dropped": done.jobs_dropped,
+    }
 
 
 def status(run: str | None = None, *, all_runs: bool = False, registry: Where = None) -> dict:
@@ -115,9 +139,18 @@ def logs(run: str, *, registry: Where = None) -> dict:
     """Every job's log of the run, in chain order, with why a log is missing."""
     r = with_jobs(run, registry)
     rd = lifecycle.RunDir(r.run_dir)
-    return {"run_id": r.run_id, "jobs": [{"job_id": job_id, "log": str(rd.log(job_id)), "text": text,
-                                          "missing": None if text else lifecycle.missing_log(r, job_id)}
-                                         for job_id, text in lifecycle.logs(r)]}
+    return {
+        "run_id": r.run_id,
+        "jobs": [
+            {
+                "job_id": job_id,
+                "log": str(rd.log(job_id)),
+                "text": text,
+                "missing": None if text else lifecycle.missing_log(r, job_id),
+            }
+            for job_id, text in lifecycle.logs(r)
+        ],
+    }
 
 
 __all__ = ["cancel", "logs", "run_data", "runs", "status", "submit", "with_jobs"]

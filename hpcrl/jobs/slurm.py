@@ -16,10 +16,7 @@ from typing import NamedTuple
 from hpcrl.contract import SLURM_END_STATES
 from hpcrl.errors import SlurmError
 
-NO_SLURM = (
-    "hpcrl needs a Slurm login node ({cmd} not found on PATH) "
-    "— or the local dev cluster: scripts/dev-slurm up"
-)
+NO_SLURM = "hpcrl needs a Slurm login node ({cmd} not found on PATH) — or the local dev cluster: scripts/dev-slurm up"
 
 PENDING_STATES = frozenset({"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD"})
 RUNNING_STATES = frozenset({"RUNNING", "COMPLETING", "SUSPENDED", "STOPPED", "SIGNALING", "STAGE_OUT", "RESIZING"})
@@ -69,7 +66,7 @@ def _run(cmd: Sequence[str], *, check: bool = True, timeout: float = 60) -> Slur
 
 def slurm_message(res: SlurmResult, name: str) -> str:
     """Slurm's own error message on one line (its stderr, else stdout)."""
-    text = (res.stderr.strip() or res.stdout.strip() or f"exit status {res.returncode}")
+    text = res.stderr.strip() or res.stdout.strip() or f"exit status {res.returncode}"
     prefix = f"{name}: error: "
     lines = [ln.strip().removeprefix(prefix).removeprefix(f"{name}: ") for ln in text.splitlines() if ln.strip()]
     return prefix + "; ".join(lines)
@@ -165,8 +162,13 @@ def parse_scontrol(text: str) -> JobState | None:
     if "JobId" not in fields:
         return None
     reason = fields.get("Reason", "")
-    return JobState(fields["JobId"], _state_word(fields.get("JobState", UNKNOWN)),
-                    "" if reason == "None" else reason, _exit(fields.get("ExitCode", "")), "scontrol")
+    return JobState(
+        fields["JobId"],
+        _state_word(fields.get("JobState", UNKNOWN)),
+        "" if reason == "None" else reason,
+        _exit(fields.get("ExitCode", "")),
+        "scontrol",
+    )
 
 
 def job_states(job_ids: Iterable[str]) -> dict[str, JobState]:
@@ -241,9 +243,16 @@ def parse_views(text: str) -> dict[str, JobView]:
             continue
         jid, state, reason, left, limit, count, nodes, comment = (p.strip() for p in parts)
         comment = "" if comment in ("(null)", "N/A") else comment
-        out[jid] = JobView(jid, _state_word(state), "" if reason == "None" else reason, slurm_seconds(left),
-                           slurm_seconds(limit), int(count) if count.isdigit() else None,
-                           "" if nodes in ("(null)", "None assigned") else nodes, comment)
+        out[jid] = JobView(
+            jid,
+            _state_word(state),
+            "" if reason == "None" else reason,
+            slurm_seconds(left),
+            slurm_seconds(limit),
+            int(count) if count.isdigit() else None,
+            "" if nodes in ("(null)", "None assigned") else nodes,
+            comment,
+        )
     return out
 
 
@@ -257,7 +266,7 @@ def job_views(job_ids: Iterable[str]) -> dict[str, JobView]:
     if res.returncode != 0 and "Invalid job id" not in res.stderr:
         raise SlurmError(slurm_message(res, "squeue"))
     found = {k: v for k, v in parse_views(res.stdout).items() if k in ids}
-    if (missing := [j for j in ids if j not in found]):
+    if missing := [j for j in ids if j not in found]:
         for jid, st in job_states(missing).items():
             found[jid] = JobView(jid, st.state, st.reason, None, None, None, "", "")
     return {j: found[j] for j in ids}
@@ -289,7 +298,20 @@ def job_nodes(job_id: str) -> list[str]:
 
 
 __all__ = [
-    "JobState", "JobView", "LIVE_STATES", "PENDING_STATES", "RUNNING_STATES", "TERMINAL_STATES", "UNKNOWN",
-    "accounting_enabled", "cancel", "job_comment", "job_nodes", "job_states", "job_views", "require", "submit",
+    "JobState",
+    "JobView",
+    "LIVE_STATES",
+    "PENDING_STATES",
+    "RUNNING_STATES",
+    "TERMINAL_STATES",
+    "UNKNOWN",
+    "accounting_enabled",
+    "cancel",
+    "job_comment",
+    "job_nodes",
+    "job_states",
+    "job_views",
+    "require",
+    "submit",
     "with_excluded",
 ]

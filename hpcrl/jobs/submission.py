@@ -37,6 +37,7 @@ class Submission(NamedTuple):
 
 def expand_path(raw: str, what: str, extra: dict[str, str] | None = None) -> Path:
     """Expand ~ and $VARS as the login node sees them (plus `extra`); an unset variable is a user error."""
+
     def var(m: re.Match) -> str:
         name = m.group(1) or m.group(2)
         return (extra or {}).get(name) or os.environ.get(name) or m.group(0)
@@ -57,9 +58,19 @@ def from_run_script(built: RunScript) -> Submission:
     # The job's own $SLURM_JOB_ACCOUNT is the account it is submitted under (Berzelius' /proj/<account>).
     known = {"SLURM_JOB_ACCOUNT": job.slurm.account} if job.slurm.account else {}
     root = expand_path(job.run_dir.root, "run_root", known)
-    return Submission(built.text, RunDir(root / job.run_dir.name), job.run_dir.name, job.header.cluster,
-                      job.header.config_digest, job.chain.max_restarts, dict(job.plan), built.plan.config.source,
-                      job.header.warnings, _dir_mode(job.environment.umask), job.run_dir.shared_root)
+    return Submission(
+        built.text,
+        RunDir(root / job.run_dir.name),
+        job.run_dir.name,
+        job.header.cluster,
+        job.header.config_digest,
+        job.chain.max_restarts,
+        dict(job.plan),
+        built.plan.config.source,
+        job.header.warnings,
+        _dir_mode(job.environment.umask),
+        job.run_dir.shared_root,
+    )
 
 
 def _dir_mode(umask: str | None) -> int | None:
@@ -103,5 +114,15 @@ def from_script(path: str | os.PathLike, *, run_dir: str | None = None, cluster:
     cluster = cluster or next((m.group(1) for ln in lines if (m := _CLUSTER_LINE.match(ln))), None) or "-"
     digest = hashlib.sha256(text.encode()).hexdigest()[:12]
     umask = next((m.group(1) for ln in lines if (m := _UMASK_LINE.match(ln))), None)
-    return Submission(text, rd, rd.path.name, cluster, digest, restarts, None, str(src.resolve()),
-                      dir_mode=_dir_mode(umask), run_root_shared=any(_SHARED_LINE.match(ln) for ln in lines))
+    return Submission(
+        text,
+        rd,
+        rd.path.name,
+        cluster,
+        digest,
+        restarts,
+        None,
+        str(src.resolve()),
+        dir_mode=_dir_mode(umask),
+        run_root_shared=any(_SHARED_LINE.match(ln) for ln in lines),
+    )

@@ -28,9 +28,17 @@ def _phase(state: str) -> str:
 def view(v: slurm.JobView) -> SlurmView:
     """Slurm's answer in the reader's terms."""
     end = v.comment.removeprefix("hpcrl-end:") if v.comment.startswith("hpcrl-end:") else None
-    return SlurmView(job_id=v.job_id, state=v.state, phase=_phase(v.state), reason=v.reason,
-                     time_left_s=v.time_left_s, time_limit_s=v.time_limit_s, nodes=v.nodes or None,
-                     node_count=v.node_count, comment_end=end)
+    return SlurmView(
+        job_id=v.job_id,
+        state=v.state,
+        phase=_phase(v.state),
+        reason=v.reason,
+        time_left_s=v.time_left_s,
+        time_limit_s=v.time_limit_s,
+        nodes=v.nodes or None,
+        node_count=v.node_count,
+        comment_end=end,
+    )
 
 
 class Watcher:

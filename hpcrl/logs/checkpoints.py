@@ -43,9 +43,13 @@ from hpcrl.errors import HpcrlError
 HF_MARKER = ".checkpoint_complete"
 TRAINER_STATE = "trainer_state.json"
 # (kind, directory name, what is added to its number to make the step the console shows)
-SERIES = (("hf", re.compile(r"^step_(\d+)$"), 0), ("state", re.compile(r"^global_step(\d+)$"), 0),
-          ("hf", re.compile(r"^epoch\d+epochstep\d+globalstep(\d+)$"), 1), ("state", re.compile(r"^recover_checkpoint$"), 1),
-          ("trainer", re.compile(r"^checkpoint-(\d+)$"), 0))
+SERIES = (
+    ("hf", re.compile(r"^step_(\d+)$"), 0),
+    ("state", re.compile(r"^global_step(\d+)$"), 0),
+    ("hf", re.compile(r"^epoch\d+epochstep\d+globalstep(\d+)$"), 1),
+    ("state", re.compile(r"^recover_checkpoint$"), 1),
+    ("trainer", re.compile(r"^checkpoint-(\d+)$"), 0),
+)
 RECOVER_INFO = Path("..", "..", "recover_info", "step_info.json")  # from AReaL's recover_checkpoint
 RECENT_S = 600.0
 MAX_DEPTH = 6  # AReaL's saves lie six levels down when its fileroot is the run directory
@@ -99,13 +103,23 @@ def _checkpoint(path: Path, kind: str, step: int) -> Checkpoint:
     elif path.name == "recover_checkpoint":
         info = path / RECOVER_INFO
         complete = info.is_file() and info.stat().st_mtime >= modified
-        why = "" if complete else (f"no {info.resolve()}" if not info.is_file() else
-                                   "rewritten after its step_info.json: being written")
+        why = (
+            ""
+            if complete
+            else (f"no {info.resolve()}" if not info.is_file() else "rewritten after its step_info.json: being written")
+        )
     else:
         latest = _latest_state_step(path.parent)
         complete = latest is not None and step <= latest
-        why = "" if complete else ("no `latest` file beside it" if latest is None else
-                                   f"newer than `latest` (global_step{latest}): being written")
+        why = (
+            ""
+            if complete
+            else (
+                "no `latest` file beside it"
+                if latest is None
+                else f"newer than `latest` (global_step{latest}): being written"
+            )
+        )
     return Checkpoint(path, kind, step, size, modified, complete, why)
 
 
@@ -131,7 +145,7 @@ def find_checkpoints(run_dir: Path, max_depth: int = MAX_DEPTH) -> list[Checkpoi
             if not e.is_dir(follow_symlinks=False):
                 continue
             for kind, pattern, add in SERIES:
-                if (m := pattern.match(e.name)):
+                if m := pattern.match(e.name):
                     found.append(_checkpoint(Path(e.path), kind, _step(Path(e.path), m) + add))
                     break
             else:
@@ -197,4 +211,3 @@ def apply_prune(plan: PrunePlan, now_fn: Callable[[], float], recent_s: float = 
             raise HpcrlError(f"cannot delete {c.path}: {exc.strerror or exc}; {done}") from None
         deleted.append(c.path)
     return deleted
-

@@ -24,7 +24,12 @@ from hpcrl.profiles import ClusterProfile
 
 # The backend a log is read as when nothing says which framework ran: the run config's default.
 DEFAULT_BACKEND = default_backend()
-ASK = {"model": "--model", "learner_gpus": "--learner-gpus", "tokens_per_gpu": "--tokens-per-gpu", "backend": "--backend"}
+ASK = {
+    "model": "--model",
+    "learner_gpus": "--learner-gpus",
+    "tokens_per_gpu": "--tokens-per-gpu",
+    "backend": "--backend",
+}
 
 
 @dataclass
@@ -51,9 +56,14 @@ class Context:
             wanted = set(b.diagnose_facts.keys.values())
             names = [r for r in c.renamed if r.split(" -> ")[-1].split()[0] in wanted]
             more = f"; {len(c.renamed) - len(names)} more" if len(c.renamed) > len(names) else ""
-            self.assumptions.append(f"{c.backend} driver command read from {c.where}" + (
-                f" (older {b.command_facts.framework} names read as their new ones: {'; '.join(names)}{more})"
-                if c.renamed else ""))
+            self.assumptions.append(
+                f"{c.backend} driver command read from {c.where}"
+                + (
+                    f" (older {b.command_facts.framework} names read as their new ones: {'; '.join(names)}{more})"
+                    if c.renamed
+                    else ""
+                )
+            )
 
     @property
     def backend(self) -> str | None:
@@ -113,8 +123,10 @@ class Context:
             self.assumptions.append(text)
 
     def _from_logged(self, name: str) -> Any:
-        logged = (get_backend(self.backend or DEFAULT_BACKEND).diagnose_facts.logged
-                  or get_backend(DEFAULT_BACKEND).diagnose_facts.logged)
+        logged = (
+            get_backend(self.backend or DEFAULT_BACKEND).diagnose_facts.logged
+            or get_backend(DEFAULT_BACKEND).diagnose_facts.logged
+        )
         if name == "model" and (model := self.args.get(logged["model"][0]) or (self.plan or {}).get("model")):
             self.note(f"{self.key('model')}={model} (from the {'run' if self.plan else 'log'})")
             return model
@@ -141,8 +153,11 @@ class Context:
         keys = self.facts.keys
         if name == "model":
             model = self.args.get(keys["model"]) or (self.plan or {}).get("model")
-            self.note(f"{keys['model']}={model} (from the {'driver command' if self.args else 'run'})" if model else
-                       f"model unknown: no {keys['model']} in the log (give --model)")
+            self.note(
+                f"{keys['model']}={model} (from the {'driver command' if self.args else 'run'})"
+                if model
+                else f"model unknown: no {keys['model']} in the log (give --model)"
+            )
             return model
         w = self.workload()
         if name == "tokens_per_gpu":
@@ -178,8 +193,10 @@ class Context:
         try:
             return resolve_model(str(name))
         except HpcrlError:
-            self.note(f"model {name!r} is not in hpcrl's catalog nor a readable config.json (give --model with a "
-                       "catalog name or the model's config.json)")
+            self.note(
+                f"model {name!r} is not in hpcrl's catalog nor a readable config.json (give --model with a "
+                "catalog name or the model's config.json)"
+            )
             return None
 
     def config(self):  # noqa: ANN201 - RunConfig
@@ -196,7 +213,9 @@ class Context:
                 args[f.reward_stand_in[0]] = f.reward_stand_in[1]  # a reward function: no reward-model GPUs to plan
             version = next((v for path, v in f.version_marks if path in self.text), None)
             if version is not None:
-                self.note(f"{self.fix_backend} {version}: the log's traceback runs through a file only that version has")
+                self.note(
+                    f"{self.fix_backend} {version}: the log's traceback runs through a file only that version has"
+                )
             self._config = RunConfig(hpcrl=HpcrlSection(backend=self.fix_backend, framework_version=version), args=args)
         return self._config
 

@@ -23,11 +23,21 @@ from hpcrl.memory.sharding import margin_bytes
 
 GIB = C.GIB
 # plan.json's memory.learner field -> HfLearnerSetup field (the run as hpcrl planned it).
-FIELDS = {"processes": "n_gpus", "algorithm": "algorithm", "lora_rank": "lora_rank", "lora_targets": "lora_targets",
-          "lora_dropout": "lora_dropout", "double_quant": "double_quant", "critic": "critic",
-          "reference": "reference", "rollout_seqs": "rollout_seqs", "micro_seqs": "micro_seqs",
-          "prompt_len": "prompt_len", "response_len": "response_len",
-          "gradient_checkpointing": "gradient_checkpointing"}
+FIELDS = {
+    "processes": "n_gpus",
+    "algorithm": "algorithm",
+    "lora_rank": "lora_rank",
+    "lora_targets": "lora_targets",
+    "lora_dropout": "lora_dropout",
+    "double_quant": "double_quant",
+    "critic": "critic",
+    "reference": "reference",
+    "rollout_seqs": "rollout_seqs",
+    "micro_seqs": "micro_seqs",
+    "prompt_len": "prompt_len",
+    "response_len": "response_len",
+    "gradient_checkpointing": "gradient_checkpointing",
+}
 
 
 def planned_setup(ctx: Context) -> HfLearnerSetup | None:
@@ -72,21 +82,31 @@ def planned_fixes(ctx: Context, capacity_gib: float, demand_gib: float | None) -
     """Single changes of the run config that fit the script's learner on this GPU, planned."""
     base = planned_setup(ctx)
     if base is None:
-        return [], {"cannot_plan": "cannot re-plan the script's learner: the run's plan.json does not describe it "
-                                   "(rendered by an older hpcrl, or not a run of a user's own script): re-render the run, or see "
-                                   "`hpcrl plan-memory --config`"}
+        return [], {
+            "cannot_plan": "cannot re-plan the script's learner: the run's plan.json does not describe it "
+            "(rendered by an older hpcrl, or not a run of a user's own script): re-render the run, or see "
+            "`hpcrl plan-memory --config`"
+        }
     prof = ctx.profile.model_copy(update={"gpu": ctx.profile.gpu.model_copy(update={"memory_gib": capacity_gib})})
     cap = prof.gpu_bytes
     hf = hf_learner_memory(base)
     scale = _scale(hf, demand_gib)
     now, margin = _device(base, scale)
-    details = {"capacity_gib": round(capacity_gib, 2), "predicted_gib": round(now / GIB, 3),
-               "peak_phase": hf.peak_phase, "scale_transient": round(scale, 2)}
-    ctx.note(f"the script's learner from the run's plan.json ({base.micro_seqs} sequences per training micro-batch, "
-             f"{base.prompt_len}+{base.response_len} tokens, {base.rollout_seqs} per generate call)")
+    details = {
+        "capacity_gib": round(capacity_gib, 2),
+        "predicted_gib": round(now / GIB, 3),
+        "peak_phase": hf.peak_phase,
+        "scale_transient": round(scale, 2),
+    }
+    ctx.note(
+        f"the script's learner from the run's plan.json ({base.micro_seqs} sequences per training micro-batch, "
+        f"{base.prompt_len}+{base.response_len} tokens, {base.rollout_seqs} per generate call)"
+    )
     if scale > 1:
-        ctx.note(f"batch- and length-dependent terms x{scale:.2f} so that the plan matches the log's "
-                 f"{demand_gib:.1f} GiB (resident terms as derived)")
+        ctx.note(
+            f"batch- and length-dependent terms x{scale:.2f} so that the plan matches the log's "
+            f"{demand_gib:.1f} GiB (resident terms as derived)"
+        )
     if now + margin <= cap:
         return [], {**details, "planner_fits": True}
 
@@ -99,12 +119,18 @@ def planned_fixes(ctx: Context, capacity_gib: float, demand_gib: float | None) -
     def first(key: str, values: list, field: str, note: str = "") -> None:
         for v in values:
             if (dev := fits(replace(base, **{field: v}))) is not None:
-                fixes.append(f"{key} {_text(getattr(base, field))} -> {_text(v)}{note}: planner peak {dev / GIB:.1f} "
-                             f"GiB of {capacity_gib:.1f}")
+                fixes.append(
+                    f"{key} {_text(getattr(base, field))} -> {_text(v)}{note}: planner peak {dev / GIB:.1f} "
+                    f"GiB of {capacity_gib:.1f}"
+                )
                 return
 
-    first("mini_batch_size", _halvings(base.micro_seqs), "micro_seqs",
-          " (raise gradient_accumulation_steps as much to keep the batch)")
+    first(
+        "mini_batch_size",
+        _halvings(base.micro_seqs),
+        "micro_seqs",
+        " (raise gradient_accumulation_steps as much to keep the batch)",
+    )
     if not base.gradient_checkpointing:
         first("gradient_checkpointing", [True], "gradient_checkpointing")
     first("max_response_length", [n for n in range(base.response_len - 64, 15, -64)], "response_len")
@@ -113,12 +139,17 @@ def planned_fixes(ctx: Context, capacity_gib: float, demand_gib: float | None) -
     if isinstance(spp, int) and isinstance(batch, int) and spp > 0 and batch * spp == base.rollout_seqs:
         for b in _halvings(batch):  # fewer prompts per generate call, the group size kept
             if (dev := fits(replace(base, rollout_seqs=b * spp))) is not None:
-                fixes.append(f"rollout_batch_size {batch} -> {b} ({b * spp} sequences per generate call): planner "
-                             f"peak {dev / GIB:.1f} GiB of {capacity_gib:.1f}")
+                fixes.append(
+                    f"rollout_batch_size {batch} -> {b} ({b * spp} sequences per generate call): planner "
+                    f"peak {dev / GIB:.1f} GiB of {capacity_gib:.1f}"
+                )
                 break
     else:  # a plan.json without them: the product only
-        first("sequences per generate call (rollout_batch_size x samples_per_prompt)", _halvings(base.rollout_seqs),
-              "rollout_seqs")
+        first(
+            "sequences per generate call (rollout_batch_size x samples_per_prompt)",
+            _halvings(base.rollout_seqs),
+            "rollout_seqs",
+        )
     if not base.load_in_4bit:
         first("load_in_4bit", [True], "load_in_4bit")
     if base.reference == "copy":

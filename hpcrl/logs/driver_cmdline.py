@@ -113,7 +113,7 @@ def find_command(text: str) -> DriverCommand | None:
     for i in range(len(lines) - 1, -1, -1):
         line = ANSI.sub("", lines[i])
         for backend, entry in _entry_points():
-            if (m := entry.search(line)) and (cmd := read_words(backend, _words(line[m.end():]), f"line {i + 1}")):
+            if (m := entry.search(line)) and (cmd := read_words(backend, _words(line[m.end() :]), f"line {i + 1}")):
                 return cmd
     return None
 

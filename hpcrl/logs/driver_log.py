@@ -28,8 +28,9 @@ from typing import Any
 ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 # A value may be a numpy scalar's repr ("np.float64(0.5)": a framework that prints np.mean results; verl's
 # backend says which): the number inside is read.
-_PAIR = re.compile(r"['\"]?([A-Za-z_][\w/.\-]*)['\"]?\s*[:=]\s*(?:np\.\w+\()?(-?(?:nan|inf|\d+(?:\.\d*)?(?:e[-+]?\d+)?))",
-                   re.I)
+_PAIR = re.compile(
+    r"['\"]?([A-Za-z_][\w/.\-]*)['\"]?\s*[:=]\s*(?:np\.\w+\()?(-?(?:nan|inf|\d+(?:\.\d*)?(?:e[-+]?\d+)?))", re.I
+)
 # The step's number in a JSON metric line, after the format's own step keys: Hugging Face's, a plain one, wandb's.
 _JSON_STEP_KEYS = ("global_step", "step", "_step")
 # AReaL StatsLogger.commit (4aef98d8 utils/stats_logger.py:141,150,162; 9af34d2b :134,140,150): the step line, then
@@ -59,21 +60,29 @@ class StepFormat:
     @classmethod
     def union(cls, *formats: StepFormat) -> StepFormat:
         """Every format's lines and keys, each once, in the order given (the first format's preferred)."""
-        merged: dict[str, Any] = {f.name: tuple(dict.fromkeys(x for fmt in formats for x in getattr(fmt, f.name)))
-                                  for f in fields(cls) if f.name != "stats_tables"}
+        merged: dict[str, Any] = {
+            f.name: tuple(dict.fromkeys(x for fmt in formats for x in getattr(fmt, f.name)))
+            for f in fields(cls)
+            if f.name != "stats_tables"
+        }
         return cls(**merged, stats_tables=any(fmt.stats_tables for fmt in formats))
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> StepFormat:
         """A format from its JSON object (to_json's)."""
-        values: dict[str, Any] = {k: tuple(tuple(x) if isinstance(x, list) else x for x in v) if isinstance(v, list)
-                                  else v for k, v in data.items()}
+        values: dict[str, Any] = {
+            k: tuple(tuple(x) if isinstance(x, list) else x for x in v) if isinstance(v, list) else v
+            for k, v in data.items()
+        }
         return cls(**values)
 
     def to_json(self) -> dict[str, Any]:
-        return {f.name: [list(x) if isinstance(x, tuple) else x for x in v] if isinstance(v := getattr(self, f.name),
-                                                                                          tuple) else v
-                for f in fields(self)}
+        return {
+            f.name: [list(x) if isinstance(x, tuple) else x for x in v]
+            if isinstance(v := getattr(self, f.name), tuple)
+            else v
+            for f in fields(self)
+        }
 
     def step_line(self) -> re.Pattern[str] | None:
         """One regex of all the step lines (the leftmost match wins, as in one alternation)."""
@@ -85,8 +94,12 @@ class StepFormat:
 # examples/math/gsm8k_grpo.py:189, engine/ppo/actor.py:235), "ppo_actor" since (4aef98d8 trainer/ppo/actor.py:252,302);
 # stats_tracker adds "/avg" (utils/stats_tracker.py:190-193). "rewards/mean", "train/loss" and "train/grad_norm" are
 # names of no one framework (a logger that namespaces its metrics, a user's own).
-GENERIC = StepFormat(reward=("rewards/mean", "ppo_actor/task_reward/avg", "grpo_actor/task_reward/avg"),
-                     loss=("train/loss",), grad_norm=("train/grad_norm",), stats_tables=True)
+GENERIC = StepFormat(
+    reward=("rewards/mean", "ppo_actor/task_reward/avg", "grpo_actor/task_reward/avg"),
+    loss=("train/loss",),
+    grad_norm=("train/grad_norm",),
+    stats_tables=True,
+)
 
 
 @dataclass
@@ -108,7 +121,8 @@ class Step:
     @property
     def loss_key(self) -> str | None:
         return next((k for k in (*self.loss_keys, *self.fmt.loss) if k in self.values), None) or next(
-            (k for k in self.values if k.startswith("loss/")), None)
+            (k for k in self.values if k.startswith("loss/")), None
+        )
 
     def exactly_zero(self, key: str) -> bool:
         return self.values[key] == 0.0 and not re.fullmatch(r"-?0\.00", self.text[key])
@@ -118,13 +132,17 @@ class Step:
         return k is not None and self.exactly_zero(k)
 
     def bad_losses(self) -> dict[str, float]:
-        return {k: v for k, v in self.values.items()
-                if (k in self.fmt.loss or k in self.loss_keys or k.startswith("loss/")) and not math.isfinite(v)}
+        return {
+            k: v
+            for k, v in self.values.items()
+            if (k in self.fmt.loss or k in self.loss_keys or k.startswith("loss/")) and not math.isfinite(v)
+        }
 
     def grad_norm(self) -> tuple[str, float] | None:
         """The step's gradient norm (key, value), if it logs one."""
         key = next((k for k in self.fmt.grad_norm if k in self.values), None) or next(
-            (k for k in self.values if k.endswith("/grad_norm")), None)
+            (k for k in self.values if k.endswith("/grad_norm")), None
+        )
         return (key, self.values[key]) if key else None
 
     def zero_variance(self) -> tuple[bool, str] | None:
@@ -172,14 +190,17 @@ def dict_metrics(line: str) -> list[tuple[str, str]] | None:
         return None
     if not isinstance(obj, dict):
         return None
-    return [(str(k), v if isinstance(v, str) else repr(v)) for k, v in obj.items()
-            if isinstance(v, (str, int, float)) and not isinstance(v, bool)]
+    return [
+        (str(k), v if isinstance(v, str) else repr(v))
+        for k, v in obj.items()
+        if isinstance(v, (str, int, float)) and not isinstance(v, bool)
+    ]
 
 
 def json_metrics(line: str) -> dict[str, float] | None:
     """The numbers of a JSON object on one line (after any prefix such as a Ray actor's), or None."""
     start, text = line.find("{"), line.rstrip()
-    if start < 0 or not text.endswith("}") or '"' not in text[start:start + 3]:
+    if start < 0 or not text.endswith("}") or '"' not in text[start : start + 3]:
         return None
     try:
         obj = json.loads(text[start:])
@@ -187,8 +208,7 @@ def json_metrics(line: str) -> dict[str, float] | None:
         return None
     if not isinstance(obj, dict):
         return None
-    return {k: float(v) for k, v in _flatten(obj).items()
-            if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    return {k: float(v) for k, v in _flatten(obj).items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
 class StepParser:
@@ -198,8 +218,13 @@ class StepParser:
     given, in order of preference; `std_keys` are added to the keys whose exact 0 means zero reward variance in every
     group; `loss_keys` to the losses whose NaN or infinity trips the NaN breaker."""
 
-    def __init__(self, fmt: StepFormat, reward_keys: tuple[str, ...] | list[str] = (),
-                 std_keys: tuple[str, ...] | list[str] = (), loss_keys: tuple[str, ...] | list[str] = ()) -> None:
+    def __init__(
+        self,
+        fmt: StepFormat,
+        reward_keys: tuple[str, ...] | list[str] = (),
+        std_keys: tuple[str, ...] | list[str] = (),
+        loss_keys: tuple[str, ...] | list[str] = (),
+    ) -> None:
         self.fmt = fmt
         self._step_line = fmt.step_line()
         self._panel: list[str] | None = None
@@ -234,16 +259,17 @@ class StepParser:
                 number = next((int(values[k]) for k in (*fmt.step_keys, *_JSON_STEP_KEYS) if k in values), None)
                 return self._make([(k, repr(v)) for k, v in values.items()], number)
             elif (m := self._step_line.search(line) if self._step_line else None) or any(
-                    w in line for w in fmt.pair_words):
+                w in line for w in fmt.pair_words
+            ):
                 number = int(next(g for g in m.groups() if g is not None)) if m else None
-                return self._make(_PAIR.findall(line[m.end():] if m else line), number)
+                return self._make(_PAIR.findall(line[m.end() :] if m else line), number)
             return None
         if "╰" in line:
             rows, self._panel = self._panel, None
             return self._from_panel(rows)
         side = line.find("│")
         if side >= 0:  # lines interleaved from other processes have no border: skip them
-            self._panel.append(line[side + 1:].rstrip().removesuffix("│"))
+            self._panel.append(line[side + 1 :].rstrip().removesuffix("│"))
         return None
 
     def _make(self, pairs: list[tuple[str, str]], number: int | None = None) -> Step | None:
@@ -254,8 +280,15 @@ class StepParser:
             except ValueError:
                 continue
         fmt = self.fmt
-        known = (*self.reward_keys, *fmt.loss, *self.loss_keys, *fmt.grad_norm, *self.std_keys, *fmt.reward_std,
-                 *fmt.zero_std_fraction)
+        known = (
+            *self.reward_keys,
+            *fmt.loss,
+            *self.loss_keys,
+            *fmt.grad_norm,
+            *self.std_keys,
+            *fmt.reward_std,
+            *fmt.zero_std_fraction,
+        )
         if not any(k in known or k.startswith("loss/") or k.endswith("/grad_norm") for k in values):
             return None
         self._count += 1
@@ -301,10 +334,11 @@ def reward_unseen(parser: StepParser, steps: int, within: int) -> str | None:
     the zero-reward breaker cannot see a reward it cannot find."""
     if parser.reward_seen or steps < within:
         return None
-    keys = "the reward key " + ", ".join(parser.reward_keys) if parser.reward_given else \
-        "none of the known reward keys"
-    return (f"{steps} training steps and {keys} in none of them: the zero-reward breaker cannot see the reward; "
-            "name the key the run logs in hpcrl.reward_keys (the watchdog's --reward-key)")
+    keys = "the reward key " + ", ".join(parser.reward_keys) if parser.reward_given else "none of the known reward keys"
+    return (
+        f"{steps} training steps and {keys} in none of them: the zero-reward breaker cannot see the reward; "
+        "name the key the run logs in hpcrl.reward_keys (the watchdog's --reward-key)"
+    )
 
 
 def parse_steps(lines: list[str], fmt: StepFormat, reward_keys: tuple[str, ...] | list[str] = ()) -> list[Step]:
@@ -316,8 +350,14 @@ def parse_steps(lines: list[str], fmt: StepFormat, reward_keys: tuple[str, ...] 
 # vLLM v1 engine/exceptions.py and core_client.py; Ray exceptions, GCS and raylet messages.
 DEATH_PATTERNS = (
     ("vllm_engine_dead", re.compile(r"EngineDeadError|EngineCore encountered an issue|Engine core proc \S+ died")),
-    ("ray_node_dead", re.compile(r"marked dead because the detector has missed too many heartbeats"
-                                 r"|Raylet is terminated|raylet has died|local Raylet died", re.I)),
+    (
+        "ray_node_dead",
+        re.compile(
+            r"marked dead because the detector has missed too many heartbeats"
+            r"|Raylet is terminated|raylet has died|local Raylet died",
+            re.I,
+        ),
+    ),
     ("ray_actor_died", re.compile(r"ActorDiedError|RayActorError|The actor died unexpectedly")),
 )
 _INTENTIONAL = re.compile(r"ray\.kill|intentionally killed", re.I)
@@ -332,10 +372,14 @@ def death_line(line: str) -> str | None:
 # the Slingshot/libfabric layer and NCCL's system/remote errors, and a collective that timed
 # out with no CUDA OOM before it (diagnose.py explains each).
 CUDA_OOM = re.compile(r"CUDA out of memory|OutOfMemoryError: CUDA|CUDA error: out of memory")
-LIBFABRIC = re.compile(r"VNI_NOT_FOUND|NET/OFI.*(?:RC:?\s*-?\d+|error|failed)|cxi.*(?:error|failed)|fi_\w+ failed", re.I)
+LIBFABRIC = re.compile(
+    r"VNI_NOT_FOUND|NET/OFI.*(?:RC:?\s*-?\d+|error|failed)|cxi.*(?:error|failed)|fi_\w+ failed", re.I
+)
 NCCL_TIMEOUT = re.compile(r"Watchdog caught collective operation timeout: WorkNCCL\((.*?)\) ran for (\d+) milliseconds")
-NCCL_SYSTEM = re.compile(r"ncclSystemError|ncclRemoteError|NCCL error.*(?:unhandled system error|remote process exited|"
-                         r"Connection (?:reset|closed|refused))")
+NCCL_SYSTEM = re.compile(
+    r"ncclSystemError|ncclRemoteError|NCCL error.*(?:unhandled system error|remote process exited|"
+    r"Connection (?:reset|closed|refused))"
+)
 
 
 def network_failure(text: str) -> str | None:
@@ -343,6 +387,6 @@ def network_failure(text: str) -> str | None:
     if CUDA_OOM.search(text):
         return None
     for kind, pattern in (("libfabric", LIBFABRIC), ("nccl-system", NCCL_SYSTEM), ("nccl-timeout", NCCL_TIMEOUT)):
-        if (m := pattern.search(text)):
+        if m := pattern.search(text):
             return f"{kind}: {m.group(0)[:160]}"
     return None

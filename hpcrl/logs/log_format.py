@@ -69,5 +69,14 @@ def write_known_formats(path: Path = KNOWN_FORMATS) -> None:
     path.write_text(known_formats_text())
 
 
-__all__ = ["KNOWN_FORMATS", "backend_format", "backends_union", "known_formats_text", "plan_format", "run_format",
-           "step_format", "union_format", "write_known_formats"]
+__all__ = [
+    "KNOWN_FORMATS",
+    "backend_format",
+    "backends_union",
+    "known_formats_text",
+    "plan_format",
+    "run_format",
+    "step_format",
+    "union_format",
+    "write_known_formats",
+]

@@ -36,11 +36,13 @@ def metric_keys(plan: dict | None) -> dict[str, tuple[str, ...]]:
         return tuple(str(k) for k in plan.get(key) or ())
 
     fmt = plan_format(plan)
-    keys = {"reward": own("reward_keys") + facts.reward + fmt.reward,
-            "reward_std": facts.reward_std + fmt.reward_std,
-            "kl": facts.kl,
-            "loss": own("loss_keys") + facts.loss + fmt.loss,
-            "grad_norm": facts.grad_norm + fmt.grad_norm}
+    keys = {
+        "reward": own("reward_keys") + facts.reward + fmt.reward,
+        "reward_std": facts.reward_std + fmt.reward_std,
+        "kl": facts.kl,
+        "loss": own("loss_keys") + facts.loss + fmt.loss,
+        "grad_norm": facts.grad_norm + fmt.grad_norm,
+    }
     return {role: tuple(dict.fromkeys(v)) for role, v in keys.items()}
 
 

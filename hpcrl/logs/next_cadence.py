@@ -43,20 +43,33 @@ def next_cadence(plan: dict, records: list[dict], jobs: list[str]) -> dict:
     s = summarize(records, set(jobs))
     n = (s["step_s"] or {}).get("n", 0)
     if n < MIN_STEPS:
-        return {"every_steps": planned, "why": f"{n} step(s) measured by earlier jobs (fewer than {MIN_STEPS}): "
-                                               f"the plan's {c['key']} {planned} stays"}
+        return {
+            "every_steps": planned,
+            "why": f"{n} step(s) measured by earlier jobs (fewer than {MIN_STEPS}): "
+            f"the plan's {c['key']} {planned} stays",
+        }
     measured = s["step_s"]["median"]
     upper = measured * MEASURED_UPPER_FACTOR
     spec: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in c["model"].items()}
     model = ModelSpec(**spec)
-    cad = plan_cadence(upper, c["max_lost_minutes"], model, c["write_gib_s"], c["signal_floor_s"], None,
-                       c.get("lora_rank", 0))
-    return {"every_steps": cad.every_steps, "planned_every_steps": planned, "planned_step_s": c["step_s"],
-            "measured_step_s": measured, "step_source": s["step_source"], "steps": n,
-            "upper_s": round(upper, 3), "factor": MEASURED_UPPER_FACTOR,
-            "why": (f"{c['key']} {cad.every_steps} (planned {planned}): measured step {measured:g} s (median of {n}, "
-                    f"{s['step_source']} timer) x {MEASURED_UPPER_FACTOR:g} = {upper:.1f} s upper, so that at most "
-                    f"{c['max_lost_minutes']:g} min is lost (plan's estimate {c['step_s']:g} s)")}
+    cad = plan_cadence(
+        upper, c["max_lost_minutes"], model, c["write_gib_s"], c["signal_floor_s"], None, c.get("lora_rank", 0)
+    )
+    return {
+        "every_steps": cad.every_steps,
+        "planned_every_steps": planned,
+        "planned_step_s": c["step_s"],
+        "measured_step_s": measured,
+        "step_source": s["step_source"],
+        "steps": n,
+        "upper_s": round(upper, 3),
+        "factor": MEASURED_UPPER_FACTOR,
+        "why": (
+            f"{c['key']} {cad.every_steps} (planned {planned}): measured step {measured:g} s (median of {n}, "
+            f"{s['step_source']} timer) x {MEASURED_UPPER_FACTOR:g} = {upper:.1f} s upper, so that at most "
+            f"{c['max_lost_minutes']:g} min is lost (plan's estimate {c['step_s']:g} s)"
+        ),
+    }
 
 
 __all__ = ["MEASURED_UPPER_FACTOR", "MIN_STEPS", "chain_before", "next_cadence"]

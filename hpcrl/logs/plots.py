@@ -48,8 +48,7 @@ def plot_memory(plan: dict, path: Path | BinaryIO) -> None:
     ax.axhline(plan["gpu"]["usable_gib"], color="red", linestyle="--", label=f"{plan['gpu']['name']} usable")
     lr = plan["learner"]
     sharding = from_plan(lr).plan_label(lr)
-    ax.set_xticks([0, 1], [f"learner ({lr['gpus']} GPUs, {sharding})",
-                           f"engine (vLLM TP={e['tp']})"])
+    ax.set_xticks([0, 1], [f"learner ({lr['gpus']} GPUs, {sharding})", f"engine (vLLM TP={e['tp']})"])
     ax.set_ylabel("GiB per GPU")
     ax.set_title(plan["model"]["name"])
     ax.legend()

@@ -30,8 +30,13 @@ MIB_PER_GIB = 1024.0
 # an earlier run's.
 CLOCK_SLACK = timedelta(seconds=120)
 # The roles a GPU can have, in the order tables and the plot list them (and the plot's colours).
-ROLE_COLORS = {"learner": "tab:blue", "engine": "tab:orange", "mixed": "tab:purple", "head": "tab:green",
-               "idle": "tab:gray"}
+ROLE_COLORS = {
+    "learner": "tab:blue",
+    "engine": "tab:orange",
+    "mixed": "tab:purple",
+    "head": "tab:green",
+    "idle": "tab:gray",
+}
 NO_PLAN = "No prediction: plan.json holds no memory plan (a run submitted as a bare script)."
 
 
@@ -110,20 +115,29 @@ def _job_rows(events: list[Event], ids: list[str], reg_jobs: dict[str, dict], ru
         reason, _, code = end.detail.partition(":") if end else (reg_reason, "", "")
         exit_code = int(code) if code.lstrip("-").isdigit() else reg.get("exit_code")
         logs = run_dir / C.LOGS
-        log = next((p for p in (logs / C.JOB_LOG.format(job=jid), logs / C.SLURM_LOG.format(job=jid)) if p.exists()),
-                   None)
-        rows.append({
-            "seq": seq, "job_id": jid, "slurm_state": reg.get("state"), "head_node": start.detail if start else None,
-            "submitted": submitted, "started": started, "ended": ended,
-            "queued_s": _seconds(parse_time(submitted), parse_time(started)),
-            "duration_s": _seconds(parse_time(started), parse_time(ended)),
-            "end_reason": reason, "exit_code": exit_code,
-            "next_job": nxt.detail if nxt else None,
-            "failure": _failure(first.get((jid, "failure"))),
-            "stack_check": (lambda e: e.detail if e else None)(first.get((jid, C.STACK_EVENT))),
-            **_ray_logs(run_dir, jid, start.detail if start else None),
-            "log": str(log.relative_to(run_dir)) if log else None,
-        })
+        log = next(
+            (p for p in (logs / C.JOB_LOG.format(job=jid), logs / C.SLURM_LOG.format(job=jid)) if p.exists()), None
+        )
+        rows.append(
+            {
+                "seq": seq,
+                "job_id": jid,
+                "slurm_state": reg.get("state"),
+                "head_node": start.detail if start else None,
+                "submitted": submitted,
+                "started": started,
+                "ended": ended,
+                "queued_s": _seconds(parse_time(submitted), parse_time(started)),
+                "duration_s": _seconds(parse_time(started), parse_time(ended)),
+                "end_reason": reason,
+                "exit_code": exit_code,
+                "next_job": nxt.detail if nxt else None,
+                "failure": _failure(first.get((jid, "failure"))),
+                "stack_check": (lambda e: e.detail if e else None)(first.get((jid, C.STACK_EVENT))),
+                **_ray_logs(run_dir, jid, start.detail if start else None),
+                "log": str(log.relative_to(run_dir)) if log else None,
+            }
+        )
     return rows
 
 
@@ -142,10 +156,14 @@ def _ray_logs(run_dir: Path, jid: str, head: str | None) -> dict:
             # "<job> <time> none": that job's sweep found the directory the job left, with no Ray logs in it.
             (lost if rest[0] == "none" else recovered).append({"node": node, "by_job": by, "time": when or None})
     ran = {head} if head else set()
-    ran |= {p.name[len("worker-"):-len(f"-{jid}.log")] for p in (run_dir / C.LOGS).glob(f"worker-*-{jid}.log")}
+    ran |= {p.name[len("worker-") : -len(f"-{jid}.log")] for p in (run_dir / C.LOGS).glob(f"worker-*-{jid}.log")}
     gone = {r["node"] for r in lost}
-    return {"ray_logs": [n for n in kept if n not in gone], "ray_logs_missing": sorted(ran - set(kept)),
-            "ray_logs_recovered": recovered, "ray_logs_lost": lost}
+    return {
+        "ray_logs": [n for n in kept if n not in gone],
+        "ray_logs_missing": sorted(ran - set(kept)),
+        "ray_logs_recovered": recovered,
+        "ray_logs_lost": lost,
+    }
 
 
 def failure_detail(detail: str) -> tuple[str, list[str]]:
@@ -188,8 +206,18 @@ def read_gpu_csvs(hp_dir: Path, since: datetime | None = None, series: bool = Fa
                 except (KeyError, TypeError, ValueError):
                     continue  # NVML could not read this GPU's memory this round
                 samples += 1
-                g = gpus.setdefault((node, gpu, role), {"node": node, "gpu": gpu, "role": role, "samples": 0,
-                                                         "peak_mib": -1.0, "peak_time": None, "total_mib": None})
+                g = gpus.setdefault(
+                    (node, gpu, role),
+                    {
+                        "node": node,
+                        "gpu": gpu,
+                        "role": role,
+                        "samples": 0,
+                        "peak_mib": -1.0,
+                        "peak_time": None,
+                        "total_mib": None,
+                    },
+                )
                 g["samples"] += 1
                 if used > g["peak_mib"]:
                     g["peak_mib"], g["peak_time"] = used, t.isoformat(timespec="seconds")
@@ -199,10 +227,14 @@ def read_gpu_csvs(hp_dir: Path, since: datetime | None = None, series: bool = Fa
                     pass
                 if series:
                     points.setdefault((node, gpu, role), []).append((t, used))
-    out = {"files": files, "samples": samples, "earlier_run_samples": earlier,
-           "no_gpu_nodes": sorted(set(no_gpu) - {g["node"] for g in gpus.values()}),
-           "no_gpu_roles": {k: sorted(v) for k, v in sorted(no_gpu.items())},
-           "gpus": [gpus[k] for k in sorted(gpus)]}
+    out = {
+        "files": files,
+        "samples": samples,
+        "earlier_run_samples": earlier,
+        "no_gpu_nodes": sorted(set(no_gpu) - {g["node"] for g in gpus.values()}),
+        "no_gpu_roles": {k: sorted(v) for k, v in sorted(no_gpu.items())},
+        "gpus": [gpus[k] for k in sorted(gpus)],
+    }
     if series:
         out["series"] = {k: sorted(v) for k, v in sorted(points.items())}
     return out
@@ -248,17 +280,29 @@ def _memory_rows(gpus: list[dict], pred: dict | None) -> list[dict]:
     for g in sorted(gpus, key=lambda g: -g["peak_mib"]):
         p = rows.setdefault(g["role"], {})
         if not p:
-            p.update(measured_peak_gib=round(g["peak_mib"] / MIB_PER_GIB, 3), node=g["node"], gpu=g["gpu"],
-                     time=g["peak_time"])
+            p.update(
+                measured_peak_gib=round(g["peak_mib"] / MIB_PER_GIB, 3),
+                node=g["node"],
+                gpu=g["gpu"],
+                time=g["peak_time"],
+            )
         p["gpus"], p["samples"] = p.get("gpus", 0) + 1, p.get("samples", 0) + g["samples"]
     out = []
     for role in sorted(rows, key=lambda r: list(ROLE_COLORS).index(r) if r in ROLE_COLORS else len(ROLE_COLORS)):
         p, (predicted, basis) = rows[role], predicted_for(role, pred)
         measured = p.get("measured_peak_gib")
-        out.append({"role": role, "measured_peak_gib": measured, "predicted_gib": predicted, "predicted_as": basis,
-                    "ratio": round(measured / predicted, 3) if measured is not None and predicted else None,
-                    **{k: p.get(k) for k in ("node", "gpu", "time")}, "gpus": p.get("gpus", 0),
-                    "samples": p.get("samples", 0)})
+        out.append(
+            {
+                "role": role,
+                "measured_peak_gib": measured,
+                "predicted_gib": predicted,
+                "predicted_as": basis,
+                "ratio": round(measured / predicted, 3) if measured is not None and predicted else None,
+                **{k: p.get(k) for k in ("node", "gpu", "time")},
+                "gpus": p.get("gpus", 0),
+                "samples": p.get("samples", 0),
+            }
+        )
     return out
 
 
@@ -266,8 +310,13 @@ def _memory_rows(gpus: list[dict], pred: dict | None) -> list[dict]:
 WATCHDOG_STEPS = C.ZERO_REWARD_STEPS
 
 
-def last_metrics(run_dir: Path, logs: list[str], reward_keys: list[str] | None = None,
-                 within: int | None = None, fmt: StepFormat | None = None) -> dict | None:
+def last_metrics(
+    run_dir: Path,
+    logs: list[str],
+    reward_keys: list[str] | None = None,
+    within: int | None = None,
+    fmt: StepFormat | None = None,
+) -> dict | None:
     """The last training step of the newest job log that has one (then hpcrl/driver.log), read in the run's format
     (`fmt`; None: every backend's) with the run's own reward keys, when its plan names them; `reward_note` says,
     as the watchdog warns, that `within` steps passed without a reward key."""
@@ -282,11 +331,17 @@ def last_metrics(run_dir: Path, logs: list[str], reward_keys: list[str] | None =
                 if (step := parser.feed(line)) is not None:
                     last, count = step, count + 1
         if last is not None:
-            return {"log": str(path.relative_to(run_dir)), "step": last.number, "steps_in_log": count,
-                    "reward_key": last.reward_key, "loss_key": last.loss_key,
-                    "grad_norm_key": (last.grad_norm() or (None,))[0],
-                    "reward_note": reward_unseen(parser, count, within or WATCHDOG_STEPS),
-                    "values": dict(last.values), "text": dict(last.text)}
+            return {
+                "log": str(path.relative_to(run_dir)),
+                "step": last.number,
+                "steps_in_log": count,
+                "reward_key": last.reward_key,
+                "loss_key": last.loss_key,
+                "grad_norm_key": (last.grad_norm() or (None,))[0],
+                "reward_note": reward_unseen(parser, count, within or WATCHDOG_STEPS),
+                "values": dict(last.values),
+                "text": dict(last.text),
+            }
     return None
 
 
@@ -344,33 +399,65 @@ def _build_report(run_dir: Path, run: dict | None) -> dict:
         node(g["node"])["gpus"].add(g["gpu"])
     for name, roles in gpu["no_gpu_roles"].items():
         node(name)["roles"].update(roles)
-    checkpoints = [{"path": str(c.path.relative_to(run_dir)), "kind": c.kind, "step": c.step, "bytes": c.bytes,
-                    "complete": c.complete} for c in find_checkpoints(run_dir)]
+    checkpoints = [
+        {
+            "path": str(c.path.relative_to(run_dir)),
+            "kind": c.kind,
+            "step": c.step,
+            "bytes": c.bytes,
+            "complete": c.complete,
+        }
+        for c in find_checkpoints(run_dir)
+    ]
     durations = [j["duration_s"] for j in jobs if j["duration_s"] is not None]
     ends = [t for j in jobs if (t := parse_time(j["ended"]))]
     return {
-        "schema_version": SCHEMA_VERSION, "run_id": (run or {}).get("run_id"),
+        "schema_version": SCHEMA_VERSION,
+        "run_id": (run or {}).get("run_id"),
         "name": (run or {}).get("name") or run_dir.name,
         "cluster": (run or {}).get("cluster") or (plan.get("cluster") if isinstance(plan, dict) else None),
-        "run_dir": str(run_dir), "state": state, "reason": reason, "breaker": breaker,
-        "jobs": jobs, "other_jobs_in_run_dir": other,
+        "run_dir": str(run_dir),
+        "state": state,
+        "reason": reason,
+        "breaker": breaker,
+        "jobs": jobs,
+        "other_jobs_in_run_dir": other,
         "run_time_s": sum(durations) if durations else None,
         "elapsed_s": _seconds(min(starts), max(ends)) if starts and ends else None,
-        "nodes": [{"node": k, "head_of_jobs": v["head_of_jobs"], "roles": sorted(v["roles"]), "gpus": len(v["gpus"]),
-                   "no_gpu": k in gpu["no_gpu_nodes"]} for k, v in sorted(nodes.items())],
+        "nodes": [
+            {
+                "node": k,
+                "head_of_jobs": v["head_of_jobs"],
+                "roles": sorted(v["roles"]),
+                "gpus": len(v["gpus"]),
+                "no_gpu": k in gpu["no_gpu_nodes"],
+            }
+            for k, v in sorted(nodes.items())
+        ],
         "checkpoints": checkpoints,
         "checkpoint_bytes": sum(c["bytes"] for c in checkpoints),
-        "metrics": last_metrics(run_dir, [j["log"] for j in jobs if j["log"]],
-                                *((plan.get("reward_keys"), plan.get("zero_reward_steps"))
-                                  if isinstance(plan, dict) else (None, None)),
-                                plan_format(plan if isinstance(plan, dict) else None)),
+        "metrics": last_metrics(
+            run_dir,
+            [j["log"] for j in jobs if j["log"]],
+            *((plan.get("reward_keys"), plan.get("zero_reward_steps")) if isinstance(plan, dict) else (None, None)),
+            plan_format(plan if isinstance(plan, dict) else None),
+        ),
         "plan": pred,
-        "gpu": {"samples": gpu["samples"], "files": gpu["files"], "no_gpu_nodes": gpu["no_gpu_nodes"],
-                "earlier_run_samples": gpu["earlier_run_samples"],
-                "note": None if gpu["samples"] else gpu_note(gpu), "per_gpu": gpu["gpus"]},
+        "gpu": {
+            "samples": gpu["samples"],
+            "files": gpu["files"],
+            "no_gpu_nodes": gpu["no_gpu_nodes"],
+            "earlier_run_samples": gpu["earlier_run_samples"],
+            "note": None if gpu["samples"] else gpu_note(gpu),
+            "per_gpu": gpu["gpus"],
+        },
         "memory": _memory_rows(gpu["gpus"], pred),
-        "timing": timing(run_dir, plan if isinstance(plan, dict) else None, jobs,
-                         {j["job_id"]: t.timestamp() for j in jobs if (t := parse_time(j["ended"]))}),
+        "timing": timing(
+            run_dir,
+            plan if isinstance(plan, dict) else None,
+            jobs,
+            {j["job_id"]: t.timestamp() for j in jobs if (t := parse_time(j["ended"]))},
+        ),
     }
 
 
@@ -389,8 +476,10 @@ def headline(metrics: dict | None) -> list[tuple[str, str]]:
     if not metrics:
         return []
     first = [*union_format().step_keys] + [metrics.get(k) for k in ("reward_key", "loss_key", "grad_norm_key")]
-    keys = dict.fromkeys([k for k in first if k is not None and k in metrics["text"]]
-                         + [k for k in summary_keys() if k in metrics["text"]])
+    keys = dict.fromkeys(
+        [k for k in first if k is not None and k in metrics["text"]]
+        + [k for k in summary_keys() if k in metrics["text"]]
+    )
     return [(k, metrics["text"][k]) for k in keys]
 
 

@@ -22,29 +22,58 @@ def to_markdown(r: dict) -> str:
     if r["cluster"]:
         out.append(f"- cluster: {r['cluster']}")
     out.append(f"- state: **{r['state']}**" + (f", reason **{r['reason']}**" if r["reason"] else ""))
-    if (b := r["breaker"]):
+    if b := r["breaker"]:
         out.append(f"- circuit breaker: {b['reason']} (exit {b['exit_code']}, step {b['step']}): {b['message']}")
-    out.append(f"- run time: {fmt_duration(r['run_time_s'])} in {len(r['jobs'])} job(s); "
-               f"first start to last end {fmt_duration(r['elapsed_s'])}")
+    out.append(
+        f"- run time: {fmt_duration(r['run_time_s'])} in {len(r['jobs'])} job(s); "
+        f"first start to last end {fmt_duration(r['elapsed_s'])}"
+    )
     if r["other_jobs_in_run_dir"]:
         out.append(f"- jobs.tsv also holds earlier runs' jobs: {', '.join(r['other_jobs_in_run_dir'])}")
     out += ["", "## Jobs", ""]
-    out += _md_table(["#", "job", "head node", "submitted", "started", "ended", "queued", "ran", "end", "next"],
-                     [[j["seq"], j["job_id"], j["head_node"], j["submitted"], j["started"], j["ended"],
-                       fmt_duration(j["queued_s"]), fmt_duration(j["duration_s"]), end_text(j), j["next_job"]]
-                      for j in r["jobs"]])
+    out += _md_table(
+        ["#", "job", "head node", "submitted", "started", "ended", "queued", "ran", "end", "next"],
+        [
+            [
+                j["seq"],
+                j["job_id"],
+                j["head_node"],
+                j["submitted"],
+                j["started"],
+                j["ended"],
+                fmt_duration(j["queued_s"]),
+                fmt_duration(j["duration_s"]),
+                end_text(j),
+                j["next_job"],
+            ]
+            for j in r["jobs"]
+        ],
+    )
     out += [f"- job {j['job_id']}: stack check: {j['stack_check']}" for j in r["jobs"] if j.get("stack_check")]
     if any(j.get("stack_check") for j in r["jobs"]):
         out.append("")
     out += ["## Nodes", ""]
-    out += _md_table(["node", "head of jobs", "roles", "GPUs"],
-                     [[n["node"], ", ".join(n["head_of_jobs"]), ", ".join(n["roles"]) or "-",
-                       "none found" if n["no_gpu"] else n["gpus"]] for n in r["nodes"]])
+    out += _md_table(
+        ["node", "head of jobs", "roles", "GPUs"],
+        [
+            [
+                n["node"],
+                ", ".join(n["head_of_jobs"]),
+                ", ".join(n["roles"]) or "-",
+                "none found" if n["no_gpu"] else n["gpus"],
+            ]
+            for n in r["nodes"]
+        ],
+    )
     out += ["## Checkpoints", ""]
     if r["checkpoints"]:
-        out += _md_table(["kind", "step", "size", "complete", "path"],
-                         [[c["kind"], c["step"], fmt_bytes(c["bytes"]), "yes" if c["complete"] else "no",
-                           f"`{c['path']}`"] for c in r["checkpoints"]])
+        out += _md_table(
+            ["kind", "step", "size", "complete", "path"],
+            [
+                [c["kind"], c["step"], fmt_bytes(c["bytes"]), "yes" if c["complete"] else "no", f"`{c['path']}`"]
+                for c in r["checkpoints"]
+            ],
+        )
         out += [f"Total: {fmt_bytes(r['checkpoint_bytes'])}", ""]
     else:
         out += ["No checkpoints.", ""]
@@ -60,9 +89,20 @@ def to_markdown(r: dict) -> str:
     if r["gpu"]["note"]:
         out += [r["gpu"]["note"] + ".", ""]
     if r["memory"]:
-        out += _md_table(["role", "measured peak (GiB)", "where", "predicted (GiB)", "prediction", "measured/pred."],
-                         [[m["role"], gib(m["measured_peak_gib"]), where_text(m), gib(m["predicted_gib"]),
-                           m["predicted_as"] or "-", pct(m["ratio"])] for m in r["memory"]])
+        out += _md_table(
+            ["role", "measured peak (GiB)", "where", "predicted (GiB)", "prediction", "measured/pred."],
+            [
+                [
+                    m["role"],
+                    gib(m["measured_peak_gib"]),
+                    where_text(m),
+                    gib(m["predicted_gib"]),
+                    m["predicted_as"] or "-",
+                    pct(m["ratio"]),
+                ]
+                for m in r["memory"]
+            ],
+        )
     if r["plan"] is None:
         out += [NO_PLAN, ""]
     out += _timing_md(r["timing"])
@@ -73,11 +113,21 @@ def _timing_md(tm: dict) -> list[str]:
     out = ["## Plan vs real times", ""]
     if tm["note"]:
         return out + [tm["note"] + ".", ""]
-    out += _md_table(["", "plan (s)", "plan band (s)", "real median (s)", "real min-max (s)", "n", "real/plan"],
-                     [[x["what"], seconds(x["plan_s"]) + (" (derived)" if x.get("plan_basis") == "derived" else ""),
-                       band_text(x), seconds(x["real_s"]),
-                       "-" if x["real_min_s"] is None else f"{x['real_min_s']:,.1f}-{x['real_max_s']:,.1f}", x["n"],
-                       "-" if x["ratio"] is None else f"{x['ratio']:.2f}x"] for x in tm["rows"]])
+    out += _md_table(
+        ["", "plan (s)", "plan band (s)", "real median (s)", "real min-max (s)", "n", "real/plan"],
+        [
+            [
+                x["what"],
+                seconds(x["plan_s"]) + (" (derived)" if x.get("plan_basis") == "derived" else ""),
+                band_text(x),
+                seconds(x["real_s"]),
+                "-" if x["real_min_s"] is None else f"{x['real_min_s']:,.1f}-{x['real_max_s']:,.1f}",
+                x["n"],
+                "-" if x["ratio"] is None else f"{x['ratio']:.2f}x",
+            ]
+            for x in tm["rows"]
+        ],
+    )
     out += [f"- {interval_text(tm['interval'])}"] if tm["interval"] else []
     out += [f"- {lost_text(tm['last_stop'])}"] + [f"- **warning:** {w}" for w in tm["warnings"]]
     return out + [""]

@@ -17,7 +17,7 @@ def _line(pts: list[tuple[datetime, float]], limit: int = 2000) -> tuple[list, l
     step = max(1, -(-len(pts) // limit))
     xs: list = []
     ys: list = []
-    for t, used in (max(pts[i:i + step], key=lambda p: p[1]) for i in range(0, len(pts), step)):
+    for t, used in (max(pts[i : i + step], key=lambda p: p[1]) for i in range(0, len(pts), step)):
         if xs and t - xs[-1] > GAP:
             xs, ys = xs + [xs[-1] + (t - xs[-1]) / 2], ys + [float("nan")]
         xs.append(t)
@@ -37,20 +37,31 @@ def plot_gpu_memory(report: dict, path: Path | BinaryIO) -> None:
     labelled: set[str] = set()
     for (_node, _gpu, role), pts in data["series"].items():
         xs, ys = _line(pts)
-        ax.plot(xs, ys, color=ROLE_COLORS.get(role, "tab:gray"), linewidth=1, alpha=0.8,
-                marker="." if len(xs) < 200 else None, label=None if role in labelled else f"{role} GPUs")
+        ax.plot(
+            xs,
+            ys,
+            color=ROLE_COLORS.get(role, "tab:gray"),
+            linewidth=1,
+            alpha=0.8,
+            marker="." if len(xs) < 200 else None,
+            label=None if role in labelled else f"{role} GPUs",
+        )
         labelled.add(role)
     pred = report["plan"] or {}
-    for key, role, name in (("learner_peak_gib", "learner", "learner predicted peak"),
-                            ("engine_reserved_gib", "engine", "vLLM predicted reservation")):
+    for key, role, name in (
+        ("learner_peak_gib", "learner", "learner predicted peak"),
+        ("engine_reserved_gib", "engine", "vLLM predicted reservation"),
+    ):
         if pred.get(key) is not None:
-            ax.axhline(pred[key], color=ROLE_COLORS[role], linestyle="--", linewidth=1.5,
-                       label=f"{name} {pred[key]:.1f} GiB")
+            ax.axhline(
+                pred[key], color=ROLE_COLORS[role], linestyle="--", linewidth=1.5, label=f"{name} {pred[key]:.1f} GiB"
+            )
     if not data["series"]:
         ax.text(0.5, 0.5, gpu_note(data), transform=ax.transAxes, ha="center", va="center")
         ax.set_xticks([])
-    ax.set(ylabel="GPU memory used (GiB)", xlabel="time (UTC)",
-           title=f"GPU memory: {report['run_id'] or report['name']}")
+    ax.set(
+        ylabel="GPU memory used (GiB)", xlabel="time (UTC)", title=f"GPU memory: {report['run_id'] or report['name']}"
+    )
     if ax.get_legend_handles_labels()[0]:
         ax.legend(loc="lower right", fontsize=8)
     fig.autofmt_xdate()

@@ -32,9 +32,16 @@ def _ratio(real: float | None, plan: float | None) -> float | None:
 
 def _row(what: str, plan_s: float | None, spread: dict | None, **extra: object) -> dict:
     real = spread["median"] if spread else None
-    return {"what": what, "plan_s": plan_s, "real_s": real, "real_min_s": spread["min"] if spread else None,
-            "real_max_s": spread["max"] if spread else None, "n": spread["n"] if spread else 0,
-            "ratio": _ratio(real, plan_s), **extra}
+    return {
+        "what": what,
+        "plan_s": plan_s,
+        "real_s": real,
+        "real_min_s": spread["min"] if spread else None,
+        "real_max_s": spread["max"] if spread else None,
+        "n": spread["n"] if spread else 0,
+        "ratio": _ratio(real, plan_s),
+        **extra,
+    }
 
 
 def step_band(layout: dict) -> tuple[float | None, float | None, str]:
@@ -67,48 +74,90 @@ def timing(run_dir: Path, plan: dict | None, jobs: list[dict], ended: dict[str, 
     cadence = (plan or {}).get("cadence") or {}
     s = summarize(recs)
     low, high, basis = step_band(layout)
-    step = _row("step", layout.get("step_time_s"), s["step_s"], plan_low_s=low, plan_high_s=high, plan_basis=basis,
-                source=s["step_source"])
-    gen = _row("generation", layout.get("generation_time_s"), s["generation_s"],
-               plan_low_s=layout.get("generation_time_low_s"), plan_high_s=layout.get("generation_time_high_s"),
-               plan_basis=layout.get("generation_time_basis") or "-")
-    rows = [step,
-            gen,
-            _row("training", layout.get("training_time_s"), s["training_s"]),
-            _row("checkpoint write", cadence.get("write_s"), s["checkpoint_write_s"],
-                 plan_basis="derived" if cadence.get("write_s") is not None else "-", source=s["checkpoint_sources"])]
+    step = _row(
+        "step",
+        layout.get("step_time_s"),
+        s["step_s"],
+        plan_low_s=low,
+        plan_high_s=high,
+        plan_basis=basis,
+        source=s["step_source"],
+    )
+    gen = _row(
+        "generation",
+        layout.get("generation_time_s"),
+        s["generation_s"],
+        plan_low_s=layout.get("generation_time_low_s"),
+        plan_high_s=layout.get("generation_time_high_s"),
+        plan_basis=layout.get("generation_time_basis") or "-",
+    )
+    rows = [
+        step,
+        gen,
+        _row("training", layout.get("training_time_s"), s["training_s"]),
+        _row(
+            "checkpoint write",
+            cadence.get("write_s"),
+            s["checkpoint_write_s"],
+            plan_basis="derived" if cadence.get("write_s") is not None else "-",
+            source=s["checkpoint_sources"],
+        ),
+    ]
     warnings = []
     real = step["real_s"]
     if real is not None and low is not None and high is not None and not low <= real <= high:
-        warnings.append(f"the real step ({real:g} s, median of {step['n']}) is outside the plan's band "
-                        f"{low:g}-{high:g} s ({basis}): the checkpoint interval and the time-limit warning rest on it")
+        warnings.append(
+            f"the real step ({real:g} s, median of {step['n']}) is outside the plan's band "
+            f"{low:g}-{high:g} s ({basis}): the checkpoint interval and the time-limit warning rest on it"
+        )
     g_real, g_low, g_high = gen["real_s"], gen["plan_low_s"], gen["plan_high_s"]
     if g_real is not None and g_low is not None and g_high is not None and not g_low <= g_real <= g_high:
-        warnings.append(f"the real generation ({g_real:g} s, median of {gen['n']}) is outside the plan's band "
-                        f"{g_low:g}-{g_high:g} s (the vLLM model, docs/plan.md): the layout's split of GPUs between "
-                        "engines and learners rests on it")
+        warnings.append(
+            f"the real generation ({g_real:g} s, median of {gen['n']}) is outside the plan's band "
+            f"{g_low:g}-{g_high:g} s (the vLLM model, docs/plan.md): the layout's split of GPUs between "
+            "engines and learners rests on it"
+        )
     interval = None
     if cadence:
-        per_job = [{"job": str(r["job"]), "every_steps": r.get("every_steps"), "why": r.get("why")}
-                   for r in recs if r["kind"] == "interval"]
+        per_job = [
+            {"job": str(r["job"]), "every_steps": r.get("every_steps"), "why": r.get("why")}
+            for r in recs
+            if r["kind"] == "interval"
+        ]
         # The interval in force: the last job's, as its script set it, else the plan's.
         every = int(per_job[-1]["every_steps"] if per_job and per_job[-1]["every_steps"] else cadence["every_steps"])
-        interval = {"key": cadence.get("key"), "planned_every_steps": int(cadence["every_steps"]), "every_steps": every,
-                    "jobs": per_job, "max_lost_minutes": cadence.get("max_lost_minutes"),
-                    "plan_at_risk_min": round(every * cadence["step_s"] / 60, 1),
-                    "real_at_risk_min": round(every * real / 60, 1) if real is not None else None}
+        interval = {
+            "key": cadence.get("key"),
+            "planned_every_steps": int(cadence["every_steps"]),
+            "every_steps": every,
+            "jobs": per_job,
+            "max_lost_minutes": cadence.get("max_lost_minutes"),
+            "plan_at_risk_min": round(every * cadence["step_s"] / 60, 1),
+            "real_at_risk_min": round(every * real / 60, 1) if real is not None else None,
+        }
         limit = cadence.get("max_lost_minutes")
         if interval["real_at_risk_min"] is not None and limit and interval["real_at_risk_min"] > limit:
-            warnings.append(f"{cadence.get('key')} {every} at the real step is ~{interval['real_at_risk_min']:g} min "
-                            f"of training at risk, over hpcrl.max_lost_minutes {limit:g} (a continuation resets it "
-                            "from the measured step)")
+            warnings.append(
+                f"{cadence.get('key')} {every} at the real step is ~{interval['real_at_risk_min']:g} min "
+                f"of training at risk, over hpcrl.max_lost_minutes {limit:g} (a continuation resets it "
+                "from the measured step)"
+            )
     write = rows[3]["real_max_s"]
     if real is not None and cadence.get("lead_s") and real + (write or 0.0) + STOP_MARGIN_S > cadence["lead_s"]:
-        warnings.append(f"the time-limit warning comes {cadence['lead_s']} s before the end, less than one real step "
-                        f"({real:g} s) + the longest checkpoint write ({write or 0:g} s) + {STOP_MARGIN_S} s to stop: "
-                        "a checkpoint due at the end may be cut off")
-    return {"file": f"{C.META}/{C.STEP_TIMES}", "records": len(recs), "note": None if recs else NO_TIMES,
-            "rows": rows, "interval": interval, "last_stop": _last_stop(recs, jobs, ended), "warnings": warnings}
+        warnings.append(
+            f"the time-limit warning comes {cadence['lead_s']} s before the end, less than one real step "
+            f"({real:g} s) + the longest checkpoint write ({write or 0:g} s) + {STOP_MARGIN_S} s to stop: "
+            "a checkpoint due at the end may be cut off"
+        )
+    return {
+        "file": f"{C.META}/{C.STEP_TIMES}",
+        "records": len(recs),
+        "note": None if recs else NO_TIMES,
+        "rows": rows,
+        "interval": interval,
+        "last_stop": _last_stop(recs, jobs, ended),
+        "warnings": warnings,
+    }
 
 
 def seconds(v: float | None) -> str:
@@ -123,19 +172,27 @@ def band_text(row: dict) -> str:
 def interval_text(i: dict) -> str:
     real = "-" if i["real_at_risk_min"] is None else f"~{i['real_at_risk_min']:g}"
     jobs = ", ".join(f"job {j['job']} {j['every_steps']}" for j in i["jobs"])
-    return (f"checkpoint interval: {i['key']} {i['every_steps']} (planned {i['planned_every_steps']}"
-            + (f"; {jobs}" if jobs else "") + f") = ~{i['plan_at_risk_min']:g} min of training at the planned step, "
-            f"{real} min at the real one (hpcrl.max_lost_minutes {i['max_lost_minutes']:g})")
+    return (
+        f"checkpoint interval: {i['key']} {i['every_steps']} (planned {i['planned_every_steps']}"
+        + (f"; {jobs}" if jobs else "")
+        + f") = ~{i['plan_at_risk_min']:g} min of training at the planned step, "
+        f"{real} min at the real one (hpcrl.max_lost_minutes {i['max_lost_minutes']:g})"
+    )
 
 
 def lost_text(stop: dict | None) -> str:
     if stop is None:
         return "lost work at the last stop: none (no job stopped before completing, or it recorded no step)"
-    since = (f"since the checkpoint after step {stop['checkpoint_step']}" if stop["since"] == "checkpoint"
-             else "since its first step line (no checkpoint write recorded in that job)")
+    since = (
+        f"since the checkpoint after step {stop['checkpoint_step']}"
+        if stop["since"] == "checkpoint"
+        else "since its first step line (no checkpoint write recorded in that job)"
+    )
     steps = "" if stop["steps_lost"] is None else f"{stop['steps_lost']} step(s), "
-    return (f"lost work at the last stop (job {stop['job']}, {stop['reason']}, last step {stop['last_step']}): "
-            f"{steps}{stop['lost_s']:,.0f} s {since}")
+    return (
+        f"lost work at the last stop (job {stop['job']}, {stop['reason']}, last step {stop['last_step']}): "
+        f"{steps}{stop['lost_s']:,.0f} s {since}"
+    )
 
 
 __all__ = ["NO_TIMES", "band_text", "interval_text", "lost_text", "seconds", "step_band", "timing"]

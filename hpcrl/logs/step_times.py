@@ -27,6 +27,7 @@ from pathlib import Path
 
 from hpcrl.logs.driver_log import Step
 
+
 def _first(step: Step, keys: tuple[str, ...]) -> float | None:
     return next((step.values[k] for k in keys if k in step.values), None)
 
@@ -34,9 +35,16 @@ def _first(step: Step, keys: tuple[str, ...]) -> float | None:
 class StepClock:
     """Turns parsed steps and log lines into step-times.jsonl records (no files, no clock of its own)."""
 
-    def __init__(self, job: str, *, step_keys: tuple[str, ...] = (), generation_keys: tuple[str, ...] = (),
-                 training_keys: tuple[str, ...] = (), checkpoint_keys: tuple[str, ...] = (),
-                 checkpoint_line: str | None = None) -> None:
+    def __init__(
+        self,
+        job: str,
+        *,
+        step_keys: tuple[str, ...] = (),
+        generation_keys: tuple[str, ...] = (),
+        training_keys: tuple[str, ...] = (),
+        checkpoint_keys: tuple[str, ...] = (),
+        checkpoint_line: str | None = None,
+    ) -> None:
         self.job = job
         self.step_keys, self.generation_keys, self.training_keys = step_keys, generation_keys, training_keys
         self.checkpoint_keys = checkpoint_keys
@@ -46,10 +54,16 @@ class StepClock:
 
     def step(self, step: Step, now: float) -> list[dict]:
         """The step's record, and a checkpoint record when the step's metrics time a write."""
-        rec = {"kind": "step", "job": self.job, "step": step.number, "time": round(now, 3),
-               "wall_s": None if self.last_time is None else round(now - self.last_time, 3),
-               "step_s": _first(step, self.step_keys), "generation_s": _first(step, self.generation_keys),
-               "training_s": _first(step, self.training_keys)}
+        rec = {
+            "kind": "step",
+            "job": self.job,
+            "step": step.number,
+            "time": round(now, 3),
+            "wall_s": None if self.last_time is None else round(now - self.last_time, 3),
+            "step_s": _first(step, self.step_keys),
+            "generation_s": _first(step, self.generation_keys),
+            "training_s": _first(step, self.training_keys),
+        }
         self.last_step, self.last_time = step.number, now
         out = [rec]
         write = _first(step, self.checkpoint_keys)
@@ -69,8 +83,14 @@ class StepClock:
         return self._checkpoint(mtime - self.last_time, mtime, "marker")
 
     def _checkpoint(self, write_s: float, now: float, source: str) -> dict:
-        return {"kind": "checkpoint", "job": self.job, "step": self.last_step, "time": round(now, 3),
-                "write_s": round(write_s, 3), "source": source}
+        return {
+            "kind": "checkpoint",
+            "job": self.job,
+            "step": self.last_step,
+            "time": round(now, 3),
+            "write_s": round(write_s, 3),
+            "source": source,
+        }
 
 
 def read_records(path: Path) -> list[dict]:
@@ -102,8 +122,12 @@ def step_seconds(rec: dict) -> tuple[float | None, str]:
 def _spread(values: list[float]) -> dict | None:
     if not values:
         return None
-    return {"median": round(statistics.median(values), 3), "min": round(min(values), 3),
-            "max": round(max(values), 3), "n": len(values)}
+    return {
+        "median": round(statistics.median(values), 3),
+        "min": round(min(values), 3),
+        "max": round(max(values), 3),
+        "n": len(values),
+    }
 
 
 def summarize(records: list[dict], jobs: set[str] | None = None) -> dict:
@@ -139,8 +163,14 @@ def lost_at_stop(records: list[dict], job: str, stop: float) -> dict | None:
         lost_steps = last - ckpt_step if isinstance(last, int) and isinstance(ckpt_step, int) else None
     else:
         since, ckpt_step, lost_steps = float(steps[0]["time"]), None, len(steps)
-    return {"job": job, "last_step": last, "checkpoint_step": ckpt_step, "steps_lost": lost_steps,
-            "lost_s": round(max(stop - since, 0.0), 3), "since": "checkpoint" if ckpts else "first step line"}
+    return {
+        "job": job,
+        "last_step": last,
+        "checkpoint_step": ckpt_step,
+        "steps_lost": lost_steps,
+        "lost_s": round(max(stop - since, 0.0), 3),
+        "since": "checkpoint" if ckpts else "first step line",
+    }
 
 
 __all__ = ["StepClock", "lost_at_stop", "read_records", "step_seconds", "summarize"]

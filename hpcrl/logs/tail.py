@@ -50,7 +50,7 @@ class Tail:
         data = self._rest + data
         if self._skip:  # started inside the file: its first line is a fragment
             cut = data.find(b"\n")
-            data, self._skip = (data[cut + 1:], False) if cut >= 0 else (b"", True)
+            data, self._skip = (data[cut + 1 :], False) if cut >= 0 else (b"", True)
         *complete, self._rest = data.split(b"\n")
         return [line.decode(errors="replace") for line in complete]
 

@@ -22,8 +22,21 @@ from hpcrl.logs.report import Event, chain_ids, fmt_duration, parse_time, predic
 from hpcrl.logs.report_timing import step_band
 from hpcrl.logs.step_times import step_seconds, summarize
 from hpcrl.logs.tail import Tail
-from hpcrl.logs.watch_model import (SCHEMA_VERSION, Allocation, Breaker, CheckpointTime, Disk, Gpu, JobRow, Metric,
-                                    Metrics, Progress, SlurmView, Snapshot, StepTime)
+from hpcrl.logs.watch_model import (
+    SCHEMA_VERSION,
+    Allocation,
+    Breaker,
+    CheckpointTime,
+    Disk,
+    Gpu,
+    JobRow,
+    Metric,
+    Metrics,
+    Progress,
+    SlurmView,
+    Snapshot,
+    StepTime,
+)
 from hpcrl.logs.watch_sources import GpuTails, dir_bytes, fs_space
 
 LOG_START_BYTES = 8 << 20  # a log first seen larger is read from its last 8 MiB
@@ -99,13 +112,22 @@ class RunReader:
             view = views.get(jid)
             reason, _, code = end.detail.partition(":") if end else ("", "", "")
             if not end and view is not None and view.phase == "ended":  # killed before it wrote its end
-                reason, _, code = (view.comment_end or C.SLURM_STATE_REASONS.get(view.state, view.state.lower())
-                                   ).partition(":")
-            rows.append(JobRow(seq=seq, job_id=jid, slurm_state=view.state if view else None,
-                               head_node=start.detail if start else None, started=start.stamp if start else None,
-                               ended=end.stamp if end else None, end_reason=reason or None,
-                               exit_code=int(code) if code.lstrip("-").isdigit() else None,
-                               next_job=nxt.detail if nxt and nxt.detail.isdigit() else None))
+                reason, _, code = (
+                    view.comment_end or C.SLURM_STATE_REASONS.get(view.state, view.state.lower())
+                ).partition(":")
+            rows.append(
+                JobRow(
+                    seq=seq,
+                    job_id=jid,
+                    slurm_state=view.state if view else None,
+                    head_node=start.detail if start else None,
+                    started=start.stamp if start else None,
+                    ended=end.stamp if end else None,
+                    end_reason=reason or None,
+                    exit_code=int(code) if code.lstrip("-").isdigit() else None,
+                    next_job=nxt.detail if nxt and nxt.detail.isdigit() else None,
+                )
+            )
         return rows
 
     def _state(self, rows: list[JobRow], view: SlurmView | None) -> tuple[str, str | None, bool]:
@@ -136,19 +158,24 @@ class RunReader:
         missing = []
         for jid in ids:
             logs = self.run_dir / C.LOGS
-            path = next((p for p in (logs / C.JOB_LOG.format(job=jid), logs / C.SLURM_LOG.format(job=jid))
-                         if p.exists()), None)
+            path = next(
+                (p for p in (logs / C.JOB_LOG.format(job=jid), logs / C.SLURM_LOG.format(job=jid)) if p.exists()), None
+            )
             if path is None:
                 missing.append(jid)
                 continue
             log = self._logs.get(path)
             if log is None:
-                log = self._logs[path] = _Log(path, self.fmt, list((self.plan or {}).get("reward_keys") or ()),
-                                              list((self.plan or {}).get("loss_keys") or ()))
+                log = self._logs[path] = _Log(
+                    path,
+                    self.fmt,
+                    list((self.plan or {}).get("reward_keys") or ()),
+                    list((self.plan or {}).get("loss_keys") or ()),
+                )
             rel = str(path.relative_to(self.run_dir))
             for line in log.tail.lines():
                 if WATCHDOG_MARK in line:
-                    self.watchdog.append(ANSI.sub("", line[line.index(WATCHDOG_MARK):]).strip())
+                    self.watchdog.append(ANSI.sub("", line[line.index(WATCHDOG_MARK) :]).strip())
                 step = log.parser.feed(line)
                 if step is None:
                     continue
@@ -184,11 +211,20 @@ class RunReader:
         if rate is None and median:
             rate, basis = round(3600 / median, 1), "3600 s / the median step"
         total = ((self.plan or {}).get("disk") or {}).get("total_steps")
-        to_go = ((total - number) / rate * 3600 if isinstance(total, int) and isinstance(number, int) and rate
-                 and total >= number else None)
-        return Progress(step=number, total_steps=total, steps_per_hour=rate, rate_basis=basis,
-                        to_go_s=round(to_go) if to_go is not None else None,
-                        last_step_at=iso(steps[-1]["time"]) if steps else None, steps_recorded=len(steps))
+        to_go = (
+            (total - number) / rate * 3600
+            if isinstance(total, int) and isinstance(number, int) and rate and total >= number
+            else None
+        )
+        return Progress(
+            step=number,
+            total_steps=total,
+            steps_per_hour=rate,
+            rate_basis=basis,
+            to_go_s=round(to_go) if to_go is not None else None,
+            last_step_at=iso(steps[-1]["time"]) if steps else None,
+            steps_recorded=len(steps),
+        )
 
     def _step_time(self, recs: list[dict]) -> StepTime:
         s = summarize(recs)
@@ -199,10 +235,17 @@ class RunReader:
         plan_s = layout.get("step_time_s")
         low, high, _ = step_band(layout)
         median = spread["median"] if spread else None
-        return StepTime(last_s=timed[-1] if timed else None, median_s=median, n=spread["n"] if spread else 0,
-                        source=source, plan_s=plan_s, plan_low_s=low, plan_high_s=high,
-                        ratio=round(median / plan_s, 3) if median is not None and plan_s else None,
-                        in_band=None if median is None or low is None or high is None else low <= median <= high)
+        return StepTime(
+            last_s=timed[-1] if timed else None,
+            median_s=median,
+            n=spread["n"] if spread else 0,
+            source=source,
+            plan_s=plan_s,
+            plan_low_s=low,
+            plan_high_s=high,
+            ratio=round(median / plan_s, 3) if median is not None and plan_s else None,
+            in_band=None if median is None or low is None or high is None else low <= median <= high,
+        )
 
     def _metrics(self) -> Metrics:
         step, log = self.last if self.last else (None, None)
@@ -210,21 +253,31 @@ class RunReader:
         for role in ROLES:
             key = pick(step, self.keys[role]) if step is not None else None
             values[role] = Metric(key, step.values[key], step.text[key]) if step is not None and key else None
-        return Metrics(step=step.number if step else None, log=log, values=values,
-                       recent={role: list(s) for role, s in self.recent.items()})
+        return Metrics(
+            step=step.number if step else None,
+            log=log,
+            values=values,
+            recent={role: list(s) for role, s in self.recent.items()},
+        )
 
     def _disk(self, now: float) -> Disk:
         if self._disk_at is None or now - self._disk_at[0] >= DISK_EVERY_S:
             self._disk_at = (now, dir_bytes(self.run_dir))
         plan = (self.plan or {}).get("disk") or {}
         free, total = fs_space(self.run_dir)
-        return Disk(used_bytes=self._disk_at[1], measured=iso(self._disk_at[0]),
-                    run_dir_peak_gib=plan.get("run_dir_peak_gib"),
-                    peak_gib=plan.get("peak_gib"), quota_gib=plan.get("quota_gib"), fs_free_bytes=free,
-                    fs_total_bytes=total)
+        return Disk(
+            used_bytes=self._disk_at[1],
+            measured=iso(self._disk_at[0]),
+            run_dir_peak_gib=plan.get("run_dir_peak_gib"),
+            peak_gib=plan.get("peak_gib"),
+            quota_gib=plan.get("quota_gib"),
+            fs_free_bytes=free,
+            fs_total_bytes=total,
+        )
 
-    def _checkpoint(self, recs: list[dict], job: Allocation | None, step: int | None, median: float | None,
-                    running: bool) -> CheckpointTime:
+    def _checkpoint(
+        self, recs: list[dict], job: Allocation | None, step: int | None, median: float | None, running: bool
+    ) -> CheckpointTime:
         cad = (self.plan or {}).get("cadence") or {}
         every, every_from = None, None
         mine = [r for r in recs if r["kind"] == "interval" and job and str(r.get("job")) == job.job_id]
@@ -244,17 +297,28 @@ class RunReader:
             if warning_in is not None and eta <= warning_in:
                 verdict = f"{at}, before the time-limit warning (in {fmt_duration(warning_in)})"
             elif eta <= left:
-                verdict = (f"{at}, after the time-limit warning (in {fmt_duration(max(warning_in or 0, 0))}): "
-                           "the job waits for it, then stops")
+                verdict = (
+                    f"{at}, after the time-limit warning (in {fmt_duration(max(warning_in or 0, 0))}): "
+                    "the job waits for it, then stops"
+                )
             else:
                 since = f"step {writes[-1]['step']}" if writes else "this job's start"
-                verdict = (f"{at}: not before the time limit ({fmt_duration(left)} left); the training since "
-                           f"{since} is redone by the continuation")
-        return CheckpointTime(key=cad.get("key"), every_steps=every, every_from=every_from,
-                              last_step=writes[-1].get("step") if writes else None,
-                              last_at=iso(writes[-1]["time"]) if writes else None, next_step=nxt,
-                              eta_s=round(eta, 1) if eta is not None else None,
-                              warning_in_s=warning_in, lead_s=lead, verdict=verdict)
+                verdict = (
+                    f"{at}: not before the time limit ({fmt_duration(left)} left); the training since "
+                    f"{since} is redone by the continuation"
+                )
+        return CheckpointTime(
+            key=cad.get("key"),
+            every_steps=every,
+            every_from=every_from,
+            last_step=writes[-1].get("step") if writes else None,
+            last_at=iso(writes[-1]["time"]) if writes else None,
+            next_step=nxt,
+            eta_s=round(eta, 1) if eta is not None else None,
+            warning_in_s=warning_in,
+            lead_s=lead,
+            verdict=verdict,
+        )
 
     # ------------------------------------------------------------------ the whole
 
@@ -272,8 +336,10 @@ class RunReader:
             missing.append(f"{C.META}/{C.PLAN}: missing or unreadable, so nothing to compare with the plan")
         no_log = self._read_logs(ids)
         if last and last.job_id in no_log and state != "pending":
-            missing.append(f"{C.LOGS}/{C.JOB_LOG.format(job=last.job_id)}: not written"
-                           + (" yet" if not ended else " (the job failed before its log began)"))
+            missing.append(
+                f"{C.LOGS}/{C.JOB_LOG.format(job=last.job_id)}: not written"
+                + (" yet" if not ended else " (the job failed before its log began)")
+            )
         self._read_times()
         if not (self.hp / C.STEP_TIMES).exists() and state != "pending":
             missing.append(f"{C.META}/{C.STEP_TIMES}: no step recorded yet (the watchdog writes it at each step)")
@@ -287,30 +353,50 @@ class RunReader:
         job = None
         if last is not None:
             running = view is not None and view.phase == "running"
-            job = Allocation(job_id=last.job_id, seq=last.seq, state=view.state if view else None,
-                             reason=(view.reason or None) if view else None,
-                             nodes=(view.nodes if view and view.nodes else last.head_node),
-                             node_count=view.node_count if view else None,
-                             time_left_s=view.time_left_s if running and view else None,
-                             time_limit_s=view.time_limit_s if view else None,
-                             started=last.started or (view.started if view else None))
+            job = Allocation(
+                job_id=last.job_id,
+                seq=last.seq,
+                state=view.state if view else None,
+                reason=(view.reason or None) if view else None,
+                nodes=(view.nodes if view and view.nodes else last.head_node),
+                node_count=view.node_count if view else None,
+                time_left_s=view.time_left_s if running and view else None,
+                time_limit_s=view.time_limit_s if view else None,
+                started=last.started or (view.started if view else None),
+            )
         progress = self._progress(steps, step_time.median_s)
         breaker = read_breaker(self.hp, since)
         return Snapshot(
-            schema_version=SCHEMA_VERSION, time=iso(now) or "", run_id=(self.run or {}).get("run_id"),
-            name=(self.run or {}).get("name") or self.run_dir.name, run_dir=str(self.run_dir),
+            schema_version=SCHEMA_VERSION,
+            time=iso(now) or "",
+            run_id=(self.run or {}).get("run_id"),
+            name=(self.run or {}).get("name") or self.run_dir.name,
+            run_dir=str(self.run_dir),
             cluster=(self.run or {}).get("cluster") or (self.plan or {}).get("cluster"),
             backend=backend_name(self.plan),
-            state=state, reason=reason, ended=ended, job=job, jobs=rows, progress=progress, step_time=step_time,
+            state=state,
+            reason=reason,
+            ended=ended,
+            job=job,
+            jobs=rows,
+            progress=progress,
+            step_time=step_time,
             metrics=self._metrics(),
-            gpu=Gpu(nodes=self.gpu.nodes(predictions(self.plan), now), note=self.gpu.note(),
-                    since=since.isoformat(timespec="seconds") if since else None),
+            gpu=Gpu(
+                nodes=self.gpu.nodes(predictions(self.plan), now),
+                note=self.gpu.note(),
+                since=since.isoformat(timespec="seconds") if since else None,
+            ),
             disk=self._disk(now),
-            checkpoint=self._checkpoint(recs, job, progress.step, step_time.median_s,
-                                        running=view is not None and view.phase == "running"),
+            checkpoint=self._checkpoint(
+                recs, job, progress.step, step_time.median_s, running=view is not None and view.phase == "running"
+            ),
             breaker=Breaker(tripped=True, **{k: breaker.get(k) for k in ("reason", "exit_code", "step", "message")})
-            if breaker else Breaker(tripped=False, reason=None, exit_code=None, step=None, message=None),
-            watchdog=list(self.watchdog), missing=missing)
+            if breaker
+            else Breaker(tripped=False, reason=None, exit_code=None, step=None, message=None),
+            watchdog=list(self.watchdog),
+            missing=missing,
+        )
 
 
 __all__ = ["RunReader", "iso"]

@@ -77,8 +77,13 @@ class GpuTails:
         g = self.gpus.setdefault((node, gpu), {"peak": -1.0, "time": None})
         g["peak"] = max(g["peak"], used)
         if g["time"] is None or t >= g["time"]:
-            g.update(time=t, used=used, role=row.get("role") or "mixed", total=_float(row.get("memory_total_mib")),
-                     util=_float(row.get("utilization_pct")))
+            g.update(
+                time=t,
+                used=used,
+                role=row.get("role") or "mixed",
+                total=_float(row.get("memory_total_mib")),
+                util=_float(row.get("utilization_pct")),
+            )
 
     def nodes(self, pred: dict | None, now: float) -> list[NodeGpu]:
         """One row per node: its fullest GPU now and at peak, against the plan's per-GPU figure."""
@@ -94,14 +99,21 @@ class GpuTails:
             top = max(planned, default=(None, ""))
             utils = [g["util"] for g in current if g["util"] is not None]
             totals = [g["total"] for g in gs if g["total"] is not None]
-            out.append(NodeGpu(
-                node=node, roles=roles, gpus=len(gs),
-                now_gib=round(max(g["used"] for g in current) / MIB_PER_GIB, 2),
-                peak_gib=round(max(g["peak"] for g in gs) / MIB_PER_GIB, 2),
-                total_gib=round(max(totals) / MIB_PER_GIB, 2) if totals else None,
-                util_pct=round(sum(utils) / len(utils), 1) if utils else None,
-                plan_gib=top[0], plan_as=top[1], sampled=newest.isoformat(timespec="seconds"),
-                age_s=round(max(now - newest.timestamp(), 0.0), 1)))
+            out.append(
+                NodeGpu(
+                    node=node,
+                    roles=roles,
+                    gpus=len(gs),
+                    now_gib=round(max(g["used"] for g in current) / MIB_PER_GIB, 2),
+                    peak_gib=round(max(g["peak"] for g in gs) / MIB_PER_GIB, 2),
+                    total_gib=round(max(totals) / MIB_PER_GIB, 2) if totals else None,
+                    util_pct=round(sum(utils) / len(utils), 1) if utils else None,
+                    plan_gib=top[0],
+                    plan_as=top[1],
+                    sampled=newest.isoformat(timespec="seconds"),
+                    age_s=round(max(now - newest.timestamp(), 0.0), 1),
+                )
+            )
         return out
 
     def note(self) -> str | None:

@@ -137,11 +137,19 @@ class ColocatedPlan(MemoryPlan):
 
 def _sum(terms: dict[str, float], names: tuple[str, ...]) -> float:
     # "parameters (...)" names the weights' dtype, which depends on the setup (4-bit or bf16).
-    return sum(v for k, v in terms.items() if k in names or ("parameters (bf16)" in names and k.startswith("parameters (")))
+    return sum(
+        v for k, v in terms.items() if k in names or ("parameters (bf16)" in names and k.startswith("parameters ("))
+    )
 
 
-def plan_colocated(profile: ClusterProfile, learner: LearnerSetup, engine: EngineSetup,
-                   colocation: Colocation = Colocation(), margin: bool = True, ray: bool = True) -> ColocatedPlan:
+def plan_colocated(
+    profile: ClusterProfile,
+    learner: LearnerSetup,
+    engine: EngineSetup,
+    colocation: Colocation = Colocation(),
+    margin: bool = True,
+    ray: bool = True,
+) -> ColocatedPlan:
     """Training and rollout memory of one GPU that does both, and host RAM per node.
 
     `learner.n_gpus` is every GPU of the job (the learner is sharded over all of them);
@@ -157,8 +165,11 @@ def plan_colocated(profile: ClusterProfile, learner: LearnerSetup, engine: Engin
     asleep = em.process_non_torch + em.cuda_graphs
     training = {
         "learner (training peak)": lm.device_total,
-        ("vLLM asleep (CUDA context, CUDA graphs)" if colocation.vllm_sleeps
-         else "vLLM awake (gpu_memory_utilization x GPU)"): asleep if colocation.vllm_sleeps else em.budget,
+        (
+            "vLLM asleep (CUDA context, CUDA graphs)"
+            if colocation.vllm_sleeps
+            else "vLLM awake (gpu_memory_utilization x GPU)"
+        ): asleep if colocation.vllm_sleeps else em.budget,
     }
     t = lm.terms
     rollout = {
@@ -181,13 +192,26 @@ def plan_colocated(profile: ClusterProfile, learner: LearnerSetup, engine: Engin
         between += _sum(t, REFERENCE_TERMS)
     between += lm.reference_host_bytes
     hm = host_memory(profile.node.ram_gib * C.GIB, g, lm.host_offload_bytes, g, profile.ray.memory_kill_threshold, ray)
-    extra = {"training state offloaded during rollout": g * between,
-             "vLLM weights while asleep (sleep level 1)":
-                 g * em.weights if colocation.vllm_sleeps and colocation.sleep_level == 1 else 0.0}
+    extra = {
+        "training state offloaded during rollout": g * between,
+        "vLLM weights while asleep (sleep level 1)": g * em.weights
+        if colocation.vllm_sleeps and colocation.sleep_level == 1
+        else 0.0,
+    }
     terms = {**hm.terms, **{k: v for k, v in extra.items() if v}}
     hm = HostMemory(hm.ram_per_node, hm.kill_threshold, sum(terms.values()), terms, hm.ray)
-    return ColocatedPlan(profile, learner, engine, lm, em, hm, allocator_margin(learner, lm.peak_reserved) if margin else 0.0,
-                         colocation=colocation, training_terms=training, rollout_terms=rollout)
+    return ColocatedPlan(
+        profile,
+        learner,
+        engine,
+        lm,
+        em,
+        hm,
+        allocator_margin(learner, lm.peak_reserved) if margin else 0.0,
+        colocation=colocation,
+        training_terms=training,
+        rollout_terms=rollout,
+    )
 
 
 __all__ = ["Colocation", "ColocatedPlan", "plan_colocated"]

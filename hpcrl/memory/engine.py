@@ -42,13 +42,13 @@ class EngineSetup:
                 "an engine's GPUs must share a node"
             )
         if not 0 < self.gpu_memory_utilization <= 1:
-            raise HpcrlError(
-                f"vllm_gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
-            )
+            raise HpcrlError(f"vllm_gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.max_seq_len < 1:
             raise HpcrlError(f"sequence length must be positive, got {self.max_seq_len}")
-        for flag, value in (("--vllm-max-num-seqs", self.max_num_seqs),
-                            ("--vllm-max-num-batched-tokens", self.max_num_batched_tokens)):
+        for flag, value in (
+            ("--vllm-max-num-seqs", self.max_num_seqs),
+            ("--vllm-max-num-batched-tokens", self.max_num_batched_tokens),
+        ):
             if value is not None and value < 1:
                 raise HpcrlError(f"{flag} must be a positive integer, got {value}")
         if self.logprobs_mode not in va.LOGPROBS_MODES:
@@ -106,8 +106,7 @@ def engine_memory(e: EngineSetup) -> EngineMemory:
     tokens = acc.batched_tokens(e.max_seq_len) if e.max_num_batched_tokens is None else e.max_num_batched_tokens
     seqs = acc.default_max_num_seqs if e.max_num_seqs is None else e.max_num_seqs
     # The forward's activations are freed before the sampler warm-up runs: the peak is the larger.
-    act = max(va.forward_peak(m, tp, tokens),
-              va.sampler_peak(m, min(tokens, seqs), acc, tokens, e.logprobs_mode))
+    act = max(va.forward_peak(m, tp, tokens), va.sampler_peak(m, min(tokens, seqs), acc, tokens, e.logprobs_mode))
     act += va.cublas_workspace(acc)
     graphs = 0.0 if e.enforce_eager else va.cuda_graph_pool()
     non_torch = acc.non_torch(tp)
@@ -123,16 +122,28 @@ def engine_memory(e: EngineSetup) -> EngineMemory:
     if kv <= 0:
         fits, reason = False, "weights and the profiling peak exceed the vLLM memory budget (vLLM refuses to start)"
     elif kv_tokens < e.max_seq_len:
-        fits, reason = False, (f"vLLM refuses to start: its KV pool holds {kv_tokens:,} tokens, fewer than one "
-                               f"{e.max_seq_len:,}-token sequence")
+        fits, reason = (
+            False,
+            (
+                f"vLLM refuses to start: its KV pool holds {kv_tokens:,} tokens, fewer than one "
+                f"{e.max_seq_len:,}-token sequence"
+            ),
+        )
     elif footprint > e.gpu_total_bytes:
-        fits, reason = False, (f"the engine's real footprint, {footprint / C.GIB:.2f} GiB (budget + CUDA graphs "
-                               f"outside it), exceeds the GPU's {e.gpu_total_bytes / C.GIB:.2f} GiB")
+        fits, reason = (
+            False,
+            (
+                f"the engine's real footprint, {footprint / C.GIB:.2f} GiB (budget + CUDA graphs "
+                f"outside it), exceeds the GPU's {e.gpu_total_bytes / C.GIB:.2f} GiB"
+            ),
+        )
     else:
         fits, reason = True, f"{conc:.2f}x sequences of {e.max_seq_len} tokens fit at once"
         if kv - one_seq < va.edge_spread():
-            warning = (f"KV pool {kv / C.GIB:.2f} GiB is within the measured spread "
-                       f"({va.edge_spread() / C.GIB:.2f} GiB) of one {e.max_seq_len}-token sequence: vLLM may refuse")
+            warning = (
+                f"KV pool {kv / C.GIB:.2f} GiB is within the measured spread "
+                f"({va.edge_spread() / C.GIB:.2f} GiB) of one {e.max_seq_len}-token sequence: vLLM may refuse"
+            )
     return EngineMemory(
         weights=weights,
         activation_peak=act,

@@ -141,7 +141,9 @@ class FsdpSetup:
         if self.offload not in ("none", "param_optimizer", "cpu_policy"):
             raise HpcrlError(f"FSDP offload {self.offload!r} is not known; valid: none, param_optimizer, cpu_policy")
         if self.offload == "cpu_policy" and self.fsdp_version != 2:
-            raise HpcrlError("CPUOffloadPolicy (offload params during the update) is FSDP2 only: give --fsdp-version 2 or no offload")
+            raise HpcrlError(
+                "CPUOffloadPolicy (offload params during the update) is FSDP2 only: give --fsdp-version 2 or no offload"
+            )
 
 
 @dataclass(frozen=True)
@@ -211,8 +213,10 @@ def earlier_grads(setup: FsdpSetup, sharded: float) -> tuple[str, float]:
         return f"gradients of earlier micro-batches{of}", sharded if setup.micro_batches > 1 else 0.0
     whole = setup.adapter_params or flat_numel(setup)
     dtype, size = ("bf16", 2.0) if setup.fsdp_version == 1 else ("fp32", 4.0)
-    return (f"unsharded {dtype} gradients of earlier micro-batches{of} (no_sync)",
-            size * whole if setup.micro_batches > 1 else 0.0)
+    return (
+        f"unsharded {dtype} gradients of earlier micro-batches{of} (no_sync)",
+        size * whole if setup.micro_batches > 1 else 0.0,
+    )
 
 
 def fsdp_learner_memory(setup: FsdpSetup) -> FsdpBreakdown:
@@ -239,8 +243,9 @@ def fsdp_learner_memory(setup: FsdpSetup) -> FsdpBreakdown:
         "fp32 parameter shards": shards,
         f"Adam moments (fp32){of}": adam,
         earlier_label: earlier,
-        f"log-prob path ({logprob_bytes:g} B x T x V{', derived' if setup.update.temperature_divide == 'none' else ''})":
-            logprob_bytes * T * V,
+        f"log-prob path ({logprob_bytes:g} B x T x V{', derived' if setup.update.temperature_divide == 'none' else ''})": logprob_bytes
+        * T
+        * V,
         "checkpointed hidden states": CHECKPOINT_BYTES_PER_TOKEN_HIDDEN * L * T * h,
         "gathered root unit (bf16)": gathered_root,
         "reference root unit (bf16)": ref_root,
@@ -268,8 +273,14 @@ def fsdp_learner_memory(setup: FsdpSetup) -> FsdpBreakdown:
     peak_moment = max(totals, key=lambda k: totals[k])
     streams = stream_reserved(setup, moments)
     floor = totals[peak_moment] + default_cache(setup)
-    return FsdpBreakdown(moments=moments, peak_moment=peak_moment, peak_bytes=totals[peak_moment],
-                         reserved_bytes=sum(streams.values()), streams=streams, floor_bytes=floor)
+    return FsdpBreakdown(
+        moments=moments,
+        peak_moment=peak_moment,
+        peak_bytes=totals[peak_moment],
+        reserved_bytes=sum(streams.values()),
+        streams=streams,
+        floor_bytes=floor,
+    )
 
 
 def default_cache(setup: FsdpSetup) -> float:
@@ -313,7 +324,9 @@ def stream_reserved(setup: FsdpSetup, moments: dict[str, dict[str, float]]) -> d
         root = root_numel(setup)
         # post-backward: the gradient shards; with N > 1 also the fp32 copy of the root unit and of a layer
         # made whole for the reduce-scatter, and one more root shard when several reduces accumulate.
-        reduce = (4.0 * root + 4.0 * layer + (4.0 * root / n if reduces > 1 else 0.0)) if n > 1 and root_trained else 0.0
+        reduce = (
+            (4.0 * root + 4.0 * layer + (4.0 * root / n if reduces > 1 else 0.0)) if n > 1 and root_trained else 0.0
+        )
         out["post_backward"] = grads + reduce
         # unshard: the gathered bf16 root unit (N > 1) and layers, and the unsharded bf16 gradients:
         # under no_sync every earlier micro-batch's, else the root unit's while it is reduced.
@@ -342,17 +355,30 @@ def setup_from(s: Any) -> FsdpSetup:
     """The FSDP update a planner's LearnerSetup describes (sharding FSDP; hpcrl.memory.learner imports
     hpcrl.memory.sharding, which imports this module, so the setup is read by attribute)."""
     if s.load_in_4bit:
-        raise HpcrlError("4-bit base weights under FSDP: the framework does not load them (capabilities.json load_in_4bit); "
-                         "remove --load-in-4bit")
+        raise HpcrlError(
+            "4-bit base weights under FSDP: the framework does not load them (capabilities.json load_in_4bit); "
+            "remove --load-in-4bit"
+        )
     if not s.gradient_checkpointing:
         raise HpcrlError("gradient checkpointing off under FSDP: hpcrl's FSDP model was measured with it on only")
     if s.offload == "optimizer":
-        raise HpcrlError("optimizer-only offload during the update: FSDP has none (param/optimizer offload between "
-                         "phases leaves the update's peak as it is); FSDP2's CPUOffloadPolicy is offload params")
+        raise HpcrlError(
+            "optimizer-only offload during the update: FSDP has none (param/optimizer offload between "
+            "phases leaves the update's peak as it is); FSDP2's CPUOffloadPolicy is offload params"
+        )
     offload: FsdpOffload = "cpu_policy" if s.offload == "params" else "none"
     adapters = s.model.lora_params(s.lora_rank, s.lora_targets) if s.lora_rank else 0
-    return FsdpSetup(s.model, s.n_gpus, s.tokens_per_gpu, s.micro_batches, s.fsdp_version,  # type: ignore[arg-type]
-                     s.reference_policy, offload, adapters, s.fsdp_update or VerlUpdate())
+    return FsdpSetup(
+        s.model,
+        s.n_gpus,
+        s.tokens_per_gpu,
+        s.micro_batches,
+        s.fsdp_version,  # type: ignore[arg-type]
+        s.reference_policy,
+        offload,
+        adapters,
+        s.fsdp_update or VerlUpdate(),
+    )
 
 
 def fsdp_as_learner_memory(s: Any) -> LearnerMemory:
@@ -371,7 +397,8 @@ def fsdp_as_learner_memory(s: Any) -> LearnerMemory:
         trainable_params=f.adapter_params or f.model.total_params,
         # CPUOffloadPolicy: fp32 shards, gradients and Adam moments in host memory.
         host_offload_bytes=(4.0 * flat + 16.0 * (f.adapter_params / f.n_gpus if f.adapter_params else flat))
-        if f.offload == "cpu_policy" else 0.0,
+        if f.offload == "cpu_policy"
+        else 0.0,
         # The reference policy's fp32 shards, CPU-offloaded by verl's worker (fsdp_workers.py:526). Derived.
         reference_host_bytes=4.0 * flat if separate_reference(f) else 0.0,
     )

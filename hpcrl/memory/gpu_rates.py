@@ -78,13 +78,25 @@ class GpuPeaks(NamedTuple):
 # GPUs of the published vLLM rows (benchmarks/vllm_throughput): peaks from NVIDIA's datasheets; memory as
 # torch reports it (nvidia-smi's total less ~0.6 GiB of CUDA runtime, as clusters/isambard-ai.yaml notes).
 GPU_PEAKS: dict[str, GpuPeaks] = {
-    "A100-SXM4-80GB": GpuPeaks(2.039, 312.0, 79.15, "NVIDIA A100 datasheet (80GB SXM: 2,039 GB/s, 312 TFLOPS bf16 "
-                               "dense); nvidia-smi 81920 MiB"),
-    "H100-SXM-80GB": GpuPeaks(3.35, 989.0, 79.1, "NVIDIA H100 datasheet (SXM5: 3.35 TB/s, 989 TFLOPS bf16 dense); "
-                              "nvidia-smi 81559 MiB"),
-    "H200-SXM-141GB": GpuPeaks(4.8, 989.0, 139.8, "NVIDIA H200 datasheet (SXM: 4.8 TB/s HBM3e, 989 TFLOPS bf16 "
-                               "dense); torch total_memory 139.80 GiB measured (clusters/berzelius-hopper.yaml)"),
-    "GB200": GpuPeaks(8.0, 2500.0, 184.4, "NVIDIA GB200 NVL72 datasheet, per GPU of the 72 (derived): 576 TB/s HBM3e "
-                      "/ 72 = 8 TB/s, 360 PFLOPS FP16/BF16 with sparsity / 72 / 2 = 2,500 TFLOPS dense; nvidia-smi "
-                      "189471 MiB (185.0 GiB) less ~0.6 GiB of CUDA runtime"),
+    "A100-SXM4-80GB": GpuPeaks(
+        2.039, 312.0, 79.15, "NVIDIA A100 datasheet (80GB SXM: 2,039 GB/s, 312 TFLOPS bf16 dense); nvidia-smi 81920 MiB"
+    ),
+    "H100-SXM-80GB": GpuPeaks(
+        3.35, 989.0, 79.1, "NVIDIA H100 datasheet (SXM5: 3.35 TB/s, 989 TFLOPS bf16 dense); nvidia-smi 81559 MiB"
+    ),
+    "H200-SXM-141GB": GpuPeaks(
+        4.8,
+        989.0,
+        139.8,
+        "NVIDIA H200 datasheet (SXM: 4.8 TB/s HBM3e, 989 TFLOPS bf16 "
+        "dense); torch total_memory 139.80 GiB measured (clusters/berzelius-hopper.yaml)",
+    ),
+    "GB200": GpuPeaks(
+        8.0,
+        2500.0,
+        184.4,
+        "NVIDIA GB200 NVL72 datasheet, per GPU of the 72 (derived): 576 TB/s HBM3e "
+        "/ 72 = 8 TB/s, 360 PFLOPS FP16/BF16 with sparsity / 72 / 2 = 2,500 TFLOPS dense; nvidia-smi "
+        "189471 MiB (185.0 GiB) less ~0.6 GiB of CUDA runtime",
+    ),
 }

@@ -99,11 +99,15 @@ class HfLearnerSetup:
         if self.lora_rank < 0:
             raise HpcrlError(f"lora_rank {self.lora_rank}: valid: a positive LoRA rank, or 0 for full fine-tuning")
         if self.full and self.load_in_4bit:
-            raise HpcrlError("lora_rank 0 (full fine-tuning) trains the base weights, which a 4-bit base cannot: "
-                             "set load_in_4bit false, or give a LoRA rank")
+            raise HpcrlError(
+                "lora_rank 0 (full fine-tuning) trains the base weights, which a 4-bit base cannot: "
+                "set load_in_4bit false, or give a LoRA rank"
+            )
         if self.full and self.reference == "shared":
-            raise HpcrlError("reference shared is the base with the adapters off, and lora_rank 0 (full fine-tuning) "
-                             "has none: valid: copy or none")
+            raise HpcrlError(
+                "reference shared is the base with the adapters off, and lora_rank 0 (full fine-tuning) "
+                "has none: valid: copy or none"
+            )
         if not 0 <= self.lora_dropout < 1:
             raise HpcrlError(f"lora_dropout {self.lora_dropout}: valid: 0 <= p < 1")
         if self.algorithm == "ppo" and self.critic == "none":
@@ -149,8 +153,11 @@ class HfLearnerMemory:
 
     def reserved(self, phase: str, scale: float = 1.0) -> float:
         """The caching allocator's reserve at `phase`: constants.RESERVE_* (fitted on DeepSpeed rows)."""
-        return (self.phase_allocated(phase, scale) * (1 + C.RESERVE_FRACTION) + C.RESERVE_FIXED_GIB * C.GIB
-                + C.RESERVE_LOGITS * scale * self.largest_logits[phase])
+        return (
+            self.phase_allocated(phase, scale) * (1 + C.RESERVE_FRACTION)
+            + C.RESERVE_FIXED_GIB * C.GIB
+            + C.RESERVE_LOGITS * scale * self.largest_logits[phase]
+        )
 
     @property
     def peak_reserved(self) -> float:
@@ -178,24 +185,35 @@ def base_terms(s: HfLearnerSetup, what: str) -> list[Term]:
     q = quantized_params(m)
     consts = (DOUBLE_QUANT_BYTES if s.double_quant else ABSMAX_BYTES) * q
     how = "8-bit absmax per 64 weights (double quantization)" if s.double_quant else "fp32 absmax per 64 weights"
-    return [Term(f"{what} base weights, 4-bit NF4 linears + bf16 embeddings and norms",
-                 NF4_BYTES * q + 2.0 * (m.total_params - q), DERIVED),
-            Term(f"{what} 4-bit quantization constants, {how}", consts, DERIVED)]
+    return [
+        Term(
+            f"{what} base weights, 4-bit NF4 linears + bf16 embeddings and norms",
+            NF4_BYTES * q + 2.0 * (m.total_params - q),
+            DERIVED,
+        ),
+        Term(f"{what} 4-bit quantization constants, {how}", consts, DERIVED),
+    ]
 
 
 def full_terms(params: int, what: str) -> list[Term]:
     """Full fine-tuning of a bf16 base (its weights are in base_terms): gradients in the weights' dtype, and
     torch.optim.AdamW's two moments, which it allocates like the parameter (torch/optim/adamw.py, zeros_like)."""
-    return [Term(f"{what} gradients, bf16 (full fine-tuning)", 2.0 * params, DERIVED),
-            Term(f"{what} AdamW moments, bf16 like the weights (full fine-tuning)", 4.0 * params, DERIVED)]
+    return [
+        Term(f"{what} gradients, bf16 (full fine-tuning)", 2.0 * params, DERIVED),
+        Term(f"{what} AdamW moments, bf16 like the weights (full fine-tuning)", 4.0 * params, DERIVED),
+    ]
 
 
 def _layer_activation_bytes(s: HfLearnerSetup) -> float:
     """Bytes one token leaves in one decoder layer for backward (constants.ACT_COEFF), plus the LoRA
     branches' dropout copies of their inputs (bf16 + a bool mask) when lora_dropout > 0."""
     m = s.model
-    per = C.ACT_COEFF["h"] * m.hidden_size + C.ACT_COEFF["f"] * m.intermediate_size \
-        + C.ACT_COEFF["q"] * m.q_dim + C.ACT_COEFF["kv"] * m.kv_dim
+    per = (
+        C.ACT_COEFF["h"] * m.hidden_size
+        + C.ACT_COEFF["f"] * m.intermediate_size
+        + C.ACT_COEFF["q"] * m.q_dim
+        + C.ACT_COEFF["kv"] * m.kv_dim
+    )
     if s.lora_dropout > 0:
         shapes = m.linear_shapes()
         per += sum(3.0 * shapes[t][0] for t in s.lora_targets)
@@ -213,23 +231,32 @@ def hf_learner_memory(s: HfLearnerSetup) -> HfLearnerMemory:
         resident += full_terms(lora, "policy")
     else:
         lora = m.lora_params(s.lora_rank, s.lora_targets)
-        resident += [Term("LoRA adapters, fp32", ADAPTER_BYTES * lora, DERIVED),
-                     Term("adapter gradients, fp32", 4.0 * lora, DERIVED),
-                     Term("AdamW moments, fp32, trainable parameters only", 8.0 * lora, DERIVED)]
+        resident += [
+            Term("LoRA adapters, fp32", ADAPTER_BYTES * lora, DERIVED),
+            Term("adapter gradients, fp32", 4.0 * lora, DERIVED),
+            Term("AdamW moments, fp32, trainable parameters only", 8.0 * lora, DERIVED),
+        ]
     trainable = lora
     if s.critic == "value_head":
-        resident.append(Term("value head, fp32 with its gradient and AdamW moments", TRAINABLE_BYTES * value_head,
-                             DERIVED))
+        resident.append(
+            Term("value head, fp32 with its gradient and AdamW moments", TRAINABLE_BYTES * value_head, DERIVED)
+        )
         trainable += value_head
     elif s.critic == "model" and s.full:
         resident += base_terms(s, "critic") + full_terms(lora, "critic")
-        resident.append(Term("critic value head, fp32 with its gradient and AdamW moments", TRAINABLE_BYTES * value_head,
-                             DERIVED))
+        resident.append(
+            Term("critic value head, fp32 with its gradient and AdamW moments", TRAINABLE_BYTES * value_head, DERIVED)
+        )
         trainable += lora + value_head
     elif s.critic == "model":
         resident += base_terms(s, "critic")
-        resident.append(Term("critic adapters and value head, fp32 with gradients and AdamW moments",
-                             TRAINABLE_BYTES * (lora + value_head), DERIVED))
+        resident.append(
+            Term(
+                "critic adapters and value head, fp32 with gradients and AdamW moments",
+                TRAINABLE_BYTES * (lora + value_head),
+                DERIVED,
+            )
+        )
         trainable += lora + value_head
     if s.reference == "shared":
         resident.append(Term("reference: the policy's base with the adapters off (no copy)", 0.0, DERIVED))
@@ -238,45 +265,75 @@ def hf_learner_memory(s: HfLearnerSetup) -> HfLearnerMemory:
     if s.n_gpus > 1:
         # DDP's buckets hold the gradients in their dtype: fp32 adapters, bf16 weights under full fine-tuning.
         width, dtype = (2.0, "bf16") if s.full else (4.0, "fp32")
-        resident.append(Term(f"DDP gradient buckets, a {dtype} copy of the trainable gradients", width * trainable,
-                             DERIVED))
+        resident.append(
+            Term(f"DDP gradient buckets, a {dtype} copy of the trainable gradients", width * trainable, DERIVED)
+        )
 
     # A 4-bit layer dequantizes its weight to bf16 for each matmul: the largest one at a time.
     shapes = m.linear_shapes()
-    dequant = [Term("one dequantized 4-bit weight, bf16", 2.0 * max(a * b for a, b in shapes.values()), DERIVED)] \
-        if s.load_in_4bit else []
+    dequant = (
+        [Term("one dequantized 4-bit weight, bf16", 2.0 * max(a * b for a, b in shapes.values()), DERIVED)]
+        if s.load_in_4bit
+        else []
+    )
     h, layers = m.hidden_size, m.num_layers
     gen_tokens = s.rollout_seqs * s.seq_len
     generation = [
-        Term("HF generate KV cache, bf16, every sequence at full length", gen_tokens * m.kv_bytes_per_token(1), DERIVED),
+        Term(
+            "HF generate KV cache, bf16, every sequence at full length", gen_tokens * m.kv_bytes_per_token(1), DERIVED
+        ),
         Term("generate logits, fp32, last position", 4.0 * s.rollout_seqs * m.vocab_size, DERIVED),
         # The prefill's widest live tensors: one layer's MLP activations over the prompts (no grad).
-        Term("prefill activations, one layer, no grad", 2.0 * s.rollout_seqs * s.prompt_len * (2 * m.intermediate_size + 2 * h),
-             DERIVED),
+        Term(
+            "prefill activations, one layer, no grad",
+            2.0 * s.rollout_seqs * s.prompt_len * (2 * m.intermediate_size + 2 * h),
+            DERIVED,
+        ),
     ] + dequant
     scoring = [
-        Term("scoring logits, bf16 + fp32 log-softmax, no grad", SCORE_LOGITS_BYTES * gen_tokens * m.vocab_size, DERIVED),
+        Term(
+            "scoring logits, bf16 + fp32 log-softmax, no grad", SCORE_LOGITS_BYTES * gen_tokens * m.vocab_size, DERIVED
+        ),
     ] + dequant
     t = s.train_tokens
     per_layer = _layer_activation_bytes(s)
     models = 2 if s.critic == "model" else 1  # TRL's policy-and-value wrapper backs both through at once
     if s.gradient_checkpointing:
-        stored = Term("stored activations, bf16 layer inputs (gradient checkpointing)", models * layers * t * 2.0 * h,
-                      DERIVED)
+        stored = Term(
+            "stored activations, bf16 layer inputs (gradient checkpointing)", models * layers * t * 2.0 * h, DERIVED
+        )
         rebuilt = [Term("one layer's activations rebuilt in backward", t * per_layer, DERIVED)]
     else:
-        stored = Term("stored activations, every layer (no gradient checkpointing)", models * layers * t * per_layer,
-                      DERIVED)
+        stored = Term(
+            "stored activations, every layer (no gradient checkpointing)", models * layers * t * per_layer, DERIVED
+        )
         rebuilt = []
-    training = [stored, *rebuilt,
-                Term("log-prob path logits, bf16 + eager fp32 log_softmax", TRAIN_LOGITS_BYTES * t * m.vocab_size,
-                     FITTED)] + dequant
+    training = [
+        stored,
+        *rebuilt,
+        Term("log-prob path logits, bf16 + eager fp32 log_softmax", TRAIN_LOGITS_BYTES * t * m.vocab_size, FITTED),
+    ] + dequant
     fixed = Term("fixed allocations (workspaces, RNG)", C.FIXED_ALLOC_GIB * C.GIB, FITTED)
-    return HfLearnerMemory(tuple(resident + [fixed]),
-                           {"generation": tuple(generation), "scoring": tuple(scoring), "training": tuple(training)},
-                           trainable, {"generation": 4.0 * s.rollout_seqs * m.vocab_size,
-                                       "scoring": 4.0 * gen_tokens * m.vocab_size, "training": 4.0 * t * m.vocab_size})
+    return HfLearnerMemory(
+        tuple(resident + [fixed]),
+        {"generation": tuple(generation), "scoring": tuple(scoring), "training": tuple(training)},
+        trainable,
+        {
+            "generation": 4.0 * s.rollout_seqs * m.vocab_size,
+            "scoring": 4.0 * gen_tokens * m.vocab_size,
+            "training": 4.0 * t * m.vocab_size,
+        },
+    )
 
 
-__all__ = ["DERIVED", "FITTED", "MEASURED", "HfLearnerMemory", "HfLearnerSetup", "Term", "base_terms",
-           "hf_learner_memory", "quantized_params"]
+__all__ = [
+    "DERIVED",
+    "FITTED",
+    "MEASURED",
+    "HfLearnerMemory",
+    "HfLearnerSetup",
+    "Term",
+    "base_terms",
+    "hf_learner_memory",
+    "quantized_params",
+]

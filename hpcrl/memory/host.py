@@ -27,8 +27,11 @@ class HostMemory:
     @property
     def killer(self) -> str:
         """What ends the job when host RAM passes the limit."""
-        return ("Ray kills workers there" if self.ray
-                else "no Ray here: the kernel's OOM killer or Slurm's cgroup limit ends a process there")
+        return (
+            "Ray kills workers there"
+            if self.ray
+            else "no Ray here: the kernel's OOM killer or Slurm's cgroup limit ends a process there"
+        )
 
     @property
     def fits(self) -> bool:

@@ -231,7 +231,8 @@ def zero_learner_memory(s: LearnerSetup) -> LearnerMemory:
         padded += C.FUSED_TIED_COPIES * 2.0 * lm_head
     phases = {
         "logits": stored + final_norm + gathered_lm + lm_grad + logits + padded,
-        "recompute": stored + padded
+        "recompute": stored
+        + padded
         + t * per_token_layer
         + (4.0 * layer_params + prefetch if gathers else 0.0)
         + 4.0 * t * h,
@@ -251,8 +252,13 @@ def zero_learner_memory(s: LearnerSetup) -> LearnerMemory:
     if phase == "logits":
         terms["activations (stored)"] = stored + final_norm
         terms["ZeRO-3 gathered lm_head + grad"] = gathered_lm + lm_grad
-        terms["log-prob path (fp32 logits)" if s.logits_fp32 else
-              "fused LM head backward (derived)" if fused else f"log-prob path ({s.logprob_impl})"] = logits
+        terms[
+            "log-prob path (fp32 logits)"
+            if s.logits_fp32
+            else "fused LM head backward (derived)"
+            if fused
+            else f"log-prob path ({s.logprob_impl})"
+        ] = logits
         if padded:
             terms["padded-batch attention (fitted)"] = padded
     elif phase == "recompute":
@@ -269,7 +275,7 @@ def zero_learner_memory(s: LearnerSetup) -> LearnerMemory:
             terms["fp32 logits the step output still holds"] = step_logits
     terms["fixed (workspaces, RNG, persistent params)"] = C.FIXED_ALLOC_GIB * C.GIB
     peak_alloc = states + transient + C.FIXED_ALLOC_GIB * C.GIB
-    largest_logits = (C.FUSED_TILE_BYTES if fused else (4.0 if s.logprob_impl == "eager" else 2.0) * t * m.vocab_size)
+    largest_logits = C.FUSED_TILE_BYTES if fused else (4.0 if s.logprob_impl == "eager" else 2.0) * t * m.vocab_size
     peak_reserved = (
         peak_alloc * (1 + C.RESERVE_FRACTION) + C.RESERVE_FIXED_GIB * C.GIB + C.RESERVE_LOGITS * largest_logits
     )
@@ -313,5 +319,13 @@ def deepspeed_estimate(model: ModelSpec, n_gpus: int) -> float:
 
 
 # Keep the MLP module names importable for LoRA docs/tests without a second definition.
-__all__ = ["LearnerMemory", "LearnerSetup", "MLP_MODULES", "deepspeed_estimate", "fused_head_bytes", "learner_memory",
-           "sync_modes", "zero_learner_memory"]
+__all__ = [
+    "LearnerMemory",
+    "LearnerSetup",
+    "MLP_MODULES",
+    "deepspeed_estimate",
+    "fused_head_bytes",
+    "learner_memory",
+    "sync_modes",
+    "zero_learner_memory",
+]

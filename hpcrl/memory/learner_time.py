@@ -105,8 +105,13 @@ class LearnerTime:
         return micro_batches * self.micro_batch_s + self.optimizer_step_s
 
     def to_dict(self) -> dict:
-        return {"micro_batch_s": round(self.micro_batch_s, 3), "optimizer_step_s": round(self.optimizer_step_s, 3),
-                "low": self.low, "high": self.high, "basis": self.basis}
+        return {
+            "micro_batch_s": round(self.micro_batch_s, 3),
+            "optimizer_step_s": round(self.optimizer_step_s, 3),
+            "low": self.low,
+            "high": self.high,
+            "basis": self.basis,
+        }
 
 
 def lora_path_per_token(m: ModelSpec, rank: int, targets: tuple[str, ...], adapter_bytes: float) -> tuple[float, float]:
@@ -195,8 +200,11 @@ def reference_terms(s: LearnerSetup, r: Rates) -> dict[str, float]:
     m, t = s.model, float(s.tokens_per_gpu)
     peak, hbm = r.bf16_tflops * 1e12, r.hbm_tbs * 1e12
     decoder, head = _matmul_params(m)
-    terms = {"matmul": 2 * (decoder + head) * t / peak, "attention": 2 * t * t * m.q_dim * m.num_layers / peak,
-             f"logprob_{s.logprob_impl}": t * m.vocab_size / hbm / 3}  # a forward: about a third of fwd + bwd
+    terms = {
+        "matmul": 2 * (decoder + head) * t / peak,
+        "attention": 2 * t * t * m.q_dim * m.num_layers / peak,
+        f"logprob_{s.logprob_impl}": t * m.vocab_size / hbm / 3,
+    }  # a forward: about a third of fwd + bwd
     terms.update(s.sharding.reference_terms(s, r.link_gbs * 1e9))
     if m.is_moe:
         terms["moe_experts"] = float(m.num_layers * m.num_experts)
@@ -234,11 +242,14 @@ def _derived(s: LearnerSetup, r: Rates) -> list[str]:
 def coverage(s: LearnerSetup) -> list[tuple[str, str]]:
     """The kinds of measurement a setup rests on, each with its words for the basis."""
     kinds = [s.sharding.coverage]
-    for on, kind, what in ((s.reference_policy, "reference", "reference forward"),
-                           (s.offload == "optimizer", "optimizer_offload", "optimizer offload"),
-                           (s.offload == "params", "param_offload", "parameter offload"),
-                           (s.lora_rank > 0, "lora", "LoRA"), (s.model.is_moe, "moe", "MoE experts"),
-                           (s.logprob_impl == "fused_head", "fused_head", "a fused LM head (no timed row)")):
+    for on, kind, what in (
+        (s.reference_policy, "reference", "reference forward"),
+        (s.offload == "optimizer", "optimizer_offload", "optimizer offload"),
+        (s.offload == "params", "param_offload", "parameter offload"),
+        (s.lora_rank > 0, "lora", "LoRA"),
+        (s.model.is_moe, "moe", "MoE experts"),
+        (s.logprob_impl == "fused_head", "fused_head", "a fused LM head (no timed row)"),
+    ):
         if on:
             kinds.append((kind, what))
     return kinds
@@ -264,5 +275,18 @@ def learner_time(s: LearnerSetup, profile: ClusterProfile, learners_per_node: in
     return LearnerTime(micro_s, sum(st.values()), low, high, basis, mt, st)
 
 
-__all__ = ["BAND", "FIT", "LearnerTime", "Rates", "apply_fit", "fetched_tensors", "learner_time", "lora_path_per_token",
-           "overlapped", "param_tensors", "rates_for", "reference_terms", "time_terms"]
+__all__ = [
+    "BAND",
+    "FIT",
+    "LearnerTime",
+    "Rates",
+    "apply_fit",
+    "fetched_tensors",
+    "learner_time",
+    "lora_path_per_token",
+    "overlapped",
+    "param_tensors",
+    "rates_for",
+    "reference_terms",
+    "time_terms",
+]

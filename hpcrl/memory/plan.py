@@ -64,11 +64,12 @@ class MemoryPlan:
         g, full = C.GIB, allocator_margin(self.learner_setup, self.learner.peak_reserved)
         spare = self.usable - self.learner_peak
         if spare >= full:
-            return (f"{what} fits with {(spare - full) / g:.1f} GiB to spare after a {full / g:.1f} GiB allocator "
-                    f"margin")
+            return f"{what} fits with {(spare - full) / g:.1f} GiB to spare after a {full / g:.1f} GiB allocator margin"
         if spare >= 0:
-            return (f"{what} fits only inside the {full / g:.1f} GiB allocator margin ({spare / g:.1f} GiB left; "
-                    "reserved memory varied that much in the calibration): it may run out of memory")
+            return (
+                f"{what} fits only inside the {full / g:.1f} GiB allocator margin ({spare / g:.1f} GiB left; "
+                "reserved memory varied that much in the calibration): it may run out of memory"
+            )
         return f"{what} does NOT fit: {-spare / g:.1f} GiB over the {self.usable / g:.1f} GiB GPU"
 
     def verdict(self) -> str:
@@ -110,8 +111,11 @@ class MemoryPlan:
                 "zero_stage": ls.sharding.stage(ls),
                 # only where the framework's learner has them (the other backends' JSON is unchanged)
                 **({"logits_fp32": True} if ls.logits_fp32 else {}),
-                **({"reference_process_gib": round(self.learner.reference_process_bytes / g, 3)}
-                   if self.learner.reference_process_bytes else {}),
+                **(
+                    {"reference_process_gib": round(self.learner.reference_process_bytes / g, 3)}
+                    if self.learner.reference_process_bytes
+                    else {}
+                ),
                 **ls.sharding.plan_fields(ls),  # hpcrl.memory.sharding.from_plan reads them back
                 "offload": ls.offload,
                 "gradient_checkpointing": ls.gradient_checkpointing,
@@ -198,10 +202,14 @@ def plan_memory(
         profile.ray.memory_kill_threshold,
         ray,
     )
-    return MemoryPlan(profile, learner, engine, lm, em, hm, allocator_margin(learner, lm.peak_reserved) if margin else 0.0)
+    return MemoryPlan(
+        profile, learner, engine, lm, em, hm, allocator_margin(learner, lm.peak_reserved) if margin else 0.0
+    )
 
 
-def learner_fits(profile: ClusterProfile, learner: LearnerSetup, margin: bool = True, parts: dict | None = None) -> bool:
+def learner_fits(
+    profile: ClusterProfile, learner: LearnerSetup, margin: bool = True, parts: dict | None = None
+) -> bool:
     """What MemoryPlan.learner_fits says of every plan of this learner on `profile`, whatever its engine."""
     lm = _part(parts, learner, learner_memory)
     return lm.device_total + (allocator_margin(learner, lm.peak_reserved) if margin else 0.0) <= profile.gpu_bytes

@@ -63,7 +63,7 @@ class Sharding(ABC):
     # ---- what plan-memory writes and shows
     @abstractmethod
     def label(self, s: Any) -> str:
-        """"ZeRO-3", "FSDP2"."""
+        """ "ZeRO-3", "FSDP2"."""
 
     @abstractmethod
     def stage(self, s: Any) -> int | None:
@@ -152,15 +152,19 @@ class ZeroSharding(Sharding):
 
     def summary(self, learner: Mapping[str, Any]) -> str:
         path = "fp32 logits" if learner.get("logits_fp32") else learner["logprob_impl"]
-        return (f"{self.plan_label(learner)} over {learner['gpus']} GPUs, {learner['tokens_per_gpu']} tokens, "
-                f"log-prob {path}")
+        return (
+            f"{self.plan_label(learner)} over {learner['gpus']} GPUs, {learner['tokens_per_gpu']} tokens, "
+            f"log-prob {path}"
+        )
 
     def hook_terms(self, s: Any, passes: int) -> dict[str, float]:
         if s.zero_stage != 3:
             return {}
         m, lora = s.model, s.lora_rank > 0
-        terms = {"zero3_hooks": fetched_tensors(m, s.lora_rank, s.lora_targets) * passes,
-                 "zero3_grad_tensors": 2.0 * len(s.lora_targets) * m.num_layers if lora else param_tensors(m)}
+        terms = {
+            "zero3_hooks": fetched_tensors(m, s.lora_rank, s.lora_targets) * passes,
+            "zero3_grad_tensors": 2.0 * len(s.lora_targets) * m.num_layers if lora else param_tensors(m),
+        }
         if lora:
             # Measured under ZeRO-3 only, where every adapter is a fetched parameter too; without ZeRO-3
             # PEFT's few extra kernels per module are not modelled.
@@ -252,15 +256,21 @@ class FsdpSharding(Sharding):
         return None
 
     def plan_fields(self, s: Any) -> dict[str, Any]:
-        return {"sharding": self.key, "fsdp_version": s.fsdp_version, "micro_batches": s.micro_batches,
-                **({"framework_version": s.fsdp_update.version} if s.fsdp_update else {})}
+        return {
+            "sharding": self.key,
+            "fsdp_version": s.fsdp_version,
+            "micro_batches": s.micro_batches,
+            **({"framework_version": s.fsdp_update.version} if s.fsdp_update else {}),
+        }
 
     def plan_label(self, learner: Mapping[str, Any]) -> str:
         return f"FSDP{learner['fsdp_version']}"
 
     def summary(self, learner: Mapping[str, Any]) -> str:
-        return (f"{self.plan_label(learner)} over {learner['gpus']} GPUs, {learner['tokens_per_gpu']} tokens per "
-                f"micro-batch, {learner['micro_batches']} micro-batch(es) per step")
+        return (
+            f"{self.plan_label(learner)} over {learner['gpus']} GPUs, {learner['tokens_per_gpu']} tokens per "
+            f"micro-batch, {learner['micro_batches']} micro-batch(es) per step"
+        )
 
     def assumption(self, name: str, value: Any, lora_rank: int) -> str | None:
         if name == "grad_accum_dtype":
@@ -268,8 +278,11 @@ class FsdpSharding(Sharding):
         if name == "load_ref_policy":
             if not value:
                 return "no reference policy"
-            return ("a reference policy: the actor with its LoRA adapter disabled (ref_in_actor)" if lora_rank
-                    else "a reference policy (fp32 shards in host RAM; on the GPU only FSDP1's gathered root unit)")
+            return (
+                "a reference policy: the actor with its LoRA adapter disabled (ref_in_actor)"
+                if lora_rank
+                else "a reference policy (fp32 shards in host RAM; on the GPU only FSDP1's gathered root unit)"
+            )
         return None
 
     def hook_terms(self, s: Any, passes: int) -> dict[str, float]:
@@ -341,8 +354,12 @@ def param_tensors(m: ModelSpec, lora_rank: int = 0, lora_targets: tuple[str, ...
     return m.num_layers * per_layer + 2 + (0 if m.tie_word_embeddings else 1)
 
 
-def fetched_tensors(m: ModelSpec, lora_rank: int = 0, lora_targets: tuple[str, ...] = ALL_LINEAR,
-                    persistence: int = PERSISTENCE_THRESHOLD) -> int:
+def fetched_tensors(
+    m: ModelSpec,
+    lora_rank: int = 0,
+    lora_targets: tuple[str, ...] = ALL_LINEAR,
+    persistence: int = PERSISTENCE_THRESHOLD,
+) -> int:
     """Parameter tensors ZeRO-3 partitions and so gathers and releases in each pass: those above the
     persistence threshold (DeepSpeed keeps smaller ones whole on every rank, never fetched)."""
     h, shapes = m.hidden_size, m.linear_shapes()
@@ -357,5 +374,17 @@ def fetched_tensors(m: ModelSpec, lora_rank: int = 0, lora_targets: tuple[str, .
     return m.num_layers * per_layer + (1 + (0 if m.tie_word_embeddings else 1) if big else 0)
 
 
-__all__ = ["FSDP", "SHARDINGS", "ZERO", "FsdpSharding", "Sharding", "ZeroSharding", "fetched_tensors", "flag_owner",
-           "from_plan", "margin_bytes", "param_tensors", "sharding_named"]
+__all__ = [
+    "FSDP",
+    "SHARDINGS",
+    "ZERO",
+    "FsdpSharding",
+    "Sharding",
+    "ZeroSharding",
+    "fetched_tensors",
+    "flag_owner",
+    "from_plan",
+    "margin_bytes",
+    "param_tensors",
+    "sharding_named",
+]

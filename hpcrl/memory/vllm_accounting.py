@@ -56,21 +56,28 @@ def read_release(version: str) -> tuple[str, str | None]:
     if text in _data()["versions"]:
         return text, None
     if not re.fullmatch(r"\d+\.\d+(\.\d+)*(\.post\d+)?", text):
-        raise HpcrlError(f"--vllm-version {version!r}: not a vLLM release number; valid: {', '.join(known_versions())} "
-                         "or another patch release of their minor versions")
+        raise HpcrlError(
+            f"--vllm-version {version!r}: not a vLLM release number; valid: {', '.join(known_versions())} "
+            "or another patch release of their minor versions"
+        )
     want = _key(text)
     same = [v for v in known_versions() if _key(v)[:2] == want[:2]]
     if not same:
-        raise HpcrlError(f"--vllm-version {version!r}: hpcrl has not read that vLLM's memory accounting (no release "
-                         f"of {want[0]}.{want[1]}); valid: {', '.join(known_versions())}, or another patch release of "
-                         "their minor versions")
+        raise HpcrlError(
+            f"--vllm-version {version!r}: hpcrl has not read that vLLM's memory accounting (no release "
+            f"of {want[0]}.{want[1]}); valid: {', '.join(known_versions())}, or another patch release of "
+            "their minor versions"
+        )
 
     def distance(v: str) -> tuple:
         diff = [abs(a - b) for a, b in zip(_key(v)[2:], want[2:])]
         return diff, _key(v) > want
+
     near = min(same, key=distance)
-    return near, (f"vLLM {text}: hpcrl read {near} of the same minor release, not {text}; its memory accounting is "
-                  f"used for {text} (a patch release: derived, not read)")
+    return near, (
+        f"vLLM {text}: hpcrl read {near} of the same minor release, not {text}; its memory accounting is "
+        f"used for {text} (a patch release: derived, not read)"
+    )
 
 
 @dataclass(frozen=True)
@@ -113,9 +120,13 @@ class SamplerWarmup:
         if d is None:
             return None
         forward = d.get("holds_forward_hidden_states", True)
-        return SamplerWarmup(bytes_per_logit=d["bytes_per_logit"], buffer_rows=d.get("buffer_rows", 0),
-                             holds_forward=forward, sampled_copies=d.get("sampled_hidden_copies", 2 if forward else 1),
-                             by_logprobs_mode=tuple(d.get("bytes_per_logit_by_logprobs_mode", {}).items()))
+        return SamplerWarmup(
+            bytes_per_logit=d["bytes_per_logit"],
+            buffer_rows=d.get("buffer_rows", 0),
+            holds_forward=forward,
+            sampled_copies=d.get("sampled_hidden_copies", 2 if forward else 1),
+            by_logprobs_mode=tuple(d.get("bytes_per_logit_by_logprobs_mode", {}).items()),
+        )
 
 
 @dataclass(frozen=True)
@@ -141,8 +152,11 @@ class Accounting:
 
     def warmup(self, m: ModelSpec, logprobs_mode: str) -> SamplerWarmup | None:
         """The sampler warm-up of the model runner this version picks for `m` (config/vllm.py use_v2_model_runner)."""
-        v2 = self.sampler_v2 is not None and logprobs_mode not in self.v2_not_with_logprobs_modes and (
-            self.v2_all_models or m.model_type in self.v2_model_types or (self.v2_dense_models and not m.is_moe))
+        v2 = (
+            self.sampler_v2 is not None
+            and logprobs_mode not in self.v2_not_with_logprobs_modes
+            and (self.v2_all_models or m.model_type in self.v2_model_types or (self.v2_dense_models and not m.is_moe))
+        )
         return self.sampler_v2 if v2 else self.sampler
 
     def batched_tokens(self, max_model_len: int) -> int:
@@ -172,18 +186,24 @@ def accounting(version: str) -> Accounting:
     version, _ = read_release(version)
     v = _data()["versions"][version]
     v2 = v.get("model_runner_v2", {})
-    return Accounting(version=version, engine=v["engine"], graphs_in_budget=v["graphs_in_budget"],
-                      non_torch_baseline=v["non_torch_baseline"], block_size=v["block_size"],
-                      default_max_num_seqs=v["default_max_num_seqs"],
-                      default_max_num_batched_tokens=v.get("default_max_num_batched_tokens", 2048),
-                      chunked_prefill_default_above_len=v.get("chunked_prefill_default_above_len"),
-                      chunked_prefill_batched_tokens=v.get("chunked_prefill_batched_tokens"),
-                      sampler=SamplerWarmup.read(v.get("sampler_warmup")),
-                      sampler_v2=SamplerWarmup.read(v2.get("sampler_warmup")),
-                      v2_model_types=tuple(v2.get("model_types", ())), v2_dense_models=v2.get("dense_models", False),
-                      v2_all_models=v2.get("all_models", False),
-                      v2_not_with_logprobs_modes=tuple(v2.get("not_with_logprobs_modes", ())),
-                      concurrency_rule=v.get("concurrency_rule", "blocks"))
+    return Accounting(
+        version=version,
+        engine=v["engine"],
+        graphs_in_budget=v["graphs_in_budget"],
+        non_torch_baseline=v["non_torch_baseline"],
+        block_size=v["block_size"],
+        default_max_num_seqs=v["default_max_num_seqs"],
+        default_max_num_batched_tokens=v.get("default_max_num_batched_tokens", 2048),
+        chunked_prefill_default_above_len=v.get("chunked_prefill_default_above_len"),
+        chunked_prefill_batched_tokens=v.get("chunked_prefill_batched_tokens"),
+        sampler=SamplerWarmup.read(v.get("sampler_warmup")),
+        sampler_v2=SamplerWarmup.read(v2.get("sampler_warmup")),
+        v2_model_types=tuple(v2.get("model_types", ())),
+        v2_dense_models=v2.get("dense_models", False),
+        v2_all_models=v2.get("all_models", False),
+        v2_not_with_logprobs_modes=tuple(v2.get("not_with_logprobs_modes", ())),
+        concurrency_rule=v.get("concurrency_rule", "blocks"),
+    )
 
 
 def forward_peak(m: ModelSpec, tp: int, tokens: int) -> float:
@@ -194,8 +214,9 @@ def forward_peak(m: ModelSpec, tp: int, tokens: int) -> float:
     return tokens * 2 * (3 * m.hidden_size + 3 * f / tp)
 
 
-def sampler_peak(m: ModelSpec, rows: int, acc: Accounting, batched_tokens: int,
-                 logprobs_mode: str = "raw_logprobs") -> float:
+def sampler_peak(
+    m: ModelSpec, rows: int, acc: Accounting, batched_tokens: int, logprobs_mode: str = "raw_logprobs"
+) -> float:
     """Torch peak of the sampler warm-up over `rows` x the full vocabulary (gathered on every TP rank).
 
     Where the version's sampler was read (data file 'sampler_warmup', per model runner), derived: the

@@ -118,6 +118,8 @@ def resolve_model(name: str) -> ModelSpec:
         cached = _from_hf_cache(name)
         if cached is not None:
             return cached
-        tried = "not a catalog name or alias, no such path, and not in the local Hugging Face cache, which is read offline"
+        tried = (
+            "not a catalog name or alias, no such path, and not in the local Hugging Face cache, which is read offline"
+        )
     known = [*catalog(), *ALIASES, *(spec.name for spec in catalog().values())]
     raise UnknownNameError("model", name, known, detail=tried)

@@ -17,7 +17,13 @@ QKNorm = Literal["none", "per_head", "full"]
 
 # Families whose attention carries a bias on q/k/v, or normalises q and k.
 _QKV_BIAS = {"qwen2", "qwen2_moe"}
-_QK_NORM: dict[str, QKNorm] = {"qwen3": "per_head", "qwen3_moe": "per_head", "olmo2": "full", "olmo3": "full", "olmoe": "full"}
+_QK_NORM: dict[str, QKNorm] = {
+    "qwen3": "per_head",
+    "qwen3_moe": "per_head",
+    "olmo2": "full",
+    "olmo3": "full",
+    "olmoe": "full",
+}
 
 # The largest count a config.json may give (hidden size, layers, heads, vocabulary, ...): far above any
 # model's, and small enough that no product of them overflows what the planner sizes.
@@ -73,8 +79,9 @@ class ModelSpec:
                 return default
             whole = isinstance(value, int) or (isinstance(value, float) and value.is_integer())
             if isinstance(value, bool) or not whole or not least <= value <= COUNT_MAX:
-                raise ModelSpecError(f"{name}: config.json {key} {value!r}: valid: a whole number from {least} "
-                                     f"to {COUNT_MAX:,}")
+                raise ModelSpecError(
+                    f"{name}: config.json {key} {value!r}: valid: a whole number from {least} to {COUNT_MAX:,}"
+                )
             return int(value)
 
         model_type = str(cfg.get("model_type", "unknown"))
@@ -83,8 +90,10 @@ class ModelSpec:
         hidden = count("hidden_size")
         head_dim = count("head_dim", hidden // heads)
         if head_dim < 1:
-            raise ModelSpecError(f"{name}: config.json hidden_size {hidden} over num_attention_heads {heads} "
-                                 "leaves no head dimension; give head_dim")
+            raise ModelSpecError(
+                f"{name}: config.json hidden_size {hidden} over num_attention_heads {heads} "
+                "leaves no head dimension; give head_dim"
+            )
         experts = count("num_experts", 0, 0) or count("num_local_experts", 0, 0)
         spec = cls(
             name=name,
@@ -121,8 +130,10 @@ class ModelSpec:
         if self.num_experts and not (self.moe_intermediate_size and self.num_experts_per_tok):
             raise ModelSpecError(f"{self.name}: MoE config needs moe_intermediate_size and num_experts_per_tok")
         if self.num_experts_per_tok > max(self.num_experts, 0) and self.num_experts:
-            raise ModelSpecError(f"{self.name}: num_experts_per_tok {self.num_experts_per_tok} is more than the "
-                                 f"{self.num_experts} experts")
+            raise ModelSpecError(
+                f"{self.name}: num_experts_per_tok {self.num_experts_per_tok} is more than the "
+                f"{self.num_experts} experts"
+            )
 
     # ------------------------------------------------------------------ counts
     @property

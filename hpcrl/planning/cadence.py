@@ -58,10 +58,12 @@ class Cadence:
 
     def summary(self, key: str, max_lost_min: float) -> str:
         how = "pinned in the config" if self.pinned else f"so that at most {max_lost_min:g} min is lost"
-        return (f"{key} {self.every_steps}: a checkpoint every ~{self.at_risk_min:.0f} min of training at the upper "
-                f"step estimate ~{self.upper_s:.0f} s ({how}); time-limit warning {self.lead_s} s before the end = "
-                f"one upper step (~{self.upper_s:.0f} s) + one "
-                f"checkpoint write (~{self.write_s:.0f} s, derived) + {STOP_MARGIN_S} s to stop")
+        return (
+            f"{key} {self.every_steps}: a checkpoint every ~{self.at_risk_min:.0f} min of training at the upper "
+            f"step estimate ~{self.upper_s:.0f} s ({how}); time-limit warning {self.lead_s} s before the end = "
+            f"one upper step (~{self.upper_s:.0f} s) + one "
+            f"checkpoint write (~{self.write_s:.0f} s, derived) + {STOP_MARGIN_S} s to stop"
+        )
 
 
 def checkpoint_bytes(model: ModelSpec, lora_rank: int = 0) -> float:
@@ -72,9 +74,16 @@ def checkpoint_bytes(model: ModelSpec, lora_rank: int = 0) -> float:
     return 12.0 * trained + 2.0 * frozen
 
 
-def plan_cadence(step_s: float, max_lost_min: float, model: ModelSpec, write_gib_s: float,
-                 signal_floor_s: int, pinned_every: int | None = None, lora_rank: int = 0,
-                 step_high_s: float | None = None) -> Cadence:
+def plan_cadence(
+    step_s: float,
+    max_lost_min: float,
+    model: ModelSpec,
+    write_gib_s: float,
+    signal_floor_s: int,
+    pinned_every: int | None = None,
+    lora_rank: int = 0,
+    step_high_s: float | None = None,
+) -> Cadence:
     """The checkpoint interval and the --signal lead time for a run whose step takes step_s (mid)
     and at most step_high_s (the upper estimate, which both rest on; step_s where none)."""
     step_s = max(step_s, 1.0)
@@ -90,17 +99,33 @@ def risk_warning(c: Cadence, key: str, max_lost_min: float) -> list[str]:
     if not c.pinned or c.at_risk_min <= max_lost_min:
         return []
     fit = max(1, math.floor(max_lost_min * 60 / c.upper_s))
-    return [f"{key} {c.every_steps} (pinned) risks ~{c.at_risk_min:.0f} min of training at each job's end or fault, "
-            f"over hpcrl.max_lost_minutes {max_lost_min:g}: remove it and hpcrl sets {fit}"]
+    return [
+        f"{key} {c.every_steps} (pinned) risks ~{c.at_risk_min:.0f} min of training at each job's end or fault, "
+        f"over hpcrl.max_lost_minutes {max_lost_min:g}: remove it and hpcrl sets {fit}"
+    ]
 
 
-def run_cadence(step: StepEstimate, max_lost_min: float, profile: ClusterProfile, model: ModelSpec,
-                lora_rank: int = 0, pinned_every: int | None = None) -> Cadence:
+def run_cadence(
+    step: StepEstimate,
+    max_lost_min: float,
+    profile: ClusterProfile,
+    model: ModelSpec,
+    lora_rank: int = 0,
+    pinned_every: int | None = None,
+) -> Cadence:
     """plan_cadence for a run on `profile` whose step the layout estimated: the run root's write bandwidth and
     the profile's signal floor (what `render` plans, and what a backend's own checkpoint choice must assume)."""
     bandwidth = profile.storage.run_root.write_gib_s or ASSUMED_WRITE_GIB_S
-    return plan_cadence(step.mid_s, max_lost_min, model, bandwidth, profile.slurm.signal_before_end_s,
-                        pinned_every, lora_rank, step.high_s)
+    return plan_cadence(
+        step.mid_s,
+        max_lost_min,
+        model,
+        bandwidth,
+        profile.slurm.signal_before_end_s,
+        pinned_every,
+        lora_rank,
+        step.high_s,
+    )
 
 
 def steps_over_run(chain_s: float | None, step: StepEstimate) -> int | None:
@@ -109,5 +134,12 @@ def steps_over_run(chain_s: float | None, step: StepEstimate) -> int | None:
     return None if chain_s is None else max(1, int(chain_s / max(step.low_s, 1.0)))
 
 
-__all__ = ["ASSUMED_WRITE_GIB_S", "Cadence", "checkpoint_bytes", "plan_cadence", "risk_warning", "run_cadence",
-           "steps_over_run"]
+__all__ = [
+    "ASSUMED_WRITE_GIB_S",
+    "Cadence",
+    "checkpoint_bytes",
+    "plan_cadence",
+    "risk_warning",
+    "run_cadence",
+    "steps_over_run",
+]

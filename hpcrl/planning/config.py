@@ -48,8 +48,11 @@ def config_path(name_or_path: str | None) -> Path:
             raise ConfigError(f"{path}: {kind}; a run config is a YAML file")
         if not path.is_file():
             shipped = data_dir("configs") / path.name
-            hint = (f"; the shipped config of that name is --config {path.stem}"
-                    if shipped.is_file() and path.parent == Path(".") else "")
+            hint = (
+                f"; the shipped config of that name is --config {path.stem}"
+                if shipped.is_file() and path.parent == Path(".")
+                else ""
+            )
             raise ConfigError(f"{path}: no such config file{hint}")
         return path
     shipped = data_dir("configs") / f"{name}.yaml"
@@ -69,8 +72,9 @@ def parse_override(item: str) -> tuple[str, Any]:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError as exc:
         problem = getattr(exc, "problem", None) or "not valid YAML"
-        raise ConfigError(f"--set {key}: {raw!r} is not a YAML value ({problem}); quote it for a string: "
-                          f"--set '{key}=\"...\"'") from None
+        raise ConfigError(
+            f"--set {key}: {raw!r} is not a YAML value ({problem}); quote it for a string: --set '{key}=\"...\"'"
+        ) from None
     if isinstance(value, str):
         # YAML 1.1 reads `2e-6` as a string; a command line means the number.
         try:
@@ -127,7 +131,8 @@ def _shown(name_or_path: str | None, path: Path) -> str:
 def _kind(value: Any) -> str:
     """What a YAML value is, in words."""
     return {list: "a list", str: "a string", bool: "true/false", int: "a number", float: "a number"}.get(
-        type(value), type(value).__name__) + f" ({str(value)[:40]!r})"
+        type(value), type(value).__name__
+    ) + f" ({str(value)[:40]!r})"
 
 
 def _validated(path: Path, raw: dict[str, Any], overrides: list[tuple[str, Any]]) -> RunConfig:
@@ -136,8 +141,9 @@ def _validated(path: Path, raw: dict[str, Any], overrides: list[tuple[str, Any]]
     if section is None:
         section = {}
     if not isinstance(section, dict):
-        raise _Invalid(f"hpcrl: {_kind(section)}, expected a mapping of hpcrl settings (one `key: value` per line "
-                       "under hpcrl:)")
+        raise _Invalid(
+            f"hpcrl: {_kind(section)}, expected a mapping of hpcrl settings (one `key: value` per line under hpcrl:)"
+        )
     args = raw
     for key, value in overrides:
         if key == "hpcrl":

@@ -20,9 +20,28 @@ from hpcrl.planning.backends import stack_expect
 from hpcrl.planning.disk import GIB
 from hpcrl.planning.disk_check import run_budget
 from hpcrl.planning.backends.processes import PLACEHOLDER, Process
-from hpcrl.planning.job_spec import (Chain, Checkpoints, Container, Driver, Environment, GpuMonitor, Header, Health,
-                                     JobSpec, NodeRole, Phase, RaySpec, Resume, RunDirectory, RunFile, Service,
-                                     ShellWord, Smoke, Step, Watchdog)
+from hpcrl.planning.job_spec import (
+    Chain,
+    Checkpoints,
+    Container,
+    Driver,
+    Environment,
+    GpuMonitor,
+    Header,
+    Health,
+    JobSpec,
+    NodeRole,
+    Phase,
+    RaySpec,
+    Resume,
+    RunDirectory,
+    RunFile,
+    Service,
+    ShellWord,
+    Smoke,
+    Step,
+    Watchdog,
+)
 from hpcrl.planning.run_types import RunPlan
 from hpcrl.planning.slurm_request import check_run_name, cluster_label, run_root, slurm_request
 
@@ -57,14 +76,19 @@ def plan_summary(rp: RunPlan) -> list[str]:
         mem = lay.phased.colocated_summary()
     else:
         gpus = f"{lay.learner_gpus} learner GPUs, {lay.engines * lay.tp} engine GPUs, {lay.idle_gpus} idle"
-        mem = (f"learner peak {d['learner_peak_gib']:.1f} GiB/GPU of {d['gpu_usable_gib']:.1f} usable; "
-               f"engine {eng.weights / C.GIB:.1f} GiB weights + {d['engine_kv_cache_gib']:.1f} GiB KV cache per GPU; "
-               f"host peak {d['host_peak_gib']:.0f} GiB/node")
+        mem = (
+            f"learner peak {d['learner_peak_gib']:.1f} GiB/GPU of {d['gpu_usable_gib']:.1f} usable; "
+            f"engine {eng.weights / C.GIB:.1f} GiB weights + {d['engine_kv_cache_gib']:.1f} GiB KV cache per GPU; "
+            f"host peak {d['host_peak_gib']:.0f} GiB/node"
+        )
     return [
         f"model {w.model.name}: {w.seqs} sequences of {w.seq_len} tokens per step, {rp.backend.tokens_text(rp)}",
-        (f"{p.job_gpus} {p.gpu.model} ({p.gpu.memory_gib:g} GiB) of one node, not the whole node (--gpus "
-         f"{p.job_gpus}): {gpus}" if p.job_gpus else f"{rp.nodes} x {p.gpu.count_per_node} {p.gpu.model} "
-         f"({p.gpu.memory_gib:g} GiB): {gpus}"),
+        (
+            f"{p.job_gpus} {p.gpu.model} ({p.gpu.memory_gib:g} GiB) of one node, not the whole node (--gpus "
+            f"{p.job_gpus}): {gpus}"
+            if p.job_gpus
+            else f"{rp.nodes} x {p.gpu.count_per_node} {p.gpu.model} ({p.gpu.memory_gib:g} GiB): {gpus}"
+        ),
         rp.backend.summary(rp),
         mem,
         f"step {lay.step.text()} (generation {lay.step.generation_s:.0f} s, training {lay.step.training_s:.0f} s), "
@@ -122,9 +146,13 @@ def _disk_record(rp: RunPlan) -> dict[str, Any] | None:
         return None
     inside = sum(i.peak_bytes for i in b.items if i.kind not in _OUTSIDE_RUN_DIR)
     quota = b.inputs.quota_bytes
-    return {"peak_gib": round(b.peak_bytes / GIB, 1), "run_dir_peak_gib": round(inside / GIB, 1),
-            "quota_gib": None if quota is None else round(quota / GIB, 1), "total_steps": b.inputs.total_steps,
-            "fits": b.fits}
+    return {
+        "peak_gib": round(b.peak_bytes / GIB, 1),
+        "run_dir_peak_gib": round(inside / GIB, 1),
+        "quota_gib": None if quota is None else round(quota / GIB, 1),
+        "total_steps": b.inputs.total_steps,
+        "fits": b.fits,
+    }
 
 
 def _container(rp: RunPlan) -> Container | None:
@@ -142,10 +170,16 @@ def _container(rp: RunPlan) -> Container | None:
 
 def _environment(rp: RunPlan) -> Environment:
     prof, hp = rp.profile, rp.config.hpcrl
-    return Environment(modules=tuple(prof.modules), profile_env=tuple(prof.env.items()),
-                       profile_setup=tuple(prof.setup), env_setup=tuple(hp.env_setup), hf_home=prof.storage.hf_home,
-                       umask=umask(rp), shared_with_group=prof.storage.share_runs_with_group,
-                       container=_container(rp))
+    return Environment(
+        modules=tuple(prof.modules),
+        profile_env=tuple(prof.env.items()),
+        profile_setup=tuple(prof.setup),
+        env_setup=tuple(hp.env_setup),
+        hf_home=prof.storage.hf_home,
+        umask=umask(rp),
+        shared_with_group=prof.storage.share_runs_with_group,
+        container=_container(rp),
+    )
 
 
 def _ray(rp: RunPlan) -> RaySpec | None:
@@ -164,16 +198,26 @@ def _ray(rp: RunPlan) -> RaySpec | None:
         temp_max=RAY_TEMP_MAX,
         min_version=contract.RAY_TOKEN_MIN,
         # The worker step asks for the GPUs of every node but the head.
-        worker_gpu_request=contract.gpu_request_option(prof.slurm.gpu_request, prof.gpu.count_per_node,
-                                                       rp.nodes - 1) if rp.nodes > 1 else "",
+        worker_gpu_request=contract.gpu_request_option(prof.slurm.gpu_request, prof.gpu.count_per_node, rp.nodes - 1)
+        if rp.nodes > 1
+        else "",
     )
 
 
 def _services(rp: RunPlan) -> tuple[Service, ...]:
     timeout = rp.config.hpcrl.code_server_timeout_s
-    return tuple(Service(name=s.name, command=tuple(s.command), health_path=s.health_path, port=s.port,
-                         env=tuple(s.env), why=s.why, timeout_s=timeout)
-                 for s in rp.backend.services(rp.config))
+    return tuple(
+        Service(
+            name=s.name,
+            command=tuple(s.command),
+            health_path=s.health_path,
+            port=s.port,
+            env=tuple(s.env),
+            why=s.why,
+            timeout_s=timeout,
+        )
+        for s in rp.backend.services(rp.config)
+    )
 
 
 def _driver(rp: RunPlan) -> tuple[Driver, int | None]:
@@ -186,20 +230,33 @@ def _driver(rp: RunPlan) -> tuple[Driver, int | None]:
     env, in_env = driver_cadence.env_words(rp)
     launcher = tuple(backend.launcher_words(rp))
     driver = Driver(
-        backend=backend.name, label=backend.label, workdir=hp.workdir, python=hp.python,
-        entry_point=hp.entry_point, entry_module=backend.runs_module(hp),
+        backend=backend.name,
+        label=backend.label,
+        workdir=hp.workdir,
+        python=hp.python,
+        entry_point=hp.entry_point,
+        entry_module=backend.runs_module(hp),
         # A framework's own entry module, else a user's module (the custom backend's `python -m`).
         module_owner=backend.name if backend.entry_is_module else "its package",
-        launcher=launcher, launcher_module=TORCHRUN_MODULE if TORCHRUN_MODULE in launcher else "",
-        args=args, env=env, override_style=backend.command_facts.style)
+        launcher=launcher,
+        launcher_module=TORCHRUN_MODULE if TORCHRUN_MODULE in launcher else "",
+        args=args,
+        env=env,
+        override_style=backend.command_facts.style,
+    )
     return driver, driver_cadence.adjustable_every(rp) if in_args or in_env else None
 
 
 def _smoke(rp: RunPlan) -> Smoke:
     backend, lay = rp.backend, rp.layout
-    return Smoke(backend=backend.name, placement=backend.smoke_facts.comment,
-                 words=tuple(backend.smoke_words(rp)) if backend.uses_ray else (),
-                 learners=" ".join([str(lay.learners_per_node)] * lay.learner_nodes), engines=lay.engines, tp=lay.tp)
+    return Smoke(
+        backend=backend.name,
+        placement=backend.smoke_facts.comment,
+        words=tuple(backend.smoke_words(rp)) if backend.uses_ray else (),
+        learners=" ".join([str(lay.learners_per_node)] * lay.learner_nodes),
+        engines=lay.engines,
+        tp=lay.tp,
+    )
 
 
 def _stack(rp: RunPlan, smoke: bool) -> dict[str, Any] | None:
@@ -225,6 +282,7 @@ _JOB_VARS = re.compile(r"\$(?:RUN_DIR|PYTHON|CKPT_EVERY|HPCRL_[A-Z0-9_]+_(?:HOST
 def _step_word(text: str) -> ShellWord:
     """A process word as the job holds it: placeholders as the job's variables (`{node_rank}` stays, for each
     node to fill), expanded when it names one."""
+
     def var(m: re.Match[str]) -> str:
         token = m.group(1)
         if token == "python":
@@ -238,8 +296,10 @@ def _step_word(text: str) -> ShellWord:
     if "$" not in out:
         return ShellWord(text=out)
     if not _EXPANDED.match(_JOB_VARS.sub("", out)):
-        raise ConfigError(f"{text!r}: a word the job expands may hold only letters, digits and _ . = / @ + : , % - "
-                          "besides the job's own variables")
+        raise ConfigError(
+            f"{text!r}: a word the job expands may hold only letters, digits and _ . = / @ + : , % - "
+            "besides the job's own variables"
+        )
     return ShellWord(text=out, expand=True)
 
 
@@ -248,7 +308,7 @@ def _cadence_words(rp: RunPlan, words: list[ShellWord]) -> tuple[list[ShellWord]
     every, key = driver_cadence.adjustable_every(rp), rp.backend.checkpoint_key
     for i in range(len(words) - 1):
         if every is not None and words[i].text == f"--{key}" and words[i + 1].text == str(every):
-            return [*words[:i + 1], ShellWord(text=f"${driver_cadence.VAR}", expand=True), *words[i + 2:]], True
+            return [*words[: i + 1], ShellWord(text=f"${driver_cadence.VAR}", expand=True), *words[i + 2 :]], True
     return words, False
 
 
@@ -261,12 +321,28 @@ def _steps(rp: RunPlan, processes: tuple[Process, ...]) -> tuple[tuple[Step, ...
         words += [_step_word(w) for w in p.argv]
         if p.driver:
             words, in_words = _cadence_words(rp, words)
-        steps.append(Step(role=p.role, nodes=p.nodes, gpus_per_node=p.gpus_per_node, command=tuple(words),
-                          ports=p.ports, health=Health(path=p.health.path, port=p.health.port,
-                                                       timeout_s=p.health.timeout_s) if p.health else None,
-                          waits_for=p.waits_for, driver=p.driver,
-                          resume=Resume(flag=p.resume.flag, directory=p.resume.directory, pattern=p.resume.pattern,
-                                        complete_file=p.resume.complete_file) if p.resume else None))
+        steps.append(
+            Step(
+                role=p.role,
+                nodes=p.nodes,
+                gpus_per_node=p.gpus_per_node,
+                command=tuple(words),
+                ports=p.ports,
+                health=Health(path=p.health.path, port=p.health.port, timeout_s=p.health.timeout_s)
+                if p.health
+                else None,
+                waits_for=p.waits_for,
+                driver=p.driver,
+                resume=Resume(
+                    flag=p.resume.flag,
+                    directory=p.resume.directory,
+                    pattern=p.resume.pattern,
+                    complete_file=p.resume.complete_file,
+                )
+                if p.resume
+                else None,
+            )
+        )
     taken = {"environment", "stack_check", "head", "files", "services", "driver", "stop"}
     if clash := [s.role for s in steps if _fn(s.role) in taken]:
         raise ValueError(f"backend {rp.backend.name}: a step role may not be named as a phase: {clash}")
@@ -293,35 +369,50 @@ def _step_roles(rp: RunPlan, steps: tuple[Step, ...]) -> tuple[NodeRole, ...]:
     for i in range(rp.nodes):
         name = "+".join(by_node.get(i, [])) or "idle"
         roles[name] = roles.get(name, 0) + 1
-    return tuple(NodeRole(role=name, count=n, does="one srun step each: " + name.replace("+", ", then ")
-                          if name != "idle" else "nothing the plan needs") for name, n in roles.items())
+    return tuple(
+        NodeRole(
+            role=name,
+            count=n,
+            does="one srun step each: " + name.replace("+", ", then ") if name != "idle" else "nothing the plan needs",
+        )
+        for name, n in roles.items()
+    )
 
 
-def _phases(rp: RunPlan, ray: bool, smoke: bool, label: str,
-            steps: tuple[Step, ...] = ()) -> tuple[Phase, ...]:
+def _phases(rp: RunPlan, ray: bool, smoke: bool, label: str, steps: tuple[Step, ...] = ()) -> tuple[Phase, ...]:
     phases = [
-        Phase(name="environment", does="the profile's and the config's environment, the run directory and job log, "
-                                       "nodes, ports"),
+        Phase(
+            name="environment",
+            does="the profile's and the config's environment, the run directory and job log, nodes, ports",
+        ),
         Phase(name="stack_check", does="what the job's environment must provide before anything starts"),
         Phase(name="head", does="this node: GPU monitor, services" + (", Ray's head" if ray else "")),
     ]
     if ray:
         phases += [
-            Phase(name="workers", does="one srun step: services and Ray on every other node" if rp.nodes > 1
-                  else "none: one node"),
+            Phase(
+                name="workers",
+                does="one srun step: services and Ray on every other node" if rp.nodes > 1 else "none: one node",
+            ),
             Phase(name="readiness", does="Ray reports every node and GPU"),
         ]
     if steps:
         phases.append(Phase(name="files", does="the configs the job's steps read, into the run directory"))
         for st in steps[:-1]:
-            phases.append(Phase(name=_fn(st.role),
-                                does=f"{st.role} on {len(st.nodes)} node(s), until it answers {st.health.path}"
-                                if st.health else f"{st.role} on {len(st.nodes)} node(s)"))
+            phases.append(
+                Phase(
+                    name=_fn(st.role),
+                    does=f"{st.role} on {len(st.nodes)} node(s), until it answers {st.health.path}"
+                    if st.health
+                    else f"{st.role} on {len(st.nodes)} node(s)",
+                )
+            )
     phases += [
         Phase(name="services", does="every service answers"),
         Phase(name="driver", does=("the smoke test" if smoke else f"{label} under the watchdog") + ", until it exits"),
-        Phase(name="stop", does="its exit code -> the end reason; record it, continue the chain when the reason "
-                                "allows"),
+        Phase(
+            name="stop", does="its exit code -> the end reason; record it, continue the chain when the reason allows"
+        ),
     ]
     return tuple(phases)
 
@@ -344,19 +435,32 @@ def describe_job(rp: RunPlan, *, smoke: bool = False) -> JobSpec:
         ckpt_every = driver_cadence.adjustable_every(rp) if in_words or ckpt_every is not None else None
     rule = prof.idle_gpu_policy
     return JobSpec(
-        header=Header(hpcrl_version=__version__, cluster=cluster_label(rp),
-                      config_name=Path(rp.config.source).name if rp.config.source else "-",
-                      config_digest=rp.config.digest(), framework=rp.framework,
-                      summary=tuple(plan_summary(rp)), assumptions=tuple(rp.assumptions), warnings=tuple(rp.warnings),
-                      user_exclude=tuple(rp.user_exclude), user_exclude_file=rp.user_exclude_file, smoke=smoke),
+        header=Header(
+            hpcrl_version=__version__,
+            cluster=cluster_label(rp),
+            config_name=Path(rp.config.source).name if rp.config.source else "-",
+            config_digest=rp.config.digest(),
+            framework=rp.framework,
+            summary=tuple(plan_summary(rp)),
+            assumptions=tuple(rp.assumptions),
+            warnings=tuple(rp.warnings),
+            user_exclude=tuple(rp.user_exclude),
+            user_exclude_file=rp.user_exclude_file,
+            smoke=smoke,
+        ),
         slurm=slurm_request(rp),
         gpus_per_node=prof.gpu.count_per_node,
         cpus_per_node=prof.node.cpu_cores,
         roles=_step_roles(rp, steps) if steps else _roles(rp, ray is not None, bool(services)),
         phases=_phases(rp, ray is not None, smoke, backend.label, steps),
         environment=_environment(rp),
-        run_dir=RunDirectory(root=run_root(rp).rstrip("/") or "/", name=run_name, node_local=prof.storage.node_local.path,
-                             ray_log_keep_mib=prof.ray.log_keep_mib, shared_root=prof.storage.run_root_shared),
+        run_dir=RunDirectory(
+            root=run_root(rp).rstrip("/") or "/",
+            name=run_name,
+            node_local=prof.storage.node_local.path,
+            ray_log_keep_mib=prof.ray.log_keep_mib,
+            shared_root=prof.storage.run_root_shared,
+        ),
         ray=ray,
         services=services,
         steps=steps,
@@ -364,19 +468,33 @@ def describe_job(rp: RunPlan, *, smoke: bool = False) -> JobSpec:
         port_range=(prof.ray.ports[0], prof.ray.ports[1]),
         driver=None if smoke else driver,
         smoke=_smoke(rp) if smoke else None,
-        watchdog=Watchdog(zero_reward_steps=hp.zero_reward_steps, hang_minutes=hp.hang_minutes,
-                          grad_norm_steps=hp.grad_norm_steps, zero_variance_steps=hp.zero_variance_steps,
-                          reward_keys=tuple(hp.reward_keys), loss_keys=tuple(hp.loss_keys),
-                          timing_words=tuple(backend.timing_facts.words()),
-                          marker_after_step=backend.timing_facts.marker_after_step),
-        checkpoints=Checkpoints(key=backend.checkpoint_key, marker=backend.checkpoint_marker,
-                                every=None if smoke else ckpt_every, variable=driver_cadence.VAR,
-                                signal_lead_s=rp.cadence.lead_s if rp.cadence else prof.slurm.signal_before_end_s),
-        chain=Chain(max_restarts=hp.max_restarts, max_failure_restarts=hp.max_failure_restarts,
-                    failure_backoff_s=hp.failure_backoff_s, no_resume=rp.no_resume),
+        watchdog=Watchdog(
+            zero_reward_steps=hp.zero_reward_steps,
+            hang_minutes=hp.hang_minutes,
+            grad_norm_steps=hp.grad_norm_steps,
+            zero_variance_steps=hp.zero_variance_steps,
+            reward_keys=tuple(hp.reward_keys),
+            loss_keys=tuple(hp.loss_keys),
+            timing_words=tuple(backend.timing_facts.words()),
+            marker_after_step=backend.timing_facts.marker_after_step,
+        ),
+        checkpoints=Checkpoints(
+            key=backend.checkpoint_key,
+            marker=backend.checkpoint_marker,
+            every=None if smoke else ckpt_every,
+            variable=driver_cadence.VAR,
+            signal_lead_s=rp.cadence.lead_s if rp.cadence else prof.slurm.signal_before_end_s,
+        ),
+        chain=Chain(
+            max_restarts=hp.max_restarts,
+            max_failure_restarts=hp.max_failure_restarts,
+            failure_backoff_s=hp.failure_backoff_s,
+            no_resume=rp.no_resume,
+        ),
         stack=_stack(rp, smoke),
         gpu_monitor=GpuMonitor(min_mean_power_w=rule.min_mean_power_w, grace_minutes=rule.grace_minutes)
-        if rule is not None else GpuMonitor(),
+        if rule is not None
+        else GpuMonitor(),
         kill_wait_s=prof.slurm.kill_wait_s,
         signal_before_end_s=prof.slurm.signal_before_end_s,
         grace_s=max(30, prof.slurm.signal_before_end_s - 120),

@@ -68,15 +68,22 @@ class DiskSetup:
     grad_accum_dtype: str = "fp32"  # accepted for symmetry with the memory plan; not saved
 
     def check(self) -> None:
-        check_settings(self.zero_stage, self.n_learners, self.lora_rank, self.total_steps, self.keep_last_n_checkpoints,
-                       self.quota_bytes)
+        check_settings(
+            self.zero_stage,
+            self.n_learners,
+            self.lora_rank,
+            self.total_steps,
+            self.keep_last_n_checkpoints,
+            self.quota_bytes,
+        )
 
 
 MAX_STEPS = 10**12  # far more than any run takes (a step is seconds at the least); the fix searches bisect
 
 
-def check_settings(zero_stage: int, learners: int, lora_rank: int, total_steps: int | None, keep: int | None,
-                   quota_bytes: float | None) -> None:
+def check_settings(
+    zero_stage: int, learners: int, lora_rank: int, total_steps: int | None, keep: int | None, quota_bytes: float | None
+) -> None:
     """HpcrlError for a setting no run can have (a None step count or keep: unknown, or all)."""
     if zero_stage not in (0, 1, 2, 3):
         raise HpcrlError(f"ZeRO stage {zero_stage} is not known; valid: 0, 1, 2, 3")
@@ -85,8 +92,10 @@ def check_settings(zero_stage: int, learners: int, lora_rank: int, total_steps: 
     if lora_rank < 0:
         raise HpcrlError(f"LoRA rank must be 0 (off) or positive, got {lora_rank}")
     if total_steps is not None and not 1 <= total_steps <= MAX_STEPS:
-        raise HpcrlError(f"a run of {total_steps:,} training steps: valid: 1 to {MAX_STEPS:,} (check the run's step "
-                         "count and batch sizes)")
+        raise HpcrlError(
+            f"a run of {total_steps:,} training steps: valid: 1 to {MAX_STEPS:,} (check the run's step "
+            "count and batch sizes)"
+        )
     if keep is not None and keep < -1:
         raise HpcrlError(f"--keep-last-n-checkpoints {keep}: valid: -1 (keep all), 0 or more")
     if quota_bytes is not None and quota_bytes <= 0:
@@ -136,23 +145,43 @@ class DiskPlan:
         """The stable --json schema of `hpcrl plan-disk`."""
         s = self.setup
         return {
-            "model": {"name": s.model.name, "total_params": s.model.total_params,
-                      "trainable_params": self.trainable_params, "lora_rank": s.lora_rank},
-            "settings": {"zero_stage": s.zero_stage, "learners": s.n_learners, "save_freq": s.save_freq,
-                         "checkpoint_state_freq": s.checkpoint_state_freq,
-                         "keep_last_n_checkpoints": s.keep_last_n_checkpoints, "total_steps": s.total_steps},
-            "state_checkpoint": {"bytes": round(self.state_bytes), "gib": round(self.state_bytes / GIB, 2),
-                                 "per_rank_bytes": round(self.state_per_rank_bytes),
-                                 "terms_gib": {k: round(v / GIB, 3) for k, v in self.state_terms.items()},
-                                 "saves": self.n_state_saves, "at_peak": self.state_at_peak},
-            "hf_save": {"kind": self.hf_kind, "bytes": round(self.hf_bytes), "gib": round(self.hf_bytes / GIB, 2),
-                        "saves": self.n_hf_saves, "at_peak": self.hf_at_peak},
+            "model": {
+                "name": s.model.name,
+                "total_params": s.model.total_params,
+                "trainable_params": self.trainable_params,
+                "lora_rank": s.lora_rank,
+            },
+            "settings": {
+                "zero_stage": s.zero_stage,
+                "learners": s.n_learners,
+                "save_freq": s.save_freq,
+                "checkpoint_state_freq": s.checkpoint_state_freq,
+                "keep_last_n_checkpoints": s.keep_last_n_checkpoints,
+                "total_steps": s.total_steps,
+            },
+            "state_checkpoint": {
+                "bytes": round(self.state_bytes),
+                "gib": round(self.state_bytes / GIB, 2),
+                "per_rank_bytes": round(self.state_per_rank_bytes),
+                "terms_gib": {k: round(v / GIB, 3) for k, v in self.state_terms.items()},
+                "saves": self.n_state_saves,
+                "at_peak": self.state_at_peak,
+            },
+            "hf_save": {
+                "kind": self.hf_kind,
+                "bytes": round(self.hf_bytes),
+                "gib": round(self.hf_bytes / GIB, 2),
+                "saves": self.n_hf_saves,
+                "at_peak": self.hf_at_peak,
+            },
             "peak_bytes": round(self.peak_bytes),
             "peak_gib": round(self.peak_bytes / GIB, 1),
             "quota_gib": None if s.quota_bytes is None else round(s.quota_bytes / GIB, 1),
             "fits": self.fits,
-            "suggestions": [{"setting": x.setting, "value": x.value, "peak_gib": round(x.peak_bytes / GIB, 1)}
-                            for x in (suggest(self) if self.fits is False else [])],
+            "suggestions": [
+                {"setting": x.setting, "value": x.value, "peak_gib": round(x.peak_bytes / GIB, 1)}
+                for x in (suggest(self) if self.fits is False else [])
+            ],
             "notes": self.notes,
             "verdict": self.verdict(),
         }
@@ -220,8 +249,18 @@ def plan_disk(
 ) -> DiskPlan:
     """Checkpoint bytes of a run and whether they fit `quota_bytes` (None: unknown quota)."""
     spec = resolve_model(model) if isinstance(model, str) else model
-    s = DiskSetup(spec, zero_stage, n_learners, lora_rank, save_freq, checkpoint_state_freq,
-                  keep_last_n_checkpoints, total_steps, quota_bytes, grad_accum_dtype)
+    s = DiskSetup(
+        spec,
+        zero_stage,
+        n_learners,
+        lora_rank,
+        save_freq,
+        checkpoint_state_freq,
+        keep_last_n_checkpoints,
+        total_steps,
+        quota_bytes,
+        grad_accum_dtype,
+    )
     return _plan(s)
 
 
@@ -239,12 +278,16 @@ def _plan(s: DiskSetup) -> DiskPlan:
     n_hf = _hf_saves(s.save_freq, s.total_steps)
     notes = []
     if n_state and s.keep_last_n_checkpoints == 0:
-        notes.append("keep_last_n_checkpoints=0: grpo_fast deletes each state checkpoint right after "
-                     "writing it, so a restart cannot resume; use 1 or more")
+        notes.append(
+            "keep_last_n_checkpoints=0: grpo_fast deletes each state checkpoint right after "
+            "writing it, so a restart cannot resume; use 1 or more"
+        )
     if s.checkpoint_state_freq <= 0:
         notes.append("no DeepSpeed state checkpoints (checkpoint_state_freq <= 0): a restart starts over")
-    notes.append("HF saves are never pruned by grpo_fast: all of them stay until removed "
-                 "(`hpcrl checkpoints prune` can remove old step_N saves)")
+    notes.append(
+        "HF saves are never pruned by grpo_fast: all of them stay until removed "
+        "(`hpcrl checkpoints prune` can remove old step_N saves)"
+    )
     return DiskPlan(s, trainable, terms, per_rank, hf_kind, hf, n_state, n_hf, state_peak, n_hf, notes)
 
 
@@ -294,8 +337,11 @@ def suggest(plan: DiskPlan) -> list[Suggestion]:
     out: list[Suggestion] = []
     keep = largest_fitting_keep(plan)
     if keep is not None:
-        out.append(Suggestion("keep_last_n_checkpoints", keep,
-                              _plan(replace(plan.setup, keep_last_n_checkpoints=keep)).peak_bytes))
+        out.append(
+            Suggestion(
+                "keep_last_n_checkpoints", keep, _plan(replace(plan.setup, keep_last_n_checkpoints=keep)).peak_bytes
+            )
+        )
     for setting in ("save_freq", "checkpoint_state_freq"):
         if setting == "checkpoint_state_freq" and plan.n_state_saves == 0:
             continue

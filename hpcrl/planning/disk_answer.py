@@ -42,8 +42,19 @@ class DiskRequest:
     quota_gib: float | None = None
 
 
-_RUN_ONLY = ("model", "learners", "lora_rank", "zero_stage", "save_freq", "checkpoint_state_freq",
-             "keep_last_n_checkpoints", "total_steps", "save_hf", "disable_ds", "lora_hf_save")
+_RUN_ONLY = (
+    "model",
+    "learners",
+    "lora_rank",
+    "zero_stage",
+    "save_freq",
+    "checkpoint_state_freq",
+    "keep_last_n_checkpoints",
+    "total_steps",
+    "save_hf",
+    "disable_ds",
+    "lora_hf_save",
+)
 
 
 def plan_disk(r: DiskRequest) -> tuple[Budget, str]:
@@ -59,10 +70,12 @@ def plan_disk(r: DiskRequest) -> tuple[Budget, str]:
 
         bad = next((f"--{k.replace('_', '-')}" for k, v in run.items() if v is not None), None)
         if bad or r.backend:
-            raise HpcrlError(f"{bad or '--backend'}: with --config the run's own settings count; change them with "
-                             "--set KEY=VALUE")
-        rp = make_run_plan(r.config, nodes=r.nodes, cluster=r.cluster, cluster_file=r.cluster_file,
-                           sets=list(r.sets) or None)
+            raise HpcrlError(
+                f"{bad or '--backend'}: with --config the run's own settings count; change them with --set KEY=VALUE"
+            )
+        rp = make_run_plan(
+            r.config, nodes=r.nodes, cluster=r.cluster, cluster_file=r.cluster_file, sets=list(r.sets) or None
+        )
         s, quota_from = config_inputs(rp, r.quota_gib, r.hf_cache, **extra)
         return budget(rp.backend.name, s), quota_from
     from hpcrl.planning.backends import DEFAULT_BACKEND
@@ -72,8 +85,7 @@ def plan_disk(r: DiskRequest) -> tuple[Budget, str]:
     if r.nodes is not None or r.sets:
         raise HpcrlError("--nodes and --set go with --config")
     name = r.backend or DEFAULT_BACKEND
-    s, quota_from = flag_inputs(name, run, resolve_profile(r.cluster, r.cluster_file), r.quota_gib, r.hf_cache,
-                                **extra)
+    s, quota_from = flag_inputs(name, run, resolve_profile(r.cluster, r.cluster_file), r.quota_gib, r.hf_cache, **extra)
     return budget(name, s), quota_from
 
 
@@ -88,11 +100,20 @@ def _legacy(b: Budget) -> dict[str, Any]:
     state = b.item("deepspeed_state") or b.item("fsdp_state")
     hf = b.item("hf_save") or b.item("final_save")
     if state:
-        out["state_checkpoint"] = {"bytes": round(state.one_bytes), "gib": round(state.one_bytes / 2**30, 2),
-                                   "per_rank_bytes": round(state.one_bytes / b.inputs.learners),
-                                   "terms_gib": {k: round(v / 2**30, 3) for k, v in state.terms.items()},
-                                   "saves": state.written, "at_peak": state.at_peak}
+        out["state_checkpoint"] = {
+            "bytes": round(state.one_bytes),
+            "gib": round(state.one_bytes / 2**30, 2),
+            "per_rank_bytes": round(state.one_bytes / b.inputs.learners),
+            "terms_gib": {k: round(v / 2**30, 3) for k, v in state.terms.items()},
+            "saves": state.written,
+            "at_peak": state.at_peak,
+        }
     if hf:
-        out["hf_save"] = {"kind": hf.what, "bytes": round(hf.one_bytes), "gib": round(hf.one_bytes / 2**30, 2),
-                          "saves": hf.written, "at_peak": hf.at_peak}
+        out["hf_save"] = {
+            "kind": hf.what,
+            "bytes": round(hf.one_bytes),
+            "gib": round(hf.one_bytes / 2**30, 2),
+            "saves": hf.written,
+            "at_peak": hf.at_peak,
+        }
     return out

@@ -34,8 +34,14 @@ def __getattr__(attr: str) -> dict[str, dict[str, str | None]]:
     raise AttributeError(f"module {__name__!r} has no attribute {attr!r}")
 
 
-def flag_inputs(backend: str, given: dict[str, Any], profile: ClusterProfile, quota_gib: float | None,
-                hf_cache: bool | None, **extra: Any) -> tuple[DiskInputs, str]:
+def flag_inputs(
+    backend: str,
+    given: dict[str, Any],
+    profile: ClusterProfile,
+    quota_gib: float | None,
+    hf_cache: bool | None,
+    **extra: Any,
+) -> tuple[DiskInputs, str]:
     """`plan-disk`'s flags (None: not given) as inputs, with the backend's defaults; and where the quota is from."""
     from hpcrl.errors import HpcrlError
     from hpcrl.models import resolve_model
@@ -52,13 +58,22 @@ def flag_inputs(backend: str, given: dict[str, Any], profile: ClusterProfile, qu
     def get(name: str, default: Any) -> Any:
         return default if given.get(name) is None else given[name]
 
-    s = DiskInputs(resolve_model(get("model", "32b")), learners=get("learners", 8), lora_rank=get("lora_rank", 0),
-                   zero_stage=get("zero_stage", 3), total_steps=get("total_steps", 1000),
-                   ckpt_every=get("checkpoint_state_freq", 200), hf_every=get("save_freq", 200),
-                   keep=facts.keep_default if keep is None else None if keep == facts.keep_all else keep,
-                   save_hf=bool(given.get("save_hf")), disable_ds=bool(given.get("disable_ds")),
-                   lora_hf_save=get("lora_hf_save", "adapter"), model_cache=cache,
-                   quota_bytes=None if quota is None else quota * GIB, **extra)
+    s = DiskInputs(
+        resolve_model(get("model", "32b")),
+        learners=get("learners", 8),
+        lora_rank=get("lora_rank", 0),
+        zero_stage=get("zero_stage", 3),
+        total_steps=get("total_steps", 1000),
+        ckpt_every=get("checkpoint_state_freq", 200),
+        hf_every=get("save_freq", 200),
+        keep=facts.keep_default if keep is None else None if keep == facts.keep_all else keep,
+        save_hf=bool(given.get("save_hf")),
+        disable_ds=bool(given.get("disable_ds")),
+        lora_hf_save=get("lora_hf_save", "adapter"),
+        model_cache=cache,
+        quota_bytes=None if quota is None else quota * GIB,
+        **extra,
+    )
     return s, "--quota-gib" if quota_gib is not None else f"{profile.name} run_root ({store.run_root.path})"
 
 

@@ -119,9 +119,11 @@ class Budget:
             return f"fits: {peak} of the {q / GIB:,.0f} GiB quota"
         if (grows := next((i for i in self.items if i.unbounded), None)) is not None:
             fixes = "; ".join(f.text for f in self.fixes) or "a step count or a time limit"
-            return (f"does NOT fit: {grows.what.split(' (')[0]} is never deleted and nothing bounds how many the run "
-                    f"writes ({peak} counted so far); give the step count (--total-steps) or a time limit. "
-                    f"Would fit: {fixes}")
+            return (
+                f"does NOT fit: {grows.what.split(' (')[0]} is never deleted and nothing bounds how many the run "
+                f"writes ({peak} counted so far); give the step count (--total-steps) or a time limit. "
+                f"Would fit: {fixes}"
+            )
         fixes = "; ".join(f.text for f in self.fixes) or "no single setting fits; raise the quota"
         return f"does NOT fit: {peak}, over the {q / GIB:,.0f} GiB quota. Would fit: {fixes}"
 
@@ -130,19 +132,34 @@ class Budget:
         s = self.inputs
         return {
             "backend": self.backend,
-            "model": {"name": s.model.name, "total_params": s.model.total_params, "trainable_params": self.trainable,
-                      "lora_rank": s.lora_rank},
+            "model": {
+                "name": s.model.name,
+                "total_params": s.model.total_params,
+                "trainable_params": self.trainable,
+                "lora_rank": s.lora_rank,
+            },
             "settings": self.settings,
-            "items": [{"kind": i.kind, "what": i.what, "bytes": round(i.one_bytes), "gib": round(i.one_bytes / GIB, 2),
-                       "written": i.written, "at_peak": i.at_peak, "peak_gib": round(i.peak_bytes / GIB, 2),
-                       "source": i.source, "terms_gib": {k: round(v / GIB, 3) for k, v in i.terms.items()}}
-                      for i in self.items],
+            "items": [
+                {
+                    "kind": i.kind,
+                    "what": i.what,
+                    "bytes": round(i.one_bytes),
+                    "gib": round(i.one_bytes / GIB, 2),
+                    "written": i.written,
+                    "at_peak": i.at_peak,
+                    "peak_gib": round(i.peak_bytes / GIB, 2),
+                    "source": i.source,
+                    "terms_gib": {k: round(v / GIB, 3) for k, v in i.terms.items()},
+                }
+                for i in self.items
+            ],
             "peak_bytes": round(self.peak_bytes),
             "peak_gib": round(self.peak_bytes / GIB, 1),
             "quota_gib": None if s.quota_bytes is None else round(s.quota_bytes / GIB, 1),
             "fits": self.fits,
-            "suggestions": [{"setting": f.setting, "value": f.value, "peak_gib": round(f.peak_bytes / GIB, 1)}
-                            for f in self.fixes],
+            "suggestions": [
+                {"setting": f.setting, "value": f.value, "peak_gib": round(f.peak_bytes / GIB, 1)} for f in self.fixes
+            ],
             "notes": list(self.notes),
             "verdict": self.verdict(),
         }
@@ -154,16 +171,24 @@ def shares_quota(run_root: str, hf_home: str) -> bool:
     return parent not in ("", "/") and posixpath.normpath(hf_home).startswith(parent + "/")
 
 
-def cache_items(s: DiskInputs, steps_known: bool, dump_source: str | None,
-                bytes_per_token: float = TOKEN_ID_BYTES) -> tuple[list[Item], list[str]]:
+def cache_items(
+    s: DiskInputs, steps_known: bool, dump_source: str | None, bytes_per_token: float = TOKEN_ID_BYTES
+) -> tuple[list[Item], list[str]]:
     """The HF model cache, the dataset cache and rollout dumps (`bytes_per_token` each, written as
     `dump_source` says; None: the framework writes none), where they count; and notes."""
     items, notes = [], []
     if s.model_cache:
-        items.append(Item("model_cache", f"HF model cache ({s.model.name}, $HF_HOME/hub)",
-                          float(CACHE_BYTES_PER_PARAM * s.model.total_params), 1, 1,
-                          "assumption: bf16 safetensors as published (2 B/param); the profile's storage.hf_home "
-                          "is on the run root's filesystem"))
+        items.append(
+            Item(
+                "model_cache",
+                f"HF model cache ({s.model.name}, $HF_HOME/hub)",
+                float(CACHE_BYTES_PER_PARAM * s.model.total_params),
+                1,
+                1,
+                "assumption: bf16 safetensors as published (2 B/param); the profile's storage.hf_home "
+                "is on the run root's filesystem",
+            )
+        )
     else:
         notes.append("the HF model cache is not counted (--hf-cache counts it when it shares this quota)")
     if s.dataset_bytes:
@@ -171,11 +196,21 @@ def cache_items(s: DiskInputs, steps_known: bool, dump_source: str | None,
     if s.rollout_tokens_per_step and dump_source:
         per = float(s.rollout_tokens_per_step * bytes_per_token)
         n = s.total_steps if steps_known and s.total_steps else 1
-        items.append(Item("rollouts", "rollout dump, one file per step, never deleted", per, n if steps_known else None,
-                          n, dump_source))
+        items.append(
+            Item(
+                "rollouts",
+                "rollout dump, one file per step, never deleted",
+                per,
+                n if steps_known else None,
+                n,
+                dump_source,
+            )
+        )
         if not steps_known:
-            notes.append("rollout dumps: one step counted; each further step adds "
-                         f"{per / GIB:,.2f} GiB (the run's step count depends on its dataset)")
+            notes.append(
+                "rollout dumps: one step counted; each further step adds "
+                f"{per / GIB:,.2f} GiB (the run's step count depends on its dataset)"
+            )
     return items, notes
 
 
@@ -198,8 +233,14 @@ def saves(every: int, steps: int | None, at_end: bool = False) -> int | None:
 LINEAR_SEARCH = 64
 
 
-def search(build: Callable[[DiskInputs], Budget], base: DiskInputs, field_name: str, values: Sequence[Any],
-           setting: str | None, shown: Callable[[Any], Any] = lambda v: v) -> Fix | None:
+def search(
+    build: Callable[[DiskInputs], Budget],
+    base: DiskInputs,
+    field_name: str,
+    values: Sequence[Any],
+    setting: str | None,
+    shown: Callable[[Any], Any] = lambda v: v,
+) -> Fix | None:
     """The first of `values` for `field_name` whose budget fits, as a Fix in the backend's key."""
     if setting is None:
         raise ValueError(f"{field_name} has no key in the backend's config: nothing to suggest")
@@ -252,10 +293,26 @@ def refusal(b: Budget, fixes: list[str], steps_text: str) -> PlanError:
     parts = ["checkpoints"] + [names[i.kind] for i in b.items if i.kind in names]
     what = " and ".join([", ".join(parts[:-1]), parts[-1]] if len(parts) > 1 else parts)
     q = (b.inputs.quota_bytes or 0) / GIB
-    return would_fit(f"{what} need {b.peak_bytes / GIB:,.0f} GiB at peak{steps_text} but the run root's quota is "
-                     f"{q:,.0f} GiB", tuple(f"--set {f}" for f in fixes), " (or --set hpcrl.force_disk=true)",
-                     "would fit: a larger run root (hpcrl.run_root)")
+    return would_fit(
+        f"{what} need {b.peak_bytes / GIB:,.0f} GiB at peak{steps_text} but the run root's quota is {q:,.0f} GiB",
+        tuple(f"--set {f}" for f in fixes),
+        " (or --set hpcrl.force_disk=true)",
+        "would fit: a larger run root (hpcrl.run_root)",
+    )
 
 
-__all__ = ["Budget", "DiskInputs", "Fix", "Item", "TEXT_BYTES_PER_TOKEN", "TOKEN_ID_BYTES", "cache_items",
-           "interval_values", "refusal", "saves", "search", "shares_quota", "trainable"]
+__all__ = [
+    "Budget",
+    "DiskInputs",
+    "Fix",
+    "Item",
+    "TEXT_BYTES_PER_TOKEN",
+    "TOKEN_ID_BYTES",
+    "cache_items",
+    "interval_values",
+    "refusal",
+    "saves",
+    "search",
+    "shares_quota",
+    "trainable",
+]

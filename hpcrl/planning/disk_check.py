@@ -29,10 +29,15 @@ def run_inputs(rp: RunPlan, quota_gib: float | None = None, hf_cache: bool | Non
     args: dict[str, Any] = {**cfg.args, **rp.backend.layout_args(rp)}  # what the script passes
     quota = quota_gib if quota_gib is not None else run_quota_gib(rp)
     root = cfg.hpcrl.run_root or prof.storage.run_root.path
-    base = DiskInputs(w.model, learners=lay.learner_gpus, lora_rank=w.lora_rank,
-                      model_cache=shares_quota(root, prof.storage.hf_home) if hf_cache is None else hf_cache,
-                      quota_bytes=None if quota is None else quota * GIB,
-                      steps_bound=steps_over_run(chain_seconds(cfg.hpcrl, prof), lay.step))
+    base = DiskInputs(
+        w.model,
+        learners=lay.learner_gpus,
+        lora_rank=w.lora_rank,
+        model_cache=shares_quota(root, prof.storage.hf_home) if hf_cache is None else hf_cache,
+        quota_bytes=None if quota is None else quota * GIB,
+        steps_bound=steps_over_run(chain_seconds(cfg.hpcrl, prof), lay.step),
+    )
+
     def value(key: str) -> Any:
         return args[key] if key in args else rp.backend.arg(cfg, key)
 
@@ -44,8 +49,11 @@ def config_inputs(rp: RunPlan, quota_gib: float | None, hf_cache: bool | None, *
     """`plan-disk --config`: the run's inputs (the caches counted as the profile says unless --quota-gib or
     --hf-cache say otherwise), and where the quota is from."""
     s = run_inputs(rp, quota_gib, hf_cache if hf_cache is not None else None if quota_gib is None else False)
-    s = replace(s, dataset_bytes=extra.get("dataset_bytes", 0.0),
-                rollout_tokens_per_step=extra.get("rollout_tokens_per_step") or s.rollout_tokens_per_step)
+    s = replace(
+        s,
+        dataset_bytes=extra.get("dataset_bytes", 0.0),
+        rollout_tokens_per_step=extra.get("rollout_tokens_per_step") or s.rollout_tokens_per_step,
+    )
     root = rp.config.hpcrl.run_root or rp.profile.storage.run_root.path
     if quota_gib is not None:
         return s, "--quota-gib"
@@ -64,8 +72,12 @@ def check_run_disk(rp: RunPlan) -> Budget:
     if b.fits is False and not rp.config.hpcrl.force_disk:
         steps = b.inputs.total_steps
         bound = b.inputs.steps_bound
-        said = (f" over {steps} steps" if steps else
-                f" (step count unknown: counted over the {bound:,} steps its time limits allow)" if bound
-                else " (step count unknown: counted to the retention limit)")
+        said = (
+            f" over {steps} steps"
+            if steps
+            else f" (step count unknown: counted over the {bound:,} steps its time limits allow)"
+            if bound
+            else " (step count unknown: counted to the retention limit)"
+        )
         raise refusal(b, [f.text for f in b.fixes], said)
     return b

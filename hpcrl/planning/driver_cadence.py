@@ -69,12 +69,20 @@ def cadence_record(rp: RunPlan) -> dict[str, Any] | None:
     if c is None:
         return None
     model = {k: v for k, v in asdict(rp.workload.model).items() if k != "sources"}
-    return {"key": rp.backend.checkpoint_key, "every_steps": c.every_steps, "step_s": round(c.step_s, 3),
-            "write_s": round(c.write_s, 3), "write_basis": "derived", "lead_s": c.lead_s, "pinned": c.pinned,
-            "max_lost_minutes": rp.config.hpcrl.max_lost_minutes,
-            "write_gib_s": rp.profile.storage.run_root.write_gib_s or ASSUMED_WRITE_GIB_S,
-            "signal_floor_s": rp.profile.slurm.signal_before_end_s, "lora_rank": rp.workload.lora_rank,
-            "model": model}
+    return {
+        "key": rp.backend.checkpoint_key,
+        "every_steps": c.every_steps,
+        "step_s": round(c.step_s, 3),
+        "write_s": round(c.write_s, 3),
+        "write_basis": "derived",
+        "lead_s": c.lead_s,
+        "pinned": c.pinned,
+        "max_lost_minutes": rp.config.hpcrl.max_lost_minutes,
+        "write_gib_s": rp.profile.storage.run_root.write_gib_s or ASSUMED_WRITE_GIB_S,
+        "signal_floor_s": rp.profile.slurm.signal_before_end_s,
+        "lora_rank": rp.workload.lora_rank,
+        "model": model,
+    }
 
 
 __all__ = ["VAR", "adjustable_every", "cadence_record", "env_words", "interval_words", "shell_word"]

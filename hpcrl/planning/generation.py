@@ -35,9 +35,11 @@ SEQ_STEP_S = 47.1e-6  # cost per sequence per decode step on the V1 engine (its 
 # Band on the generation time: published / predicted on the held-out rows (fit.py prints them).
 GENERATION_LOW = 0.60
 GENERATION_HIGH = 1.75
-GENERATION_BASIS = ("fitted on 28 of 43 published vLLM rows (18 batch-1 A100 vLLM 0.4.2, 25 large-batch on A100, "
-                    "H100, H200 and GB200, vLLM 0.8.2-0.11.0, TP 1-2); 15 held out: time off by median 23%, max 54%; "
-                    "the 9 large-batch ones median 23%, max 45% (benchmarks/vllm_throughput)")
+GENERATION_BASIS = (
+    "fitted on 28 of 43 published vLLM rows (18 batch-1 A100 vLLM 0.4.2, 25 large-batch on A100, "
+    "H100, H200 and GB200, vLLM 0.8.2-0.11.0, TP 1-2); 15 held out: time off by median 23%, max 54%; "
+    "the 9 large-batch ones median 23%, max 45% (benchmarks/vllm_throughput)"
+)
 TP_ALLREDUCE_S = 10e-6  # latency of one intra-node all-reduce; two per layer per forward pass (assumed)
 
 
@@ -88,8 +90,12 @@ class EngineWork:
     @property
     def limited_by(self) -> str:
         c = self.concurrency
-        for name, value in (("sequences", self.seqs), ("max_num_seqs", self.max_num_seqs),
-                            ("KV pool", self.kv_concurrency), ("client", self.client_cap or c + 1)):
+        for name, value in (
+            ("sequences", self.seqs),
+            ("max_num_seqs", self.max_num_seqs),
+            ("KV pool", self.kv_concurrency),
+            ("client", self.client_cap or c + 1),
+        ):
             if value == c:
                 return name
         return "sequences"
@@ -156,6 +162,18 @@ def generation_seconds(e: EngineWork, k: Constants = Constants()) -> float:
     return generation_time(e, k).total_s
 
 
-__all__ = ["Constants", "DECODE_BW_EFFICIENCY", "EngineWork", "GENERATION_BASIS", "GENERATION_HIGH",
-           "GENERATION_LOW", "GenerationTime", "MATMUL_MFU", "SEQ_STEP_S", "STEP_OVERHEAD_S", "decode_step_s",
-           "generation_seconds", "generation_time"]
+__all__ = [
+    "Constants",
+    "DECODE_BW_EFFICIENCY",
+    "EngineWork",
+    "GENERATION_BASIS",
+    "GENERATION_HIGH",
+    "GENERATION_LOW",
+    "GenerationTime",
+    "MATMUL_MFU",
+    "SEQ_STEP_S",
+    "STEP_OVERHEAD_S",
+    "decode_step_s",
+    "generation_seconds",
+    "generation_time",
+]

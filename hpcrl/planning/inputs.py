@@ -48,18 +48,30 @@ class RunInputs:
         return self.config.hpcrl.time or (self.partition_limits.max_time if self.partition_limits else None)
 
 
-def resolve_config_profile(config: str | None, sets: list[str] | None, cluster: str | None,
-                           cluster_file: str | Path | None, gpus: int | None,
-                           nodes: int | None = 1) -> tuple[RunConfig, ClusterProfile]:
+def resolve_config_profile(
+    config: str | None,
+    sets: list[str] | None,
+    cluster: str | None,
+    cluster_file: str | Path | None,
+    gpus: int | None,
+    nodes: int | None = 1,
+) -> tuple[RunConfig, ClusterProfile]:
     """The config and the profile its job sees (the cluster flag over the config's, --gpus over hpcrl.gpus)."""
     cfg = load_run_config(config, sets)
     job_gpus = gpus if gpus is not None else cfg.hpcrl.gpus
     return cfg, job_profile(resolve_profile(cluster or cfg.hpcrl.cluster, cluster_file), job_gpus, nodes)
 
 
-def resolve_inputs(config: str | None = None, *, nodes: int | None = None, cluster: str | None = None,
-                   cluster_file: str | None = None, sets: list[str] | None = None, gpus: int | None = None,
-                   allow_over_limit: bool = False) -> RunInputs:
+def resolve_inputs(
+    config: str | None = None,
+    *,
+    nodes: int | None = None,
+    cluster: str | None = None,
+    cluster_file: str | None = None,
+    sets: list[str] | None = None,
+    gpus: int | None = None,
+    allow_over_limit: bool = False,
+) -> RunInputs:
     """Load the config, resolve the cluster (node type, GPU share, other node types) and the backend, and
     check the node count and wall time against the cluster's limits."""
     cfg = load_run_config(config, sets)
@@ -77,8 +89,11 @@ def resolve_inputs(config: str | None = None, *, nodes: int | None = None, clust
     part_name = hp.partition or profile.slurm.default_partition
     part = profile.slurm.partitions.get(part_name) if part_name else None
     warnings += check_time(hp.time, part_name, part.max_time if part else None, allow)
-    others = tuple(job_profile(resolve_profile(cluster or hp.cluster, cluster_file, variant=v), job_gpus, n)
-                   for v in profile.variants if v != profile.variant)
+    others = tuple(
+        job_profile(resolve_profile(cluster or hp.cluster, cluster_file, variant=v), job_gpus, n)
+        for v in profile.variants
+        if v != profile.variant
+    )
     backend = get_backend(hp.backend)
     framework, assumed = backend.target_version(hp)
     return RunInputs(cfg, profile, others, n, backend, framework, assumed, part_name, part, allow, tuple(warnings))

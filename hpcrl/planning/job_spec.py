@@ -70,16 +70,32 @@ class SlurmRequest(_Record):
 
     def options(self) -> list[str]:
         """The #SBATCH options in the order the script writes them."""
-        opts = [f"--job-name={self.job_name}", f"--nodes={self.nodes}", "--ntasks-per-node=1", self.gpu_request,
-                *self.share]
-        named = (("mem", self.mem), ("time", self.time), ("partition", self.partition), ("account", self.account),
-                 ("qos", self.qos), ("constraint", self.constraint))
+        opts = [
+            f"--job-name={self.job_name}",
+            f"--nodes={self.nodes}",
+            "--ntasks-per-node=1",
+            self.gpu_request,
+            *self.share,
+        ]
+        named = (
+            ("mem", self.mem),
+            ("time", self.time),
+            ("partition", self.partition),
+            ("account", self.account),
+            ("qos", self.qos),
+            ("constraint", self.constraint),
+        )
         opts += [f"--{name}={value}" for name, value in named if value]
         if self.exclude:
             opts.append(f"--exclude={','.join(self.exclude)}")
         # The script chains its own continuation; a Slurm requeue would run a second copy.
-        return [*opts, f"--output={self.output}", "--open-mode=append", f"--signal=B:USR1@{self.signal_lead_s}",
-                "--no-requeue"]
+        return [
+            *opts,
+            f"--output={self.output}",
+            "--open-mode=append",
+            f"--signal=B:USR1@{self.signal_lead_s}",
+            "--no-requeue",
+        ]
 
 
 class NodeRole(_Record):
@@ -306,6 +322,27 @@ class JobSpec(_Record):
         return cls.model_validate_json(data) if isinstance(data, str) else cls.model_validate(data)
 
 
-__all__ = ["Chain", "Checkpoints", "Container", "Driver", "Environment", "GpuMonitor", "Header", "Health", "JobSpec",
-           "NodeRole", "Phase", "RaySpec", "Resume", "RunDirectory", "RunFile", "SCHEMA_VERSION", "Service",
-           "ShellWord", "SlurmRequest", "Smoke", "Step", "Watchdog"]
+__all__ = [
+    "Chain",
+    "Checkpoints",
+    "Container",
+    "Driver",
+    "Environment",
+    "GpuMonitor",
+    "Header",
+    "Health",
+    "JobSpec",
+    "NodeRole",
+    "Phase",
+    "RaySpec",
+    "Resume",
+    "RunDirectory",
+    "RunFile",
+    "SCHEMA_VERSION",
+    "Service",
+    "ShellWord",
+    "SlurmRequest",
+    "Smoke",
+    "Step",
+    "Watchdog",
+]

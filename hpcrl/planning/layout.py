@@ -39,6 +39,7 @@ class PhasedMemory(Protocol):
     def peak_device(self) -> float: ...
     def colocated_summary(self) -> str: ...
 
+
 # Stated efficiencies of the throughput model (not measured by hpcrl; see docs/plan.md).
 UTILISATIONS = (0.9, 0.85, 0.8, 0.7, 0.6)
 
@@ -91,7 +92,13 @@ class Workload:
 
     def check(self) -> None:
         """open-instruct's own constraints on these settings."""
-        for name in ("pack_length", "response_length", "max_prompt_token_length", "unique_prompts", "samples_per_prompt"):
+        for name in (
+            "pack_length",
+            "response_length",
+            "max_prompt_token_length",
+            "unique_prompts",
+            "samples_per_prompt",
+        ):
             if getattr(self, name) <= 0:
                 raise HpcrlError(f"{name} must be positive, got {getattr(self, name)}")
         if self.pack_length < self.seq_len:
@@ -206,8 +213,10 @@ class Layout:
     def reason(self) -> str:
         st = self.step
         if self.colocated:
-            return (f"colocated: every GPU trains and generates; step ~{self.step_time_s:.0f}s = generation "
-                    f"{st.generation_s:.0f}s + training {st.training_s:.0f}s (range {st.low_s:.0f}-{st.high_s:.0f}s)")
+            return (
+                f"colocated: every GPU trains and generates; step ~{self.step_time_s:.0f}s = generation "
+                f"{st.generation_s:.0f}s + training {st.training_s:.0f}s (range {st.low_s:.0f}-{st.high_s:.0f}s)"
+            )
         idle = "no idle GPU" if self.idle_gpus == 0 else f"{self.idle_gpus} idle GPUs"
         return (
             f"{idle}; step ~{self.step_time_s:.0f}s (range {st.low_s:.0f}-{st.high_s:.0f}s) set by {self.bottleneck} "
@@ -220,50 +229,68 @@ class Layout:
         # when it was the only backend, and kept so for every backend, a schema of hpcrl's own. What a framework
         # is passed is its backend's (layout_args).
         sync = self.whole_model_sync
-        return {
-            "num_learners_per_node": self.learners,
-            "vllm_num_engines": self.engines,
-            "vllm_tensor_parallel_size": self.tp,
-            "vllm_gpu_memory_utilization": self.gpu_memory_utilization,
-            "deepspeed_stage": self.zero_stage,
-        } | ({"gather_whole_model": sync} if sync is not None else {}) | {
-            "nodes": self.nodes,
-            "learner_gpus": self.learner_gpus,
-            "engine_gpus": self.engines * self.tp,
-            "idle_gpus": self.idle_gpus,
-            "learner_peak_gib": round(mem.learner.device_total / g, 2),
-            "engine_kv_cache_gib": round(mem.engine.kv_cache / g, 2),
-            "engine_concurrent_seqs": mem.engine.concurrent_seqs,
-            "engine_vllm": {"version": mem.engine.vllm_version, "max_num_seqs": mem.engine.max_num_seqs,
-                            "max_num_batched_tokens": mem.engine.batched_tokens},
-            "host_peak_gib": round(mem.host.peak / g, 1),
-            "gpu_usable_gib": round(mem.usable / g, 2),
-            "generation_time_s": round(st.generation_s, 1),
-            "generation_time_low_s": round(self.generation.low_s, 1),
-            "generation_time_high_s": round(self.generation.high_s, 1),
-            "generation_time_basis": self.generation.basis,
-            "training_time_s": round(st.training_s, 1),
-            "step_time_s": round(st.mid_s, 1),
-            "step_time_low_s": round(st.low_s, 1),
-            "step_time_high_s": round(st.high_s, 1),
-            "step_time_basis": st.basis,
-            "bottleneck": self.bottleneck,
-            "reason": self.reason(),
-        } | (self._colocated_dict() if self.colocated else {})
+        return (
+            {
+                "num_learners_per_node": self.learners,
+                "vllm_num_engines": self.engines,
+                "vllm_tensor_parallel_size": self.tp,
+                "vllm_gpu_memory_utilization": self.gpu_memory_utilization,
+                "deepspeed_stage": self.zero_stage,
+            }
+            | ({"gather_whole_model": sync} if sync is not None else {})
+            | {
+                "nodes": self.nodes,
+                "learner_gpus": self.learner_gpus,
+                "engine_gpus": self.engines * self.tp,
+                "idle_gpus": self.idle_gpus,
+                "learner_peak_gib": round(mem.learner.device_total / g, 2),
+                "engine_kv_cache_gib": round(mem.engine.kv_cache / g, 2),
+                "engine_concurrent_seqs": mem.engine.concurrent_seqs,
+                "engine_vllm": {
+                    "version": mem.engine.vllm_version,
+                    "max_num_seqs": mem.engine.max_num_seqs,
+                    "max_num_batched_tokens": mem.engine.batched_tokens,
+                },
+                "host_peak_gib": round(mem.host.peak / g, 1),
+                "gpu_usable_gib": round(mem.usable / g, 2),
+                "generation_time_s": round(st.generation_s, 1),
+                "generation_time_low_s": round(self.generation.low_s, 1),
+                "generation_time_high_s": round(self.generation.high_s, 1),
+                "generation_time_basis": self.generation.basis,
+                "training_time_s": round(st.training_s, 1),
+                "step_time_s": round(st.mid_s, 1),
+                "step_time_low_s": round(st.low_s, 1),
+                "step_time_high_s": round(st.high_s, 1),
+                "step_time_basis": st.basis,
+                "bottleneck": self.bottleneck,
+                "reason": self.reason(),
+            }
+            | (self._colocated_dict() if self.colocated else {})
+        )
 
     def _colocated_dict(self) -> dict[str, Any]:
         # Only on colocated layouts, so the other layouts' schema is unchanged.
         g = C.GIB
-        return {"colocated": True, "training_peak_gib": round(self.phased.training_total / g, 2),
-                "rollout_peak_gib": round(self.phased.rollout_total / g, 2)}
+        return {
+            "colocated": True,
+            "training_peak_gib": round(self.phased.training_total / g, 2),
+            "rollout_peak_gib": round(self.phased.rollout_total / g, 2),
+        }
 
 
 def engine_setup(w: Workload, tp: int, util: float) -> EngineSetup:
     """One engine of the run as its framework's vLLM builds it (version and scheduler sizes from the backend)."""
-    return EngineSetup(model=w.model, tp=tp, gpu_memory_utilization=util, max_seq_len=w.seq_len,
-                       max_num_batched_tokens=w.vllm.max_num_batched_tokens, max_num_seqs=w.vllm.max_num_seqs,
-                       enforce_eager=w.vllm.enforce_eager, vllm_version=w.vllm.version,
-                       logprobs_mode=w.vllm.logprobs_mode)
+    return EngineSetup(
+        model=w.model,
+        tp=tp,
+        gpu_memory_utilization=util,
+        max_seq_len=w.seq_len,
+        max_num_batched_tokens=w.vllm.max_num_batched_tokens,
+        max_num_seqs=w.vllm.max_num_seqs,
+        enforce_eager=w.vllm.enforce_eager,
+        vllm_version=w.vllm.version,
+        logprobs_mode=w.vllm.logprobs_mode,
+    )
 
 
 def _learner_setup(w: Workload, n: int, weight_sync: str = "none") -> LearnerSetup:
@@ -292,13 +319,23 @@ def _learner_setup(w: Workload, n: int, weight_sync: str = "none") -> LearnerSet
 def generation_time(w: Workload, plan: MemoryPlan, profile: ClusterProfile, engines: int) -> float:
     """Seconds to generate one step's responses on the busiest engine (planning/generation.py), its
     concurrency from the engine's own limits: its vLLM's max_num_seqs and its KV pool."""
-    return generation_seconds(engine_work(plan.engine, w.model, plan.engine_setup.tp, math.ceil(w.seqs / engines),
-                                          w.max_prompt_token_length, w.response_length,
-                                          profile.gpu.hbm_bandwidth_tbs, profile.gpu.bf16_tflops))
+    return generation_seconds(
+        engine_work(
+            plan.engine,
+            w.model,
+            plan.engine_setup.tp,
+            math.ceil(w.seqs / engines),
+            w.max_prompt_token_length,
+            w.response_length,
+            profile.gpu.hbm_bandwidth_tbs,
+            profile.gpu.bf16_tflops,
+        )
+    )
 
 
-def learner_band(w: Workload, plan: MemoryPlan, profile: ClusterProfile, learners_per_node: int,
-                 passes: int = 1) -> Band:
+def learner_band(
+    w: Workload, plan: MemoryPlan, profile: ClusterProfile, learners_per_node: int, passes: int = 1
+) -> Band:
     """The learners' seconds per RL step: `passes` times the step's tokens through training_band."""
     return training_band(plan.learner_setup, profile, w.seqs * w.seq_len * passes, learners_per_node)
 
@@ -316,12 +353,24 @@ def _memo(memo: PlanMemo, key: tuple[Any, ...], profile: ClusterProfile, make: A
     return memo[key][1]
 
 
-def _memory(memo: PlanMemo, profile: ClusterProfile, learner: LearnerSetup, engine: EngineSetup, k: int,
-            engine_gpus: int, margin: bool) -> MemoryPlan:
+def _memory(
+    memo: PlanMemo,
+    profile: ClusterProfile,
+    learner: LearnerSetup,
+    engine: EngineSetup,
+    k: int,
+    engine_gpus: int,
+    margin: bool,
+) -> MemoryPlan:
     parts = memo.setdefault("parts", {})
-    plan: MemoryPlan = _memo(memo, (id(profile), learner, engine, k, engine_gpus, margin), profile,
-                 lambda: plan_memory(profile, learner, engine, learners_per_node=k, engine_gpus_per_node=engine_gpus,
-                                     margin=margin, parts=parts))
+    plan: MemoryPlan = _memo(
+        memo,
+        (id(profile), learner, engine, k, engine_gpus, margin),
+        profile,
+        lambda: plan_memory(
+            profile, learner, engine, learners_per_node=k, engine_gpus_per_node=engine_gpus, margin=margin, parts=parts
+        ),
+    )
     return plan
 
 
@@ -332,8 +381,9 @@ def _fitting_learner(memo: PlanMemo, profile: ClusterProfile, w: Workload, n: in
     parts = memo.setdefault("parts", {})
     for sync in sync_modes(w.weight_sync):
         learner = _learner_setup(w, n, sync)
-        if _memo(memo, ("fits", id(profile), learner, margin), profile,
-                 lambda: learner_fits(profile, learner, margin, parts)):
+        if _memo(
+            memo, ("fits", id(profile), learner, margin), profile, lambda: learner_fits(profile, learner, margin, parts)
+        ):
             return learner
     return None
 
@@ -348,8 +398,14 @@ def search_size(profile: ClusterProfile, nodes: int, w: Workload, pins: Pins = P
     return ks * ms * tps
 
 
-def enumerate_layouts(profile: ClusterProfile, nodes: int, w: Workload, pins: Pins = Pins(),
-                      margin: bool = True, memo: PlanMemo | None = None) -> tuple[list[Layout], dict[str, int]]:
+def enumerate_layouts(
+    profile: ClusterProfile,
+    nodes: int,
+    w: Workload,
+    pins: Pins = Pins(),
+    margin: bool = True,
+    memo: PlanMemo | None = None,
+) -> tuple[list[Layout], dict[str, int]]:
     """Every layout that satisfies the rules and fits, ranked best first; and rejection counts.
     Without margin, a learner may use the allocator margin (plan_layouts' last resort). A search
     over node counts passes one `memo`: a layout's memory does not depend on the job's node count,
@@ -359,16 +415,30 @@ def enumerate_layouts(profile: ClusterProfile, nodes: int, w: Workload, pins: Pi
     return rank(layouts, exclusive=profile.job_gpus is None), rejected
 
 
-def any_layout(profile: ClusterProfile, nodes: int, w: Workload, pins: Pins = Pins(), margin: bool = True,
-               memo: PlanMemo | None = None) -> bool:
+def any_layout(
+    profile: ClusterProfile,
+    nodes: int,
+    w: Workload,
+    pins: Pins = Pins(),
+    margin: bool = True,
+    memo: PlanMemo | None = None,
+) -> bool:
     """Whether some layout fits: enumerate_layouts' answer is non-empty, found without planning the rest.
     The most learner nodes are tried first, where a learner's shard is smallest."""
     found = _layouts(profile, nodes, w, pins, margin, {} if memo is None else memo, {}, most_learners_first=True)
     return next(found, None) is not None
 
 
-def _layouts(profile: ClusterProfile, nodes: int, w: Workload, pins: Pins, margin: bool, memo: PlanMemo,
-             rejected: dict[str, int], most_learners_first: bool = False) -> Iterator[Layout]:
+def _layouts(
+    profile: ClusterProfile,
+    nodes: int,
+    w: Workload,
+    pins: Pins,
+    margin: bool,
+    memo: PlanMemo,
+    rejected: dict[str, int],
+    most_learners_first: bool = False,
+) -> Iterator[Layout]:
     """The layouts that fit, in search order, counting each rejection's reason in `rejected`."""
     w.check()
     g = profile.gpu.count_per_node
@@ -395,7 +465,7 @@ def _layouts(profile: ClusterProfile, nodes: int, w: Workload, pins: Pins, margi
     utils = [pins.gpu_memory_utilization] if pins.gpu_memory_utilization else list(UTILISATIONS)
     tokens = w.seqs * w.seq_len
     for k in ks:
-        for m in (reversed(ms) if most_learners_first else ms):
+        for m in reversed(ms) if most_learners_first else ms:
             learner = _fitting_learner(memo, profile, w, k * m, margin)
             for tp in tps:
                 engines = m * ((g - k) // tp) + (nodes - m) * (g // tp)
@@ -424,10 +494,22 @@ def _layouts(profile: ClusterProfile, nodes: int, w: Workload, pins: Pins, margi
                         reject("vLLM engine does not fit (weights + KV for one sequence)")
                     continue
                 util, plan = chosen
-                band = _memo(memo, ("band", id(profile), learner, k, tokens), profile,
-                             lambda: training_band(learner, profile, tokens, k))
+                band = _memo(
+                    memo,
+                    ("band", id(profile), learner, k, tokens),
+                    profile,
+                    lambda: training_band(learner, profile, tokens, k),
+                )
                 yield Layout(
-                    nodes=nodes, gpus_per_node=g, learners_per_node=k, learner_nodes=m, tp=tp, engines=engines,
-                    gpu_memory_utilization=util, memory=plan,
-                    gen_time_s=generation_time(w, plan, profile, engines), train_band=band,
-                    weight_sync=learner.weight_sync)
+                    nodes=nodes,
+                    gpus_per_node=g,
+                    learners_per_node=k,
+                    learner_nodes=m,
+                    tp=tp,
+                    engines=engines,
+                    gpu_memory_utilization=util,
+                    memory=plan,
+                    gen_time_s=generation_time(w, plan, profile, engines),
+                    train_band=band,
+                    weight_sync=learner.weight_sync,
+                )

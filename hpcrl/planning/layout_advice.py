@@ -32,8 +32,9 @@ SLOW_SEARCH = 30_000
 Fixes = Mapping[str, "str | None"]
 
 
-def suggest(profile: ClusterProfile, nodes: int, w: Workload, pins: Pins, variants: list[ClusterProfile],
-            fixes: Fixes) -> list[str]:
+def suggest(
+    profile: ClusterProfile, nodes: int, w: Workload, pins: Pins, variants: list[ClusterProfile], fixes: Fixes
+) -> list[str]:
     """Every single-setting change that makes some layout fit, each checked by the planner. Order:
     fixes that keep the job inside the partition's and QOS's node limits first; within each,
     those that leave the allocator margin free before those that fit only inside it."""
@@ -118,19 +119,26 @@ def idle_gpus_warning(layouts: list[Layout], engines_key: str = "engines") -> li
     g, k, m, tp = lay.gpus_per_node, lay.learners_per_node, lay.learner_nodes, lay.tp
     why = []
     if (g - k) % tp:
-        why.append(f"on each of its {m} learner nodes the {g - k} GPUs beside the learners hold "
-                   f"{(g - k) // tp} TP-{tp} engine{'s' if (g - k) // tp != 1 else ''} and leave {(g - k) % tp} idle")
+        why.append(
+            f"on each of its {m} learner nodes the {g - k} GPUs beside the learners hold "
+            f"{(g - k) // tp} TP-{tp} engine{'s' if (g - k) // tp != 1 else ''} and leave {(g - k) % tp} idle"
+        )
     if g % tp and lay.nodes > m:
         why.append(f"each of the {lay.nodes - m} other nodes leaves {g % tp} idle")
     slots = m * ((g - k) // tp) + (lay.nodes - m) * (g // tp)
     if lay.engines < slots:
         why.append(f"{slots - lay.engines} engine slots of {tp} GPUs stay empty ({engines_key} {lay.engines})")
     fewer = min(layouts, key=lambda x: (x.idle_gpus, x.step_time_s))
-    alt = (f"; the layout with the fewest, {fewer.idle_gpus} idle ([{fewer.learners_per_node}] x {fewer.learner_nodes}, "
-           f"{fewer.engines} x TP {fewer.tp}), steps ~{fewer.step_time_s:.0f} s (hpcrl plan lists it)"
-           if fewer.idle_gpus < lay.idle_gpus else "")
-    return [f"the chosen layout leaves {lay.idle_gpus} of {lay.nodes * g} GPUs idle: {'; '.join(why)}; it was chosen "
-            f"for its step estimate (~{lay.step_time_s:.0f} s){alt}"]
+    alt = (
+        f"; the layout with the fewest, {fewer.idle_gpus} idle ([{fewer.learners_per_node}] x {fewer.learner_nodes}, "
+        f"{fewer.engines} x TP {fewer.tp}), steps ~{fewer.step_time_s:.0f} s (hpcrl plan lists it)"
+        if fewer.idle_gpus < lay.idle_gpus
+        else ""
+    )
+    return [
+        f"the chosen layout leaves {lay.idle_gpus} of {lay.nodes * g} GPUs idle: {'; '.join(why)}; it was chosen "
+        f"for its step estimate (~{lay.step_time_s:.0f} s){alt}"
+    ]
 
 
 def with_margin_note(layouts: list[Layout], fixes: list[str]) -> list[Layout]:
@@ -140,9 +148,11 @@ def with_margin_note(layouts: list[Layout], fixes: list[str]) -> list[Layout]:
     full = allocator_margin(mem.learner_setup, mem.learner.peak_reserved)
     spare = mem.usable - mem.learner_peak
     clear = f"; would clear it: {' | '.join(fixes)}" if fixes else "; nothing hpcrl tried clears it"
-    note = (f"the learner's peak {mem.learner_peak / g:.1f} GiB leaves {spare / g:.1f} GiB of the {mem.usable / g:.1f} "
-            f"GiB GPU, inside the {full / g:.1f} GiB allocator margin (peak reserved memory varied that much in the "
-            f"calibration): it may run out of memory{clear}")
+    note = (
+        f"the learner's peak {mem.learner_peak / g:.1f} GiB leaves {spare / g:.1f} GiB of the {mem.usable / g:.1f} "
+        f"GiB GPU, inside the {full / g:.1f} GiB allocator margin (peak reserved memory varied that much in the "
+        f"calibration): it may run out of memory{clear}"
+    )
     return [replace(best, notes=best.notes + (note,)), *layouts[1:]]
 
 
@@ -166,8 +176,11 @@ def plan_layouts(
     tight, _ = enumerate_layouts(profile, nodes, w, pins, margin=False)
     if tight:
         return with_margin_note(tight, found)
-    raise would_fit(f"no layout of {w.model.name} fits on {where} ({why})", tuple(found),
-                    none="nothing hpcrl tried fits (more nodes, offload, shorter pack_length, LoRA)")
+    raise would_fit(
+        f"no layout of {w.model.name} fits on {where} ({why})",
+        tuple(found),
+        none="nothing hpcrl tried fits (more nodes, offload, shorter pack_length, LoRA)",
+    )
 
 
 __all__ = ["PROGRESS", "SLOW_SEARCH", "Fixes", "idle_gpus_warning", "plan_layouts", "suggest", "with_margin_note"]

@@ -38,27 +38,45 @@ def colocated_tps(w: Workload, gpus_per_node: int) -> list[int]:
     return [d for d in w.model.tp_sizes(gpus_per_node) if gpus_per_node % d == 0]
 
 
-def colocated_memory(profile: ClusterProfile, nodes: int, w: Workload, tp: int, util: float,
-                     colocation: Colocation, margin: bool = True, ray: bool = True) -> ColocatedPlan:
+def colocated_memory(
+    profile: ClusterProfile,
+    nodes: int,
+    w: Workload,
+    tp: int,
+    util: float,
+    colocation: Colocation,
+    margin: bool = True,
+    ray: bool = True,
+) -> ColocatedPlan:
     """The memory plan of one colocated choice (`ray`: the job runs Ray on its nodes)."""
     n = nodes * profile.gpu.count_per_node
     engine = engine_setup(w, tp, util)
     return plan_colocated(profile, _learner_setup(w, n), engine, colocation, margin, ray)
 
 
-def enumerate_colocated(profile: ClusterProfile, nodes: int, w: Workload, pins: Pins = Pins(),
-                        colocation: Colocation = Colocation(), margin: bool = True, ray: bool = True
-                        ) -> tuple[list[Layout], dict[str, int]]:
+def enumerate_colocated(
+    profile: ClusterProfile,
+    nodes: int,
+    w: Workload,
+    pins: Pins = Pins(),
+    colocation: Colocation = Colocation(),
+    margin: bool = True,
+    ray: bool = True,
+) -> tuple[list[Layout], dict[str, int]]:
     """Every colocated TP and utilisation that fits, ranked best first; and rejection counts."""
     w.check()
     g = profile.gpu.count_per_node
     if pins.learners_per_node or pins.learner_nodes or pins.engines:
-        raise PlanError("this layout is colocated (every GPU trains and generates): learners and engines "
-                        "follow from the GPUs; pin tp=N and util=F only")
+        raise PlanError(
+            "this layout is colocated (every GPU trains and generates): learners and engines "
+            "follow from the GPUs; pin tp=N and util=F only"
+        )
     tps = colocated_tps(w, g)
     if pins.tp is not None:
         if pins.tp not in tps:
-            why: str | None = w.model.tp_problem(pins.tp) or f"it must divide the {g} GPUs of a node (engines tile every GPU)"
+            why: str | None = (
+                w.model.tp_problem(pins.tp) or f"it must divide the {g} GPUs of a node (engines tile every GPU)"
+            )
             raise PlanError(f"tensor-parallel size {pins.tp} cannot work: {why}; valid: {tps}")
         tps = [pins.tp]
     utils = [pins.gpu_memory_utilization] if pins.gpu_memory_utilization else list(COLOCATED_UTILISATIONS)
@@ -78,12 +96,21 @@ def enumerate_colocated(profile: ClusterProfile, nodes: int, w: Workload, pins: 
                 why = "vLLM engine does not fit (weights + KV for one sequence)"
             else:
                 engines = nodes * g // tp
-                layouts.append(Layout(
-                    nodes=nodes, gpus_per_node=g, learners_per_node=g, learner_nodes=nodes, tp=tp,
-                    engines=engines, gpu_memory_utilization=util, memory=plan,
-                    gen_time_s=generation_time(w, plan, profile, engines),
-                    train_band=learner_band(w, plan, profile, g), colocated=True,
-                ))
+                layouts.append(
+                    Layout(
+                        nodes=nodes,
+                        gpus_per_node=g,
+                        learners_per_node=g,
+                        learner_nodes=nodes,
+                        tp=tp,
+                        engines=engines,
+                        gpu_memory_utilization=util,
+                        memory=plan,
+                        gen_time_s=generation_time(w, plan, profile, engines),
+                        train_band=learner_band(w, plan, profile, g),
+                        colocated=True,
+                    )
+                )
                 why = None
                 break
         if why:
@@ -91,9 +118,15 @@ def enumerate_colocated(profile: ClusterProfile, nodes: int, w: Workload, pins: 
     return rank(layouts, exclusive=profile.job_gpus is None), rejected
 
 
-def plan_colocated_layouts(profile: ClusterProfile, nodes: int, w: Workload, pins: Pins = Pins(),
-                           colocation: Colocation = Colocation(), offload_hint: str | None = None,
-                           ray: bool = True) -> list[Layout]:
+def plan_colocated_layouts(
+    profile: ClusterProfile,
+    nodes: int,
+    w: Workload,
+    pins: Pins = Pins(),
+    colocation: Colocation = Colocation(),
+    offload_hint: str | None = None,
+    ray: bool = True,
+) -> list[Layout]:
     """Ranked colocated layouts; PlanError with computed suggestions when none fits (`ray`: the job runs
     Ray on its nodes, whose head needs host RAM of its own)."""
     layouts, rejected = enumerate_colocated(profile, nodes, w, pins, colocation, ray=ray)
@@ -114,8 +147,11 @@ def plan_colocated_layouts(profile: ClusterProfile, nodes: int, w: Workload, pin
     tight, _ = enumerate_colocated(profile, nodes, w, pins, colocation, margin=False, ray=ray)
     if tight:
         return with_margin_note(tight, fixes)
-    raise would_fit(f"no colocated layout of {w.model.name} fits on {where} ({why})", tuple(fixes),
-                    none="nothing hpcrl tried fits (more nodes, offload)")
+    raise would_fit(
+        f"no colocated layout of {w.model.name} fits on {where} ({why})",
+        tuple(fixes),
+        none="nothing hpcrl tried fits (more nodes, offload)",
+    )
 
 
 __all__ = ["COLOCATED_UTILISATIONS", "colocated_tps", "enumerate_colocated", "plan_colocated_layouts"]

@@ -23,8 +23,9 @@ def rank(layouts: list[Layout], exclusive: bool = True) -> list[Layout]:
     GH200 nodes (the users' notes).
     """
     ordered: list[Layout] = []
-    for part in ([layouts] if exclusive else [[x for x in layouts if not x.idle_gpus],
-                                              [x for x in layouts if x.idle_gpus]]):
+    for part in (
+        [layouts] if exclusive else [[x for x in layouts if not x.idle_gpus], [x for x in layouts if x.idle_gpus]]
+    ):
         ordered.extend(_by_step(part))
     return ordered
 

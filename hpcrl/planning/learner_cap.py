@@ -45,8 +45,7 @@ def cap_note(profile: ClusterProfile, nodes: int, w: Workload, pins: Pins, fixes
     found = suggest(profile, nodes, w, capped, [], {k: v for k, v in fixes.items() if k != "learners"})
     inside = f"; would fit inside it: {' | '.join(found)}" if found else "; no single change hpcrl tried fits inside it"
     s = "s" if cap > 1 else ""
-    return (f"{placement}: only a learner group of at most {cap} GPU{s} in all keeps the cap, and none "
-            f"fits{inside}")
+    return f"{placement}: only a learner group of at most {cap} GPU{s} in all keeps the cap, and none fits{inside}"
 
 
 __all__ = ["cap_note", "packed_cap_pins", "within_cap"]

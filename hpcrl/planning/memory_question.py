@@ -53,19 +53,33 @@ class Overrides:
     framework_version: str | None = None  # without a config: the framework version to follow
 
     def workload_changes(self) -> dict[str, Any]:
-        pairs = {"pack_length": self.tokens_per_gpu, "load_ref_policy": self.ref_policy,
-                 "hpz_partition_size": self.zpg, "offload": self.offload, "lora_rank": self.lora_rank,
-                 "load_in_4bit": self.load_in_4bit, "logprob_impl": self.logprob_impl,
-                 "grad_accum_dtype": self.grad_accum_dtype, "gradient_checkpointing": self.gradient_checkpointing,
-                 "weight_sync": self.weight_sync, "micro_batches": self.micro_batches,
-                 "fsdp_version": self.fsdp_version}
+        pairs = {
+            "pack_length": self.tokens_per_gpu,
+            "load_ref_policy": self.ref_policy,
+            "hpz_partition_size": self.zpg,
+            "offload": self.offload,
+            "lora_rank": self.lora_rank,
+            "load_in_4bit": self.load_in_4bit,
+            "logprob_impl": self.logprob_impl,
+            "grad_accum_dtype": self.grad_accum_dtype,
+            "gradient_checkpointing": self.gradient_checkpointing,
+            "weight_sync": self.weight_sync,
+            "micro_batches": self.micro_batches,
+            "fsdp_version": self.fsdp_version,
+        }
         return {k: v for k, v in pairs.items() if v is not None}
 
     def flags(self) -> dict[str, Any]:
         """The learner flags given on the command line, by name."""
-        pairs = {"--zpg": self.zpg, "--offload": self.offload, "--logprob-impl": self.logprob_impl,
-                 "--grad-accum-dtype": self.grad_accum_dtype, "--zero-stage": self.zero_stage,
-                 "--micro-batches": self.micro_batches, "--fsdp-version": self.fsdp_version}
+        pairs = {
+            "--zpg": self.zpg,
+            "--offload": self.offload,
+            "--logprob-impl": self.logprob_impl,
+            "--grad-accum-dtype": self.grad_accum_dtype,
+            "--zero-stage": self.zero_stage,
+            "--micro-batches": self.micro_batches,
+            "--fsdp-version": self.fsdp_version,
+        }
         return {k: v for k, v in pairs.items() if v is not None}
 
 
@@ -113,10 +127,13 @@ class Question:
 
 
 # Where each assumption's value can also come from the command line.
-_FLAGS = {"hpz_partition_size": "--zpg", "load_ref_policy": "--ref-policy/--no-ref-policy",
-          "grad_accum_dtype": "--grad-accum-dtype",
-          "gradient_checkpointing": "--gradient-checkpointing/--no-gradient-checkpointing",
-          "util": "--vllm-gpu-memory-utilization"}
+_FLAGS = {
+    "hpz_partition_size": "--zpg",
+    "load_ref_policy": "--ref-policy/--no-ref-policy",
+    "grad_accum_dtype": "--grad-accum-dtype",
+    "gradient_checkpointing": "--gradient-checkpointing/--no-gradient-checkpointing",
+    "util": "--vllm-gpu-memory-utilization",
+}
 
 
 def config_label(cfg: RunConfig) -> str:
@@ -157,8 +174,11 @@ def _text(name: str, value: Any, w: Workload) -> str:
     if name == "grad_accum_dtype":
         return f"gradient partitions in {value}"
     if name == "hpz_partition_size":
-        return (f"ZeRO++ secondary bf16 weight copy over groups of {value} GPUs (zpg {value})" if int(value) > 1
-                else "no ZeRO++ secondary weight copy (zpg 1)")
+        return (
+            f"ZeRO++ secondary bf16 weight copy over groups of {value} GPUs (zpg {value})"
+            if int(value) > 1
+            else "no ZeRO++ secondary weight copy (zpg 1)"
+        )
     if name == "load_ref_policy" and value and dict(w.learner_fixed).get("reference_process"):
         return "a reference policy in its own process on every learner GPU (bf16 ZeRO-3 weights, its own CUDA context)"
     if name == "load_ref_policy":
@@ -177,20 +197,27 @@ def _version_name(backend: str, name: str | None) -> str | None:
     return versions.resolve(backend, name).name if versions.known(backend) else None
 
 
-def _assumptions(backend: str, w: Workload, util: float | None, cfg: RunConfig | None, given: Overrides,
-                 version: str | None = None) -> list[str]:
+def _assumptions(
+    backend: str, w: Workload, util: float | None, cfg: RunConfig | None, given: Overrides, version: str | None = None
+) -> list[str]:
     """What the answer assumes and where each value came from (cited at the run's framework `version`);
     util None: the layout planner chooses it."""
-    flags = {"hpz_partition_size": given.zpg, "load_ref_policy": given.ref_policy,
-             "grad_accum_dtype": given.grad_accum_dtype, "gradient_checkpointing": given.gradient_checkpointing,
-             "util": given.util}
+    flags = {
+        "hpz_partition_size": given.zpg,
+        "load_ref_policy": given.ref_policy,
+        "grad_accum_dtype": given.grad_accum_dtype,
+        "gradient_checkpointing": given.gradient_checkpointing,
+        "util": given.util,
+    }
     out, facts = [], get_backend(backend).memory
     for name, key, where in ((d.name, d.key, d.fact) for d in facts.defaults):
         value = util if name == "util" else getattr(w, name)
         fact = _fact(backend, where, version)
         if name == "util" and value is None:
-            out.append("vLLM gpu_memory_utilization: chosen by hpcrl's layout planner, as `plan` chooses it (the "
-                       f"Engine GPU line; {key} in the config or --vllm-gpu-memory-utilization fixes it)")
+            out.append(
+                "vLLM gpu_memory_utilization: chosen by hpcrl's layout planner, as `plan` chooses it (the "
+                f"Engine GPU line; {key} in the config or --vllm-gpu-memory-utilization fixes it)"
+            )
             continue
         if flags.get(name) is not None:
             on, _, off = _FLAGS[name].partition("/")  # the spelling given: --ref-policy or --no-ref-policy
@@ -228,13 +255,18 @@ def _sharding_assumptions(facts: MemoryFacts, w: Workload, cfg: RunConfig | None
         elif cfg is not None:
             micro = f"micro-batches per optimizer step on one GPU as the plan sets them: {facts.micro_batches_origin}"
         else:
-            micro = (f"{DEFAULT_MICRO_BATCHES} micro-batches per optimizer step on one GPU: ASSUMED (--micro-batches N; "
-                     f"in a config {facts.micro_batches_origin})")
+            micro = (
+                f"{DEFAULT_MICRO_BATCHES} micro-batches per optimizer step on one GPU: ASSUMED (--micro-batches N; "
+                f"in a config {facts.micro_batches_origin})"
+            )
         out.append(micro)
     update = dict(w.learner_fixed).get("fsdp_update")
     if update is not None and getattr(update, "grad_sync_why", None):
-        how = ("gradients held unsharded until the last micro-batch (no_sync)" if update.grad_sync == "last_micro_batch"
-               else "gradients reduce-scattered into the fp32 shards after every micro-batch (no no_sync)")
+        how = (
+            "gradients held unsharded until the last micro-batch (no_sync)"
+            if update.grad_sync == "last_micro_batch"
+            else "gradients reduce-scattered into the fp32 shards after every micro-batch (no no_sync)"
+        )
         out.append(f"{how}: {update.grad_sync_why}")
     return out
 
@@ -244,25 +276,47 @@ def from_config(cfg: RunConfig, given: Overrides = Overrides()) -> Question:
     backend = get_backend(cfg.hpcrl.backend)
     refuse_flags(backend.name, given)
     if given.framework_version is not None:
-        raise HpcrlError(f"--framework-version {given.framework_version}: with --config the run's version is its "
-                         "hpcrl.framework_version (--set hpcrl.framework_version=NAME)")
+        raise HpcrlError(
+            f"--framework-version {given.framework_version}: with --config the run's version is its "
+            "hpcrl.framework_version (--set hpcrl.framework_version=NAME)"
+        )
     if given.tokens_per_gpu is not None and given.tokens_per_gpu <= 0:
         raise HpcrlError(f"--tokens-per-gpu must be a positive integer, got {given.tokens_per_gpu}")
     w = backend.workload_from_config(cfg, given.model)
     w = replace(w, **given.workload_changes())
     if given.tokens_per_gpu is not None and w.pack_length < w.seq_len:
-        raise HpcrlError(f"--tokens-per-gpu {given.tokens_per_gpu} is shorter than one sequence of this config "
-                         f"({w.seq_len} tokens)")
+        raise HpcrlError(
+            f"--tokens-per-gpu {given.tokens_per_gpu} is shorter than one sequence of this config ({w.seq_len} tokens)"
+        )
     util_key = {d.name: d.key for d in backend.memory.defaults}.get("util")
     pinned = util_key in cfg.args if util_key else False
-    util = (given.util if given.util is not None else float(cfg.args[util_key]) if pinned and util_key
-            else float(_fact(backend.name, ("vllm", "gpu_memory_utilization")).value))
+    util = (
+        given.util
+        if given.util is not None
+        else float(cfg.args[util_key])
+        if pinned and util_key
+        else float(_fact(backend.name, ("vllm", "gpu_memory_utilization")).value)
+    )
     # A colocated config is answered by the backend's planner (_colocated_run), which picks what is not fixed.
     planned = backend.colocated(cfg) and not pinned and given.util is None
-    return Question(backend.name, w, util, backend.colocated(cfg),
-                    tuple(_assumptions(backend.name, w, None if planned else util, cfg, given,
-                                       _version_name(backend.name, cfg.hpcrl.framework_version))),
-                    cfg, pinned or given.util is not None)
+    return Question(
+        backend.name,
+        w,
+        util,
+        backend.colocated(cfg),
+        tuple(
+            _assumptions(
+                backend.name,
+                w,
+                None if planned else util,
+                cfg,
+                given,
+                _version_name(backend.name, cfg.hpcrl.framework_version),
+            )
+        ),
+        cfg,
+        pinned or given.util is not None,
+    )
 
 
 def defaults_backends() -> list[str]:
@@ -273,15 +327,18 @@ def defaults_backends() -> list[str]:
 def from_defaults(backend: str, given: Overrides = Overrides()) -> Question:
     """No config: the framework's own defaults (capability table), the flags on top."""
     if backend not in defaults_backends():
-        raise HpcrlError(f"--backend {backend!r}: without --config, valid: {', '.join(defaults_backends())} "
-                         "(give --config for another backend)")
+        raise HpcrlError(
+            f"--backend {backend!r}: without --config, valid: {', '.join(defaults_backends())} "
+            "(give --config for another backend)"
+        )
     refuse_flags(backend, given)
     from hpcrl.planning.backends import versions
 
     if given.framework_version is not None and not versions.known(backend):
         raise HpcrlError(f"--framework-version: hpcrl keeps no versions of backend {backend}; remove it")
-    version, version_assumed = versions.targeted(backend, given.framework_version) if versions.known(backend) \
-        else (None, None)
+    version, version_assumed = (
+        versions.targeted(backend, given.framework_version) if versions.known(backend) else (None, None)
+    )
     b = get_backend(backend)
     facts, vname = b.memory, version.name if version else None
     values: dict[str, Any] = {}
@@ -292,18 +349,36 @@ def from_defaults(backend: str, given: Overrides = Overrides()) -> Question:
     if tokens <= 0:
         raise HpcrlError(f"--tokens-per-gpu must be a positive integer, got {tokens}")
     # No config: the engine's sequence is the learner's micro-batch (prompt + response = tokens).
-    w = Workload(model=resolve_model(given.model or "32b"), pack_length=tokens, response_length=max(1, tokens - 1),
-                 max_prompt_token_length=1, beta=0.0, logprob_impl=b.default_logprob_impl,
-                 logits_copy=facts.logits_copy, weight_sync=facts.weight_sync, sharding=facts.sharding,
-                 fsdp_version=facts.fsdp_version, vllm=b.engine_facts(vname), learner_fixed=b.learner_fixed(vname),
-                 **values)
+    w = Workload(
+        model=resolve_model(given.model or "32b"),
+        pack_length=tokens,
+        response_length=max(1, tokens - 1),
+        max_prompt_token_length=1,
+        beta=0.0,
+        logprob_impl=b.default_logprob_impl,
+        logits_copy=facts.logits_copy,
+        weight_sync=facts.weight_sync,
+        sharding=facts.sharding,
+        fsdp_version=facts.fsdp_version,
+        vllm=b.engine_facts(vname),
+        learner_fixed=b.learner_fixed(vname),
+        **values,
+    )
     w = replace(w, **{k: v for k, v in given.workload_changes().items() if k != "pack_length"})
     util = given.util if given.util is not None else util
     said = []
     if version_assumed and b.memory_by_version:
-        said = [version_assumed.removeprefix("assumes ").replace("set hpcrl.framework_version", "give --framework-version")]
-    return Question(backend, w, util, facts.colocated, tuple(said + _assumptions(backend, w, util, None, given, vname)),
-                    util_pinned=given.util is not None)
+        said = [
+            version_assumed.removeprefix("assumes ").replace("set hpcrl.framework_version", "give --framework-version")
+        ]
+    return Question(
+        backend,
+        w,
+        util,
+        facts.colocated,
+        tuple(said + _assumptions(backend, w, util, None, given, vname)),
+        util_pinned=given.util is not None,
+    )
 
 
 def choose_memory_plan(
@@ -328,8 +403,12 @@ def choose_memory_plan(
     With `colocation`, every learner GPU also runs a vLLM engine (hpcrl/memory/colocated.py):
     the learner GPUs are all the GPUs, and both phases must fit."""
     spec = w.model
-    for name, value in (("--tokens-per-gpu", w.pack_length), ("--learner-gpus", learner_gpus),
-                        ("--vllm-tp", vllm_tp), ("--max-seq-len", max_seq_len)):
+    for name, value in (
+        ("--tokens-per-gpu", w.pack_length),
+        ("--learner-gpus", learner_gpus),
+        ("--vllm-tp", vllm_tp),
+        ("--max-seq-len", max_seq_len),
+    ):
         if value is not None and value <= 0:
             raise HpcrlError(f"{name} must be a positive integer, got {value}")
     notes: list[str] = []
@@ -374,8 +453,14 @@ def choose_memory_plan(
         if w.weight_sync != "auto":
             return []
         whole = plan.learner_setup.weight_sync == "whole_model"
-        return [f"{sync_key or 'whole-model weight sync'} {whole}: " + ("the whole model gathered for the weight sync fits" if whole else
-                "gathering the whole model for the weight sync would not fit; one parameter at a time")]
+        return [
+            f"{sync_key or 'whole-model weight sync'} {whole}: "
+            + (
+                "the whole model gathered for the weight sync fits"
+                if whole
+                else "gathering the whole model for the weight sync would not fit; one parameter at a time"
+            )
+        ]
 
     if learner_gpus is not None:
         plan = plan_for(learner_gpus)
@@ -393,18 +478,33 @@ def choose_memory_plan(
     return plan, notes + sync_note(plan)
 
 
-def answer(q: Question, profile: ClusterProfile, *, learner_gpus: int | None, zero_stage: int = 3,
-           vllm_tp: int | None = None, max_seq_len: int | None = None, colocation: Colocation | None = None,
-           engine_options: dict[str, Any] | None = None) -> tuple[MemoryPlan, list[str]]:
+def answer(
+    q: Question,
+    profile: ClusterProfile,
+    *,
+    learner_gpus: int | None,
+    zero_stage: int = 3,
+    vllm_tp: int | None = None,
+    max_seq_len: int | None = None,
+    colocation: Colocation | None = None,
+    engine_options: dict[str, Any] | None = None,
+) -> tuple[MemoryPlan, list[str]]:
     """The memory plan for the question, choosing learner GPUs and TP where not given."""
     if q.config is not None and q.colocated and colocation is None:
         return _colocated_run(q, profile, learner_gpus)
-    return choose_memory_plan(profile, q.workload, learner_gpus=learner_gpus, zero_stage=zero_stage,
-                              vllm_tp=vllm_tp, vllm_gpu_memory_utilization=q.util,
-                              max_seq_len=max_seq_len or q.workload.seq_len,
-                              colocation=colocation if q.colocated or colocation else None,
-                              engine_options=engine_options, sync_key=get_backend(q.backend).memory.weight_sync_key,
-                              ray=get_backend(q.backend).uses_ray)
+    return choose_memory_plan(
+        profile,
+        q.workload,
+        learner_gpus=learner_gpus,
+        zero_stage=zero_stage,
+        vllm_tp=vllm_tp,
+        vllm_gpu_memory_utilization=q.util,
+        max_seq_len=max_seq_len or q.workload.seq_len,
+        colocation=colocation if q.colocated or colocation else None,
+        engine_options=engine_options,
+        sync_key=get_backend(q.backend).memory.weight_sync_key,
+        ray=get_backend(q.backend).uses_ray,
+    )
 
 
 def _colocated_run(q: Question, profile: ClusterProfile, learner_gpus: int | None) -> tuple[MemoryPlan, list[str]]:
@@ -415,8 +515,10 @@ def _colocated_run(q: Question, profile: ClusterProfile, learner_gpus: int | Non
     backend, g = get_backend(q.backend), profile.gpu.count_per_node
     n = learner_gpus or q.config.hpcrl.nodes and q.config.hpcrl.nodes * g or g
     if n % g:
-        raise HpcrlError(f"--learner-gpus {n}: in a colocated run every GPU of the job trains, so give a multiple "
-                         f"of the {g} GPUs of a {profile.name} node")
+        raise HpcrlError(
+            f"--learner-gpus {n}: in a colocated run every GPU of the job trains, so give a multiple "
+            f"of the {g} GPUs of a {profile.name} node"
+        )
     try:
         pins = Pins(gpu_memory_utilization=q.util if q.util_pinned else None)  # the flag or the config's value
         planned = backend.plan(q.config, profile, n // g, q.workload, pins, [])
@@ -428,11 +530,22 @@ def _colocated_run(q: Question, profile: ClusterProfile, learner_gpus: int | Non
     return lay.memory, notes + list(lay.notes)
 
 
-def own_answer(cfg: RunConfig, profile: ClusterProfile, given: Overrides, learner_gpus: int | None) -> dict[str, Any] | None:
+def own_answer(
+    cfg: RunConfig, profile: ClusterProfile, given: Overrides, learner_gpus: int | None
+) -> dict[str, Any] | None:
     """plan-memory's answer from the config's backend's own memory model (None: the shared question applies)."""
     answer: dict[str, Any] | None = get_backend(cfg.hpcrl.backend).memory_answer(cfg, profile, given, learner_gpus)
     return answer
 
 
-__all__ = ["Overrides", "Question", "refuse_flags", "answer", "choose_memory_plan", "defaults_backends", "from_config", "from_defaults",
-           "own_answer"]
+__all__ = [
+    "Overrides",
+    "Question",
+    "refuse_flags",
+    "answer",
+    "choose_memory_plan",
+    "defaults_backends",
+    "from_config",
+    "from_defaults",
+    "own_answer",
+]

@@ -10,7 +10,9 @@ if TYPE_CHECKING:
     from hpcrl.profiles import ClusterProfile
 
 
-def check_nodes(profile: ClusterProfile, nodes: int, partition: str | None = None, allow_over_limit: bool = False) -> list[str]:
+def check_nodes(
+    profile: ClusterProfile, nodes: int, partition: str | None = None, allow_over_limit: bool = False
+) -> list[str]:
     """Errors (or warnings with allow_over_limit) for nodes beyond partition/QOS limits."""
     if nodes < 1:
         raise HpcrlError(f"--nodes must be at least 1, got {nodes}")

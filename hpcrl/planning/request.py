@@ -61,8 +61,10 @@ def plan_request(req: RunRequest) -> RunPlan:
 
 # A warning's fixes (the allocator-margin note, the learner-cap note) end it: "...; would clear it: a | b".
 _WARNING_FIXES = re.compile(r"; would (clear it|fit inside it): (.*)$")
-_NONE_LEFT = {"clear it": "; nothing hpcrl tried clears it",
-              "fit inside it": "; no single change hpcrl tried fits inside it"}
+_NONE_LEFT = {
+    "clear it": "; nothing hpcrl tried clears it",
+    "fit inside it": "; no single change hpcrl tried fits inside it",
+}
 
 
 def _tried_warning(req: RunRequest, warning: str) -> str:
@@ -74,7 +76,7 @@ def _tried_warning(req: RunRequest, warning: str) -> str:
     kept = [ok for fix in fixes if (ok := _tried(req, fix)) is not None]
     if kept == fixes:
         return warning
-    head = warning[:found.start()]
+    head = warning[: found.start()]
     return head + (f"; would {found.group(1)}: {' | '.join(kept)}" if kept else _NONE_LEFT[found.group(1)])
 
 
@@ -170,9 +172,17 @@ def _plan(req: RunRequest) -> RunPlan:
     if req.quota_gib is not None and req.quota_gib <= 0:
         raise HpcrlError(f"--quota-gib {req.quota_gib:g}: valid: a positive number of GiB")
     quota = [] if req.quota_gib is None else [f"hpcrl.quota_gib={req.quota_gib!r}"]  # the flag wins over the config
-    rp = make_run_plan(req.config, nodes=req.nodes, cluster=req.cluster, cluster_file=req.cluster_file,
-                       model=req.model, sets=[*req.sets, *quota], pins=list(req.pins),
-                       allow_over_limit=req.allow_over_limit, gpus=req.gpus)
+    rp = make_run_plan(
+        req.config,
+        nodes=req.nodes,
+        cluster=req.cluster,
+        cluster_file=req.cluster_file,
+        model=req.model,
+        sets=[*req.sets, *quota],
+        pins=list(req.pins),
+        allow_over_limit=req.allow_over_limit,
+        gpus=req.gpus,
+    )
     # A smoke run writes no checkpoints; a what-if on another model than the config's is no run.
     if not req.smoke and req.model is None:
         check_run_disk(rp)
@@ -192,8 +202,11 @@ def plan_data(rp: RunPlan, top: int = 5, job: JobSpec | None = None) -> dict[str
         "layouts_considered": len(rp.layouts),
         "layouts": [dict(rank=i + 1, **lay.to_dict()) for i, lay in enumerate(rp.layouts[:top])],
         "job": job.to_json() if job is not None else None,
-    } | ({"backend": rp.backend.name, "backend_args": rp.backend.layout_args(rp)}
-         if rp.backend.plan_shows_layout_args else {})
+    } | (
+        {"backend": rp.backend.name, "backend_args": rp.backend.layout_args(rp)}
+        if rp.backend.plan_shows_layout_args
+        else {}
+    )
 
 
 __all__ = ["RunRequest", "plan_data", "plan_request"]

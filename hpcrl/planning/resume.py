@@ -30,8 +30,10 @@ def no_resume_reason(rp: RunPlan) -> str:
 
 
 def no_resume_warning(reason: str) -> str:
-    return (f"{reason}, so a job that reaches its time limit does not continue the chain (a new job would train "
-            "from scratch); give the run a wall time it can finish in, or save its state")
+    return (
+        f"{reason}, so a job that reaches its time limit does not continue the chain (a new job would train "
+        "from scratch); give the run a wall time it can finish in, or save its state"
+    )
 
 
 __all__ = ["no_resume_reason", "no_resume_warning"]

@@ -48,10 +48,12 @@ def idle_rule_risk(profile: ClusterProfile, lay: Layout) -> list[str]:
     if not low:
         return []
     role, t, what = low[0]
-    return [f"{profile.name} cancels jobs whose GPUs average under {rule.min_mean_power_w:g} W after "
-            f"{rule.grace_minutes:g} min: by the step estimate the {role} GPUs work {t / lay.step_time_s:.0%} of "
-            f"each step ({what} {t:.0f} s of {lay.step_time_s:.0f} s) and may average under it; balance the roles "
-            f"(--pin learners=N, --pin engines=N) and watch the GPU monitor's idle_risk warning"]
+    return [
+        f"{profile.name} cancels jobs whose GPUs average under {rule.min_mean_power_w:g} W after "
+        f"{rule.grace_minutes:g} min: by the step estimate the {role} GPUs work {t / lay.step_time_s:.0%} of "
+        f"each step ({what} {t:.0f} s of {lay.step_time_s:.0f} s) and may average under it; balance the roles "
+        f"(--pin learners=N, --pin engines=N) and watch the GPU monitor's idle_risk warning"
+    ]
 
 
 def unconfirmed_in_script(profile: ClusterProfile, hp: HpcrlSection) -> list[str]:
@@ -71,8 +73,10 @@ def unconfirmed_in_script(profile: ClusterProfile, hp: HpcrlSection) -> list[str
         used.append(f"the run root {profile.storage.run_root.path} (hpcrl.run_root)")
     if not used:
         return []
-    return [f"{profile.name}: the script uses unconfirmed profile facts: {'; '.join(used)}; check them "
-            f"(hpcrl clusters show {profile.name}) or set what is in brackets"]
+    return [
+        f"{profile.name}: the script uses unconfirmed profile facts: {'; '.join(used)}; check them "
+        f"(hpcrl clusters show {profile.name}) or set what is in brackets"
+    ]
 
 
 def make_run_plan(
@@ -88,8 +92,15 @@ def make_run_plan(
     gpus: int | None = None,
 ) -> RunPlan:
     """Load the config, resolve the cluster and plan layouts, raising on anything that won't work."""
-    inputs = resolve_inputs(config, nodes=nodes, cluster=cluster, cluster_file=cluster_file, sets=sets, gpus=gpus,
-                            allow_over_limit=allow_over_limit)
+    inputs = resolve_inputs(
+        config,
+        nodes=nodes,
+        cluster=cluster,
+        cluster_file=cluster_file,
+        sets=sets,
+        gpus=gpus,
+        allow_over_limit=allow_over_limit,
+    )
     return plan_run(inputs, model=model, pins=pins)
 
 
@@ -103,55 +114,86 @@ def plan_run(inputs: RunInputs, *, model: str | None = None, pins: list[str] | N
     warnings += unconfirmed_in_script(profile, cfg.hpcrl)
     if planned.layouts:
         warnings += list(planned.layouts[0].notes)
-        warnings += [] if planned.idle_explained else idle_gpus_warning(planned.layouts,
-                                                                         backend.pin_keys.get("engines", "engines"))
+        warnings += (
+            []
+            if planned.idle_explained
+            else idle_gpus_warning(planned.layouts, backend.pin_keys.get("engines", "engines"))
+        )
         warnings += idle_rule_risk(profile, planned.layouts[0])
     services = backend.services(cfg)  # refuses a service the config asks for but cannot have
     if not profile.slurm.exclusive:
         for service in services:
-            warnings.append(f"{service.name} runs code for whoever reaches 127.0.0.1 on its node, and {profile.name}'s "
-                            "jobs are not exclusive: another user on a shared node could use it; ask for whole "
-                            "nodes, or set hpcrl.code_server: off and point code_api_url at a server of your own")
+            warnings.append(
+                f"{service.name} runs code for whoever reaches 127.0.0.1 on its node, and {profile.name}'s "
+                "jobs are not exclusive: another user on a shared node could use it; ask for whole "
+                "nodes, or set hpcrl.code_server: off and point code_api_url at a server of your own"
+            )
     if cfg.hpcrl.container and n > 1 and profile.container.multi_node_note:
         warnings.append(f"{profile.name}: {profile.container.multi_node_note}")
     cap = profile.planning.max_learners_per_node
     if cap and planned.layouts and planned.layouts[0].learners_per_node > cap:
-        placed = (f"; {planned.cap_note}" if planned.cap_note else
-                  f"; {backend.fills_learner_nodes}: hpcrl cannot plan fewer" if backend.fills_learner_nodes else "")
-        warnings.append(f"{planned.layouts[0].learners_per_node} learners per node on {profile.name}, where the profile "
-                        f"plans at most {cap}: {profile.planning.why or 'see the profile'}{placed}")
+        placed = (
+            f"; {planned.cap_note}"
+            if planned.cap_note
+            else f"; {backend.fills_learner_nodes}: hpcrl cannot plan fewer"
+            if backend.fills_learner_nodes
+            else ""
+        )
+        warnings.append(
+            f"{planned.layouts[0].learners_per_node} learners per node on {profile.name}, where the profile "
+            f"plans at most {cap}: {profile.planning.why or 'see the profile'}{placed}"
+        )
     choices = dict(planned.choices)
-    cad, cad_warnings = checkpoint_cadence(backend, cfg, profile, planned.workload or w, planned.layouts[0],
-                                           inputs.wall_time)
+    cad, cad_warnings = checkpoint_cadence(
+        backend, cfg, profile, planned.workload or w, planned.layouts[0], inputs.wall_time
+    )
     if not cad.pinned:
         choices[backend.checkpoint_key] = cad.every_steps
-    rp = RunPlan(cfg, profile, n, planned.workload or w, p, planned.layouts,
-                 tuple(warnings) + planned.warnings + tuple(cad_warnings), tuple(choices.items()), cad,
-                 assumptions=(inputs.assumed,) if inputs.assumed else (), framework=inputs.framework)
+    rp = RunPlan(
+        cfg,
+        profile,
+        n,
+        planned.workload or w,
+        p,
+        planned.layouts,
+        tuple(warnings) + planned.warnings + tuple(cad_warnings),
+        tuple(choices.items()),
+        cad,
+        assumptions=(inputs.assumed,) if inputs.assumed else (),
+        framework=inputs.framework,
+    )
     reason = no_resume_reason(rp)
     return replace(rp, warnings=rp.warnings + (no_resume_warning(reason),), no_resume=reason) if reason else rp
 
 
-def checkpoint_cadence(backend: Backend, cfg: RunConfig, profile: ClusterProfile, w: Workload,
-                       lay: Layout, wall: str | None) -> tuple[Cadence, list[str]]:
+def checkpoint_cadence(
+    backend: Backend, cfg: RunConfig, profile: ClusterProfile, w: Workload, lay: Layout, wall: str | None
+) -> tuple[Cadence, list[str]]:
     """The checkpoint interval (hpcrl.max_lost_minutes of the step estimate, unless pinned) and the
     time-limit warning's lead time within the job's wall time; warnings for a pinned interval
     that risks more, or none."""
     key, hp = backend.checkpoint_key, cfg.hpcrl
     pinned = cfg.args.get(key)
-    cad = run_cadence(lay.step, hp.max_lost_minutes, profile, w.model, w.lora_rank,
-                      int(pinned) if isinstance(pinned, int) and pinned > 0 else None)
+    cad = run_cadence(
+        lay.step,
+        hp.max_lost_minutes,
+        profile,
+        w.model,
+        w.lora_rank,
+        int(pinned) if isinstance(pinned, int) and pinned > 0 else None,
+    )
     warnings = risk_warning(cad, key, hp.max_lost_minutes)
     # The warning may take at most half the job (a 5-minute test job would be warned at its start).
     half = walltime.seconds(wall) // 2 if wall else None
     if half is not None and cad.lead_s > half:
         capped = max(half, 30)
-        warnings.append(f"a wall time of {wall} leaves no room for a step (~{cad.upper_s:.0f} s, upper estimate) and a checkpoint "
-                        f"write (~{cad.write_s:.0f} s) before its end: the time-limit warning comes {capped} s "
-                        f"before it, not {cad.lead_s}; a longer hpcrl.time saves the last checkpoint")
+        warnings.append(
+            f"a wall time of {wall} leaves no room for a step (~{cad.upper_s:.0f} s, upper estimate) and a checkpoint "
+            f"write (~{cad.write_s:.0f} s) before its end: the time-limit warning comes {capped} s "
+            f"before it, not {cad.lead_s}; a longer hpcrl.time saves the last checkpoint"
+        )
         cad = replace(cad, lead_s=capped)
     return cad, warnings
-
 
 
 __all__ = ["RunPlan", "enumerate_layouts", "make_run_plan", "pins_from", "plan_run", "workload_from_config"]

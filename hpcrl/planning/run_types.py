@@ -29,8 +29,14 @@ if TYPE_CHECKING:
 # hpcrl.run_name's longest, in bytes: it names the run dir and the dry run's `<name>-<6 hex>.sbatch`, which must
 # stay inside a file name's 255 bytes (NAME_MAX); the Slurm job name is cut to 64 characters anyway.
 RUN_NAME_MAX = 240
-NEWER_FIELDS: dict[str, Any] = {"gpus": None, "loss_keys": [], "framework_version": None, "stack_check": "on", "quota_gib": None,
-                "deepspeed_offload": "none"}
+NEWER_FIELDS: dict[str, Any] = {
+    "gpus": None,
+    "loss_keys": [],
+    "framework_version": None,
+    "stack_check": "on",
+    "quota_gib": None,
+    "deepspeed_offload": "none",
+}
 
 
 _NUMBERS = (int, float, int | None, float | None)
@@ -46,10 +52,14 @@ class HpcrlSection(BaseModel):
     gpus: int | None = Field(default=None, gt=0, description="GPUs of one node, for a job smaller than a node")
     model: str | None = Field(default=None, description="Planner model; default from model_name_or_path")
     backend: str = Field(default=DEFAULT_BACKEND, description="The training framework (hpcrl/planning/backends/)")
-    arg_layout: ArgLayout = Field(default="current", description="The default backend's argument layout (current|legacy)")
+    arg_layout: ArgLayout = Field(
+        default="current", description="The default backend's argument layout (current|legacy)"
+    )
     framework_version: str | None = Field(
-        default=None, description="The framework version the run targets (name, release or commit); default the newest "
-                                  "hpcrl knows (backends/data/versions.json), printed as an assumption")
+        default=None,
+        description="The framework version the run targets (name, release or commit); default the newest "
+        "hpcrl knows (backends/data/versions.json), printed as an assumption",
+    )
     # The job's stack check (hpcrl.runtime.stack) before Ray starts; off for an environment the version's
     # install facts do not describe (a fork without package metadata, a test stand-in).
     stack_check: Literal["on", "off"] = "on"
@@ -69,8 +79,12 @@ class HpcrlSection(BaseModel):
     max_restarts: int = Field(default=10, ge=0)
     max_failure_restarts: int = Field(default=3, ge=0, description="Continuations after failures not the run's fault")
     failure_backoff_s: int = Field(default=60, ge=0, description="Wait before a failure continuation (x its number)")
-    max_lost_minutes: float = Field(default=30.0, gt=0, description="Training a job may lose: sets the checkpoint cadence")
-    logprob_impl: Literal["eager", "compiled", "fused_head"] = "compiled"  # the backend's default (see _backend_defaults)
+    max_lost_minutes: float = Field(
+        default=30.0, gt=0, description="Training a job may lose: sets the checkpoint cadence"
+    )
+    logprob_impl: Literal["eager", "compiled", "fused_head"] = (
+        "compiled"  # the backend's default (see _backend_defaults)
+    )
     # Offload in the DeepSpeed config hpcrl writes itself (a backend whose framework takes its DeepSpeed
     # config from a file: Backend.writes_deepspeed_config); the others have a key of their own.
     deepspeed_offload: Literal["none", "optimizer", "params"] = "none"
@@ -91,7 +105,8 @@ class HpcrlSection(BaseModel):
     # auto starts them when the config needs them, on starts them always, off never.
     code_server: Literal["auto", "on", "off"] = "auto"
     code_server_command: list[str] | None = Field(
-        default=None, description="Words of the command; {port} is the port. Default: the backend's (capabilities.json)")
+        default=None, description="Words of the command; {port} is the port. Default: the backend's (capabilities.json)"
+    )
     code_server_timeout_s: int = Field(default=180, gt=0)
 
     @field_validator("*", mode="before")
@@ -125,8 +140,9 @@ class HpcrlSection(BaseModel):
         if not value or value in (".", "..") or "/" in value or "\0" in value:
             raise ValueError(f"{value!r}: must be a directory name (no '/', not '.' or '..')")
         if len(value.encode()) > RUN_NAME_MAX:
-            raise ValueError(f"{len(value.encode())} bytes ({value[:20]}...); valid: a directory name of 1 to "
-                             f"{RUN_NAME_MAX} bytes")
+            raise ValueError(
+                f"{len(value.encode())} bytes ({value[:20]}...); valid: a directory name of 1 to {RUN_NAME_MAX} bytes"
+            )
         return value
 
     @field_validator("code_server", "stack_check", mode="before")

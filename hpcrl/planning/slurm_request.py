@@ -36,9 +36,7 @@ def check_run_name(name: str) -> str:
 def _sbatch_value(field: str, value: str, pattern: re.Pattern[str] | None = None) -> str:
     ok = pattern.match(value) if pattern else sbatch_safe(value)
     if not ok:
-        raise ConfigError(
-            f"{field} {value!r}: not a valid Slurm value (letters, digits and _ . , : @ - [ ] only)"
-        )
+        raise ConfigError(f"{field} {value!r}: not a valid Slurm value (letters, digits and _ . , : @ - [ ] only)")
     return value
 
 

@@ -24,9 +24,11 @@ def starter_config(backend: str, cluster: str) -> str:
         if load_run_config(str(path)).hpcrl.backend != backend:
             continue
         text = path.read_text()
-        head = (f"# Starter config written by `hpcrl init --backend {backend} --cluster {cluster}` from the\n"
-                f"# shipped example {path.name}: edit the model, data and keys below, then\n"
-                f"#   hpcrl plan --config THIS_FILE   and   hpcrl render --config THIS_FILE\n")
+        head = (
+            f"# Starter config written by `hpcrl init --backend {backend} --cluster {cluster}` from the\n"
+            f"# shipped example {path.name}: edit the model, data and keys below, then\n"
+            f"#   hpcrl plan --config THIS_FILE   and   hpcrl render --config THIS_FILE\n"
+        )
         if _CLUSTER.search(text):
             return head + _CLUSTER.sub(lambda m: f"{m.group(1)} {cluster}", text, count=1)
         return head + text.replace("\nhpcrl:\n", f"\nhpcrl:\n  cluster: {cluster}\n", 1)

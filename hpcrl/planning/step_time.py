@@ -50,8 +50,12 @@ def training_band(setup: LearnerSetup, profile: ClusterProfile, step_tokens: int
     lt = learner_time(setup, profile, learners_per_node)
     k = micro_batches(step_tokens, setup.n_gpus, setup.tokens_per_gpu)
     mid = lt.step_s(k)
-    return Band(mid * lt.low, mid, mid * lt.high, f"learner {k} x {lt.micro_batch_s:.2f} s + optimizer step "
-                f"{lt.optimizer_step_s:.2f} s, {lt.basis}")
+    return Band(
+        mid * lt.low,
+        mid,
+        mid * lt.high,
+        f"learner {k} x {lt.micro_batch_s:.2f} s + optimizer step {lt.optimizer_step_s:.2f} s, {lt.basis}",
+    )
 
 
 def generation_band(model_s: float, basis: str = "") -> Band:
@@ -61,12 +65,19 @@ def generation_band(model_s: float, basis: str = "") -> Band:
 
 def combine(gen: Band, train: Band, colocated: bool) -> StepEstimate:
     """One step: the slower side where generation and training overlap, their sum where they take turns."""
+
     def join(a: float, b: float) -> float:
         return a + b if colocated else max(a, b)
 
     basis = f"generation: {gen.basis}; training: {train.basis}"
-    return StepEstimate(join(gen.low_s, train.low_s), join(gen.mid_s, train.mid_s), join(gen.high_s, train.high_s),
-                        basis, gen.mid_s, train.mid_s)
+    return StepEstimate(
+        join(gen.low_s, train.low_s),
+        join(gen.mid_s, train.mid_s),
+        join(gen.high_s, train.high_s),
+        basis,
+        gen.mid_s,
+        train.mid_s,
+    )
 
 
 __all__ = ["Band", "StepEstimate", "combine", "generation_band", "micro_batches", "training_band"]

@@ -32,16 +32,20 @@ def check_time(asked: str | None, partition: str | None, max_time: str | None, a
     """A wall time over the partition's limit: PlanError (sbatch would refuse it, or it would
     pend forever), or a warning with --allow-over-limit; a zero time, which Slurm reads as no limit: ConfigError."""
     if asked and seconds(asked) == 0:
-        raise ConfigError(f"hpcrl.time {asked!r}: Slurm reads a zero time as no limit; valid: a positive wall time, "
-                          "e.g. 24:00:00 (leave hpcrl.time unset for the partition's limit)")
+        raise ConfigError(
+            f"hpcrl.time {asked!r}: Slurm reads a zero time as no limit; valid: a positive wall time, "
+            "e.g. 24:00:00 (leave hpcrl.time unset for the partition's limit)"
+        )
     if not asked or not max_time:
         return []
     if seconds(asked) <= seconds(max_time, f"partition {partition}'s max_time"):
         return []
     problem = f"hpcrl.time {asked} exceeds partition {partition}'s limit of {max_time}"
     if not allow_over_limit:
-        raise PlanError(f"{problem}; valid: up to {max_time} (set hpcrl.time, or pass --allow-over-limit if your "
-                        "site allows longer jobs)")
+        raise PlanError(
+            f"{problem}; valid: up to {max_time} (set hpcrl.time, or pass --allow-over-limit if your "
+            "site allows longer jobs)"
+        )
     return [f"{problem} (--allow-over-limit): sbatch may refuse the job or leave it pending"]
 
 

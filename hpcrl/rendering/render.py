@@ -76,11 +76,19 @@ def _services(services: tuple[Service, ...]) -> list[dict]:
     for s in services:
         fn = re.sub(r"[^A-Za-z0-9]", "_", s.name)
         var = "HPCRL_" + fn.upper() + "_PORT"
-        out.append({
-            "name": s.name, "fn": fn, "var": var, "port": s.port,
-            "words": " ".join(_port_word(w, var) for w in s.command), "health": s.health_path,
-            "env": [(k, _port_word(v, var)) for k, v in s.env], "why": s.why, "timeout_s": s.timeout_s,
-        })
+        out.append(
+            {
+                "name": s.name,
+                "fn": fn,
+                "var": var,
+                "port": s.port,
+                "words": " ".join(_port_word(w, var) for w in s.command),
+                "health": s.health_path,
+                "env": [(k, _port_word(v, var)) for k, v in s.env],
+                "why": s.why,
+                "timeout_s": s.timeout_s,
+            }
+        )
     return out
 
 
@@ -104,16 +112,23 @@ def _steps(steps: tuple[Step, ...]) -> list[dict]:
     out = []
     for st in steps:
         fn = re.sub(r"[^A-Za-z0-9]", "_", st.role)
-        out.append({
-            "role": st.role, "fn": fn, "nodes": list(st.nodes), "driver": st.driver, "health": st.health,
-            "gpus_per_node": st.gpus_per_node,
-            "node_names": "node" + ("s " if len(st.nodes) > 1 else " ") + ", ".join(map(str, st.nodes)),
-            "node_list": ",".join(f"$(job_node {i})" for i in st.nodes),
-            "host_var": _variable("host", st.role),
-            "ports": [{"name": p, "var": _variable("port", p)} for p in st.ports],
-            "health_var": _variable("port", st.health.port) if st.health else "",
-            "lines": _step_lines(st.command), "resume": st.resume,
-        })
+        out.append(
+            {
+                "role": st.role,
+                "fn": fn,
+                "nodes": list(st.nodes),
+                "driver": st.driver,
+                "health": st.health,
+                "gpus_per_node": st.gpus_per_node,
+                "node_names": "node" + ("s " if len(st.nodes) > 1 else " ") + ", ".join(map(str, st.nodes)),
+                "node_list": ",".join(f"$(job_node {i})" for i in st.nodes),
+                "host_var": _variable("host", st.role),
+                "ports": [{"name": p, "var": _variable("port", p)} for p in st.ports],
+                "health_var": _variable("port", st.health.port) if st.health else "",
+                "lines": _step_lines(st.command),
+                "resume": st.resume,
+            }
+        )
     return out
 
 
@@ -208,9 +223,11 @@ def _context(job: JobSpec) -> dict:
         "gpumon_args": _gpumon_args(job),
         "kill_wait_s": job.kill_wait_s,
         "umask": env.umask,
-        "umask_text": ("readable by the user's group, writable by the user only (profile "
-                       "storage.share_runs_with_group)" if env.shared_with_group
-                       else "the user's alone (umask 077)"),
+        "umask_text": (
+            "readable by the user's group, writable by the user only (profile storage.share_runs_with_group)"
+            if env.shared_with_group
+            else "the user's alone (umask 077)"
+        ),
         "ray_min_minor": ray.min_version[1] if ray else contract.RAY_TOKEN_MIN[1],
         "ray_metrics": ray.metrics if ray else False,
         "services": _services(job.services),
@@ -246,9 +263,17 @@ def _contract_context() -> dict:
         "node_local_unsafe": c.NODE_LOCAL_UNSAFE,
         "ray_died": c.RAY_DIED,
         "breaker_codes": ", ".join(str(code) for code, _ in sorted(c.BREAKERS.values())),
-        "ports": {"base": c.port_base_shell(), "block": c.PORT_BLOCK, "service": c.SERVICE_PORT,
-                  "service_slots": c.SERVICE_SLOTS, "node_slots": c.NODE_SLOTS, "draws": c.PORT_DRAWS,
-                  "head_flags": c.HEAD_PORT_FLAGS, "node_flags": c.NODE_PORT_FLAGS, "metric_vars": c.METRIC_PORT_VARS},
+        "ports": {
+            "base": c.port_base_shell(),
+            "block": c.PORT_BLOCK,
+            "service": c.SERVICE_PORT,
+            "service_slots": c.SERVICE_SLOTS,
+            "node_slots": c.NODE_SLOTS,
+            "draws": c.PORT_DRAWS,
+            "head_flags": c.HEAD_PORT_FLAGS,
+            "node_flags": c.NODE_PORT_FLAGS,
+            "metric_vars": c.METRIC_PORT_VARS,
+        },
         "layout": c.run_dir_layout(),
         "safety": _safety_context(),
     }
@@ -257,10 +282,15 @@ def _contract_context() -> dict:
 def _safety_context() -> dict:
     """Shared nodes' names and limits (hpcrl/contract.py): the job's own refusals, the watchdog's heartbeat."""
     c = contract
-    return {"run_dir_unsafe": c.RUN_DIR_UNSAFE, "node_local_taken": c.NODE_LOCAL_TAKEN,
-            "watchdog_hung": {"reason": c.WATCHDOG_HUNG[0], "code": c.WATCHDOG_HUNG[1]},
-            "beat_s": c.WATCHDOG_BEAT_S, "quiet_s": c.WATCHDOG_QUIET_S, "mktemp": c.mktemp_suffix(),
-            "fixed_code_case": c.fixed_code_case()}
+    return {
+        "run_dir_unsafe": c.RUN_DIR_UNSAFE,
+        "node_local_taken": c.NODE_LOCAL_TAKEN,
+        "watchdog_hung": {"reason": c.WATCHDOG_HUNG[0], "code": c.WATCHDOG_HUNG[1]},
+        "beat_s": c.WATCHDOG_BEAT_S,
+        "quiet_s": c.WATCHDOG_QUIET_S,
+        "mktemp": c.mktemp_suffix(),
+        "fixed_code_case": c.fixed_code_case(),
+    }
 
 
 def render_script(job: JobSpec) -> str:

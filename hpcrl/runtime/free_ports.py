@@ -42,8 +42,11 @@ def draw(count: int, low: int, high: int, slot: int, slots: int, tries: int, rng
             if is_free(port):
                 got.append(port)
                 break
-            print(f"hpcrl: port {port} on {socket.gethostname()} is taken (another process has it); drawing another",
-                  file=sys.stderr, flush=True)
+            print(
+                f"hpcrl: port {port} on {socket.gethostname()} is taken (another process has it); drawing another",
+                file=sys.stderr,
+                flush=True,
+            )
         else:
             return None
     return got
@@ -62,8 +65,10 @@ def main(argv: list[str] | None = None) -> int:
         p.error("need 0 <= --slot < --slots and 0 < LOW <= HIGH <= 65535")
     ports = draw(a.count, low, high, a.slot, a.slots, a.tries, random.SystemRandom())
     if ports is None:
-        print(f"hpcrl: error: no free port in {low}-{high} after {a.tries} draws (slot {a.slot} of {a.slots})",
-              file=sys.stderr)
+        print(
+            f"hpcrl: error: no free port in {low}-{high} after {a.tries} draws (slot {a.slot} of {a.slots})",
+            file=sys.stderr,
+        )
         return 1
     print(" ".join(map(str, ports)))
     return 0

@@ -31,8 +31,18 @@ from typing import Any, Callable
 
 import pynvml
 
-HEADER = ["timestamp", "node", "role", "gpu", "memory_used_mib", "memory_total_mib", "utilization_pct", "power_w",
-          "mean_power_w", "flag"]
+HEADER = [
+    "timestamp",
+    "node",
+    "role",
+    "gpu",
+    "memory_used_mib",
+    "memory_total_mib",
+    "utilization_pct",
+    "power_w",
+    "mean_power_w",
+    "flag",
+]
 ROLES = ("learner", "engine", "mixed", "head")
 # Process names (Ray sets an actor's title to ray::<Class>[.<method>]).
 LEARNER_PROCS = re.compile(r"PolicyTrainerRayProcess|(?:Actor|Reference|Critic|Reward)ModelRayActor")
@@ -130,27 +140,54 @@ def _fmt(v: float | None) -> str:
     return "" if v is None else f"{v:.1f}"
 
 
-def _write_samples(w: Any, rule: IdleRule, n_gpus: int, node: str, label: str, now_s: float,
-                   detect_roles: bool) -> None:
+def _write_samples(
+    w: Any, rule: IdleRule, n_gpus: int, node: str, label: str, now_s: float, detect_roles: bool
+) -> None:
     stamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
     for i in range(n_gpus):
         s = sample(i)
         role = gpu_role(i, label) if detect_roles else label
         mean, risk = rule.add(i, s["power_w"], now_s)
-        w.writerow([stamp, node, role, i, _fmt(s["memory_used_mib"]), _fmt(s["memory_total_mib"]),
-                    _fmt(s["utilization_pct"]), _fmt(s["power_w"]), _fmt(mean), "idle_risk" if risk else ""])
+        w.writerow(
+            [
+                stamp,
+                node,
+                role,
+                i,
+                _fmt(s["memory_used_mib"]),
+                _fmt(s["memory_total_mib"]),
+                _fmt(s["utilization_pct"]),
+                _fmt(s["power_w"]),
+                _fmt(mean),
+                "idle_risk" if risk else "",
+            ]
+        )
         if risk and i not in rule.warned:  # warn once per GPU each time it becomes at risk
             rule.warned.add(i)
-            print(f"gpumon: WARNING {node} GPU {i} ({role}) averages {mean:.0f} W since start, under the cluster's "
-                  f"{rule.min_w:g} W idle-GPU threshold: the job risks cancellation", file=sys.stderr, flush=True)
+            print(
+                f"gpumon: WARNING {node} GPU {i} ({role}) averages {mean:.0f} W since start, under the cluster's "
+                f"{rule.min_w:g} W idle-GPU threshold: the job risks cancellation",
+                file=sys.stderr,
+                flush=True,
+            )
         elif not risk:
             rule.warned.discard(i)
 
 
-def monitor(out: Path, role: str, interval: float, *, node: str | None = None, min_mean_power_w: float | None = None,
-            grace_minutes: float = 0.0, count: int | None = None, keep_running: bool = False,
-            detect_roles: bool = False, clock: Callable[[], float] = time.monotonic,
-            sleep: Callable[[float], None] = time.sleep) -> int:
+def monitor(
+    out: Path,
+    role: str,
+    interval: float,
+    *,
+    node: str | None = None,
+    min_mean_power_w: float | None = None,
+    grace_minutes: float = 0.0,
+    count: int | None = None,
+    keep_running: bool = False,
+    detect_roles: bool = False,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> int:
     """Sample until SIGTERM/SIGINT (or `count` rounds); returns the exit status."""
     node = node or node_name()
     out = Path(str(out).replace("{node}", node))
@@ -219,8 +256,17 @@ def main(argv: list[str] | None = None) -> int:
         if rule is not None:
             min_w = rule.min_mean_power_w if min_w is None else min_w
             grace = rule.grace_minutes if grace is None else grace
-    return monitor(a.out, a.role, a.interval, node=a.node, min_mean_power_w=min_w, grace_minutes=grace or 0.0,
-                   count=a.count, keep_running=a.keep_running, detect_roles=a.detect_roles)
+    return monitor(
+        a.out,
+        a.role,
+        a.interval,
+        node=a.node,
+        min_mean_power_w=min_w,
+        grace_minutes=grace or 0.0,
+        count=a.count,
+        keep_running=a.keep_running,
+        detect_roles=a.detect_roles,
+    )
 
 
 if __name__ == "__main__":

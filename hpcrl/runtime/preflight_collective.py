@@ -100,8 +100,10 @@ class Control:
                     last = exc
                     time.sleep(0.5)
             if sock is None:
-                raise RuntimeError(f"could not reach the first node {a['nodes'][0]} at {a['master_addr']}:{a['port']} "
-                                   f"within {a['timeout_s']:.0f} s ({last})")
+                raise RuntimeError(
+                    f"could not reach the first node {a['nodes'][0]} at {a['master_addr']}:{a['port']} "
+                    f"within {a['timeout_s']:.0f} s ({last})"
+                )
             buf = join(sock, key, a["timeout_s"])
             sock.settimeout(2 * a["timeout_s"] + 30)  # the master may wait the whole timeout for the others
             self.peers[0] = (sock, buf)
@@ -133,6 +135,7 @@ class Control:
 
 # ---------------------------------------------------------------- tcp-ring: sockets, XOR as the reduction
 
+
 def _exchange(send_sock, recv_sock, out: memoryview, into: memoryview) -> None:
     """Send `out` to the next node while receiving `into` from the previous one."""
     t = threading.Thread(target=send_sock.sendall, args=(out,))
@@ -156,7 +159,7 @@ def _xor(a: bytes | bytearray | memoryview, b: bytes | bytearray | memoryview) -
 def ring_all_reduce(ring, data: bytearray) -> bytearray:
     n, r = ring["n"], ring["rank"]
     c = len(data) // n
-    chunks = [bytearray(data[i * c:(i + 1) * c]) for i in range(n)]
+    chunks = [bytearray(data[i * c : (i + 1) * c]) for i in range(n)]
     tmp = bytearray(c)
     for s in range(n - 1):  # reduce-scatter
         _exchange(ring["next"], ring["prev"], memoryview(chunks[(r - s) % n]), memoryview(tmp))
@@ -179,8 +182,9 @@ def ring_all_gather(ring, mine: bytes) -> bytearray:
     return bytearray(b"".join(parts))
 
 
-def connect_ring(a: dict, n: int, r: int, table: list[dict], listener: socket.socket, key: bytes,
-                 rejected: list) -> dict:
+def connect_ring(
+    a: dict, n: int, r: int, table: list[dict], listener: socket.socket, key: bytes, rejected: list
+) -> dict:
     """This node's two ring links, each proved both ways: out to the next node, in from the previous.
     The accepting side runs in a thread: every node connects first, so the challenges cross."""
     inbound: dict = {}
@@ -194,8 +198,10 @@ def connect_ring(a: dict, n: int, r: int, table: list[dict], listener: socket.so
         join(out, key, a["timeout_s"])  # nothing else is sent on the ring before both links stand
         taker.join(max(0.0, deadline - time.monotonic()) + 1.0)
         if not inbound.get("got"):
-            raise RuntimeError(f"the previous node {table[(r - 1) % n]['node']} did not open its ring link "
-                               f"within {a['timeout_s']:.0f} s")
+            raise RuntimeError(
+                f"the previous node {table[(r - 1) % n]['node']} did not open its ring link "
+                f"within {a['timeout_s']:.0f} s"
+            )
     except BaseException:
         out.close()
         raise
@@ -236,7 +242,14 @@ def tcp_ring(a: dict, ctl: Control, table: list[dict], listener: socket.socket, 
     ctl.barrier()
     t0 = time.perf_counter()
     _exchange(ring["next"], ring["prev"], memoryview(bytes(size)), memoryview(buf))
-    p2p = [{"rank": r, "from_node": table[(r - 1) % n]["node"], "bytes": size, "gbs": size / (time.perf_counter() - t0) / 1e9}]
+    p2p = [
+        {
+            "rank": r,
+            "from_node": table[(r - 1) % n]["node"],
+            "bytes": size,
+            "gbs": size / (time.perf_counter() - t0) / 1e9,
+        }
+    ]
     for s in (ring["next"], ring["prev"]):
         s.close()
     return {"results": results, "p2p": p2p, "gemm": [], "verified": verified, "world": n}
@@ -244,8 +257,10 @@ def tcp_ring(a: dict, ctl: Control, table: list[dict], listener: socket.socket, 
 
 # ---------------------------------------------------------------- torch.distributed (NCCL on GPUs, gloo on CPUs)
 
-def torch_worker(local: int, a: dict, method: str, base: int, world: int, out_dir: str, node_of: list,
-                 per: int) -> None:
+
+def torch_worker(
+    local: int, a: dict, method: str, base: int, world: int, out_dir: str, node_of: list, per: int
+) -> None:
     import torch
     import torch.distributed as dist
 
@@ -258,8 +273,13 @@ def torch_worker(local: int, a: dict, method: str, base: int, world: int, out_di
             torch.cuda.set_device(dev)
         from datetime import timedelta
 
-        dist.init_process_group("nccl" if gpu else "gloo", init_method=f"tcp://{a['master_addr']}:{a['port'] + 1}",
-                                rank=rank, world_size=world, timeout=timedelta(seconds=a["timeout_s"]))
+        dist.init_process_group(
+            "nccl" if gpu else "gloo",
+            init_method=f"tcp://{a['master_addr']}:{a['port'] + 1}",
+            rank=rank,
+            world_size=world,
+            timeout=timedelta(seconds=a["timeout_s"]),
+        )
         sync = torch.cuda.synchronize if gpu else (lambda: None)
         if gpu:  # GEMM: bf16 N x N x N, 2N^3 flops a product
             nn = a["gemm_n"]
@@ -272,8 +292,13 @@ def torch_worker(local: int, a: dict, method: str, base: int, world: int, out_di
             for _ in range(a["gemm_iters"]):
                 x @ y
             sync()
-            res["gemm"].append({"gpu": local, "name": torch.cuda.get_device_name(dev),
-                                "tflops": 2 * nn**3 * a["gemm_iters"] / (time.perf_counter() - t0) / 1e12})
+            res["gemm"].append(
+                {
+                    "gpu": local,
+                    "name": torch.cuda.get_device_name(dev),
+                    "tflops": 2 * nn**3 * a["gemm_iters"] / (time.perf_counter() - t0) / 1e12,
+                }
+            )
             del x, y
         ones = torch.ones(1024, device=dev)
         dist.all_reduce(ones)
@@ -305,11 +330,19 @@ def torch_worker(local: int, a: dict, method: str, base: int, world: int, out_di
         dist.barrier()
         sync()
         t0 = time.perf_counter()
-        for w in dist.batch_isend_irecv([dist.P2POp(dist.isend, send, peer_out), dist.P2POp(dist.irecv, recv, peer_in)]):
+        for w in dist.batch_isend_irecv(
+            [dist.P2POp(dist.isend, send, peer_out), dist.P2POp(dist.irecv, recv, peer_in)]
+        ):
             w.wait()
         sync()
-        res["p2p"].append({"rank": rank, "from_node": node_of[peer_in], "bytes": size * 4,
-                           "gbs": size * 4 / (time.perf_counter() - t0) / 1e9})
+        res["p2p"].append(
+            {
+                "rank": rank,
+                "from_node": node_of[peer_in],
+                "bytes": size * 4,
+                "gbs": size * 4 / (time.perf_counter() - t0) / 1e9,
+            }
+        )
         res["verified"] = verified
         dist.destroy_process_group()
     except Exception as exc:
@@ -329,17 +362,27 @@ def torch_node(a: dict, method: str, table: list[dict]) -> dict:
     nodes = [t["node"] for t in table]
     node_of = [nodes[i] for i, c in enumerate(counts) for _ in range(c)]
     with tempfile.TemporaryDirectory(prefix="hpcrl-collective-") as out_dir:
-        mp.start_processes(torch_worker, args=(a, method, base, world, out_dir, node_of, counts[r]), nprocs=counts[r],
-                           join=True, start_method="spawn")
+        mp.start_processes(
+            torch_worker,
+            args=(a, method, base, world, out_dir, node_of, counts[r]),
+            nprocs=counts[r],
+            join=True,
+            start_method="spawn",
+        )
         ranks = []
         for name in sorted(os.listdir(out_dir)):
             with open(os.path.join(out_dir, name)) as fh:
                 ranks.append(json.load(fh))
     errors = [f"rank {x['rank']}: {x['error']}" for x in ranks if x["error"]]
     first = ranks[0] if ranks else {"results": []}
-    return {"results": first["results"] if r == 0 else [], "p2p": [p for x in ranks for p in x["p2p"]],
-            "gemm": [g for x in ranks for g in x["gemm"]], "verified": all(x.get("verified") for x in ranks),
-            "world": world, "error": "; ".join(errors) or None}
+    return {
+        "results": first["results"] if r == 0 else [],
+        "p2p": [p for x in ranks for p in x["p2p"]],
+        "gemm": [g for x in ranks for g in x["gemm"]],
+        "verified": all(x.get("verified") for x in ranks),
+        "world": world,
+        "error": "; ".join(errors) or None,
+    }
 
 
 def run(a: dict) -> dict:
@@ -347,45 +390,75 @@ def run(a: dict) -> dict:
     rejected: list[str] = []  # addresses that connected without the secret
     caps = capabilities() if not a.get("force_tcp") else {"torch": None, "gpus": 0, "why": "forced"}
     listener = socket.create_server((a["my_addr"], 0))  # the ring's inbound link; the kernel picks the port
-    me = {"node_rank": a["node_rank"], "node": a["node"], "addr": a["my_addr"],
-          "ring_port": listener.getsockname()[1], **caps}
+    me = {
+        "node_rank": a["node_rank"],
+        "node": a["node"],
+        "addr": a["my_addr"],
+        "ring_port": listener.getsockname()[1],
+        **caps,
+    }
     ctl = Control(a, me, key, rejected)
     plan = ctl.broadcast(
-        {"missing": ctl.missing} if a["node_rank"] == 0 and ctl.missing else
-        {"method": choose_method(ctl.table), "table": ctl.table} if a["node_rank"] == 0 else None)
+        {"missing": ctl.missing}
+        if a["node_rank"] == 0 and ctl.missing
+        else {"method": choose_method(ctl.table), "table": ctl.table}
+        if a["node_rank"] == 0
+        else None
+    )
     if plan.get("missing"):
-        return {"role": "first" if a["node_rank"] == 0 else "node", "method": None, "node": a["node"],
-                "error": f"node(s) {', '.join(plan['missing'])} did not join the rendezvous at "
-                         f"{a['master_addr']}:{a['port']} within {a['timeout_s']:.0f} s", "missing": plan["missing"],
-                "rejected": [{"node": a["node"], "connections": len(rejected)}] if rejected else []}
+        return {
+            "role": "first" if a["node_rank"] == 0 else "node",
+            "method": None,
+            "node": a["node"],
+            "error": f"node(s) {', '.join(plan['missing'])} did not join the rendezvous at "
+            f"{a['master_addr']}:{a['port']} within {a['timeout_s']:.0f} s",
+            "missing": plan["missing"],
+            "rejected": [{"node": a["node"], "connections": len(rejected)}] if rejected else [],
+        }
     method, table = plan["method"], plan["table"]
     try:
-        mine = tcp_ring(a, ctl, table, listener, key, rejected) if method == "tcp-ring" else torch_node(a, method, table)
+        mine = (
+            tcp_ring(a, ctl, table, listener, key, rejected) if method == "tcp-ring" else torch_node(a, method, table)
+        )
         mine.setdefault("error", None)
     except Exception as exc:
-        mine = {"error": (type(exc).__name__ + ": " + str(exc)).splitlines()[0][:300], "results": [], "p2p": [],
-                "gemm": [], "verified": False}
+        mine = {
+            "error": (type(exc).__name__ + ": " + str(exc)).splitlines()[0][:300],
+            "results": [],
+            "p2p": [],
+            "gemm": [],
+            "verified": False,
+        }
     mine.update(node=a["node"], method=method, rejected=len(rejected))
     everyone = ctl.gather(mine)
     listener.close()
     if everyone is None:
         return {"method": method, "node": a["node"], "gemm": mine["gemm"], "error": mine["error"], "role": "node"}
-    return {"method": method, "role": "first", "node": a["node"], "nodes": [t["node"] for t in table],
-            "world": mine.get("world"), "results": mine["results"], "torch": [t["torch"] for t in table],
-            "why_not_torch": sorted({t["why"] for t in table if t.get("why")}),
-            "p2p": [dict(p, node=e["node"]) for e in everyone for p in e["p2p"]],
-            "gemm": [dict(g, node=e["node"]) for e in everyone for g in e["gemm"]],
-            "verified": all(e["verified"] for e in everyone),
-            "rejected": [{"node": e["node"], "connections": e.get("rejected", 0)} for e in everyone if e.get("rejected")],
-            "error": "; ".join(f"{e['node']}: {e['error']}" for e in everyone if e["error"]) or None}
+    return {
+        "method": method,
+        "role": "first",
+        "node": a["node"],
+        "nodes": [t["node"] for t in table],
+        "world": mine.get("world"),
+        "results": mine["results"],
+        "torch": [t["torch"] for t in table],
+        "why_not_torch": sorted({t["why"] for t in table if t.get("why")}),
+        "p2p": [dict(p, node=e["node"]) for e in everyone for p in e["p2p"]],
+        "gemm": [dict(g, node=e["node"]) for e in everyone for g in e["gemm"]],
+        "verified": all(e["verified"] for e in everyone),
+        "rejected": [{"node": e["node"], "connections": e.get("rejected", 0)} for e in everyone if e.get("rejected")],
+        "error": "; ".join(f"{e['node']}: {e['error']}" for e in everyone if e["error"]) or None,
+    }
 
 
 if __name__ == "__main__":
     if len(sys.argv) != 2 or sys.argv[1] in ("-h", "--help"):
-        print("usage: python -m hpcrl.runtime.preflight_collective ARGS_JSON\n\n"
-              "Preflight's collective check on one node of a job (hpcrl preflight runs it on every node;\n"
-              "by hand, see benchmarks/preflight_device.py for the arguments). Prints one line\n"
-              "`HPCRL-COLLECTIVE <json>`.")
+        print(
+            "usage: python -m hpcrl.runtime.preflight_collective ARGS_JSON\n\n"
+            "Preflight's collective check on one node of a job (hpcrl preflight runs it on every node;\n"
+            "by hand, see benchmarks/preflight_device.py for the arguments). Prints one line\n"
+            "`HPCRL-COLLECTIVE <json>`."
+        )
         sys.exit(0 if len(sys.argv) == 2 else 2)
     args = json.loads(sys.argv[1])
     try:

@@ -17,8 +17,13 @@ import socket
 GIB = 1024**3
 # NVML's clock event ("throttle") reasons: a GPU that is slowed for one of these now is
 # slowed for the run too. Idle, application clocks and sync boost are not faults.
-THROTTLE_FAULTS = {0x4: "sw power cap", 0x8: "hw slowdown", 0x20: "sw thermal slowdown",
-                   0x40: "hw thermal slowdown", 0x80: "hw power brake"}
+THROTTLE_FAULTS = {
+    0x4: "sw power cap",
+    0x8: "hw slowdown",
+    0x20: "sw thermal slowdown",
+    0x40: "hw thermal slowdown",
+    0x80: "hw power brake",
+}
 
 
 def node_name() -> str:
@@ -46,25 +51,37 @@ def _try(fn, *args):
 def _device(pynvml, h) -> dict:
     name = pynvml.nvmlDeviceGetName(h)
     mem = pynvml.nvmlDeviceGetMemoryInfo(h)
-    d = {"name": name.decode() if isinstance(name, bytes) else str(name),
-         "memory_gib": round(mem.total / GIB, 1), "used_gib": round(mem.used / GIB, 1),
-         "free_gib": round(mem.free / GIB, 1)}
+    d = {
+        "name": name.decode() if isinstance(name, bytes) else str(name),
+        "memory_gib": round(mem.total / GIB, 1),
+        "used_gib": round(mem.used / GIB, 1),
+        "free_gib": round(mem.free / GIB, 1),
+    }
     unc = pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED
     d["ecc_uncorrected_volatile"] = _try(pynvml.nvmlDeviceGetTotalEccErrors, h, unc, pynvml.NVML_VOLATILE_ECC)
     d["ecc_uncorrected_aggregate"] = _try(pynvml.nvmlDeviceGetTotalEccErrors, h, unc, pynvml.NVML_AGGREGATE_ECC)
     rows = _try(pynvml.nvmlDeviceGetRemappedRows, h)  # Ampere and newer
     if rows is not None:
-        d["remapped_rows"] = {"correctable": rows[0], "uncorrectable": rows[1], "pending": bool(rows[2]),
-                              "failure": bool(rows[3])}
+        d["remapped_rows"] = {
+            "correctable": rows[0],
+            "uncorrectable": rows[1],
+            "pending": bool(rows[2]),
+            "failure": bool(rows[3]),
+        }
     else:  # older GPUs retire pages instead
         dbe = _try(pynvml.nvmlDeviceGetRetiredPages, h, pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR)
-        sbe = _try(pynvml.nvmlDeviceGetRetiredPages, h, pynvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS)
+        sbe = _try(
+            pynvml.nvmlDeviceGetRetiredPages, h, pynvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS
+        )
         pending = _try(pynvml.nvmlDeviceGetRetiredPagesPendingStatus, h)
         if dbe is not None or sbe is not None:
             d["retired_pages"] = {"double_bit": len(dbe or []), "single_bit": len(sbe or []), "pending": bool(pending)}
     d["sm_mhz"] = _try(pynvml.nvmlDeviceGetClockInfo, h, pynvml.NVML_CLOCK_SM)
     d["sm_max_mhz"] = _try(pynvml.nvmlDeviceGetMaxClockInfo, h, pynvml.NVML_CLOCK_SM)
-    get = getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or pynvml.nvmlDeviceGetCurrentClocksThrottleReasons
+    get = (
+        getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
+        or pynvml.nvmlDeviceGetCurrentClocksThrottleReasons
+    )
     mask = _try(get, h)
     d["throttle"] = None if mask is None else [why for bit, why in THROTTLE_FAULTS.items() if mask & bit]
     d["temperature_c"] = _try(pynvml.nvmlDeviceGetTemperature, h, pynvml.NVML_TEMPERATURE_GPU)
@@ -104,7 +121,8 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m hpcrl.runtime.preflight_gpu",
         description="Preflight's GPU health check on this node: count, model, memory, ECC errors, remapped "
         "rows or retired pages, clocks and throttle reasons from NVML, printed as JSON (hpcrl preflight "
-        "runs it on every node of its job). Test hook: $HPCRL_PREFLIGHT_FAKE_NVML.").parse_args(argv)
+        "runs it on every node of its job). Test hook: $HPCRL_PREFLIGHT_FAKE_NVML.",
+    ).parse_args(argv)
     print(json.dumps(gpus(), indent=2, sort_keys=True))
     return 0
 

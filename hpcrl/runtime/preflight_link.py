@@ -34,6 +34,7 @@ class AuthError(ConnectionError):
 
 # ---------------------------------------------------------------- framed JSON over the control link
 
+
 def send_msg(sock: socket.socket, obj) -> None:
     sock.sendall((json.dumps(obj) + "\n").encode())
 
@@ -64,12 +65,15 @@ def recv_msg(sock: socket.socket, buf: bytearray, limit: int = MAX_LINE, until: 
 
 # ---------------------------------------------------------------- proving the job's secret on every link
 
+
 def job_secret() -> bytes:
     """The per-job secret from the environment (hpcrl preflight sets it; by hand, export any shared value)."""
     value = os.environ.get(SECRET_ENV, "")
     if len(value) < 16:
-        raise RuntimeError(f"{SECRET_ENV} is not set (or under 16 characters): every node needs the same "
-                           "secret; `hpcrl preflight` draws one per job")
+        raise RuntimeError(
+            f"{SECRET_ENV} is not set (or under 16 characters): every node needs the same "
+            "secret; `hpcrl preflight` draws one per job"
+        )
     return value.encode()
 
 
@@ -187,7 +191,9 @@ class Gate:
 if __name__ == "__main__":
     import sys
 
-    print("usage: python -m hpcrl.runtime.preflight_link --help\n\n"
-          "The links of preflight's collective check (framed JSON and the per-job secret's challenge);\n"
-          "no command of its own: preflight_collective.py imports it (python -m hpcrl.runtime.preflight_collective).")
+    print(
+        "usage: python -m hpcrl.runtime.preflight_link --help\n\n"
+        "The links of preflight's collective check (framed JSON and the per-job secret's challenge);\n"
+        "no command of its own: preflight_collective.py imports it (python -m hpcrl.runtime.preflight_collective)."
+    )
     sys.exit(0 if len(sys.argv) == 2 and sys.argv[1] in ("-h", "--help") else 2)

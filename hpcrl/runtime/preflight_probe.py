@@ -65,9 +65,15 @@ def space(raw: str | None) -> dict:
     if not os.path.exists(probe or "/"):
         return {"path": path, "exists": False, "error": "no such path"}
     usage = shutil.disk_usage(probe)
-    return {"path": path, "exists": os.path.exists(path), "checked": probe,
-            "writable": os.access(probe, os.W_OK), "free_gib": round(usage.free / GIB, 1),
-            "total_gib": round(usage.total / GIB, 1), "error": None}
+    return {
+        "path": path,
+        "exists": os.path.exists(path),
+        "checked": probe,
+        "writable": os.access(probe, os.W_OK),
+        "free_gib": round(usage.free / GIB, 1),
+        "total_gib": round(usage.total / GIB, 1),
+        "error": None,
+    }
 
 
 def model_entry(model: str | None, hf_home: str | None) -> dict:
@@ -78,8 +84,12 @@ def model_entry(model: str | None, hf_home: str | None) -> dict:
     if local and (local.startswith(("/", ".", "~")) or os.path.exists(local)):
         ok = os.path.isdir(local) and os.access(local, os.R_OK | os.X_OK)
         cfg = os.path.join(local, "config.json")
-        return {"model": model, "kind": "path", "found": ok and os.access(cfg, os.R_OK),
-                "detail": local if ok else f"{local}: not a readable directory"}
+        return {
+            "model": model,
+            "kind": "path",
+            "found": ok and os.access(cfg, os.R_OK),
+            "detail": local if ok else f"{local}: not a readable directory",
+        }
     home = _expand(hf_home) or os.path.expanduser("~/.cache/huggingface")
     hub = os.environ.get("HF_HUB_CACHE") or os.path.join(home, "hub")
     entry = os.path.join(hub, "models--" + model.replace("/", "--"))
@@ -120,8 +130,13 @@ def stack_check(spec: dict, timeout: float) -> dict | None:
         lines = list(spec.get("env_setup") or [])
         if spec.get("workdir"):
             lines.append(f"cd {spec['workdir']} 2>/dev/null || true")
-        words = [os.path.join(tmp, "stack.py"), "--expect", json.dumps(spec["stack_expect"]), "--",
-                 *spec.get("stack_argv", [])]
+        words = [
+            os.path.join(tmp, "stack.py"),
+            "--expect",
+            json.dumps(spec["stack_expect"]),
+            "--",
+            *spec.get("stack_argv", []),
+        ]
         python = spec.get("python") or "python"
         # One word, spaces and quotes kept; a path naming $VAR or ~ is left for the shell to expand.
         python = python if ("$" in python or python.startswith("~")) else shlex.quote(python)
@@ -131,8 +146,11 @@ def stack_check(spec: dict, timeout: float) -> dict | None:
         except subprocess.TimeoutExpired:
             return {"rc": None, "lines": [f"stack: the check did not finish within {timeout:.0f} s"]}
     found = [line for line in proc.stdout.splitlines() if line.startswith("stack:")]
-    return {"rc": proc.returncode, "lines": found or [f"stack: no answer (exit {proc.returncode}): "
-                                                      + (proc.stderr.strip().splitlines() or [""])[-1][:200]]}
+    return {
+        "rc": proc.returncode,
+        "lines": found
+        or [f"stack: no answer (exit {proc.returncode}): " + (proc.stderr.strip().splitlines() or [""])[-1][:200]],
+    }
 
 
 def _job_nodes() -> list[str]:
@@ -150,8 +168,9 @@ def node_addrs(nodes: list[str]) -> dict[str, str]:
     network, or one host for every node on a test cluster); the resolver where Slurm says nothing."""
     addrs: dict[str, str] = {}
     try:
-        out = subprocess.run(["scontrol", "show", "node", "-o", ",".join(nodes)], capture_output=True, text=True,
-                             timeout=30).stdout
+        out = subprocess.run(
+            ["scontrol", "show", "node", "-o", ",".join(nodes)], capture_output=True, text=True, timeout=30
+        ).stdout
     except (OSError, subprocess.TimeoutExpired):
         out = ""
     for line in out.splitlines():
@@ -176,10 +195,17 @@ def collective(spec: dict, timeout: float) -> dict:
     rank = int(os.environ.get("SLURM_NODEID", nodes.index(me) if me in nodes else 0))
     addrs = node_addrs(nodes)
     job = int(os.environ.get("SLURM_JOB_ID", "0") or 0)
-    args = {"node": me, "node_rank": rank, "nnodes": len(nodes), "nodes": nodes, "master_addr": addrs[nodes[0]],
-            "my_addr": addrs.get(me, "127.0.0.1"),
-            # In the job's block of ports (hpcrl/contract.py), where Ray would not listen.
-            "port": port_base(job) + COLLECTIVE_PORT, **spec.get("collective_args", {})}
+    args = {
+        "node": me,
+        "node_rank": rank,
+        "nnodes": len(nodes),
+        "nodes": nodes,
+        "master_addr": addrs[nodes[0]],
+        "my_addr": addrs.get(me, "127.0.0.1"),
+        # In the job's block of ports (hpcrl/contract.py), where Ray would not listen.
+        "port": port_base(job) + COLLECTIVE_PORT,
+        **spec.get("collective_args", {}),
+    }
     with tempfile.TemporaryDirectory(prefix="hpcrl-preflight-") as tmp:
         for name, src in files.items():  # the script and its link module, side by side
             with open(os.path.join(tmp, name), "w") as fh:
@@ -193,8 +219,9 @@ def collective(spec: dict, timeout: float) -> dict:
             # The job's secret goes in the environment, which only this user can read (/proc/PID/environ
             # is 0400), not on the command line, which every user of the node can.
             env = dict(os.environ, HPCRL_COLLECTIVE_SECRET=str(spec.get("collective_secret") or ""))
-            proc = subprocess.run(["bash", "-c", "\n".join(lines)], capture_output=True, text=True, timeout=timeout,
-                                  env=env)
+            proc = subprocess.run(
+                ["bash", "-c", "\n".join(lines)], capture_output=True, text=True, timeout=timeout, env=env
+            )
         except subprocess.TimeoutExpired:
             return {"error": f"the collective did not finish within {timeout:.0f} s", "node": me}
     for line in proc.stdout.splitlines():
@@ -217,8 +244,13 @@ def probe(spec: dict) -> dict:
         "node_local": space(spec.get("node_local")),
         "run_root": space(spec.get("run_root")),
         "model": model_entry(spec.get("model"), spec.get("hf_home")),
-        "stack": stack(spec.get("python") or "python", spec.get("env_setup") or [], spec.get("workdir"),
-                       tuple(spec.get("modules") or STACK), float(spec.get("import_timeout_s", 300))),
+        "stack": stack(
+            spec.get("python") or "python",
+            spec.get("env_setup") or [],
+            spec.get("workdir"),
+            tuple(spec.get("modules") or STACK),
+            float(spec.get("import_timeout_s", 300)),
+        ),
     }
     report["stack_check"] = stack_check(spec, float(spec.get("stack_timeout_s", 600)))
     report["collective"] = collective(spec, float(spec.get("collective_timeout_s", 900)))
@@ -229,12 +261,18 @@ def main(argv: list[str] | None = None) -> int:
     """By hand on a node: print what the probe finds, as JSON (`hpcrl preflight` submits it instead)."""
     import argparse
 
-    p = argparse.ArgumentParser(prog="python -m hpcrl.runtime.preflight_probe",
-                                description="The preflight probe: GPUs, node-local and run-root space, the model, "
-                                "the training stack's imports on this node. `hpcrl preflight` submits it through "
-                                "submitit; run by hand on a node, it prints the same report as JSON.")
-    p.add_argument("--spec", default="{}", help="JSON object of where to look: node_local, run_root, model, hf_home, "
-                   "python, env_setup, workdir, modules, env (see hpcrl/jobs/preflight.py); default {}")
+    p = argparse.ArgumentParser(
+        prog="python -m hpcrl.runtime.preflight_probe",
+        description="The preflight probe: GPUs, node-local and run-root space, the model, "
+        "the training stack's imports on this node. `hpcrl preflight` submits it through "
+        "submitit; run by hand on a node, it prints the same report as JSON.",
+    )
+    p.add_argument(
+        "--spec",
+        default="{}",
+        help="JSON object of where to look: node_local, run_root, model, hf_home, "
+        "python, env_setup, workdir, modules, env (see hpcrl/jobs/preflight.py); default {}",
+    )
     a = p.parse_args(argv)
     try:
         spec = json.loads(a.spec)

@@ -55,27 +55,48 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--engines", type=int, required=True)
     p.add_argument("--tp", type=int, required=True)
     p.add_argument("--framework", default="", help="The framework's name in the summary line")
-    p.add_argument("--placement", choices=PLACEMENTS, default="learner-spread",
-                   help="How the framework places its bundles (chosen by its backend)")
-    p.add_argument("--cpu-ask", nargs=4, metavar=("WHO", "TOTAL", "PER_NODE", "WHERE"),
-                   help="The CPUs the framework itself would ask: in all, on its busiest node, and that node's kind")
+    p.add_argument(
+        "--placement",
+        choices=PLACEMENTS,
+        default="learner-spread",
+        help="How the framework places its bundles (chosen by its backend)",
+    )
+    p.add_argument(
+        "--cpu-ask",
+        nargs=4,
+        metavar=("WHO", "TOTAL", "PER_NODE", "WHERE"),
+        help="The CPUs the framework itself would ask: in all, on its busiest node, and that node's kind",
+    )
     p.add_argument("--colocated", action="store_true", help="Training and generation share every GPU")
     p.add_argument("--address", default=None, help="Ray address (default: $RAY_ADDRESS, else auto)")
     p.add_argument("--timeout", type=float, default=120.0, help="Seconds to wait for each placement group")
-    p.add_argument("--service", nargs=3, action="append", default=[], metavar=("NAME", "PORT", "PATH"),
-                   help="A service the script started on every node: GET http://127.0.0.1:PORT/PATH must answer there")
-    p.add_argument("--actor-env", action="store_true",
-                   help="Start an actor with this process's whole environment as its runtime_env env_vars, as "
-                        "a framework that passes its driver's environment does (a large one makes that start fail)")
-    p.add_argument("--no-ray", action="store_true",
-                   help="A job without Ray: check the GPUs and cores Slurm gave this node")
-    p.add_argument("--service-port-per-slot", action="store_true",
-                   help="Each node's service port is PORT + its slot on a shared host (HPCRL_NODE_TABLE)")
+    p.add_argument(
+        "--service",
+        nargs=3,
+        action="append",
+        default=[],
+        metavar=("NAME", "PORT", "PATH"),
+        help="A service the script started on every node: GET http://127.0.0.1:PORT/PATH must answer there",
+    )
+    p.add_argument(
+        "--actor-env",
+        action="store_true",
+        help="Start an actor with this process's whole environment as its runtime_env env_vars, as "
+        "a framework that passes its driver's environment does (a large one makes that start fail)",
+    )
+    p.add_argument(
+        "--no-ray", action="store_true", help="A job without Ray: check the GPUs and cores Slurm gave this node"
+    )
+    p.add_argument(
+        "--service-port-per-slot",
+        action="store_true",
+        help="Each node's service port is PORT + its slot on a shared host (HPCRL_NODE_TABLE)",
+    )
     args = p.parse_args(argv)
     try:
         args.learners = [int(x) for x in args.learners.replace(",", " ").split()]
     except ValueError:
-        p.error(f"--learners {args.learners!r}: expected integers, e.g. \"1 1 1\"")
+        p.error(f'--learners {args.learners!r}: expected integers, e.g. "1 1 1"')
     if not args.learners or min(args.learners) < 1:
         p.error("--learners needs at least one positive entry")
     return args
@@ -84,8 +105,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def check_layout(args: argparse.Namespace) -> None:
     """The layout itself must fit the declared cluster before Ray is asked."""
     if len(args.learners) > args.nodes:
-        raise SmokeFailure(f"{len(args.learners)} learner entries need {len(args.learners)} nodes (STRICT_SPREAD); "
-                           f"the job has {args.nodes}")
+        raise SmokeFailure(
+            f"{len(args.learners)} learner entries need {len(args.learners)} nodes (STRICT_SPREAD); "
+            f"the job has {args.nodes}"
+        )
     if max(args.learners) > args.gpus_per_node or args.tp > args.gpus_per_node:
         raise SmokeFailure(f"a learner entry or TP exceeds {args.gpus_per_node} GPUs per node")
     if args.placement == "node-pools":
@@ -148,8 +171,10 @@ def place(ray, name: str, bundles: list[dict], strategy: str, timeout: float):
 
 
 def _head(args: argparse.Namespace) -> str:
-    return (f"hpcrl-smoke: ok nodes={args.nodes} gpus={args.nodes * args.gpus_per_node} "
-            f"cpus={args.nodes * args.cpus_per_node:g} framework={args.framework}")
+    return (
+        f"hpcrl-smoke: ok nodes={args.nodes} gpus={args.nodes * args.gpus_per_node} "
+        f"cpus={args.nodes * args.cpus_per_node:g} framework={args.framework}"
+    )
 
 
 def _tp_groups_on_nodes(reports: list[dict], tp: int, what: str) -> int:
@@ -157,8 +182,10 @@ def _tp_groups_on_nodes(reports: list[dict], tp: int, what: str) -> int:
     per_node = Counter(r["node_id"] for r in reports)
     split = {n: c for n, c in per_node.items() if c % tp}
     if split:
-        raise SmokeFailure(f"{what}: a node holds a number of bundles that is not a multiple of tp={tp}, "
-                           f"so an engine's TP group would span nodes: {sorted(split.values())}")
+        raise SmokeFailure(
+            f"{what}: a node holds a number of bundles that is not a multiple of tp={tp}, "
+            f"so an engine's TP group would span nodes: {sorted(split.values())}"
+        )
     return len(per_node)
 
 
@@ -175,8 +202,10 @@ def place_node_pools(ray, args: argparse.Namespace) -> str:
         raise SmokeFailure("a STRICT_PACK pool spans nodes")
     if len(set().union(*homes)) != len(pools):
         raise SmokeFailure(f"{len(pools)} pools share nodes: {[sorted(r['ip'] for r in rep)[0] for rep in pools]}")
-    return (f"{_head(args)} colocated=true workers={sum(args.learners)} pools={len(pools)} "
-            f"engines={args.engines} tp={args.tp}")
+    return (
+        f"{_head(args)} colocated=true workers={sum(args.learners)} pools={len(pools)} "
+        f"engines={args.engines} tp={args.tp}"
+    )
 
 
 def place_pack_groups(ray, args: argparse.Namespace) -> str:
@@ -187,15 +216,17 @@ def place_pack_groups(ray, args: argparse.Namespace) -> str:
         pg = place(ray, "hpcrl-smoke-shared", [bundle] * actor, "PACK", args.timeout)
         reports = run_in_bundles(ray, pg, [0.2] * actor, args.timeout)  # the framework's fractional share
         used = _tp_groups_on_nodes(reports, args.tp, "shared group")
-        return (f"{_head(args)} colocated=true actor_gpus={actor} engines={args.engines} tp={args.tp} "
-                f"nodes_used={used}")
+        return f"{_head(args)} colocated=true actor_gpus={actor} engines={args.engines} tp={args.tp} nodes_used={used}"
     vllm_pg = place(ray, "hpcrl-smoke-vllm", [bundle] * (args.engines * args.tp), "PACK", args.timeout)
-    engine_nodes = _tp_groups_on_nodes(run_in_bundles(ray, vllm_pg, [1] * (args.engines * args.tp), args.timeout),
-                                       args.tp, "vLLM group")
+    engine_nodes = _tp_groups_on_nodes(
+        run_in_bundles(ray, vllm_pg, [1] * (args.engines * args.tp), args.timeout), args.tp, "vLLM group"
+    )
     actor_pg = place(ray, "hpcrl-smoke-actor", [bundle] * actor, "PACK", args.timeout)
     actor_nodes = len({r["node_id"] for r in run_in_bundles(ray, actor_pg, [1] * actor, args.timeout)})
-    return (f"{_head(args)} actor_gpus={actor} actor_nodes={actor_nodes} engines={args.engines} tp={args.tp} "
-            f"engine_nodes={engine_nodes}")
+    return (
+        f"{_head(args)} actor_gpus={actor} actor_nodes={actor_nodes} engines={args.engines} tp={args.tp} "
+        f"engine_nodes={engine_nodes}"
+    )
 
 
 def _ask_service(port: int, path: str, per_slot: bool) -> dict:
@@ -229,9 +260,13 @@ def check_services(ray, args: argparse.Namespace) -> str:
     ask = ray.remote(_ask_service)
     done = []
     for name, port, path in args.service:
-        refs = [ask.options(num_cpus=BUNDLE_CPU, scheduling_strategy=NodeAffinitySchedulingStrategy(
-                    node_id=n["NodeID"], soft=False)).remote(int(port), path, args.service_port_per_slot)
-                for n in ray.nodes() if n.get("Alive")]
+        refs = [
+            ask.options(
+                num_cpus=BUNDLE_CPU, scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=n["NodeID"], soft=False)
+            ).remote(int(port), path, args.service_port_per_slot)
+            for n in ray.nodes()
+            if n.get("Alive")
+        ]
         answers = ray.get(refs, timeout=args.timeout)
         bad = [a for a in answers if a["status"] != 200]
         if bad:
@@ -260,11 +295,12 @@ def check_actor_env(ray, args: argparse.Namespace) -> str:
         # Ray's GetTimeoutError is a TimeoutError (ray/exceptions.py); anything else is the actor's own
         # failure (its runtime env, its process), reported as soon as Ray knows it, with Ray's words.
         lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-        what = (f"did not start within {args.timeout:g} s" if isinstance(exc, TimeoutError) else "failed to start")
+        what = f"did not start within {args.timeout:g} s" if isinstance(exc, TimeoutError) else "failed to start"
         cause = next((ln for ln in reversed(lines) if "Error" in ln and ln != lines[0]), "")
-        raise SmokeFailure(f"an actor with the driver's environment ({size // 1024} KiB) {what}: "
-                           f"{type(exc).__name__} {lines[0][:200] if lines else ''}"
-                           + (f" ({cause[:200]})" if cause else "")) from None
+        raise SmokeFailure(
+            f"an actor with the driver's environment ({size // 1024} KiB) {what}: "
+            f"{type(exc).__name__} {lines[0][:200] if lines else ''}" + (f" ({cause[:200]})" if cause else "")
+        ) from None
     ray.kill(probe)
     return f" actor_env={size // 1024}KiB"
 
@@ -286,8 +322,13 @@ def _placement(ray, args: argparse.Namespace) -> str:
 
 def place_learner_spread(ray, args: argparse.Namespace) -> str:
     """Learners STRICT_SPREAD, one bundle per node, and engines PACK (open-instruct's)."""
-    learner_pg = place(ray, "hpcrl-smoke-learners",
-                       [{"GPU": k, "CPU": BUNDLE_CPU} for k in args.learners], "STRICT_SPREAD", args.timeout)
+    learner_pg = place(
+        ray,
+        "hpcrl-smoke-learners",
+        [{"GPU": k, "CPU": BUNDLE_CPU} for k in args.learners],
+        "STRICT_SPREAD",
+        args.timeout,
+    )
     learners = run_in_bundles(ray, learner_pg, args.learners, args.timeout)
     learner_nodes = [r["node_id"] for r in learners]
     if len(set(learner_nodes)) != len(learner_nodes):
@@ -297,8 +338,13 @@ def place_learner_spread(ray, args: argparse.Namespace) -> str:
             raise SmokeFailure(f"a learner task on {r['ip']} got {r['gpus']} GPUs, expected {k}")
     engine_nodes: Counter = Counter()
     if args.engines:
-        engine_pg = place(ray, "hpcrl-smoke-engines",
-                          [{"GPU": args.tp, "CPU": BUNDLE_CPU} for _ in range(args.engines)], "PACK", args.timeout)
+        engine_pg = place(
+            ray,
+            "hpcrl-smoke-engines",
+            [{"GPU": args.tp, "CPU": BUNDLE_CPU} for _ in range(args.engines)],
+            "PACK",
+            args.timeout,
+        )
         engines = run_in_bundles(ray, engine_pg, [args.tp] * args.engines, args.timeout)
         for r in engines:
             if r["gpus"] != args.tp:
@@ -319,8 +365,10 @@ def cpu_note(args: argparse.Namespace) -> str | None:
     who, total, per_node, where = args.cpu_ask
     have = args.nodes * args.cpus_per_node
     if float(per_node) > args.cpus_per_node or float(total) > have:
-        return (f"hpcrl-smoke: note: {who} would ask {total} CPUs ({per_node} on a {where}), "
-                f"the cluster declares {have:g} ({args.cpus_per_node:g} per node): raise ray.num_cpus_per_node")
+        return (
+            f"hpcrl-smoke: note: {who} would ask {total} CPUs ({per_node} on a {where}), "
+            f"the cluster declares {have:g} ({args.cpus_per_node:g} per node): raise ray.num_cpus_per_node"
+        )
     return None
 
 
@@ -332,14 +380,19 @@ def smoke_alone(args: argparse.Namespace) -> str:
         raise SmokeFailure("CUDA_VISIBLE_DEVICES is not set: Slurm gave this job no GPUs")
     gpus = [g for g in visible.split(",") if g.strip()]
     if len(gpus) != args.gpus_per_node:
-        raise SmokeFailure(f"the job sees {len(gpus)} GPUs (CUDA_VISIBLE_DEVICES={visible}), "
-                           f"expected {args.gpus_per_node}")
+        raise SmokeFailure(
+            f"the job sees {len(gpus)} GPUs (CUDA_VISIBLE_DEVICES={visible}), expected {args.gpus_per_node}"
+        )
     cpus = int(os.environ.get("SLURM_CPUS_ON_NODE") or 0)
     if cpus < args.cpus_per_node:
-        raise SmokeFailure(f"Slurm gave the job {cpus} cores on this node (SLURM_CPUS_ON_NODE), expected at least "
-                           f"{args.cpus_per_node:g}")
-    return (f"hpcrl-smoke: ok nodes=1 gpus={len(gpus)} cpus={cpus} framework={args.framework} ray=none "
-            f"visible_gpus={visible}")
+        raise SmokeFailure(
+            f"Slurm gave the job {cpus} cores on this node (SLURM_CPUS_ON_NODE), expected at least "
+            f"{args.cpus_per_node:g}"
+        )
+    return (
+        f"hpcrl-smoke: ok nodes=1 gpus={len(gpus)} cpus={cpus} framework={args.framework} ray=none "
+        f"visible_gpus={visible}"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -46,8 +46,11 @@ PARSE_REJECTED = 10  # stack_parse.py's exit code when the framework rejects the
 # a module's banner) does not hide it.
 PROBE_MARKER = "HPCRL-STACK-PROBE "
 
-_VERSION = re.compile(r"^\s*v?(\d+(?:\.\d+)*)(?:[-_.]?(a|b|c|rc|alpha|beta|pre|preview)[-_.]?(\d*))?"
-                      r"(?:[-_.]?(post|rev|r)[-_.]?(\d*))?(?:[-_.]?(dev)[-_.]?(\d*))?(?:\+(\S*))?\s*$", re.I)
+_VERSION = re.compile(
+    r"^\s*v?(\d+(?:\.\d+)*)(?:[-_.]?(a|b|c|rc|alpha|beta|pre|preview)[-_.]?(\d*))?"
+    r"(?:[-_.]?(post|rev|r)[-_.]?(\d*))?(?:[-_.]?(dev)[-_.]?(\d*))?(?:\+(\S*))?\s*$",
+    re.I,
+)
 _PHASE = {"dev": 0, "a": 1, "alpha": 1, "b": 2, "beta": 2, "c": 3, "rc": 3, "pre": 3, "preview": 3}
 
 
@@ -83,7 +86,7 @@ def satisfies(version: str, spec: str) -> bool | None:
         op, text = m.groups()
         if text.endswith(".*"):  # a prefix: the release's first numbers, whatever the phase
             prefix = tuple(int(x) for x in text[:-2].split("."))
-            same = have[0][:len(prefix)] == prefix
+            same = have[0][: len(prefix)] == prefix
             if (op == "==" and not same) or (op == "!=" and same):
                 return False
             continue
@@ -92,11 +95,16 @@ def satisfies(version: str, spec: str) -> bool | None:
             raise ValueError(f"specifier {clause!r}: {text!r} is no version")
         if op == "~=":
             n = len(text.split("+")[0].split("."))
-            op_ok = have >= want and have[0][:n - 1] == want[0][:n - 1]
+            op_ok = have >= want and have[0][: n - 1] == want[0][: n - 1]
         else:
-            op_ok = {"==": have[:3] == want[:3],
-                     "!=": have[:3] != want[:3], ">=": have >= want, "<=": have <= want,
-                     ">": have > want, "<": have < want}[op]
+            op_ok = {
+                "==": have[:3] == want[:3],
+                "!=": have[:3] != want[:3],
+                ">=": have >= want,
+                "<=": have <= want,
+                ">": have > want,
+                "<": have < want,
+            }[op]
         if not op_ok:
             return False
     return True
@@ -104,13 +112,15 @@ def satisfies(version: str, spec: str) -> bool | None:
 
 # ---- which of hpcrl's tables the installed release is checked against --------------------------------
 
+
 def pick_table(tables: list[dict], installed: str | None) -> tuple[dict | None, str]:
     """(the table of `tables` (each with `version`, the release its framework declares) that an installed
     `installed` is read with, how): 'exact', 'same-minor' (the nearest patch), 'older' (the nearest older
     release), 'oldest' (older than all hpcrl read), or 'unknown' (no readable version: None)."""
     have = parse_version(installed) if installed else None
-    keyed: list[tuple[tuple, dict]] = [(key, t) for t in tables
-                                       if t.get("version") and (key := parse_version(t["version"])) is not None]
+    keyed: list[tuple[tuple, dict]] = [
+        (key, t) for t in tables if t.get("version") and (key := parse_version(t["version"])) is not None
+    ]
     if have is None or not keyed:
         return None, "unknown"
     for key, t in keyed:
@@ -118,8 +128,10 @@ def pick_table(tables: list[dict], installed: str | None) -> tuple[dict | None, 
             return t, "exact"
     same = [(key, t) for key, t in keyed if key[0][:2] == have[0][:2]]
     if same:  # the nearest patch; on a tie the older table
+
         def distance(kt: tuple) -> tuple:
             return abs(kt[0][0][2] - have[0][2]), kt[0] > have
+
         return min(same, key=distance)[1], "same-minor"
     older = [(key, t) for key, t in keyed if key <= have]
     if older:
@@ -130,21 +142,34 @@ def pick_table(tables: list[dict], installed: str | None) -> tuple[dict | None, 
 def release_line(framework: str, installed: str, table: dict, how: str, target: str) -> str | None:
     """The warning a release other than the plan's target earns (None: it is the target's)."""
     label = table["label"]
-    render = (f"; the plan targets {framework} {target}: render with hpcrl.framework_version={table['name']} "
-              f"to plan for {label}") if label != target else ""
+    render = (
+        (
+            f"; the plan targets {framework} {target}: render with hpcrl.framework_version={table['name']} "
+            f"to plan for {label}"
+        )
+        if label != target
+        else ""
+    )
     if how == "exact":
         return f"{framework} {installed} installed, a release hpcrl has read ({label}){render}" if render else None
     if how == "same-minor":
-        return f"{framework} {installed} installed, a patch release hpcrl has not read: checked against {label}, " \
-               f"the nearest of the same minor release{render}"
+        return (
+            f"{framework} {installed} installed, a patch release hpcrl has not read: checked against {label}, "
+            f"the nearest of the same minor release{render}"
+        )
     if how == "older":
-        return f"{framework} {installed} installed, a release hpcrl has not read: checked against {label}, " \
-               f"the nearest older one it has{render}"
-    return f"{framework} {installed} installed, older than every release hpcrl has read: checked against " \
-           f"{label}, the oldest{render}"
+        return (
+            f"{framework} {installed} installed, a release hpcrl has not read: checked against {label}, "
+            f"the nearest older one it has{render}"
+        )
+    return (
+        f"{framework} {installed} installed, older than every release hpcrl has read: checked against "
+        f"{label}, the oldest{render}"
+    )
 
 
 # ---- what the training Python has (run there: `python stack.py --probe JSON`) -----------------------
+
 
 def probe(packages: list[dict]) -> dict:
     """Python version, each package's distribution version, module location and VCS commit, and
@@ -224,6 +249,7 @@ def _major_minor(text: str) -> tuple[int, int]:
 
 # ---- the verdict (pure: the expectation and what was found in, lines out) -----------------------------
 
+
 def _needed(pkg: dict, argv: list[str]) -> bool:
     """A package with `when` is needed unless the driver's command line sets the key otherwise."""
     when = pkg.get("when")
@@ -267,8 +293,9 @@ def chosen_table(expect: dict, found: dict) -> tuple[dict, str | None]:
     return table, release_line(framework, installed or "", table, how, target)
 
 
-def verdict(expect: dict, found: dict, driver: str | None,
-            argv: list[str] | tuple[str, ...] = ()) -> tuple[list[str], list[str], list[str]]:
+def verdict(
+    expect: dict, found: dict, driver: str | None, argv: list[str] | tuple[str, ...] = ()
+) -> tuple[list[str], list[str], list[str]]:
     """(stops, warnings, notes): each a line naming the package, what was found and what was asked, with
     the source. Stops are what would stop the job; warnings what may not (the framework's own import and
     parse decide)."""
@@ -281,15 +308,18 @@ def verdict(expect: dict, found: dict, driver: str | None,
     who = f"{expect.get('backend')} {table.get('label') or expect.get('version')}"
     py = table.get("python")
     if py and satisfies(found["python"], py["spec"]) is False:
-        warn.append(f"python {found['python']} ({found.get('executable')}); {who} asks for python{py['spec']} "
-                    f"({py['source']})")
+        warn.append(
+            f"python {found['python']} ({found.get('executable')}); {who} asks for python{py['spec']} ({py['source']})"
+        )
     for pkg in [*table.get("packages", []), *expect.get("hpcrl_packages", [])]:
         if not _needed(pkg, list(argv)):
             notes.append(f"{pkg['name']} not needed: {pkg['when']['key']} is not {pkg['when']['is']!r}")
             continue
         got = found["packages"].get(pkg["name"]) or {}
         if got.get("version") is None and got.get("location") is None:
-            why = pkg.get("why") or f"{pkg.get('by') or who} needs {pkg['name']}{pkg.get('spec') or ''} ({pkg['source']})"
+            why = (
+                pkg.get("why") or f"{pkg.get('by') or who} needs {pkg['name']}{pkg.get('spec') or ''} ({pkg['source']})"
+            )
             bad.append(f"{pkg['name']} not installed; {why}")
             continue
         if not pkg.get("spec"):
@@ -301,10 +331,13 @@ def verdict(expect: dict, found: dict, driver: str | None,
         if ok is None:
             notes.append(f"{_found(pkg['name'], got)}: version not readable, not checked against {pkg['spec']}")
         elif not ok and pkg.get("by") == "hpcrl":  # hpcrl's own floor: the job script refuses it too
-            bad.append(f"{_found(pkg['name'], got)} installed; hpcrl needs {pkg['name']}{pkg['spec']} ({pkg['source']})")
+            bad.append(
+                f"{_found(pkg['name'], got)} installed; hpcrl needs {pkg['name']}{pkg['spec']} ({pkg['source']})"
+            )
         elif not ok:
-            warn.append(f"{_found(pkg['name'], got)} installed; {who} pins {pkg['name']}{pkg['spec']} "
-                        f"({pkg['source']})")
+            warn.append(
+                f"{_found(pkg['name'], got)} installed; {who} pins {pkg['name']}{pkg['spec']} ({pkg['source']})"
+            )
     built = found.get("torch_cuda")
     if driver is None:
         notes.append("CUDA driver not checked: no NVIDIA driver on this node")
@@ -313,15 +346,20 @@ def verdict(expect: dict, found: dict, driver: str | None,
         planned = f"; {who} installs a CUDA {plan['version']} torch ({plan['source']})" if plan.get("version") else ""
         if _major_minor(built)[0] > _major_minor(driver)[0]:
             torch_ver = (found["packages"].get("torch") or {}).get("version")
-            bad.append(f"torch {torch_ver} is built for CUDA {built}; this node's driver runs CUDA {driver} at most: "
-                       f"install a torch built for CUDA {_major_minor(driver)[0]}.x{planned}")
+            bad.append(
+                f"torch {torch_ver} is built for CUDA {built}; this node's driver runs CUDA {driver} at most: "
+                f"install a torch built for CUDA {_major_minor(driver)[0]}.x{planned}"
+            )
         elif _major_minor(built) > _major_minor(driver):
-            notes.append(f"torch built for CUDA {built} on a CUDA {driver} driver: minor-version compatibility; "
-                         "kernels JIT-compiled from PTX may fail")
+            notes.append(
+                f"torch built for CUDA {built} on a CUDA {driver} driver: minor-version compatibility; "
+                "kernels JIT-compiled from PTX may fail"
+            )
     return bad, warn, notes
 
 
 # ---- running the training Python ----------------------------------------------------------------------
+
 
 def run_python(cmd: list[str], timeout: float) -> tuple[int | None, str, str]:
     """(exit code, stdout, stderr) of `cmd`; None for no exit within `timeout` s (its process group is
@@ -329,8 +367,9 @@ def run_python(cmd: list[str], timeout: float) -> tuple[int | None, str, str]:
     cannot hold the check past the command's own exit."""
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         try:
-            proc = subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL, text=True,
-                                    start_new_session=True)
+            proc = subprocess.Popen(
+                cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL, text=True, start_new_session=True
+            )
         except OSError as exc:
             return 127, "", str(exc)
         try:
@@ -352,7 +391,7 @@ def probe_answer(stdout: str) -> dict | None:
     for line in reversed(stdout.splitlines()):
         if line.startswith(PROBE_MARKER):
             try:
-                answer = json.loads(line[len(PROBE_MARKER):])
+                answer = json.loads(line[len(PROBE_MARKER) :])
             except ValueError:
                 return None
             return answer if isinstance(answer, dict) else None
@@ -363,18 +402,34 @@ def _tail(text: str) -> str:
     return " ".join((text.strip().splitlines() or ["no output"])[-1].split())[:300]
 
 
-def check(expect: dict, python: list[str], argv: list[str], *, entry: str | None = None, parse: bool = True,
-          probe_timeout: float = PROBE_TIMEOUT_S, out=print) -> int:
+def check(
+    expect: dict,
+    python: list[str],
+    argv: list[str],
+    *,
+    entry: str | None = None,
+    parse: bool = True,
+    probe_timeout: float = PROBE_TIMEOUT_S,
+    out=print,
+) -> int:
     """Run the whole check; print its lines; the exit code."""
     here = os.path.dirname(os.path.abspath(__file__))
-    rc, stdout, stderr = run_python([*python, os.path.join(here, "stack.py"), "--probe",
-                                     json.dumps(all_packages(expect))], probe_timeout)
+    rc, stdout, stderr = run_python(
+        [*python, os.path.join(here, "stack.py"), "--probe", json.dumps(all_packages(expect))], probe_timeout
+    )
     found = probe_answer(stdout) if rc == 0 else None
     if found is None:
-        why = (f"no answer within {probe_timeout:g} s" if rc is None else f"exit {rc}: {_tail(stderr)}" if rc
-               else f"no {PROBE_MARKER.strip()} line in its output: {_tail(stdout)}")
-        out(f"stack: unchecked: the training Python {' '.join(python)} could not be probed ({why}); "
-            "the check could not run, the job goes on without it")
+        why = (
+            f"no answer within {probe_timeout:g} s"
+            if rc is None
+            else f"exit {rc}: {_tail(stderr)}"
+            if rc
+            else f"no {PROBE_MARKER.strip()} line in its output: {_tail(stdout)}"
+        )
+        out(
+            f"stack: unchecked: the training Python {' '.join(python)} could not be probed ({why}); "
+            "the check could not run, the job goes on without it"
+        )
         return STACK_UNCHECKED_EXIT
     driver, how = driver_cuda()
     bad, warn, notes = verdict(expect, found, driver, argv)
@@ -382,15 +437,25 @@ def check(expect: dict, python: list[str], argv: list[str], *, entry: str | None
     parser = table.get("parser") or expect.get("parser")
     if not bad and parse and parser:
         timeout = float(parser.get("timeout_s", 120))
-        rc, stdout, stderr = run_python([*python, os.path.join(here, "stack_parse.py"),
-                                         json.dumps(dict(parser, entry=entry or parser.get("entry"))), "--", *argv], timeout)
+        rc, stdout, stderr = run_python(
+            [
+                *python,
+                os.path.join(here, "stack_parse.py"),
+                json.dumps(dict(parser, entry=entry or parser.get("entry"))),
+                "--",
+                *argv,
+            ],
+            timeout,
+        )
         fw = expect.get("framework") or ""
         who = f"{expect.get('backend')} {(found['packages'].get(fw) or {}).get('version') or ''}"
         if rc is None:
             notes.append(f"dry parse skipped: it did not finish within {timeout:.0f} s")
         elif rc == PARSE_REJECTED:
-            bad.append(f"{who.strip()} rejects the driver's command line: {_tail(stderr)} "
-                       f"(the plan targets {expect.get('backend')} {expect.get('version')})")
+            bad.append(
+                f"{who.strip()} rejects the driver's command line: {_tail(stderr)} "
+                f"(the plan targets {expect.get('backend')} {expect.get('version')})"
+            )
         elif rc != 0:
             notes.append(f"dry parse not run (exit {rc}): {_tail(stderr)}")
         else:
@@ -427,24 +492,39 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     driver_args: list[str] = []
     if "--" in args:
-        driver_args, args = args[args.index("--") + 1:], args[:args.index("--")]
+        driver_args, args = args[args.index("--") + 1 :], args[: args.index("--")]
     p = argparse.ArgumentParser(prog="python3 -m hpcrl.runtime.stack", description=__doc__.split("\n\n")[0])
     p.add_argument("--expect", required=True, help="the expectation: inline JSON, or a JSON file")
-    p.add_argument("--python", action="append", default=None, metavar="WORD",
-                   help="the training Python: one word per --python, taken as is (a container's words first, "
-                        "then the interpreter; a path with spaces or quotes is one word); default this Python")
+    p.add_argument(
+        "--python",
+        action="append",
+        default=None,
+        metavar="WORD",
+        help="the training Python: one word per --python, taken as is (a container's words first, "
+        "then the interpreter; a path with spaces or quotes is one word); default this Python",
+    )
     p.add_argument("--entry", help="the driver's entry point (a file, or a dotted module); default: the expectation's")
     p.add_argument("--no-parse", action="store_true", help="versions and CUDA only, no dry parse")
-    p.add_argument("--probe-timeout", type=float, default=PROBE_TIMEOUT_S,
-                   help=f"seconds the training Python may take to answer (default {PROBE_TIMEOUT_S:g}); past it the "
-                        f"check could not run (exit {STACK_UNCHECKED_EXIT}), never a mismatch")
+    p.add_argument(
+        "--probe-timeout",
+        type=float,
+        default=PROBE_TIMEOUT_S,
+        help=f"seconds the training Python may take to answer (default {PROBE_TIMEOUT_S:g}); past it the "
+        f"check could not run (exit {STACK_UNCHECKED_EXIT}), never a mismatch",
+    )
     a = p.parse_args(args)
     try:
         expect = _load(a.expect)
     except (OSError, ValueError) as exc:
         p.error(f"--expect: {exc}")
-    return check(expect, a.python or [sys.executable], driver_args, entry=a.entry, parse=not a.no_parse,
-                 probe_timeout=a.probe_timeout)
+    return check(
+        expect,
+        a.python or [sys.executable],
+        driver_args,
+        entry=a.entry,
+        parse=not a.no_parse,
+        probe_timeout=a.probe_timeout,
+    )
 
 
 if __name__ == "__main__":

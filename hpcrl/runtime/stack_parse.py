@@ -63,9 +63,16 @@ def main_block(source: str, stdlib_only: bool) -> str:
     tree = ast.parse(source)
     body: list[ast.stmt] = []
     if stdlib_only:
-        body = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom)) and not getattr(n, "level", 0) and all(
-            (a.name if isinstance(n, ast.Import) else n.module or "").split(".")[0] in sys.stdlib_module_names
-            for a in n.names)]
+        body = [
+            n
+            for n in tree.body
+            if isinstance(n, (ast.Import, ast.ImportFrom))
+            and not getattr(n, "level", 0)
+            and all(
+                (a.name if isinstance(n, ast.Import) else n.module or "").split(".")[0] in sys.stdlib_module_names
+                for a in n.names
+            )
+        ]
     for node in tree.body:
         if isinstance(node, ast.If) and "__main__" in ast.unparse(node.test):
             for stmt in node.body:
@@ -107,7 +114,7 @@ def main(args: list[str]) -> int:
         print(__doc__)
         return 0 if args else NOT_RUN
     parser = json.loads(args[0])
-    argv = args[args.index("--") + 1:] if "--" in args else []
+    argv = args[args.index("--") + 1 :] if "--" in args else []
     run = {"hydra": parse_hydra, "main-block": parse_main_block}[parser["kind"]]
     try:
         print(run(parser, argv))

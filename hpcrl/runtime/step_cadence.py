@@ -42,11 +42,20 @@ def main(argv: list[str] | None = None) -> int:
     try:
         every, why = decide(a.run_dir, a.job, a.planned)
     except Exception as exc:  # noqa: BLE001 - a job must not fail here: the plan's interval is safe
-        every, why = a.planned, f"could not read the measured steps ({type(exc).__name__}: {exc}): the planned interval stays"
+        every, why = (
+            a.planned,
+            f"could not read the measured steps ({type(exc).__name__}: {exc}): the planned interval stays",
+        )
     print(every)
     print(f"checkpoint interval: {why}", file=sys.stderr)
-    rec = {"kind": "interval", "job": a.job, "every_steps": every, "planned": a.planned, "why": why,
-           "time": round(time.time(), 3)}
+    rec = {
+        "kind": "interval",
+        "job": a.job,
+        "every_steps": every,
+        "planned": a.planned,
+        "why": why,
+        "time": round(time.time(), 3),
+    }
     try:  # report shows each job's interval; a job never fails for want of the record
         with open(a.run_dir / META / STEP_TIMES, "a") as f:
             f.write(json.dumps(rec, sort_keys=True) + "\n")

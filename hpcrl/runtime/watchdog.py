@@ -71,8 +71,20 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO
 
-from hpcrl.contract import BLAME, BREAKER, BREAKERS, DRIVER_LOG, META, RAY_DIED, RUN_DIR_ENDS, RUN_DIR_FULL, \
-    RUN_DIR_UNWRITABLE, STEP_TIMES, WATCHDOG_BEAT_S, breaker_exit_code
+from hpcrl.contract import (
+    BLAME,
+    BREAKER,
+    BREAKERS,
+    DRIVER_LOG,
+    META,
+    RAY_DIED,
+    RUN_DIR_ENDS,
+    RUN_DIR_FULL,
+    RUN_DIR_UNWRITABLE,
+    STEP_TIMES,
+    WATCHDOG_BEAT_S,
+    breaker_exit_code,
+)
 from hpcrl.logs.driver_log import GENERIC, Step, StepFormat, StepParser, death_line, reward_unseen
 from hpcrl.logs.step_times import StepClock
 from hpcrl.runtime.watchdog_io.driver_log_file import DriverLog, say
@@ -114,10 +126,22 @@ class Trip:
 class Breaker:
     """The decisions, without processes: feed lines and clock ticks, get a Trip or None."""
 
-    def __init__(self, zero_reward_steps: int = 10, hang_s: float = 3600.0, startup_s: float = 5400.0,
-                 death_grace_s: float = 15.0, now: float = 0.0, *, reward_keys: tuple[str, ...] = (),
-                 std_keys: tuple[str, ...] = (), grad_norm_steps: int = 20, grad_norm_floor: float = 1e-6,
-                 zero_variance_steps: int = 20, loss_keys: tuple[str, ...] = (), fmt: StepFormat | None = None):
+    def __init__(
+        self,
+        zero_reward_steps: int = 10,
+        hang_s: float = 3600.0,
+        startup_s: float = 5400.0,
+        death_grace_s: float = 15.0,
+        now: float = 0.0,
+        *,
+        reward_keys: tuple[str, ...] = (),
+        std_keys: tuple[str, ...] = (),
+        grad_norm_steps: int = 20,
+        grad_norm_floor: float = 1e-6,
+        zero_variance_steps: int = 20,
+        loss_keys: tuple[str, ...] = (),
+        fmt: StepFormat | None = None,
+    ):
         self.k, self.hang_s, self.startup_s, self.death_grace_s = zero_reward_steps, hang_s, startup_s, death_grace_s
         self.grad_n, self.grad_floor, self.var_n = grad_norm_steps, grad_norm_floor, zero_variance_steps
         self.parser = StepParser(fmt or known_format(), reward_keys, std_keys, loss_keys)
@@ -140,45 +164,69 @@ class Breaker:
         self.steps, self.last_step, self.last_progress = self.steps + 1, step.number, now
         if self.steps == self.k and (note := reward_unseen(self.parser, self.steps, self.k)):
             self.notes.append(note)
-        if (bad := step.bad_losses()):
-            return Trip("nan_loss", f"loss is {', '.join(f'{k}={v}' for k, v in bad.items())} at step {step.number}",
-                        step.number, {"losses": {k: str(v) for k, v in bad.items()}})
+        if bad := step.bad_losses():
+            return Trip(
+                "nan_loss",
+                f"loss is {', '.join(f'{k}={v}' for k, v in bad.items())} at step {step.number}",
+                step.number,
+                {"losses": {k: str(v) for k, v in bad.items()}},
+            )
         if step.reward_key is not None:
             self.zeros = self.zeros + [step.number] if step.reward_is_exactly_zero() else []
             if len(self.zeros) >= self.k:
-                return Trip("zero_reward", f"mean reward ({step.reward_key}) exactly 0 for {len(self.zeros)} "
-                            f"consecutive steps ({self.zeros[0]}-{self.zeros[-1]})", step.number,
-                            {"reward_key": step.reward_key, "steps": self.zeros, "threshold": self.k})
+                return Trip(
+                    "zero_reward",
+                    f"mean reward ({step.reward_key}) exactly 0 for {len(self.zeros)} "
+                    f"consecutive steps ({self.zeros[0]}-{self.zeros[-1]})",
+                    step.number,
+                    {"reward_key": step.reward_key, "steps": self.zeros, "threshold": self.k},
+                )
         # A step that does not log the signal leaves its count as it is.
         if (g := step.grad_norm()) is not None:
             key, value = g
             self.flat = self.flat + [step.number] if math.isfinite(value) and abs(value) <= self.grad_floor else []
             if self.grad_n and len(self.flat) >= self.grad_n:
-                return Trip("grad_norm_zero", f"gradient norm ({key}) at most {self.grad_floor:g} for {len(self.flat)} "
-                            f"consecutive steps ({self.flat[0]}-{self.flat[-1]}), last {value:g}: the policy no longer "
-                            "changes", step.number, {"key": key, "steps": self.flat, "threshold": self.grad_n,
-                                                     "floor": self.grad_floor, "last": value})
+                return Trip(
+                    "grad_norm_zero",
+                    f"gradient norm ({key}) at most {self.grad_floor:g} for {len(self.flat)} "
+                    f"consecutive steps ({self.flat[0]}-{self.flat[-1]}), last {value:g}: the policy no longer "
+                    "changes",
+                    step.number,
+                    {"key": key, "steps": self.flat, "threshold": self.grad_n, "floor": self.grad_floor, "last": value},
+                )
         if (v := step.zero_variance()) is not None:
             zero, evidence = v
             self.same = self.same + [step.number] if zero else []
             if self.var_n and len(self.same) >= self.var_n:
-                return Trip("zero_variance", f"every group had zero reward variance for {len(self.same)} consecutive "
-                            f"steps ({self.same[0]}-{self.same[-1]}; {evidence}): GRPO's advantages are all zero, "
-                            "nothing is learned", step.number,
-                            {"evidence": evidence, "steps": self.same, "threshold": self.var_n})
+                return Trip(
+                    "zero_variance",
+                    f"every group had zero reward variance for {len(self.same)} consecutive "
+                    f"steps ({self.same[0]}-{self.same[-1]}; {evidence}): GRPO's advantages are all zero, "
+                    "nothing is learned",
+                    step.number,
+                    {"evidence": evidence, "steps": self.same, "threshold": self.var_n},
+                )
         return None
 
     def tick(self, now: float, child_rc: int | None = None) -> Trip | None:
         """Time-based trips; child_rc is the driver's exit code once it has exited."""
         if self.death and (now - self.death[0] >= self.death_grace_s or child_rc not in (None, 0)):
             when, kind, line = self.death
-            return Trip("engine_or_node_died", f"{kind.replace('_', ' ')}: {line[:200]}", self.last_step,
-                        {"kind": kind, "line": line, "seen_s_ago": round(now - when, 1)})
+            return Trip(
+                "engine_or_node_died",
+                f"{kind.replace('_', ' ')}: {line[:200]}",
+                self.last_step,
+                {"kind": kind, "line": line, "seen_s_ago": round(now - when, 1)},
+            )
         limit = self.hang_s if self.steps else self.startup_s
         if child_rc is None and now - self.last_progress > limit:
             what = f"after step {self.last_step}" if self.steps else "since start (no step yet)"
-            return Trip("hang", f"no training step completed for {(now - self.last_progress) / 60:.1f} min {what}",
-                        self.last_step, {"limit_minutes": round(limit / 60, 3), "steps_seen": self.steps})
+            return Trip(
+                "hang",
+                f"no training step completed for {(now - self.last_progress) / 60:.1f} min {what}",
+                self.last_step,
+                {"limit_minutes": round(limit / 60, 3), "steps_seen": self.steps},
+            )
         return None
 
 
@@ -230,8 +278,15 @@ def _archive_old_breaker(path: Path) -> None:
 
 
 def write_breaker(path: Path, trip: Trip, **extra: object) -> None:
-    data = {"reason": trip.reason, "exit_code": trip.exit_code, "message": trip.message, "step": trip.step,
-            "details": trip.details, "time": datetime.now(timezone.utc).isoformat(timespec="seconds"), **extra}
+    data = {
+        "reason": trip.reason,
+        "exit_code": trip.exit_code,
+        "message": trip.message,
+        "step": trip.step,
+        "details": trip.details,
+        "time": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        **extra,
+    }
     text = json.dumps(data, indent=2, sort_keys=True, default=str, ensure_ascii=False) + "\n"
     tmp = path.with_suffix(".json.tmp")
     try:
@@ -249,8 +304,11 @@ def worker_step_death(step_pid: int | None, blame: Path, wait_s: float) -> str |
         if step_pid is not None and not pid_alive(step_pid):
             return f"the worker step (srun, pid {step_pid}) has exited"
         try:
-            died = [ln.split()[0] for ln in blame.read_text(errors="replace").splitlines()
-                    if ln.split()[1:2] == ["raylet-died"]]
+            died = [
+                ln.split()[0]
+                for ln in blame.read_text(errors="replace").splitlines()
+                if ln.split()[1:2] == ["raylet-died"]
+            ]
         except OSError:
             died = []
         if died:
@@ -260,10 +318,20 @@ def worker_step_death(step_pid: int | None, blame: Path, wait_s: float) -> str |
         time.sleep(0.2)
 
 
-def run(cmd: list[str], run_dir: Path, breaker: Breaker, *, log_path: Path | None = None,
-        kill_grace_s: float = 30.0, drain_s: float = 5.0, clock: StepClock | None = None,
-        marker: Path | None = None, worker_step_pid: int | None = None, worker_wait_s: float = 10.0,
-        heartbeat: Path | None = None) -> int:
+def run(
+    cmd: list[str],
+    run_dir: Path,
+    breaker: Breaker,
+    *,
+    log_path: Path | None = None,
+    kill_grace_s: float = 30.0,
+    drain_s: float = 5.0,
+    clock: StepClock | None = None,
+    marker: Path | None = None,
+    worker_step_pid: int | None = None,
+    worker_wait_s: float = 10.0,
+    heartbeat: Path | None = None,
+) -> int:
     """Run cmd under the breaker; the exit code the watchdog should exit with."""
     beat = Heartbeat(heartbeat)
     beat.beat(time.monotonic())
@@ -281,8 +349,7 @@ def run(cmd: list[str], run_dir: Path, breaker: Breaker, *, log_path: Path | Non
         # Its own process group (signals reach the driver and its children, not the watchdog),
         # but the watchdog's session: whoever started the watchdog in a session of its own
         # (the job script does) can kill the whole tree with one `pkill -s`.
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=_child_setup,
-                                env=env)
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=_child_setup, env=env)
     except OSError as exc:
         sys.stderr.write(f"hpcrl-watchdog: cannot start {cmd[0]!r}: {exc.strerror}\n")
         return 127
@@ -336,8 +403,10 @@ def run(cmd: list[str], run_dir: Path, breaker: Breaker, *, log_path: Path | Non
             times.tick(now)
             if rc is None and stop_asked_at and now - stop_asked_at[0] > kill_grace_s and not killed:
                 # Asked to stop (TERM/INT/HUP), forwarded, ignored: nothing may outlive the job.
-                sys.stderr.write(f"hpcrl-watchdog: the driver ignored the stop signal for {kill_grace_s:g} s: "
-                                 "killing its process group\n")
+                sys.stderr.write(
+                    f"hpcrl-watchdog: the driver ignored the stop signal for {kill_grace_s:g} s: "
+                    "killing its process group\n"
+                )
                 _signal_group(proc.pid, signal.SIGKILL)
                 killed = True
             if rc is not None:
@@ -355,16 +424,27 @@ def run(cmd: list[str], run_dir: Path, breaker: Breaker, *, log_path: Path | Non
             died = worker_step_death(worker_step_pid, blame, worker_wait_s)
         if trip is not None:
             if died:
-                sys.stderr.write(f"hpcrl-watchdog: a node died ({died}): worker-died, not the run's fault "
-                                 f"({trip.message}); stopping the driver\n")
+                sys.stderr.write(
+                    f"hpcrl-watchdog: a node died ({died}): worker-died, not the run's fault "
+                    f"({trip.message}); stopping the driver\n"
+                )
             else:
-                sys.stderr.write(f"hpcrl-watchdog: tripped ({trip.reason}, exit {trip.exit_code}): {trip.message}; "
-                                 f"stopping the run (SIGTERM, SIGKILL after {kill_grace_s:g} s)\n")
+                sys.stderr.write(
+                    f"hpcrl-watchdog: tripped ({trip.reason}, exit {trip.exit_code}): {trip.message}; "
+                    f"stopping the run (SIGTERM, SIGKILL after {kill_grace_s:g} s)\n"
+                )
             sys.stderr.flush()
             _stop(proc, kill_grace_s)
             if not died:
-                write_breaker(breaker_path, trip, command=cmd, child_pid=proc.pid, log=str(log_path),
-                              child_exit=proc.returncode, last_lines=list(tail))
+                write_breaker(
+                    breaker_path,
+                    trip,
+                    command=cmd,
+                    child_pid=proc.pid,
+                    log=str(log_path),
+                    child_exit=proc.returncode,
+                    last_lines=list(tail),
+                )
         deadline = time.monotonic() + 1.0
         while time.monotonic() < deadline:  # what the driver printed while stopping
             try:
@@ -396,10 +476,12 @@ def main(argv: list[str] | None = None) -> int:
     if "--" not in argv and not {"-h", "--help"} & set(argv):
         sys.stderr.write("hpcrl-watchdog: error: give the command after --, e.g. --run-dir D -- python train.py\n")
         return 2
-    p = argparse.ArgumentParser(prog="python -m hpcrl.runtime.watchdog", description=__doc__.split("\n")[0],
-                                usage="%(prog)s --run-dir DIR [options] -- CMD [ARG ...]",
-                                epilog="exit codes of the breakers: " + ", ".join(
-                                    f"{code} {name}" for name, (code, _) in BREAKERS.items()))
+    p = argparse.ArgumentParser(
+        prog="python -m hpcrl.runtime.watchdog",
+        description=__doc__.split("\n")[0],
+        usage="%(prog)s --run-dir DIR [options] -- CMD [ARG ...]",
+        epilog="exit codes of the breakers: " + ", ".join(f"{code} {name}" for name, (code, _) in BREAKERS.items()),
+    )
     p.add_argument("--run-dir", required=True, type=Path)
     p.add_argument("--zero-reward-steps", type=int, default=10)
     p.add_argument("--reward-key", action="append", default=[], help="the reward's metric key (repeatable, in order)")
@@ -407,41 +489,87 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reward-std-key", action="append", default=[], help="a key whose exact 0 is zero reward variance")
     p.add_argument("--grad-norm-steps", type=int, default=20, help="steps of a ~0 gradient norm that trip (0: off)")
     p.add_argument("--grad-norm-floor", type=float, default=1e-6)
-    p.add_argument("--zero-variance-steps", type=int, default=20, help="steps of zero reward variance that trip (0: off)")
+    p.add_argument(
+        "--zero-variance-steps", type=int, default=20, help="steps of zero reward variance that trip (0: off)"
+    )
     p.add_argument("--hang-minutes", type=float, default=60.0)
     p.add_argument("--startup-minutes", type=float, default=None, help="before the first step (default: max(90, hang))")
     p.add_argument("--death-grace-seconds", type=float, default=15.0)
     p.add_argument("--kill-grace-seconds", type=float, default=30.0)
     p.add_argument("--log", type=Path, default=None, help="default: RUN_DIR/hpcrl/driver.log")
     for what in ("step", "generation", "training", "checkpoint"):
-        p.add_argument(f"--{what}-time-key", action="append", default=[],
-                       help=f"a metric key holding the {what}'s seconds (repeatable)")
+        p.add_argument(
+            f"--{what}-time-key",
+            action="append",
+            default=[],
+            help=f"a metric key holding the {what}'s seconds (repeatable)",
+        )
     p.add_argument("--checkpoint-line", default=None, help='a regex whose group "s" is a checkpoint write\'s seconds')
-    p.add_argument("--checkpoint-marker", type=Path, default=None,
-                   help="a file rewritten right after a step line once a checkpoint is complete")
+    p.add_argument(
+        "--checkpoint-marker",
+        type=Path,
+        default=None,
+        help="a file rewritten right after a step line once a checkpoint is complete",
+    )
     p.add_argument("--worker-step-pid", type=int, default=None, help="the job's worker step (srun) on this node")
-    p.add_argument("--heartbeat", default="",
-                   help=f"a file whose time is set every {WATCHDOG_BEAT_S} s while the watchdog runs (node-local)")
-    p.add_argument("--worker-wait-seconds", type=float, default=10.0,
-                   help="how long a node's death may take to show in the worker step before engine_or_node_died trips")
+    p.add_argument(
+        "--heartbeat",
+        default="",
+        help=f"a file whose time is set every {WATCHDOG_BEAT_S} s while the watchdog runs (node-local)",
+    )
+    p.add_argument(
+        "--worker-wait-seconds",
+        type=float,
+        default=10.0,
+        help="how long a node's death may take to show in the worker step before engine_or_node_died trips",
+    )
     a = p.parse_args(argv[:split])
-    cmd = argv[split + 1:]
-    if not cmd or a.zero_reward_steps < 1 or a.hang_minutes <= 0 or min(a.grad_norm_steps, a.zero_variance_steps) < 0 \
-            or not a.grad_norm_floor >= 0:
-        sys.stderr.write("hpcrl-watchdog: error: need a command, --zero-reward-steps >= 1, --hang-minutes > 0, "
-                         "--grad-norm-steps and --zero-variance-steps >= 0 and --grad-norm-floor >= 0\n")
+    cmd = argv[split + 1 :]
+    if (
+        not cmd
+        or a.zero_reward_steps < 1
+        or a.hang_minutes <= 0
+        or min(a.grad_norm_steps, a.zero_variance_steps) < 0
+        or not a.grad_norm_floor >= 0
+    ):
+        sys.stderr.write(
+            "hpcrl-watchdog: error: need a command, --zero-reward-steps >= 1, --hang-minutes > 0, "
+            "--grad-norm-steps and --zero-variance-steps >= 0 and --grad-norm-floor >= 0\n"
+        )
         return 2
     startup = a.startup_minutes if a.startup_minutes is not None else max(90.0, a.hang_minutes)
-    b = Breaker(a.zero_reward_steps, a.hang_minutes * 60, startup * 60, a.death_grace_seconds,
-                reward_keys=tuple(a.reward_key), std_keys=tuple(a.reward_std_key), loss_keys=tuple(a.loss_key),
-                grad_norm_steps=a.grad_norm_steps, grad_norm_floor=a.grad_norm_floor,
-                zero_variance_steps=a.zero_variance_steps)
-    clock = StepClock(os.environ.get("SLURM_JOB_ID", "-"), step_keys=tuple(a.step_time_key),
-                      generation_keys=tuple(a.generation_time_key), training_keys=tuple(a.training_time_key),
-                      checkpoint_keys=tuple(a.checkpoint_time_key), checkpoint_line=a.checkpoint_line)
-    return run(cmd, a.run_dir, b, log_path=a.log, kill_grace_s=a.kill_grace_seconds, clock=clock,
-               marker=a.checkpoint_marker, worker_step_pid=a.worker_step_pid, worker_wait_s=a.worker_wait_seconds,
-               heartbeat=Path(a.heartbeat) if a.heartbeat else None)
+    b = Breaker(
+        a.zero_reward_steps,
+        a.hang_minutes * 60,
+        startup * 60,
+        a.death_grace_seconds,
+        reward_keys=tuple(a.reward_key),
+        std_keys=tuple(a.reward_std_key),
+        loss_keys=tuple(a.loss_key),
+        grad_norm_steps=a.grad_norm_steps,
+        grad_norm_floor=a.grad_norm_floor,
+        zero_variance_steps=a.zero_variance_steps,
+    )
+    clock = StepClock(
+        os.environ.get("SLURM_JOB_ID", "-"),
+        step_keys=tuple(a.step_time_key),
+        generation_keys=tuple(a.generation_time_key),
+        training_keys=tuple(a.training_time_key),
+        checkpoint_keys=tuple(a.checkpoint_time_key),
+        checkpoint_line=a.checkpoint_line,
+    )
+    return run(
+        cmd,
+        a.run_dir,
+        b,
+        log_path=a.log,
+        kill_grace_s=a.kill_grace_seconds,
+        clock=clock,
+        marker=a.checkpoint_marker,
+        worker_step_pid=a.worker_step_pid,
+        worker_wait_s=a.worker_wait_seconds,
+        heartbeat=Path(a.heartbeat) if a.heartbeat else None,
+    )
 
 
 if __name__ == "__main__":

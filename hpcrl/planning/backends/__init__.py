@@ -35,8 +35,10 @@ def _loaded(module: str) -> Any:
     class that leaves a member every backend must declare to the base class is refused (a bug in it)."""
     cls = getattr(importlib.import_module(f"{__name__}.{module}"), "BACKEND", None)
     if cls is not None and (missing := cls.undeclared()):
-        raise TypeError(f"backend module {module}: {cls.__name__} does not declare {', '.join(missing)}; "
-                        "every backend says these for itself (docs/backends.md, 'Adding a backend')")
+        raise TypeError(
+            f"backend module {module}: {cls.__name__} does not declare {', '.join(missing)}; "
+            "every backend says these for itself (docs/backends.md, 'Adding a backend')"
+        )
     return cls
 
 

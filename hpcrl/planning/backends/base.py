@@ -18,8 +18,15 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from hpcrl.errors import ConfigError, HpcrlError, PlanError
 from hpcrl.planning.backends.facts import DiskFacts, MemoryFacts
 from hpcrl.planning.layout import Layout, Pins, Workload
-from hpcrl.planning.backends.log_facts import (CommandFacts, CpuAsk, DiagnoseFacts, LogFormat, MetricFacts, SmokeFacts,
-                                               TimingFacts)
+from hpcrl.planning.backends.log_facts import (
+    CommandFacts,
+    CpuAsk,
+    DiagnoseFacts,
+    LogFormat,
+    MetricFacts,
+    SmokeFacts,
+    TimingFacts,
+)
 from hpcrl.planning.backends.processes import Process, RunFile
 from hpcrl.planning.layout_advice import plan_layouts
 from hpcrl.shell import shq
@@ -89,8 +96,19 @@ class Planned:
 # defaults of these would make a new framework behave like the default backend without a word (DeepSpeed
 # ZeRO learners beside vLLM engines, open-instruct's Ray placement and log reading). The registry refuses
 # a backend class that leaves one to them (Backend.undeclared; docs/backends.md "Adding a backend").
-MUST_DECLARE = ("uses_ray", "entry_is_module", "plan", "memory", "disk", "layout_fixes", "command_facts",
-                "diagnose_facts", "smoke_facts", "timing_facts", "log_format")
+MUST_DECLARE = (
+    "uses_ray",
+    "entry_is_module",
+    "plan",
+    "memory",
+    "disk",
+    "layout_fixes",
+    "command_facts",
+    "diagnose_facts",
+    "smoke_facts",
+    "timing_facts",
+    "log_format",
+)
 
 
 class Backend(ABC):
@@ -132,8 +150,12 @@ class Backend(ABC):
     @classmethod
     def section_defaults(cls) -> dict[str, str]:
         """The `hpcrl:` fields whose defaults are this framework's own (the run config asks for them)."""
-        return {"entry_point": cls.default_entry_point, "workdir": cls.default_workdir,
-                "python": cls.default_python, "logprob_impl": cls.default_logprob_impl}
+        return {
+            "entry_point": cls.default_entry_point,
+            "workdir": cls.default_workdir,
+            "python": cls.default_python,
+            "logprob_impl": cls.default_logprob_impl,
+        }
 
     # ------------------------------------------------------------------ flags
     @abstractmethod
@@ -155,8 +177,10 @@ class Backend(ABC):
         refuse_unsupported(self.name, self.feature_triggers, args)
         for key, value in args.items():
             if isinstance(value, (int, float)) and not isinstance(value, bool) and not abs(value) <= NUMBER_MAX:
-                raise ConfigError(f"{key} {value!r}: not a number a run can use; valid: a finite number of at most "
-                                  f"2**53 ({NUMBER_MAX:,}) in size")
+                raise ConfigError(
+                    f"{key} {value!r}: not a number a run can use; valid: a finite number of at most "
+                    f"2**53 ({NUMBER_MAX:,}) in size"
+                )
         for key, (ok, valid) in self.value_ranges.items():
             value = args.get(key)
             if isinstance(value, (int, float)) and not isinstance(value, bool) and not (value == value and ok(value)):
@@ -168,13 +192,17 @@ class Backend(ABC):
             raise ConfigError(f"hpcrl.arg_layout is open-instruct's; remove it for backend {self.name}")
         self.check_version(section)
         if section.deepspeed_offload != "none" and not self.writes_deepspeed_config:
-            raise ConfigError(f"hpcrl.deepspeed_offload is for a DeepSpeed config hpcrl writes; backend {self.name} "
-                              "sets offload with a key of its own (hpcrl plan suggests it); remove it")
+            raise ConfigError(
+                f"hpcrl.deepspeed_offload is for a DeepSpeed config hpcrl writes; backend {self.name} "
+                "sets offload with a key of its own (hpcrl plan suggests it); remove it"
+            )
         if section.lora_hf_save != "adapter" and self.name != "openrlhf":
             raise ConfigError(f"hpcrl.lora_hf_save is OpenRLHF's; remove it for backend {self.name}")
         if self.entry_is_module and (not _MODULE.match(section.entry_point) or section.entry_point.endswith(".py")):
-            raise ConfigError(f"hpcrl.entry_point {section.entry_point!r}: backend {self.name} runs a module "
-                              f"(python -m), e.g. {self.default_entry_point}")
+            raise ConfigError(
+                f"hpcrl.entry_point {section.entry_point!r}: backend {self.name} runs a module "
+                f"(python -m), e.g. {self.default_entry_point}"
+            )
 
     def check_version(self, section: HpcrlSection) -> None:
         """Refuse a framework version hpcrl has no table for (UnknownVersionError lists the known)."""
@@ -212,8 +240,15 @@ class Backend(ABC):
     def pins_from(self, cfg: RunConfig, cli_pins: list[str] | None = None) -> Pins:
         """Pins from pinned config keys and `--pin key=value`."""
 
-    def plan(self, cfg: RunConfig, profile: ClusterProfile, nodes: int, w: Workload, pins: Pins,
-             variants: list[ClusterProfile]) -> Planned:
+    def plan(
+        self,
+        cfg: RunConfig,
+        profile: ClusterProfile,
+        nodes: int,
+        w: Workload,
+        pins: Pins,
+        variants: list[ClusterProfile],
+    ) -> Planned:
         """Ranked layouts (and any other planned values) for this framework."""
         return Planned(plan_layouts(profile, nodes, w, pins, variants, self.layout_fixes))
 
@@ -255,8 +290,10 @@ class Backend(ABC):
     def services(self, cfg: RunConfig) -> list[Service]:
         """Servers the script starts on every node for this run (none unless the framework calls one)."""
         if cfg.hpcrl.code_server == "on":
-            raise ConfigError(f"hpcrl.code_server on: {self.name}'s default path calls no code-execution server "
-                              "(backends/data/capabilities.json); remove it")
+            raise ConfigError(
+                f"hpcrl.code_server on: {self.name}'s default path calls no code-execution server "
+                "(backends/data/capabilities.json); remove it"
+            )
         return []
 
     @abstractmethod
@@ -304,8 +341,9 @@ class Backend(ABC):
         """A key's value: the config's, else the framework's default (None where hpcrl knows none)."""
         return cfg.args.get(key)
 
-    def memory_answer(self, cfg: RunConfig, profile: ClusterProfile, given: Any,
-                      learner_gpus: int | None) -> dict[str, Any] | None:
+    def memory_answer(
+        self, cfg: RunConfig, profile: ClusterProfile, given: Any, learner_gpus: int | None
+    ) -> dict[str, Any] | None:
         """plan-memory's answer from the backend's own memory model (None: the shared learner + vLLM question)."""
         return None
 
@@ -341,9 +379,13 @@ class Backend(ABC):
         """The smoke command's words that make it place bundles as this framework does."""
         s = self.smoke_facts
         ask = self.smoke_cpu_ask(rp)
-        return (["--framework", self.name] + (["--colocated"] if rp.layout.colocated else [])
-                + (["--actor-env"] if s.actor_env else []) + ["--placement", s.placement]
-                + (ask.words() if ask else []))
+        return (
+            ["--framework", self.name]
+            + (["--colocated"] if rp.layout.colocated else [])
+            + (["--actor-env"] if s.actor_env else [])
+            + ["--placement", s.placement]
+            + (ask.words() if ask else [])
+        )
 
 
 def positive(v: float) -> bool:
@@ -416,12 +458,21 @@ def refuse_run_dir_keys(backend: Backend, args: dict[str, Any], where: str) -> N
 
 
 # `--pin` names -> Pins fields, shared by every backend.
-PIN_NAMES = {"learners": "learners_per_node", "learner_nodes": "learner_nodes", "tp": "tp",
-             "engines": "engines", "util": "gpu_memory_utilization"}
+PIN_NAMES = {
+    "learners": "learners_per_node",
+    "learner_nodes": "learner_nodes",
+    "tp": "tp",
+    "engines": "engines",
+    "util": "gpu_memory_utilization",
+}
 
 
-def cli_pins_into(values: dict[str, Any], cli_pins: list[str] | None, allowed: tuple[str, ...] = tuple(PIN_NAMES),
-                  keys: Mapping[str, str] | None = None) -> Pins:
+def cli_pins_into(
+    values: dict[str, Any],
+    cli_pins: list[str] | None,
+    allowed: tuple[str, ...] = tuple(PIN_NAMES),
+    keys: Mapping[str, str] | None = None,
+) -> Pins:
     """`--pin key=value` on top of the config's pins; each choice once, each a count of 1 or more (util in (0, 1]);
     `keys` are the framework's names of the choices (Backend.pin_keys)."""
     given: dict[str, str] = {}
@@ -430,8 +481,9 @@ def cli_pins_into(values: dict[str, Any], cli_pins: list[str] | None, allowed: t
         if not sep or key not in PIN_NAMES:
             raise HpcrlError(f"--pin {item!r}: expected one of {', '.join(k + '=N' for k in PIN_NAMES)}")
         if key not in allowed:
-            raise HpcrlError(f"--pin {item!r}: not a choice of this backend's layout; valid: "
-                             f"{', '.join(k + '=N' for k in allowed)}")
+            raise HpcrlError(
+                f"--pin {item!r}: not a choice of this backend's layout; valid: {', '.join(k + '=N' for k in allowed)}"
+            )
         if key in given:
             raise HpcrlError(f"--pin {key} given twice ({given[key]}, {raw}); give it once")
         given[key] = raw

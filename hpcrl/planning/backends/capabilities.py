@@ -20,10 +20,15 @@ from hpcrl.errors import ConfigError
 _DATA = Path(__file__).with_name("data") / "capabilities.json"
 # What a feature is called in an error message.
 FEATURE_WORDS = {
-    "lora": "LoRA", "load_in_4bit": "4-bit (QLoRA) base weights", "ref_policy": "a reference policy",
-    "critic": "a critic (value model)", "sequence_parallel": "sequence parallelism",
-    "offload_optimizer": "optimizer offload", "offload_params": "parameter offload of the trained model",
-    "save_on_signal": "a checkpoint on SIGUSR1/SIGTERM", "resume": "resuming from its checkpoint directory",
+    "lora": "LoRA",
+    "load_in_4bit": "4-bit (QLoRA) base weights",
+    "ref_policy": "a reference policy",
+    "critic": "a critic (value model)",
+    "sequence_parallel": "sequence parallelism",
+    "offload_optimizer": "optimizer offload",
+    "offload_params": "parameter offload of the trained model",
+    "save_on_signal": "a checkpoint on SIGUSR1/SIGTERM",
+    "resume": "resuming from its checkpoint directory",
     "gradient_checkpointing": "gradient checkpointing",
 }
 
@@ -81,16 +86,34 @@ def _read_at(backend: str, section: str, name: str, version: str | None) -> tupl
 def feature(backend: str, name: str, version: str | None = None) -> Fact:
     """A feature of `backend` (lora, load_in_4bit, ref_policy, save_on_signal, ...)."""
     at, where, raw = _read_at(backend, "features", name, version)
-    return Fact(backend, name, at, raw["source"], supported=raw.get("supported"),
-                keys=tuple(raw.get("keys") or ()), value=raw.get("default"), note=raw.get("note", ""), where=where,
-                raw=tuple(raw.items()))
+    return Fact(
+        backend,
+        name,
+        at,
+        raw["source"],
+        supported=raw.get("supported"),
+        keys=tuple(raw.get("keys") or ()),
+        value=raw.get("default"),
+        note=raw.get("note", ""),
+        where=where,
+        raw=tuple(raw.items()),
+    )
 
 
 def setting(backend: str, section: str, name: str, version: str | None = None) -> Fact:
     """A setting the backend passes on: section is deepspeed, fsdp or vllm."""
     at, where, raw = _read_at(backend, section, name, version)
-    return Fact(backend, name, at, raw["source"], value=raw.get("value", raw.get("default")),
-                key=raw.get("key"), note=raw.get("note", ""), where=where, raw=tuple(raw.items()))
+    return Fact(
+        backend,
+        name,
+        at,
+        raw["source"],
+        value=raw.get("value", raw.get("default")),
+        key=raw.get("key"),
+        note=raw.get("note", ""),
+        where=where,
+        raw=tuple(raw.items()),
+    )
 
 
 def services(backend: str) -> list[dict[str, Any]]:
@@ -110,11 +133,13 @@ def supporters(name: str) -> list[str]:
 def unsupported(backend: str, name: str, trigger: str) -> ConfigError:
     """The one-line error for asking `backend` for a feature its code does not implement."""
     fact = feature(backend, name)
-    others = [f"{b} ({feature(b, name).keys[0]})" if feature(b, name).keys else b
-              for b in supporters(name) if b != backend]
+    others = [
+        f"{b} ({feature(b, name).keys[0]})" if feature(b, name).keys else b for b in supporters(name) if b != backend
+    ]
     where = f"; backends that do: {', '.join(others)}" if others else "; no backend hpcrl drives does"
-    return ConfigError(f"{trigger}: {backend} does not implement {FEATURE_WORDS.get(name, name)} "
-                       f"({fact.cite()}){where}")
+    return ConfigError(
+        f"{trigger}: {backend} does not implement {FEATURE_WORDS.get(name, name)} ({fact.cite()}){where}"
+    )
 
 
 def refuse_unsupported(backend: str, triggers: dict[str, tuple[str, ...]], args: dict[str, Any]) -> None:
@@ -128,5 +153,15 @@ def refuse_unsupported(backend: str, triggers: dict[str, tuple[str, ...]], args:
                 raise unsupported(backend, name, f"{key}={json.dumps(value) if isinstance(value, bool) else value}")
 
 
-__all__ = ["BACKENDS", "Fact", "checkpoint_kinds", "commit", "feature", "refuse_unsupported", "services",
-           "setting", "supporters", "unsupported"]
+__all__ = [
+    "BACKENDS",
+    "Fact",
+    "checkpoint_kinds",
+    "commit",
+    "feature",
+    "refuse_unsupported",
+    "services",
+    "setting",
+    "supporters",
+    "unsupported",
+]

@@ -70,8 +70,10 @@ class DiagnoseFacts:
     stop_rate: str = ""
     # For a Ray placement group that can never be placed: what the layout must keep to, keys in braces and {per}
     # the node's GPUs.
-    placement_fix: str = ("the learner and engine GPUs asked of one node must not exceed its {per} GPUs; an "
-                          "engine's TP GPUs must be free on one node")
+    placement_fix: str = (
+        "the learner and engine GPUs asked of one node must not exceed its {per} GPUs; an "
+        "engine's TP GPUs must be free on one node"
+    )
 
 
 Placement = Literal["learner-spread", "node-pools", "pack-groups"]
@@ -108,8 +110,12 @@ class TimingFacts:
     def words(self) -> list[str]:
         """The watchdog's options that carry these facts (the in-job runtime cannot import a backend)."""
         out: list[str] = []
-        for flag, keys in (("--step-time-key", self.step), ("--generation-time-key", self.generation),
-                           ("--training-time-key", self.training), ("--checkpoint-time-key", self.checkpoint)):
+        for flag, keys in (
+            ("--step-time-key", self.step),
+            ("--generation-time-key", self.generation),
+            ("--training-time-key", self.training),
+            ("--checkpoint-time-key", self.checkpoint),
+        ):
             for key in keys:
                 out += [flag, key]
         if self.checkpoint_line:
@@ -175,5 +181,14 @@ def default_backend() -> str:
     return str(HpcrlSection.model_fields["backend"].default)
 
 
-__all__ = ["CommandFacts", "CpuAsk", "DiagnoseFacts", "LogFormat", "MetricFacts", "Placement", "SmokeFacts",
-           "TimingFacts", "default_backend"]
+__all__ = [
+    "CommandFacts",
+    "CpuAsk",
+    "DiagnoseFacts",
+    "LogFormat",
+    "MetricFacts",
+    "Placement",
+    "SmokeFacts",
+    "TimingFacts",
+    "default_backend",
+]

@@ -52,8 +52,11 @@ def layout_version(layout: ArgLayout, named: str | None = None) -> str | None:
     """The version a run of `layout` targets: the one named, the legacy layout's own, else None (the newest)."""
     if named:
         return named
-    return next((v.commit for v in versions.known(FRAMEWORK) if version_layout(v.commit) == layout), None) \
-        if layout == "legacy" else None
+    return (
+        next((v.commit for v in versions.known(FRAMEWORK) if version_layout(v.commit) == layout), None)
+        if layout == "legacy"
+        else None
+    )
 
 
 def check_args(args: dict[str, Any], layout: ArgLayout = "current", version: str | None = None) -> None:
@@ -65,8 +68,9 @@ def check_args(args: dict[str, Any], layout: ArgLayout = "current", version: str
             other = "current" if layout == "legacy" else "legacy"  # the layout names the version
             versions.check_key(FRAMEWORK, layout_version(layout, version), key, f"set hpcrl.arg_layout={other}")
             where = f"grpo_fast.py at open-instruct {str(arg_meta(layout).get('commit', '?'))[:12]}"
-            raise UnknownNameError("open-instruct argument", key, table,
-                                   detail=where if layout == "current" else f"legacy {where}")
+            raise UnknownNameError(
+                "open-instruct argument", key, table, detail=where if layout == "current" else f"legacy {where}"
+            )
         kind = _kind(table[key]["type"])
         if value is None:
             continue
@@ -97,14 +101,18 @@ def check_mixer_list(key: str, value: Any) -> None:
     """ConfigError for a mixer list the framework's own assertion would stop in the job."""
     items = [str(v) for v in (value if isinstance(value, (list, tuple)) else [value])]
     if len(items) % 2:
-        raise ConfigError(f"{key} {value!r}: {len(items)} items; valid: pairs of a dataset and its amount, "
-                          f"e.g. [{items[0]!r}, '1.0'] ('1.0': all of it, '1000': 1000 samples)")
+        raise ConfigError(
+            f"{key} {value!r}: {len(items)} items; valid: pairs of a dataset and its amount, "
+            f"e.g. [{items[0]!r}, '1.0'] ('1.0': all of it, '1000': 1000 samples)"
+        )
     for name, amount in zip(items[::2], items[1::2]):
         try:
             number = float(amount) if "." in amount else int(amount)
         except ValueError:
-            raise ConfigError(f"{key}: {name!r} has the amount {amount!r}; valid: a number of samples ('1000') or "
-                              "a fraction with a '.' ('1.0': all of it)") from None
+            raise ConfigError(
+                f"{key}: {name!r} has the amount {amount!r}; valid: a number of samples ('1000') or "
+                "a fraction with a '.' ('1.0': all of it)"
+            ) from None
         if not number > 0:
             raise ConfigError(f"{key}: {name!r} has the amount {amount!r}; valid: more than 0")
 

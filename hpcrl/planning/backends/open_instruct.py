@@ -27,8 +27,15 @@ from hpcrl.planning.backends.base import (
 )
 from hpcrl.errors import ConfigError, HpcrlError, PlanError
 from hpcrl.models import resolve_model
-from hpcrl.planning.backends.log_facts import (CommandFacts, CpuAsk, DiagnoseFacts, LogFormat, MetricFacts, SmokeFacts,
-                                               TimingFacts)
+from hpcrl.planning.backends.log_facts import (
+    CommandFacts,
+    CpuAsk,
+    DiagnoseFacts,
+    LogFormat,
+    MetricFacts,
+    SmokeFacts,
+    TimingFacts,
+)
 from hpcrl.memory.vllm_accounting import VllmEngineFacts
 from hpcrl.planning.backends.facts import MemoryDefault, MemoryFacts
 from hpcrl.planning.backends.open_instruct_disk import DISK
@@ -85,9 +92,7 @@ def _scalar(name: str, value: Any) -> str:
         return json.dumps(value, sort_keys=True)
     text = str(value)
     if text.startswith("-") and not is_number(text):
-        raise ConfigError(
-            f"{name}: value {text!r} starts with '-', which grpo_fast.py's parser would read as a flag"
-        )
+        raise ConfigError(f"{name}: value {text!r} starts with '-', which grpo_fast.py's parser would read as a flag")
     return text
 
 
@@ -146,8 +151,10 @@ def driver_args(cfg: RunConfig, layout: Layout, nodes: int, choices: dict[str, A
     planned = layout_args(layout, nodes, table) | dict(choices or {})
     pinned_nodes = cfg.args.get("num_nodes")
     if pinned_nodes is not None and "num_nodes" in table and int(pinned_nodes) != nodes:
-        raise PlanError(f"num_nodes {pinned_nodes} is pinned in the config but the job has {nodes} nodes; "
-                        f"remove it or pass --nodes {pinned_nodes}")
+        raise PlanError(
+            f"num_nodes {pinned_nodes} is pinned in the config but the job has {nodes} nodes; "
+            f"remove it or pass --nodes {pinned_nodes}"
+        )
     merged = merge_planned(cfg.args, planned)
     out: list[DriverArg] = []
     for key, value in merged.items():
@@ -188,47 +195,82 @@ class OpenInstructBackend(Backend):
     flag_table = "hpcrl/planning/backends/data/open_instruct_args_{layout}.json"
     entry_is_module = False
     uses_ray = True  # grpo_fast.py places learners and vLLM engines on the job's Ray cluster
-    command_facts = CommandFacts(entry=r"grpo_fast\.py|open_instruct\.grpo_fast|grpo_vllm_thread_ray_gtrl\.py",
-                                 framework="open-instruct", package="open_instruct")
+    command_facts = CommandFacts(
+        entry=r"grpo_fast\.py|open_instruct\.grpo_fast|grpo_vllm_thread_ray_gtrl\.py",
+        framework="open-instruct",
+        package="open_instruct",
+    )
     diagnose_facts = DiagnoseFacts(
-        keys={"model": "model_name_or_path", "tokens": "pack_length", "learners": "num_learners_per_node",
-              "zero": "deepspeed_stage", "tp": "vllm_tensor_parallel_size", "util": "vllm_gpu_memory_utilization",
-              "offload": "deepspeed_offload_optimizer", "timeout": "backend_timeout", "response": "response_length"},
+        keys={
+            "model": "model_name_or_path",
+            "tokens": "pack_length",
+            "learners": "num_learners_per_node",
+            "zero": "deepspeed_stage",
+            "tp": "vllm_tensor_parallel_size",
+            "util": "vllm_gpu_memory_utilization",
+            "offload": "deepspeed_offload_optimizer",
+            "timeout": "backend_timeout",
+            "response": "response_length",
+        },
         # grpo_fast logs its arguments (`Args: name=value ...`): diagnose's name -> (key, default).
-        logged={"model": ("model_name_or_path", None), "tokens_per_gpu": ("pack_length", 10240),
-                "zero_stage": ("deepspeed_stage", 3), "vllm_tp": ("vllm_tensor_parallel_size", 1),
-                "vllm_util": ("vllm_gpu_memory_utilization", 0.9), "learner_gpus": ("num_learners_per_node", 8)},
+        logged={
+            "model": ("model_name_or_path", None),
+            "tokens_per_gpu": ("pack_length", 10240),
+            "zero_stage": ("deepspeed_stage", 3),
+            "vllm_tp": ("vllm_tensor_parallel_size", 1),
+            "vllm_util": ("vllm_gpu_memory_utilization", 0.9),
+            "learner_gpus": ("num_learners_per_node", 8),
+        },
         offload_fix="{offload} off (or fewer learners per node)",
         stop_rate="val/stop_rate",  # the step panel's val/stop_rate (e6c3044a grpo_fast.py)
         # grpo_fast's learners are one STRICT_SPREAD bundle per num_learners_per_node entry.
         placement_fix="{learners} needs one entry per node, each <= {per} minus that node's engine GPUs, no more "
-                      "entries than nodes; {tp} <= GPUs free on one node",
-        disk_bound="keep_last_n_checkpoints bounds the states; HF saves are never deleted")
+        "entries than nodes; {tp} <= GPUs free on one node",
+        disk_bound="keep_last_n_checkpoints bounds the states; HF saves are never deleted",
+    )
     # grpo_fast passes its whole environment to every Ray actor (e6c3044a grpo_fast.py:2214-2219).
     smoke_facts = SmokeFacts("learner-spread", "place learners and engines as open-instruct does", actor_env=True)
     # e6c3044a grpo_fast.py: the step's panel holds time/total (:1626, the step without the state save that
     # follows it), time/training (:1627) and time/group_generation_max (:1599); the state save at :2000 is a
     # Timer, which logs "<description>: <s> seconds" (rl_utils.py:180).
-    timing_facts = TimingFacts(step=("time/total",), generation=("time/group_generation_max",),
-                               training=("time/training",),
-                               checkpoint_line=r"Saving checkpoint state: (?P<s>\d+(?:\.\d+)?) seconds")
+    timing_facts = TimingFacts(
+        step=("time/total",),
+        generation=("time/group_generation_max",),
+        training=("time/training",),
+        checkpoint_line=r"Saving checkpoint state: (?P<s>\d+(?:\.\d+)?) seconds",
+    )
     # The step's metrics (e6c3044a): `scores` (data_loader.py:1547; the older `objective/verifiable_reward`), the KL
     # term `loss/kl_avg` and the estimators `objective/kl0_avg` (`objective/kl_avg` before), logged with a reference
     # policy (load_ref_policy), the losses `loss/total_avg` and `loss/policy_avg`, `optim/grad_norm` (:754). It logs
     # no spread of the rewards.
-    metric_facts = MetricFacts(reward=("scores", "objective/verifiable_reward"),
-                               kl=("loss/kl_avg", "objective/kl0_avg", "objective/kl_avg"),
-                               loss=("loss/total_avg", "loss/policy_avg"), grad_norm=("optim/grad_norm",),
-                               summary=("scores", "objective/scores", "objective/verifiable_reward",
-                                        "objective/verifiable_correct_rate", "loss/policy_avg", "loss/total_avg",
-                                        "loss/kl_avg", "val/stop_rate", "val/sequence_lengths",
-                                        "learner_tokens_per_second_overall", "time/total", "lr"))
+    metric_facts = MetricFacts(
+        reward=("scores", "objective/verifiable_reward"),
+        kl=("loss/kl_avg", "objective/kl0_avg", "objective/kl_avg"),
+        loss=("loss/total_avg", "loss/policy_avg"),
+        grad_norm=("optim/grad_norm",),
+        summary=(
+            "scores",
+            "objective/scores",
+            "objective/verifiable_reward",
+            "objective/verifiable_correct_rate",
+            "loss/policy_avg",
+            "loss/total_avg",
+            "loss/kl_avg",
+            "val/stop_rate",
+            "val/sequence_lengths",
+            "learner_tokens_per_second_overall",
+            "time/total",
+            "lr",
+        ),
+    )
     # grpo_fast prints each step as a Rich panel titled "Metrics" (e6c3044a model_utils.py
     # print_rich_single_line_metrics): a row per key prefix ("other" for keys without "/"), "name: value" items
     # joined by " | ", wrapped; floats as .2e when |v| < 1e-5 else .2f, so an exact 0.0 is "0.00e+00" and a tiny
     # non-zero mean "0.00". Forks print the step as a dict or `key=value` line with `training_step`, its number.
     log_format = LogFormat(
-        panel_titles=("Metrics",), pair_words=("training_step",), step_keys=("training_step",),
+        panel_titles=("Metrics",),
+        pair_words=("training_step",),
+        step_keys=("training_step",),
         # `scores` (data_loader.py:1547); `objective/scores` the older *_vllm_thread_ray_gtrl.py's (last at 745bf58d,
         # deleted in bac93931); `objective/verifiable_reward` grpo_fast's before `scores`.
         reward=("scores", "objective/scores", "objective/verifiable_reward"),
@@ -236,7 +278,8 @@ class OpenInstructBackend(Backend):
         grad_norm=("optim/grad_norm",),  # grpo_fast.py:754
         # GRPO advantages are the reward minus its group mean: all exactly 0 when every group has zero variance
         # (data_loader.py:1566-1567).
-        advantage_ranges=(("val/advantages_min", "val/advantages_max"),))
+        advantage_ranges=(("val/advantages_min", "val/advantages_max"),),
+    )
     names_itself_in_plan = False  # plan.json stays as it was before the other backends came
     feature_triggers = {"lora": ("use_peft",), "load_in_4bit": ("load_in_4bit", "load_in_8bit")}
     # DeepSpeed's save_checkpoint writes <dir>/latest last (checkpoint_state_dir = RUN_DIR/checkpoints).
@@ -245,20 +288,32 @@ class OpenInstructBackend(Backend):
     list_order = 0
     disk = DISK
     memory = MemoryFacts(
-        defaults=(MemoryDefault("grad_accum_dtype", None, ("deepspeed", "grad_accum_dtype")),
-                  MemoryDefault("hpz_partition_size", "deepspeed_zpg", ("deepspeed", "zero_hpz_partition_size")),
-                  MemoryDefault("load_ref_policy", "load_ref_policy", ("features", "ref_policy")),
-                  MemoryDefault("gradient_checkpointing", None, ("features", "gradient_checkpointing")),
-                  MemoryDefault("util", "vllm_gpu_memory_utilization", ("vllm", "gpu_memory_utilization"))),
-        logits_copy=True, weight_sync="auto",  # logits / temperature out of place; whole-model or per-param sync
+        defaults=(
+            MemoryDefault("grad_accum_dtype", None, ("deepspeed", "grad_accum_dtype")),
+            MemoryDefault("hpz_partition_size", "deepspeed_zpg", ("deepspeed", "zero_hpz_partition_size")),
+            MemoryDefault("load_ref_policy", "load_ref_policy", ("features", "ref_policy")),
+            MemoryDefault("gradient_checkpointing", None, ("features", "gradient_checkpointing")),
+            MemoryDefault("util", "vllm_gpu_memory_utilization", ("vllm", "gpu_memory_utilization")),
+        ),
+        logits_copy=True,
+        weight_sync="auto",  # logits / temperature out of place; whole-model or per-param sync
         weight_sync_key="gather_whole_model",
         vllm=VllmEngineFacts(
-            "0.19.1", max_num_batched_tokens=2048, max_num_seqs=128, logprobs_mode="processed_logprobs",
-            source="open-instruct e6c3044 requires vllm>=0.19.1 (pyproject.toml:36; hpcrl models the lowest it allows) and builds each engine with vllm.AsyncLLMEngine.from_engine_args (open_instruct/vllm_utils.py:701), passing no max_num_seqs / max_num_batched_tokens (vllm_utils.py:1270-1285): vLLM's engine-context defaults; it passes logprobs_mode processed_logprobs (vllm_utils.py:1284)"))
+            "0.19.1",
+            max_num_batched_tokens=2048,
+            max_num_seqs=128,
+            logprobs_mode="processed_logprobs",
+            source="open-instruct e6c3044 requires vllm>=0.19.1 (pyproject.toml:36; hpcrl models the lowest it allows) and builds each engine with vllm.AsyncLLMEngine.from_engine_args (open_instruct/vllm_utils.py:701), passing no max_num_seqs / max_num_batched_tokens (vllm_utils.py:1270-1285): vLLM's engine-context defaults; it passes logprobs_mode processed_logprobs (vllm_utils.py:1284)",
+        ),
+    )
     plan_shows_layout_args = False
-    pin_keys = {"learners_per_node": "num_learners_per_node", "learner_nodes": "num_learners_per_node",
-                "tp": "vllm_tensor_parallel_size", "engines": "vllm_num_engines",
-                "gpu_memory_utilization": "vllm_gpu_memory_utilization"}
+    pin_keys = {
+        "learners_per_node": "num_learners_per_node",
+        "learner_nodes": "num_learners_per_node",
+        "tp": "vllm_tensor_parallel_size",
+        "engines": "vllm_num_engines",
+        "gpu_memory_utilization": "vllm_gpu_memory_utilization",
+    }
     # grpo_fast.py applies no LoRA (data/capabilities.json): never offered.
     layout_fixes = {
         "no_hpz": "--set deepspeed_zpg=1 (no ZeRO++ secondary weight copy)",
@@ -274,8 +329,10 @@ class OpenInstructBackend(Backend):
         # grpo_fast.py writes its resume state only when checkpoint_state_freq > 0 (grpo_fast.py:1995):
         # 0 would make every job of the chain start from scratch. (save_freq <= 0 is its own
         # "never save the model", grpo_fast.py:1664, and allowed.)
-        "checkpoint_state_freq": (positive, "a positive number of steps (0 or less never writes the state "
-                                            "a continuation resumes from)"),
+        "checkpoint_state_freq": (
+            positive,
+            "a positive number of steps (0 or less never writes the state a continuation resumes from)",
+        ),
         "keep_last_n_checkpoints": (lambda v: v >= -1, "-1 (keep all), 0 or more"),
         "num_unique_prompts_rollout": (positive, "a positive count"),
         "num_samples_per_prompt_rollout": (positive, "a positive count"),
@@ -285,8 +342,7 @@ class OpenInstructBackend(Backend):
         "temperature": (positive, "a positive temperature (training divides the logits by it)"),
         # grpo_fast.py saves the model only when save_freq > 0 (grpo_fast.py:1664 at e6c3044, :2462 at 1611e3df):
         # -1 or 0 says "never"; another negative is a typo that never saves.
-        "save_freq": (lambda v: v > 0 or v in (0, -1), "-1 or 0 (never save the model) or a positive number of "
-                                                      "steps"),
+        "save_freq": (lambda v: v > 0 or v in (0, -1), "-1 or 0 (never save the model) or a positive number of steps"),
         "total_episodes": (lambda v: 0 < v <= EPISODES_MAX, f"a positive number of episodes, at most {EPISODES_MAX:,}"),
     }
 
@@ -304,8 +360,10 @@ class OpenInstructBackend(Backend):
         self.check_version(section)
         named = section.framework_version
         if named and version_layout(named) != section.arg_layout:
-            raise ConfigError(f"hpcrl.framework_version={named}: open-instruct's {version_layout(named)} argument "
-                              f"layout; set hpcrl.arg_layout={version_layout(named)} with it")
+            raise ConfigError(
+                f"hpcrl.framework_version={named}: open-instruct's {version_layout(named)} argument "
+                f"layout; set hpcrl.arg_layout={version_layout(named)} with it"
+            )
 
     def check_args(self, args: dict[str, Any], section: HpcrlSection) -> None:
         check_args(args, section.arg_layout, section.framework_version)
@@ -325,7 +383,11 @@ class OpenInstructBackend(Backend):
         name = model or cfg.model_name
         if not name:
             raise HpcrlError("no model: set model_name_or_path in the config or pass --model")
-        offload = "params" if arg("deepspeed_offload_param") else ("optimizer" if arg("deepspeed_offload_optimizer") else "none")
+        offload = (
+            "params"
+            if arg("deepspeed_offload_param")
+            else ("optimizer" if arg("deepspeed_offload_optimizer") else "none")
+        )
         return Workload(
             model=resolve_model(name),
             pack_length=int(arg("pack_length")),
@@ -345,8 +407,13 @@ class OpenInstructBackend(Backend):
             logprob_impl=cfg.hpcrl.logprob_impl,
             hpz_partition_size=int(arg("deepspeed_zpg")),
             # gather_whole_model (default True) is the planner's unless the config sets it
-            weight_sync=("auto" if "gather_whole_model" not in cfg.args
-                         else "whole_model" if arg("gather_whole_model") else "per_param"),
+            weight_sync=(
+                "auto"
+                if "gather_whole_model" not in cfg.args
+                else "whole_model"
+                if arg("gather_whole_model")
+                else "per_param"
+            ),
             # passed to vLLM's engine arguments (open_instruct/vllm_utils.py:1277 at e6c3044a)
             vllm=replace(self.memory.vllm, enforce_eager=bool(arg("vllm_enforce_eager"))),
         )
@@ -374,14 +441,26 @@ class OpenInstructBackend(Backend):
             raise PlanError(f"deepspeed_stage {a['deepspeed_stage']}: hpcrl plans ZeRO-3 learners; valid: 3")
         return cli_pins_into(values, cli_pins, keys=self.pin_keys)
 
-    def plan(self, cfg: RunConfig, profile: ClusterProfile, nodes: int, w: Workload, pins: Pins,
-             variants: list[ClusterProfile]) -> Planned:
+    def plan(
+        self,
+        cfg: RunConfig,
+        profile: ClusterProfile,
+        nodes: int,
+        w: Workload,
+        pins: Pins,
+        variants: list[ClusterProfile],
+    ) -> Planned:
         planned = super().plan(cfg, profile, nodes, w, pins, variants)
         if cfg.args.get("gradient_checkpointing") is False:
             fact = feature(self.name, "gradient_checkpointing")
-            planned = replace(planned, warnings=planned.warnings + (
-                f"gradient_checkpointing false has no effect: grpo_fast.py always enables it ({fact.cite()}); "
-                "the plan assumes it on",))
+            planned = replace(
+                planned,
+                warnings=planned.warnings
+                + (
+                    f"gradient_checkpointing false has no effect: grpo_fast.py always enables it ({fact.cite()}); "
+                    "the plan assumes it on",
+                ),
+            )
         # grpo_fast.py sends each prompt, with all its samples, to one engine, and keeps async_steps steps of
         # prompts in flight (data_loader.py:1390 at e6c3044; grpo_fast.py:2734 at 1611e3df): more engines than
         # that idle. The planner picks no such layout itself; a pinned count is the user's, and warned about.
@@ -393,10 +472,12 @@ class OpenInstructBackend(Backend):
             planned = replace(planned, layouts=layouts)
         best = layouts[0]
         if best.engines > in_flight:
-            warning = (f"vllm_num_engines {best.engines} is more than the {in_flight} prompts in flight "
-                       f"(num_unique_prompts_rollout {w.unique_prompts} x async_steps {steps}): each prompt goes to "
-                       f"one engine, so {best.engines - in_flight} engines idle; raise num_unique_prompts_rollout "
-                       f"or async_steps, or use at most {in_flight} engines (--pin engines={in_flight})")
+            warning = (
+                f"vllm_num_engines {best.engines} is more than the {in_flight} prompts in flight "
+                f"(num_unique_prompts_rollout {w.unique_prompts} x async_steps {steps}): each prompt goes to "
+                f"one engine, so {best.engines - in_flight} engines idle; raise num_unique_prompts_rollout "
+                f"or async_steps, or use at most {in_flight} engines (--pin engines={in_flight})"
+            )
             return replace(planned, warnings=planned.warnings + (warning,))
         return planned
 
@@ -412,8 +493,10 @@ class OpenInstructBackend(Backend):
         parsed = urlsplit(str(url)) if url else None
         if parsed is not None and parsed.hostname not in ("localhost", "127.0.0.1"):
             if hp.code_server == "on":
-                raise ConfigError(f"hpcrl.code_server on, but code_api_url {url} is not on localhost: the run calls "
-                                  "that server, not one hpcrl starts; set hpcrl.code_server: off or auto")
+                raise ConfigError(
+                    f"hpcrl.code_server on, but code_api_url {url} is not on localhost: the run calls "
+                    "that server, not one hpcrl starts; set hpcrl.code_server: off or auto"
+                )
             return []
         code_data = code_datasets(cfg.args)
         if hp.code_server == "auto" and not code_data and url is None:
@@ -422,15 +505,39 @@ class OpenInstructBackend(Backend):
         port = None
         if parsed is not None:
             port = parsed.port or (443 if parsed.scheme == "https" else 80)
-        why = (f"the datasets {', '.join(code_data)} look like code verifiers" if code_data else
-               "hpcrl.code_server: on" if hp.code_server == "on" else f"code_api_url {url} is on localhost")
-        command = tuple(hp.code_server_command or (hp.python, "-m", "uvicorn", "open_instruct.code_utils.api:app",
-                                                   "--host", "127.0.0.1", "--port", "{port}"))
+        why = (
+            f"the datasets {', '.join(code_data)} look like code verifiers"
+            if code_data
+            else "hpcrl.code_server: on"
+            if hp.code_server == "on"
+            else f"code_api_url {url} is on localhost"
+        )
+        command = tuple(
+            hp.code_server_command
+            or (
+                hp.python,
+                "-m",
+                "uvicorn",
+                "open_instruct.code_utils.api:app",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                "{port}",
+            )
+        )
         env = () if url else (("CODE_API_URL", "http://127.0.0.1:{port}"),)
-        return [Service("code-server", command, "/health", port, env,
-                        f"open-instruct's code-execution API ({fact['start_source']} at {commit(self.name)[:8]}): "
-                        f"{why}; its verifiers post each 'code'/'code_stdio' sample to it "
-                        f"({fact['source']}); hpcrl.code_server: off skips it")]
+        return [
+            Service(
+                "code-server",
+                command,
+                "/health",
+                port,
+                env,
+                f"open-instruct's code-execution API ({fact['start_source']} at {commit(self.name)[:8]}): "
+                f"{why}; its verifiers post each 'code'/'code_stdio' sample to it "
+                f"({fact['source']}); hpcrl.code_server: off skips it",
+            )
+        ]
 
     def driver_command(self, rp: RunPlan) -> list[DriverLine]:
         lines: list[DriverLine] = []
@@ -457,7 +564,9 @@ class OpenInstructBackend(Backend):
         # engine, and 3 for DataPreparationActor (2) and ActorManager (1).
         lay = rp.layout
         learners = lay.learners_per_node * lay.learner_nodes
-        return CpuAsk("grpo_fast.py", learners * 10 + lay.engines * lay.tp + 3, lay.learners_per_node * 10, "learner node")
+        return CpuAsk(
+            "grpo_fast.py", learners * 10 + lay.engines * lay.tp + 3, lay.learners_per_node * 10, "learner node"
+        )
 
 
 BACKEND = OpenInstructBackend

@@ -42,8 +42,15 @@ from hpcrl.memory.vllm_accounting import VllmEngineFacts
 from hpcrl.planning.backends.facts import MemoryDefault, MemoryFacts
 from hpcrl.planning.backends import versions
 from hpcrl.planning.backends.flagdata import load_meta, load_table
-from hpcrl.planning.backends.log_facts import (CommandFacts, CpuAsk, DiagnoseFacts, LogFormat, MetricFacts, SmokeFacts,
-                                               TimingFacts)
+from hpcrl.planning.backends.log_facts import (
+    CommandFacts,
+    CpuAsk,
+    DiagnoseFacts,
+    LogFormat,
+    MetricFacts,
+    SmokeFacts,
+    TimingFacts,
+)
 from hpcrl.planning.backends.openrlhf_ckpt import DISK, checkpoint_flags, run_steps
 from hpcrl.planning.layout import Pins, Workload
 from hpcrl.planning.layout_advice import plan_layouts
@@ -56,9 +63,17 @@ if TYPE_CHECKING:
 
 TABLE = "openrlhf_args.json"
 CRITIC_FREE = ("group_norm", "reinforce", "rloo", "reinforce_baseline", "dr_grpo")
-LAYOUT_KEYS = ("actor.num_nodes", "actor.num_gpus_per_node", "ref.num_nodes", "ref.num_gpus_per_node",
-               "vllm.num_engines", "vllm.tensor_parallel_size", "vllm.gpu_memory_utilization", "ds.zero_stage",
-               "train.colocate_actor_ref")
+LAYOUT_KEYS = (
+    "actor.num_nodes",
+    "actor.num_gpus_per_node",
+    "ref.num_nodes",
+    "ref.num_gpus_per_node",
+    "vllm.num_engines",
+    "vllm.tensor_parallel_size",
+    "vllm.gpu_memory_utilization",
+    "ds.zero_stage",
+    "train.colocate_actor_ref",
+)
 RUN_DIR_KEYS = {"ckpt.path": "checkpoints", "ckpt.output_dir": "output"}
 # With vLLM importance-sampling correction OpenRLHF asks vLLM for processed logprobs (cli/train_ppo_ray.py:78 at
 # 3c3be623); without it, it passes no logprobs_mode (vllm_engine.py:295-296) and vLLM's raw_logprobs applies.
@@ -69,13 +84,15 @@ IS_CORRECTION_LEVEL = "algo.advantage.is_correction_level"
 BACKEND_NAME = "openrlhf"
 # offload_params, learners and per_param_sync keep the words the planner offered OpenRLHF runs
 # when this table extended open-instruct's (its flags, not OpenRLHF's: unchanged here, issue 22).
-FIXES = {"no_hpz": "--set ds.zpg=1 (no ZeRO++ secondary weight copy)",
-         "offload_optimizer": "--set ds.adam_offload=true (optimizer state in host RAM)",
-         "offload_params": None,  # the actor has no parameter offload flag at 3c3be623 (only ref.offload)
-         "tokens": "--set train.micro_batch_size={micro} (sequences of data.max_len per GPU micro-batch)",
-         "learners": "--pin learners={k} (learners per node)",
-         "lora": "--set ds.lora.rank=16 (LoRA: far less optimizer state)",
-         "per_param_sync": None}  # gather_whole_model is open-instruct's; OpenRLHF has no such flag
+FIXES = {
+    "no_hpz": "--set ds.zpg=1 (no ZeRO++ secondary weight copy)",
+    "offload_optimizer": "--set ds.adam_offload=true (optimizer state in host RAM)",
+    "offload_params": None,  # the actor has no parameter offload flag at 3c3be623 (only ref.offload)
+    "tokens": "--set train.micro_batch_size={micro} (sequences of data.max_len per GPU micro-batch)",
+    "learners": "--pin learners={k} (learners per node)",
+    "lora": "--set ds.lora.rank=16 (LoRA: far less optimizer state)",
+    "per_param_sync": None,
+}  # gather_whole_model is open-instruct's; OpenRLHF has no such flag
 
 
 @lru_cache(maxsize=None)
@@ -136,8 +153,11 @@ def format_flag(name: str, value: Any, meta: dict[str, Any]) -> tuple[str, ...] 
 
 class OpenRLHFBackend(Backend):
     """OpenRLHF's Ray PPO trainer (DeepSpeed actor, vLLM engines)."""
-    fills_learner_nodes = ("OpenRLHF places its actor's one-GPU bundles with PACK (cli/train_ppo_ray.py:48-49 at "
-                           "3c3be623), so Ray fills each node's GPUs before the next")
+
+    fills_learner_nodes = (
+        "OpenRLHF places its actor's one-GPU bundles with PACK (cli/train_ppo_ray.py:48-49 at "
+        "3c3be623), so Ray fills each node's GPUs before the next"
+    )
 
     name = "openrlhf"
     label = "OpenRLHF's train_ppo_ray"
@@ -153,37 +173,62 @@ class OpenRLHFBackend(Backend):
     layout_fixes = FIXES  # the separate-engine planner's fixes, in OpenRLHF's flags
     entry_is_module = True  # python -m <entry point>
     uses_ray = True  # train_ppo_ray places actor, reference and vLLM engines on the job's Ray cluster
-    command_facts = CommandFacts(entry=r"openrlhf\.cli\.train_ppo_ray|openrlhf/cli/train_ppo_ray\.py",
-                                 framework="OpenRLHF", package="openrlhf")
+    command_facts = CommandFacts(
+        entry=r"openrlhf\.cli\.train_ppo_ray|openrlhf/cli/train_ppo_ray\.py", framework="OpenRLHF", package="openrlhf"
+    )
     diagnose_facts = DiagnoseFacts(
-        keys={"model": "actor.model_name_or_path", "micro": "train.micro_batch_size", "max_len": "data.max_len",
-              "nodes": "actor.num_nodes", "gpus": "actor.num_gpus_per_node", "zero": "ds.zero_stage",
-              "tp": "vllm.tensor_parallel_size", "util": "vllm.gpu_memory_utilization", "offload": "ds.adam_offload",
-              "lora": "ds.lora.rank", "sync": "vllm.sync_with_ray", "save_hf": "ckpt.save_hf", "keep": "ckpt.max_num",
-              "disable_ds": "ckpt.disable_ds"},
-        values_from="command", seq_len=("max_len",), critic_free=("algo.advantage.estimator", "group_norm"),
+        keys={
+            "model": "actor.model_name_or_path",
+            "micro": "train.micro_batch_size",
+            "max_len": "data.max_len",
+            "nodes": "actor.num_nodes",
+            "gpus": "actor.num_gpus_per_node",
+            "zero": "ds.zero_stage",
+            "tp": "vllm.tensor_parallel_size",
+            "util": "vllm.gpu_memory_utilization",
+            "offload": "ds.adam_offload",
+            "lora": "ds.lora.rank",
+            "sync": "vllm.sync_with_ray",
+            "save_hf": "ckpt.save_hf",
+            "keep": "ckpt.max_num",
+            "disable_ds": "ckpt.disable_ds",
+        },
+        values_from="command",
+        seq_len=("max_len",),
+        critic_free=("algo.advantage.estimator", "group_norm"),
         reward_sources=("reward.remote_url", "train.agent_func_path", "reward.model_name_or_path"),
-        reward_stand_in=("reward.remote_url", "reward_func.py"), learner_batch="micro_batch", switch_on=" true",
+        reward_stand_in=("reward.remote_url", "reward_func.py"),
+        learner_batch="micro_batch",
+        switch_on=" true",
         timeout_note="; OpenRLHF has no flag for the limit (60 min, utils/deepspeed/deepspeed.py:82 at 3c3be623)",
         broadcast_fix="; a broadcast to the vLLM engines (the weight sync) can go through Ray's object store "
-                      "instead: --{sync} (the users' attempt 23 did this)",
+        "instead: --{sync} (the users' attempt 23 did this)",
         disk_reads=("lora_rank", "keep", "save_hf", "disable_ds"),
         disk_bound="ckpt.max_num bounds the DeepSpeed states and ckpt.disable_ds skips them (a restart then cannot "
-                   "resume); HF saves are never deleted",
-        death_note="an OpenRLHF actor, reference or vLLM engine group cannot lose a member")
+        "resume); HF saves are never deleted",
+        death_note="an OpenRLHF actor, reference or vLLM engine group cannot lose a member",
+    )
     smoke_facts = SmokeFacts("pack-groups", "place vLLM then actor bundles in PACK groups as OpenRLHF does")
     # 3c3be623 ppo_trainer.py: timing/ppo_train (:257), timing/generation (:540) and their sum timing/step_total
     # (:541) in the "Global step N" line (:547); the checkpoint is written right after it (:556 -> :393) and
     # logs no time, so the marker's rewrite times it.
-    timing_facts = TimingFacts(step=("timing/step_total",), generation=("timing/generation",),
-                               training=("timing/ppo_train",), marker_after_step=True)
+    timing_facts = TimingFacts(
+        step=("timing/step_total",),
+        generation=("timing/generation",),
+        training=("timing/ppo_train",),
+        marker_after_step=True,
+    )
     # 3c3be623: `reward` (trainer/ray/ppo_actor.py:384-388), `rollout/reward_mean` (trainer/ppo_trainer.py:421),
     # `group_reward_std` (trainer/ppo_utils/experience_maker.py:255-262), `policy_loss` and `actor_grad_norm`
     # (trainer/ray/ppo_actor.py:380); `kl` and `rollout/reward_std` as the step line of
     # tests/data/logs/openrlhf_zero_variance.log carries them (their source lines not checked).
-    metric_facts = MetricFacts(reward=("reward", "rollout/reward_mean"),
-                               reward_std=("group_reward_std", "rollout/reward_std"), kl=("kl",),
-                               loss=("policy_loss",), grad_norm=("actor_grad_norm",))
+    metric_facts = MetricFacts(
+        reward=("reward", "rollout/reward_mean"),
+        reward_std=("group_reward_std", "rollout/reward_std"),
+        kl=("kl",),
+        loss=("policy_loss",),
+        grad_norm=("actor_grad_norm",),
+    )
     # 3c3be623 prints one line per step, `✨ Global step N: {'key': value, ...}` (trainer/ppo_trainer.py:547).
     log_format = LogFormat(
         step_lines=(r"Global step (\d+): \{",),
@@ -192,31 +237,43 @@ class OpenRLHFBackend(Backend):
         grad_norm=("actor_grad_norm",),  # trainer/ray/ppo_actor.py:380
         # The mean over samples of their group's reward std: exactly 0 when every prompt's group of samples got
         # the same reward (trainer/ppo_utils/experience_maker.py:255-262).
-        reward_std=("group_reward_std",))
+        reward_std=("group_reward_std",),
+    )
     # DeepSpeed's save_checkpoint writes <ckpt.path>/_actor/latest last.
     checkpoint_key = "ckpt.save_steps"
     checkpoint_marker = "checkpoints/_actor/latest"
     list_order = 2
-    pin_keys = {"learners_per_node": "actor.num_gpus_per_node", "learner_nodes": "actor.num_nodes",
-                "tp": "vllm.tensor_parallel_size", "engines": "vllm.num_engines",
-                "gpu_memory_utilization": "vllm.gpu_memory_utilization"}
+    pin_keys = {
+        "learners_per_node": "actor.num_gpus_per_node",
+        "learner_nodes": "actor.num_nodes",
+        "tp": "vllm.tensor_parallel_size",
+        "engines": "vllm.num_engines",
+        "gpu_memory_utilization": "vllm.gpu_memory_utilization",
+    }
     disk = DISK
     memory = MemoryFacts(
-        defaults=(MemoryDefault("grad_accum_dtype", "ds.grad_accum_dtype", ("deepspeed", "grad_accum_dtype")),
-                  MemoryDefault("hpz_partition_size", "ds.zpg", ("deepspeed", "zero_hpz_partition_size")),
-                  MemoryDefault("load_ref_policy", "algo.kl.init_coef", ("features", "ref_policy")),
-                  MemoryDefault("gradient_checkpointing", "actor.gradient_checkpointing_enable",
-                                ("features", "gradient_checkpointing")),
-                  MemoryDefault("util", "vllm.gpu_memory_utilization", ("vllm", "gpu_memory_utilization"))),
+        defaults=(
+            MemoryDefault("grad_accum_dtype", "ds.grad_accum_dtype", ("deepspeed", "grad_accum_dtype")),
+            MemoryDefault("hpz_partition_size", "ds.zpg", ("deepspeed", "zero_hpz_partition_size")),
+            MemoryDefault("load_ref_policy", "algo.kl.init_coef", ("features", "ref_policy")),
+            MemoryDefault(
+                "gradient_checkpointing", "actor.gradient_checkpointing_enable", ("features", "gradient_checkpointing")
+            ),
+            MemoryDefault("util", "vllm.gpu_memory_utilization", ("vllm", "gpu_memory_utilization")),
+        ),
         vllm=VllmEngineFacts(
-            "0.27.1", max_num_batched_tokens=2048, max_num_seqs=128,
-            source="OpenRLHF 3c3be623 pins vllm==0.27.1 (setup.py:77) and builds engines with vllm.AsyncLLMEngine.from_engine_args (openrlhf/trainer/ray/vllm_engine.py:64) passing no scheduler sizes (vllm_engine.py:266-281): vLLM's engine-context defaults; logprobs_mode only with algo.advantage.is_correction_enable (processed_logprobs: cli/train_ppo_ray.py:78, vllm_engine.py:295-296), else vLLM's raw_logprobs"),
+            "0.27.1",
+            max_num_batched_tokens=2048,
+            max_num_seqs=128,
+            source="OpenRLHF 3c3be623 pins vllm==0.27.1 (setup.py:77) and builds engines with vllm.AsyncLLMEngine.from_engine_args (openrlhf/trainer/ray/vllm_engine.py:64) passing no scheduler sizes (vllm_engine.py:266-281): vLLM's engine-context defaults; logprobs_mode only with algo.advantage.is_correction_enable (processed_logprobs: cli/train_ppo_ray.py:78, vllm_engine.py:295-296), else vLLM's raw_logprobs",
+        ),
         # OpenRLHF 3c3be623: the reference is its own Ray actor on the GPU (cli/train_ppo_ray.py:41-50,
         # 89-101); models/actor.py:267 replaces the logits by an fp32 copy that the output keeps until
         # training_step returns (trainer/ray/ppo_actor.py:294, 354-359); get_peft_model without
         # autocast_adapter_dtype=False keeps adapters fp32 (models/actor.py:188).
         # The lm_head gradient is on the GPU with adam offload too (measured, openrlhf_measured.jsonl).
-        learner={"reference_process": True, "logits_fp32": True, "adapter_bytes": 4.0, "offload_lm_grad": True})
+        learner={"reference_process": True, "logits_fp32": True, "adapter_bytes": 4.0, "offload_lm_grad": True},
+    )
     value_ranges = {
         "actor.adam.lr": (positive, "a positive learning rate"),
         "ckpt.save_steps": (never_or_positive, "-1 (never) or a positive number of steps"),
@@ -236,8 +293,9 @@ class OpenRLHFBackend(Backend):
         table = openrlhf_table(section.framework_version)
         old = [key for key in args if key not in table and key in renamed()]
         if len(old) > 1:  # every one at once: a 2025 config was converted one rename per run
-            raise ConfigError(f"{len(old)} OpenRLHF flags were renamed: "
-                              + "; ".join(f"{key} -> {renamed()[key]}" for key in old))
+            raise ConfigError(
+                f"{len(old)} OpenRLHF flags were renamed: " + "; ".join(f"{key} -> {renamed()[key]}" for key in old)
+            )
         for key, value in args.items():
             if key not in table:
                 if key in renamed():
@@ -272,13 +330,18 @@ class OpenRLHFBackend(Backend):
         pkg = next(p for p in (facts_of(v) or {}).get("packages", []) if p["name"] == "vllm")
         pin = pkg["spec"].removeprefix("==")
         where = f"{pkg['source']} {v.at()}"
-        return replace(self.memory.vllm, version=pin, source=(
-            f"OpenRLHF {v.label()} pins vllm=={pin} ({where}) and builds engines with "
-            "vllm.AsyncLLMEngine.from_engine_args (openrlhf/trainer/ray/vllm_engine.py:64) passing no scheduler sizes "
-            "(vllm_engine.py:266-281 at 3c3be623; :268-280 in 0.11.1's and 0.11.2's wheels): vLLM's engine-context "
-            "defaults; logprobs_mode processed_logprobs only with IS correction (algo.advantage.is_correction_enable "
-            "at 0.11.0/0.11.1, an is_correction_level other than off at 0.11.2: cli/train_ppo_ray.py:78), else vLLM's "
-            "raw_logprobs"))
+        return replace(
+            self.memory.vllm,
+            version=pin,
+            source=(
+                f"OpenRLHF {v.label()} pins vllm=={pin} ({where}) and builds engines with "
+                "vllm.AsyncLLMEngine.from_engine_args (openrlhf/trainer/ray/vllm_engine.py:64) passing no scheduler sizes "
+                "(vllm_engine.py:266-281 at 3c3be623; :268-280 in 0.11.1's and 0.11.2's wheels): vLLM's engine-context "
+                "defaults; logprobs_mode processed_logprobs only with IS correction (algo.advantage.is_correction_enable "
+                "at 0.11.0/0.11.1, an is_correction_level other than off at 0.11.2: cli/train_ppo_ray.py:78), else vLLM's "
+                "raw_logprobs"
+            ),
+        )
 
     def colocated(self, cfg: RunConfig) -> bool:
         return bool(self.arg(cfg, "train.colocate_all"))
@@ -293,17 +356,24 @@ class OpenRLHFBackend(Backend):
             raise HpcrlError(f"no model: set {self.model_key} in the config or pass --model")
         estimator = self.arg(cfg, "algo.advantage.estimator")
         if estimator not in CRITIC_FREE:
-            raise PlanError(f"algo.advantage.estimator {estimator}: needs a critic model, which hpcrl does not plan; "
-                            f"valid: {', '.join(CRITIC_FREE)} (group_norm is GRPO)")
+            raise PlanError(
+                f"algo.advantage.estimator {estimator}: needs a critic model, which hpcrl does not plan; "
+                f"valid: {', '.join(CRITIC_FREE)} (group_norm is GRPO)"
+            )
         if not (self.arg(cfg, "reward.remote_url") or self.arg(cfg, "train.agent_func_path")):
-            raise PlanError("hpcrl plans no reward-model GPUs: give reward.remote_url (an HTTP endpoint or a .py "
-                            "reward function) or train.agent_func_path")
+            raise PlanError(
+                "hpcrl plans no reward-model GPUs: give reward.remote_url (an HTTP endpoint or a .py "
+                "reward function) or train.agent_func_path"
+            )
         max_len, new = int(self.arg(cfg, "data.max_len")), self.arg(cfg, "rollout.max_new_tokens")
         response = int(new) if new else max_len // 2  # unset: OpenRLHF fills up to max_len per sample
         if response >= max_len:
             raise PlanError(f"rollout.max_new_tokens {response} leaves no room for a prompt in data.max_len {max_len}")
-        tokens = (int(self.arg(cfg, "train.max_tokens_per_gpu")) if self.arg(cfg, "train.dynamic_batch_enable")
-                  else int(self.arg(cfg, "train.micro_batch_size")) * max_len)
+        tokens = (
+            int(self.arg(cfg, "train.max_tokens_per_gpu"))
+            if self.arg(cfg, "train.dynamic_batch_enable")
+            else int(self.arg(cfg, "train.micro_batch_size")) * max_len
+        )
         if tokens < max_len:
             raise PlanError(f"train.max_tokens_per_gpu {tokens} is shorter than data.max_len {max_len}")
         lora = int(self.arg(cfg, "ds.lora.rank") or 0)
@@ -326,9 +396,11 @@ class OpenRLHFBackend(Backend):
             hpz_partition_size=int(self.arg(cfg, "ds.zpg")),
             logits_copy=False,  # temperature division is in place
             # passed to vLLM's engine arguments (openrlhf/trainer/ray/vllm_engine.py:268 at 3c3be623)
-            vllm=replace(self.engine_facts(cfg.hpcrl.framework_version),
-                         enforce_eager=bool(self.arg(cfg, "vllm.enforce_eager")),
-                         logprobs_mode=IS_CORRECTION_LOGPROBS if self.is_correction(cfg) else "raw_logprobs"),
+            vllm=replace(
+                self.engine_facts(cfg.hpcrl.framework_version),
+                enforce_eager=bool(self.arg(cfg, "vllm.enforce_eager")),
+                logprobs_mode=IS_CORRECTION_LOGPROBS if self.is_correction(cfg) else "raw_logprobs",
+            ),
             learner_fixed=tuple(self.memory.learner.items()),
         )
 
@@ -349,21 +421,36 @@ class OpenRLHFBackend(Backend):
         if "vllm.num_engines" in a:
             values["engines"] = int(a["vllm.num_engines"])
         if a.get("train.colocate_actor_ref") is False and self.uses_reference(cfg):
-            raise PlanError("train.colocate_actor_ref false: hpcrl plans the reference model on the actor's GPUs; "
-                            "remove it (or set algo.kl.init_coef 0 for no reference model)")
+            raise PlanError(
+                "train.colocate_actor_ref false: hpcrl plans the reference model on the actor's GPUs; "
+                "remove it (or set algo.kl.init_coef 0 for no reference model)"
+            )
         return cli_pins_into(values, cli_pins, keys=self.pin_keys)
 
     def colocation(self, cfg: RunConfig) -> Colocation:
         sleep = bool(self.arg(cfg, "ds.enable_sleep"))
-        return Colocation(param_offload=sleep, optimizer_offload=sleep, grads_resident=not sleep,
-                          reference_offload=bool(self.arg(cfg, "ref.offload")),
-                          vllm_sleeps=bool(self.arg(cfg, "vllm.enable_sleep")))
+        return Colocation(
+            param_offload=sleep,
+            optimizer_offload=sleep,
+            grads_resident=not sleep,
+            reference_offload=bool(self.arg(cfg, "ref.offload")),
+            vllm_sleeps=bool(self.arg(cfg, "vllm.enable_sleep")),
+        )
 
-    def plan(self, cfg: RunConfig, profile: ClusterProfile, nodes: int, w: Workload, pins: Pins,
-             variants: list[ClusterProfile]) -> Planned:
+    def plan(
+        self,
+        cfg: RunConfig,
+        profile: ClusterProfile,
+        nodes: int,
+        w: Workload,
+        pins: Pins,
+        variants: list[ClusterProfile],
+    ) -> Planned:
         capped = ""
         if self.colocated(cfg):
-            hint = None if self.arg(cfg, "ds.enable_sleep") else "--set ds.enable_sleep=true --set vllm.enable_sleep=true"
+            hint = (
+                None if self.arg(cfg, "ds.enable_sleep") else "--set ds.enable_sleep=true --set vllm.enable_sleep=true"
+            )
             layouts = plan_colocated_layouts(profile, nodes, w, pins, self.colocation(cfg), hint)
         else:
             layouts = within_cap(profile, nodes, w, pins)
@@ -376,14 +463,19 @@ class OpenRLHFBackend(Backend):
         lay = layouts[0]
         samples = int(self.arg(cfg, "rollout.batch_size")) * int(self.arg(cfg, "rollout.n_samples_per_prompt"))
         if samples // int(self.arg(cfg, "rollout.micro_batch_size")) < lay.learner_gpus:
-            raise PlanError(f"rollout.batch_size x rollout.n_samples_per_prompt / rollout.micro_batch_size = "
-                            f"{samples // int(self.arg(cfg, 'rollout.micro_batch_size'))} batches, fewer than the "
-                            f"{lay.learner_gpus} actor GPUs (OpenRLHF checks this)")
-        flags, warnings = checkpoint_flags(cfg.args, w, lay, profile, cfg.hpcrl,
-                                           run_steps(cfg.args, lambda key: self.arg(cfg, key)))
+            raise PlanError(
+                f"rollout.batch_size x rollout.n_samples_per_prompt / rollout.micro_batch_size = "
+                f"{samples // int(self.arg(cfg, 'rollout.micro_batch_size'))} batches, fewer than the "
+                f"{lay.learner_gpus} actor GPUs (OpenRLHF checks this)"
+            )
+        flags, warnings = checkpoint_flags(
+            cfg.args, w, lay, profile, cfg.hpcrl, run_steps(cfg.args, lambda key: self.arg(cfg, key))
+        )
         if not self.arg(cfg, "rollout.max_new_tokens"):
-            warnings.append(f"rollout.max_new_tokens is unset: the plan assumes responses of {w.response_length} "
-                            f"tokens (half of data.max_len); set it for a better generation estimate")
+            warnings.append(
+                f"rollout.max_new_tokens is unset: the plan assumes responses of {w.response_length} "
+                f"tokens (half of data.max_len); set it for a better generation estimate"
+            )
         return Planned(layouts, dict(flags), tuple(warnings), cap_note=capped)
 
     # ------------------------------------------------------------------ rendering
@@ -441,7 +533,9 @@ class OpenRLHFBackend(Backend):
             prompt, gen = int(args.get("prompt_max_len", 1024)), int(args.get("generate_max_len", 1024))
             out.setdefault("data.max_len", prompt + gen)
             out.setdefault("rollout.max_new_tokens", gen)
-            notes.append(f"prompt_max_len + generate_max_len -> data.max_len {prompt + gen}, rollout.max_new_tokens {gen}")
+            notes.append(
+                f"prompt_max_len + generate_max_len -> data.max_len {prompt + gen}, rollout.max_new_tokens {gen}"
+            )
         return out, tuple(notes)
 
     def smoke_cpu_ask(self, rp: RunPlan) -> CpuAsk:
@@ -456,8 +550,10 @@ class OpenRLHFBackend(Backend):
             where = f"train.colocate_all on {lay.learner_nodes} x {lay.learners_per_node} GPUs"
         else:
             where = f"actor.num_nodes {lay.learner_nodes}, actor.num_gpus_per_node {lay.learners_per_node}"
-        return (f"{where}, vllm.num_engines {lay.engines}, vllm.tensor_parallel_size {lay.tp}, "
-                f"vllm.gpu_memory_utilization {lay.gpu_memory_utilization:g}, ds.zero_stage 3")
+        return (
+            f"{where}, vllm.num_engines {lay.engines}, vllm.tensor_parallel_size {lay.tp}, "
+            f"vllm.gpu_memory_utilization {lay.gpu_memory_utilization:g}, ds.zero_stage 3"
+        )
 
 
 BACKEND = OpenRLHFBackend

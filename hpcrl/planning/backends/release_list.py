@@ -34,11 +34,24 @@ def release_list(backend: str | None = None) -> dict[str, list[dict[str, Any]]]:
                     pinned_by.setdefault(p.removeprefix("vllm=="), []).append(f"{name} {v.label()}")
             if backend not in (None, name):
                 continue
-            rows.append({"backend": name, "version": v.name, "release": v.release, "commit": v.commit[:8] or None,
-                         "date": v.date, "default": v == default,
-                         "source": v.source or f"commit {v.commit[:8]}", "pins": pins, "note": v.note})
-    vllm = [] if backend else [{"version": r, "source": va.read_from(r), "pinned_by": pinned_by.get(r, [])}
-                               for r in va.known_versions()]
+            rows.append(
+                {
+                    "backend": name,
+                    "version": v.name,
+                    "release": v.release,
+                    "commit": v.commit[:8] or None,
+                    "date": v.date,
+                    "default": v == default,
+                    "source": v.source or f"commit {v.commit[:8]}",
+                    "pins": pins,
+                    "note": v.note,
+                }
+            )
+    vllm = (
+        []
+        if backend
+        else [{"version": r, "source": va.read_from(r), "pinned_by": pinned_by.get(r, [])} for r in va.known_versions()]
+    )
     return {"frameworks": rows, "vllm": vllm}
 
 

@@ -68,14 +68,25 @@ def table(v: Version, arch: str | None) -> dict[str, Any] | None:
         cuda = None  # the version's install gets that CUDA build only on the named architecture
     python = facts.get("python")
     parser = {k: val for k, val in (facts.get("parser") or {}).items() if k != "needs_reading"}
-    return {"name": v.name, "label": v.label(), "version": facts.get("declares"),
-            "python": _cited(python, at) if python else None, "packages": packages,
-            "torch_cuda": {k: val for k, val in _cited(cuda, at).items() if k != "needs_reading"} if cuda else None,
-            "parser": parser or None}
+    return {
+        "name": v.name,
+        "label": v.label(),
+        "version": facts.get("declares"),
+        "python": _cited(python, at) if python else None,
+        "packages": packages,
+        "torch_cuda": {k: val for k, val in _cited(cuda, at).items() if k != "needs_reading"} if cuda else None,
+        "parser": parser or None,
+    }
 
 
-def expectation(backend: str, version: str | None = None, *, arch: str | None = None,
-                ray_min: str | None = None, ray_min_why: str = "") -> dict[str, Any] | None:
+def expectation(
+    backend: str,
+    version: str | None = None,
+    *,
+    arch: str | None = None,
+    ray_min: str | None = None,
+    ray_min_why: str = "",
+) -> dict[str, Any] | None:
     """The stack check's expectation for a run of `backend` at `version` (None: the default) on a
     node of `arch` (the profile's node.arch); None for a backend without install facts.
 
@@ -89,8 +100,16 @@ def expectation(backend: str, version: str | None = None, *, arch: str | None = 
         return None
     own = []
     if ray_min:
-        own.append({"name": "ray", "dists": ["ray"], "module": "ray", "spec": f">={ray_min}", "by": "hpcrl",
-                    "source": ray_min_why or "hpcrl"})
+        own.append(
+            {
+                "name": "ray",
+                "dists": ["ray"],
+                "module": "ray",
+                "spec": f">={ray_min}",
+                "by": "hpcrl",
+                "source": ray_min_why or "hpcrl",
+            }
+        )
     tables = [t for o in known(backend) if (t := table(o, arch)) is not None]
     return {
         "schema": 2,
@@ -120,8 +139,13 @@ def run_expectation(cfg: RunConfig, arch: str, ray_min: tuple[int, ...] | None) 
     """The expectation for a run config on a node of `arch`; ray_min: the lowest Ray the job script
     accepts (hpcrl/contract.py's RAY_TOKEN_MIN) where the backend brings up Ray, else None."""
     need = ".".join(map(str, ray_min)) if ray_min else None
-    return expectation(cfg.hpcrl.backend, run_version(cfg), arch=arch, ray_min=need,
-                       ray_min_why=f"hpcrl: Ray below {need} ignores RAY_AUTH_MODE=token")
+    return expectation(
+        cfg.hpcrl.backend,
+        run_version(cfg),
+        arch=arch,
+        ray_min=need,
+        ray_min_why=f"hpcrl: Ray below {need} ignores RAY_AUTH_MODE=token",
+    )
 
 
 def driver_argv(words: list[tuple[Any, ...]], run_dir: str) -> list[str]:

@@ -33,8 +33,17 @@ from hpcrl.planning.backends.trl_disk import DISK, KEEP_DEFAULT
 from hpcrl.planning.backends.trl_keys import MODES, SERVE_SECTION, check_args, default_of, flag_words, normalize, tables
 from hpcrl.planning.backends.processes import HealthCheck, Process, ResumeRule, RunFile
 from hpcrl.planning.backends.trl_launch import (
-    ACCELERATE_CONFIG, DEEPSPEED_CONFIG, GROUP_PORT, HEALTH_PATH, MAIN_PROCESS_PORT, SERVER_PORT, TrlJob,
-    accelerate_config, config_files, deepspeed_config)
+    ACCELERATE_CONFIG,
+    DEEPSPEED_CONFIG,
+    GROUP_PORT,
+    HEALTH_PATH,
+    MAIN_PROCESS_PORT,
+    SERVER_PORT,
+    TrlJob,
+    accelerate_config,
+    config_files,
+    deepspeed_config,
+)
 from hpcrl.planning.backends.trl_plan import plan_colocate, plan_server_layouts
 from hpcrl.planning.layout import Layout, Pins, Workload
 
@@ -48,12 +57,15 @@ ASSUMED_PROMPT_TOKENS = 512
 # How long the job waits for the server's /health before it gives up (a 32B model's load and CUDA-graph
 # capture take minutes; TRL's own trainer waits vllm_server_timeout, 240 s, grpo_config.py:640).
 SERVER_START_S = 1800.0
-FIXES = {"no_hpz": None,
-         "offload_optimizer": "--set hpcrl.deepspeed_offload=optimizer (optimizer state in host RAM, in the ZeRO-3 JSON)",
-         "offload_params": "--set hpcrl.deepspeed_offload=params (parameters in host RAM too)",
-         "tokens": "{tokens} tokens per GPU (per_device_train_batch_size x (prompt + max_completion_length))",
-         "learners": "--pin learners={k} (learners per node)", "lora": "--set use_peft=true (LoRA)",
-         "per_param_sync": None}
+FIXES = {
+    "no_hpz": None,
+    "offload_optimizer": "--set hpcrl.deepspeed_offload=optimizer (optimizer state in host RAM, in the ZeRO-3 JSON)",
+    "offload_params": "--set hpcrl.deepspeed_offload=params (parameters in host RAM too)",
+    "tokens": "{tokens} tokens per GPU (per_device_train_batch_size x (prompt + max_completion_length))",
+    "learners": "--pin learners={k} (learners per node)",
+    "lora": "--set use_peft=true (LoRA)",
+    "per_param_sync": None,
+}
 VLLM_VERSION = "0.24.0"
 
 
@@ -81,15 +93,26 @@ class TrlBackend(Backend):
     disk = DISK
     command_facts = CommandFacts(entry=r"trl[./]scripts[./]grpo|\btrl grpo\b", framework="TRL", package="trl")
     diagnose_facts = DiagnoseFacts(
-        keys={"model": "model_name_or_path", "micro": "per_device_train_batch_size", "max_len": "max_completion_length",
-              "util": "vllm_gpu_memory_utilization", "tp": "vllm_tensor_parallel_size", "lora": "lora_r",
-              "keep": "save_total_limit", "disable_ds": "save_only_model"},
-        values_from="command", seq_len=("max_len",), learner_batch="micro_batch", switch_on=" true",
+        keys={
+            "model": "model_name_or_path",
+            "micro": "per_device_train_batch_size",
+            "max_len": "max_completion_length",
+            "util": "vllm_gpu_memory_utilization",
+            "tp": "vllm_tensor_parallel_size",
+            "lora": "lora_r",
+            "keep": "save_total_limit",
+            "disable_ds": "save_only_model",
+        },
+        values_from="command",
+        seq_len=("max_len",),
+        learner_batch="micro_batch",
+        switch_on=" true",
         timeout_note="; TRL sets no collective timeout of its own (transformers' ddp_timeout, 1800 s)",
         disk_reads=("lora_rank", "keep", "disable_ds"),
         disk_bound="save_total_limit bounds the checkpoint-N directories; save_only_model drops the DeepSpeed state "
-                   "(a restart then cannot resume)",
-        death_note="the trainer's NCCL group and its vLLM server cannot lose a member")
+        "(a restart then cannot resume)",
+        death_note="the trainer's NCCL group and its vLLM server cannot lose a member",
+    )
     smoke_facts = SmokeFacts(comment="check the job's GPUs on every node without Ray")
     # grpo_trainer.py:1510-1520: step_time sums one optimizer step's training_step calls (generation included).
     timing_facts = TimingFacts(step=("step_time",))
@@ -101,26 +124,34 @@ class TrlBackend(Backend):
         reward=("reward",),  # TRL 1.16.0 grpo_trainer.py:2828
         # The Trainer's own `loss` and `grad_norm` (transformers 5.17.0 trainer.py, _maybe_log_save_evaluate; the
         # lines not checked: the keys are those of tests/data/trl/console_*.log, TRL's own output).
-        loss=("loss",), grad_norm=("grad_norm",),
+        loss=("loss",),
+        grad_norm=("grad_norm",),
         # The fraction of prompt groups whose rewards all agree: exactly 1 when every group has zero variance
         # (grpo_trainer.py:2830).
-        zero_std_fraction=("frac_reward_zero_std",))
+        zero_std_fraction=("frac_reward_zero_std",),
+    )
     memory = MemoryFacts(
-        defaults=(MemoryDefault("load_ref_policy", "beta", ("features", "ref_policy")),
-                  MemoryDefault("gradient_checkpointing", "gradient_checkpointing",
-                                ("features", "gradient_checkpointing")),
-                  MemoryDefault("grad_accum_dtype", None, ("deepspeed", "grad_accum_dtype")),
-                  MemoryDefault("hpz_partition_size", None, ("deepspeed", "zero_hpz_partition_size")),
-                  MemoryDefault("util", "vllm_serve.gpu_memory_utilization", ("vllm", "gpu_memory_utilization"))),
+        defaults=(
+            MemoryDefault("load_ref_policy", "beta", ("features", "ref_policy")),
+            MemoryDefault("gradient_checkpointing", "gradient_checkpointing", ("features", "gradient_checkpointing")),
+            MemoryDefault("grad_accum_dtype", None, ("deepspeed", "grad_accum_dtype")),
+            MemoryDefault("hpz_partition_size", None, ("deepspeed", "zero_hpz_partition_size")),
+            MemoryDefault("util", "vllm_serve.gpu_memory_utilization", ("vllm", "gpu_memory_utilization")),
+        ),
         grad_dtype_origin="DeepSpeed config (hpcrl's ZeRO-3 JSON sets no grad_accum_dtype)",
         logits_copy=False,
         vllm=VllmEngineFacts(
-            VLLM_VERSION, max_num_batched_tokens=8192, max_num_seqs=1024, logprobs_mode="processed_logprobs",
+            VLLM_VERSION,
+            max_num_batched_tokens=8192,
+            max_num_seqs=1024,
+            logprobs_mode="processed_logprobs",
             source="TRL 1.16.0 allows vllm>=0.22.0,<=0.31.0 (METADATA:61); hpcrl sizes with 0.24.0, the oldest in that "
-                   "range it has read. trl vllm-serve runs `vllm serve` (trl/scripts/vllm_serve.py:226-293) with "
-                   "--logprobs-mode processed_logprobs (:271-272) and no scheduler sizes: vLLM's OpenAI-server "
-                   "defaults on a GPU of 70 GiB or more (not an A100): 8192 batched tokens, 1024 sequences "
-                   "(vllm/engine/arg_utils.py get_batch_defaults; 2048 and 256 on smaller GPUs and A100s)"))
+            "range it has read. trl vllm-serve runs `vllm serve` (trl/scripts/vllm_serve.py:226-293) with "
+            "--logprobs-mode processed_logprobs (:271-272) and no scheduler sizes: vLLM's OpenAI-server "
+            "defaults on a GPU of 70 GiB or more (not an A100): 8192 batched tokens, 1024 sequences "
+            "(vllm/engine/arg_utils.py get_batch_defaults; 2048 and 256 on smaller GPUs and A100s)",
+        ),
+    )
     value_ranges = {
         "per_device_train_batch_size": (positive, "a positive count"),
         "gradient_accumulation_steps": (positive, "a positive count"),
@@ -184,8 +215,9 @@ class TrlBackend(Backend):
         bound = self.arg(cfg, "vllm_max_model_length") or (cfg.args.get(SERVE_SECTION) or {}).get("max_model_len")
         if bound:
             if int(bound) <= completion:
-                raise PlanError(f"max model length {bound} leaves no room for a prompt beside max_completion_length "
-                                f"{completion}")
+                raise PlanError(
+                    f"max model length {bound} leaves no room for a prompt beside max_completion_length {completion}"
+                )
             return int(bound) - completion, completion, "the max model length"
         return ASSUMED_PROMPT_TOKENS, completion, "assumed"
 
@@ -233,8 +265,10 @@ class TrlBackend(Backend):
             return cli_pins_into(values, cli_pins, allowed=("tp", "util"))
         for key in ("vllm_tensor_parallel_size", "vllm_gpu_memory_utilization"):
             if key in cfg.args:
-                raise PlanError(f"{key} is colocate mode's; in server mode give {SERVE_SECTION}.tensor_parallel_size "
-                                f"/ {SERVE_SECTION}.gpu_memory_utilization (trl vllm-serve's own keys)")
+                raise PlanError(
+                    f"{key} is colocate mode's; in server mode give {SERVE_SECTION}.tensor_parallel_size "
+                    f"/ {SERVE_SECTION}.gpu_memory_utilization (trl vllm-serve's own keys)"
+                )
         serve = cfg.args.get(SERVE_SECTION) or {}
         if "tensor_parallel_size" in serve:
             values["tp"] = int(serve["tensor_parallel_size"])
@@ -242,42 +276,63 @@ class TrlBackend(Backend):
             values["gpu_memory_utilization"] = float(serve["gpu_memory_utilization"])
         return cli_pins_into(values, cli_pins, allowed=("learners", "tp", "util"))
 
-    def plan(self, cfg: RunConfig, profile: ClusterProfile, nodes: int, w: Workload, pins: Pins,
-             variants: list[ClusterProfile]) -> Planned:
+    def plan(
+        self,
+        cfg: RunConfig,
+        profile: ClusterProfile,
+        nodes: int,
+        w: Workload,
+        pins: Pins,
+        variants: list[ClusterProfile],
+    ) -> Planned:
         batch, generations = int(self.arg(cfg, "per_device_train_batch_size")), int(self.arg(cfg, "num_generations"))
         per_gen = self.steps_per_generation(cfg)
         warnings: list[str] = []
         prompt, _, origin = self.lengths(cfg)
         if origin == "assumed":
             bound = "vllm_max_model_length" if self.colocated(cfg) else f"{SERVE_SECTION}.max_model_len"
-            warnings.append(f"TRL 1.16 truncates no prompt: the plan assumes prompts of at most {prompt} tokens; set "
-                            f"{bound} (prompt + completion) to bound them")
+            warnings.append(
+                f"TRL 1.16 truncates no prompt: the plan assumes prompts of at most {prompt} tokens; set "
+                f"{bound} (prompt + completion) to bound them"
+            )
         if SERVE_SECTION in cfg.args and self.colocated(cfg):
-            warnings.append(f"{SERVE_SECTION} is server mode's: vllm_mode colocate runs no trl vllm-serve and "
-                            "ignores it")
+            warnings.append(
+                f"{SERVE_SECTION} is server mode's: vllm_mode colocate runs no trl vllm-serve and ignores it"
+            )
         if "vllm_mode" not in cfg.args:
-            warnings.append("vllm_mode is unset: TRL 1.16.0 defaults to colocate (trl/trainer/grpo_config.py:594), so "
-                            "the plan is colocated; set vllm_mode: server for trl vllm-serve on a node of its own")
+            warnings.append(
+                "vllm_mode is unset: TRL 1.16.0 defaults to colocate (trl/trainer/grpo_config.py:594), so "
+                "the plan is colocated; set vllm_mode: server for trl vllm-serve on a node of its own"
+            )
         layouts = self._layouts(cfg, profile, nodes, w, pins, batch, per_gen, generations)
         lay = layouts[0]
         g = profile.gpu.count_per_node
         if not lay.colocated and not profile.slurm.exclusive:
             # vllm_serve.py:226-276 starts `vllm serve` with no API key and TRL's weight-transfer endpoints.
-            warnings.append(f"trl vllm-serve answers whoever reaches its node (no key: trl/scripts/vllm_serve.py:"
-                            f"226-276, TRL 1.16.0), and {profile.name}'s jobs are not exclusive: another user on a "
-                            "shared node could send it requests or weights; ask for whole nodes, or use vllm_mode "
-                            "colocate (no server)")
+            warnings.append(
+                f"trl vllm-serve answers whoever reaches its node (no key: trl/scripts/vllm_serve.py:"
+                f"226-276, TRL 1.16.0), and {profile.name}'s jobs are not exclusive: another user on a "
+                "shared node could send it requests or weights; ask for whole nodes, or use vllm_mode "
+                "colocate (no server)"
+            )
         if not lay.colocated and lay.nodes > 1 and lay.learners_per_node < g:
             cap = profile.planning.max_learners_per_node
-            why = (f"{profile.name} plans at most {cap} learner{'s' if cap != 1 else ''} per node "
-                   f"({profile.planning.why or 'its profile'})" if cap and lay.learners_per_node == cap
-                   else "more learners per node did not shorten the estimated step")
-            warnings.append(f"trl vllm-serve takes node 0 whole; each learner node runs {lay.learners_per_node} of "
-                            f"its {g} GPUs because {why}; --pin learners={g} runs one learner per GPU")
+            why = (
+                f"{profile.name} plans at most {cap} learner{'s' if cap != 1 else ''} per node "
+                f"({profile.planning.why or 'its profile'})"
+                if cap and lay.learners_per_node == cap
+                else "more learners per node did not shorten the estimated step"
+            )
+            warnings.append(
+                f"trl vllm-serve takes node 0 whole; each learner node runs {lay.learners_per_node} of "
+                f"its {g} GPUs because {why}; --pin learners={g} runs one learner per GPU"
+            )
         if not lay.colocated and lay.nodes > 1 and lay.tp * lay.engines < g:
-            warnings.append(f"trl vllm-serve uses {lay.tp * lay.engines} of node 0's {g} GPUs (TP {lay.tp} x DP "
-                            f"{lay.engines}): one server, as TRL runs it, and TP must divide the model's heads; the "
-                            f"other {g - lay.tp * lay.engines} stay idle")
+            warnings.append(
+                f"trl vllm-serve uses {lay.tp * lay.engines} of node 0's {g} GPUs (TP {lay.tp} x DP "
+                f"{lay.engines}): one server, as TRL runs it, and TP must divide the model's heads; the "
+                f"other {g - lay.tp * lay.engines} stay idle"
+            )
         choices: dict[str, Any] = {}
         if "logging_steps" not in cfg.args:
             choices["logging_steps"] = 1  # the watchdog reads every step (TRL's default logs every 10th)
@@ -287,8 +342,17 @@ class TrlBackend(Backend):
         # The warnings above say why GPUs stay idle in server mode (one server node, the learner cap).
         return Planned(layouts, choices, tuple(warnings), workload=ws, idle_explained=not lay.colocated)
 
-    def _layouts(self, cfg: RunConfig, profile: ClusterProfile, nodes: int, w: Workload, pins: Pins, batch: int,
-                 per_gen: int, generations: int) -> list[Layout]:
+    def _layouts(
+        self,
+        cfg: RunConfig,
+        profile: ClusterProfile,
+        nodes: int,
+        w: Workload,
+        pins: Pins,
+        batch: int,
+        per_gen: int,
+        generations: int,
+    ) -> list[Layout]:
         passes = int(self.arg(cfg, "num_iterations"))
         if self.colocated(cfg):
             sleeps = bool(self.arg(cfg, "vllm_enable_sleep_mode"))
@@ -296,8 +360,10 @@ class TrlBackend(Backend):
             return plan_colocate(profile, nodes, w, pins, batch, per_gen, generations, sleeps, hint)
         dp = int(self.serve_arg(cfg, "data_parallel_size"))
         if dp > 1 and not w.model.is_moe:
-            raise PlanError(f"{SERVE_SECTION}.data_parallel_size {dp}: vLLM refuses data parallelism for a dense model "
-                            "(trl/scripts/vllm_serve.py:39-40); valid: 1")
+            raise PlanError(
+                f"{SERVE_SECTION}.data_parallel_size {dp}: vLLM refuses data parallelism for a dense model "
+                "(trl/scripts/vllm_serve.py:39-40); valid: 1"
+            )
         return plan_server_layouts(profile, nodes, w, pins, batch, per_gen, generations, dp, passes, FIXES)
 
     # ------------------------------------------------------------------ the job (plain data)
@@ -305,11 +371,21 @@ class TrlBackend(Backend):
         lay, cfg = rp.layout, rp.config
         out: dict[str, Any] = {"use_vllm": True, "vllm_mode": self.mode(cfg)}
         if lay.colocated:
-            out.update({"vllm_tensor_parallel_size": lay.tp, "vllm_gpu_memory_utilization": lay.gpu_memory_utilization,
-                        "vllm_max_model_length": int(self.arg(cfg, "vllm_max_model_length") or rp.workload.seq_len)})
+            out.update(
+                {
+                    "vllm_tensor_parallel_size": lay.tp,
+                    "vllm_gpu_memory_utilization": lay.gpu_memory_utilization,
+                    "vllm_max_model_length": int(self.arg(cfg, "vllm_max_model_length") or rp.workload.seq_len),
+                }
+            )
         else:
-            out.update({"vllm_server_host": "{host:vllm-server}", "vllm_server_port": SERVER_PORT,
-                        "vllm_group_port": GROUP_PORT})
+            out.update(
+                {
+                    "vllm_server_host": "{host:vllm-server}",
+                    "vllm_server_port": SERVER_PORT,
+                    "vllm_group_port": GROUP_PORT,
+                }
+            )
         out.update(dict(rp.choices))
         return out
 
@@ -317,9 +393,16 @@ class TrlBackend(Backend):
         """`trl vllm-serve`'s keys for the plan: the config's, then the planned TP, DP, utilisation, length."""
         lay, cfg = rp.layout, rp.config
         out = dict(cfg.args.get(SERVE_SECTION) or {})
-        out.update({"model": cfg.args[self.model_key], "tensor_parallel_size": lay.tp,
-                    "data_parallel_size": lay.engines,
-                    "host": "0.0.0.0", "port": SERVER_PORT, "gpu_memory_utilization": lay.gpu_memory_utilization})
+        out.update(
+            {
+                "model": cfg.args[self.model_key],
+                "tensor_parallel_size": lay.tp,
+                "data_parallel_size": lay.engines,
+                "host": "0.0.0.0",
+                "port": SERVER_PORT,
+                "gpu_memory_utilization": lay.gpu_memory_utilization,
+            }
+        )
         out.setdefault("max_model_len", rp.workload.seq_len)
         return out
 
@@ -341,35 +424,68 @@ class TrlBackend(Backend):
         run = ["--module", entry] if self.runs_module(cfg.hpcrl) else [entry]
         trainer_words = tuple(w.text for line in self.driver_command(rp) for w in line)
         ds = deepspeed_config(rp.workload.offload)
-        resume = ResumeRule(flag="--resume_from_checkpoint", directory="checkpoints", pattern="checkpoint-*",
-                            complete_file="trainer_state.json",
-                            source="trl/scripts/grpo.py:150; transformers 5.17.0 trainer.py:1509 (reads "
-                                   "trainer_state.json)")
+        resume = ResumeRule(
+            flag="--resume_from_checkpoint",
+            directory="checkpoints",
+            pattern="checkpoint-*",
+            complete_file="trainer_state.json",
+            source="trl/scripts/grpo.py:150; transformers 5.17.0 trainer.py:1509 (reads trainer_state.json)",
+        )
         if lay.colocated:
             machines, per = lay.nodes, g
             files = config_files(ds, accelerate_config(machines, machines * per, f"{{run_dir}}/{DEEPSPEED_CONFIG}"))
-            trainer = Process("trainer", self._launch(machines, per, run, trainer_words), tuple(range(lay.nodes)), g,
-                              ports=("main",), resume=resume, driver=True)
+            trainer = Process(
+                "trainer",
+                self._launch(machines, per, run, trainer_words),
+                tuple(range(lay.nodes)),
+                g,
+                ports=("main",),
+                resume=resume,
+                driver=True,
+            )
             return TrlJob("colocate", lay.nodes, tuple((i, "trainer") for i in range(lay.nodes)), (trainer,), files)
         serve = self.serve_args(rp)
-        serve_words = ("{python}", "-m", "trl.cli.main", "vllm-serve",
-                       *(w for k, v in serve.items() for w in flag_words(k, v)))
+        serve_words = (
+            "{python}",
+            "-m",
+            "trl.cli.main",
+            "vllm-serve",
+            *(w for k, v in serve.items() for w in flag_words(k, v)),
+        )
         gpus = lay.tp * lay.engines
         single = lay.nodes == 1
-        health = HealthCheck(HEALTH_PATH, "server", int(SERVER_START_S),
-                             "trl/generation/vllm_client.py:278 (TRL 1.16.0): GET {base_url}/health")
+        health = HealthCheck(
+            HEALTH_PATH,
+            "server",
+            int(SERVER_START_S),
+            "trl/generation/vllm_client.py:278 (TRL 1.16.0): GET {base_url}/health",
+        )
         server_env = (("CUDA_VISIBLE_DEVICES", ",".join(map(str, range(gpus)))),) if single else ()
         server = Process("vllm-server", serve_words, (0,), gpus, server_env, ports=("server", "group"), health=health)
         trainer_nodes = (0,) if single else tuple(range(1, lay.nodes))
         k = lay.learners_per_node
-        files = config_files(ds, accelerate_config(len(trainer_nodes), len(trainer_nodes) * k,
-                                                   f"{{run_dir}}/{DEEPSPEED_CONFIG}"))
-        trainer_env = (("CUDA_VISIBLE_DEVICES", ",".join(map(str, range(gpus, gpus + k)))),) if single else (
-            (("CUDA_VISIBLE_DEVICES", ",".join(map(str, range(k)))),) if k < g else ())
-        trainer = Process("trainer", self._launch(len(trainer_nodes), k, run, trainer_words), trainer_nodes, k,
-                          trainer_env, ports=("main",), waits_for=("vllm-server",), resume=resume, driver=True)
-        roles = (((0, "vllm-server+trainer"),) if single else
-                 ((0, "vllm-server"), *((i, "trainer") for i in trainer_nodes)))
+        files = config_files(
+            ds, accelerate_config(len(trainer_nodes), len(trainer_nodes) * k, f"{{run_dir}}/{DEEPSPEED_CONFIG}")
+        )
+        trainer_env = (
+            (("CUDA_VISIBLE_DEVICES", ",".join(map(str, range(gpus, gpus + k)))),)
+            if single
+            else ((("CUDA_VISIBLE_DEVICES", ",".join(map(str, range(k)))),) if k < g else ())
+        )
+        trainer = Process(
+            "trainer",
+            self._launch(len(trainer_nodes), k, run, trainer_words),
+            trainer_nodes,
+            k,
+            trainer_env,
+            ports=("main",),
+            waits_for=("vllm-server",),
+            resume=resume,
+            driver=True,
+        )
+        roles = (
+            ((0, "vllm-server+trainer"),) if single else ((0, "vllm-server"), *((i, "trainer") for i in trainer_nodes))
+        )
         return TrlJob("server", lay.nodes, roles, (server, trainer), files)
 
     def job_processes(self, rp: RunPlan) -> tuple[Process, ...]:
@@ -380,25 +496,46 @@ class TrlBackend(Backend):
 
     @staticmethod
     def _launch(machines: int, per_node: int, run: list[str], words: tuple[str, ...]) -> tuple[str, ...]:
-        return ("{python}", "-m", "accelerate.commands.launch", "--config_file", f"$RUN_DIR/{ACCELERATE_CONFIG}",
-                "--num_machines", str(machines), "--num_processes", str(machines * per_node),
-                "--machine_rank", "{node_rank}", "--main_process_ip", "{host:trainer}", "--main_process_port",
-                MAIN_PROCESS_PORT, *run, *words)
+        return (
+            "{python}",
+            "-m",
+            "accelerate.commands.launch",
+            "--config_file",
+            f"$RUN_DIR/{ACCELERATE_CONFIG}",
+            "--num_machines",
+            str(machines),
+            "--num_processes",
+            str(machines * per_node),
+            "--machine_rank",
+            "{node_rank}",
+            "--main_process_ip",
+            "{host:trainer}",
+            "--main_process_port",
+            MAIN_PROCESS_PORT,
+            *run,
+            *words,
+        )
 
     def summary(self, rp: RunPlan) -> str:
         lay = rp.layout
         if lay.colocated:
-            return (f"colocate: {lay.nodes} x {lay.learners_per_node} GPUs each train and generate, "
-                    f"vllm_tensor_parallel_size {lay.tp}, vllm_gpu_memory_utilization {lay.gpu_memory_utilization:g}")
+            return (
+                f"colocate: {lay.nodes} x {lay.learners_per_node} GPUs each train and generate, "
+                f"vllm_tensor_parallel_size {lay.tp}, vllm_gpu_memory_utilization {lay.gpu_memory_utilization:g}"
+            )
         where = "beside the learners on one node" if lay.nodes == 1 else "on a node of its own"
-        return (f"server: trl vllm-serve TP {lay.tp} x DP {lay.engines} {where} (gpu_memory_utilization "
-                f"{lay.gpu_memory_utilization:g}); accelerate launch of {lay.learner_gpus} ZeRO-3 learners "
-                f"({lay.learners_per_node} per node on {lay.learner_nodes} node{'s' if lay.learner_nodes > 1 else ''})")
+        return (
+            f"server: trl vllm-serve TP {lay.tp} x DP {lay.engines} {where} (gpu_memory_utilization "
+            f"{lay.gpu_memory_utilization:g}); accelerate launch of {lay.learner_gpus} ZeRO-3 learners "
+            f"({lay.learners_per_node} per node on {lay.learner_nodes} node{'s' if lay.learner_nodes > 1 else ''})"
+        )
 
     def tokens_text(self, rp: RunPlan) -> str:
         b = int(self.arg(rp.config, "per_device_train_batch_size"))
-        return (f"per_device_train_batch_size {b} padded sequences of up to {rp.workload.seq_len} tokens "
-                f"({rp.workload.pack_length} per GPU micro-batch)")
+        return (
+            f"per_device_train_batch_size {b} padded sequences of up to {rp.workload.seq_len} tokens "
+            f"({rp.workload.pack_length} per GPU micro-batch)"
+        )
 
 
 BACKEND = TrlBackend

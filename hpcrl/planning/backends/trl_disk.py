@@ -16,23 +16,41 @@ from typing import TYPE_CHECKING, Any
 
 from hpcrl.planning.backends.facts import DiskFacts
 from hpcrl.planning.disk import HF_OVERHEAD_BYTES, DiskSetup, state_checkpoint_terms
-from hpcrl.planning.disk_budget import (Budget, DiskInputs, Fix, Item, cache_items, interval_values, saves, search,
-                                        trainable)
+from hpcrl.planning.disk_budget import (
+    Budget,
+    DiskInputs,
+    Fix,
+    Item,
+    cache_items,
+    interval_values,
+    saves,
+    search,
+    trainable,
+)
 
 if TYPE_CHECKING:
     from hpcrl.planning.run_types import RunPlan
 
 SRC = "transformers 5.17.0 trainer.py:3215-3275 (TRL 1.16.0 trl grpo)"
-KEYS = {"ckpt_every": "save_steps", "keep": "save_total_limit", "hf_every": None, "save_hf": None,
-        "disable_ds": "save_only_model", "zero_stage": None, "lora_rank": "lora_r"}
+KEYS = {
+    "ckpt_every": "save_steps",
+    "keep": "save_total_limit",
+    "hf_every": None,
+    "save_hf": None,
+    "disable_ds": "save_only_model",
+    "zero_stage": None,
+    "lora_rank": "lora_r",
+}
 
 
 def budget(s: DiskInputs) -> Budget:
     """checkpoint-N directories every save_steps (keep save_total_limit) and the final model."""
     t = trainable(s)
     model = 2.0 * (s.model.total_params if not s.lora_rank else t)
-    terms = {("LoRA adapter (bf16)" if s.lora_rank else "model weights (bf16, gathered from ZeRO-3)"): model,
-             "config, tokenizer, trainer state, scheduler": float(HF_OVERHEAD_BYTES)}
+    terms = {
+        ("LoRA adapter (bf16)" if s.lora_rank else "model weights (bf16, gathered from ZeRO-3)"): model,
+        "config, tokenizer, trainer state, scheduler": float(HF_OVERHEAD_BYTES),
+    }
     if not s.disable_ds:
         setup = DiskSetup(s.model, zero_stage=3, n_learners=s.learners, lora_rank=s.lora_rank)
         state = state_checkpoint_terms(setup, t)
@@ -41,13 +59,33 @@ def budget(s: DiskInputs) -> Budget:
     keep = None if s.keep is None or s.keep <= 0 else s.keep
     at_peak = (keep + 1 if keep else 1) if n is None else (n if keep is None else min(n, keep + 1))
     what = "model only (save_only_model)" if s.disable_ds else "model + DeepSpeed state"
-    items = [Item("trainer_checkpoint", f"checkpoint-N ({what}; every {s.ckpt_every}, keep {keep or 'all'})",
-                  sum(terms.values()), n, at_peak, SRC, terms),
-             Item("final_model", "final model in output_dir", model + HF_OVERHEAD_BYTES, 1, 1,
-                  "trl/scripts/grpo.py:156 at 1.16.0")]
+    items = [
+        Item(
+            "trainer_checkpoint",
+            f"checkpoint-N ({what}; every {s.ckpt_every}, keep {keep or 'all'})",
+            sum(terms.values()),
+            n,
+            at_peak,
+            SRC,
+            terms,
+        ),
+        Item(
+            "final_model",
+            "final model in output_dir",
+            model + HF_OVERHEAD_BYTES,
+            1,
+            1,
+            "trl/scripts/grpo.py:156 at 1.16.0",
+        ),
+    ]
     extra, notes = cache_items(s, s.total_steps is not None, None)
-    settings = {"save_steps": s.ckpt_every, "save_total_limit": keep, "save_only_model": s.disable_ds,
-                "lora_r": s.lora_rank, "max_steps": s.total_steps}
+    settings = {
+        "save_steps": s.ckpt_every,
+        "save_total_limit": keep,
+        "save_only_model": s.disable_ds,
+        "lora_r": s.lora_rank,
+        "max_steps": s.total_steps,
+    }
     return Budget("trl", s, t, settings, tuple(items + extra), tuple(notes))
 
 
@@ -63,9 +101,17 @@ def run_inputs(rp: RunPlan, arg: Callable[[str], Any], base: DiskInputs) -> Disk
     steps = int(arg("max_steps") or -1)
     lora = int(arg("lora_r") or 0) if arg("use_peft") else 0
     keep = arg("save_total_limit")
-    return DiskInputs(**{**base.__dict__, "zero_stage": 3, "lora_rank": lora, "ckpt_every": int(arg("save_steps") or 0),
-                         "keep": None if keep is None else int(keep), "disable_ds": bool(arg("save_only_model")),
-                         "total_steps": steps if steps > 0 else None})
+    return DiskInputs(
+        **{
+            **base.__dict__,
+            "zero_stage": 3,
+            "lora_rank": lora,
+            "ckpt_every": int(arg("save_steps") or 0),
+            "keep": None if keep is None else int(keep),
+            "disable_ds": bool(arg("save_only_model")),
+            "total_steps": steps if steps > 0 else None,
+        }
+    )
 
 
 # keep_default: the save_total_limit hpcrl plans when the config gives none (TRL's own None keeps every one);

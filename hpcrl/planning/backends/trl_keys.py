@@ -19,12 +19,16 @@ SERVE_SECTION = "vllm_serve"
 MODES = ("server", "colocate")
 MODEL_KEY = "model_name_or_path"
 # Keys hpcrl sets from the plan or the job (refused in a config, with why).
-OWNED = {"output_dir": "the run directory's checkpoints/, so that a continuation finds them",
-         "resume_from_checkpoint": "the newest complete checkpoint-N when a continuation starts",
-         "vllm_server_host": "the server node of the job", "vllm_server_port": "the job's server port",
-         "vllm_group_port": "a port drawn for the job on the server node (the weight-sync NCCL group)",
-         "vllm_server_base_url": "the server node of the job", "deepspeed": "the ZeRO-3 JSON hpcrl writes",
-         "use_vllm": "true: hpcrl plans vLLM generation (TRL's default, false, generates with transformers)"}
+OWNED = {
+    "output_dir": "the run directory's checkpoints/, so that a continuation finds them",
+    "resume_from_checkpoint": "the newest complete checkpoint-N when a continuation starts",
+    "vllm_server_host": "the server node of the job",
+    "vllm_server_port": "the job's server port",
+    "vllm_group_port": "a port drawn for the job on the server node (the weight-sync NCCL group)",
+    "vllm_server_base_url": "the server node of the job",
+    "deepspeed": "the ZeRO-3 JSON hpcrl writes",
+    "use_vllm": "true: hpcrl plans vLLM generation (TRL's default, false, generates with transformers)",
+}
 SERVE_OWNED = {"model": "model_name_or_path", "host": "0.0.0.0 on the server node", "port": "the job's server port"}
 
 
@@ -33,8 +37,10 @@ def tables(release: str) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str,
     v = versions.resolve("trl", release)
     grpo = json.loads((DATA / v.args_file).read_text())
     serve = json.loads((DATA / v.args_file.replace("grpo_args.json", "vllm_serve_args.json")).read_text())
-    return ({k: x for k, x in grpo.items() if not k.startswith("_")},
-            {k: x for k, x in serve.items() if not k.startswith("_")})
+    return (
+        {k: x for k, x in grpo.items() if not k.startswith("_")},
+        {k: x for k, x in serve.items() if not k.startswith("_")},
+    )
 
 
 def default_of(meta: dict[str, Any]) -> Any:
@@ -95,8 +101,10 @@ def normalize(args: dict[str, Any]) -> dict[str, Any]:
             out[key] = value
     return out
 
-def check_args(args: dict[str, Any], table: dict[str, dict[str, Any]], serve: dict[str, dict[str, Any]],
-               release: str) -> None:
+
+def check_args(
+    args: dict[str, Any], table: dict[str, dict[str, Any]], serve: dict[str, dict[str, Any]], release: str
+) -> None:
     """Refuse a key `trl grpo` (or `trl vllm-serve`, under vllm_serve) does not have, a value its parser would
     refuse, a key hpcrl sets, and what the run needs but lacks."""
     for key, value in args.items():
@@ -108,39 +116,57 @@ def check_args(args: dict[str, Any], table: dict[str, dict[str, Any]], serve: di
         if key in OWNED:
             raise ConfigError(f"{key} is set by hpcrl: {OWNED[key]}; remove it")
         if not _accepts(table[key]["type"], value):
-            raise ConfigError(f"{key}: expected {table[key]['type']} ({table[key]['source']} in TRL {release}), "
-                              f"got {value!r}")
+            raise ConfigError(
+                f"{key}: expected {table[key]['type']} ({table[key]['source']} in TRL {release}), got {value!r}"
+            )
     if not args.get(MODEL_KEY):
         raise ConfigError("trl grpo needs model_name_or_path")
     if not (args.get("dataset_name") or args.get("datasets")):
         raise ConfigError("trl grpo needs dataset_name (or datasets): trl/scripts/grpo.py:121-135 refuses neither")
     if args.get("reward_model_name_or_path"):
-        raise ConfigError("reward_model_name_or_path: a reward model runs on every learner GPU, which hpcrl does "
-                          "not plan; use reward_funcs (a function, or a dotted import path)")
+        raise ConfigError(
+            "reward_model_name_or_path: a reward model runs on every learner GPU, which hpcrl does "
+            "not plan; use reward_funcs (a function, or a dotted import path)"
+        )
     if not args.get("reward_funcs"):
         raise ConfigError("trl grpo needs reward_funcs (accuracy_reward, ... or a dotted import path)")
     mode = args.get("vllm_mode", default_of(table["vllm_mode"]))
     if mode not in MODES:
         raise ConfigError(f"vllm_mode {mode!r}: valid: {', '.join(MODES)} (trl/trainer/grpo_config.py:594)")
     if args.get("generation_batch_size") is not None:
-        raise ConfigError("generation_batch_size: hpcrl plans the step's batch through steps_per_generation "
-                          "(GRPOConfig allows one of the two, grpo_config.py:1110-1128); give steps_per_generation")
+        raise ConfigError(
+            "generation_batch_size: hpcrl plans the step's batch through steps_per_generation "
+            "(GRPOConfig allows one of the two, grpo_config.py:1110-1128); give steps_per_generation"
+        )
     if args.get("load_in_4bit") and not args.get("use_peft"):
         raise ConfigError("load_in_4bit trains adapters only: set use_peft: true as well (QLoRA)")
+
 
 def _check_serve(value: Any, serve: dict[str, dict[str, Any]], release: str) -> None:
     if not isinstance(value, dict):
         raise ConfigError(f"{SERVE_SECTION}: a mapping of trl vllm-serve keys, got {value!r}")
     for key, v in value.items():
         if key not in serve:
-            raise UnknownNameError(f"trl vllm-serve key (TRL {release})", f"{SERVE_SECTION}.{key}",
-                                   [f"{SERVE_SECTION}.{k}" for k in serve])
+            raise UnknownNameError(
+                f"trl vllm-serve key (TRL {release})", f"{SERVE_SECTION}.{key}", [f"{SERVE_SECTION}.{k}" for k in serve]
+            )
         if key in SERVE_OWNED:
             raise ConfigError(f"{SERVE_SECTION}.{key} is set by hpcrl: {SERVE_OWNED[key]}; remove it")
         if not _accepts(serve[key]["type"], v):
-            raise ConfigError(f"{SERVE_SECTION}.{key}: expected {serve[key]['type']} ({serve[key]['source']}), "
-                              f"got {v!r}")
+            raise ConfigError(
+                f"{SERVE_SECTION}.{key}: expected {serve[key]['type']} ({serve[key]['source']}), got {v!r}"
+            )
 
 
-__all__ = ["MODEL_KEY", "MODES", "OWNED", "SERVE_OWNED", "SERVE_SECTION", "check_args", "default_of", "flag_words",
-           "normalize", "tables"]
+__all__ = [
+    "MODEL_KEY",
+    "MODES",
+    "OWNED",
+    "SERVE_OWNED",
+    "SERVE_SECTION",
+    "check_args",
+    "default_of",
+    "flag_words",
+    "normalize",
+    "tables",
+]

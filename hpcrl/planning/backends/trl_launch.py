@@ -66,8 +66,10 @@ def deepspeed_config(offload: str = "none") -> dict[str, Any]:
         "steps_per_print": 1_000_000_000,
     }
     if offload != "none":
-        cfg["optimizer"] = {"type": "AdamW",
-                            "params": {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"}}
+        cfg["optimizer"] = {
+            "type": "AdamW",
+            "params": {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"},
+        }
     return cfg
 
 
@@ -79,8 +81,11 @@ def accelerate_config(num_machines: int, num_processes: int, deepspeed_file: str
     return {
         "compute_environment": "LOCAL_MACHINE",
         "distributed_type": "DEEPSPEED",
-        "deepspeed_config": {"deepspeed_config_file": deepspeed_file, "deepspeed_multinode_launcher": "standard",
-                             "zero3_init_flag": True},
+        "deepspeed_config": {
+            "deepspeed_config_file": deepspeed_file,
+            "deepspeed_multinode_launcher": "standard",
+            "zero3_init_flag": True,
+        },
         "num_machines": num_machines,
         "num_processes": num_processes,
         "machine_rank": 0,
@@ -103,17 +108,38 @@ class TrlJob:
     files: tuple[RunFile, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        return {"mode": self.mode, "nodes": self.nodes, "roles": {str(i): r for i, r in self.roles},
-                "processes": [asdict(p) for p in self.processes], "files": [f.path for f in self.files],
-                "ray": False}
+        return {
+            "mode": self.mode,
+            "nodes": self.nodes,
+            "roles": {str(i): r for i, r in self.roles},
+            "processes": [asdict(p) for p in self.processes],
+            "files": [f.path for f in self.files],
+            "ray": False,
+        }
 
 
 def config_files(deepspeed: dict[str, Any], accelerate: dict[str, Any]) -> tuple[RunFile, ...]:
     """The DeepSpeed JSON and the accelerate YAML as the files the job writes."""
-    return (RunFile(DEEPSPEED_CONFIG, json.dumps(deepspeed, indent=2, sort_keys=True) + "\n"),
-            RunFile(ACCELERATE_CONFIG, yaml.safe_dump(accelerate, sort_keys=True)))
+    return (
+        RunFile(DEEPSPEED_CONFIG, json.dumps(deepspeed, indent=2, sort_keys=True) + "\n"),
+        RunFile(ACCELERATE_CONFIG, yaml.safe_dump(accelerate, sort_keys=True)),
+    )
 
 
-__all__ = ["ACCELERATE_CONFIG", "DEEPSPEED_CONFIG", "GRPO_MODULE", "GROUP_PORT", "HEALTH_PATH", "HealthCheck",
-           "MAIN_PROCESS_PORT", "Process", "ResumeRule", "RunFile", "SERVER_PORT", "TrlJob", "accelerate_config",
-           "config_files", "deepspeed_config"]
+__all__ = [
+    "ACCELERATE_CONFIG",
+    "DEEPSPEED_CONFIG",
+    "GRPO_MODULE",
+    "GROUP_PORT",
+    "HEALTH_PATH",
+    "HealthCheck",
+    "MAIN_PROCESS_PORT",
+    "Process",
+    "ResumeRule",
+    "RunFile",
+    "SERVER_PORT",
+    "TrlJob",
+    "accelerate_config",
+    "config_files",
+    "deepspeed_config",
+]

@@ -34,8 +34,14 @@ from hpcrl.memory.sharding import FSDP
 from hpcrl.memory.vllm_accounting import VllmEngineFacts
 from hpcrl.models import resolve_model
 from hpcrl.planning.backends import versions
-from hpcrl.planning.backends.verl_memory import (FILLS_NODES, fsdp_update, grad_sync_key, memory_facts, sleep_level,
-                                                 vllm_facts)
+from hpcrl.planning.backends.verl_memory import (
+    FILLS_NODES,
+    fsdp_update,
+    grad_sync_key,
+    memory_facts,
+    sleep_level,
+    vllm_facts,
+)
 from hpcrl.planning.backends.log_facts import CommandFacts, CpuAsk, DiagnoseFacts, LogFormat, MetricFacts, SmokeFacts
 from hpcrl.planning.backends.verl_disk import DISK, TIMING
 from hpcrl.planning.backends.verl_hydra import expected_kind, hydra_value, is_interpolation, type_ok
@@ -91,29 +97,52 @@ class VerlBackend(Backend):
     layout_fixes = {}
     entry_is_module = True  # python -m <entry point>
     uses_ray = True  # main_ppo runs its workers on the job's Ray cluster (ray.init in trainer/main_ppo.py)
-    command_facts = CommandFacts(entry=r"verl\.trainer\.main_ppo|verl/trainer/main_ppo\.py", style="hydra",
-                                 framework="verl", package="verl")
+    command_facts = CommandFacts(
+        entry=r"verl\.trainer\.main_ppo|verl/trainer/main_ppo\.py", style="hydra", framework="verl", package="verl"
+    )
     diagnose_facts = DiagnoseFacts(
         # the legacy workers, gone at 1dda039b (its engine workers run the update): a b178a3cd-era run
         version_marks=(("verl/workers/actor/dp_actor.py", "0.8.0.dev"), ("verl/workers/fsdp_workers.py", "0.8.0.dev")),
-        keys={"model": "actor_rollout_ref.model.path", "micro": MICRO_KEY, "mini": A + "ppo_mini_batch_size",
-              "samples": R + "n", "nodes": T + "nnodes", "gpus": T + "n_gpus_per_node", "tp": TP_KEY,
-              "util": UTIL_KEY, "offload": OPT_OFFLOAD_KEY, "param_offload": PARAM_OFFLOAD_KEY,
-              "timeout": "actor_rollout_ref.nccl_timeout", "lora": "actor_rollout_ref.model.lora_rank",
-              "prompt": "data.max_prompt_length", "response": "data.max_response_length"},
-        values_from="command", fixed_zero_stage=3, seq_len=("prompt", "response"),
-        critic_free=("algorithm.adv_estimator", "grpo"), learner_fixes="colocated",
-        offload_fix="{param_offload} and {offload} false", timeout_raise=True, disk_reads=("lora_rank", "keep"),
+        keys={
+            "model": "actor_rollout_ref.model.path",
+            "micro": MICRO_KEY,
+            "mini": A + "ppo_mini_batch_size",
+            "samples": R + "n",
+            "nodes": T + "nnodes",
+            "gpus": T + "n_gpus_per_node",
+            "tp": TP_KEY,
+            "util": UTIL_KEY,
+            "offload": OPT_OFFLOAD_KEY,
+            "param_offload": PARAM_OFFLOAD_KEY,
+            "timeout": "actor_rollout_ref.nccl_timeout",
+            "lora": "actor_rollout_ref.model.lora_rank",
+            "prompt": "data.max_prompt_length",
+            "response": "data.max_response_length",
+        },
+        values_from="command",
+        fixed_zero_stage=3,
+        seq_len=("prompt", "response"),
+        critic_free=("algorithm.adv_estimator", "grpo"),
+        learner_fixes="colocated",
+        offload_fix="{param_offload} and {offload} false",
+        timeout_raise=True,
+        disk_reads=("lora_rank", "keep"),
         disk_bound="trainer.max_actor_ckpt_to_keep bounds them",
-        death_note="verl's WorkerDict holds the actor, rollout and reference of its GPU: one death stops the step")
-    smoke_facts = SmokeFacts("node-pools", "place one STRICT_PACK group of per-GPU bundles per node as verl's "
-                             "resource pool does")
+        death_note="verl's WorkerDict holds the actor, rollout and reference of its GPU: one death stops the step",
+    )
+    smoke_facts = SmokeFacts(
+        "node-pools", "place one STRICT_PACK group of per-GPU bundles per node as verl's resource pool does"
+    )
     timing_facts = TIMING  # the step's and the checkpoint save's timers (verl_disk.py)
     # b178a3cd: `critic/score/mean` (trainer/ppo/metric_utils.py:162), `actor/pg_loss`, `actor/grad_norm`
     # (workers/actor/dp_actor.py:666), the KL loss `actor/kl_loss` (with actor.use_kl_loss) and the PPO KL
     # estimate `actor/ppo_kl` (dp_actor.py); the scores' spread is not logged (their min and max are).
-    metric_facts = MetricFacts(reward=("critic/score/mean",), kl=("actor/kl_loss", "actor/ppo_kl"),
-                               loss=("actor/pg_loss",), grad_norm=("actor/grad_norm",))
+    metric_facts = MetricFacts(
+        reward=("critic/score/mean",),
+        kl=("actor/kl_loss", "actor/ppo_kl"),
+        loss=("actor/pg_loss",),
+        grad_norm=("actor/grad_norm",),
+    )
     # b178a3cd prints one console line per step, `step:N - key:value - ...` (utils/logger/aggregate_logger.py).
     # 1dda039b needs numpy>=2 (setup.py:32), whose repr is "np.float64(0.5)", and prints np.mean results through
     # pprint.pformat (aggregate_logger.py:26-31): the reader takes the number inside.
@@ -124,7 +153,8 @@ class VerlBackend(Backend):
         grad_norm=("actor/grad_norm",),  # workers/actor/dp_actor.py:666
         # GRPO advantages are the reward minus its group mean: all exactly 0 when every group has zero variance
         # (trainer/ppo/metric_utils.py:170-172).
-        advantage_ranges=(("critic/advantages/min", "critic/advantages/max"),))
+        advantage_ranges=(("critic/advantages/min", "critic/advantages/max"),),
+    )
     # verl's trainer writes <default_local_dir>/latest_checkpointed_iteration.txt after each save.
     checkpoint_key = T + "save_freq"
     checkpoint_marker = "checkpoints/latest_checkpointed_iteration.txt"
@@ -152,8 +182,10 @@ class VerlBackend(Backend):
             if key.startswith("+"):
                 parent = key[1:].rsplit(".", 1)[0]
                 if key[1:] in table or table.get(parent, {}).get("type") != "dict":
-                    raise ConfigError(f"verl key {key!r}: '+' adds a key under an empty mapping of verl's config "
-                                      f"(e.g. +{R}engine_kwargs.vllm.NAME); {parent!r} is not one")
+                    raise ConfigError(
+                        f"verl key {key!r}: '+' adds a key under an empty mapping of verl's config "
+                        f"(e.g. +{R}engine_kwargs.vllm.NAME); {parent!r} is not one"
+                    )
                 continue
             if key not in table:
                 versions.check_key(self.name, section.framework_version, key)  # only other versions have it
@@ -196,20 +228,26 @@ class VerlBackend(Backend):
         if not name:
             raise HpcrlError(f"no model: set {self.model_key} in the config or pass --model")
         if self.arg(cfg, "algorithm.adv_estimator") == "gae":
-            raise PlanError("algorithm.adv_estimator gae (verl's default) trains a critic, which hpcrl does not plan; "
-                            "set a critic-free estimator, e.g. grpo")
+            raise PlanError(
+                "algorithm.adv_estimator gae (verl's default) trains a critic, which hpcrl does not plan; "
+                "set a critic-free estimator, e.g. grpo"
+            )
         table = self.arg_table(cfg.hpcrl)
         for key in REWARD_MODEL_KEYS:
             if table.get(key, {}).get("type") == "bool" and self.arg(cfg, key):
-                raise PlanError(f"{key}: hpcrl plans no reward-model GPUs; use a reward function "
-                                "(custom_reward_function.path) or verl's rule-based scores")
+                raise PlanError(
+                    f"{key}: hpcrl plans no reward-model GPUs; use a reward function "
+                    "(custom_reward_function.path) or verl's rule-based scores"
+                )
         prompt, response = int(self.arg(cfg, "data.max_prompt_length")), int(self.arg(cfg, "data.max_response_length"))
         seq_len = prompt + response
         if self.dynamic_bsz(cfg):
             tokens = int(self.arg(cfg, A + "ppo_max_token_len_per_gpu"))
             if tokens < seq_len:
-                raise PlanError(f"{A}ppo_max_token_len_per_gpu {tokens} is shorter than one sequence "
-                                f"(data.max_prompt_length + data.max_response_length = {seq_len}); set it >= {seq_len}")
+                raise PlanError(
+                    f"{A}ppo_max_token_len_per_gpu {tokens} is shorter than one sequence "
+                    f"(data.max_prompt_length + data.max_response_length = {seq_len}); set it >= {seq_len}"
+                )
         else:
             micro = cfg.args.get(MICRO_KEY)
             tokens = int(micro) * seq_len if micro else seq_len  # unpinned: the plan picks the micro-batch
@@ -234,12 +272,16 @@ class VerlBackend(Backend):
             logits_copy=False,  # the ZeRO model's field; the FSDP model's log-prob path is per version (VerlUpdate)
             sharding=FSDP,
             fsdp_version=self.fsdp_version(cfg),
-            vllm=vllm_facts(cfg.hpcrl.framework_version, max_num_seqs=int(self.arg(cfg, R + "max_num_seqs")),
-                            max_num_batched_tokens=int(self.arg(cfg, R + "max_num_batched_tokens")),
-                            enforce_eager=bool(self.arg(cfg, R + "enforce_eager")),
-                            logprobs_mode=str(self.arg(cfg, R + "logprobs_mode") or "raw_logprobs")),
-            learner_fixed=self.learner_fixed(cfg.hpcrl.framework_version, self.no_sync(cfg),
-                                             float(self.arg(cfg, R + "temperature"))),
+            vllm=vllm_facts(
+                cfg.hpcrl.framework_version,
+                max_num_seqs=int(self.arg(cfg, R + "max_num_seqs")),
+                max_num_batched_tokens=int(self.arg(cfg, R + "max_num_batched_tokens")),
+                enforce_eager=bool(self.arg(cfg, R + "enforce_eager")),
+                logprobs_mode=str(self.arg(cfg, R + "logprobs_mode") or "raw_logprobs"),
+            ),
+            learner_fixed=self.learner_fixed(
+                cfg.hpcrl.framework_version, self.no_sync(cfg), float(self.arg(cfg, R + "temperature"))
+            ),
         )
 
     def pins_from(self, cfg: RunConfig, cli_pins: list[str] | None = None) -> Pins:
@@ -251,17 +293,23 @@ class VerlBackend(Backend):
         return cli_pins_into(values, cli_pins, allowed=("tp", "util"))
 
     def colocation(self, cfg: RunConfig, param_offload: bool, optimizer_offload: bool) -> Colocation:
-        return Colocation(param_offload=param_offload, optimizer_offload=optimizer_offload, grads_resident=False,
-                          reference_offload=bool(self.arg(cfg, REF + "fsdp_config.param_offload")),
-                          vllm_sleeps=bool(self.arg(cfg, R + "free_cache_engine")), sleep_level=self.sleep_level(cfg.hpcrl.framework_version))
+        return Colocation(
+            param_offload=param_offload,
+            optimizer_offload=optimizer_offload,
+            grads_resident=False,
+            reference_offload=bool(self.arg(cfg, REF + "fsdp_config.param_offload")),
+            vllm_sleeps=bool(self.arg(cfg, R + "free_cache_engine")),
+            sleep_level=self.sleep_level(cfg.hpcrl.framework_version),
+        )
 
     def sleep_level(self, version: str | None = None) -> int:
         return sleep_level(self.name, version)
 
     memory_by_version = True  # the actor update moved to the engine workers (fsdp_learner.VerlUpdate)
 
-    def learner_fixed(self, version: str | None = None, no_sync: bool | None = None,
-                      temperature: float = 1.0) -> tuple[tuple[str, Any], ...]:
+    def learner_fixed(
+        self, version: str | None = None, no_sync: bool | None = None, temperature: float = 1.0
+    ) -> tuple[tuple[str, Any], ...]:
         return (*super().learner_fixed(version), ("fsdp_update", fsdp_update(self.name, version, no_sync, temperature)))
 
     def no_sync(self, cfg: RunConfig) -> bool | None:
@@ -276,14 +324,24 @@ class VerlBackend(Backend):
     def engine_facts(self, version: str | None = None) -> VllmEngineFacts:
         return vllm_facts(version)  # b178a3cd installs vLLM 0.11.0, 1dda039b 0.24.0
 
-    def plan(self, cfg: RunConfig, profile: ClusterProfile, nodes: int, w: Workload, pins: Pins,
-             variants: list[ClusterProfile]) -> Planned:
+    def plan(
+        self,
+        cfg: RunConfig,
+        profile: ClusterProfile,
+        nodes: int,
+        w: Workload,
+        pins: Pins,
+        variants: list[ClusterProfile],
+    ) -> Planned:
         g = profile.gpu.count_per_node
         require_job_match(T + "nnodes", cfg.args.get(T + "nnodes"), nodes)
         require_job_match(T + "n_gpus_per_node", cfg.args.get(T + "n_gpus_per_node"), g)
         micros = self._micro_batches(cfg, nodes * g)
-        offloads = [(bool(self.arg(cfg, PARAM_OFFLOAD_KEY)), bool(self.arg(cfg, OPT_OFFLOAD_KEY)))] \
-            if {PARAM_OFFLOAD_KEY, OPT_OFFLOAD_KEY} & set(cfg.args) else list(OFFLOAD_OPTIONS)
+        offloads = (
+            [(bool(self.arg(cfg, PARAM_OFFLOAD_KEY)), bool(self.arg(cfg, OPT_OFFLOAD_KEY)))]
+            if {PARAM_OFFLOAD_KEY, OPT_OFFLOAD_KEY} & set(cfg.args)
+            else list(OFFLOAD_OPTIONS)
+        )
         for po, oo in offloads:
             for micro in micros:
                 wm = self.learner_workload(cfg, w, nodes * g, micro)
@@ -303,8 +361,9 @@ class VerlBackend(Backend):
         except PlanError as err:
             # The user's own micro-batch, smaller, comes first (seed 004: 32 -> 16 fits on one A100 node).
             smaller = self._smaller_micro_batch(cfg, profile, nodes, w, pins, offloads)
-            raise would_fit(err.head or str(err), (*smaller, *err.fixes),
-                            self._unsharded_grads_note(cfg, wm, nodes * g), err.none) from None
+            raise would_fit(
+                err.head or str(err), (*smaller, *err.fixes), self._unsharded_grads_note(cfg, wm, nodes * g), err.none
+            ) from None
         choices = {PARAM_OFFLOAD_KEY: po, OPT_OFFLOAD_KEY: oo} | ({MICRO_KEY: micros[-1]} if micros[-1] else {})
         return Planned(layouts, choices, workload=wm)
 
@@ -315,13 +374,22 @@ class VerlBackend(Backend):
         if setup.update.grad_sync != "last_micro_batch" or not grads:
             return ""
         dtype = "bf16" if setup.fsdp_version == 1 else "fp32"  # as earlier_grads counts them
-        return (f"; verl {setup.update.version} keeps the whole model's unsharded {dtype} gradients "
-                f"through the {setup.micro_batches} micro-batches of a step ({grads / GIB:.0f} GiB per GPU at any GPU "
-                f"count: engine/fsdp/transformer_impl.py:672-698 at 1dda039b): one micro-batch per step "
-                f"({MICRO_KEY} = {A}ppo_mini_batch_size x {R}n / GPUs) or hpcrl.framework_version=b178a3cd avoids it")
+        return (
+            f"; verl {setup.update.version} keeps the whole model's unsharded {dtype} gradients "
+            f"through the {setup.micro_batches} micro-batches of a step ({grads / GIB:.0f} GiB per GPU at any GPU "
+            f"count: engine/fsdp/transformer_impl.py:672-698 at 1dda039b): one micro-batch per step "
+            f"({MICRO_KEY} = {A}ppo_mini_batch_size x {R}n / GPUs) or hpcrl.framework_version=b178a3cd avoids it"
+        )
 
-    def _smaller_micro_batch(self, cfg: RunConfig, profile: ClusterProfile, nodes: int, w: Workload, pins: Pins,
-                             offloads: list[tuple[bool, bool]]) -> tuple[str, ...]:
+    def _smaller_micro_batch(
+        self,
+        cfg: RunConfig,
+        profile: ClusterProfile,
+        nodes: int,
+        w: Workload,
+        pins: Pins,
+        offloads: list[tuple[bool, bool]],
+    ) -> tuple[str, ...]:
         """The largest micro-batch below the config's own that fits (one --set), where the config sets one."""
         pinned, world = cfg.args.get(MICRO_KEY), nodes * profile.gpu.count_per_node
         if not pinned or self.dynamic_bsz(cfg):
@@ -329,8 +397,9 @@ class VerlBackend(Backend):
         per_gpu = int(self.arg(cfg, A + "ppo_mini_batch_size")) * int(self.arg(cfg, R + "n")) // world
         for micro in (d for d in range(int(pinned) - 1, 0, -1) if per_gpu % d == 0):
             wm = self.learner_workload(cfg, w, world, micro)
-            if any(enumerate_colocated(profile, nodes, wm, pins, self.colocation(cfg, po, oo))[0]
-                   for po, oo in offloads):
+            if any(
+                enumerate_colocated(profile, nodes, wm, pins, self.colocation(cfg, po, oo))[0] for po, oo in offloads
+            ):
                 return (f"--set {MICRO_KEY}={micro}",)
         return ()
 
@@ -339,21 +408,27 @@ class VerlBackend(Backend):
         n = int(self.arg(cfg, R + "n"))
         train, mini = int(self.arg(cfg, "data.train_batch_size")), int(self.arg(cfg, A + "ppo_mini_batch_size"))
         if train * n % world:
-            raise PlanError(f"data.train_batch_size {train} x {R}n {n} = {train * n} sequences must divide over "
-                            f"the job's {world} GPUs (verl checks this)")
+            raise PlanError(
+                f"data.train_batch_size {train} x {R}n {n} = {train * n} sequences must divide over "
+                f"the job's {world} GPUs (verl checks this)"
+            )
         if mini > train:
             raise PlanError(f"{A}ppo_mini_batch_size {mini} exceeds data.train_batch_size {train}")
         per_gpu = mini * n // world
         if per_gpu < 1:
-            raise PlanError(f"{A}ppo_mini_batch_size {mini} x {R}n {n} gives less than one sequence per GPU "
-                            f"on {world} GPUs; raise it to at least {math.ceil(world / n)}")
+            raise PlanError(
+                f"{A}ppo_mini_batch_size {mini} x {R}n {n} gives less than one sequence per GPU "
+                f"on {world} GPUs; raise it to at least {math.ceil(world / n)}"
+            )
         if self.dynamic_bsz(cfg):
             return [0]
         pinned = cfg.args.get(MICRO_KEY)
         if pinned:
             if per_gpu % int(pinned):
-                raise PlanError(f"{MICRO_KEY} {pinned} must divide the {per_gpu} sequences of a mini-batch per GPU "
-                                f"({A}ppo_mini_batch_size x {R}n / GPUs)")
+                raise PlanError(
+                    f"{MICRO_KEY} {pinned} must divide the {per_gpu} sequences of a mini-batch per GPU "
+                    f"({A}ppo_mini_batch_size x {R}n / GPUs)"
+                )
             return [int(pinned)]
         return [d for d in range(per_gpu, 0, -1) if per_gpu % d == 0]
 
@@ -410,10 +485,12 @@ class VerlBackend(Backend):
 
     def summary(self, rp: RunPlan) -> str:
         lay, c = rp.layout, dict(rp.choices)
-        return (f"trainer.nnodes {rp.nodes}, n_gpus_per_node {lay.gpus_per_node}, rollout tensor_model_parallel_size "
-                f"{lay.tp} ({lay.engines} engines), gpu_memory_utilization {lay.gpu_memory_utilization:g}, "
-                f"fsdp param_offload {str(c.get(PARAM_OFFLOAD_KEY, False)).lower()}, "
-                f"optimizer_offload {str(c.get(OPT_OFFLOAD_KEY, False)).lower()}")
+        return (
+            f"trainer.nnodes {rp.nodes}, n_gpus_per_node {lay.gpus_per_node}, rollout tensor_model_parallel_size "
+            f"{lay.tp} ({lay.engines} engines), gpu_memory_utilization {lay.gpu_memory_utilization:g}, "
+            f"fsdp param_offload {str(c.get(PARAM_OFFLOAD_KEY, False)).lower()}, "
+            f"optimizer_offload {str(c.get(OPT_OFFLOAD_KEY, False)).lower()}"
+        )
 
     # ------------------------------------------------------------------ learner memory (issue 24)
     def fsdp_version(self, cfg: RunConfig) -> Literal[1, 2]:
@@ -430,8 +507,14 @@ class VerlBackend(Backend):
             return wm
         return replace(wm, micro_batches=self.micro_batch_count(cfg, world, w.seq_len, micro or None))
 
-    def fsdp_setup(self, cfg: RunConfig, w: Workload, n_gpus: int, micro_batches: int | None = None,
-                   fsdp_version: Literal[1, 2] | None = None) -> FsdpSetup:
+    def fsdp_setup(
+        self,
+        cfg: RunConfig,
+        w: Workload,
+        n_gpus: int,
+        micro_batches: int | None = None,
+        fsdp_version: Literal[1, 2] | None = None,
+    ) -> FsdpSetup:
         """The actor update as verl runs it, for hpcrl.memory.fsdp_learner; given values win over the config."""
         if fsdp_version is None:
             fsdp_version = self.fsdp_version(cfg)
@@ -444,9 +527,18 @@ class VerlBackend(Backend):
             offload = "param_optimizer"
         else:
             offload = "none"
-        return FsdpSetup(w.model, n_gpus, w.pack_length, micro_batches, fsdp_version, w.load_ref_policy, offload,
-                         update=fsdp_update(self.name, cfg.hpcrl.framework_version, self.no_sync(cfg),
-                                            float(self.arg(cfg, R + "temperature"))))
+        return FsdpSetup(
+            w.model,
+            n_gpus,
+            w.pack_length,
+            micro_batches,
+            fsdp_version,
+            w.load_ref_policy,
+            offload,
+            update=fsdp_update(
+                self.name, cfg.hpcrl.framework_version, self.no_sync(cfg), float(self.arg(cfg, R + "temperature"))
+            ),
+        )
 
     def micro_batch_count(self, cfg: RunConfig, world: int, seq_len: int, micro: int | None = None) -> int:
         """Micro-batches per optimizer step on one GPU (dp_actor.py:551-559 at b178a3cd): the mini-batch's

@@ -22,7 +22,9 @@ def hydra_value(value: Any) -> str:
     if isinstance(value, int):
         return str(value)
     if isinstance(value, float):
-        return repr(value) if math.isfinite(value) else ("nan" if math.isnan(value) else ("inf" if value > 0 else "-inf"))
+        return (
+            repr(value) if math.isfinite(value) else ("nan" if math.isnan(value) else ("inf" if value > 0 else "-inf"))
+        )
     if isinstance(value, (list, tuple)):
         return "[" + ",".join(hydra_value(v) for v in value) + "]"
     if isinstance(value, dict):

@@ -70,10 +70,22 @@ def _index() -> dict[str, Any]:
 
 def known(backend: str) -> list[Version]:
     """The versions of `backend` hpcrl has tables for, oldest first ([] for a backend with none)."""
-    return [Version(backend, v["name"], v.get("commit") or "", v["date"], v.get("release"), v["files"]["args"],
-                    v["files"].get("capabilities"), v.get("note", ""), v.get("source", ""), v["files"].get("stack"),
-                    bool(v.get("default")))
-            for v in _index().get(backend, [])]
+    return [
+        Version(
+            backend,
+            v["name"],
+            v.get("commit") or "",
+            v["date"],
+            v.get("release"),
+            v["files"]["args"],
+            v["files"].get("capabilities"),
+            v.get("note", ""),
+            v.get("source", ""),
+            v["files"].get("stack"),
+            bool(v.get("default")),
+        )
+        for v in _index().get(backend, [])
+    ]
 
 
 def default(backend: str) -> Version:
@@ -91,11 +103,13 @@ def resolve(backend: str, name: str | None) -> Version:
     text = str(name).strip().lower()
     for v in versions:
         if text in (v.name.lower(), (v.release or "").lower()) or (
-                len(text) >= MIN_PREFIX and v.commit and v.commit.startswith(text)):
+            len(text) >= MIN_PREFIX and v.commit and v.commit.startswith(text)
+        ):
             return v
     raise UnknownVersionError(
         f"hpcrl.framework_version: no {backend} table for {name!r}; "
-        f"known: {', '.join(v.label() for v in versions)} (default: {default(backend).label()})")
+        f"known: {', '.join(v.label() for v in versions)} (default: {default(backend).label()})"
+    )
 
 
 @lru_cache(maxsize=None)
@@ -126,8 +140,10 @@ def targeted(backend: str, name: str | None) -> tuple[Version, str | None]:
     v = resolve(backend, name)
     if name:
         return v, None
-    return v, (f"assumes {backend} {v.label()}, hpcrl's default; set hpcrl.framework_version to target another "
-               f"(known: {', '.join(o.label() for o in known(backend))})")
+    return v, (
+        f"assumes {backend} {v.label()}, hpcrl's default; set hpcrl.framework_version to target another "
+        f"(known: {', '.join(o.label() for o in known(backend))})"
+    )
 
 
 def versions_with_key(backend: str, key: str) -> list[Version]:
@@ -135,7 +151,9 @@ def versions_with_key(backend: str, key: str) -> list[Version]:
     return [v for v in known(backend) if key in table(backend, v.key)]
 
 
-def check_key(backend: str, name: str | None, key: str, how: str = "set hpcrl.framework_version to one of them") -> bool:
+def check_key(
+    backend: str, name: str | None, key: str, how: str = "set hpcrl.framework_version to one of them"
+) -> bool:
     """True when the version has `key`; False when no known version does (the caller's own
     unknown-key error applies); raises when only other versions have it (`how`: what the user sets)."""
     if key in table(backend, name):
@@ -145,8 +163,21 @@ def check_key(backend: str, name: str | None, key: str, how: str = "set hpcrl.fr
         return False
     v = resolve(backend, name)
     raise KeyNotInVersionError(
-        f"{key}: {backend} {v.label()} has no such key; it exists in {', '.join(o.label() for o in others)} ({how})")
+        f"{key}: {backend} {v.label()} has no such key; it exists in {', '.join(o.label() for o in others)} ({how})"
+    )
 
 
-__all__ = ["KeyNotInVersionError", "UnknownVersionError", "Version", "capabilities", "check_key", "default",
-           "known", "meta", "resolve", "table", "targeted", "versions_with_key"]
+__all__ = [
+    "KeyNotInVersionError",
+    "UnknownVersionError",
+    "Version",
+    "capabilities",
+    "check_key",
+    "default",
+    "known",
+    "meta",
+    "resolve",
+    "table",
+    "targeted",
+    "versions_with_key",
+]

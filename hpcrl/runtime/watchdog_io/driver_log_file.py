@@ -39,12 +39,16 @@ class DriverLog:
         if exc.errno in NO_ROOM:
             if self.full_since is None:
                 self.full_since = time.monotonic()
-                say(f"{self.path}: {exc.strerror}: dropping the driver's log lines until there is room "
-                     "(the console still gets them, the breakers still read them)")
+                say(
+                    f"{self.path}: {exc.strerror}: dropping the driver's log lines until there is room "
+                    "(the console still gets them, the breakers still read them)"
+                )
         elif self.broken is None:
             self.broken = exc
-            say(f"{self.path}: {exc.strerror}: the run directory cannot be written; stopping the driver "
-                 f"({RUN_DIR_UNWRITABLE})")
+            say(
+                f"{self.path}: {exc.strerror}: the run directory cannot be written; stopping the driver "
+                f"({RUN_DIR_UNWRITABLE})"
+            )
 
     def write(self, raw: bytes) -> None:
         if self.broken is not None:

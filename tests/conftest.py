@@ -28,6 +28,14 @@ from helpers import run_sbatch_and_wait, slurm_nodes
 # open-instruct checkout) for every test module, which then never imports a fixture by name.
 pytest_plugins = ["lifecycle_harness"]
 
+# The interpreter running the tests first on PATH, with its console scripts (ray, hpcrl), as an activated
+# virtualenv puts them: the Slurm jobs the tests submit inherit this PATH, so a version manager's shims
+# (pyenv's: a bash start and ~70 ms a call) are not between each python3 and ray a job runs and the
+# interpreter, and the job's `ray` is the console script its Ray version check reads without importing Ray.
+_TEST_BIN = os.path.dirname(sys.executable)
+if os.environ.get("PATH", "").split(os.pathsep)[0] != _TEST_BIN:
+    os.environ["PATH"] = _TEST_BIN + os.pathsep + os.environ.get("PATH", "")
+
 REQUIRE_SLURM = os.environ.get("HPCRL_REQUIRE_SLURM") == "1"
 DEV_SLURM_HINT = "start it with: scripts/dev-slurm up"
 

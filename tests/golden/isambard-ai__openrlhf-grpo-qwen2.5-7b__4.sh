@@ -1167,7 +1167,7 @@ path_level() {
 # this node's Ray must not start; nothing when it may.
 ray_version_problem() {
     local out ver major minor node=${SLURMD_NODENAME:-$(hostname -s)}
-    if ! out=$(ray --version 2>&1); then
+    if ! out=$(ray_version 2>&1); then
         echo "'ray --version' failed on $node: ${out##*$'\n'}"
         return 0
     fi
@@ -1178,6 +1178,22 @@ ray_version_problem() {
     elif ((major < 2 || (major == 2 && minor < 52))); then
         echo "Ray $ver on $node ignores token authentication (needs Ray >= 2.52): another user on the node could attach to this job's cluster; install ray>=2.52 in the job's environment"
     fi
+}
+
+# ray_version: what `ray --version` prints ("ray, version X.Y.Z") for the `ray` this node will start.
+# `ray --version` imports all of Ray first (about 0.8 CPU-s, and as long again reading a shared file
+# system, on every node before Ray starts); a `ray` that is a Python console script is asked through its
+# own interpreter for its installed distribution's version instead (importlib.metadata, no import of
+# Ray). Any other `ray` (a wrapper script), or a metadata
+# read that fails, answers `ray --version` itself.
+ray_version() {
+    local exe line
+    if exe=$(command -v ray) && [[ -f $exe ]] && IFS= read -r line <"$exe" 2>/dev/null &&
+        [[ $line =~ ^\#!(/[^[:space:]]*/python[0-9.]*)$ ]] &&
+        "${BASH_REMATCH[1]}" -c 'import importlib.metadata as m; print("ray, version", m.version("ray"))' 2>/dev/null; then
+        return 0
+    fi
+    ray --version
 }
 
 # Remove what node_dirs made; twice if needed: Slurm's TERM reaches every process of the job,

@@ -9,6 +9,7 @@ import os
 import re
 import shlex
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -318,6 +319,14 @@ def fault_bin(tmp_path: Path, **programs: str) -> Path:
 
 
 SECRET = "0123456789abcdef" * 4
+
+
+def free_port(addr: str = "127.0.0.11") -> int:
+    """A port nobody listens on at `addr` now, chosen by the kernel: tests running side by side (xdist
+    workers, whose process ids are often consecutive) never share one, as ports derived from the pid did."""
+    with socket.socket() as s:
+        s.bind((addr, 0))
+        return int(s.getsockname()[1])
 
 
 def start_collective(r: int, n: int, port: int, timeout: float, secret: str = SECRET) -> subprocess.Popen:

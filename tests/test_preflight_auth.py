@@ -13,9 +13,7 @@ import time
 from pathlib import Path
 
 from hpcrl.jobs.preflight_fabric import collective_summary
-from helpers import collective_result, start_collective
-
-PORT = 19000 + os.getpid() % 900
+from helpers import collective_result, free_port, start_collective
 
 
 def _wait_listening(addr: str, port: int) -> None:
@@ -46,17 +44,18 @@ def _until_closed(sock: socket.socket) -> None:
 
 
 def test_intruders_on_the_rendezvous_port_are_refused_and_counted():
-    first = start_collective(0, 3, PORT, 60)
-    _wait_listening("127.0.0.11", PORT)  # this probe connection itself is refused too (it says nothing)
+    port = free_port()
+    first = start_collective(0, 3, port, 60)
+    _wait_listening("127.0.0.11", port)  # this probe connection itself is refused too (it says nothing)
     # An intruder that answers the challenge with a made-up MAC, one that sends garbage, and one
     # that claims to be node 1 without answering the challenge at all.
-    wrong = socket.create_connection(("127.0.0.11", PORT))
+    wrong = socket.create_connection(("127.0.0.11", port))
     challenge = _line(wrong)["challenge"]
     wrong.sendall((json.dumps({"nonce": "f" * 32, "mac": "0" * 64}) + "\n").encode())
     assert _line(wrong) == {}, "the first node answered a connection that did not prove the secret"
-    garbage = socket.create_connection(("127.0.0.11", PORT))
+    garbage = socket.create_connection(("127.0.0.11", port))
     garbage.sendall(b"\x00\xff not json\n")
-    posing = socket.create_connection(("127.0.0.11", PORT))
+    posing = socket.create_connection(("127.0.0.11", port))
     posing.sendall(
         (
             json.dumps(
@@ -75,7 +74,7 @@ def test_intruders_on_the_rendezvous_port_are_refused_and_counted():
     )
     for s in (garbage, posing):  # refused before the real nodes join: the first node stops accepting then
         _until_closed(s)
-    others = [start_collective(r, 3, PORT, 60) for r in (1, 2)]
+    others = [start_collective(r, 3, port, 60) for r in (1, 2)]
     res = collective_result(first)
     assert [collective_result(p)["error"] for p in others] == [None, None]
     assert challenge and res["error"] is None and res["verified"] is True
@@ -93,7 +92,7 @@ def test_intruders_on_the_rendezvous_port_are_refused_and_counted():
 def test_a_node_refuses_a_first_node_without_the_secret_and_sends_it_nothing():
     """Another process holds the rendezvous port and plays the first node: it sends a challenge
     and answers with a MAC it cannot make. The joining node stops, naming it, before its hello."""
-    port = PORT + 1
+    port = free_port()
     srv = socket.create_server(("127.0.0.11", port))
     seen: list[bytes] = []
 
@@ -122,26 +121,38 @@ def test_a_node_refuses_a_first_node_without_the_secret_and_sends_it_nothing():
 
 
 def test_no_secret_no_collective():
-    res = collective_result(start_collective(0, 2, PORT + 2, 5, secret=""))
+    res = collective_result(start_collective(0, 2, free_port(), 5, secret=""))
     assert "HPCRL_COLLECTIVE_SECRET is not set" in res["error"]
 
 
 def test_nodes_with_different_secrets_do_not_pair():
-    first = start_collective(0, 2, PORT + 3, 4)
-    other = start_collective(1, 2, PORT + 3, 4, secret="another-secret-of-another-job")
+    port = free_port()
+    first = start_collective(0, 2, port, 4)
+    other = start_collective(1, 2, port, 4, secret="another-secret-of-another-job")
     res, res2 = collective_result(first), collective_result(other)
     assert res["missing"] == ["n2"] and res["rejected"][0]["node"] == "n1"
     assert "without the job's secret" in res2["error"] or "closed" in res2["error"]
 
 
 def _ring_port(addr: str, pid: int) -> int:
-    """The port pretend node `addr` listens on for its ring link (kernel-chosen): read from
-    /proc/net/tcp, the listening sockets on that address other than the rendezvous port."""
+    """The port pretend node `addr` listens on for its ring link (kernel-chosen): the listening socket on
+    that address in /proc/net/tcp that process `pid` holds (other than the rendezvous port, which is
+    node 0's). Other processes may listen on the same address: the dev cluster's nodes are 127.0.0.1x too,
+    and a concurrent test's Ray listens there."""
     hexaddr = "".join(f"{int(x):02X}" for x in reversed(addr.split(".")))
     for _ in range(200):
+        mine = set()
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            try:
+                target = os.readlink(fd)
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                mine.add(target[8:-1])
         for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
-            local, state = line.split()[1], line.split()[3]
-            if state == "0A" and local.startswith(hexaddr + ":"):
+            fields = line.split()
+            local, state, inode = fields[1], fields[3], fields[9]
+            if state == "0A" and local.startswith(hexaddr + ":") and inode in mine:
                 return int(local.split(":")[1], 16)
         time.sleep(0.05)
     raise AssertionError(f"no listening socket at {addr} (pid {pid})")
@@ -161,7 +172,7 @@ def test_stalling_and_malformed_intruders_cannot_hold_or_crash_the_collective():
     than Python's recursion limit, a MAC in non-ASCII characters. On a node's ring port: another
     trickler and a wrong MAC. The collective still verifies within its own timeout, and every
     intruder is refused and counted where it knocked."""
-    port, stop = PORT + 4, threading.Event()
+    port, stop = free_port(), threading.Event()
     first = start_collective(0, 3, port, 40)
     _wait_listening("127.0.0.11", port)
     trickle = socket.create_connection(("127.0.0.11", port))

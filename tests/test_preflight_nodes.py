@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 
-from helpers import ROOT, collective_result, start_collective, submit, wait_for_state
+from helpers import ROOT, collective_result, free_port, start_collective, submit, wait_for_state
 from hpcrl.jobs.preflight_checks import Check, gemm_check, gpu_health
 from hpcrl.jobs.preflight_fabric import bus_bandwidth, collective_summary
 from hpcrl.profiles import load_profile
@@ -108,14 +108,14 @@ def _run_collective(ranks: list[int], n: int, port: int, timeout: float) -> list
 
 
 def test_tcp_ring_verifies_and_a_missing_node_is_named():
-    first = _run_collective([0, 1, 2], 3, 18000 + os.getpid() % 900, 60)[0]
+    first = _run_collective([0, 1, 2], 3, free_port(), 60)[0]
     assert first["method"] == "tcp-ring" and first["verified"] is True and first["error"] is None
     assert {(r["op"], r["bytes"]) for r in first["results"]} == {
         (op, b - b % 3) for op in ("all_reduce", "all_gather") for b in (1 << 16, 1 << 20)
     }
     assert sorted(p["node"] for p in first["p2p"]) == ["n1", "n2", "n3"]
     # node n3 never starts: the first node names it after the rendezvous timeout
-    first, second = _run_collective([0, 1], 3, 18000 + os.getpid() % 900 + 1, 3)
+    first, second = _run_collective([0, 1], 3, free_port(), 3)
     assert first["missing"] == ["n3"] and "n3 did not join" in first["error"]
     assert second["error"] == first["error"]
 

@@ -31,8 +31,13 @@ def check(tmp_path: Path, ray_text: str, site: Path | None = None) -> subprocess
     (bin_dir / "ray").write_text(ray_text)
     (bin_dir / "ray").chmod(0o755)
     env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "SLURMD_NODENAME": "n9", **({"PYTHONPATH": str(site)} if site else {})}
-    return subprocess.run(["bash", "-c", FUNCTIONS + "ray_version; echo problem=$(ray_version_problem)"],
-                          capture_output=True, text=True, env=env, timeout=60)
+    return subprocess.run(
+        ["bash", "-c", FUNCTIONS + "ray_version; echo problem=$(ray_version_problem)"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
 
 
 def console_script(marker: Path) -> str:

@@ -286,9 +286,10 @@ def render(
         f"hpcrl.run_root={tmp_path / 'runs'}",
         "--set",
         f"hpcrl.run_name={RUN_NAME}",
-        # 5 minutes unless the test gives its own (the config's env_setup, a venv this machine lacks, is only
+        # 10 minutes unless the test gives its own: on a loaded machine Ray may take minutes to come up, and the
+        # time-limit warning must not come first (the config's env_setup, a venv this machine lacks, is only
         # warned about)
-        *(() if any(s.startswith("hpcrl.time=") for s in sets) else ("--set", 'hpcrl.time="00:05:00"')),
+        *(() if any(s.startswith("hpcrl.time=") for s in sets) else ("--set", 'hpcrl.time="00:10:00"')),
         *(a for s in sets for a in ("--set", s)),
         "-o",
         str(script),

@@ -162,7 +162,7 @@ def behave(
 
 
 def script(
-    env, name: str, *, partition: str = "debug", time_: str = "00:05:00", extra: str = "", max_restarts: int = 2
+    env, name: str, *, partition: str = "debug", time_: str = "00:10:00", extra: str = "", max_restarts: int = 2
 ) -> Path:
     """A HAND-WRITTEN script implementing docs/run-dir.md."""
     path = env["tmp"] / f"{name}.sbatch"
@@ -186,7 +186,7 @@ def config(
     name: str,
     *,
     partition: str = "debug",
-    time_: str = "00:05:00",
+    time_: str = "00:10:00",
     max_restarts: int = 2,
     nodes: int = 1,
     hpcrl_extra: str = "",

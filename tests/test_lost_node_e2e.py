@@ -176,12 +176,19 @@ def test_the_next_job_on_a_lost_node_keeps_its_ray_logs_and_removes_its_dirs(tmp
     try:
         lost = submit(lost_script, f"--nodelist={head},{node}")
         deadline = time.monotonic() + 600
-        while not any(
-            (d / "session_latest" / "logs" / "raylet.out").exists()
-            or (d / "ray" / "session_latest" / "logs" / "raylet.out").exists()
-            for d in dirs_of(lost, node)
+        # Ray is up on the worker node and the job is past its readiness wait: a node lost before the
+        # driver starts is a failed start (ray-start-failed), not a worker that died under a run.
+        job_log = lost_run / "logs" / f"job-{lost}.log"
+        while not (
+            any(
+                (d / "session_latest" / "logs" / "raylet.out").exists()
+                or (d / "ray" / "session_latest" / "logs" / "raylet.out").exists()
+                for d in dirs_of(lost, node)
+            )
+            and job_log.exists()
+            and "hpcrl: phase driver\n" in job_log.read_text()
         ):
-            assert time.monotonic() < deadline, "Ray never started on the worker node"
+            assert time.monotonic() < deadline, "Ray never started on the worker node, or the driver never did"
             assert scontrol_job(lost).get("JobState") not in TERMINAL_JOB_STATES, (lost_run / "logs").iterdir()
             time.sleep(1)
         lose_node(lost, node)

@@ -25,7 +25,7 @@ CONFIG = """\
 hpcrl:
   backend: trl
   cluster: local-dev
-  nodes: 3
+  nodes: {nodes}
   run_name: {name}
   run_root: {root}
   stack_check: off
@@ -40,12 +40,14 @@ hpcrl:
 model_name_or_path: Qwen/Qwen2.5-0.5B
 dataset_name: trl-lib/DeepMath-103K
 reward_funcs: [accuracy_reward]
-vllm_mode: server
+vllm_mode: {mode}
 per_device_train_batch_size: 2
 num_generations: 4
 max_completion_length: 256
 max_steps: {steps}
 save_steps: {save}
+"""
+SERVE = """\
 vllm_serve:
   max_model_len: 1024
 """
@@ -63,6 +65,8 @@ def job_script(
     partition: str = "debug",
     failure_restarts: int = 0,
     restarts: int = 1,
+    mode: str = "server",
+    nodes: int = 3,
 ) -> tuple[Path, Path]:
     cfg = tmp_path / f"{name}.yaml"
     cfg.write_text(
@@ -80,7 +84,10 @@ def job_script(
             save=save,
             failure_restarts=failure_restarts,
             restarts=restarts,
+            mode=mode,
+            nodes=nodes,
         )
+        + (SERVE if mode == "server" else "")
     )
     script = tmp_path / f"{name}.sbatch"
     out = subprocess.run(
@@ -142,6 +149,8 @@ def test_server_mode_trainer_waits_for_the_server_and_completes(tmp_path, run_sb
     assert (run_dir / "trl" / "accelerate.yaml").exists() and (run_dir / "trl" / "ds_zero3.json").exists()
     assert sorted(p.name for p in (run_dir / "checkpoints").glob("checkpoint-*")) == ["checkpoint-20", "checkpoint-30"]
     assert chain(run_dir)[-1][3] == "completed:0"
+    # Every task cleaned up after itself: the sweep, for tasks KILLed before their cleanup, found nothing.
+    assert "[sweep]" not in log, log
     assert leftovers(job.job_id) == []
 
 
@@ -156,8 +165,36 @@ def test_a_server_that_dies_ends_the_job_as_its_nodes_failure(tmp_path, run_sbat
     end = [e for e in chain(run_dir) if e[1] == "end"]
     assert [e[3] for e in end] == ["worker-died:95"], log
     assert "the vllm-server step exited while the driver was running (on " + server_node + ")" in log
+    # The server shares its node with the batch script: its task's cleanup ends its own processes, not the
+    # driver's (the loop stops the driver with TERM; bash reports a SIGKILLed driver as "Killed").
+    assert not re.search(r"Killed\s.*DRIVER", log), log
     blame = (run_dir / "hpcrl" / f"blame-{job.job_id}").read_text().split("\n")
     assert f"{server_node} worker-died" in blame, log
+    assert leftovers(job.job_id) == []
+
+
+def test_colocate_mode_runs_on_every_node_and_completes(tmp_path, run_sbatch_and_wait, leftovers):
+    # No server: the trainer's step holds both nodes, the batch script's first node among them. Its task there
+    # ends before the driver does; ending it must not end the driver with it.
+    script, run_dir = job_script(tmp_path, "trlco", mode="colocate", nodes=2, steps=20, save=10)
+    assert "vllm-serve" not in script.read_text()
+    job = run_sbatch_and_wait(script, 300)
+    log = (run_dir / "logs" / f"job-{job.job_id}.log").read_text()
+    assert job.state == "COMPLETED", log
+    assert re.findall(r"^hpcrl: phase (\w+)$", log, re.M) == [
+        "stack_check",
+        "head",
+        "files",
+        "services",
+        "driver",
+        "stop",
+    ]
+    assert not re.search(r"Killed\s.*DRIVER", log), log
+    nodes = nodes_of(job.job_id)
+    assert {f"trainer-{n}-{job.job_id}.log" for n in nodes} <= {p.name for p in (run_dir / "logs").iterdir()}
+    assert sorted(p.name for p in (run_dir / "checkpoints").glob("checkpoint-*")) == ["checkpoint-10", "checkpoint-20"]
+    assert chain(run_dir)[-1][3] == "completed:0", log
+    assert "[sweep]" not in log, log
     assert leftovers(job.job_id) == []
 
 

@@ -839,11 +839,12 @@ kill_session() {
     done
 }
 
-# kill_tagged: KILL every process of the job still left on this node. All that LEAN_ENV started
-# carries lean_env's JOB_TAG in its environment, so this also finds a grandchild that called setsid:
-# it left the driver's session, and without cgroups Slurm loses it once its parent is gone.
+# kill_tagged TAG: KILL every process of the job still left on this node that carries TAG (NAME=VALUE)
+# in its environment. All that LEAN_ENV started carries lean_env's JOB_TAG (and, in a step's task, its
+# STEP_TAG), so this also finds a grandchild that called setsid: it left the driver's session, and
+# without cgroups Slurm loses it once its parent is gone. An empty TAG ends nothing.
 kill_tagged() {
-    local tag=${JOB_TAG:-} f pid
+    local tag=${1:-} f pid
     if [[ -z $tag ]]; then
         return 0
     fi
@@ -904,13 +905,15 @@ on_exit() {
     fi
     kill_session KILL "$DRIVER_PID" "$HEAD_PID" "${SVC_PIDS[@]}"
     kill -KILL "$WORKERS_PID" "$MON_PID" 2>/dev/null
-    kill_tagged
-    if [[ -n $WORKERS_PID ]] && ! wait "$WORKERS_PID" 2>/dev/null; then
-        sweep_workers  # a worker may have been KILLed before its own cleanup (ray.sh)
-    fi
+    kill_tagged "${JOB_TAG:-}"
+    # This script's own node-local directory first: the sweeps below take any directory of the job
+    # left on a node for one a KILLed task could not remove, and a step may run on this node.
     if [[ -n $NODE_DIR ]]; then  # set by node_dirs, defined beside it with remove_node_dirs
         keep_ray_logs "$HEAD_NODE"
         remove_node_dirs
+    fi
+    if [[ -n $WORKERS_PID ]] && ! wait "$WORKERS_PID" 2>/dev/null; then
+        sweep_workers  # a worker may have been KILLed before its own cleanup (ray.sh)
     fi
     log "job $SLURM_JOB_ID ends: $END_REASON:$rc"
     exec >&- 2>&-
@@ -1268,6 +1271,14 @@ lean_env() {
     # env takes its options (-u) before any NAME=VALUE.
     JOB_TAG="HPCRL_JOB_TAG=$SLURM_JOB_ID.${SLURMD_NODENAME:-$(hostname -s)}"
     LEAN_ENV+=("$JOB_TAG")
+    # In a step's task (lean_env step), a second tag names the step too: the task's cleanup ends its
+    # own processes only. A step on the batch script's node (TRL's server, a colocated trainer on the
+    # first node) shares that node's JOB_TAG with the driver, and ending by it killed the driver too.
+    STEP_TAG=""
+    if [[ ${1:-} == step ]]; then
+        STEP_TAG="HPCRL_STEP_TAG=$SLURM_JOB_ID.${SLURM_STEP_ID:-}.${SLURMD_NODENAME:-$(hostname -s)}.$$"
+        LEAN_ENV+=("$STEP_TAG")
+    fi
 }
 
 
@@ -1432,7 +1443,7 @@ job_gone() {
 hpcrl_worker_cleanup() {
     set +e
     kill_session KILL "$RAY_PID"
-    kill_tagged
+    kill_tagged "${STEP_TAG:-}"
     if [[ -n $mon_pid ]]; then
         kill "$mon_pid" 2>/dev/null || true
     fi
@@ -1457,7 +1468,7 @@ hpcrl_worker() {
         tee -p -a -- "$HPCRL_RUN_DIR/logs/worker-$name-$SLURM_JOB_ID.log" | sed -u "s/^/[$name] /"
     ) 2>&1
     ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
-    lean_env
+    lean_env step
     read -r ip slot < <(node_entry "$name") || true
     if [[ -z ${slot:-} ]]; then
         echo "hpcrl: error: node $name is not in this job's node table" >&2

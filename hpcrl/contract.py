@@ -22,6 +22,11 @@ BREAKERS = {
 }
 # The batch script's own ends while the driver runs: end reason -> the job's exit code.
 RAY_DIED = {"ray-head-died": 94, "worker-died": 95}
+# A driver that fails while a step of its own (TRL's server) is ending is that step's end (worker-died) when
+# the step ends within this many seconds of the driver: a server that stops answering before it exits fails
+# the driver first (tests/test_trl_e2e.py, the stand-in that lingers 4 s). Chosen, not measured: it delays
+# the end of a real crash by at most this.
+STEP_END_GRACE_S = 10
 # The job's stack check before Ray starts (hpcrl.runtime.stack.STACK_MISMATCH_EXIT): reason, exit code.
 STACK_MISMATCH = ("stack-mismatch", 98)
 # The stack check could not run (the training Python did not answer its probe: hpcrl.runtime.stack

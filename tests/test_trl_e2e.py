@@ -17,6 +17,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 
 from helpers import ROOT, TERMINAL_JOB_STATES, submit, wait_for_state
 
@@ -154,17 +155,28 @@ def test_server_mode_trainer_waits_for_the_server_and_completes(tmp_path, run_sb
     assert leftovers(job.job_id) == []
 
 
-def test_a_server_that_dies_ends_the_job_as_its_nodes_failure(tmp_path, run_sbatch_and_wait, leftovers):
+@pytest.mark.parametrize(
+    "linger,seen",
+    [
+        # It exits at once: the watch loop sees its step end while the driver still runs, and stops the driver.
+        (0, "the vllm-server step exited while the driver was running (on {node})"),
+        # It stops answering and exits 4 s later (an API server shutting down): the trainer fails and the driver
+        # ends first; the server's step, ending within the grace after, still takes the blame.
+        (4, "the vllm-server step exited (on {node}) as the driver crashed"),
+    ],
+    ids=["exits", "lingers"],
+)
+def test_a_server_that_dies_ends_the_job_as_its_nodes_failure(tmp_path, run_sbatch_and_wait, leftovers, linger, seen):
     # The trainer takes 0.5 s a step for 200 steps: the server dies 6 s after it listens, under it.
     script, run_dir = job_script(
-        tmp_path, "trldie", serve="--die-after-s 6", trainer="--step-s 0.5", steps=200, save=1000
+        tmp_path, "trldie", serve=f"--die-after-s 6 --linger-s {linger}", trainer="--step-s 0.5", steps=200, save=1000
     )
     job = run_sbatch_and_wait(script, 300)
     log = (run_dir / "logs" / f"job-{job.job_id}.log").read_text()
     server_node = nodes_of(job.job_id)[0]
     end = [e for e in chain(run_dir) if e[1] == "end"]
     assert [e[3] for e in end] == ["worker-died:95"], log
-    assert "the vllm-server step exited while the driver was running (on " + server_node + ")" in log
+    assert seen.format(node=server_node) in log, log
     # The server shares its node with the batch script: its task's cleanup ends its own processes, not the
     # driver's (the loop stops the driver with TERM; bash reports a SIGKILLed driver as "Killed").
     assert not re.search(r"Killed\s.*DRIVER", log), log

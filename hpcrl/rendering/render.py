@@ -262,6 +262,7 @@ def _contract_context() -> dict:
         "run_dir_ends": {"full": c.RUN_DIR_FULL, "unwritable": c.RUN_DIR_UNWRITABLE},
         "node_local_unsafe": c.NODE_LOCAL_UNSAFE,
         "ray_died": c.RAY_DIED,
+        "step_end_grace_s": c.STEP_END_GRACE_S,
         "breaker_codes": ", ".join(str(code) for code, _ in sorted(c.BREAKERS.values())),
         "ports": {
             "base": c.port_base_shell(),

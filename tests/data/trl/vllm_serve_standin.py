@@ -5,7 +5,9 @@ GET /get_world_size (:324), POST /v1/completions (:455, a fixed completion per p
     python vllm_serve_standin.py --model M --port P [--startup-s S] [--die-after-s S] [--tensor_parallel_size N] ...
 
 --startup-s: seconds before it listens (a model load); --die-after-s: it exits 1 that long after listening,
-printing vLLM's engine-death line first (the job must end with this reason). Every other `trl vllm-serve` key
+printing vLLM's engine-death line first (the job must end with this reason); --linger-s: after that line it stops
+answering (its socket closed) and exits only that much later, as an API server does while it shuts down: the
+trainer fails first. Every other `trl vllm-serve` key
 (data/trl/1.16.0/vllm_serve_args.json) is accepted and ignored.
 """
 
@@ -28,6 +30,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         p.add_argument(f"--{key}", default=None)
     p.add_argument("--startup-s", type=float, default=0.0)
     p.add_argument("--die-after-s", type=float, default=None)
+    p.add_argument("--linger-s", type=float, default=0.0)
     return p.parse_args(argv)
 
 
@@ -67,6 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     time.sleep(a.die_after_s)
     print("ERROR [core.py] EngineCore encountered an issue. See stack trace (above) for the root cause.", flush=True)
     server.shutdown()
+    server.server_close()
+    time.sleep(a.linger_s)
     return 1
 
 

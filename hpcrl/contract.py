@@ -56,7 +56,10 @@ END_REASONS = {
 # nothing; the failures below are not the run's fault either, are counted apart, exclude the
 # blamed nodes and wait a back-off. Crashes, breakers, a stack mismatch and cancels never continue.
 LIMIT_REASONS = ("timeout", "preempted")
-FAILURE_REASONS = ("ray-start-failed", "ray-head-died", "worker-died", "network-error")
+# A job without Ray (TRL) that cannot start on its nodes (a node Slurm cannot name or address, the head's
+# node-local directory) ends START_FAILED where a Ray job ends ray-start-failed: the same continuation.
+START_FAILED = "start-failed"
+FAILURE_REASONS = ("ray-start-failed", START_FAILED, "ray-head-died", "worker-died", "network-error")
 CONTINUATIONS = {
     "limit": (LIMIT_REASONS, "restarts", "hpcrl.max_restarts"),
     "failure": (FAILURE_REASONS, "failure-restarts", "hpcrl.max_failure_restarts"),

@@ -5,6 +5,7 @@ user, and the job's processes. Its fixtures are registered for every test module
 from __future__ import annotations
 
 import os
+import re
 import sqlite3
 import subprocess
 import sys
@@ -280,8 +281,14 @@ def driver_started(rd: RunDir, job: str):
 def nothing_of_the_job_left(run_dir: Path, job: str, settle_s: float) -> list[str]:
     """Processes still carrying the run dir or this job's node-local paths once `settle_s` passed."""
 
+    def others(args: str) -> bool:
+        """A process of another job of the run (a continuation already running): its log or node dir names it."""
+        ids = set(re.findall(r"-(\d+)\.log\b", args)) | set(re.findall(r"\bhpcrl-(\d+)\.", args))
+        return bool(ids) and job not in ids
+
     def left() -> list[str]:
-        procs = [a for _p, a in job_processes(str(run_dir))] + [a for _p, a in job_processes(f"hpcrl-{job}.")]
+        procs = [a for _p, a in job_processes(str(run_dir)) if not others(a)]
+        procs += [a for _p, a in job_processes(f"hpcrl-{job}.")]
         dirs = [str(p) for p in Path("/tmp/hpcrl-local").glob(f"*/hpcrl-{job}.*")]
         return procs + dirs
 

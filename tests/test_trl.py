@@ -262,6 +262,9 @@ def test_both_modes_render_clean_scripts_without_ray(tmp_path, shellcheck, nodes
     server = "vllm_mode=colocate" not in sets
     assert ("phase_vllm_server" in main) == server and ("trl.cli.main" in text) == server
     assert "accelerate.commands.launch" in text and "trl.scripts.grpo" in text
+    # No Ray, so a start that fails on the job's nodes is not named after it (start-failed, continued alike).
+    assert 'ray-start-failed "' not in text and 'fail start-failed "' in text
+    assert re.search(r"^ +[^\n]*\| start-failed \|[^\n]*\) kind=failure ", text, re.M)
 
 
 def test_deepspeed_offload_is_refused_for_a_backend_with_its_own_key():

@@ -241,3 +241,23 @@ def test_a_time_limit_stop_continues_and_resumes_from_the_newest_checkpoint(tmp_
     driver_log = (run_dir / "hpcrl" / "driver.log").read_text()
     assert f"resuming from {resumed.group(1)} at step {resumed.group(2)}" in driver_log
     assert leftovers(first) == [] and leftovers(second) == []
+
+
+def test_a_stop_before_the_driver_starts_ends_the_job_without_starting_it(tmp_path, leftovers):
+    """TERM to the batch shell alone (as `scancel --batch` gives it; a node failure's TERM reaches only what runs
+    then) while the job waits for its server: no driver exists to pass it to, so the next phase must end the
+    job with the stop's reason instead of starting the trainer (it ran to the end, or until Slurm's KILL)."""
+    script, run_dir = job_script(tmp_path, "trlterm", serve="--startup-s 5")
+    job = submit(script)
+    log = run_dir / "logs" / f"job-{job}.log"
+    deadline = time.monotonic() + 300
+    while not (log.exists() and "hpcrl: phase vllm_server\n" in log.read_text()):
+        assert time.monotonic() < deadline, "the job never reached its server's phase"
+        time.sleep(0.2)
+    (run_dir / "hpcrl" / "cancel").touch()  # as `hpcrl cancel` marks it: the TERM is the user's
+    subprocess.run(["scancel", "--batch", "--signal=TERM", job], check=True, timeout=30)
+    wait_for_state(job, TERMINAL_JOB_STATES, 300)
+    text = log.read_text()
+    assert [e[3] for e in chain(run_dir) if e[1] == "end"] == ["cancelled:143"], text
+    assert "hpcrl: phase driver" not in text and not list((run_dir / "logs").glob("trainer-*")), text
+    assert leftovers(job) == []

@@ -243,6 +243,7 @@ def _context(job: JobSpec) -> dict:
         "signal_lead_s": ckpt.signal_lead_s,
         "rendered_exclude": ",".join(job.slurm.exclude),
         "ray_start_attempts": ray.start_attempts if ray else 0,
+        "start_failed": "ray-start-failed" if ray else contract.START_FAILED,
         "ray_log_keep_mib": job.run_dir.ray_log_keep_mib,
         "run_root_shared": job.run_dir.shared_root,
         **_contract_context(),

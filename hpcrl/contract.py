@@ -27,6 +27,10 @@ RAY_DIED = {"ray-head-died": 94, "worker-died": 95}
 # the driver first (tests/test_trl_e2e.py, the stand-in that lingers 4 s). Chosen, not measured: it delays
 # the end of a real crash by at most this.
 STEP_END_GRACE_S = 10
+# A worker node's Ray gets this many seconds after its TERM (a stop) before its session is KILLed: a raylet
+# whose head died can hang in its own shutdown (a fresh-clone CI run: the worker step outlived the head's
+# 60 s stop budget and was KILLed before its cleanup). Chosen, not measured; Ray normally exits in under 2 s.
+RAY_STOP_S = 10
 # The job's stack check before Ray starts (hpcrl.runtime.stack.STACK_MISMATCH_EXIT): reason, exit code.
 STACK_MISMATCH = ("stack-mismatch", 98)
 # The stack check could not run (the training Python did not answer its probe: hpcrl.runtime.stack

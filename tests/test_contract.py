@@ -107,7 +107,10 @@ def test_the_rendered_continue_case_continues_the_reasons_the_table_names(tmp_pa
     want = {r: "" for r in reasons}
     want.update({r: "limit restarts" for r in ("timeout", "preempted")})
     want.update(
-        {r: "failure failure-restarts" for r in ("ray-start-failed", "ray-head-died", "worker-died", "network-error")}
+        {
+            r: "failure failure-restarts"
+            for r in ("ray-start-failed", "start-failed", "ray-head-died", "worker-died", "network-error")
+        }
     )
     assert got == want
 

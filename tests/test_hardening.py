@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from helpers import NODE, scontrol_job
+from hpcrl import contract
 from lifecycle_harness import (
     as_other,
     assert_user_error,
@@ -273,7 +274,8 @@ def test_damaged_registry_is_one_line_and_nothing_is_submitted(slurm, env, how):
 def _ended_cleanly(env, rd: RunDir, job: str, reason: str) -> None:
     ev = read_chain(rd)[job]
     assert ev.end_reason == reason, rd.log(job).read_text()
-    left = nothing_of_the_job_left(rd.path, job, KILL_WAIT_S + 5)
+    # A worker's Ray has contract.RAY_STOP_S to exit on its TERM, then the worker cleans up within KillWait.
+    left = nothing_of_the_job_left(rd.path, job, KILL_WAIT_S + contract.RAY_STOP_S + 5)
     assert left == [], (left, rd.log(job).read_text())
 
 

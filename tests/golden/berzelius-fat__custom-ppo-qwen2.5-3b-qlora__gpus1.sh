@@ -42,7 +42,14 @@ if [[ -z ${SLURM_JOB_ID:-} ]]; then
 fi
 
 log() { printf 'hpcrl: %s\n' "$*"; }
-phase() { log "phase $1"; }
+# phase NAME: the next phase begins, unless a stop (a signal's trap: TERM, the time-limit warning) came
+# before any driver ran to pass it to: then the job ends with the stop's reason instead.
+phase() {
+    if [[ -n ${STOP_REASON:-} && $1 != stop ]]; then
+        finish "$STOP_REASON" 143
+    fi
+    log "phase $1"
+}
 on_err() { printf 'hpcrl: error: exit code %s at line %s: %s\n' "$1" "$2" "$3" >&2; }
 trap 'on_err "$?" "$LINENO" "$BASH_COMMAND"' ERR
 
@@ -609,7 +616,7 @@ continue_chain() {
     local reason=$1 next kind counter limit setting wait_s=0 nodes
     case $reason in
         timeout | preempted) kind=limit counter=$HPCRL_DIR/restarts limit=$MAX_RESTARTS setting=hpcrl.max_restarts ;;
-        ray-start-failed | ray-head-died | worker-died | network-error) kind=failure counter=$HPCRL_DIR/failure-restarts limit=$MAX_FAILURE_RESTARTS setting=hpcrl.max_failure_restarts ;;
+        ray-start-failed | start-failed | ray-head-died | worker-died | network-error) kind=failure counter=$HPCRL_DIR/failure-restarts limit=$MAX_FAILURE_RESTARTS setting=hpcrl.max_failure_restarts ;;
         *) return 0 ;;
     esac
     # Nothing to resume from (hpcrl/planning/resume.py): a new job would train from scratch.
@@ -911,7 +918,7 @@ job_nodes() {
     local name addr slot ip described
     mapfile -t JOB_NODES < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
     if ((${#JOB_NODES[@]} == 0)); then
-        fail ray-start-failed "scontrol show hostnames gave no node for $SLURM_JOB_NODELIST"
+        fail start-failed "scontrol show hostnames gave no node for $SLURM_JOB_NODELIST"
     fi
     if ((${#JOB_NODES[@]} != 1)); then
         fail setup-failed "this script was rendered for 1 nodes but the job has ${#JOB_NODES[@]}; re-render with --nodes ${#JOB_NODES[@]}"
@@ -933,7 +940,7 @@ job_nodes() {
             ip=$(getent ahostsv4 "$addr" | awk 'NR == 1 { print $1 }') || true
         fi
         if [[ -z $ip ]]; then
-            fail ray-start-failed "cannot resolve NodeAddr '$addr' of node $name to an IPv4 address"
+            fail start-failed "cannot resolve NodeAddr '$addr' of node $name to an IPv4 address"
         fi
         if ((slot > 17)); then
             fail setup-failed "more than 18 nodes of this job share the host of $name; Ray's ports are drawn in 18 disjoint sets per host"
@@ -944,11 +951,11 @@ job_nodes() {
     HPCRL_NODE_TABLE=$NODE_TABLE
     described=$(awk -v RS=';' 'NF { c++ } END { print c + 0 }' <<<"$HPCRL_NODE_TABLE")
     if ((described != 1)); then
-        fail ray-start-failed "scontrol show node described $described of the job's 1 nodes"
+        fail start-failed "scontrol show node described $described of the job's 1 nodes"
     fi
     read -r HPCRL_HEAD_IP HEAD_SLOT < <(node_entry "$HEAD_NODE") || true
     if [[ -z ${HEAD_SLOT:-} ]]; then
-        fail ray-start-failed "head node $HEAD_NODE is missing from scontrol show node"
+        fail start-failed "head node $HEAD_NODE is missing from scontrol show node"
     fi
     export HPCRL_NODE_TABLE HPCRL_HEAD_IP
     log "job $SLURM_JOB_ID: 1 nodes, head $HEAD_NODE ($HPCRL_HEAD_IP), run dir $RUN_DIR"
@@ -1177,8 +1184,8 @@ head_node_setup() {
         fail node-local-taken "another user took every name mktemp tried in the node-local path on" \
             "$HEAD_NODE"
     elif ((rc != 0)); then
-        blame ray-start-failed
-        fail ray-start-failed "cannot make this job's private node-local directory on $HEAD_NODE"
+        blame start-failed
+        fail start-failed "cannot make this job's private node-local directory on $HEAD_NODE"
     fi
     # Once node_dirs has found the node-local path safe: what dead jobs of this user left in it.
     sweep_left_start
@@ -1441,6 +1448,9 @@ phase_driver() {
     run_dir_write "$HPCRL_DIR/driver-started-$SLURM_JOB_ID" "" || true
     "${LEAN_ENV[@]}" setsid "${DRIVER[@]}" &
     DRIVER_PID=$!
+    if [[ -n $STOP_REASON ]]; then  # the stop's trap ran as the driver started, before it had a pid to stop
+        stop_driver "a stop arrived as the driver started"
+    fi
     RAY_DIED=""
     local probe_at=$((SECONDS + 5))
     while alive "$DRIVER_PID"; do

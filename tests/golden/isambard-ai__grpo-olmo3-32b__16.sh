@@ -1388,6 +1388,18 @@ worker_wait() {
             fi
         fi
     done
+    # After a stop, Ray gets 10 s to exit on its TERM: a raylet whose head is gone can hang in
+    # its own shutdown, and this node's logs and directories must be seen to before Slurm's KILL.
+    local until=$((SECONDS + 10))
+    while [[ -n $stopping ]] && kill -0 "$RAY_PID" 2>/dev/null; do
+        if ((SECONDS >= until)); then
+            echo "hpcrl: ray on ${SLURMD_NODENAME:-$(hostname -s)} did not stop within 10 s of its TERM: killed"
+            kill_session KILL "$RAY_PID"
+            break
+        fi
+        sleep 0.2 &
+        wait $! || true
+    done
     wait "$RAY_PID" || RAY_RC=$?
     if kill -0 "$RAY_PID" 2>/dev/null; then
         wait "$RAY_PID" || RAY_RC=$?

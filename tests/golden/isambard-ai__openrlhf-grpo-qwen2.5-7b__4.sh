@@ -41,7 +41,14 @@ if [[ -z ${SLURM_JOB_ID:-} ]]; then
 fi
 
 log() { printf 'hpcrl: %s\n' "$*"; }
-phase() { log "phase $1"; }
+# phase NAME: the next phase begins, unless a stop (a signal's trap: TERM, the time-limit warning) came
+# before any driver ran to pass it to: then the job ends with the stop's reason instead.
+phase() {
+    if [[ -n ${STOP_REASON:-} && $1 != stop ]]; then
+        finish "$STOP_REASON" 143
+    fi
+    log "phase $1"
+}
 on_err() { printf 'hpcrl: error: exit code %s at line %s: %s\n' "$1" "$2" "$3" >&2; }
 trap 'on_err "$?" "$LINENO" "$BASH_COMMAND"' ERR
 
@@ -623,7 +630,7 @@ continue_chain() {
     local reason=$1 next kind counter limit setting wait_s=0 nodes
     case $reason in
         timeout | preempted) kind=limit counter=$HPCRL_DIR/restarts limit=$MAX_RESTARTS setting=hpcrl.max_restarts ;;
-        ray-start-failed | ray-head-died | worker-died | network-error) kind=failure counter=$HPCRL_DIR/failure-restarts limit=$MAX_FAILURE_RESTARTS setting=hpcrl.max_failure_restarts ;;
+        ray-start-failed | start-failed | ray-head-died | worker-died | network-error) kind=failure counter=$HPCRL_DIR/failure-restarts limit=$MAX_FAILURE_RESTARTS setting=hpcrl.max_failure_restarts ;;
         *) return 0 ;;
     esac
     if [[ -n $CONTINUED ]] || [[ -e $HPCRL_DIR/cancel ]]; then
@@ -1379,6 +1386,18 @@ worker_wait() {
             fi
         fi
     done
+    # After a stop, Ray gets 10 s to exit on its TERM: a raylet whose head is gone can hang in
+    # its own shutdown, and this node's logs and directories must be seen to before Slurm's KILL.
+    local until=$((SECONDS + 10))
+    while [[ -n $stopping ]] && kill -0 "$RAY_PID" 2>/dev/null; do
+        if ((SECONDS >= until)); then
+            echo "hpcrl: ray on ${SLURMD_NODENAME:-$(hostname -s)} did not stop within 10 s of its TERM: killed"
+            kill_session KILL "$RAY_PID"
+            break
+        fi
+        sleep 0.2 &
+        wait $! || true
+    done
     wait "$RAY_PID" || RAY_RC=$?
     if kill -0 "$RAY_PID" 2>/dev/null; then
         wait "$RAY_PID" || RAY_RC=$?
@@ -1960,6 +1979,9 @@ phase_driver() {
     run_dir_write "$HPCRL_DIR/driver-started-$SLURM_JOB_ID" "" || true
     "${LEAN_ENV[@]}" setsid "${DRIVER[@]}" &
     DRIVER_PID=$!
+    if [[ -n $STOP_REASON ]]; then  # the stop's trap ran as the driver started, before it had a pid to stop
+        stop_driver "a stop arrived as the driver started"
+    fi
     # Ray's own processes are watched like the driver: a dead head (GCS, raylet) or worker step
     # ends the run at once instead of after Ray's own timeouts.
     RAY_DIED=""

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import pynvml
+from hpcrl.runtime.lines import say
 
 HEADER = [
     "timestamp",
@@ -164,11 +165,9 @@ def _write_samples(
         )
         if risk and i not in rule.warned:  # warn once per GPU each time it becomes at risk
             rule.warned.add(i)
-            print(
+            say(
                 f"gpumon: WARNING {node} GPU {i} ({role}) averages {mean:.0f} W since start, under the cluster's "
-                f"{rule.min_w:g} W idle-GPU threshold: the job risks cancellation",
-                file=sys.stderr,
-                flush=True,
+                f"{rule.min_w:g} W idle-GPU threshold: the job risks cancellation"
             )
         elif not risk:
             rule.warned.discard(i)
@@ -205,7 +204,7 @@ def monitor(
                 stamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
                 w.writerow([stamp, node, role, "", "", "", "", "", "", "no_gpu_found"])
                 f.flush()
-                print(f"gpumon: no NVIDIA GPU found on {node}", file=sys.stderr, flush=True)
+                say(f"gpumon: no NVIDIA GPU found on {node}")
                 while keep_running and not stop:  # stay up so the job script treats every node alike
                     sleep(min(interval, 1.0))
                 return 0
@@ -251,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             rule = load_profile(a.cluster).idle_gpu_policy
         except HpcrlError as exc:
-            print(f"gpumon: error: {exc}", file=sys.stderr)
+            say(f"gpumon: error: {exc}")
             return 2
         if rule is not None:
             min_w = rule.min_mean_power_w if min_w is None else min_w

@@ -16,6 +16,13 @@ import sys
 import time
 
 
+def say(text: str) -> None:
+    """One line to standard output in one write (as hpcrl.runtime.lines.say: a container's python3 runs this
+    file from its source without hpcrl, so it imports nothing of hpcrl)."""
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()
+
+
 def parse_table(table: str) -> dict[str, str]:
     """The job script's node table ("<name> <ip> <slot>;" per node) as ip -> node name."""
     nodes = {}
@@ -35,7 +42,7 @@ def short_nodes(by_ip: dict[str, str], alive: list[dict], gpus_per_node: float) 
 def report_missing(names: list[str], by_ip: dict[str, str], out: str | None, why: str) -> int:
     ips = {name: ip for ip, name in by_ip.items()}
     listed = ", ".join(f"{n} ({ips[n]})" for n in names) or "none named (no node table)"
-    print(f"hpcrl: {why}; not joined: {listed}", flush=True)
+    say(f"hpcrl: {why}; not joined: {listed}")
     if out:
         with open(out, "w") as fh:
             fh.write("".join(f"{n}\n" for n in names))
@@ -63,11 +70,11 @@ def wait(want_nodes: int, want_gpus: float, timeout: float, table: str = "", mis
         gpus = sum(n.get("Resources", {}).get("GPU", 0) for n in alive)
         if (len(alive), gpus) != last:
             last = (len(alive), gpus)
-            print(f"hpcrl: Ray has {len(alive)}/{want_nodes} nodes, {gpus:g}/{want_gpus:g} GPUs", flush=True)
+            say(f"hpcrl: Ray has {len(alive)}/{want_nodes} nodes, {gpus:g}/{want_gpus:g} GPUs")
         if len(alive) >= want_nodes and gpus >= want_gpus:
             return 0
         if time.monotonic() > deadline:
-            print(f"hpcrl: Ray nodes after {timeout:g} s: {sorted(n['NodeManagerAddress'] for n in alive)}", flush=True)
+            say(f"hpcrl: Ray nodes after {timeout:g} s: {sorted(n['NodeManagerAddress'] for n in alive)}")
             missing = short_nodes(by_ip, alive, want_gpus / max(want_nodes, 1))
             why = f"Ray has {len(alive)} of {want_nodes} nodes after {timeout:g} s"
             return report_missing(missing, by_ip, missing_out, why)

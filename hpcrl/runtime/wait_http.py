@@ -14,6 +14,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from hpcrl.runtime.lines import say
 
 
 def pid_alive(pid: int | None) -> bool:
@@ -38,12 +39,12 @@ def wait(url: str, timeout: float, pid: int | None = None, name: str = "service"
     last = "no answer yet"
     while time.monotonic() < deadline:
         if not pid_alive(pid):
-            print(f"hpcrl: error: {name} exited before it answered {url} ({last})", file=sys.stderr, flush=True)
+            say(f"hpcrl: error: {name} exited before it answered {url} ({last})")
             return 1
         try:
             with urllib.request.urlopen(url, timeout=5) as resp:  # noqa: S310 - a local URL the script built
                 if 200 <= resp.status < 300:
-                    print(f"hpcrl: {name} answers {url}", flush=True)
+                    say(f"hpcrl: {name} answers {url}", sys.stdout)
                     return 0
                 last = f"HTTP {resp.status}"
         except urllib.error.HTTPError as exc:
@@ -51,7 +52,7 @@ def wait(url: str, timeout: float, pid: int | None = None, name: str = "service"
         except (urllib.error.URLError, OSError) as exc:
             last = str(getattr(exc, "reason", exc))
         time.sleep(0.5)
-    print(f"hpcrl: error: {name} did not answer {url} within {timeout:g} s ({last})", file=sys.stderr, flush=True)
+    say(f"hpcrl: error: {name} did not answer {url} within {timeout:g} s ({last})")
     return 1
 
 

@@ -31,6 +31,9 @@ STEP_END_GRACE_S = 10
 # whose head died can hang in its own shutdown (a fresh-clone CI run: the worker step outlived the head's
 # 60 s stop budget and was KILLed before its cleanup). Chosen, not measured; Ray normally exits in under 2 s.
 RAY_STOP_S = 10
+# Seconds the job script waits for an exited driver's status before taking it as lost (bash 5.2 can lose a
+# status it reaped while a trap ran, and its `wait` then blocks on Ray's head): reap_driver in driver.sh.j2.
+REAP_WAIT_S = 3
 # The job's stack check before Ray starts (hpcrl.runtime.stack.STACK_MISMATCH_EXIT): reason, exit code.
 STACK_MISMATCH = ("stack-mismatch", 98)
 # The stack check could not run (the training Python did not answer its probe: hpcrl.runtime.stack

@@ -67,7 +67,7 @@ def wait_until(predicate, what: str, deadline_s: float = 120, poll_s: float = 0.
     pytest.fail(f"gave up waiting for {what}")
 
 
-KILL_WAIT_S = 10  # scripts/dev-slurm's KillWait
+KILL_WAIT_S = 20  # scripts/dev-slurm's KillWait
 
 
 # --------------------------------------------------------------------------- shared nodes

@@ -289,8 +289,10 @@ def test_a_lost_node_that_still_runs_ends_the_job_there_too_and_keeps_its_ray_lo
     try:
         job = submit(script, f"--nodelist={head},{node}")
         deadline, first = time.monotonic() + 600, ""
-        while not first:
-            assert time.monotonic() < deadline, "Ray never started on the worker node"
+        job_log = run / "logs" / f"job-{job}.log"
+        # As above: past the readiness wait, so that the lost node ends a run, not a start.
+        while not (first and job_log.exists() and "hpcrl: phase driver\n" in job_log.read_text()):
+            assert time.monotonic() < deadline, "Ray never started on the worker node, or the driver never did"
             assert scontrol_job(job).get("JobState") not in TERMINAL_JOB_STATES, list((run / "logs").iterdir())
             for d in dirs_of(job, node):
                 for raylet in (

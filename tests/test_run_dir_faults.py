@@ -25,7 +25,7 @@ import pytest
 from hpcrl.jobs.run_dir import RunDir, read_chain
 from lifecycle_harness import behave, config, driver_started, hpcrl, nothing_of_the_job_left, ok_json, wait_status
 
-KILL_WAIT_S = 10  # scripts/dev-slurm's KillWait
+KILL_WAIT_S = 20  # scripts/dev-slurm's KillWait
 # linux/fs.h: _IOR('X', 125, __u32), shared by ext4 and XFS; flag 2 = shut down without flushing the log.
 FS_SHUTDOWN, NOLOGFLUSH = (2 << 30) | (4 << 16) | (ord("X") << 8) | 125, 2
 

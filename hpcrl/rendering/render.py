@@ -265,6 +265,7 @@ def _contract_context() -> dict:
         "ray_died": c.RAY_DIED,
         "step_end_grace_s": c.STEP_END_GRACE_S,
         "ray_stop_s": c.RAY_STOP_S,
+        "reap_wait_s": c.REAP_WAIT_S,
         "breaker_codes": ", ".join(str(code) for code, _ in sorted(c.BREAKERS.values())),
         "ports": {
             "base": c.port_base_shell(),

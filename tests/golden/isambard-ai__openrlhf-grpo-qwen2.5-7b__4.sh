@@ -2035,8 +2035,37 @@ phase_driver() {
             fi
         fi
     done
+    reap_driver
+}
+
+# reap_driver: the exited driver's status into DRIVER_CODE. kill -0 has failed, so bash has reaped it and
+# `wait` only reads the status it kept. Bash 5.2 can lose a status it reaped while a trap ran (a TERM as the
+# driver died, seen on the dev cluster with a node lost at the driver's start): `wait` then blocks on the
+# job's other children (Ray's head) until Slurm's KILL, and the end line is lost. A timer interrupts it;
+# a lost status is a stop's 143, or 1 (crashed) when no stop was under way.
+reap_driver() {
+    local timer="" pidfile="$NODE_DIR/reap-timer"
+    REAP_LOST=""
+    trap 'REAP_LOST=1' ALRM
+    # The timer leaves this shell at once (setsid -f): a background job of its own would make bash drop the
+    # dead driver's record before the wait below ("No record of process").
+    setsid -f bash -c 'echo "$$" >"$2"; sleep "$3"; kill -ALRM "$1" 2>/dev/null' timer "$$" "$pidfile" 3 \
+        </dev/null >/dev/null 2>&1 || true
     DRIVER_CODE=0
     wait "$DRIVER_PID" || DRIVER_CODE=$?
+    local tries=20
+    until read -r timer <"$pidfile" 2>/dev/null && [[ $timer =~ ^[0-9]+$ ]] || ((--tries == 0)); do
+        sleep 0.05  # the timer writes its pid as it starts
+    done
+    if [[ $timer =~ ^[0-9]+$ ]]; then
+        kill "$timer" 2>/dev/null || true
+    fi
+    rm -f -- "$pidfile"
+    trap : ALRM  # a timer not stopped in time only interrupts a later wait, never ends this shell
+    if [[ -n $REAP_LOST ]] && ((DRIVER_CODE == 142)); then  # the timer's ALRM (128 + 14) ended the wait
+        DRIVER_CODE=$([[ -n $STOP_REASON ]] && echo 143 || echo 1)
+        log "the driver's exit status was lost (bash reaped it in a trap); taken as $DRIVER_CODE"
+    fi
 }
 
 # The end reason: a stop under way, Ray's death, else the driver's exit code (hpcrl/contract.py).

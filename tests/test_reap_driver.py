@@ -14,7 +14,12 @@ FUNCTIONS = bash_functions(rendered_script(), "reap_driver") + "log() { printf '
 
 
 def reap(setup: str) -> str:
-    script = FUNCTIONS + "NODE_DIR=$(mktemp -d)\n" + setup + 'reap_driver\necho "code=$DRIVER_CODE"\nkill $(jobs -p) 2>/dev/null\n'
+    script = (
+        FUNCTIONS
+        + "NODE_DIR=$(mktemp -d)\n"
+        + setup
+        + 'reap_driver\necho "code=$DRIVER_CODE"\nkill $(jobs -p) 2>/dev/null\n'
+    )
     return subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60).stdout
 
 

@@ -1,4 +1,4 @@
-"""Lines the job's own processes write into the job's log arrive whole (hpcrl/runtime/lines.py): with Python's
+"""Lines the job's own processes write into the job's log arrive whole (hpcrl/runtime/job_log/__init__.py): with Python's
 streams unbuffered (PYTHONUNBUFFERED=1, as container images often set) `print` wrote the text and the newline in
 two calls, and another writer's line landed between them ("gpumon: no NVIDIA GPU found on c5n1hpcrl: phase
 vllm_server", a fresh-clone CI run). Each test runs the real module with its stream unbuffered over a raw stream

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import pynvml
-from hpcrl.runtime.lines import say
+from hpcrl.runtime.job_log import say
 
 HEADER = [
     "timestamp",

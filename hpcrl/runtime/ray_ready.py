@@ -17,7 +17,7 @@ import time
 
 
 def say(text: str) -> None:
-    """One line to standard output in one write (as hpcrl.runtime.lines.say: a container's python3 runs this
+    """One line to standard output in one write (as hpcrl.runtime.job_log.say: a container's python3 runs this
     file from its source without hpcrl, so it imports nothing of hpcrl)."""
     sys.stdout.write(text + "\n")
     sys.stdout.flush()

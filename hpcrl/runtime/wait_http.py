@@ -14,7 +14,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from hpcrl.runtime.lines import say
+from hpcrl.runtime.job_log import say
 
 
 def pid_alive(pid: int | None) -> bool:
